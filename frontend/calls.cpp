@@ -1,0 +1,485 @@
+// The functions a model may call, one row each: the parameter names (for
+// positional and keyword binding and their errors) and how it lowers to IR.
+// docs/model-language.md documents every row; keep them in step.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <functional>
+
+#include "frontend/lowering.h"
+#include "frontend/suggest.h"
+
+namespace napkin::frontend {
+
+using ir::Op;
+using ir::ValueId;
+
+namespace {
+
+using LowerFn = std::function<Operand(Lowerer&, const CallArgs&, const Expr&)>;
+
+struct CallSpec {
+  std::string name;
+  std::vector<std::string> params;  // in positional order
+  size_t required;                  // the first `required` params must be given
+  LowerFn lower;
+  bool variadic = false;            // extra positionals go to CallArgs::rest
+  bool extra_keywords = false;      // unknown keywords go to CallArgs::extra
+};
+
+// ---- helpers -----------------------------------------------------------------
+
+std::optional<ValueId> tensor_arg(Lowerer& L, const CallArgs& a, const std::string& name, const Expr& call) {
+  return L.need_tensor(*a.get(name), fmt::format("{}: argument '{}'", call.text, name));
+}
+
+// Applies a scalar function to a number at compile time, or builds the op.
+LowerFn unary(Op op, double (*fold)(double)) {
+  return [op, fold](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+    const Operand& x = *a.get("x");
+    if (x.kind == Operand::Kind::Number && fold) return Operand::num(fold(x.number), false, call.offset);
+    auto v = tensor_arg(L, a, "x", call);
+    if (!v) return Operand::invalid();
+    return L.build(op, {*v}, {}, call.offset);
+  };
+}
+
+// Two operands where either may be a number (it takes the tensor's dtype).
+Operand binary(Lowerer& L, Op op, const Operand& x, const Operand& y, const Expr& call) {
+  if (!x.ok() || !y.ok()) return Operand::invalid();
+  ir::DType dtype = x.kind == Operand::Kind::Tensor   ? L.type(x.value).dtype
+                    : y.kind == Operand::Kind::Tensor ? L.type(y.value).dtype
+                                                      : ir::DType::F32;
+  auto a = L.to_tensor(x, dtype, call.text);
+  auto b = L.to_tensor(y, dtype, call.text);
+  if (!a || !b) return Operand::invalid();
+  return L.build(op, {*a, *b}, {}, call.offset);
+}
+
+// Reduction over `axis` (an int, a list of ints, or absent for all axes).
+Operand reduce_axes(Lowerer& L, Op op, const CallArgs& a, const Expr& call) {
+  auto x = tensor_arg(L, a, "x", call);
+  if (!x) return Operand::invalid();
+  int rank = L.type(*x).rank();
+  std::vector<int64_t> axes;
+  const Operand* axis = a.get("axis");
+  if (!axis) {
+    for (int i = 0; i < rank; ++i) axes.push_back(i);
+  } else {
+    std::vector<Operand> items = axis->kind == Operand::Kind::List ? axis->items : std::vector<Operand>{*axis};
+    for (const Operand& item : items) {
+      auto ax = L.need_axis(item, rank, fmt::format("{}: axis", call.text));
+      if (!ax) return Operand::invalid();
+      if (std::find(axes.begin(), axes.end(), *ax) != axes.end()) {
+        L.error(item.offset, fmt::format("{}: axis {} is listed twice", call.text, *ax));
+        return Operand::invalid();
+      }
+      axes.push_back(*ax);
+    }
+    std::sort(axes.begin(), axes.end());
+  }
+  int64_t keep = 0;
+  if (const Operand* k = a.get("keepdims")) {
+    auto w = L.need_word(*k, "keepdims");
+    if (!w) return Operand::invalid();
+    if (*w != "true" && *w != "false") {
+      L.error(k->offset, "keepdims must be true or false");
+      return Operand::invalid();
+    }
+    keep = *w == "true";
+  }
+  return L.build(op, {*x}, {{"axes", axes}, {"keepdims", keep}}, call.offset);
+}
+
+// max/min: elementwise with a second operand, a reduction with axis=.
+LowerFn max_or_min(Op elementwise, Op reduction) {
+  return [=](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+    if (const Operand* y = a.get("y")) {
+      if (a.get("axis")) {
+        L.error(call.offset, fmt::format("{} takes either a second operand or axis=, not both", call.text));
+        return Operand::invalid();
+      }
+      return binary(L, elementwise, *a.get("x"), *y, call);
+    }
+    return reduce_axes(L, reduction, a, call);
+  };
+}
+
+Operand lower_softmax_like(Lowerer& L, Op op, const CallArgs& a, const Expr& call) {
+  auto x = tensor_arg(L, a, "x", call);
+  if (!x) return Operand::invalid();
+  int64_t axis = L.type(*x).rank() - 1;
+  if (const Operand* ax = a.get("axis")) {
+    auto v = L.need_axis(*ax, L.type(*x).rank(), fmt::format("{}: axis", call.text));
+    if (!v) return Operand::invalid();
+    axis = *v;
+  }
+  return L.build(op, {*x}, {{"axis", axis}}, call.offset);
+}
+
+double eps_or(Lowerer& L, const CallArgs& a, double fallback, bool& ok) {
+  const Operand* e = a.get("eps");
+  if (!e) return fallback;
+  auto v = L.need_number(*e, "eps");
+  if (!v || *v <= 0) {
+    if (v) L.error(e->offset, fmt::format("eps must be positive, got {}", *v));
+    ok = false;
+    return 0;
+  }
+  return *v;
+}
+
+std::optional<ir::DType> dtype_arg(Lowerer& L, const Operand& o) {
+  auto w = L.need_word(o, "dtype");
+  if (!w) return std::nullopt;
+  auto t = ir::parse_dtype(*w);
+  if (!t) L.error(o.offset, fmt::format("unknown dtype '{}'", *w), fmt::format("known dtypes: {}", ir::dtype_names_list()));
+  return t;
+}
+
+double relu_fold(double x) { return x > 0 ? x : 0; }
+double rsqrt_fold(double x) { return 1 / std::sqrt(x); }
+double sigmoid_fold(double x) { return 1 / (1 + std::exp(-x)); }
+double neg_fold(double x) { return -x; }
+
+// ---- the table ---------------------------------------------------------------
+
+const std::vector<CallSpec>& call_table() {
+  static const std::vector<CallSpec> table = [] {
+    std::vector<CallSpec> t;
+    auto add = [&](CallSpec s) { t.push_back(std::move(s)); };
+    // Elementwise, unary (numbers fold at compile time).
+    add({"exp", {"x"}, 1, unary(Op::Exp, [](double x) { return std::exp(x); })});
+    add({"log", {"x"}, 1, unary(Op::Log, [](double x) { return std::log(x); })});
+    add({"sqrt", {"x"}, 1, unary(Op::Sqrt, [](double x) { return std::sqrt(x); })});
+    add({"rsqrt", {"x"}, 1, unary(Op::Rsqrt, rsqrt_fold)});
+    add({"abs", {"x"}, 1, unary(Op::Abs, [](double x) { return std::fabs(x); })});
+    add({"tanh", {"x"}, 1, unary(Op::Tanh, [](double x) { return std::tanh(x); })});
+    add({"relu", {"x"}, 1, unary(Op::Relu, relu_fold)});
+    add({"sigmoid", {"x"}, 1, unary(Op::Sigmoid, sigmoid_fold)});
+    add({"silu", {"x"}, 1, unary(Op::Silu, [](double x) { return x * sigmoid_fold(x); })});
+    add({"neg", {"x"}, 1, unary(Op::Neg, neg_fold)});
+    add({"gelu", {"x", "approximate"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "x", call);
+           if (!x) return Operand::invalid();
+           std::string approximate = "tanh";
+           if (const Operand* ap = a.get("approximate")) {
+             auto w = L.need_word(*ap, "approximate");
+             if (!w) return Operand::invalid();
+             if (*w != "tanh" && *w != "none") {
+               L.error(ap->offset, fmt::format("gelu: approximate must be \"tanh\" or \"none\" (exact erf), got \"{}\"", *w));
+               return Operand::invalid();
+             }
+             approximate = *w;
+           }
+           return L.build(Op::Gelu, {*x}, {{"approximate", approximate}}, call.offset);
+         }});
+    add({"cast", {"x", "dtype"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "x", call);
+           auto t = dtype_arg(L, *a.get("dtype"));
+           if (!x || !t) return Operand::invalid();
+           return L.build(Op::Cast, {*x}, {{"dtype", *t}}, call.offset);
+         }});
+    // Elementwise, binary and ternary.
+    add({"pow", {"x", "y"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) {
+           return binary(L, Op::Pow, *a.get("x"), *a.get("y"), call);
+         }});
+    add({"maximum", {"x", "y"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) {
+           return binary(L, Op::Maximum, *a.get("x"), *a.get("y"), call);
+         }});
+    add({"minimum", {"x", "y"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) {
+           return binary(L, Op::Minimum, *a.get("x"), *a.get("y"), call);
+         }});
+    add({"max", {"x", "y", "axis", "keepdims"}, 1, max_or_min(Op::Maximum, Op::ReduceMax)});
+    add({"min", {"x", "y", "axis", "keepdims"}, 1, max_or_min(Op::Minimum, Op::ReduceMin)});
+    add({"where", {"cond", "x", "y"}, 3, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto c = tensor_arg(L, a, "cond", call);
+           const Operand &x = *a.get("x"), &y = *a.get("y");
+           ir::DType dtype = x.kind == Operand::Kind::Tensor   ? L.type(x.value).dtype
+                             : y.kind == Operand::Kind::Tensor ? L.type(y.value).dtype
+                                                               : ir::DType::F32;
+           auto tx = L.to_tensor(x, dtype, "where");
+           auto ty = L.to_tensor(y, dtype, "where");
+           if (!c || !tx || !ty) return Operand::invalid();
+           return L.build(Op::Where, {*c, *tx, *ty}, {}, call.offset);
+         }});
+    add({"triu", {"x", "k"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "x", call);
+           int64_t k = 0;
+           if (const Operand* ko = a.get("k")) {
+             auto v = L.need_int(*ko, "triu: k");
+             if (!v) return Operand::invalid();
+             k = *v;
+           }
+           if (!x) return Operand::invalid();
+           return L.build(Op::Triu, {*x}, {{"k", k}}, call.offset);
+         }});
+    add({"causal_mask", {"x"}, 1, unary(Op::CausalMask, nullptr)});
+    add({"arange", {"n", "dtype"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           const Operand& n = *a.get("n");
+           auto count = L.need_int(n, "arange: n");
+           ir::DType dtype = ir::DType::I32;
+           if (const Operand* d = a.get("dtype")) {
+             auto t = dtype_arg(L, *d);
+             if (!t) return Operand::invalid();
+             dtype = *t;
+           }
+           if (!count) return Operand::invalid();
+           Operand r = L.build(Op::Iota, {}, {{"n", *count}, {"dtype", dtype}}, call.offset);
+           if (r.ok() && !n.text.empty()) L.builder().rename_dims(r.value, {{*count, n.text}});
+           return r;
+         }});
+    // Reductions.
+    add({"sum", {"x", "axis", "keepdims"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) {
+           return reduce_axes(L, Op::ReduceSum, a, call);
+         }});
+    add({"mean", {"x", "axis", "keepdims"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) {
+           return reduce_axes(L, Op::ReduceMean, a, call);
+         }});
+    // Contractions and einops.
+    add({"matmul", {"a", "b"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "a", call);
+           auto y = tensor_arg(L, a, "b", call);
+           if (!x || !y) return Operand::invalid();
+           return L.build(Op::MatMul, {*x, *y}, {}, call.offset);
+         }});
+    add({"einsum", {"a", "b", "pattern"}, 3, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "a", call);
+           auto y = tensor_arg(L, a, "b", call);
+           if (!x || !y) return Operand::invalid();
+           return lower_einsum(L, *x, *y, *a.get("pattern"), call.offset);
+         }});
+    add({"rearrange", {"x", "pattern"}, 2,
+         [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "x", call);
+           if (!x) return Operand::invalid();
+           return lower_rearrange(L, *x, *a.get("pattern"), a.extra, call.offset);
+         },
+         false, true});
+    add({"reduce", {"x", "pattern", "reduction"}, 3,
+         [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "x", call);
+           auto how = L.need_word(*a.get("reduction"), "reduce: reduction");
+           if (!x || !how) return Operand::invalid();
+           return lower_reduce(L, *x, *a.get("pattern"), *how, a.extra, call.offset);
+         },
+         false, true});
+    add({"transpose", {"x", "dim0", "dim1"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "x", call);
+           if (!x) return Operand::invalid();
+           int rank = L.type(*x).rank();
+           if (rank < 2) {
+             L.error(call.offset, fmt::format("transpose needs at least 2 axes, got {}", ir::to_string(L.type(*x))));
+             return Operand::invalid();
+           }
+           auto pick = [&](const char* name, int64_t fallback) -> std::optional<int64_t> {
+             const Operand* o = a.get(name);
+             return o ? L.need_axis(*o, rank, fmt::format("transpose: {}", name)) : std::optional<int64_t>(fallback);
+           };
+           auto d0 = pick("dim0", rank - 2), d1 = pick("dim1", rank - 1);
+           if (!d0 || !d1) return Operand::invalid();
+           std::vector<int64_t> perm(rank);
+           for (int i = 0; i < rank; ++i) perm[i] = i;
+           std::swap(perm[*d0], perm[*d1]);
+           return L.build(Op::Permute, {*x}, {{"perm", perm}}, call.offset);
+         }});
+    add({"concat", {"x", "axis"}, 1,
+         [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           std::vector<ValueId> parts;
+           auto first = tensor_arg(L, a, "x", call);
+           if (!first) return Operand::invalid();
+           parts.push_back(*first);
+           for (const Operand& o : a.rest) {
+             auto v = L.need_tensor(o, "concat: each operand");
+             if (!v) return Operand::invalid();
+             parts.push_back(*v);
+           }
+           int64_t axis = 0;
+           if (const Operand* ax = a.get("axis")) {
+             auto v = L.need_axis(*ax, L.type(*first).rank(), "concat: axis");
+             if (!v) return Operand::invalid();
+             axis = *v;
+           }
+           return L.build(Op::Concat, parts, {{"axis", axis}}, call.offset);
+         },
+         true});
+    add({"split", {"x", "n", "axis"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "x", call);
+           auto n = L.need_int(*a.get("n"), "split: n");
+           if (!x || !n) return Operand::invalid();
+           int64_t axis = 0;
+           if (const Operand* ax = a.get("axis")) {
+             auto v = L.need_axis(*ax, L.type(*x).rank(), "split: axis");
+             if (!v) return Operand::invalid();
+             axis = *v;
+           }
+           int64_t size = L.type(*x).dims[axis].size;
+           if (*n <= 0 || size % *n != 0) {
+             L.error(a.get("n")->offset,
+                     fmt::format("split: axis {} of size {} does not split into {} equal parts", axis,
+                                 ir::describe_dim(L.type(*x).dims[axis]), *n));
+             return Operand::invalid();
+           }
+           Operand list;
+           list.kind = Operand::Kind::List;
+           list.offset = call.offset;
+           int64_t part = size / *n;
+           for (int64_t i = 0; i < *n; ++i) {
+             Operand piece = L.build(Op::Slice, {*x},
+                                     {{"axis", axis}, {"start", i * part}, {"stop", (i + 1) * part}}, call.offset);
+             if (!piece.ok()) return piece;
+             list.items.push_back(piece);
+           }
+           return list;
+         }});
+    // Composite ops.
+    add({"softmax", {"x", "axis"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) {
+           return lower_softmax_like(L, Op::Softmax, a, call);
+         }});
+    add({"log_softmax", {"x", "axis"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) {
+           return lower_softmax_like(L, Op::LogSoftmax, a, call);
+         }});
+    add({"layernorm", {"x", "gain", "bias", "eps"}, 3, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           bool ok = true;
+           double eps = eps_or(L, a, 1e-5, ok);
+           auto x = tensor_arg(L, a, "x", call);
+           auto g = tensor_arg(L, a, "gain", call);
+           auto b = tensor_arg(L, a, "bias", call);
+           if (!x || !g || !b || !ok) return Operand::invalid();
+           return L.build(Op::LayerNorm, {*x, *g, *b}, {{"eps", eps}}, call.offset);
+         }});
+    add({"rmsnorm", {"x", "gain", "eps"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           bool ok = true;
+           double eps = eps_or(L, a, 1e-6, ok);
+           auto x = tensor_arg(L, a, "x", call);
+           auto g = tensor_arg(L, a, "gain", call);
+           if (!x || !g || !ok) return Operand::invalid();
+           return L.build(Op::RMSNorm, {*x, *g}, {{"eps", eps}}, call.offset);
+         }});
+    add({"embedding", {"table", "ids"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto t = tensor_arg(L, a, "table", call);
+           auto i = tensor_arg(L, a, "ids", call);
+           if (!t || !i) return Operand::invalid();
+           return L.build(Op::Embedding, {*t, *i}, {}, call.offset);
+         }});
+    add({"cross_entropy", {"logits", "targets"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "logits", call);
+           auto y = tensor_arg(L, a, "targets", call);
+           if (!x || !y) return Operand::invalid();
+           return L.build(Op::CrossEntropy, {*x, *y}, {}, call.offset);
+         }});
+    add({"mse", {"prediction", "target"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "prediction", call);
+           auto y = tensor_arg(L, a, "target", call);
+           if (!x || !y) return Operand::invalid();
+           return L.build(Op::MSE, {*x, *y}, {}, call.offset);
+         }});
+    // Blocks.
+    add({"repeat", {"block", "n", "x", "prefix"}, 3, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           const Operand& block = *a.get("block");
+           if (block.kind != Operand::Kind::Word || !L.blocks().count(block.text)) {
+             std::vector<std::string> names;
+             for (const auto& [n, b] : L.blocks()) names.push_back(n);
+             L.error(block.offset,
+                     fmt::format("repeat: '{}' is not a block{}", block.kind == Operand::Kind::Word ? block.text : "this",
+                                 did_you_mean(block.text, names)),
+                     names.empty() ? "define it under blocks:" : fmt::format("blocks: {}", fmt::join(names, ", ")));
+             return Operand::invalid();
+           }
+           auto n = L.need_int(*a.get("n"), "repeat: n");
+           auto x = tensor_arg(L, a, "x", call);
+           std::string prefix = "blocks";
+           if (const Operand* p = a.get("prefix")) {
+             auto w = L.need_word(*p, "repeat: prefix");
+             if (!w) return Operand::invalid();
+             prefix = *w;
+           }
+           if (!n || !x) return Operand::invalid();
+           return L.instantiate_repeat(L.blocks().at(block.text), *n, {*x}, prefix, call.offset);
+         }});
+    return t;
+  }();
+  return table;
+}
+
+const CallSpec* find_call(const std::string& name) {
+  for (const CallSpec& s : call_table())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+std::string signature(const CallSpec& s) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < s.params.size(); ++i) parts.push_back(i < s.required ? s.params[i] : s.params[i] + "=...");
+  if (s.variadic) parts.insert(parts.begin() + 1, "...");
+  if (s.extra_keywords) parts.push_back("axis_size=...");
+  return fmt::format("{}({})", s.name, fmt::join(parts, ", "));
+}
+
+}  // namespace
+
+std::vector<std::string> known_functions() {
+  std::vector<std::string> names;
+  for (const CallSpec& s : call_table()) names.push_back(s.name);
+  return names;
+}
+
+Operand lower_call(Lowerer& L, const Expr& call) {
+  const CallSpec* spec = find_call(call.text);
+  if (!spec) {
+    std::string hint = L.blocks().count(call.text)
+                           ? fmt::format("'{}' is a block: instantiate it with repeat({}, n, x)", call.text, call.text)
+                           : "see docs/model-language.md for the list of functions";
+    L.error(call.offset, fmt::format("unknown function '{}'{}", call.text, did_you_mean(call.text, known_functions())),
+            hint);
+    return Operand::invalid();
+  }
+  CallArgs args;
+  bool ok = true;
+  // Positional arguments fill parameters in order (a variadic call keeps the
+  // first in its slot and collects the others until the keywords).
+  for (size_t i = 0; i < call.args.size(); ++i) {
+    Operand v = L.eval(*call.args[i]);
+    ok = ok && v.ok();
+    if (spec->variadic && i >= 1) {
+      args.rest.push_back(std::move(v));
+    } else if (i < spec->params.size()) {
+      args.named[spec->params[i]] = std::move(v);
+    } else {
+      L.error(call.args[i]->offset,
+              fmt::format("{} takes at most {} positional argument{}, got {}", spec->name, spec->params.size(),
+                          spec->params.size() == 1 ? "" : "s", call.args.size()),
+              fmt::format("signature: {}", signature(*spec)));
+      return Operand::invalid();
+    }
+  }
+  for (const KeywordArg& kw : call.kwargs) {
+    bool known = std::find(spec->params.begin(), spec->params.end(), kw.name) != spec->params.end();
+    if (!known && !spec->extra_keywords) {
+      L.error(kw.offset, fmt::format("{} has no argument '{}'{}", spec->name, kw.name, did_you_mean(kw.name, spec->params)),
+              fmt::format("signature: {}", signature(*spec)));
+      ok = false;
+      continue;
+    }
+    if (known && args.named.count(kw.name)) {
+      L.error(kw.offset, fmt::format("{}: argument '{}' is given twice", spec->name, kw.name));
+      ok = false;
+      continue;
+    }
+    Operand v = L.eval(*kw.value);
+    ok = ok && v.ok();
+    (known ? args.named : args.extra)[kw.name] = std::move(v);
+  }
+  for (size_t i = 0; i < spec->required; ++i)
+    if (!args.named.count(spec->params[i])) {
+      L.error(call.offset,
+              fmt::format("{} needs {} argument{}, got {}: '{}' is missing", spec->name, spec->required,
+                          spec->required == 1 ? "" : "s", call.args.size() + call.kwargs.size(), spec->params[i]),
+              fmt::format("signature: {}", signature(*spec)));
+      return Operand::invalid();
+    }
+  if (!ok) return Operand::invalid();
+  return spec->lower(L, args, call);
+}
+
+}  // namespace napkin::frontend

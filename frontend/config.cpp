@@ -1,0 +1,362 @@
+#include "frontend/config.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <set>
+
+#include "frontend/suggest.h"
+
+namespace napkin::frontend {
+
+namespace {
+
+// A value in an optimizer call: a number (folded), a word/string, or a list.
+struct ConfigValue {
+  enum class Kind { Number, Text, List } kind = Kind::Number;
+  double number = 0;
+  std::string text;
+  std::vector<ConfigValue> items;
+  int offset = 0;
+};
+
+std::optional<ConfigValue> fold(const Expr& e, const ir::SourceLoc& base, ir::Diagnostics& diag) {
+  ConfigValue v;
+  v.offset = e.offset;
+  switch (e.kind) {
+    case ExprKind::Number: v.number = e.number; return v;
+    case ExprKind::Name:
+    case ExprKind::String: v.kind = ConfigValue::Kind::Text; v.text = e.text; return v;
+    case ExprKind::Unary: {
+      auto x = fold(*e.args[0], base, diag);
+      if (!x || x->kind != ConfigValue::Kind::Number) break;
+      x->number = e.text == "-" ? -x->number : x->number;
+      x->offset = e.offset;
+      return x;
+    }
+    case ExprKind::Binary: {
+      auto a = fold(*e.args[0], base, diag), b = fold(*e.args[1], base, diag);
+      if (!a || !b || a->kind != ConfigValue::Kind::Number || b->kind != ConfigValue::Kind::Number) break;
+      const std::string& op = e.text;
+      if (op == "+") v.number = a->number + b->number;
+      else if (op == "-") v.number = a->number - b->number;
+      else if (op == "*") v.number = a->number * b->number;
+      else if (op == "/") v.number = a->number / b->number;
+      else if (op == "**") v.number = std::pow(a->number, b->number);
+      else break;
+      return v;
+    }
+    case ExprKind::List:
+      v.kind = ConfigValue::Kind::List;
+      for (const ExprPtr& item : e.args) {
+        auto x = fold(*item, base, diag);
+        if (!x) return std::nullopt;
+        v.items.push_back(*x);
+      }
+      return v;
+    default: break;
+  }
+  diag.error(base.shifted(e.offset), fmt::format("'{}' is not a constant value", to_string(e)),
+             "use numbers, names, strings or lists of them");
+  return std::nullopt;
+}
+
+struct OptimizerSpec {
+  ir::OptimizerKind kind;
+  std::vector<std::string> keys;  // besides the common ones
+};
+
+const std::vector<std::string> kCommonKeys = {"lr", "weight_decay", "grad_clip", "schedule", "warmup", "min_lr", "no_decay"};
+
+const std::map<std::string, OptimizerSpec>& optimizers() {
+  static const std::map<std::string, OptimizerSpec> table = {
+      {"sgd", {ir::OptimizerKind::SGD, {"momentum", "nesterov"}}},
+      {"momentum", {ir::OptimizerKind::Momentum, {"momentum", "nesterov"}}},
+      {"adagrad", {ir::OptimizerKind::AdaGrad, {"eps"}}},
+      {"rmsprop", {ir::OptimizerKind::RMSProp, {"alpha", "eps", "momentum"}}},
+      {"adam", {ir::OptimizerKind::Adam, {"betas", "eps"}}},
+      {"adamw", {ir::OptimizerKind::AdamW, {"betas", "eps"}}},
+  };
+  return table;
+}
+
+std::vector<std::string> names_of(const std::map<std::string, OptimizerSpec>& m) {
+  std::vector<std::string> names;
+  for (const auto& [k, v] : m) names.push_back(k);
+  return names;
+}
+
+}  // namespace
+
+void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfig& out) {
+  ExprPtr e = ctx.parse_scalar_expr(node, "optimizer");
+  if (!e) return;
+  ir::SourceLoc base = ctx.text_loc(node);
+  auto err = [&](int offset, std::string msg, std::string hint = "") {
+    ctx.diag().error(base.shifted(offset), std::move(msg), std::move(hint));
+  };
+  if (e->kind != ExprKind::Call && e->kind != ExprKind::Name) {
+    err(e->offset, "optimizer must be a call such as adamw(lr=3e-4)");
+    return;
+  }
+  auto spec = optimizers().find(e->text);
+  if (spec == optimizers().end()) {
+    err(e->offset, fmt::format("unknown optimizer '{}'{}", e->text, did_you_mean(e->text, names_of(optimizers()))),
+        fmt::format("known optimizers: {}", fmt::join(names_of(optimizers()), ", ")));
+    return;
+  }
+  out = {};
+  out.kind = spec->second.kind;
+  if (out.kind == ir::OptimizerKind::Momentum) out.momentum = 0.9;
+  if (out.kind == ir::OptimizerKind::AdaGrad) out.eps = 1e-10;  // torch.optim.Adagrad's default
+  std::vector<std::string> allowed = kCommonKeys;
+  allowed.insert(allowed.end(), spec->second.keys.begin(), spec->second.keys.end());
+  std::map<std::string, ConfigValue> values;
+  if (e->args.size() > 1) {
+    err(e->args[1]->offset, fmt::format("{} takes only lr as a positional argument", e->text),
+        "pass the rest by name, e.g. weight_decay=0.1");
+    return;
+  }
+  if (e->args.size() == 1) {
+    if (auto v = fold(*e->args[0], base, ctx.diag())) values["lr"] = *v;
+    else return;
+  }
+  for (const KeywordArg& kw : e->kwargs) {
+    if (std::find(allowed.begin(), allowed.end(), kw.name) == allowed.end()) {
+      err(kw.offset, fmt::format("{} has no option '{}'{}", e->text, kw.name, did_you_mean(kw.name, allowed)),
+          fmt::format("options of {}: {}", e->text, fmt::join(allowed, ", ")));
+      continue;
+    }
+    if (values.count(kw.name)) {
+      err(kw.offset, fmt::format("option '{}' is given twice", kw.name));
+      continue;
+    }
+    if (auto v = fold(*kw.value, base, ctx.diag())) values[kw.name] = *v;
+  }
+  auto number = [&](const std::string& key, double& slot, double lo, double hi, bool lo_open, const char* range) {
+    auto it = values.find(key);
+    if (it == values.end()) return;
+    const ConfigValue& v = it->second;
+    bool ok = v.kind == ConfigValue::Kind::Number && std::isfinite(v.number) &&
+              (lo_open ? v.number > lo : v.number >= lo) && v.number < hi;
+    if (!ok) {
+      err(v.offset, fmt::format("{}: {} must be a number {}", e->text, key, range));
+      return;
+    }
+    slot = v.number;
+  };
+  if (!values.count("lr")) {
+    err(e->offset, fmt::format("{} needs a learning rate", e->text), fmt::format("write {}(lr=1e-3, ...)", e->text));
+  }
+  number("lr", out.lr, 0, INFINITY, true, "> 0");
+  number("weight_decay", out.weight_decay, 0, INFINITY, false, ">= 0");
+  number("grad_clip", out.grad_clip, 0, INFINITY, true, "> 0 (the max global gradient norm)");
+  number("min_lr", out.min_lr, 0, INFINITY, false, ">= 0");
+  number("momentum", out.momentum, 0, 1, false, "in [0, 1)");
+  number("alpha", out.alpha, 0, 1, false, "in [0, 1)");
+  number("eps", out.eps, 0, INFINITY, true, "> 0");
+  if (auto it = values.find("warmup"); it != values.end()) {
+    const ConfigValue& v = it->second;
+    if (v.kind != ConfigValue::Kind::Number || v.number < 0 || v.number != std::floor(v.number))
+      err(v.offset, "warmup must be a whole number of steps >= 0");
+    else
+      out.warmup_steps = static_cast<int64_t>(v.number);
+  }
+  if (auto it = values.find("betas"); it != values.end()) {
+    const ConfigValue& v = it->second;
+    bool ok = v.kind == ConfigValue::Kind::List && v.items.size() == 2;
+    for (size_t i = 0; ok && i < 2; ++i)
+      ok = v.items[i].kind == ConfigValue::Kind::Number && v.items[i].number >= 0 && v.items[i].number < 1;
+    if (!ok) err(v.offset, "betas must be a list of two numbers in [0, 1), like [0.9, 0.95]");
+    else {
+      out.beta1 = v.items[0].number;
+      out.beta2 = v.items[1].number;
+    }
+  }
+  if (auto it = values.find("nesterov"); it != values.end()) {
+    const ConfigValue& v = it->second;
+    if (v.kind != ConfigValue::Kind::Text || (v.text != "true" && v.text != "false"))
+      err(v.offset, "nesterov must be true or false");
+    else
+      out.nesterov = v.text == "true";
+    if (out.nesterov && out.momentum == 0)
+      err(v.offset, "nesterov needs momentum > 0", "add momentum=0.9");
+  }
+  if (auto it = values.find("schedule"); it != values.end()) {
+    const ConfigValue& v = it->second;
+    if (v.kind != ConfigValue::Kind::Text || (v.text != "constant" && v.text != "cosine"))
+      err(v.offset, "schedule must be constant or cosine (linear warmup, then cosine decay to min_lr)");
+    else
+      out.schedule = v.text;
+  }
+  if (auto it = values.find("no_decay"); it != values.end()) {
+    const ConfigValue& v = it->second;
+    bool ok = v.kind == ConfigValue::Kind::List;
+    for (const ConfigValue& item : v.items) ok = ok && item.kind == ConfigValue::Kind::Text;
+    if (!ok) err(v.offset, "no_decay must be a list of parameter-name patterns, like [\"*_b\", \"ln*\"]");
+    else
+      for (const ConfigValue& item : v.items) out.no_decay.push_back(item.text);
+  }
+}
+
+void read_precision(const YAML::Node& node, YamlContext& ctx, ir::PrecisionConfig& out) {
+  static const std::map<std::string, ir::PrecisionPolicy> policies = {{"fp32", ir::PrecisionPolicy::FP32},
+                                                                      {"bf16-mixed", ir::PrecisionPolicy::BF16Mixed},
+                                                                      {"fp16-mixed", ir::PrecisionPolicy::FP16Mixed},
+                                                                      {"fp8-mixed", ir::PrecisionPolicy::FP8Mixed}};
+  std::vector<std::string> names;
+  for (const auto& [k, v] : policies) names.push_back(k);
+  YAML::Node policy = node;
+  if (node.IsMap()) {
+    if (!ctx.check_keys(node, {"policy", "loss_scale"}, "precision")) return;
+    policy = node["policy"];
+    if (!policy) {
+      ctx.error(node, "precision needs a policy", fmt::format("policies: {}", fmt::join(names, ", ")));
+      return;
+    }
+    if (const YAML::Node& ls = node["loss_scale"]) {
+      if (ctx.check_keys(ls, {"init", "growth_interval", "growth_factor", "backoff"}, "loss_scale")) {
+        auto positive = [&](const char* key, double& slot) {
+          if (const YAML::Node& v = ls[key]) {
+            try {
+              double x = v.as<double>();
+              if (!(x > 0)) throw YAML::Exception(v.Mark(), "");
+              slot = x;
+            } catch (const YAML::Exception&) {
+              ctx.error(v, fmt::format("loss_scale {} must be a positive number", key));
+            }
+          }
+        };
+        double interval = static_cast<double>(out.loss_scale.growth_interval);
+        positive("init", out.loss_scale.init_scale);
+        positive("growth_interval", interval);
+        positive("growth_factor", out.loss_scale.growth_factor);
+        positive("backoff", out.loss_scale.backoff_factor);
+        out.loss_scale.growth_interval = static_cast<int64_t>(interval);
+      }
+    }
+  }
+  std::string text;
+  if (!ctx.scalar_text(policy, "precision", text)) return;
+  auto it = policies.find(text);
+  if (it == policies.end()) {
+    ctx.error(policy, fmt::format("unknown precision policy '{}'{}", text, did_you_mean(text, names)),
+              fmt::format("policies: {}", fmt::join(names, ", ")));
+    return;
+  }
+  out.policy = it->second;
+}
+
+namespace {
+
+bool read_int(const YAML::Node& node, YamlContext& ctx, const std::string& what, int64_t min, int64_t& out) {
+  if (!node) return true;
+  try {
+    int64_t v = node.as<int64_t>();
+    if (v < min) throw YAML::Exception(node.Mark(), "");
+    out = v;
+    return true;
+  } catch (const YAML::Exception&) {
+    ctx.error(node, fmt::format("{} must be a whole number >= {}", what, min));
+    return false;
+  }
+}
+
+void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir::DataSource& out) {
+  if (!ctx.check_keys(node, {"format", "path", "dtype", "files", "order", "split"}, "train.data")) return;
+  std::string format;
+  if (!node["format"]) {
+    ctx.error(node, "train.data needs a format", "format: tokens (a raw token file) or format: npy (one .npy per input)");
+    return;
+  }
+  if (!ctx.scalar_text(node["format"], "train.data.format", format)) return;
+  if (format != "tokens" && format != "npy") {
+    ctx.error(node["format"], fmt::format("unknown data format '{}'", format),
+              "format: tokens (a raw token file) or format: npy (one .npy per input)");
+    return;
+  }
+  out.format = format;
+  if (const YAML::Node& order = node["order"]) {
+    ctx.scalar_text(order, "train.data.order", out.order);
+    if (out.order != "random" && out.order != "sequential")
+      ctx.error(order, "train.data.order must be random or sequential");
+  }
+  if (format == "tokens") {
+    if (!node["path"]) ctx.error(node, "train.data with format: tokens needs a path to the token file");
+    else ctx.scalar_text(node["path"], "train.data.path", out.path);
+    if (const YAML::Node& d = node["dtype"]) {
+      ctx.scalar_text(d, "train.data.dtype", out.token_dtype);
+      if (out.token_dtype != "u16" && out.token_dtype != "i32")
+        ctx.error(d, "token files hold u16 or i32 tokens", "napkin data encode writes u16");
+    }
+    if (const YAML::Node& s = node["split"]) {
+      try {
+        out.split = s.as<double>();
+        if (!(out.split > 0 && out.split <= 1)) throw YAML::Exception(s.Mark(), "");
+      } catch (const YAML::Exception&) {
+        ctx.error(s, "train.data.split must be a fraction in (0, 1]");
+      }
+    }
+    // Token windows become two inputs of the same [batch, seq] shape: ids and next ids.
+    bool ok = g.inputs.size() == 2;
+    for (ir::ValueId v : g.inputs)
+      ok = ok && ir::is_integer(g.value(v).type.dtype) && g.value(v).type.rank() == 2 &&
+           g.value(v).type.same_shape(g.value(g.inputs[0]).type);
+    if (!ok)
+      ctx.error(node["format"], "format: tokens needs exactly two integer inputs of shape [batch, seq] (tokens, targets)",
+                "use format: npy for other inputs");
+    if (node["files"]) ctx.error(node["files"], "files: belongs to format: npy");
+    return;
+  }
+  const YAML::Node& files = node["files"];
+  if (!files) {
+    ctx.error(node, "train.data with format: npy needs files: mapping each input to a .npy path");
+    return;
+  }
+  std::vector<std::string> input_names;
+  for (ir::ValueId v : g.inputs) input_names.push_back(g.value(v).name);
+  if (!ctx.check_keys(files, input_names, "train.data.files")) return;
+  for (auto it = files.begin(); it != files.end(); ++it) {
+    std::string path;
+    if (ctx.scalar_text(it->second, "a data file path", path)) out.files[it->first.Scalar()] = path;
+  }
+  for (const std::string& n : input_names)
+    if (!out.files.count(n)) ctx.error(files, fmt::format("train.data.files has no file for input '{}'", n));
+}
+
+}  // namespace
+
+void read_train(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir::TrainConfig& out) {
+  if (!ctx.check_keys(node, {"steps", "seed", "data", "eval", "checkpoint", "log", "tokens_per_step"}, "train")) return;
+  read_int(node["steps"], ctx, "train.steps", 1, out.steps);
+  if (const YAML::Node& s = node["seed"]) {
+    int64_t seed = 0;
+    if (read_int(s, ctx, "train.seed", 0, seed)) out.seed = static_cast<uint64_t>(seed);
+  }
+  read_int(node["tokens_per_step"], ctx, "train.tokens_per_step", 1, out.tokens_per_step);
+  if (const YAML::Node& d = node["data"]) {
+    out.has_data = true;
+    read_data(d, ctx, g, out.data);
+  }
+  if (const YAML::Node& e = node["eval"]) {
+    if (ctx.check_keys(e, {"every", "batches"}, "train.eval")) {
+      read_int(e["every"], ctx, "train.eval.every", 1, out.eval_every);
+      read_int(e["batches"], ctx, "train.eval.batches", 1, out.eval_batches);
+    }
+  }
+  if (const YAML::Node& c = node["checkpoint"]) {
+    if (ctx.check_keys(c, {"every", "dir", "keep"}, "train.checkpoint")) {
+      read_int(c["every"], ctx, "train.checkpoint.every", 1, out.checkpoint_every);
+      read_int(c["keep"], ctx, "train.checkpoint.keep", 1, out.checkpoint_keep);
+      if (c["dir"]) ctx.scalar_text(c["dir"], "train.checkpoint.dir", out.checkpoint_dir);
+    }
+  }
+  if (const YAML::Node& l = node["log"]) {
+    if (ctx.check_keys(l, {"every", "metrics"}, "train.log")) {
+      read_int(l["every"], ctx, "train.log.every", 1, out.log_every);
+      if (l["metrics"]) ctx.scalar_text(l["metrics"], "train.log.metrics", out.metrics_path);
+    }
+  }
+}
+
+}  // namespace napkin::frontend

@@ -1,0 +1,182 @@
+#include "frontend/dims.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <set>
+
+#include "frontend/suggest.h"
+
+namespace napkin::frontend {
+
+namespace {
+
+// Evaluates with a name resolver, so the same code serves the dims table
+// (resolving lazily, with cycle detection) and shapes (resolved table).
+using Resolver = std::function<std::optional<int64_t>(const Expr&)>;
+
+std::optional<int64_t> eval(const Expr& e, const Resolver& resolve, const ir::SourceLoc& base,
+                            ir::Diagnostics& diag) {
+  auto fail = [&](const Expr& at, std::string msg, std::string hint = "") -> std::optional<int64_t> {
+    diag.error(base.shifted(at.offset), std::move(msg), std::move(hint));
+    return std::nullopt;
+  };
+  switch (e.kind) {
+    case ExprKind::Number:
+      if (!e.is_integer)
+        return fail(e, fmt::format("dims must be integers, got {}", e.text.empty() ? fmt::format("{}", e.number) : e.text),
+                    "use a whole number");
+      return static_cast<int64_t>(e.number);
+    case ExprKind::Name:
+      return resolve(e);
+    case ExprKind::Unary: {
+      auto v = eval(*e.args[0], resolve, base, diag);
+      if (!v) return v;
+      return e.text == "-" ? -*v : *v;
+    }
+    case ExprKind::Binary: {
+      auto a = eval(*e.args[0], resolve, base, diag);
+      auto b = eval(*e.args[1], resolve, base, diag);
+      if (!a || !b) return std::nullopt;
+      const std::string& op = e.text;
+      if (op == "+") return *a + *b;
+      if (op == "-") return *a - *b;
+      if (op == "*") return *a * *b;
+      if (op == "**") {
+        if (*b < 0) return fail(e, "a dim power must not be negative");
+        int64_t r = 1;
+        for (int64_t i = 0; i < *b; ++i) r *= *a;
+        return r;
+      }
+      if (op == "/" || op == "//" || op == "%") {
+        if (*b == 0) return fail(*e.args[1], fmt::format("division by zero in '{}'", to_string(e)));
+        if (op == "/" && *a % *b != 0)
+          return fail(e, fmt::format("'{}' is {} / {}, which does not divide exactly", to_string(e), *a, *b),
+                      "choose sizes that divide, or write '//' to round down on purpose");
+        if (op == "%") return *a % *b;
+        return *a / *b;
+      }
+      return fail(e, fmt::format("'{}' is not allowed in a dim expression", op),
+                  "dims use + - * / // % ** and parentheses");
+    }
+    default:
+      return fail(e, fmt::format("'{}' is not a dim expression", to_string(e)),
+                  "dims use integers, other dims, + - * / // % ** and parentheses");
+  }
+}
+
+}  // namespace
+
+std::optional<int64_t> eval_dim_expr(const Expr& e, const DimTable& dims, const ir::SourceLoc& base,
+                                     ir::Diagnostics& diag) {
+  Resolver resolve = [&](const Expr& name) -> std::optional<int64_t> {
+    auto it = dims.sizes.find(name.text);
+    if (it != dims.sizes.end()) return it->second;
+    diag.error(base.shifted(name.offset),
+               fmt::format("unknown dim '{}'{}", name.text, did_you_mean(name.text, dims.names())),
+               dims.order.empty() ? "declare it under dims:"
+                                  : fmt::format("declared dims: {}", fmt::join(dims.order, ", ")));
+    return std::nullopt;
+  };
+  return eval(e, resolve, base, diag);
+}
+
+DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
+  DimTable table;
+  if (!node || node.IsNull()) return table;
+  if (!ctx.check_keys(node, {}, "dims")) return table;
+  struct Pending {
+    ExprPtr expr;
+    ir::SourceLoc base;
+    YAML::Node key;
+  };
+  std::map<std::string, Pending> pending;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    std::string name = it->first.Scalar();
+    if (pending.count(name)) continue;  // duplicate: reported by check_keys
+    table.order.push_back(name);
+    table.locs[name] = ctx.loc(it->first);
+    pending[name] = {ctx.parse_scalar_expr(it->second, fmt::format("dim '{}'", name)), ctx.text_loc(it->second), it->first};
+  }
+  std::set<std::string> in_progress, failed;
+  std::vector<std::string> stack;
+  std::function<std::optional<int64_t>(const std::string&, const ir::SourceLoc&, int)> resolve_name;
+  resolve_name = [&](const std::string& name, const ir::SourceLoc& use, int offset) -> std::optional<int64_t> {
+    if (auto it = table.sizes.find(name); it != table.sizes.end()) return it->second;
+    if (failed.count(name)) return std::nullopt;
+    auto p = pending.find(name);
+    if (p == pending.end()) {
+      ctx.diag().error(use.shifted(offset), fmt::format("unknown dim '{}'{}", name, did_you_mean(name, table.order)),
+                       fmt::format("declared dims: {}", fmt::join(table.order, ", ")));
+      return std::nullopt;
+    }
+    if (in_progress.count(name)) {
+      std::string cycle;
+      auto start = std::find(stack.begin(), stack.end(), name);
+      for (auto s = start; s != stack.end(); ++s) cycle += *s + " -> ";
+      ctx.diag().error(table.locs[name], fmt::format("dim '{}' depends on itself: {}{}", name, cycle, name),
+                       "define it from dims that do not refer back to it");
+      failed.insert(name);
+      return std::nullopt;
+    }
+    if (!p->second.expr) {
+      failed.insert(name);
+      return std::nullopt;
+    }
+    in_progress.insert(name);
+    stack.push_back(name);
+    const ir::SourceLoc base = p->second.base;
+    Resolver inner = [&](const Expr& e) { return resolve_name(e.text, base, e.offset); };
+    std::optional<int64_t> v = eval(*p->second.expr, inner, base, ctx.diag());
+    stack.pop_back();
+    in_progress.erase(name);
+    if (v && *v <= 0) {
+      ctx.diag().error(base, fmt::format("dim '{}' must be positive, got {}", name, *v),
+                       "every dim is the size of a tensor axis");
+      v.reset();
+    }
+    if (!v) {
+      failed.insert(name);
+      return v;
+    }
+    table.sizes[name] = *v;
+    return v;
+  };
+  for (const std::string& name : table.order) resolve_name(name, table.locs[name], 0);
+  return table;
+}
+
+std::optional<std::vector<ir::Dim>> read_shape(const YAML::Node& shape, const DimTable& dims,
+                                               YamlContext& ctx, const std::string& what) {
+  if (!shape.IsSequence()) {
+    ctx.error(shape, fmt::format("the shape of {} must be a list of dims, like [batch, d]", what));
+    return std::nullopt;
+  }
+  std::vector<ir::Dim> out;
+  bool ok = true;
+  for (const YAML::Node& entry : shape) {
+    ExprPtr e = ctx.parse_scalar_expr(entry, fmt::format("the shape of {}", what));
+    if (!e) {
+      ok = false;
+      continue;
+    }
+    std::optional<int64_t> size = eval_dim_expr(*e, dims, ctx.text_loc(entry), ctx.diag());
+    if (!size) {
+      ok = false;
+      continue;
+    }
+    if (*size <= 0) {
+      ctx.error(entry, fmt::format("the shape of {} has a non-positive size {}", what, *size));
+      ok = false;
+      continue;
+    }
+    std::string name = e->kind == ExprKind::Number ? "" : to_string(*e);
+    name.erase(std::remove(name.begin(), name.end(), ' '), name.end());
+    out.push_back({*size, name});
+  }
+  if (!ok) return std::nullopt;
+  return out;
+}
+
+}  // namespace napkin::frontend

@@ -1,0 +1,40 @@
+// Named dimensions: `dims:` maps names to positive integers or to integer
+// expressions of other dims (`head_dim: d / heads`). Division must be exact
+// ('/' checks it; '//' floors on purpose). Order in the file does not matter;
+// cycles are errors.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "frontend/expr_ast.h"
+#include "frontend/yaml_context.h"
+#include "ir/type.h"
+
+namespace napkin::frontend {
+
+struct DimTable {
+  std::map<std::string, int64_t> sizes;
+  std::map<std::string, ir::SourceLoc> locs;
+  std::vector<std::string> order;  // as written in the file
+  std::vector<std::string> names() const { return order; }
+  bool has(const std::string& n) const { return sizes.count(n) > 0; }
+};
+
+DimTable read_dims(const YAML::Node& dims, YamlContext& ctx);
+
+// Evaluates an integer expression of dims and integer literals (+ - * / // % **,
+// parentheses). Reports errors at `base` shifted by each node's offset.
+std::optional<int64_t> eval_dim_expr(const Expr& e, const DimTable& dims, const ir::SourceLoc& base,
+                                     ir::Diagnostics& diag);
+
+// Reads a shape list such as [batch, seq] or [d, 3*d]; each entry must be a
+// positive integer. The dims keep the names written ("d", "3*d").
+std::optional<std::vector<ir::Dim>> read_shape(const YAML::Node& shape, const DimTable& dims,
+                                               YamlContext& ctx, const std::string& what);
+
+}  // namespace napkin::frontend

@@ -1,0 +1,312 @@
+// einsum, rearrange and reduce: einops patterns lowered to IR.
+//
+// einsum becomes one Einsum node (axis ids in attributes, so ir/ never parses
+// strings). rearrange and reduce become: reshape to elementary axes (splitting
+// groups), optionally a reduction, a permute, and a reshape that merges the
+// output groups. Reshapes are free views when the strides allow; the Builder
+// inserts a Copy when they do not, and the report shows which rearranges copy.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "frontend/einops_pattern.h"
+#include "frontend/lowering.h"
+
+namespace napkin::frontend {
+
+using ir::Op;
+using ir::ValueId;
+
+namespace {
+
+// Parses the pattern operand; errors point inside the string (past its quote).
+std::optional<Pattern> parse(Lowerer& L, const Operand& pattern, const std::string& fn) {
+  if (pattern.kind != Operand::Kind::String) {
+    if (pattern.ok()) L.error(pattern.offset, fmt::format("{}: the pattern must be a string like \"b s d -> b d s\"", fn));
+    return std::nullopt;
+  }
+  PatternResult r = parse_pattern(pattern.text);
+  for (const PatternError& e : r.errors) L.error(pattern.offset + 1 + e.offset, fmt::format("{}: {}", fn, e.message));
+  if (!r.ok()) return std::nullopt;
+  return r.pattern;
+}
+
+std::string side_text(const PatternSide& side) {
+  std::vector<std::string> parts;
+  for (const PatternAxis& a : side.axes) {
+    if (a.is_group) parts.push_back("(" + fmt::format("{}", fmt::join(a.names, " ")) + ")");
+    else if (a.names.empty()) parts.push_back("1");
+    else parts.push_back(a.names[0]);
+  }
+  return fmt::format("{}", fmt::join(parts, " "));
+}
+
+struct Elementary {
+  std::vector<std::string> order;            // elementary axes in input order
+  std::map<std::string, ir::Dim> dims;       // their sizes and names
+};
+
+// Solves the sizes of the elementary axes of the input side against x's shape.
+std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const PatternSide& side,
+                                      const std::map<std::string, Operand>& sizes, int pattern_offset,
+                                      const std::string& fn) {
+  auto at = [&](int off) { return pattern_offset + 1 + off; };
+  if (static_cast<int>(side.axes.size()) != x.rank()) {
+    L.error(at(side.offset),
+            fmt::format("{}: the pattern '{}' has {} axes but the tensor {} has {}", fn, side_text(side),
+                        side.axes.size(), ir::to_string(x), x.rank()),
+            "write one entry per axis; group axes that are merged, like (h d)");
+    return std::nullopt;
+  }
+  Elementary e;
+  auto given = [&](const std::string& name) -> std::optional<ir::Dim> {
+    auto it = sizes.find(name);
+    if (it == sizes.end()) return std::nullopt;
+    auto v = L.need_int(it->second, fmt::format("{}: size of axis '{}'", fn, name));
+    if (!v) return ir::Dim{-1, ""};
+    return ir::Dim{*v, it->second.text.empty() ? name : it->second.text};
+  };
+  for (int i = 0; i < x.rank(); ++i) {
+    const PatternAxis& axis = side.axes[i];
+    const ir::Dim& dim = x.dims[i];
+    if (axis.names.empty()) {
+      if (dim.size != 1) {
+        L.error(at(axis.offset), fmt::format("{}: '1' needs an axis of size 1, but axis {} is {}", fn, i,
+                                             ir::describe_dim(dim)));
+        return std::nullopt;
+      }
+      continue;
+    }
+    if (!axis.is_group) {
+      const std::string& name = axis.names[0];
+      if (auto g = given(name); g && g->size != dim.size) {
+        if (g->size >= 0)
+          L.error(at(axis.offset), fmt::format("{}: axis '{}' is {} in the tensor but {}={} was given", fn, name,
+                                               ir::describe_dim(dim), name, g->size));
+        return std::nullopt;
+      }
+      e.order.push_back(name);
+      e.dims[name] = dim.name.empty() ? ir::Dim{dim.size, name} : dim;
+      continue;
+    }
+    int64_t known = 1;
+    std::string unknown;
+    for (const std::string& name : axis.names) {
+      auto g = given(name);
+      if (g && g->size < 0) return std::nullopt;
+      if (g) {
+        known *= g->size;
+        e.dims[name] = *g;
+      } else if (unknown.empty()) {
+        unknown = name;
+      } else {
+        L.error(at(axis.offset),
+                fmt::format("{}: the group ({}) has two axes of unknown size, '{}' and '{}'", fn,
+                            fmt::join(axis.names, " "), unknown, name),
+                fmt::format("give one of them as a keyword, e.g. {}={}", unknown, "n"));
+        return std::nullopt;
+      }
+      e.order.push_back(name);
+    }
+    if (unknown.empty() ? known != dim.size : (known <= 0 || dim.size % known != 0)) {
+      L.error(at(axis.offset),
+              fmt::format("{}: the group ({}) has size {} but the tensor's axis {} is {}", fn,
+                          fmt::join(axis.names, " "), unknown.empty() ? fmt::format("{}", known)
+                                                                       : fmt::format("{}*{}", known, unknown),
+                          i, ir::describe_dim(dim)),
+              unknown.empty() ? "the product of the group's sizes must equal the axis"
+                              : "the axis must divide exactly by the sizes given");
+      return std::nullopt;
+    }
+    if (!unknown.empty()) e.dims[unknown] = {dim.size / known, unknown};
+  }
+  for (const auto& [name, value] : sizes)
+    if (!e.dims.count(name)) {
+      L.error(value.offset, fmt::format("{}: '{}' is not an axis of the pattern's left side", fn, name));
+      return std::nullopt;
+    }
+  return e;
+}
+
+// The output shape of a side: groups multiply, "1" is a new axis of size 1.
+std::vector<ir::Dim> output_dims(const PatternSide& side, const Elementary& e) {
+  std::vector<ir::Dim> dims;
+  for (const PatternAxis& axis : side.axes) {
+    if (axis.names.empty()) {
+      dims.push_back({1, ""});
+      continue;
+    }
+    if (axis.names.size() == 1) {
+      dims.push_back(e.dims.at(axis.names[0]));
+      continue;
+    }
+    ir::Dim d{1, ""};
+    std::vector<std::string> names;
+    for (const std::string& n : axis.names) {
+      d.size *= e.dims.at(n).size;
+      names.push_back(e.dims.at(n).name);
+    }
+    d.name = fmt::format("{}", fmt::join(names, "*"));
+    dims.push_back(d);
+  }
+  return dims;
+}
+
+// Reshape to elementary axes, optionally reduce some, permute to the output
+// order, reshape to the output groups.
+Operand lower_einops(Lowerer& L, ValueId x, const Pattern& p, const Elementary& e, std::optional<Op> reduction,
+                     int offset) {
+  ir::Builder& b = L.builder();
+  std::vector<ir::Dim> elementary;
+  for (const std::string& n : e.order) elementary.push_back(e.dims.at(n));
+  Operand cur = L.wrap(b.reshape(x, elementary), offset);
+  if (!cur.ok()) return cur;
+  std::vector<std::string> order = e.order;
+  if (reduction) {
+    std::set<std::string> kept;
+    for (const PatternAxis& a : p.output.axes)
+      for (const std::string& n : a.names) kept.insert(n);
+    std::vector<int64_t> axes;
+    std::vector<std::string> remaining;
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (kept.count(order[i])) remaining.push_back(order[i]);
+      else axes.push_back(static_cast<int64_t>(i));
+    }
+    if (!axes.empty()) {
+      cur = L.build(*reduction, {cur.value}, {{"axes", axes}, {"keepdims", int64_t{0}}}, offset);
+      if (!cur.ok()) return cur;
+    }
+    order = remaining;
+  }
+  std::vector<int64_t> perm;
+  for (const PatternAxis& a : p.output.axes)
+    for (const std::string& n : a.names)
+      perm.push_back(std::find(order.begin(), order.end(), n) - order.begin());
+  cur = L.wrap(b.permute(cur.value, perm), offset);
+  if (!cur.ok()) return cur;
+  return L.wrap(b.reshape(cur.value, output_dims(p.output, e)), offset);
+}
+
+std::set<std::string> names_of(const PatternSide& side) {
+  std::set<std::string> names;
+  for (const PatternAxis& a : side.axes)
+    for (const std::string& n : a.names) names.insert(n);
+  return names;
+}
+
+}  // namespace
+
+Operand lower_einsum(Lowerer& L, ValueId a, ValueId b, const Operand& pattern, int offset) {
+  auto p = parse(L, pattern, "einsum");
+  if (!p) return Operand::invalid();
+  auto at = [&](int off) { return pattern.offset + 1 + off; };
+  if (p->inputs.size() != 2) {
+    L.error(at(0), fmt::format("einsum: the pattern names {} operand{} but einsum takes 2", p->inputs.size(),
+                               p->inputs.size() == 1 ? "" : "s"),
+            "write \"<axes of a>, <axes of b> -> <axes of the result>\"");
+    return Operand::invalid();
+  }
+  std::map<std::string, int64_t> ids;
+  std::vector<std::string> id_names;
+  auto id_of = [&](const std::string& n) {
+    auto [it, fresh] = ids.emplace(n, static_cast<int64_t>(ids.size()));
+    if (fresh) id_names.push_back(n);
+    return it->second;
+  };
+  std::vector<int64_t> sides[2];
+  const ValueId operands[2] = {a, b};
+  for (int k = 0; k < 2; ++k) {
+    const PatternSide& side = p->inputs[k];
+    for (const PatternAxis& axis : side.axes) {
+      if (axis.is_group || axis.names.size() != 1) {
+        L.error(at(axis.offset), "einsum: axes cannot be grouped or be '1' in an einsum pattern",
+                "rearrange the operand first, then contract");
+        return Operand::invalid();
+      }
+      sides[k].push_back(id_of(axis.names[0]));
+    }
+    const ir::TensorType& t = L.type(operands[k]);
+    if (static_cast<int>(sides[k].size()) != t.rank()) {
+      L.error(at(side.offset), fmt::format("einsum: operand {} is {} with {} axes but the pattern '{}' names {}", k + 1,
+                                           ir::to_string(t), t.rank(), side_text(side), sides[k].size()),
+              "write one axis name per dimension of the operand");
+      return Operand::invalid();
+    }
+  }
+  std::vector<int64_t> out;
+  for (const PatternAxis& axis : p->output.axes) {
+    if (axis.is_group || axis.names.size() != 1) {
+      L.error(at(axis.offset), "einsum: output axes cannot be grouped or be '1'", "rearrange the result afterwards");
+      return Operand::invalid();
+    }
+    if (!ids.count(axis.names[0])) {
+      L.error(at(axis.offset), fmt::format("einsum: output axis '{}' does not appear in either operand", axis.names[0]),
+              "every output axis must come from an operand");
+      return Operand::invalid();
+    }
+    out.push_back(ids[axis.names[0]]);
+  }
+  ir::Attrs attrs{{"lhs", sides[0]},
+                  {"rhs", sides[1]},
+                  {"out", out},
+                  {"axis_names", fmt::format("{}", fmt::join(id_names, " "))},
+                  {"spec", pattern.text}};
+  return L.build(Op::Einsum, {a, b}, attrs, offset);
+}
+
+Operand lower_rearrange(Lowerer& L, ValueId x, const Operand& pattern, const std::map<std::string, Operand>& sizes,
+                        int offset) {
+  auto p = parse(L, pattern, "rearrange");
+  if (!p) return Operand::invalid();
+  if (p->inputs.size() != 1) {
+    L.error(pattern.offset + 1, "rearrange: the pattern must have exactly one operand left of '->'");
+    return Operand::invalid();
+  }
+  auto e = solve_input(L, L.type(x), p->inputs[0], sizes, pattern.offset, "rearrange");
+  if (!e) return Operand::invalid();
+  std::set<std::string> in = names_of(p->inputs[0]), out = names_of(p->output);
+  for (const PatternAxis& axis : p->output.axes)
+    for (const std::string& n : axis.names)
+      if (!in.count(n)) {
+        L.error(pattern.offset + 1 + axis.offset, fmt::format("rearrange: axis '{}' on the right is not on the left", n),
+                "rearrange only reorders, splits and merges axes");
+        return Operand::invalid();
+      }
+  for (const std::string& n : in)
+    if (!out.count(n)) {
+      L.error(pattern.offset + 1 + p->output.offset, fmt::format("rearrange: axis '{}' on the left is missing on the right", n),
+              "to remove an axis, use reduce(x, pattern, \"sum\") or index it");
+      return Operand::invalid();
+    }
+  return lower_einops(L, x, *p, *e, std::nullopt, offset);
+}
+
+Operand lower_reduce(Lowerer& L, ValueId x, const Operand& pattern, const std::string& reduction,
+                     const std::map<std::string, Operand>& sizes, int offset) {
+  static const std::map<std::string, Op> kinds = {
+      {"sum", Op::ReduceSum}, {"mean", Op::ReduceMean}, {"max", Op::ReduceMax}, {"min", Op::ReduceMin}};
+  auto kind = kinds.find(reduction);
+  if (kind == kinds.end()) {
+    L.error(offset, fmt::format("reduce: unknown reduction \"{}\"", reduction), "use \"sum\", \"mean\", \"max\" or \"min\"");
+    return Operand::invalid();
+  }
+  auto p = parse(L, pattern, "reduce");
+  if (!p) return Operand::invalid();
+  if (p->inputs.size() != 1) {
+    L.error(pattern.offset + 1, "reduce: the pattern must have exactly one operand left of '->'");
+    return Operand::invalid();
+  }
+  auto e = solve_input(L, L.type(x), p->inputs[0], sizes, pattern.offset, "reduce");
+  if (!e) return Operand::invalid();
+  std::set<std::string> in = names_of(p->inputs[0]);
+  for (const PatternAxis& axis : p->output.axes)
+    for (const std::string& n : axis.names)
+      if (!in.count(n)) {
+        L.error(pattern.offset + 1 + axis.offset, fmt::format("reduce: axis '{}' on the right is not on the left", n));
+        return Operand::invalid();
+      }
+  return lower_einops(L, x, *p, *e, kind->second, offset);
+}
+
+}  // namespace napkin::frontend

@@ -1,0 +1,375 @@
+#include "frontend/lowering.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "frontend/suggest.h"
+#include "ir/internal_check.h"
+
+namespace napkin::frontend {
+
+using ir::Op;
+using ir::ValueId;
+
+Lowerer::Lowerer(ir::Graph& g, YamlContext& ctx, const DimTable& dims,
+                 const std::map<std::string, BlockDef>& blocks)
+    : g_(g), ctx_(ctx), dims_(dims), blocks_(blocks), b_(g) {}
+
+void Lowerer::error(int offset, std::string message, std::string hint) {
+  ctx_.diag().error(base_.shifted(offset), std::move(message), std::move(hint));
+}
+
+Operand Lowerer::wrap(const ir::Built& b, int offset) {
+  if (!b.ok()) {
+    error(offset, b.error, b.hint);
+    return Operand::invalid();
+  }
+  return Operand::tensor(b.value, offset);
+}
+
+Operand Lowerer::build(Op op, std::vector<ValueId> inputs, ir::Attrs attrs, int offset) {
+  b_.set_loc(base_.shifted(offset));
+  return wrap(b_.add(op, std::move(inputs), std::move(attrs)), offset);
+}
+
+std::vector<std::string> Lowerer::visible_names() const {
+  std::vector<std::string> names;
+  if (scope_)
+    for (const auto& [n, v] : scope_->values) names.push_back(n);
+  for (const auto& n : dims_.order) names.push_back(n);
+  return names;
+}
+
+std::optional<ValueId> Lowerer::need_tensor(const Operand& o, const std::string& what) {
+  switch (o.kind) {
+    case Operand::Kind::Tensor: return o.value;
+    case Operand::Kind::Invalid: return std::nullopt;  // already reported
+    case Operand::Kind::Word: {
+      std::string hint = scope_ && !scope_->prefix.empty()
+                             ? "a block sees only its arguments, its own params and dims"
+                             : "define it under inputs:, params: or earlier in forward:";
+      error(o.offset, fmt::format("undefined name '{}'{}", o.text, did_you_mean(o.text, visible_names())), hint);
+      return std::nullopt;
+    }
+    default:
+      error(o.offset, fmt::format("{} must be a tensor", what));
+      return std::nullopt;
+  }
+}
+
+std::optional<ValueId> Lowerer::to_tensor(const Operand& o, ir::DType dtype, const std::string& what) {
+  if (o.kind != Operand::Kind::Number) return need_tensor(o, what);
+  if (ir::is_integer(dtype) && !o.integer) {
+    error(o.offset, fmt::format("{}: the number {} is not an integer but the other operand is {}", what,
+                                o.number, ir::dtype_name(dtype)),
+          "cast the tensor with cast(x, f32)");
+    return std::nullopt;
+  }
+  b_.set_loc(base_.shifted(o.offset));
+  return b_.must(b_.constant(o.number, dtype));
+}
+
+std::optional<int64_t> Lowerer::need_int(const Operand& o, const std::string& what) {
+  if (o.kind == Operand::Kind::Number && o.integer) return static_cast<int64_t>(o.number);
+  if (o.ok()) error(o.offset, fmt::format("{} must be an integer", what));
+  return std::nullopt;
+}
+
+std::optional<double> Lowerer::need_number(const Operand& o, const std::string& what) {
+  if (o.kind == Operand::Kind::Number) return o.number;
+  if (o.ok()) error(o.offset, fmt::format("{} must be a number", what));
+  return std::nullopt;
+}
+
+std::optional<std::string> Lowerer::need_word(const Operand& o, const std::string& what) {
+  if (o.kind == Operand::Kind::Word || o.kind == Operand::Kind::String) return o.text;
+  if (o.ok()) error(o.offset, fmt::format("{} must be a name or a string", what));
+  return std::nullopt;
+}
+
+std::optional<int64_t> Lowerer::need_axis(const Operand& o, int rank, const std::string& what) {
+  auto axis = need_int(o, what);
+  if (!axis) return axis;
+  int64_t a = *axis < 0 ? *axis + rank : *axis;
+  if (a < 0 || a >= rank) {
+    error(o.offset, fmt::format("{} {} is out of range for a tensor with {} axes", what, *axis, rank),
+          fmt::format("use -{}..{}", rank, rank - 1));
+    return std::nullopt;
+  }
+  return a;
+}
+
+// ---- expressions -------------------------------------------------------------
+
+Operand Lowerer::eval(const Expr& e) {
+  switch (e.kind) {
+    case ExprKind::Number: return Operand::num(e.number, e.is_integer, e.offset);
+    case ExprKind::String: {
+      Operand o;
+      o.kind = Operand::Kind::String;
+      o.text = e.text;
+      o.offset = e.offset;
+      return o;
+    }
+    case ExprKind::Name: return eval_name(e);
+    case ExprKind::Call: return eval_call(e);
+    case ExprKind::Unary: return eval_unary(e);
+    case ExprKind::Binary: return eval_binary(e);
+    case ExprKind::List: {
+      Operand o;
+      o.kind = Operand::Kind::List;
+      o.offset = e.offset;
+      for (const ExprPtr& item : e.args) {
+        Operand v = eval(*item);
+        if (!v.ok()) return Operand::invalid();
+        o.items.push_back(std::move(v));
+      }
+      return o;
+    }
+    case ExprKind::Subscript: return eval_subscript(e);
+  }
+  return Operand::invalid();
+}
+
+Operand Lowerer::eval_name(const Expr& e) {
+  if (scope_) {
+    if (auto it = scope_->values.find(e.text); it != scope_->values.end())
+      return Operand::tensor(it->second, e.offset);
+    if (auto it = scope_->defined_later.find(e.text); it != scope_->defined_later.end()) {
+      error(e.offset, fmt::format("'{}' is used before it is defined (on line {})", e.text, it->second),
+            "forward: runs top to bottom; move this line below the definition");
+      return Operand::invalid();
+    }
+  }
+  if (auto it = dims_.sizes.find(e.text); it != dims_.sizes.end())
+    return Operand::num(static_cast<double>(it->second), true, e.offset, e.text);
+  Operand word;
+  word.kind = Operand::Kind::Word;
+  word.text = e.text;
+  word.offset = e.offset;
+  return word;
+}
+
+namespace {
+
+std::optional<Op> binary_op(const std::string& token) {
+  static const std::map<std::string, Op> ops = {
+      {"+", Op::Add},      {"-", Op::Sub},        {"*", Op::Mul},     {"/", Op::Div},
+      {"**", Op::Pow},     {"@", Op::MatMul},     {"<", Op::Less},    {"<=", Op::LessEqual},
+      {">", Op::Greater},  {">=", Op::GreaterEqual}, {"==", Op::Equal}, {"!=", Op::NotEqual}};
+  auto it = ops.find(token);
+  if (it == ops.end()) return std::nullopt;
+  return it->second;
+}
+
+// Folds arithmetic on two compile-time numbers (dims and literals).
+std::optional<Operand> fold_numbers(const std::string& op, const Operand& a, const Operand& b, int offset) {
+  double x = a.number, y = b.number;
+  bool both_int = a.integer && b.integer;
+  if (op == "+") return Operand::num(x + y, both_int, offset);
+  if (op == "-") return Operand::num(x - y, both_int, offset);
+  if (op == "*") return Operand::num(x * y, both_int, offset);
+  if (op == "/") return Operand::num(x / y, both_int && y != 0 && std::fmod(x, y) == 0, offset);
+  if (op == "//") return Operand::num(std::floor(x / y), both_int, offset);
+  if (op == "%") return Operand::num(std::fmod(x, y), both_int, offset);
+  if (op == "**") return Operand::num(std::pow(x, y), both_int && y >= 0, offset);
+  return std::nullopt;
+}
+
+}  // namespace
+
+Operand Lowerer::eval_binary(const Expr& e) {
+  Operand a = eval(*e.args[0]);
+  Operand b = eval(*e.args[1]);
+  if (!a.ok() || !b.ok()) return Operand::invalid();
+  const std::string& token = e.text;
+  if (a.kind == Operand::Kind::Number && b.kind == Operand::Kind::Number) {
+    if ((token == "/" || token == "//" || token == "%") && b.number == 0) {
+      error(e.args[1]->offset, "division by zero");
+      return Operand::invalid();
+    }
+    if (auto folded = fold_numbers(token, a, b, e.offset)) return *folded;
+  }
+  std::optional<Op> op = binary_op(token);
+  if (!op) {
+    error(e.offset, fmt::format("operator '{}' works on numbers and dims only, not on tensors", token));
+    return Operand::invalid();
+  }
+  // A number takes the dtype of the tensor on the other side.
+  ir::DType dtype = a.kind == Operand::Kind::Tensor ? type(a.value).dtype
+                    : b.kind == Operand::Kind::Tensor ? type(b.value).dtype
+                                                      : ir::DType::F32;
+  std::string what = fmt::format("operand of '{}'", token);
+  auto x = to_tensor(a, dtype, what);
+  auto y = to_tensor(b, dtype, what);
+  if (!x || !y) return Operand::invalid();
+  return build(*op, {*x, *y}, {}, e.offset);
+}
+
+Operand Lowerer::eval_unary(const Expr& e) {
+  Operand a = eval(*e.args[0]);
+  if (!a.ok()) return a;
+  if (e.text == "+") return a;
+  if (a.kind == Operand::Kind::Number) return Operand::num(-a.number, a.integer, e.offset);
+  auto x = need_tensor(a, "operand of '-'");
+  if (!x) return Operand::invalid();
+  return build(Op::Neg, {*x}, {}, e.offset);
+}
+
+Operand Lowerer::eval_call(const Expr& e) { return lower_call(*this, e); }
+
+Operand Lowerer::eval_subscript(const Expr& e) {
+  Operand base = eval(*e.args[0]);
+  auto x = need_tensor(base, "the subscripted value");
+  if (!x) return Operand::invalid();
+  ValueId current = *x;
+  int axis = 0;  // axis of `current` the next subscript item applies to
+  for (const SliceItem& item : e.slices) {
+    int rank = type(current).rank();
+    if (axis >= rank) {
+      error(item.offset, fmt::format("too many indices for a tensor with {} axes: {}", type(*x).rank(),
+                                     ir::to_string(type(*x))));
+      return Operand::invalid();
+    }
+    int64_t size = type(current).dims[axis].size;
+    auto bound = [&](const ExprPtr& p, int64_t fallback) -> std::optional<int64_t> {
+      if (!p) return fallback;
+      auto v = need_int(eval(*p), "an index");
+      if (!v) return v;
+      return *v < 0 ? *v + size : *v;
+    };
+    if (!item.is_slice) {
+      auto index = bound(item.start, 0);
+      if (!index) return Operand::invalid();
+      Operand r = build(Op::Select, {current}, {{"axis", int64_t{axis}}, {"index", *index}}, item.offset);
+      if (!r.ok()) return r;
+      current = r.value;  // the axis is gone; the next item applies to the same position
+      continue;
+    }
+    auto start = bound(item.start, 0), stop = bound(item.stop, size);
+    if (!start || !stop) return Operand::invalid();
+    if (*start != 0 || *stop != size) {
+      Operand r = build(Op::Slice, {current},
+                        {{"axis", int64_t{axis}}, {"start", *start}, {"stop", *stop}}, item.offset);
+      if (!r.ok()) return r;
+      current = r.value;
+    }
+    ++axis;
+  }
+  return Operand::tensor(current, e.offset);
+}
+
+// ---- statements --------------------------------------------------------------
+
+Operand Lowerer::eval_in(const YAML::Node& node, Scope& scope, const std::string& what) {
+  ExprPtr expr = ctx_.parse_scalar_expr(node, what);
+  if (!expr) return Operand::invalid();
+  Scope* saved_scope = scope_;
+  ir::SourceLoc saved_base = base_;
+  scope_ = &scope;
+  base_ = ctx_.text_loc(node);
+  b_.set_scope(scope.prefix);
+  Operand result = eval(*expr);
+  scope_ = saved_scope;
+  base_ = saved_base;
+  return result;
+}
+
+Operand Lowerer::lower_scalar(const YAML::Node& node, Scope& scope, const std::string& what) {
+  return eval_in(node, scope, what);
+}
+
+bool Lowerer::assign(const YAML::Node& key, const Operand& value, Scope& scope) {
+  TargetList targets = parse_targets(key.Scalar());
+  ir::SourceLoc key_loc = ctx_.text_loc(key);
+  for (const ParseError& err : targets.errors) ctx_.diag().error(key_loc.shifted(err.offset), err.message);
+  if (!targets.errors.empty()) return false;
+  for (const auto& [name, offset] : targets.names) {
+    scope.defined_later.erase(name);
+    bool clash = dims_.has(name) || (g_.find_param_by_name(scope.qualified(name)) != ir::kNoValue);
+    if (clash) {
+      ctx_.diag().error(key_loc.shifted(offset),
+                        fmt::format("'{}' is already a {}; choose another name", name,
+                                    dims_.has(name) ? "dim" : "parameter"),
+                        "forward names may be reassigned, but not dims or parameters");
+      return false;
+    }
+  }
+  if (!value.ok()) return false;
+  std::vector<ValueId> results;
+  if (targets.names.size() == 1) {
+    std::optional<ValueId> v;
+    if (value.kind == Operand::Kind::Number) {
+      b_.set_loc(key_loc);
+      v = b_.must(b_.constant(value.number, ir::DType::F32));
+    } else {
+      v = need_tensor(value, fmt::format("the value of '{}'", targets.names[0].first));
+    }
+    if (!v) return false;
+    results.push_back(*v);
+  } else if (value.kind == Operand::Kind::List) {
+    if (value.items.size() != targets.names.size()) {
+      ctx_.diag().error(key_loc, fmt::format("{} names on the left but the right side gives {} values",
+                                             targets.names.size(), value.items.size()));
+      return false;
+    }
+    for (const Operand& item : value.items) {
+      auto v = need_tensor(item, "each value of a multiple assignment");
+      if (!v) return false;
+      results.push_back(*v);
+    }
+  } else {
+    // a, b, c: x  unbinds the leading axis of x (free views).
+    auto v = need_tensor(value, "the right side of a multiple assignment");
+    if (!v) return false;
+    const ir::TensorType& t = type(*v);
+    if (t.rank() == 0 || t.dims[0].size != static_cast<int64_t>(targets.names.size())) {
+      ctx_.diag().error(key_loc,
+                        fmt::format("{} names on the left but the leading axis of {} has size {}",
+                                    targets.names.size(), ir::to_string(t), t.rank() ? t.dims[0].size : 0),
+                        "the leading axis is split into one value per name");
+      return false;
+    }
+    b_.set_loc(key_loc);
+    for (size_t i = 0; i < targets.names.size(); ++i)
+      results.push_back(b_.must(b_.add(Op::Select, {*v}, {{"axis", int64_t{0}}, {"index", static_cast<int64_t>(i)}})));
+  }
+  for (size_t i = 0; i < results.size(); ++i) {
+    const std::string& name = targets.names[i].first;
+    ir::Value& v = g_.value(results[i]);
+    if (v.kind == ir::ValueKind::Result && v.name.empty()) v.name = scope.qualified(name);
+    scope.values[name] = results[i];
+  }
+  return true;
+}
+
+bool Lowerer::lower_forward(const YAML::Node& list, Scope& scope) {
+  if (!list.IsSequence()) {
+    ctx_.error(list, "forward must be a list of '- name: expression' entries",
+               "start each line with '- ', e.g. '- h: relu(x)'");
+    return false;
+  }
+  int errors_before = ctx_.diag().error_count();
+  // Names assigned later, so a use before the definition gets a precise message.
+  std::vector<std::pair<YAML::Node, YAML::Node>> entries;
+  for (const YAML::Node& item : list) {
+    if (!item.IsMap() || item.size() != 1) {
+      ctx_.error(item, "each forward entry must be one 'name: expression' pair",
+                 "write '- name: expression' on its own line");
+      continue;
+    }
+    auto kv = item.begin();
+    entries.emplace_back(kv->first, kv->second);
+    for (const auto& [name, off] : parse_targets(kv->first.Scalar()).names)
+      if (!scope.values.count(name) && !scope.defined_later.count(name))
+        scope.defined_later[name] = ctx_.loc(kv->first).line;
+  }
+  for (const auto& [key, expr] : entries) {
+    Operand value = eval_in(expr, scope, fmt::format("'{}'", key.Scalar()));
+    assign(key, value, scope);
+  }
+  return ctx_.diag().error_count() == errors_before;
+}
+
+}  // namespace napkin::frontend

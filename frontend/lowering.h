@@ -1,0 +1,156 @@
+// Lowering of forward expressions to IR. Internal to frontend/.
+//
+// An expression evaluates to an Operand: a tensor (an IR value), a compile-time
+// number (literals and dims fold: sqrt(head_dim) is 8.0, not a node), a string
+// (einops patterns), a list, or a bare word (f32, tanh) that only some argument
+// slots accept. Every IR node gets the location of the expression text that
+// made it; every error is reported there and evaluation goes on with an
+// Invalid operand, so one mistake does not cascade into many messages.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "frontend/dims.h"
+#include "frontend/expr_ast.h"
+#include "frontend/yaml_context.h"
+#include "ir/builder.h"
+#include "ir/graph.h"
+
+namespace napkin::frontend {
+
+struct Operand {
+  enum class Kind { Invalid, Tensor, Number, String, List, Word };
+  Kind kind = Kind::Invalid;
+  ir::ValueId value = ir::kNoValue;  // Tensor
+  double number = 0;                 // Number
+  bool integer = false;              // Number: exact integer (a literal without '.', or a dim)
+  std::string text;                  // String, Word; Number: the dim's name when it came from one
+  std::vector<Operand> items;        // List
+  int offset = 0;                    // where in the expression string it starts
+
+  bool ok() const { return kind != Kind::Invalid; }
+  static Operand invalid() { return {}; }
+  static Operand tensor(ir::ValueId v, int offset) {
+    Operand o;
+    o.kind = Kind::Tensor;
+    o.value = v;
+    o.offset = offset;
+    return o;
+  }
+  static Operand num(double v, bool integer, int offset, std::string dim_name = "") {
+    Operand o;
+    o.kind = Kind::Number;
+    o.number = v;
+    o.integer = integer;
+    o.offset = offset;
+    o.text = std::move(dim_name);
+    return o;
+  }
+};
+
+struct BlockDef {
+  std::string name;
+  YAML::Node params;
+  YAML::Node forward;
+  std::vector<std::string> args;
+  std::string output;  // "" : the last name assigned
+  ir::SourceLoc loc;
+};
+
+// Names visible to an expression. A block body gets a fresh scope whose parent
+// only contributes dims: blocks see their arguments, their params and dims.
+struct Scope {
+  std::string prefix;  // "blocks.3" inside a block instance; "" at top level
+  std::map<std::string, ir::ValueId> values;
+  std::map<std::string, int> defined_later;  // forward names not yet assigned -> line
+  std::string qualified(const std::string& name) const { return prefix.empty() ? name : prefix + "." + name; }
+};
+
+class Lowerer;
+
+// Arguments of one call, bound to the callee's parameter names.
+struct CallArgs {
+  std::map<std::string, Operand> named;       // bound parameters
+  std::vector<Operand> rest;                  // extra positionals of a variadic call
+  std::map<std::string, Operand> extra;       // extra keywords (rearrange's axis sizes)
+  const Operand* get(const std::string& name) const {
+    auto it = named.find(name);
+    return it == named.end() ? nullptr : &it->second;
+  }
+};
+
+class Lowerer {
+ public:
+  Lowerer(ir::Graph& g, YamlContext& ctx, const DimTable& dims, const std::map<std::string, BlockDef>& blocks);
+
+  // Lowers a `forward:` list into `scope`. Returns false if anything failed.
+  bool lower_forward(const YAML::Node& list, Scope& scope);
+  // Evaluates one expression scalar (loss:) in `scope`.
+  Operand lower_scalar(const YAML::Node& node, Scope& scope, const std::string& what);
+
+  // ---- used by the call table and the einops lowering ----
+  Operand eval(const Expr& e);
+  void error(int offset, std::string message, std::string hint = "");
+  // Adds a node at `offset`; a shape/dtype error is reported there.
+  Operand build(ir::Op op, std::vector<ir::ValueId> inputs, ir::Attrs attrs, int offset);
+  Operand wrap(const ir::Built& b, int offset);
+  // Converts an operand to a tensor; numbers become constants of `dtype`.
+  std::optional<ir::ValueId> to_tensor(const Operand& o, ir::DType dtype, const std::string& what);
+  // Requires a tensor; reports "expected a tensor" or "undefined name" otherwise.
+  std::optional<ir::ValueId> need_tensor(const Operand& o, const std::string& what);
+  std::optional<int64_t> need_int(const Operand& o, const std::string& what);
+  std::optional<double> need_number(const Operand& o, const std::string& what);
+  std::optional<std::string> need_word(const Operand& o, const std::string& what);  // String or Word
+  // Normalizes a possibly negative axis against `rank`.
+  std::optional<int64_t> need_axis(const Operand& o, int rank, const std::string& what);
+
+  const ir::TensorType& type(ir::ValueId v) const { return g_.value(v).type; }
+  ir::Builder& builder() { return b_; }
+  ir::Graph& graph() { return g_; }
+  const DimTable& dims() const { return dims_; }
+  Operand instantiate_repeat(const BlockDef& block, int64_t count, std::vector<ir::ValueId> args,
+                             const std::string& prefix, int offset);
+  const std::map<std::string, BlockDef>& blocks() const { return blocks_; }
+
+  // Declares the parameters of a `params:` mapping into `scope` (names get the
+  // scope's prefix). Init arguments are compile-time numbers: normal(1 / sqrt(d)).
+  bool declare_params(const YAML::Node& params, Scope& scope);
+
+ private:
+  ir::Graph& g_;
+  YamlContext& ctx_;
+  const DimTable& dims_;
+  const std::map<std::string, BlockDef>& blocks_;
+  ir::Builder b_;
+  Scope* scope_ = nullptr;
+  ir::SourceLoc base_;  // location of offset 0 of the expression being lowered
+
+  Operand eval_name(const Expr& e);
+  Operand eval_binary(const Expr& e);
+  Operand eval_unary(const Expr& e);
+  Operand eval_call(const Expr& e);
+  Operand eval_subscript(const Expr& e);
+  Operand eval_in(const YAML::Node& node, Scope& scope, const std::string& what);
+  bool assign(const YAML::Node& key, const Operand& value, Scope& scope);
+  std::vector<std::string> visible_names() const;
+  std::optional<ir::InitSpec> read_init(const YAML::Node& node, const std::string& param,
+                                        const std::vector<ir::Dim>& shape);
+};
+
+// The call table (frontend/calls.cpp): every function a model may call.
+Operand lower_call(Lowerer& L, const Expr& call);
+std::vector<std::string> known_functions();
+
+// einops lowering (frontend/einops_lowering.cpp). `pattern` is the String operand.
+Operand lower_einsum(Lowerer& L, ir::ValueId a, ir::ValueId b, const Operand& pattern, int offset);
+Operand lower_rearrange(Lowerer& L, ir::ValueId x, const Operand& pattern,
+                        const std::map<std::string, Operand>& sizes, int offset);
+Operand lower_reduce(Lowerer& L, ir::ValueId x, const Operand& pattern, const std::string& reduction,
+                     const std::map<std::string, Operand>& sizes, int offset);
+
+}  // namespace napkin::frontend

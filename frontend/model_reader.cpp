@@ -1,0 +1,178 @@
+// Reads a whole model file: the top-level sections in dependency order
+// (dims, inputs, params, blocks, forward, loss, then the training settings).
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "frontend/config.h"
+#include "frontend/dims.h"
+#include "frontend/frontend.h"
+#include "frontend/lowering.h"
+#include "frontend/suggest.h"
+
+namespace napkin::frontend {
+
+namespace {
+
+const std::vector<std::string> kTopKeys = {"model",  "description", "dims",      "inputs",    "params", "blocks",
+                                           "forward", "loss",        "optimizer", "precision", "train"};
+
+void read_inputs(const YAML::Node& node, YamlContext& ctx, const DimTable& dims, ir::Graph& g, Scope& scope) {
+  if (!node || node.IsNull()) return;
+  if (!ctx.check_keys(node, {}, "inputs")) return;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    std::string name = it->first.Scalar();
+    std::string what = fmt::format("input '{}'", name);
+    if (scope.values.count(name)) continue;  // duplicate key: already reported
+    if (dims.has(name)) {
+      ctx.error(it->first, fmt::format("duplicate name '{}': it is already a dim", name),
+                "every dim, input and parameter needs its own name");
+      continue;
+    }
+    if (!ctx.check_keys(it->second, {"shape", "dtype"}, what)) continue;
+    if (!it->second["shape"]) {
+      ctx.error(it->first, fmt::format("{} has no shape", what), "add shape: [dims...]");
+      continue;
+    }
+    auto shape = read_shape(it->second["shape"], dims, ctx, what);
+    ir::DType dtype = ir::DType::F32;
+    if (const YAML::Node& d = it->second["dtype"]) {
+      auto parsed = ir::parse_dtype(d.IsScalar() ? d.Scalar() : "");
+      if (!parsed) {
+        ctx.error(d, fmt::format("unknown dtype '{}' for {}", d.IsScalar() ? d.Scalar() : "?", what),
+                  fmt::format("known dtypes: {}", ir::dtype_names_list()));
+        continue;
+      }
+      dtype = *parsed;
+    }
+    if (!shape) continue;
+    scope.values[name] = g.add_input(name, {dtype, *shape}, ctx.loc(it->first));
+  }
+}
+
+std::map<std::string, BlockDef> read_blocks(const YAML::Node& node, YamlContext& ctx) {
+  std::map<std::string, BlockDef> blocks;
+  if (!node || node.IsNull()) return blocks;
+  if (!ctx.check_keys(node, {}, "blocks")) return blocks;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    std::string name = it->first.Scalar();
+    if (blocks.count(name)) continue;
+    std::string what = fmt::format("block '{}'", name);
+    if (!ctx.check_keys(it->second, {"args", "params", "forward", "output"}, what)) continue;
+    BlockDef b;
+    b.name = name;
+    b.loc = ctx.loc(it->first);
+    b.params = it->second["params"];
+    b.forward = it->second["forward"];
+    b.args = {"x"};
+    if (const YAML::Node& args = it->second["args"]) {
+      if (!args.IsSequence() || args.size() == 0) {
+        ctx.error(args, fmt::format("the args of {} must be a list of names, like [x]", what));
+        continue;
+      }
+      b.args.clear();
+      for (const YAML::Node& a : args) b.args.push_back(a.IsScalar() ? a.Scalar() : "?");
+    }
+    if (!b.forward) {
+      ctx.error(it->first, fmt::format("{} has no forward list", what), "add forward: with '- name: expression' lines");
+      continue;
+    }
+    if (const YAML::Node& out = it->second["output"]) {
+      if (!ctx.scalar_text(out, fmt::format("the output of {}", what), b.output)) continue;
+    } else if (b.forward.IsSequence() && b.forward.size() > 0) {
+      const YAML::Node last = b.forward[b.forward.size() - 1];
+      if (last.IsMap() && last.size() == 1) {
+        auto targets = parse_targets(last.begin()->first.Scalar());
+        if (targets.names.size() == 1) b.output = targets.names[0].first;
+      }
+    }
+    blocks[name] = b;
+  }
+  return blocks;
+}
+
+void read_loss(const YAML::Node& node, YamlContext& ctx, Lowerer& lowerer, Scope& scope, ir::Graph& g) {
+  if (!node) {
+    ctx.diag().error({ctx.file(), 1, 1}, "the model has no loss",
+                     "add a top-level line such as loss: cross_entropy(logits, targets)");
+    return;
+  }
+  Operand loss = lowerer.lower_scalar(node, scope, "loss");
+  if (!loss.ok()) return;
+  auto v = lowerer.need_tensor(loss, "the loss");
+  if (!v) return;
+  const ir::TensorType& t = g.value(*v).type;
+  if (t.rank() != 0 || !ir::is_floating(t.dtype)) {
+    ctx.error(node, fmt::format("the loss must be a floating-point scalar, but it is {}", ir::to_string(t)),
+              "reduce it, e.g. mean(x) or cross_entropy(logits, targets)");
+    return;
+  }
+  if (g.value(*v).name.empty()) g.value(*v).name = "loss";
+  g.outputs.emplace_back("loss", *v);
+}
+
+void warn_unused_params(const ir::Graph& g, YamlContext& ctx) {
+  auto users = g.compute_users();
+  for (const ir::Param& p : g.params)
+    if (users[p.value].empty())
+      ctx.diag().warning(g.value(p.value).loc, fmt::format("parameter '{}' is never used", g.value(p.value).name),
+                         "remove it, or use it in forward:");
+}
+
+}  // namespace
+
+std::optional<ir::Graph> load_model_text(const std::string& text, const std::string& path, ir::Diagnostics& diag) {
+  diag.add_source(path, text);
+  YamlContext ctx(path, text, diag);
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    diag.error({ctx.file(), e.mark.line + 1, e.mark.column + 1}, fmt::format("YAML syntax: {}", e.msg),
+               "check indentation, colons and brackets around this point");
+    return std::nullopt;
+  }
+  if (!root.IsMap()) {
+    diag.error({ctx.file(), 1, 1}, "a model file must be a YAML mapping with keys like dims:, params:, forward:",
+               "see models/gpt.yaml for a complete example");
+    return std::nullopt;
+  }
+  ctx.check_keys(root, kTopKeys, "the model");
+  ir::Graph g;
+  g.name = "model";
+  if (const YAML::Node& m = root["model"]) ctx.scalar_text(m, "model", g.name);
+  DimTable dims = read_dims(root["dims"], ctx);
+  std::map<std::string, BlockDef> blocks = read_blocks(root["blocks"], ctx);
+  Scope scope;
+  read_inputs(root["inputs"], ctx, dims, g, scope);
+  Lowerer lowerer(g, ctx, dims, blocks);
+  lowerer.declare_params(root["params"], scope);
+  if (const YAML::Node& forward = root["forward"]) {
+    lowerer.lower_forward(forward, scope);
+  } else {
+    diag.error({ctx.file(), 1, 1}, "the model has no forward list", "add forward: with '- name: expression' lines");
+  }
+  read_loss(root["loss"], ctx, lowerer, scope, g);
+  if (const YAML::Node& n = root["optimizer"]) read_optimizer(n, ctx, g.config.optimizer);
+  else diag.error({ctx.file(), 1, 1}, "the model has no optimizer", "add a line such as optimizer: adamw(lr=3e-4)");
+  if (const YAML::Node& n = root["precision"]) read_precision(n, ctx, g.config.precision);
+  if (const YAML::Node& n = root["train"]) read_train(n, ctx, g, g.config.train);
+  if (diag.has_errors()) return std::nullopt;
+  warn_unused_params(g, ctx);
+  return g;
+}
+
+std::optional<ir::Graph> load_model_file(const std::string& path, ir::Diagnostics& diag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    diag.error({std::make_shared<const std::string>(path), 0, 0}, "cannot open the model file",
+               "check the path; models/ holds the built-in examples");
+    return std::nullopt;
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return load_model_text(buffer.str(), path, diag);
+}
+
+}  // namespace napkin::frontend

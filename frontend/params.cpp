@@ -1,0 +1,244 @@
+// Parameters and block instances: `params:` entries (shape, dtype, init) and
+// repeat(block, n, x), which stamps out a block n times with per-layer names.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <set>
+
+#include "frontend/lowering.h"
+#include "frontend/suggest.h"
+
+namespace napkin::frontend {
+
+using ir::InitSpec;
+
+namespace {
+const std::vector<std::string> kInitKinds = {"zeros", "ones", "constant", "normal", "trunc_normal", "xavier"};
+}
+
+std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::string& param,
+                                           const std::vector<ir::Dim>& shape) {
+  std::string what = fmt::format("the init of '{}'", param);
+  ExprPtr expr = ctx_.parse_scalar_expr(node, what);
+  if (!expr) return std::nullopt;
+  ir::SourceLoc saved = base_;
+  base_ = ctx_.text_loc(node);
+  struct Restore {
+    ir::SourceLoc& slot;
+    ir::SourceLoc value;
+    ~Restore() { slot = value; }
+  } restore{base_, saved};
+
+  std::string kind;
+  std::vector<const Expr*> positional;
+  std::map<std::string, const Expr*> keywords;
+  if (expr->kind == ExprKind::Name) {
+    kind = expr->text;
+  } else if (expr->kind == ExprKind::Call) {
+    kind = expr->text;
+    for (const ExprPtr& a : expr->args) positional.push_back(a.get());
+    for (const KeywordArg& k : expr->kwargs) keywords[k.name] = k.value.get();
+  } else {
+    error(expr->offset, fmt::format("{} must be one of {}", what, fmt::join(kInitKinds, ", ")),
+          "for example init: normal(0.02)");
+    return std::nullopt;
+  }
+  if (std::find(kInitKinds.begin(), kInitKinds.end(), kind) == kInitKinds.end()) {
+    error(expr->offset, fmt::format("unknown init '{}'{}", kind, did_you_mean(kind, kInitKinds)),
+          fmt::format("known inits: {}", fmt::join(kInitKinds, ", ")));
+    return std::nullopt;
+  }
+  // Binds positional and keyword arguments to the init's parameter names.
+  auto bind = [&](const std::vector<std::string>& names, size_t required) -> std::optional<std::vector<double>> {
+    if (positional.size() > names.size()) {
+      error(positional[names.size()]->offset,
+            fmt::format("{} takes {} argument{}, got {}", kind, names.size(), names.size() == 1 ? "" : "s",
+                        positional.size()),
+            names.empty() ? "write it without arguments" : fmt::format("arguments: {}", fmt::join(names, ", ")));
+      return std::nullopt;
+    }
+    std::vector<double> values(names.size(), NAN);
+    std::vector<bool> given(names.size(), false);
+    for (size_t i = 0; i < positional.size(); ++i) {
+      auto v = need_number(eval(*positional[i]), fmt::format("{} argument '{}'", kind, names[i]));
+      if (!v) return std::nullopt;
+      values[i] = *v;
+      given[i] = true;
+    }
+    for (const KeywordArg& k : expr->kwargs) {
+      auto it = std::find(names.begin(), names.end(), k.name);
+      if (it == names.end()) {
+        error(k.offset, fmt::format("{} has no argument '{}'{}", kind, k.name, did_you_mean(k.name, names)),
+              names.empty() ? "write it without arguments" : fmt::format("arguments: {}", fmt::join(names, ", ")));
+        return std::nullopt;
+      }
+      size_t i = it - names.begin();
+      auto v = need_number(eval(*k.value), fmt::format("{} argument '{}'", kind, k.name));
+      if (!v) return std::nullopt;
+      values[i] = *v;
+      given[i] = true;
+    }
+    for (size_t i = 0; i < required; ++i)
+      if (!given[i]) {
+        error(expr->offset, fmt::format("{} needs argument '{}'", kind, names[i]),
+              fmt::format("for example {}(0.02)", kind));
+        return std::nullopt;
+      }
+    return values;
+  };
+  auto positive_std = [&](double s) {
+    if (s > 0 && std::isfinite(s)) return true;
+    error(expr->offset, fmt::format("{}: std must be positive, got {}", kind, s));
+    return false;
+  };
+
+  InitSpec init;
+  if (kind == "zeros" || kind == "ones") {
+    if (!bind({}, 0)) return std::nullopt;
+    init.kind = kind == "zeros" ? InitSpec::Kind::Zeros : InitSpec::Kind::Ones;
+  } else if (kind == "constant") {
+    auto v = bind({"value"}, 1);
+    if (!v) return std::nullopt;
+    init.kind = InitSpec::Kind::Constant;
+    init.value = (*v)[0];
+  } else if (kind == "normal") {
+    auto v = bind({"std"}, 1);
+    if (!v || !positive_std((*v)[0])) return std::nullopt;
+    init.kind = InitSpec::Kind::Normal;
+    init.std = (*v)[0];
+  } else if (kind == "trunc_normal") {
+    auto v = bind({"std", "a", "b"}, 1);
+    if (!v || !positive_std((*v)[0])) return std::nullopt;
+    init.kind = InitSpec::Kind::TruncNormal;
+    init.std = (*v)[0];
+    // torch.nn.init.trunc_normal_ defaults: a = -2, b = 2 (absolute values).
+    init.lo = std::isnan((*v)[1]) ? -2.0 : (*v)[1];
+    init.hi = std::isnan((*v)[2]) ? 2.0 : (*v)[2];
+    if (!(init.lo < init.hi)) {
+      error(expr->offset, fmt::format("trunc_normal: the cut a={} must be below b={}", init.lo, init.hi));
+      return std::nullopt;
+    }
+  } else {  // xavier, as in the lecture: std = 1/sqrt(fan_in), truncated at +-3 std
+    if (!bind({}, 0)) return std::nullopt;
+    if (shape.size() < 2) {
+      error(expr->offset,
+            fmt::format("xavier needs a fan-in, but '{}' has {} axis{}", param, shape.size(),
+                        shape.size() == 1 ? "" : "es"),
+            "xavier is for weight matrices [fan_in, ..., fan_out]; use zeros, ones or normal(std) for vectors");
+      return std::nullopt;
+    }
+    init.kind = InitSpec::Kind::Xavier;
+    init.fan_in = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) init.fan_in *= shape[i].size;
+    init.std = 1.0 / std::sqrt(static_cast<double>(init.fan_in));
+    init.lo = -3 * init.std;
+    init.hi = 3 * init.std;
+  }
+  return init;
+}
+
+bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
+  if (!params || params.IsNull()) return true;
+  if (!ctx_.check_keys(params, {}, "params")) return false;
+  int errors_before = ctx_.diag().error_count();
+  std::set<std::string> seen;
+  for (auto it = params.begin(); it != params.end(); ++it) {
+    std::string name = it->first.Scalar();
+    if (!seen.insert(name).second) continue;  // duplicate key: already reported
+    const YAML::Node& spec = it->second;
+    std::string what = fmt::format("parameter '{}'", name);
+    if (dims_.has(name) || scope.values.count(name)) {
+      ctx_.error(it->first, fmt::format("duplicate name '{}': it is already {}", name,
+                                        dims_.has(name) ? "a dim" : "an input or parameter"),
+                 "every dim, input and parameter needs its own name");
+      continue;
+    }
+    if (!ctx_.check_keys(spec, {"shape", "init", "dtype"}, what)) continue;
+    if (!spec["shape"]) {
+      ctx_.error(it->first, fmt::format("{} has no shape", what), "add shape: [dims...]");
+      continue;
+    }
+    auto shape = read_shape(spec["shape"], dims_, ctx_, what);
+    ir::DType dtype = ir::DType::F32;
+    if (const YAML::Node& d = spec["dtype"]) {
+      auto parsed = ir::parse_dtype(d.IsScalar() ? d.Scalar() : "");
+      if (!parsed || !ir::is_floating(*parsed)) {
+        ctx_.error(d, fmt::format("{} must have a floating-point dtype, got '{}'", what, d.IsScalar() ? d.Scalar() : "?"),
+                   "parameters are trained by gradients: use f32 (the default), bf16 or f16");
+        continue;
+      }
+      dtype = *parsed;
+    }
+    if (!spec["init"]) {
+      ctx_.error(it->first, fmt::format("{} has no init", what),
+                 "add init: zeros, ones, constant(v), normal(std), trunc_normal(std, a, b) or xavier");
+      continue;
+    }
+    if (!shape) continue;
+    auto init = read_init(spec["init"], name, *shape);
+    if (!init) continue;
+    ir::TensorType type{dtype, *shape};
+    scope.values[name] = graph().add_param(scope.qualified(name), type, *init, ctx_.loc(it->first));
+  }
+  return ctx_.diag().error_count() == errors_before;
+}
+
+Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::vector<ir::ValueId> args,
+                                    const std::string& prefix, int offset) {
+  if (count < 1) {
+    error(offset, fmt::format("repeat needs a positive count, got {}", count));
+    return Operand::invalid();
+  }
+  if (args.size() != block.args.size()) {
+    error(offset, fmt::format("block '{}' takes {} argument{} ({}), got {}", block.name, block.args.size(),
+                              block.args.size() == 1 ? "" : "s", fmt::join(block.args, ", "), args.size()));
+    return Operand::invalid();
+  }
+  if (block.args.size() != 1) {
+    error(offset, fmt::format("repeat feeds each instance's output to the next, so block '{}' must take one argument",
+                              block.name));
+    return Operand::invalid();
+  }
+  Scope* outer_scope = scope_;
+  ir::SourceLoc outer_base = base_;
+  std::string outer_builder_scope = b_.scope();
+  ir::ValueId current = args[0];
+  for (int64_t i = 0; i < count; ++i) {
+    Scope inner;
+    inner.prefix = fmt::format("{}.{}", prefix, i);
+    for (const ir::Param& p : graph().params)
+      if (graph().value(p.value).name.rfind(inner.prefix + ".", 0) == 0) {
+        scope_ = outer_scope;
+        base_ = outer_base;
+        error(offset, fmt::format("parameter names '{}.*' are already taken", inner.prefix),
+              "give this repeat its own prefix, e.g. repeat(block, n, x, prefix=\"dec\")");
+        return Operand::invalid();
+      }
+    inner.values[block.args[0]] = current;
+    int errors_before = ctx_.diag().error_count();
+    declare_params(block.params, inner);
+    lower_forward(block.forward, inner);
+    std::string out_name = block.output;
+    if (ctx_.diag().error_count() != errors_before) return Operand::invalid();  // report once, not n times
+    auto it = inner.values.find(out_name);
+    if (it == inner.values.end()) {
+      ctx_.diag().error(block.loc, fmt::format("block '{}' returns '{}', which its forward never assigns",
+                                               block.name, out_name));
+      return Operand::invalid();
+    }
+    if (!type(it->second).same_shape(type(current)) || type(it->second).dtype != type(current).dtype) {
+      scope_ = outer_scope;
+      base_ = outer_base;
+      error(offset, fmt::format("repeat needs block '{}' to return the shape it takes: it takes {} and returns {}",
+                                block.name, ir::to_string(type(current)), ir::to_string(type(it->second))));
+      return Operand::invalid();
+    }
+    current = it->second;
+  }
+  scope_ = outer_scope;
+  base_ = outer_base;
+  b_.set_scope(outer_builder_scope);
+  return Operand::tensor(current, offset);
+}
+
+}  // namespace napkin::frontend

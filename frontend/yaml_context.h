@@ -1,0 +1,48 @@
+// Helpers shared by the frontend's readers: YAML marks to SourceLocs, key
+// validation with suggestions, and parsing of expression scalars with their
+// exact columns. Internal to frontend/ (it exposes yaml-cpp types).
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "frontend/expr_ast.h"
+#include "ir/diagnostics.h"
+
+namespace napkin::frontend {
+
+class YamlContext {
+ public:
+  YamlContext(std::string path, const std::string& text, ir::Diagnostics& diag);
+
+  ir::Diagnostics& diag() { return diag_; }
+  const std::shared_ptr<const std::string>& file() const { return file_; }
+
+  // Location of a node (1-based line and column).
+  ir::SourceLoc loc(const YAML::Node& node) const;
+  // Location of the first character of a scalar's text (after an opening quote).
+  ir::SourceLoc text_loc(const YAML::Node& node) const;
+
+  void error(const YAML::Node& node, std::string message, std::string hint = "");
+
+  // Reports keys of `map` not in `allowed` (with a suggestion) and keys given twice.
+  // Returns false if `map` is not a mapping (reported as an error naming `what`).
+  bool check_keys(const YAML::Node& map, const std::vector<std::string>& allowed, const std::string& what);
+
+  // Parses a scalar as an expression; reports syntax errors at their exact column.
+  // Returns null on error (already reported) or if the node is not a scalar.
+  ExprPtr parse_scalar_expr(const YAML::Node& node, const std::string& what);
+
+  // The scalar's text, or reports "<what> must be a single value" and returns false.
+  bool scalar_text(const YAML::Node& node, const std::string& what, std::string& out);
+
+ private:
+  std::shared_ptr<const std::string> file_;
+  std::vector<std::string> lines_;
+  ir::Diagnostics& diag_;
+};
+
+}  // namespace napkin::frontend

@@ -1,0 +1,155 @@
+#include "ir/builder.h"
+
+#include "ir/internal_check.h"
+
+namespace napkin::ir {
+
+Built Builder::add(Op op, std::vector<ValueId> inputs, Attrs attrs) {
+  const OpInfo& info = op_info(op);
+  NAPKIN_INTERNAL_CHECK(info.arity < 0 || static_cast<int>(inputs.size()) == info.arity,
+                        "{} takes {} inputs, got {}", info.name, info.arity, inputs.size());
+  std::vector<const TensorType*> types;
+  for (ValueId v : inputs) types.push_back(&g_.value(v).type);
+  InferResult r = info.infer(types, attrs);
+  if (!r.ok()) return {kNoValue, r.error, r.hint};
+  NodeId id = g_.add_node(op, std::move(inputs), std::move(r.outputs), std::move(attrs), loc_, scope_);
+  const Node& n = g_.node(id);
+  if (info.op_class == OpClass::View) set_view_layout(n);
+  return {n.out(), "", ""};
+}
+
+void Builder::set_view_layout(const Node& n) {
+  const Value& in = g_.value(n.in(0));
+  Value& out = g_.value(n.out());
+  const Layout& src = in.layout;
+  Layout dst;
+  dst.offset = src.offset;
+  switch (n.op) {
+    case Op::Permute:
+      for (int64_t p : n.attrs.get_ints("perm")) dst.strides.push_back(src.strides[p]);
+      break;
+    case Op::Broadcast: {
+      int extra = out.type.rank() - in.type.rank();
+      dst.strides.assign(extra, 0);  // new leading axes repeat the data
+      for (int i = 0; i < in.type.rank(); ++i)
+        dst.strides.push_back(in.type.dims[i].size == out.type.dims[extra + i].size ? src.strides[i] : 0);
+      break;
+    }
+    case Op::Slice: {
+      int64_t axis = n.attrs.get_int("axis");
+      dst.strides = src.strides;
+      dst.offset += n.attrs.get_int("start") * src.strides[axis];
+      break;
+    }
+    case Op::Select: {
+      int64_t axis = n.attrs.get_int("axis");
+      dst.strides = src.strides;
+      dst.offset += n.attrs.get_int("index") * src.strides[axis];
+      dst.strides.erase(dst.strides.begin() + axis);
+      break;
+    }
+    case Op::Reshape: {
+      auto view = reshape_view_layout(in.type.sizes(), src, out.type.sizes());
+      NAPKIN_INTERNAL_CHECK(view.has_value(), "reshape of a non-viewable layout must go through Builder::reshape");
+      dst = *view;
+      break;
+    }
+    default:
+      NAPKIN_INTERNAL_CHECK(false, "{} is not a view op", op_name(n.op));
+  }
+  out.layout = std::move(dst);
+  out.storage = in.storage;
+}
+
+Built Builder::reshape(ValueId x, std::vector<Dim> dims) {
+  std::vector<int64_t> sizes;
+  for (const Dim& d : dims) sizes.push_back(d.size);
+  const Value& in = g_.value(x);
+  if (in.type.sizes() == sizes) {
+    rename_dims(x, dims);
+    return {x, "", ""};
+  }
+  ValueId source = x;
+  if (in.type.numel() == [&] { int64_t n = 1; for (auto s : sizes) n *= s; return n; }() &&
+      !reshape_view_layout(in.type.sizes(), in.layout, sizes)) {
+    Built copy = add(Op::Copy, {x});
+    if (!copy.ok()) return copy;
+    source = copy.value;
+  }
+  Built b = add(Op::Reshape, {source}, {{"shape", sizes}});
+  if (b.ok()) rename_dims(b.value, dims);
+  return b;
+}
+
+Built Builder::permute(ValueId x, std::vector<int64_t> perm) {
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+  if (identity && static_cast<int>(perm.size()) == g_.value(x).type.rank()) return {x, "", ""};
+  return add(Op::Permute, {x}, {{"perm", perm}});
+}
+
+Built Builder::broadcast_to(ValueId x, std::vector<Dim> dims) {
+  std::vector<int64_t> sizes;
+  for (const Dim& d : dims) sizes.push_back(d.size);
+  if (g_.value(x).type.sizes() == sizes) return {x, "", ""};
+  Built b = add(Op::Broadcast, {x}, {{"shape", sizes}});
+  if (b.ok()) rename_dims(b.value, dims);
+  return b;
+}
+
+Built Builder::constant(double value, DType dtype) {
+  return add(Op::Constant, {}, {{"value", value}, {"dtype", dtype}});
+}
+
+ValueId Builder::must(const Built& b) const {
+  NAPKIN_INTERNAL_CHECK(b.ok(), "building a node failed: {}", b.error);
+  return b.value;
+}
+
+void Builder::rename_dims(ValueId v, const std::vector<Dim>& dims) {
+  TensorType& t = g_.value(v).type;
+  NAPKIN_INTERNAL_CHECK(static_cast<int>(dims.size()) == t.rank(), "rename_dims: rank differs");
+  for (size_t i = 0; i < dims.size(); ++i) {
+    NAPKIN_INTERNAL_CHECK(dims[i].size == t.dims[i].size, "rename_dims: size differs at axis {}", i);
+    if (!dims[i].name.empty()) t.dims[i].name = dims[i].name;
+  }
+}
+
+// PyTorch's view rule (computeStride): walk the old axes from the right in
+// chunks whose elements are contiguous with each other; each chunk must map
+// onto a run of new axes with the same element count.
+std::optional<Layout> reshape_view_layout(const std::vector<int64_t>& sizes, const Layout& layout,
+                                          const std::vector<int64_t>& new_sizes) {
+  Layout out;
+  out.offset = layout.offset;
+  out.strides.assign(new_sizes.size(), 1);
+  if (sizes.empty()) {
+    for (int64_t s : new_sizes)
+      if (s != 1) return std::nullopt;
+    return out;
+  }
+  int view_d = static_cast<int>(new_sizes.size()) - 1;
+  int64_t chunk_base_stride = layout.strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int tensor_d = static_cast<int>(sizes.size()) - 1; tensor_d >= 0; --tensor_d) {
+    tensor_numel *= sizes[tensor_d];
+    bool chunk_ends = tensor_d == 0 || (sizes[tensor_d - 1] != 1 &&
+                                        layout.strides[tensor_d - 1] != tensor_numel * chunk_base_stride);
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (view_numel < tensor_numel || new_sizes[view_d] == 1)) {
+      out.strides[view_d] = view_numel * chunk_base_stride;
+      view_numel *= new_sizes[view_d];
+      --view_d;
+    }
+    if (view_numel != tensor_numel) return std::nullopt;
+    if (tensor_d > 0) {
+      chunk_base_stride = layout.strides[tensor_d - 1];
+      tensor_numel = 1;
+      view_numel = 1;
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
+}  // namespace napkin::ir

@@ -1,0 +1,63 @@
+// Builder: the one way to add nodes to a Graph. It runs the op's shape/dtype
+// rule, gives the outputs their layouts (views alias their input's buffer with
+// new strides), and stamps every node with the current source location and scope.
+//
+// Shape errors come back as a Built with `error` set, for the frontend to report
+// at the YAML location; passes that build nodes which must type-check call
+// `must()`, which turns a failure into an internal error.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace napkin::ir {
+
+struct Built {
+  ValueId value = kNoValue;
+  std::string error;
+  std::string hint;
+  bool ok() const { return error.empty(); }
+};
+
+class Builder {
+ public:
+  explicit Builder(Graph& g) : g_(g) {}
+
+  void set_loc(SourceLoc loc) { loc_ = std::move(loc); }
+  const SourceLoc& loc() const { return loc_; }
+  void set_scope(std::string scope) { scope_ = std::move(scope); }
+  const std::string& scope() const { return scope_; }
+  Graph& graph() { return g_; }
+
+  // Adds one node with a single output. View ops get their strided layout.
+  Built add(Op op, std::vector<ValueId> inputs, Attrs attrs = {});
+
+  // Reshape that is a free view when the input's strides allow it, and
+  // otherwise materializes a contiguous Copy first (the report shows that copy).
+  Built reshape(ValueId x, std::vector<Dim> dims);
+  Built permute(ValueId x, std::vector<int64_t> perm);
+  Built broadcast_to(ValueId x, std::vector<Dim> dims);
+  Built constant(double value, DType dtype);
+
+  // Unwraps a result that cannot fail unless napkin has a bug.
+  ValueId must(const Built& b) const;
+
+  // Replaces the (cosmetic) names of a value's dims; sizes must not change.
+  void rename_dims(ValueId v, const std::vector<Dim>& dims);
+
+ private:
+  Graph& g_;
+  SourceLoc loc_;
+  std::string scope_;
+  void set_view_layout(const Node& n);
+};
+
+// The strides a reshape of (sizes, layout) to new_sizes would have as a view,
+// or nullopt when the elements are not laid out so that a view can express it.
+std::optional<Layout> reshape_view_layout(const std::vector<int64_t>& sizes, const Layout& layout,
+                                          const std::vector<int64_t>& new_sizes);
+
+}  // namespace napkin::ir

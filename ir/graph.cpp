@@ -1,0 +1,126 @@
+#include "ir/graph.h"
+
+#include <fmt/format.h>
+
+#include "ir/internal_check.h"
+
+namespace napkin::ir {
+
+std::string to_string(const InitSpec& init) {
+  switch (init.kind) {
+    case InitSpec::Kind::Zeros: return "zeros";
+    case InitSpec::Kind::Ones: return "ones";
+    case InitSpec::Kind::Constant: return fmt::format("constant({})", init.value);
+    case InitSpec::Kind::Normal: return fmt::format("normal(std={})", init.std);
+    case InitSpec::Kind::TruncNormal:
+      return fmt::format("trunc_normal(std={}, a={}, b={})", init.std, init.lo, init.hi);
+    case InitSpec::Kind::Xavier:
+      return fmt::format("xavier(fan_in={}, std={:.6g}, a={:.6g}, b={:.6g})", init.fan_in, init.std,
+                         init.lo, init.hi);
+  }
+  return "?";
+}
+
+ValueId Graph::new_value(std::string name, ValueKind kind, TensorType type, SourceLoc loc) {
+  Value v;
+  v.id = static_cast<ValueId>(values_.size());
+  v.name = std::move(name);
+  v.kind = kind;
+  v.layout = contiguous_layout(type.sizes());
+  v.type = std::move(type);
+  v.storage = v.id;
+  v.loc = std::move(loc);
+  values_.push_back(std::move(v));
+  return values_.back().id;
+}
+
+ValueId Graph::add_input(std::string name, TensorType type, SourceLoc loc) {
+  ValueId id = new_value(std::move(name), ValueKind::Input, std::move(type), std::move(loc));
+  inputs.push_back(id);
+  return id;
+}
+
+ValueId Graph::add_param(std::string name, TensorType type, InitSpec init, SourceLoc loc) {
+  ValueId id = new_value(std::move(name), ValueKind::Param, std::move(type), std::move(loc));
+  params.push_back({id, init});
+  return id;
+}
+
+NodeId Graph::add_node(Op op, std::vector<ValueId> ins, std::vector<TensorType> output_types,
+                       Attrs attrs, SourceLoc loc, std::string scope) {
+  for (ValueId v : ins)
+    NAPKIN_INTERNAL_CHECK(v >= 0 && v < num_values(), "{} input {} out of range", op_name(op), v);
+  Node n;
+  n.id = static_cast<NodeId>(nodes_.size());
+  n.op = op;
+  n.inputs = std::move(ins);
+  n.attrs = std::move(attrs);
+  n.loc = loc;
+  n.scope = std::move(scope);
+  for (TensorType& t : output_types) {
+    ValueId out = new_value("", ValueKind::Result, std::move(t), loc);
+    values_[out].producer = n.id;
+    n.outputs.push_back(out);
+  }
+  nodes_.push_back(std::move(n));
+  schedule_.push_back(nodes_.back().id);
+  return nodes_.back().id;
+}
+
+void Graph::erase_node(NodeId id) {
+  Node& n = node(id);
+  NAPKIN_INTERNAL_CHECK(!n.erased, "node {} erased twice", id);
+  n.erased = true;
+  std::erase(schedule_, id);
+}
+
+const Value& Graph::value(ValueId id) const {
+  NAPKIN_INTERNAL_CHECK(id >= 0 && id < num_values(), "value id {} out of range", id);
+  return values_[id];
+}
+Value& Graph::value(ValueId id) {
+  NAPKIN_INTERNAL_CHECK(id >= 0 && id < num_values(), "value id {} out of range", id);
+  return values_[id];
+}
+const Node& Graph::node(NodeId id) const {
+  NAPKIN_INTERNAL_CHECK(id >= 0 && id < num_nodes(), "node id {} out of range", id);
+  return nodes_[id];
+}
+Node& Graph::node(NodeId id) {
+  NAPKIN_INTERNAL_CHECK(id >= 0 && id < num_nodes(), "node id {} out of range", id);
+  return nodes_[id];
+}
+
+const Param* Graph::find_param(ValueId v) const {
+  for (const Param& p : params)
+    if (p.value == v) return &p;
+  return nullptr;
+}
+
+ValueId Graph::find_param_by_name(const std::string& param_name) const {
+  for (const Param& p : params)
+    if (value(p.value).name == param_name) return p.value;
+  return kNoValue;
+}
+
+ValueId Graph::find_output(const std::string& output_name) const {
+  for (const auto& [n, v] : outputs)
+    if (n == output_name) return v;
+  return kNoValue;
+}
+
+std::vector<std::vector<NodeId>> Graph::compute_users() const {
+  std::vector<std::vector<NodeId>> users(values_.size());
+  for (NodeId id : schedule_)
+    for (ValueId v : nodes_[id].inputs)
+      if (users[v].empty() || users[v].back() != id) users[v].push_back(id);
+  return users;
+}
+
+int64_t Graph::param_count() const {
+  int64_t total = 0;
+  for (const Param& p : params) total += value(p.value).type.numel();
+  return total;
+}
+
+}  // namespace napkin::ir

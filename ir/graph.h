@@ -1,0 +1,114 @@
+// The napkin IR: a graph of typed values and the nodes that produce them, in
+// schedule order.
+//
+// Values are SSA: each is defined once, by a node, or is a graph input or a
+// parameter. Node ids and value ids are stable (erased nodes stay as tombstones)
+// so passes can keep maps keyed by id; `schedule` is the execution order and is
+// always topological (the verifier checks it).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/diagnostics.h"
+#include "ir/op.h"
+#include "ir/training_config.h"
+#include "ir/type.h"
+
+namespace napkin::ir {
+
+using ValueId = int32_t;
+using NodeId = int32_t;
+inline constexpr ValueId kNoValue = -1;
+inline constexpr NodeId kNoNode = -1;
+
+enum class ValueKind : uint8_t { Input, Param, Result };
+
+struct Value {
+  ValueId id = kNoValue;
+  std::string name;  // user-facing name ("blocks.3.att") or "" for temporaries
+  ValueKind kind = ValueKind::Result;
+  TensorType type;
+  Layout layout;              // position inside the buffer of `storage`
+  ValueId storage = kNoValue;  // value that owns the buffer (itself unless a view)
+  NodeId producer = kNoNode;  // kNoNode for inputs and params
+  SourceLoc loc;
+  bool is_view() const { return storage != id; }
+};
+
+// How a parameter is initialized (see docs/model-language.md for each kind).
+struct InitSpec {
+  enum class Kind : uint8_t { Zeros, Ones, Constant, Normal, TruncNormal, Xavier };
+  Kind kind = Kind::Zeros;
+  double value = 0;  // Constant
+  double std = 0;    // Normal, TruncNormal, Xavier (derived: 1/sqrt(fan_in))
+  double lo = 0;     // TruncNormal/Xavier lower cut (absolute)
+  double hi = 0;     // TruncNormal/Xavier upper cut (absolute)
+  int64_t fan_in = 0;
+};
+std::string to_string(const InitSpec& init);
+
+struct Param {
+  ValueId value = kNoValue;
+  InitSpec init;
+};
+
+struct Node {
+  NodeId id = kNoNode;
+  Op op = Op::Constant;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;
+  Attrs attrs;
+  SourceLoc loc;       // the YAML text this node came from
+  std::string scope;   // e.g. "blocks.3" inside a repeated block; "" at top level
+  bool erased = false;
+  ValueId in(int i) const { return inputs.at(i); }
+  ValueId out(int i = 0) const { return outputs.at(i); }
+};
+
+class Graph {
+ public:
+  std::string name;
+  TrainingConfig config;
+  std::vector<ValueId> inputs;
+  std::vector<Param> params;
+  // Named results a later stage needs, in order ("loss", and anything exported).
+  std::vector<std::pair<std::string, ValueId>> outputs;
+
+  ValueId add_input(std::string name, TensorType type, SourceLoc loc);
+  ValueId add_param(std::string name, TensorType type, InitSpec init, SourceLoc loc);
+  // Appends a node at the end of the schedule with outputs of the given types
+  // (contiguous, owning their buffers; views get their layout set by the Builder).
+  NodeId add_node(Op op, std::vector<ValueId> inputs, std::vector<TensorType> output_types,
+                  Attrs attrs, SourceLoc loc, std::string scope = "");
+  void erase_node(NodeId id);  // tombstones the node; its outputs must be unused
+
+  const Value& value(ValueId id) const;
+  Value& value(ValueId id);
+  const Node& node(NodeId id) const;
+  Node& node(NodeId id);
+  int num_values() const { return static_cast<int>(values_.size()); }
+  int num_nodes() const { return static_cast<int>(nodes_.size()); }
+
+  // Live nodes in execution order.
+  const std::vector<NodeId>& schedule() const { return schedule_; }
+  std::vector<NodeId>& mutable_schedule() { return schedule_; }
+
+  const Param* find_param(ValueId v) const;
+  ValueId find_param_by_name(const std::string& name) const;  // kNoValue if absent
+  ValueId find_output(const std::string& name) const;  // kNoValue if absent
+  // Users of each value (node ids, in schedule order); recomputed on demand.
+  std::vector<std::vector<NodeId>> compute_users() const;
+
+  int64_t param_count() const;
+
+ private:
+  std::vector<Value> values_;
+  std::vector<Node> nodes_;
+  std::vector<NodeId> schedule_;
+  ValueId new_value(std::string name, ValueKind kind, TensorType type, SourceLoc loc);
+};
+
+}  // namespace napkin::ir

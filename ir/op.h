@@ -1,0 +1,115 @@
+// The Op enum (from ops.def), op classes, attributes, and the op table row.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "ir/type.h"
+
+namespace napkin::ir {
+
+enum class Op : uint16_t {
+#define OP(Enum, name, arity, cls) Enum,
+#include "ir/ops.def"
+#undef OP
+};
+
+inline constexpr int kNumOps = 0
+#define OP(Enum, name, arity, cls) +1
+#include "ir/ops.def"
+#undef OP
+    ;
+
+// What kind of work an op does: passes decide by class (fusion groups
+// elementwise chains; views cost nothing; contractions go to BLAS).
+enum class OpClass : uint8_t {
+  Source,         // makes a value from attributes
+  Elementwise,    // out[i] depends on in[i] (after broadcasting) and maybe i itself
+  Reduction,      // folds axes
+  Contraction,    // matmul / einsum: 2 FLOPs per multiply-add
+  View,           // new strides over the same buffer
+  Copy,           // moves data without arithmetic
+  Gather,         // indexed reads (embedding)
+  Normalization,  // softmax, layernorm: a reduction and elementwise work along one axis
+  Loss,           // reduces to a scalar loss
+};
+std::string_view op_class_name(OpClass c);
+
+// Attributes: small typed values keyed by name; printed sorted by key.
+using AttrValue = std::variant<int64_t, double, std::string, std::vector<int64_t>, DType>;
+
+class Attrs {
+ public:
+  Attrs() = default;
+  Attrs(std::initializer_list<std::pair<const std::string, AttrValue>> init) : map_(init) {}
+  void set(const std::string& key, AttrValue v) { map_[key] = std::move(v); }
+  bool has(const std::string& key) const { return map_.count(key) > 0; }
+  // Getters are internal checks: a missing or mistyped attribute is a compiler bug.
+  int64_t get_int(const std::string& key) const;
+  double get_double(const std::string& key) const;
+  const std::string& get_string(const std::string& key) const;
+  const std::vector<int64_t>& get_ints(const std::string& key) const;
+  DType get_dtype(const std::string& key) const;
+  const std::map<std::string, AttrValue>& all() const { return map_; }
+  bool operator==(const Attrs& o) const { return map_ == o.map_; }
+
+ private:
+  std::map<std::string, AttrValue> map_;
+};
+std::string to_string(const AttrValue& v);
+
+class Graph;
+struct Node;
+
+// Result of a shape/dtype rule: output types or a user-facing error.
+struct InferResult {
+  std::vector<TensorType> outputs;
+  std::string error;  // empty on success
+  std::string hint;
+  bool ok() const { return error.empty(); }
+  static InferResult fail(std::string error, std::string hint = "") {
+    InferResult r;
+    r.error = std::move(error);
+    r.hint = std::move(hint);
+    return r;
+  }
+  static InferResult of(TensorType t) {
+    InferResult r;
+    r.outputs.push_back(std::move(t));
+    return r;
+  }
+};
+
+// The cost of one node: FLOPs and bytes of memory traffic, under the
+// conventions in docs/report.md (a multiply-add is 2 FLOPs; a view is free;
+// an input is read once even if broadcast).
+struct OpCost {
+  double flops = 0;
+  double bytes_read = 0;
+  double bytes_written = 0;
+};
+
+using InferFn = InferResult (*)(const std::vector<const TensorType*>& inputs, const Attrs& attrs);
+using CostFn = OpCost (*)(const Graph& g, const Node& n);
+
+// One row of the op table. Later passes add their rules here (vjp, backend lowering).
+struct OpInfo {
+  Op op;
+  std::string_view name;
+  int arity;  // -1: variadic
+  OpClass op_class;
+  InferFn infer;
+  CostFn cost;
+  double flops_per_element;  // elementwise/normalization convention; documented in docs/report.md
+};
+
+const OpInfo& op_info(Op op);
+std::string_view op_name(Op op);
+std::optional<Op> find_op(std::string_view name);
+
+}  // namespace napkin::ir

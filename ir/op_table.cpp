@@ -1,0 +1,646 @@
+// The op table: one row per op in ops.def with its shape/dtype rule and cost rule.
+// Shape rules return user-facing errors (the frontend attaches the YAML location);
+// they name both dims and their sizes so the user can find the mismatch.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "ir/graph.h"
+#include "ir/internal_check.h"
+#include "ir/op.h"
+
+namespace napkin::ir {
+
+namespace {
+
+using Inputs = std::vector<const TensorType*>;
+
+std::string shape_str(const TensorType& t) { return to_string(t); }
+
+// ---- shape rules -------------------------------------------------------------
+
+// numpy broadcasting of any number of shapes, right-aligned. The result keeps
+// the first non-empty name among the inputs' dims of the winning size.
+InferResult broadcast_shapes(std::string_view op, const Inputs& in, DType out_dtype) {
+  int rank = 0;
+  for (const TensorType* t : in) rank = std::max(rank, t->rank());
+  TensorType out;
+  out.dtype = out_dtype;
+  out.dims.resize(rank);
+  for (int axis = 0; axis < rank; ++axis) {
+    const Dim* chosen = nullptr;
+    size_t chosen_input = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      int pos = axis - (rank - in[i]->rank());
+      if (pos < 0) continue;
+      const Dim& d = in[i]->dims[pos];
+      bool better = !chosen || (chosen->size == 1 && d.size != 1) ||
+                    (chosen->name.empty() && d.size == chosen->size);
+      if (chosen && d.size != 1 && chosen->size != 1 && d.size != chosen->size)
+        return InferResult::fail(
+            fmt::format("{}: shapes {} and {} do not broadcast: {} vs {} at axis {}", op,
+                        shape_str(*in[chosen_input]), shape_str(*in[i]), describe_dim(*chosen),
+                        describe_dim(d), axis - rank),
+            "sizes must be equal or 1 when aligned from the right; rearrange or reduce one side");
+      if (better) {
+        chosen = &d;
+        chosen_input = i;
+      }
+    }
+    out.dims[axis] = *chosen;
+  }
+  return InferResult::of(out);
+}
+
+InferResult require_same_dtype(std::string_view op, const Inputs& in) {
+  for (size_t i = 1; i < in.size(); ++i)
+    if (in[i]->dtype != in[0]->dtype)
+      return InferResult::fail(
+          fmt::format("{}: dtype mismatch: {} vs {}", op, dtype_name(in[0]->dtype),
+                      dtype_name(in[i]->dtype)),
+          fmt::format("convert one side with cast(x, {})", dtype_name(in[0]->dtype)));
+  return {};
+}
+
+InferResult require_float(std::string_view op, const TensorType& t, std::string_view what = "input") {
+  if (!is_floating(t.dtype))
+    return InferResult::fail(
+        fmt::format("{} needs a floating-point {}, got {}", op, what, dtype_name(t.dtype)),
+        "convert it with cast(x, f32)");
+  return {};
+}
+
+template <Op kOp>
+InferResult infer_float_unary(const Inputs& in, const Attrs&) {
+  if (auto r = require_float(op_name(kOp), *in[0]); !r.ok()) return r;
+  return InferResult::of(*in[0]);
+}
+
+template <Op kOp>
+InferResult infer_numeric_unary(const Inputs& in, const Attrs&) {
+  if (in[0]->dtype == DType::Bool)
+    return InferResult::fail(fmt::format("{} is not defined for bool", op_name(kOp)),
+                             "convert it with cast(x, f32)");
+  return InferResult::of(*in[0]);
+}
+
+InferResult infer_cast(const Inputs& in, const Attrs& a) {
+  TensorType t = *in[0];
+  t.dtype = a.get_dtype("dtype");
+  return InferResult::of(t);
+}
+
+InferResult infer_last_two(std::string_view op, const Inputs& in) {
+  if (in[0]->rank() < 2)
+    return InferResult::fail(
+        fmt::format("{} needs at least 2 axes (rows, columns), got {}", op, shape_str(*in[0])));
+  return InferResult::of(*in[0]);
+}
+InferResult infer_triu(const Inputs& in, const Attrs&) { return infer_last_two("triu", in); }
+InferResult infer_causal_mask(const Inputs& in, const Attrs&) {
+  if (auto r = require_float("causal_mask", *in[0]); !r.ok()) return r;
+  return infer_last_two("causal_mask", in);
+}
+
+template <Op kOp>
+InferResult infer_arith_binary(const Inputs& in, const Attrs&) {
+  if (auto r = require_same_dtype(op_name(kOp), in); !r.ok()) return r;
+  if (in[0]->dtype == DType::Bool)
+    return InferResult::fail(fmt::format("{} is not defined for bool", op_name(kOp)));
+  if (kOp == Op::Pow)
+    if (auto r = require_float("pow", *in[0]); !r.ok()) return r;
+  return broadcast_shapes(op_name(kOp), in, in[0]->dtype);
+}
+
+template <Op kOp>
+InferResult infer_compare(const Inputs& in, const Attrs&) {
+  if (auto r = require_same_dtype(op_name(kOp), in); !r.ok()) return r;
+  return broadcast_shapes(op_name(kOp), in, DType::Bool);
+}
+
+InferResult infer_where(const Inputs& in, const Attrs&) {
+  if (in[0]->dtype != DType::Bool)
+    return InferResult::fail(
+        fmt::format("where: the condition must be bool, got {}", dtype_name(in[0]->dtype)),
+        "make it with a comparison such as x > 0");
+  if (auto r = require_same_dtype("where", {in[1], in[2]}); !r.ok()) return r;
+  return broadcast_shapes("where", in, in[1]->dtype);
+}
+
+InferResult infer_constant(const Inputs&, const Attrs& a) {
+  TensorType t;
+  t.dtype = a.get_dtype("dtype");
+  return InferResult::of(t);
+}
+
+InferResult infer_iota(const Inputs&, const Attrs& a) {
+  int64_t n = a.get_int("n");
+  if (n <= 0) return InferResult::fail(fmt::format("arange needs a positive length, got {}", n));
+  TensorType t;
+  t.dtype = a.get_dtype("dtype");
+  t.dims.push_back({n, ""});
+  return InferResult::of(t);
+}
+
+// Axes attributes are normalized by the builder: in range, sorted, unique.
+InferResult check_axes(std::string_view op, const TensorType& t, const std::vector<int64_t>& axes) {
+  for (int64_t a : axes)
+    if (a < 0 || a >= t.rank())
+      return InferResult::fail(fmt::format("{}: axis {} is out of range for {}", op, a, shape_str(t)));
+  return {};
+}
+
+template <Op kOp>
+InferResult infer_reduce(const Inputs& in, const Attrs& a) {
+  const auto& axes = a.get_ints("axes");
+  if (auto r = check_axes(op_name(kOp), *in[0], axes); !r.ok()) return r;
+  if (kOp == Op::ReduceMean)
+    if (auto r = require_float("reduce mean", *in[0]); !r.ok()) return r;
+  bool keep = a.get_int("keepdims") != 0;
+  TensorType t;
+  t.dtype = in[0]->dtype;
+  for (int i = 0; i < in[0]->rank(); ++i) {
+    bool reduced = std::find(axes.begin(), axes.end(), i) != axes.end();
+    if (!reduced)
+      t.dims.push_back(in[0]->dims[i]);
+    else if (keep)
+      t.dims.push_back({1, ""});
+  }
+  return InferResult::of(t);
+}
+
+InferResult infer_matmul(const Inputs& in, const Attrs&) {
+  const TensorType &a = *in[0], &b = *in[1];
+  if (a.rank() < 2 || b.rank() < 2)
+    return InferResult::fail(
+        fmt::format("matmul needs operands with at least 2 axes, got {} and {}", shape_str(a),
+                    shape_str(b)),
+        "for vectors use einsum, e.g. einsum(x, w, \"d, d e -> e\")");
+  if (auto r = require_same_dtype("matmul", in); !r.ok()) return r;
+  if (auto r = require_float("matmul", a, "operand"); !r.ok()) return r;
+  const Dim& ka = a.dims.back();
+  const Dim& kb = b.dims[b.rank() - 2];
+  if (ka.size != kb.size)
+    return InferResult::fail(
+        fmt::format("matmul: inner dims differ: {} vs {}", describe_dim(ka), describe_dim(kb)),
+        fmt::format("the last axis of the left operand {} must equal the second-to-last of the "
+                    "right operand {}; transpose or rearrange one of them",
+                    shape_str(a), shape_str(b)));
+  TensorType batch_a, batch_b;
+  batch_a.dims.assign(a.dims.begin(), a.dims.end() - 2);
+  batch_b.dims.assign(b.dims.begin(), b.dims.end() - 2);
+  InferResult batch = broadcast_shapes("matmul (batch axes)", {&batch_a, &batch_b}, a.dtype);
+  if (!batch.ok()) return batch;
+  TensorType out = batch.outputs[0];
+  out.dims.push_back(a.dims[a.rank() - 2]);
+  out.dims.push_back(b.dims.back());
+  return InferResult::of(out);
+}
+
+// Einsum attrs: lhs, rhs, out are axis ids; axis_names is a space-separated list
+// naming each id (for messages); spec is the pattern as the user wrote it.
+InferResult infer_einsum(const Inputs& in, const Attrs& a) {
+  if (auto r = require_same_dtype("einsum", in); !r.ok()) return r;
+  if (auto r = require_float("einsum", *in[0], "operand"); !r.ok()) return r;
+  std::vector<std::string> names;
+  {
+    std::string all = a.get_string("axis_names"), cur;
+    for (char c : all + " ") {
+      if (c == ' ') {
+        if (!cur.empty()) names.push_back(cur);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+    }
+  }
+  auto axis_name = [&](int64_t id) {
+    return id >= 0 && id < static_cast<int64_t>(names.size()) ? names[id] : std::to_string(id);
+  };
+  std::map<int64_t, Dim> size_of;
+  std::map<int64_t, int> defined_by;
+  const std::vector<int64_t>* operands[2] = {&a.get_ints("lhs"), &a.get_ints("rhs")};
+  for (int k = 0; k < 2; ++k) {
+    const auto& ids = *operands[k];
+    if (static_cast<int>(ids.size()) != in[k]->rank())
+      return InferResult::fail(
+          fmt::format("einsum: operand {} has {} axes {} but the pattern names {}", k + 1,
+                      in[k]->rank(), shape_str(*in[k]), ids.size()),
+          "write one axis name per dimension of the operand");
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const Dim& d = in[k]->dims[i];
+      auto it = size_of.find(ids[i]);
+      if (it == size_of.end()) {
+        size_of[ids[i]] = d;
+        defined_by[ids[i]] = k;
+      } else if (it->second.size != d.size) {
+        return InferResult::fail(
+            fmt::format("einsum: axis '{}' is {} in operand {} but {} in operand {}",
+                        axis_name(ids[i]), describe_dim(it->second), defined_by[ids[i]] + 1,
+                        describe_dim(d), k + 1),
+            "the same axis name must have the same size everywhere in the pattern");
+      }
+    }
+  }
+  TensorType out;
+  out.dtype = in[0]->dtype;
+  for (int64_t id : a.get_ints("out")) {
+    auto it = size_of.find(id);
+    if (it == size_of.end())
+      return InferResult::fail(
+          fmt::format("einsum: output axis '{}' does not appear in any operand", axis_name(id)));
+    out.dims.push_back(it->second);
+  }
+  return InferResult::of(out);
+}
+
+InferResult infer_reshape(const Inputs& in, const Attrs& a) {
+  const auto& shape = a.get_ints("shape");
+  TensorType t;
+  t.dtype = in[0]->dtype;
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    t.dims.push_back({s, ""});
+    n *= s;
+  }
+  if (n != in[0]->numel())
+    return InferResult::fail(fmt::format("reshape: {} has {} elements but the new shape has {}",
+                                         shape_str(*in[0]), in[0]->numel(), n));
+  return InferResult::of(t);
+}
+
+InferResult infer_permute(const Inputs& in, const Attrs& a) {
+  const auto& perm = a.get_ints("perm");
+  std::vector<int64_t> sorted = perm;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int64_t> expected(in[0]->rank());
+  std::iota(expected.begin(), expected.end(), 0);
+  if (sorted != expected)
+    return InferResult::fail(
+        fmt::format("transpose: the permutation must list each of the {} axes of {} once",
+                    in[0]->rank(), shape_str(*in[0])));
+  TensorType t;
+  t.dtype = in[0]->dtype;
+  for (int64_t p : perm) t.dims.push_back(in[0]->dims[p]);
+  return InferResult::of(t);
+}
+
+InferResult infer_broadcast(const Inputs& in, const Attrs& a) {
+  const auto& shape = a.get_ints("shape");
+  const TensorType& x = *in[0];
+  int rank = static_cast<int>(shape.size());
+  if (x.rank() > rank)
+    return InferResult::fail(fmt::format("cannot broadcast {} to fewer axes", shape_str(x)));
+  TensorType t;
+  t.dtype = x.dtype;
+  for (int i = 0; i < rank; ++i) {
+    int pos = i - (rank - x.rank());
+    if (pos >= 0 && x.dims[pos].size == shape[i]) {
+      t.dims.push_back(x.dims[pos]);
+    } else if (pos < 0 || x.dims[pos].size == 1) {
+      t.dims.push_back({shape[i], ""});
+    } else {
+      return InferResult::fail(fmt::format("cannot broadcast {} to size {} at axis {}",
+                                           shape_str(x), shape[i], i));
+    }
+  }
+  return InferResult::of(t);
+}
+
+InferResult infer_slice(const Inputs& in, const Attrs& a) {
+  int64_t axis = a.get_int("axis"), start = a.get_int("start"), stop = a.get_int("stop");
+  const TensorType& x = *in[0];
+  if (axis < 0 || axis >= x.rank())
+    return InferResult::fail(fmt::format("slice: axis {} out of range for {}", axis, shape_str(x)));
+  int64_t size = x.dims[axis].size;
+  if (start < 0 || stop > size || start >= stop)
+    return InferResult::fail(
+        fmt::format("slice {}:{} is empty or out of range for axis {} of size {}", start, stop,
+                    axis, describe_dim(x.dims[axis])),
+        fmt::format("use 0 <= start < stop <= {}", size));
+  TensorType t = x;
+  t.dims[axis] = {stop - start, ""};
+  return InferResult::of(t);
+}
+
+InferResult infer_select(const Inputs& in, const Attrs& a) {
+  int64_t axis = a.get_int("axis"), index = a.get_int("index");
+  const TensorType& x = *in[0];
+  if (axis < 0 || axis >= x.rank())
+    return InferResult::fail(fmt::format("index: axis {} out of range for {}", axis, shape_str(x)));
+  if (index < 0 || index >= x.dims[axis].size)
+    return InferResult::fail(fmt::format("index {} is out of range for axis {} of size {}", index,
+                                         axis, describe_dim(x.dims[axis])));
+  TensorType t = x;
+  t.dims.erase(t.dims.begin() + axis);
+  return InferResult::of(t);
+}
+
+InferResult infer_copy(const Inputs& in, const Attrs&) { return InferResult::of(*in[0]); }
+
+InferResult infer_concat(const Inputs& in, const Attrs& a) {
+  if (in.empty()) return InferResult::fail("concat needs at least one input");
+  int64_t axis = a.get_int("axis");
+  const TensorType& first = *in[0];
+  if (axis < 0 || axis >= first.rank())
+    return InferResult::fail(fmt::format("concat: axis {} out of range for {}", axis, shape_str(first)));
+  if (auto r = require_same_dtype("concat", in); !r.ok()) return r;
+  TensorType out = first;
+  int64_t total = 0;
+  for (size_t k = 0; k < in.size(); ++k) {
+    const TensorType& t = *in[k];
+    if (t.rank() != first.rank())
+      return InferResult::fail(fmt::format("concat: input {} {} has a different rank than {}", k + 1,
+                                           shape_str(t), shape_str(first)));
+    for (int i = 0; i < t.rank(); ++i)
+      if (i != axis && t.dims[i].size != first.dims[i].size)
+        return InferResult::fail(fmt::format("concat: axis {} differs: {} vs {}", i,
+                                             describe_dim(first.dims[i]), describe_dim(t.dims[i])),
+                                 "all axes but the concatenated one must match");
+    total += t.dims[axis].size;
+  }
+  out.dims[axis] = {total, ""};
+  return InferResult::of(out);
+}
+
+InferResult infer_embedding(const Inputs& in, const Attrs&) {
+  const TensorType &table = *in[0], &ids = *in[1];
+  if (table.rank() < 1) return InferResult::fail("embedding: the table must have at least one axis");
+  if (!is_integer(ids.dtype))
+    return InferResult::fail(
+        fmt::format("embedding: ids must be i32 or i64, got {}", dtype_name(ids.dtype)),
+        "declare the token input with dtype: i32");
+  if (auto r = require_float("embedding", table, "table"); !r.ok()) return r;
+  TensorType out;
+  out.dtype = table.dtype;
+  out.dims = ids.dims;
+  out.dims.insert(out.dims.end(), table.dims.begin() + 1, table.dims.end());
+  return InferResult::of(out);
+}
+
+template <Op kOp>
+InferResult infer_softmax(const Inputs& in, const Attrs& a) {
+  if (auto r = require_float(op_name(kOp), *in[0]); !r.ok()) return r;
+  if (auto r = check_axes(op_name(kOp), *in[0], {a.get_int("axis")}); !r.ok()) return r;
+  return InferResult::of(*in[0]);
+}
+
+InferResult check_norm_param(std::string_view op, std::string_view role, const TensorType& x,
+                             const TensorType& p) {
+  if (x.rank() < 1) return InferResult::fail(fmt::format("{} needs at least one axis", op));
+  const Dim& last = x.dims.back();
+  if (p.rank() != 1 || p.dims[0].size != last.size)
+    return InferResult::fail(
+        fmt::format("{}: {} has shape {} but the last axis of the input is {}", op, role,
+                    shape_str(p), describe_dim(last)),
+        fmt::format("declare the {} with shape [{}]", role, last.name.empty() ? std::to_string(last.size) : last.name));
+  if (p.dtype != x.dtype)
+    return InferResult::fail(fmt::format("{}: {} is {} but the input is {}", op, role,
+                                         dtype_name(p.dtype), dtype_name(x.dtype)));
+  return {};
+}
+
+InferResult infer_layernorm(const Inputs& in, const Attrs&) {
+  if (auto r = require_float("layernorm", *in[0]); !r.ok()) return r;
+  if (auto r = check_norm_param("layernorm", "gain", *in[0], *in[1]); !r.ok()) return r;
+  if (auto r = check_norm_param("layernorm", "bias", *in[0], *in[2]); !r.ok()) return r;
+  return InferResult::of(*in[0]);
+}
+
+InferResult infer_rmsnorm(const Inputs& in, const Attrs&) {
+  if (auto r = require_float("rmsnorm", *in[0]); !r.ok()) return r;
+  if (auto r = check_norm_param("rmsnorm", "gain", *in[0], *in[1]); !r.ok()) return r;
+  return InferResult::of(*in[0]);
+}
+
+InferResult infer_cross_entropy(const Inputs& in, const Attrs&) {
+  const TensorType &logits = *in[0], &targets = *in[1];
+  if (auto r = require_float("cross_entropy", logits, "logits"); !r.ok()) return r;
+  if (!is_integer(targets.dtype))
+    return InferResult::fail(
+        fmt::format("cross_entropy: targets must be integer class ids (i32 or i64), got {}",
+                    dtype_name(targets.dtype)),
+        "declare the targets input with dtype: i32");
+  if (logits.rank() != targets.rank() + 1)
+    return InferResult::fail(
+        fmt::format("cross_entropy: logits {} must have one more axis (the classes) than targets {}",
+                    shape_str(logits), shape_str(targets)));
+  for (int i = 0; i < targets.rank(); ++i)
+    if (logits.dims[i].size != targets.dims[i].size)
+      return InferResult::fail(fmt::format("cross_entropy: axis {} differs: logits {} vs targets {}",
+                                           i, describe_dim(logits.dims[i]),
+                                           describe_dim(targets.dims[i])));
+  TensorType out;
+  out.dtype = logits.dtype;
+  return InferResult::of(out);
+}
+
+InferResult infer_mse(const Inputs& in, const Attrs&) {
+  if (auto r = require_float("mse", *in[0]); !r.ok()) return r;
+  if (auto r = require_same_dtype("mse", in); !r.ok()) return r;
+  if (!in[0]->same_shape(*in[1]))
+    return InferResult::fail(fmt::format("mse: shapes differ: {} vs {}", shape_str(*in[0]),
+                                         shape_str(*in[1])));
+  TensorType out;
+  out.dtype = in[0]->dtype;
+  return InferResult::of(out);
+}
+
+// ---- cost rules --------------------------------------------------------------
+
+// Bytes of the distinct elements a value reads from its buffer: a broadcast
+// (stride-0) axis is read once, not once per repetition.
+double distinct_bytes(const Graph& g, ValueId id) {
+  const Value& v = g.value(id);
+  double n = 1;
+  for (int i = 0; i < v.type.rank(); ++i)
+    if (v.layout.strides.empty() || v.layout.strides[i] != 0) n *= v.type.dims[i].size;
+  return n * dtype_size(v.type.dtype);
+}
+
+double read_all(const Graph& g, const Node& n) {
+  double bytes = 0;
+  for (ValueId v : n.inputs) bytes += distinct_bytes(g, v);
+  return bytes;
+}
+
+double written(const Graph& g, const Node& n) {
+  double bytes = 0;
+  for (ValueId v : n.outputs) bytes += g.value(v).type.bytes();
+  return bytes;
+}
+
+double out_numel(const Graph& g, const Node& n) { return g.value(n.out()).type.numel(); }
+
+OpCost cost_elementwise(const Graph& g, const Node& n) {
+  return {op_info(n.op).flops_per_element * out_numel(g, n), read_all(g, n), written(g, n)};
+}
+
+OpCost cost_source(const Graph& g, const Node& n) { return {0, 0, written(g, n)}; }
+
+OpCost cost_reduce(const Graph& g, const Node& n) {
+  double in = g.value(n.in(0)).type.numel();
+  // One op per input element folded in; a mean adds one division per output.
+  double flops = in + (n.op == Op::ReduceMean ? out_numel(g, n) : 0);
+  return {flops, read_all(g, n), written(g, n)};
+}
+
+OpCost cost_matmul(const Graph& g, const Node& n) {
+  const TensorType& a = g.value(n.in(0)).type;
+  double k = a.dims.back().size;
+  return {2 * out_numel(g, n) * k, read_all(g, n), written(g, n)};
+}
+
+OpCost cost_einsum(const Graph& g, const Node& n) {
+  // 2 FLOPs per multiply-add over the product of every distinct axis.
+  std::map<int64_t, int64_t> sizes;
+  const auto& lhs = n.attrs.get_ints("lhs");
+  const auto& rhs = n.attrs.get_ints("rhs");
+  const TensorType& a = g.value(n.in(0)).type;
+  const TensorType& b = g.value(n.in(1)).type;
+  for (size_t i = 0; i < lhs.size(); ++i) sizes[lhs[i]] = a.dims[i].size;
+  for (size_t i = 0; i < rhs.size(); ++i) sizes[rhs[i]] = b.dims[i].size;
+  double product = 1;
+  for (const auto& [id, s] : sizes) product *= s;
+  return {2 * product, read_all(g, n), written(g, n)};
+}
+
+OpCost cost_view(const Graph&, const Node&) { return {}; }
+
+OpCost cost_copy(const Graph& g, const Node& n) { return {0, read_all(g, n), written(g, n)}; }
+
+OpCost cost_embedding(const Graph& g, const Node& n) {
+  // Reads the ids and one table row per id; no arithmetic.
+  double rows = out_numel(g, n) * dtype_size(g.value(n.in(0)).type.dtype);
+  return {0, distinct_bytes(g, n.in(1)) + rows, written(g, n)};
+}
+
+OpCost cost_per_input_element(const Graph& g, const Node& n) {
+  double in = g.value(n.in(0)).type.numel();
+  return {op_info(n.op).flops_per_element * in, read_all(g, n), written(g, n)};
+}
+
+#define ROW(E, infer, cost, fpe) \
+  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe }
+
+// FLOPs per element follow "one per arithmetic step of the textbook formula"
+// (docs/report.md lists each): e.g. sigmoid = 1/(1+exp(-x)) is neg, exp, add, div = 4.
+const OpInfo kRows[] = {
+    ROW(Constant, infer_constant, cost_source, 0),
+    ROW(Iota, infer_iota, cost_source, 0),
+    ROW(Neg, infer_numeric_unary<Op::Neg>, cost_elementwise, 1),
+    ROW(Exp, infer_float_unary<Op::Exp>, cost_elementwise, 1),
+    ROW(Log, infer_float_unary<Op::Log>, cost_elementwise, 1),
+    ROW(Sqrt, infer_float_unary<Op::Sqrt>, cost_elementwise, 1),
+    ROW(Rsqrt, infer_float_unary<Op::Rsqrt>, cost_elementwise, 2),
+    ROW(Abs, infer_numeric_unary<Op::Abs>, cost_elementwise, 1),
+    ROW(Tanh, infer_float_unary<Op::Tanh>, cost_elementwise, 1),
+    ROW(Relu, infer_numeric_unary<Op::Relu>, cost_elementwise, 1),
+    ROW(Gelu, infer_float_unary<Op::Gelu>, cost_elementwise, 9),  // tanh form; exact: 5
+    ROW(Sigmoid, infer_float_unary<Op::Sigmoid>, cost_elementwise, 4),
+    ROW(Silu, infer_float_unary<Op::Silu>, cost_elementwise, 5),
+    ROW(Cast, infer_cast, cost_elementwise, 0),
+    ROW(Triu, infer_triu, cost_elementwise, 1),
+    ROW(CausalMask, infer_causal_mask, cost_elementwise, 1),
+    ROW(Add, infer_arith_binary<Op::Add>, cost_elementwise, 1),
+    ROW(Sub, infer_arith_binary<Op::Sub>, cost_elementwise, 1),
+    ROW(Mul, infer_arith_binary<Op::Mul>, cost_elementwise, 1),
+    ROW(Div, infer_arith_binary<Op::Div>, cost_elementwise, 1),
+    ROW(Pow, infer_arith_binary<Op::Pow>, cost_elementwise, 1),
+    ROW(Maximum, infer_arith_binary<Op::Maximum>, cost_elementwise, 1),
+    ROW(Minimum, infer_arith_binary<Op::Minimum>, cost_elementwise, 1),
+    ROW(Less, infer_compare<Op::Less>, cost_elementwise, 1),
+    ROW(LessEqual, infer_compare<Op::LessEqual>, cost_elementwise, 1),
+    ROW(Greater, infer_compare<Op::Greater>, cost_elementwise, 1),
+    ROW(GreaterEqual, infer_compare<Op::GreaterEqual>, cost_elementwise, 1),
+    ROW(Equal, infer_compare<Op::Equal>, cost_elementwise, 1),
+    ROW(NotEqual, infer_compare<Op::NotEqual>, cost_elementwise, 1),
+    ROW(Where, infer_where, cost_elementwise, 1),
+    ROW(ReduceSum, infer_reduce<Op::ReduceSum>, cost_reduce, 1),
+    ROW(ReduceMean, infer_reduce<Op::ReduceMean>, cost_reduce, 1),
+    ROW(ReduceMax, infer_reduce<Op::ReduceMax>, cost_reduce, 1),
+    ROW(ReduceMin, infer_reduce<Op::ReduceMin>, cost_reduce, 1),
+    ROW(MatMul, infer_matmul, cost_matmul, 0),
+    ROW(Einsum, infer_einsum, cost_einsum, 0),
+    ROW(Reshape, infer_reshape, cost_view, 0),
+    ROW(Permute, infer_permute, cost_view, 0),
+    ROW(Broadcast, infer_broadcast, cost_view, 0),
+    ROW(Slice, infer_slice, cost_view, 0),
+    ROW(Select, infer_select, cost_view, 0),
+    ROW(Copy, infer_copy, cost_copy, 0),
+    ROW(Concat, infer_concat, cost_copy, 0),
+    ROW(Embedding, infer_embedding, cost_embedding, 0),
+    // softmax: max, sub, exp, sum, div; log_softmax: max, sub, exp, sum, sub (log per row).
+    ROW(Softmax, infer_softmax<Op::Softmax>, cost_per_input_element, 5),
+    ROW(LogSoftmax, infer_softmax<Op::LogSoftmax>, cost_per_input_element, 5),
+    // layernorm: mean, sub, square, sum, scale by rstd, gain, bias; rmsnorm drops mean, sub, bias.
+    ROW(LayerNorm, infer_layernorm, cost_per_input_element, 7),
+    ROW(RMSNorm, infer_rmsnorm, cost_per_input_element, 4),
+    // cross_entropy: log_softmax (5) per logit; picking the target and the mean are per row.
+    ROW(CrossEntropy, infer_cross_entropy, cost_per_input_element, 5),
+    // mse: sub, square, sum.
+    ROW(MSE, infer_mse, cost_per_input_element, 3),
+};
+#undef ROW
+
+static_assert(sizeof(kRows) / sizeof(kRows[0]) == kNumOps,
+              "ir/op_table.cpp needs exactly one row per op in ir/ops.def");
+
+struct OpMeta {
+  std::string_view name;
+  int arity;
+  OpClass cls;
+};
+constexpr OpMeta kMeta[] = {
+#define OP(Enum, name, arity, cls) {name, arity, OpClass::cls},
+#include "ir/ops.def"
+#undef OP
+};
+
+// Joins the table rows with the names, arities and classes from ops.def.
+std::vector<OpInfo> build_table() {
+  std::vector<OpInfo> table(std::begin(kRows), std::end(kRows));
+  for (int i = 0; i < kNumOps; ++i) {
+    NAPKIN_INTERNAL_CHECK(static_cast<int>(table[i].op) == i,
+                          "op table row {} is out of order with ops.def", i);
+    table[i].name = kMeta[i].name;
+    table[i].arity = kMeta[i].arity;
+    table[i].op_class = kMeta[i].cls;
+  }
+  return table;
+}
+
+const std::vector<OpInfo>& table() {
+  static const std::vector<OpInfo> t = build_table();
+  return t;
+}
+
+}  // namespace
+
+const OpInfo& op_info(Op op) { return table()[static_cast<int>(op)]; }
+std::string_view op_name(Op op) { return kMeta[static_cast<int>(op)].name; }
+
+std::optional<Op> find_op(std::string_view name) {
+  for (int i = 0; i < kNumOps; ++i)
+    if (kMeta[i].name == name) return static_cast<Op>(i);
+  return std::nullopt;
+}
+
+std::string_view op_class_name(OpClass c) {
+  switch (c) {
+    case OpClass::Source: return "source";
+    case OpClass::Elementwise: return "elementwise";
+    case OpClass::Reduction: return "reduction";
+    case OpClass::Contraction: return "contraction";
+    case OpClass::View: return "view";
+    case OpClass::Copy: return "copy";
+    case OpClass::Gather: return "gather";
+    case OpClass::Normalization: return "normalization";
+    case OpClass::Loss: return "loss";
+  }
+  return "?";
+}
+
+}  // namespace napkin::ir

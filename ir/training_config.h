@@ -1,0 +1,78 @@
+// What the model file says about training, beyond the forward graph: loss,
+// optimizer, precision policy and the trainer's settings. The frontend fills
+// it in and validates it; the optimizer, mixed-precision and runtime stages
+// give it meaning.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace napkin::ir {
+
+enum class OptimizerKind : uint8_t { SGD, Momentum, AdaGrad, RMSProp, Adam, AdamW };
+enum class PrecisionPolicy : uint8_t { FP32, BF16Mixed, FP16Mixed, FP8Mixed };
+
+std::string_view optimizer_name(OptimizerKind k);
+std::string_view precision_name(PrecisionPolicy p);
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::AdamW;
+  double lr = 1e-3;
+  double momentum = 0;       // momentum (sgd with momentum), rmsprop
+  bool nesterov = false;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double alpha = 0.99;       // rmsprop decay of the squared-gradient average
+  double weight_decay = 0;
+  double grad_clip = 0;      // global-norm clip; 0: off
+  std::string schedule = "constant";  // "constant" | "cosine"
+  int64_t warmup_steps = 0;
+  double min_lr = 0;         // cosine floor
+  std::vector<std::string> no_decay;  // glob patterns of parameter names
+};
+
+struct LossScaleConfig {
+  double init_scale = 65536;
+  int64_t growth_interval = 2000;
+  double growth_factor = 2;
+  double backoff_factor = 0.5;
+};
+
+struct PrecisionConfig {
+  PrecisionPolicy policy = PrecisionPolicy::FP32;
+  LossScaleConfig loss_scale;  // used by fp16-mixed
+};
+
+struct DataSource {
+  std::string format;  // "tokens" (raw token file) | "npy" (one .npy per input)
+  std::string path;    // tokens: the token file
+  std::string token_dtype = "u16";  // tokens: "u16" | "i32"
+  std::map<std::string, std::string> files;  // npy: input name -> path
+  std::string order = "random";  // "random" | "sequential"
+  double split = 0.9;            // tokens: fraction of the file used for training
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  uint64_t seed = 0;
+  bool has_data = false;
+  DataSource data;
+  int64_t eval_every = 0;  // 0: no eval
+  int64_t eval_batches = 1;
+  int64_t checkpoint_every = 0;  // 0: no checkpoints
+  std::string checkpoint_dir = "checkpoints";
+  int64_t checkpoint_keep = 2;
+  int64_t log_every = 1;
+  std::string metrics_path;  // JSONL; empty: none
+  int64_t tokens_per_step = 0;  // 0: derived from the inputs (see docs/report.md)
+};
+
+struct TrainingConfig {
+  OptimizerConfig optimizer;
+  PrecisionConfig precision;
+  TrainConfig train;
+};
+
+}  // namespace napkin::ir

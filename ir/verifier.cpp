@@ -1,0 +1,81 @@
+#include "ir/verifier.h"
+
+#include <fmt/format.h>
+
+namespace napkin::ir {
+
+std::vector<std::string> verify(const Graph& g) {
+  std::vector<std::string> problems;
+  auto fail = [&](std::string msg) { problems.push_back(std::move(msg)); };
+  std::vector<bool> defined(g.num_values(), false);
+  for (ValueId v : g.inputs) {
+    if (g.value(v).kind != ValueKind::Input) fail(fmt::format("input %{} is not of kind Input", v));
+    defined[v] = true;
+  }
+  for (const Param& p : g.params) {
+    if (g.value(p.value).kind != ValueKind::Param) fail(fmt::format("param %{} is not of kind Param", p.value));
+    defined[p.value] = true;
+  }
+  std::vector<int> scheduled(g.num_nodes(), 0);
+  for (NodeId id : g.schedule()) {
+    if (id < 0 || id >= g.num_nodes()) {
+      fail(fmt::format("schedule names node {} which does not exist", id));
+      continue;
+    }
+    const Node& n = g.node(id);
+    std::string where = fmt::format("node {} ({})", id, op_name(n.op));
+    if (n.erased) fail(where + " is erased but scheduled");
+    if (++scheduled[id] > 1) fail(where + " is scheduled twice");
+    const OpInfo& info = op_info(n.op);
+    if (info.arity >= 0 && static_cast<int>(n.inputs.size()) != info.arity)
+      fail(fmt::format("{} has {} inputs, expected {}", where, n.inputs.size(), info.arity));
+    std::vector<const TensorType*> types;
+    bool inputs_ok = true;
+    for (ValueId v : n.inputs) {
+      if (v < 0 || v >= g.num_values()) {
+        fail(fmt::format("{} reads value {} which does not exist", where, v));
+        inputs_ok = false;
+        continue;
+      }
+      if (!defined[v]) fail(fmt::format("{} reads %{} before it is defined", where, v));
+      types.push_back(&g.value(v).type);
+    }
+    if (inputs_ok) {
+      InferResult r = info.infer(types, n.attrs);
+      if (!r.ok()) {
+        fail(fmt::format("{} no longer type-checks: {}", where, r.error));
+      } else if (r.outputs.size() != n.outputs.size()) {
+        fail(fmt::format("{} has {} outputs, its rule gives {}", where, n.outputs.size(), r.outputs.size()));
+      } else {
+        for (size_t i = 0; i < n.outputs.size(); ++i) {
+          const TensorType& have = g.value(n.outputs[i]).type;
+          if (have.dtype != r.outputs[i].dtype || !have.same_shape(r.outputs[i]))
+            fail(fmt::format("{} output {} is {} but its rule gives {}", where, i, to_string(have),
+                             to_string(r.outputs[i])));
+        }
+      }
+    }
+    for (ValueId v : n.outputs) {
+      const Value& value = g.value(v);
+      if (value.producer != id) fail(fmt::format("%{} does not name {} as its producer", v, where));
+      if (defined[v]) fail(fmt::format("%{} is defined twice", v));
+      defined[v] = true;
+      if (static_cast<int>(value.layout.strides.size()) != value.type.rank())
+        fail(fmt::format("%{} has {} strides for rank {}", v, value.layout.strides.size(), value.type.rank()));
+      bool view = info.op_class == OpClass::View;
+      if (view && !n.inputs.empty() && value.storage != g.value(n.in(0)).storage)
+        fail(fmt::format("view %{} does not alias its input's buffer", v));
+      if (!view && value.storage != v) fail(fmt::format("%{} from a non-view op does not own its buffer", v));
+      if (!view && !is_contiguous(value.layout, value.type.sizes()))
+        fail(fmt::format("%{} owns its buffer but is not contiguous", v));
+    }
+  }
+  for (NodeId id = 0; id < g.num_nodes(); ++id)
+    if (!g.node(id).erased && scheduled[id] == 0) fail(fmt::format("live node {} is not scheduled", id));
+  for (const auto& [label, v] : g.outputs)
+    if (v < 0 || v >= g.num_values() || !defined[v])
+      fail(fmt::format("output '{}' names an undefined value", label));
+  return problems;
+}
+
+}  // namespace napkin::ir

@@ -1,0 +1,35 @@
+#include "passes/dce.h"
+
+namespace napkin::passes {
+
+namespace {
+
+class DeadCodeElimination : public Pass {
+ public:
+  std::string_view name() const override { return "dce"; }
+
+  bool run(ir::Graph& g, ir::Diagnostics&) override {
+    std::vector<bool> live_value(g.num_values(), false);
+    for (const auto& [label, v] : g.outputs) live_value[v] = true;
+    std::vector<ir::NodeId> dead;
+    const auto& schedule = g.schedule();
+    for (auto it = schedule.rbegin(); it != schedule.rend(); ++it) {
+      const ir::Node& n = g.node(*it);
+      bool live = false;
+      for (ir::ValueId out : n.outputs) live = live || live_value[out];
+      if (!live) {
+        dead.push_back(n.id);
+        continue;
+      }
+      for (ir::ValueId in : n.inputs) live_value[in] = true;
+    }
+    for (ir::NodeId id : dead) g.erase_node(id);
+    return !dead.empty();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_dce_pass() { return std::make_unique<DeadCodeElimination>(); }
+
+}  // namespace napkin::passes

@@ -1,0 +1,50 @@
+// Passes and the pass manager.
+//
+// A pass rewrites a Graph in place and says whether it changed anything. User
+// mistakes it finds go to Diagnostics (with the YAML location of the node);
+// broken invariants are internal errors. The manager verifies the graph after
+// every pass, can print it after any pass, and times each pass.
+#pragma once
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/diagnostics.h"
+#include "ir/graph.h"
+
+namespace napkin::passes {
+
+class Pass {
+ public:
+  virtual ~Pass() = default;
+  virtual std::string_view name() const = 0;                        // "dce"
+  virtual bool run(ir::Graph& g, ir::Diagnostics& diag) = 0;         // true iff the graph changed
+};
+
+struct PipelineOptions {
+  std::vector<std::string> print_after;  // pass names, or "all"
+  bool time_passes = false;
+  std::ostream* trace = nullptr;  // where --print-after and --time-passes write
+};
+
+class PassManager {
+ public:
+  explicit PassManager(PipelineOptions options) : options_(std::move(options)) {}
+  void add(std::unique_ptr<Pass> pass) { passes_.push_back(std::move(pass)); }
+  // Runs the passes in order; stops after a pass that reports a user error.
+  // Returns false iff diagnostics has errors.
+  bool run(ir::Graph& g, ir::Diagnostics& diag);
+  std::vector<std::string> pass_names() const;
+
+ private:
+  PipelineOptions options_;
+  std::vector<std::unique_ptr<Pass>> passes_;
+};
+
+// Verifies the graph and turns any violation into an internal error naming `after`.
+void verify_or_die(const ir::Graph& g, std::string_view after);
+
+}  // namespace napkin::passes
