@@ -377,15 +377,24 @@ const std::vector<CallSpec>& call_table() {
     // Blocks.
     add({"repeat", {"block", "n", "x", "prefix"}, 3, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            const Operand& block = *a.get("block");
+           if (!block.ok()) return Operand::invalid();
            if (block.kind != Operand::Kind::Word || !L.blocks().count(block.text)) {
+             // A tensor or number operand has no name of its own: show the argument as written.
+             std::string written = block.text;
+             if (block.kind != Operand::Kind::Word) {
+               const Expr* arg = call.args.empty() ? nullptr : call.args[0].get();
+               for (const KeywordArg& k : call.kwargs)
+                 if (k.name == "block") arg = k.value.get();
+               written = arg ? to_string(*arg) : "?";
+             }
              std::vector<std::string> names;
              for (const auto& [n, b] : L.blocks()) names.push_back(n);
              L.error(block.offset,
-                     fmt::format("repeat: '{}' is not a block{}", block.kind == Operand::Kind::Word ? block.text : "this",
-                                 did_you_mean(block.text, names)),
+                     fmt::format("repeat: '{}' is not a block{}", written, did_you_mean(written, names)),
                      names.empty() ? "define it under blocks:" : fmt::format("blocks: {}", fmt::join(names, ", ")));
              return Operand::invalid();
            }
+           if (L.blocks().at(block.text).failed) return Operand::invalid();  // its error is reported
            auto n = L.need_int(*a.get("n"), "repeat: n");
            auto x = tensor_arg(L, a, "x", call);
            std::string prefix = "blocks";

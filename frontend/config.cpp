@@ -206,10 +206,11 @@ void read_precision(const YAML::Node& node, YamlContext& ctx, ir::PrecisionConfi
                                                                       {"fp8-mixed", ir::PrecisionPolicy::FP8Mixed}};
   std::vector<std::string> names;
   for (const auto& [k, v] : policies) names.push_back(k);
-  YAML::Node policy = node;
+  // Never assign to a YAML::Node after construction: yaml-cpp's operator=
+  // rewrites the node it refers to, not the handle.
+  const YAML::Node policy = node.IsMap() ? node["policy"] : node;
   if (node.IsMap()) {
     if (!ctx.check_keys(node, {"policy", "loss_scale"}, "precision")) return;
-    policy = node["policy"];
     if (!policy) {
       ctx.error(node, "precision needs a policy", fmt::format("policies: {}", fmt::join(names, ", ")));
       return;

@@ -73,6 +73,7 @@ std::optional<int64_t> eval_dim_expr(const Expr& e, const DimTable& dims, const 
   Resolver resolve = [&](const Expr& name) -> std::optional<int64_t> {
     auto it = dims.sizes.find(name.text);
     if (it != dims.sizes.end()) return it->second;
+    if (dims.failed.count(name.text)) return std::nullopt;  // its own error is reported
     diag.error(base.shifted(name.offset),
                fmt::format("unknown dim '{}'{}", name.text, did_you_mean(name.text, dims.names())),
                dims.order.empty() ? "declare it under dims:"
@@ -144,6 +145,7 @@ DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
     return v;
   };
   for (const std::string& name : table.order) resolve_name(name, table.locs[name], 0);
+  table.failed = failed;
   return table;
 }
 

@@ -15,9 +15,9 @@
 // - Trailing commas are allowed in calls, lists and subscripts; x[] and slice steps
 //   (x[::2]) are errors.
 // - Error recovery: a bad call argument, list element or subscript item is reported and
-//   skipped up to the next ',' or closing bracket, so one string can yield several
-//   independent errors; anything else stops at the first syntax error. Lexical errors
-//   (bad characters, unterminated strings) are always all reported.
+//   skipped up to the next ',' or closing bracket of its own list, so one string can
+//   yield several independent errors; anything else stops at the first syntax error.
+//   Lexical errors (bad characters, unterminated strings) are always all reported.
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -371,15 +371,15 @@ class Parser {
   }
 
   ExprPtr parenthesized() {
-    Token open = advance();
+    Token open = open_bracket();
     ExprPtr inner = expression();
     if (!at(")")) fail(cur(), close_message(")", "the '('", open.offset, false));
-    advance();
+    close_bracket();
     return inner;
   }
 
   ExprPtr list() {
-    Token open = advance();
+    Token open = open_bracket();
     ExprPtr e = make_node(ExprKind::List, open.offset);
     comma_list("]", "the list", open.offset, [&] { e->args.push_back(expression()); });
     return e;
@@ -390,7 +390,7 @@ class Parser {
       fail(cur(), "only a function name can be called: is an operator missing before '('?");
     }
     ExprPtr e = make_node(ExprKind::Call, callee->offset, callee->text);
-    advance();
+    open_bracket();
     std::string last_keyword;
     comma_list(")", "the call to " + quoted(e->text), e->offset, [&] { argument(*e, last_keyword); });
     return e;
@@ -426,9 +426,8 @@ class Parser {
   }
 
   ExprPtr subscript(ExprPtr base) {
-    Token open = advance();
-    // Consume the ']' first: left in place, a list around x[] would take it as its own close.
-    if (at("]")) fail(advance(), "empty subscript: write an index or a slice, as in x[0] or x[1:3]");
+    Token open = open_bracket();
+    if (at("]")) fail(cur(), "empty subscript: write an index or a slice, as in x[0] or x[1:3]");
     ExprPtr e = make_node(ExprKind::Subscript, base->offset);
     e->args.push_back(std::move(base));
     comma_list("]", "the subscript", open.offset, [&] { e->slices.push_back(slice_item()); });
@@ -448,32 +447,37 @@ class Parser {
   }
 
   // Parses `item`s separated by commas up to `close`. A failed item is skipped up to
-  // the next ',' or closing bracket so that later items still get checked.
+  // the next ',' or `close` of this list so that later items still get checked.
   template <class Item>
   void comma_list(std::string_view close, const std::string& what, int opened_at, Item item) {
+    size_t level = closers_.size();
     while (!at(close)) {
       try {
         if (at_end()) fail(cur(), close_message(close, what, opened_at, true));
         item();
         if (!at(",") && !at(close)) fail(cur(), close_message(close, what, opened_at, true));
       } catch (const Abort&) {
-        skip_to_separator();
-        if (!at(",") && !at(close)) throw;  // ran off the end or hit a stray bracket: reported already
+        skip_rest_of_item(level);
+        if (!at(",") && !at(close)) throw;  // the end, or an enclosing bracket's close
       }
       if (at(",")) advance();
     }
-    advance();
+    close_bracket();
   }
 
-  void skip_to_separator() {
-    for (int depth = 0; !at_end(); advance()) {
+  // Skips from wherever an item failed, possibly inside brackets the item opened, to
+  // the next ',' or closing bracket at the list's own bracket `level`.
+  void skip_rest_of_item(size_t level) {
+    for (; !at_end(); advance()) {
+      bool at_level = closers_.size() == level;
       if (at("(") || at("[")) {
-        ++depth;
-      } else if (at(")") || at("]")) {
-        if (depth == 0) return;
-        --depth;
-      } else if (at(",") && depth == 0) {
-        return;
+        closers_.push_back(at("(") ? ")" : "]");
+      } else if (!at(")") && !at("]")) {
+        if (at_level && at(",")) return;
+      } else if (!at_level) {
+        closers_.pop_back();
+      } else if (at(closers_.back()) || (level >= 2 && at(closers_[level - 2]))) {
+        return;  // closes this list or the enclosing bracket; any other is a stray, skipped
       }
     }
   }
@@ -515,6 +519,14 @@ class Parser {
   bool at_any(const Ops& ops) const {
     return std::any_of(ops.begin(), ops.end(), [&](std::string_view op) { return at(op); });
   }
+  Token open_bracket() {
+    closers_.push_back(at("(") ? ")" : "]");
+    return advance();
+  }
+  void close_bracket() {
+    closers_.pop_back();
+    advance();
+  }
   Token advance() {
     Token t = cur();
     if (!at_end()) ++pos_;
@@ -529,14 +541,15 @@ class Parser {
   void error(int offset, std::string message) { errors_.push_back({offset, std::move(message)}); }
 
   // Lexical errors are reported by parse_expression, so an Error token only aborts.
-  [[noreturn]] void fail(const Token& at, std::string message) {
-    if (at.kind != TokenKind::Error) error(at.offset, std::move(message));
+  [[noreturn]] void fail(const Token& where, std::string message) {
+    if (where.kind != TokenKind::Error) error(where.offset, std::move(message));
     throw Abort{};
   }
 
   const std::vector<Token>& tokens_;
   size_t pos_ = 0;
   int depth_ = 0;
+  std::vector<std::string_view> closers_;  // for each open bracket, innermost last: what closes it
   std::vector<ParseError> errors_;
 };
 

@@ -53,7 +53,8 @@ std::optional<ValueId> Lowerer::need_tensor(const Operand& o, const std::string&
       return std::nullopt;
     }
     default:
-      error(o.offset, fmt::format("{} must be a tensor", what));
+      error(o.offset, fmt::format("{} must be a tensor", what),
+            "pass an input, a parameter or a name assigned earlier in forward:");
       return std::nullopt;
   }
 }
@@ -72,19 +73,19 @@ std::optional<ValueId> Lowerer::to_tensor(const Operand& o, ir::DType dtype, con
 
 std::optional<int64_t> Lowerer::need_int(const Operand& o, const std::string& what) {
   if (o.kind == Operand::Kind::Number && o.integer) return static_cast<int64_t>(o.number);
-  if (o.ok()) error(o.offset, fmt::format("{} must be an integer", what));
+  if (o.ok()) error(o.offset, fmt::format("{} must be an integer", what), "write a whole number such as 2 or -1, or a dim");
   return std::nullopt;
 }
 
 std::optional<double> Lowerer::need_number(const Operand& o, const std::string& what) {
   if (o.kind == Operand::Kind::Number) return o.number;
-  if (o.ok()) error(o.offset, fmt::format("{} must be a number", what));
+  if (o.ok()) error(o.offset, fmt::format("{} must be a number", what), "write a number such as 0.5, or a dim");
   return std::nullopt;
 }
 
 std::optional<std::string> Lowerer::need_word(const Operand& o, const std::string& what) {
   if (o.kind == Operand::Kind::Word || o.kind == Operand::Kind::String) return o.text;
-  if (o.ok()) error(o.offset, fmt::format("{} must be a name or a string", what));
+  if (o.ok()) error(o.offset, fmt::format("{} must be a name or a string", what), "write a bare word or a quoted string");
   return std::nullopt;
 }
 
@@ -134,8 +135,10 @@ Operand Lowerer::eval(const Expr& e) {
 
 Operand Lowerer::eval_name(const Expr& e) {
   if (scope_) {
+    if (scope_->poisoned.count(e.text)) return Operand::invalid();
     if (auto it = scope_->values.find(e.text); it != scope_->values.end())
       return Operand::tensor(it->second, e.offset);
+    if (scope_->failed.count(e.text)) return Operand::invalid();  // its definition's error is reported
     if (auto it = scope_->defined_later.find(e.text); it != scope_->defined_later.end()) {
       error(e.offset, fmt::format("'{}' is used before it is defined (on line {})", e.text, it->second),
             "forward: runs top to bottom; move this line below the definition");
@@ -144,6 +147,7 @@ Operand Lowerer::eval_name(const Expr& e) {
   }
   if (auto it = dims_.sizes.find(e.text); it != dims_.sizes.end())
     return Operand::num(static_cast<double>(it->second), true, e.offset, e.text);
+  if (dims_.failed.count(e.text)) return Operand::invalid();
   Operand word;
   word.kind = Operand::Kind::Word;
   word.text = e.text;
@@ -186,14 +190,15 @@ Operand Lowerer::eval_binary(const Expr& e) {
   const std::string& token = e.text;
   if (a.kind == Operand::Kind::Number && b.kind == Operand::Kind::Number) {
     if ((token == "/" || token == "//" || token == "%") && b.number == 0) {
-      error(e.args[1]->offset, "division by zero");
+      error(e.args[1]->offset, "division by zero", "the divisor is a constant that is 0");
       return Operand::invalid();
     }
     if (auto folded = fold_numbers(token, a, b, e.offset)) return *folded;
   }
   std::optional<Op> op = binary_op(token);
   if (!op) {
-    error(e.offset, fmt::format("operator '{}' works on numbers and dims only, not on tensors", token));
+    error(e.offset, fmt::format("operator '{}' works on numbers and dims only, not on tensors", token),
+          "on tensors use + - * / ** @ and the comparisons");
     return Operand::invalid();
   }
   // A number takes the dtype of the tensor on the other side.
@@ -229,7 +234,8 @@ Operand Lowerer::eval_subscript(const Expr& e) {
     int rank = type(current).rank();
     if (axis >= rank) {
       error(item.offset, fmt::format("too many indices for a tensor with {} axes: {}", type(*x).rank(),
-                                     ir::to_string(type(*x))));
+                                     ir::to_string(type(*x))),
+            "give at most one index or slice per axis, e.g. x[0] or x[:, 1:3]");
       return Operand::invalid();
     }
     int64_t size = type(current).dims[axis].size;
@@ -239,9 +245,19 @@ Operand Lowerer::eval_subscript(const Expr& e) {
       if (!v) return v;
       return *v < 0 ? *v + size : *v;
     };
+    // Checked here rather than left to the op's shape rule so that the message can
+    // show the index as written and the hint the valid range.
+    const ir::Dim& dim = type(current).dims[axis];
     if (!item.is_slice) {
       auto index = bound(item.start, 0);
       if (!index) return Operand::invalid();
+      if (*index < 0 || *index >= size) {
+        error(item.offset,
+              fmt::format("index {} is out of range for axis {} of size {}", *index < 0 ? *index - size : *index,
+                          axis, ir::describe_dim(dim)),
+              fmt::format("use an index in -{}..{}", size, size - 1));
+        return Operand::invalid();
+      }
       Operand r = build(Op::Select, {current}, {{"axis", int64_t{axis}}, {"index", *index}}, item.offset);
       if (!r.ok()) return r;
       current = r.value;  // the axis is gone; the next item applies to the same position
@@ -249,6 +265,12 @@ Operand Lowerer::eval_subscript(const Expr& e) {
     }
     auto start = bound(item.start, 0), stop = bound(item.stop, size);
     if (!start || !stop) return Operand::invalid();
+    if (*start < 0 || *stop > size || *start >= *stop) {
+      error(item.offset, fmt::format("slice {}:{} is empty or out of range for axis {} of size {}", *start, *stop,
+                                     axis, ir::describe_dim(dim)),
+            fmt::format("use start < stop within 0..{} (negative numbers count from the end)", size));
+      return Operand::invalid();
+    }
     if (*start != 0 || *stop != size) {
       Operand r = build(Op::Slice, {current},
                         {{"axis", int64_t{axis}}, {"start", *start}, {"stop", *stop}}, item.offset);
@@ -283,20 +305,32 @@ Operand Lowerer::lower_scalar(const YAML::Node& node, Scope& scope, const std::s
 bool Lowerer::assign(const YAML::Node& key, const Operand& value, Scope& scope) {
   TargetList targets = parse_targets(key.Scalar());
   ir::SourceLoc key_loc = ctx_.text_loc(key);
-  for (const ParseError& err : targets.errors) ctx_.diag().error(key_loc.shifted(err.offset), err.message);
-  if (!targets.errors.empty()) return false;
+  // Every way out with an error (already reported) leaves the names failed, so
+  // later uses stay silent instead of reporting "undefined name" or using a stale value.
+  auto fail = [&] {
+    for (const auto& [name, offset] : targets.names) {
+      scope.values.erase(name);
+      scope.failed.insert(name);
+    }
+    return false;
+  };
+  for (const ParseError& err : targets.errors)
+    ctx_.diag().error(key_loc.shifted(err.offset), err.message,
+                      "the left side is a name, or names separated by commas: '- q, k, v: split(x, 3)'");
+  if (!targets.errors.empty()) return fail();
   for (const auto& [name, offset] : targets.names) {
     scope.defined_later.erase(name);
+    scope.poisoned.erase(name);
     bool clash = dims_.has(name) || (g_.find_param_by_name(scope.qualified(name)) != ir::kNoValue);
     if (clash) {
       ctx_.diag().error(key_loc.shifted(offset),
                         fmt::format("'{}' is already a {}; choose another name", name,
                                     dims_.has(name) ? "dim" : "parameter"),
                         "forward names may be reassigned, but not dims or parameters");
-      return false;
+      return fail();
     }
   }
-  if (!value.ok()) return false;
+  if (!value.ok()) return fail();
   std::vector<ValueId> results;
   if (targets.names.size() == 1) {
     std::optional<ValueId> v;
@@ -306,30 +340,31 @@ bool Lowerer::assign(const YAML::Node& key, const Operand& value, Scope& scope) 
     } else {
       v = need_tensor(value, fmt::format("the value of '{}'", targets.names[0].first));
     }
-    if (!v) return false;
+    if (!v) return fail();
     results.push_back(*v);
   } else if (value.kind == Operand::Kind::List) {
     if (value.items.size() != targets.names.size()) {
       ctx_.diag().error(key_loc, fmt::format("{} names on the left but the right side gives {} values",
-                                             targets.names.size(), value.items.size()));
-      return false;
+                                             targets.names.size(), value.items.size()),
+                        fmt::format("write {} names separated by commas, one per value", value.items.size()));
+      return fail();
     }
     for (const Operand& item : value.items) {
       auto v = need_tensor(item, "each value of a multiple assignment");
-      if (!v) return false;
+      if (!v) return fail();
       results.push_back(*v);
     }
   } else {
     // a, b, c: x  unbinds the leading axis of x (free views).
     auto v = need_tensor(value, "the right side of a multiple assignment");
-    if (!v) return false;
+    if (!v) return fail();
     const ir::TensorType& t = type(*v);
     if (t.rank() == 0 || t.dims[0].size != static_cast<int64_t>(targets.names.size())) {
       ctx_.diag().error(key_loc,
                         fmt::format("{} names on the left but the leading axis of {} has size {}",
                                     targets.names.size(), ir::to_string(t), t.rank() ? t.dims[0].size : 0),
                         "the leading axis is split into one value per name");
-      return false;
+      return fail();
     }
     b_.set_loc(key_loc);
     for (size_t i = 0; i < targets.names.size(); ++i)
@@ -340,6 +375,7 @@ bool Lowerer::assign(const YAML::Node& key, const Operand& value, Scope& scope) 
     ir::Value& v = g_.value(results[i]);
     if (v.kind == ir::ValueKind::Result && v.name.empty()) v.name = scope.qualified(name);
     scope.values[name] = results[i];
+    scope.failed.erase(name);
   }
   return true;
 }
@@ -367,7 +403,11 @@ bool Lowerer::lower_forward(const YAML::Node& list, Scope& scope) {
   }
   for (const auto& [key, expr] : entries) {
     Operand value = eval_in(expr, scope, fmt::format("'{}'", key.Scalar()));
-    assign(key, value, scope);
+    if (!assign(key, value, scope))
+      for (const auto& [name, offset] : parse_targets(key.Scalar()).names) {
+        scope.values.erase(name);
+        scope.poisoned.insert(name);
+      }
   }
   return ctx_.diag().error_count() == errors_before;
 }

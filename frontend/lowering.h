@@ -12,6 +12,8 @@
 
 #include <map>
 #include <optional>
+#include <set>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,7 @@ struct BlockDef {
   std::vector<std::string> args;
   std::string output;  // "" : the last name assigned
   ir::SourceLoc loc;
+  bool failed = false;  // its definition has an error (reported); repeat() of it is silent
 };
 
 // Names visible to an expression. A block body gets a fresh scope whose parent
@@ -68,6 +71,12 @@ struct Scope {
   std::string prefix;  // "blocks.3" inside a block instance; "" at top level
   std::map<std::string, ir::ValueId> values;
   std::map<std::string, int> defined_later;  // forward names not yet assigned -> line
+  // Names whose definition failed (already reported): uses stay silent, so one
+  // mistake gives one message, not one per use.
+  std::set<std::string> poisoned;
+  // Names whose definition failed (already reported): a use evaluates to Invalid
+  // silently, so one mistake is not reported again as "undefined name" downstream.
+  std::set<std::string> failed;
   std::string qualified(const std::string& name) const { return prefix.empty() ? name : prefix + "." + name; }
 };
 

@@ -24,15 +24,20 @@ void read_inputs(const YAML::Node& node, YamlContext& ctx, const DimTable& dims,
   for (auto it = node.begin(); it != node.end(); ++it) {
     std::string name = it->first.Scalar();
     std::string what = fmt::format("input '{}'", name);
-    if (scope.values.count(name)) continue;  // duplicate key: already reported
+    if (scope.values.count(name) || scope.failed.count(name)) continue;  // duplicate key: already reported
+    // An input in error is reported here once; uses of it in forward: stay silent.
+    scope.failed.insert(name);
     if (dims.has(name)) {
       ctx.error(it->first, fmt::format("duplicate name '{}': it is already a dim", name),
                 "every dim, input and parameter needs its own name");
       continue;
     }
+    int errors_before = ctx.diag().error_count();
     if (!ctx.check_keys(it->second, {"shape", "dtype"}, what)) continue;
     if (!it->second["shape"]) {
-      ctx.error(it->first, fmt::format("{} has no shape", what), "add shape: [dims...]");
+      // A misspelled key ("shpe") is already reported with a suggestion.
+      if (ctx.diag().error_count() == errors_before)
+        ctx.error(it->first, fmt::format("{} has no shape", what), "add shape: [dims...]");
       continue;
     }
     auto shape = read_shape(it->second["shape"], dims, ctx, what);
@@ -47,6 +52,7 @@ void read_inputs(const YAML::Node& node, YamlContext& ctx, const DimTable& dims,
       dtype = *parsed;
     }
     if (!shape) continue;
+    scope.failed.erase(name);
     scope.values[name] = g.add_input(name, {dtype, *shape}, ctx.loc(it->first));
   }
 }
@@ -59,22 +65,27 @@ std::map<std::string, BlockDef> read_blocks(const YAML::Node& node, YamlContext&
     std::string name = it->first.Scalar();
     if (blocks.count(name)) continue;
     std::string what = fmt::format("block '{}'", name);
-    if (!ctx.check_keys(it->second, {"args", "params", "forward", "output"}, what)) continue;
     BlockDef b;
     b.name = name;
     b.loc = ctx.loc(it->first);
-    b.params = it->second["params"];
-    b.forward = it->second["forward"];
+    // A block in error is still registered (as failed) so that repeat() of it stays silent.
+    b.failed = true;
+    blocks[name] = b;
+    if (!ctx.check_keys(it->second, {"args", "params", "forward", "output"}, what)) continue;
+    // Assign only keys that are present: a missing key of a const node is an
+    // invalid node, and assigning one throws.
+    if (const YAML::Node& params = it->second["params"]) b.params = params;
+    if (const YAML::Node& forward = it->second["forward"]) b.forward = forward;
     b.args = {"x"};
     if (const YAML::Node& args = it->second["args"]) {
       if (!args.IsSequence() || args.size() == 0) {
-        ctx.error(args, fmt::format("the args of {} must be a list of names, like [x]", what));
+        ctx.error(args, fmt::format("the args of {} must be a list of names", what), "write args: [x]");
         continue;
       }
       b.args.clear();
       for (const YAML::Node& a : args) b.args.push_back(a.IsScalar() ? a.Scalar() : "?");
     }
-    if (!b.forward) {
+    if (!it->second["forward"]) {
       ctx.error(it->first, fmt::format("{} has no forward list", what), "add forward: with '- name: expression' lines");
       continue;
     }
@@ -87,6 +98,7 @@ std::map<std::string, BlockDef> read_blocks(const YAML::Node& node, YamlContext&
         if (targets.names.size() == 1) b.output = targets.names[0].first;
       }
     }
+    b.failed = false;
     blocks[name] = b;
   }
   return blocks;
@@ -148,11 +160,8 @@ std::optional<ir::Graph> load_model_text(const std::string& text, const std::str
   read_inputs(root["inputs"], ctx, dims, g, scope);
   Lowerer lowerer(g, ctx, dims, blocks);
   lowerer.declare_params(root["params"], scope);
-  if (const YAML::Node& forward = root["forward"]) {
-    lowerer.lower_forward(forward, scope);
-  } else {
-    diag.error({ctx.file(), 1, 1}, "the model has no forward list", "add forward: with '- name: expression' lines");
-  }
+  // forward: is optional: a model may be its loss expression alone.
+  if (const YAML::Node& forward = root["forward"]) lowerer.lower_forward(forward, scope);
   read_loss(root["loss"], ctx, lowerer, scope, g);
   if (const YAML::Node& n = root["optimizer"]) read_optimizer(n, ctx, g.config.optimizer);
   else diag.error({ctx.file(), 1, 1}, "the model has no optimizer", "add a line such as optimizer: adamw(lr=3e-4)");

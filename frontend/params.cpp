@@ -48,7 +48,10 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
           fmt::format("known inits: {}", fmt::join(kInitKinds, ", ")));
     return std::nullopt;
   }
-  // Binds positional and keyword arguments to the init's parameter names.
+  // Binds positional and keyword arguments to the init's parameter names and
+  // records where each was written, so a bad value gets the caret, not the call.
+  std::map<std::string, int> where;
+  auto at = [&](const std::string& name) { return where.count(name) ? where[name] : expr->offset; };
   auto bind = [&](const std::vector<std::string>& names, size_t required) -> std::optional<std::vector<double>> {
     if (positional.size() > names.size()) {
       error(positional[names.size()]->offset,
@@ -64,6 +67,7 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
       if (!v) return std::nullopt;
       values[i] = *v;
       given[i] = true;
+      where[names[i]] = positional[i]->offset;
     }
     for (const KeywordArg& k : expr->kwargs) {
       auto it = std::find(names.begin(), names.end(), k.name);
@@ -77,6 +81,7 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
       if (!v) return std::nullopt;
       values[i] = *v;
       given[i] = true;
+      where[k.name] = k.value->offset;
     }
     for (size_t i = 0; i < required; ++i)
       if (!given[i]) {
@@ -88,7 +93,8 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
   };
   auto positive_std = [&](double s) {
     if (s > 0 && std::isfinite(s)) return true;
-    error(expr->offset, fmt::format("{}: std must be positive, got {}", kind, s));
+    error(at("std"), fmt::format("{}: std must be positive, got {}", kind, s),
+          fmt::format("std is the standard deviation, e.g. {}(0.02)", kind));
     return false;
   };
 
@@ -115,7 +121,9 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
     init.lo = std::isnan((*v)[1]) ? -2.0 : (*v)[1];
     init.hi = std::isnan((*v)[2]) ? 2.0 : (*v)[2];
     if (!(init.lo < init.hi)) {
-      error(expr->offset, fmt::format("trunc_normal: the cut a={} must be below b={}", init.lo, init.hi));
+      error(where.count("a") ? at("a") : at("b"),
+            fmt::format("trunc_normal: the cut a={} must be below b={}", init.lo, init.hi),
+            "a and b are the absolute cut points, e.g. trunc_normal(0.02, a=-0.04, b=0.04)");
       return std::nullopt;
     }
   } else {  // xavier, as in the lecture: std = 1/sqrt(fan_in), truncated at +-3 std
@@ -147,6 +155,7 @@ bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
     if (!seen.insert(name).second) continue;  // duplicate key: already reported
     const YAML::Node& spec = it->second;
     std::string what = fmt::format("parameter '{}'", name);
+    scope.poisoned.insert(name);  // until it is declared successfully
     if (dims_.has(name) || scope.values.count(name)) {
       ctx_.error(it->first, fmt::format("duplicate name '{}': it is already {}", name,
                                         dims_.has(name) ? "a dim" : "an input or parameter"),
@@ -179,6 +188,7 @@ bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
     if (!init) continue;
     ir::TensorType type{dtype, *shape};
     scope.values[name] = graph().add_param(scope.qualified(name), type, *init, ctx_.loc(it->first));
+    scope.poisoned.erase(name);
   }
   return ctx_.diag().error_count() == errors_before;
 }

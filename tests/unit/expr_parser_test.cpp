@@ -327,6 +327,21 @@ TEST_CASE("expr: several independent errors are all reported, in order") {
   CHECK(outer.errors[0].offset == 5);
   CHECK(outer.errors[1].offset == 9);
 
+  // Recovery skips the rest of a bad item, brackets it opened included.
+  struct Case {
+    const char* source;
+    std::vector<int> offsets;
+  };
+  for (const Case& c : {Case{"[1, 2, (3 4), 5 6]", {10, 16}}, Case{"f((a b), [c d], e f)", {5, 12, 18}},
+                        Case{"[(), 1]", {2}}, Case{"f(a], b c)", {3, 8}}, Case{"[f(a], 2]", {4}},
+                        Case{"[f(a +], 2 3]", {6, 11}}, Case{"f(a + (b, c)", {8}}, Case{"[x[], 2 3]", {3, 8}}}) {
+    ParseResult recovered = parse_expression(c.source);
+    INFO(c.source, "\n", messages(recovered));
+    std::vector<int> offsets;
+    for (const ParseError& e : recovered.errors) offsets.push_back(e.offset);
+    CHECK(offsets == c.offsets);
+  }
+
   ParseResult lists = parse_expression("[x[], [1 2], f(axis=1, 3)]");
   INFO(messages(lists));
   REQUIRE(lists.errors.size() == 3);

@@ -1,0 +1,161 @@
+// The cost model against hand formulas: the lecture's linear layer, Cruncher's
+// parameter count, GPT-2 small's 124,439,808 parameters, attention FLOPs, and
+// the exact decomposition of forward FLOPs against 2·tokens·params.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "passes/cost.h"
+#include "passes/report.h"
+#include "support/test_models.h"
+
+using namespace napkin;
+using napkin::testing::compile;
+
+namespace {
+ir::Graph compile_model_file(const std::string& name) {
+  std::ifstream in(napkin::testing::source_path("models/" + name));
+  REQUIRE(in);
+  std::stringstream text;
+  text << in.rdbuf();
+  return compile(text.str(), "models/" + name);
+}
+
+double flops_of(const passes::ForwardCost& c, const ir::Graph& g, ir::Op op) {
+  double f = 0;
+  for (const auto& row : c.rows)
+    if (g.node(row.node).op == op) f += row.cost.flops;
+  return f;
+}
+}  // namespace
+
+TEST_CASE("a linear layer's forward is 2·B·D·K FLOPs (lecture sizes, nothing allocated)") {
+  // CS336 lecture 2: B=16384, D=32768, K=8192.
+  const double B = 16384, D = 32768, K = 8192;
+  ir::Graph g = compile(R"yaml(
+model: linear
+dims: {B: 16384, D: 32768, K: 8192}
+inputs: {x: {shape: [B, D]}}
+params: {w: {shape: [D, K], init: xavier}}
+forward:
+  - y: x @ w
+loss: mean(y)
+optimizer: sgd(lr=0.1)
+)yaml");
+  passes::ForwardCost c = passes::analyze_forward(g, nullptr);
+  CHECK(flops_of(c, g, ir::Op::MatMul) == 2 * B * D * K);
+  CHECK(c.params == D * K);
+  // The mean reads every element of y once.
+  CHECK(flops_of(c, g, ir::Op::ReduceMean) == B * K + 1);
+  // Bytes: x and w read, y written (fp32).
+  for (const auto& row : c.rows)
+    if (g.node(row.node).op == ir::Op::MatMul) {
+      CHECK(row.cost.bytes_read == 4 * (B * D + D * K));
+      CHECK(row.cost.bytes_written == 4 * B * K);
+    }
+}
+
+TEST_CASE("Cruncher: params = D·D·L + D and forward = 2·B·params + the loss") {
+  ir::Graph g = compile_model_file("cruncher.yaml");
+  const double B = 256, D = 1024, L = 4;
+  passes::ForwardCost c = passes::analyze_forward(g, nullptr);
+  CHECK(c.params == D * D * L + D);
+  CHECK(c.param_matmul_flops == 2 * B * (D * D * L + D));
+  CHECK(c.tokens == B);
+  // mse over B predictions: sub, square, sum per element.
+  CHECK(c.other_flops == 3 * B);
+}
+
+TEST_CASE("GPT-2 small has 124,439,808 parameters, 7,087,872 per block") {
+  ir::Graph g = compile_model_file("gpt2-124m.yaml");
+  passes::ForwardCost c = passes::analyze_forward(g, passes::find_device("h100"));
+  CHECK(c.params == 124439808);
+  int64_t block0 = 0;
+  for (const ir::Param& p : g.params)
+    if (g.value(p.value).name.rfind("h.0.", 0) == 0) block0 += g.value(p.value).type.numel();
+  CHECK(block0 == 7087872);
+  CHECK(c.params - 1024 * 768 == 123653376);  // without the position embedding
+  CHECK(c.tokens == 8 * 1024);
+  // Attention: per layer, scores and mixing are each 2·B·H·T·T·hd FLOPs (full T², not halved).
+  const double attention = 12 * 2 * (2.0 * 8 * 12 * 1024 * 1024 * 64);
+  CHECK(c.activation_matmul_flops == attention);
+  // Tied embeddings: the logits matmul uses wte, so wte counts as a matmul param.
+  CHECK(c.params_in_matmuls == 50257 * 768 + 12 * (768 * 2304 + 768 * 768 + 2 * 768 * 3072));
+  // Weight matmuls are exactly 2 FLOPs per matmul weight per token.
+  CHECK(c.param_matmul_flops == 2 * c.tokens * c.params_in_matmuls);
+}
+
+TEST_CASE("forward - 2·T·P decomposes exactly into the report's terms") {
+  for (const char* name : {"linear.yaml", "cruncher.yaml", "mlp.yaml", "gpt.yaml", "gpt2-124m.yaml"}) {
+    CAPTURE(name);
+    ir::Graph g = compile_model_file(name);
+    passes::ForwardCost c = passes::analyze_forward(g, nullptr);
+    double two_tp = 2 * c.tokens * c.params;
+    double terms = -2 * c.tokens * (c.params - c.params_in_matmuls) + (c.param_matmul_flops - 2 * c.tokens * c.params_in_matmuls) +
+                   c.activation_matmul_flops + c.other_flops;
+    CHECK(c.flops - two_tp == doctest::Approx(terms).epsilon(1e-12));
+    CHECK(c.flops == c.param_matmul_flops + c.activation_matmul_flops + c.other_flops);
+  }
+}
+
+TEST_CASE("views cost nothing; the rearrange copy costs its bytes") {
+  ir::Graph g = compile_model_file("gpt.yaml");
+  passes::ForwardCost c = passes::analyze_forward(g, nullptr);
+  int copies = 0;
+  for (const auto& row : c.rows) {
+    const ir::Node& n = g.node(row.node);
+    if (ir::op_info(n.op).op_class == ir::OpClass::View) {
+      CHECK(row.cost.flops == 0);
+      CHECK(row.cost.bytes_read + row.cost.bytes_written == 0);
+    }
+    if (row.copies) {
+      ++copies;
+      CHECK(row.cost.bytes_read == 16 * 128 * 256 * 4);  // merging heads back: (b s (h hd)) after a permute
+    }
+  }
+  CHECK(copies == 4);  // one per layer
+}
+
+TEST_CASE("roofline: compute- vs memory-bound on h100") {
+  ir::Graph g = compile(R"yaml(
+model: r
+dims: {n: 4096}
+inputs: {x: {shape: [n, n]}}
+params: {w: {shape: [n, n], init: xavier}}
+forward:
+  - y: relu(x @ w)
+loss: mean(y)
+optimizer: sgd(lr=0.1)
+)yaml");
+  const passes::Device* h100 = passes::find_device("h100");
+  REQUIRE(h100);
+  passes::ForwardCost c = passes::analyze_forward(g, h100);
+  for (const auto& row : c.rows) {
+    const ir::Node& n = g.node(row.node);
+    if (n.op == ir::Op::MatMul) {
+      CHECK(row.compute_bound);  // 2·n³ FLOPs over 3·n² floats: intensity n/6
+      CHECK(row.seconds == doctest::Approx(2.0 * 4096 * 4096 * 4096 / h100->fp32_flops));
+    }
+    if (n.op == ir::Op::Relu) {
+      CHECK_FALSE(row.compute_bound);
+      CHECK(row.seconds == doctest::Approx(2.0 * 4096 * 4096 * 4 / h100->bandwidth_bytes_per_s));
+    }
+  }
+}
+
+TEST_CASE("report JSON has the documented keys") {
+  ir::Graph g = compile_model_file("mlp.yaml");
+  passes::ForwardCost c = passes::analyze_forward(g, passes::find_device("a100"));
+  auto j = nlohmann::json::parse(passes::render_report_json(g, c, {"models/mlp.yaml", true}));
+  CHECK(j["params"] == 1863690);
+  CHECK(j["flops"]["forward"].get<double>() == c.flops);
+  CHECK(j["bytes"]["forward"].get<double>() == c.bytes_read + c.bytes_written);
+  CHECK(j["memory"]["params"] == 1863690 * 4);
+  REQUIRE(j["ops"].is_array());
+  CHECK(j["ops"].size() == c.rows.size());
+  CHECK(j["ops"][0].contains("line"));
+  CHECK(j["ops"][0].contains("seconds"));
+  CHECK(j["device"]["name"] == "a100");
+}

@@ -1,0 +1,206 @@
+// The model language: dims, params and init, blocks with per-layer names,
+// einops lowering to views, multiple assignment, and error collection.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "ir/printer.h"
+#include "support/test_models.h"
+
+using namespace napkin;
+using napkin::testing::compile;
+using napkin::testing::compile_errors;
+
+namespace {
+const char* kHeader = R"yaml(
+model: t
+optimizer: sgd(lr=0.1)
+)yaml";
+
+int count_ops(const ir::Graph& g, ir::Op op) {
+  int n = 0;
+  for (ir::NodeId id : g.schedule()) n += g.node(id).op == op;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("dims: expressions of other dims, in any order") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {head_dim: d / heads, d: 256, heads: 4, hidden: 4 * d}
+inputs: {x: {shape: [head_dim, hidden]}}
+loss: mean(x)
+)yaml");
+  const ir::TensorType& t = g.value(g.inputs[0]).type;
+  CHECK(t.sizes() == std::vector<int64_t>{64, 1024});
+  CHECK(t.dims[0].name == "head_dim");
+}
+
+TEST_CASE("params: init specs, xavier fan-in and truncation") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {d: 256, k: 64}
+inputs: {x: {shape: [8, d]}}
+params:
+  w: {shape: [d, k], init: xavier}
+  v: {shape: [d, k], init: "trunc_normal(0.02, -0.04, 0.04)"}
+  b: {shape: [k], init: normal(1 / sqrt(d))}
+loss: mean(x @ w + x @ v + b)
+)yaml");
+  REQUIRE(g.params.size() == 3);
+  const ir::InitSpec& w = g.params[0].init;
+  CHECK(w.kind == ir::InitSpec::Kind::Xavier);
+  CHECK(w.fan_in == 256);
+  CHECK(w.std == doctest::Approx(1.0 / 16));
+  CHECK(w.hi == doctest::Approx(3.0 / 16));
+  CHECK(g.params[1].init.lo == doctest::Approx(-0.04));
+  CHECK(g.params[2].init.std == doctest::Approx(1.0 / 16));
+  CHECK(g.param_count() == 256 * 64 * 2 + 64);
+}
+
+TEST_CASE("blocks: repeat stamps per-layer parameter names") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {d: 8, layers: 3}
+inputs: {x: {shape: [2, d]}}
+blocks:
+  block:
+    params: {w_qkv: {shape: [d, d], init: normal(0.02)}}
+    forward:
+      - x: relu(x @ w_qkv)
+forward:
+  - y: repeat(block, layers, x)
+loss: mean(y)
+)yaml");
+  REQUIRE(g.params.size() == 3);
+  CHECK(g.value(g.params[0].value).name == "blocks.0.w_qkv");
+  CHECK(g.value(g.params[2].value).name == "blocks.2.w_qkv");
+  // Nodes inside an instance carry its scope.
+  int scoped = 0;
+  for (ir::NodeId id : g.schedule()) scoped += g.node(id).scope == "blocks.1";
+  CHECK(scoped == 2);  // matmul and relu
+}
+
+TEST_CASE("einops: rearrange into heads is a view; merging a contiguous (b h s hd) copies") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {b: 2, s: 4, d: 6, heads: 2}
+inputs: {qkv: {shape: [b, s, 3*d]}}
+forward:
+  - q, k, v: rearrange(qkv, "b s (three h hd) -> three b h s hd", three=3, h=heads)
+  - back: rearrange(q, "b h s hd -> b s (h hd)")
+  - o: q * 2
+  - y: rearrange(o, "b h s hd -> b s (h hd)")
+loss: mean(y + back + k[0, 0, 0, 0] + v[1, 1, 1, 1])
+)yaml");
+  // Splitting qkv into heads and merging q back are free: q's elements still sit
+  // in (b s h hd) order. o is contiguous in (b h s hd) order, so merging its
+  // heads needs one copy.
+  CHECK(count_ops(g, ir::Op::Copy) == 1);
+  for (ir::NodeId id : g.schedule()) {
+    const ir::Node& n = g.node(id);
+    if (n.op == ir::Op::Select && g.value(n.out()).type.rank() == 4) {
+      CHECK(g.value(n.out()).is_view());
+      CHECK(g.value(n.out()).type.sizes() == std::vector<int64_t>{2, 2, 4, 3});
+    }
+  }
+}
+
+TEST_CASE("einsum: FLOP-relevant attrs and output naming") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {b: 2, i: 3, j: 5, d: 4}
+inputs: {q: {shape: [b, i, d]}, k: {shape: [b, j, d]}}
+forward:
+  - s: einsum(q, k, "b i d, b j d -> b i j")
+loss: mean(s)
+)yaml");
+  ir::NodeId id = g.value(g.find_output("loss")).producer;
+  const ir::Node& mean = g.node(id);
+  const ir::Value& s = g.value(mean.in(0));
+  CHECK(s.name == "s");
+  CHECK(s.type.sizes() == std::vector<int64_t>{2, 3, 5});
+  CHECK(s.type.dims[2].name == "j");
+}
+
+TEST_CASE("numbers fold at compile time") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {d: 64}
+inputs: {x: {shape: [d]}}
+loss: mean(x / sqrt(d))
+)yaml");
+  // sqrt(d) is the constant 8, not a sqrt node.
+  CHECK(count_ops(g, ir::Op::Sqrt) == 0);
+  bool found = false;
+  for (ir::NodeId id : g.schedule())
+    if (g.node(id).op == ir::Op::Constant) found = g.node(id).attrs.get_double("value") == 8.0;
+  CHECK(found);
+}
+
+TEST_CASE("every error in a file is reported, with file:line:col and a caret") {
+  std::string out = compile_errors(R"yaml(model: t
+dims: {d: 8}
+inputs: {x: {shape: [d, dd]}}
+params:
+  w: {shape: [d, 4], init: xavier}
+forward:
+  - h: relu(x @ w)
+  - y: softmaxx(h)
+loss: mean(h)
+optimizer: adamx(lr=1)
+)yaml",
+                                   "bad.yaml");
+  CHECK(out.find("bad.yaml:3:25: error: unknown dim 'dd'; did you mean 'd'?") != std::string::npos);
+  CHECK(out.find("bad.yaml:8:8: error: unknown function 'softmaxx'; did you mean 'softmax'?") != std::string::npos);
+  CHECK(out.find("bad.yaml:10:12: error: unknown optimizer 'adamx'; did you mean 'adam") != std::string::npos);
+  // The source line and a caret under the column.
+  CHECK(out.find("    inputs: {x: {shape: [d, dd]}}\n                            ^\n") != std::string::npos);
+  CHECK(out.find("3 errors generated.") != std::string::npos);
+}
+
+TEST_CASE("training settings are parsed and validated") {
+  ir::Graph g = compile(R"yaml(
+model: t
+inputs: {x: {shape: [4]}}
+loss: mean(x)
+optimizer: adamw(3e-4, betas=[0.9, 0.95], weight_decay=0.1, grad_clip=1.0, schedule=cosine, warmup=10, no_decay=["*_b"])
+precision: {policy: fp16-mixed, loss_scale: {init: 1024, growth_interval: 100}}
+train: {steps: 20, seed: 7, checkpoint: {every: 5, dir: ck}, eval: {every: 10}}
+)yaml");
+  const auto& c = g.config;
+  CHECK(c.optimizer.kind == ir::OptimizerKind::AdamW);
+  CHECK(c.optimizer.lr == doctest::Approx(3e-4));
+  CHECK(c.optimizer.beta2 == doctest::Approx(0.95));
+  CHECK(c.optimizer.schedule == "cosine");
+  CHECK(c.optimizer.warmup_steps == 10);
+  CHECK(c.optimizer.no_decay == std::vector<std::string>{"*_b"});
+  CHECK(c.precision.policy == ir::PrecisionPolicy::FP16Mixed);
+  CHECK(c.precision.loss_scale.init_scale == 1024);
+  CHECK(c.precision.loss_scale.growth_interval == 100);
+  CHECK(c.train.steps == 20);
+  CHECK(c.train.seed == 7);
+  CHECK(c.train.checkpoint_every == 5);
+  CHECK(c.train.checkpoint_dir == "ck");
+  CHECK(c.train.eval_every == 10);
+}
+
+TEST_CASE("every op the language names lowers (a model using all of them compiles)") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {b: 2, s: 4, d: 8, v: 5}
+inputs: {x: {shape: [b, s, d]}, ids: {shape: [b, s], dtype: i32}, t: {shape: [b, s], dtype: i64}}
+params:
+  g: {shape: [d], init: ones}
+  bias: {shape: [d], init: zeros}
+  table: {shape: [v, d], init: normal(0.1)}
+forward:
+  - e: embedding(table, ids) + x
+  - a: exp(e) + log(abs(e) + 1) + sqrt(abs(e)) + rsqrt(abs(e) + 1) + tanh(e) + relu(e)
+  - c: gelu(a) + gelu(a, approximate="none") + sigmoid(a) + silu(a) + pow(a, 2) + a ** 2 - -a
+  - m: max(c, 0) + min(c, 1) + maximum(c, 0.5) + minimum(c, 0.5) + where(c > 0, c, 0)
+  - n: layernorm(m, g, bias) + rmsnorm(m, g, eps=1e-5)
+  - p: softmax(n, axis=-1) + log_softmax(n) + cast(cast(n, bf16), f32)
+  - q: matmul(p, transpose(p)) + triu(matmul(p, transpose(p)), k=1)
+  - r: causal_mask(q) + sum(q, axis=-1, keepdims=true) + mean(q, axis=[1, 2], keepdims=true)
+  - w: concat(r, r, axis=-1)
+  - l, h: split(w, 2, axis=-1)
+  - z: reduce(l, "b i j -> b i", "max") + reduce(h, "b i j -> b i", "mean") + cast(arange(s), f32)
+  - logits: einsum(z, table[0:4, 0:5], "b s, s c -> b c")
+loss: cross_entropy(rearrange(logits, "b c -> b 1 c"), t[:, 0:1]) + mse(z, z * 2) + mean(x[0, 1:3, :])
+)yaml");
+  CHECK(g.schedule().size() > 60);
+}
