@@ -71,7 +71,7 @@ Operand reduce_axes(Lowerer& L, Op op, const CallArgs& a, const Expr& call) {
       auto ax = L.need_axis(item, rank, fmt::format("{}: axis", call.text));
       if (!ax) return Operand::invalid();
       if (std::find(axes.begin(), axes.end(), *ax) != axes.end()) {
-        L.error(item.offset, fmt::format("{}: axis {} is listed twice", call.text, *ax));
+        L.error(item.offset, fmt::format("{}: axis {} is listed twice", call.text, *ax), "list each axis once");
         return Operand::invalid();
       }
       axes.push_back(*ax);
@@ -83,7 +83,7 @@ Operand reduce_axes(Lowerer& L, Op op, const CallArgs& a, const Expr& call) {
     auto w = L.need_word(*k, "keepdims");
     if (!w) return Operand::invalid();
     if (*w != "true" && *w != "false") {
-      L.error(k->offset, "keepdims must be true or false");
+      L.error(k->offset, "keepdims must be true or false", "write keepdims=true or keepdims=false");
       return Operand::invalid();
     }
     keep = *w == "true";
@@ -96,7 +96,8 @@ LowerFn max_or_min(Op elementwise, Op reduction) {
   return [=](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
     if (const Operand* y = a.get("y")) {
       if (a.get("axis")) {
-        L.error(call.offset, fmt::format("{} takes either a second operand or axis=, not both", call.text));
+        L.error(call.offset, fmt::format("{} takes either a second operand or axis=, not both", call.text),
+                fmt::format("{0}(x, y) is elementwise; {0}(x, axis=a) reduces", call.text));
         return Operand::invalid();
       }
       return binary(L, elementwise, *a.get("x"), *y, call);
@@ -122,7 +123,7 @@ double eps_or(Lowerer& L, const CallArgs& a, double fallback, bool& ok) {
   if (!e) return fallback;
   auto v = L.need_number(*e, "eps");
   if (!v || *v <= 0) {
-    if (v) L.error(e->offset, fmt::format("eps must be positive, got {}", *v));
+    if (v) L.error(e->offset, fmt::format("eps must be positive, got {}", *v), "for example eps=1e-5");
     ok = false;
     return 0;
   }
@@ -167,7 +168,8 @@ const std::vector<CallSpec>& call_table() {
              auto w = L.need_word(*ap, "approximate");
              if (!w) return Operand::invalid();
              if (*w != "tanh" && *w != "none") {
-               L.error(ap->offset, fmt::format("gelu: approximate must be \"tanh\" or \"none\" (exact erf), got \"{}\"", *w));
+               L.error(ap->offset, fmt::format("gelu: approximate must be \"tanh\" or \"none\" (exact erf), got \"{}\"", *w),
+                       "write approximate=\"tanh\" or approximate=\"none\"");
                return Operand::invalid();
              }
              approximate = *w;
@@ -225,6 +227,11 @@ const std::vector<CallSpec>& call_table() {
              dtype = *t;
            }
            if (!count) return Operand::invalid();
+           if (*count <= 0) {  // checked here to point at n, not at the call
+             L.error(n.offset, fmt::format("arange needs a positive length, got {}", *count),
+                     "arange(n) is 0, 1, ..., n-1: pass n >= 1, e.g. a dim such as arange(seq)");
+             return Operand::invalid();
+           }
            Operand r = L.build(Op::Iota, {}, {{"n", *count}, {"dtype", dtype}}, call.offset);
            if (r.ok() && !n.text.empty()) L.builder().rename_dims(r.value, {{*count, n.text}});
            return r;
@@ -261,7 +268,7 @@ const std::vector<CallSpec>& call_table() {
            auto x = tensor_arg(L, a, "x", call);
            auto how = L.need_word(*a.get("reduction"), "reduce: reduction");
            if (!x || !how) return Operand::invalid();
-           return lower_reduce(L, *x, *a.get("pattern"), *how, a.extra, call.offset);
+           return lower_reduce(L, *x, *a.get("pattern"), *a.get("reduction"), a.extra, call.offset);
          },
          false, true});
     add({"transpose", {"x", "dim0", "dim1"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
@@ -269,7 +276,8 @@ const std::vector<CallSpec>& call_table() {
            if (!x) return Operand::invalid();
            int rank = L.type(*x).rank();
            if (rank < 2) {
-             L.error(call.offset, fmt::format("transpose needs at least 2 axes, got {}", ir::to_string(L.type(*x))));
+             L.error(call.offset, fmt::format("transpose needs at least 2 axes, got {}", ir::to_string(L.type(*x))),
+                     "a vector has nothing to transpose; use rearrange to add an axis");
              return Operand::invalid();
            }
            auto pick = [&](const char* name, int64_t fallback) -> std::optional<int64_t> {
@@ -313,11 +321,17 @@ const std::vector<CallSpec>& call_table() {
              if (!v) return Operand::invalid();
              axis = *v;
            }
+           if (L.type(*x).rank() == 0) {  // a scalar has no axis 0 to split
+             L.error(call.offset, "split needs a tensor with at least one axis, got a scalar",
+                     "split a tensor, e.g. split(x, 3, axis=-1)");
+             return Operand::invalid();
+           }
            int64_t size = L.type(*x).dims[axis].size;
            if (*n <= 0 || size % *n != 0) {
              L.error(a.get("n")->offset,
                      fmt::format("split: axis {} of size {} does not split into {} equal parts", axis,
-                                 ir::describe_dim(L.type(*x).dims[axis]), *n));
+                                 ir::describe_dim(L.type(*x).dims[axis]), *n),
+                     "choose a number of parts that divides the axis");
              return Operand::invalid();
            }
            Operand list;
@@ -471,7 +485,8 @@ Operand lower_call(Lowerer& L, const Expr& call) {
       continue;
     }
     if (known && args.named.count(kw.name)) {
-      L.error(kw.offset, fmt::format("{}: argument '{}' is given twice", spec->name, kw.name));
+      L.error(kw.offset, fmt::format("{}: argument '{}' is given twice", spec->name, kw.name),
+              fmt::format("signature: {}", signature(*spec)));
       ok = false;
       continue;
     }

@@ -96,7 +96,8 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
     ctx.diag().error(base.shifted(offset), std::move(msg), std::move(hint));
   };
   if (e->kind != ExprKind::Call && e->kind != ExprKind::Name) {
-    err(e->offset, "optimizer must be a call such as adamw(lr=3e-4)");
+    err(e->offset, "optimizer must be a call such as adamw(lr=3e-4)",
+        fmt::format("known optimizers: {}", fmt::join(names_of(optimizers()), ", ")));
     return;
   }
   auto spec = optimizers().find(e->text);
@@ -128,19 +129,21 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
       continue;
     }
     if (values.count(kw.name)) {
-      err(kw.offset, fmt::format("option '{}' is given twice", kw.name));
+      err(kw.offset, fmt::format("option '{}' is given twice", kw.name), "remove one of them");
       continue;
     }
     if (auto v = fold(*kw.value, base, ctx.diag())) values[kw.name] = *v;
   }
-  auto number = [&](const std::string& key, double& slot, double lo, double hi, bool lo_open, const char* range) {
+  auto number = [&](const std::string& key, double& slot, double lo, double hi, bool lo_open, const char* range,
+                    const char* example) {
     auto it = values.find(key);
     if (it == values.end()) return;
     const ConfigValue& v = it->second;
     bool ok = v.kind == ConfigValue::Kind::Number && std::isfinite(v.number) &&
               (lo_open ? v.number > lo : v.number >= lo) && v.number < hi;
     if (!ok) {
-      err(v.offset, fmt::format("{}: {} must be a number {}", e->text, key, range));
+      err(v.offset, fmt::format("{}: {} must be a number {}", e->text, key, range),
+          fmt::format("for example {}={}", key, example));
       return;
     }
     slot = v.number;
@@ -148,17 +151,17 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
   if (!values.count("lr")) {
     err(e->offset, fmt::format("{} needs a learning rate", e->text), fmt::format("write {}(lr=1e-3, ...)", e->text));
   }
-  number("lr", out.lr, 0, INFINITY, true, "> 0");
-  number("weight_decay", out.weight_decay, 0, INFINITY, false, ">= 0");
-  number("grad_clip", out.grad_clip, 0, INFINITY, true, "> 0 (the max global gradient norm)");
-  number("min_lr", out.min_lr, 0, INFINITY, false, ">= 0");
-  number("momentum", out.momentum, 0, 1, false, "in [0, 1)");
-  number("alpha", out.alpha, 0, 1, false, "in [0, 1)");
-  number("eps", out.eps, 0, INFINITY, true, "> 0");
+  number("lr", out.lr, 0, INFINITY, true, "> 0", "3e-4");
+  number("weight_decay", out.weight_decay, 0, INFINITY, false, ">= 0", "0.1");
+  number("grad_clip", out.grad_clip, 0, INFINITY, true, "> 0 (the max global gradient norm)", "1.0");
+  number("min_lr", out.min_lr, 0, INFINITY, false, ">= 0", "3e-5");
+  number("momentum", out.momentum, 0, 1, false, "in [0, 1)", "0.9");
+  number("alpha", out.alpha, 0, 1, false, "in [0, 1)", "0.99");
+  number("eps", out.eps, 0, INFINITY, true, "> 0", "1e-8");
   if (auto it = values.find("warmup"); it != values.end()) {
     const ConfigValue& v = it->second;
     if (v.kind != ConfigValue::Kind::Number || v.number < 0 || v.number != std::floor(v.number))
-      err(v.offset, "warmup must be a whole number of steps >= 0");
+      err(v.offset, "warmup must be a whole number of steps >= 0", "for example warmup=100");
     else
       out.warmup_steps = static_cast<int64_t>(v.number);
   }
@@ -167,7 +170,9 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
     bool ok = v.kind == ConfigValue::Kind::List && v.items.size() == 2;
     for (size_t i = 0; ok && i < 2; ++i)
       ok = v.items[i].kind == ConfigValue::Kind::Number && v.items[i].number >= 0 && v.items[i].number < 1;
-    if (!ok) err(v.offset, "betas must be a list of two numbers in [0, 1), like [0.9, 0.95]");
+    if (!ok)
+      err(v.offset, "betas must be a list of two numbers in [0, 1)",
+          "beta1 and beta2 are the decay rates of the moment averages, e.g. betas=[0.9, 0.95]");
     else {
       out.beta1 = v.items[0].number;
       out.beta2 = v.items[1].number;
@@ -176,7 +181,7 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
   if (auto it = values.find("nesterov"); it != values.end()) {
     const ConfigValue& v = it->second;
     if (v.kind != ConfigValue::Kind::Text || (v.text != "true" && v.text != "false"))
-      err(v.offset, "nesterov must be true or false");
+      err(v.offset, "nesterov must be true or false", "write nesterov=true or nesterov=false");
     else
       out.nesterov = v.text == "true";
     if (out.nesterov && out.momentum == 0)
@@ -185,7 +190,8 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
   if (auto it = values.find("schedule"); it != values.end()) {
     const ConfigValue& v = it->second;
     if (v.kind != ConfigValue::Kind::Text || (v.text != "constant" && v.text != "cosine"))
-      err(v.offset, "schedule must be constant or cosine (linear warmup, then cosine decay to min_lr)");
+      err(v.offset, "schedule must be constant or cosine",
+          "cosine is a linear warmup, then a cosine decay to min_lr; write schedule=cosine");
     else
       out.schedule = v.text;
   }
@@ -193,7 +199,9 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
     const ConfigValue& v = it->second;
     bool ok = v.kind == ConfigValue::Kind::List;
     for (const ConfigValue& item : v.items) ok = ok && item.kind == ConfigValue::Kind::Text;
-    if (!ok) err(v.offset, "no_decay must be a list of parameter-name patterns, like [\"*_b\", \"ln*\"]");
+    if (!ok)
+      err(v.offset, "no_decay must be a list of parameter-name patterns",
+          "quote each pattern: no_decay=[\"*_b\", \"ln*\"]");
     else
       for (const ConfigValue& item : v.items) out.no_decay.push_back(item.text);
   }
@@ -224,7 +232,8 @@ void read_precision(const YAML::Node& node, YamlContext& ctx, ir::PrecisionConfi
               if (!(x > 0)) throw YAML::Exception(v.Mark(), "");
               slot = x;
             } catch (const YAML::Exception&) {
-              ctx.error(v, fmt::format("loss_scale {} must be a positive number", key));
+              ctx.error(v, fmt::format("loss_scale {} must be a positive number", key),
+                        "the defaults follow torch.cuda.amp.GradScaler; remove the key to use them");
             }
           }
         };
@@ -241,7 +250,10 @@ void read_precision(const YAML::Node& node, YamlContext& ctx, ir::PrecisionConfi
   if (!ctx.scalar_text(policy, "precision", text)) return;
   auto it = policies.find(text);
   if (it == policies.end()) {
-    ctx.error(policy, fmt::format("unknown precision policy '{}'{}", text, did_you_mean(text, names)),
+    // "bf16" names a dtype; the policy that computes in it is "bf16-mixed".
+    std::string suggestion =
+        policies.count(text + "-mixed") ? fmt::format("; did you mean '{}-mixed'?", text) : did_you_mean(text, names);
+    ctx.error(policy, fmt::format("unknown precision policy '{}'{}", text, suggestion),
               fmt::format("policies: {}", fmt::join(names, ", ")));
     return;
   }
@@ -258,7 +270,8 @@ bool read_int(const YAML::Node& node, YamlContext& ctx, const std::string& what,
     out = v;
     return true;
   } catch (const YAML::Exception&) {
-    ctx.error(node, fmt::format("{} must be a whole number >= {}", what, min));
+    ctx.error(node, fmt::format("{} must be a whole number >= {}", what, min),
+              fmt::format("write an integer such as {}", std::max<int64_t>(min, 1) * 10));
     return false;
   }
 }
@@ -280,10 +293,12 @@ void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir:
   if (const YAML::Node& order = node["order"]) {
     ctx.scalar_text(order, "train.data.order", out.order);
     if (out.order != "random" && out.order != "sequential")
-      ctx.error(order, "train.data.order must be random or sequential");
+      ctx.error(order, "train.data.order must be random or sequential", "write order: random");
   }
   if (format == "tokens") {
-    if (!node["path"]) ctx.error(node, "train.data with format: tokens needs a path to the token file");
+    if (!node["path"])
+      ctx.error(node, "train.data with format: tokens needs a path to the token file",
+                "add path: data/train.u16 (napkin data encode writes one)");
     else ctx.scalar_text(node["path"], "train.data.path", out.path);
     if (const YAML::Node& d = node["dtype"]) {
       ctx.scalar_text(d, "train.data.dtype", out.token_dtype);
@@ -295,7 +310,8 @@ void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir:
         out.split = s.as<double>();
         if (!(out.split > 0 && out.split <= 1)) throw YAML::Exception(s.Mark(), "");
       } catch (const YAML::Exception&) {
-        ctx.error(s, "train.data.split must be a fraction in (0, 1]");
+        ctx.error(s, "train.data.split must be a fraction in (0, 1]",
+                  "the fraction of tokens used for training, e.g. split: 0.9");
       }
     }
     // Token windows become two inputs of the same [batch, seq] shape: ids and next ids.
@@ -306,12 +322,14 @@ void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir:
     if (!ok)
       ctx.error(node["format"], "format: tokens needs exactly two integer inputs of shape [batch, seq] (tokens, targets)",
                 "use format: npy for other inputs");
-    if (node["files"]) ctx.error(node["files"], "files: belongs to format: npy");
+    if (node["files"])
+      ctx.error(node["files"], "files: belongs to format: npy", "remove files:, or write format: npy");
     return;
   }
   const YAML::Node& files = node["files"];
   if (!files) {
-    ctx.error(node, "train.data with format: npy needs files: mapping each input to a .npy path");
+    ctx.error(node, "train.data with format: npy needs files: mapping each input to a .npy path",
+              "add files: {input_name: path/to/input.npy, ...}");
     return;
   }
   std::vector<std::string> input_names;
@@ -322,7 +340,9 @@ void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir:
     if (ctx.scalar_text(it->second, "a data file path", path)) out.files[it->first.Scalar()] = path;
   }
   for (const std::string& n : input_names)
-    if (!out.files.count(n)) ctx.error(files, fmt::format("train.data.files has no file for input '{}'", n));
+    if (!out.files.count(n))
+      ctx.error(files, fmt::format("train.data.files has no file for input '{}'", n),
+                fmt::format("add {}: path/to/{}.npy under files:", n, n));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "frontend/suggest.h"
+#include "ir/builder.h"
 
 namespace napkin::frontend {
 
@@ -22,11 +23,21 @@ std::optional<int64_t> eval(const Expr& e, const Resolver& resolve, const ir::So
     diag.error(base.shifted(at.offset), std::move(msg), std::move(hint));
     return std::nullopt;
   };
+  // Dim arithmetic stays far below int64 overflow: no tensor axis is anywhere
+  // near 2^48 elements, and a bigger value is surely a mistake.
+  constexpr int64_t kLimit = int64_t{1} << 48;
+  auto bounded = [&](const Expr& at, __int128 v) -> std::optional<int64_t> {
+    if (v > kLimit || v < -kLimit)
+      return fail(at, fmt::format("'{}' is out of range: dims must stay below 2^48", to_string(at)));
+    return static_cast<int64_t>(v);
+  };
   switch (e.kind) {
     case ExprKind::Number:
       if (!e.is_integer)
         return fail(e, fmt::format("dims must be integers, got {}", e.text.empty() ? fmt::format("{}", e.number) : e.text),
                     "use a whole number");
+      if (e.number > static_cast<double>(kLimit))
+        return fail(e, fmt::format("{} is out of range: dims must stay below 2^48", to_string(e)));
       return static_cast<int64_t>(e.number);
     case ExprKind::Name:
       return resolve(e);
@@ -40,22 +51,29 @@ std::optional<int64_t> eval(const Expr& e, const Resolver& resolve, const ir::So
       auto b = eval(*e.args[1], resolve, base, diag);
       if (!a || !b) return std::nullopt;
       const std::string& op = e.text;
-      if (op == "+") return *a + *b;
-      if (op == "-") return *a - *b;
-      if (op == "*") return *a * *b;
+      __int128 x = *a, y = *b;
+      if (op == "+") return bounded(e, x + y);
+      if (op == "-") return bounded(e, x - y);
+      if (op == "*") return bounded(e, x * y);
       if (op == "**") {
-        if (*b < 0) return fail(e, "a dim power must not be negative");
-        int64_t r = 1;
-        for (int64_t i = 0; i < *b; ++i) r *= *a;
-        return r;
+        if (y < 0) return fail(e, "a dim power must not be negative");
+        __int128 r = 1;
+        for (__int128 i = 0; i < y; ++i) {
+          r *= x;
+          if (r > kLimit || r < -kLimit) return bounded(e, r);
+        }
+        return bounded(e, r);
       }
       if (op == "/" || op == "//" || op == "%") {
-        if (*b == 0) return fail(*e.args[1], fmt::format("division by zero in '{}'", to_string(e)));
-        if (op == "/" && *a % *b != 0)
+        if (y == 0) return fail(*e.args[1], fmt::format("division by zero in '{}'", to_string(e)));
+        if (op == "/" && x % y != 0)
           return fail(e, fmt::format("'{}' is {} / {}, which does not divide exactly", to_string(e), *a, *b),
                       "choose sizes that divide, or write '//' to round down on purpose");
-        if (op == "%") return *a % *b;
-        return *a / *b;
+        // Python semantics: // floors and % takes the divisor's sign.
+        __int128 q = x / y;
+        if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
+        if (op == "%") return bounded(e, x - q * y);
+        return bounded(e, q);
       }
       return fail(e, fmt::format("'{}' is not allowed in a dim expression", op),
                   "dims use + - * / // % ** and parentheses");
@@ -152,7 +170,8 @@ DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
 std::optional<std::vector<ir::Dim>> read_shape(const YAML::Node& shape, const DimTable& dims,
                                                YamlContext& ctx, const std::string& what) {
   if (!shape.IsSequence()) {
-    ctx.error(shape, fmt::format("the shape of {} must be a list of dims, like [batch, d]", what));
+    ctx.error(shape, fmt::format("the shape of {} must be a list of dims", what),
+              "write it in brackets, like shape: [batch, d] (a vector: [d]; a scalar: [])");
     return std::nullopt;
   }
   std::vector<ir::Dim> out;
@@ -169,7 +188,8 @@ std::optional<std::vector<ir::Dim>> read_shape(const YAML::Node& shape, const Di
       continue;
     }
     if (*size <= 0) {
-      ctx.error(entry, fmt::format("the shape of {} has a non-positive size {}", what, *size));
+      ctx.error(entry, fmt::format("the shape of {} has a non-positive size {}", what, *size),
+                "every size in a shape must be at least 1");
       ok = false;
       continue;
     }
@@ -178,6 +198,13 @@ std::optional<std::vector<ir::Dim>> read_shape(const YAML::Node& shape, const Di
     out.push_back({*size, name});
   }
   if (!ok) return std::nullopt;
+  double elements = 1;
+  for (const ir::Dim& d : out) elements *= static_cast<double>(d.size);
+  if (elements > ir::kMaxElements) {
+    ctx.error(shape, fmt::format("{} would have {:.3g} elements, more than napkin's limit of 2^50", what, elements),
+              "check the dims: this is far beyond any device's memory");
+    return std::nullopt;
+  }
   return out;
 }
 

@@ -23,11 +23,16 @@ namespace {
 // Parses the pattern operand; errors point inside the string (past its quote).
 std::optional<Pattern> parse(Lowerer& L, const Operand& pattern, const std::string& fn) {
   if (pattern.kind != Operand::Kind::String) {
-    if (pattern.ok()) L.error(pattern.offset, fmt::format("{}: the pattern must be a string like \"b s d -> b d s\"", fn));
+    if (pattern.ok())
+      L.error(pattern.offset, fmt::format("{}: the pattern must be a string", fn),
+              "quote it, like \"b s d -> b d s\"");
     return std::nullopt;
   }
   PatternResult r = parse_pattern(pattern.text);
-  for (const PatternError& e : r.errors) L.error(pattern.offset + 1 + e.offset, fmt::format("{}: {}", fn, e.message));
+  for (const PatternError& e : r.errors)
+    L.error(pattern.offset + 1 + e.offset,
+            fmt::format("{}: {}", fn, to_file_columns(e.message, L.column(pattern.offset + 1))),
+            "a pattern names each axis, groups merged axes in parentheses: \"b s (h d) -> b h s d\"");
   if (!r.ok()) return std::nullopt;
   return r.pattern;
 }
@@ -73,7 +78,8 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
     if (axis.names.empty()) {
       if (dim.size != 1) {
         L.error(at(axis.offset), fmt::format("{}: '1' needs an axis of size 1, but axis {} is {}", fn, i,
-                                             ir::describe_dim(dim)));
+                                             ir::describe_dim(dim)),
+                "name the axis instead of writing 1");
         return std::nullopt;
       }
       continue;
@@ -83,7 +89,8 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
       if (auto g = given(name); g && g->size != dim.size) {
         if (g->size >= 0)
           L.error(at(axis.offset), fmt::format("{}: axis '{}' is {} in the tensor but {}={} was given", fn, name,
-                                               ir::describe_dim(dim), name, g->size));
+                                               ir::describe_dim(dim), name, g->size),
+                  fmt::format("drop {}= or give the tensor's size", name));
         return std::nullopt;
       }
       e.order.push_back(name);
@@ -123,7 +130,8 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
   }
   for (const auto& [name, value] : sizes)
     if (!e.dims.count(name)) {
-      L.error(value.offset, fmt::format("{}: '{}' is not an axis of the pattern's left side", fn, name));
+      L.error(value.offset, fmt::format("{}: '{}' is not an axis of the pattern's left side", fn, name),
+              "axis sizes can be given only for axes named on the left of '->'");
       return std::nullopt;
     }
   return e;
@@ -260,7 +268,8 @@ Operand lower_rearrange(Lowerer& L, ValueId x, const Operand& pattern, const std
   auto p = parse(L, pattern, "rearrange");
   if (!p) return Operand::invalid();
   if (p->inputs.size() != 1) {
-    L.error(pattern.offset + 1, "rearrange: the pattern must have exactly one operand left of '->'");
+    L.error(pattern.offset + 1, "rearrange: the pattern must have exactly one operand left of '->'",
+            "rearrange takes one tensor; use einsum to combine two");
     return Operand::invalid();
   }
   auto e = solve_input(L, L.type(x), p->inputs[0], sizes, pattern.offset, "rearrange");
@@ -282,19 +291,21 @@ Operand lower_rearrange(Lowerer& L, ValueId x, const Operand& pattern, const std
   return lower_einops(L, x, *p, *e, std::nullopt, offset);
 }
 
-Operand lower_reduce(Lowerer& L, ValueId x, const Operand& pattern, const std::string& reduction,
+Operand lower_reduce(Lowerer& L, ValueId x, const Operand& pattern, const Operand& reduction,
                      const std::map<std::string, Operand>& sizes, int offset) {
   static const std::map<std::string, Op> kinds = {
       {"sum", Op::ReduceSum}, {"mean", Op::ReduceMean}, {"max", Op::ReduceMax}, {"min", Op::ReduceMin}};
-  auto kind = kinds.find(reduction);
+  auto kind = kinds.find(reduction.text);
   if (kind == kinds.end()) {
-    L.error(offset, fmt::format("reduce: unknown reduction \"{}\"", reduction), "use \"sum\", \"mean\", \"max\" or \"min\"");
+    L.error(reduction.offset, fmt::format("reduce: unknown reduction \"{}\"", reduction.text),
+            "use \"sum\", \"mean\", \"max\" or \"min\"");
     return Operand::invalid();
   }
   auto p = parse(L, pattern, "reduce");
   if (!p) return Operand::invalid();
   if (p->inputs.size() != 1) {
-    L.error(pattern.offset + 1, "reduce: the pattern must have exactly one operand left of '->'");
+    L.error(pattern.offset + 1, "reduce: the pattern must have exactly one operand left of '->'",
+            "reduce takes one tensor; use einsum to combine two");
     return Operand::invalid();
   }
   auto e = solve_input(L, L.type(x), p->inputs[0], sizes, pattern.offset, "reduce");
@@ -303,7 +314,8 @@ Operand lower_reduce(Lowerer& L, ValueId x, const Operand& pattern, const std::s
   for (const PatternAxis& axis : p->output.axes)
     for (const std::string& n : axis.names)
       if (!in.count(n)) {
-        L.error(pattern.offset + 1 + axis.offset, fmt::format("reduce: axis '{}' on the right is not on the left", n));
+        L.error(pattern.offset + 1 + axis.offset, fmt::format("reduce: axis '{}' on the right is not on the left", n),
+                "reduce only removes axes; the right side keeps some of the left's axes");
         return Operand::invalid();
       }
   return lower_einops(L, x, *p, *e, kind->second, offset);

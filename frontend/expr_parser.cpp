@@ -400,11 +400,11 @@ class Parser {
     if (cur().kind == TokenKind::Name && peek_is(1, "=")) return keyword_argument(call, last_keyword);
     int offset = cur().offset;
     ExprPtr value = expression();
-    if (!last_keyword.empty()) {
+    if (last_keyword.empty()) {
+      call.args.push_back(std::move(value));
+    } else if (at(",") || at(")")) {  // otherwise the argument is malformed, which says more
       error(offset, "positional argument after keyword argument " + quoted(last_keyword));
-      return;
     }
-    call.args.push_back(std::move(value));
   }
 
   void keyword_argument(Expr& call, std::string& last_keyword) {

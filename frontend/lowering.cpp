@@ -72,8 +72,12 @@ std::optional<ValueId> Lowerer::to_tensor(const Operand& o, ir::DType dtype, con
 }
 
 std::optional<int64_t> Lowerer::need_int(const Operand& o, const std::string& what) {
-  if (o.kind == Operand::Kind::Number && o.integer) return static_cast<int64_t>(o.number);
-  if (o.ok()) error(o.offset, fmt::format("{} must be an integer", what), "write a whole number such as 2 or -1, or a dim");
+  // Integers beyond 2^53 are not exact in a double, and no size or index is that big.
+  if (o.kind == Operand::Kind::Number && o.integer && std::fabs(o.number) <= 9007199254740992.0)
+    return static_cast<int64_t>(o.number);
+  if (o.ok())
+    error(o.offset, fmt::format("{} must be an integer{}", what, o.integer ? " below 2^53" : ""),
+          "write a whole number such as 2 or -1, or a dim");
   return std::nullopt;
 }
 
@@ -135,7 +139,6 @@ Operand Lowerer::eval(const Expr& e) {
 
 Operand Lowerer::eval_name(const Expr& e) {
   if (scope_) {
-    if (scope_->poisoned.count(e.text)) return Operand::invalid();
     if (auto it = scope_->values.find(e.text); it != scope_->values.end())
       return Operand::tensor(it->second, e.offset);
     if (scope_->failed.count(e.text)) return Operand::invalid();  // its definition's error is reported
@@ -299,7 +302,18 @@ Operand Lowerer::eval_in(const YAML::Node& node, Scope& scope, const std::string
 }
 
 Operand Lowerer::lower_scalar(const YAML::Node& node, Scope& scope, const std::string& what) {
-  return eval_in(node, scope, what);
+  Operand result = eval_in(node, scope, what);
+  if (!result.ok() || result.kind == Operand::Kind::Tensor) return result;
+  // A bare word (an undefined name) or a number: report it at the expression,
+  // which eval_in no longer points at, so the error keeps its line and column.
+  Scope* saved_scope = scope_;
+  ir::SourceLoc saved_base = base_;
+  scope_ = &scope;
+  base_ = ctx_.text_loc(node);
+  need_tensor(result, what);
+  scope_ = saved_scope;
+  base_ = saved_base;
+  return Operand::invalid();
 }
 
 bool Lowerer::assign(const YAML::Node& key, const Operand& value, Scope& scope) {
@@ -320,7 +334,6 @@ bool Lowerer::assign(const YAML::Node& key, const Operand& value, Scope& scope) 
   if (!targets.errors.empty()) return fail();
   for (const auto& [name, offset] : targets.names) {
     scope.defined_later.erase(name);
-    scope.poisoned.erase(name);
     bool clash = dims_.has(name) || (g_.find_param_by_name(scope.qualified(name)) != ir::kNoValue);
     if (clash) {
       ctx_.diag().error(key_loc.shifted(offset),
@@ -392,7 +405,13 @@ bool Lowerer::lower_forward(const YAML::Node& list, Scope& scope) {
   for (const YAML::Node& item : list) {
     if (!item.IsMap() || item.size() != 1) {
       ctx_.error(item, "each forward entry must be one 'name: expression' pair",
-                 "write '- name: expression' on its own line");
+                 "write '- name: expression' on its own line (inside [...] or {...}, quote an expression "
+                 "that has commas)");
+      // Names it meant to define fail quietly, so their uses do not report "undefined name".
+      if (item.IsMap())
+        for (auto kv = item.begin(); kv != item.end(); ++kv)
+          for (const auto& [name, off] : parse_targets(kv->first.IsScalar() ? kv->first.Scalar() : "").names)
+            if (!scope.values.count(name)) scope.failed.insert(name);
       continue;
     }
     auto kv = item.begin();
@@ -403,11 +422,7 @@ bool Lowerer::lower_forward(const YAML::Node& list, Scope& scope) {
   }
   for (const auto& [key, expr] : entries) {
     Operand value = eval_in(expr, scope, fmt::format("'{}'", key.Scalar()));
-    if (!assign(key, value, scope))
-      for (const auto& [name, offset] : parse_targets(key.Scalar()).names) {
-        scope.values.erase(name);
-        scope.poisoned.insert(name);
-      }
+    assign(key, value, scope);  // on failure it marks the names failed
   }
   return ctx_.diag().error_count() == errors_before;
 }

@@ -71,11 +71,8 @@ struct Scope {
   std::string prefix;  // "blocks.3" inside a block instance; "" at top level
   std::map<std::string, ir::ValueId> values;
   std::map<std::string, int> defined_later;  // forward names not yet assigned -> line
-  // Names whose definition failed (already reported): uses stay silent, so one
-  // mistake gives one message, not one per use.
-  std::set<std::string> poisoned;
   // Names whose definition failed (already reported): a use evaluates to Invalid
-  // silently, so one mistake is not reported again as "undefined name" downstream.
+  // silently, so one mistake gives one message, not one per use ("undefined name").
   std::set<std::string> failed;
   std::string qualified(const std::string& name) const { return prefix.empty() ? name : prefix + "." + name; }
 };
@@ -105,6 +102,8 @@ class Lowerer {
   // ---- used by the call table and the einops lowering ----
   Operand eval(const Expr& e);
   void error(int offset, std::string message, std::string hint = "");
+  // The file column of `offset` in the expression being lowered (0: unknown).
+  int column(int offset) const { return base_.col > 0 ? base_.col + offset : 0; }
   // Adds a node at `offset`; a shape/dtype error is reported there.
   Operand build(ir::Op op, std::vector<ir::ValueId> inputs, ir::Attrs attrs, int offset);
   Operand wrap(const ir::Built& b, int offset);
@@ -159,7 +158,8 @@ std::vector<std::string> known_functions();
 Operand lower_einsum(Lowerer& L, ir::ValueId a, ir::ValueId b, const Operand& pattern, int offset);
 Operand lower_rearrange(Lowerer& L, ir::ValueId x, const Operand& pattern,
                         const std::map<std::string, Operand>& sizes, int offset);
-Operand lower_reduce(Lowerer& L, ir::ValueId x, const Operand& pattern, const std::string& reduction,
+// `reduction` is the String or Word operand ("sum", "mean", "max", "min").
+Operand lower_reduce(Lowerer& L, ir::ValueId x, const Operand& pattern, const Operand& reduction,
                      const std::map<std::string, Operand>& sizes, int offset);
 
 }  // namespace napkin::frontend

@@ -153,18 +153,22 @@ bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
   for (auto it = params.begin(); it != params.end(); ++it) {
     std::string name = it->first.Scalar();
     if (!seen.insert(name).second) continue;  // duplicate key: already reported
-    const YAML::Node& spec = it->second;
+    const YAML::Node spec = it->second;  // a copy: it->second lives in a temporary proxy
     std::string what = fmt::format("parameter '{}'", name);
-    scope.poisoned.insert(name);  // until it is declared successfully
-    if (dims_.has(name) || scope.values.count(name)) {
+    if (dims_.has(name) || scope.values.count(name) || scope.failed.count(name)) {
       ctx_.error(it->first, fmt::format("duplicate name '{}': it is already {}", name,
                                         dims_.has(name) ? "a dim" : "an input or parameter"),
                  "every dim, input and parameter needs its own name");
       continue;
     }
+    // A parameter in error is reported here once; uses of it in forward: stay silent.
+    scope.failed.insert(name);
+    int key_errors = ctx_.diag().error_count();
     if (!ctx_.check_keys(spec, {"shape", "init", "dtype"}, what)) continue;
+    // A misspelled key ("inti") is already reported with a suggestion; "has no init" would repeat it.
+    bool misspelled = ctx_.diag().error_count() != key_errors;
     if (!spec["shape"]) {
-      ctx_.error(it->first, fmt::format("{} has no shape", what), "add shape: [dims...]");
+      if (!misspelled) ctx_.error(it->first, fmt::format("{} has no shape", what), "add shape: [dims...]");
       continue;
     }
     auto shape = read_shape(spec["shape"], dims_, ctx_, what);
@@ -179,16 +183,17 @@ bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
       dtype = *parsed;
     }
     if (!spec["init"]) {
-      ctx_.error(it->first, fmt::format("{} has no init", what),
-                 "add init: zeros, ones, constant(v), normal(std), trunc_normal(std, a, b) or xavier");
+      if (!misspelled)
+        ctx_.error(it->first, fmt::format("{} has no init", what),
+                   "add init: zeros, ones, constant(v), normal(std), trunc_normal(std, a, b) or xavier");
       continue;
     }
     if (!shape) continue;
     auto init = read_init(spec["init"], name, *shape);
     if (!init) continue;
     ir::TensorType type{dtype, *shape};
+    scope.failed.erase(name);
     scope.values[name] = graph().add_param(scope.qualified(name), type, *init, ctx_.loc(it->first));
-    scope.poisoned.erase(name);
   }
   return ctx_.diag().error_count() == errors_before;
 }
@@ -196,17 +201,28 @@ bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
 Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::vector<ir::ValueId> args,
                                     const std::string& prefix, int offset) {
   if (count < 1) {
-    error(offset, fmt::format("repeat needs a positive count, got {}", count));
+    error(offset, fmt::format("repeat needs a positive count, got {}", count),
+          "repeat(block, n, x) chains n >= 1 copies of the block");
+    return Operand::invalid();
+  }
+  // Each copy is lowered in full, so a typo like 1000000000 would hang the compiler.
+  constexpr int64_t kMaxRepeat = 10000;
+  if (count > kMaxRepeat) {
+    error(offset, fmt::format("repeat count {} is too large: napkin stamps out each copy, at most {}", count,
+                              kMaxRepeat),
+          "check the count; the deepest published transformers have about a hundred layers");
     return Operand::invalid();
   }
   if (args.size() != block.args.size()) {
     error(offset, fmt::format("block '{}' takes {} argument{} ({}), got {}", block.name, block.args.size(),
-                              block.args.size() == 1 ? "" : "s", fmt::join(block.args, ", "), args.size()));
+                              block.args.size() == 1 ? "" : "s", fmt::join(block.args, ", "), args.size()),
+          "pass one value per name in the block's args:");
     return Operand::invalid();
   }
   if (block.args.size() != 1) {
     error(offset, fmt::format("repeat feeds each instance's output to the next, so block '{}' must take one argument",
-                              block.name));
+                              block.name),
+          "give the block a single argument, e.g. args: [x]");
     return Operand::invalid();
   }
   Scope* outer_scope = scope_;
@@ -231,16 +247,23 @@ Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::v
     std::string out_name = block.output;
     if (ctx_.diag().error_count() != errors_before) return Operand::invalid();  // report once, not n times
     auto it = inner.values.find(out_name);
+    if (out_name.empty()) {  // no output: and the forward does not end with a single name
+      ctx_.diag().error(block.loc, fmt::format("block '{}' does not say which value it returns", block.name),
+                        "add output: NAME, or end its forward: with a single-name line such as '- x: ...'");
+      return Operand::invalid();
+    }
     if (it == inner.values.end()) {
       ctx_.diag().error(block.loc, fmt::format("block '{}' returns '{}', which its forward never assigns",
-                                               block.name, out_name));
+                                               block.name, out_name),
+                        "set output: to a name assigned in the block's forward:");
       return Operand::invalid();
     }
     if (!type(it->second).same_shape(type(current)) || type(it->second).dtype != type(current).dtype) {
       scope_ = outer_scope;
       base_ = outer_base;
       error(offset, fmt::format("repeat needs block '{}' to return the shape it takes: it takes {} and returns {}",
-                                block.name, ir::to_string(type(current)), ir::to_string(type(it->second))));
+                                block.name, ir::to_string(type(current)), ir::to_string(type(it->second))),
+            "each copy's output feeds the next copy: project back to the input's shape at the end of the block");
       return Operand::invalid();
     }
     current = it->second;

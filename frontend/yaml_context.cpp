@@ -2,12 +2,28 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <set>
 #include <sstream>
 
 #include "frontend/suggest.h"
 
 namespace napkin::frontend {
+
+std::string to_file_columns(const std::string& message, int first_column) {
+  if (first_column <= 0) return message;
+  static const std::string kWord = "column ";
+  std::string out;
+  size_t pos = 0;
+  for (size_t hit; (hit = message.find(kWord, pos)) != std::string::npos;) {
+    size_t digits = hit + kWord.size(), end = digits;
+    while (end < message.size() && std::isdigit(static_cast<unsigned char>(message[end]))) ++end;
+    out += message.substr(pos, digits - pos);
+    if (end > digits) out += std::to_string(std::stoi(message.substr(digits, end - digits)) + first_column - 1);
+    pos = end;
+  }
+  return out + message.substr(pos);
+}
 
 YamlContext::YamlContext(std::string path, const std::string& text, ir::Diagnostics& diag)
     : file_(std::make_shared<const std::string>(std::move(path))), diag_(diag) {
@@ -18,7 +34,24 @@ YamlContext::YamlContext(std::string path, const std::string& text, ir::Diagnost
 ir::SourceLoc YamlContext::loc(const YAML::Node& node) const {
   YAML::Mark m = node.Mark();
   if (m.is_null()) return {file_, 0, 0};
-  return {file_, m.line + 1, m.column + 1};
+  ir::SourceLoc l{file_, m.line + 1, m.column + 1};
+  // An empty value ("loss:" and nothing after it) is marked where the next token
+  // starts: the next line, or past the end of the file. The value belongs right
+  // after the colon, at the end of the last non-blank line before that.
+  auto blank_before = [&](int line, int col) {
+    if (line > static_cast<int>(lines_.size())) return true;
+    const std::string& text = lines_[line - 1];
+    return text.substr(0, std::min<size_t>(col - 1, text.size())).find_first_not_of(" \t") == std::string::npos;
+  };
+  if (node.IsNull() && blank_before(l.line, l.col)) {
+    for (int line = std::min<int>(l.line - 1, lines_.size()); line >= 1; --line) {
+      const std::string& text = lines_[line - 1];
+      size_t end = text.find_last_not_of(" \t\r");
+      if (end == std::string::npos) continue;
+      return {file_, line, static_cast<int>(end) + 2};
+    }
+  }
+  return l;
 }
 
 ir::SourceLoc YamlContext::text_loc(const YAML::Node& node) const {
@@ -45,7 +78,7 @@ bool YamlContext::check_keys(const YAML::Node& map, const std::vector<std::strin
   std::set<std::string> seen;
   for (auto it = map.begin(); it != map.end(); ++it) {
     if (!it->first.IsScalar()) {
-      error(it->first, fmt::format("keys of {} must be plain names", what));
+      error(it->first, fmt::format("keys of {} must be plain names", what), "write name: value");
       continue;
     }
     std::string key = it->first.Scalar();
@@ -61,9 +94,13 @@ bool YamlContext::check_keys(const YAML::Node& map, const std::vector<std::strin
 }
 
 bool YamlContext::scalar_text(const YAML::Node& node, const std::string& what, std::string& out) {
+  if (node.IsNull()) {
+    error(node, fmt::format("{} is empty", what), "write the value after the colon");
+    return false;
+  }
   if (!node.IsScalar()) {
-    error(node, fmt::format("{} must be a single value, not a {}", what,
-                            node.IsMap() ? "mapping" : node.IsSequence() ? "list" : "null"));
+    error(node, fmt::format("{} must be a single value, not a {}", what, node.IsMap() ? "mapping" : "list"),
+          "quote it if it contains brackets or braces: key: \"f(x, [1, 2])\"");
     return false;
   }
   out = node.Scalar();
@@ -77,7 +114,8 @@ ExprPtr YamlContext::parse_scalar_expr(const YAML::Node& node, const std::string
   if (!r.expr) {
     ir::SourceLoc base = text_loc(node);
     for (const ParseError& e : r.errors)
-      diag_.error(base.shifted(e.offset), fmt::format("in {}: {}", what, e.message));
+      diag_.error(base.shifted(e.offset), fmt::format("in {}: {}", what, to_file_columns(e.message, base.col)),
+                  "expressions are Python-like: f(x, key=value), a @ b, x[0, 1:3]; brackets and quotes must pair up");
   }
   return std::move(r.expr);
 }

@@ -14,6 +14,12 @@
 
 namespace napkin::frontend {
 
+// Parser messages count columns inside the string they parse ("the call to 'f'
+// opened at column 1"); in the file that string starts at `first_column`, and
+// a column that disagrees with the caret confuses. Rewrites each "column N" to
+// the file's column. Unchanged if first_column is unknown (0).
+std::string to_file_columns(const std::string& message, int first_column);
+
 class YamlContext {
  public:
   YamlContext(std::string path, const std::string& text, ir::Diagnostics& diag);

@@ -1,5 +1,7 @@
 #include "ir/builder.h"
 
+#include <fmt/format.h>
+
 #include "ir/internal_check.h"
 
 namespace napkin::ir {
@@ -12,6 +14,16 @@ Built Builder::add(Op op, std::vector<ValueId> inputs, Attrs attrs) {
   for (ValueId v : inputs) types.push_back(&g_.value(v).type);
   InferResult r = info.infer(types, attrs);
   if (!r.ok()) return {kNoValue, r.error, r.hint};
+  for (const TensorType& t : r.outputs) {
+    // Counted in double so that an absurd shape is an error, not an int64 overflow.
+    double elements = 1;
+    for (const Dim& d : t.dims) elements *= static_cast<double>(d.size);
+    if (elements > kMaxElements)
+      return {kNoValue,
+              fmt::format("{}: the result {} would have {:.3g} elements, more than napkin's limit of 2^50",
+                          info.name, to_string(t), elements),
+              "check the dims: this is far beyond any device's memory"};
+  }
   NodeId id = g_.add_node(op, std::move(inputs), std::move(r.outputs), std::move(attrs), loc_, scope_);
   const Node& n = g_.node(id);
   if (info.op_class == OpClass::View) set_view_layout(n);

@@ -95,7 +95,8 @@ InferResult infer_cast(const Inputs& in, const Attrs& a) {
 InferResult infer_last_two(std::string_view op, const Inputs& in) {
   if (in[0]->rank() < 2)
     return InferResult::fail(
-        fmt::format("{} needs at least 2 axes (rows, columns), got {}", op, shape_str(*in[0])));
+        fmt::format("{} needs at least 2 axes (rows, columns), got {}", op, shape_str(*in[0])),
+        "apply it to a matrix or a batch of matrices, e.g. attention scores [b, h, i, j]");
   return InferResult::of(*in[0]);
 }
 InferResult infer_triu(const Inputs& in, const Attrs&) { return infer_last_two("triu", in); }
@@ -108,7 +109,8 @@ template <Op kOp>
 InferResult infer_arith_binary(const Inputs& in, const Attrs&) {
   if (auto r = require_same_dtype(op_name(kOp), in); !r.ok()) return r;
   if (in[0]->dtype == DType::Bool)
-    return InferResult::fail(fmt::format("{} is not defined for bool", op_name(kOp)));
+    return InferResult::fail(fmt::format("{} is not defined for bool", op_name(kOp)),
+                             "convert it with cast(x, f32), or select with where(cond, a, b)");
   if (kOp == Op::Pow)
     if (auto r = require_float("pow", *in[0]); !r.ok()) return r;
   return broadcast_shapes(op_name(kOp), in, in[0]->dtype);
@@ -137,7 +139,7 @@ InferResult infer_constant(const Inputs&, const Attrs& a) {
 
 InferResult infer_iota(const Inputs&, const Attrs& a) {
   int64_t n = a.get_int("n");
-  if (n <= 0) return InferResult::fail(fmt::format("arange needs a positive length, got {}", n));
+  if (n <= 0) return InferResult::fail(fmt::format("arange needs a positive length, got {}", n), "use a dim or a positive integer");
   TensorType t;
   t.dtype = a.get_dtype("dtype");
   t.dims.push_back({n, ""});
@@ -148,7 +150,8 @@ InferResult infer_iota(const Inputs&, const Attrs& a) {
 InferResult check_axes(std::string_view op, const TensorType& t, const std::vector<int64_t>& axes) {
   for (int64_t a : axes)
     if (a < 0 || a >= t.rank())
-      return InferResult::fail(fmt::format("{}: axis {} is out of range for {}", op, a, shape_str(t)));
+      return InferResult::fail(fmt::format("{}: axis {} is out of range for {}", op, a, shape_str(t)),
+                               fmt::format("axes run from 0 to {}", t.rank() - 1));
   return {};
 }
 
@@ -250,7 +253,8 @@ InferResult infer_einsum(const Inputs& in, const Attrs& a) {
     auto it = size_of.find(id);
     if (it == size_of.end())
       return InferResult::fail(
-          fmt::format("einsum: output axis '{}' does not appear in any operand", axis_name(id)));
+          fmt::format("einsum: output axis '{}' does not appear in any operand", axis_name(id)),
+          "every output axis must come from an operand");
     out.dims.push_back(it->second);
   }
   return InferResult::of(out);
@@ -267,7 +271,8 @@ InferResult infer_reshape(const Inputs& in, const Attrs& a) {
   }
   if (n != in[0]->numel())
     return InferResult::fail(fmt::format("reshape: {} has {} elements but the new shape has {}",
-                                         shape_str(*in[0]), in[0]->numel(), n));
+                                         shape_str(*in[0]), in[0]->numel(), n),
+                             "the product of the new sizes must equal the element count");
   return InferResult::of(t);
 }
 
@@ -280,7 +285,8 @@ InferResult infer_permute(const Inputs& in, const Attrs& a) {
   if (sorted != expected)
     return InferResult::fail(
         fmt::format("transpose: the permutation must list each of the {} axes of {} once",
-                    in[0]->rank(), shape_str(*in[0])));
+                    in[0]->rank(), shape_str(*in[0])),
+        fmt::format("use a permutation of 0..{}", in[0]->rank() - 1));
   TensorType t;
   t.dtype = in[0]->dtype;
   for (int64_t p : perm) t.dims.push_back(in[0]->dims[p]);
@@ -292,7 +298,7 @@ InferResult infer_broadcast(const Inputs& in, const Attrs& a) {
   const TensorType& x = *in[0];
   int rank = static_cast<int>(shape.size());
   if (x.rank() > rank)
-    return InferResult::fail(fmt::format("cannot broadcast {} to fewer axes", shape_str(x)));
+    return InferResult::fail(fmt::format("cannot broadcast {} to fewer axes", shape_str(x)), "reduce or index it instead");
   TensorType t;
   t.dtype = x.dtype;
   for (int i = 0; i < rank; ++i) {
@@ -303,7 +309,8 @@ InferResult infer_broadcast(const Inputs& in, const Attrs& a) {
       t.dims.push_back({shape[i], ""});
     } else {
       return InferResult::fail(fmt::format("cannot broadcast {} to size {} at axis {}",
-                                           shape_str(x), shape[i], i));
+                                           shape_str(x), shape[i], i),
+                               "only axes of size 1 can be broadcast");
     }
   }
   return InferResult::of(t);
@@ -313,7 +320,7 @@ InferResult infer_slice(const Inputs& in, const Attrs& a) {
   int64_t axis = a.get_int("axis"), start = a.get_int("start"), stop = a.get_int("stop");
   const TensorType& x = *in[0];
   if (axis < 0 || axis >= x.rank())
-    return InferResult::fail(fmt::format("slice: axis {} out of range for {}", axis, shape_str(x)));
+    return InferResult::fail(fmt::format("slice: axis {} out of range for {}", axis, shape_str(x)), "index fewer axes");
   int64_t size = x.dims[axis].size;
   if (start < 0 || stop > size || start >= stop)
     return InferResult::fail(
@@ -329,10 +336,11 @@ InferResult infer_select(const Inputs& in, const Attrs& a) {
   int64_t axis = a.get_int("axis"), index = a.get_int("index");
   const TensorType& x = *in[0];
   if (axis < 0 || axis >= x.rank())
-    return InferResult::fail(fmt::format("index: axis {} out of range for {}", axis, shape_str(x)));
+    return InferResult::fail(fmt::format("index: axis {} out of range for {}", axis, shape_str(x)), "index fewer axes");
   if (index < 0 || index >= x.dims[axis].size)
     return InferResult::fail(fmt::format("index {} is out of range for axis {} of size {}", index,
-                                         axis, describe_dim(x.dims[axis])));
+                                         axis, describe_dim(x.dims[axis])),
+                             fmt::format("use 0..{} (or negative from the end)", x.dims[axis].size - 1));
   TensorType t = x;
   t.dims.erase(t.dims.begin() + axis);
   return InferResult::of(t);
@@ -341,11 +349,12 @@ InferResult infer_select(const Inputs& in, const Attrs& a) {
 InferResult infer_copy(const Inputs& in, const Attrs&) { return InferResult::of(*in[0]); }
 
 InferResult infer_concat(const Inputs& in, const Attrs& a) {
-  if (in.empty()) return InferResult::fail("concat needs at least one input");
+  if (in.empty()) return InferResult::fail("concat needs at least one input", "pass the tensors to join");
   int64_t axis = a.get_int("axis");
   const TensorType& first = *in[0];
   if (axis < 0 || axis >= first.rank())
-    return InferResult::fail(fmt::format("concat: axis {} out of range for {}", axis, shape_str(first)));
+    return InferResult::fail(fmt::format("concat: axis {} out of range for {}", axis, shape_str(first)),
+                             fmt::format("axes run from 0 to {}", first.rank() - 1));
   if (auto r = require_same_dtype("concat", in); !r.ok()) return r;
   TensorType out = first;
   int64_t total = 0;
@@ -353,7 +362,8 @@ InferResult infer_concat(const Inputs& in, const Attrs& a) {
     const TensorType& t = *in[k];
     if (t.rank() != first.rank())
       return InferResult::fail(fmt::format("concat: input {} {} has a different rank than {}", k + 1,
-                                           shape_str(t), shape_str(first)));
+                                           shape_str(t), shape_str(first)),
+                               "concatenated tensors need the same number of axes");
     for (int i = 0; i < t.rank(); ++i)
       if (i != axis && t.dims[i].size != first.dims[i].size)
         return InferResult::fail(fmt::format("concat: axis {} differs: {} vs {}", i,
@@ -367,7 +377,7 @@ InferResult infer_concat(const Inputs& in, const Attrs& a) {
 
 InferResult infer_embedding(const Inputs& in, const Attrs&) {
   const TensorType &table = *in[0], &ids = *in[1];
-  if (table.rank() < 1) return InferResult::fail("embedding: the table must have at least one axis");
+  if (table.rank() < 1) return InferResult::fail("embedding: the table must have at least one axis", "declare the table as [vocab, d]");
   if (!is_integer(ids.dtype))
     return InferResult::fail(
         fmt::format("embedding: ids must be i32 or i64, got {}", dtype_name(ids.dtype)),
@@ -389,7 +399,8 @@ InferResult infer_softmax(const Inputs& in, const Attrs& a) {
 
 InferResult check_norm_param(std::string_view op, std::string_view role, const TensorType& x,
                              const TensorType& p) {
-  if (x.rank() < 1) return InferResult::fail(fmt::format("{} needs at least one axis", op));
+  if (x.rank() < 1)
+    return InferResult::fail(fmt::format("{} needs at least one axis", op), "it normalizes over the last axis");
   const Dim& last = x.dims.back();
   if (p.rank() != 1 || p.dims[0].size != last.size)
     return InferResult::fail(
@@ -398,7 +409,8 @@ InferResult check_norm_param(std::string_view op, std::string_view role, const T
         fmt::format("declare the {} with shape [{}]", role, last.name.empty() ? std::to_string(last.size) : last.name));
   if (p.dtype != x.dtype)
     return InferResult::fail(fmt::format("{}: {} is {} but the input is {}", op, role,
-                                         dtype_name(p.dtype), dtype_name(x.dtype)));
+                                         dtype_name(p.dtype), dtype_name(x.dtype)),
+                             fmt::format("declare the {} with dtype {}", role, dtype_name(x.dtype)));
   return {};
 }
 
@@ -422,16 +434,18 @@ InferResult infer_cross_entropy(const Inputs& in, const Attrs&) {
     return InferResult::fail(
         fmt::format("cross_entropy: targets must be integer class ids (i32 or i64), got {}",
                     dtype_name(targets.dtype)),
-        "declare the targets input with dtype: i32");
+        "targets are class ids: an i32/i64 input, or cast(t, i32)");
   if (logits.rank() != targets.rank() + 1)
     return InferResult::fail(
         fmt::format("cross_entropy: logits {} must have one more axis (the classes) than targets {}",
-                    shape_str(logits), shape_str(targets)));
+                    shape_str(logits), shape_str(targets)),
+        "logits are [..., classes] and targets [...]: one class id per row of logits");
   for (int i = 0; i < targets.rank(); ++i)
     if (logits.dims[i].size != targets.dims[i].size)
       return InferResult::fail(fmt::format("cross_entropy: axis {} differs: logits {} vs targets {}",
                                            i, describe_dim(logits.dims[i]),
-                                           describe_dim(targets.dims[i])));
+                                           describe_dim(targets.dims[i])),
+                               "logits [..., classes] and targets [...] must agree on every axis but the last");
   TensorType out;
   out.dtype = logits.dtype;
   return InferResult::of(out);
@@ -442,7 +456,8 @@ InferResult infer_mse(const Inputs& in, const Attrs&) {
   if (auto r = require_same_dtype("mse", in); !r.ok()) return r;
   if (!in[0]->same_shape(*in[1]))
     return InferResult::fail(fmt::format("mse: shapes differ: {} vs {}", shape_str(*in[0]),
-                                         shape_str(*in[1])));
+                                         shape_str(*in[1])),
+                             "prediction and target must have the same shape; rearrange one of them");
   TensorType out;
   out.dtype = in[0]->dtype;
   return InferResult::of(out);

@@ -142,9 +142,9 @@ std::string render_report_text(const ir::Graph& g, const ForwardCost& c, const R
   out += fmt::format("  counted forward      {:>22}  ({}; {:.4f}x the rule)\n", with_commas(static_cast<int64_t>(c.flops)),
                      human_flops(c.flops), gap.two_tp > 0 ? c.flops / gap.two_tp : 0.0);
   out += "  the difference, term by term:\n";
-  out += fmt::format("    {:>22}  params that do no matmul work ({} of them: {})\n",
+  out += fmt::format("    {:>22}  params that do no matmul work ({} of them{})\n",
                      signed_commas(gap.no_matmul_params),
-                     with_commas(c.params - c.params_in_matmuls), list_names(c.params_without_matmul, 6));
+                     with_commas(c.params - c.params_in_matmuls), c.params_without_matmul.empty() ? "" : ": " + list_names(c.params_without_matmul, 6));
   out += fmt::format("    {:>22}  matmuls between activations (attention scores and mixing)\n",
                      signed_commas(gap.activation));
   out += fmt::format("    {:>22}  elementwise, normalization, softmax and loss ops\n",
@@ -210,7 +210,8 @@ std::string render_report_json(const ir::Graph& g, const ForwardCost& c, const R
     ops.push_back(op);
   }
   j["ops"] = ops;
-  return j.dump(2) + "\n";
+  // Paths come from the command line and may not be UTF-8: replace, never throw.
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace napkin::passes

@@ -209,6 +209,10 @@ int main(int argc, char** argv) {
   } catch (const ir::InternalError& e) {
     std::cerr << e.what() << "\nthis is a bug in napkin, not in your model; please report it with the model file\n";
     return kInternalError;
+  } catch (const std::exception& e) {
+    std::cerr << "internal error: unexpected exception: " << e.what()
+              << "\nthis is a bug in napkin, not in your model; please report it with the model file\n";
+    return kInternalError;
   }
   return status;
 }

@@ -257,6 +257,8 @@ TEST_CASE("expr: error messages and offsets") {
   check_single_error("2 **", 4, "expected an expression after '**'");
   check_single_error("-", 1, "expected an expression after '-'");
   check_single_error("f(axis=-1, x)", 11, "positional argument after keyword argument 'axis'");
+  // A malformed argument after a keyword says so, rather than "positional argument".
+  check_single_error("f(axis=-1, x y)", 13, "expected ',' or ')'");
   check_single_error("a = b", 2, "'=' is not an operator here: did you mean '=='?");
   check_single_error("f(x + 1 = 2)", 8, "did you mean '=='?");
   check_single_error("f(a b)", 4, "expected ',' or ')' in the call to 'f' opened at column 1, found 'b'");

@@ -1,0 +1,30 @@
+// libFuzzer target for the frontend: any bytes as a model file must produce
+// either a graph that verifies and can be reported, or diagnostics — never a
+// crash, a hang, an uncaught exception or an internal error.
+//
+// Build and run (tools/test.sh does this for a short run):
+//   CXX=clang++ cmake -B build-fuzz -DNAPKIN_FUZZ=ON -DNAPKIN_TESTS=OFF && ninja -C build-fuzz napkin_frontend_fuzz
+//   build-fuzz/tests/napkin_frontend_fuzz tests/fuzz/corpus -max_total_time=60
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "frontend/frontend.h"
+#include "ir/printer.h"
+#include "passes/cost.h"
+#include "passes/pipeline.h"
+#include "passes/report.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::string text(reinterpret_cast<const char*>(data), size);
+  napkin::ir::Diagnostics diag;
+  auto g = napkin::frontend::load_model_text(text, "fuzz.yaml", diag);
+  if (g && napkin::passes::run_forward_pipeline(*g, diag)) {
+    napkin::ir::print_graph(*g);
+    auto cost = napkin::passes::analyze_forward(*g, napkin::passes::find_device("h100"));
+    napkin::passes::render_report_text(*g, cost, {"fuzz.yaml", true});
+    napkin::passes::render_report_json(*g, cost, {"fuzz.yaml", true});
+  }
+  diag.render();
+  return 0;
+}

@@ -1,0 +1,73 @@
+// Golden tests: the IR text and the report of every model in models/, diffed
+// against checked-in files. A change to either must be deliberate:
+//   NAPKIN_UPDATE_GOLDEN=1 ./build/tests/napkin_tests -tc='golden*'
+// rewrites them; review the diff before committing.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ir/printer.h"
+#include "passes/cost.h"
+#include "passes/report.h"
+#include "support/test_models.h"
+
+using namespace napkin;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The first differing line, for a readable failure.
+std::string first_difference(const std::string& want, const std::string& got) {
+  std::istringstream a(want), b(got);
+  std::string la, lb;
+  for (int line = 1;; ++line) {
+    bool ha = static_cast<bool>(std::getline(a, la)), hb = static_cast<bool>(std::getline(b, lb));
+    if (!ha && !hb) return "identical";
+    if (!ha || !hb || la != lb)
+      return "line " + std::to_string(line) + ":\n  golden: " + (ha ? la : "<end>") + "\n  actual: " + (hb ? lb : "<end>");
+  }
+}
+
+void check_golden(const fs::path& golden, const std::string& actual) {
+  if (std::getenv("NAPKIN_UPDATE_GOLDEN")) {
+    std::ofstream(golden, std::ios::binary) << actual;
+    MESSAGE("updated " << golden.string());
+    return;
+  }
+  REQUIRE_MESSAGE(fs::exists(golden), "missing golden file " << golden.string() << "; run with NAPKIN_UPDATE_GOLDEN=1");
+  std::string want = read_file(golden);
+  INFO(golden.string() << " differs at " << first_difference(want, actual));
+  CHECK(want == actual);
+}
+
+}  // namespace
+
+TEST_CASE("golden: IR and report of every model in models/") {
+  fs::path root = NAPKIN_SOURCE_DIR;
+  std::vector<fs::path> models;
+  for (const auto& entry : fs::directory_iterator(root / "models"))
+    if (entry.path().extension() == ".yaml") models.push_back(entry.path());
+  std::sort(models.begin(), models.end());
+  REQUIRE(models.size() >= 5);
+  for (const fs::path& model : models) {
+    std::string stem = model.stem().string();
+    std::string relative = "models/" + model.filename().string();
+    SUBCASE(stem.c_str()) {
+      ir::Graph g = napkin::testing::compile(read_file(model), relative);
+      check_golden(root / "tests/golden" / (stem + ".ir.txt"), ir::print_graph(g));
+      passes::ForwardCost cost = passes::analyze_forward(g, passes::find_device("h100"));
+      check_golden(root / "tests/golden" / (stem + ".report.txt"), passes::render_report_text(g, cost, {relative, true}));
+    }
+  }
+}

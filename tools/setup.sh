@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what napkin needs from Debian 12 (only what is missing) and builds it
+# in Release under build/. Idempotent and quick when everything is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake ninja-build g++ ccache clang libclang-rt-14-dev
+          libyaml-cpp-dev doctest-dev libcli11-dev libfmt-dev nlohmann-json3-dev llvm-19-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "napkin setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C build -j2 | grep -v '^\[' || true
+test -x build/tools/napkin
