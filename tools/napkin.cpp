@@ -112,9 +112,9 @@ int cmd_estimate(const EstimateArgs& a) {
     }
     std::cout << fmt::format(
         "training compute: 6 * {:.4g} params * {:.4g} tokens = {:.4g} FLOPs\n"
-        "time on {} x {} at {} {} peak {:.4g} FLOP/s and MFU {}: {:.4g} s = {:.1f} days\n",
-        params, a.tokens, t.value->flops, a.gpus, device->name, ir::dtype_name(*dtype), "dense", peak, a.mfu,
-        t.value->seconds, t.value->days);
+        "time on {} x {} at {} dense peak {:.4g} FLOP/s and MFU {}: {:.4g} s = {:.4g} hours = {:.1f} days\n",
+        params, a.tokens, t.value->flops, a.gpus, device->name, ir::dtype_name(*dtype), peak, a.mfu,
+        t.value->seconds, t.value->seconds / 3600, t.value->days);
   }
   if (!a.optimizer.empty() || !a.precision.empty()) {
     auto b = passes::bytes_per_param(a.optimizer.empty() ? "adamw" : a.optimizer,
@@ -126,7 +126,7 @@ int cmd_estimate(const EstimateArgs& a) {
     const auto& bytes = *b.value;
     double largest = passes::max_trainable_params(a.gpus, device->memory_bytes, bytes);
     std::cout << fmt::format(
-        "bytes per parameter ({} , {}): params {} + grads {} + optimizer state {} = {}\n"
+        "bytes per parameter ({}, {}): params {} + grads {} + optimizer state {} = {}\n"
         "largest model on {} x {} ({:.4g} bytes each), activations ignored: {:.4g} parameters\n",
         a.optimizer.empty() ? "adamw" : a.optimizer, a.precision.empty() ? "fp32" : a.precision, bytes.params,
         bytes.grads, bytes.optimizer_state, bytes.total, a.gpus, device->name, device->memory_bytes, largest);
