@@ -327,6 +327,16 @@ const std::vector<CallSpec>& call_table() {
              return Operand::invalid();
            }
            int64_t size = L.type(*x).dims[axis].size;
+           // Each part is a node and a value to assign to its own name: split(x, 2**40)
+           // of a large axis would hang building parts that no target list can take.
+           constexpr int64_t kMaxParts = 10000;
+           if (*n > kMaxParts) {
+             L.error(a.get("n")->offset, fmt::format("split into {} parts is too many: napkin makes a view per part, "
+                                                     "at most {}", *n, kMaxParts),
+                     "split gives one value per name on the left; to cut an axis into many pieces, use "
+                     "rearrange(x, \"(n k) -> n k\", n=...)");
+             return Operand::invalid();
+           }
            if (*n <= 0 || size % *n != 0) {
              L.error(a.get("n")->offset,
                      fmt::format("split: axis {} of size {} does not split into {} equal parts", axis,

@@ -160,8 +160,10 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
   number("eps", out.eps, 0, INFINITY, true, "> 0", "1e-8");
   if (auto it = values.find("warmup"); it != values.end()) {
     const ConfigValue& v = it->second;
-    if (v.kind != ConfigValue::Kind::Number || v.number < 0 || v.number != std::floor(v.number))
-      err(v.offset, "warmup must be a whole number of steps >= 0", "for example warmup=100");
+    // Above 2^53 a double is not a count of steps, and converting 1e300 to int64 is undefined.
+    if (v.kind != ConfigValue::Kind::Number || v.number < 0 || v.number != std::floor(v.number) ||
+        v.number > 9007199254740992.0)
+      err(v.offset, "warmup must be a whole number of steps >= 0 (and below 2^53)", "for example warmup=100");
     else
       out.warmup_steps = static_cast<int64_t>(v.number);
   }
@@ -225,21 +227,24 @@ void read_precision(const YAML::Node& node, YamlContext& ctx, ir::PrecisionConfi
     }
     if (const YAML::Node& ls = node["loss_scale"]) {
       if (ctx.check_keys(ls, {"init", "growth_interval", "growth_factor", "backoff"}, "loss_scale")) {
-        auto positive = [&](const char* key, double& slot) {
+        // `below` bounds growth_interval, a step count that becomes an int64: converting
+        // 1e300 (or .inf) to one is undefined. No value may be infinite.
+        auto positive = [&](const char* key, double& slot, double below = INFINITY) {
           if (const YAML::Node& v = ls[key]) {
             try {
               double x = v.as<double>();
-              if (!(x > 0)) throw YAML::Exception(v.Mark(), "");
+              if (!(x > 0 && std::isfinite(x) && x < below)) throw YAML::Exception(v.Mark(), "");
               slot = x;
             } catch (const YAML::Exception&) {
-              ctx.error(v, fmt::format("loss_scale {} must be a positive number", key),
+              ctx.error(v, fmt::format("loss_scale {} must be a positive number{}", key,
+                                       std::isfinite(below) ? " below 2^53" : ""),
                         "the defaults follow torch.cuda.amp.GradScaler; remove the key to use them");
             }
           }
         };
         double interval = static_cast<double>(out.loss_scale.growth_interval);
         positive("init", out.loss_scale.init_scale);
-        positive("growth_interval", interval);
+        positive("growth_interval", interval, 9007199254740992.0);
         positive("growth_factor", out.loss_scale.growth_factor);
         positive("backoff", out.loss_scale.backoff_factor);
         out.loss_scale.growth_interval = static_cast<int64_t>(interval);

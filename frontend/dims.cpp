@@ -57,6 +57,10 @@ std::optional<int64_t> eval(const Expr& e, const Resolver& resolve, const ir::So
       if (op == "*") return bounded(e, x * y);
       if (op == "**") {
         if (y < 0) return fail(e, "a dim power must not be negative");
+        // The loop below ends once |r| passes the limit, which a base of 0, 1 or -1
+        // never does: 1 ** (2 ** 48) would loop 2^48 times. Their powers are known.
+        if (x == 0) return y == 0 ? 1 : 0;
+        if (x == 1 || x == -1) return x == -1 && y % 2 != 0 ? -1 : 1;
         __int128 r = 1;
         for (__int128 i = 0; i < y; ++i) {
           r *= x;
@@ -82,6 +86,14 @@ std::optional<int64_t> eval(const Expr& e, const Resolver& resolve, const ir::So
       return fail(e, fmt::format("'{}' is not a dim expression", to_string(e)),
                   "dims use integers, other dims, + - * / // % ** and parentheses");
   }
+}
+
+// The names eval looks up in `e`, left to right: it reads names through unary and
+// binary operators only (anything else is an error there, its operands unread).
+void dim_refs(const Expr& e, std::vector<const Expr*>& out) {
+  if (e.kind == ExprKind::Name) out.push_back(&e);
+  if (e.kind == ExprKind::Unary || e.kind == ExprKind::Binary)
+    for (const ExprPtr& arg : e.args) dim_refs(*arg, out);
 }
 
 }  // namespace
@@ -118,51 +130,75 @@ DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
     table.locs[name] = ctx.loc(it->first);
     pending[name] = {ctx.parse_scalar_expr(it->second, fmt::format("dim '{}'", name)), ctx.text_loc(it->second), it->first};
   }
+  // Each dim is evaluated after the dims it refers to, found by a depth-first walk
+  // with an explicit stack: resolving them by recursion through eval overflowed
+  // the call stack on a chain of 30000 dims (d0: d1, d1: d2, ...).
   std::set<std::string> in_progress, failed;
-  std::vector<std::string> stack;
-  std::function<std::optional<int64_t>(const std::string&, const ir::SourceLoc&, int)> resolve_name;
-  resolve_name = [&](const std::string& name, const ir::SourceLoc& use, int offset) -> std::optional<int64_t> {
-    if (auto it = table.sizes.find(name); it != table.sizes.end()) return it->second;
-    if (failed.count(name)) return std::nullopt;
-    auto p = pending.find(name);
-    if (p == pending.end()) {
-      ctx.diag().error(use.shifted(offset), fmt::format("unknown dim '{}'{}", name, did_you_mean(name, table.order)),
-                       fmt::format("declared dims: {}", fmt::join(table.order, ", ")));
-      return std::nullopt;
-    }
-    if (in_progress.count(name)) {
-      std::string cycle;
-      auto start = std::find(stack.begin(), stack.end(), name);
-      for (auto s = start; s != stack.end(); ++s) cycle += *s + " -> ";
-      ctx.diag().error(table.locs[name], fmt::format("dim '{}' depends on itself: {}{}", name, cycle, name),
-                       "define it from dims that do not refer back to it");
-      failed.insert(name);
-      return std::nullopt;
-    }
-    if (!p->second.expr) {
-      failed.insert(name);
-      return std::nullopt;
-    }
-    in_progress.insert(name);
-    stack.push_back(name);
-    const ir::SourceLoc base = p->second.base;
-    Resolver inner = [&](const Expr& e) { return resolve_name(e.text, base, e.offset); };
-    std::optional<int64_t> v = eval(*p->second.expr, inner, base, ctx.diag());
-    stack.pop_back();
-    in_progress.erase(name);
-    if (v && *v <= 0) {
-      ctx.diag().error(base, fmt::format("dim '{}' must be positive, got {}", name, *v),
-                       "every dim is the size of a tensor axis");
-      v.reset();
-    }
-    if (!v) {
-      failed.insert(name);
-      return v;
-    }
-    table.sizes[name] = *v;
-    return v;
+  std::vector<std::string> stack;  // the names in progress, outermost first (for cycle messages)
+  struct Frame {
+    std::string name;
+    std::vector<const Expr*> refs;  // the names its expression looks up, in order
+    size_t next = 0;
   };
-  for (const std::string& name : table.order) resolve_name(name, table.locs[name], 0);
+  auto resolve_name = [&](const std::string& root) {
+    std::vector<Frame> frames;
+    auto enter = [&](const std::string& name) {
+      const Pending& p = pending.at(name);
+      if (!p.expr) {  // its syntax error is reported
+        failed.insert(name);
+        return;
+      }
+      in_progress.insert(name);
+      stack.push_back(name);
+      frames.push_back({name, {}, 0});
+      dim_refs(*p.expr, frames.back().refs);
+    };
+    if (!table.sizes.count(root) && !failed.count(root)) enter(root);
+    while (!frames.empty()) {
+      Frame& f = frames.back();
+      if (f.next < f.refs.size()) {
+        const std::string& dep = f.refs[f.next++]->text;
+        // Unknown names are reported by eval below, at the use.
+        if (table.sizes.count(dep) || failed.count(dep) || !pending.count(dep)) continue;
+        if (in_progress.count(dep)) {
+          std::string cycle;
+          for (auto s = std::find(stack.begin(), stack.end(), dep); s != stack.end(); ++s) cycle += *s + " -> ";
+          ctx.diag().error(table.locs[dep], fmt::format("dim '{}' depends on itself: {}{}", dep, cycle, dep),
+                           "define it from dims that do not refer back to it");
+          failed.insert(dep);
+          continue;
+        }
+        enter(dep);
+        continue;
+      }
+      // Every dim it refers to is resolved or failed: evaluate it.
+      const std::string name = f.name;
+      frames.pop_back();
+      stack.pop_back();
+      in_progress.erase(name);
+      const ir::SourceLoc base = pending.at(name).base;
+      Resolver lookup = [&](const Expr& e) -> std::optional<int64_t> {
+        if (auto it = table.sizes.find(e.text); it != table.sizes.end()) return it->second;
+        if (failed.count(e.text)) return std::nullopt;  // its own error is reported
+        ctx.diag().error(base.shifted(e.offset),
+                         fmt::format("unknown dim '{}'{}", e.text, did_you_mean(e.text, table.order)),
+                         fmt::format("declared dims: {}", fmt::join(table.order, ", ")));
+        return std::nullopt;
+      };
+      std::optional<int64_t> v = eval(*pending.at(name).expr, lookup, base, ctx.diag());
+      if (v && *v <= 0) {
+        ctx.diag().error(base, fmt::format("dim '{}' must be positive, got {}", name, *v),
+                         "every dim is the size of a tensor axis");
+        v.reset();
+      }
+      if (!v || failed.count(name)) {
+        failed.insert(name);
+        continue;
+      }
+      table.sizes[name] = *v;
+    }
+  };
+  for (const std::string& name : table.order) resolve_name(name);
   table.failed = failed;
   return table;
 }

@@ -70,6 +70,13 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
     if (it == sizes.end()) return std::nullopt;
     auto v = L.need_int(it->second, fmt::format("{}: size of axis '{}'", fn, name));
     if (!v) return ir::Dim{-1, ""};
+    // A size below 1 is reported here: the callers read a negative size as
+    // "already reported" and fail silently.
+    if (*v < 1) {
+      L.error(it->second.offset, fmt::format("{}: the size of axis '{}' must be positive, got {}", fn, name, *v),
+              "an axis size is a whole number >= 1, such as h=4 or h=heads");
+      return ir::Dim{-1, ""};
+    }
     return ir::Dim{*v, it->second.text.empty() ? name : it->second.text};
   };
   for (int i = 0; i < x.rank(); ++i) {
@@ -102,6 +109,15 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
     for (const std::string& name : axis.names) {
       auto g = given(name);
       if (g && g->size < 0) return std::nullopt;
+      // Sizes may be up to 2^53 each: a product past the axis is a mismatch, and
+      // computing it could overflow int64.
+      if (g && g->size > dim.size / known) {
+        L.error(at(axis.offset),
+                fmt::format("{}: the sizes given for the group ({}) multiply to more than the tensor's axis {}, "
+                            "which is {}", fn, fmt::join(axis.names, " "), i, ir::describe_dim(dim)),
+                "the product of the group's sizes must equal the axis");
+        return std::nullopt;
+      }
       if (g) {
         known *= g->size;
         e.dims[name] = *g;

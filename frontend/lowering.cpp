@@ -334,7 +334,7 @@ bool Lowerer::assign(const YAML::Node& key, const Operand& value, Scope& scope) 
   if (!targets.errors.empty()) return fail();
   for (const auto& [name, offset] : targets.names) {
     scope.defined_later.erase(name);
-    bool clash = dims_.has(name) || (g_.find_param_by_name(scope.qualified(name)) != ir::kNoValue);
+    bool clash = dims_.has(name) || param_names_.count(scope.qualified(name));
     if (clash) {
       ctx_.diag().error(key_loc.shifted(offset),
                         fmt::format("'{}' is already a {}; choose another name", name,

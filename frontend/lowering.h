@@ -137,6 +137,19 @@ class Lowerer {
   ir::Builder b_;
   Scope* scope_ = nullptr;
   ir::SourceLoc base_;  // location of offset 0 of the expression being lowered
+  // Every parameter name declared so far. Graph::find_param_by_name is a linear
+  // scan, and 10000 repeated copies check every name they assign: quadratic.
+  std::set<std::string> param_names_;
+  // Elements of all parameters so far, capped at 2^50 like one tensor: the
+  // parameter count and bytes are int64 sums, and 10000 copies of a 2^50-element
+  // parameter would overflow them.
+  double param_elements_ = 0;
+  // Blocks being instantiated, outermost first: a block that repeats itself
+  // (directly or through another block) would recurse until the stack overflows.
+  std::vector<std::string> active_blocks_;
+  // Copies of the innermost block being instantiated, nesting included: nested
+  // repeats multiply, and their product is capped like a single count.
+  int64_t repeat_copies_ = 1;
 
   Operand eval_name(const Expr& e);
   Operand eval_binary(const Expr& e);

@@ -192,14 +192,39 @@ bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
     auto init = read_init(spec["init"], name, *shape);
     if (!init) continue;
     ir::TensorType type{dtype, *shape};
+    if (param_elements_ + static_cast<double>(type.numel()) > ir::kMaxElements) {
+      ctx_.error(it->first,
+                 fmt::format("{} brings the model's parameters to {:.3g} elements, more than napkin's limit of 2^50",
+                             what, param_elements_ + static_cast<double>(type.numel())),
+                 "check the dims and repeat counts: this is far beyond any device's memory");
+      continue;
+    }
+    param_elements_ += static_cast<double>(type.numel());
     scope.failed.erase(name);
     scope.values[name] = graph().add_param(scope.qualified(name), type, *init, ctx_.loc(it->first));
+    param_names_.insert(scope.qualified(name));
   }
   return ctx_.diag().error_count() == errors_before;
 }
 
 Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::vector<ir::ValueId> args,
                                     const std::string& prefix, int offset) {
+  if (std::find(active_blocks_.begin(), active_blocks_.end(), block.name) != active_blocks_.end()) {
+    error(offset, fmt::format("block '{}' repeats itself: {} -> {}", block.name, fmt::join(active_blocks_, " -> "),
+                              block.name),
+          "a block cannot repeat itself, directly or through another block: its copies would never end");
+    return Operand::invalid();
+  }
+  // Each nested repeat lowers a block body on top of the ones around it, and each
+  // body's expressions may nest 200 deep: 32 levels overflowed the stack under
+  // ASan (5000 without it). Real models nest two or three levels.
+  constexpr size_t kMaxNesting = 8;
+  if (active_blocks_.size() >= kMaxNesting) {
+    error(offset, fmt::format("blocks nest too deeply: {} -> {} is {} levels, at most {}",
+                              fmt::join(active_blocks_, " -> "), block.name, active_blocks_.size() + 1, kMaxNesting),
+          "repeat a block inside another at most a few levels deep; flatten the innermost blocks");
+    return Operand::invalid();
+  }
   if (count < 1) {
     error(offset, fmt::format("repeat needs a positive count, got {}", count),
           "repeat(block, n, x) chains n >= 1 copies of the block");
@@ -211,6 +236,14 @@ Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::v
     error(offset, fmt::format("repeat count {} is too large: napkin stamps out each copy, at most {}", count,
                               kMaxRepeat),
           "check the count; the deepest published transformers have about a hundred layers");
+    return Operand::invalid();
+  }
+  // Inside a block's copies each copy repeats again: the counts multiply.
+  if (count > kMaxRepeat / repeat_copies_) {
+    error(offset, fmt::format("repeat count {} inside {} copies of block '{}' makes {} copies, more than napkin's "
+                              "limit of {}", count, repeat_copies_, active_blocks_.back(), count * repeat_copies_,
+                              kMaxRepeat),
+          "nested repeats multiply: lower the counts, or unroll the outer block");
     return Operand::invalid();
   }
   if (args.size() != block.args.size()) {
@@ -228,18 +261,29 @@ Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::v
   Scope* outer_scope = scope_;
   ir::SourceLoc outer_base = base_;
   std::string outer_builder_scope = b_.scope();
+  active_blocks_.push_back(block.name);
+  repeat_copies_ *= count;
+  struct Leave {
+    Lowerer& L;
+    int64_t count;
+    ~Leave() {
+      L.active_blocks_.pop_back();
+      L.repeat_copies_ /= count;
+    }
+  } leave{*this, count};
   ir::ValueId current = args[0];
   for (int64_t i = 0; i < count; ++i) {
     Scope inner;
     inner.prefix = fmt::format("{}.{}", prefix, i);
-    for (const ir::Param& p : graph().params)
-      if (graph().value(p.value).name.rfind(inner.prefix + ".", 0) == 0) {
-        scope_ = outer_scope;
-        base_ = outer_base;
-        error(offset, fmt::format("parameter names '{}.*' are already taken", inner.prefix),
-              "give this repeat its own prefix, e.g. repeat(block, n, x, prefix=\"dec\")");
-        return Operand::invalid();
-      }
+    // The first name at or after "prefix.i." starts with it iff any does.
+    if (auto taken = param_names_.lower_bound(inner.prefix + ".");
+        taken != param_names_.end() && taken->rfind(inner.prefix + ".", 0) == 0) {
+      scope_ = outer_scope;
+      base_ = outer_base;
+      error(offset, fmt::format("parameter names '{}.*' are already taken", inner.prefix),
+            "give this repeat its own prefix, e.g. repeat(block, n, x, prefix=\"dec\")");
+      return Operand::invalid();
+    }
     inner.values[block.args[0]] = current;
     int errors_before = ctx_.diag().error_count();
     declare_params(block.params, inner);

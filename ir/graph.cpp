@@ -74,6 +74,15 @@ void Graph::erase_node(NodeId id) {
   std::erase(schedule_, id);
 }
 
+void Graph::erase_nodes(const std::vector<NodeId>& ids) {
+  for (NodeId id : ids) {
+    Node& n = node(id);
+    NAPKIN_INTERNAL_CHECK(!n.erased, "node {} erased twice", id);
+    n.erased = true;
+  }
+  std::erase_if(schedule_, [&](NodeId id) { return nodes_[id].erased; });
+}
+
 const Value& Graph::value(ValueId id) const {
   NAPKIN_INTERNAL_CHECK(id >= 0 && id < num_values(), "value id {} out of range", id);
   return values_[id];

@@ -84,6 +84,9 @@ class Graph {
   NodeId add_node(Op op, std::vector<ValueId> inputs, std::vector<TensorType> output_types,
                   Attrs attrs, SourceLoc loc, std::string scope = "");
   void erase_node(NodeId id);  // tombstones the node; its outputs must be unused
+  // As erase_node for each, in one pass over the schedule: erase_node is linear
+  // in the schedule, so erasing the dead half of a big graph one by one is quadratic.
+  void erase_nodes(const std::vector<NodeId>& ids);
 
   const Value& value(ValueId id) const;
   Value& value(ValueId id);

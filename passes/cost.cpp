@@ -43,7 +43,7 @@ void derive_tokens(const ir::Graph& g, ForwardCost& c) {
     return;
   }
   c.tokens = 1;
-  c.tokens_source = "no inputs: one example";
+  c.tokens_source = g.inputs.empty() ? "no inputs: one example" : "the first input is a scalar: one example";
 }
 
 // The dtype an op computes in, for choosing the device peak.
@@ -80,11 +80,17 @@ ForwardCost analyze_forward(const ir::Graph& g, const Device* device) {
     if (device) {
       ir::DType dt = compute_dtype(g, n);
       double peak = info.op_class == ir::OpClass::Contraction ? matmul_peak(*device, dt) : vector_peak(*device, dt);
-      double compute = peak > 0 ? row.cost.flops / peak : 0;
-      double memory = (row.cost.bytes_read + row.cost.bytes_written) / device->bandwidth_bytes_per_s;
-      row.seconds = std::max(compute, memory);
-      row.compute_bound = compute > memory;
-      c.seconds += row.seconds;
+      if (peak <= 0 && row.cost.flops > 0) {
+        // An unsupported dtype is not a zero-time op: say so instead of guessing.
+        row.no_peak = true;
+        ++c.ops_without_peak;
+      } else {
+        double compute = row.cost.flops > 0 ? row.cost.flops / peak : 0;
+        double memory = (row.cost.bytes_read + row.cost.bytes_written) / device->bandwidth_bytes_per_s;
+        row.seconds = std::max(compute, memory);
+        row.compute_bound = compute > memory;
+        c.seconds += row.seconds;
+      }
     }
     c.rows.push_back(row);
   }

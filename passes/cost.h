@@ -25,6 +25,7 @@ struct OpRow {
   ir::OpCost cost;
   std::string category;  // "param-matmul", "activation-matmul", "elementwise", "view", ...
   bool copies = false;   // a Copy the einops lowering needed (a rearrange that is not a view)
+  bool no_peak = false;  // the device has no peak for this op's dtype: no time is guessed
   // Filled when a device is given: roofline time max(flops/peak, bytes/bandwidth).
   double seconds = 0;
   bool compute_bound = false;
@@ -47,7 +48,8 @@ struct ForwardCost {
   double other_flops = 0;
 
   const Device* device = nullptr;
-  double seconds = 0;  // sum of per-op roofline times
+  double seconds = 0;  // sum of per-op roofline times (ops without a peak excluded)
+  int ops_without_peak = 0;
 };
 
 // `device` may be null (no roofline columns).

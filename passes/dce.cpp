@@ -23,7 +23,7 @@ class DeadCodeElimination : public Pass {
       }
       for (ir::ValueId in : n.inputs) live_value[in] = true;
     }
-    for (ir::NodeId id : dead) g.erase_node(id);
+    g.erase_nodes(dead);
     return !dead.empty();
   }
 };

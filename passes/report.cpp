@@ -77,10 +77,22 @@ Gap gap_terms(const ForwardCost& c) {
           c.param_matmul_flops - 2 * t * c.params_in_matmuls, c.activation_matmul_flops, c.other_flops};
 }
 
+// A FLOP or byte total with commas. Totals are doubles and may pass 2^63 (a
+// 2^25 x 2^25 matmul is 2^76 FLOPs; Llama-405B at 16M tokens a step is 1.3e22),
+// where a cast to int64 is undefined: format the double itself.
+std::string total_commas(double v) {
+  std::string whole = fmt::format("{:.0f}", std::fabs(v)), out;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    if (i && (whole.size() - i) % 3 == 0) out += ',';
+    out += whole[i];
+  }
+  return (v < 0 && whole != "0" ? "-" : "") + out;
+}
+
 // "+1,234" / "-1,234": a term of a sum.
 std::string signed_commas(double v) {
-  int64_t n = static_cast<int64_t>(std::llround(v));
-  return (n >= 0 ? "+" : "") + with_commas(n);
+  std::string n = total_commas(v);
+  return (n[0] == '-' ? "" : "+") + n;
 }
 
 std::string list_names(const std::vector<std::string>& names, size_t limit) {
@@ -122,9 +134,9 @@ std::string render_report_text(const ir::Graph& g, const ForwardCost& c, const R
   }
 
   out += "\ntotals (forward)\n";
-  out += fmt::format("  FLOPs                {:>22}  ({})\n", with_commas(static_cast<int64_t>(c.flops)), human_flops(c.flops));
-  out += fmt::format("  bytes read           {:>22}  ({})\n", with_commas(static_cast<int64_t>(c.bytes_read)), human_bytes(c.bytes_read));
-  out += fmt::format("  bytes written        {:>22}  ({})\n", with_commas(static_cast<int64_t>(c.bytes_written)), human_bytes(c.bytes_written));
+  out += fmt::format("  FLOPs                {:>22}  ({})\n", total_commas(c.flops), human_flops(c.flops));
+  out += fmt::format("  bytes read           {:>22}  ({})\n", total_commas(c.bytes_read), human_bytes(c.bytes_read));
+  out += fmt::format("  bytes written        {:>22}  ({})\n", total_commas(c.bytes_written), human_bytes(c.bytes_written));
   out += fmt::format("  ops                  {:>22}\n", c.rows.size());
   if (c.device)
     out += fmt::format("  roofline time        {:>22}  (sum over ops of max(FLOPs/peak, bytes/bandwidth) on {})\n",
@@ -137,9 +149,9 @@ std::string render_report_text(const ir::Graph& g, const ForwardCost& c, const R
 
   Gap gap = gap_terms(c);
   out += "\nforward FLOPs vs 2·tokens·params\n";
-  out += fmt::format("  tokens per step      {:>22}  ({})\n", with_commas(static_cast<int64_t>(c.tokens)), c.tokens_source);
-  out += fmt::format("  2·tokens·params      {:>22}  ({})\n", with_commas(static_cast<int64_t>(gap.two_tp)), human_flops(gap.two_tp));
-  out += fmt::format("  counted forward      {:>22}  ({}; {:.4f}x the rule)\n", with_commas(static_cast<int64_t>(c.flops)),
+  out += fmt::format("  tokens per step      {:>22}  ({})\n", total_commas(c.tokens), c.tokens_source);
+  out += fmt::format("  2·tokens·params      {:>22}  ({})\n", total_commas(gap.two_tp), human_flops(gap.two_tp));
+  out += fmt::format("  counted forward      {:>22}  ({}; {:.4f}x the rule)\n", total_commas(c.flops),
                      human_flops(c.flops), gap.two_tp > 0 ? c.flops / gap.two_tp : 0.0);
   out += "  the difference, term by term:\n";
   out += fmt::format("    {:>22}  params that do no matmul work ({} of them{})\n",

@@ -15,7 +15,7 @@ if [ "$seconds" -gt 0 ]; then
   corpus=$(mktemp -d)
   cp tests/fuzz/corpus/* "$corpus"/
   echo "fuzzing the frontend for ${seconds}s"
-  build-fuzz/tests/fuzz/napkin_frontend_fuzz "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
-    -print_final_stats=1 2>&1 | tail -n 12
+  build-fuzz/tests/fuzz/napkin_frontend_fuzz "$corpus" -dict=tests/fuzz/napkin.dict -max_total_time="$seconds" \
+    -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 2>&1 | tail -n 12
   rm -rf "$corpus"
 fi

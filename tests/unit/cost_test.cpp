@@ -159,3 +159,58 @@ TEST_CASE("report JSON has the documented keys") {
   CHECK(j["ops"][0].contains("seconds"));
   CHECK(j["device"]["name"] == "a100");
 }
+
+TEST_CASE("totals past 2^63 print exactly in the text report") {
+  // The report used to cast FLOP totals to int64, undefined past 2^63.
+  // A 2^25 x 2^25 matmul is 2^76 FLOPs; Llama-405B at 16M tokens a step is 1.3e22.
+  ir::Graph g = compile(R"yaml(
+model: huge
+dims: {n: 2**25}
+inputs: {x: {shape: [n, n]}}
+params: {w: {shape: [n, n], init: zeros}}
+loss: mean(x @ w)
+optimizer: sgd(lr=0.1)
+)yaml");
+  passes::ForwardCost c = passes::analyze_forward(g, passes::find_device("h100"));
+  CHECK(c.flops > 9.3e18);
+  std::string text = passes::render_report_text(g, c, {"huge.yaml", false});
+  // matmul 2^76 + mean 2^50 + 1 FLOPs, which a double holds as 2^76 + 2^50: printed in full.
+  CHECK(text.find("75,557,864,851,814,230,261,760") != std::string::npos);
+  CHECK(text.find("-9,223,372,036,854,775,808") == std::string::npos);
+}
+
+TEST_CASE("gelu counts 9 FLOPs per element in its tanh form and 5 exact") {
+  ir::Graph g = compile(R"yaml(
+model: g
+inputs: {x: {shape: [10, 10]}}
+forward:
+  - a: gelu(x)
+  - b: gelu(x, approximate="none")
+loss: mean(a + b)
+optimizer: sgd(lr=0.1)
+)yaml");
+  passes::ForwardCost c = passes::analyze_forward(g, nullptr);
+  std::vector<double> gelu_flops;
+  for (const auto& row : c.rows)
+    if (g.node(row.node).op == ir::Op::Gelu) gelu_flops.push_back(row.cost.flops);
+  CHECK(gelu_flops == std::vector<double>{900, 500});
+}
+
+TEST_CASE("a device without a peak for the dtype gets no guessed time") {
+  ir::Graph g = compile(R"yaml(
+model: f8
+inputs: {x: {shape: [64, 64], dtype: f8e4m3}}
+params: {w: {shape: [64, 64], init: normal(0.02), dtype: f8e4m3}}
+forward:
+  - y: x @ w
+loss: mean(cast(y, f32))
+optimizer: sgd(lr=0.1)
+)yaml");
+  passes::ForwardCost a100 = passes::analyze_forward(g, passes::find_device("a100"));  // no fp8
+  CHECK(a100.ops_without_peak == 1);
+  passes::ForwardCost h100 = passes::analyze_forward(g, passes::find_device("h100"));
+  CHECK(h100.ops_without_peak == 0);
+  for (const auto& row : h100.rows)
+    if (g.node(row.node).op == ir::Op::MatMul)
+      CHECK(row.seconds == doctest::Approx(std::max(2.0 * 64 * 64 * 64 / 1979e12, 3.0 * 64 * 64 / 3.35e12)));
+}

@@ -35,6 +35,44 @@ loss: mean(x)
   CHECK(t.dims[0].name == "head_dim");
 }
 
+TEST_CASE("dims: powers of 0, 1 and -1 with huge exponents fold at once") {
+  // 1 ** (2 ** 48) used to loop 2^48 times (the loop stopped only
+  // when the power passed 2^48, which these bases never do).
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims:
+  a: 1 ** 281474976710656
+  z: 0 ** (2 ** 48) + 3
+  m: (-1) ** (2 ** 47 + 1) + 2
+  p: 0 ** 0
+  q: (-1) ** (2 ** 47) + 4
+inputs: {x: {shape: [a, z, m, p, q]}}
+loss: mean(x)
+)yaml");
+  CHECK(g.value(g.inputs[0]).type.sizes() == std::vector<int64_t>{1, 3, 1, 1, 5});
+}
+
+TEST_CASE("dims: a long chain of dims resolves without deep recursion") {
+  // d0: d1, d1: d2, ... used to resolve by recursion through eval, and 30000
+  // dims overflowed the stack (3000 under ASan).
+  std::string yaml = std::string(kHeader) + "dims:\n";
+  const int n = 30000;
+  for (int i = 0; i + 1 < n; ++i) yaml += "  d" + std::to_string(i) + ": d" + std::to_string(i + 1) + " + 1\n";
+  yaml += "  d" + std::to_string(n - 1) + ": 1\ninputs: {x: {shape: [d0]}}\nloss: mean(x)\n";
+  ir::Graph g = compile(yaml);
+  CHECK(g.value(g.inputs[0]).type.sizes() == std::vector<int64_t>{n});
+}
+
+TEST_CASE("blocks: thousands of block definitions read in linear time and memory") {
+  // read_blocks used to copy each filled BlockDef into the map, and assigning
+  // a YAML::Node that already refers to a node merges the whole
+  // document's node memory into it: 5000 blocks took 60 s and 11 GB.
+  std::string yaml = std::string(kHeader) + "blocks:\n";
+  for (int i = 0; i < 5000; ++i) yaml += "  b" + std::to_string(i) + ": {forward: [x: x + 1]}\n";
+  yaml += "inputs: {x: {shape: [4]}}\nforward: [y: \"repeat(b4999, 2, x)\"]\nloss: mean(y)\n";
+  ir::Graph g = compile(yaml);
+  CHECK(count_ops(g, ir::Op::Add) == 2);
+}
+
 TEST_CASE("params: init specs, xavier fan-in and truncation") {
   ir::Graph g = compile(std::string(kHeader) + R"yaml(
 dims: {d: 256, k: 64}
