@@ -247,6 +247,11 @@ void read_precision(const YAML::Node& node, YamlContext& ctx, ir::PrecisionConfi
         positive("growth_interval", interval, 9007199254740992.0);
         positive("growth_factor", out.loss_scale.growth_factor);
         positive("backoff", out.loss_scale.backoff_factor);
+        if (interval != std::floor(interval)) {
+          ctx.error(ls["growth_interval"], fmt::format("loss_scale growth_interval must be a whole number of steps, got {}", interval),
+                    "for example growth_interval: 2000");
+          interval = static_cast<double>(out.loss_scale.growth_interval);
+        }
         out.loss_scale.growth_interval = static_cast<int64_t>(interval);
       }
     }
@@ -331,6 +336,10 @@ void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir:
       ctx.error(node["files"], "files: belongs to format: npy", "remove files:, or write format: npy");
     return;
   }
+  for (const char* key : {"path", "dtype", "split"})
+    if (node[key])
+      ctx.error(node[key], fmt::format("{}: belongs to format: tokens", key),
+                fmt::format("remove {}:, or write format: tokens", key));
   const YAML::Node& files = node["files"];
   if (!files) {
     ctx.error(node, "train.data with format: npy needs files: mapping each input to a .npy path",

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <set>
 
@@ -28,16 +29,18 @@ std::optional<int64_t> eval(const Expr& e, const Resolver& resolve, const ir::So
   constexpr int64_t kLimit = int64_t{1} << 48;
   auto bounded = [&](const Expr& at, __int128 v) -> std::optional<int64_t> {
     if (v > kLimit || v < -kLimit)
-      return fail(at, fmt::format("'{}' is out of range: dims must stay below 2^48", to_string(at)));
+      return fail(at, fmt::format("'{}' is out of range: dims must stay below 2^48", to_string(at)),
+                  "no tensor axis is that large; check the expression");
     return static_cast<int64_t>(v);
   };
   switch (e.kind) {
     case ExprKind::Number:
-      if (!e.is_integer)
-        return fail(e, fmt::format("dims must be integers, got {}", e.text.empty() ? fmt::format("{}", e.number) : e.text),
-                    "use a whole number");
+      // 2e3 is a whole number written in floating-point notation: accept it.
+      if (!e.is_integer && e.number != std::floor(e.number))
+        return fail(e, fmt::format("dims must be whole numbers, got {}", to_string(e)), "use a whole number");
       if (e.number > static_cast<double>(kLimit))
-        return fail(e, fmt::format("{} is out of range: dims must stay below 2^48", to_string(e)));
+        return fail(e, fmt::format("{} is out of range: dims must stay below 2^48", to_string(e)),
+                    "no tensor axis is that large; check the value");
       return static_cast<int64_t>(e.number);
     case ExprKind::Name:
       return resolve(e);

@@ -40,7 +40,7 @@ std::optional<Pattern> parse(Lowerer& L, const Operand& pattern, const std::stri
 std::string side_text(const PatternSide& side) {
   std::vector<std::string> parts;
   for (const PatternAxis& a : side.axes) {
-    if (a.is_group) parts.push_back("(" + fmt::format("{}", fmt::join(a.names, " ")) + ")");
+    if (a.is_group) parts.push_back(fmt::format("({})", fmt::join(a.names, " ")));
     else if (a.names.empty()) parts.push_back("1");
     else parts.push_back(a.names[0]);
   }

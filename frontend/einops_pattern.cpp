@@ -16,11 +16,13 @@
 // - Recovery: all lexical errors are reported; a ',' inside a group is reported and the
 //   group goes on if a ')' follows on the same side, otherwise the group is reported as
 //   unclosed and ends at the ','. Tokens after a second '->' are ignored.
+#include "frontend/einops_pattern.h"
+
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <set>
 #include <string_view>
-
-#include "frontend/einops_pattern.h"
 
 namespace napkin::frontend {
 namespace {
@@ -41,7 +43,7 @@ bool is_word_char(char c) {
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
-std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
+std::string quoted(std::string_view s) { return fmt::format("'{}'", s); }
 std::string column(int offset) { return std::to_string(offset + 1); }
 
 // Splits a pattern into tokens; problems become Invalid tokens plus an error, so the

@@ -52,6 +52,10 @@ std::optional<ValueId> Lowerer::need_tensor(const Operand& o, const std::string&
       error(o.offset, fmt::format("undefined name '{}'{}", o.text, did_you_mean(o.text, visible_names())), hint);
       return std::nullopt;
     }
+    case Operand::Kind::List:
+      error(o.offset, fmt::format("{} must be a tensor, but this is a list of {} values", what, o.items.size()),
+            fmt::format("assign a list to {} names, e.g. '- a, b: split(x, 2)', or concat(...) it", o.items.size()));
+      return std::nullopt;
     default:
       error(o.offset, fmt::format("{} must be a tensor", what),
             "pass an input, a parameter or a name assigned earlier in forward:");
@@ -179,7 +183,12 @@ std::optional<Operand> fold_numbers(const std::string& op, const Operand& a, con
   if (op == "*") return Operand::num(x * y, both_int, offset);
   if (op == "/") return Operand::num(x / y, both_int && y != 0 && std::fmod(x, y) == 0, offset);
   if (op == "//") return Operand::num(std::floor(x / y), both_int, offset);
-  if (op == "%") return Operand::num(std::fmod(x, y), both_int, offset);
+  if (op == "%") {
+    // Python semantics, as in dims: the result takes the divisor's sign.
+    double r = std::fmod(x, y);
+    if (r != 0 && (r < 0) != (y < 0)) r += y;
+    return Operand::num(r, both_int, offset);
+  }
   if (op == "**") return Operand::num(std::pow(x, y), both_int && y >= 0, offset);
   return std::nullopt;
 }
@@ -422,7 +431,15 @@ bool Lowerer::lower_forward(const YAML::Node& list, Scope& scope) {
   }
   for (const auto& [key, expr] : entries) {
     Operand value = eval_in(expr, scope, fmt::format("'{}'", key.Scalar()));
+    // Errors about the value itself (an undefined word, a list for one name)
+    // point into the expression, so assign sees the expression's location.
+    Scope* saved_scope = scope_;
+    ir::SourceLoc saved_base = base_;
+    scope_ = &scope;
+    base_ = ctx_.text_loc(expr);
     assign(key, value, scope);  // on failure it marks the names failed
+    scope_ = saved_scope;
+    base_ = saved_base;
   }
   return ctx_.diag().error_count() == errors_before;
 }

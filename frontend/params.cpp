@@ -77,6 +77,11 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
         return std::nullopt;
       }
       size_t i = it - names.begin();
+      if (given[i]) {
+        error(k.offset, fmt::format("{}: argument '{}' is given twice", kind, k.name),
+              "give it once, by position or by name");
+        return std::nullopt;
+      }
       auto v = need_number(eval(*k.value), fmt::format("{} argument '{}'", kind, k.name));
       if (!v) return std::nullopt;
       values[i] = *v;
@@ -225,6 +230,9 @@ Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::v
           "repeat a block inside another at most a few levels deep; flatten the innermost blocks");
     return Operand::invalid();
   }
+  // A repeat inside a block instance is named under that instance
+  // (blocks.0.sub.1.w), so every outer copy gets its own inner parameters.
+  const std::string qualified_prefix = scope_ ? scope_->qualified(prefix) : prefix;
   if (count < 1) {
     error(offset, fmt::format("repeat needs a positive count, got {}", count),
           "repeat(block, n, x) chains n >= 1 copies of the block");
@@ -274,7 +282,7 @@ Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::v
   ir::ValueId current = args[0];
   for (int64_t i = 0; i < count; ++i) {
     Scope inner;
-    inner.prefix = fmt::format("{}.{}", prefix, i);
+    inner.prefix = fmt::format("{}.{}", qualified_prefix, i);
     // The first name at or after "prefix.i." starts with it iff any does.
     if (auto taken = param_names_.lower_bound(inner.prefix + ".");
         taken != param_names_.end() && taken->rfind(inner.prefix + ".", 0) == 0) {

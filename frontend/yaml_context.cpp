@@ -86,9 +86,15 @@ bool YamlContext::check_keys(const YAML::Node& map, const std::vector<std::strin
       error(it->first, fmt::format("duplicate key '{}' in {}", key, what), "remove one of them");
       continue;
     }
-    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      // Inside { }, a comma ends a value: normal(0.1, std=0.2) unquoted splits in two
+      // and its tail arrives here as a "key".
+      bool split_expression = key.find_first_of("()=[]") != std::string::npos;
       error(it->first, fmt::format("unknown key '{}' in {}{}", key, what, did_you_mean(key, allowed)),
-            fmt::format("allowed keys: {}", fmt::join(allowed, ", ")));
+            split_expression ? "inside { }, a comma ends the value: quote expressions that contain commas, "
+                               "e.g. init: \"normal(0.1, std=0.2)\""
+                             : fmt::format("allowed keys: {}", fmt::join(allowed, ", ")));
+    }
   }
   return true;
 }

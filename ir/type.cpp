@@ -61,10 +61,7 @@ bool is_contiguous(const Layout& layout, const std::vector<int64_t>& sizes) {
 }
 
 std::string to_string(const Layout& layout) {
-  std::string out = "strides=[";
-  for (size_t i = 0; i < layout.strides.size(); ++i)
-    out += (i ? "," : "") + std::to_string(layout.strides[i]);
-  out += "]";
+  std::string out = fmt::format("strides=[{}]", fmt::join(layout.strides, ","));
   if (layout.offset) out += fmt::format(" offset={}", layout.offset);
   return out;
 }

@@ -21,6 +21,6 @@ std::string render_report_json(const ir::Graph& g, const ForwardCost& cost, cons
 std::string human_flops(double flops);
 std::string human_bytes(double bytes);
 std::string human_seconds(double seconds);
-std::string with_commas(int64_t n);
+std::string with_commas(double n);
 
 }  // namespace napkin::passes

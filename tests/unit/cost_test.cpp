@@ -208,6 +208,12 @@ optimizer: sgd(lr=0.1)
 )yaml");
   passes::ForwardCost a100 = passes::analyze_forward(g, passes::find_device("a100"));  // no fp8
   CHECK(a100.ops_without_peak == 1);
+  std::string text = passes::render_report_text(g, a100, {"f8.yaml", true});
+  CHECK(text.find("no f8e4m3 peak on a100") != std::string::npos);
+  CHECK(text.find("INCOMPLETE: 1 op computes in a dtype a100 has no peak for") != std::string::npos);
+  auto j = nlohmann::json::parse(passes::render_report_json(g, a100, {"f8.yaml", false}));
+  CHECK(j["time"]["ops_without_peak"] == 1);
+  CHECK_FALSE(j.contains("ops"));  // --no-ops
   passes::ForwardCost h100 = passes::analyze_forward(g, passes::find_device("h100"));
   CHECK(h100.ops_without_peak == 0);
   for (const auto& row : h100.rows)

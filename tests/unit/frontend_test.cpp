@@ -242,3 +242,37 @@ loss: cross_entropy(rearrange(logits, "b c -> b 1 c"), t[:, 0:1]) + mse(z, z * 2
 )yaml");
   CHECK(g.schedule().size() > 60);
 }
+
+TEST_CASE("nested repeats name inner parameters under each outer copy") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {d: 4}
+inputs: {x: {shape: [2, d]}}
+blocks:
+  inner:
+    params: {w: {shape: [d, d], init: normal(0.02)}}
+    forward:
+      - x: x @ w
+  outer:
+    forward:
+      - x: repeat(inner, 2, x, prefix="sub")
+forward:
+  - y: repeat(outer, 2, x)
+loss: mean(y)
+)yaml");
+  std::vector<std::string> names;
+  for (const ir::Param& p : g.params) names.push_back(g.value(p.value).name);
+  CHECK(names == std::vector<std::string>{"blocks.0.sub.0.w", "blocks.0.sub.1.w", "blocks.1.sub.0.w", "blocks.1.sub.1.w"});
+}
+
+TEST_CASE("numbers: 2e3 is a whole dim; % takes the divisor's sign everywhere") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {d: 2e3, r: -7 % 3}
+inputs: {x: {shape: [d, r]}}
+loss: mean(x * (-7 % 3))
+)yaml");
+  CHECK(g.value(g.inputs[0]).type.sizes() == std::vector<int64_t>{2000, 2});
+  bool found = false;
+  for (ir::NodeId id : g.schedule())
+    if (g.node(id).op == ir::Op::Constant) found = found || g.node(id).attrs.get_double("value") == 2.0;
+  CHECK(found);
+}
