@@ -34,10 +34,13 @@ std::optional<ValueId> tensor_arg(Lowerer& L, const CallArgs& a, const std::stri
 }
 
 // Applies a scalar function to a number at compile time, or builds the op.
-LowerFn unary(Op op, double (*fold)(double)) {
-  return [op, fold](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+// `integral`: the function maps integers to integers (neg, abs, relu), so a folded
+// integer stays usable as an index or size.
+LowerFn unary(Op op, double (*fold)(double), bool integral = false) {
+  return [op, fold, integral](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
     const Operand& x = *a.get("x");
-    if (x.kind == Operand::Kind::Number && fold) return Operand::num(fold(x.number), false, call.offset);
+    if (x.kind == Operand::Kind::Number && fold)
+      return Operand::num(fold(x.number), integral && x.integer, call.offset);
     auto v = tensor_arg(L, a, "x", call);
     if (!v) return Operand::invalid();
     return L.build(op, {*v}, {}, call.offset);
@@ -95,8 +98,8 @@ Operand reduce_axes(Lowerer& L, Op op, const CallArgs& a, const Expr& call) {
 LowerFn max_or_min(Op elementwise, Op reduction) {
   return [=](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
     if (const Operand* y = a.get("y")) {
-      if (a.get("axis")) {
-        L.error(call.offset, fmt::format("{} takes either a second operand or axis=, not both", call.text),
+      if (a.get("axis") || a.get("keepdims")) {
+        L.error(call.offset, fmt::format("{} takes either a second operand or axis=/keepdims=, not both", call.text),
                 fmt::format("{0}(x, y) is elementwise; {0}(x, axis=a) reduces", call.text));
         return Operand::invalid();
       }
@@ -154,12 +157,12 @@ const std::vector<CallSpec>& call_table() {
     add({"log", {"x"}, 1, unary(Op::Log, [](double x) { return std::log(x); })});
     add({"sqrt", {"x"}, 1, unary(Op::Sqrt, [](double x) { return std::sqrt(x); })});
     add({"rsqrt", {"x"}, 1, unary(Op::Rsqrt, rsqrt_fold)});
-    add({"abs", {"x"}, 1, unary(Op::Abs, [](double x) { return std::fabs(x); })});
+    add({"abs", {"x"}, 1, unary(Op::Abs, [](double x) { return std::fabs(x); }, true)});
     add({"tanh", {"x"}, 1, unary(Op::Tanh, [](double x) { return std::tanh(x); })});
-    add({"relu", {"x"}, 1, unary(Op::Relu, relu_fold)});
+    add({"relu", {"x"}, 1, unary(Op::Relu, relu_fold, true)});
     add({"sigmoid", {"x"}, 1, unary(Op::Sigmoid, sigmoid_fold)});
     add({"silu", {"x"}, 1, unary(Op::Silu, [](double x) { return x * sigmoid_fold(x); })});
-    add({"neg", {"x"}, 1, unary(Op::Neg, neg_fold)});
+    add({"neg", {"x"}, 1, unary(Op::Neg, neg_fold, true)});
     add({"gelu", {"x", "approximate"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            auto x = tensor_arg(L, a, "x", call);
            if (!x) return Operand::invalid();
@@ -233,7 +236,7 @@ const std::vector<CallSpec>& call_table() {
              return Operand::invalid();
            }
            Operand r = L.build(Op::Iota, {}, {{"n", *count}, {"dtype", dtype}}, call.offset);
-           if (r.ok() && !n.text.empty()) L.builder().rename_dims(r.value, {{*count, n.text}});
+           if (r.ok() && !n.text.empty()) L.builder_at(call.offset).rename_dims(r.value, {{*count, n.text}});
            return r;
          }});
     // Reductions.

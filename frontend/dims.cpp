@@ -119,7 +119,7 @@ std::optional<int64_t> eval_dim_expr(const Expr& e, const DimTable& dims, const 
 DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
   DimTable table;
   if (!node || node.IsNull()) return table;
-  if (!ctx.check_keys(node, {}, "dims")) return table;
+  if (!ctx.check_mapping(node, "dims")) return table;
   struct Pending {
     ExprPtr expr;
     ir::SourceLoc base;

@@ -181,7 +181,7 @@ std::vector<ir::Dim> output_dims(const PatternSide& side, const Elementary& e) {
 // order, reshape to the output groups.
 Operand lower_einops(Lowerer& L, ValueId x, const Pattern& p, const Elementary& e, std::optional<Op> reduction,
                      int offset) {
-  ir::Builder& b = L.builder();
+  ir::Builder& b = L.builder_at(offset);
   std::vector<ir::Dim> elementary;
   for (const std::string& n : e.order) elementary.push_back(e.dims.at(n));
   Operand cur = L.wrap(b.reshape(x, elementary), offset);

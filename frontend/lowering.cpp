@@ -29,8 +29,7 @@ Operand Lowerer::wrap(const ir::Built& b, int offset) {
 }
 
 Operand Lowerer::build(Op op, std::vector<ValueId> inputs, ir::Attrs attrs, int offset) {
-  b_.set_loc(base_.shifted(offset));
-  return wrap(b_.add(op, std::move(inputs), std::move(attrs)), offset);
+  return wrap(builder_at(offset).add(op, std::move(inputs), std::move(attrs)), offset);
 }
 
 std::vector<std::string> Lowerer::visible_names() const {
@@ -259,7 +258,7 @@ Operand Lowerer::eval_subscript(const Expr& e) {
     };
     // Checked here rather than left to the op's shape rule so that the message can
     // show the index as written and the hint the valid range.
-    const ir::Dim& dim = type(current).dims[axis];
+    const ir::Dim dim = type(current).dims[axis];  // a copy: eval() below may grow the value table
     if (!item.is_slice) {
       auto index = bound(item.start, 0);
       if (!index) return Operand::invalid();

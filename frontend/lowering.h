@@ -118,9 +118,13 @@ class Lowerer {
   std::optional<int64_t> need_axis(const Operand& o, int rank, const std::string& what);
 
   const ir::TensorType& type(ir::ValueId v) const { return g_.value(v).type; }
-  ir::Builder& builder() { return b_; }
+  // The builder, located at `offset` of the current expression: every node it
+  // makes from here on carries that YAML location.
+  ir::Builder& builder_at(int offset) {
+    b_.set_loc(base_.shifted(offset));
+    return b_;
+  }
   ir::Graph& graph() { return g_; }
-  const DimTable& dims() const { return dims_; }
   Operand instantiate_repeat(const BlockDef& block, int64_t count, std::vector<ir::ValueId> args,
                              const std::string& prefix, int offset);
   const std::map<std::string, BlockDef>& blocks() const { return blocks_; }
@@ -137,8 +141,8 @@ class Lowerer {
   ir::Builder b_;
   Scope* scope_ = nullptr;
   ir::SourceLoc base_;  // location of offset 0 of the expression being lowered
-  // Every parameter name declared so far. Graph::find_param_by_name is a linear
-  // scan, and 10000 repeated copies check every name they assign: quadratic.
+  // Every parameter name declared so far: 10000 repeated copies check every
+  // name they assign, so a scan of the graph's params would be quadratic.
   std::set<std::string> param_names_;
   // Elements of all parameters so far, capped at 2^50 like one tensor: the
   // parameter count and bytes are int64 sums, and 10000 copies of a 2^50-element

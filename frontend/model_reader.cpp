@@ -21,7 +21,7 @@ const std::vector<std::string> kTopKeys = {"model",  "description", "dims",     
 
 void read_inputs(const YAML::Node& node, YamlContext& ctx, const DimTable& dims, ir::Graph& g, Scope& scope) {
   if (!node || node.IsNull()) return;
-  if (!ctx.check_keys(node, {}, "inputs")) return;
+  if (!ctx.check_mapping(node, "inputs")) return;
   for (auto it = node.begin(); it != node.end(); ++it) {
     std::string name = it->first.Scalar();
     std::string what = fmt::format("input '{}'", name);
@@ -61,7 +61,7 @@ void read_inputs(const YAML::Node& node, YamlContext& ctx, const DimTable& dims,
 std::map<std::string, BlockDef> read_blocks(const YAML::Node& node, YamlContext& ctx) {
   std::map<std::string, BlockDef> blocks;
   if (!node || node.IsNull()) return blocks;
-  if (!ctx.check_keys(node, {}, "blocks")) return blocks;
+  if (!ctx.check_mapping(node, "blocks")) return blocks;
   for (auto it = node.begin(); it != node.end(); ++it) {
     std::string name = it->first.Scalar();
     if (blocks.count(name)) continue;
@@ -127,13 +127,6 @@ void read_loss(const YAML::Node& node, YamlContext& ctx, Lowerer& lowerer, Scope
   g.outputs.emplace_back("loss", *v);
 }
 
-void warn_unused_params(const ir::Graph& g, YamlContext& ctx) {
-  auto users = g.compute_users();
-  for (const ir::Param& p : g.params)
-    if (users[p.value].empty())
-      ctx.diag().warning(g.value(p.value).loc, fmt::format("parameter '{}' is never used", g.value(p.value).name),
-                         "remove it, or use it in forward:");
-}
 
 // yaml-cpp's messages name the parser state ("illegal flow end"); the hint says
 // what usually causes each in a hand-written model file.
@@ -211,7 +204,6 @@ std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, i
   if (const YAML::Node& n = root["precision"]) read_precision(n, ctx, g.config.precision);
   if (const YAML::Node& n = root["train"]) read_train(n, ctx, g, g.config.train);
   if (diag.has_errors()) return std::nullopt;
-  warn_unused_params(g, ctx);
   return g;
 }
 

@@ -31,13 +31,11 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
 
   std::string kind;
   std::vector<const Expr*> positional;
-  std::map<std::string, const Expr*> keywords;
   if (expr->kind == ExprKind::Name) {
     kind = expr->text;
   } else if (expr->kind == ExprKind::Call) {
     kind = expr->text;
     for (const ExprPtr& a : expr->args) positional.push_back(a.get());
-    for (const KeywordArg& k : expr->kwargs) keywords[k.name] = k.value.get();
   } else {
     error(expr->offset, fmt::format("{} must be one of {}", what, fmt::join(kInitKinds, ", ")),
           "for example init: normal(0.02)");
@@ -52,7 +50,18 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
   // records where each was written, so a bad value gets the caret, not the call.
   std::map<std::string, int> where;
   auto at = [&](const std::string& name) { return where.count(name) ? where[name] : expr->offset; };
-  auto bind = [&](const std::vector<std::string>& names, size_t required) -> std::optional<std::vector<double>> {
+  // Each argument comes back set or empty (not given); a given value is finite.
+  using Args = std::vector<std::optional<double>>;
+  auto number = [&](const Expr& e, const std::string& name) -> std::optional<double> {
+    auto v = need_number(eval(e), fmt::format("{} argument '{}'", kind, name));
+    if (v && !std::isfinite(*v)) {
+      error(e.offset, fmt::format("{} argument '{}' must be a finite number", kind, name),
+            "init arguments are ordinary numbers, e.g. normal(0.02)");
+      return std::nullopt;
+    }
+    return v;
+  };
+  auto bind = [&](const std::vector<std::string>& names, size_t required) -> std::optional<Args> {
     if (positional.size() > names.size()) {
       error(positional[names.size()]->offset,
             fmt::format("{} takes {} argument{}, got {}", kind, names.size(), names.size() == 1 ? "" : "s",
@@ -60,13 +69,10 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
             names.empty() ? "write it without arguments" : fmt::format("arguments: {}", fmt::join(names, ", ")));
       return std::nullopt;
     }
-    std::vector<double> values(names.size(), NAN);
-    std::vector<bool> given(names.size(), false);
+    Args values(names.size());
     for (size_t i = 0; i < positional.size(); ++i) {
-      auto v = need_number(eval(*positional[i]), fmt::format("{} argument '{}'", kind, names[i]));
-      if (!v) return std::nullopt;
-      values[i] = *v;
-      given[i] = true;
+      values[i] = number(*positional[i], names[i]);
+      if (!values[i]) return std::nullopt;
       where[names[i]] = positional[i]->offset;
     }
     for (const KeywordArg& k : expr->kwargs) {
@@ -77,19 +83,17 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
         return std::nullopt;
       }
       size_t i = it - names.begin();
-      if (given[i]) {
+      if (values[i]) {
         error(k.offset, fmt::format("{}: argument '{}' is given twice", kind, k.name),
               "give it once, by position or by name");
         return std::nullopt;
       }
-      auto v = need_number(eval(*k.value), fmt::format("{} argument '{}'", kind, k.name));
-      if (!v) return std::nullopt;
-      values[i] = *v;
-      given[i] = true;
+      values[i] = number(*k.value, k.name);
+      if (!values[i]) return std::nullopt;
       where[k.name] = k.value->offset;
     }
     for (size_t i = 0; i < required; ++i)
-      if (!given[i]) {
+      if (!values[i]) {
         error(expr->offset, fmt::format("{} needs argument '{}'", kind, names[i]),
               fmt::format("for example {}(0.02)", kind));
         return std::nullopt;
@@ -111,20 +115,20 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
     auto v = bind({"value"}, 1);
     if (!v) return std::nullopt;
     init.kind = InitSpec::Kind::Constant;
-    init.value = (*v)[0];
+    init.value = *(*v)[0];
   } else if (kind == "normal") {
     auto v = bind({"std"}, 1);
-    if (!v || !positive_std((*v)[0])) return std::nullopt;
+    if (!v || !positive_std(*(*v)[0])) return std::nullopt;
     init.kind = InitSpec::Kind::Normal;
-    init.std = (*v)[0];
+    init.std = *(*v)[0];
   } else if (kind == "trunc_normal") {
     auto v = bind({"std", "a", "b"}, 1);
-    if (!v || !positive_std((*v)[0])) return std::nullopt;
+    if (!v || !positive_std(*(*v)[0])) return std::nullopt;
     init.kind = InitSpec::Kind::TruncNormal;
-    init.std = (*v)[0];
+    init.std = *(*v)[0];
     // torch.nn.init.trunc_normal_ defaults: a = -2, b = 2 (absolute values).
-    init.lo = std::isnan((*v)[1]) ? -2.0 : (*v)[1];
-    init.hi = std::isnan((*v)[2]) ? 2.0 : (*v)[2];
+    init.lo = (*v)[1].value_or(-2.0);
+    init.hi = (*v)[2].value_or(2.0);
     if (!(init.lo < init.hi)) {
       error(where.count("a") ? at("a") : at("b"),
             fmt::format("trunc_normal: the cut a={} must be below b={}", init.lo, init.hi),
@@ -152,7 +156,7 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
 
 bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
   if (!params || params.IsNull()) return true;
-  if (!ctx_.check_keys(params, {}, "params")) return false;
+  if (!ctx_.check_mapping(params, "params")) return false;
   int errors_before = ctx_.diag().error_count();
   std::set<std::string> seen;
   for (auto it = params.begin(); it != params.end(); ++it) {

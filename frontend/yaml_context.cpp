@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -70,9 +71,18 @@ void YamlContext::error(const YAML::Node& node, std::string message, std::string
 
 bool YamlContext::check_keys(const YAML::Node& map, const std::vector<std::string>& allowed,
                              const std::string& what) {
+  return check_map(map, &allowed, what);
+}
+
+bool YamlContext::check_mapping(const YAML::Node& map, const std::string& what) {
+  return check_map(map, nullptr, what);
+}
+
+bool YamlContext::check_map(const YAML::Node& map, const std::vector<std::string>* allowed, const std::string& what) {
   if (!map.IsMap()) {
     error(map, fmt::format("{} must be a mapping of keys to values", what),
-          fmt::format("write it as key: value lines; allowed keys: {}", fmt::join(allowed, ", ")));
+          allowed ? fmt::format("write it as key: value lines; allowed keys: {}", fmt::join(*allowed, ", "))
+                  : "write it as name: value lines");
     return false;
   }
   std::set<std::string> seen;
@@ -86,14 +96,15 @@ bool YamlContext::check_keys(const YAML::Node& map, const std::vector<std::strin
       error(it->first, fmt::format("duplicate key '{}' in {}", key, what), "remove one of them");
       continue;
     }
-    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+    if (allowed && std::find(allowed->begin(), allowed->end(), key) == allowed->end()) {
       // Inside { }, a comma ends a value: normal(0.1, std=0.2) unquoted splits in two
       // and its tail arrives here as a "key".
       bool split_expression = key.find_first_of("()=[]") != std::string::npos;
-      error(it->first, fmt::format("unknown key '{}' in {}{}", key, what, did_you_mean(key, allowed)),
+      error(it->first, fmt::format("unknown key '{}' in {}{}", key, what, did_you_mean(key, *allowed)),
             split_expression ? "inside { }, a comma ends the value: quote expressions that contain commas, "
                                "e.g. init: \"normal(0.1, std=0.2)\""
-                             : fmt::format("allowed keys: {}", fmt::join(allowed, ", ")));
+            : allowed->empty() ? "nothing is allowed here"
+                               : fmt::format("allowed keys: {}", fmt::join(*allowed, ", ")));
     }
   }
   return true;

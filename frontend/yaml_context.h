@@ -37,6 +37,9 @@ class YamlContext {
   // Reports keys of `map` not in `allowed` (with a suggestion) and keys given twice.
   // Returns false if `map` is not a mapping (reported as an error naming `what`).
   bool check_keys(const YAML::Node& map, const std::vector<std::string>& allowed, const std::string& what);
+  // The same for a mapping whose keys are the user's names (dims, params, blocks):
+  // any key, but each once.
+  bool check_mapping(const YAML::Node& map, const std::string& what);
 
   // Parses a scalar as an expression; reports syntax errors at their exact column.
   // Returns null on error (already reported) or if the node is not a scalar.
@@ -48,6 +51,7 @@ class YamlContext {
  private:
   std::shared_ptr<const std::string> file_;
   std::vector<std::string> lines_;
+  bool check_map(const YAML::Node& map, const std::vector<std::string>* allowed, const std::string& what);
   ir::Diagnostics& diag_;
 };
 

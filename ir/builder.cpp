@@ -77,10 +77,7 @@ Built Builder::reshape(ValueId x, std::vector<Dim> dims) {
   std::vector<int64_t> sizes;
   for (const Dim& d : dims) sizes.push_back(d.size);
   const Value& in = g_.value(x);
-  if (in.type.sizes() == sizes) {
-    rename_dims(x, dims);
-    return {x, "", ""};
-  }
+  if (in.type.sizes() == sizes) return {x, "", ""};  // nothing to do; x keeps its own dim names
   ValueId source = x;
   if (in.type.numel() == [&] { int64_t n = 1; for (auto s : sizes) n *= s; return n; }() &&
       !reshape_view_layout(in.type.sizes(), in.layout, sizes)) {
@@ -98,15 +95,6 @@ Built Builder::permute(ValueId x, std::vector<int64_t> perm) {
   for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
   if (identity && static_cast<int>(perm.size()) == g_.value(x).type.rank()) return {x, "", ""};
   return add(Op::Permute, {x}, {{"perm", perm}});
-}
-
-Built Builder::broadcast_to(ValueId x, std::vector<Dim> dims) {
-  std::vector<int64_t> sizes;
-  for (const Dim& d : dims) sizes.push_back(d.size);
-  if (g_.value(x).type.sizes() == sizes) return {x, "", ""};
-  Built b = add(Op::Broadcast, {x}, {{"shape", sizes}});
-  if (b.ok()) rename_dims(b.value, dims);
-  return b;
 }
 
 Built Builder::constant(double value, DType dtype) {

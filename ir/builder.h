@@ -43,7 +43,6 @@ class Builder {
   // otherwise materializes a contiguous Copy first (the report shows that copy).
   Built reshape(ValueId x, std::vector<Dim> dims);
   Built permute(ValueId x, std::vector<int64_t> perm);
-  Built broadcast_to(ValueId x, std::vector<Dim> dims);
   Built constant(double value, DType dtype);
 
   // Unwraps a result that cannot fail unless napkin has a bug.

@@ -32,15 +32,10 @@ void Diagnostics::warning(const SourceLoc& loc, std::string message, std::string
   diagnostics_.push_back({Severity::Warning, loc, std::move(message), std::move(hint)});
 }
 
-void Diagnostics::note(const SourceLoc& loc, std::string message) {
-  diagnostics_.push_back({Severity::Note, loc, std::move(message), ""});
-}
-
 static const char* severity_word(Severity s) {
   switch (s) {
     case Severity::Error: return "error";
     case Severity::Warning: return "warning";
-    case Severity::Note: return "note";
   }
   return "error";
 }

@@ -23,7 +23,7 @@ struct SourceLoc {
   SourceLoc shifted(int chars) const;
 };
 
-enum class Severity { Error, Warning, Note };
+enum class Severity { Error, Warning };
 
 struct Diagnostic {
   Severity severity = Severity::Error;
@@ -39,7 +39,6 @@ class Diagnostics {
 
   void error(const SourceLoc& loc, std::string message, std::string hint = "");
   void warning(const SourceLoc& loc, std::string message, std::string hint = "");
-  void note(const SourceLoc& loc, std::string message);
 
   bool has_errors() const { return error_count_ > 0; }
   int error_count() const { return error_count_; }

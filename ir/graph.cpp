@@ -67,13 +67,6 @@ NodeId Graph::add_node(Op op, std::vector<ValueId> ins, std::vector<TensorType> 
   return nodes_.back().id;
 }
 
-void Graph::erase_node(NodeId id) {
-  Node& n = node(id);
-  NAPKIN_INTERNAL_CHECK(!n.erased, "node {} erased twice", id);
-  n.erased = true;
-  std::erase(schedule_, id);
-}
-
 void Graph::erase_nodes(const std::vector<NodeId>& ids) {
   for (NodeId id : ids) {
     Node& n = node(id);
@@ -100,30 +93,10 @@ Node& Graph::node(NodeId id) {
   return nodes_[id];
 }
 
-const Param* Graph::find_param(ValueId v) const {
-  for (const Param& p : params)
-    if (p.value == v) return &p;
-  return nullptr;
-}
-
-ValueId Graph::find_param_by_name(const std::string& param_name) const {
-  for (const Param& p : params)
-    if (value(p.value).name == param_name) return p.value;
-  return kNoValue;
-}
-
 ValueId Graph::find_output(const std::string& output_name) const {
   for (const auto& [n, v] : outputs)
     if (n == output_name) return v;
   return kNoValue;
-}
-
-std::vector<std::vector<NodeId>> Graph::compute_users() const {
-  std::vector<std::vector<NodeId>> users(values_.size());
-  for (NodeId id : schedule_)
-    for (ValueId v : nodes_[id].inputs)
-      if (users[v].empty() || users[v].back() != id) users[v].push_back(id);
-  return users;
 }
 
 int64_t Graph::param_count() const {

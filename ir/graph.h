@@ -83,9 +83,8 @@ class Graph {
   // (contiguous, owning their buffers; views get their layout set by the Builder).
   NodeId add_node(Op op, std::vector<ValueId> inputs, std::vector<TensorType> output_types,
                   Attrs attrs, SourceLoc loc, std::string scope = "");
-  void erase_node(NodeId id);  // tombstones the node; its outputs must be unused
-  // As erase_node for each, in one pass over the schedule: erase_node is linear
-  // in the schedule, so erasing the dead half of a big graph one by one is quadratic.
+  // Tombstones the nodes (their outputs must be unused) and drops them from the
+  // schedule in one pass: erasing the dead half of a big graph one by one would be quadratic.
   void erase_nodes(const std::vector<NodeId>& ids);
 
   const Value& value(ValueId id) const;
@@ -99,11 +98,7 @@ class Graph {
   const std::vector<NodeId>& schedule() const { return schedule_; }
   std::vector<NodeId>& mutable_schedule() { return schedule_; }
 
-  const Param* find_param(ValueId v) const;
-  ValueId find_param_by_name(const std::string& name) const;  // kNoValue if absent
   ValueId find_output(const std::string& name) const;  // kNoValue if absent
-  // Users of each value (node ids, in schedule order); recomputed on demand.
-  std::vector<std::vector<NodeId>> compute_users() const;
 
   int64_t param_count() const;
 

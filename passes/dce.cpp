@@ -1,5 +1,7 @@
 #include "passes/dce.h"
 
+#include <fmt/format.h>
+
 namespace napkin::passes {
 
 namespace {
@@ -31,5 +33,15 @@ class DeadCodeElimination : public Pass {
 }  // namespace
 
 std::unique_ptr<Pass> make_dce_pass() { return std::make_unique<DeadCodeElimination>(); }
+
+void warn_unused_params(const ir::Graph& g, ir::Diagnostics& diag) {
+  std::vector<bool> read(g.num_values(), false);
+  for (ir::NodeId id : g.schedule())
+    for (ir::ValueId v : g.node(id).inputs) read[g.value(v).storage] = true;
+  for (const ir::Param& p : g.params)
+    if (!read[p.value])
+      diag.warning(g.value(p.value).loc, fmt::format("parameter '{}' does not affect the loss", g.value(p.value).name),
+                   "remove it, or use it in a computation the loss depends on");
+}
 
 }  // namespace napkin::passes

@@ -13,4 +13,8 @@ namespace napkin::passes {
 
 std::unique_ptr<Pass> make_dce_pass();
 
+// Warns about each parameter no scheduled node reads. Run after dce, it names
+// exactly the parameters the loss does not depend on.
+void warn_unused_params(const ir::Graph& g, ir::Diagnostics& diag);
+
 }  // namespace napkin::passes

@@ -22,6 +22,12 @@ std::vector<std::string> PassManager::pass_names() const {
 }
 
 bool PassManager::run(ir::Graph& g, ir::Diagnostics& diag) {
+  std::vector<std::string> names = pass_names();
+  for (const std::string& wanted : options_.print_after)
+    if (wanted != "all" && std::find(names.begin(), names.end(), wanted) == names.end())
+      diag.error({}, fmt::format("--print-after: there is no pass '{}'", wanted),
+                 fmt::format("passes: {} (or all)", fmt::join(names, ", ")));
+  if (diag.has_errors()) return false;
   verify_or_die(g, "the frontend");
   for (const auto& pass : passes_) {
     auto start = std::chrono::steady_clock::now();

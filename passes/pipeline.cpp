@@ -7,7 +7,9 @@ namespace napkin::passes {
 bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options) {
   PassManager pm(options);
   pm.add(make_dce_pass());  // drop forward values the loss does not need
-  return pm.run(g, diag);
+  if (!pm.run(g, diag)) return false;
+  warn_unused_params(g, diag);
+  return true;
 }
 
 }  // namespace napkin::passes

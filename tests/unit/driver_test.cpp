@@ -85,4 +85,7 @@ TEST_CASE("ir prints the graph with YAML locations; --print-after names the pass
   CHECK(after.status == 0);
   CHECK(after.out.find("// IR after dce") != std::string::npos);
   CHECK(after.out.find("pass dce") != std::string::npos);
+  Run typo = napkin("ir models/linear.yaml --print-after dcee");
+  CHECK(typo.status == 1);
+  CHECK(typo.out.find("--print-after: there is no pass 'dcee'") != std::string::npos);
 }

@@ -276,3 +276,23 @@ loss: mean(x * (-7 % 3))
     if (g.node(id).op == ir::Op::Constant) found = found || g.node(id).attrs.get_double("value") == 2.0;
   CHECK(found);
 }
+
+TEST_CASE("every node of a rearrange carries the rearrange's own line") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {b: 2, h: 3, s: 4, e: 5}
+inputs: {x: {shape: [b, h, s, e]}}
+forward:
+  - o: x * 2
+  - y: rearrange(o, "b h s e -> b s (h e)")
+loss: mean(y)
+)yaml");
+  int checked = 0;
+  for (ir::NodeId id : g.schedule()) {
+    const ir::Node& n = g.node(id);
+    if (n.op == ir::Op::Permute || n.op == ir::Op::Copy || n.op == ir::Op::Reshape) {
+      CHECK(n.loc.line == 9);
+      ++checked;
+    }
+  }
+  CHECK(checked == 3);
+}
