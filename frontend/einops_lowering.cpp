@@ -20,7 +20,10 @@ using ir::ValueId;
 
 namespace {
 
-// Parses the pattern operand; errors point inside the string (past its quote).
+// The source offset of byte `offset` of the pattern string (past its quote).
+int at(const Operand& pattern, int offset) { return pattern.offset + 1 + offset; }
+
+// Parses the pattern operand; errors point inside the string.
 std::optional<Pattern> parse(Lowerer& L, const Operand& pattern, const std::string& fn) {
   if (pattern.kind != Operand::Kind::String) {
     if (pattern.ok())
@@ -30,8 +33,8 @@ std::optional<Pattern> parse(Lowerer& L, const Operand& pattern, const std::stri
   }
   PatternResult r = parse_pattern(pattern.text);
   for (const PatternError& e : r.errors)
-    L.error(pattern.offset + 1 + e.offset,
-            fmt::format("{}: {}", fn, to_file_columns(e.message, L.column(pattern.offset + 1))),
+    L.error(at(pattern, e.offset),
+            fmt::format("{}: {}", fn, to_file_columns(e.message, L.column(at(pattern, 0)))),
             "a pattern names each axis, groups merged axes in parentheses: \"b s (h d) -> b h s d\"");
   if (!r.ok()) return std::nullopt;
   return r.pattern;
@@ -54,11 +57,10 @@ struct Elementary {
 
 // Solves the sizes of the elementary axes of the input side against x's shape.
 std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const PatternSide& side,
-                                      const std::map<std::string, Operand>& sizes, int pattern_offset,
+                                      const std::map<std::string, Operand>& sizes, const Operand& pattern,
                                       const std::string& fn) {
-  auto at = [&](int off) { return pattern_offset + 1 + off; };
   if (static_cast<int>(side.axes.size()) != x.rank()) {
-    L.error(at(side.offset),
+    L.error(at(pattern, side.offset),
             fmt::format("{}: the pattern '{}' has {} axes but the tensor {} has {}", fn, side_text(side),
                         side.axes.size(), ir::to_string(x), x.rank()),
             "write one entry per axis; group axes that are merged, like (h d)");
@@ -84,7 +86,7 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
     const ir::Dim& dim = x.dims[i];
     if (axis.names.empty()) {
       if (dim.size != 1) {
-        L.error(at(axis.offset), fmt::format("{}: '1' needs an axis of size 1, but axis {} is {}", fn, i,
+        L.error(at(pattern, axis.offset), fmt::format("{}: '1' needs an axis of size 1, but axis {} is {}", fn, i,
                                              ir::describe_dim(dim)),
                 "name the axis instead of writing 1");
         return std::nullopt;
@@ -95,7 +97,7 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
       const std::string& name = axis.names[0];
       if (auto g = given(name); g && g->size != dim.size) {
         if (g->size >= 0)
-          L.error(at(axis.offset), fmt::format("{}: axis '{}' is {} in the tensor but {}={} was given", fn, name,
+          L.error(at(pattern, axis.offset), fmt::format("{}: axis '{}' is {} in the tensor but {}={} was given", fn, name,
                                                ir::describe_dim(dim), name, g->size),
                   fmt::format("drop {}= or give the tensor's size", name));
         return std::nullopt;
@@ -112,7 +114,7 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
       // Sizes may be up to 2^53 each: a product past the axis is a mismatch, and
       // computing it could overflow int64.
       if (g && g->size > dim.size / known) {
-        L.error(at(axis.offset),
+        L.error(at(pattern, axis.offset),
                 fmt::format("{}: the sizes given for the group ({}) multiply to more than the tensor's axis {}, "
                             "which is {}", fn, fmt::join(axis.names, " "), i, ir::describe_dim(dim)),
                 "the product of the group's sizes must equal the axis");
@@ -124,7 +126,7 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
       } else if (unknown.empty()) {
         unknown = name;
       } else {
-        L.error(at(axis.offset),
+        L.error(at(pattern, axis.offset),
                 fmt::format("{}: the group ({}) has two axes of unknown size, '{}' and '{}'", fn,
                             fmt::join(axis.names, " "), unknown, name),
                 fmt::format("give one of them as a keyword, e.g. {}={}", unknown, "n"));
@@ -133,7 +135,7 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
       e.order.push_back(name);
     }
     if (unknown.empty() ? known != dim.size : (known <= 0 || dim.size % known != 0)) {
-      L.error(at(axis.offset),
+      L.error(at(pattern, axis.offset),
               fmt::format("{}: the group ({}) has size {} but the tensor's axis {} is {}", fn,
                           fmt::join(axis.names, " "), unknown.empty() ? fmt::format("{}", known)
                                                                        : fmt::format("{}*{}", known, unknown),
@@ -177,6 +179,13 @@ std::vector<ir::Dim> output_dims(const PatternSide& side, const Elementary& e) {
   return dims;
 }
 
+std::set<std::string> names_of(const PatternSide& side) {
+  std::set<std::string> names;
+  for (const PatternAxis& a : side.axes)
+    for (const std::string& n : a.names) names.insert(n);
+  return names;
+}
+
 // Reshape to elementary axes, optionally reduce some, permute to the output
 // order, reshape to the output groups.
 Operand lower_einops(Lowerer& L, ValueId x, const Pattern& p, const Elementary& e, std::optional<Op> reduction,
@@ -188,9 +197,7 @@ Operand lower_einops(Lowerer& L, ValueId x, const Pattern& p, const Elementary& 
   if (!cur.ok()) return cur;
   std::vector<std::string> order = e.order;
   if (reduction) {
-    std::set<std::string> kept;
-    for (const PatternAxis& a : p.output.axes)
-      for (const std::string& n : a.names) kept.insert(n);
+    std::set<std::string> kept = names_of(p.output);
     std::vector<int64_t> axes;
     std::vector<std::string> remaining;
     for (size_t i = 0; i < order.size(); ++i) {
@@ -212,11 +219,35 @@ Operand lower_einops(Lowerer& L, ValueId x, const Pattern& p, const Elementary& 
   return L.wrap(b.reshape(cur.value, output_dims(p.output, e)), offset);
 }
 
-std::set<std::string> names_of(const PatternSide& side) {
-  std::set<std::string> names;
-  for (const PatternAxis& a : side.axes)
-    for (const std::string& n : a.names) names.insert(n);
-  return names;
+struct Prepared {
+  Pattern pattern;
+  Elementary elementary;
+};
+
+// The checks rearrange and reduce share: parse the pattern, require one
+// operand, solve its axes against x, and require every output axis to be an
+// input axis (`right_hint` says what the op can do instead).
+std::optional<Prepared> prepare(Lowerer& L, ValueId x, const Operand& pattern,
+                                const std::map<std::string, Operand>& sizes, const std::string& fn,
+                                const char* right_hint) {
+  auto p = parse(L, pattern, fn);
+  if (!p) return std::nullopt;
+  if (p->inputs.size() != 1) {
+    L.error(at(pattern, 0), fmt::format("{}: the pattern must have exactly one operand left of '->'", fn),
+            fmt::format("{} takes one tensor; use einsum to combine two", fn));
+    return std::nullopt;
+  }
+  auto e = solve_input(L, L.type(x), p->inputs[0], sizes, pattern, fn);
+  if (!e) return std::nullopt;
+  std::set<std::string> in = names_of(p->inputs[0]);
+  for (const PatternAxis& axis : p->output.axes)
+    for (const std::string& n : axis.names)
+      if (!in.count(n)) {
+        L.error(at(pattern, axis.offset), fmt::format("{}: axis '{}' on the right is not on the left", fn, n),
+                right_hint);
+        return std::nullopt;
+      }
+  return Prepared{std::move(*p), std::move(*e)};
 }
 
 }  // namespace
@@ -224,9 +255,8 @@ std::set<std::string> names_of(const PatternSide& side) {
 Operand lower_einsum(Lowerer& L, ValueId a, ValueId b, const Operand& pattern, int offset) {
   auto p = parse(L, pattern, "einsum");
   if (!p) return Operand::invalid();
-  auto at = [&](int off) { return pattern.offset + 1 + off; };
   if (p->inputs.size() != 2) {
-    L.error(at(0), fmt::format("einsum: the pattern names {} operand{} but einsum takes 2", p->inputs.size(),
+    L.error(at(pattern, 0), fmt::format("einsum: the pattern names {} operand{} but einsum takes 2", p->inputs.size(),
                                p->inputs.size() == 1 ? "" : "s"),
             "write \"<axes of a>, <axes of b> -> <axes of the result>\"");
     return Operand::invalid();
@@ -244,7 +274,7 @@ Operand lower_einsum(Lowerer& L, ValueId a, ValueId b, const Operand& pattern, i
     const PatternSide& side = p->inputs[k];
     for (const PatternAxis& axis : side.axes) {
       if (axis.is_group || axis.names.size() != 1) {
-        L.error(at(axis.offset), "einsum: axes cannot be grouped or be '1' in an einsum pattern",
+        L.error(at(pattern, axis.offset), "einsum: axes cannot be grouped or be '1' in an einsum pattern",
                 "rearrange the operand first, then contract");
         return Operand::invalid();
       }
@@ -252,7 +282,7 @@ Operand lower_einsum(Lowerer& L, ValueId a, ValueId b, const Operand& pattern, i
     }
     const ir::TensorType& t = L.type(operands[k]);
     if (static_cast<int>(sides[k].size()) != t.rank()) {
-      L.error(at(side.offset), fmt::format("einsum: operand {} is {} with {} axes but the pattern '{}' names {}", k + 1,
+      L.error(at(pattern, side.offset), fmt::format("einsum: operand {} is {} with {} axes but the pattern '{}' names {}", k + 1,
                                            ir::to_string(t), t.rank(), side_text(side), sides[k].size()),
               "write one axis name per dimension of the operand");
       return Operand::invalid();
@@ -261,11 +291,11 @@ Operand lower_einsum(Lowerer& L, ValueId a, ValueId b, const Operand& pattern, i
   std::vector<int64_t> out;
   for (const PatternAxis& axis : p->output.axes) {
     if (axis.is_group || axis.names.size() != 1) {
-      L.error(at(axis.offset), "einsum: output axes cannot be grouped or be '1'", "rearrange the result afterwards");
+      L.error(at(pattern, axis.offset), "einsum: output axes cannot be grouped or be '1'", "rearrange the result afterwards");
       return Operand::invalid();
     }
     if (!ids.count(axis.names[0])) {
-      L.error(at(axis.offset), fmt::format("einsum: output axis '{}' does not appear in either operand", axis.names[0]),
+      L.error(at(pattern, axis.offset), fmt::format("einsum: output axis '{}' does not appear in either operand", axis.names[0]),
               "every output axis must come from an operand");
       return Operand::invalid();
     }
@@ -281,30 +311,17 @@ Operand lower_einsum(Lowerer& L, ValueId a, ValueId b, const Operand& pattern, i
 
 Operand lower_rearrange(Lowerer& L, ValueId x, const Operand& pattern, const std::map<std::string, Operand>& sizes,
                         int offset) {
-  auto p = parse(L, pattern, "rearrange");
+  auto p = prepare(L, x, pattern, sizes, "rearrange", "rearrange only reorders, splits and merges axes");
   if (!p) return Operand::invalid();
-  if (p->inputs.size() != 1) {
-    L.error(pattern.offset + 1, "rearrange: the pattern must have exactly one operand left of '->'",
-            "rearrange takes one tensor; use einsum to combine two");
-    return Operand::invalid();
-  }
-  auto e = solve_input(L, L.type(x), p->inputs[0], sizes, pattern.offset, "rearrange");
-  if (!e) return Operand::invalid();
-  std::set<std::string> in = names_of(p->inputs[0]), out = names_of(p->output);
-  for (const PatternAxis& axis : p->output.axes)
-    for (const std::string& n : axis.names)
-      if (!in.count(n)) {
-        L.error(pattern.offset + 1 + axis.offset, fmt::format("rearrange: axis '{}' on the right is not on the left", n),
-                "rearrange only reorders, splits and merges axes");
-        return Operand::invalid();
-      }
-  for (const std::string& n : in)
+  std::set<std::string> out = names_of(p->pattern.output);
+  for (const std::string& n : names_of(p->pattern.inputs[0]))
     if (!out.count(n)) {
-      L.error(pattern.offset + 1 + p->output.offset, fmt::format("rearrange: axis '{}' on the left is missing on the right", n),
+      L.error(at(pattern, p->pattern.output.offset),
+              fmt::format("rearrange: axis '{}' on the left is missing on the right", n),
               "to remove an axis, use reduce(x, pattern, \"sum\") or index it");
       return Operand::invalid();
     }
-  return lower_einops(L, x, *p, *e, std::nullopt, offset);
+  return lower_einops(L, x, p->pattern, p->elementary, std::nullopt, offset);
 }
 
 Operand lower_reduce(Lowerer& L, ValueId x, const Operand& pattern, const Operand& reduction,
@@ -317,24 +334,10 @@ Operand lower_reduce(Lowerer& L, ValueId x, const Operand& pattern, const Operan
             "use \"sum\", \"mean\", \"max\" or \"min\"");
     return Operand::invalid();
   }
-  auto p = parse(L, pattern, "reduce");
+  auto p = prepare(L, x, pattern, sizes, "reduce",
+                   "reduce only removes axes; the right side keeps some of the left's axes");
   if (!p) return Operand::invalid();
-  if (p->inputs.size() != 1) {
-    L.error(pattern.offset + 1, "reduce: the pattern must have exactly one operand left of '->'",
-            "reduce takes one tensor; use einsum to combine two");
-    return Operand::invalid();
-  }
-  auto e = solve_input(L, L.type(x), p->inputs[0], sizes, pattern.offset, "reduce");
-  if (!e) return Operand::invalid();
-  std::set<std::string> in = names_of(p->inputs[0]);
-  for (const PatternAxis& axis : p->output.axes)
-    for (const std::string& n : axis.names)
-      if (!in.count(n)) {
-        L.error(pattern.offset + 1 + axis.offset, fmt::format("reduce: axis '{}' on the right is not on the left", n),
-                "reduce only removes axes; the right side keeps some of the left's axes");
-        return Operand::invalid();
-      }
-  return lower_einops(L, x, *p, *e, kind->second, offset);
+  return lower_einops(L, x, p->pattern, p->elementary, kind->second, offset);
 }
 
 }  // namespace napkin::frontend

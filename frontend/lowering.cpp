@@ -70,8 +70,8 @@ std::optional<ValueId> Lowerer::to_tensor(const Operand& o, ir::DType dtype, con
           "cast the tensor with cast(x, f32)");
     return std::nullopt;
   }
-  b_.set_loc(base_.shifted(o.offset));
-  return b_.must(b_.constant(o.number, dtype));
+  ir::Builder& b = builder_at(o.offset);
+  return b.must(b.constant(o.number, dtype));
 }
 
 std::optional<int64_t> Lowerer::need_int(const Operand& o, const std::string& what) {
@@ -298,15 +298,8 @@ Operand Lowerer::eval_subscript(const Expr& e) {
 Operand Lowerer::eval_in(const YAML::Node& node, Scope& scope, const std::string& what) {
   ExprPtr expr = ctx_.parse_scalar_expr(node, what);
   if (!expr) return Operand::invalid();
-  Scope* saved_scope = scope_;
-  ir::SourceLoc saved_base = base_;
-  scope_ = &scope;
-  base_ = ctx_.text_loc(node);
-  b_.set_scope(scope.prefix);
-  Operand result = eval(*expr);
-  scope_ = saved_scope;
-  base_ = saved_base;
-  return result;
+  Frame frame(*this, &scope, ctx_.text_loc(node));
+  return eval(*expr);
 }
 
 Operand Lowerer::lower_scalar(const YAML::Node& node, Scope& scope, const std::string& what) {
@@ -314,13 +307,8 @@ Operand Lowerer::lower_scalar(const YAML::Node& node, Scope& scope, const std::s
   if (!result.ok() || result.kind == Operand::Kind::Tensor) return result;
   // A bare word (an undefined name) or a number: report it at the expression,
   // which eval_in no longer points at, so the error keeps its line and column.
-  Scope* saved_scope = scope_;
-  ir::SourceLoc saved_base = base_;
-  scope_ = &scope;
-  base_ = ctx_.text_loc(node);
+  Frame frame(*this, &scope, ctx_.text_loc(node));
   need_tensor(result, what);
-  scope_ = saved_scope;
-  base_ = saved_base;
   return Operand::invalid();
 }
 
@@ -356,8 +344,8 @@ bool Lowerer::assign(const YAML::Node& key, const Operand& value, Scope& scope) 
   if (targets.names.size() == 1) {
     std::optional<ValueId> v;
     if (value.kind == Operand::Kind::Number) {
-      b_.set_loc(key_loc);
-      v = b_.must(b_.constant(value.number, ir::DType::F32));
+      ir::Builder& b = builder_located(key_loc);
+      v = b.must(b.constant(value.number, ir::DType::F32));
     } else {
       v = need_tensor(value, fmt::format("the value of '{}'", targets.names[0].first));
     }
@@ -387,9 +375,9 @@ bool Lowerer::assign(const YAML::Node& key, const Operand& value, Scope& scope) 
                         "the leading axis is split into one value per name");
       return fail();
     }
-    b_.set_loc(key_loc);
+    ir::Builder& b = builder_located(key_loc);
     for (size_t i = 0; i < targets.names.size(); ++i)
-      results.push_back(b_.must(b_.add(Op::Select, {*v}, {{"axis", int64_t{0}}, {"index", static_cast<int64_t>(i)}})));
+      results.push_back(b.must(b.add(Op::Select, {*v}, {{"axis", int64_t{0}}, {"index", static_cast<int64_t>(i)}})));
   }
   for (size_t i = 0; i < results.size(); ++i) {
     const std::string& name = targets.names[i].first;
@@ -432,13 +420,8 @@ bool Lowerer::lower_forward(const YAML::Node& list, Scope& scope) {
     Operand value = eval_in(expr, scope, fmt::format("'{}'", key.Scalar()));
     // Errors about the value itself (an undefined word, a list for one name)
     // point into the expression, so assign sees the expression's location.
-    Scope* saved_scope = scope_;
-    ir::SourceLoc saved_base = base_;
-    scope_ = &scope;
-    base_ = ctx_.text_loc(expr);
+    Frame frame(*this, &scope, ctx_.text_loc(expr));
     assign(key, value, scope);  // on failure it marks the names failed
-    scope_ = saved_scope;
-    base_ = saved_base;
   }
   return ctx_.diag().error_count() == errors_before;
 }

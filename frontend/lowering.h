@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <utility>
 #include <set>
 #include <string>
 #include <vector>
@@ -118,12 +119,35 @@ class Lowerer {
   std::optional<int64_t> need_axis(const Operand& o, int rank, const std::string& what);
 
   const ir::TensorType& type(ir::ValueId v) const { return g_.value(v).type; }
-  // The builder, located at `offset` of the current expression: every node it
-  // makes from here on carries that YAML location.
-  ir::Builder& builder_at(int offset) {
-    b_.set_loc(base_.shifted(offset));
+  // The builder, located at `offset` of the current expression (or at `loc`):
+  // every node it makes from here on carries that YAML location and the scope
+  // of the block instance being lowered.
+  ir::Builder& builder_at(int offset) { return builder_located(base_.shifted(offset)); }
+  ir::Builder& builder_located(const ir::SourceLoc& loc) {
+    b_.set_loc(loc);
+    b_.set_scope(scope_ ? scope_->prefix : "");
     return b_;
   }
+
+  // Where expressions are evaluated: the scope names resolve in and the YAML
+  // location of offset 0. A Frame sets both and restores the previous ones when
+  // it goes out of scope, on every path.
+  class Frame {
+   public:
+    Frame(Lowerer& L, Scope* scope, ir::SourceLoc base)
+        : L_(L), scope_(std::exchange(L.scope_, scope)), base_(std::exchange(L.base_, std::move(base))) {}
+    ~Frame() {
+      L_.scope_ = scope_;
+      L_.base_ = std::move(base_);
+    }
+    Frame(const Frame&) = delete;
+    Frame& operator=(const Frame&) = delete;
+
+   private:
+    Lowerer& L_;
+    Scope* scope_;
+    ir::SourceLoc base_;
+  };
   ir::Graph& graph() { return g_; }
   Operand instantiate_repeat(const BlockDef& block, int64_t count, std::vector<ir::ValueId> args,
                              const std::string& prefix, int offset);

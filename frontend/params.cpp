@@ -21,13 +21,7 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
   std::string what = fmt::format("the init of '{}'", param);
   ExprPtr expr = ctx_.parse_scalar_expr(node, what);
   if (!expr) return std::nullopt;
-  ir::SourceLoc saved = base_;
-  base_ = ctx_.text_loc(node);
-  struct Restore {
-    ir::SourceLoc& slot;
-    ir::SourceLoc value;
-    ~Restore() { slot = value; }
-  } restore{base_, saved};
+  Frame frame(*this, scope_, ctx_.text_loc(node));
 
   std::string kind;
   std::vector<const Expr*> positional;
@@ -270,9 +264,6 @@ Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::v
           "give the block a single argument, e.g. args: [x]");
     return Operand::invalid();
   }
-  Scope* outer_scope = scope_;
-  ir::SourceLoc outer_base = base_;
-  std::string outer_builder_scope = b_.scope();
   active_blocks_.push_back(block.name);
   repeat_copies_ *= count;
   struct Leave {
@@ -290,8 +281,6 @@ Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::v
     // The first name at or after "prefix.i." starts with it iff any does.
     if (auto taken = param_names_.lower_bound(inner.prefix + ".");
         taken != param_names_.end() && taken->rfind(inner.prefix + ".", 0) == 0) {
-      scope_ = outer_scope;
-      base_ = outer_base;
       error(offset, fmt::format("parameter names '{}.*' are already taken", inner.prefix),
             "give this repeat its own prefix, e.g. repeat(block, n, x, prefix=\"dec\")");
       return Operand::invalid();
@@ -315,8 +304,6 @@ Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::v
       return Operand::invalid();
     }
     if (!type(it->second).same_shape(type(current)) || type(it->second).dtype != type(current).dtype) {
-      scope_ = outer_scope;
-      base_ = outer_base;
       error(offset, fmt::format("repeat needs block '{}' to return the shape it takes: it takes {} and returns {}",
                                 block.name, ir::to_string(type(current)), ir::to_string(type(it->second))),
             "each copy's output feeds the next copy: project back to the input's shape at the end of the block");
@@ -324,9 +311,6 @@ Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::v
     }
     current = it->second;
   }
-  scope_ = outer_scope;
-  base_ = outer_base;
-  b_.set_scope(outer_builder_scope);
   return Operand::tensor(current, offset);
 }
 
