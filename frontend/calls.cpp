@@ -50,9 +50,7 @@ LowerFn unary(Op op, double (*fold)(double), bool integral = false) {
 // Two operands where either may be a number (it takes the tensor's dtype).
 Operand binary(Lowerer& L, Op op, const Operand& x, const Operand& y, const Expr& call) {
   if (!x.ok() || !y.ok()) return Operand::invalid();
-  ir::DType dtype = x.kind == Operand::Kind::Tensor   ? L.type(x.value).dtype
-                    : y.kind == Operand::Kind::Tensor ? L.type(y.value).dtype
-                                                      : ir::DType::F32;
+  ir::DType dtype = L.common_dtype(x, y);
   auto a = L.to_tensor(x, dtype, call.text);
   auto b = L.to_tensor(y, dtype, call.text);
   if (!a || !b) return Operand::invalid();
@@ -200,9 +198,7 @@ const std::vector<CallSpec>& call_table() {
     add({"where", {"cond", "x", "y"}, 3, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            auto c = tensor_arg(L, a, "cond", call);
            const Operand &x = *a.get("x"), &y = *a.get("y");
-           ir::DType dtype = x.kind == Operand::Kind::Tensor   ? L.type(x.value).dtype
-                             : y.kind == Operand::Kind::Tensor ? L.type(y.value).dtype
-                                                               : ir::DType::F32;
+           ir::DType dtype = L.common_dtype(x, y);
            auto tx = L.to_tensor(x, dtype, "where");
            auto ty = L.to_tensor(y, dtype, "where");
            if (!c || !tx || !ty) return Operand::invalid();

@@ -62,6 +62,12 @@ std::optional<ValueId> Lowerer::need_tensor(const Operand& o, const std::string&
   }
 }
 
+ir::DType Lowerer::common_dtype(const Operand& a, const Operand& b) const {
+  if (a.kind == Operand::Kind::Tensor) return type(a.value).dtype;
+  if (b.kind == Operand::Kind::Tensor) return type(b.value).dtype;
+  return ir::DType::F32;
+}
+
 std::optional<ValueId> Lowerer::to_tensor(const Operand& o, ir::DType dtype, const std::string& what) {
   if (o.kind != Operand::Kind::Number) return need_tensor(o, what);
   if (ir::is_integer(dtype) && !o.integer) {
@@ -213,9 +219,7 @@ Operand Lowerer::eval_binary(const Expr& e) {
     return Operand::invalid();
   }
   // A number takes the dtype of the tensor on the other side.
-  ir::DType dtype = a.kind == Operand::Kind::Tensor ? type(a.value).dtype
-                    : b.kind == Operand::Kind::Tensor ? type(b.value).dtype
-                                                      : ir::DType::F32;
+  ir::DType dtype = common_dtype(a, b);
   std::string what = fmt::format("operand of '{}'", token);
   auto x = to_tensor(a, dtype, what);
   auto y = to_tensor(b, dtype, what);

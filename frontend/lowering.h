@@ -108,6 +108,9 @@ class Lowerer {
   // Adds a node at `offset`; a shape/dtype error is reported there.
   Operand build(ir::Op op, std::vector<ir::ValueId> inputs, ir::Attrs attrs, int offset);
   Operand wrap(const ir::Built& b, int offset);
+  // The dtype a number takes next to `a` and `b`: that of the first tensor among
+  // them (f32 if neither is one), so 2 * x stays in x's dtype.
+  ir::DType common_dtype(const Operand& a, const Operand& b) const;
   // Converts an operand to a tensor; numbers become constants of `dtype`.
   std::optional<ir::ValueId> to_tensor(const Operand& o, ir::DType dtype, const std::string& what);
   // Requires a tensor; reports "expected a tensor" or "undefined name" otherwise.
