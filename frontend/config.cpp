@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
-#include <set>
+#include <map>
+#include <optional>
 
 #include "frontend/suggest.h"
 
@@ -61,28 +63,27 @@ std::optional<ConfigValue> fold(const Expr& e, const ir::SourceLoc& base, ir::Di
   return std::nullopt;
 }
 
-struct OptimizerSpec {
-  ir::OptimizerKind kind;
-  std::vector<std::string> keys;  // besides the common ones
-};
-
 const std::vector<std::string> kCommonKeys = {"lr", "weight_decay", "grad_clip", "schedule", "warmup", "min_lr", "no_decay"};
 
-const std::map<std::string, OptimizerSpec>& optimizers() {
-  static const std::map<std::string, OptimizerSpec> table = {
-      {"sgd", {ir::OptimizerKind::SGD, {"momentum", "nesterov"}}},
-      {"momentum", {ir::OptimizerKind::Momentum, {"momentum", "nesterov"}}},
-      {"adagrad", {ir::OptimizerKind::AdaGrad, {"eps"}}},
-      {"rmsprop", {ir::OptimizerKind::RMSProp, {"alpha", "eps", "momentum"}}},
-      {"adam", {ir::OptimizerKind::Adam, {"betas", "eps"}}},
-      {"adamw", {ir::OptimizerKind::AdamW, {"betas", "eps"}}},
-  };
-  return table;
+// The options of each optimizer besides kCommonKeys.
+std::vector<std::string> optimizer_keys(ir::OptimizerKind k) {
+  switch (k) {
+    case ir::OptimizerKind::SGD:
+    case ir::OptimizerKind::Momentum: return {"momentum", "nesterov"};
+    case ir::OptimizerKind::AdaGrad: return {"eps"};
+    case ir::OptimizerKind::RMSProp: return {"alpha", "eps", "momentum"};
+    case ir::OptimizerKind::Adam:
+    case ir::OptimizerKind::AdamW: return {"betas", "eps"};
+  }
+  return {};
 }
 
-std::vector<std::string> names_of(const std::map<std::string, OptimizerSpec>& m) {
+// The names of `kinds`, sorted, for messages.
+template <class Kind, size_t N>
+std::vector<std::string> sorted_names(const Kind (&kinds)[N], std::string_view (*name_of)(Kind)) {
   std::vector<std::string> names;
-  for (const auto& [k, v] : m) names.push_back(k);
+  for (Kind k : kinds) names.emplace_back(name_of(k));
+  std::sort(names.begin(), names.end());
   return names;
 }
 
@@ -95,23 +96,24 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
   auto err = [&](int offset, std::string msg, std::string hint = "") {
     ctx.diag().error(base.shifted(offset), std::move(msg), std::move(hint));
   };
+  static const std::vector<std::string> names = sorted_names(ir::kAllOptimizers, ir::optimizer_name);
   if (e->kind != ExprKind::Call && e->kind != ExprKind::Name) {
     err(e->offset, "optimizer must be a call such as adamw(lr=3e-4)",
-        fmt::format("known optimizers: {}", fmt::join(names_of(optimizers()), ", ")));
+        fmt::format("known optimizers: {}", fmt::join(names, ", ")));
     return;
   }
-  auto spec = optimizers().find(e->text);
-  if (spec == optimizers().end()) {
-    err(e->offset, fmt::format("unknown optimizer '{}'{}", e->text, did_you_mean(e->text, names_of(optimizers()))),
-        fmt::format("known optimizers: {}", fmt::join(names_of(optimizers()), ", ")));
+  std::optional<ir::OptimizerKind> kind = ir::parse_optimizer(e->text);
+  if (!kind) {
+    err(e->offset, fmt::format("unknown optimizer '{}'{}", e->text, did_you_mean(e->text, names)),
+        fmt::format("known optimizers: {}", fmt::join(names, ", ")));
     return;
   }
   out = {};
-  out.kind = spec->second.kind;
+  out.kind = *kind;
   if (out.kind == ir::OptimizerKind::Momentum) out.momentum = 0.9;
   if (out.kind == ir::OptimizerKind::AdaGrad) out.eps = 1e-10;  // torch.optim.Adagrad's default
   std::vector<std::string> allowed = kCommonKeys;
-  allowed.insert(allowed.end(), spec->second.keys.begin(), spec->second.keys.end());
+  for (std::string& key : optimizer_keys(out.kind)) allowed.push_back(std::move(key));
   std::map<std::string, ConfigValue> values;
   if (e->args.size() > 1) {
     err(e->args[1]->offset, fmt::format("{} takes only lr as a positional argument", e->text),
@@ -210,12 +212,7 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
 }
 
 void read_precision(const YAML::Node& node, YamlContext& ctx, ir::PrecisionConfig& out) {
-  static const std::map<std::string, ir::PrecisionPolicy> policies = {{"fp32", ir::PrecisionPolicy::FP32},
-                                                                      {"bf16-mixed", ir::PrecisionPolicy::BF16Mixed},
-                                                                      {"fp16-mixed", ir::PrecisionPolicy::FP16Mixed},
-                                                                      {"fp8-mixed", ir::PrecisionPolicy::FP8Mixed}};
-  std::vector<std::string> names;
-  for (const auto& [k, v] : policies) names.push_back(k);
+  static const std::vector<std::string> names = sorted_names(ir::kAllPrecisions, ir::precision_name);
   // Never assign to a YAML::Node after construction: yaml-cpp's operator=
   // rewrites the node it refers to, not the handle.
   const YAML::Node policy = node.IsMap() ? node["policy"] : node;
@@ -258,16 +255,16 @@ void read_precision(const YAML::Node& node, YamlContext& ctx, ir::PrecisionConfi
   }
   std::string text;
   if (!ctx.scalar_text(policy, "precision", text)) return;
-  auto it = policies.find(text);
-  if (it == policies.end()) {
+  std::optional<ir::PrecisionPolicy> parsed = ir::parse_precision(text);
+  if (!parsed) {
     // "bf16" names a dtype; the policy that computes in it is "bf16-mixed".
-    std::string suggestion =
-        policies.count(text + "-mixed") ? fmt::format("; did you mean '{}-mixed'?", text) : did_you_mean(text, names);
+    std::string suggestion = ir::parse_precision(text + "-mixed") ? fmt::format("; did you mean '{}-mixed'?", text)
+                                                                  : did_you_mean(text, names);
     ctx.error(policy, fmt::format("unknown precision policy '{}'{}", text, suggestion),
               fmt::format("policies: {}", fmt::join(names, ", ")));
     return;
   }
-  out.policy = it->second;
+  out.policy = *parsed;
 }
 
 namespace {

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <set>
 
 #include "frontend/suggest.h"
@@ -14,12 +13,23 @@ namespace napkin::frontend {
 
 namespace {
 
-// Evaluates with a name resolver, so the same code serves the dims table
-// (resolving lazily, with cycle detection) and shapes (resolved table).
-using Resolver = std::function<std::optional<int64_t>(const Expr&)>;
+// The size of the dim `name` refers to. An unknown name is reported at its
+// use; a failed dim is silent (its own error is reported).
+std::optional<int64_t> lookup(const Expr& name, const DimTable& dims, const ir::SourceLoc& base,
+                              ir::Diagnostics& diag) {
+  if (auto it = dims.sizes.find(name.text); it != dims.sizes.end()) return it->second;
+  if (dims.failed.count(name.text)) return std::nullopt;
+  diag.error(base.shifted(name.offset),
+             fmt::format("unknown dim '{}'{}", name.text, did_you_mean(name.text, dims.order)),
+             dims.order.empty() ? "declare it under dims:"
+                                : fmt::format("declared dims: {}", fmt::join(dims.order, ", ")));
+  return std::nullopt;
+}
 
-std::optional<int64_t> eval(const Expr& e, const Resolver& resolve, const ir::SourceLoc& base,
-                            ir::Diagnostics& diag) {
+}  // namespace
+
+std::optional<int64_t> eval_dim_expr(const Expr& e, const DimTable& dims, const ir::SourceLoc& base,
+                                     ir::Diagnostics& diag) {
   auto fail = [&](const Expr& at, std::string msg, std::string hint = "") -> std::optional<int64_t> {
     diag.error(base.shifted(at.offset), std::move(msg), std::move(hint));
     return std::nullopt;
@@ -43,15 +53,15 @@ std::optional<int64_t> eval(const Expr& e, const Resolver& resolve, const ir::So
                     "no tensor axis is that large; check the value");
       return static_cast<int64_t>(e.number);
     case ExprKind::Name:
-      return resolve(e);
+      return lookup(e, dims, base, diag);
     case ExprKind::Unary: {
-      auto v = eval(*e.args[0], resolve, base, diag);
+      auto v = eval_dim_expr(*e.args[0], dims, base, diag);
       if (!v) return v;
       return e.text == "-" ? -*v : *v;
     }
     case ExprKind::Binary: {
-      auto a = eval(*e.args[0], resolve, base, diag);
-      auto b = eval(*e.args[1], resolve, base, diag);
+      auto a = eval_dim_expr(*e.args[0], dims, base, diag);
+      auto b = eval_dim_expr(*e.args[1], dims, base, diag);
       if (!a || !b) return std::nullopt;
       const std::string& op = e.text;
       __int128 x = *a, y = *b;
@@ -91,7 +101,9 @@ std::optional<int64_t> eval(const Expr& e, const Resolver& resolve, const ir::So
   }
 }
 
-// The names eval looks up in `e`, left to right: it reads names through unary and
+namespace {
+
+// The names eval_dim_expr looks up in `e`, left to right: it reads names through unary and
 // binary operators only (anything else is an error there, its operands unread).
 void dim_refs(const Expr& e, std::vector<const Expr*>& out) {
   if (e.kind == ExprKind::Name) out.push_back(&e);
@@ -101,21 +113,6 @@ void dim_refs(const Expr& e, std::vector<const Expr*>& out) {
 
 }  // namespace
 
-std::optional<int64_t> eval_dim_expr(const Expr& e, const DimTable& dims, const ir::SourceLoc& base,
-                                     ir::Diagnostics& diag) {
-  Resolver resolve = [&](const Expr& name) -> std::optional<int64_t> {
-    auto it = dims.sizes.find(name.text);
-    if (it != dims.sizes.end()) return it->second;
-    if (dims.failed.count(name.text)) return std::nullopt;  // its own error is reported
-    diag.error(base.shifted(name.offset),
-               fmt::format("unknown dim '{}'{}", name.text, did_you_mean(name.text, dims.names())),
-               dims.order.empty() ? "declare it under dims:"
-                                  : fmt::format("declared dims: {}", fmt::join(dims.order, ", ")));
-    return std::nullopt;
-  };
-  return eval(e, resolve, base, diag);
-}
-
 DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
   DimTable table;
   if (!node || node.IsNull()) return table;
@@ -123,7 +120,6 @@ DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
   struct Pending {
     ExprPtr expr;
     ir::SourceLoc base;
-    YAML::Node key;
   };
   std::map<std::string, Pending> pending;
   for (auto it = node.begin(); it != node.end(); ++it) {
@@ -131,12 +127,12 @@ DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
     if (pending.count(name)) continue;  // duplicate: reported by check_keys
     table.order.push_back(name);
     table.locs[name] = ctx.loc(it->first);
-    pending[name] = {ctx.parse_scalar_expr(it->second, fmt::format("dim '{}'", name)), ctx.text_loc(it->second), it->first};
+    pending[name] = {ctx.parse_scalar_expr(it->second, fmt::format("dim '{}'", name)), ctx.text_loc(it->second)};
   }
   // Each dim is evaluated after the dims it refers to, found by a depth-first walk
-  // with an explicit stack: resolving them by recursion through eval overflowed
+  // with an explicit stack: resolving them by recursion through eval_dim_expr overflowed
   // the call stack on a chain of 30000 dims (d0: d1, d1: d2, ...).
-  std::set<std::string> in_progress, failed;
+  std::set<std::string> in_progress;
   std::vector<std::string> stack;  // the names in progress, outermost first (for cycle messages)
   struct Frame {
     std::string name;
@@ -148,7 +144,7 @@ DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
     auto enter = [&](const std::string& name) {
       const Pending& p = pending.at(name);
       if (!p.expr) {  // its syntax error is reported
-        failed.insert(name);
+        table.failed.insert(name);
         return;
       }
       in_progress.insert(name);
@@ -156,19 +152,19 @@ DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
       frames.push_back({name, {}, 0});
       dim_refs(*p.expr, frames.back().refs);
     };
-    if (!table.sizes.count(root) && !failed.count(root)) enter(root);
+    if (!table.sizes.count(root) && !table.failed.count(root)) enter(root);
     while (!frames.empty()) {
       Frame& f = frames.back();
       if (f.next < f.refs.size()) {
         const std::string& dep = f.refs[f.next++]->text;
-        // Unknown names are reported by eval below, at the use.
-        if (table.sizes.count(dep) || failed.count(dep) || !pending.count(dep)) continue;
+        // Unknown names are reported by eval_dim_expr below, at the use.
+        if (table.sizes.count(dep) || table.failed.count(dep) || !pending.count(dep)) continue;
         if (in_progress.count(dep)) {
           std::string cycle;
           for (auto s = std::find(stack.begin(), stack.end(), dep); s != stack.end(); ++s) cycle += *s + " -> ";
           ctx.diag().error(table.locs[dep], fmt::format("dim '{}' depends on itself: {}{}", dep, cycle, dep),
                            "define it from dims that do not refer back to it");
-          failed.insert(dep);
+          table.failed.insert(dep);
           continue;
         }
         enter(dep);
@@ -180,29 +176,20 @@ DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
       stack.pop_back();
       in_progress.erase(name);
       const ir::SourceLoc base = pending.at(name).base;
-      Resolver lookup = [&](const Expr& e) -> std::optional<int64_t> {
-        if (auto it = table.sizes.find(e.text); it != table.sizes.end()) return it->second;
-        if (failed.count(e.text)) return std::nullopt;  // its own error is reported
-        ctx.diag().error(base.shifted(e.offset),
-                         fmt::format("unknown dim '{}'{}", e.text, did_you_mean(e.text, table.order)),
-                         fmt::format("declared dims: {}", fmt::join(table.order, ", ")));
-        return std::nullopt;
-      };
-      std::optional<int64_t> v = eval(*pending.at(name).expr, lookup, base, ctx.diag());
+      std::optional<int64_t> v = eval_dim_expr(*pending.at(name).expr, table, base, ctx.diag());
       if (v && *v <= 0) {
         ctx.diag().error(base, fmt::format("dim '{}' must be positive, got {}", name, *v),
                          "every dim is the size of a tensor axis");
         v.reset();
       }
-      if (!v || failed.count(name)) {
-        failed.insert(name);
+      if (!v || table.failed.count(name)) {
+        table.failed.insert(name);
         continue;
       }
       table.sizes[name] = *v;
     }
   };
   for (const std::string& name : table.order) resolve_name(name);
-  table.failed = failed;
   return table;
 }
 

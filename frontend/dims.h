@@ -23,7 +23,6 @@ struct DimTable {
   std::map<std::string, ir::SourceLoc> locs;
   std::vector<std::string> order;  // as written in the file
   std::set<std::string> failed;     // declared but in error (reported once, then silent)
-  std::vector<std::string> names() const { return order; }
   bool has(const std::string& n) const { return sizes.count(n) > 0; }
 };
 

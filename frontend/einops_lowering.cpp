@@ -8,7 +8,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "frontend/einops_pattern.h"
 #include "frontend/lowering.h"
@@ -86,8 +90,8 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
     const ir::Dim& dim = x.dims[i];
     if (axis.names.empty()) {
       if (dim.size != 1) {
-        L.error(at(pattern, axis.offset), fmt::format("{}: '1' needs an axis of size 1, but axis {} is {}", fn, i,
-                                             ir::describe_dim(dim)),
+        L.error(at(pattern, axis.offset),
+                fmt::format("{}: '1' needs an axis of size 1, but axis {} is {}", fn, i, ir::describe_dim(dim)),
                 "name the axis instead of writing 1");
         return std::nullopt;
       }
@@ -97,8 +101,9 @@ std::optional<Elementary> solve_input(Lowerer& L, const ir::TensorType& x, const
       const std::string& name = axis.names[0];
       if (auto g = given(name); g && g->size != dim.size) {
         if (g->size >= 0)
-          L.error(at(pattern, axis.offset), fmt::format("{}: axis '{}' is {} in the tensor but {}={} was given", fn, name,
-                                               ir::describe_dim(dim), name, g->size),
+          L.error(at(pattern, axis.offset),
+                  fmt::format("{}: axis '{}' is {} in the tensor but {}={} was given", fn, name,
+                              ir::describe_dim(dim), name, g->size),
                   fmt::format("drop {}= or give the tensor's size", name));
         return std::nullopt;
       }
@@ -256,8 +261,9 @@ Operand lower_einsum(Lowerer& L, ValueId a, ValueId b, const Operand& pattern, i
   auto p = parse(L, pattern, "einsum");
   if (!p) return Operand::invalid();
   if (p->inputs.size() != 2) {
-    L.error(at(pattern, 0), fmt::format("einsum: the pattern names {} operand{} but einsum takes 2", p->inputs.size(),
-                               p->inputs.size() == 1 ? "" : "s"),
+    L.error(at(pattern, 0),
+            fmt::format("einsum: the pattern names {} operand{} but einsum takes 2", p->inputs.size(),
+                        p->inputs.size() == 1 ? "" : "s"),
             "write \"<axes of a>, <axes of b> -> <axes of the result>\"");
     return Operand::invalid();
   }
@@ -282,8 +288,9 @@ Operand lower_einsum(Lowerer& L, ValueId a, ValueId b, const Operand& pattern, i
     }
     const ir::TensorType& t = L.type(operands[k]);
     if (static_cast<int>(sides[k].size()) != t.rank()) {
-      L.error(at(pattern, side.offset), fmt::format("einsum: operand {} is {} with {} axes but the pattern '{}' names {}", k + 1,
-                                           ir::to_string(t), t.rank(), side_text(side), sides[k].size()),
+      L.error(at(pattern, side.offset),
+              fmt::format("einsum: operand {} is {} with {} axes but the pattern '{}' names {}", k + 1,
+                          ir::to_string(t), t.rank(), side_text(side), sides[k].size()),
               "write one axis name per dimension of the operand");
       return Operand::invalid();
     }
@@ -291,11 +298,13 @@ Operand lower_einsum(Lowerer& L, ValueId a, ValueId b, const Operand& pattern, i
   std::vector<int64_t> out;
   for (const PatternAxis& axis : p->output.axes) {
     if (axis.is_group || axis.names.size() != 1) {
-      L.error(at(pattern, axis.offset), "einsum: output axes cannot be grouped or be '1'", "rearrange the result afterwards");
+      L.error(at(pattern, axis.offset), "einsum: output axes cannot be grouped or be '1'",
+              "rearrange the result afterwards");
       return Operand::invalid();
     }
     if (!ids.count(axis.names[0])) {
-      L.error(at(pattern, axis.offset), fmt::format("einsum: output axis '{}' does not appear in either operand", axis.names[0]),
+      L.error(at(pattern, axis.offset),
+              fmt::format("einsum: output axis '{}' does not appear in either operand", axis.names[0]),
               "every output axis must come from an operand");
       return Operand::invalid();
     }

@@ -2,10 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <cctype>
 #include <algorithm>
+#include <cctype>
 #include <set>
-#include <sstream>
 
 #include "frontend/suggest.h"
 
@@ -28,25 +27,26 @@ std::string to_file_columns(const std::string& message, int first_column) {
 
 YamlContext::YamlContext(std::string path, const std::string& text, ir::Diagnostics& diag)
     : file_(std::make_shared<const std::string>(std::move(path))), diag_(diag) {
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines_.push_back(line);
+  if (!diag_.source_lines(*file_)) diag_.add_source(*file_, text);
+  lines_ = diag_.source_lines(*file_);
 }
 
 ir::SourceLoc YamlContext::loc(const YAML::Node& node) const {
   YAML::Mark m = node.Mark();
   if (m.is_null()) return {file_, 0, 0};
   ir::SourceLoc l{file_, m.line + 1, m.column + 1};
+  const std::vector<std::string>& lines = *lines_;
   // An empty value ("loss:" and nothing after it) is marked where the next token
   // starts: the next line, or past the end of the file. The value belongs right
   // after the colon, at the end of the last non-blank line before that.
   auto blank_before = [&](int line, int col) {
-    if (line > static_cast<int>(lines_.size())) return true;
-    const std::string& text = lines_[line - 1];
+    if (line > static_cast<int>(lines.size())) return true;
+    const std::string& text = lines[line - 1];
     return text.substr(0, std::min<size_t>(col - 1, text.size())).find_first_not_of(" \t") == std::string::npos;
   };
   if (node.IsNull() && blank_before(l.line, l.col)) {
-    for (int line = std::min<int>(l.line - 1, lines_.size()); line >= 1; --line) {
-      const std::string& text = lines_[line - 1];
+    for (int line = std::min<int>(l.line - 1, lines.size()); line >= 1; --line) {
+      const std::string& text = lines[line - 1];
       size_t end = text.find_last_not_of(" \t\r");
       if (end == std::string::npos) continue;
       return {file_, line, static_cast<int>(end) + 2};
@@ -57,8 +57,8 @@ ir::SourceLoc YamlContext::loc(const YAML::Node& node) const {
 
 ir::SourceLoc YamlContext::text_loc(const YAML::Node& node) const {
   ir::SourceLoc l = loc(node);
-  if (l.line > 0 && l.line <= static_cast<int>(lines_.size())) {
-    const std::string& line = lines_[l.line - 1];
+  if (l.line > 0 && l.line <= static_cast<int>(lines_->size())) {
+    const std::string& line = (*lines_)[l.line - 1];
     if (l.col > 0 && l.col <= static_cast<int>(line.size()) && (line[l.col - 1] == '"' || line[l.col - 1] == '\''))
       l.col += 1;
   }

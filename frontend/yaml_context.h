@@ -22,6 +22,8 @@ std::string to_file_columns(const std::string& message, int first_column);
 
 class YamlContext {
  public:
+  // Registers `text` with diag unless the file already is: the lines quoted in
+  // errors and the lines read here are one copy.
   YamlContext(std::string path, const std::string& text, ir::Diagnostics& diag);
 
   ir::Diagnostics& diag() { return diag_; }
@@ -50,7 +52,7 @@ class YamlContext {
 
  private:
   std::shared_ptr<const std::string> file_;
-  std::vector<std::string> lines_;
+  const std::vector<std::string>* lines_ = nullptr;  // owned by diag_
   bool check_map(const YAML::Node& map, const std::vector<std::string>* allowed, const std::string& what);
   ir::Diagnostics& diag_;
 };

@@ -23,6 +23,11 @@ void Diagnostics::add_source(const std::string& file, std::string text) {
   source_lines_[file] = std::move(lines);
 }
 
+const std::vector<std::string>* Diagnostics::source_lines(const std::string& file) const {
+  auto it = source_lines_.find(file);
+  return it == source_lines_.end() ? nullptr : &it->second;
+}
+
 void Diagnostics::error(const SourceLoc& loc, std::string message, std::string hint) {
   diagnostics_.push_back({Severity::Error, loc, std::move(message), std::move(hint)});
   ++error_count_;

@@ -36,6 +36,9 @@ class Diagnostics {
  public:
   // Registers the text of a file so rendered errors can quote its lines.
   void add_source(const std::string& file, std::string text);
+  // The lines of a registered file, without line endings ('\n', '\r\n');
+  // null if the file is not registered.
+  const std::vector<std::string>* source_lines(const std::string& file) const;
 
   void error(const SourceLoc& loc, std::string message, std::string hint = "");
   void warning(const SourceLoc& loc, std::string message, std::string hint = "");

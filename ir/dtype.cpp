@@ -1,11 +1,11 @@
 #include "ir/dtype.h"
 
 #include <array>
-#include <cctype>
 #include <cmath>
 #include <cstddef>
 
 #include "ir/internal_check.h"
+#include "ir/text.h"
 
 namespace napkin::ir {
 
@@ -58,13 +58,6 @@ constexpr Alias kAliases[] = {
     {"fp8_e5m2", DType::F8E5M2},     {"e5m2", DType::F8E5M2},        {"int32", DType::I32},
     {"int64", DType::I64},           {"long", DType::I64},           {"boolean", DType::Bool},
 };
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i])) != b[i]) return false;
-  return true;
-}
 
 }  // namespace
 

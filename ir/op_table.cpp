@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
-#include <set>
 
 #include "ir/graph.h"
 #include "ir/internal_check.h"
@@ -16,8 +16,6 @@ namespace napkin::ir {
 namespace {
 
 using Inputs = std::vector<const TensorType*>;
-
-std::string shape_str(const TensorType& t) { return to_string(t); }
 
 // ---- shape rules -------------------------------------------------------------
 
@@ -41,7 +39,7 @@ InferResult broadcast_shapes(std::string_view op, const Inputs& in, DType out_dt
       if (chosen && d.size != 1 && chosen->size != 1 && d.size != chosen->size)
         return InferResult::fail(
             fmt::format("{}: shapes {} and {} do not broadcast: {} vs {} at axis {}", op,
-                        shape_str(*in[chosen_input]), shape_str(*in[i]), describe_dim(*chosen),
+                        to_string(*in[chosen_input]), to_string(*in[i]), describe_dim(*chosen),
                         describe_dim(d), axis - rank),
             "sizes must be equal or 1 when aligned from the right; rearrange or reduce one side");
       if (better) {
@@ -95,7 +93,7 @@ InferResult infer_cast(const Inputs& in, const Attrs& a) {
 InferResult infer_last_two(std::string_view op, const Inputs& in) {
   if (in[0]->rank() < 2)
     return InferResult::fail(
-        fmt::format("{} needs at least 2 axes (rows, columns), got {}", op, shape_str(*in[0])),
+        fmt::format("{} needs at least 2 axes (rows, columns), got {}", op, to_string(*in[0])),
         "apply it to a matrix or a batch of matrices, e.g. attention scores [b, h, i, j]");
   return InferResult::of(*in[0]);
 }
@@ -150,7 +148,7 @@ InferResult infer_iota(const Inputs&, const Attrs& a) {
 InferResult check_axes(std::string_view op, const TensorType& t, const std::vector<int64_t>& axes) {
   for (int64_t a : axes)
     if (a < 0 || a >= t.rank())
-      return InferResult::fail(fmt::format("{}: axis {} is out of range for {}", op, a, shape_str(t)),
+      return InferResult::fail(fmt::format("{}: axis {} is out of range for {}", op, a, to_string(t)),
                                fmt::format("axes run from 0 to {}", t.rank() - 1));
   return {};
 }
@@ -178,8 +176,8 @@ InferResult infer_matmul(const Inputs& in, const Attrs&) {
   const TensorType &a = *in[0], &b = *in[1];
   if (a.rank() < 2 || b.rank() < 2)
     return InferResult::fail(
-        fmt::format("matmul needs operands with at least 2 axes, got {} and {}", shape_str(a),
-                    shape_str(b)),
+        fmt::format("matmul needs operands with at least 2 axes, got {} and {}", to_string(a),
+                    to_string(b)),
         "for vectors use einsum, e.g. einsum(x, w, \"d, d e -> e\")");
   if (auto r = require_same_dtype("matmul", in); !r.ok()) return r;
   if (auto r = require_float("matmul", a, "operand"); !r.ok()) return r;
@@ -190,7 +188,7 @@ InferResult infer_matmul(const Inputs& in, const Attrs&) {
         fmt::format("matmul: inner dims differ: {} vs {}", describe_dim(ka), describe_dim(kb)),
         fmt::format("the last axis of the left operand {} must equal the second-to-last of the "
                     "right operand {}; transpose or rearrange one of them",
-                    shape_str(a), shape_str(b)));
+                    to_string(a), to_string(b)));
   TensorType batch_a, batch_b;
   batch_a.dims.assign(a.dims.begin(), a.dims.end() - 2);
   batch_b.dims.assign(b.dims.begin(), b.dims.end() - 2);
@@ -204,24 +202,27 @@ InferResult infer_matmul(const Inputs& in, const Attrs&) {
 
 // Einsum attrs: lhs, rhs, out are axis ids; axis_names is a space-separated list
 // naming each id (for messages); spec is the pattern as the user wrote it.
+//
+// The name of axis `id` in axis_names for a message, or the id if unnamed. Only
+// the error paths split the list: the verifier re-runs inference after every pass.
+std::string einsum_axis_name(const std::string& axis_names, int64_t id) {
+  std::vector<std::string> names;
+  std::string cur;
+  for (char c : axis_names + " ") {
+    if (c == ' ') {
+      if (!cur.empty()) names.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  return id >= 0 && id < static_cast<int64_t>(names.size()) ? names[id] : std::to_string(id);
+}
+
 InferResult infer_einsum(const Inputs& in, const Attrs& a) {
   if (auto r = require_same_dtype("einsum", in); !r.ok()) return r;
   if (auto r = require_float("einsum", *in[0], "operand"); !r.ok()) return r;
-  std::vector<std::string> names;
-  {
-    std::string all = a.get_string("axis_names"), cur;
-    for (char c : all + " ") {
-      if (c == ' ') {
-        if (!cur.empty()) names.push_back(cur);
-        cur.clear();
-      } else {
-        cur += c;
-      }
-    }
-  }
-  auto axis_name = [&](int64_t id) {
-    return id >= 0 && id < static_cast<int64_t>(names.size()) ? names[id] : std::to_string(id);
-  };
+  const std::string& axis_names = a.get_string("axis_names");
   std::map<int64_t, Dim> size_of;
   std::map<int64_t, int> defined_by;
   const std::vector<int64_t>* operands[2] = {&a.get_ints("lhs"), &a.get_ints("rhs")};
@@ -230,7 +231,7 @@ InferResult infer_einsum(const Inputs& in, const Attrs& a) {
     if (static_cast<int>(ids.size()) != in[k]->rank())
       return InferResult::fail(
           fmt::format("einsum: operand {} has {} axes {} but the pattern names {}", k + 1,
-                      in[k]->rank(), shape_str(*in[k]), ids.size()),
+                      in[k]->rank(), to_string(*in[k]), ids.size()),
           "write one axis name per dimension of the operand");
     for (size_t i = 0; i < ids.size(); ++i) {
       const Dim& d = in[k]->dims[i];
@@ -241,8 +242,8 @@ InferResult infer_einsum(const Inputs& in, const Attrs& a) {
       } else if (it->second.size != d.size) {
         return InferResult::fail(
             fmt::format("einsum: axis '{}' is {} in operand {} but {} in operand {}",
-                        axis_name(ids[i]), describe_dim(it->second), defined_by[ids[i]] + 1,
-                        describe_dim(d), k + 1),
+                        einsum_axis_name(axis_names, ids[i]), describe_dim(it->second),
+                        defined_by[ids[i]] + 1, describe_dim(d), k + 1),
             "the same axis name must have the same size everywhere in the pattern");
       }
     }
@@ -253,7 +254,8 @@ InferResult infer_einsum(const Inputs& in, const Attrs& a) {
     auto it = size_of.find(id);
     if (it == size_of.end())
       return InferResult::fail(
-          fmt::format("einsum: output axis '{}' does not appear in any operand", axis_name(id)),
+          fmt::format("einsum: output axis '{}' does not appear in any operand",
+                      einsum_axis_name(axis_names, id)),
           "every output axis must come from an operand");
     out.dims.push_back(it->second);
   }
@@ -271,7 +273,7 @@ InferResult infer_reshape(const Inputs& in, const Attrs& a) {
   }
   if (n != in[0]->numel())
     return InferResult::fail(fmt::format("reshape: {} has {} elements but the new shape has {}",
-                                         shape_str(*in[0]), in[0]->numel(), n),
+                                         to_string(*in[0]), in[0]->numel(), n),
                              "the product of the new sizes must equal the element count");
   return InferResult::of(t);
 }
@@ -285,7 +287,7 @@ InferResult infer_permute(const Inputs& in, const Attrs& a) {
   if (sorted != expected)
     return InferResult::fail(
         fmt::format("transpose: the permutation must list each of the {} axes of {} once",
-                    in[0]->rank(), shape_str(*in[0])),
+                    in[0]->rank(), to_string(*in[0])),
         fmt::format("use a permutation of 0..{}", in[0]->rank() - 1));
   TensorType t;
   t.dtype = in[0]->dtype;
@@ -298,7 +300,7 @@ InferResult infer_broadcast(const Inputs& in, const Attrs& a) {
   const TensorType& x = *in[0];
   int rank = static_cast<int>(shape.size());
   if (x.rank() > rank)
-    return InferResult::fail(fmt::format("cannot broadcast {} to fewer axes", shape_str(x)), "reduce or index it instead");
+    return InferResult::fail(fmt::format("cannot broadcast {} to fewer axes", to_string(x)), "reduce or index it instead");
   TensorType t;
   t.dtype = x.dtype;
   for (int i = 0; i < rank; ++i) {
@@ -309,7 +311,7 @@ InferResult infer_broadcast(const Inputs& in, const Attrs& a) {
       t.dims.push_back({shape[i], ""});
     } else {
       return InferResult::fail(fmt::format("cannot broadcast {} to size {} at axis {}",
-                                           shape_str(x), shape[i], i),
+                                           to_string(x), shape[i], i),
                                "only axes of size 1 can be broadcast");
     }
   }
@@ -320,7 +322,7 @@ InferResult infer_slice(const Inputs& in, const Attrs& a) {
   int64_t axis = a.get_int("axis"), start = a.get_int("start"), stop = a.get_int("stop");
   const TensorType& x = *in[0];
   if (axis < 0 || axis >= x.rank())
-    return InferResult::fail(fmt::format("slice: axis {} out of range for {}", axis, shape_str(x)), "index fewer axes");
+    return InferResult::fail(fmt::format("slice: axis {} out of range for {}", axis, to_string(x)), "index fewer axes");
   int64_t size = x.dims[axis].size;
   if (start < 0 || stop > size || start >= stop)
     return InferResult::fail(
@@ -336,7 +338,7 @@ InferResult infer_select(const Inputs& in, const Attrs& a) {
   int64_t axis = a.get_int("axis"), index = a.get_int("index");
   const TensorType& x = *in[0];
   if (axis < 0 || axis >= x.rank())
-    return InferResult::fail(fmt::format("index: axis {} out of range for {}", axis, shape_str(x)), "index fewer axes");
+    return InferResult::fail(fmt::format("index: axis {} out of range for {}", axis, to_string(x)), "index fewer axes");
   if (index < 0 || index >= x.dims[axis].size)
     return InferResult::fail(fmt::format("index {} is out of range for axis {} of size {}", index,
                                          axis, describe_dim(x.dims[axis])),
@@ -353,7 +355,7 @@ InferResult infer_concat(const Inputs& in, const Attrs& a) {
   int64_t axis = a.get_int("axis");
   const TensorType& first = *in[0];
   if (axis < 0 || axis >= first.rank())
-    return InferResult::fail(fmt::format("concat: axis {} out of range for {}", axis, shape_str(first)),
+    return InferResult::fail(fmt::format("concat: axis {} out of range for {}", axis, to_string(first)),
                              fmt::format("axes run from 0 to {}", first.rank() - 1));
   if (auto r = require_same_dtype("concat", in); !r.ok()) return r;
   TensorType out = first;
@@ -362,7 +364,7 @@ InferResult infer_concat(const Inputs& in, const Attrs& a) {
     const TensorType& t = *in[k];
     if (t.rank() != first.rank())
       return InferResult::fail(fmt::format("concat: input {} {} has a different rank than {}", k + 1,
-                                           shape_str(t), shape_str(first)),
+                                           to_string(t), to_string(first)),
                                "concatenated tensors need the same number of axes");
     for (int i = 0; i < t.rank(); ++i)
       if (i != axis && t.dims[i].size != first.dims[i].size)
@@ -405,7 +407,7 @@ InferResult check_norm_param(std::string_view op, std::string_view role, const T
   if (p.rank() != 1 || p.dims[0].size != last.size)
     return InferResult::fail(
         fmt::format("{}: {} has shape {} but the last axis of the input is {}", op, role,
-                    shape_str(p), describe_dim(last)),
+                    to_string(p), describe_dim(last)),
         fmt::format("declare the {} with shape [{}]", role, last.name.empty() ? std::to_string(last.size) : last.name));
   if (p.dtype != x.dtype)
     return InferResult::fail(fmt::format("{}: {} is {} but the input is {}", op, role,
@@ -438,7 +440,7 @@ InferResult infer_cross_entropy(const Inputs& in, const Attrs&) {
   if (logits.rank() != targets.rank() + 1)
     return InferResult::fail(
         fmt::format("cross_entropy: logits {} must have one more axis (the classes) than targets {}",
-                    shape_str(logits), shape_str(targets)),
+                    to_string(logits), to_string(targets)),
         "logits are [..., classes] and targets [...]: one class id per row of logits");
   for (int i = 0; i < targets.rank(); ++i)
     if (logits.dims[i].size != targets.dims[i].size)
@@ -455,8 +457,8 @@ InferResult infer_mse(const Inputs& in, const Attrs&) {
   if (auto r = require_float("mse", *in[0]); !r.ok()) return r;
   if (auto r = require_same_dtype("mse", in); !r.ok()) return r;
   if (!in[0]->same_shape(*in[1]))
-    return InferResult::fail(fmt::format("mse: shapes differ: {} vs {}", shape_str(*in[0]),
-                                         shape_str(*in[1])),
+    return InferResult::fail(fmt::format("mse: shapes differ: {} vs {}", to_string(*in[0]),
+                                         to_string(*in[1])),
                              "prediction and target must have the same shape; rearrange one of them");
   TensorType out;
   out.dtype = in[0]->dtype;
@@ -466,12 +468,13 @@ InferResult infer_mse(const Inputs& in, const Attrs&) {
 // ---- cost rules --------------------------------------------------------------
 
 // Bytes of the distinct elements a value reads from its buffer: a broadcast
-// (stride-0) axis is read once, not once per repetition.
+// (stride-0) axis is read once, not once per repetition. Every value has one
+// stride per axis (the verifier checks it).
 double distinct_bytes(const Graph& g, ValueId id) {
   const Value& v = g.value(id);
   double n = 1;
   for (int i = 0; i < v.type.rank(); ++i)
-    if (v.layout.strides.empty() || v.layout.strides[i] != 0) n *= v.type.dims[i].size;
+    if (v.layout.strides[i] != 0) n *= v.type.dims[i].size;
   return n * dtype_size(v.type.dtype);
 }
 

@@ -3,6 +3,7 @@
 // type, view layout where it is a view, and the YAML location it came from.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "ir/graph.h"

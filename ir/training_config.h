@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace napkin::ir {
@@ -14,8 +16,19 @@ namespace napkin::ir {
 enum class OptimizerKind : uint8_t { SGD, Momentum, AdaGrad, RMSProp, Adam, AdamW };
 enum class PrecisionPolicy : uint8_t { FP32, BF16Mixed, FP16Mixed, FP8Mixed };
 
+inline constexpr OptimizerKind kAllOptimizers[] = {OptimizerKind::SGD,     OptimizerKind::Momentum,
+                                                   OptimizerKind::AdaGrad, OptimizerKind::RMSProp,
+                                                   OptimizerKind::Adam,    OptimizerKind::AdamW};
+inline constexpr PrecisionPolicy kAllPrecisions[] = {PrecisionPolicy::FP32, PrecisionPolicy::BF16Mixed,
+                                                     PrecisionPolicy::FP16Mixed, PrecisionPolicy::FP8Mixed};
+
+// The names used in model files and reports: "sgd" ... "adamw"; "fp32", "bf16-mixed", ...
 std::string_view optimizer_name(OptimizerKind k);
 std::string_view precision_name(PrecisionPolicy p);
+// The inverse of the above; std::nullopt for an unknown name. Exact unless
+// ignore_case (model files are exact; the estimate CLI accepts "AdamW").
+std::optional<OptimizerKind> parse_optimizer(std::string_view name, bool ignore_case = false);
+std::optional<PrecisionPolicy> parse_precision(std::string_view name, bool ignore_case = false);
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::AdamW;

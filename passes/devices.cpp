@@ -1,7 +1,8 @@
 #include "passes/devices.h"
 
 #include <algorithm>
-#include <cctype>
+
+#include "ir/text.h"
 
 namespace napkin::passes {
 
@@ -79,12 +80,6 @@ std::vector<Device> make_table() {
   return devices;
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
-    return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-  });
-}
-
 }  // namespace
 
 const std::vector<Device>& known_devices() {
@@ -94,7 +89,7 @@ const std::vector<Device>& known_devices() {
 
 const Device* find_device(std::string_view name) {
   for (const Device& d : known_devices())
-    if (iequals(d.name, name)) return &d;
+    if (ir::iequals(d.name, name)) return &d;
   return nullptr;
 }
 

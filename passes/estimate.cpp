@@ -2,8 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cctype>
+#include "ir/training_config.h"
 
 namespace napkin::passes {
 
@@ -11,19 +10,19 @@ namespace {
 
 // Optimizer state is fp32 in every precision policy (as in torch.optim and the
 // lecture): 4 bytes per buffer per parameter.
-struct OptimizerState {
-  std::string_view name;
-  double bytes;
-};
-constexpr OptimizerState kOptimizers[] = {
-    {"sgd", 0},
-    {"momentum", 4},  // velocity
-    {"adagrad", 4},   // running sum of squared gradients
-    {"rmsprop", 4},   // running mean of squared gradients (torch adds a 4-byte
-                      // momentum buffer only when momentum > 0)
-    {"adam", 8},      // first and second moments
-    {"adamw", 8},
-};
+double optimizer_state_bytes(ir::OptimizerKind k) {
+  switch (k) {
+    case ir::OptimizerKind::SGD: return 0;
+    case ir::OptimizerKind::Momentum: return 4;  // velocity
+    case ir::OptimizerKind::AdaGrad: return 4;   // running sum of squared gradients
+    // Running mean of squared gradients (torch adds a 4-byte momentum buffer
+    // only when momentum > 0).
+    case ir::OptimizerKind::RMSProp: return 4;
+    case ir::OptimizerKind::Adam: return 8;      // first and second moments
+    case ir::OptimizerKind::AdamW: return 8;
+  }
+  return 0;
+}
 
 // Bytes of the parameters and gradients the step reads and writes.
 //
@@ -40,37 +39,27 @@ constexpr OptimizerState kOptimizers[] = {
 // (e4m3's eps is 0.125), and gradients stay bf16 because their range needs more
 // than fp8 offers without per-tensor scaling of every gradient. fp8 saves compute
 // and activation memory, not parameter memory.
-struct Precision {
-  std::string_view name;
+struct ParamBytes {
   double params;
   double grads;
 };
-constexpr Precision kPrecisions[] = {
-    {"fp32", 4, 4},
-    {"bf16-mixed", 2, 2},
-    {"fp16-mixed", 2, 2},
-    {"fp8-mixed", 2, 2},
-};
-
-bool iequals(std::string_view a, std::string_view b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
-    return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-  });
+ParamBytes param_bytes(ir::PrecisionPolicy p) {
+  switch (p) {
+    case ir::PrecisionPolicy::FP32: return {4, 4};
+    case ir::PrecisionPolicy::BF16Mixed: return {2, 2};
+    case ir::PrecisionPolicy::FP16Mixed: return {2, 2};
+    case ir::PrecisionPolicy::FP8Mixed: return {2, 2};
+  }
+  return {0, 0};
 }
 
-template <class Table>
-auto find_named(const Table& table, std::string_view name) -> decltype(&table[0]) {
-  for (const auto& entry : table)
-    if (iequals(entry.name, name)) return &entry;
-  return nullptr;
-}
-
-template <class Table>
-std::string names_of(const Table& table) {
+// "a, b, c" in enum order.
+template <class Kind, size_t N>
+std::string names_of(const Kind (&kinds)[N], std::string_view (*name_of)(Kind)) {
   std::string out;
-  for (const auto& entry : table) {
+  for (Kind k : kinds) {
     if (!out.empty()) out += ", ";
-    out += entry.name;
+    out += name_of(k);
   }
   return out;
 }
@@ -94,24 +83,25 @@ Checked<TrainingTime> training_time(double params, double tokens, int gpus, doub
 }
 
 Checked<BytesPerParam> bytes_per_param(std::string_view optimizer, std::string_view precision) {
-  const OptimizerState* opt = find_named(kOptimizers, optimizer);
+  std::optional<ir::OptimizerKind> opt = ir::parse_optimizer(optimizer, /*ignore_case=*/true);
   if (!opt)
     return {std::nullopt, fmt::format("unknown optimizer '{}' (known: {})", optimizer,
                                       known_optimizer_names())};
-  const Precision* prec = find_named(kPrecisions, precision);
+  std::optional<ir::PrecisionPolicy> prec = ir::parse_precision(precision, /*ignore_case=*/true);
   if (!prec)
     return {std::nullopt, fmt::format("unknown precision '{}' (known: {})", precision,
                                       known_precision_names())};
+  const ParamBytes bytes = param_bytes(*prec);
   BytesPerParam b;
-  b.params = prec->params;
-  b.grads = prec->grads;
-  b.optimizer_state = opt->bytes;
+  b.params = bytes.params;
+  b.grads = bytes.grads;
+  b.optimizer_state = optimizer_state_bytes(*opt);
   b.total = b.params + b.grads + b.optimizer_state;
   return {b, ""};
 }
 
-std::string known_optimizer_names() { return names_of(kOptimizers); }
-std::string known_precision_names() { return names_of(kPrecisions); }
+std::string known_optimizer_names() { return names_of(ir::kAllOptimizers, ir::optimizer_name); }
+std::string known_precision_names() { return names_of(ir::kAllPrecisions, ir::precision_name); }
 
 double max_trainable_params(int gpus, double memory_bytes, const BytesPerParam& bytes) {
   return gpus * memory_bytes / bytes.total;

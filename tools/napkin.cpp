@@ -12,6 +12,9 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "frontend/frontend.h"
 #include "ir/internal_check.h"
@@ -117,8 +120,10 @@ int cmd_estimate(const EstimateArgs& a) {
         t.value->seconds, t.value->seconds / 3600, t.value->days);
   }
   if (!a.optimizer.empty() || !a.precision.empty()) {
-    auto b = passes::bytes_per_param(a.optimizer.empty() ? "adamw" : a.optimizer,
-                                     a.precision.empty() ? "fp32" : a.precision);
+    // Either flag alone takes the other's default.
+    const std::string optimizer = a.optimizer.empty() ? "adamw" : a.optimizer;
+    const std::string precision = a.precision.empty() ? "fp32" : a.precision;
+    auto b = passes::bytes_per_param(optimizer, precision);
     if (!b) {
       std::cerr << "error: " << b.error << "\n";
       return kUserError;
@@ -128,8 +133,8 @@ int cmd_estimate(const EstimateArgs& a) {
     std::cout << fmt::format(
         "bytes per parameter ({}, {}): params {} + grads {} + optimizer state {} = {}\n"
         "largest model on {} x {} ({:.4g} bytes each), activations ignored: {:.4g} parameters\n",
-        a.optimizer.empty() ? "adamw" : a.optimizer, a.precision.empty() ? "fp32" : a.precision, bytes.params,
-        bytes.grads, bytes.optimizer_state, bytes.total, a.gpus, device->name, device->memory_bytes, largest);
+        optimizer, precision, bytes.params, bytes.grads, bytes.optimizer_state, bytes.total, a.gpus, device->name,
+        device->memory_bytes, largest);
     if (params > 0) {
       double need = params * bytes.total;
       std::cout << fmt::format("this model needs {:.4g} bytes = {}: {} on {} x {}\n", need, passes::human_bytes(need),
@@ -194,8 +199,8 @@ int main(int argc, char** argv) {
   estimate->add_option("--device", est.device, "device (see napkin devices)")->capture_default_str();
   estimate->add_option("--mfu", est.mfu, "model FLOPs utilization in (0, 1]")->capture_default_str();
   estimate->add_option("--dtype", est.dtype, "compute dtype for the peak")->capture_default_str();
-  estimate->add_option("--optimizer", est.optimizer, "sgd, momentum, adagrad, rmsprop, adam, adamw");
-  estimate->add_option("--precision", est.precision, "fp32, bf16-mixed, fp16-mixed, fp8-mixed");
+  estimate->add_option("--optimizer", est.optimizer, passes::known_optimizer_names());
+  estimate->add_option("--precision", est.precision, passes::known_precision_names());
   estimate->callback([&] { status = cmd_estimate(est); });
 
   app.add_subcommand("devices", "list the device table")->callback([&] { status = cmd_devices(); });
