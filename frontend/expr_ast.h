@@ -41,6 +41,7 @@ struct SliceItem {
 struct Expr {
   ExprKind kind;
   int offset = 0;  // byte offset of the node's first character in the expression string
+  int op_offset = 0;  // Unary, Binary: byte offset of the operator token (where a shape error points)
   std::string text;
   double number = 0;
   bool is_integer = false;  // the literal had no '.', 'e' or 'E'

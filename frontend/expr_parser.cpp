@@ -271,6 +271,7 @@ ExprPtr make_node(ExprKind kind, int offset, std::string text = "") {
 
 ExprPtr make_operator(ExprKind kind, const Token& op, int offset, ExprPtr lhs, ExprPtr rhs = nullptr) {
   ExprPtr e = make_node(kind, offset, op.text);
+  e->op_offset = op.offset;
   e->args.push_back(std::move(lhs));
   if (rhs) e->args.push_back(std::move(rhs));
   return e;

@@ -214,7 +214,7 @@ Operand Lowerer::eval_binary(const Expr& e) {
   }
   std::optional<Op> op = binary_op(token);
   if (!op) {
-    error(e.offset, fmt::format("operator '{}' works on numbers and dims only, not on tensors", token),
+    error(e.op_offset, fmt::format("operator '{}' works on numbers and dims only, not on tensors", token),
           "on tensors use + - * / ** @ and the comparisons");
     return Operand::invalid();
   }
@@ -224,7 +224,7 @@ Operand Lowerer::eval_binary(const Expr& e) {
   auto x = to_tensor(a, dtype, what);
   auto y = to_tensor(b, dtype, what);
   if (!x || !y) return Operand::invalid();
-  return build(*op, {*x, *y}, {}, e.offset);
+  return build(*op, {*x, *y}, {}, e.op_offset);  // a shape error points at the operator
 }
 
 Operand Lowerer::eval_unary(const Expr& e) {

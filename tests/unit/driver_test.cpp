@@ -80,7 +80,7 @@ TEST_CASE("user errors exit 1 with a clear message") {
 TEST_CASE("ir prints the graph with YAML locations; --print-after names the pass") {
   Run r = napkin("ir models/linear.yaml");
   CHECK(r.status == 0);
-  CHECK(r.out.find("%pred = matmul(%x, %w) : f32[batch=1024, k=64]  # models/linear.yaml:19:11") != std::string::npos);
+  CHECK(r.out.find("%pred = matmul(%x, %w) : f32[batch=1024, k=64]  # models/linear.yaml:19:13") != std::string::npos);
   Run after = napkin("ir models/linear.yaml --print-after dce --time-passes");
   CHECK(after.status == 0);
   CHECK(after.out.find("// IR after dce") != std::string::npos);
