@@ -456,6 +456,66 @@ std::vector<std::string> known_functions() {
   return names;
 }
 
+std::optional<CallArgs> bind_arguments(Lowerer& L, const Expr& call, const std::vector<std::string>& params,
+                                       size_t required, const BindOptions& options) {
+  CallArgs args;
+  bool ok = true;
+  auto too_many = [&](size_t i) -> std::optional<CallArgs> {
+    L.error(call.args[i]->offset, options.too_many(call.args.size()), options.hint(ArgumentError::TooMany));
+    return std::nullopt;
+  };
+  if (options.first_error_ends && !options.variadic && call.args.size() > params.size())
+    return too_many(params.size());
+  // Evaluates one argument; false if it failed (reported). `param` is null for
+  // one bound to no parameter (a variadic's rest, an extra keyword).
+  auto evaluate = [&](const std::string* param, const Expr& written, Operand& out) {
+    out = L.eval(written);
+    return out.ok() && (!param || !options.check || options.check(*param, written, out));
+  };
+  // Positional arguments fill parameters in order (a variadic call keeps the
+  // first in its slot and collects the others until the keywords).
+  for (size_t i = 0; i < call.args.size(); ++i) {
+    bool rest = options.variadic && i >= 1;
+    const std::string* param = !rest && i < params.size() ? &params[i] : nullptr;
+    Operand v;
+    bool good = evaluate(param, *call.args[i], v);
+    if (rest) {
+      args.rest.push_back(std::move(v));
+    } else if (param) {
+      args.named[*param] = std::move(v);
+    } else {
+      return too_many(i);
+    }
+    if (!good && options.first_error_ends) return std::nullopt;
+    ok = ok && good;
+  }
+  for (const KeywordArg& kw : call.kwargs) {
+    auto it = std::find(params.begin(), params.end(), kw.name);
+    const std::string* param = it == params.end() ? nullptr : &*it;
+    if (!param && !options.extra_keywords) {
+      L.error(kw.offset, fmt::format("{} has no argument '{}'{}", call.text, kw.name, did_you_mean(kw.name, params)),
+              options.hint(ArgumentError::Unknown));
+    } else if (param && args.named.count(kw.name)) {
+      L.error(kw.offset, fmt::format("{}: argument '{}' is given twice", call.text, kw.name),
+              options.hint(ArgumentError::Twice));
+    } else {
+      Operand v;
+      bool good = evaluate(param, *kw.value, v);
+      (param ? args.named : args.extra)[kw.name] = std::move(v);
+      if (good) continue;
+    }
+    if (options.first_error_ends) return std::nullopt;
+    ok = false;
+  }
+  for (size_t i = 0; i < required; ++i)
+    if (!args.named.count(params[i])) {
+      L.error(call.offset, options.missing(params[i]), options.hint(ArgumentError::Missing));
+      return std::nullopt;
+    }
+  if (!ok) return std::nullopt;
+  return args;
+}
+
 Operand lower_call(Lowerer& L, const Expr& call) {
   const CallSpec* spec = find_call(call.text);
   if (!spec) {
@@ -466,53 +526,21 @@ Operand lower_call(Lowerer& L, const Expr& call) {
             hint);
     return Operand::invalid();
   }
-  CallArgs args;
-  bool ok = true;
-  // Positional arguments fill parameters in order (a variadic call keeps the
-  // first in its slot and collects the others until the keywords).
-  for (size_t i = 0; i < call.args.size(); ++i) {
-    Operand v = L.eval(*call.args[i]);
-    ok = ok && v.ok();
-    if (spec->variadic && i >= 1) {
-      args.rest.push_back(std::move(v));
-    } else if (i < spec->params.size()) {
-      args.named[spec->params[i]] = std::move(v);
-    } else {
-      L.error(call.args[i]->offset,
-              fmt::format("{} takes at most {} positional argument{}, got {}", spec->name, spec->params.size(),
-                          spec->params.size() == 1 ? "" : "s", call.args.size()),
-              fmt::format("signature: {}", signature(*spec)));
-      return Operand::invalid();
-    }
-  }
-  for (const KeywordArg& kw : call.kwargs) {
-    bool known = std::find(spec->params.begin(), spec->params.end(), kw.name) != spec->params.end();
-    if (!known && !spec->extra_keywords) {
-      L.error(kw.offset, fmt::format("{} has no argument '{}'{}", spec->name, kw.name, did_you_mean(kw.name, spec->params)),
-              fmt::format("signature: {}", signature(*spec)));
-      ok = false;
-      continue;
-    }
-    if (known && args.named.count(kw.name)) {
-      L.error(kw.offset, fmt::format("{}: argument '{}' is given twice", spec->name, kw.name),
-              fmt::format("signature: {}", signature(*spec)));
-      ok = false;
-      continue;
-    }
-    Operand v = L.eval(*kw.value);
-    ok = ok && v.ok();
-    (known ? args.named : args.extra)[kw.name] = std::move(v);
-  }
-  for (size_t i = 0; i < spec->required; ++i)
-    if (!args.named.count(spec->params[i])) {
-      L.error(call.offset,
-              fmt::format("{} needs {} argument{}, got {}: '{}' is missing", spec->name, spec->required,
-                          spec->required == 1 ? "" : "s", call.args.size() + call.kwargs.size(), spec->params[i]),
-              fmt::format("signature: {}", signature(*spec)));
-      return Operand::invalid();
-    }
-  if (!ok) return Operand::invalid();
-  return spec->lower(L, args, call);
+  BindOptions options;
+  options.variadic = spec->variadic;
+  options.extra_keywords = spec->extra_keywords;
+  options.too_many = [&](size_t positionals) {
+    return fmt::format("{} takes at most {} positional argument{}, got {}", spec->name, spec->params.size(),
+                       spec->params.size() == 1 ? "" : "s", positionals);
+  };
+  options.missing = [&](const std::string& param) {
+    return fmt::format("{} needs {} argument{}, got {}: '{}' is missing", spec->name, spec->required,
+                       spec->required == 1 ? "" : "s", call.args.size() + call.kwargs.size(), param);
+  };
+  options.hint = [&](ArgumentError) { return fmt::format("signature: {}", signature(*spec)); };
+  std::optional<CallArgs> args = bind_arguments(L, call, spec->params, spec->required, options);
+  if (!args) return Operand::invalid();
+  return spec->lower(L, *args, call);
 }
 
 }  // namespace napkin::frontend

@@ -224,14 +224,62 @@ std::optional<std::vector<ir::Dim>> read_shape(const YAML::Node& shape, const Di
     out.push_back({*size, name});
   }
   if (!ok) return std::nullopt;
-  double elements = 1;
-  for (const ir::Dim& d : out) elements *= static_cast<double>(d.size);
+  double elements = ir::element_count(out);
   if (elements > ir::kMaxElements) {
     ctx.error(shape, fmt::format("{} would have {:.3g} elements, more than napkin's limit of 2^50", what, elements),
               "check the dims: this is far beyond any device's memory");
     return std::nullopt;
   }
   return out;
+}
+
+namespace {
+
+// A dtype: scalar, as a DType; reported at the node otherwise.
+std::optional<ir::DType> read_dtype(const YAML::Node& node, const std::string& what, bool floating_only,
+                                    YamlContext& ctx) {
+  std::optional<ir::DType> parsed = ir::parse_dtype(node.IsScalar() ? node.Scalar() : "");
+  const std::string written = node.IsScalar() ? node.Scalar() : "?";
+  if (floating_only && (!parsed || !ir::is_floating(*parsed))) {
+    ctx.error(node, fmt::format("{} must have a floating-point dtype, got '{}'", what, written),
+              "parameters are trained by gradients: use f32 (the default), bf16 or f16");
+    return std::nullopt;
+  }
+  if (!parsed)
+    ctx.error(node, fmt::format("unknown dtype '{}' for {}", written, what),
+              fmt::format("known dtypes: {}", ir::dtype_names_list()));
+  return parsed;
+}
+
+}  // namespace
+
+std::optional<ir::TensorType> read_declaration(const YAML::Node& key, const YAML::Node& spec,
+                                               const std::string& what, const DimTable& dims, YamlContext& ctx,
+                                               const DeclarationRules& rules) {
+  std::vector<std::string> allowed = {"shape"};
+  if (!rules.needs.empty()) allowed.push_back(rules.needs);
+  allowed.push_back("dtype");
+  int errors_before = ctx.diag().error_count();
+  if (!ctx.check_keys(spec, allowed, what)) return std::nullopt;
+  // A misspelled key ("shpe") is already reported with a suggestion; "has no shape" would repeat it.
+  bool misspelled = ctx.diag().error_count() != errors_before;
+  if (!spec["shape"]) {
+    if (!misspelled) ctx.error(key, fmt::format("{} has no shape", what), "add shape: [dims...]");
+    return std::nullopt;
+  }
+  auto shape = read_shape(spec["shape"], dims, ctx, what);
+  ir::DType dtype = ir::DType::F32;
+  if (const YAML::Node& d = spec["dtype"]) {
+    auto parsed = read_dtype(d, what, rules.floating_only, ctx);
+    if (!parsed) return std::nullopt;
+    dtype = *parsed;
+  }
+  if (!rules.needs.empty() && !spec[rules.needs]) {
+    if (!misspelled) ctx.error(key, fmt::format("{} has no {}", what, rules.needs), rules.needs_hint);
+    return std::nullopt;
+  }
+  if (!shape) return std::nullopt;
+  return ir::TensorType{dtype, *shape};
 }
 
 }  // namespace napkin::frontend

@@ -38,4 +38,23 @@ std::optional<int64_t> eval_dim_expr(const Expr& e, const DimTable& dims, const 
 std::optional<std::vector<ir::Dim>> read_shape(const YAML::Node& shape, const DimTable& dims,
                                                YamlContext& ctx, const std::string& what);
 
+// How read_declaration reads an entry of inputs: or params:.
+struct DeclarationRules {
+  // Its dtype must be floating-point (a parameter: gradients train it). The
+  // default dtype is f32 either way.
+  bool floating_only = false;
+  // One more key it must have (a parameter's init:, read by the caller), and
+  // the hint when it is missing; "" for none.
+  std::string needs;
+  std::string needs_hint;
+};
+
+// Reads the `{shape: [...], dtype: ...}` mapping `spec` of the input or
+// parameter `key` (`what`: "input 'x'"). Every mistake is reported once and
+// gives nullopt; a missing key after a misspelled one ("shpe") is not reported
+// again. Shape and dtype are both read even when one of them is wrong.
+std::optional<ir::TensorType> read_declaration(const YAML::Node& key, const YAML::Node& spec,
+                                               const std::string& what, const DimTable& dims, YamlContext& ctx,
+                                               const DeclarationRules& rules = {});
+
 }  // namespace napkin::frontend

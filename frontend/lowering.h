@@ -10,6 +10,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -197,6 +198,40 @@ class Lowerer {
 // The call table (frontend/calls.cpp): every function a model may call.
 Operand lower_call(Lowerer& L, const Expr& call);
 std::vector<std::string> known_functions();
+
+// The mistakes bind_arguments finds in a call's arguments.
+enum class ArgumentError {
+  TooMany,  // more positionals than parameters
+  Unknown,  // a keyword that names no parameter
+  Twice,    // a parameter given by position and again by keyword
+  Missing,  // a required parameter not given
+};
+
+// How bind_arguments binds and words its errors. The unknown-keyword and
+// given-twice messages are shared; the rest is the caller's (the call table
+// and a parameter's init word them differently).
+struct BindOptions {
+  bool variadic = false;        // positionals after the first go to CallArgs::rest
+  bool extra_keywords = false;  // keywords that name no parameter go to CallArgs::extra
+  // The first mistake ends binding, and too many positionals are reported
+  // before any argument is evaluated (an init: one mistake, one message).
+  // Otherwise every keyword is checked and every argument evaluated, so that
+  // each mistake in them is reported.
+  bool first_error_ends = false;
+  // Checks an argument bound to a parameter right after it is evaluated (not
+  // for an Invalid one: its error is reported); false: it failed, reported.
+  // `written` is the argument's expression.
+  std::function<bool(const std::string& param, const Expr& written, const Operand& value)> check;
+  std::function<std::string(size_t positionals)> too_many;    // the message for ArgumentError::TooMany
+  std::function<std::string(const std::string& param)> missing;  // the message for ArgumentError::Missing
+  std::function<std::string(ArgumentError)> hint;             // the hint of each mistake
+};
+
+// Binds the positional and keyword arguments of `call` (a Call, or a Name: no
+// arguments) to `params`, in positional order, the first `required` of which
+// must be given. Evaluates each argument; nullopt if anything failed (reported).
+std::optional<CallArgs> bind_arguments(Lowerer& L, const Expr& call, const std::vector<std::string>& params,
+                                       size_t required, const BindOptions& options);
 
 // einops lowering (frontend/einops_lowering.cpp). `pattern` is the String operand.
 Operand lower_einsum(Lowerer& L, ir::ValueId a, ir::ValueId b, const Operand& pattern, int offset);

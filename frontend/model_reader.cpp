@@ -33,28 +33,10 @@ void read_inputs(const YAML::Node& node, YamlContext& ctx, const DimTable& dims,
                 "every dim, input and parameter needs its own name");
       continue;
     }
-    int errors_before = ctx.diag().error_count();
-    if (!ctx.check_keys(it->second, {"shape", "dtype"}, what)) continue;
-    if (!it->second["shape"]) {
-      // A misspelled key ("shpe") is already reported with a suggestion.
-      if (ctx.diag().error_count() == errors_before)
-        ctx.error(it->first, fmt::format("{} has no shape", what), "add shape: [dims...]");
-      continue;
-    }
-    auto shape = read_shape(it->second["shape"], dims, ctx, what);
-    ir::DType dtype = ir::DType::F32;
-    if (const YAML::Node& d = it->second["dtype"]) {
-      auto parsed = ir::parse_dtype(d.IsScalar() ? d.Scalar() : "");
-      if (!parsed) {
-        ctx.error(d, fmt::format("unknown dtype '{}' for {}", d.IsScalar() ? d.Scalar() : "?", what),
-                  fmt::format("known dtypes: {}", ir::dtype_names_list()));
-        continue;
-      }
-      dtype = *parsed;
-    }
-    if (!shape) continue;
+    auto type = read_declaration(it->first, it->second, what, dims, ctx);
+    if (!type) continue;
     scope.failed.erase(name);
-    scope.values[name] = g.add_input(name, {dtype, *shape}, ctx.loc(it->first));
+    scope.values[name] = g.add_input(name, *type, ctx.loc(it->first));
   }
 }
 

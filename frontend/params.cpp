@@ -23,76 +23,56 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
   if (!expr) return std::nullopt;
   Frame frame(*this, scope_, ctx_.text_loc(node));
 
-  std::string kind;
-  std::vector<const Expr*> positional;
-  if (expr->kind == ExprKind::Name) {
-    kind = expr->text;
-  } else if (expr->kind == ExprKind::Call) {
-    kind = expr->text;
-    for (const ExprPtr& a : expr->args) positional.push_back(a.get());
-  } else {
+  if (expr->kind != ExprKind::Name && expr->kind != ExprKind::Call) {
     error(expr->offset, fmt::format("{} must be one of {}", what, fmt::join(kInitKinds, ", ")),
           "for example init: normal(0.02)");
     return std::nullopt;
   }
+  const std::string& kind = expr->text;
   if (std::find(kInitKinds.begin(), kInitKinds.end(), kind) == kInitKinds.end()) {
     error(expr->offset, fmt::format("unknown init '{}'{}", kind, did_you_mean(kind, kInitKinds)),
           fmt::format("known inits: {}", fmt::join(kInitKinds, ", ")));
     return std::nullopt;
   }
-  // Binds positional and keyword arguments to the init's parameter names and
-  // records where each was written, so a bad value gets the caret, not the call.
-  std::map<std::string, int> where;
-  auto at = [&](const std::string& name) { return where.count(name) ? where[name] : expr->offset; };
-  // Each argument comes back set or empty (not given); a given value is finite.
-  using Args = std::vector<std::optional<double>>;
-  auto number = [&](const Expr& e, const std::string& name) -> std::optional<double> {
-    auto v = need_number(eval(e), fmt::format("{} argument '{}'", kind, name));
-    if (v && !std::isfinite(*v)) {
-      error(e.offset, fmt::format("{} argument '{}' must be a finite number", kind, name),
-            "init arguments are ordinary numbers, e.g. normal(0.02)");
-      return std::nullopt;
-    }
-    return v;
+  // Each argument given, a finite number, with where it was written, so that a
+  // bad value gets the caret, not the call. (Not the operand's offset: +x
+  // evaluates to x's.)
+  struct Given {
+    double value;
+    int offset;
   };
-  auto bind = [&](const std::vector<std::string>& names, size_t required) -> std::optional<Args> {
-    if (positional.size() > names.size()) {
-      error(positional[names.size()]->offset,
-            fmt::format("{} takes {} argument{}, got {}", kind, names.size(), names.size() == 1 ? "" : "s",
-                        positional.size()),
-            names.empty() ? "write it without arguments" : fmt::format("arguments: {}", fmt::join(names, ", ")));
-      return std::nullopt;
-    }
-    Args values(names.size());
-    for (size_t i = 0; i < positional.size(); ++i) {
-      values[i] = number(*positional[i], names[i]);
-      if (!values[i]) return std::nullopt;
-      where[names[i]] = positional[i]->offset;
-    }
-    for (const KeywordArg& k : expr->kwargs) {
-      auto it = std::find(names.begin(), names.end(), k.name);
-      if (it == names.end()) {
-        error(k.offset, fmt::format("{} has no argument '{}'{}", kind, k.name, did_you_mean(k.name, names)),
-              names.empty() ? "write it without arguments" : fmt::format("arguments: {}", fmt::join(names, ", ")));
-        return std::nullopt;
+  std::map<std::string, Given> given;
+  auto at = [&](const std::string& name) {
+    auto it = given.find(name);
+    return it == given.end() ? expr->offset : it->second.offset;
+  };
+  // Binds the arguments to the init's parameter names (all of them numbers);
+  // false if that failed (reported).
+  auto bind = [&](const std::vector<std::string>& names, size_t required) {
+    BindOptions options;
+    options.first_error_ends = true;
+    options.check = [&](const std::string& name, const Expr& written, const Operand& value) {
+      auto v = need_number(value, fmt::format("{} argument '{}'", kind, name));
+      if (!v) return false;
+      if (!std::isfinite(*v)) {
+        error(written.offset, fmt::format("{} argument '{}' must be a finite number", kind, name),
+              "init arguments are ordinary numbers, e.g. normal(0.02)");
+        return false;
       }
-      size_t i = it - names.begin();
-      if (values[i]) {
-        error(k.offset, fmt::format("{}: argument '{}' is given twice", kind, k.name),
-              "give it once, by position or by name");
-        return std::nullopt;
-      }
-      values[i] = number(*k.value, k.name);
-      if (!values[i]) return std::nullopt;
-      where[k.name] = k.value->offset;
-    }
-    for (size_t i = 0; i < required; ++i)
-      if (!values[i]) {
-        error(expr->offset, fmt::format("{} needs argument '{}'", kind, names[i]),
-              fmt::format("for example {}(0.02)", kind));
-        return std::nullopt;
-      }
-    return values;
+      given[name] = {*v, written.offset};
+      return true;
+    };
+    options.too_many = [&](size_t positionals) {
+      return fmt::format("{} takes {} argument{}, got {}", kind, names.size(), names.size() == 1 ? "" : "s",
+                         positionals);
+    };
+    options.missing = [&](const std::string& name) { return fmt::format("{} needs argument '{}'", kind, name); };
+    options.hint = [&](ArgumentError e) -> std::string {
+      if (e == ArgumentError::Twice) return "give it once, by position or by name";
+      if (e == ArgumentError::Missing) return fmt::format("for example {}(0.02)", kind);
+      return names.empty() ? "write it without arguments" : fmt::format("arguments: {}", fmt::join(names, ", "));
+    };
+    return bind_arguments(*this, *expr, names, required, options).has_value();
   };
   auto positive_std = [&](double s) {
     if (s > 0 && std::isfinite(s)) return true;
@@ -106,25 +86,22 @@ std::optional<InitSpec> Lowerer::read_init(const YAML::Node& node, const std::st
     if (!bind({}, 0)) return std::nullopt;
     init.kind = kind == "zeros" ? InitSpec::Kind::Zeros : InitSpec::Kind::Ones;
   } else if (kind == "constant") {
-    auto v = bind({"value"}, 1);
-    if (!v) return std::nullopt;
+    if (!bind({"value"}, 1)) return std::nullopt;
     init.kind = InitSpec::Kind::Constant;
-    init.value = *(*v)[0];
+    init.value = given.at("value").value;
   } else if (kind == "normal") {
-    auto v = bind({"std"}, 1);
-    if (!v || !positive_std(*(*v)[0])) return std::nullopt;
+    if (!bind({"std"}, 1) || !positive_std(given.at("std").value)) return std::nullopt;
     init.kind = InitSpec::Kind::Normal;
-    init.std = *(*v)[0];
+    init.std = given.at("std").value;
   } else if (kind == "trunc_normal") {
-    auto v = bind({"std", "a", "b"}, 1);
-    if (!v || !positive_std(*(*v)[0])) return std::nullopt;
+    if (!bind({"std", "a", "b"}, 1) || !positive_std(given.at("std").value)) return std::nullopt;
     init.kind = InitSpec::Kind::TruncNormal;
-    init.std = *(*v)[0];
+    init.std = given.at("std").value;
     // torch.nn.init.trunc_normal_ defaults: a = -2, b = 2 (absolute values).
-    init.lo = (*v)[1].value_or(-2.0);
-    init.hi = (*v)[2].value_or(2.0);
+    init.lo = given.count("a") ? given.at("a").value : -2.0;
+    init.hi = given.count("b") ? given.at("b").value : 2.0;
     if (!(init.lo < init.hi)) {
-      error(where.count("a") ? at("a") : at("b"),
+      error(given.count("a") ? at("a") : at("b"),
             fmt::format("trunc_normal: the cut a={} must be below b={}", init.lo, init.hi),
             "a and b are the absolute cut points, e.g. trunc_normal(0.02, a=-0.04, b=0.04)");
       return std::nullopt;
@@ -166,45 +143,25 @@ bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
     }
     // A parameter in error is reported here once; uses of it in forward: stay silent.
     scope.failed.insert(name);
-    int key_errors = ctx_.diag().error_count();
-    if (!ctx_.check_keys(spec, {"shape", "init", "dtype"}, what)) continue;
-    // A misspelled key ("inti") is already reported with a suggestion; "has no init" would repeat it.
-    bool misspelled = ctx_.diag().error_count() != key_errors;
-    if (!spec["shape"]) {
-      if (!misspelled) ctx_.error(it->first, fmt::format("{} has no shape", what), "add shape: [dims...]");
-      continue;
-    }
-    auto shape = read_shape(spec["shape"], dims_, ctx_, what);
-    ir::DType dtype = ir::DType::F32;
-    if (const YAML::Node& d = spec["dtype"]) {
-      auto parsed = ir::parse_dtype(d.IsScalar() ? d.Scalar() : "");
-      if (!parsed || !ir::is_floating(*parsed)) {
-        ctx_.error(d, fmt::format("{} must have a floating-point dtype, got '{}'", what, d.IsScalar() ? d.Scalar() : "?"),
-                   "parameters are trained by gradients: use f32 (the default), bf16 or f16");
-        continue;
-      }
-      dtype = *parsed;
-    }
-    if (!spec["init"]) {
-      if (!misspelled)
-        ctx_.error(it->first, fmt::format("{} has no init", what),
-                   "add init: zeros, ones, constant(v), normal(std), trunc_normal(std, a, b) or xavier");
-      continue;
-    }
-    if (!shape) continue;
-    auto init = read_init(spec["init"], name, *shape);
+    auto type = read_declaration(it->first, spec, what, dims_, ctx_,
+                                 {.floating_only = true,
+                                  .needs = "init",
+                                  .needs_hint = "add init: zeros, ones, constant(v), normal(std), "
+                                                "trunc_normal(std, a, b) or xavier"});
+    if (!type) continue;
+    auto init = read_init(spec["init"], name, type->dims);
     if (!init) continue;
-    ir::TensorType type{dtype, *shape};
-    if (param_elements_ + static_cast<double>(type.numel()) > ir::kMaxElements) {
+    double elements = param_elements_ + ir::element_count(type->dims);
+    if (elements > ir::kMaxElements) {
       ctx_.error(it->first,
                  fmt::format("{} brings the model's parameters to {:.3g} elements, more than napkin's limit of 2^50",
-                             what, param_elements_ + static_cast<double>(type.numel())),
+                             what, elements),
                  "check the dims and repeat counts: this is far beyond any device's memory");
       continue;
     }
-    param_elements_ += static_cast<double>(type.numel());
+    param_elements_ = elements;
     scope.failed.erase(name);
-    scope.values[name] = graph().add_param(scope.qualified(name), type, *init, ctx_.loc(it->first));
+    scope.values[name] = graph().add_param(scope.qualified(name), *type, *init, ctx_.loc(it->first));
     param_names_.insert(scope.qualified(name));
   }
   return ctx_.diag().error_count() == errors_before;

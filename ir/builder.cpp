@@ -15,9 +15,8 @@ Built Builder::add(Op op, std::vector<ValueId> inputs, Attrs attrs) {
   InferResult r = info.infer(types, attrs);
   if (!r.ok()) return {kNoValue, r.error, r.hint};
   for (const TensorType& t : r.outputs) {
-    // Counted in double so that an absurd shape is an error, not an int64 overflow.
-    double elements = 1;
-    for (const Dim& d : t.dims) elements *= static_cast<double>(d.size);
+    // An absurd shape is an error here, before anything counts it in int64.
+    double elements = element_count(t.dims);
     if (elements > kMaxElements)
       return {kNoValue,
               fmt::format("{}: the result {} would have {:.3g} elements, more than napkin's limit of 2^50",

@@ -15,10 +15,6 @@
 
 namespace napkin::ir {
 
-// The largest tensor napkin will describe (2^50 elements): well past any device,
-// and far enough below int64 overflow for every byte and FLOP count.
-inline constexpr double kMaxElements = 1125899906842624.0;
-
 struct Built {
   ValueId value = kNoValue;
   std::string error;

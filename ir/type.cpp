@@ -10,6 +10,12 @@ int64_t TensorType::numel() const {
   return n;
 }
 
+double element_count(const std::vector<Dim>& dims) {
+  double n = 1;
+  for (const Dim& d : dims) n *= static_cast<double>(d.size);
+  return n;
+}
+
 std::vector<int64_t> TensorType::sizes() const {
   std::vector<int64_t> s;
   s.reserve(dims.size());

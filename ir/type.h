@@ -30,6 +30,14 @@ struct TensorType {
   bool same_shape(const TensorType& other) const;  // sizes only
 };
 
+// The largest tensor napkin will describe (2^50 elements): well past any device,
+// and far enough below int64 overflow for every byte and FLOP count.
+inline constexpr double kMaxElements = 1125899906842624.0;
+
+// The number of elements of a shape, in double so that an absurd shape compares
+// above kMaxElements instead of overflowing int64. Exact up to 2^53.
+double element_count(const std::vector<Dim>& dims);
+
 // "f32[batch=16, seq=128]" (named dims) or "f32[16, 3]"; scalars print "f32[]".
 std::string to_string(const TensorType& t);
 // "'d' (256)" or "256": how a dim is quoted in messages.
