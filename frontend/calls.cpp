@@ -540,6 +540,7 @@ Operand lower_call(Lowerer& L, const Expr& call) {
   options.hint = [&](ArgumentError) { return fmt::format("signature: {}", signature(*spec)); };
   std::optional<CallArgs> args = bind_arguments(L, call, spec->params, spec->required, options);
   if (!args) return Operand::invalid();
+  Lowerer::ArgumentScope arguments(L, *args);
   return spec->lower(L, *args, call);
 }
 

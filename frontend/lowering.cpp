@@ -28,8 +28,24 @@ Operand Lowerer::wrap(const ir::Built& b, int offset) {
   return Operand::tensor(b.value, offset);
 }
 
+Lowerer::ArgumentScope::ArgumentScope(Lowerer& L, const CallArgs& args) : L_(L), size_(L.argument_offsets_.size()) {
+  for (const auto& [name, o] : args.named)
+    if (o.kind == Operand::Kind::Tensor) L.argument_offsets_.emplace_back(o.value, o.offset);
+  for (const Operand& o : args.rest)
+    if (o.kind == Operand::Kind::Tensor) L.argument_offsets_.emplace_back(o.value, o.offset);
+}
+
 Operand Lowerer::build(Op op, std::vector<ValueId> inputs, ir::Attrs attrs, int offset) {
-  return wrap(builder_at(offset).add(op, std::move(inputs), std::move(attrs)), offset);
+  ir::Built b = builder_at(offset).add(op, inputs, std::move(attrs));
+  if (!b.ok() && b.blame >= 0 && b.blame < static_cast<int>(inputs.size())) {
+    // The innermost call that passed the blamed tensor says where it was written.
+    for (auto it = argument_offsets_.rbegin(); it != argument_offsets_.rend(); ++it)
+      if (it->first == inputs[b.blame]) {
+        offset = it->second;
+        break;
+      }
+  }
+  return wrap(b, offset);
 }
 
 std::vector<std::string> Lowerer::visible_names() const {

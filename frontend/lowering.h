@@ -102,6 +102,18 @@ class Lowerer {
   Operand lower_scalar(const YAML::Node& node, Scope& scope, const std::string& what);
 
   // ---- used by the call table and the einops lowering ----
+  // Records the tensor arguments of a call for the duration of its lowering.
+  class ArgumentScope {
+   public:
+    ArgumentScope(Lowerer& L, const CallArgs& args);
+    ~ArgumentScope() { L_.argument_offsets_.resize(size_); }
+    ArgumentScope(const ArgumentScope&) = delete;
+    ArgumentScope& operator=(const ArgumentScope&) = delete;
+
+   private:
+    Lowerer& L_;
+    size_t size_;
+  };
   Operand eval(const Expr& e);
   void error(int offset, std::string message, std::string hint = "");
   // The file column of `offset` in the expression being lowered (0: unknown).
@@ -168,6 +180,9 @@ class Lowerer {
   const std::map<std::string, BlockDef>& blocks_;
   ir::Builder b_;
   Scope* scope_ = nullptr;
+  // Tensor arguments of the calls being lowered and where each was written, so
+  // an op's error that blames one input points at that argument, not the call.
+  std::vector<std::pair<ir::ValueId, int>> argument_offsets_;
   ir::SourceLoc base_;  // location of offset 0 of the expression being lowered
   // Every parameter name declared so far: 10000 repeated copies check every
   // name they assign, so a scan of the graph's params would be quadratic.

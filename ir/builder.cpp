@@ -13,7 +13,7 @@ Built Builder::add(Op op, std::vector<ValueId> inputs, Attrs attrs) {
   std::vector<const TensorType*> types;
   for (ValueId v : inputs) types.push_back(&g_.value(v).type);
   InferResult r = info.infer(types, attrs);
-  if (!r.ok()) return {kNoValue, r.error, r.hint};
+  if (!r.ok()) return {kNoValue, r.error, r.hint, r.blame};
   for (const TensorType& t : r.outputs) {
     // An absurd shape is an error here, before anything counts it in int64.
     double elements = element_count(t.dims);

@@ -19,6 +19,7 @@ struct Built {
   ValueId value = kNoValue;
   std::string error;
   std::string hint;
+  int blame = -1;  // the input at fault, as in InferResult
   bool ok() const { return error.empty(); }
 };
 

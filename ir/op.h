@@ -71,7 +71,12 @@ struct InferResult {
   std::vector<TensorType> outputs;
   std::string error;  // empty on success
   std::string hint;
+  int blame = -1;  // the input at fault when one is: the frontend points its caret there
   bool ok() const { return error.empty(); }
+  InferResult& blaming(int input) {
+    blame = input;
+    return *this;
+  }
   static InferResult fail(std::string error, std::string hint = "") {
     InferResult r;
     r.error = std::move(error);

@@ -124,7 +124,7 @@ InferResult infer_where(const Inputs& in, const Attrs&) {
   if (in[0]->dtype != DType::Bool)
     return InferResult::fail(
         fmt::format("where: the condition must be bool, got {}", dtype_name(in[0]->dtype)),
-        "make it with a comparison such as x > 0");
+        "make it with a comparison such as x > 0").blaming(0);
   if (auto r = require_same_dtype("where", {in[1], in[2]}); !r.ok()) return r;
   return broadcast_shapes("where", in, in[1]->dtype);
 }
@@ -232,7 +232,7 @@ InferResult infer_einsum(const Inputs& in, const Attrs& a) {
       return InferResult::fail(
           fmt::format("einsum: operand {} has {} axes {} but the pattern names {}", k + 1,
                       in[k]->rank(), to_string(*in[k]), ids.size()),
-          "write one axis name per dimension of the operand");
+          "write one axis name per dimension of the operand").blaming(k);
     for (size_t i = 0; i < ids.size(); ++i) {
       const Dim& d = in[k]->dims[i];
       auto it = size_of.find(ids[i]);
@@ -244,7 +244,7 @@ InferResult infer_einsum(const Inputs& in, const Attrs& a) {
             fmt::format("einsum: axis '{}' is {} in operand {} but {} in operand {}",
                         einsum_axis_name(axis_names, ids[i]), describe_dim(it->second),
                         defined_by[ids[i]] + 1, describe_dim(d), k + 1),
-            "the same axis name must have the same size everywhere in the pattern");
+            "the same axis name must have the same size everywhere in the pattern").blaming(k);
       }
     }
   }
@@ -383,8 +383,8 @@ InferResult infer_embedding(const Inputs& in, const Attrs&) {
   if (!is_integer(ids.dtype))
     return InferResult::fail(
         fmt::format("embedding: ids must be i32 or i64, got {}", dtype_name(ids.dtype)),
-        "declare the token input with dtype: i32");
-  if (auto r = require_float("embedding", table, "table"); !r.ok()) return r;
+        "declare the token input with dtype: i32").blaming(1);
+  if (auto r = require_float("embedding", table, "table"); !r.ok()) return r.blaming(0);
   TensorType out;
   out.dtype = table.dtype;
   out.dims = ids.dims;
@@ -418,25 +418,25 @@ InferResult check_norm_param(std::string_view op, std::string_view role, const T
 
 InferResult infer_layernorm(const Inputs& in, const Attrs&) {
   if (auto r = require_float("layernorm", *in[0]); !r.ok()) return r;
-  if (auto r = check_norm_param("layernorm", "gain", *in[0], *in[1]); !r.ok()) return r;
-  if (auto r = check_norm_param("layernorm", "bias", *in[0], *in[2]); !r.ok()) return r;
+  if (auto r = check_norm_param("layernorm", "gain", *in[0], *in[1]); !r.ok()) return r.blaming(1);
+  if (auto r = check_norm_param("layernorm", "bias", *in[0], *in[2]); !r.ok()) return r.blaming(2);
   return InferResult::of(*in[0]);
 }
 
 InferResult infer_rmsnorm(const Inputs& in, const Attrs&) {
   if (auto r = require_float("rmsnorm", *in[0]); !r.ok()) return r;
-  if (auto r = check_norm_param("rmsnorm", "gain", *in[0], *in[1]); !r.ok()) return r;
+  if (auto r = check_norm_param("rmsnorm", "gain", *in[0], *in[1]); !r.ok()) return r.blaming(1);
   return InferResult::of(*in[0]);
 }
 
 InferResult infer_cross_entropy(const Inputs& in, const Attrs&) {
   const TensorType &logits = *in[0], &targets = *in[1];
-  if (auto r = require_float("cross_entropy", logits, "logits"); !r.ok()) return r;
+  if (auto r = require_float("cross_entropy", logits, "logits"); !r.ok()) return r.blaming(0);
   if (!is_integer(targets.dtype))
     return InferResult::fail(
         fmt::format("cross_entropy: targets must be integer class ids (i32 or i64), got {}",
                     dtype_name(targets.dtype)),
-        "targets are class ids: an i32/i64 input, or cast(t, i32)");
+        "targets are class ids: an i32/i64 input, or cast(t, i32)").blaming(1);
   if (logits.rank() != targets.rank() + 1)
     return InferResult::fail(
         fmt::format("cross_entropy: logits {} must have one more axis (the classes) than targets {}",
