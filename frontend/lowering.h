@@ -164,7 +164,6 @@ class Lowerer {
     Scope* scope_;
     ir::SourceLoc base_;
   };
-  ir::Graph& graph() { return g_; }
   Operand instantiate_repeat(const BlockDef& block, int64_t count, std::vector<ir::ValueId> args,
                              const std::string& prefix, int offset);
   const std::map<std::string, BlockDef>& blocks() const { return blocks_; }

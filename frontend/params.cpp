@@ -161,7 +161,7 @@ bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
     }
     param_elements_ = elements;
     scope.failed.erase(name);
-    scope.values[name] = graph().add_param(scope.qualified(name), *type, *init, ctx_.loc(it->first));
+    scope.values[name] = g_.add_param(scope.qualified(name), *type, *init, ctx_.loc(it->first));
     param_names_.insert(scope.qualified(name));
   }
   return ctx_.diag().error_count() == errors_before;

@@ -78,7 +78,7 @@ ForwardCost analyze_forward(const ir::Graph& g, const Device* device) {
     else if (row.category == "activation-matmul") c.activation_matmul_flops += row.cost.flops;
     else c.other_flops += row.cost.flops;
     if (device) {
-      ir::DType dt = compute_dtype(g, n);
+      ir::DType dt = row.compute_dtype = compute_dtype(g, n);
       double peak = info.op_class == ir::OpClass::Contraction ? matmul_peak(*device, dt) : vector_peak(*device, dt);
       if (peak <= 0 && row.cost.flops > 0) {
         // An unsupported dtype is not a zero-time op: say so instead of guessing.

@@ -24,7 +24,8 @@ struct OpRow {
   ir::OpCost cost;
   std::string category;  // "param-matmul", "activation-matmul", "elementwise", "view", ...
   bool copies = false;   // a Copy the einops lowering needed (a rearrange that is not a view)
-  bool no_peak = false;  // the device has no peak for this op's dtype: no time is guessed
+  ir::DType compute_dtype = ir::DType::F32;  // the dtype whose device peak bounds the op
+  bool no_peak = false;  // the device has no peak for compute_dtype: no time is guessed
   // Filled when a device is given: roofline time max(flops/peak, bytes/bandwidth).
   double seconds = 0;
   bool compute_bound = false;

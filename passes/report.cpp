@@ -123,7 +123,7 @@ std::string render_report_text(const ir::Graph& g, const ForwardCost& c, const R
                          human_bytes(row.cost.bytes_read), human_bytes(row.cost.bytes_written), intensity(row.cost));
       if (c.device) {
         if (row.no_peak)
-          out += fmt::format(" {:>10}  no {} peak on {}", "n/a", ir::dtype_name(g.value(n.in(0)).type.dtype), c.device->name);
+          out += fmt::format(" {:>10}  no {} peak on {}", "n/a", ir::dtype_name(row.compute_dtype), c.device->name);
         else
           out += fmt::format(" {:>10}  {}", human_seconds(row.seconds), bound_word(row));
       }
