@@ -160,6 +160,8 @@ const std::vector<CallSpec>& call_table() {
     add({"relu", {"x"}, 1, unary(Op::Relu, relu_fold, true)});
     add({"sigmoid", {"x"}, 1, unary(Op::Sigmoid, sigmoid_fold)});
     add({"silu", {"x"}, 1, unary(Op::Silu, [](double x) { return x * sigmoid_fold(x); })});
+    add({"sin", {"x"}, 1, unary(Op::Sin, [](double x) { return std::sin(x); })});
+    add({"cos", {"x"}, 1, unary(Op::Cos, [](double x) { return std::cos(x); })});
     add({"neg", {"x"}, 1, unary(Op::Neg, neg_fold, true)});
     add({"gelu", {"x", "approximate"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            auto x = tensor_arg(L, a, "x", call);

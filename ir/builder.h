@@ -31,6 +31,8 @@ class Builder {
   const SourceLoc& loc() const { return loc_; }
   void set_scope(std::string scope) { scope_ = std::move(scope); }
   const std::string& scope() const { return scope_; }
+  void set_phase(Phase phase) { phase_ = phase; }
+  Phase phase() const { return phase_; }
   Graph& graph() { return g_; }
 
   // Adds one node with a single output. View ops get their strided layout.
@@ -52,6 +54,7 @@ class Builder {
   Graph& g_;
   SourceLoc loc_;
   std::string scope_;
+  Phase phase_ = Phase::Forward;
   void set_view_layout(const Node& n);
 };
 

@@ -21,6 +21,15 @@ std::string to_string(const InitSpec& init) {
   return "?";
 }
 
+std::string_view phase_name(Phase p) {
+  switch (p) {
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
+    case Phase::Optimizer: return "optimizer";
+  }
+  return "?";
+}
+
 ValueId Graph::new_value(std::string name, ValueKind kind, TensorType type, SourceLoc loc) {
   Value v;
   v.id = static_cast<ValueId>(values_.size());
@@ -46,8 +55,14 @@ ValueId Graph::add_param(std::string name, TensorType type, InitSpec init, Sourc
   return id;
 }
 
+ValueId Graph::add_state(std::string name, TensorType type, SourceLoc loc) {
+  ValueId id = new_value(std::move(name), ValueKind::State, std::move(type), std::move(loc));
+  state.push_back(id);
+  return id;
+}
+
 NodeId Graph::add_node(Op op, std::vector<ValueId> ins, std::vector<TensorType> output_types,
-                       Attrs attrs, SourceLoc loc, std::string scope) {
+                       Attrs attrs, SourceLoc loc, std::string scope, Phase phase) {
   for (ValueId v : ins)
     NAPKIN_INTERNAL_CHECK(v >= 0 && v < num_values(), "{} input {} out of range", op_name(op), v);
   Node n;
@@ -57,6 +72,7 @@ NodeId Graph::add_node(Op op, std::vector<ValueId> ins, std::vector<TensorType> 
   n.attrs = std::move(attrs);
   n.loc = loc;
   n.scope = std::move(scope);
+  n.phase = phase;
   for (TensorType& t : output_types) {
     ValueId out = new_value("", ValueKind::Result, std::move(t), loc);
     values_[out].producer = n.id;
@@ -97,6 +113,12 @@ ValueId Graph::find_output(const std::string& output_name) const {
   for (const auto& [n, v] : outputs)
     if (n == output_name) return v;
   return kNoValue;
+}
+
+const Param* Graph::find_param(ValueId v) const {
+  for (const Param& p : params)
+    if (p.value == v) return &p;
+  return nullptr;
 }
 
 int64_t Graph::param_count() const {

@@ -19,12 +19,15 @@
 
 namespace napkin::ir {
 
-using ValueId = int32_t;
-using NodeId = int32_t;
-inline constexpr ValueId kNoValue = -1;
-inline constexpr NodeId kNoNode = -1;
+// Input: fed each step (data). Param: trained, initialized from its InitSpec.
+// State: optimizer state that persists across steps, zero at step 0.
+// Result: computed by a node.
+enum class ValueKind : uint8_t { Input, Param, State, Result };
 
-enum class ValueKind : uint8_t { Input, Param, Result };
+// Which part of a training step a node belongs to. The schedule runs them in
+// this order: forward, then backward (autodiff), then the optimizer update.
+enum class Phase : uint8_t { Forward, Backward, Optimizer };
+std::string_view phase_name(Phase p);
 
 struct Value {
   ValueId id = kNoValue;
@@ -63,6 +66,7 @@ struct Node {
   Attrs attrs;
   SourceLoc loc;       // the YAML text this node came from
   std::string scope;   // e.g. "blocks.3" inside a repeated block; "" at top level
+  Phase phase = Phase::Forward;
   bool erased = false;
   ValueId in(int i) const { return inputs.at(i); }
   ValueId out(int i = 0) const { return outputs.at(i); }
@@ -74,15 +78,25 @@ class Graph {
   TrainingConfig config;
   std::vector<ValueId> inputs;
   std::vector<Param> params;
-  // Named results a later stage needs, in order ("loss", and anything exported).
+  // Named results a later stage needs, in order ("loss", "grad.<param>", ...).
   std::vector<std::pair<std::string, ValueId>> outputs;
+  // Optimizer state (ValueKind::State), in creation order.
+  std::vector<ValueId> state;
+  // What a step writes back: at the end of the step each target (a param or a
+  // state value) takes the value computed for it. Targets are distinct.
+  struct Update {
+    ValueId target = kNoValue;
+    ValueId value = kNoValue;
+  };
+  std::vector<Update> updates;
 
   ValueId add_input(std::string name, TensorType type, SourceLoc loc);
   ValueId add_param(std::string name, TensorType type, InitSpec init, SourceLoc loc);
+  ValueId add_state(std::string name, TensorType type, SourceLoc loc);
   // Appends a node at the end of the schedule with outputs of the given types
   // (contiguous, owning their buffers; views get their layout set by the Builder).
   NodeId add_node(Op op, std::vector<ValueId> inputs, std::vector<TensorType> output_types,
-                  Attrs attrs, SourceLoc loc, std::string scope = "");
+                  Attrs attrs, SourceLoc loc, std::string scope = "", Phase phase = Phase::Forward);
   // Tombstones the nodes (their outputs must be unused) and drops them from the
   // schedule in one pass: erasing the dead half of a big graph one by one would be quadratic.
   void erase_nodes(const std::vector<NodeId>& ids);
@@ -101,6 +115,8 @@ class Graph {
   ValueId find_output(const std::string& name) const;  // kNoValue if absent
 
   int64_t param_count() const;
+  // The Param entry of a parameter value, or nullptr.
+  const Param* find_param(ValueId v) const;
 
  private:
   std::vector<Value> values_;

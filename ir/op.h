@@ -99,10 +99,18 @@ struct OpCost {
   double bytes_written = 0;
 };
 
+class Builder;
+
 using InferFn = InferResult (*)(const std::vector<const TensorType*>& inputs, const Attrs& attrs);
 using CostFn = OpCost (*)(const Graph& g, const Node& n);
+// The vector-Jacobian product: given dy, the gradient of the loss with respect
+// to the node's output, builds the gradients with respect to its inputs (one
+// entry per input, each of that input's type; kNoValue where an input gets none:
+// integer ids, masks, conditions). `n` is a copy: the rule adds nodes, which may
+// move the graph's node storage. The rules live in ir/vjp.cpp.
+using VjpFn = std::vector<ValueId> (*)(Builder& b, const Node& n, ValueId dy);
 
-// One row of the op table. Later passes add their rules here (vjp, backend lowering).
+// One row of the op table. Later passes add their rules here (backend lowering).
 struct OpInfo {
   Op op;
   std::string_view name;
@@ -111,6 +119,7 @@ struct OpInfo {
   InferFn infer;
   CostFn cost;
   double flops_per_element;  // elementwise/normalization convention; documented in docs/report.md
+  VjpFn vjp = nullptr;       // nullptr: not differentiable (backward-only ops); see ir/vjp.h
 };
 
 const OpInfo& op_info(Op op);

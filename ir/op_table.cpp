@@ -10,6 +10,7 @@
 #include "ir/graph.h"
 #include "ir/internal_check.h"
 #include "ir/op.h"
+#include "ir/vjp.h"
 
 namespace napkin::ir {
 
@@ -465,6 +466,81 @@ InferResult infer_mse(const Inputs& in, const Attrs&) {
   return InferResult::of(out);
 }
 
+InferResult infer_pad(const Inputs& in, const Attrs& a) {
+  int64_t axis = a.get_int("axis"), before = a.get_int("before"), after = a.get_int("after");
+  if (auto r = check_axes("pad", *in[0], {axis}); !r.ok()) return r;
+  if (before < 0 || after < 0)
+    return InferResult::fail(fmt::format("pad: negative padding {}, {}", before, after), "pad by zero or more elements");
+  TensorType t = *in[0];
+  t.dims[axis] = {t.dims[axis].size + before + after, ""};
+  return InferResult::of(t);
+}
+
+// A backward rule's incoming gradient must have the type of the output it is
+// the gradient of; `like` is that output's type.
+InferResult require_like(std::string_view op, const TensorType& grad, const TensorType& like) {
+  if (grad.dtype != like.dtype || !grad.same_shape(like))
+    return InferResult::fail(fmt::format("{}: gradient {} does not match {}", op, to_string(grad), to_string(like)),
+                             "autodiff builds these nodes; this is a compiler bug");
+  return {};
+}
+
+InferResult infer_softmax_grad(const Inputs& in, const Attrs& a) {
+  if (auto r = infer_softmax<Op::Softmax>({in[0]}, a); !r.ok()) return r;
+  if (auto r = require_like("softmax_grad", *in[1], *in[0]); !r.ok()) return r;
+  return InferResult::of(*in[0]);
+}
+
+template <Op kOp>
+InferResult infer_norm_grad(const Inputs& in, const Attrs&) {
+  if (auto r = require_float(op_name(kOp), *in[0]); !r.ok()) return r;
+  if (auto r = check_norm_param(op_name(kOp), "gain", *in[0], *in[1]); !r.ok()) return r;
+  if (auto r = require_like(op_name(kOp), *in[2], *in[0]); !r.ok()) return r;
+  return InferResult::of(*in[0]);
+}
+
+InferResult infer_norm_gain_grad(const Inputs& in, const Attrs&) {
+  if (auto r = require_float("norm_gain_grad", *in[0]); !r.ok()) return r;
+  if (in[0]->rank() < 1) return InferResult::fail("norm_gain_grad needs at least one axis", "it reduces all but the last axis");
+  if (auto r = require_like("norm_gain_grad", *in[1], *in[0]); !r.ok()) return r;
+  TensorType t;
+  t.dtype = in[0]->dtype;
+  t.dims.push_back(in[0]->dims.back());
+  return InferResult::of(t);
+}
+
+InferResult infer_gelu_grad(const Inputs& in, const Attrs&) {
+  if (auto r = require_float("gelu_grad", *in[0]); !r.ok()) return r;
+  if (auto r = require_like("gelu_grad", *in[1], *in[0]); !r.ok()) return r;
+  return InferResult::of(*in[0]);
+}
+
+InferResult infer_cross_entropy_grad(const Inputs& in, const Attrs& a) {
+  if (auto r = infer_cross_entropy({in[0], in[1]}, a); !r.ok()) return r;
+  TensorType scalar;
+  scalar.dtype = in[0]->dtype;
+  if (auto r = require_like("cross_entropy_grad", *in[2], scalar); !r.ok()) return r;
+  return InferResult::of(*in[0]);
+}
+
+InferResult infer_embedding_grad(const Inputs& in, const Attrs& a) {
+  const TensorType &dy = *in[0], &ids = *in[1];
+  int64_t vocab = a.get_int("vocab");
+  if (!is_integer(ids.dtype) || dy.rank() < ids.rank() || vocab <= 0)
+    return InferResult::fail(fmt::format("embedding_grad: bad operands {} and {}", to_string(dy), to_string(ids)),
+                             "autodiff builds these nodes; this is a compiler bug");
+  for (int i = 0; i < ids.rank(); ++i)
+    if (dy.dims[i].size != ids.dims[i].size)
+      return InferResult::fail(fmt::format("embedding_grad: {} does not start with the ids' shape {}", to_string(dy),
+                                           to_string(ids)),
+                               "autodiff builds these nodes; this is a compiler bug");
+  TensorType t;
+  t.dtype = dy.dtype;
+  t.dims.push_back({vocab, ""});
+  t.dims.insert(t.dims.end(), dy.dims.begin() + ids.rank(), dy.dims.end());
+  return InferResult::of(t);
+}
+
 // ---- cost rules --------------------------------------------------------------
 
 // Bytes of the distinct elements a value reads from its buffer: a broadcast
@@ -547,8 +623,30 @@ OpCost cost_per_input_element(const Graph& g, const Node& n) {
   return {op_info(n.op).flops_per_element * in, read_all(g, n), written(g, n)};
 }
 
+// x_hat again (layernorm 5 steps, rmsnorm 3), times dy, summed over rows.
+OpCost cost_norm_gain_grad(const Graph& g, const Node& n) {
+  double per_element = (n.attrs.get_int("centered") != 0 ? 5 : 3) + 2;
+  return {per_element * g.value(n.in(0)).type.numel(), read_all(g, n), written(g, n)};
+}
+
+// gelu'(x)·dy. tanh form: u = √(2/π)(x + 0.044715x³) (4), t = tanh(u) (1),
+// 0.5(1 + t) (2), 1 − t² (2), √(2/π)(1 + 3·0.044715x²) (3), products and sum (3),
+// times dy (1) = 16. Exact form: Φ(x) via erf (3), x·φ(x) via exp(−x²/2) (4),
+// sum and times dy (2) = 9.
+OpCost cost_gelu_grad(const Graph& g, const Node& n) {
+  double per_element = n.attrs.get_string("approximate") == "none" ? 9 : op_info(n.op).flops_per_element;
+  return {per_element * out_numel(g, n), read_all(g, n), written(g, n)};
+}
+
+// Zero the table, then add one row of dy per id: one FLOP per element of dy.
+OpCost cost_embedding_grad(const Graph& g, const Node& n) {
+  double dy = g.value(n.in(0)).type.numel();
+  double row_bytes = dy * dtype_size(g.value(n.out()).type.dtype);
+  return {op_info(n.op).flops_per_element * dy, read_all(g, n) + row_bytes, written(g, n) + row_bytes};
+}
+
 #define ROW(E, infer, cost, fpe) \
-  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe }
+  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr }
 
 // FLOPs per element follow "one per arithmetic step of the textbook formula"
 // (docs/report.md lists each): e.g. sigmoid = 1/(1+exp(-x)) is neg, exp, add, div = 4.
@@ -566,6 +664,8 @@ const OpInfo kRows[] = {
     ROW(Gelu, infer_float_unary<Op::Gelu>, cost_gelu, 9),  // tanh form; see cost_gelu
     ROW(Sigmoid, infer_float_unary<Op::Sigmoid>, cost_elementwise, 4),
     ROW(Silu, infer_float_unary<Op::Silu>, cost_elementwise, 5),
+    ROW(Sin, infer_float_unary<Op::Sin>, cost_elementwise, 1),
+    ROW(Cos, infer_float_unary<Op::Cos>, cost_elementwise, 1),
     ROW(Cast, infer_cast, cost_elementwise, 0),
     ROW(Triu, infer_triu, cost_elementwise, 1),
     ROW(CausalMask, infer_causal_mask, cost_elementwise, 1),
@@ -597,6 +697,7 @@ const OpInfo kRows[] = {
     ROW(Copy, infer_copy, cost_copy, 0),
     ROW(Concat, infer_concat, cost_copy, 0),
     ROW(Embedding, infer_embedding, cost_embedding, 0),
+    ROW(Pad, infer_pad, cost_copy, 0),
     // softmax: max, sub, exp, sum, div; log_softmax: max, sub, exp, sum, sub (log per row).
     ROW(Softmax, infer_softmax<Op::Softmax>, cost_per_input_element, 5),
     ROW(LogSoftmax, infer_softmax<Op::LogSoftmax>, cost_per_input_element, 5),
@@ -607,6 +708,18 @@ const OpInfo kRows[] = {
     ROW(CrossEntropy, infer_cross_entropy, cost_per_input_element, 5),
     // mse: sub, square, sum.
     ROW(MSE, infer_mse, cost_per_input_element, 3),
+    // Backward rules, counted the same way (docs/report.md derives each):
+    // softmax_grad: dy*y, row sum, sub, mul.
+    ROW(SoftmaxGrad, infer_softmax_grad, cost_per_input_element, 4),
+    // layernorm_grad: x_hat again (5), g*dy, two row sums (3), combine (4).
+    ROW(LayerNormGrad, infer_norm_grad<Op::LayerNormGrad>, cost_per_input_element, 13),
+    // rmsnorm_grad: x_hat again (3), g*dy, one row sum (2), combine (3).
+    ROW(RMSNormGrad, infer_norm_grad<Op::RMSNormGrad>, cost_per_input_element, 9),
+    ROW(NormGainGrad, infer_norm_gain_grad, cost_norm_gain_grad, 0),
+    ROW(GeluGrad, infer_gelu_grad, cost_gelu_grad, 16),  // tanh form; see cost_gelu_grad
+    // cross_entropy_grad: softmax (5) and the scale by dloss / rows, per logit.
+    ROW(CrossEntropyGrad, infer_cross_entropy_grad, cost_per_input_element, 6),
+    ROW(EmbeddingGrad, infer_embedding_grad, cost_embedding_grad, 1),
 };
 #undef ROW
 
@@ -633,6 +746,7 @@ std::vector<OpInfo> build_table() {
     table[i].name = kMeta[i].name;
     table[i].arity = kMeta[i].arity;
     table[i].op_class = kMeta[i].cls;
+    table[i].vjp = vjp_rule(static_cast<Op>(i));
   }
   return table;
 }

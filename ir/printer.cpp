@@ -47,8 +47,15 @@ std::string print_graph(const Graph& g, const PrintOptions& options) {
     out += fmt::format("  param {}: {} init={}{}\n", name(p.value), to_string(v.type),
                        to_string(p.init), loc(v.loc));
   }
+  for (ValueId v : g.state)
+    out += fmt::format("  state {}: {}{}\n", name(v), to_string(g.value(v).type), loc(g.value(v).loc));
+  Phase phase = Phase::Forward;
   for (NodeId id : g.schedule()) {
     const Node& n = g.node(id);
+    if (n.phase != phase) {
+      phase = n.phase;
+      out += fmt::format("  // {}\n", phase_name(phase));
+    }
     std::vector<std::string> outs, ins;
     for (ValueId v : n.outputs) outs.push_back(name(v));
     for (ValueId v : n.inputs) ins.push_back(name(v));
@@ -64,6 +71,7 @@ std::string print_graph(const Graph& g, const PrintOptions& options) {
                        n.scope.empty() ? "" : "  @" + n.scope, loc(n.loc));
   }
   for (const auto& [label, v] : g.outputs) out += fmt::format("  output {} = {}\n", label, name(v));
+  for (const Graph::Update& u : g.updates) out += fmt::format("  update {} <- {}\n", name(u.target), name(u.value));
   return out + "}\n";
 }
 

@@ -14,6 +14,11 @@
 
 namespace napkin::ir {
 
+using ValueId = int32_t;
+using NodeId = int32_t;
+inline constexpr ValueId kNoValue = -1;
+inline constexpr NodeId kNoNode = -1;
+
 struct Dim {
   int64_t size = 1;
   std::string name;  // "d", "3*d", or "" when the size has no name

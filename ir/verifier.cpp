@@ -16,7 +16,12 @@ std::vector<std::string> verify(const Graph& g) {
     if (g.value(p.value).kind != ValueKind::Param) fail(fmt::format("param %{} is not of kind Param", p.value));
     defined[p.value] = true;
   }
+  for (ValueId v : g.state) {
+    if (g.value(v).kind != ValueKind::State) fail(fmt::format("state %{} is not of kind State", v));
+    defined[v] = true;
+  }
   std::vector<int> scheduled(g.num_nodes(), 0);
+  Phase last_phase = Phase::Forward;
   for (NodeId id : g.schedule()) {
     if (id < 0 || id >= g.num_nodes()) {
       fail(fmt::format("schedule names node {} which does not exist", id));
@@ -26,6 +31,9 @@ std::vector<std::string> verify(const Graph& g) {
     std::string where = fmt::format("node {} ({})", id, op_name(n.op));
     if (n.erased) fail(where + " is erased but scheduled");
     if (++scheduled[id] > 1) fail(where + " is scheduled twice");
+    if (n.phase < last_phase)
+      fail(fmt::format("{} is in the {} phase but follows a {} node", where, phase_name(n.phase), phase_name(last_phase)));
+    last_phase = n.phase;
     const OpInfo& info = op_info(n.op);
     if (info.arity >= 0 && static_cast<int>(n.inputs.size()) != info.arity)
       fail(fmt::format("{} has {} inputs, expected {}", where, n.inputs.size(), info.arity));
@@ -75,6 +83,21 @@ std::vector<std::string> verify(const Graph& g) {
   for (const auto& [label, v] : g.outputs)
     if (v < 0 || v >= g.num_values() || !defined[v])
       fail(fmt::format("output '{}' names an undefined value", label));
+  std::vector<bool> updated(g.num_values(), false);
+  for (const Graph::Update& u : g.updates) {
+    if (u.target < 0 || u.target >= g.num_values() || u.value < 0 || u.value >= g.num_values()) {
+      fail(fmt::format("update %{} <- %{} names a value that does not exist", u.target, u.value));
+      continue;
+    }
+    const Value &target = g.value(u.target), &value = g.value(u.value);
+    if (target.kind != ValueKind::Param && target.kind != ValueKind::State)
+      fail(fmt::format("update target %{} is neither a param nor optimizer state", u.target));
+    if (updated[u.target]) fail(fmt::format("%{} is updated twice", u.target));
+    updated[u.target] = true;
+    if (!defined[u.value]) fail(fmt::format("update of %{} reads undefined %{}", u.target, u.value));
+    if (target.type.dtype != value.type.dtype || !target.type.same_shape(value.type))
+      fail(fmt::format("update of %{} {} from %{} {}", u.target, to_string(target.type), u.value, to_string(value.type)));
+  }
   return problems;
 }
 

@@ -13,6 +13,7 @@ class DeadCodeElimination : public Pass {
   bool run(ir::Graph& g, ir::Diagnostics&) override {
     std::vector<bool> live_value(g.num_values(), false);
     for (const auto& [label, v] : g.outputs) live_value[v] = true;
+    for (const ir::Graph::Update& u : g.updates) live_value[u.value] = true;
     std::vector<ir::NodeId> dead;
     const auto& schedule = g.schedule();
     for (auto it = schedule.rbegin(); it != schedule.rend(); ++it) {

@@ -1,7 +1,8 @@
 // Dead code elimination.
 //
 // A node is live if one of its outputs is a graph output (the loss, and later
-// the optimizer's updates) or is read by a live node. Everything else is erased:
+// the gradients) or the value of an update (the optimizer's new params and
+// state), or is read by a live node. Everything else is erased:
 // a forward value no loss depends on costs nothing and must not be counted.
 #pragma once
 

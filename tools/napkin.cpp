@@ -156,11 +156,12 @@ int cmd_devices() {
 }
 
 int cmd_ops() {
-  std::cout << fmt::format("{:<16} {:>5}  {:<14} {}\n", "op", "arity", "class", "FLOPs/element");
+  std::cout << fmt::format("{:<20} {:>5}  {:<14} {:<13} {}\n", "op", "arity", "class", "FLOPs/element", "gradient");
   for (int i = 0; i < ir::kNumOps; ++i) {
     const ir::OpInfo& info = ir::op_info(static_cast<ir::Op>(i));
-    std::cout << fmt::format("{:<16} {:>5}  {:<14} {}\n", info.name, info.arity < 0 ? "n" : std::to_string(info.arity),
-                             ir::op_class_name(info.op_class), info.flops_per_element);
+    std::cout << fmt::format("{:<20} {:>5}  {:<14} {:<13} {}\n", info.name,
+                             info.arity < 0 ? "n" : std::to_string(info.arity), ir::op_class_name(info.op_class),
+                             info.flops_per_element, info.vjp ? "vjp" : "none (backward-only)");
   }
   return 0;
 }
