@@ -3,15 +3,37 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <set>
 
+#include "frontend/frontend.h"
 #include "frontend/suggest.h"
 #include "ir/builder.h"
 
 namespace napkin::frontend {
 
 namespace {
+
+// The names eval_dim_expr looks up in `e`, left to right: it reads names through unary and
+// binary operators only (anything else is an error there, its operands unread).
+void dim_refs(const Expr& e, std::vector<const Expr*>& out) {
+  if (e.kind == ExprKind::Name) out.push_back(&e);
+  if (e.kind == ExprKind::Unary || e.kind == ExprKind::Binary)
+    for (const ExprPtr& arg : e.args) dim_refs(*arg, out);
+}
+
+// The overridden dims that the value of `e` comes from.
+std::set<std::string> overrides_in(const Expr& e, const DimTable& dims) {
+  std::set<std::string> out;
+  if (dims.overrides.empty()) return out;
+  std::vector<const Expr*> refs;
+  dim_refs(e, refs);
+  for (const Expr* r : refs)
+    if (auto it = dims.from_overrides.find(r->text); it != dims.from_overrides.end())
+      out.insert(it->second.begin(), it->second.end());
+  return out;
+}
 
 // The size of the dim `name` refers to. An unknown name is reported at its
 // use; a failed dim is silent (its own error is reported).
@@ -28,19 +50,31 @@ std::optional<int64_t> lookup(const Expr& name, const DimTable& dims, const ir::
 
 }  // namespace
 
+std::string override_note(const Expr& e, const DimTable& dims) {
+  std::set<std::string> names = overrides_in(e, dims);
+  if (names.empty()) return "";
+  std::vector<std::string> parts;
+  for (const std::string& n : names) parts.push_back(fmt::format("{}={}", n, dims.overrides.at(n)));
+  return fmt::format(" (with {} from --dims)", fmt::join(parts, ", "));
+}
+
 std::optional<int64_t> eval_dim_expr(const Expr& e, const DimTable& dims, const ir::SourceLoc& base,
                                      ir::Diagnostics& diag) {
   auto fail = [&](const Expr& at, std::string msg, std::string hint = "") -> std::optional<int64_t> {
     diag.error(base.shifted(at.offset), std::move(msg), std::move(hint));
     return std::nullopt;
   };
+  // A failure that depends on the values: it names the overrides they come from.
+  auto fail_value = [&](const Expr& at, std::string msg, std::string hint = "") -> std::optional<int64_t> {
+    return fail(at, msg + override_note(at, dims), std::move(hint));
+  };
   // Dim arithmetic stays far below int64 overflow: no tensor axis is anywhere
   // near 2^48 elements, and a bigger value is surely a mistake.
-  constexpr int64_t kLimit = int64_t{1} << 48;
+  constexpr int64_t kLimit = kMaxDimValue;
   auto bounded = [&](const Expr& at, __int128 v) -> std::optional<int64_t> {
     if (v > kLimit || v < -kLimit)
-      return fail(at, fmt::format("'{}' is out of range: dims must stay below 2^48", to_string(at)),
-                  "no tensor axis is that large; check the expression");
+      return fail_value(at, fmt::format("'{}' is out of range: dims must stay below 2^48", to_string(at)),
+                        "no tensor axis is that large; check the expression");
     return static_cast<int64_t>(v);
   };
   switch (e.kind) {
@@ -69,7 +103,7 @@ std::optional<int64_t> eval_dim_expr(const Expr& e, const DimTable& dims, const 
       if (op == "-") return bounded(e, x - y);
       if (op == "*") return bounded(e, x * y);
       if (op == "**") {
-        if (y < 0) return fail(e, "a dim power must not be negative");
+        if (y < 0) return fail_value(e, "a dim power must not be negative");
         // The loop below ends once |r| passes the limit, which a base of 0, 1 or -1
         // never does: 1 ** (2 ** 48) would loop 2^48 times. Their powers are known.
         if (x == 0) return y == 0 ? 1 : 0;
@@ -82,10 +116,11 @@ std::optional<int64_t> eval_dim_expr(const Expr& e, const DimTable& dims, const 
         return bounded(e, r);
       }
       if (op == "/" || op == "//" || op == "%") {
-        if (y == 0) return fail(*e.args[1], fmt::format("division by zero in '{}'", to_string(e)));
+        if (y == 0) return fail_value(*e.args[1], fmt::format("division by zero in '{}'", to_string(e)));
         if (op == "/" && x % y != 0)
-          return fail(e, fmt::format("'{}' is {} / {}, which does not divide exactly", to_string(e), *a, *b),
-                      "choose sizes that divide, or write '//' to round down on purpose");
+          return fail_value(e,
+                            fmt::format("'{}' is {} / {}, which does not divide exactly", to_string(e), *a, *b),
+                            "choose sizes that divide, or write '//' to round down on purpose");
         // Python semantics: // floors and % takes the divisor's sign.
         __int128 q = x / y;
         if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
@@ -103,32 +138,56 @@ std::optional<int64_t> eval_dim_expr(const Expr& e, const DimTable& dims, const 
 
 namespace {
 
-// The names eval_dim_expr looks up in `e`, left to right: it reads names through unary and
-// binary operators only (anything else is an error there, its operands unread).
-void dim_refs(const Expr& e, std::vector<const Expr*>& out) {
-  if (e.kind == ExprKind::Name) out.push_back(&e);
-  if (e.kind == ExprKind::Unary || e.kind == ExprKind::Binary)
-    for (const ExprPtr& arg : e.args) dim_refs(*arg, out);
+// Checks the overrides against the declared dims (file-level errors, at 1:1)
+// and enters the valid ones into the table.
+void apply_overrides(const std::map<std::string, int64_t>& overrides, DimTable& table, YamlContext& ctx) {
+  const ir::SourceLoc at{ctx.file(), 1, 1};
+  for (const auto& [name, value] : overrides) {
+    if (!table.locs.count(name)) {
+      ctx.diag().error(at,
+                       fmt::format("--dims sets '{}', but the model has no such dim{}", name,
+                                   did_you_mean(name, table.order)),
+                       table.order.empty() ? "the model declares no dims: it has nothing to override"
+                                           : fmt::format("declared dims: {}", fmt::join(table.order, ", ")));
+      continue;
+    }
+    table.overrides[name] = value;  // even when bad: its uses stay silent below
+    if (value < 1 || value > kMaxDimValue) {
+      ctx.diag().error(at,
+                       value < 1 ? fmt::format("--dims sets '{}' to {}, but a dim must be positive", name, value)
+                                 : fmt::format("--dims sets '{}' to {}, but dims must stay below 2^48", name, value),
+                       "every dim is the size of a tensor axis: give a value from 1 up");
+      table.failed.insert(name);
+      continue;
+    }
+    table.sizes[name] = value;
+    table.from_overrides[name] = {name};
+  }
 }
 
 }  // namespace
 
-DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
+DimTable read_dims(const YAML::Node& node, YamlContext& ctx, const std::map<std::string, int64_t>& overrides) {
   DimTable table;
-  if (!node || node.IsNull()) return table;
-  if (!ctx.check_mapping(node, "dims")) return table;
+  // A dims: section that is not a mapping is reported; overrides of it would only repeat that.
+  if (node && !node.IsNull() && !ctx.check_mapping(node, "dims")) return table;
   struct Pending {
     ExprPtr expr;
     ir::SourceLoc base;
   };
   std::map<std::string, Pending> pending;
-  for (auto it = node.begin(); it != node.end(); ++it) {
-    std::string name = it->first.Scalar();
-    if (pending.count(name)) continue;  // duplicate: reported by check_keys
-    table.order.push_back(name);
-    table.locs[name] = ctx.loc(it->first);
-    pending[name] = {ctx.parse_scalar_expr(it->second, fmt::format("dim '{}'", name)), ctx.text_loc(it->second)};
+  if (node && !node.IsNull()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      std::string name = it->first.Scalar();
+      if (pending.count(name)) continue;  // duplicate: reported by check_keys
+      table.order.push_back(name);
+      table.locs[name] = ctx.loc(it->first);
+      // An overridden dim's expression is still parsed (a syntax error is the file's
+      // mistake) but never evaluated: the override stands in its place.
+      pending[name] = {ctx.parse_scalar_expr(it->second, fmt::format("dim '{}'", name)), ctx.text_loc(it->second)};
+    }
   }
+  apply_overrides(overrides, table, ctx);
   // Each dim is evaluated after the dims it refers to, found by a depth-first walk
   // with an explicit stack: resolving them by recursion through eval_dim_expr overflowed
   // the call stack on a chain of 30000 dims (d0: d1, d1: d2, ...).
@@ -176,9 +235,11 @@ DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
       stack.pop_back();
       in_progress.erase(name);
       const ir::SourceLoc base = pending.at(name).base;
-      std::optional<int64_t> v = eval_dim_expr(*pending.at(name).expr, table, base, ctx.diag());
+      const Expr& expr = *pending.at(name).expr;
+      std::optional<int64_t> v = eval_dim_expr(expr, table, base, ctx.diag());
       if (v && *v <= 0) {
-        ctx.diag().error(base, fmt::format("dim '{}' must be positive, got {}", name, *v),
+        ctx.diag().error(base,
+                         fmt::format("dim '{}' must be positive, got {}{}", name, *v, override_note(expr, table)),
                          "every dim is the size of a tensor axis");
         v.reset();
       }
@@ -187,6 +248,10 @@ DimTable read_dims(const YAML::Node& node, YamlContext& ctx) {
         continue;
       }
       table.sizes[name] = *v;
+      if (!table.overrides.empty()) {
+        std::set<std::string> from = overrides_in(expr, table);
+        if (!from.empty()) table.from_overrides[name] = std::move(from);
+      }
     }
   };
   for (const std::string& name : table.order) resolve_name(name);
@@ -214,7 +279,7 @@ std::optional<std::vector<ir::Dim>> read_shape(const YAML::Node& shape, const Di
       continue;
     }
     if (*size <= 0) {
-      ctx.error(entry, fmt::format("the shape of {} has a non-positive size {}", what, *size),
+      ctx.error(entry, fmt::format("the shape of {} has a non-positive size {}{}", what, *size, override_note(*e, dims)),
                 "every size in a shape must be at least 1");
       ok = false;
       continue;
@@ -280,6 +345,56 @@ std::optional<ir::TensorType> read_declaration(const YAML::Node& key, const YAML
   }
   if (!shape) return std::nullopt;
   return ir::TensorType{dtype, *shape};
+}
+
+std::optional<std::map<std::string, int64_t>> parse_dim_overrides(std::string_view text, std::string& error) {
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+    return s;
+  };
+  auto fail = [&](std::string message) -> std::optional<std::map<std::string, int64_t>> {
+    error = std::move(message);
+    return std::nullopt;
+  };
+  auto is_name = [](std::string_view s) {
+    auto start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; };
+    if (s.empty() || !start(s[0])) return false;
+    return std::all_of(s.begin(), s.end(), [&](char c) { return start(c) || std::isdigit(static_cast<unsigned char>(c)) || c == '.'; });
+  };
+  if (trim(text).empty()) return fail("no dims given: write name=value pairs separated by commas, e.g. d=32,layers=2");
+  std::map<std::string, int64_t> out;
+  for (size_t pos = 0; pos <= text.size();) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string_view::npos) comma = text.size();
+    std::string_view entry = trim(text.substr(pos, comma - pos));
+    pos = comma + 1;
+    if (entry.empty())
+      return fail(fmt::format("'{}' has an empty entry (a comma too many): write name=value pairs separated by single "
+                              "commas, e.g. d=32,layers=2", trim(text)));
+    size_t eq = entry.find('=');
+    if (eq == std::string_view::npos)
+      return fail(fmt::format("'{}' is not name=value: write e.g. d=32", entry));
+    std::string_view name = trim(entry.substr(0, eq));
+    std::string_view value = trim(entry.substr(eq + 1));
+    if (name.empty()) return fail(fmt::format("'{}' has no dim name before '='", entry));
+    if (!is_name(name))
+      return fail(fmt::format("'{}' is not a dim name: names are letters, digits and '_', starting with a letter or '_'",
+                              name));
+    if (value.empty()) return fail(fmt::format("dim '{}' has no value after '='", name));
+    if (!std::all_of(value.begin(), value.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+      return fail(fmt::format("the value of dim '{}' must be a positive integer, got '{}'", name, value));
+    // Digits only: accumulate with a bound so that a long number cannot overflow.
+    int64_t v = 0;
+    for (char c : value) {
+      v = v * 10 + (c - '0');
+      if (v > kMaxDimValue)
+        return fail(fmt::format("the value of dim '{}' is out of range: dims must stay below 2^48, got {}", name, value));
+    }
+    if (v < 1) return fail(fmt::format("the value of dim '{}' must be positive, got {}", name, value));
+    if (!out.emplace(std::string(name), v).second) return fail(fmt::format("dim '{}' is given twice", name));
+  }
+  return out;
 }
 
 }  // namespace napkin::frontend

@@ -1,7 +1,8 @@
 // Named dimensions: `dims:` maps names to positive integers or to integer
 // expressions of other dims (`head_dim: d / heads`). Division must be exact
 // ('/' checks it; '//' floors on purpose). Order in the file does not matter;
-// cycles are errors.
+// cycles are errors. Values given on the command line (LoadOptions::dim_overrides)
+// replace the file's expressions; messages about values derived from them say so.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -23,10 +24,25 @@ struct DimTable {
   std::map<std::string, ir::SourceLoc> locs;
   std::vector<std::string> order;  // as written in the file
   std::set<std::string> failed;     // declared but in error (reported once, then silent)
+  // The overrides in effect (name -> value), and for each resolved dim the
+  // overridden dims its value comes from (itself, if it is overridden).
+  std::map<std::string, int64_t> overrides;
+  std::map<std::string, std::set<std::string>> from_overrides;
   bool has(const std::string& n) const { return sizes.count(n) > 0; }
 };
 
-DimTable read_dims(const YAML::Node& dims, YamlContext& ctx);
+// Dims must stay below this (no tensor axis is near it), so arithmetic on them cannot overflow.
+constexpr int64_t kMaxDimValue = int64_t{1} << 48;
+
+// Reads dims:, with `overrides` in place of the expressions of the dims they
+// name. An override of a dim the file does not declare, or of a value out of
+// range, is reported at file:1:1.
+DimTable read_dims(const YAML::Node& dims, YamlContext& ctx, const std::map<std::string, int64_t>& overrides = {});
+
+// " (with d=30, heads=4 from --dims)" if the value of `e` depends on overridden
+// dims, else "": appended to messages about values, so that a user sees that a
+// size they did not write is the cause.
+std::string override_note(const Expr& e, const DimTable& dims);
 
 // Evaluates an integer expression of dims and integer literals (+ - * / // % **,
 // parentheses). Reports errors at `base` shifted by each node's offset.

@@ -167,12 +167,13 @@ std::pair<int, int> open_flow_bracket(const std::string& text, int stop_line, in
   return open.empty() ? std::pair{-1, -1} : open.back();
 }
 
-std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, ir::Diagnostics& diag) {
+std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, ir::Diagnostics& diag,
+                                     const LoadOptions& options) {
   ctx.check_keys(root, kTopKeys, "the model");
   ir::Graph g;
   g.name = "model";
   if (const YAML::Node& m = root["model"]) ctx.scalar_text(m, "model", g.name);
-  DimTable dims = read_dims(root["dims"], ctx);
+  DimTable dims = read_dims(root["dims"], ctx, options.dim_overrides);
   std::map<std::string, BlockDef> blocks = read_blocks(root["blocks"], ctx);
   Scope scope;
   read_inputs(root["inputs"], ctx, dims, g, scope);
@@ -213,6 +214,11 @@ static std::optional<std::pair<int, int>> first_invalid_utf8(const std::string& 
 }
 
 std::optional<ir::Graph> load_model_text(const std::string& text, const std::string& path, ir::Diagnostics& diag) {
+  return load_model_text(text, path, diag, LoadOptions{});
+}
+
+std::optional<ir::Graph> load_model_text(const std::string& text, const std::string& path, ir::Diagnostics& diag,
+                                         const LoadOptions& options) {
   diag.add_source(path, text);
   YamlContext ctx(path, text, diag);
   if (auto bad = first_invalid_utf8(text)) {
@@ -244,13 +250,17 @@ std::optional<ir::Graph> load_model_text(const std::string& text, const std::str
   // The readers check every node before they read it, so a yaml-cpp exception
   // from here on is a napkin bug: report it as one, with this file:line, not as a crash.
   try {
-    return lower_model(root, ctx, diag);
+    return lower_model(root, ctx, diag, options);
   } catch (const YAML::Exception& e) {
     throw ir::InternalError(__FILE__, __LINE__, fmt::format("yaml-cpp threw while reading the model: {}", e.what()));
   }
 }
 
 std::optional<ir::Graph> load_model_file(const std::string& path, ir::Diagnostics& diag) {
+  return load_model_file(path, diag, LoadOptions{});
+}
+
+std::optional<ir::Graph> load_model_file(const std::string& path, ir::Diagnostics& diag, const LoadOptions& options) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     diag.error({std::make_shared<const std::string>(path), 0, 0}, "cannot open the model file",
@@ -259,7 +269,7 @@ std::optional<ir::Graph> load_model_file(const std::string& path, ir::Diagnostic
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
-  return load_model_text(buffer.str(), path, diag);
+  return load_model_text(buffer.str(), path, diag, options);
 }
 
 }  // namespace napkin::frontend

@@ -24,6 +24,7 @@ Built Builder::add(Op op, std::vector<ValueId> inputs, Attrs attrs) {
               "check the dims: this is far beyond any device's memory"};
   }
   NodeId id = g_.add_node(op, std::move(inputs), std::move(r.outputs), std::move(attrs), loc_, scope_, phase_);
+  g_.node(id).origin = origin_;
   const Node& n = g_.node(id);
   if (info.op_class == OpClass::View) set_view_layout(n);
   return {n.out(), "", ""};

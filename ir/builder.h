@@ -33,6 +33,8 @@ class Builder {
   const std::string& scope() const { return scope_; }
   void set_phase(Phase phase) { phase_ = phase; }
   Phase phase() const { return phase_; }
+  // Backward nodes name the forward node they differentiate (Node::origin).
+  void set_origin(NodeId origin) { origin_ = origin; }
   Graph& graph() { return g_; }
 
   // Adds one node with a single output. View ops get their strided layout.
@@ -55,6 +57,7 @@ class Builder {
   SourceLoc loc_;
   std::string scope_;
   Phase phase_ = Phase::Forward;
+  NodeId origin_ = kNoNode;
   void set_view_layout(const Node& n);
 };
 

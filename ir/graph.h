@@ -67,6 +67,8 @@ struct Node {
   SourceLoc loc;       // the YAML text this node came from
   std::string scope;   // e.g. "blocks.3" inside a repeated block; "" at top level
   Phase phase = Phase::Forward;
+  // For a backward node: the forward node whose gradient it helps compute.
+  NodeId origin = kNoNode;
   bool erased = false;
   ValueId in(int i) const { return inputs.at(i); }
   ValueId out(int i = 0) const { return outputs.at(i); }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 namespace napkin::passes {
@@ -13,18 +14,28 @@ bool reads_param(const ir::Graph& g, ir::ValueId v) {
   return g.value(g.value(v).storage).kind == ir::ValueKind::Param;
 }
 
+bool is_contraction(const ir::Node& n) { return ir::op_info(n.op).op_class == ir::OpClass::Contraction; }
+
+bool reads_any_param(const ir::Graph& g, const ir::Node& n) {
+  return std::any_of(n.inputs.begin(), n.inputs.end(), [&](ir::ValueId v) { return reads_param(g, v); });
+}
+
+// A backward contraction is a weight matmul iff the forward one it came from
+// is: dW = xᵀ·dy reads no parameter but is the weight matmul's backward.
 std::string category_of(const ir::Graph& g, const ir::Node& n) {
   const ir::OpInfo& info = ir::op_info(n.op);
-  if (info.op_class == ir::OpClass::Contraction) {
-    bool param = std::any_of(n.inputs.begin(), n.inputs.end(), [&](ir::ValueId v) { return reads_param(g, v); });
-    return param ? "param-matmul" : "activation-matmul";
+  if (is_contraction(n)) {
+    const ir::Node* forward = &n;
+    if (n.phase != ir::Phase::Forward && n.origin != ir::kNoNode && is_contraction(g.node(n.origin)))
+      forward = &g.node(n.origin);
+    return reads_any_param(g, *forward) ? "param-matmul" : "activation-matmul";
   }
   return std::string(ir::op_class_name(info.op_class));
 }
 
 // Tokens per step: the config's tokens_per_step, else the ids of the first
 // integer input (token ids), else the leading axis of the first input (examples).
-void derive_tokens(const ir::Graph& g, ForwardCost& c) {
+void derive_tokens(const ir::Graph& g, StepCost& c) {
   if (g.config.train.tokens_per_step > 0) {
     c.tokens = static_cast<double>(g.config.train.tokens_per_step);
     c.tokens_source = "train.tokens_per_step";
@@ -56,30 +67,40 @@ ir::DType compute_dtype(const ir::Graph& g, const ir::Node& n) {
 
 }  // namespace
 
-ForwardCost analyze_forward(const ir::Graph& g, const Device* device) {
-  ForwardCost c;
+void PhaseCost::add(const OpRow& row) {
+  flops += row.cost.flops;
+  bytes_read += row.cost.bytes_read;
+  bytes_written += row.cost.bytes_written;
+  if (row.category == "param-matmul") param_matmul_flops += row.cost.flops;
+  else if (row.category == "activation-matmul") activation_matmul_flops += row.cost.flops;
+  else other_flops += row.cost.flops;
+  seconds += row.seconds;
+  ++ops;
+}
+
+StepCost analyze_step(const ir::Graph& g, const Device* device) {
+  StepCost c;
   c.device = device;
   std::set<ir::ValueId> matmul_params;
+  std::map<ir::DType, double> contraction_flops;
   for (ir::NodeId id : g.schedule()) {
     const ir::Node& n = g.node(id);
     const ir::OpInfo& info = ir::op_info(n.op);
     OpRow row;
     row.node = id;
+    row.phase = n.phase;
     row.cost = info.cost(g, n);
     row.category = category_of(g, n);
-    row.copies = n.op == ir::Op::Copy;
-    if (info.op_class == ir::OpClass::Contraction)
-      for (ir::ValueId v : n.inputs)
-        if (reads_param(g, v)) matmul_params.insert(g.value(v).storage);
-    c.flops += row.cost.flops;
-    c.bytes_read += row.cost.bytes_read;
-    c.bytes_written += row.cost.bytes_written;
-    if (row.category == "param-matmul") c.param_matmul_flops += row.cost.flops;
-    else if (row.category == "activation-matmul") c.activation_matmul_flops += row.cost.flops;
-    else c.other_flops += row.cost.flops;
+    row.copies = n.op == ir::Op::Copy && n.phase == ir::Phase::Forward;
+    row.compute_dtype = compute_dtype(g, n);
+    if (is_contraction(n)) {
+      contraction_flops[row.compute_dtype] += row.cost.flops;
+      if (n.phase == ir::Phase::Forward)
+        for (ir::ValueId v : n.inputs)
+          if (reads_param(g, v)) matmul_params.insert(g.value(v).storage);
+    }
     if (device) {
-      ir::DType dt = row.compute_dtype = compute_dtype(g, n);
-      double peak = info.op_class == ir::OpClass::Contraction ? matmul_peak(*device, dt) : vector_peak(*device, dt);
+      double peak = is_contraction(n) ? matmul_peak(*device, row.compute_dtype) : vector_peak(*device, row.compute_dtype);
       if (peak <= 0 && row.cost.flops > 0) {
         // An unsupported dtype is not a zero-time op: say so instead of guessing.
         row.no_peak = true;
@@ -89,11 +110,18 @@ ForwardCost analyze_forward(const ir::Graph& g, const Device* device) {
         double memory = (row.cost.bytes_read + row.cost.bytes_written) / device->bandwidth_bytes_per_s;
         row.seconds = std::max(compute, memory);
         row.compute_bound = compute > memory;
-        c.seconds += row.seconds;
       }
     }
+    c.phases[static_cast<int>(n.phase)].add(row);
+    c.total.add(row);
     c.rows.push_back(row);
   }
+  double most = -1;
+  for (const auto& [dtype, flops] : contraction_flops)
+    if (flops > most) {
+      most = flops;
+      c.matmul_dtype = dtype;
+    }
   for (const ir::Param& p : g.params) {
     const ir::Value& v = g.value(p.value);
     c.params += v.type.numel();

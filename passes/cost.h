@@ -1,13 +1,18 @@
 // The cost model behind `napkin report`: FLOPs and bytes per op (from the op
-// table's cost rules), the parameter count and memory, the tokens a step
-// processes, and the split of forward FLOPs against the 2·tokens·params rule.
+// table's cost rules), per phase of the step (forward, backward, optimizer),
+// the parameter count and memory, the tokens a step processes, and the split
+// of FLOPs against the 2·tokens·params (forward) and 6·tokens·params (step) rules.
 //
 // Terms:
-//  - a parameter "does matmul work" if some contraction reads it (directly or
-//    through a view); embedding tables, biases and norm gains do not.
-//  - attention-like matmuls are contractions where no operand is a parameter.
-//  - forward - 2·T·P = (param matmuls - 2·T·P_mm) + activation matmuls
-//                      + non-matmul ops - 2·T·P_other   (exactly).
+//  - a parameter "does matmul work" if some forward contraction reads it
+//    (directly or through a view); embedding tables, biases and norm gains do not.
+//  - a weight matmul ("param-matmul") is a forward contraction that reads a
+//    parameter, or a backward contraction autodiff made from one (its origin);
+//    every other contraction is an activation matmul (attention scores, mixing).
+//  - forward - 2·T·P = (forward weight matmuls - 2·T·P_mm) + activation matmuls
+//                      + non-matmul ops - 2·T·P_other   (exactly), and for the
+//    whole step, with 6 and 4·T·P_mm for the backward weight matmuls, plus the
+//    optimizer (see docs/report.md).
 #pragma once
 
 #include <map>
@@ -21,6 +26,7 @@ namespace napkin::passes {
 
 struct OpRow {
   ir::NodeId node = ir::kNoNode;
+  ir::Phase phase = ir::Phase::Forward;
   ir::OpCost cost;
   std::string category;  // "param-matmul", "activation-matmul", "elementwise", "view", ...
   bool copies = false;   // a Copy the einops lowering needed (a rearrange that is not a view)
@@ -31,9 +37,23 @@ struct OpRow {
   bool compute_bound = false;
 };
 
-struct ForwardCost {
-  std::vector<OpRow> rows;  // schedule order
+// The work of one phase (or of the whole step).
+struct PhaseCost {
   double flops = 0, bytes_read = 0, bytes_written = 0;
+  double param_matmul_flops = 0;
+  double activation_matmul_flops = 0;
+  double other_flops = 0;
+  double seconds = 0;  // sum of per-op roofline times (ops without a peak excluded)
+  int ops = 0;
+  void add(const OpRow& row);
+};
+
+struct StepCost {
+  std::vector<OpRow> rows;  // schedule order
+  PhaseCost phases[3];      // indexed by ir::Phase
+  PhaseCost total;          // the whole step
+  const PhaseCost& phase(ir::Phase p) const { return phases[static_cast<int>(p)]; }
+  bool has_backward() const { return phase(ir::Phase::Backward).ops > 0; }
 
   int64_t params = 0;
   std::map<ir::DType, int64_t> param_bytes;  // per dtype
@@ -43,16 +63,15 @@ struct ForwardCost {
   double tokens = 0;
   std::string tokens_source;  // how `tokens` was derived
 
-  double param_matmul_flops = 0;
-  double activation_matmul_flops = 0;
-  double other_flops = 0;
-
   const Device* device = nullptr;
-  double seconds = 0;  // sum of per-op roofline times (ops without a peak excluded)
   int ops_without_peak = 0;
+  // The dtype doing most of the contraction FLOPs: its matmul peak is the
+  // denominator of MFU.
+  ir::DType matmul_dtype = ir::DType::F32;
 };
 
-// `device` may be null (no roofline columns).
-ForwardCost analyze_forward(const ir::Graph& g, const Device* device);
+// `device` may be null (no roofline columns). Works on forward-only graphs
+// (backward and optimizer phases are then empty) and on training graphs.
+StepCost analyze_step(const ir::Graph& g, const Device* device);
 
 }  // namespace napkin::passes

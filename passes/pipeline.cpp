@@ -1,12 +1,26 @@
 #include "passes/pipeline.h"
 
+#include "passes/autodiff.h"
 #include "passes/dce.h"
+#include "passes/optimizer.h"
 
 namespace napkin::passes {
 
 bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options) {
   PassManager pm(options);
   pm.add(make_dce_pass());  // drop forward values the loss does not need
+  if (!pm.run(g, diag)) return false;
+  warn_unused_params(g, diag);
+  return true;
+}
+
+bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options) {
+  PassManager pm(options);
+  pm.add(make_dce_pass());        // drop forward values the loss does not need
+  pm.add(make_autodiff_pass());   // d loss / d param for every param: the backward phase
+  pm.add(make_dce_pass());        // drop gradients no parameter needs (e.g. of the data)
+  pm.add(make_optimizer_pass());  // new params and optimizer state: the optimizer phase
+  pm.add(make_dce_pass());        // drop scalars the chosen rule did not use (t under a constant lr)
   if (!pm.run(g, diag)) return false;
   warn_unused_params(g, diag);
   return true;

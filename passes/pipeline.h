@@ -1,5 +1,5 @@
-// The default pipeline, top to bottom. Each later stage (autodiff, optimizer,
-// mixed precision, fusion, memory planning) adds its pass here, in order.
+// The default pipelines, top to bottom. Each later stage (mixed precision,
+// fusion, memory planning) adds its pass to run_training_pipeline, in order.
 #pragma once
 
 #include "passes/pass.h"
@@ -9,5 +9,9 @@ namespace napkin::passes {
 // The forward pipeline: clean the frontend's graph so the report counts only
 // what the loss needs.
 bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options = {});
+
+// The whole training step: the forward graph, its backward (autodiff) and the
+// optimizer's update, so everything a step does is IR.
+bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options = {});
 
 }  // namespace napkin::passes

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <set>
 #include <nlohmann/json.hpp>
 
 namespace napkin::passes {
@@ -79,10 +80,56 @@ const char* bound_word(const OpRow& row) {
 struct Gap {
   double two_tp, no_matmul_params, param_matmul_excess, activation, other;
 };
-Gap gap_terms(const ForwardCost& c) {
+Gap gap_terms(const StepCost& c) {
   double t = c.tokens;
+  const PhaseCost& f = c.phase(ir::Phase::Forward);
   return {2 * t * c.params, -2 * t * static_cast<double>(c.params - c.params_in_matmuls),
-          c.param_matmul_flops - 2 * t * c.params_in_matmuls, c.activation_matmul_flops, c.other_flops};
+          f.param_matmul_flops - 2 * t * c.params_in_matmuls, f.activation_matmul_flops, f.other_flops};
+}
+
+// The gap between the counted step and 6·tokens·params, term by term; the
+// terms add up to counted − 6TP exactly (docs/report.md).
+struct StepGap {
+  double six_tp, no_matmul_params, forward_weight_excess, backward_weight_excess, activation, other, optimizer;
+};
+StepGap step_gap_terms(const StepCost& c) {
+  double t = c.tokens;
+  const PhaseCost &f = c.phase(ir::Phase::Forward), &b = c.phase(ir::Phase::Backward);
+  double p_mm = static_cast<double>(c.params_in_matmuls);
+  return {6 * t * c.params,
+          -6 * t * static_cast<double>(c.params - c.params_in_matmuls),
+          f.param_matmul_flops - 2 * t * p_mm,
+          b.param_matmul_flops - 4 * t * p_mm,
+          f.activation_matmul_flops + b.activation_matmul_flops,
+          f.other_flops + b.other_flops,
+          c.phase(ir::Phase::Optimizer).flops};
+}
+
+// PaLM's model FLOPs per token (Chowdhery et al. 2022, appendix B):
+// 6·N + 12·L·d·T, the second term the attention matmuls (scores and mixing,
+// forward and backward). L, d and T are read off the graph: L = the blocks
+// holding forward activation matmuls, T = the key length (last axis of the
+// first one's output), d = elements of its left operand per token.
+struct PalmTerms {
+  bool found = false;
+  double layers = 0, d = 0, seq = 0;
+};
+PalmTerms palm_terms(const ir::Graph& g, const StepCost& c) {
+  PalmTerms p;
+  std::set<std::string> scopes;
+  const ir::Node* first = nullptr;
+  for (const OpRow& row : c.rows)
+    if (row.phase == ir::Phase::Forward && row.category == "activation-matmul") {
+      const ir::Node& n = g.node(row.node);
+      if (!first) first = &n;
+      scopes.insert(n.scope);
+    }
+  if (!first || c.tokens <= 0) return p;
+  p.found = true;
+  p.layers = static_cast<double>(scopes.size());
+  p.seq = static_cast<double>(g.value(first->out()).type.dims.back().size);
+  p.d = static_cast<double>(g.value(first->in(0)).type.numel()) / c.tokens;
+  return p;
 }
 
 // "+1,234" / "-1,234": a term of a sum.
@@ -100,75 +147,190 @@ std::string list_names(const std::vector<std::string>& names, size_t limit) {
 
 }  // namespace
 
-std::string render_report_text(const ir::Graph& g, const ForwardCost& c, const ReportOptions& options) {
+namespace {
+
+std::string ops_table(const ir::Graph& g, const StepCost& c) {
+  std::string out = "\nops (schedule order; FLOPs: 2 per multiply-add; views are free)\n";
+  out += fmt::format("{:>4}  {:<5} {:<26} {:>5}  {:<10} {:<22} {:>11} {:>11} {:>11} {:>8}", "#", "phase", "op", "line",
+                     "scope", "output", "FLOPs", "read", "written", "FLOP/B");
+  if (c.device) out += fmt::format(" {:>10}  {}", "roofline", "bound");
+  out += "\n";
+  int index = 0;
+  for (const OpRow& row : c.rows) {
+    const ir::Node& n = g.node(row.node);
+    static const char* const kPhase[] = {"fwd", "bwd", "opt"};
+    out += fmt::format("{:>4}  {:<5} {:<26} {:>5}  {:<10} {:<22} {:>11} {:>11} {:>11} {:>8.3g}", ++index,
+                       kPhase[static_cast<int>(row.phase)], op_label(g, row), n.loc.line,
+                       n.scope.empty() ? "-" : n.scope, shape_text(g.value(n.out()).type), human_flops(row.cost.flops),
+                       human_bytes(row.cost.bytes_read), human_bytes(row.cost.bytes_written), intensity(row.cost));
+    if (c.device) {
+      if (row.no_peak)
+        out += fmt::format(" {:>10}  no {} peak on {}", "n/a", ir::dtype_name(row.compute_dtype), c.device->name);
+      else
+        out += fmt::format(" {:>10}  {}", human_seconds(row.seconds), bound_word(row));
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::string phase_line(const char* label, const PhaseCost& p, const PhaseCost& forward, const Device* device) {
+  std::string out = fmt::format("  {:<20} {:>22}  ({}", label, with_commas(p.flops), human_flops(p.flops));
+  if (&p != &forward && forward.flops > 0) out += fmt::format("; {:.3f}x forward", p.flops / forward.flops);
+  out += ")";
+  if (device) out += fmt::format("  {:>10} roofline", human_seconds(p.seconds));
+  return out + "\n";
+}
+
+std::string flops_section(const StepCost& c) {
+  std::string out = "\nFLOPs per step (ops: forward " + std::to_string(c.phase(ir::Phase::Forward).ops) + ", backward " +
+                    std::to_string(c.phase(ir::Phase::Backward).ops) + ", optimizer " +
+                    std::to_string(c.phase(ir::Phase::Optimizer).ops) + ")\n";
+  const PhaseCost& f = c.phase(ir::Phase::Forward);
+  out += phase_line("forward", f, f, c.device);
+  out += phase_line("backward", c.phase(ir::Phase::Backward), f, c.device);
+  out += phase_line("optimizer", c.phase(ir::Phase::Optimizer), f, c.device);
+  out += phase_line("total", c.total, f, c.device);
+  out += fmt::format("  bytes read           {:>22}  ({})\n", with_commas(c.total.bytes_read), human_bytes(c.total.bytes_read));
+  out += fmt::format("  bytes written        {:>22}  ({})\n", with_commas(c.total.bytes_written),
+                     human_bytes(c.total.bytes_written));
+  return out;
+}
+
+std::string time_section(const StepCost& c) {
+  if (!c.device) return "";
+  std::string out = fmt::format("\ntime on {} (roofline: each op takes max(FLOPs/peak, bytes/bandwidth))\n", c.device->name);
+  out += fmt::format("  predicted step       {:>22}\n", human_seconds(c.total.seconds));
+  double peak = matmul_peak(*c.device, c.matmul_dtype);
+  if (peak > 0 && c.total.seconds > 0) {
+    out += fmt::format("  MFU                  {:>21.1f}%  (counted FLOPs / (step time x {} {} matmul peak {}/s))\n",
+                       100 * c.total.flops / (c.total.seconds * peak), c.device->name, ir::dtype_name(c.matmul_dtype),
+                       human_flops(peak));
+    double model = 6 * c.tokens * c.params;
+    out += fmt::format("  MFU (6·N·D)          {:>21.1f}%  (6·tokens·params / (step time x peak))\n",
+                       100 * model / (c.total.seconds * peak));
+  }
+  if (c.ops_without_peak > 0)
+    out += fmt::format("  INCOMPLETE: {} {} in a dtype {} has no peak for; not counted in the time\n", c.ops_without_peak,
+                       c.ops_without_peak == 1 ? "op computes" : "ops compute", c.device->name);
+  return out;
+}
+
+std::string step_rule_section(const ir::Graph& g, const StepCost& c) {
+  StepGap gap = step_gap_terms(c);
+  std::string out = "\nstep FLOPs vs 6·tokens·params\n";
+  out += fmt::format("  tokens per step      {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
+  out += fmt::format("  6·tokens·params      {:>22}  ({})\n", with_commas(gap.six_tp), human_flops(gap.six_tp));
+  out += fmt::format("  counted step         {:>22}  ({}; {:.4f}x the rule)\n", with_commas(c.total.flops),
+                     human_flops(c.total.flops), gap.six_tp > 0 ? c.total.flops / gap.six_tp : 0.0);
+  out += "  the difference, term by term:\n";
+  out += fmt::format("    {:>22}  params that do no matmul work (6 FLOPs per token each)\n", signed_commas(gap.no_matmul_params));
+  out += fmt::format("    {:>22}  forward weight matmuls beyond 2 FLOPs per weight per token\n",
+                     signed_commas(gap.forward_weight_excess));
+  out += fmt::format("    {:>22}  backward weight matmuls vs 4 FLOPs per weight per token (less where an input needs no gradient)\n",
+                     signed_commas(gap.backward_weight_excess));
+  out += fmt::format("    {:>22}  matmuls between activations, forward and backward (attention)\n", signed_commas(gap.activation));
+  out += fmt::format("    {:>22}  elementwise, normalization, softmax and loss ops, forward and backward\n",
+                     signed_commas(gap.other));
+  out += fmt::format("    {:>22}  the optimizer update ({} elementwise FLOPs per parameter)\n", signed_commas(gap.optimizer),
+                     c.params > 0 ? fmt::format("{:.3g}", gap.optimizer / c.params) : "0");
+  PalmTerms palm = palm_terms(g, c);
+  if (palm.found) {
+    double n = static_cast<double>(c.params_in_matmuls);
+    double per_token = 6 * n + 12 * palm.layers * palm.d * palm.seq;
+    out += fmt::format("  PaLM: (6·N + 12·L·d·T)·tokens, N = {} params in matmuls, L = {}, d = {}, T = {}\n", with_commas(n),
+                       with_commas(palm.layers), with_commas(palm.d), with_commas(palm.seq));
+    out += fmt::format("                       {:>22}  ({}; counted is {:.4f}x)\n", with_commas(per_token * c.tokens),
+                       human_flops(per_token * c.tokens), c.total.flops / (per_token * c.tokens));
+  }
+  return out;
+}
+
+std::string forward_rule_section(const StepCost& c) {
+  Gap gap = gap_terms(c);
+  const PhaseCost& f = c.phase(ir::Phase::Forward);
+  std::string out = "\nforward FLOPs vs 2·tokens·params\n";
+  out += fmt::format("  2·tokens·params      {:>22}  ({})\n", with_commas(gap.two_tp), human_flops(gap.two_tp));
+  out += fmt::format("  counted forward      {:>22}  ({}; {:.4f}x the rule)\n", with_commas(f.flops), human_flops(f.flops),
+                     gap.two_tp > 0 ? f.flops / gap.two_tp : 0.0);
+  out += "  the difference, term by term:\n";
+  out += fmt::format("    {:>22}  params that do no matmul work ({} of them{})\n", signed_commas(gap.no_matmul_params),
+                     with_commas(c.params - c.params_in_matmuls),
+                     c.params_without_matmul.empty() ? "" : ": " + list_names(c.params_without_matmul, 6));
+  out += fmt::format("    {:>22}  matmuls between activations (attention scores and mixing)\n", signed_commas(gap.activation));
+  out += fmt::format("    {:>22}  elementwise, normalization, softmax and loss ops\n", signed_commas(gap.other));
+  out += fmt::format("    {:>22}  weight matmuls beyond 2 FLOPs per weight per token\n", signed_commas(gap.param_matmul_excess));
+  return out;
+}
+
+std::string peak_where(const ir::Graph& g, const MemoryPeak& peak) {
+  if (!peak.found) return "no ops";
+  const ir::Node& n = g.node(peak.node);
+  return fmt::format("at op #{} {} ({}, line {}{})", peak.position + 1, ir::op_name(n.op), ir::phase_name(peak.phase),
+                     n.loc.line, n.scope.empty() ? "" : ", " + n.scope);
+}
+
+std::string memory_section(const ir::Graph& g, const MemoryReport& m) {
+  std::string out = "\nmemory (each buffer once; views are free; updates are written in place)\n";
+  for (MemoryCategory cat : kMemoryCategories) {
+    int64_t bytes = m.category_bytes(cat);
+    std::vector<std::string> dtypes;
+    for (const auto& [dtype, b] : m.category_bytes_by_dtype(cat))
+      if (b > 0) dtypes.push_back(fmt::format("{} {}", ir::dtype_name(dtype), human_bytes(static_cast<double>(b))));
+    out += fmt::format("  {:<20} {:>22}  ({}{})\n", memory_category_name(cat), with_commas(static_cast<double>(bytes)),
+                       human_bytes(static_cast<double>(bytes)), dtypes.size() > 1 ? "; " + fmt::format("{}", fmt::join(dtypes, ", ")) : "");
+  }
+  out += fmt::format("  peak                 {:>22}  ({}, {})\n", with_commas(static_cast<double>(m.peak.bytes)),
+                     human_bytes(static_cast<double>(m.peak.bytes)), peak_where(g, m.peak));
+  std::vector<std::string> parts;
+  for (MemoryCategory cat : kMemoryCategories)
+    if (m.peak.category_bytes(cat) > 0)
+      parts.push_back(fmt::format("{} {}", memory_category_name(cat), human_bytes(static_cast<double>(m.peak.category_bytes(cat)))));
+  out += fmt::format("    alive at the peak: {}\n", fmt::join(parts, ", "));
+  int shown = 0;
+  for (const MemoryBuffer& b : m.peak.live) {
+    if (b.resident) continue;  // params, state and inputs are always there; list what the schedule makes
+    if (++shown > 8) break;
+    out += fmt::format("      {:>12}  {:<18} {:<32} line {}\n", human_bytes(static_cast<double>(b.bytes)),
+                       memory_category_name(b.category), b.name, b.line);
+  }
+  static const ir::Phase kPhases[] = {ir::Phase::Forward, ir::Phase::Backward, ir::Phase::Optimizer};
+  for (ir::Phase phase : kPhases) {
+    const MemoryPeak& p = m.phase_peak(phase);
+    if (!p.found) continue;
+    out += fmt::format("  peak in {:<12} {:>22}  ({}, {})\n", ir::phase_name(phase), with_commas(static_cast<double>(p.bytes)),
+                       human_bytes(static_cast<double>(p.bytes)), peak_where(g, p));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string render_report_text(const ir::Graph& g, const StepCost& c, const MemoryReport& memory,
+                               const ReportOptions& options) {
   std::string out;
   out += fmt::format("napkin report: {} ({})\n", g.name, options.model_path);
   out += fmt::format("precision {}, optimizer {}\n", ir::precision_name(g.config.precision.policy),
                      ir::optimizer_name(g.config.optimizer.kind));
   if (c.device)
     out += fmt::format("device {}: {} (device table v{})\n", c.device->name, c.device->description, kDeviceTableVersion);
-
-  if (options.show_ops) {
-    out += "\nforward ops (schedule order; FLOPs: 2 per multiply-add; views are free)\n";
-    out += fmt::format("{:>4}  {:<26} {:>5}  {:<10} {:<22} {:>11} {:>11} {:>11} {:>8}", "#", "op", "line", "scope",
-                       "output", "FLOPs", "read", "written", "FLOP/B");
-    if (c.device) out += fmt::format(" {:>10}  {}", "roofline", "bound");
-    out += "\n";
-    int index = 0;
-    for (const OpRow& row : c.rows) {
-      const ir::Node& n = g.node(row.node);
-      out += fmt::format("{:>4}  {:<26} {:>5}  {:<10} {:<22} {:>11} {:>11} {:>11} {:>8.3g}", ++index,
-                         op_label(g, row), n.loc.line, n.scope.empty() ? "-" : n.scope,
-                         shape_text(g.value(n.out()).type), human_flops(row.cost.flops),
-                         human_bytes(row.cost.bytes_read), human_bytes(row.cost.bytes_written), intensity(row.cost));
-      if (c.device) {
-        if (row.no_peak)
-          out += fmt::format(" {:>10}  no {} peak on {}", "n/a", ir::dtype_name(row.compute_dtype), c.device->name);
-        else
-          out += fmt::format(" {:>10}  {}", human_seconds(row.seconds), bound_word(row));
-      }
-      out += "\n";
-    }
-  }
-
-  out += "\ntotals (forward)\n";
-  out += fmt::format("  FLOPs                {:>22}  ({})\n", with_commas(c.flops), human_flops(c.flops));
-  out += fmt::format("  bytes read           {:>22}  ({})\n", with_commas(c.bytes_read), human_bytes(c.bytes_read));
-  out += fmt::format("  bytes written        {:>22}  ({})\n", with_commas(c.bytes_written), human_bytes(c.bytes_written));
-  out += fmt::format("  ops                  {:>22}\n", c.rows.size());
-  if (c.device) {
-    out += fmt::format("  roofline time        {:>22}  (sum over ops of max(FLOPs/peak, bytes/bandwidth) on {})\n",
-                       human_seconds(c.seconds), c.device->name);
-    if (c.ops_without_peak > 0)
-      out += fmt::format("  INCOMPLETE: {} {} in a dtype {} has no peak for; not counted in the time\n",
-                         c.ops_without_peak, c.ops_without_peak == 1 ? "op computes" : "ops compute", c.device->name);
-  }
-
+  if (options.show_ops) out += ops_table(g, c);
+  out += flops_section(c);
+  out += time_section(c);
   out += "\nparameters\n";
   out += fmt::format("  count                {:>22}\n", with_commas(c.params));
   for (const auto& [dtype, bytes] : c.param_bytes)
-    out += fmt::format("  memory, {:<13}{:>22}  ({})\n", ir::dtype_name(dtype), with_commas(bytes), human_bytes(static_cast<double>(bytes)));
-
-  Gap gap = gap_terms(c);
-  out += "\nforward FLOPs vs 2·tokens·params\n";
-  out += fmt::format("  tokens per step      {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
-  out += fmt::format("  2·tokens·params      {:>22}  ({})\n", with_commas(gap.two_tp), human_flops(gap.two_tp));
-  out += fmt::format("  counted forward      {:>22}  ({}; {:.4f}x the rule)\n", with_commas(c.flops),
-                     human_flops(c.flops), gap.two_tp > 0 ? c.flops / gap.two_tp : 0.0);
-  out += "  the difference, term by term:\n";
-  out += fmt::format("    {:>22}  params that do no matmul work ({} of them{})\n",
-                     signed_commas(gap.no_matmul_params),
-                     with_commas(c.params - c.params_in_matmuls), c.params_without_matmul.empty() ? "" : ": " + list_names(c.params_without_matmul, 6));
-  out += fmt::format("    {:>22}  matmuls between activations (attention scores and mixing)\n",
-                     signed_commas(gap.activation));
-  out += fmt::format("    {:>22}  elementwise, normalization, softmax and loss ops\n",
-                     signed_commas(gap.other));
-  out += fmt::format("    {:>22}  weight matmuls beyond 2 FLOPs per weight per token\n",
-                     signed_commas(gap.param_matmul_excess));
+    out += fmt::format("  memory, {:<13}{:>22}  ({})\n", ir::dtype_name(dtype), with_commas(bytes),
+                       human_bytes(static_cast<double>(bytes)));
+  out += memory_section(g, memory);
+  if (c.has_backward()) out += step_rule_section(g, c);
+  else out += fmt::format("\ntokens per step        {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
+  out += forward_rule_section(c);
   return out;
 }
 
-std::string render_report_json(const ir::Graph& g, const ForwardCost& c, const ReportOptions& options) {
+std::string render_report_json(const ir::Graph& g, const StepCost& c, const MemoryReport& memory,
+                               const ReportOptions& options) {
   using nlohmann::json;
   json j;
   j["model"] = g.name;
@@ -182,22 +344,69 @@ std::string render_report_json(const ir::Graph& g, const ForwardCost& c, const R
   j["tokens"] = c.tokens;
   j["tokens_source"] = c.tokens_source;
   Gap gap = gap_terms(c);
-  j["flops"] = {{"forward", c.flops},
-                {"param_matmul", c.param_matmul_flops},
-                {"activation_matmul", c.activation_matmul_flops},
-                {"other", c.other_flops},
-                {"two_tokens_params", gap.two_tp}};
-  j["bytes"] = {{"forward", c.bytes_read + c.bytes_written}, {"read", c.bytes_read}, {"written", c.bytes_written}};
+  StepGap step = step_gap_terms(c);
+  const PhaseCost &f = c.phase(ir::Phase::Forward), &b = c.phase(ir::Phase::Backward), &o = c.phase(ir::Phase::Optimizer);
+  j["flops"] = {{"forward", f.flops},
+                {"backward", b.flops},
+                {"optimizer", o.flops},
+                {"total", c.total.flops},
+                {"param_matmul", {{"forward", f.param_matmul_flops}, {"backward", b.param_matmul_flops}}},
+                {"activation_matmul", {{"forward", f.activation_matmul_flops}, {"backward", b.activation_matmul_flops}}},
+                {"other", {{"forward", f.other_flops}, {"backward", b.other_flops}}},
+                {"two_tokens_params", gap.two_tp},
+                {"six_tokens_params", step.six_tp}};
+  PalmTerms palm = palm_terms(g, c);
+  if (palm.found)
+    j["flops"]["palm"] = {{"layers", palm.layers}, {"d", palm.d}, {"seq", palm.seq},
+                          {"total", (6 * static_cast<double>(c.params_in_matmuls) + 12 * palm.layers * palm.d * palm.seq) * c.tokens}};
+  j["bytes"] = {{"forward", f.bytes_read + f.bytes_written},
+                {"backward", b.bytes_read + b.bytes_written},
+                {"optimizer", o.bytes_read + o.bytes_written},
+                {"total", c.total.bytes_read + c.total.bytes_written},
+                {"read", c.total.bytes_read},
+                {"written", c.total.bytes_written}};
   json by_dtype = json::object();
   int64_t param_bytes = 0;
   for (const auto& [dtype, bytes] : c.param_bytes) {
     by_dtype[std::string(ir::dtype_name(dtype))] = bytes;
     param_bytes += bytes;
   }
-  j["memory"] = {{"params", param_bytes}, {"params_by_dtype", by_dtype}};
+  auto cat = [&](MemoryCategory k) { return memory.category_bytes(k); };
+  auto peak_json = [&](const MemoryPeak& p) {
+    json by_category = json::object();
+    for (MemoryCategory k : kMemoryCategories) by_category[std::string(memory_category_name(k))] = p.category_bytes(k);
+    json live = json::array();
+    for (const MemoryBuffer& b : p.live)
+      if (!b.resident)
+        live.push_back({{"name", b.name}, {"bytes", b.bytes}, {"category", std::string(memory_category_name(b.category))}, {"line", b.line}});
+    return json{{"bytes", p.bytes},
+                {"position", p.found ? json(p.position + 1) : json(nullptr)},
+                {"phase", p.found ? json(std::string(ir::phase_name(p.phase))) : json(nullptr)},
+                {"by_category", by_category},
+                {"live", live}};
+  };
+  j["memory"] = {{"params", param_bytes},
+                 {"params_by_dtype", by_dtype},
+                 {"grads", cat(MemoryCategory::Gradients)},
+                 {"optimizer", cat(MemoryCategory::OptimizerState)},
+                 {"inputs", cat(MemoryCategory::Inputs)},
+                 {"activations", cat(MemoryCategory::SavedActivations)},
+                 {"temporaries", cat(MemoryCategory::Temporaries)},
+                 {"peak", memory.peak.bytes},
+                 {"peak_detail", peak_json(memory.peak)},
+                 {"peak_forward", memory.phase_peak(ir::Phase::Forward).bytes},
+                 {"peak_backward", memory.phase_peak(ir::Phase::Backward).bytes},
+                 {"peak_optimizer", memory.phase_peak(ir::Phase::Optimizer).bytes}};
   if (c.device) {
     j["device"] = {{"name", c.device->name}, {"description", c.device->description}};
-    j["time"] = {{"forward_roofline_s", c.seconds}, {"ops_without_peak", c.ops_without_peak}};
+    double peak = matmul_peak(*c.device, c.matmul_dtype);
+    j["time"] = {{"step_s", c.total.seconds},
+                 {"forward_s", f.seconds},
+                 {"backward_s", b.seconds},
+                 {"optimizer_s", o.seconds},
+                 {"ops_without_peak", c.ops_without_peak},
+                 {"mfu", peak > 0 && c.total.seconds > 0 ? json(c.total.flops / (c.total.seconds * peak)) : json(nullptr)},
+                 {"matmul_dtype", std::string(ir::dtype_name(c.matmul_dtype))}};
   } else {
     j["device"] = nullptr;
   }
@@ -206,6 +415,7 @@ std::string render_report_json(const ir::Graph& g, const ForwardCost& c, const R
     const ir::Node& n = g.node(row.node);
     const ir::TensorType& t = g.value(n.out()).type;
     json op = {{"op", std::string(ir::op_name(n.op))},
+               {"phase", std::string(ir::phase_name(row.phase))},
                {"category", row.category},
                {"line", n.loc.line},
                {"col", n.loc.col},

@@ -1,11 +1,12 @@
 // Rendering of the resource report (`napkin report`) as text and as JSON.
-// The numbers come from passes/cost; conventions are in docs/report.md.
+// The numbers come from passes/cost and passes/memory; conventions are in docs/report.md.
 #pragma once
 
 #include <string>
 
 #include "ir/graph.h"
 #include "passes/cost.h"
+#include "passes/memory.h"
 
 namespace napkin::passes {
 
@@ -14,8 +15,10 @@ struct ReportOptions {
   bool show_ops = true;    // the per-op table
 };
 
-std::string render_report_text(const ir::Graph& g, const ForwardCost& cost, const ReportOptions& options);
-std::string render_report_json(const ir::Graph& g, const ForwardCost& cost, const ReportOptions& options);
+std::string render_report_text(const ir::Graph& g, const StepCost& cost, const MemoryReport& memory,
+                               const ReportOptions& options);
+std::string render_report_json(const ir::Graph& g, const StepCost& cost, const MemoryReport& memory,
+                               const ReportOptions& options);
 
 // Human-readable quantities: "1.23 GFLOP", "2.00 MiB", "3.4 ms", "124,439,808".
 std::string human_flops(double flops);

@@ -1,7 +1,8 @@
 // The napkin driver: one subcommand per thing a user does.
 //
-//   napkin report MODEL.yaml [--device h100] [--json]   the static resource report
+//   napkin report MODEL.yaml [--device h100] [--json]   the static resource report of a training step
 //   napkin ir MODEL.yaml [--print-after PASS]           the IR as text
+//   napkin check MODEL.yaml [--dims d=32,layers=2]      gradients vs float64 finite differences
 //   napkin estimate --params 70e9 --tokens 15e12 ...    the lecture's napkin math
 //   napkin devices                                      the device table
 //   napkin ops                                          the op table
@@ -11,12 +12,14 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "frontend/frontend.h"
+#include "interp/gradient_check.h"
 #include "ir/internal_check.h"
 #include "ir/printer.h"
 #include "passes/cost.h"
@@ -32,11 +35,23 @@ using namespace napkin;
 constexpr int kUserError = 1;
 constexpr int kInternalError = 2;
 
-// Loads a model and runs the forward pipeline; prints diagnostics (warnings too).
-std::optional<ir::Graph> load(const std::string& path, const passes::PipelineOptions& options = {}) {
+// Loads a model and builds its training step (forward, backward, optimizer);
+// prints diagnostics (warnings too).
+std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
+                              const passes::PipelineOptions& options = {}) {
+  frontend::LoadOptions load_options;
+  if (!dims.empty()) {
+    std::string error;
+    auto overrides = frontend::parse_dim_overrides(dims, error);
+    if (!overrides) {
+      std::cerr << fmt::format("error: --dims: {}\n    hint: write --dims name=value,name=value, e.g. --dims d=32,layers=2\n", error);
+      return std::nullopt;
+    }
+    load_options.dim_overrides = *overrides;
+  }
   ir::Diagnostics diag;
-  std::optional<ir::Graph> g = frontend::load_model_file(path, diag);
-  if (g) passes::run_forward_pipeline(*g, diag, options);
+  std::optional<ir::Graph> g = frontend::load_model_file(path, diag, load_options);
+  if (g) passes::run_training_pipeline(*g, diag, options);
   std::cerr << diag.render();
   if (diag.has_errors()) return std::nullopt;
   return g;
@@ -53,21 +68,86 @@ const passes::Device* device_or_error(const std::string& name) {
   return d;
 }
 
-int cmd_report(const std::string& path, const std::string& device_name, bool json, bool no_ops) {
+int cmd_report(const std::string& path, const std::string& dims, const std::string& device_name, bool json, bool no_ops) {
   const passes::Device* device = device_or_error(device_name);
-  auto g = load(path);
+  auto g = load(path, dims);
   if (!g) return kUserError;
-  passes::ForwardCost cost = passes::analyze_forward(*g, device);
+  passes::StepCost cost = passes::analyze_step(*g, device);
+  passes::MemoryReport memory = passes::analyze_memory(*g);
   passes::ReportOptions options{path, !no_ops};
-  std::cout << (json ? passes::render_report_json(*g, cost, options) : passes::render_report_text(*g, cost, options));
+  std::cout << (json ? passes::render_report_json(*g, cost, memory, options)
+                     : passes::render_report_text(*g, cost, memory, options));
   return 0;
 }
 
-int cmd_ir(const std::string& path, const std::vector<std::string>& print_after, bool time_passes, bool no_locations) {
+int cmd_ir(const std::string& path, const std::string& dims, const std::vector<std::string>& print_after, bool time_passes,
+           bool no_locations) {
   passes::PipelineOptions options{print_after, time_passes, &std::cout};
-  auto g = load(path, options);
+  auto g = load(path, dims, options);
   if (!g) return kUserError;
   if (print_after.empty()) std::cout << ir::print_graph(*g, {!no_locations});
+  return 0;
+}
+
+// The float64 interpreter does about 1e9 FLOP/s; a check is ~2 forward passes
+// per checked element. Past this much work, ask for smaller dims instead of
+// running for hours.
+constexpr double kCheckFlopBudget = 2e10;
+
+int cmd_check(const std::string& path, const std::string& dims, uint64_t seed, int samples, bool force) {
+  auto g = load(path, dims);
+  if (!g) return kUserError;
+  passes::StepCost cost = passes::analyze_step(*g, nullptr);
+  double forward = cost.phase(ir::Phase::Forward).flops;
+  int tensors = 0;
+  for (const auto& [label, v] : g->outputs) tensors += label.rfind("grad.", 0) == 0;
+  double evaluations = 4.0 * (samples + 1) * tensors + 3;  // five-point stencils, plus the gradients themselves
+  if (forward * evaluations > kCheckFlopBudget && !force) {
+    std::cerr << fmt::format(
+        "error: {}: checking {} gradients needs about {:.0f} forward passes of {} each in the float64 interpreter ({} in "
+        "all: about {:.0f} minutes at ~1 GFLOP/s)\n    hint: check the same graph at smaller sizes with --dims, e.g. "
+        "batch=2 and widths of 8 to 64 (the dims are at the top of the model file), or pass --force\n",
+        path, tensors, evaluations, passes::human_flops(forward), passes::human_flops(forward * evaluations),
+        forward * evaluations / 1e9 / 60);
+    return kUserError;
+  }
+  interp::GradCheckOptions options;
+  options.seed = seed;
+  options.samples = samples;
+  auto start = std::chrono::steady_clock::now();
+  interp::GradCheckResult r;
+  try {
+    r = interp::check_gradients(*g, options);
+  } catch (const std::runtime_error& e) {
+    std::cerr << fmt::format("error: {}: {}\n", path, e.what());
+    return kUserError;
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << fmt::format("napkin check: {} ({}{})\n", g->name, path, dims.empty() ? "" : ", dims " + dims);
+  std::cout << fmt::format("gradients vs float64 central differences: seed {}, {} elements and one random direction per tensor\n",
+                           seed, samples);
+  std::cout << fmt::format("  {:<28} {:<20} {:>7}  {:>9} {:>7}  {:>9} {:>7}  {}\n", "parameter", "type", "checked", "f64 err",
+                           "tol", "dtype err", "tol", "");
+  int failed = 0;
+  for (const interp::TensorCheck& t : r.tensors) {
+    failed += !t.passed;
+    std::cout << fmt::format("  {:<28} {:<20} {:>7}  {:>9.2e} {:>7.0e}  {:>9.2e} {:>7.0e}  {}\n", t.name,
+                             fmt::format("{}[{}]", ir::dtype_name(t.type.dtype), fmt::join(t.type.sizes(), ",")),
+                             t.elements_checked, t.max_error_f64, t.tolerance_f64, t.max_error_native, t.tolerance_native,
+                             t.passed ? "ok" : "FAIL");
+  }
+  std::cout << fmt::format("loss {:.6g} at the check point; {} forward evaluations in {:.2f} s\n", r.loss,
+                           r.forward_evaluations, seconds);
+  if (r.tensors.empty()) {
+    std::cout << "FAIL: no parameter has a gradient\n";
+    return kUserError;
+  }
+  if (failed > 0) {
+    std::cout << fmt::format("FAIL: {} of {} gradients disagree with finite differences\n", failed, r.tensors.size());
+    return kUserError;
+  }
+  std::cout << (r.tensors.size() == 1 ? std::string("PASS: the gradient matches\n")
+                                      : fmt::format("PASS: all {} gradients match\n", r.tensors.size()));
   return 0;
 }
 
@@ -87,7 +167,7 @@ int cmd_estimate(const EstimateArgs& a) {
   const passes::Device* device = device_or_error(a.device);
   double params = a.params;
   if (!a.model.empty()) {
-    auto g = load(a.model);
+    auto g = load(a.model, "");
     if (!g) return kUserError;
     params = static_cast<double>(g->param_count());
     std::cout << fmt::format("model {}: {} parameters\n", a.model, passes::with_commas(g->param_count()));
@@ -173,23 +253,37 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int status = 0;
 
-  std::string model, device;
+  std::string model, device, dims;
+  const char* dims_help = "override dims of the model, e.g. d=32,layers=2";
   bool json = false, no_ops = false;
-  auto* report = app.add_subcommand("report", "print the static resource report of a model");
+  auto* report = app.add_subcommand("report", "print the static resource report of a training step");
   report->add_option("model", model, "model YAML file")->required();
+  report->add_option("--dims", dims, dims_help);
   report->add_option("--device", device, "add roofline times for a device (see napkin devices)");
   report->add_flag("--json", json, "print one JSON object");
   report->add_flag("--no-ops", no_ops, "omit the per-op table");
-  report->callback([&] { status = cmd_report(model, device, json, no_ops); });
+  report->callback([&] { status = cmd_report(model, dims, device, json, no_ops); });
 
   std::vector<std::string> print_after;
   bool time_passes = false, no_locations = false;
   auto* ir_cmd = app.add_subcommand("ir", "print the IR of a model");
   ir_cmd->add_option("model", model, "model YAML file")->required();
+  ir_cmd->add_option("--dims", dims, dims_help);
   ir_cmd->add_option("--print-after", print_after, "print the IR after these passes ('all' for every pass)");
   ir_cmd->add_flag("--time-passes", time_passes, "time each pass");
   ir_cmd->add_flag("--no-locations", no_locations, "omit the YAML locations");
-  ir_cmd->callback([&] { status = cmd_ir(model, print_after, time_passes, no_locations); });
+  ir_cmd->callback([&] { status = cmd_ir(model, dims, print_after, time_passes, no_locations); });
+
+  uint64_t seed = 0;
+  int samples = 4;
+  bool force = false;
+  auto* check = app.add_subcommand("check", "check every parameter gradient against float64 finite differences");
+  check->add_option("model", model, "model YAML file")->required();
+  check->add_option("--dims", dims, dims_help);
+  check->add_option("--seed", seed, "seed of the random inputs and parameters")->capture_default_str();
+  check->add_option("--samples", samples, "elements per tensor checked one by one")->capture_default_str()->check(CLI::Range(0, 1000000));
+  check->add_flag("--force", force, "run even when the check would take hours");
+  check->callback([&] { status = cmd_check(model, dims, seed, samples, force); });
 
   EstimateArgs est;
   auto* estimate = app.add_subcommand("estimate", "napkin math: training compute, time and memory");

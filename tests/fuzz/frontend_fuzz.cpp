@@ -32,11 +32,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                  diag.render().c_str());
     std::abort();
   }
-  if (g && napkin::passes::run_forward_pipeline(*g, diag)) {
+  if (g && napkin::passes::run_training_pipeline(*g, diag)) {
     napkin::ir::print_graph(*g);
-    auto cost = napkin::passes::analyze_forward(*g, napkin::passes::find_device("h100"));
-    napkin::passes::render_report_text(*g, cost, {"fuzz.yaml", true});
-    napkin::passes::render_report_json(*g, cost, {"fuzz.yaml", true});
+    auto cost = napkin::passes::analyze_step(*g, napkin::passes::find_device("h100"));
+    auto memory = napkin::passes::analyze_memory(*g);
+    napkin::passes::render_report_text(*g, cost, memory, {"fuzz.yaml", true});
+    napkin::passes::render_report_json(*g, cost, memory, {"fuzz.yaml", true});
   }
   diag.render();
   return 0;

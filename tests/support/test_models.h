@@ -24,6 +24,18 @@ inline ir::Graph compile(const std::string& yaml, const std::string& name = "inl
   return std::move(*g);
 }
 
+// Lowers `yaml` and runs the training pipeline (autodiff, optimizer); CHECKs
+// that there were no errors.
+inline ir::Graph compile_training(const std::string& yaml, const std::string& name = "inline.yaml") {
+  ir::Diagnostics diag;
+  std::optional<ir::Graph> g = frontend::load_model_text(yaml, name, diag);
+  if (g) passes::run_training_pipeline(*g, diag);
+  INFO(diag.render());
+  REQUIRE(g.has_value());
+  REQUIRE_FALSE(diag.has_errors());
+  return std::move(*g);
+}
+
 // Lowers `yaml` expecting errors; returns the rendered diagnostics.
 inline std::string compile_errors(const std::string& yaml, const std::string& name = "inline.yaml") {
   ir::Diagnostics diag;

@@ -23,7 +23,7 @@ ir::Graph compile_model_file(const std::string& name) {
   return compile(text.str(), "models/" + name);
 }
 
-double flops_of(const passes::ForwardCost& c, const ir::Graph& g, ir::Op op) {
+double flops_of(const passes::StepCost& c, const ir::Graph& g, ir::Op op) {
   double f = 0;
   for (const auto& row : c.rows)
     if (g.node(row.node).op == op) f += row.cost.flops;
@@ -44,7 +44,7 @@ forward:
 loss: mean(y)
 optimizer: sgd(lr=0.1)
 )yaml");
-  passes::ForwardCost c = passes::analyze_forward(g, nullptr);
+  passes::StepCost c = passes::analyze_step(g, nullptr);
   CHECK(flops_of(c, g, ir::Op::MatMul) == 2 * B * D * K);
   CHECK(c.params == D * K);
   // The mean reads every element of y once.
@@ -60,17 +60,17 @@ optimizer: sgd(lr=0.1)
 TEST_CASE("Cruncher: params = D·D·L + D and forward = 2·B·params + the loss") {
   ir::Graph g = compile_model_file("cruncher.yaml");
   const double B = 256, D = 1024, L = 4;
-  passes::ForwardCost c = passes::analyze_forward(g, nullptr);
+  passes::StepCost c = passes::analyze_step(g, nullptr);
   CHECK(c.params == D * D * L + D);
-  CHECK(c.param_matmul_flops == 2 * B * (D * D * L + D));
+  CHECK(c.phase(ir::Phase::Forward).param_matmul_flops == 2 * B * (D * D * L + D));
   CHECK(c.tokens == B);
   // mse over B predictions: sub, square, sum per element.
-  CHECK(c.other_flops == 3 * B);
+  CHECK(c.phase(ir::Phase::Forward).other_flops == 3 * B);
 }
 
 TEST_CASE("GPT-2 small has 124,439,808 parameters, 7,087,872 per block") {
   ir::Graph g = compile_model_file("gpt2-124m.yaml");
-  passes::ForwardCost c = passes::analyze_forward(g, passes::find_device("h100"));
+  passes::StepCost c = passes::analyze_step(g, passes::find_device("h100"));
   CHECK(c.params == 124439808);
   int64_t block0 = 0;
   for (const ir::Param& p : g.params)
@@ -80,29 +80,29 @@ TEST_CASE("GPT-2 small has 124,439,808 parameters, 7,087,872 per block") {
   CHECK(c.tokens == 8 * 1024);
   // Attention: per layer, scores and mixing are each 2·B·H·T·T·hd FLOPs (full T², not halved).
   const double attention = 12 * 2 * (2.0 * 8 * 12 * 1024 * 1024 * 64);
-  CHECK(c.activation_matmul_flops == attention);
+  CHECK(c.phase(ir::Phase::Forward).activation_matmul_flops == attention);
   // Tied embeddings: the logits matmul uses wte, so wte counts as a matmul param.
   CHECK(c.params_in_matmuls == 50257 * 768 + 12 * (768 * 2304 + 768 * 768 + 2 * 768 * 3072));
   // Weight matmuls are exactly 2 FLOPs per matmul weight per token.
-  CHECK(c.param_matmul_flops == 2 * c.tokens * c.params_in_matmuls);
+  CHECK(c.phase(ir::Phase::Forward).param_matmul_flops == 2 * c.tokens * c.params_in_matmuls);
 }
 
 TEST_CASE("forward - 2·T·P decomposes exactly into the report's terms") {
   for (const char* name : {"linear.yaml", "cruncher.yaml", "mlp.yaml", "gpt.yaml", "gpt2-124m.yaml"}) {
     CAPTURE(name);
     ir::Graph g = compile_model_file(name);
-    passes::ForwardCost c = passes::analyze_forward(g, nullptr);
+    passes::StepCost c = passes::analyze_step(g, nullptr);
     double two_tp = 2 * c.tokens * c.params;
-    double terms = -2 * c.tokens * (c.params - c.params_in_matmuls) + (c.param_matmul_flops - 2 * c.tokens * c.params_in_matmuls) +
-                   c.activation_matmul_flops + c.other_flops;
-    CHECK(c.flops - two_tp == doctest::Approx(terms).epsilon(1e-12));
-    CHECK(c.flops == c.param_matmul_flops + c.activation_matmul_flops + c.other_flops);
+    double terms = -2 * c.tokens * (c.params - c.params_in_matmuls) + (c.phase(ir::Phase::Forward).param_matmul_flops - 2 * c.tokens * c.params_in_matmuls) +
+                   c.phase(ir::Phase::Forward).activation_matmul_flops + c.phase(ir::Phase::Forward).other_flops;
+    CHECK(c.total.flops - two_tp == doctest::Approx(terms).epsilon(1e-12));
+    CHECK(c.total.flops == c.phase(ir::Phase::Forward).param_matmul_flops + c.phase(ir::Phase::Forward).activation_matmul_flops + c.phase(ir::Phase::Forward).other_flops);
   }
 }
 
 TEST_CASE("views cost nothing; the rearrange copy costs its bytes") {
   ir::Graph g = compile_model_file("gpt.yaml");
-  passes::ForwardCost c = passes::analyze_forward(g, nullptr);
+  passes::StepCost c = passes::analyze_step(g, nullptr);
   int copies = 0;
   for (const auto& row : c.rows) {
     const ir::Node& n = g.node(row.node);
@@ -131,7 +131,7 @@ optimizer: sgd(lr=0.1)
 )yaml");
   const passes::Device* h100 = passes::find_device("h100");
   REQUIRE(h100);
-  passes::ForwardCost c = passes::analyze_forward(g, h100);
+  passes::StepCost c = passes::analyze_step(g, h100);
   for (const auto& row : c.rows) {
     const ir::Node& n = g.node(row.node);
     if (n.op == ir::Op::MatMul) {
@@ -147,11 +147,11 @@ optimizer: sgd(lr=0.1)
 
 TEST_CASE("report JSON has the documented keys") {
   ir::Graph g = compile_model_file("mlp.yaml");
-  passes::ForwardCost c = passes::analyze_forward(g, passes::find_device("a100"));
-  auto j = nlohmann::json::parse(passes::render_report_json(g, c, {"models/mlp.yaml", true}));
+  passes::StepCost c = passes::analyze_step(g, passes::find_device("a100"));
+  auto j = nlohmann::json::parse(passes::render_report_json(g, c, passes::analyze_memory(g), {"models/mlp.yaml", true}));
   CHECK(j["params"] == 1863690);
-  CHECK(j["flops"]["forward"].get<double>() == c.flops);
-  CHECK(j["bytes"]["forward"].get<double>() == c.bytes_read + c.bytes_written);
+  CHECK(j["flops"]["forward"].get<double>() == c.total.flops);
+  CHECK(j["bytes"]["forward"].get<double>() == c.total.bytes_read + c.total.bytes_written);
   CHECK(j["memory"]["params"] == 1863690 * 4);
   REQUIRE(j["ops"].is_array());
   CHECK(j["ops"].size() == c.rows.size());
@@ -171,9 +171,9 @@ params: {w: {shape: [n, n], init: zeros}}
 loss: mean(x @ w)
 optimizer: sgd(lr=0.1)
 )yaml");
-  passes::ForwardCost c = passes::analyze_forward(g, passes::find_device("h100"));
-  CHECK(c.flops > 9.3e18);
-  std::string text = passes::render_report_text(g, c, {"huge.yaml", false});
+  passes::StepCost c = passes::analyze_step(g, passes::find_device("h100"));
+  CHECK(c.total.flops > 9.3e18);
+  std::string text = passes::render_report_text(g, c, passes::analyze_memory(g), {"huge.yaml", false});
   // matmul 2^76 + mean 2^50 + 1 FLOPs, which a double holds as 2^76 + 2^50: printed in full.
   CHECK(text.find("75,557,864,851,814,230,261,760") != std::string::npos);
   CHECK(text.find("-9,223,372,036,854,775,808") == std::string::npos);
@@ -189,7 +189,7 @@ forward:
 loss: mean(a + b)
 optimizer: sgd(lr=0.1)
 )yaml");
-  passes::ForwardCost c = passes::analyze_forward(g, nullptr);
+  passes::StepCost c = passes::analyze_step(g, nullptr);
   std::vector<double> gelu_flops;
   for (const auto& row : c.rows)
     if (g.node(row.node).op == ir::Op::Gelu) gelu_flops.push_back(row.cost.flops);
@@ -206,15 +206,15 @@ forward:
 loss: mean(cast(y, f32))
 optimizer: sgd(lr=0.1)
 )yaml");
-  passes::ForwardCost a100 = passes::analyze_forward(g, passes::find_device("a100"));  // no fp8
+  passes::StepCost a100 = passes::analyze_step(g, passes::find_device("a100"));  // no fp8
   CHECK(a100.ops_without_peak == 1);
-  std::string text = passes::render_report_text(g, a100, {"f8.yaml", true});
+  std::string text = passes::render_report_text(g, a100, passes::analyze_memory(g), {"f8.yaml", true});
   CHECK(text.find("no f8e4m3 peak on a100") != std::string::npos);
   CHECK(text.find("INCOMPLETE: 1 op computes in a dtype a100 has no peak for") != std::string::npos);
-  auto j = nlohmann::json::parse(passes::render_report_json(g, a100, {"f8.yaml", false}));
+  auto j = nlohmann::json::parse(passes::render_report_json(g, a100, passes::analyze_memory(g), {"f8.yaml", false}));
   CHECK(j["time"]["ops_without_peak"] == 1);
   CHECK_FALSE(j.contains("ops"));  // --no-ops
-  passes::ForwardCost h100 = passes::analyze_forward(g, passes::find_device("h100"));
+  passes::StepCost h100 = passes::analyze_step(g, passes::find_device("h100"));
   CHECK(h100.ops_without_peak == 0);
   for (const auto& row : h100.rows)
     if (g.node(row.node).op == ir::Op::MatMul)

@@ -3,6 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <map>
+#include <optional>
+#include <utility>
 
 #include "ir/printer.h"
 #include "support/test_models.h"
@@ -295,4 +298,139 @@ loss: mean(y)
     }
   }
   CHECK(checked == 3);
+}
+
+namespace {
+// Lowers `yaml` with dim overrides; returns the graph (empty on errors) and the rendered diagnostics.
+std::pair<std::optional<ir::Graph>, std::string> load_with(const std::string& yaml,
+                                                           const std::map<std::string, int64_t>& dims,
+                                                           const std::string& name = "inline.yaml") {
+  ir::Diagnostics diag;
+  frontend::LoadOptions options;
+  options.dim_overrides = dims;
+  std::optional<ir::Graph> g = frontend::load_model_text(yaml, name, diag, options);
+  return {std::move(g), diag.render()};
+}
+}  // namespace
+
+TEST_CASE("frontend: dim overrides replace the file's values and re-derive dependent dims") {
+  const std::string yaml = std::string(kHeader) + R"yaml(
+dims: {head_dim: d / heads, d: 256, heads: 4, hidden: 4 * d}
+inputs: {x: {shape: [head_dim, hidden, heads]}}
+loss: mean(x)
+)yaml";
+  auto [g, out] = load_with(yaml, {{"d", 48}, {"heads", 3}});
+  INFO(out);
+  REQUIRE(g.has_value());
+  CHECK(g->value(g->inputs[0]).type.sizes() == std::vector<int64_t>{16, 192, 3});
+  CHECK(g->value(g->inputs[0]).type.dims[0].name == "head_dim");
+  // A derived dim may be overridden directly: its expression is not evaluated.
+  auto [g2, out2] = load_with(yaml, {{"head_dim", 7}});
+  INFO(out2);
+  REQUIRE(g2.has_value());
+  CHECK(g2->value(g2->inputs[0]).type.sizes() == std::vector<int64_t>{7, 1024, 4});
+  // No overrides: the file's own sizes.
+  auto [g3, out3] = load_with(yaml, {});
+  REQUIRE(g3.has_value());
+  CHECK(g3->value(g3->inputs[0]).type.sizes() == std::vector<int64_t>{64, 1024, 4});
+}
+
+TEST_CASE("frontend: dim overrides shrink gpt.yaml, repeat count included") {
+  const std::map<std::string, int64_t> small = {{"d", 32}, {"heads", 2}, {"layers", 1},
+                                                {"vocab", 16}, {"seq", 8}, {"batch", 2}};
+  ir::Diagnostics diag;
+  std::optional<ir::Graph> g =
+      frontend::load_model_file(napkin::testing::source_path("models/gpt.yaml"), diag, {small});
+  if (g) passes::run_forward_pipeline(*g, diag);
+  INFO(diag.render());
+  REQUIRE(g.has_value());
+  REQUIRE_FALSE(diag.has_errors());
+  // By hand from models/gpt.yaml, hidden = 4 * d = 128:
+  //   wte 16*32 + wpe 8*32 + lnf_g, lnf_b 2*32                                  =   832
+  //   per block: ln1 2*32 + w_qkv 32*96 + w_proj 32*32 + ln2 2*32
+  //              + w_fc 32*128 + w_out 128*32                                   = 12416
+  CHECK(g->param_count() == 832 + 12416);
+  CHECK(g->params.size() == 4 + 8);
+  for (const ir::Param& p : g->params) CHECK(g->value(p.value).name.rfind("blocks.1.", 0) == std::string::npos);
+  CHECK(g->value(g->inputs[0]).type.sizes() == std::vector<int64_t>{2, 8});
+  // layers=2 stamps out two blocks.
+  std::map<std::string, int64_t> two = small;
+  two["layers"] = 2;
+  ir::Diagnostics diag2;
+  std::optional<ir::Graph> g2 = frontend::load_model_file(napkin::testing::source_path("models/gpt.yaml"), diag2, {two});
+  INFO(diag2.render());
+  REQUIRE(g2.has_value());
+  CHECK(g2->param_count() == 832 + 2 * 12416);
+}
+
+TEST_CASE("frontend: dim overrides of undeclared dims or bad values are errors") {
+  const std::string yaml = std::string(kHeader) + R"yaml(
+dims: {d: 8, heads: 2, layers: 3}
+inputs: {x: {shape: [d]}}
+loss: mean(x)
+)yaml";
+  auto [g, out] = load_with(yaml, {{"layer", 2}, {"zzz", 5}, {"heads", 0}}, "m.yaml");
+  CHECK_FALSE(g.has_value());
+  CHECK(out.find("m.yaml:1:1: error: --dims sets 'layer', but the model has no such dim; did you mean 'layers'?") !=
+        std::string::npos);
+  CHECK(out.find("m.yaml:1:1: error: --dims sets 'zzz', but the model has no such dim\n") != std::string::npos);
+  CHECK(out.find("hint: declared dims: d, heads, layers") != std::string::npos);
+  CHECK(out.find("--dims sets 'heads' to 0, but a dim must be positive") != std::string::npos);
+  CHECK(out.find("3 errors generated.") != std::string::npos);
+  // A model without dims has nothing to override.
+  auto [g2, out2] = load_with(std::string(kHeader) + "inputs: {x: {shape: [4]}}\nloss: mean(x)\n", {{"d", 4}});
+  CHECK_FALSE(g2.has_value());
+  CHECK(out2.find("the model declares no dims") != std::string::npos);
+}
+
+TEST_CASE("frontend: dim overrides that make a division inexact say so at the file's location") {
+  const std::string yaml = R"yaml(model: t
+optimizer: sgd(lr=0.1)
+dims: {d: 32, heads: 4, head_dim: d / heads, hidden: 4 * d}
+inputs: {x: {shape: [d, head_dim]}, y: {shape: [hidden / 7]}}
+loss: mean(x) + mean(y)
+)yaml";
+  auto [g, out] = load_with(yaml, {{"d", 30}}, "m.yaml");
+  CHECK_FALSE(g.has_value());
+  INFO(out);
+  CHECK(out.find("m.yaml:3:35: error: 'd / heads' is 30 / 4, which does not divide exactly (with d=30 from --dims)") !=
+        std::string::npos);
+  // A derived dim carries the overrides it comes from.
+  CHECK(out.find("'hidden / 7' is 120 / 7, which does not divide exactly (with d=30 from --dims)") != std::string::npos);
+  CHECK(out.find("2 errors generated.") != std::string::npos);
+  // Without overrides the same kind of message has no note.
+  auto [g2, out2] = load_with(yaml, {});
+  CHECK(out2.find("'hidden / 7' is 128 / 7, which does not divide exactly\n") != std::string::npos);
+}
+
+TEST_CASE("frontend: dim overrides parse from name=value,name=value") {
+  std::string error;
+  auto ok = frontend::parse_dim_overrides(" d = 32 ,layers=2,  vocab=64 ", error);
+  REQUIRE(ok.has_value());
+  CHECK(*ok == std::map<std::string, int64_t>{{"d", 32}, {"layers", 2}, {"vocab", 64}});
+  auto one = frontend::parse_dim_overrides("head_dim=281474976710656", error);
+  REQUIRE(one.has_value());
+  CHECK(one->at("head_dim") == (int64_t{1} << 48));
+
+  auto bad = [&](const std::string& text) {
+    error.clear();
+    CHECK_FALSE(frontend::parse_dim_overrides(text, error).has_value());
+    CHECK_FALSE(error.empty());
+    return error;
+  };
+  CHECK(bad("").find("no dims given") != std::string::npos);
+  CHECK(bad("   ").find("no dims given") != std::string::npos);
+  CHECK(bad("d=32,").find("empty entry") != std::string::npos);
+  CHECK(bad("d=32,,layers=2").find("empty entry") != std::string::npos);
+  CHECK(bad("d:32") == "'d:32' is not name=value: write e.g. d=32");
+  CHECK(bad("=32").find("has no dim name") != std::string::npos);
+  CHECK(bad("d=").find("dim 'd' has no value") != std::string::npos);
+  CHECK(bad("3d=4").find("'3d' is not a dim name") != std::string::npos);
+  CHECK(bad("d x=4").find("'d x' is not a dim name") != std::string::npos);
+  CHECK(bad("d=-3") == "the value of dim 'd' must be a positive integer, got '-3'");
+  CHECK(bad("d=3.5").find("must be a positive integer") != std::string::npos);
+  CHECK(bad("d=1e3").find("must be a positive integer") != std::string::npos);
+  CHECK(bad("d=0") == "the value of dim 'd' must be positive, got 0");
+  CHECK(bad("d=99999999999999999999999").find("out of range") != std::string::npos);
+  CHECK(bad("d=32, d=16") == "dim 'd' is given twice");
 }

@@ -1,0 +1,95 @@
+// The driver: values by id, the schedule in order, rounding per Numerics.
+#include "interp/interpreter.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "interp/kernels.h"
+#include "interp/rounding.h"
+#include "ir/internal_check.h"
+
+namespace napkin::interp {
+
+namespace {
+
+std::string describe(const ir::Graph& g, ir::ValueId v) {
+  const ir::Value& val = g.value(v);
+  return fmt::format("%{}{} {}", v, val.name.empty() ? "" : " '" + val.name + "'", ir::to_string(val.type));
+}
+
+}  // namespace
+
+Interpreter::Interpreter(const ir::Graph& g, Numerics numerics)
+    : g_(g), numerics_(numerics), values_(g.num_values()), has_(g.num_values(), 0) {}
+
+void Interpreter::store(ir::ValueId v, std::vector<double> data) {
+  ir::DType t = g_.value(v).type.dtype;
+  if (numerics_ == Numerics::Native || !ir::is_floating(t))
+    for (double& x : data) x = round_to_dtype(x, t);
+  values_[v] = std::move(data);
+  has_[v] = 1;
+}
+
+void Interpreter::set(ir::ValueId v, std::vector<double> data) {
+  if (v < 0 || v >= g_.num_values()) throw std::invalid_argument(fmt::format("interp: no value %{}", v));
+  const ir::Value& val = g_.value(v);
+  if (val.kind == ir::ValueKind::Result)
+    throw std::invalid_argument(fmt::format("interp: {} is computed by the graph; only inputs, params and "
+                                            "state can be set", describe(g_, v)));
+  if (static_cast<int64_t>(data.size()) != val.type.numel())
+    throw std::invalid_argument(
+        fmt::format("interp: {} has {} elements, got {}", describe(g_, v), val.type.numel(), data.size()));
+  store(v, std::move(data));
+}
+
+void Interpreter::set(const std::map<ir::ValueId, std::vector<double>>& values) {
+  for (const auto& [v, data] : values) set(v, data);
+}
+
+bool Interpreter::has(ir::ValueId v) const { return v >= 0 && v < g_.num_values() && has_[v]; }
+
+const std::vector<double>& Interpreter::get(ir::ValueId v) const {
+  if (!has(v))
+    throw std::out_of_range(v >= 0 && v < g_.num_values()
+                                ? fmt::format("interp: {} has no value (not set, or run() not called)", describe(g_, v))
+                                : fmt::format("interp: no value %{}", v));
+  return values_[v];
+}
+
+void Interpreter::run() {
+  for (const auto* list : {&g_.inputs, &g_.state})
+    for (ir::ValueId v : *list)
+      if (!has_[v]) throw std::runtime_error(fmt::format("interp: {} must be set before run()", describe(g_, v)));
+  for (const ir::Param& p : g_.params)
+    if (!has_[p.value])
+      throw std::runtime_error(fmt::format("interp: {} must be set before run()", describe(g_, p.value)));
+
+  for (ir::NodeId id : g_.schedule()) {
+    const ir::Node& n = g_.node(id);
+    NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "interp: {} has {} outputs", ir::op_name(n.op), n.outputs.size());
+    std::vector<detail::Arg> args;
+    args.reserve(n.inputs.size());
+    for (ir::ValueId v : n.inputs) {
+      NAPKIN_INTERNAL_CHECK(has_[v], "interp: input {} of {} (node {}) was not computed", describe(g_, v),
+                            ir::op_name(n.op), n.id);
+      const ir::Value& val = g_.value(v);
+      args.push_back({val.type.sizes(), val.type.dtype, values_[v]});
+    }
+    const ir::Value& out = g_.value(n.out());
+    std::vector<double> result = detail::eval_node(n, args, {out.type.sizes(), out.type.dtype});
+    NAPKIN_INTERNAL_CHECK(static_cast<int64_t>(result.size()) == out.type.numel(),
+                          "interp: {} (node {}) produced {} elements for {}", ir::op_name(n.op), n.id,
+                          result.size(), describe(g_, n.out()));
+    store(n.out(), std::move(result));
+  }
+}
+
+void Interpreter::apply_updates() {
+  std::vector<std::vector<double>> next;
+  next.reserve(g_.updates.size());
+  for (const ir::Graph::Update& u : g_.updates) next.push_back(get(u.value));
+  for (size_t i = 0; i < g_.updates.size(); ++i) store(g_.updates[i].target, std::move(next[i]));
+}
+
+}  // namespace napkin::interp

@@ -1,0 +1,53 @@
+// The interpreter's op kernels (internal): each computes one node's output in
+// double, densely in its logical shape, from its inputs' dense values. They know
+// nothing of Numerics: the driver rounds what they return (Native) or keeps it
+// (Float64). Integer semantics (cast truncation, integer division) live here
+// because they are the dtype's meaning, not a rounding.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "interp/shape.h"
+#include "ir/graph.h"
+
+namespace napkin::interp::detail {
+
+struct Arg {
+  Shape shape;
+  ir::DType dtype;
+  const std::vector<double>& data;
+};
+
+struct OutType {
+  Shape shape;
+  ir::DType dtype;
+};
+
+using Data = std::vector<double>;
+
+// The output of node n. Throws std::runtime_error for a data-dependent error
+// (an id out of range, an integer division by zero), naming the op.
+Data eval_node(const ir::Node& n, const std::vector<Arg>& in, const OutType& out);
+
+// A data error in node n: "<op> (node N, file:line): what".
+[[noreturn]] void fail(const ir::Node& n, const std::string& what);
+
+// Normalization, losses and their backward rules (nn_kernels.cpp).
+Data softmax(const Arg& x, int64_t axis, bool log);
+Data softmax_grad(const Arg& y, const Arg& dy, int64_t axis);
+Data layernorm(const Arg& x, const Arg& gain, const Arg& bias, double eps);
+Data rmsnorm(const Arg& x, const Arg& gain, double eps);
+Data layernorm_grad(const Arg& x, const Arg& gain, const Arg& dy, double eps);
+Data rmsnorm_grad(const Arg& x, const Arg& gain, const Arg& dy, double eps);
+Data norm_gain_grad(const Arg& x, const Arg& dy, double eps, bool centered);
+double gelu(double x, bool tanh_form);
+double gelu_derivative(double x, bool tanh_form);
+Data cross_entropy(const ir::Node& n, const Arg& logits, const Arg& targets);
+Data cross_entropy_grad(const ir::Node& n, const Arg& logits, const Arg& targets, const Arg& dloss);
+Data mse(const Arg& a, const Arg& b);
+Data embedding(const ir::Node& n, const Arg& table, const Arg& ids);
+Data embedding_grad(const ir::Node& n, const Arg& dy, const Arg& ids, int64_t vocab);
+
+}  // namespace napkin::interp::detail

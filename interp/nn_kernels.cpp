@@ -1,0 +1,227 @@
+// Normalization, losses, embedding and the backward-only rules, each written
+// as its textbook formula in double.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "interp/kernels.h"
+
+namespace napkin::interp::detail {
+
+namespace {
+
+constexpr double kPi = 3.14159265358979323846264338327950288;
+
+// Rows of a tensor normalized over its last axis: x is [rows, d].
+struct Rows {
+  int64_t rows, d;
+};
+Rows rows_of(const Arg& x) {
+  int64_t d = x.shape.empty() ? 1 : x.shape.back();
+  return {numel(x.shape) / d, d};
+}
+
+double mean_of(const double* p, int64_t d) {
+  double s = 0;
+  for (int64_t j = 0; j < d; ++j) s += p[j];
+  return s / static_cast<double>(d);
+}
+
+// 1/sqrt(var + eps) and the mean of one row (mean = 0 when not centered:
+// rmsnorm's mean square takes the place of the variance).
+struct RowStats {
+  double mean, rstd;
+};
+RowStats row_stats(const double* p, int64_t d, double eps, bool centered) {
+  double mean = centered ? mean_of(p, d) : 0.0;
+  double ss = 0;
+  for (int64_t j = 0; j < d; ++j) ss += (p[j] - mean) * (p[j] - mean);
+  return {mean, 1.0 / std::sqrt(ss / static_cast<double>(d) + eps)};
+}
+
+// A class or row id, checked against [0, bound).
+int64_t checked_id(const ir::Node& n, double id, int64_t bound, const char* what) {
+  if (!(id >= 0 && id < static_cast<double>(bound)))
+    fail(n, fmt::format("{} {} is out of range [0, {})", what, id, bound));
+  return static_cast<int64_t>(id);
+}
+
+}  // namespace
+
+Data softmax(const Arg& x, int64_t axis, bool log) {
+  AxisSplit s = split_at(x.shape, axis);
+  Data out(x.data.size());
+  for (int64_t o = 0; o < s.outer; ++o)
+    for (int64_t i = 0; i < s.inner; ++i) {
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t k = 0; k < s.n; ++k) m = std::max(m, x.data[s.at(o, k, i)]);
+      double sum = 0;
+      for (int64_t k = 0; k < s.n; ++k) sum += std::exp(x.data[s.at(o, k, i)] - m);
+      for (int64_t k = 0; k < s.n; ++k) {
+        double z = x.data[s.at(o, k, i)] - m;
+        out[s.at(o, k, i)] = log ? z - std::log(sum) : std::exp(z) / sum;
+      }
+    }
+  return out;
+}
+
+Data softmax_grad(const Arg& y, const Arg& dy, int64_t axis) {
+  AxisSplit s = split_at(y.shape, axis);
+  Data out(y.data.size());
+  for (int64_t o = 0; o < s.outer; ++o)
+    for (int64_t i = 0; i < s.inner; ++i) {
+      double dot = 0;
+      for (int64_t k = 0; k < s.n; ++k) dot += dy.data[s.at(o, k, i)] * y.data[s.at(o, k, i)];
+      for (int64_t k = 0; k < s.n; ++k) {
+        int64_t at = s.at(o, k, i);
+        out[at] = y.data[at] * (dy.data[at] - dot);
+      }
+    }
+  return out;
+}
+
+Data layernorm(const Arg& x, const Arg& gain, const Arg& bias, double eps) {
+  auto [rows, d] = rows_of(x);
+  Data out(x.data.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* p = x.data.data() + r * d;
+    RowStats st = row_stats(p, d, eps, true);
+    for (int64_t j = 0; j < d; ++j) out[r * d + j] = (p[j] - st.mean) * st.rstd * gain.data[j] + bias.data[j];
+  }
+  return out;
+}
+
+Data rmsnorm(const Arg& x, const Arg& gain, double eps) {
+  auto [rows, d] = rows_of(x);
+  Data out(x.data.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* p = x.data.data() + r * d;
+    RowStats st = row_stats(p, d, eps, false);
+    for (int64_t j = 0; j < d; ++j) out[r * d + j] = p[j] * st.rstd * gain.data[j];
+  }
+  return out;
+}
+
+// y = x_hat * g + b, x_hat = (x - mean) * rstd. With g_dy = dy * g:
+// dx = rstd * (g_dy - mean(g_dy) - x_hat * mean(g_dy * x_hat)).
+Data layernorm_grad(const Arg& x, const Arg& gain, const Arg& dy, double eps) {
+  auto [rows, d] = rows_of(x);
+  Data out(x.data.size());
+  std::vector<double> xhat(d), gdy(d);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* p = x.data.data() + r * d;
+    RowStats st = row_stats(p, d, eps, true);
+    double mean_gdy = 0, mean_gdy_xhat = 0;
+    for (int64_t j = 0; j < d; ++j) {
+      xhat[j] = (p[j] - st.mean) * st.rstd;
+      gdy[j] = dy.data[r * d + j] * gain.data[j];
+      mean_gdy += gdy[j];
+      mean_gdy_xhat += gdy[j] * xhat[j];
+    }
+    mean_gdy /= static_cast<double>(d);
+    mean_gdy_xhat /= static_cast<double>(d);
+    for (int64_t j = 0; j < d; ++j) out[r * d + j] = st.rstd * (gdy[j] - mean_gdy - xhat[j] * mean_gdy_xhat);
+  }
+  return out;
+}
+
+// y = x * rstd * g, rstd = (mean(x^2) + eps)^-1/2. With g_dy = dy * g:
+// dx = rstd * (g_dy - x * rstd^2 * mean(g_dy * x)).
+Data rmsnorm_grad(const Arg& x, const Arg& gain, const Arg& dy, double eps) {
+  auto [rows, d] = rows_of(x);
+  Data out(x.data.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* p = x.data.data() + r * d;
+    RowStats st = row_stats(p, d, eps, false);
+    double mean_gdy_x = 0;
+    for (int64_t j = 0; j < d; ++j) mean_gdy_x += dy.data[r * d + j] * gain.data[j] * p[j];
+    mean_gdy_x /= static_cast<double>(d);
+    for (int64_t j = 0; j < d; ++j) {
+      double gdy = dy.data[r * d + j] * gain.data[j];
+      out[r * d + j] = st.rstd * (gdy - p[j] * st.rstd * st.rstd * mean_gdy_x);
+    }
+  }
+  return out;
+}
+
+Data norm_gain_grad(const Arg& x, const Arg& dy, double eps, bool centered) {
+  auto [rows, d] = rows_of(x);
+  Data out(d, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* p = x.data.data() + r * d;
+    RowStats st = row_stats(p, d, eps, centered);
+    for (int64_t j = 0; j < d; ++j) out[j] += dy.data[r * d + j] * (p[j] - st.mean) * st.rstd;
+  }
+  return out;
+}
+
+// tanh form: 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2/pi);
+// exact form: 0.5 x (1 + erf(x / sqrt 2)) = x Phi(x).
+double gelu(double x, bool tanh_form) {
+  if (tanh_form) {
+    const double c = std::sqrt(2.0 / kPi);
+    return 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x)));
+  }
+  return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+}
+
+double gelu_derivative(double x, bool tanh_form) {
+  if (tanh_form) {
+    const double c = std::sqrt(2.0 / kPi);
+    double t = std::tanh(c * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+  }
+  // Phi(x) + x phi(x)
+  return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * kPi);
+}
+
+Data cross_entropy(const ir::Node& n, const Arg& logits, const Arg& targets) {
+  auto [rows, v] = rows_of(logits);
+  Arg row_arg{{rows, v}, logits.dtype, logits.data};
+  Data logp = softmax(row_arg, 1, true);
+  double loss = 0;
+  for (int64_t r = 0; r < rows; ++r) loss -= logp[r * v + checked_id(n, targets.data[r], v, "target class")];
+  return {loss / static_cast<double>(rows)};
+}
+
+Data cross_entropy_grad(const ir::Node& n, const Arg& logits, const Arg& targets, const Arg& dloss) {
+  auto [rows, v] = rows_of(logits);
+  Arg row_arg{{rows, v}, logits.dtype, logits.data};
+  Data out = softmax(row_arg, 1, false);
+  for (int64_t r = 0; r < rows; ++r) out[r * v + checked_id(n, targets.data[r], v, "target class")] -= 1.0;
+  double scale = dloss.data[0] / static_cast<double>(rows);
+  for (double& g : out) g *= scale;
+  return out;
+}
+
+Data mse(const Arg& a, const Arg& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.data.size(); ++i) s += (a.data[i] - b.data[i]) * (a.data[i] - b.data[i]);
+  return {s / static_cast<double>(a.data.size())};
+}
+
+Data embedding(const ir::Node& n, const Arg& table, const Arg& ids) {
+  int64_t vocab = table.shape[0];
+  int64_t row = numel(table.shape) / vocab;
+  Data out;
+  out.reserve(ids.data.size() * row);
+  for (double id : ids.data) {
+    int64_t k = checked_id(n, id, vocab, "id");
+    out.insert(out.end(), table.data.begin() + k * row, table.data.begin() + (k + 1) * row);
+  }
+  return out;
+}
+
+Data embedding_grad(const ir::Node& n, const Arg& dy, const Arg& ids, int64_t vocab) {
+  int64_t count = static_cast<int64_t>(ids.data.size());
+  int64_t row = numel(dy.shape) / count;
+  Data out(vocab * row, 0.0);
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t k = checked_id(n, ids.data[i], vocab, "id");
+    for (int64_t j = 0; j < row; ++j) out[k * row + j] += dy.data[i * row + j];
+  }
+  return out;
+}
+
+}  // namespace napkin::interp::detail

@@ -1,0 +1,223 @@
+#include "passes/memory.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "ir/internal_check.h"
+
+namespace napkin::passes {
+
+std::string_view memory_category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::Parameters: return "parameters";
+    case MemoryCategory::Gradients: return "gradients";
+    case MemoryCategory::OptimizerState: return "optimizer state";
+    case MemoryCategory::Inputs: return "inputs";
+    case MemoryCategory::SavedActivations: return "saved activations";
+    case MemoryCategory::Temporaries: return "temporaries";
+  }
+  return "?";
+}
+
+namespace {
+
+int idx(MemoryCategory c) { return static_cast<int>(c); }
+
+MemoryCategory resident_category(ir::ValueKind kind) {
+  switch (kind) {
+    case ir::ValueKind::Param: return MemoryCategory::Parameters;
+    case ir::ValueKind::State: return MemoryCategory::OptimizerState;
+    case ir::ValueKind::Input: return MemoryCategory::Inputs;
+    case ir::ValueKind::Result: break;
+  }
+  NAPKIN_INTERNAL_CHECK(false, "a result is not resident");
+  return MemoryCategory::Temporaries;
+}
+
+MemoryBuffer make_buffer(const ir::Graph& g, ir::ValueId v, MemoryCategory category) {
+  const ir::Value& value = g.value(v);
+  MemoryBuffer b;
+  b.value = v;
+  b.name = value.name.empty() ? fmt::format("%{}", v) : value.name;
+  b.bytes = value.type.bytes();
+  b.dtype = value.type.dtype;
+  b.category = category;
+  b.producer = value.producer;
+  b.line = value.loc.known() ? value.loc.line : 0;
+  return b;
+}
+
+// Whether the node at `producer` writing its output in place of `target` is
+// safe with respect to its own reads: it either does not read the target, or
+// is elementwise and reads the target itself with the output's shape.
+bool producer_may_overwrite(const ir::Graph& g, const ir::Node& producer, ir::ValueId target, ir::ValueId out) {
+  bool reads = false, direct_only = true;
+  for (ir::ValueId in : producer.inputs) {
+    if (g.value(in).storage != target) continue;
+    reads = true;
+    if (in != target) direct_only = false;
+  }
+  if (!reads) return true;
+  return direct_only && ir::op_info(producer.op).op_class == ir::OpClass::Elementwise &&
+         g.value(target).type.same_shape(g.value(out).type);
+}
+
+void sort_largest_first(std::vector<MemoryBuffer>& buffers) {
+  std::sort(buffers.begin(), buffers.end(), [](const MemoryBuffer& a, const MemoryBuffer& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.value < b.value;
+  });
+}
+
+void fill_peak(const MemoryReport& r, const ir::Graph& g, int position, const std::vector<CategoryBytes>& live,
+               MemoryPeak& peak) {
+  peak.found = true;
+  peak.position = position;
+  peak.node = g.schedule()[position];
+  peak.phase = g.node(peak.node).phase;
+  peak.bytes = r.live_bytes[position];
+  peak.by_category = live[position];
+  for (const MemoryBuffer& b : r.buffers)
+    if (b.first <= position && position <= b.last) peak.live.push_back(b);
+  sort_largest_first(peak.live);
+}
+
+}  // namespace
+
+MemoryReport analyze_memory(const ir::Graph& g) {
+  MemoryReport r;
+  const std::vector<ir::NodeId>& schedule = g.schedule();
+  const int n = static_cast<int>(schedule.size());
+  const int last_position = n - 1;
+
+  // Reads per buffer: the last position, and whether a backward node reads it.
+  std::vector<int> last_read(g.num_values(), -1);
+  std::vector<int> produced_at(g.num_values(), -1);
+  std::vector<bool> read_by_backward(g.num_values(), false);
+  for (int p = 0; p < n; ++p) {
+    const ir::Node& node = g.node(schedule[p]);
+    if (node.phase == ir::Phase::Backward) r.has_backward = true;
+    for (ir::ValueId in : node.inputs) {
+      ir::ValueId s = g.value(in).storage;
+      last_read[s] = std::max(last_read[s], p);
+      if (node.phase == ir::Phase::Backward) read_by_backward[s] = true;
+    }
+    for (ir::ValueId out : node.outputs) produced_at[out] = p;
+  }
+
+  // Outputs and update values are read once the step is over (position n):
+  // a result buffer stays live to the end, and a resident one (an output or
+  // update naming an old param) cannot be overwritten in place.
+  std::vector<bool> to_end(g.num_values(), false), gradient(g.num_values(), false);
+  for (const auto& [label, v] : g.outputs) {
+    ir::ValueId s = g.value(v).storage;
+    to_end[s] = true;
+    last_read[s] = n;
+    if (label.rfind("grad.", 0) == 0) gradient[s] = true;
+  }
+  for (const ir::Graph::Update& u : g.updates) last_read[g.value(u.value).storage] = n;
+
+  // Updates: in place (no buffer), a copy between existing buffers (no
+  // buffer), or a separate buffer in the target's category.
+  std::vector<bool> claimed(g.num_values(), false);
+  std::vector<ir::ValueId> separate_update_of(g.num_values(), ir::kNoValue);
+  for (const ir::Graph::Update& u : g.updates) {
+    const ir::Value& target = g.value(u.target);
+    const ir::Value& value = g.value(u.value);
+    NAPKIN_INTERNAL_CHECK(target.kind == ir::ValueKind::Param || target.kind == ir::ValueKind::State,
+                          "update target %{} is neither a param nor optimizer state", u.target);
+    NAPKIN_INTERNAL_CHECK(target.type.dtype == value.type.dtype && target.type.same_shape(value.type),
+                          "update of %{} {} from %{} {}", u.target, ir::to_string(target.type), u.value,
+                          ir::to_string(value.type));
+    MemoryUpdate m{u.target, u.value, value.storage, true};
+    const ir::Value& buffer = g.value(value.storage);
+    if (buffer.kind == ir::ValueKind::Result && !claimed[buffer.id]) {
+      NAPKIN_INTERNAL_CHECK(produced_at[buffer.id] >= 0, "update of %{} reads %{}, which no scheduled node makes",
+                            u.target, u.value);
+      claimed[buffer.id] = true;
+      int at = produced_at[buffer.id];
+      m.in_place = buffer.type.bytes() == target.type.bytes() && last_read[u.target] <= at &&
+                   producer_may_overwrite(g, g.node(buffer.producer), u.target, buffer.id);
+      if (!m.in_place) {
+        separate_update_of[buffer.id] = u.target;
+        to_end[buffer.id] = true;  // copied into the target at the end of the step
+      }
+    }
+    r.updates.push_back(m);
+  }
+
+  // The buffers.
+  auto add_resident = [&](ir::ValueId v) {
+    MemoryBuffer b = make_buffer(g, v, resident_category(g.value(v).kind));
+    b.resident = true;
+    b.first = 0;
+    b.last = last_position;
+    r.resident_bytes += b.bytes;
+    r.buffers.push_back(std::move(b));
+  };
+  for (const ir::Param& p : g.params) add_resident(p.value);
+  for (ir::ValueId v : g.state) add_resident(v);
+  for (ir::ValueId v : g.inputs) add_resident(v);
+  for (int p = 0; p < n; ++p) {
+    const ir::Node& node = g.node(schedule[p]);
+    for (ir::ValueId out : node.outputs) {
+      if (g.value(out).storage != out) continue;  // a view: no buffer of its own
+      if (claimed[out] && separate_update_of[out] == ir::kNoValue) continue;  // written in place
+      MemoryCategory category;
+      if (separate_update_of[out] != ir::kNoValue)
+        category = resident_category(g.value(separate_update_of[out]).kind);
+      else if (gradient[out])
+        category = MemoryCategory::Gradients;
+      else if (node.phase == ir::Phase::Forward && read_by_backward[out])
+        category = MemoryCategory::SavedActivations;
+      else
+        category = MemoryCategory::Temporaries;
+      MemoryBuffer b = make_buffer(g, out, category);
+      b.first = p;
+      b.last = to_end[out] ? last_position : std::max(p, last_read[out]);
+      b.update_of = separate_update_of[out];
+      r.buffers.push_back(std::move(b));
+    }
+  }
+  for (const MemoryBuffer& b : r.buffers) {
+    r.total[idx(b.category)] += b.bytes;
+    r.total_by_dtype[idx(b.category)][b.dtype] += b.bytes;
+  }
+
+  // Live bytes per position and category: +bytes at `first`, -bytes after `last`.
+  std::vector<CategoryBytes> live(n + 1, CategoryBytes{});
+  for (const MemoryBuffer& b : r.buffers) {
+    if (b.first > b.last) continue;  // resident buffers of an empty schedule
+    live[b.first][idx(b.category)] += b.bytes;
+    live[b.last + 1][idx(b.category)] -= b.bytes;
+  }
+  r.live_bytes.assign(n, 0);
+  for (int p = 0; p < n; ++p) {
+    if (p > 0)
+      for (int c = 0; c < kNumMemoryCategories; ++c) live[p][c] += live[p - 1][c];
+    for (int c = 0; c < kNumMemoryCategories; ++c) r.live_bytes[p] += live[p][c];
+  }
+
+  // Peaks: the first position with the most live bytes, overall and per phase.
+  int best = -1;
+  std::array<int, 3> best_in_phase{-1, -1, -1};
+  for (int p = 0; p < n; ++p) {
+    if (best < 0 || r.live_bytes[p] > r.live_bytes[best]) best = p;
+    int& phase_best = best_in_phase[static_cast<int>(g.node(schedule[p]).phase)];
+    if (phase_best < 0 || r.live_bytes[p] > r.live_bytes[phase_best]) phase_best = p;
+  }
+  if (best >= 0) {
+    fill_peak(r, g, best, live, r.peak);
+  } else {
+    // No nodes: only the resident buffers.
+    r.peak.bytes = r.resident_bytes;
+    for (const MemoryBuffer& b : r.buffers) r.peak.by_category[idx(b.category)] += b.bytes;
+    r.peak.live = r.buffers;
+    sort_largest_first(r.peak.live);
+  }
+  for (int ph = 0; ph < 3; ++ph)
+    if (best_in_phase[ph] >= 0) fill_peak(r, g, best_in_phase[ph], live, r.phase_peaks[ph]);
+  return r;
+}
+
+}  // namespace napkin::passes
