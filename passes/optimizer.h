@@ -5,11 +5,11 @@
 // Terms:
 //  - t: the step number of this update, 1 for the first. It is optimizer state
 //    (`optimizer.step`, i64, zero at step 0) incremented by the graph itself.
-//  - lr_t: the learning rate at step t from the schedule (docs/training.md):
+//  - lr_t: the learning rate at step t from the schedule:
 //      constant: lr · min(1, t / warmup)            (warmup = 0: lr)
 //      cosine:   lr · t / warmup                    for t ≤ warmup, else
 //                min_lr + ½(lr − min_lr)(1 + cos(π · min(1, (t − warmup) / (steps − warmup))))
-//    where steps is train.steps.
+//    where steps is train.steps (docs/training.md has the whole picture).
 //  - g: a parameter's gradient, after global-norm clipping when grad_clip > 0:
 //      g ← g · min(1, grad_clip / (‖all gradients‖₂ + 1e-6))   (torch.nn.utils.clip_grad_norm_)
 //  - wd: the weight decay of a parameter: 0 when its name matches a no_decay glob.
