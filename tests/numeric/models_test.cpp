@@ -1,0 +1,94 @@
+// Every model in models/, compiled at small dims through the whole training
+// pipeline, passes `napkin check`: each parameter gradient agrees with float64
+// central differences, computed in Float64 and in the model's own dtypes.
+//
+// NAPKIN_NUMERIC_VERBOSE=1 prints each tensor's errors.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "frontend/frontend.h"
+#include "interp/gradient_check.h"
+#include "passes/pipeline.h"
+#include "support/test_models.h"
+
+using namespace napkin;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Dims small enough for the float64 interpreter, large enough to keep every
+// axis distinct and more than one layer / head. A new model needs an entry.
+const std::map<std::string, std::map<std::string, int64_t>> kSmallDims = {
+    {"cruncher", {{"batch", 4}, {"d", 8}, {"layers", 2}}},
+    {"gpt", {{"batch", 2}, {"seq", 8}, {"vocab", 16}, {"d", 32}, {"heads", 2}, {"layers", 2}}},
+    {"gpt2-124m", {{"batch", 2}, {"seq", 8}, {"vocab", 16}, {"d", 32}, {"heads", 2}, {"layers", 2}}},
+    {"linear", {{"batch", 4}, {"d", 8}, {"k", 3}}},
+    {"mlp", {{"batch", 4}, {"d_in", 8}, {"hidden", 16}, {"classes", 5}}},
+};
+
+}  // namespace
+
+TEST_CASE("numeric: every model in models/ passes napkin check at reduced dims") {
+  const bool verbose = std::getenv("NAPKIN_NUMERIC_VERBOSE") != nullptr;
+  fs::path root = NAPKIN_SOURCE_DIR;
+  std::vector<fs::path> models;
+  for (const auto& entry : fs::directory_iterator(root / "models"))
+    if (entry.path().extension() == ".yaml") models.push_back(entry.path());
+  std::sort(models.begin(), models.end());
+  REQUIRE(models.size() >= 5);
+  for (const fs::path& model : models) {
+    const std::string stem = model.stem().string();
+    CAPTURE(stem);
+    auto dims = kSmallDims.find(stem);
+    if (dims == kSmallDims.end()) {
+      FAIL_CHECK("add small dims for models/" << stem << ".yaml to kSmallDims in tests/numeric/models_test.cpp");
+      continue;
+    }
+    ir::Diagnostics diag;
+    frontend::LoadOptions options;
+    options.dim_overrides = dims->second;
+    std::optional<ir::Graph> g = frontend::load_model_file(model.string(), diag, options);
+    if (g) passes::run_training_pipeline(*g, diag);
+    INFO(diag.render());
+    REQUIRE(g.has_value());
+    REQUIRE_FALSE(diag.has_errors());
+
+    interp::GradCheckOptions check;
+    check.seed = 0;
+    check.samples = 6;
+    auto start = std::chrono::steady_clock::now();
+    interp::GradCheckResult r = interp::check_gradients(*g, check);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(std::isfinite(r.loss));
+    CHECK(r.tensors.size() == g->params.size());  // every parameter has a gradient
+    double worst_f64 = 0, worst_native = 0;
+    for (const interp::TensorCheck& t : r.tensors) {
+      CAPTURE(t.name);
+      CAPTURE(t.max_error_f64);
+      CAPTURE(t.max_error_native);
+      CHECK(t.elements_checked > 0);
+      CHECK(t.max_error_f64 <= t.tolerance_f64);
+      CHECK(t.max_error_native <= t.tolerance_native);
+      CHECK(t.passed);
+      worst_f64 = std::max(worst_f64, t.max_error_f64);
+      worst_native = std::max(worst_native, t.max_error_native);
+      if (verbose)
+        std::cout << fmt::format("  {:<12} {:<24} {:>4} elements  f64 {:8.1e}  native {:8.1e}\n", stem, t.name,
+                                 t.elements_checked, t.max_error_f64, t.max_error_native);
+    }
+    CHECK(r.passed);
+    if (verbose)
+      std::cout << fmt::format("{:<14} {} tensors, max f64 {:8.1e}, max native {:8.1e}, {} forward evaluations, {:.2f} s\n",
+                               stem, r.tensors.size(), worst_f64, worst_native, r.forward_evaluations, seconds);
+  }
+}
