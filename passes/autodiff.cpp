@@ -91,12 +91,12 @@ class Autodiff : public Pass {
     first_backward_ = g.num_nodes();
     std::vector<std::vector<Contribution>> parts(num_forward_values);
     {
-      const ir::Value& l = g.value(loss);
-      ir::TensorType lt = l.type;
+      // A copy: building the seed grows the value storage.
+      const ir::Value l = g.value(loss);
       at(b, g, l.producer);
       if (l.producer == ir::kNoNode) b.set_loc(l.loc);
-      ValueId seed = b.must(b.constant(1.0, lt.dtype));
-      if (lt.rank() > 0) seed = b.must(b.add(ir::Op::Broadcast, {seed}, {{"shape", lt.sizes()}}));
+      ValueId seed = b.must(b.constant(1.0, l.type.dtype));
+      if (l.type.rank() > 0) seed = b.must(b.add(ir::Op::Broadcast, {seed}, {{"shape", l.type.sizes()}}));
       parts[loss].push_back({seed, l.producer});
     }
     for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
