@@ -15,7 +15,8 @@ if [ "$seconds" -gt 0 ]; then
   corpus=$(mktemp -d)
   cp tests/fuzz/corpus/* "$corpus"/
   echo "fuzzing the frontend for ${seconds}s"
+  # -timeout=60: a legal 10,000-block model takes ~40 s to lower under ASan; slower than that is a hang.
   build-fuzz/tests/fuzz/napkin_frontend_fuzz "$corpus" -dict=tests/fuzz/napkin.dict -max_total_time="$seconds" \
-    -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 2>&1 | tail -n 12
+    -timeout=60 -rss_limit_mb=4096 -print_final_stats=1 2>&1 | tail -n 12
   rm -rf "$corpus"
 fi
