@@ -25,15 +25,28 @@ double native_tolerance(ir::DType dtype) {
   }
 }
 
-namespace {
-
-constexpr double kRuleTolerance = 1e-5;
-constexpr double kStep = 1e-4;  // relative finite-difference step
-
 double relative_error(double analytic, double numeric, double floor) {
   double scale = std::max({std::fabs(analytic), std::fabs(numeric), floor});
   return scale > 0 ? std::fabs(analytic - numeric) / scale : 0;
 }
+
+// (8·(L(+h) − L(−h)) − (L(+2h) − L(−2h))) / 12h: error O(h⁴), so h can be
+// large enough (1e-4) that rounding in L stays near 1e-12.
+double five_point_derivative(const std::function<double(double)>& loss_at, double h) {
+  double near = loss_at(h) - loss_at(-h), far = loss_at(2 * h) - loss_at(-2 * h);
+  return (8 * near - far) / (12 * h);
+}
+
+ir::Graph forward_phase(const ir::Graph& g) {
+  ir::Graph f = g;
+  std::erase_if(f.mutable_schedule(), [&](ir::NodeId id) { return f.node(id).phase != ir::Phase::Forward; });
+  return f;
+}
+
+namespace {
+
+constexpr double kRuleTolerance = 1e-5;
+constexpr double kStep = 1e-4;  // relative finite-difference step
 
 // Parameters near their init, with noise (see the header).
 std::map<ir::ValueId, std::vector<double>> check_point(const ir::Graph& g, uint64_t seed) {
@@ -45,13 +58,6 @@ std::map<ir::ValueId, std::vector<double>> check_point(const ir::Graph& g, uint6
   }
   for (auto& [v, data] : random_inputs(g, seed)) values[v] = std::move(data);
   return values;
-}
-
-// The graph with only its forward phase scheduled: L(params) and nothing else.
-ir::Graph forward_only(const ir::Graph& g) {
-  ir::Graph f = g;
-  std::erase_if(f.mutable_schedule(), [&](ir::NodeId id) { return f.node(id).phase != ir::Phase::Forward; });
-  return f;
 }
 
 }  // namespace
@@ -73,7 +79,7 @@ GradCheckResult check_gradients(const ir::Graph& g, const GradCheckOptions& opti
     native->run();
   }
 
-  ir::Graph forward = forward_only(g);
+  ir::Graph forward = forward_phase(g);
   Interpreter eval(forward, Numerics::Float64);
   eval.set(point);
   auto loss_at = [&](ir::ValueId param, const std::vector<double>& data) {
@@ -82,17 +88,15 @@ GradCheckResult check_gradients(const ir::Graph& g, const GradCheckOptions& opti
     ++result.forward_evaluations;
     return eval.get(loss)[0];
   };
-  // The derivative of L along `direction` at `base`, by the five-point stencil
-  // (8·(L(+h) − L(−h)) − (L(+2h) − L(−2h))) / 12h: error O(h⁴), so h can be
-  // large enough (1e-4) that rounding in L stays near 1e-12.
+  // The derivative of L along `direction` at `base`.
   auto derivative = [&](ir::ValueId param, const std::vector<double>& base, const std::vector<double>& direction, double h) {
     std::vector<double> moved(base.size());
-    auto at = [&](double step) {
-      for (size_t i = 0; i < base.size(); ++i) moved[i] = base[i] + step * direction[i];
-      return loss_at(param, moved);
-    };
-    double near = at(h) - at(-h), far = at(2 * h) - at(-2 * h);
-    return (8 * near - far) / (12 * h);
+    return five_point_derivative(
+        [&](double step) {
+          for (size_t i = 0; i < base.size(); ++i) moved[i] = base[i] + step * direction[i];
+          return loss_at(param, moved);
+        },
+        h);
   };
 
   result.passed = true;

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,14 @@ struct GradCheckResult {
 
 // The Native tolerance for a parameter of `dtype` (see the header comment).
 double native_tolerance(ir::DType dtype);
+
+// The pieces of the check, for tests that choose their own points:
+// |analytic − numeric| / max(|analytic|, |numeric|, floor) (0 if all are 0);
+double relative_error(double analytic, double numeric, double floor);
+// the five-point stencil above, from L at base + step·direction;
+double five_point_derivative(const std::function<double(double step)>& loss_at, double h);
+// the graph with only its forward phase scheduled: L(params) and nothing else.
+ir::Graph forward_phase(const ir::Graph& g);
 
 // `g` is a training graph: a "loss" output and "grad.<param>" outputs
 // (autodiff). Throws std::runtime_error for data errors the interpreter finds.

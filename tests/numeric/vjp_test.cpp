@@ -37,8 +37,6 @@
 #include "interp/gradient_check.h"
 #include "interp/interpreter.h"
 #include "ir/builder.h"
-#include "passes/autodiff.h"
-#include "passes/dce.h"
 #include "runtime/rng.h"
 #include "support/test_models.h"
 
@@ -456,21 +454,14 @@ constexpr double kRuleTolerance = 1e-6;  // tighter than napkin check's 1e-5: sm
 // Differentiates g (autodiff + dce, verified) and compares every element of
 // every parameter gradient with five-point central differences in Float64.
 Errors check_every_element(ir::Graph& g, const std::map<ValueId, std::vector<double>>& point) {
-  ir::Diagnostics diag;
-  passes::PassManager pm({});
-  pm.add(passes::make_autodiff_pass());
-  pm.add(passes::make_dce_pass());
-  bool ok = pm.run(g, diag);
-  INFO(diag.render());
-  REQUIRE(ok);
+  napkin::testing::differentiate(g);
 
   interp::Interpreter exact(g, interp::Numerics::Float64), native(g, interp::Numerics::Native);
   for (interp::Interpreter* it : {&exact, &native}) {
     it->set(point);
     it->run();
   }
-  ir::Graph forward = g;
-  std::erase_if(forward.mutable_schedule(), [&](ir::NodeId id) { return forward.node(id).phase != ir::Phase::Forward; });
+  ir::Graph forward = interp::forward_phase(g);
   interp::Interpreter eval(forward, interp::Numerics::Float64);
   eval.set(point);
   ValueId loss = g.find_output("loss");
@@ -491,16 +482,17 @@ Errors check_every_element(ir::Graph& g, const std::map<ValueId, std::vector<dou
     const double floor = 1e-3 * largest;
     for (size_t i = 0; i < base.size(); ++i) {
       double h = 1e-4 * std::max(1.0, std::fabs(base[i]));
-      auto at = [&](double step) {
-        moved[i] = base[i] + step;
-        eval.set(p.value, moved);
-        eval.run();
-        return eval.get(loss)[0];
-      };
-      double numeric = (8 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12 * h);
+      double numeric = interp::five_point_derivative(
+          [&](double step) {
+            moved[i] = base[i] + step;
+            eval.set(p.value, moved);
+            eval.run();
+            return eval.get(loss)[0];
+          },
+          h);
       moved[i] = base[i];
-      auto rel = [&](double a) { return std::fabs(a - numeric) / std::max({std::fabs(a), std::fabs(numeric), floor}); };
-      double e64 = rel(analytic[i]), enat = rel(analytic_native[i]);
+      double e64 = interp::relative_error(analytic[i], numeric, floor);
+      double enat = interp::relative_error(analytic_native[i], numeric, floor);
       CAPTURE(i);
       CAPTURE(numeric);
       CAPTURE(analytic[i]);
