@@ -131,8 +131,7 @@ class OptimizerPass : public Pass {
       ValueId p = tp.param, grad = grads[i];
       DType dt = u.dtype_of(p);
       auto state = [&](const std::string& label) {
-        ir::SourceLoc loc = tp.loc;
-        return g.add_state(fmt::format("{}.{}", label, tp.name), g.value(p).type, loc);
+        return g.add_state(fmt::format("{}.{}", label, tp.name), g.value(p).type, tp.loc);
       };
       auto update = [&](ValueId target, ValueId value) { g.updates.push_back({target, value}); };
       if (opt.kind != ir::OptimizerKind::AdamW && wd > 0) grad = u.add(grad, u.scale(p, wd));

@@ -55,20 +55,16 @@ void check_golden(const fs::path& golden, const std::string& actual) {
 
 TEST_CASE("golden: IR and report of every model in models/") {
   fs::path root = NAPKIN_SOURCE_DIR;
-  std::vector<fs::path> models;
-  for (const auto& entry : fs::directory_iterator(root / "models"))
-    if (entry.path().extension() == ".yaml") models.push_back(entry.path());
-  std::sort(models.begin(), models.end());
-  REQUIRE(models.size() >= 5);
-  for (const fs::path& model : models) {
+  for (const fs::path& model : napkin::testing::model_files()) {
     std::string stem = model.stem().string();
     std::string relative = "models/" + model.filename().string();
     SUBCASE(stem.c_str()) {
-      ir::Graph g = napkin::testing::compile(read_file(model), relative);
+      std::string text = napkin::testing::read_source(relative);
+      ir::Graph g = napkin::testing::compile(text, relative);
       check_golden(root / "tests/golden" / (stem + ".ir.txt"), ir::print_graph(g));
       // The IR golden is the forward graph (the training graph is long); the
       // report covers the whole training step.
-      ir::Graph step = napkin::testing::compile_training(read_file(model), relative);
+      ir::Graph step = napkin::testing::compile_training(text, relative);
       // The whole step's IR pins autodiff and the optimizer; GPT-2's (3,500
       // nodes) would only repeat what gpt.yaml's shows.
       if (stem != "gpt2-124m")

@@ -8,8 +8,7 @@
 
 #include "interp/gradient_check.h"
 #include "ir/builder.h"
-#include "passes/autodiff.h"
-#include "passes/dce.h"
+#include "support/test_models.h"
 
 using namespace napkin;
 using ir::Op;
@@ -43,11 +42,7 @@ Model build(Op op) {
   ValueId weighted = bld.must(bld.add(Op::Mul, {y, r}));
   ValueId loss = bld.must(bld.add(Op::ReduceSum, {weighted}, {{"axes", std::vector<int64_t>{0, 1}}, {"keepdims", int64_t{0}}}));
   g.outputs = {{"loss", loss}};
-  ir::Diagnostics diag;
-  passes::PassManager pm({});
-  pm.add(passes::make_autodiff_pass());
-  pm.add(passes::make_dce_pass());
-  REQUIRE(pm.run(g, diag));
+  napkin::testing::differentiate(g);
   return m;
 }
 

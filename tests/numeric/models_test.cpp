@@ -40,13 +40,7 @@ const std::map<std::string, std::map<std::string, int64_t>> kSmallDims = {
 
 TEST_CASE("numeric: every model in models/ passes napkin check at reduced dims") {
   const bool verbose = std::getenv("NAPKIN_NUMERIC_VERBOSE") != nullptr;
-  fs::path root = NAPKIN_SOURCE_DIR;
-  std::vector<fs::path> models;
-  for (const auto& entry : fs::directory_iterator(root / "models"))
-    if (entry.path().extension() == ".yaml") models.push_back(entry.path());
-  std::sort(models.begin(), models.end());
-  REQUIRE(models.size() >= 5);
-  for (const fs::path& model : models) {
+  for (const fs::path& model : napkin::testing::model_files()) {
     const std::string stem = model.stem().string();
     CAPTURE(stem);
     auto dims = kSmallDims.find(stem);

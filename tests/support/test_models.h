@@ -1,14 +1,22 @@
-// Helpers for tests: build a forward graph from inline YAML, failing the test
-// (with the rendered diagnostics) if the model does not compile.
+// Helpers for tests: build a forward or training graph from inline YAML,
+// failing the test (with the rendered diagnostics) if the model does not
+// compile; read files of the source tree; list the built-in models.
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "frontend/frontend.h"
 #include "ir/graph.h"
+#include "passes/autodiff.h"
+#include "passes/dce.h"
 #include "passes/pipeline.h"
 
 namespace napkin::testing {
@@ -46,5 +54,36 @@ inline std::string compile_errors(const std::string& yaml, const std::string& na
 }
 
 inline std::string source_path(const std::string& relative) { return std::string(NAPKIN_SOURCE_DIR) + "/" + relative; }
+
+// The text of a file of the source tree ("models/gpt.yaml"); REQUIREs that it reads.
+inline std::string read_source(const std::string& relative) {
+  std::ifstream in(source_path(relative), std::ios::binary);
+  REQUIRE_MESSAGE(in, "cannot read " << relative);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// models/*.yaml, sorted; REQUIREs at least the five built-in models.
+inline std::vector<std::filesystem::path> model_files() {
+  std::vector<std::filesystem::path> models;
+  for (const auto& entry : std::filesystem::directory_iterator(source_path("models")))
+    if (entry.path().extension() == ".yaml") models.push_back(entry.path());
+  std::sort(models.begin(), models.end());
+  REQUIRE(models.size() >= 5);
+  return models;
+}
+
+// autodiff then dce, as the training pipeline runs them (the manager verifies
+// the graph after each); REQUIREs that autodiff reports no error.
+inline void differentiate(ir::Graph& g) {
+  ir::Diagnostics diag;
+  passes::PassManager pm({});
+  pm.add(passes::make_autodiff_pass());
+  pm.add(passes::make_dce_pass());
+  bool ok = pm.run(g, diag);
+  INFO(diag.render());
+  REQUIRE(ok);
+}
 
 }  // namespace napkin::testing

@@ -21,19 +21,9 @@
 
 using namespace napkin;
 using napkin::testing::compile;
+using napkin::testing::differentiate;
 
 namespace {
-
-// autodiff then dce, as the training pipeline runs them; the manager verifies the graph.
-void differentiate(ir::Graph& g) {
-  ir::Diagnostics diag;
-  passes::PassManager pm({});
-  pm.add(passes::make_autodiff_pass());
-  pm.add(passes::make_dce_pass());
-  bool ok = pm.run(g, diag);
-  INFO(diag.render());
-  REQUIRE(ok);
-}
 
 ir::Graph load_model(const std::string& file) {
   ir::Diagnostics diag;
@@ -296,8 +286,7 @@ optimizer: sgd(lr=0.1)
   CHECK(g.schedule().size() == before);
 }
 
-TEST_CASE("autodiff: saved activations of a 2-layer MLP are the hidden layer and the prediction") {
-  ir::Graph g = compile(R"yaml(
+const char* const kTwoLayerMlp = R"yaml(
 model: t
 dims: {B: 8, D: 5, H: 7, C: 3}
 inputs: {x: {shape: [B, D]}, t: {shape: [B, C]}}
@@ -312,7 +301,10 @@ forward:
   - out: h @ w2 + b2
 loss: mse(out, t)
 optimizer: sgd(lr=0.1)
-)yaml");
+)yaml";
+
+TEST_CASE("autodiff: saved activations of a 2-layer MLP are the hidden layer and the prediction") {
+  ir::Graph g = compile(kTwoLayerMlp);
   differentiate(g);
   check_param_grads(g);
   // relu's rule reads its output (h > 0 iff z > 0), so z is not kept; x, t and
@@ -321,22 +313,7 @@ optimizer: sgd(lr=0.1)
   for (ir::ValueId v : passes::saved_activations(g)) names.push_back(g.value(v).name);
   CHECK(names == std::vector<std::string>{"h", "out"});
   // Deterministic: a second compile gives the same graph text.
-  ir::Graph again = compile(R"yaml(
-model: t
-dims: {B: 8, D: 5, H: 7, C: 3}
-inputs: {x: {shape: [B, D]}, t: {shape: [B, C]}}
-params:
-  w1: {shape: [D, H], init: xavier}
-  b1: {shape: [H], init: zeros}
-  w2: {shape: [H, C], init: xavier}
-  b2: {shape: [C], init: zeros}
-forward:
-  - z: x @ w1 + b1
-  - h: relu(z)
-  - out: h @ w2 + b2
-loss: mse(out, t)
-optimizer: sgd(lr=0.1)
-)yaml");
+  ir::Graph again = compile(kTwoLayerMlp);
   differentiate(again);
   CHECK(ir::print_graph(g) == ir::print_graph(again));
 }

@@ -3,9 +3,7 @@
 // the exact decomposition of forward FLOPs against 2·tokens·params.
 #include <doctest/doctest.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "passes/cost.h"
 #include "passes/report.h"
@@ -16,11 +14,7 @@ using napkin::testing::compile;
 
 namespace {
 ir::Graph compile_model_file(const std::string& name) {
-  std::ifstream in(napkin::testing::source_path("models/" + name));
-  REQUIRE(in);
-  std::stringstream text;
-  text << in.rdbuf();
-  return compile(text.str(), "models/" + name);
+  return compile(napkin::testing::read_source("models/" + name), "models/" + name);
 }
 
 double flops_of(const passes::StepCost& c, const ir::Graph& g, ir::Op op) {

@@ -5,10 +5,7 @@
 // per parameter, and the exact decomposition of the step against 6·T·P.
 #include <doctest/doctest.h>
 
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "passes/cost.h"
 #include "passes/memory.h"
@@ -19,13 +16,7 @@ using namespace napkin;
 using napkin::testing::compile_training;
 
 namespace {
-std::string read_model(const std::string& name) {
-  std::ifstream in(napkin::testing::source_path("models/" + name));
-  REQUIRE(in);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+std::string read_model(const std::string& name) { return napkin::testing::read_source("models/" + name); }
 }  // namespace
 
 TEST_CASE("step cost: Cruncher's step is 6·B·params − 2·B·D² + the loss + AdaGrad's 7 FLOPs per parameter") {
@@ -87,9 +78,8 @@ TEST_CASE("step cost: AdamW in fp32 keeps 16 bytes per parameter (params, grads,
 }
 
 TEST_CASE("step cost: counted − 6·T·P splits exactly into the report's terms for every model") {
-  for (const auto& entry : std::filesystem::directory_iterator(napkin::testing::source_path("models"))) {
-    if (entry.path().extension() != ".yaml") continue;
-    std::string name = entry.path().filename().string();
+  for (const auto& model : napkin::testing::model_files()) {
+    std::string name = model.filename().string();
     CAPTURE(name);
     ir::Graph g = compile_training(read_model(name), "models/" + name);
     passes::StepCost c = passes::analyze_step(g, nullptr);
