@@ -3,28 +3,33 @@
 #include <optional>
 
 #include "interp/interpreter.h"
+#include "runtime/init.h"
 #include "runtime/rng.h"
 
 namespace napkin::interp {
+
+namespace {
+
+// Xavier is a truncated normal whose std and cuts the frontend derived.
+runtime::ParamInit runtime_init(const ir::InitSpec& s) {
+  switch (s.kind) {
+    case ir::InitSpec::Kind::Zeros: return {"zeros"};
+    case ir::InitSpec::Kind::Ones: return {"ones"};
+    case ir::InitSpec::Kind::Constant: return {"constant", s.value};
+    case ir::InitSpec::Kind::Normal: return {"normal", 0, s.std};
+    case ir::InitSpec::Kind::TruncNormal:
+    case ir::InitSpec::Kind::Xavier: return {"trunc_normal", 0, s.std, s.lo, s.hi};
+  }
+  return {};
+}
+
+}  // namespace
 
 std::map<ir::ValueId, std::vector<double>> initial_values(const ir::Graph& g, uint64_t seed) {
   std::map<ir::ValueId, std::vector<double>> out;
   for (const ir::Param& p : g.params) {
     const ir::Value& v = g.value(p.value);
-    runtime::Rng rng(seed, runtime::stream_for_name(v.name));
-    const ir::InitSpec& s = p.init;
-    std::vector<double> data(v.type.numel());
-    for (double& x : data) {
-      switch (s.kind) {
-        case ir::InitSpec::Kind::Zeros: x = 0; break;
-        case ir::InitSpec::Kind::Ones: x = 1; break;
-        case ir::InitSpec::Kind::Constant: x = s.value; break;
-        case ir::InitSpec::Kind::Normal: x = s.std * rng.normal(); break;
-        case ir::InitSpec::Kind::TruncNormal:
-        case ir::InitSpec::Kind::Xavier: x = rng.trunc_normal(0.0, s.std, s.lo, s.hi); break;
-      }
-    }
-    out[p.value] = std::move(data);
+    out[p.value] = runtime::init_values(runtime_init(p.init), v.name, v.type.numel(), seed);
   }
   for (ir::ValueId v : g.state) out[v] = std::vector<double>(g.value(v).type.numel(), 0.0);
   return out;

@@ -3,6 +3,9 @@
 //   napkin report MODEL.yaml [--device h100] [--json]   the static resource report of a training step
 //   napkin ir MODEL.yaml [--print-after PASS]           the IR as text
 //   napkin check MODEL.yaml [--dims d=32,layers=2]      gradients vs float64 finite differences
+//   napkin build MODEL.yaml -o TRAINER                  a standalone trainer executable (CPU, LLVM)
+//   napkin train MODEL.yaml [-- TRAINER FLAGS]          build (cached) and run the trainer
+//   napkin data encode TEXT... -o FILE                  byte-level tokens (u16) from text files
 //   napkin estimate --params 70e9 --tokens 15e12 ...    the lecture's napkin math
 //   napkin devices                                      the device table
 //   napkin ops                                          the op table
@@ -12,12 +15,22 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "codegen/cpu/build.h"
+#include "codegen/cpu/link_config.h"
 #include "frontend/frontend.h"
 #include "interp/gradient_check.h"
 #include "ir/internal_check.h"
@@ -246,6 +259,139 @@ int cmd_ops() {
   return 0;
 }
 
+
+// FNV-1a 64 over some byte strings, as 16 hex digits.
+std::string fnv1a_hex(std::initializer_list<std::string_view> parts) {
+  uint64_t h = 14695981039346656037ull;
+  for (std::string_view part : parts)
+    for (unsigned char c : part) h = (h ^ c) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
+std::string read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// What a checkpoint must match: the training step itself (ops, shapes, names,
+// optimizer), not the YAML's comments or layout.
+std::string model_hash(const ir::Graph& g) { return fnv1a_hex({ir::print_graph(g, {false})}); }
+
+struct BuildArgs {
+  std::string model, dims, output, target = "cpu", device = "cpu", emit_llvm, emit_program;
+  bool time_passes = false, quiet = false;
+};
+
+int cmd_build(const BuildArgs& a) {
+  if (a.target != "cpu") {
+    std::cerr << fmt::format("error: --target {}: this napkin builds CPU trainers only (the CUDA backend is not built)\n", a.target);
+    return kUserError;
+  }
+  if (!passes::find_device(a.device)) {
+    std::cerr << fmt::format("error: unknown device '{}'\n    hint: known devices: {}\n", a.device, passes::known_device_names());
+    return kUserError;
+  }
+  auto g = load(a.model, a.dims);
+  if (!g) return kUserError;
+  codegen::cpu::BuildOptions options{a.output, model_hash(*g), a.device, a.emit_llvm, a.emit_program};
+  auto t0 = std::chrono::steady_clock::now();
+  codegen::cpu::BuildResult r;
+  try {
+    r = codegen::cpu::build_cpu_trainer(*g, options);
+  } catch (const ir::InternalError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kUserError;
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.quiet)
+    std::cout << fmt::format("built {} ({}: {} kernels, {} on the GEMM library; arena {} bytes) in {:.2f} s\n", a.output,
+                             g->name, r.kernels, r.matmul_kernels, r.arena_bytes, seconds);
+  if (a.time_passes)
+    for (const auto& [what, s] : r.seconds) std::cout << fmt::format("  {:>8.3f} s  {}\n", s, what);
+  return 0;
+}
+
+// Where `napkin train` keeps built trainers: $XDG_CACHE_HOME/napkin or ~/.cache/napkin.
+std::filesystem::path cache_dir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "napkin";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache" / "napkin";
+  return std::filesystem::temp_directory_path() / "napkin-cache";
+}
+
+int cmd_train(const std::string& model, const std::string& dims, const std::vector<std::string>& trainer_args) {
+  auto g = load(model, dims);
+  if (!g) return kUserError;
+  // The cache key: the training step, and this compiler and runtime (a
+  // rebuilt napkin builds afresh).
+  std::string key = fnv1a_hex({ir::print_graph(*g, {false}), read_file_bytes("/proc/self/exe"),
+                               read_file_bytes(codegen::cpu::kRuntimeLibrary)});
+  std::filesystem::path dir = cache_dir() / key;
+  std::filesystem::path trainer = dir / "trainer";
+  if (!std::filesystem::exists(trainer)) {
+    std::filesystem::create_directories(dir);
+    std::string tmp = (dir / fmt::format("trainer.tmp.{}", getpid())).string();
+    codegen::cpu::BuildOptions options{tmp, model_hash(*g), "cpu", "", ""};
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      codegen::cpu::build_cpu_trainer(*g, options);
+    } catch (const ir::InternalError&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      std::cerr << "error: " << e.what() << "\n";
+      return kUserError;
+    }
+    std::filesystem::rename(tmp, trainer);
+    std::cout << fmt::format("napkin: built {} in {:.2f} s (cached at {})\n", g->name,
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), trainer.string());
+  } else {
+    std::cout << fmt::format("napkin: using the cached trainer {}\n", trainer.string());
+  }
+  std::cout.flush();
+  std::vector<std::string> args{trainer.string()};
+  args.insert(args.end(), trainer_args.begin(), trainer_args.end());
+  std::vector<char*> argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  execv(argv[0], argv.data());
+  std::cerr << fmt::format("error: cannot run {}: {}\n", trainer.string(), std::strerror(errno));
+  return kUserError;
+}
+
+// Byte-level tokens: every byte of the inputs, in order, one u16 token each
+// (a vocab of 256), the format train.data {format: tokens, dtype: u16} reads.
+int cmd_data_encode(const std::vector<std::string>& inputs, const std::string& output) {
+  std::string bytes;
+  for (const std::string& path : inputs) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      std::cerr << fmt::format("error: {}: cannot read ({})\n", path, std::strerror(errno));
+      return kUserError;
+    }
+    bytes += read_file_bytes(path);
+  }
+  std::vector<uint16_t> tokens(bytes.begin(), bytes.end());
+  for (size_t i = 0; i < bytes.size(); ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
+  std::filesystem::path out(output);
+  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+  std::string tmp = output + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+    if (!f) {
+      std::cerr << fmt::format("error: {}: cannot write\n", output);
+      return kUserError;
+    }
+  }
+  std::filesystem::rename(tmp, output);
+  std::cout << fmt::format("wrote {}: {} u16 tokens (bytes of {} file{})\n", output, tokens.size(), inputs.size(),
+                           inputs.size() == 1 ? "" : "s");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -297,6 +443,36 @@ int main(int argc, char** argv) {
   estimate->add_option("--optimizer", est.optimizer, passes::known_optimizer_names());
   estimate->add_option("--precision", est.precision, passes::known_precision_names());
   estimate->callback([&] { status = cmd_estimate(est); });
+
+  BuildArgs build_args;
+  auto* build = app.add_subcommand("build", "compile a model into a standalone trainer executable");
+  build->add_option("model", build_args.model, "model YAML file")->required();
+  build->add_option("-o,--output", build_args.output, "the trainer executable to write")->required();
+  build->add_option("--dims", build_args.dims, dims_help);
+  build->add_option("--target", build_args.target, "cpu (LLVM)")->capture_default_str();
+  build->add_option("--device", build_args.device, "the device whose peak the trainer's MFU uses")->capture_default_str();
+  build->add_option("--emit-llvm", build_args.emit_llvm, "also write the optimized LLVM IR to this file");
+  build->add_option("--emit-program", build_args.emit_program, "also write the program description (JSON) to this file");
+  build->add_flag("--time-passes", build_args.time_passes, "time each step of the build");
+  build->add_flag("--quiet", build_args.quiet, "print nothing on success");
+  build->callback([&] { status = cmd_build(build_args); });
+
+  std::vector<std::string> trainer_args;
+  auto* train = app.add_subcommand("train", "build the trainer (cached) and run it; flags after -- go to the trainer");
+  train->add_option("model", model, "model YAML file")->required();
+  train->add_option("--dims", dims, dims_help);
+  train->add_option("trainer_args", trainer_args, "flags for the trainer (see TRAINER --help)");
+  train->prefix_command(false);
+  train->callback([&] { status = cmd_train(model, dims, trainer_args); });
+
+  std::vector<std::string> encode_inputs;
+  std::string encode_output;
+  auto* data = app.add_subcommand("data", "make data files");
+  data->require_subcommand(1);
+  auto* encode = data->add_subcommand("encode", "byte-level tokens (u16) from text files");
+  encode->add_option("inputs", encode_inputs, "text files")->required();
+  encode->add_option("-o,--output", encode_output, "token file to write")->required();
+  encode->callback([&] { status = cmd_data_encode(encode_inputs, encode_output); });
 
   app.add_subcommand("devices", "list the device table")->callback([&] { status = cmd_devices(); });
   app.add_subcommand("ops", "list the op table")->callback([&] { status = cmd_ops(); });

@@ -1,0 +1,71 @@
+#include "codegen/cpu/build.h"
+
+#include <llvm/Target/TargetMachine.h>
+
+#include <chrono>
+#include <fstream>
+#include <stdexcept>
+
+#include "codegen/cpu/cpu_backend.h"
+#include "codegen/cpu/link.h"
+#include "codegen/program_json.h"
+#include "passes/cost.h"
+#include "passes/devices.h"
+
+namespace napkin::codegen::cpu {
+
+namespace {
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+}  // namespace
+
+BuildResult build_cpu_trainer(const ir::Graph& g, const BuildOptions& options) {
+  BuildResult result;
+  auto t = std::chrono::steady_clock::now();
+  auto lap = [&](const char* what) {
+    auto now = std::chrono::steady_clock::now();
+    result.seconds.emplace_back(what, std::chrono::duration<double>(now - t).count());
+    t = now;
+  };
+
+  KernelPlan plan = plan_kernels(g);
+  result.arena_bytes = plan.arena_bytes;
+  result.kernels = static_cast<int>(plan.kernels.size());
+  for (const Kernel& k : plan.kernels) result.matmul_kernels += k.kind == KernelKind::Matmul;
+  lap("kernel plan");
+
+  CpuModule m = emit_module(plan, g.name);
+  lap("LLVM IR");
+
+  const passes::Device* device = passes::find_device(options.device);
+  passes::StepCost cost = passes::analyze_step(g, device);
+  ProgramFacts facts;
+  facts.model_hash = options.model_hash;
+  facts.flops_per_step = cost.total.flops;
+  facts.flops_forward = cost.phase(ir::Phase::Forward).flops;
+  facts.tokens_per_step = static_cast<int64_t>(cost.tokens);
+  facts.device = options.device;
+  facts.peak_flops = device ? passes::matmul_peak(*device, cost.matmul_dtype) : 0;
+  std::string json = program_json(g, plan, m.loops, facts);
+  add_program_json(m, json);
+  if (!options.emit_program.empty()) write_file(options.emit_program, json);
+  lap("program");
+
+  std::unique_ptr<llvm::TargetMachine> tm = host_target_machine();
+  optimize(m, *tm);
+  if (!options.emit_llvm.empty()) write_file(options.emit_llvm, module_text(m));
+  lap("LLVM O3");
+  std::string object = emit_object(m, *tm);
+  lap("machine code");
+  link_trainer(object, options.output + ".o", options.output);
+  std::remove((options.output + ".o").c_str());
+  lap("link");
+  return result;
+}
+
+}  // namespace napkin::codegen::cpu

@@ -1,0 +1,31 @@
+// `napkin build --target cpu`: a training graph -> a standalone trainer
+// executable. The steps, in order: kernel plan, LLVM module, program
+// description, O3, object file, link (each timed for --time-passes).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace napkin::codegen::cpu {
+
+struct BuildOptions {
+  std::string output;         // the executable
+  std::string model_hash;     // written into the program; checkpoints check it
+  std::string device = "cpu";  // MFU is measured against its peak
+  std::string emit_llvm;      // also write the optimized LLVM IR here ("" : no)
+  std::string emit_program;   // also write the program JSON here ("" : no)
+};
+
+struct BuildResult {
+  int64_t arena_bytes = 0;
+  int kernels = 0, matmul_kernels = 0;
+  std::vector<std::pair<std::string, double>> seconds;  // per step of the build
+};
+
+// Throws std::runtime_error (linker failure, unwritable output).
+BuildResult build_cpu_trainer(const ir::Graph& g, const BuildOptions& options);
+
+}  // namespace napkin::codegen::cpu

@@ -1,0 +1,125 @@
+#include "codegen/cpu/cpu_backend.h"
+
+#include <llvm/Analysis/TargetLibraryInfo.h>
+#include <llvm/IR/LegacyPassManager.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/MC/TargetRegistry.h>
+#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+#include <llvm/TargetParser/Host.h>
+
+#include <mutex>
+#include <stdexcept>
+
+#include "codegen/cpu/loop_emitter.h"
+#include "ir/internal_check.h"
+
+namespace napkin::codegen::cpu {
+
+CpuModule emit_module(const KernelPlan& plan, const std::string& name) {
+  CpuModule m;
+  m.context = std::make_unique<llvm::LLVMContext>();
+  m.module = std::make_unique<llvm::Module>(name, *m.context);
+  llvm::LLVMContext& ctx = *m.context;
+  llvm::IRBuilder<> b(ctx);
+  llvm::Type* ptr = b.getPtrTy();
+  llvm::FunctionType* kernel_type = llvm::FunctionType::get(b.getVoidTy(), {ptr, b.getInt64Ty(), b.getInt64Ty()}, false);
+
+  std::vector<llvm::Constant*> table;
+  for (size_t i = 0; i < plan.kernels.size(); ++i) {
+    const Kernel& k = plan.kernels[i];
+    if (k.kind == KernelKind::Matmul) {
+      m.loops.push_back({1, false});
+      table.push_back(llvm::ConstantPointerNull::get(llvm::PointerType::get(ctx, 0)));
+      continue;
+    }
+    llvm::Function* fn = llvm::Function::Create(kernel_type, llvm::Function::InternalLinkage, k.name, *m.module);
+    fn->addFnAttr(llvm::Attribute::NoUnwind);
+    fn->addParamAttr(0, llvm::Attribute::NoCapture);
+    LoopEmitter e(fn, b);
+    m.loops.push_back(emit_kernel(e, k, static_cast<int>(i)));
+    table.push_back(fn);
+  }
+  auto* table_type = llvm::ArrayType::get(ptr, table.size());
+  new llvm::GlobalVariable(*m.module, table_type, true, llvm::GlobalValue::ExternalLinkage,
+                           llvm::ConstantArray::get(table_type, table), "napkin_kernel_fns");
+  return m;
+}
+
+void add_program_json(CpuModule& m, const std::string& json) {
+  llvm::LLVMContext& ctx = *m.context;
+  llvm::Constant* data = llvm::ConstantDataArray::getString(ctx, json, /*AddNull=*/true);
+  new llvm::GlobalVariable(*m.module, data->getType(), true, llvm::GlobalValue::ExternalLinkage, data, "napkin_program_json");
+  new llvm::GlobalVariable(*m.module, llvm::Type::getInt64Ty(ctx), true, llvm::GlobalValue::ExternalLinkage,
+                           llvm::ConstantInt::get(llvm::Type::getInt64Ty(ctx), json.size()), "napkin_program_json_size");
+}
+
+std::unique_ptr<llvm::TargetMachine> host_target_machine() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+  });
+  std::string triple = llvm::sys::getDefaultTargetTriple();
+  std::string error;
+  const llvm::Target* target = llvm::TargetRegistry::lookupTarget(triple, error);
+  if (!target) throw std::runtime_error("LLVM has no target for " + triple + ": " + error);
+  std::string features;
+  for (const auto& f : llvm::sys::getHostCPUFeatures()) features += (f.second ? "+" : "-") + f.first().str() + ",";
+  llvm::TargetOptions options;
+  std::unique_ptr<llvm::TargetMachine> tm(target->createTargetMachine(
+      triple, llvm::sys::getHostCPUName(), features, options, llvm::Reloc::PIC_, std::nullopt, llvm::CodeGenOptLevel::Aggressive));
+  return tm;
+}
+
+void optimize(CpuModule& m, llvm::TargetMachine& tm) {
+  llvm::Module& mod = *m.module;
+  mod.setTargetTriple(tm.getTargetTriple().str());
+  mod.setDataLayout(tm.createDataLayout());
+  std::string errors;
+  llvm::raw_string_ostream es(errors);
+  NAPKIN_INTERNAL_CHECK(!llvm::verifyModule(mod, &es), "generated LLVM IR does not verify: {}", errors);
+
+  llvm::LoopAnalysisManager lam;
+  llvm::FunctionAnalysisManager fam;
+  llvm::CGSCCAnalysisManager cgam;
+  llvm::ModuleAnalysisManager mam;
+  llvm::PipelineTuningOptions tuning;
+  tuning.LoopVectorization = true;
+  tuning.SLPVectorization = true;
+  llvm::PassBuilder pb(&tm, tuning);
+  // libmvec: vectorized exp, log, sin, cos, pow (_ZGV* in libmvec.so).
+  llvm::TargetLibraryInfoImpl tlii(tm.getTargetTriple());
+  tlii.addVectorizableFunctionsFromVecLib(llvm::TargetLibraryInfoImpl::LIBMVEC_X86, tm.getTargetTriple());
+  fam.registerPass([&] { return llvm::TargetLibraryAnalysis(tlii); });
+  pb.registerModuleAnalyses(mam);
+  pb.registerCGSCCAnalyses(cgam);
+  pb.registerFunctionAnalyses(fam);
+  pb.registerLoopAnalyses(lam);
+  pb.crossRegisterProxies(lam, fam, cgam, mam);
+  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+  mpm.run(mod, mam);
+}
+
+std::string emit_object(CpuModule& m, llvm::TargetMachine& tm) {
+  llvm::SmallVector<char, 0> buffer;
+  llvm::raw_svector_ostream os(buffer);
+  llvm::legacy::PassManager pm;
+  llvm::TargetLibraryInfoImpl tlii(tm.getTargetTriple());
+  pm.add(new llvm::TargetLibraryInfoWrapperPass(tlii));
+  NAPKIN_INTERNAL_CHECK(!tm.addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::ObjectFile),
+                        "LLVM cannot emit an object file for this target");
+  pm.run(*m.module);
+  return std::string(buffer.begin(), buffer.end());
+}
+
+std::string module_text(const CpuModule& m) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  m.module->print(os, nullptr);
+  return text;
+}
+
+}  // namespace napkin::codegen::cpu

@@ -1,0 +1,55 @@
+// The CPU backend: a kernel plan -> an LLVM module -> optimized machine code,
+// either as an object file (linked into a standalone trainer by
+// codegen/cpu/link.h) or JIT-compiled in process (tests).
+//
+// The module holds one function per Loop kernel (codegen/cpu/kernels.h) and
+// three exported tables the runtime reads (runtime/program.h):
+//   napkin_kernel_fns        [kernels] ptr: each Loop kernel's function, null
+//                            for Matmul kernels (the runtime runs those)
+//   napkin_program_json      the program description (codegen/program_json.h)
+//   napkin_program_json_size its length in bytes (i64)
+// Code is generated for the host CPU (AVX-512 here) and optimized with LLVM's
+// O3 pipeline, with glibc's libmvec as the vector math library.
+#pragma once
+
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codegen/cpu/kernels.h"
+#include "codegen/plan.h"
+
+namespace llvm {
+class TargetMachine;
+}
+
+namespace napkin::codegen::cpu {
+
+struct CpuModule {
+  std::unique_ptr<llvm::LLVMContext> context;
+  std::unique_ptr<llvm::Module> module;
+  std::vector<LoopInfo> loops;  // per kernel; {1, false} for Matmul kernels
+};
+
+// The kernels of `plan` as an unoptimized module (the tables still lack the
+// program JSON: add it with add_program_json once the loop info is known).
+CpuModule emit_module(const KernelPlan& plan, const std::string& name);
+void add_program_json(CpuModule& m, const std::string& json);
+
+// A TargetMachine for the host CPU (position-independent code, so the object
+// links into a PIE executable). Throws std::runtime_error if LLVM has no
+// target for this host.
+std::unique_ptr<llvm::TargetMachine> host_target_machine();
+
+// Verifies the module (internal error if invalid) and runs the O3 pipeline.
+void optimize(CpuModule& m, llvm::TargetMachine& tm);
+// Machine code for the module as an ELF object file's bytes.
+std::string emit_object(CpuModule& m, llvm::TargetMachine& tm);
+
+// The module's LLVM IR as text (napkin build --emit-llvm).
+std::string module_text(const CpuModule& m);
+
+}  // namespace napkin::codegen::cpu

@@ -1,0 +1,621 @@
+#include "codegen/cpu/kernels.h"
+
+#include <llvm/IR/Intrinsics.h>
+
+#include <cmath>
+#include <limits>
+
+#include "codegen/cpu/scalar_ops.h"
+#include "ir/internal_check.h"
+
+namespace napkin::codegen::cpu {
+
+namespace {
+
+using ir::Op;
+using Idx = std::vector<llvm::Value*>;
+
+// Below this many elements of work a kernel runs on one thread: waking the
+// other costs more than it saves (~2 us against ~1 ns per element).
+constexpr int64_t kParallelMinElements = int64_t{1} << 15;
+
+int64_t product(const std::vector<int64_t>& v) {
+  int64_t n = 1;
+  for (int64_t s : v) n *= s;
+  return n;
+}
+
+LoopInfo loop_info(int64_t extent, int64_t work, bool splittable = true) {
+  return {extent, splittable && extent > 1 && work >= kParallelMinElements};
+}
+
+int normalize_axis(int64_t axis, size_t rank) {
+  return static_cast<int>(axis < 0 ? axis + static_cast<int64_t>(rank) : axis);
+}
+
+// ---------------------------------------------------------------- elementwise
+
+LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
+  std::vector<int64_t> sizes = k.output.sizes;
+  std::vector<int64_t> out_strides = k.output.strides;
+  std::vector<std::vector<int64_t>> in_strides;
+  for (const Operand& in : k.inputs) in_strides.push_back(broadcast_strides(in, sizes));
+  bool needs_row_col = k.op == Op::Triu || k.op == Op::CausalMask;
+  if (!needs_row_col) {
+    std::vector<std::vector<int64_t>*> all{&out_strides};
+    for (auto& s : in_strides) all.push_back(&s);
+    collapse_dims(sizes, all);
+  }
+  e.nest(sizes, 0, [&](const Idx& idx) {
+    std::vector<llvm::Value*> args;
+    for (size_t i = 0; i < k.inputs.size(); ++i) args.push_back(e.load(k.inputs[i], e.dot(idx, in_strides[i])));
+    llvm::Value* row = needs_row_col ? idx[idx.size() - 2] : nullptr;
+    llvm::Value* col = needs_row_col ? idx.back() : nullptr;
+    e.store(k.output, e.dot(idx, out_strides), emit_elementwise(e, k, args, row, col));
+  });
+  return loop_info(sizes[0], product(sizes));
+}
+
+// ------------------------------------------------------------------ reductions
+
+// reduce_sum/mean/max/min over attr axes. Dim 0 of the (collapsed) loop is
+// kept, or a size-1 dim is put in front when dim 0 is reduced; each dim-0
+// index owns one block of the output: initialize it, accumulate into it,
+// finalize it (mean).
+LoopInfo reduction(LoopEmitter& e, const Kernel& k) {
+  const Operand& x = k.inputs[0];
+  const Operand& out = k.output;
+  size_t rank = x.sizes.size();
+  std::vector<bool> reduced(rank, false);
+  for (int64_t a : k.attrs.get_ints("axes")) reduced[normalize_axis(a, rank)] = true;
+  bool keepdims = k.attrs.get_int("keepdims") != 0;
+  std::vector<int64_t> sizes = x.sizes, in_strides = x.strides, out_strides(rank, 0);
+  for (size_t d = 0, o = 0; d < rank; ++d) {
+    if (!reduced[d]) out_strides[d] = out.strides[o];
+    if (!reduced[d] || keepdims) ++o;
+  }
+  collapse_dims(sizes, {&in_strides, &out_strides});
+  if (out_strides[0] == 0 && sizes[0] > 1) {  // dim 0 is summed: one serial block
+    sizes.insert(sizes.begin(), 1);
+    in_strides.insert(in_strides.begin(), 0);
+    out_strides.insert(out_strides.begin(), 0);
+  }
+  int64_t out_numel = out.numel();
+  int64_t block = out_numel / sizes[0];
+  double count = static_cast<double>(x.numel()) / static_cast<double>(std::max<int64_t>(out_numel, 1));
+  llvm::Type* ct = e.compute_type(out.dtype);
+  bool fp = ct->isFloatingPointTy();
+  llvm::Value* identity = k.op == Op::ReduceMax   ? e.constant(out.dtype, -std::numeric_limits<double>::infinity())
+                          : k.op == Op::ReduceMin ? e.constant(out.dtype, std::numeric_limits<double>::infinity())
+                                                  : e.constant(out.dtype, 0);
+  if (!fp && (k.op == Op::ReduceMax || k.op == Op::ReduceMin))
+    identity = llvm::ConstantInt::get(ct, k.op == Op::ReduceMax ? llvm::APInt::getSignedMinValue(ct->getIntegerBitWidth())
+                                                                : llvm::APInt::getSignedMaxValue(ct->getIntegerBitWidth()));
+  auto combine = [&](llvm::Value* acc, llvm::Value* v) -> llvm::Value* {
+    switch (k.op) {
+      case Op::ReduceMax: return e.b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::maximum : llvm::Intrinsic::smax, acc, v);
+      case Op::ReduceMin: return e.b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::minimum : llvm::Intrinsic::smin, acc, v);
+      default: return e.add_reassoc(acc, v);
+    }
+  };
+  bool inner_reduced = sizes.size() > 1 && out_strides.back() == 0;
+  e.loop(e.begin, e.end, [&](llvm::Value* i0) {
+    llvm::Value* out_base = e.b.CreateMul(i0, e.i64(out_strides[0]));
+    llvm::Value* in_base = e.b.CreateMul(i0, e.i64(in_strides[0]));
+    e.loop(e.i64(0), e.i64(block), [&](llvm::Value* j) {
+      e.b.CreateStore(identity, e.element_ptr(out, e.b.CreateAdd(out_base, j)));
+    });
+    std::vector<int64_t> rest(sizes.begin() + 1, sizes.end() - (inner_reduced ? 1 : 0));
+    std::vector<int64_t> rest_in(in_strides.begin() + 1, in_strides.end() - (inner_reduced ? 1 : 0));
+    std::vector<int64_t> rest_out(out_strides.begin() + 1, out_strides.end() - (inner_reduced ? 1 : 0));
+    e.nest(rest, -1, [&](const Idx& idx) {
+      llvm::Value* o = e.dot(idx, rest_out, out_base);
+      llvm::Value* xi = e.dot(idx, rest_in, in_base);
+      llvm::Value* optr = e.element_ptr(out, o);
+      if (!inner_reduced) {
+        e.b.CreateStore(combine(e.b.CreateLoad(ct, optr), e.load(x, xi)), optr);
+        return;
+      }
+      // The innermost dim is summed: keep the running value in a register.
+      llvm::Value* acc = e.make_slot(ct, e.b.CreateLoad(ct, optr));
+      e.loop(e.i64(0), e.i64(sizes.back()), [&](llvm::Value* t) {
+        llvm::Value* v = e.load(x, e.b.CreateAdd(xi, e.b.CreateMul(t, e.i64(in_strides.back()))));
+        e.b.CreateStore(combine(e.b.CreateLoad(ct, acc), v), acc);
+      });
+      e.b.CreateStore(e.b.CreateLoad(ct, acc), optr);
+    });
+    if (k.op == Op::ReduceMean) {
+      e.loop(e.i64(0), e.i64(block), [&](llvm::Value* j) {
+        llvm::Value* p = e.element_ptr(out, e.b.CreateAdd(out_base, j));
+        e.b.CreateStore(e.b.CreateFDiv(e.b.CreateLoad(ct, p), llvm::ConstantFP::get(ct, count)), p);
+      });
+    }
+  });
+  return loop_info(sizes[0], x.numel());
+}
+
+// ---------------------------------------------------------------- row kernels
+
+// Softmax-like ops work on rows: the elements along one axis. The loop runs
+// over every other dim (collapsed where the row-shaped operands allow);
+// `Row` gives each operand's first element of the current row and its stride
+// along the axis.
+struct RowOperand {
+  const Operand* op;
+  std::vector<int64_t> strides;  // over the row-space dims
+  int64_t step = 0;              // along the axis
+};
+
+struct RowSpace {
+  std::vector<int64_t> sizes;
+  int64_t n = 1;  // row length
+};
+
+// x-shaped operands have the full shape; per-row ones (cross-entropy targets)
+// lack the axis; vectors (norm gains) are only the axis.
+enum class RowShape { Full, PerRow, Vector };
+
+RowSpace row_space(const Operand& x, int axis, std::vector<RowOperand>& ops, const std::vector<RowShape>& shapes) {
+  RowSpace rs;
+  rs.n = x.sizes.empty() ? 1 : x.sizes[axis];
+  for (size_t d = 0; d < x.sizes.size(); ++d)
+    if (static_cast<int>(d) != axis) rs.sizes.push_back(x.sizes[d]);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    RowOperand& r = ops[i];
+    const Operand& o = *r.op;
+    switch (shapes[i]) {
+      case RowShape::Full:
+        for (size_t d = 0; d < o.sizes.size(); ++d) {
+          if (static_cast<int>(d) == axis) r.step = o.strides[d];
+          else r.strides.push_back(o.strides[d]);
+        }
+        break;
+      case RowShape::PerRow: r.strides = broadcast_strides(o, rs.sizes); break;
+      case RowShape::Vector:
+        r.strides.assign(rs.sizes.size(), 0);
+        r.step = o.sizes.empty() ? 0 : o.strides.back();
+        break;
+    }
+  }
+  std::vector<std::vector<int64_t>*> all;
+  for (RowOperand& r : ops) all.push_back(&r.strides);
+  collapse_dims(rs.sizes, all);
+  return rs;
+}
+
+// Runs body(bases) for each row in this thread's part of dim 0 (all rows when
+// serial: the caller then calls the function with [0, extent)).
+void for_each_row(LoopEmitter& e, const RowSpace& rs, const std::vector<RowOperand>& ops,
+                  const std::function<void(const std::vector<llvm::Value*>&)>& body) {
+  e.nest(rs.sizes, 0, [&](const Idx& idx) {
+    std::vector<llvm::Value*> bases;
+    for (const RowOperand& r : ops) bases.push_back(e.dot(idx, r.strides));
+    body(bases);
+  });
+}
+
+// Element k of operand r's row starting at base.
+llvm::Value* at(LoopEmitter& e, const RowOperand& r, llvm::Value* base, llvm::Value* kk) {
+  return r.step == 0 ? base : e.b.CreateAdd(base, e.b.CreateMul(kk, e.i64(r.step)));
+}
+
+// sum over the row of f(k), in a vectorizable (reassociable) loop.
+llvm::Value* row_sum(LoopEmitter& e, llvm::Type* t, int64_t n, const std::function<llvm::Value*(llvm::Value*)>& f) {
+  llvm::Value* acc = e.make_slot(t, llvm::ConstantFP::get(t, 0.0));
+  e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) { e.b.CreateStore(e.add_reassoc(e.b.CreateLoad(t, acc), f(kk)), acc); });
+  return e.b.CreateLoad(t, acc);
+}
+
+llvm::Value* row_max(LoopEmitter& e, llvm::Type* t, int64_t n, const std::function<llvm::Value*(llvm::Value*)>& f) {
+  llvm::Value* acc = e.make_slot(t, llvm::ConstantFP::get(t, -std::numeric_limits<double>::infinity()));
+  e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+    e.b.CreateStore(e.b.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, e.b.CreateLoad(t, acc), f(kk)), acc);
+  });
+  return e.b.CreateLoad(t, acc);
+}
+
+// Row statistics of layernorm (centered) and rmsnorm: mean (0 when not
+// centered) and rstd = 1 / sqrt(mean((x - mean)^2) + eps).
+std::pair<llvm::Value*, llvm::Value*> row_stats(LoopEmitter& e, const RowOperand& x, llvm::Value* base, int64_t n,
+                                                double eps, bool centered) {
+  llvm::Type* t = e.compute_type(x.op->dtype);
+  llvm::Value* inv_n = llvm::ConstantFP::get(t, 1.0 / static_cast<double>(n));
+  llvm::Value* mean = llvm::ConstantFP::get(t, 0.0);
+  if (centered) mean = e.b.CreateFMul(row_sum(e, t, n, [&](llvm::Value* kk) { return e.load(*x.op, at(e, x, base, kk)); }), inv_n);
+  llvm::Value* ss = row_sum(e, t, n, [&](llvm::Value* kk) {
+    llvm::Value* d = e.b.CreateFSub(e.load(*x.op, at(e, x, base, kk)), mean);
+    return e.b.CreateFMul(d, d);
+  });
+  llvm::Value* var = e.b.CreateFAdd(e.b.CreateFMul(ss, inv_n), llvm::ConstantFP::get(t, eps));
+  llvm::Value* rstd = e.b.CreateFDiv(llvm::ConstantFP::get(t, 1.0), e.b.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, var));
+  return {mean, rstd};
+}
+
+LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
+  const Operand& x = k.inputs[0];
+  int axis = static_cast<int>(x.sizes.size()) - 1;
+  if (k.op == Op::Softmax || k.op == Op::LogSoftmax || k.op == Op::SoftmaxGrad)
+    axis = normalize_axis(k.attrs.get_int("axis"), x.sizes.size());
+  std::vector<RowOperand> ops;
+  std::vector<RowShape> shapes;
+  auto add = [&](const Operand& o, RowShape s) {
+    ops.push_back({&o, {}, 0});
+    shapes.push_back(s);
+  };
+  add(x, RowShape::Full);
+  switch (k.op) {
+    case Op::LayerNorm: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Vector); break;
+    case Op::RMSNorm: add(k.inputs[1], RowShape::Vector); break;
+    case Op::LayerNormGrad:
+    case Op::RMSNormGrad: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Full); break;
+    case Op::SoftmaxGrad:
+    case Op::NormGainGrad: add(k.inputs[1], RowShape::Full); break;
+    case Op::CrossEntropy:
+    case Op::CrossEntropyGrad: add(k.inputs[1], RowShape::PerRow); break;
+    default: break;
+  }
+  bool scalar_out = k.op == Op::CrossEntropy;
+  bool vector_out = k.op == Op::NormGainGrad;
+  if (!scalar_out && !vector_out) add(k.output, RowShape::Full);
+  if (vector_out) add(k.output, RowShape::Vector);
+  RowSpace rs = row_space(x, axis, ops, shapes);
+  const RowOperand& X = ops[0];
+  const RowOperand& out = ops.back();
+  llvm::Type* t = e.compute_type(x.dtype);
+  auto& b = e.b;
+  int64_t n = rs.n;
+  auto ld = [&](const RowOperand& r, llvm::Value* base, llvm::Value* kk) { return e.load(*r.op, at(e, r, base, kk)); };
+  auto st = [&](const RowOperand& r, llvm::Value* base, llvm::Value* kk, llvm::Value* v) { e.store(*r.op, at(e, r, base, kk), v); };
+  llvm::Value* inv_n = llvm::ConstantFP::get(t, 1.0 / static_cast<double>(n));
+  int64_t rows_total = product(rs.sizes);
+  bool serial = scalar_out || vector_out;
+
+  // Losses and gain gradients sum over rows: zero the output first. The
+  // function is then called once with [0, extent) (serial).
+  llvm::Value* loss = nullptr;
+  if (scalar_out) loss = e.make_slot(b.getDoubleTy(), llvm::ConstantFP::get(b.getDoubleTy(), 0.0));
+  if (vector_out)
+    e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) { st(out, e.i64(0), kk, llvm::ConstantFP::get(t, 0.0)); });
+
+  for_each_row(e, rs, ops, [&](const std::vector<llvm::Value*>& base) {
+    llvm::Value* xb = base[0];
+    llvm::Value* ob = base.back();
+    switch (k.op) {
+      case Op::Softmax:
+      case Op::LogSoftmax:
+      case Op::CrossEntropyGrad:
+      case Op::CrossEntropy: {
+        llvm::Value* m = row_max(e, t, n, [&](llvm::Value* kk) { return ld(X, xb, kk); });
+        llvm::Value* sum = row_sum(e, t, n, [&](llvm::Value* kk) { return emit_exp(e, b.CreateFSub(ld(X, xb, kk), m)); });
+        if (k.op == Op::LogSoftmax) {
+          llvm::Value* shift = b.CreateFAdd(m, emit_log(e, sum));
+          e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) { st(out, ob, kk, b.CreateFSub(ld(X, xb, kk), shift)); });
+        } else if (k.op == Op::Softmax) {
+          llvm::Value* inv = b.CreateFDiv(llvm::ConstantFP::get(t, 1.0), sum);
+          e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+            st(out, ob, kk, b.CreateFMul(emit_exp(e, b.CreateFSub(ld(X, xb, kk), m)), inv));
+          });
+        } else {
+          llvm::Value* target = e.load(*ops[1].op, base[1]);
+          e.check_index(target, n, index);
+          llvm::Value* tk = b.CreateSExtOrTrunc(target, b.getInt64Ty());
+          if (k.op == Op::CrossEntropy) {
+            // -log softmax(x)[t] = log(sum) + m - x[t]
+            llvm::Value* row_loss = b.CreateFSub(b.CreateFAdd(emit_log(e, sum), m), ld(X, xb, tk));
+            b.CreateStore(b.CreateFAdd(b.CreateLoad(b.getDoubleTy(), loss), b.CreateFPExt(row_loss, b.getDoubleTy())), loss);
+          } else {
+            // (softmax - onehot) * dloss / rows
+            llvm::Value* scale = b.CreateFMul(e.load(k.inputs[2], e.i64(0)), llvm::ConstantFP::get(t, 1.0 / static_cast<double>(rows_total)));
+            llvm::Value* inv = b.CreateFMul(b.CreateFDiv(llvm::ConstantFP::get(t, 1.0), sum), scale);
+            e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+              st(out, ob, kk, b.CreateFMul(emit_exp(e, b.CreateFSub(ld(X, xb, kk), m)), inv));
+            });
+            llvm::Value* p = at(e, out, ob, tk);
+            e.store(*out.op, p, b.CreateFSub(e.load(*out.op, p), scale));
+          }
+        }
+        break;
+      }
+      case Op::SoftmaxGrad: {  // y * (dy - sum(dy * y))
+        const RowOperand& dy = ops[1];
+        llvm::Value* dot = row_sum(e, t, n, [&](llvm::Value* kk) { return b.CreateFMul(ld(X, xb, kk), ld(dy, base[1], kk)); });
+        e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+          st(out, ob, kk, b.CreateFMul(ld(X, xb, kk), b.CreateFSub(ld(dy, base[1], kk), dot)));
+        });
+        break;
+      }
+      case Op::LayerNorm:
+      case Op::RMSNorm: {
+        bool centered = k.op == Op::LayerNorm;
+        auto [mean, rstd] = row_stats(e, X, xb, n, k.attrs.get_double("eps"), centered);
+        e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+          llvm::Value* y = b.CreateFMul(b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd), ld(ops[1], base[1], kk));
+          if (centered) y = b.CreateFAdd(y, ld(ops[2], base[2], kk));
+          st(out, ob, kk, y);
+        });
+        break;
+      }
+      case Op::LayerNormGrad: {
+        // dx = rstd * (g_dy - mean(g_dy) - x_hat * mean(g_dy * x_hat)), g_dy = dy * g
+        const RowOperand& g = ops[1];
+        const RowOperand& dy = ops[2];
+        auto [mean, rstd] = row_stats(e, X, xb, n, k.attrs.get_double("eps"), true);
+        auto xhat = [&](llvm::Value* kk) { return b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd); };
+        auto gdy = [&](llvm::Value* kk) { return b.CreateFMul(ld(dy, base[2], kk), ld(g, base[1], kk)); };
+        llvm::Value* mean_gdy = b.CreateFMul(row_sum(e, t, n, gdy), inv_n);
+        llvm::Value* mean_gdy_xhat =
+            b.CreateFMul(row_sum(e, t, n, [&](llvm::Value* kk) { return b.CreateFMul(gdy(kk), xhat(kk)); }), inv_n);
+        e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+          llvm::Value* v = b.CreateFSub(b.CreateFSub(gdy(kk), mean_gdy), b.CreateFMul(xhat(kk), mean_gdy_xhat));
+          st(out, ob, kk, b.CreateFMul(rstd, v));
+        });
+        break;
+      }
+      case Op::RMSNormGrad: {
+        // dx = rstd * (g_dy - x * rstd^2 * mean(g_dy * x))
+        const RowOperand& g = ops[1];
+        const RowOperand& dy = ops[2];
+        llvm::Value* rstd = row_stats(e, X, xb, n, k.attrs.get_double("eps"), false).second;
+        auto gdy = [&](llvm::Value* kk) { return b.CreateFMul(ld(dy, base[2], kk), ld(g, base[1], kk)); };
+        llvm::Value* mean_gdy_x =
+            b.CreateFMul(row_sum(e, t, n, [&](llvm::Value* kk) { return b.CreateFMul(gdy(kk), ld(X, xb, kk)); }), inv_n);
+        llvm::Value* coef = b.CreateFMul(b.CreateFMul(rstd, rstd), mean_gdy_x);
+        e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+          st(out, ob, kk, b.CreateFMul(rstd, b.CreateFSub(gdy(kk), b.CreateFMul(ld(X, xb, kk), coef))));
+        });
+        break;
+      }
+      case Op::NormGainGrad: {  // out[k] += dy * x_hat over rows
+        const RowOperand& dy = ops[1];
+        auto [mean, rstd] = row_stats(e, X, xb, n, k.attrs.get_double("eps"), k.attrs.get_int("centered") != 0);
+        e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+          llvm::Value* xhat = b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd);
+          llvm::Value* p = at(e, out, ob, kk);
+          e.store(*out.op, p, b.CreateFAdd(e.load(*out.op, p), b.CreateFMul(ld(dy, base[1], kk), xhat)));
+        });
+        break;
+      }
+      default: NAPKIN_INTERNAL_CHECK(false, "not a row op");
+    }
+  });
+  if (scalar_out) {
+    llvm::Value* mean = b.CreateFDiv(b.CreateLoad(b.getDoubleTy(), loss), llvm::ConstantFP::get(b.getDoubleTy(), static_cast<double>(rows_total)));
+    e.store(k.output, e.i64(0), b.CreateFPTrunc(mean, t));
+  }
+  return loop_info(rs.sizes[0], x.numel(), !serial);
+}
+
+// mse(a, b) = mean((a - b)^2): one serial sum (a scalar output), each inner
+// run of elements summed in a vector-friendly f32 loop, the runs in double.
+LoopInfo mse(LoopEmitter& e, const Kernel& k) {
+  const Operand& a = k.inputs[0];
+  std::vector<int64_t> sizes = a.sizes, sa = a.strides, sb = broadcast_strides(k.inputs[1], a.sizes);
+  collapse_dims(sizes, {&sa, &sb});
+  auto& b = e.b;
+  llvm::Type* t = e.compute_type(a.dtype);
+  llvm::Value* total = e.make_slot(b.getDoubleTy(), llvm::ConstantFP::get(b.getDoubleTy(), 0.0));
+  std::vector<int64_t> outer(sizes.begin(), sizes.end() - 1);
+  // The serial kernel is called with [0, 1): that is the loop over nothing.
+  e.loop(e.begin, e.end, [&](llvm::Value*) {
+    e.nest(outer, -1, [&](const Idx& idx) {
+      llvm::Value* ba = e.dot(idx, std::vector<int64_t>(sa.begin(), sa.end() - 1));
+      llvm::Value* bb = e.dot(idx, std::vector<int64_t>(sb.begin(), sb.end() - 1));
+      llvm::Value* run = row_sum(e, t, sizes.back(), [&](llvm::Value* kk) {
+        llvm::Value* d = b.CreateFSub(e.load(a, b.CreateAdd(ba, b.CreateMul(kk, e.i64(sa.back())))),
+                                      e.load(k.inputs[1], b.CreateAdd(bb, b.CreateMul(kk, e.i64(sb.back())))));
+        return b.CreateFMul(d, d);
+      });
+      b.CreateStore(b.CreateFAdd(b.CreateLoad(b.getDoubleTy(), total), b.CreateFPExt(run, b.getDoubleTy())), total);
+    });
+  });
+  llvm::Value* mean = b.CreateFDiv(b.CreateLoad(b.getDoubleTy(), total), llvm::ConstantFP::get(b.getDoubleTy(), static_cast<double>(a.numel())));
+  e.store(k.output, e.i64(0), b.CreateFPTrunc(mean, t));
+  return {1, false};
+}
+
+// ------------------------------------------------------------- data movement
+
+// Writes `in` (read through `in_strides` over `sizes`) into `out` at element
+// `shift` along `axis`.
+void place(LoopEmitter& e, const Operand& in, const Operand& out, int axis, int64_t shift, int split) {
+  std::vector<int64_t> sizes = in.sizes, is = in.strides, os = out.strides;
+  int64_t base = shift * out.strides[axis];
+  e.nest(sizes, split, [&](const Idx& idx) {
+    llvm::Value* v = e.load(in, e.dot(idx, is));
+    e.store(out, e.dot(idx, os, e.i64(base)), v);
+  });
+}
+
+void zero_fill(LoopEmitter& e, const Operand& out) {
+  e.loop(e.i64(0), e.i64(out.numel()), [&](llvm::Value* i) { e.store(out, i, e.constant(out.dtype, 0)); });
+}
+
+LoopInfo concat_or_pad(LoopEmitter& e, const Kernel& k) {
+  int axis = normalize_axis(k.attrs.get_int("axis"), k.output.sizes.size());
+  // Split dim 0 across threads unless the pieces are stacked along it.
+  bool split = axis != 0;
+  if (k.op == Op::Pad) {  // zeros, then x placed at `before`: one serial pass each
+    zero_fill(e, k.output);
+    place(e, k.inputs[0], k.output, axis, k.attrs.get_int("before"), -1);
+    return {1, false};
+  }
+  int64_t shift = 0;
+  for (const Operand& in : k.inputs) {
+    place(e, in, k.output, axis, shift, split ? 0 : -1);
+    shift += in.sizes[axis];
+  }
+  return split ? loop_info(k.output.sizes[0], k.output.numel()) : LoopInfo{1, false};
+}
+
+LoopInfo embedding(LoopEmitter& e, const Kernel& k, int index) {
+  const Operand& table = k.inputs[0];
+  const Operand& ids = k.inputs[1];
+  std::vector<int64_t> id_sizes = ids.sizes, id_strides = ids.strides;
+  std::vector<int64_t> out_id_strides(k.output.strides.begin(), k.output.strides.begin() + ids.sizes.size());
+  collapse_dims(id_sizes, {&id_strides, &out_id_strides});
+  std::vector<int64_t> row_sizes(table.sizes.begin() + 1, table.sizes.end());
+  std::vector<int64_t> row_table(table.strides.begin() + 1, table.strides.end());
+  std::vector<int64_t> row_out(k.output.strides.begin() + ids.sizes.size(), k.output.strides.end());
+  collapse_dims(row_sizes, {&row_table, &row_out});
+  int64_t vocab = table.sizes[0];
+  e.nest(id_sizes, 0, [&](const Idx& idx) {
+    llvm::Value* id = e.load(ids, e.dot(idx, id_strides));
+    e.check_index(id, vocab, index);
+    llvm::Value* t_base = e.b.CreateMul(e.b.CreateSExtOrTrunc(id, e.b.getInt64Ty()), e.i64(table.strides[0]));
+    llvm::Value* o_base = e.dot(idx, out_id_strides);
+    e.nest(row_sizes, -1, [&](const Idx& r) {
+      e.store(k.output, e.dot(r, row_out, o_base), e.load(table, e.dot(r, row_table, t_base)));
+    });
+  });
+  return loop_info(id_sizes[0], k.output.numel());
+}
+
+// Rows of dy added at ids: serial, so that the sum order (and the result) is
+// the same every run.
+LoopInfo embedding_grad(LoopEmitter& e, const Kernel& k, int index) {
+  const Operand& dy = k.inputs[0];
+  const Operand& ids = k.inputs[1];
+  const Operand& out = k.output;
+  zero_fill(e, out);
+  std::vector<int64_t> id_sizes = ids.sizes, id_strides = ids.strides;
+  std::vector<int64_t> dy_id_strides(dy.strides.begin(), dy.strides.begin() + ids.sizes.size());
+  collapse_dims(id_sizes, {&id_strides, &dy_id_strides});
+  std::vector<int64_t> row_sizes(out.sizes.begin() + 1, out.sizes.end());
+  std::vector<int64_t> row_dy(dy.strides.begin() + ids.sizes.size(), dy.strides.end());
+  std::vector<int64_t> row_out(out.strides.begin() + 1, out.strides.end());
+  collapse_dims(row_sizes, {&row_dy, &row_out});
+  int64_t vocab = out.sizes[0];
+  e.loop(e.begin, e.end, [&](llvm::Value*) {
+    e.nest(id_sizes, -1, [&](const Idx& idx) {
+      llvm::Value* id = e.load(ids, e.dot(idx, id_strides));
+      e.check_index(id, vocab, index);
+      llvm::Value* o_base = e.b.CreateMul(e.b.CreateSExtOrTrunc(id, e.b.getInt64Ty()), e.i64(out.strides[0]));
+      llvm::Value* d_base = e.dot(idx, dy_id_strides);
+      e.nest(row_sizes, -1, [&](const Idx& r) {
+        llvm::Value* p = e.dot(r, row_out, o_base);
+        e.store(out, p, e.b.CreateFAdd(e.load(out, p), e.load(dy, e.dot(r, row_dy, d_base))));
+      });
+    });
+  });
+  return {1, false};
+}
+
+// A contraction the GEMM library cannot take (see codegen/contraction.h):
+// out = 0, then out[c] += a[..] * b[..] over every axis. Correct, not fast.
+LoopInfo contraction_loops(LoopEmitter& e, const Kernel& k) {
+  const Operand& a = k.inputs[0];
+  const Operand& bop = k.inputs[1];
+  const Operand& out = k.output;
+  std::vector<int64_t> sizes, sa, sb, so;
+  if (k.op == Op::Einsum) {
+    const auto& lhs = k.attrs.get_ints("lhs");
+    const auto& rhs = k.attrs.get_ints("rhs");
+    const auto& oids = k.attrs.get_ints("out");
+    int64_t max_id = 0;
+    for (const auto* ids : {&lhs, &rhs, &oids})
+      for (int64_t id : *ids) max_id = std::max(max_id, id);
+    sizes.assign(max_id + 1, 1), sa.assign(max_id + 1, 0), sb.assign(max_id + 1, 0), so.assign(max_id + 1, 0);
+    for (size_t i = 0; i < lhs.size(); ++i) sizes[lhs[i]] = a.sizes[i], sa[lhs[i]] += a.strides[i];
+    for (size_t i = 0; i < rhs.size(); ++i) sizes[rhs[i]] = bop.sizes[i], sb[rhs[i]] += bop.strides[i];
+    for (size_t i = 0; i < oids.size(); ++i) sizes[oids[i]] = out.sizes[i], so[oids[i]] += out.strides[i];
+  } else {
+    size_t rc = out.sizes.size();
+    std::vector<int64_t> batch(out.sizes.begin(), out.sizes.end() - 2);
+    Operand a_batch = a, b_batch = bop;
+    a_batch.sizes.resize(a.sizes.size() - 2), a_batch.strides.resize(a.sizes.size() - 2);
+    b_batch.sizes.resize(bop.sizes.size() - 2), b_batch.strides.resize(bop.sizes.size() - 2);
+    sizes = batch, sa = broadcast_strides(a_batch, batch), sb = broadcast_strides(b_batch, batch);
+    so.assign(out.strides.begin(), out.strides.end() - 2);
+    size_t ra = a.sizes.size(), rb = bop.sizes.size();
+    sizes.push_back(out.sizes[rc - 2]), sa.push_back(a.strides[ra - 2]), sb.push_back(0), so.push_back(out.strides[rc - 2]);
+    sizes.push_back(out.sizes[rc - 1]), sa.push_back(0), sb.push_back(bop.strides[rb - 1]), so.push_back(out.strides[rc - 1]);
+    sizes.push_back(a.sizes[ra - 1]), sa.push_back(a.strides[ra - 1]), sb.push_back(bop.strides[rb - 2]), so.push_back(0);
+  }
+  zero_fill(e, out);
+  e.loop(e.begin, e.end, [&](llvm::Value*) {
+    e.nest(sizes, -1, [&](const Idx& idx) {
+      llvm::Value* p = e.dot(idx, so);
+      llvm::Value* prod = e.b.CreateFMul(e.load(a, e.dot(idx, sa)), e.load(bop, e.dot(idx, sb)));
+      e.store(out, p, e.b.CreateFAdd(e.load(out, p), prod));
+    });
+  });
+  return {1, false};
+}
+
+}  // namespace
+
+LoopInfo emit_kernel(LoopEmitter& e, const Kernel& k, int index) {
+  LoopInfo info;
+  switch (k.op) {
+    case Op::Constant:
+      e.loop(e.begin, e.end, [&](llvm::Value*) { e.store(k.output, e.i64(0), e.constant(k.output.dtype, k.attrs.get_double("value"))); });
+      info = {1, false};
+      break;
+    case Op::Iota:
+      e.loop(e.begin, e.end, [&](llvm::Value* i) { e.store(k.output, i, e.convert(i, ir::DType::I64, k.output.dtype)); });
+      info = {k.output.numel(), false};
+      break;
+    case Op::Neg:
+    case Op::Exp:
+    case Op::Log:
+    case Op::Sqrt:
+    case Op::Rsqrt:
+    case Op::Abs:
+    case Op::Tanh:
+    case Op::Relu:
+    case Op::Gelu:
+    case Op::Sigmoid:
+    case Op::Silu:
+    case Op::Sin:
+    case Op::Cos:
+    case Op::Cast:
+    case Op::Triu:
+    case Op::CausalMask:
+    case Op::Add:
+    case Op::Sub:
+    case Op::Mul:
+    case Op::Div:
+    case Op::Pow:
+    case Op::Maximum:
+    case Op::Minimum:
+    case Op::Less:
+    case Op::LessEqual:
+    case Op::Greater:
+    case Op::GreaterEqual:
+    case Op::Equal:
+    case Op::NotEqual:
+    case Op::Where:
+    case Op::GeluGrad:
+    case Op::Copy: info = elementwise(e, k); break;
+    case Op::ReduceSum:
+    case Op::ReduceMean:
+    case Op::ReduceMax:
+    case Op::ReduceMin: info = reduction(e, k); break;
+    case Op::MatMul:
+    case Op::Einsum: info = contraction_loops(e, k); break;
+    case Op::Concat:
+    case Op::Pad: info = concat_or_pad(e, k); break;
+    case Op::Embedding: info = embedding(e, k, index); break;
+    case Op::EmbeddingGrad: info = embedding_grad(e, k, index); break;
+    case Op::Softmax:
+    case Op::LogSoftmax:
+    case Op::SoftmaxGrad:
+    case Op::LayerNorm:
+    case Op::RMSNorm:
+    case Op::LayerNormGrad:
+    case Op::RMSNormGrad:
+    case Op::NormGainGrad:
+    case Op::CrossEntropy:
+    case Op::CrossEntropyGrad: info = rows(e, k, index); break;
+    case Op::MSE: info = mse(e, k); break;
+    case Op::Reshape:
+    case Op::Permute:
+    case Op::Broadcast:
+    case Op::Slice:
+    case Op::Select: NAPKIN_INTERNAL_CHECK(false, "views have no kernel");
+  }
+  e.b.CreateRetVoid();
+  return info;
+}
+
+}  // namespace napkin::codegen::cpu

@@ -1,0 +1,43 @@
+#include "codegen/cpu/link.h"
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+#include "codegen/cpu/link_config.h"
+
+namespace napkin::codegen::cpu {
+
+const char* kernel_link_flags() { return "-lmvec -lm"; }
+
+namespace {
+
+std::string quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+void link_trainer(const std::string& object_bytes, const std::string& object_path, const std::string& executable) {
+  {
+    std::ofstream out(object_path, std::ios::binary | std::ios::trunc);
+    out.write(object_bytes.data(), static_cast<std::streamsize>(object_bytes.size()));
+    if (!out) throw std::runtime_error("cannot write " + object_path);
+  }
+  std::string cmd = std::string(kLinkCompiler) + " -o " + quoted(executable) + " " + quoted(object_path) + " " +
+                    kTrainerMainObject + " " + kRuntimeLibrary + " " + kRuntimeLinkFlags + " " + kernel_link_flags() +
+                    " -lpthread 2>&1";
+  std::string output;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) throw std::runtime_error("cannot run the linker: " + cmd);
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) output.append(buf.data(), n);
+  int status = pclose(pipe);
+  if (status != 0) throw std::runtime_error("linking the trainer failed:\n" + cmd + "\n" + output);
+}
+
+}  // namespace napkin::codegen::cpu

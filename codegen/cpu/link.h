@@ -1,0 +1,19 @@
+// Links a generated object file with the runtime into a standalone trainer
+// executable, with the C++ compiler napkin was built with as the linker
+// driver. The runtime library, trainer main and BLAS paths are those of this
+// napkin build (recorded by CMake in link_config.h).
+#pragma once
+
+#include <string>
+
+namespace napkin::codegen::cpu {
+
+// Writes the object to `object_path`, links `executable`. Throws
+// std::runtime_error with the linker's output if linking fails.
+void link_trainer(const std::string& object_bytes, const std::string& object_path, const std::string& executable);
+
+// The libraries a generated kernel calls besides the runtime (libmvec for
+// vector exp/log), as linker flags.
+const char* kernel_link_flags();
+
+}  // namespace napkin::codegen::cpu

@@ -1,0 +1,66 @@
+// The building blocks of a CPU kernel in LLVM IR: counted loops, loop nests
+// over a shape, and loads/stores of arena operands with dtype conversion.
+//
+// Every kernel is `void kN(ptr arena, i64 begin, i64 end)`: the runtime passes
+// its arena and the part [begin, end) of the kernel's parallel dim that this
+// thread computes (codegen/cpu/kernels.h says which dim that is).
+//
+// Values are computed in a "compute type": f32 for f32, f16 and bf16 storage
+// (converted on load, rounded to nearest-even on store), f64 for f64, the
+// integer itself for i32 and i64, i1 for bool (stored as one byte).
+#pragma once
+
+#include <llvm/IR/IRBuilder.h>
+
+#include <functional>
+#include <vector>
+
+#include "codegen/plan.h"
+
+namespace napkin::codegen::cpu {
+
+class LoopEmitter {
+ public:
+  LoopEmitter(llvm::Function* fn, llvm::IRBuilder<>& builder);
+
+  llvm::IRBuilder<>& b;
+  llvm::LLVMContext& ctx;
+  llvm::Module& module;
+  llvm::Function* fn;
+  llvm::Value* arena;
+  llvm::Value* begin;
+  llvm::Value* end;
+
+  llvm::Value* i64(int64_t v) { return b.getInt64(v); }
+  llvm::Type* compute_type(ir::DType t);
+  llvm::Value* constant(ir::DType t, double v);  // of t's compute type
+
+  // for (i = lo; i < hi; ++i) body(i), i an i64.
+  void loop(llvm::Value* lo, llvm::Value* hi, const std::function<void(llvm::Value*)>& body);
+  // A loop nest over `sizes`, outermost first; dim `split` (if >= 0) runs
+  // over [begin, end) instead of [0, size). body gets one index per dim.
+  void nest(const std::vector<int64_t>& sizes, int split, const std::function<void(const std::vector<llvm::Value*>&)>& body);
+  // sum idx[d] * strides[d] (+ base), folding zero strides away.
+  llvm::Value* dot(const std::vector<llvm::Value*>& idx, const std::vector<int64_t>& strides, llvm::Value* base = nullptr);
+
+  // Element `index` (elements from the operand's first element) of o.
+  llvm::Value* element_ptr(const Operand& o, llvm::Value* index);
+  llvm::Value* load(const Operand& o, llvm::Value* index);           // in o's compute type
+  void store(const Operand& o, llvm::Value* index, llvm::Value* v);  // v in o's compute type
+  // Converts a compute value of dtype `from` to the compute type of `to`
+  // (integers toward zero, saturating, NaN -> 0; bool is != 0).
+  llvm::Value* convert(llvm::Value* v, ir::DType from, ir::DType to);
+
+  // A scalar accumulator (an alloca in the entry block that mem2reg promotes).
+  llvm::Value* make_slot(llvm::Type* t, llvm::Value* init);
+  // Reassociable float ops let the vectorizer split a sum into vector lanes.
+  llvm::Value* add_reassoc(llvm::Value* a, llvm::Value* b);
+  // The runtime's hook for an embedding/class id outside [0, bound): reports
+  // the kernel and exits (runtime/executor.cpp).
+  void check_index(llvm::Value* id, int64_t bound, int kernel_index);
+
+ private:
+  llvm::BasicBlock* entry_;
+};
+
+}  // namespace napkin::codegen::cpu

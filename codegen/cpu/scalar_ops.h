@@ -1,0 +1,27 @@
+// One element of an elementwise op in LLVM IR, in compute types (see
+// loop_emitter.h). The formulas are the reference interpreter's
+// (interp/kernels.cpp), written so the loop vectorizer can turn them into
+// AVX-512: no calls except exp, log, sin, cos and pow, which LLVM maps to
+// glibc's vector math library (libmvec); tanh is built from exp.
+#pragma once
+
+#include <llvm/IR/Value.h>
+
+#include <vector>
+
+#include "codegen/cpu/loop_emitter.h"
+
+namespace napkin::codegen::cpu {
+
+// The value of kernel k's output element given its input elements `args`
+// (compute values in each input's dtype). row/col: the element's indices in
+// the last two dims (triu and causal_mask only; nullptr otherwise).
+llvm::Value* emit_elementwise(LoopEmitter& e, const Kernel& k, const std::vector<llvm::Value*>& args,
+                              llvm::Value* row, llvm::Value* col);
+
+// Building blocks the normalization kernels share.
+llvm::Value* emit_exp(LoopEmitter& e, llvm::Value* x);
+llvm::Value* emit_log(LoopEmitter& e, llvm::Value* x);
+llvm::Value* emit_tanh(LoopEmitter& e, llvm::Value* x);
+
+}  // namespace napkin::codegen::cpu

@@ -1,0 +1,189 @@
+#include "codegen/plan.h"
+
+#include <fmt/format.h>
+
+#include "ir/internal_check.h"
+#include "passes/memory.h"
+
+namespace napkin::codegen {
+
+int64_t Operand::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+bool Operand::contiguous() const { return ir::is_contiguous(ir::Layout{strides, 0}, sizes); }
+
+std::string_view tensor_role_name(TensorRole r) {
+  switch (r) {
+    case TensorRole::Param: return "param";
+    case TensorRole::State: return "state";
+    case TensorRole::Input: return "input";
+    case TensorRole::Loss: return "loss";
+  }
+  return "?";
+}
+
+namespace {
+
+Operand operand(const ir::Graph& g, const passes::ArenaPlan& arena, ir::ValueId v) {
+  const ir::Value& value = g.value(v);
+  Operand o;
+  o.value = v;
+  o.dtype = value.type.dtype;
+  o.byte_offset = arena.offset_of(g, v);
+  o.sizes = value.type.sizes();
+  o.strides = value.layout.strides;
+  return o;
+}
+
+// The axes of a contraction node (see contraction.h), from its operands.
+std::vector<ContractionAxis> contraction_axes(const ir::Node& n, const Operand& a, const Operand& b, const Operand& c) {
+  std::vector<ContractionAxis> axes;
+  if (n.op == ir::Op::Einsum) {
+    const auto& lhs = n.attrs.get_ints("lhs");
+    const auto& rhs = n.attrs.get_ints("rhs");
+    const auto& out = n.attrs.get_ints("out");
+    int64_t max_id = 0;
+    for (const auto* ids : {&lhs, &rhs, &out})
+      for (int64_t id : *ids) max_id = std::max(max_id, id);
+    axes.resize(max_id + 1);
+    // An id repeated within one operand (a diagonal) adds its strides.
+    for (size_t i = 0; i < lhs.size(); ++i) axes[lhs[i]].size = a.sizes[i], axes[lhs[i]].a += a.strides[i];
+    for (size_t i = 0; i < rhs.size(); ++i) axes[rhs[i]].size = b.sizes[i], axes[rhs[i]].b += b.strides[i];
+    for (size_t i = 0; i < out.size(); ++i) axes[out[i]].size = c.sizes[i], axes[out[i]].c += c.strides[i];
+    return axes;
+  }
+  // matmul: (..., m, k) @ (..., k, n) -> (..., m, n); batch dims broadcast
+  // (aligned from the right; a missing or size-1 dim has stride 0).
+  int ra = static_cast<int>(a.sizes.size()), rb = static_cast<int>(b.sizes.size()), rc = static_cast<int>(c.sizes.size());
+  NAPKIN_INTERNAL_CHECK(ra >= 2 && rb >= 2, "matmul operands below rank 2");
+  for (int d = 0; d < rc - 2; ++d) {
+    ContractionAxis ax;
+    ax.size = c.sizes[d];
+    ax.c = c.strides[d];
+    int da = d - (rc - ra), db = d - (rc - rb);
+    if (da >= 0 && a.sizes[da] == ax.size) ax.a = a.strides[da];
+    if (db >= 0 && b.sizes[db] == ax.size) ax.b = b.strides[db];
+    axes.push_back(ax);
+  }
+  axes.push_back({c.sizes[rc - 2], a.strides[ra - 2], 0, c.strides[rc - 2]});  // m
+  axes.push_back({c.sizes[rc - 1], 0, b.strides[rb - 1], c.strides[rc - 1]});  // n
+  axes.push_back({a.sizes[ra - 1], a.strides[ra - 1], b.strides[rb - 2], 0});  // k
+  return axes;
+}
+
+std::string where(const ir::Node& n) {
+  if (!n.loc.known()) return n.scope;
+  std::string s = fmt::format("{}:{}:{}", *n.loc.file, n.loc.line, n.loc.col);
+  if (!n.scope.empty()) s += fmt::format(" ({})", n.scope);
+  return s;
+}
+
+}  // namespace
+
+KernelPlan plan_kernels(const ir::Graph& g) {
+  passes::MemoryReport memory = passes::analyze_memory(g);
+  passes::ArenaPlan arena = passes::plan_arena(memory);
+  KernelPlan plan;
+  plan.arena_bytes = arena.arena_bytes;
+  plan.liveness_peak = arena.liveness_peak;
+
+  for (ir::NodeId id : g.schedule()) {
+    const ir::Node& n = g.node(id);
+    ir::OpClass cls = ir::op_info(n.op).op_class;
+    if (cls == ir::OpClass::View) continue;  // a window on its input's buffer: no work
+    NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "a kernel node must have one output");
+    Kernel k;
+    k.node = id;
+    k.op = n.op;
+    k.phase = n.phase;
+    k.attrs = n.attrs;
+    k.name = fmt::format("k{}_{}", plan.kernels.size(), ir::op_name(n.op));
+    k.where = where(n);
+    for (ir::ValueId in : n.inputs) k.inputs.push_back(operand(g, arena, in));
+    k.output = operand(g, arena, n.out());
+    NAPKIN_INTERNAL_CHECK(k.output.contiguous(), "a kernel output must be contiguous");
+    if (cls == ir::OpClass::Contraction) {
+      bool gemm_dtype = (k.output.dtype == ir::DType::F32 || k.output.dtype == ir::DType::F64) &&
+                        k.inputs[0].dtype == k.output.dtype && k.inputs[1].dtype == k.output.dtype;
+      if (gemm_dtype) k.matmul = lower_to_gemm(contraction_axes(n, k.inputs[0], k.inputs[1], k.output));
+      if (k.matmul) k.kind = KernelKind::Matmul;
+    }
+    if (n.phase == ir::Phase::Forward) {
+      NAPKIN_INTERNAL_CHECK(plan.num_forward_kernels == static_cast<int>(plan.kernels.size()),
+                            "forward kernels must come first");
+      ++plan.num_forward_kernels;
+    }
+    plan.kernels.push_back(std::move(k));
+  }
+
+  for (const ir::Graph::Update& u : g.updates) {
+    int64_t from = arena.offset_of(g, u.value), to = arena.offset_of(g, u.target);
+    if (from == to) continue;  // written in place
+    const ir::Value& v = g.value(u.value);
+    NAPKIN_INTERNAL_CHECK(ir::is_contiguous(v.layout, v.type.sizes()), "an update copies a non-contiguous view");
+    plan.updates.push_back({g.value(u.target).name, from, to, v.type.bytes()});
+  }
+
+  auto add_tensor = [&](ir::ValueId v, TensorRole role) {
+    const ir::Value& value = g.value(v);
+    PlannedTensor t;
+    t.name = value.name;
+    t.role = role;
+    t.dtype = value.type.dtype;
+    t.shape = value.type.sizes();
+    t.byte_offset = arena.offset_of(g, v);
+    t.bytes = value.type.bytes();
+    if (const ir::Param* p = g.find_param(v)) t.init = p->init;
+    plan.tensors.push_back(std::move(t));
+  };
+  for (const ir::Param& p : g.params) add_tensor(p.value, TensorRole::Param);
+  for (ir::ValueId s : g.state) add_tensor(s, TensorRole::State);
+  for (ir::ValueId in : g.inputs) add_tensor(in, TensorRole::Input);
+  ir::ValueId loss = g.find_output("loss");
+  NAPKIN_INTERNAL_CHECK(loss != ir::kNoValue, "the training graph has no loss output");
+  add_tensor(loss, TensorRole::Loss);
+  plan.tensors.back().name = "loss";
+  return plan;
+}
+
+}  // namespace napkin::codegen
+
+namespace napkin::codegen {
+
+void collapse_dims(std::vector<int64_t>& sizes, const std::vector<std::vector<int64_t>*>& strides) {
+  std::vector<int64_t> out_sizes;
+  std::vector<std::vector<int64_t>> out_strides(strides.size());
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) continue;
+    bool merge = !out_sizes.empty();
+    for (size_t o = 0; merge && o < strides.size(); ++o)
+      merge = out_strides[o].back() == (*strides[o])[d] * sizes[d];
+    if (merge) {
+      out_sizes.back() *= sizes[d];
+      for (size_t o = 0; o < strides.size(); ++o) out_strides[o].back() = (*strides[o])[d];
+      continue;
+    }
+    out_sizes.push_back(sizes[d]);
+    for (size_t o = 0; o < strides.size(); ++o) out_strides[o].push_back((*strides[o])[d]);
+  }
+  if (out_sizes.empty()) {
+    out_sizes.push_back(1);
+    for (auto& s : out_strides) s.push_back(0);
+  }
+  sizes = std::move(out_sizes);
+  for (size_t o = 0; o < strides.size(); ++o) *strides[o] = std::move(out_strides[o]);
+}
+
+std::vector<int64_t> broadcast_strides(const Operand& o, const std::vector<int64_t>& to) {
+  std::vector<int64_t> s(to.size(), 0);
+  int shift = static_cast<int>(to.size()) - static_cast<int>(o.sizes.size());
+  NAPKIN_INTERNAL_CHECK(shift >= 0, "broadcast to a lower rank");
+  for (size_t d = 0; d < o.sizes.size(); ++d)
+    if (o.sizes[d] != 1) s[d + shift] = o.strides[d];
+  return s;
+}
+
+}  // namespace napkin::codegen

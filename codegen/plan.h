@@ -1,0 +1,108 @@
+// The kernel plan: a training step as a backend sees it. Backend-neutral: the
+// CPU backend (codegen/cpu) turns each loop kernel into an LLVM function, the
+// CUDA backend into a CUDA C kernel; both hand contractions to a GEMM library.
+//
+// Terms:
+//  - operand: where a kernel reads or writes one tensor: a byte offset into
+//    the arena (passes/arena_plan.h) plus sizes and element strides, so a view
+//    (transpose, broadcast, slice) is read in place, never copied.
+//  - kernel: one non-view node of the schedule, in schedule order. A Matmul
+//    kernel is a contraction the GEMM library runs (codegen/contraction.h); a
+//    Loop kernel is everything else, generated code.
+//  - update copy: at the end of a step an update whose new value was not
+//    written in place is copied into its target (Graph::updates).
+//  - tensors: the named buffers the runtime reads or writes by name: params
+//    (initialized, checkpointed, --init), optimizer state (checkpointed), data
+//    inputs (filled each step) and the loss.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "codegen/contraction.h"
+#include "ir/graph.h"
+#include "passes/arena_plan.h"
+
+namespace napkin::codegen {
+
+struct Operand {
+  ir::ValueId value = ir::kNoValue;
+  ir::DType dtype = ir::DType::F32;
+  int64_t byte_offset = 0;          // of element 0 (the view's Layout::offset included)
+  std::vector<int64_t> sizes;       // the value's shape
+  std::vector<int64_t> strides;     // in elements; 0 = broadcast
+  int64_t numel() const;
+  bool contiguous() const;
+};
+
+enum class KernelKind : uint8_t { Loop, Matmul };
+
+struct Kernel {
+  KernelKind kind = KernelKind::Loop;
+  ir::NodeId node = ir::kNoNode;
+  ir::Op op = ir::Op::Constant;
+  ir::Phase phase = ir::Phase::Forward;
+  ir::Attrs attrs;  // the node's
+  std::string name;  // "k17_einsum": unique, a valid C identifier
+  std::string where;  // "models/gpt.yaml:39:14 (blocks.0)" or "" when unknown
+  std::vector<Operand> inputs;
+  Operand output;
+  std::optional<MatmulLowering> matmul;  // kind == Matmul
+};
+
+struct UpdateCopy {
+  std::string target;  // the param or state name
+  int64_t from = 0, to = 0, bytes = 0;
+};
+
+enum class TensorRole : uint8_t { Param, State, Input, Loss };
+std::string_view tensor_role_name(TensorRole r);  // "param", "state", "input", "loss"
+
+struct PlannedTensor {
+  std::string name;
+  TensorRole role = TensorRole::Param;
+  ir::DType dtype = ir::DType::F32;
+  std::vector<int64_t> shape;
+  int64_t byte_offset = 0;
+  int64_t bytes = 0;
+  ir::InitSpec init;  // params only
+};
+
+// How the runtime launches a Loop kernel: the function computes dim-0 indices
+// [begin, end) of its loop, extent is that dim's size, and parallel says
+// whether splitting it across threads is worth it (backends decide).
+struct Launch {
+  int64_t extent = 1;
+  bool parallel = false;
+};
+
+struct KernelPlan {
+  int64_t arena_bytes = 0;
+  int64_t liveness_peak = 0;
+  std::vector<Kernel> kernels;        // schedule order; forward ones first
+  int num_forward_kernels = 0;        // kernels[0 .. n) compute the loss (eval runs only these)
+  std::vector<UpdateCopy> updates;
+  std::vector<PlannedTensor> tensors;  // params, state, inputs, then the loss
+};
+
+// The plan of a training graph (after the training pipeline). Internal error
+// if the graph has no "loss" output.
+KernelPlan plan_kernels(const ir::Graph& g);
+
+}  // namespace napkin::codegen
+
+namespace napkin::codegen {
+
+// Merges adjacent dims d, d+1 of a loop over `sizes` where every operand's
+// strides allow it (strides[d] == strides[d+1] * sizes[d+1]) and drops size-1
+// dims, so a loop nest has as few, as long, loops as possible. An empty
+// result becomes {1} (one element).
+void collapse_dims(std::vector<int64_t>& sizes, const std::vector<std::vector<int64_t>*>& strides);
+
+// The strides of `o` read as a tensor of shape `to` (numpy broadcasting:
+// aligned on the right, size-1 and missing dims get stride 0).
+std::vector<int64_t> broadcast_strides(const Operand& o, const std::vector<int64_t>& to);
+
+}  // namespace napkin::codegen

@@ -1,0 +1,127 @@
+#include "codegen/program_json.h"
+
+#include <nlohmann/json.hpp>
+
+namespace napkin::codegen {
+
+namespace {
+
+using nlohmann::json;
+
+const char* init_kind(ir::InitSpec::Kind k) {
+  switch (k) {
+    case ir::InitSpec::Kind::Zeros: return "zeros";
+    case ir::InitSpec::Kind::Ones: return "ones";
+    case ir::InitSpec::Kind::Constant: return "constant";
+    case ir::InitSpec::Kind::Normal: return "normal";
+    case ir::InitSpec::Kind::TruncNormal: return "trunc_normal";
+    case ir::InitSpec::Kind::Xavier: return "trunc_normal";  // a truncated normal with derived std and cuts
+  }
+  return "?";
+}
+
+json operand_json(const Operand& o) {
+  return {{"offset", o.byte_offset}, {"dtype", std::string(ir::dtype_name(o.dtype))}, {"numel", o.numel()}};
+}
+
+json matmul_json(const Kernel& k) {
+  const MatmulLowering& m = *k.matmul;
+  const Operand& a = k.inputs[m.swap_operands ? 1 : 0];
+  const Operand& b = k.inputs[m.swap_operands ? 0 : 1];
+  return {{"a", a.byte_offset},
+          {"b", b.byte_offset},
+          {"c", k.output.byte_offset},
+          {"dtype", std::string(ir::dtype_name(k.output.dtype))},
+          {"batch", m.batch},
+          {"a_batch_stride", m.a_batch_stride},
+          {"b_batch_stride", m.b_batch_stride},
+          {"c_batch_stride", m.c_batch_stride},
+          {"m", m.m},
+          {"n", m.n},
+          {"k", m.k},
+          {"a_m_stride", m.a_m_stride},
+          {"a_k_stride", m.a_k_stride},
+          {"b_k_stride", m.b_k_stride},
+          {"b_n_stride", m.b_n_stride},
+          {"c_m_stride", m.c_m_stride}};
+}
+
+json train_json(const ir::Graph& g) {
+  const ir::TrainConfig& t = g.config.train;
+  const ir::OptimizerConfig& o = g.config.optimizer;
+  json data = nullptr;
+  if (t.has_data)
+    data = {{"format", t.data.format},
+            {"path", t.data.path},
+            {"dtype", t.data.token_dtype},
+            {"files", t.data.files},
+            {"order", t.data.order},
+            {"split", t.data.split}};
+  return {{"steps", t.steps},
+          {"seed", t.seed},
+          {"data", data},
+          {"eval_every", t.eval_every},
+          {"eval_batches", t.eval_batches},
+          {"checkpoint_every", t.checkpoint_every},
+          {"checkpoint_dir", t.checkpoint_dir},
+          {"checkpoint_keep", t.checkpoint_keep},
+          {"log_every", t.log_every},
+          {"metrics", t.metrics_path},
+          {"optimizer", std::string(ir::optimizer_name(o.kind))},
+          {"lr", o.lr},
+          {"precision", std::string(ir::precision_name(g.config.precision.policy))}};
+}
+
+}  // namespace
+
+std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::vector<Launch>& launches,
+                         const ProgramFacts& facts) {
+  json tensors = json::array();
+  for (const PlannedTensor& t : plan.tensors) {
+    json j = {{"name", t.name},
+              {"role", std::string(tensor_role_name(t.role))},
+              {"dtype", std::string(ir::dtype_name(t.dtype))},
+              {"shape", t.shape},
+              {"offset", t.byte_offset},
+              {"bytes", t.bytes}};
+    if (t.role == TensorRole::Param)
+      j["init"] = {{"kind", init_kind(t.init.kind)}, {"value", t.init.value}, {"std", t.init.std},
+                   {"lo", t.init.lo}, {"hi", t.init.hi}};
+    tensors.push_back(std::move(j));
+  }
+  json kernels = json::array();
+  for (size_t i = 0; i < plan.kernels.size(); ++i) {
+    const Kernel& k = plan.kernels[i];
+    json j = {{"name", k.name},
+              {"where", k.where},
+              {"phase", std::string(ir::phase_name(k.phase))},
+              {"kind", k.kind == KernelKind::Matmul ? "matmul" : "loop"},
+              {"extent", launches.at(i).extent},
+              {"parallel", launches.at(i).parallel},
+              {"out", operand_json(k.output)}};
+    if (k.kind == KernelKind::Matmul) j["matmul"] = matmul_json(k);
+    kernels.push_back(std::move(j));
+  }
+  json updates = json::array();
+  for (const UpdateCopy& u : plan.updates)
+    updates.push_back({{"target", u.target}, {"from", u.from}, {"to", u.to}, {"bytes", u.bytes}});
+  json program = {{"format", "napkin-program-1"},
+                  {"model", g.name},
+                  {"hash", facts.model_hash},
+                  {"backend", facts.backend},
+                  {"arena_bytes", plan.arena_bytes},
+                  {"liveness_peak", plan.liveness_peak},
+                  {"flops_per_step", facts.flops_per_step},
+                  {"flops_forward", facts.flops_forward},
+                  {"tokens_per_step", facts.tokens_per_step},
+                  {"device", facts.device},
+                  {"peak_flops", facts.peak_flops},
+                  {"tensors", tensors},
+                  {"kernels", kernels},
+                  {"num_forward_kernels", plan.num_forward_kernels},
+                  {"updates", updates},
+                  {"train", train_json(g)}};
+  return program.dump(1);
+}
+
+}  // namespace napkin::codegen

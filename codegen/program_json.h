@@ -1,0 +1,29 @@
+// The program description a generated trainer carries: everything the
+// runtime needs besides the kernels' code, as one JSON document (parsed by
+// runtime/program.cpp; docs/runtime.md lists the fields). JSON because it is
+// also what `napkin build --emit-program` prints for a person to read.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "codegen/plan.h"
+#include "ir/graph.h"
+
+namespace napkin::codegen {
+
+// Facts from outside the plan.
+struct ProgramFacts {
+  std::string model_hash;   // identifies model + compiler; checkpoints record it
+  double flops_per_step = 0;     // static count (passes/cost.h), whole step
+  double flops_forward = 0;      // forward phase only (eval)
+  int64_t tokens_per_step = 0;
+  std::string device = "cpu";    // the peak MFU is measured against
+  double peak_flops = 0;         // of that device, in the matmul dtype
+  std::string backend = "cpu";
+};
+
+std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::vector<Launch>& launches,
+                         const ProgramFacts& facts);
+
+}  // namespace napkin::codegen

@@ -1,0 +1,130 @@
+#include "runtime/executor.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/error.h"
+#include "runtime/float_formats.h"
+
+namespace napkin::runtime {
+
+namespace {
+
+const Program* g_active = nullptr;
+
+struct LoopCall {
+  KernelFn fn;
+  char* arena;
+};
+
+void run_chunk(void* ctx, int64_t begin, int64_t end) {
+  auto* call = static_cast<LoopCall*>(ctx);
+  call->fn(call->arena, begin, end);
+}
+
+}  // namespace
+
+const Program* active_program() { return g_active; }
+
+Executor::Executor(const Program& program, const KernelFn* fns, int threads)
+    : program_(program), fns_(fns), pool_(threads) {
+  size_t bytes = static_cast<size_t>((program.arena_bytes + 63) / 64 * 64);
+  arena_ = static_cast<char*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
+  if (!arena_) throw Error("cannot allocate the arena: " + std::to_string(program.arena_bytes) + " bytes");
+  std::memset(arena_, 0, bytes);
+  for (const KernelSpec& k : program.kernels) {
+    if (!k.is_matmul) {
+      gemms_.push_back(nullptr);
+      continue;
+    }
+    if (k.matmul.dtype != "f32" && k.matmul.dtype != "f64")
+      throw Error("kernel " + k.name + ": no CPU matmul for " + k.matmul.dtype);
+    gemms_.push_back(std::make_unique<Gemm>(k.matmul.desc));
+  }
+  kernel_seconds.assign(program.kernels.size(), 0.0);
+  g_active = &program_;
+}
+
+Executor::~Executor() {
+  if (g_active == &program_) g_active = nullptr;
+  std::free(arena_);
+}
+
+void Executor::run_kernel(int i) {
+  const KernelSpec& k = program_.kernels[i];
+  if (k.is_matmul) {
+    const MatmulSpec& m = k.matmul;
+    if (m.dtype == "f32")
+      gemms_[i]->run(reinterpret_cast<const float*>(arena_ + m.a), reinterpret_cast<const float*>(arena_ + m.b),
+                     reinterpret_cast<float*>(arena_ + m.c), pool_);
+    else
+      gemms_[i]->run(reinterpret_cast<const double*>(arena_ + m.a), reinterpret_cast<const double*>(arena_ + m.b),
+                     reinterpret_cast<double*>(arena_ + m.c), pool_);
+    return;
+  }
+  LoopCall call{fns_[i], arena_};
+  if (k.parallel) pool_.parallel_for(k.extent, run_chunk, &call);
+  else call.fn(arena_, 0, k.extent);
+}
+
+void Executor::run_kernels(int first, int last) {
+  g_active = &program_;
+  for (int i = first; i < last; ++i) {
+    if (before_kernel) before_kernel(i);
+    if (profile) {
+      auto t0 = std::chrono::steady_clock::now();
+      run_kernel(i);
+      kernel_seconds[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      run_kernel(i);
+    }
+    if (after_kernel) after_kernel(i);
+  }
+}
+
+void Executor::apply_updates() {
+  for (const UpdateSpec& u : program_.updates) std::memmove(arena_ + u.to, arena_ + u.from, static_cast<size_t>(u.bytes));
+}
+
+double Executor::loss() const {
+  const TensorSpec& l = program_.loss();
+  return read_element(arena_ + l.offset, l.dtype, 0);
+}
+
+double read_element(const char* p, const std::string& dtype, int64_t i) {
+  if (dtype == "f32") return reinterpret_cast<const float*>(p)[i];
+  if (dtype == "f64") return reinterpret_cast<const double*>(p)[i];
+  if (dtype == "bf16") return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
+  if (dtype == "f16") return f16_bits_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
+  if (dtype == "i32") return reinterpret_cast<const int32_t*>(p)[i];
+  if (dtype == "i64") return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
+  if (dtype == "bool") return p[i] != 0;
+  throw Error("cannot read a " + dtype + " element");
+}
+
+void write_element(char* p, const std::string& dtype, int64_t i, double v) {
+  if (dtype == "f32") reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
+  else if (dtype == "f64") reinterpret_cast<double*>(p)[i] = v;
+  else if (dtype == "bf16") reinterpret_cast<uint16_t*>(p)[i] = float_to_bf16_bits(static_cast<float>(v));
+  else if (dtype == "f16") reinterpret_cast<uint16_t*>(p)[i] = float_to_f16_bits(static_cast<float>(v));
+  else if (dtype == "i32") reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+  else if (dtype == "i64") reinterpret_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+  else if (dtype == "bool") p[i] = v != 0;
+  else throw Error("cannot write a " + dtype + " element");
+}
+
+}  // namespace napkin::runtime
+
+extern "C" void napkin_rt_bad_index(int64_t kernel, int64_t id, int64_t bound) {
+  const napkin::runtime::Program* p = napkin::runtime::active_program();
+  std::string what = "kernel " + std::to_string(kernel);
+  if (p && kernel >= 0 && kernel < static_cast<int64_t>(p->kernels.size())) {
+    const auto& k = p->kernels[kernel];
+    what = k.name + (k.where.empty() ? "" : " at " + k.where);
+  }
+  std::fprintf(stderr, "error: %s: id %lld is outside [0, %lld); check the data's token ids against the model's vocab\n",
+               what.c_str(), static_cast<long long>(id), static_cast<long long>(bound));
+  std::exit(1);
+}

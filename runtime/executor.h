@@ -1,0 +1,76 @@
+// Runs a program's kernels over its arena: the whole step (forward, backward,
+// optimizer, then the update copies) or the forward kernels alone (eval).
+//
+// The arena is allocated once, 64-byte aligned, with exactly the program's
+// planned size, and zeroed (optimizer state starts at zero). Loop kernels are
+// generated functions; the runtime splits a parallel one's dim-0 range across
+// the thread pool, deterministically (same split every step). Matmul kernels
+// go to runtime/gemm.h.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "runtime/gemm.h"
+#include "runtime/program.h"
+#include "runtime/thread_pool.h"
+
+namespace napkin::runtime {
+
+using KernelFn = void (*)(char* arena, int64_t begin, int64_t end);
+
+class Executor {
+ public:
+  // fns: the program's kernel table (null entries for matmul kernels).
+  Executor(const Program& program, const KernelFn* fns, int threads);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  char* arena() { return arena_; }
+  const Program& program() const { return program_; }
+  int threads() const { return pool_.num_threads(); }
+
+  // Kernels [first, last) in order.
+  void run_kernels(int first, int last);
+  void run_forward() { run_kernels(0, program_.num_forward_kernels); }
+  void run_rest() { run_kernels(program_.num_forward_kernels, static_cast<int>(program_.kernels.size())); }
+  // Copies each update whose value was not written in place into its target.
+  void apply_updates();
+
+  // The loss after the forward kernels ran, as double.
+  double loss() const;
+
+  // Called around every kernel when set (tests compare each kernel with the
+  // reference interpreter; --debug-nan checks each output).
+  std::function<void(int kernel)> before_kernel, after_kernel;
+
+  // Seconds spent in each kernel, accumulated while profiling is on.
+  bool profile = false;
+  std::vector<double> kernel_seconds;
+
+ private:
+  const Program& program_;
+  const KernelFn* fns_;
+  ThreadPool pool_;
+  char* arena_ = nullptr;
+  std::vector<std::unique_ptr<Gemm>> gemms_;  // per kernel; null for loops
+  void run_kernel(int i);
+};
+
+// Reads element i of a tensor of `dtype` at `p` as double (f64, f32, bf16,
+// f16, i32, i64, bool); writes likewise, rounding to nearest even.
+double read_element(const char* p, const std::string& dtype, int64_t i);
+void write_element(char* p, const std::string& dtype, int64_t i, double v);
+
+// The executor running generated code now: napkin_rt_bad_index (called by a
+// kernel that meets an out-of-range id) names its kernel from it.
+const Program* active_program();
+
+}  // namespace napkin::runtime
+
+// Called by generated kernels: an embedding or class id outside [0, bound).
+// Prints which kernel (and YAML line) and exits with status 1.
+extern "C" [[noreturn]] void napkin_rt_bad_index(int64_t kernel, int64_t id, int64_t bound);

@@ -1,0 +1,24 @@
+// Parameter initialization from a model's init specs, the same numbers on
+// every backend: each parameter draws from Rng(seed, stream_for_name(name))
+// in row-major order (runtime/rng.h), so its values depend only on (seed,
+// name). The reference interpreter (interp/inputs.cpp) calls this too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace napkin::runtime {
+
+struct ParamInit {
+  // "zeros", "ones", "constant" (value), "normal" (mean 0, std), or
+  // "trunc_normal" (mean 0, std, resampled into [lo, hi]; xavier is one).
+  std::string kind = "zeros";
+  double value = 0, std = 0, lo = 0, hi = 0;
+};
+
+// The exact double samples (a trainer rounds them to the parameter's dtype).
+// Throws runtime::Error for an unknown kind.
+std::vector<double> init_values(const ParamInit& init, const std::string& name, int64_t numel, uint64_t seed);
+
+}  // namespace napkin::runtime

@@ -1,0 +1,136 @@
+#include "runtime/program.h"
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace napkin::runtime {
+
+int dtype_bytes(const std::string& dtype) {
+  static const std::map<std::string, int> sizes = {{"f64", 8}, {"f32", 4}, {"f16", 2},  {"bf16", 2}, {"f8e4m3", 1},
+                                                   {"f8e5m2", 1}, {"i32", 4}, {"i64", 8}, {"bool", 1}};
+  auto it = sizes.find(dtype);
+  if (it == sizes.end()) throw Error("unknown dtype '" + dtype + "'");
+  return it->second;
+}
+
+int64_t TensorSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+const TensorSpec* Program::find(const std::string& name) const {
+  for (const TensorSpec& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const TensorSpec& Program::loss() const {
+  for (const TensorSpec& t : tensors)
+    if (t.role == "loss") return t;
+  throw Error("the program has no loss tensor");
+}
+
+std::vector<const TensorSpec*> Program::with_role(const std::string& role) const {
+  std::vector<const TensorSpec*> out;
+  for (const TensorSpec& t : tensors)
+    if (t.role == role) out.push_back(&t);
+  return out;
+}
+
+Program parse_program(const char* text, size_t size) {
+  using nlohmann::json;
+  try {
+    json j = json::parse(text, text + size);
+    if (j.at("format") != "napkin-program-1") throw Error("unknown program format " + j.at("format").dump());
+    Program p;
+    p.model = j.at("model");
+    p.hash = j.at("hash");
+    p.backend = j.at("backend");
+    p.device = j.at("device");
+    p.arena_bytes = j.at("arena_bytes");
+    p.liveness_peak = j.at("liveness_peak");
+    p.flops_per_step = j.at("flops_per_step");
+    p.flops_forward = j.at("flops_forward");
+    p.peak_flops = j.at("peak_flops");
+    p.tokens_per_step = j.at("tokens_per_step");
+    for (const json& t : j.at("tensors")) {
+      TensorSpec s;
+      s.name = t.at("name");
+      s.role = t.at("role");
+      s.dtype = t.at("dtype");
+      s.shape = t.at("shape").get<std::vector<int64_t>>();
+      s.offset = t.at("offset");
+      s.bytes = t.at("bytes");
+      if (t.contains("init")) {
+        const json& i = t.at("init");
+        s.init = {i.at("kind"), i.at("value"), i.at("std"), i.at("lo"), i.at("hi")};
+      }
+      p.tensors.push_back(std::move(s));
+    }
+    for (const json& k : j.at("kernels")) {
+      KernelSpec s;
+      s.name = k.at("name");
+      s.where = k.at("where");
+      s.phase = k.at("phase");
+      s.is_matmul = k.at("kind") == "matmul";
+      s.extent = k.at("extent");
+      s.parallel = k.at("parallel");
+      s.out_offset = k.at("out").at("offset");
+      s.out_numel = k.at("out").at("numel");
+      s.out_dtype = k.at("out").at("dtype");
+      if (s.is_matmul) {
+        const json& m = k.at("matmul");
+        s.matmul.a = m.at("a");
+        s.matmul.b = m.at("b");
+        s.matmul.c = m.at("c");
+        s.matmul.dtype = m.at("dtype");
+        MatmulDesc& d = s.matmul.desc;
+        d.batch = m.at("batch").get<std::vector<int64_t>>();
+        d.a_batch_stride = m.at("a_batch_stride").get<std::vector<int64_t>>();
+        d.b_batch_stride = m.at("b_batch_stride").get<std::vector<int64_t>>();
+        d.c_batch_stride = m.at("c_batch_stride").get<std::vector<int64_t>>();
+        d.m = m.at("m");
+        d.n = m.at("n");
+        d.k = m.at("k");
+        d.a_m_stride = m.at("a_m_stride");
+        d.a_k_stride = m.at("a_k_stride");
+        d.b_k_stride = m.at("b_k_stride");
+        d.b_n_stride = m.at("b_n_stride");
+        d.c_m_stride = m.at("c_m_stride");
+      }
+      p.kernels.push_back(std::move(s));
+    }
+    p.num_forward_kernels = j.at("num_forward_kernels");
+    for (const json& u : j.at("updates")) p.updates.push_back({u.at("target"), u.at("from"), u.at("to"), u.at("bytes")});
+    const json& t = j.at("train");
+    TrainDefaults& d = p.train;
+    d.steps = t.at("steps");
+    d.seed = t.at("seed");
+    if (!t.at("data").is_null()) {
+      const json& data = t.at("data");
+      d.data.format = data.at("format");
+      d.data.path = data.at("path");
+      d.data.dtype = data.at("dtype");
+      d.data.files = data.at("files").get<std::map<std::string, std::string>>();
+      d.data.order = data.at("order");
+      d.data.split = data.at("split");
+    }
+    d.eval_every = t.at("eval_every");
+    d.eval_batches = t.at("eval_batches");
+    d.checkpoint_every = t.at("checkpoint_every");
+    d.checkpoint_dir = t.at("checkpoint_dir");
+    d.checkpoint_keep = t.at("checkpoint_keep");
+    d.log_every = t.at("log_every");
+    d.metrics = t.at("metrics");
+    d.optimizer = t.at("optimizer");
+    d.precision = t.at("precision");
+    d.lr = t.at("lr");
+    return p;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("the trainer's program description is corrupt: ") + e.what());
+  }
+}
+
+}  // namespace napkin::runtime

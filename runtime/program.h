@@ -1,0 +1,90 @@
+// A generated trainer's program: what its object file carries besides the
+// kernels' code (codegen/program_json.cpp writes it; docs/runtime.md lists
+// the fields). Parsed once at startup; everything here is fixed for the run.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/gemm.h"
+#include "runtime/init.h"
+
+namespace napkin::runtime {
+
+// Bytes per element of a dtype name ("f32" -> 4); throws Error if unknown.
+int dtype_bytes(const std::string& dtype);
+
+struct TensorSpec {
+  std::string name;
+  std::string role;  // "param", "state", "input", "loss"
+  std::string dtype;
+  std::vector<int64_t> shape;
+  int64_t offset = 0, bytes = 0;
+  ParamInit init;  // params
+  int64_t numel() const;
+};
+
+struct MatmulSpec {
+  int64_t a = 0, b = 0, c = 0;  // byte offsets of the operands' first elements
+  std::string dtype;            // "f32" or "f64"
+  MatmulDesc desc;
+};
+
+struct KernelSpec {
+  std::string name, where, phase;
+  bool is_matmul = false;
+  int64_t extent = 1;
+  bool parallel = false;
+  int64_t out_offset = 0, out_numel = 0;
+  std::string out_dtype;
+  MatmulSpec matmul;  // is_matmul
+};
+
+struct UpdateSpec {
+  std::string target;
+  int64_t from = 0, to = 0, bytes = 0;
+};
+
+struct DataDefaults {
+  std::string format;  // "" when the model names no data
+  std::string path, dtype = "u16", order = "random";
+  std::map<std::string, std::string> files;
+  double split = 0.9;
+};
+
+struct TrainDefaults {
+  int64_t steps = 0;
+  uint64_t seed = 0;
+  DataDefaults data;
+  int64_t eval_every = 0, eval_batches = 1;
+  int64_t checkpoint_every = 0, checkpoint_keep = 2;
+  std::string checkpoint_dir;
+  int64_t log_every = 1;
+  std::string metrics;
+  std::string optimizer, precision;
+  double lr = 0;
+};
+
+struct Program {
+  std::string model, hash, backend, device;
+  int64_t arena_bytes = 0, liveness_peak = 0;
+  double flops_per_step = 0, flops_forward = 0, peak_flops = 0;
+  int64_t tokens_per_step = 0;
+  std::vector<TensorSpec> tensors;
+  std::vector<KernelSpec> kernels;
+  int num_forward_kernels = 0;
+  std::vector<UpdateSpec> updates;
+  TrainDefaults train;
+
+  const TensorSpec* find(const std::string& name) const;
+  const TensorSpec& loss() const;
+  std::vector<const TensorSpec*> with_role(const std::string& role) const;
+};
+
+// Throws Error on malformed JSON or a missing field (a corrupt binary).
+Program parse_program(const char* json, size_t size);
+
+}  // namespace napkin::runtime

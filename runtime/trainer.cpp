@@ -1,0 +1,307 @@
+#include "runtime/trainer.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+#include "runtime/checkpoint.h"
+#include "runtime/dataset.h"
+#include "runtime/error.h"
+#include "runtime/init.h"
+
+namespace napkin::runtime {
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int) { g_interrupted = true; }
+
+struct Options {
+  int64_t steps = 0;
+  uint64_t seed = 0;
+  std::string data;                     // token file
+  std::vector<std::string> data_files;  // NAME=PATH.npy
+  std::string order;
+  std::string init, resume;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0, keep = 2;
+  int64_t eval_every = 0, eval_batches = 1;
+  int64_t log_every = 1;
+  std::string metrics;
+  int threads = 0;
+  bool debug_nan = false, quiet = false, print_program = false, profile = false;
+};
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+std::string human_duration(double s) {
+  if (s < 60) return fmt::format("{:.0f}s", s);
+  if (s < 3600) return fmt::format("{}m{:02d}s", static_cast<int>(s / 60), static_cast<int>(s) % 60);
+  return fmt::format("{}h{:02d}m", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60);
+}
+
+std::vector<TensorRef> tensor_refs(const Program& p, Executor& ex, std::initializer_list<const char*> roles) {
+  std::vector<TensorRef> refs;
+  for (const char* role : roles)
+    for (const TensorSpec* t : p.with_role(role)) refs.push_back({t->name, t->dtype, t->shape, ex.arena() + t->offset});
+  return refs;
+}
+
+void init_params(const Program& p, Executor& ex, uint64_t seed) {
+  for (const TensorSpec* t : p.with_role("param")) {
+    std::vector<double> v = init_values(t->init, t->name, t->numel(), seed);
+    for (int64_t i = 0; i < t->numel(); ++i) write_element(ex.arena() + t->offset, t->dtype, i, v[i]);
+  }
+}
+
+std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Executor& ex) {
+  DataSpec spec;
+  const DataDefaults& d = p.train.data;
+  spec.format = d.format;
+  spec.path = d.path;
+  spec.token_dtype = d.dtype;
+  spec.files = d.files;
+  spec.order = d.order;
+  spec.split = d.format == "tokens" ? d.split : 1.0;
+  spec.seed = o.seed;
+  if (!o.data.empty()) {
+    spec.format = "tokens";
+    spec.path = o.data;
+  }
+  for (const std::string& f : o.data_files) {
+    auto eq = f.find('=');
+    if (eq == std::string::npos) throw Error("--data-file wants NAME=PATH.npy, got '" + f + "'");
+    spec.format = "npy";
+    spec.files[f.substr(0, eq)] = f.substr(eq + 1);
+  }
+  if (!o.order.empty()) spec.order = o.order;
+  if (spec.format.empty())
+    throw Error("the model names no training data (train.data in its YAML); pass --data FILE or --data-file NAME=FILE.npy");
+  std::vector<InputSlot> slots;
+  for (const TensorSpec* t : p.with_role("input")) slots.push_back({t->name, t->dtype, t->shape, ex.arena() + t->offset});
+  return Dataset::open(spec, std::move(slots));
+}
+
+// After each kernel: the first one whose floating output holds a NaN is the op
+// that produced it.
+void watch_for_nan(Executor& ex, const int64_t& step) {
+  ex.after_kernel = [&ex, &step](int i) {
+    const KernelSpec& k = ex.program().kernels[i];
+    if (k.out_dtype != "f32" && k.out_dtype != "f64" && k.out_dtype != "bf16" && k.out_dtype != "f16") return;
+    const char* out = ex.arena() + k.out_offset;
+    for (int64_t e = 0; e < k.out_numel; ++e) {
+      double v = read_element(out, k.out_dtype, e);
+      if (std::isnan(v))
+        throw Error(fmt::format("step {}: {} ({} phase{}{}) produced the first NaN, at element {}", step, k.name, k.phase,
+                                k.where.empty() ? "" : ", ", k.where, e));
+    }
+  };
+}
+
+class Metrics {
+ public:
+  Metrics(const std::string& path, bool append) {
+    if (path.empty()) return;
+    file_.open(path, append ? std::ios::app : std::ios::trunc);
+    if (!file_) throw Error(path + ": cannot open the metrics file for writing");
+  }
+  void line(const std::string& json) {
+    if (!file_.is_open()) return;
+    file_ << json << '\n';
+    file_.flush();
+  }
+
+ private:
+  std::ofstream file_;
+};
+
+int run(const Options& o, const Program& p, const KernelFn* kernels) {
+  Executor ex(p, kernels, o.threads);
+  ex.profile = o.profile;
+  std::string ckpt_dir = o.checkpoint_dir;
+  int64_t start_step = 0;
+  uint64_t seed = o.seed;
+
+  init_params(p, ex, seed);
+  if (!o.init.empty()) read_weights(o.init, tensor_refs(p, ex, {"param"}));
+  if (!o.resume.empty()) {
+    std::string path = o.resume;
+    if (std::optional<std::string> latest = latest_checkpoint(o.resume)) path = *latest;
+    auto meta = read_checkpoint(path, tensor_refs(p, ex, {"param", "state"}), p.hash);
+    start_step = std::stoll(meta.at("step"));
+    if (meta.count("seed")) seed = std::stoull(meta.at("seed"));
+    if (!o.quiet) fmt::print("resumed from {} at step {}\n", path, start_step);
+  }
+  Options opts = o;
+  opts.seed = seed;
+  std::unique_ptr<Dataset> data = open_data(p, opts, ex);
+
+  double peak = p.peak_flops;
+  if (!o.quiet) {
+    fmt::print("napkin trainer: {} ({}, {} thread{})\n", p.model, p.backend, ex.threads(), ex.threads() == 1 ? "" : "s");
+    fmt::print("  arena      {} ({} bytes, planned; liveness lower bound {} bytes)\n", human_bytes(p.arena_bytes),
+               p.arena_bytes, p.liveness_peak);
+    int64_t params = 0;
+    for (const TensorSpec* t : p.with_role("param")) params += t->numel();
+    fmt::print("  params     {} ({}), optimizer {}, lr {}\n", with_commas(params), p.train.precision, p.train.optimizer, p.train.lr);
+    fmt::print("  data       {}\n", data->describe());
+    fmt::print("  step       {:.4g} GFLOP (static count), {} tokens; MFU against {} peak {:.0f} GFLOP/s\n",
+               p.flops_per_step / 1e9, with_commas(p.tokens_per_step), p.device, peak / 1e9);
+  }
+  Metrics metrics(o.metrics, start_step > 0);
+  int64_t current = start_step;
+  if (o.debug_nan) watch_for_nan(ex, current);
+
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  auto save = [&](int64_t step) {
+    if (ckpt_dir.empty()) return;
+    std::string path = write_checkpoint(ckpt_dir, step, tensor_refs(p, ex, {"param", "state"}), p.hash,
+                                        {{"model", p.model}, {"step", std::to_string(step)}, {"seed", std::to_string(seed)}},
+                                        static_cast<int>(o.keep));
+    if (!o.quiet) fmt::print("  saved {}\n", path);
+  };
+
+  auto run_start = std::chrono::steady_clock::now();
+  double window_seconds = 0;
+  int64_t window_steps = 0;
+  int64_t last_saved = start_step;
+  for (int64_t step = start_step + 1; step <= o.steps; ++step) {
+    current = step;
+    auto t0 = std::chrono::steady_clock::now();
+    data->fill_train(step - 1);
+    ex.run_forward();
+    double loss = ex.loss();
+    if (!std::isfinite(loss))
+      throw Error(fmt::format("step {}: the loss is {}; stopped before the update (last checkpoint: step {}). "
+                              "Run with --debug-nan to find the first op that produced a NaN",
+                              step, loss, last_saved));
+    ex.run_rest();
+    ex.apply_updates();
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    window_seconds += seconds;
+    ++window_steps;
+
+    if (o.log_every > 0 && (step % o.log_every == 0 || step == o.steps)) {
+      double mean = window_seconds / static_cast<double>(window_steps);
+      double flops = p.flops_per_step / mean;
+      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+      double eta = elapsed / static_cast<double>(step - start_step) * static_cast<double>(o.steps - step);
+      if (!o.quiet)
+        fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {:4.1f}%  ETA {}\n",
+                   step, o.steps, loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9,
+                   peak > 0 ? 100 * flops / peak : 0.0, human_duration(eta));
+      metrics.line(fmt::format(
+          R"({{"step": {}, "loss": {:.9g}, "step_ms": {:.4f}, "tokens_per_s": {:.1f}, "gflops": {:.3f}, "mfu": {:.4f}}})", step,
+          loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9, peak > 0 ? flops / peak : 0.0));
+      window_seconds = 0;
+      window_steps = 0;
+    }
+    if (o.eval_every > 0 && step % o.eval_every == 0 && data->has_eval()) {
+      double sum = 0;
+      for (int64_t b = 0; b < o.eval_batches; ++b) {
+        data->fill_eval(b);
+        ex.run_forward();
+        sum += ex.loss();
+      }
+      double eval_loss = sum / static_cast<double>(o.eval_batches);
+      if (!o.quiet) fmt::print("step {:>6}/{}  eval loss {:.4f} ({} batches)\n", step, o.steps, eval_loss, o.eval_batches);
+      metrics.line(fmt::format(R"({{"step": {}, "eval_loss": {:.9g}}})", step, eval_loss));
+    }
+    if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
+      save(step);
+      last_saved = step;
+    }
+    if (g_interrupted) {
+      if (last_saved != step) save(step);
+      fmt::print(stderr, "interrupted after step {}{}\n", step, ckpt_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : "; saved");
+      return 130;
+    }
+  }
+  if (last_saved != o.steps && o.steps > start_step) save(o.steps);  // a no-op without a checkpoint dir
+  if (o.profile) {
+    std::vector<int> order(p.kernels.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return ex.kernel_seconds[a] > ex.kernel_seconds[b]; });
+    double total = 0;
+    for (double s : ex.kernel_seconds) total += s;
+    fmt::print("profile: {:.1f} ms in kernels per step; the slowest:\n", 1e3 * total / std::max<int64_t>(1, o.steps - start_step));
+    for (size_t r = 0; r < std::min<size_t>(order.size(), 25); ++r) {
+      const KernelSpec& k = p.kernels[order[r]];
+      fmt::print("  {:6.2f} ms  {:5.1f}%  {:<24} {:<9} {}\n", 1e3 * ex.kernel_seconds[order[r]] / std::max<int64_t>(1, o.steps - start_step),
+                 100 * ex.kernel_seconds[order[r]] / total, k.name, k.phase, k.where);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int trainer_main(int argc, char** argv, const char* program_json, size_t program_json_size, const KernelFn* kernels) {
+  try {
+    Program p = parse_program(program_json, program_json_size);
+    Options o;
+    const TrainDefaults& d = p.train;
+    o.steps = d.steps;
+    o.seed = d.seed;
+    o.checkpoint_dir = d.checkpoint_every > 0 ? d.checkpoint_dir : "";
+    o.checkpoint_every = d.checkpoint_every;
+    o.keep = d.checkpoint_keep;
+    o.eval_every = d.eval_every;
+    o.eval_batches = d.eval_batches;
+    o.log_every = d.log_every;
+    o.metrics = d.metrics;
+
+    CLI::App app{fmt::format("napkin trainer for {} (generated by napkin; the model's YAML sets the defaults)", p.model)};
+    app.add_option("--steps", o.steps, "total steps to train (a resumed run continues up to it)")->capture_default_str();
+    app.add_option("--seed", o.seed, "seed of init and data sampling")->capture_default_str();
+    app.add_option("--data", o.data, "token file (u16/i32 as the model says) instead of the model's train.data");
+    app.add_option("--data-file", o.data_files, "NAME=PATH.npy: an input's .npy file (repeat per input)");
+    app.add_option("--order", o.order, "random | sequential batches")->check(CLI::IsMember({"random", "sequential"}));
+    app.add_option("--init", o.init, "start from these weights (.safetensors, every parameter by name)");
+    app.add_option("--resume", o.resume, "continue from the newest checkpoint in DIR (or this checkpoint file)");
+    app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go")->capture_default_str();
+    app.add_option("--checkpoint-every", o.checkpoint_every, "save every K steps (0: only at the end if a dir is set)")->capture_default_str();
+    app.add_option("--keep", o.keep, "checkpoints to keep")->capture_default_str();
+    app.add_option("--eval-every", o.eval_every, "held-out loss every K steps (0: never)")->capture_default_str();
+    app.add_option("--eval-batches", o.eval_batches, "batches per evaluation")->capture_default_str();
+    app.add_option("--log-every", o.log_every, "progress line every K steps")->capture_default_str();
+    app.add_option("--metrics", o.metrics, "append JSON lines of metrics to this file");
+    app.add_option("--threads", o.threads, "threads (default: the CPUs this process may use)");
+    app.add_flag("--debug-nan", o.debug_nan, "check every op's output; name the first that produces a NaN");
+    app.add_flag("--profile", o.profile, "time every kernel and print the slowest");
+    app.add_flag("--quiet", o.quiet, "no progress lines");
+    app.add_flag("--print-program", o.print_program, "print the program description (JSON) and exit");
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
+    if (o.print_program) {
+      std::fwrite(program_json, 1, program_json_size, stdout);
+      std::fputc('\n', stdout);
+      return 0;
+    }
+    if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) o.checkpoint_dir = d.checkpoint_dir.empty() ? "checkpoints" : d.checkpoint_dir;
+    return run(o, p, kernels);
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace napkin::runtime

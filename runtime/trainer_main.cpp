@@ -1,0 +1,16 @@
+// main() of every CPU trainer: the symbols come from the object file napkin
+// generated for the model (codegen/cpu/cpu_backend.h lists them).
+#include <cstdint>
+
+#include "runtime/trainer.h"
+
+extern "C" {
+extern const napkin::runtime::KernelFn napkin_kernel_fns[];
+extern const char napkin_program_json[];
+extern const int64_t napkin_program_json_size;
+}
+
+int main(int argc, char** argv) {
+  return napkin::runtime::trainer_main(argc, argv, napkin_program_json, static_cast<size_t>(napkin_program_json_size),
+                                       napkin_kernel_fns);
+}
