@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -115,6 +116,9 @@ class Metrics {
  public:
   Metrics(const std::string& path, bool append) {
     if (path.empty()) return;
+    std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     file_.open(path, append ? std::ios::app : std::ios::trunc);
     if (!file_) throw Error(path + ": cannot open the metrics file for writing");
   }
@@ -170,7 +174,7 @@ int run(const Options& o, const Program& p, const KernelFn* kernels) {
   auto save = [&](int64_t step) {
     if (ckpt_dir.empty()) return;
     std::string path = write_checkpoint(ckpt_dir, step, tensor_refs(p, ex, {"param", "state"}), p.hash,
-                                        {{"model", p.model}, {"step", std::to_string(step)}, {"seed", std::to_string(seed)}},
+                                        {{"model", p.model}, {"seed", std::to_string(seed)}},
                                         static_cast<int>(o.keep));
     if (!o.quiet) fmt::print("  saved {}\n", path);
   };
@@ -204,6 +208,7 @@ int run(const Options& o, const Program& p, const KernelFn* kernels) {
         fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {:4.1f}%  ETA {}\n",
                    step, o.steps, loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9,
                    peak > 0 ? 100 * flops / peak : 0.0, human_duration(eta));
+      std::fflush(stdout);
       metrics.line(fmt::format(
           R"({{"step": {}, "loss": {:.9g}, "step_ms": {:.4f}, "tokens_per_s": {:.1f}, "gflops": {:.3f}, "mfu": {:.4f}}})", step,
           loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9, peak > 0 ? flops / peak : 0.0));
@@ -301,6 +306,10 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     std::fflush(stdout);
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "internal error: {}\nthis is a bug in napkin's runtime, not in your model or data\n", e.what());
+    return 2;
   }
 }
 

@@ -24,39 +24,14 @@
 using namespace napkin;
 namespace fs = std::filesystem;
 
-namespace {
-
-// Dims small enough for the float64 interpreter, large enough to keep every
-// axis distinct and more than one layer / head. A new model needs an entry.
-const std::map<std::string, std::map<std::string, int64_t>> kSmallDims = {
-    {"cruncher", {{"batch", 4}, {"d", 8}, {"layers", 2}}},
-    {"gpt", {{"batch", 2}, {"seq", 8}, {"vocab", 16}, {"d", 32}, {"heads", 2}, {"layers", 2}}},
-    {"gpt2-124m", {{"batch", 2}, {"seq", 8}, {"vocab", 16}, {"d", 32}, {"heads", 2}, {"layers", 2}}},
-    {"linear", {{"batch", 4}, {"d", 8}, {"k", 3}}},
-    {"mlp", {{"batch", 4}, {"d_in", 8}, {"hidden", 16}, {"classes", 5}}},
-};
-
-}  // namespace
 
 TEST_CASE("numeric: every model in models/ passes napkin check at reduced dims") {
   const bool verbose = std::getenv("NAPKIN_NUMERIC_VERBOSE") != nullptr;
   for (const fs::path& model : napkin::testing::model_files()) {
     const std::string stem = model.stem().string();
     CAPTURE(stem);
-    auto dims = kSmallDims.find(stem);
-    if (dims == kSmallDims.end()) {
-      FAIL_CHECK("add small dims for models/" << stem << ".yaml to kSmallDims in tests/numeric/models_test.cpp");
-      continue;
-    }
-    ir::Diagnostics diag;
-    frontend::LoadOptions options;
-    options.dim_overrides = dims->second;
-    std::optional<ir::Graph> g = frontend::load_model_file(model.string(), diag, options);
-    if (g) passes::run_training_pipeline(*g, diag);
-    INFO(diag.render());
-    REQUIRE(g.has_value());
-    REQUIRE_FALSE(diag.has_errors());
-
+    ir::Graph built = napkin::testing::compile_small_model(model);
+    std::optional<ir::Graph> g = std::move(built);
     interp::GradCheckOptions check;
     check.seed = 0;
     check.samples = 6;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -72,6 +73,36 @@ inline std::vector<std::filesystem::path> model_files() {
   std::sort(models.begin(), models.end());
   REQUIRE(models.size() >= 5);
   return models;
+}
+
+// Dims of each built-in model small enough for the float64 interpreter, large
+// enough to keep every axis distinct and more than one layer / head. A new
+// model needs an entry (the numeric tests fail without one).
+inline const std::map<std::string, std::map<std::string, int64_t>>& small_dims() {
+  static const std::map<std::string, std::map<std::string, int64_t>> dims = {
+      {"cruncher", {{"batch", 4}, {"d", 8}, {"layers", 2}}},
+      {"gpt", {{"batch", 2}, {"seq", 8}, {"vocab", 16}, {"d", 32}, {"heads", 2}, {"layers", 2}}},
+      {"gpt2-124m", {{"batch", 2}, {"seq", 8}, {"vocab", 16}, {"d", 32}, {"heads", 2}, {"layers", 2}}},
+      {"linear", {{"batch", 4}, {"d", 8}, {"k", 3}}},
+      {"mlp", {{"batch", 4}, {"d_in", 8}, {"hidden", 16}, {"classes", 5}}},
+  };
+  return dims;
+}
+
+// models/<stem>.yaml at small_dims() through the training pipeline.
+inline ir::Graph compile_small_model(const std::filesystem::path& model) {
+  const std::string stem = model.stem().string();
+  auto dims = small_dims().find(stem);
+  REQUIRE_MESSAGE(dims != small_dims().end(), "add small dims for models/" << stem << ".yaml to small_dims() in tests/support/test_models.h");
+  ir::Diagnostics diag;
+  frontend::LoadOptions options;
+  options.dim_overrides = dims->second;
+  std::optional<ir::Graph> g = frontend::load_model_file(model.string(), diag, options);
+  if (g) passes::run_training_pipeline(*g, diag);
+  INFO(diag.render());
+  REQUIRE(g.has_value());
+  REQUIRE_FALSE(diag.has_errors());
+  return std::move(*g);
 }
 
 // autodiff then dce, as the training pipeline runs them (the manager verifies

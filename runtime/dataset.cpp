@@ -1,0 +1,367 @@
+#include "runtime/dataset.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <stdexcept>
+
+#include "runtime/error.h"
+#include "runtime/float_formats.h"
+#include "runtime/mapped_file.h"
+#include "runtime/npy.h"
+#include "runtime/rng.h"
+#include "runtime/safetensors.h"
+
+namespace napkin::runtime {
+
+namespace {
+
+// A uniform integer in [0, k), as documented in dataset.h.
+uint64_t draw(Rng& rng, uint64_t k) {
+  uint64_t a = rng.next_u32(), b = rng.next_u32();
+  return static_cast<uint64_t>((static_cast<unsigned __int128>((a << 32) | b) * k) >> 64);
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+// 0.95 -> "0.95" (std::to_string would say 0.950000).
+std::string number_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+int64_t split_count(const std::string& where, double split, int64_t n) {
+  if (!(split > 0.0 && split <= 1.0)) throw Error(where + ": split " + number_text(split) + " is not in (0, 1]");
+  return static_cast<int64_t>(std::floor(split * static_cast<double>(n)));
+}
+
+// Batches are indexed from 0; a negative index would read before the data.
+void check_index(const char* what, int64_t index) {
+  if (index < 0) throw std::invalid_argument(std::string("Dataset: negative ") + what + " " + std::to_string(index));
+}
+
+void check_order(const std::string& where, const std::string& order) {
+  if (order != "random" && order != "sequential")
+    throw Error(where + ": order '" + order + "' is neither 'random' nor 'sequential'");
+}
+
+// ---------------------------------------------------------------- tokens
+
+class TokenDataset : public Dataset {
+ public:
+  TokenDataset(const DataSpec& spec, std::vector<InputSlot> inputs) : spec_(spec), file_(spec.path) {
+    const std::string& path = spec.path;
+    if (spec.token_dtype == "u16") token_bytes_ = 2;
+    else if (spec.token_dtype == "i32") token_bytes_ = 4;
+    else throw Error(path + ": token dtype '" + spec.token_dtype + "' is neither u16 nor i32");
+    check_order(path, spec.order);
+    if (file_.size() % token_bytes_ != 0)
+      throw Error(path + ": " + std::to_string(file_.size()) + " bytes is not a whole number of " + spec.token_dtype +
+                  " tokens");
+    n_ = static_cast<int64_t>(file_.size() / token_bytes_);
+
+    std::string names;
+    for (const InputSlot& s : inputs) names += (names.empty() ? "" : ", ") + s.name + " " + tensor_type_text(s.dtype, s.shape);
+    if (inputs.size() != 2 || inputs[0].dtype != "i32" || inputs[1].dtype != "i32" || inputs[0].shape.size() != 2 ||
+        inputs[0].shape != inputs[1].shape)
+      throw Error(path + ": a token file feeds exactly two i32 inputs of the same shape [batch, seq] (the tokens, then "
+                         "the next-token targets); this model's inputs are " + (names.empty() ? "none" : names));
+    x_ = inputs[0];
+    y_ = inputs[1];
+    batch_ = x_.shape[0];
+    seq_ = x_.shape[1];
+
+    n_train_ = split_count(path, spec.split, n_);
+    if (n_train_ < seq_ + 1)
+      throw Error(path + ": too few tokens: the train part has " + with_commas(n_train_) + " of " + with_commas(n_) +
+                  " tokens, but one window needs seq + 1 = " + std::to_string(seq_ + 1));
+    const int64_t n_eval = n_ - n_train_;
+    if (n_eval >= seq_ + 1) {
+      eval_windows_ = (n_eval - 1) / seq_;
+    } else {
+      eval_problem_ = path + ": no eval data: split " + number_text(spec.split) + " holds out " +
+                      with_commas(n_eval) + " tokens, but one eval window needs seq + 1 = " +
+                      std::to_string(seq_ + 1) + " (lower the split)";
+    }
+  }
+
+  void fill_train(int64_t step) override {
+    check_index("step", step);
+    Rng rng(spec_.seed, stream_for_name("data.train") + static_cast<uint64_t>(step));
+    const int64_t windows = (n_train_ - 1) / seq_;
+    for (int64_t r = 0; r < batch_; ++r) {
+      const int64_t start = spec_.order == "random"
+                                ? static_cast<int64_t>(draw(rng, static_cast<uint64_t>(n_train_ - seq_)))
+                                : ((step * batch_ + r) % windows) * seq_;
+      copy_window(r, start);
+    }
+  }
+
+  void fill_eval(int64_t index) override {
+    check_index("eval batch", index);
+    if (!eval_problem_.empty()) throw Error(eval_problem_);
+    for (int64_t r = 0; r < batch_; ++r) copy_window(r, n_train_ + ((index * batch_ + r) % eval_windows_) * seq_);
+  }
+
+  int64_t train_examples() const override { return (n_train_ - 1) / seq_; }
+  int64_t eval_examples() const override { return eval_windows_; }
+
+  std::string describe() const override {
+    return spec_.path + ": " + with_commas(n_) + " " + spec_.token_dtype + " tokens (" + with_commas(n_train_) +
+           " train / " + with_commas(n_ - n_train_) + " eval), " + spec_.order + " windows of " +
+           std::to_string(seq_ + 1);
+  }
+
+ private:
+  int64_t token(int64_t i) const {
+    const char* p = file_.data() + i * token_bytes_;
+    if (token_bytes_ == 2) {
+      uint16_t t;
+      std::memcpy(&t, p, 2);
+      return t;
+    }
+    int32_t t;
+    std::memcpy(&t, p, 4);
+    return t;
+  }
+
+  // Row r of x gets tokens [start, start + seq), row r of y [start + 1, start + seq + 1).
+  void copy_window(int64_t r, int64_t start) {
+    int32_t* x = reinterpret_cast<int32_t*>(x_.dest) + r * seq_;
+    int32_t* y = reinterpret_cast<int32_t*>(y_.dest) + r * seq_;
+    for (int64_t i = 0; i <= seq_; ++i) {
+      const int64_t t = token(start + i);
+      if (t < 0 || (spec_.vocab_bound > 0 && t >= spec_.vocab_bound))
+        throw Error(spec_.path + ": token " + std::to_string(t) + " at position " + with_commas(start + i) +
+                    (t < 0 ? " is negative" : " is not below the vocabulary size " + std::to_string(spec_.vocab_bound)));
+      if (i < seq_) x[i] = static_cast<int32_t>(t);
+      if (i > 0) y[i - 1] = static_cast<int32_t>(t);
+    }
+  }
+
+  DataSpec spec_;
+  MappedFile file_;
+  size_t token_bytes_ = 0;
+  InputSlot x_, y_;
+  int64_t batch_ = 0, seq_ = 0;
+  int64_t n_ = 0, n_train_ = 0, eval_windows_ = 0;
+  std::string eval_problem_;
+};
+
+// ---------------------------------------------------------------- npy
+
+// How a file's elements become an input's.
+enum class Conversion { Copy, Integer, F32ToBF16 };
+
+bool is_integer(const std::string& dtype) {
+  return dtype == "i32" || dtype == "i64" || dtype == "u16" || dtype == "u8";
+}
+
+struct Column {
+  InputSlot slot;
+  NpyArray array;
+  Conversion conversion;
+  size_t row_elements;  // elements per row
+  size_t slot_itemsize;
+};
+
+class NpyDataset : public Dataset {
+ public:
+  NpyDataset(const DataSpec& spec, std::vector<InputSlot> inputs) : spec_(spec) {
+    check_order("npy data", spec.order);
+    std::set<std::string> input_names;
+    std::string names;
+    for (const InputSlot& s : inputs) {
+      input_names.insert(s.name);
+      names += (names.empty() ? "" : ", ") + s.name;
+    }
+    for (const auto& [name, path] : spec.files)
+      if (!input_names.count(name))
+        throw Error(path + ": given for input '" + name + "', which this model does not have (its inputs: " + names + ")");
+
+    for (const InputSlot& s : inputs) {
+      auto it = spec.files.find(s.name);
+      if (it == spec.files.end()) throw Error("no .npy file given for input '" + s.name + "' " + tensor_type_text(s.dtype, s.shape));
+      columns_.push_back(open_column(s, it->second));
+    }
+    if (columns_.empty()) throw Error("npy data: the model has no inputs to feed");
+
+    const Column& first = columns_.front();
+    batch_ = first.slot.shape[0];
+    rows_ = first.array.shape[0];
+    for (const Column& c : columns_) {
+      if (c.slot.shape[0] != batch_)
+        throw Error("npy data: inputs '" + first.slot.name + "' and '" + c.slot.name + "' have different batch sizes (" +
+                    std::to_string(batch_) + " and " + std::to_string(c.slot.shape[0]) + ")");
+      if (c.array.shape[0] != rows_)
+        throw Error(c.array.path() + " has " + with_commas(c.array.shape[0]) + " rows but " + first.array.path() +
+                    " has " + with_commas(rows_));
+    }
+    if (rows_ == 0) throw Error(first.array.path() + ": no rows");
+    n_train_ = split_count(first.array.path(), spec.split, rows_);
+    if (n_train_ == 0)
+      throw Error(first.array.path() + ": split " + number_text(spec.split) + " of " + with_commas(rows_) +
+                  " rows leaves no training rows");
+    // With split 1 there is nothing held out: evaluation reads the train rows.
+    eval_base_ = spec.split == 1.0 ? 0 : n_train_;
+    n_eval_ = rows_ - eval_base_;
+    if (n_eval_ == 0)
+      eval_problem_ = first.array.path() + ": no eval data: split " + number_text(spec.split) + " of " +
+                      with_commas(rows_) + " rows holds out none";
+  }
+
+  void fill_train(int64_t step) override {
+    check_index("step", step);
+    for (int64_t r = 0; r < batch_; ++r) {
+      const int64_t p = step * batch_ + r;
+      const int64_t i = p % n_train_;
+      copy_row(r, spec_.order == "random" ? permutation(p / n_train_)[static_cast<size_t>(i)] : i);
+    }
+  }
+
+  void fill_eval(int64_t index) override {
+    check_index("eval batch", index);
+    if (!eval_problem_.empty()) throw Error(eval_problem_);
+    for (int64_t r = 0; r < batch_; ++r) copy_row(r, eval_base_ + (index * batch_ + r) % n_eval_);
+  }
+
+  int64_t train_examples() const override { return n_train_; }
+  int64_t eval_examples() const override { return n_eval_; }
+
+  std::string describe() const override {
+    std::string paths;
+    for (const Column& c : columns_) paths += (paths.empty() ? "" : ", ") + c.array.path();
+    const std::string split = eval_base_ == 0 ? "all train, eval on the train rows"
+                                              : with_commas(n_train_) + " train / " + with_commas(n_eval_) + " eval";
+    const std::string order = spec_.order == "random" ? "random order, reshuffled each epoch" : "sequential order";
+    return paths + ": " + with_commas(rows_) + " rows (" + split + "), " + order;
+  }
+
+ private:
+  static Column open_column(const InputSlot& s, const std::string& path) {
+    Column c{s, read_npy(path), Conversion::Copy, 1, 0};
+    const NpyArray& a = c.array;
+    if (s.shape.empty()) throw Error("input '" + s.name + "' has no batch dimension");
+    std::vector<int64_t> want(s.shape);
+    want[0] = a.shape.empty() ? 0 : a.shape[0];
+    if (a.shape.size() != s.shape.size() || a.shape != want) {
+      std::string rest = "(N";
+      for (size_t i = 1; i < s.shape.size(); ++i) rest += ", " + std::to_string(s.shape[i]);
+      throw Error(path + ": shape " + shape_text(a.shape) + " does not fit input '" + s.name + "' " +
+                  tensor_type_text(s.dtype, s.shape) + ": expected " + rest + (s.shape.size() == 1 ? ",)" : ")") +
+                  ", one row per example");
+    }
+    if (a.dtype == s.dtype) c.conversion = Conversion::Copy;
+    else if (is_integer(a.dtype) && is_integer(s.dtype)) c.conversion = Conversion::Integer;
+    else if (a.dtype == "f32" && s.dtype == "bf16") c.conversion = Conversion::F32ToBF16;
+    else throw Error(path + ": dtype " + a.descr + " but input '" + s.name + "' is " + s.dtype);
+    auto itemsize = safetensors_itemsize(s.dtype);
+    if (!itemsize) throw Error("input '" + s.name + "' has dtype " + s.dtype + ", which npy data cannot feed");
+    c.slot_itemsize = *itemsize;
+    for (size_t i = 1; i < s.shape.size(); ++i) c.row_elements *= static_cast<size_t>(s.shape[i]);
+    return c;
+  }
+
+  // perm_epoch, as documented in dataset.h; the latest one is kept, since
+  // consecutive steps almost always share an epoch.
+  const std::vector<int64_t>& permutation(int64_t epoch) {
+    if (epoch != perm_epoch_) {
+      perm_.resize(static_cast<size_t>(n_train_));
+      for (int64_t i = 0; i < n_train_; ++i) perm_[static_cast<size_t>(i)] = i;
+      Rng rng(spec_.seed, stream_for_name("data.epoch") + static_cast<uint64_t>(epoch));
+      for (int64_t i = n_train_ - 1; i >= 1; --i)
+        std::swap(perm_[static_cast<size_t>(i)], perm_[draw(rng, static_cast<uint64_t>(i + 1))]);
+      perm_epoch_ = epoch;
+    }
+    return perm_;
+  }
+
+  void copy_row(int64_t r, int64_t row) {
+    for (Column& c : columns_) {
+      const char* src = c.array.data + static_cast<size_t>(row) * c.row_elements * c.array.itemsize;
+      char* dst = c.slot.dest + static_cast<size_t>(r) * c.row_elements * c.slot_itemsize;
+      switch (c.conversion) {
+        case Conversion::Copy:
+          std::memcpy(dst, src, c.row_elements * c.slot_itemsize);
+          break;
+        case Conversion::F32ToBF16:
+          for (size_t i = 0; i < c.row_elements; ++i) {
+            float f;
+            std::memcpy(&f, src + 4 * i, 4);
+            uint16_t b = float_to_bf16_bits(f);
+            std::memcpy(dst + 2 * i, &b, 2);
+          }
+          break;
+        case Conversion::Integer:
+          for (size_t i = 0; i < c.row_elements; ++i)
+            store_integer(c, row, dst + i * c.slot_itemsize, load_integer(c.array.dtype, src + i * c.array.itemsize));
+          break;
+      }
+    }
+  }
+
+  static int64_t load_integer(const std::string& dtype, const char* p) {
+    if (dtype == "u8") return static_cast<unsigned char>(*p);
+    if (dtype == "u16") return read<uint16_t>(p);
+    if (dtype == "i32") return read<int32_t>(p);
+    return read<int64_t>(p);
+  }
+
+  void store_integer(const Column& c, int64_t row, char* dst, int64_t v) const {
+    const std::string& t = c.slot.dtype;
+    const bool fits = t == "i64" || (t == "i32" && v >= std::numeric_limits<int32_t>::min() &&
+                                     v <= std::numeric_limits<int32_t>::max()) ||
+                      (t == "u16" && v >= 0 && v <= 65535) || (t == "u8" && v >= 0 && v <= 255);
+    if (!fits)
+      throw Error(c.array.path() + ": row " + std::to_string(row) + " holds " + std::to_string(v) +
+                  ", which does not fit in " + t + " input '" + c.slot.name + "'");
+    if (t == "i64") std::memcpy(dst, &v, 8);
+    else if (t == "i32") write(dst, static_cast<int32_t>(v));
+    else if (t == "u16") write(dst, static_cast<uint16_t>(v));
+    else write(dst, static_cast<uint8_t>(v));
+  }
+
+  template <typename T>
+  static T read(const char* p) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  template <typename T>
+  static void write(char* p, T v) {
+    std::memcpy(p, &v, sizeof v);
+  }
+
+  DataSpec spec_;
+  std::vector<Column> columns_;
+  int64_t batch_ = 0, rows_ = 0, n_train_ = 0, eval_base_ = 0, n_eval_ = 0;
+  std::string eval_problem_;
+  std::vector<int64_t> perm_;
+  int64_t perm_epoch_ = -1;
+};
+
+}  // namespace
+
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n), s;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return n < 0 ? "-" + s : s;
+}
+
+std::unique_ptr<Dataset> Dataset::open(const DataSpec& spec, std::vector<InputSlot> inputs) {
+  if (spec.format == "tokens") return std::make_unique<TokenDataset>(spec, std::move(inputs));
+  if (spec.format == "npy") return std::make_unique<NpyDataset>(spec, std::move(inputs));
+  throw Error("data format '" + spec.format + "' is neither 'tokens' nor 'npy'");
+}
+
+}  // namespace napkin::runtime

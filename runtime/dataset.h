@@ -1,0 +1,96 @@
+// What feeds a model's inputs each step: a Dataset writes one batch into the
+// trainer's input buffers. Batches are a pure function of (spec, step), so the
+// step counter is the loader's whole state: a checkpoint stores the step, and
+// a resumed run sees exactly the batches it would have seen.
+//
+// Two formats.
+//
+// "tokens": one raw little-endian token file (token_dtype "u16" or "i32"), the
+// usual pre-tokenized LM corpus. The model must have exactly two i32 inputs of
+// shape [batch, seq]: the first gets window[0:seq], the second window[1:seq+1]
+// (inputs and next-token targets). With n tokens in the file:
+//   train part  tokens [0, n_train), n_train = floor(split * n)
+//   eval part   tokens [n_train, n)            (needs at least seq + 1 tokens)
+// For a part of m tokens starting at `base`, window p (0-based) starts at
+//   sequential  base + (p mod W) * seq,  W = (m - 1) / seq   (integer division)
+// and training row r of step s is window p = s * batch + r. With order
+// "random" training row r of step s instead starts at base + u, u uniform in
+// [0, m - seq - 1] (CS336's get_batch), drawn as below from
+// Rng(seed, stream_for_name("data.train") + s): one draw per row, rows in order.
+// Eval batches are always sequential: eval batch i, row r is window
+// p = i * batch + r of the eval part, so every evaluation starts at window 0.
+// Token ids are checked against vocab_bound (if nonzero) as batches are read.
+//
+// "npy": one .npy file per input (files: input name -> path), each of shape
+// [N, ...] where ... is the input's shape after the batch dim, all with the
+// same N. The dtype must be the input's (f32: <f4, f64: <f8, f16: <f2, bool:
+// |b1), except that integer inputs (i32, i64, u8) accept any integer file
+// (<i4 <i8 <u2 |u1), converted with a range check, and bf16 inputs take <f4,
+// rounded to nearest even (numpy has no bf16). Rows:
+//   train rows  [0, n_train), n_train = floor(split * N)
+//   eval rows   [n_train, N); if split is 1, eval reads the train rows
+// Training row r of step s is example p = s * batch + r:
+//   sequential  row p mod n_train
+//   random      row perm_e[p mod n_train], e = p / n_train (the epoch), where
+//               perm_e is a Fisher-Yates shuffle of 0..n_train-1 driven by
+//               Rng(seed, stream_for_name("data.epoch") + e): for i = n_train-1
+//               down to 1, j = draw(i + 1), swap(perm[i], perm[j])
+// Eval batch i, row r reads eval row (i * batch + r) mod n_eval.
+//
+// draw(k), a uniform integer in [0, k): two words a, b of the Rng, then
+// ((a * 2^32 + b) * k) >> 64 (Lemire's multiply-shift; its bias is below
+// k / 2^64).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace napkin::runtime {
+
+// One model input: the trainer writes each batch to dest (row-major, dense).
+struct InputSlot {
+  std::string name;
+  std::string dtype;            // napkin's name: "f32", "i32", ...
+  std::vector<int64_t> shape;   // [batch, ...]
+  char* dest;
+};
+
+struct DataSpec {
+  std::string format;                          // "tokens" or "npy"
+  std::string path;                            // tokens: the token file
+  std::string token_dtype = "u16";             // tokens: "u16" or "i32"
+  std::map<std::string, std::string> files;    // npy: input name -> .npy file
+  std::string order = "random";                // "random" or "sequential"
+  double split = 1.0;                          // fraction used for training, in (0, 1]
+  uint64_t seed = 0;
+  int64_t vocab_bound = 0;                     // tokens: ids must be below it (0: unchecked)
+};
+
+class Dataset {
+ public:
+  // Opens and validates the files against the inputs; every mismatch is an
+  // Error naming the file and what is wrong.
+  static std::unique_ptr<Dataset> open(const DataSpec& spec, std::vector<InputSlot> inputs);
+  virtual ~Dataset() = default;
+
+  // Writes training batch `step` into every input.
+  virtual void fill_train(int64_t step) = 0;
+  // Writes eval batch `index` (0, 1, ... within one evaluation). Throws Error
+  // saying why if there is no eval data.
+  virtual void fill_eval(int64_t index) = 0;
+  // Examples in one pass: sequential windows W (tokens) or rows (npy).
+  virtual int64_t train_examples() const = 0;
+  virtual int64_t eval_examples() const = 0;  // 0 when there is no eval data
+  bool has_eval() const { return eval_examples() > 0; }
+  // One line for the log, e.g. "data/tiny.u16: 1,234,567 u16 tokens
+  // (1,111,110 train / 123,457 eval), random windows of 129".
+  virtual std::string describe() const = 0;
+};
+
+// 1234567 -> "1,234,567".
+std::string with_commas(int64_t n);
+
+}  // namespace napkin::runtime

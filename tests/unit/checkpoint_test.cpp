@@ -1,0 +1,419 @@
+// Checkpoint I/O: the safetensors reader and writer against the format's
+// byte layout (a hand-made fixture) and every validation rule, CRC-32C against
+// its check value, and checkpoints: bit-exact round trips, corruption,
+// truncation, the wrong model, atomic writes that fail cleanly, retention and
+// discovery of the newest checkpoint.
+#include <doctest/doctest.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/checkpoint.h"
+#include "runtime/error.h"
+#include "runtime/rng.h"
+#include "runtime/safetensors.h"
+
+namespace rt = napkin::runtime;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = "/tmp/napkin-ckpt-test-XXXXXX";
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return path + "/" + name; }
+};
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const rt::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string u64_le(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+// A safetensors file from a header text and data bytes.
+std::string st_file(const std::string& header, const std::string& data) { return u64_le(header.size()) + header + data; }
+
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A small model's parameters and optimizer state, filled from a seed.
+struct Model {
+  std::vector<float> wte = std::vector<float>(12), m_wte = std::vector<float>(12);
+  std::vector<uint16_t> w = std::vector<uint16_t>(4);  // bf16 bits
+  int64_t step = 0;
+  std::vector<uint8_t> mask = std::vector<uint8_t>(3);
+
+  explicit Model(uint64_t seed) {
+    rt::Rng rng(seed, 0);
+    for (float& v : wte) v = static_cast<float>(rng.normal());
+    for (float& v : m_wte) v = static_cast<float>(rng.normal());
+    for (uint16_t& v : w) v = static_cast<uint16_t>(rng.next_u32());
+    step = static_cast<int64_t>(rng.next_u32());
+    for (uint8_t& v : mask) v = rng.next_u32() & 1;
+    if (seed == 0) return;
+    uint32_t nan_bits = 0x7fc12345;  // a NaN with a payload survives bit for bit
+    std::memcpy(&wte[0], &nan_bits, 4);
+  }
+  std::vector<rt::TensorRef> params() {
+    return {{"wte", "f32", {4, 3}, wte.data()}, {"blocks.0.w", "bf16", {2, 2}, w.data()}, {"mask", "bool", {3}, mask.data()}};
+  }
+  std::vector<rt::TensorRef> all() {
+    auto t = params();
+    t.push_back({"adam.m.wte", "f32", {4, 3}, m_wte.data()});
+    t.push_back({"optimizer.step", "i64", {}, &step});
+    return t;
+  }
+  bool operator==(const Model& o) const {
+    return std::memcmp(wte.data(), o.wte.data(), 48) == 0 && m_wte == o.m_wte && w == o.w && step == o.step &&
+           mask == o.mask;
+  }
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------ crc32c
+
+TEST_CASE("checkpoint: crc32c has the Castagnoli check value and chains") {
+  CHECK(rt::crc32c("123456789", 9) == 0xE3069283u);
+  CHECK(rt::crc32c("", 0) == 0u);
+  CHECK(rt::crc32c("6789", 4, rt::crc32c("12345", 5)) == 0xE3069283u);
+  // Slicing-by-8 against the bit-at-a-time definition, at every length and alignment.
+  std::vector<unsigned char> buf(1000);
+  rt::Rng rng(5, 5);
+  for (auto& b : buf) b = static_cast<unsigned char>(rng.next_u32());
+  for (size_t start : {0, 1, 3}) {
+    for (size_t n : {0, 1, 7, 8, 9, 63, 500, 997}) {
+      uint32_t c = ~0u;
+      for (size_t i = start; i < start + n; ++i) {
+        c ^= buf[i];
+        for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+      }
+      CHECK(rt::crc32c(buf.data() + start, n) == ~c);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ safetensors
+
+TEST_CASE("safetensors: the writer produces the format's exact bytes, and the reader reads them") {
+  TempDir dir;
+  const float a[2] = {1.0f, -2.0f};
+  const uint8_t b[3] = {1, 2, 3};
+  rt::write_safetensors_file(dir / "t.safetensors", {{"a", "f32", {2}, a}, {"b", "u8", {3}, b}}, {{"k", "v"}});
+  // 8-byte little-endian header length (136), the JSON (132 bytes) padded
+  // with 4 spaces to a multiple of 8, then a's 8 bytes and b's 3.
+  const std::string want =
+      std::string("\x88\0\0\0\0\0\0\0", 8) +
+      R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"("b":{"dtype":"U8","shape":[3],"data_offsets":[8,11]}}    )" +
+      std::string("\x00\x00\x80\x3f\x00\x00\x00\xc0\x01\x02\x03", 11);
+  CHECK(read_bytes(dir / "t.safetensors") == want);
+
+  // A fixture with the tensors in the other order in the header: offsets rule.
+  write_bytes(dir / "f.safetensors",
+              st_file(R"({"b":{"dtype":"U8","shape":[3],"data_offsets":[8,11]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                      std::string("\x00\x00\x80\x3f\x00\x00\x00\xc0\x01\x02\x03", 11)));
+  for (const char* name : {"t.safetensors", "f.safetensors"}) {
+    rt::SafetensorsFile f(dir / name);
+    REQUIRE(f.tensors().size() == 2);
+    CHECK(f.tensors()[0].name == "a");  // in data order
+    CHECK(f.tensors()[0].dtype == "f32");
+    CHECK(f.tensors()[0].shape == std::vector<int64_t>{2});
+    CHECK(std::memcmp(f.tensors()[0].data, a, 8) == 0);
+    CHECK(f.find("b")->bytes == 3);
+    CHECK(std::memcmp(f.find("b")->data, b, 3) == 0);
+    CHECK(f.find("c") == nullptr);
+    CHECK(f.data_size() == 11);
+  }
+  CHECK(rt::SafetensorsFile(dir / "t.safetensors").metadata() == std::map<std::string, std::string>{{"k", "v"}});
+  CHECK(rt::SafetensorsFile(dir / "f.safetensors").metadata().empty());
+}
+
+TEST_CASE("safetensors: every dtype, scalars and empty tensors round-trip") {
+  TempDir dir;
+  const char* dtypes[] = {"f64", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i64", "i32",
+                          "i16", "i8",  "u64", "u32", "u16",  "u8",     "bool"};
+  std::vector<std::vector<unsigned char>> buffers;
+  std::vector<rt::TensorData> tensors;
+  rt::Rng rng(1, 2);
+  for (const char* d : dtypes) {
+    const size_t itemsize = *rt::safetensors_itemsize(d);
+    buffers.emplace_back(6 * itemsize);
+    for (auto& byte : buffers.back()) byte = static_cast<unsigned char>(rng.next_u32());
+    tensors.push_back({std::string("t_") + d, d, {2, 3}, buffers.back().data()});
+  }
+  const double scalar = 2.5;
+  tensors.push_back({"scalar", "f64", {}, &scalar});
+  tensors.push_back({"empty", "f32", {0, 4}, nullptr});
+  rt::write_safetensors_file(dir / "all.safetensors", tensors, {});
+  CHECK(read_bytes(dir / "all.safetensors").substr(8).find("__metadata__") == std::string::npos);
+
+  rt::SafetensorsFile f(dir / "all.safetensors");
+  REQUIRE(f.tensors().size() == tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = f.tensors()[i];
+    CAPTURE(t.name);
+    CHECK(t.name == tensors[i].name);
+    CHECK(t.dtype == tensors[i].dtype);
+    CHECK(t.shape == tensors[i].shape);
+    if (t.bytes > 0) CHECK(std::memcmp(t.data, tensors[i].data, t.bytes) == 0);
+  }
+  CHECK(f.find("scalar")->bytes == 8);
+  CHECK(f.find("empty")->bytes == 0);
+  CHECK(!rt::safetensors_itemsize("f7"));
+  CHECK(rt::tensor_type_text("f32", {4, 3}) == "f32[4, 3]");
+
+  CHECK_THROWS_AS(rt::write_safetensors_file(dir / "x", {{"a", "c64", {1}, &scalar}}, {}), std::invalid_argument);
+  CHECK_THROWS_AS(rt::write_safetensors_file(dir / "x", {{"a", "f64", {}, &scalar}, {"a", "f64", {}, &scalar}}, {}),
+                  std::invalid_argument);
+}
+
+TEST_CASE("safetensors: the reader rejects every malformed file with a precise message") {
+  TempDir dir;
+  const std::string p = dir / "bad.safetensors";
+  auto err = [&](const std::string& bytes) {
+    write_bytes(p, bytes);
+    return error_of([&] { rt::SafetensorsFile f(p); });
+  };
+  const std::string f32x2 = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+
+  CHECK(err("12345") == p + ": truncated: 5 bytes, not even the 8-byte header length");
+  CHECK(err(u64_le(1000) + std::string(20, ' ')) ==
+        p + ": header length 1000 exceeds the 20 bytes after it (truncated, or not a safetensors file)");
+  CHECK(err(st_file("{\"a\":", "")).starts_with(p + ": header is not valid JSON: "));
+  CHECK(err(st_file("[1, 2]", "")) == p + ": header is not a JSON object");
+  CHECK(err(st_file(R"({"__metadata__":{"k":1}})", "")) == p + ": __metadata__ entry 'k' is not a string");
+  CHECK(err(st_file(R"({"__metadata__":[]})", "")) == p + ": __metadata__ is not an object");
+  CHECK(err(st_file(R"({"a":{"dtype":"F7","shape":[2],"data_offsets":[0,8]}})", std::string(8, 0))) ==
+        p + ": tensor 'a' has unknown or unsupported dtype 'F7'");
+  CHECK(err(st_file(R"({"a":{"shape":[2],"data_offsets":[0,8]}})", std::string(8, 0))) ==
+        p + ": tensor 'a' has no dtype string");
+  CHECK(err(st_file(R"({"a":{"dtype":"F32","data_offsets":[0,8]}})", std::string(8, 0))) ==
+        p + ": tensor 'a' has no shape array");
+  CHECK(err(st_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", std::string(8, 0))) ==
+        p + ": tensor 'a': shape [-2] is not a list of sizes");
+  CHECK(err(st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", std::string(8, 0))) ==
+        p + ": tensor 'a' has no data_offsets [begin, end]");
+  CHECK(err(st_file(R"({"a":3})", "")) == p + ": tensor 'a' is not an object");
+  CHECK(err(st_file(R"({"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})", std::string(20, 0))) ==
+        p + ": tensor 'a': f32[2, 3] needs 24 bytes, but data_offsets [0, 20] span 20");
+  CHECK(err(st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", std::string(8, 0))) ==
+        p + ": tensor 'a': f32[2] needs 8 bytes, but data_offsets [8, 0] span a negative range");
+  CHECK(err(st_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                    std::string(12, 0))) ==
+        p + ": tensor 'b' starts at byte 8 of the data, but 'a' ends at 4 (tensors must be laid out without gaps or overlaps)");
+  CHECK(err(st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                    std::string(8, 0))) ==
+        p + ": tensor 'b' starts at byte 4 of the data, but 'a' ends at 8 (tensors must be laid out without gaps or overlaps)");
+  CHECK(err(st_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", std::string(8, 0))) ==
+        p + ": tensor 'a' starts at byte 4 of the data, but the data section starts at 0 (tensors must be laid out "
+            "without gaps or overlaps)");
+  CHECK(err(st_file(f32x2, std::string(5, 0))) ==
+        p + ": truncated: the header describes 8 bytes of tensor data, the file holds 5");
+  CHECK(err(st_file(f32x2, std::string(9, 0))) ==
+        p + ": 1 bytes after the last tensor (the header describes 8 bytes of data, the file holds 9)");
+  CHECK(err(st_file(f32x2 + "   ", std::string(8, 0))) == "(no error)");  // padding is fine
+}
+
+// ------------------------------------------------------------------ checkpoints
+
+TEST_CASE("checkpoint: a round trip is bit-exact and returns the metadata") {
+  TempDir dir;
+  Model saved(1);
+  const std::string path = rt::write_checkpoint(dir / "ckpt", 100, saved.all(), "hash-abc", {{"model", "gpt"}, {"seed", "1"}}, 3);
+  CHECK(path == dir / "ckpt/step-000100.safetensors");
+  CHECK(files_in(dir / "ckpt") == std::vector<std::string>{"step-000100.safetensors"});
+  CHECK((fs::status(path).permissions() & fs::perms::others_read) != fs::perms::none);
+
+  Model loaded(0);
+  CHECK(!(loaded == saved));
+  auto meta = rt::read_checkpoint(path, loaded.all(), "hash-abc");
+  CHECK(loaded == saved);
+  CHECK(meta.at("format") == "napkin-checkpoint-1");
+  CHECK(meta.at("model_hash") == "hash-abc");
+  CHECK(meta.at("step") == "100");
+  CHECK(meta.at("model") == "gpt");
+  CHECK(meta.at("seed") == "1");
+  // The checksum is CRC-32C of everything after the header.
+  rt::SafetensorsFile f(path);
+  char want[32];
+  std::snprintf(want, sizeof want, "crc32c:%08x", rt::crc32c(f.data_section(), f.data_size()));
+  CHECK(meta.at("checksum") == want);
+  // Tensors are stored in the order given, under their names.
+  CHECK(f.tensors()[0].name == "wte");
+  CHECK(f.tensors()[4].name == "optimizer.step");
+  CHECK(f.tensors()[4].shape.empty());
+
+  CHECK(rt::checkpoint_filename(0) == "step-000000.safetensors");
+  CHECK(rt::checkpoint_filename(1234567) == "step-1234567.safetensors");
+  CHECK_THROWS_AS(rt::write_checkpoint(dir / "ckpt", 1, saved.all(), "h", {{"step", "5"}}, 3), std::invalid_argument);
+}
+
+TEST_CASE("checkpoint: a flipped byte, a truncated file and another model's checkpoint are clear errors") {
+  TempDir dir;
+  Model saved(1);
+  const std::string path = rt::write_checkpoint(dir.path, 100, saved.all(), "hash-abc", {}, 0);
+  const std::string good = read_bytes(path);
+  Model loaded(0);
+
+  std::string flipped = good;
+  flipped[flipped.size() - 20] ^= 0x01;
+  write_bytes(path, flipped);
+  const std::string e = error_of([&] { rt::read_checkpoint(path, loaded.all(), "hash-abc"); });
+  CHECK(e.starts_with(path + ": checksum mismatch (file is corrupt): the metadata says crc32c:"));
+  CHECK(e.find(", the data hashes to crc32c:") != std::string::npos);
+  CHECK(error_of([&] { rt::read_weights(path, loaded.params()); }).starts_with(path + ": checksum mismatch"));
+  CHECK(loaded == Model(0));  // nothing was copied
+
+  write_bytes(path, good.substr(0, good.size() - 4));
+  CHECK(error_of([&] { rt::read_checkpoint(path, loaded.all(), "hash-abc"); }) ==
+        path + ": truncated: the header describes 115 bytes of tensor data, the file holds 111");
+
+  write_bytes(path, good);
+  CHECK(error_of([&] { rt::read_checkpoint(path, loaded.all(), "hash-xyz"); }) ==
+        path + ": checkpoint was written by a different model (hash hash-abc, this trainer hash-xyz)");
+
+  rt::write_safetensors_file(dir / "plain.safetensors", {}, {});
+  CHECK(error_of([&] { rt::read_checkpoint(dir / "plain.safetensors", {}, "h"); }) ==
+        dir / "plain.safetensors: not a napkin checkpoint (no 'format' in its metadata)");
+}
+
+TEST_CASE("checkpoint: missing, unexpected, wrong-shape and wrong-dtype tensors are listed together") {
+  TempDir dir;
+  Model saved(1);
+  const std::string path = rt::write_checkpoint(dir.path, 7, saved.all(), "h", {}, 0);
+  Model loaded(0);
+  std::vector<float> extra(2), wide(15);
+  std::vector<rt::TensorRef> into = {{"wte", "f32", {5, 3}, wide.data()},
+                                     {"blocks.0.w", "f16", {2, 2}, loaded.w.data()},
+                                     {"adam.m.wte", "f32", {4, 3}, loaded.m_wte.data()},
+                                     {"optimizer.step", "i64", {}, &loaded.step},
+                                     {"blocks.1.b", "f32", {2}, extra.data()}};
+  CHECK(error_of([&] { rt::read_checkpoint(path, into, "h"); }) ==
+        path + ": does not match this model (4 problems)\n"
+               "  wrong shape: wte is f32[4, 3] in the file, f32[5, 3] in this model\n"
+               "  wrong dtype: blocks.0.w is bf16[2, 2] in the file, f16[2, 2] in this model\n"
+               "  missing: blocks.1.b (f32[2])\n"
+               "  unexpected: mask (bool[3]) is not in this model");
+  CHECK(loaded == Model(0));
+}
+
+TEST_CASE("checkpoint: --init weights load from any safetensors file with exactly the params") {
+  TempDir dir;
+  Model saved(1);
+  std::vector<rt::TensorData> plain;
+  for (const auto& t : saved.params()) plain.push_back({t.name, t.dtype, t.shape, t.data});
+  rt::write_safetensors_file(dir / "init.safetensors", plain, {{"source", "pytorch"}});
+  Model loaded(0);
+  rt::read_weights(dir / "init.safetensors", loaded.params());
+  CHECK(std::memcmp(loaded.wte.data(), saved.wte.data(), 48) == 0);
+  CHECK(loaded.w == saved.w);
+  CHECK(loaded.mask == saved.mask);
+
+  // A full checkpoint holds optimizer state the params do not name.
+  const std::string ckpt = rt::write_checkpoint(dir / "ckpt", 1, saved.all(), "h", {}, 0);
+  CHECK(error_of([&] { rt::read_weights(ckpt, loaded.params()); }) ==
+        ckpt + ": does not match this model (2 problems)\n"
+               "  unexpected: adam.m.wte (f32[4, 3]) is not in this model\n"
+               "  unexpected: optimizer.step (i64[]) is not in this model");
+  auto more = loaded.params();
+  more.push_back({"lm_head", "f32", {3, 4}, loaded.m_wte.data()});
+  CHECK(error_of([&] { rt::read_weights(dir / "init.safetensors", more); }) ==
+        dir / "init.safetensors: does not match this model (1 problem)\n  missing: lm_head (f32[3, 4])");
+}
+
+TEST_CASE("checkpoint: latest_checkpoint picks the highest step and ignores temp and other files") {
+  TempDir dir;
+  CHECK(!rt::latest_checkpoint(dir / "nope"));
+  CHECK(!rt::latest_checkpoint(dir.path));
+  for (const char* name : {"step-000050.safetensors", "step-000100.safetensors", "step-1000000.safetensors",
+                           ".tmp-step-2000000.safetensors-AbC123", "step-3000000.safetensors.bak", "notes.txt",
+                           "step-.safetensors", "step-12x.safetensors"})
+    write_bytes(dir / name, "");
+  fs::create_directory(dir / "step-5000000.safetensors");  // not a file
+  CHECK(rt::latest_checkpoint(dir.path) == dir / "step-1000000.safetensors");
+}
+
+TEST_CASE("checkpoint: keep = 2 keeps the two newest; keep = 0 keeps all") {
+  TempDir dir;
+  Model m(1);
+  for (int64_t step : {1, 2, 3, 4}) rt::write_checkpoint(dir.path, step, m.all(), "h", {}, 2);
+  CHECK(files_in(dir.path) == std::vector<std::string>{"step-000003.safetensors", "step-000004.safetensors"});
+  for (int64_t step : {5, 6}) rt::write_checkpoint(dir.path, step, m.all(), "h", {}, 0);
+  CHECK(files_in(dir.path).size() == 4);
+  CHECK(rt::latest_checkpoint(dir.path) == dir / "step-000006.safetensors");
+}
+
+TEST_CASE("checkpoint: a failed write leaves the previous checkpoint intact and no temp file") {
+  TempDir dir;
+  Model first(1), second(2);
+  const std::string kept = rt::write_checkpoint(dir.path, 100, first.all(), "h", {}, 1);
+  const std::string before = read_bytes(kept);
+
+  SUBCASE("the rename fails (a directory is in the way)") {
+    fs::create_directories(dir / "step-000200.safetensors/x");
+    CHECK(error_of([&] { rt::write_checkpoint(dir.path, 200, second.all(), "h", {}, 1); })
+              .starts_with(dir / "step-000200.safetensors: cannot rename the temporary file into place: "));
+    CHECK(files_in(dir.path) == std::vector<std::string>{"step-000100.safetensors", "step-000200.safetensors"});
+  }
+  SUBCASE("the disk fills up mid-write (RLIMIT_FSIZE)") {
+    // Writes past the limit fail with EFBIG instead of raising SIGXFSZ.
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit old_limit;
+    getrlimit(RLIMIT_FSIZE, &old_limit);
+    rlimit small = old_limit;
+    small.rlim_cur = 200;
+    setrlimit(RLIMIT_FSIZE, &small);
+    const std::string e = error_of([&] { rt::write_checkpoint(dir.path, 200, second.all(), "h", {}, 1); });
+    setrlimit(RLIMIT_FSIZE, &old_limit);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(e == dir / "step-000200.safetensors: cannot write: File too large");
+    CHECK(files_in(dir.path) == std::vector<std::string>{"step-000100.safetensors"});
+  }
+  SUBCASE("the directory cannot be created") {
+    write_bytes(dir / "file", "");
+    CHECK(error_of([&] { rt::write_checkpoint(dir / "file/sub", 200, second.all(), "h", {}, 1); })
+              .starts_with(dir / "file/sub: cannot create the checkpoint directory: "));
+  }
+  CHECK(read_bytes(kept) == before);
+  CHECK(rt::latest_checkpoint(dir.path) == kept);
+  Model loaded(0);
+  rt::read_checkpoint(kept, loaded.all(), "h");
+  CHECK(loaded == first);
+}
