@@ -1,5 +1,7 @@
 #include "passes/report.h"
 
+#include "passes/arena_plan.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -294,6 +296,10 @@ std::string memory_section(const ir::Graph& g, const MemoryReport& m) {
     out += fmt::format("      {:>12}  {:<18} {:<32} line {}\n", human_bytes(static_cast<double>(b.bytes)),
                        memory_category_name(b.category), b.name, b.line);
   }
+  ArenaPlan arena = plan_arena(m);
+  out += fmt::format("  arena                {:>22}  ({}: the planned offsets a trainer allocates, peak {:+.2f}%)\n",
+                     with_commas(static_cast<double>(arena.arena_bytes)), human_bytes(static_cast<double>(arena.arena_bytes)),
+                     m.peak.bytes > 0 ? 100.0 * static_cast<double>(arena.arena_bytes - m.peak.bytes) / static_cast<double>(m.peak.bytes) : 0.0);
   static const ir::Phase kPhases[] = {ir::Phase::Forward, ir::Phase::Backward, ir::Phase::Optimizer};
   for (ir::Phase phase : kPhases) {
     const MemoryPeak& p = m.phase_peak(phase);
@@ -393,6 +399,7 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
                  {"activations", cat(MemoryCategory::SavedActivations)},
                  {"temporaries", cat(MemoryCategory::Temporaries)},
                  {"peak", memory.peak.bytes},
+                 {"arena", plan_arena(memory).arena_bytes},
                  {"peak_detail", peak_json(memory.peak)},
                  {"peak_forward", memory.phase_peak(ir::Phase::Forward).bytes},
                  {"peak_backward", memory.phase_peak(ir::Phase::Backward).bytes},
