@@ -2,41 +2,72 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <sstream>
 
 #include "runtime/error.h"
 
-// OpenBLAS, declared here rather than through <cblas.h>: Debian's cblas.h is an
-// alternative that may point at netlib's header, which lacks the openblas_*
-// calls. The enums are ints in the CBLAS ABI.
-extern "C" {
-void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a, int lda,
-                 const float* b, int ldb, float beta, float* c, int ldc);
-void cblas_dgemm(int order, int trans_a, int trans_b, int m, int n, int k, double alpha, const double* a, int lda,
-                 const double* b, int ldb, double beta, double* c, int ldc);
-void openblas_set_num_threads(int num_threads);
-}
+#include <dlfcn.h>
+#include <oneapi/dnnl/dnnl.h>
 
 namespace napkin::runtime {
 
 namespace {
 
-constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+// Below this many FLOPs a matmul runs on the calling thread: a hot pool
+// dispatch costs ~0.2-1 µs and one core does 32^3..48^3 (66-221 kFLOP) in
+// 0.6-2 µs (bench/gemm_peak.cpp --pool, "small").
+constexpr double kMinParallelFlops = 2.5e5;
 
-// Below this many FLOPs a matmul runs on the calling thread: a pool dispatch
-// costs ~1-2 µs, i.e. ~200 kFLOP of one core's time (bench/gemm_peak.cpp, "small").
-constexpr double kMinParallelFlops = 4.0e5;
+// oneDNN (Debian's build) runs its own parallel regions on OpenMP. napkin's
+// pool threads each call dnnl_sgemm single-threaded: OpenMP's nthreads ICV is
+// per thread, so every thread that calls sgemm sets it to 1 once. libgomp is
+// already loaded (libdnnl depends on it); looking the calls up at run time
+// spares the trainer a -lgomp.
+void make_openmp_serial() {
+  thread_local bool done = false;
+  if (done) return;
+  done = true;
+  using SetFn = void (*)(int);
+  using GetFn = int (*)();
+  static auto set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  static auto get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  if (set && (!get || get() != 1)) set(1);
+}
 
 void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                int64_t ldb, float* c, int64_t ldc) {
-  cblas_sgemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m), int(n), int(k), 1.0f, a, int(lda), b,
-              int(ldb), 0.0f, c, int(ldc));
+  make_openmp_serial();
+  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  if (st != dnnl_success)
+    throw Error("dnnl_sgemm failed (status " + std::to_string(int(st)) + ") for m=" + std::to_string(m) +
+                " n=" + std::to_string(n) + " k=" + std::to_string(k));
 }
-void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b,
-               int64_t ldb, double* c, int64_t ldc) {
-  cblas_dgemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m), int(n), int(k), 1.0, a, int(lda), b,
-              int(ldb), 0.0, c, int(ldc));
+
+// float64: no oneDNN path; a plain loop, correct and vectorizable, for the
+// f64 models (checks, not speed). op(A), op(B) as for BLAS, row-major.
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* __restrict a, int64_t lda,
+               const double* __restrict b, int64_t ldb, double* __restrict c, int64_t ldc) {
+  const int64_t am = ta ? 1 : lda, ak = ta ? lda : 1;
+  const int64_t bk = tb ? 1 : ldb, bn = tb ? ldb : 1;
+  for (int64_t i = 0; i < m; ++i) {
+    double* __restrict cr = c + i * ldc;
+    const double* __restrict ar = a + i * am;
+    if (bn == 1) {  // rows of B contiguous: C row += a_ip * B row p
+      for (int64_t j = 0; j < n; ++j) cr[j] = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double x = ar[p * ak];
+        const double* __restrict br = b + p * bk;
+        for (int64_t j = 0; j < n; ++j) cr[j] += x * br[j];
+      }
+    } else {  // B^T: columns of B contiguous, dot products
+      for (int64_t j = 0; j < n; ++j) {
+        const double* bc = b + j * bn;
+        double acc = 0.0;
+        for (int64_t p = 0; p < k; ++p) acc += ar[p * ak] * bc[p];
+        cr[j] = acc;
+      }
+    }
+  }
 }
 
 std::string dims_str(const std::vector<int64_t>& v) {
@@ -77,19 +108,12 @@ std::string MatmulDesc::to_string() const {
   return os.str();
 }
 
-void Gemm::init_blas() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
-
 Gemm::Gemm(MatmulDesc desc) : d_(std::move(desc)) {
   auto fail = [&](const std::string& what) { throw Error("matmul " + d_.to_string() + ": " + what); };
   size_t nb = d_.batch.size();
   if (d_.a_batch_stride.size() != nb || d_.b_batch_stride.size() != nb || d_.c_batch_stride.size() != nb)
     fail("need one a, b and c batch stride per batch dim");
   if (d_.m < 0 || d_.n < 0 || d_.k < 0) fail("negative size");
-  constexpr int64_t kIntMax = 0x7fffffff;
-  if (d_.m > kIntMax || d_.n > kIntMax || d_.k > kIntMax) fail("m, n and k must fit in 32 bits (BLAS)");
   for (size_t i = 0; i < nb; ++i) {
     if (d_.batch[i] < 0) fail("negative batch size");
     if (d_.batch[i] > 1 && d_.c_batch_stride[i] == 0 && d_.m > 0 && d_.n > 0)
@@ -139,8 +163,6 @@ Gemm::Gemm(MatmulDesc desc) : d_(std::move(desc)) {
   if (!a_direct_) trans_a_ = false, lda_ = std::max<int64_t>(k, 1);
   if (!b_direct_) trans_b_ = false, ldb_ = std::max<int64_t>(n, 1);
   ldc_ = m <= 1 ? std::max<int64_t>(n, 1) : d_.c_m_stride;
-  if (lda_ > kIntMax || ldb_ > kIntMax || ldc_ > kIntMax) fail("a leading stride does not fit in 32 bits (BLAS)");
-  init_blas();
 }
 
 void Gemm::batch_offsets(int64_t index, int64_t* oa, int64_t* ob, int64_t* oc) const {

@@ -11,15 +11,19 @@
 // k, v viewed inside a fused qkv buffer: batch dims (b, h), strides
 // (T*3*d, head_dim)). C's n stride is 1.
 //
-// Implementation (chosen by measurement, bench/gemm_peak.cpp, numbers in
-// bench/README.md): OpenBLAS's sgemm/dgemm, single-threaded, called from the
-// chunks of napkin's ThreadPool: a batch is split across the workers, a
-// single matrix is split into row (or column) panels. All of the trainer's
-// parallelism then comes from one pool; OpenBLAS's own threads never run.
-// Splits depend only on the shape and the pool size, so results are
-// bit-identical run to run for a given thread count.
+// Implementation (chosen by measurement, bench/gemm_peak.cpp; numbers in
+// bench/README.md): fp32 is oneDNN's dnnl_sgemm, single-threaded, called from
+// the chunks of napkin's ThreadPool: a batch is split across the workers, a
+// single matrix (or a batch that does not divide evenly) into row or column
+// panels. All of the trainer's parallelism then comes from the one pool;
+// oneDNN's OpenMP threads never start (each pool thread sets OpenMP's
+// per-thread thread count to 1 before its first sgemm). fp64 is a plain loop
+// on the same split (f64 trainers are for checking, not speed). Splits depend
+// only on the shape and the pool size, so results are bit-identical run to
+// run for a given thread count. Matmuls under ~250 kFLOP run inline.
 //
-// Link: -lopenblas -lpthread (CMake: target napkin_runtime carries them).
+// Link: -ldnnl -lpthread (CMake: target napkin_runtime carries them; packages
+// libdnnl-dev, which brings libgomp).
 #pragma once
 
 #include <cstdint>
@@ -59,10 +63,6 @@ class Gemm {
   const MatmulDesc& desc() const { return d_; }
   int64_t batch_count() const { return batch_count_; }
   double flops() const { return 2.0 * double(batch_count_) * double(d_.m) * double(d_.n) * double(d_.k); }
-
-  // Calls openblas_set_num_threads(1) once per process (Gemm's constructor
-  // does it too); exposed so a trainer can do it first thing in main.
-  static void init_blas();
 
  private:
   template <class T>

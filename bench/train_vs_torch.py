@@ -1,0 +1,422 @@
+#!/usr/bin/python3
+"""Training step time: napkin's generated trainer vs PyTorch 1.13 eager, on this CPU.
+
+For each model (cruncher, mlp, gpt at their YAML sizes, all fp32) the script
+
+  napkin: builds the trainer (`napkin build models/X.yaml -o TMP/X`), writes
+          random data files in a temp dir (npy per input, or a u16 token file),
+          runs WARMUP + STEPS steps with `--order sequential --log-every 1
+          --metrics TMP/X.jsonl --threads T --quiet`, and takes the median
+          `step_ms` of the steps after the warmup;
+  torch:  builds the same model by hand (same shapes, same math: tanh gelu,
+          layernorm eps 1e-5, causal attention through the full T x T scores,
+          tied logits, AdamW/Adagrad with the YAML's options, no_decay groups,
+          clip_grad_norm_ where the YAML has grad_clip), torch.set_num_threads(T),
+          and times each full step with time.perf_counter(): zero_grad
+          (set_to_none), forward, backward, clipping, optimizer.step. The
+          optimizer's foreach=True and foreach=False are both timed and the
+          faster one is reported (torch 1.13 has `foreach` on AdamW and Adagrad;
+          it has no F.scaled_dot_product_attention, so attention is
+          matmul + masked_fill + softmax).
+
+The two sides alternate (--rounds, default 2: napkin, torch, napkin, torch)
+so that both see the same background load, and each side's time is its best
+median over the rounds. The script prints the step times, the ratio torch/napkin (> 1: napkin is
+faster), and the achieved GFLOP/s of each, computed from napkin's static
+FLOPs per step (`napkin report MODEL --json`, key flops.total, the same count
+for both) over the median step time, against the CPU's GEMM peak (--peak,
+GFLOP/s, default 350). Targets: napkin >= 1.2x torch on cruncher and mlp,
+>= 2x on gpt; each row says PASS or MISS.
+
+Exit status: 0 when every target is met; 1 when one is missed or napkin's
+trainer could not be built or run (the reason is printed, and the torch half
+still runs); 2 on a usage error.
+
+Usage: bench/train_vs_torch.py [--napkin build/tools/napkin] [--steps 30] [--warmup 5]
+                               [--threads 2] [--rounds 2] [--peak 350] [--only cruncher,mlp,gpt]
+                               [--torch-only] [--keep]
+"""
+import argparse
+import fnmatch
+import json
+import math
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name -> (YAML, target ratio torch/napkin)
+MODELS = {
+    "cruncher": ("models/cruncher.yaml", 1.2),
+    "mlp": ("models/mlp.yaml", 1.2),
+    "gpt": ("models/gpt.yaml", 2.0),
+}
+DIMS = {  # the YAMLs' own dims (no --dims: the trainers are built as the files are)
+    "cruncher": {"batch": 256, "d": 1024, "layers": 4},
+    "mlp": {"batch": 512, "d_in": 784, "hidden": 1024, "classes": 10},
+    "gpt": {"batch": 16, "seq": 128, "vocab": 256, "d": 256, "heads": 4, "layers": 4},
+}
+DATA_BATCHES = 8  # random data: this many batches' worth of rows (sequential order cycles through them)
+
+
+def glob_match(pattern, name):  # napkin's no_decay glob: '*' any run (dots included), '?' one character
+    return fnmatch.fnmatchcase(name, pattern.replace("[", "[[]"))
+
+
+# ---------------------------------------------------------------------------
+# Random data files for napkin and the same batches for torch
+# ---------------------------------------------------------------------------
+
+def make_data(name, tmp, rng):
+    """Writes the data files; returns (trainer flags, torch batches: list of input tuples)."""
+    dm = DIMS[name]
+    if name == "cruncher":
+        n = dm["batch"] * DATA_BATCHES
+        x = rng.standard_normal((n, dm["d"]), dtype=np.float32)
+        y = rng.standard_normal(n, dtype=np.float32)
+        np.save(os.path.join(tmp, "x.npy"), x)
+        np.save(os.path.join(tmp, "y.npy"), y)
+        flags = ["--data-file", f"x={tmp}/x.npy", "--data-file", f"y={tmp}/y.npy"]
+        b = dm["batch"]
+        batches = [(torch.from_numpy(x[i * b:(i + 1) * b]), torch.from_numpy(y[i * b:(i + 1) * b]))
+                   for i in range(DATA_BATCHES)]
+        return flags, batches
+    if name == "mlp":
+        n = dm["batch"] * DATA_BATCHES
+        images = rng.standard_normal((n, dm["d_in"]), dtype=np.float32)
+        labels = rng.integers(0, dm["classes"], n, dtype=np.int32)
+        np.save(os.path.join(tmp, "images.npy"), images)
+        np.save(os.path.join(tmp, "labels.npy"), labels)
+        flags = ["--data-file", f"images={tmp}/images.npy", "--data-file", f"labels={tmp}/labels.npy"]
+        b = dm["batch"]
+        batches = [(torch.from_numpy(images[i * b:(i + 1) * b]), torch.from_numpy(labels[i * b:(i + 1) * b]).long())
+                   for i in range(DATA_BATCHES)]
+        return flags, batches
+    if name == "gpt":
+        b, t = dm["batch"], dm["seq"]
+        # enough tokens that the 0.9 training split holds DATA_BATCHES batches of windows
+        n = int(math.ceil((b * t * DATA_BATCHES + t + 1) / 0.9)) + t
+        tokens = rng.integers(0, dm["vocab"], n, dtype=np.uint16)
+        tokens.astype("<u2").tofile(os.path.join(tmp, "tokens.u16"))
+        flags = ["--data", f"{tmp}/tokens.u16"]
+        tok = torch.from_numpy(tokens.astype(np.int64))
+        batches = []
+        for i in range(DATA_BATCHES):
+            rows = [tok[(i * b + r) * t:(i * b + r) * t + t + 1] for r in range(b)]
+            w = torch.stack(rows)
+            batches.append((w[:, :t].contiguous(), w[:, 1:].contiguous()))
+        return flags, batches
+    raise ValueError(name)
+
+
+# ---------------------------------------------------------------------------
+# The models in PyTorch eager, the fastest straightforward formulation
+# ---------------------------------------------------------------------------
+
+def xavier(shape):  # napkin's xavier: N(0, 1/fan_in) truncated at 3 std
+    t = torch.empty(shape)
+    torch.nn.init.trunc_normal_(t, std=1.0, a=-3.0, b=3.0)
+    return (t / math.sqrt(math.prod(shape[:-1]))).requires_grad_(True)
+
+
+def normal(shape, std):
+    return (torch.randn(shape) * std).requires_grad_(True)
+
+
+class Cruncher:
+    def __init__(self):
+        dm = DIMS["cruncher"]
+        self.params = {"final": xavier((dm["d"], 1))}
+        for i in range(dm["layers"]):
+            self.params[f"layers.{i}.w"] = xavier((dm["d"], dm["d"]))
+        self.ws = [self.params[f"layers.{i}.w"] for i in range(dm["layers"])]
+
+    def loss(self, x, y):
+        for w in self.ws:
+            x = x @ w
+        return F.mse_loss((x @ self.params["final"]).view(-1), y)
+
+    def optimizer(self, foreach):  # adagrad(lr=0.01), eps 1e-10 (torch's default too)
+        return torch.optim.Adagrad(list(self.params.values()), lr=0.01, eps=1e-10, foreach=foreach), 0.0
+
+
+class MLP:
+    def __init__(self):
+        dm = DIMS["mlp"]
+        I, H, C = dm["d_in"], dm["hidden"], dm["classes"]
+        self.params = {"w1": xavier((I, H)), "b1": torch.zeros(H, requires_grad=True),
+                       "w2": xavier((H, H)), "b2": torch.zeros(H, requires_grad=True),
+                       "w3": xavier((H, C)), "b3": torch.zeros(C, requires_grad=True)}
+
+    def loss(self, images, labels):
+        p = self.params
+        # addmm (bias fused into the GEMM) is what a torch user gets from nn.Linear; same math as `@ w + b`
+        h1 = F.gelu(torch.addmm(p["b1"], images, p["w1"]), approximate="tanh")
+        h2 = F.gelu(torch.addmm(p["b2"], h1, p["w2"]), approximate="tanh")
+        return F.cross_entropy(torch.addmm(p["b3"], h2, p["w3"]), labels)
+
+    def optimizer(self, foreach):  # adamw(lr=1e-3, weight_decay=0.01, no_decay=["b*"])
+        return adamw(self.params, lr=1e-3, betas=(0.9, 0.999), wd=0.01, no_decay=["b*"], foreach=foreach), 0.0
+
+
+class GPT:
+    def __init__(self):
+        dm = DIMS["gpt"]
+        self.B, self.T, self.V, self.D, self.H, self.L = (dm[k] for k in ("batch", "seq", "vocab", "d", "heads", "layers"))
+        D, T, V, L = self.D, self.T, self.V, self.L
+        self.HD = D // self.H
+        small = 0.02 / math.sqrt(2 * L)
+        p = {"wte": normal((V, D), 0.02), "wpe": normal((T, D), 0.02),
+             "lnf_g": torch.ones(D, requires_grad=True), "lnf_b": torch.zeros(D, requires_grad=True)}
+        for i in range(L):
+            p.update({f"blocks.{i}.ln1_g": torch.ones(D, requires_grad=True),
+                      f"blocks.{i}.ln1_b": torch.zeros(D, requires_grad=True),
+                      f"blocks.{i}.w_qkv": normal((D, 3 * D), 0.02),
+                      f"blocks.{i}.w_proj": normal((D, D), small),
+                      f"blocks.{i}.ln2_g": torch.ones(D, requires_grad=True),
+                      f"blocks.{i}.ln2_b": torch.zeros(D, requires_grad=True),
+                      f"blocks.{i}.w_fc": normal((D, 4 * D), 0.02),
+                      f"blocks.{i}.w_out": normal((4 * D, D), small)})
+        self.params = p
+        self.blocks = [[p[f"blocks.{i}.{n}"] for n in ("ln1_g", "ln1_b", "w_qkv", "w_proj", "ln2_g", "ln2_b",
+                                                       "w_fc", "w_out")] for i in range(L)]
+        self.mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        self.pos = torch.arange(T)
+
+    def loss(self, tokens, targets):
+        B, T, D, H, HD, V = self.B, self.T, self.D, self.H, self.HD, self.V
+        p = self.params
+        x = F.embedding(tokens, p["wte"]) + F.embedding(self.pos, p["wpe"])   # [B, T, D]
+        x = x.view(B * T, D)
+        scale = 1.0 / math.sqrt(HD)
+        for ln1_g, ln1_b, w_qkv, w_proj, ln2_g, ln2_b, w_fc, w_out in self.blocks:
+            qkv = F.layer_norm(x, (D,), ln1_g, ln1_b, 1e-5) @ w_qkv              # [B*T, 3D], one GEMM
+            q, k, v = qkv.view(B, T, 3, H, HD).permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, HD] views
+            att = torch.matmul(q, k.transpose(-1, -2)) * scale
+            att = torch.softmax(att.masked_fill_(self.mask, float("-inf")), dim=-1)
+            y = torch.matmul(att, v).transpose(1, 2).reshape(B * T, D)
+            x = x + y @ w_proj
+            h = F.gelu(F.layer_norm(x, (D,), ln2_g, ln2_b, 1e-5) @ w_fc, approximate="tanh")
+            x = x + h @ w_out
+        logits = F.layer_norm(x, (D,), p["lnf_g"], p["lnf_b"], 1e-5) @ p["wte"].t()  # tied, [B*T, V]
+        return F.cross_entropy(logits, targets.view(-1))
+
+    def optimizer(self, foreach):
+        # adamw(lr=3e-4, betas=[0.9, 0.95], weight_decay=0.1, grad_clip=1.0, no_decay=["*_g", "*_b", "wpe"])
+        return adamw(self.params, lr=3e-4, betas=(0.9, 0.95), wd=0.1, no_decay=["*_g", "*_b", "wpe"],
+                     foreach=foreach), 1.0
+
+
+def adamw(params, lr, betas, wd, no_decay, foreach):
+    decay = [p for n, p in params.items() if not any(glob_match(g, n) for g in no_decay)]
+    nod = [p for n, p in params.items() if any(glob_match(g, n) for g in no_decay)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": nod, "weight_decay": 0.0}],
+                             lr=lr, betas=betas, eps=1e-8, foreach=foreach)
+
+
+TORCH_MODELS = {"cruncher": Cruncher, "mlp": MLP, "gpt": GPT}
+
+
+def time_torch(name, batches, steps, warmup, foreach):
+    torch.manual_seed(0)
+    model = TORCH_MODELS[name]()
+    opt, clip = model.optimizer(foreach)
+    params = list(model.params.values())
+    times, losses = [], []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        inputs = batches[i % len(batches)]
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(*inputs)
+        loss.backward()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        t1 = time.perf_counter()
+        losses.append(loss.item())  # after the clock stops: .item() would only add a sync on GPU anyway
+        if i >= warmup:
+            times.append((t1 - t0) * 1e3)
+    if not all(math.isfinite(v) for v in losses):
+        raise RuntimeError(f"torch {name}: non-finite loss")
+    return statistics.median(times), losses
+
+
+# ---------------------------------------------------------------------------
+# napkin
+# ---------------------------------------------------------------------------
+
+class NapkinError(Exception):
+    pass
+
+
+def run(cmd, what, timeout=None):
+    print("$ " + shlex.join(cmd), flush=True)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    except FileNotFoundError as e:
+        raise NapkinError(f"{what}: {e}") from e
+    except subprocess.TimeoutExpired as e:
+        raise NapkinError(f"{what}: timed out after {timeout} s") from e
+    if r.returncode != 0:
+        tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-15:])
+        raise NapkinError(f"{what} failed (exit status {r.returncode}):\n{tail}")
+    return r.stdout
+
+
+def napkin_flops(napkin, yaml):
+    out = run([napkin, "report", yaml, "--json", "--no-ops"], "napkin report")
+    return float(json.loads(out)["flops"]["total"])
+
+
+def build_trainer(napkin, name, yaml, tmp):
+    trainer = os.path.join(tmp, f"{name}-trainer")
+    try:
+        run([napkin, "build", yaml, "-o", trainer], f"napkin build {yaml}", timeout=900)
+    except NapkinError as e:
+        raise NapkinError(f"could not build napkin's trainer for {name}: {e}") from e
+    if not os.access(trainer, os.X_OK):
+        raise NapkinError(f"napkin build {yaml} exited 0 but wrote no executable {trainer}")
+    return trainer
+
+
+def time_napkin(trainer, name, tmp, data_flags, steps, warmup, threads, round_):
+    metrics = os.path.join(tmp, f"{name}.{round_}.jsonl")
+    run([trainer, "--steps", str(warmup + steps), "--seed", "0", *data_flags, "--order", "sequential",
+         "--log-every", "1", "--metrics", metrics, "--threads", str(threads), "--quiet"],
+        f"napkin trainer for {name}", timeout=900)
+    rows = []
+    with open(metrics) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                rec = json.loads(line)
+                if "step_ms" in rec and "loss" in rec:
+                    rows.append(rec)
+    timed = [r["step_ms"] for r in rows if r["step"] > warmup]
+    if len(timed) < steps:
+        raise NapkinError(f"{metrics}: expected step_ms for steps {warmup + 1}..{warmup + steps}, got {len(timed)} "
+                          f"(of {len(rows)} step lines)")
+    if not all(math.isfinite(r["loss"]) for r in rows):
+        raise NapkinError(f"napkin {name}: non-finite loss in {metrics}")
+    return statistics.median(timed)
+
+
+# ---------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--napkin", default=os.path.join(ROOT, "build/tools/napkin"))
+    ap.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads and napkin --threads (default 2)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="alternate napkin and torch this many times; each side's best median counts (default 2)")
+    ap.add_argument("--peak", type=float, default=350.0, help="the CPU's measured fp32 GEMM peak, GFLOP/s (default 350)")
+    ap.add_argument("--only", default="", help="comma-separated: cruncher,mlp,gpt")
+    ap.add_argument("--torch-only", action="store_true", help="time PyTorch alone (no napkin trainer)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (trainers, data, metrics)")
+    args = ap.parse_args()
+    only = [s for s in args.only.split(",") if s] or list(MODELS)
+    if args.rounds < 1 or args.steps < 1 or args.warmup < 0 or args.threads < 1:
+        ap.error("--rounds, --steps and --threads must be >= 1, --warmup >= 0")
+    bad = [s for s in only if s not in MODELS]
+    if bad:
+        ap.error(f"unknown model(s): {', '.join(bad)}; known: {', '.join(MODELS)}")
+
+    sys.stdout.reconfigure(line_buffering=True)  # keep stdout and stderr (napkin's errors) in order
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__} ({sys.executable}), {torch.get_num_threads()} threads; napkin --threads "
+          f"{args.threads}; {args.warmup} warmup + {args.steps} timed steps, median, best of {args.rounds} "
+          f"alternating rounds; fp32; peak {args.peak:g} GFLOP/s")
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(f"warning: load average {load:.2f} before starting; other processes share the CPU and the times "
+              "will be noisy (both sides are measured under the same conditions, one after the other)")
+    tmp = tempfile.mkdtemp(prefix="napkin-train-bench-")
+    rng = np.random.default_rng(0)
+    results, errors = [], []
+    try:
+        for name in only:
+            yaml, target = MODELS[name]
+            print(f"\n== {name} ({yaml}: " + ", ".join(f"{k}={v}" for k, v in DIMS[name].items()) + ")")
+            mdir = os.path.join(tmp, name)
+            os.makedirs(mdir)
+            data_flags, batches = make_data(name, mdir, rng)
+            flops = None
+            try:
+                flops = napkin_flops(args.napkin, yaml)
+            except NapkinError as e:
+                errors.append(f"{name}: {e}")
+                print(f"error: {e}", file=sys.stderr)
+            trainer = None
+            if not args.torch_only:
+                try:
+                    trainer = build_trainer(args.napkin, name, yaml, mdir)
+                except NapkinError as e:
+                    errors.append(f"{name}: {e}")
+                    print(f"error: {e}", file=sys.stderr)
+            # Rounds alternate napkin and torch so that both see the same background load; each side's
+            # time is its best median over the rounds. Round 1 times torch's foreach=False and True;
+            # later rounds only the faster of the two.
+            napkin_ms, variants = None, {}
+            for r in range(args.rounds):
+                if trainer is not None:
+                    try:
+                        ms = time_napkin(trainer, name, mdir, data_flags, args.steps, args.warmup, args.threads, r)
+                        print(f"round {r + 1}: napkin: median step {ms:.2f} ms")
+                        napkin_ms = ms if napkin_ms is None else min(napkin_ms, ms)
+                    except NapkinError as e:
+                        errors.append(f"{name}: {e}")
+                        print(f"error: {e}", file=sys.stderr)
+                        trainer = None
+                for foreach in ((False, True) if r == 0 else (min(variants, key=variants.get),)):
+                    ms, losses = time_torch(name, batches, args.steps, args.warmup, foreach)
+                    variants[foreach] = min(variants.get(foreach, math.inf), ms)
+                    print(f"round {r + 1}: torch (foreach={foreach}): median step {ms:.2f} ms "
+                          f"(loss {losses[0]:.4f} -> {losses[-1]:.4f})")
+            best = min(variants, key=variants.get)
+            results.append((name, target, napkin_ms, variants[best], best, flops))
+    finally:
+        if args.keep:
+            print(f"\nkept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    gf = lambda flops, ms: flops / (ms * 1e-3) / 1e9 if flops and ms else None
+    fmt = lambda v, spec: format(v, spec) if v is not None else format("-", ">" + spec.split(".")[0])
+    print(f"\nmedian step time (best of {args.rounds} rounds), fp32, {args.threads} threads; GFLOP/s = napkin's flops.total per step / step time; "
+          f"peak {args.peak:g} GFLOP/s")
+    print(f"{'model':9} {'GFLOP/step':>10} {'napkin ms':>10} {'torch ms':>10} {'torch/napkin':>12} {'target':>7} "
+          f"{'napkin GF/s':>11} {'%peak':>6} {'torch GF/s':>10} {'%peak':>6}  torch optimizer  result")
+    missed = bool(errors)
+    for name, target, nms, tms, foreach, flops in results:
+        ratio = tms / nms if nms else None
+        ok = ratio is not None and ratio >= target
+        missed |= not ok
+        ngf, tgf = gf(flops, nms), gf(flops, tms)
+        print(f"{name:9} {fmt(flops and flops / 1e9, '10.3f')} {fmt(nms, '10.2f')} {tms:10.2f} "
+              f"{fmt(ratio, '11.2f') + ('x' if ratio else ' ')} {target:6.1f}x {fmt(ngf, '11.1f')} "
+              f"{fmt(ngf and 100 * ngf / args.peak, '6.1f')} {fmt(tgf, '10.1f')} {fmt(tgf and 100 * tgf / args.peak, '6.1f')}"
+              f"  foreach={str(foreach):5}    {'PASS' if ok else ('MISS' if nms else 'n/a (no napkin time)')}")
+    if errors:
+        print("\nnapkin errors:", file=sys.stderr)
+        for e in errors:
+            print("  " + e.replace("\n", "\n    "), file=sys.stderr)
+    if args.torch_only:
+        print("\n--torch-only: napkin's trainer was not run; no target is judged")
+        return 0 if not errors else 1
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
