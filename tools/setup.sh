@@ -21,3 +21,10 @@ fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C build -j2 | grep -v '^\[' || true
 test -x build/tools/napkin
+
+# The built-in GPT's training data (models/gpt.yaml reads data/tiny.u16):
+# byte-level tokens of this repository's own documentation, so the data is
+# ours to use and needs no download. Made once; delete it to remake.
+if [ ! -f data/tiny.u16 ]; then
+  build/tools/napkin data encode README.md docs/*.md -o data/tiny.u16
+fi
