@@ -108,7 +108,8 @@ KernelPlan plan_kernels(const ir::Graph& g) {
     if (cls == ir::OpClass::Contraction) {
       bool gemm_dtype = (k.output.dtype == ir::DType::F32 || k.output.dtype == ir::DType::F64) &&
                         k.inputs[0].dtype == k.output.dtype && k.inputs[1].dtype == k.output.dtype;
-      if (gemm_dtype) k.matmul = lower_to_gemm(contraction_axes(n, k.inputs[0], k.inputs[1], k.output));
+      k.contraction = contraction_axes(n, k.inputs[0], k.inputs[1], k.output);
+      if (gemm_dtype) k.matmul = lower_to_gemm(k.contraction);
       if (k.matmul) k.kind = KernelKind::Matmul;
     }
     if (n.phase == ir::Phase::Forward) {

@@ -49,6 +49,9 @@ struct Kernel {
   std::string where;  // "models/gpt.yaml:39:14 (blocks.0)" or "" when unknown
   std::vector<Operand> inputs;
   Operand output;
+  // A contraction (matmul, einsum): every loop axis with its strides in the
+  // inputs and the output; empty for other ops.
+  std::vector<ContractionAxis> contraction;
   std::optional<MatmulLowering> matmul;  // kind == Matmul
 };
 

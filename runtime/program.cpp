@@ -6,14 +6,6 @@
 
 namespace napkin::runtime {
 
-int dtype_bytes(const std::string& dtype) {
-  static const std::map<std::string, int> sizes = {{"f64", 8}, {"f32", 4}, {"f16", 2},  {"bf16", 2}, {"f8e4m3", 1},
-                                                   {"f8e5m2", 1}, {"i32", 4}, {"i64", 8}, {"bool", 1}};
-  auto it = sizes.find(dtype);
-  if (it == sizes.end()) throw Error("unknown dtype '" + dtype + "'");
-  return it->second;
-}
-
 int64_t TensorSpec::numel() const {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;

@@ -14,9 +14,6 @@
 
 namespace napkin::runtime {
 
-// Bytes per element of a dtype name ("f32" -> 4); throws Error if unknown.
-int dtype_bytes(const std::string& dtype);
-
 struct TensorSpec {
   std::string name;
   std::string role;  // "param", "state", "input", "loss"

@@ -507,29 +507,8 @@ LoopInfo contraction_loops(LoopEmitter& e, const Kernel& k) {
   const Operand& bop = k.inputs[1];
   const Operand& out = k.output;
   std::vector<int64_t> sizes, sa, sb, so;
-  if (k.op == Op::Einsum) {
-    const auto& lhs = k.attrs.get_ints("lhs");
-    const auto& rhs = k.attrs.get_ints("rhs");
-    const auto& oids = k.attrs.get_ints("out");
-    int64_t max_id = 0;
-    for (const auto* ids : {&lhs, &rhs, &oids})
-      for (int64_t id : *ids) max_id = std::max(max_id, id);
-    sizes.assign(max_id + 1, 1), sa.assign(max_id + 1, 0), sb.assign(max_id + 1, 0), so.assign(max_id + 1, 0);
-    for (size_t i = 0; i < lhs.size(); ++i) sizes[lhs[i]] = a.sizes[i], sa[lhs[i]] += a.strides[i];
-    for (size_t i = 0; i < rhs.size(); ++i) sizes[rhs[i]] = bop.sizes[i], sb[rhs[i]] += bop.strides[i];
-    for (size_t i = 0; i < oids.size(); ++i) sizes[oids[i]] = out.sizes[i], so[oids[i]] += out.strides[i];
-  } else {
-    size_t rc = out.sizes.size();
-    std::vector<int64_t> batch(out.sizes.begin(), out.sizes.end() - 2);
-    Operand a_batch = a, b_batch = bop;
-    a_batch.sizes.resize(a.sizes.size() - 2), a_batch.strides.resize(a.sizes.size() - 2);
-    b_batch.sizes.resize(bop.sizes.size() - 2), b_batch.strides.resize(bop.sizes.size() - 2);
-    sizes = batch, sa = broadcast_strides(a_batch, batch), sb = broadcast_strides(b_batch, batch);
-    so.assign(out.strides.begin(), out.strides.end() - 2);
-    size_t ra = a.sizes.size(), rb = bop.sizes.size();
-    sizes.push_back(out.sizes[rc - 2]), sa.push_back(a.strides[ra - 2]), sb.push_back(0), so.push_back(out.strides[rc - 2]);
-    sizes.push_back(out.sizes[rc - 1]), sa.push_back(0), sb.push_back(bop.strides[rb - 1]), so.push_back(out.strides[rc - 1]);
-    sizes.push_back(a.sizes[ra - 1]), sa.push_back(a.strides[ra - 1]), sb.push_back(bop.strides[rb - 2]), so.push_back(0);
+  for (const ContractionAxis& ax : k.contraction) {
+    sizes.push_back(ax.size), sa.push_back(ax.a), sb.push_back(ax.b), so.push_back(ax.c);
   }
   zero_fill(e, out);
   e.loop(e.begin, e.end, [&](llvm::Value*) {
