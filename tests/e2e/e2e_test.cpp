@@ -7,17 +7,15 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
-#include <array>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <sys/wait.h>
 
 #include "runtime/safetensors.h"
+#include "support/test_io.h"
 #include "support/test_models.h"
 
 namespace fs = std::filesystem;
@@ -25,29 +23,10 @@ using nlohmann::json;
 
 namespace {
 
-struct Run {
-  int status;
-  std::string out;  // stdout and stderr together
-};
-
-// Runs a shell command in the source tree.
-Run sh(const std::string& command) {
-  std::string cmd = std::string("cd ") + NAPKIN_SOURCE_DIR + " && " + command + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  REQUIRE(pipe);
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / fmt::format("napkin-e2e-{}-{}", name, getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using napkin::testing::read_bytes;
+using napkin::testing::write_bytes;
+using Run = napkin::testing::CommandResult;
+Run sh(const std::string& command) { return napkin::testing::run_in_source_tree(command); }
 
 // Builds models/<model>.yaml at `dims` into dir/trainer.
 std::string build(const std::string& model, const std::string& dims, const fs::path& dir) {
@@ -68,11 +47,6 @@ std::vector<double> logged_losses(const fs::path& metrics) {
   return losses;
 }
 
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
 const char* kGptDims = "batch=4,seq=32,d=64,heads=4,layers=2";
 const char* kGptData = "--data tests/e2e/data/gpt/tokens.u16";
 
@@ -82,7 +56,8 @@ TEST_CASE("e2e: mlp and gpt losses match PyTorch step by step for 50 steps from 
   for (const char* model : {"mlp", "gpt"}) {
     CAPTURE(model);
     json expected = json::parse(napkin::testing::read_source(fmt::format("tests/e2e/data/{}/expected.json", model)));
-    fs::path dir = scratch(model);
+    napkin::testing::TempDir tmp(std::string("e2e-") + model);
+    fs::path dir = tmp.path;
     std::string trainer = build(expected["model"], expected["dims"], dir);
     std::string args;
     for (const auto& a : expected["trainer_args"]) args += " " + a.get<std::string>();
@@ -101,12 +76,12 @@ TEST_CASE("e2e: mlp and gpt losses match PyTorch step by step for 50 steps from 
     }
     CHECK(got.back() < got.front());  // and it learns
     MESSAGE(std::string(model) << ": worst relative difference to PyTorch over 50 steps " << worst);
-    fs::remove_all(dir);
   }
 }
 
 TEST_CASE("e2e: 10 steps + resume + 10 steps writes the same checkpoint bytes as 20 steps") {
-  fs::path dir = scratch("resume");
+  napkin::testing::TempDir tmp("e2e-resume");
+  fs::path dir = tmp.path;
   std::string trainer = build("models/gpt.yaml", kGptDims, dir);
   std::string common = fmt::format("{} {} --quiet --order random", trainer, kGptData);
   Run whole = sh(fmt::format("{} --steps 20 --checkpoint-dir {} --checkpoint-every 20", common, (dir / "whole").string()));
@@ -118,50 +93,48 @@ TEST_CASE("e2e: 10 steps + resume + 10 steps writes the same checkpoint bytes as
                               (dir / "split").string(), (dir / "split").string()));
   INFO(second.out);
   REQUIRE(second.status == 0);
-  std::string a = file_bytes(dir / "whole" / "step-000020.safetensors");
-  std::string b = file_bytes(dir / "split" / "step-000020.safetensors");
+  std::string a = read_bytes(dir / "whole" / "step-000020.safetensors");
+  std::string b = read_bytes(dir / "split" / "step-000020.safetensors");
   REQUIRE(a.size() > 100000);
   CHECK(a == b);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("e2e: a corrupt, truncated or foreign checkpoint is refused and nothing is overwritten") {
-  fs::path dir = scratch("corrupt");
+  napkin::testing::TempDir tmp("e2e-corrupt");
+  fs::path dir = tmp.path;
   std::string trainer = build("models/gpt.yaml", kGptDims, dir);
   std::string ckpts = (dir / "ckpt").string();
   REQUIRE(sh(fmt::format("{} {} --quiet --steps 2 --checkpoint-dir {} --checkpoint-every 2", trainer, kGptData, ckpts)).status == 0);
   fs::path saved = dir / "ckpt" / "step-000002.safetensors";
-  std::string good = file_bytes(saved);
+  std::string good = read_bytes(saved);
 
   SUBCASE("a flipped byte") {
     std::string bad = good;
     bad[bad.size() - 100] ^= 0x40;
-    std::ofstream(saved, std::ios::binary | std::ios::trunc) << bad;
+    write_bytes(saved, bad);
     Run r = sh(fmt::format("{} {} --quiet --steps 4 --resume {}", trainer, kGptData, ckpts));
     CHECK(r.status == 1);
     CHECK(r.out.find("checksum") != std::string::npos);
-    CHECK(file_bytes(saved) == bad);  // not replaced by a run that never started
+    CHECK(read_bytes(saved) == bad);  // not replaced by a run that never started
   }
   SUBCASE("truncated") {
-    std::ofstream(saved, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() / 2);
+    write_bytes(saved, good.substr(0, good.size() / 2));
     Run r = sh(fmt::format("{} {} --quiet --steps 4 --resume {}", trainer, kGptData, ckpts));
     CHECK(r.status == 1);
     CHECK(r.out.find("error:") != std::string::npos);
   }
   SUBCASE("written by another model") {
-    std::string other = build("models/gpt.yaml", "batch=4,seq=32,d=64,heads=2,layers=2", dir / "..");
     fs::create_directories(dir / "other");
-    std::string other_trainer = (dir / "other" / "trainer").string();
-    fs::rename(other, other_trainer);
+    std::string other_trainer = build("models/gpt.yaml", "batch=4,seq=32,d=64,heads=2,layers=2", dir / "other");
     Run r = sh(fmt::format("{} {} --quiet --steps 4 --resume {}", other_trainer, kGptData, ckpts));
     CHECK(r.status == 1);
     CHECK(r.out.find("different model") != std::string::npos);
   }
-  fs::remove_all(dir);
 }
 
 TEST_CASE("e2e: --init names missing and mis-shaped weights; a NaN stops training and --debug-nan names the op") {
-  fs::path dir = scratch("init");
+  napkin::testing::TempDir tmp("e2e-init");
+  fs::path dir = tmp.path;
   std::string trainer = build("models/mlp.yaml", "batch=16,d_in=64,hidden=32", dir);
   std::string data = "--data-file images=tests/e2e/data/mlp/images.npy --data-file labels=tests/e2e/data/mlp/labels.npy";
   napkin::runtime::SafetensorsFile init(napkin::testing::source_path("tests/e2e/data/mlp/init.safetensors"));
@@ -208,5 +181,4 @@ TEST_CASE("e2e: --init names missing and mis-shaped weights; a NaN stops trainin
   r = sh(fmt::format("{} --quiet --steps 1 --data-file images=no/such.npy --data-file labels=tests/e2e/data/mlp/labels.npy", trainer));
   CHECK(r.status == 1);
   CHECK(r.out.find("no/such.npy") != std::string::npos);
-  fs::remove_all(dir);
 }

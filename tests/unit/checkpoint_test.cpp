@@ -22,39 +22,21 @@
 #include "runtime/error.h"
 #include "runtime/rng.h"
 #include "runtime/safetensors.h"
+#include "support/test_io.h"
 
 namespace rt = napkin::runtime;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = "/tmp/napkin-ckpt-test-XXXXXX";
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return path + "/" + name; }
+using napkin::testing::error_of;
+using napkin::testing::read_bytes;
+using napkin::testing::write_bytes;
+
+// A fresh directory for one test case.
+struct TempDir : napkin::testing::TempDir {
+  TempDir() : napkin::testing::TempDir("ckpt-test") {}
 };
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const rt::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::string u64_le(uint64_t v) {
   std::string s(8, '\0');

@@ -2,54 +2,41 @@
 // report's JSON on a real model.
 #include <doctest/doctest.h>
 
-#include <array>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <sys/wait.h>
+
+#include "support/test_io.h"
 
 namespace {
 
-struct Run {
-  int status;
-  std::string out;  // stdout and stderr together
-};
+using Run = napkin::testing::CommandResult;
 
-Run napkin(const std::string& args) {
-  std::string cmd = std::string("cd ") + NAPKIN_SOURCE_DIR + " && " + NAPKIN_BINARY + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  REQUIRE(pipe);
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Run run_napkin(const std::string& args) { return napkin::testing::run_in_source_tree(std::string(NAPKIN_BINARY) + " " + args); }
 
 }  // namespace
 
 TEST_CASE("estimate: 70B params on 15T tokens, 1024 H100s at MFU 0.5 takes about 144 days") {
-  Run r = napkin("estimate --params 70e9 --tokens 15e12 --gpus 1024 --device h100 --mfu 0.5");
+  Run r = run_napkin("estimate --params 70e9 --tokens 15e12 --gpus 1024 --device h100 --mfu 0.5");
   CHECK(r.status == 0);
   CHECK(r.out.find("= 6.3e+24 FLOPs") != std::string::npos);
   CHECK(r.out.find("143.9 days") != std::string::npos);
 }
 
 TEST_CASE("estimate: the largest model on 8 H100s with AdamW in fp32 is 40e9 params at 16 bytes each") {
-  Run r = napkin("estimate --gpus 8 --device h100 --optimizer adamw --precision fp32");
+  Run r = run_napkin("estimate --gpus 8 --device h100 --optimizer adamw --precision fp32");
   CHECK(r.status == 0);
   CHECK(r.out.find("params 4 + grads 4 + optimizer state 8 = 16") != std::string::npos);
   CHECK(r.out.find("4e+10 parameters") != std::string::npos);
 }
 
 TEST_CASE("estimate: a model file stands in for --params") {
-  Run r = napkin("estimate --model models/gpt2-124m.yaml --tokens 1e9");
+  Run r = run_napkin("estimate --model models/gpt2-124m.yaml --tokens 1e9");
   CHECK(r.status == 0);
   CHECK(r.out.find("124,439,808 parameters") != std::string::npos);
 }
 
 TEST_CASE("report --json on gpt2-124m") {
-  Run r = napkin("report models/gpt2-124m.yaml --json --device h100");
+  Run r = run_napkin("report models/gpt2-124m.yaml --json --device h100");
   REQUIRE(r.status == 0);
   auto j = nlohmann::json::parse(r.out);
   CHECK(j["params"] == 124439808);
@@ -60,32 +47,32 @@ TEST_CASE("report --json on gpt2-124m") {
 }
 
 TEST_CASE("user errors exit 1 with a clear message") {
-  Run unknown_device = napkin("report models/gpt.yaml --device tpu");
+  Run unknown_device = run_napkin("report models/gpt.yaml --device tpu");
   CHECK(unknown_device.status == 1);
   CHECK(unknown_device.out.find("unknown device 'tpu'") != std::string::npos);
   CHECK(unknown_device.out.find("a100, cpu, h100, h200") != std::string::npos);
 
-  Run missing = napkin("report models/no_such_model.yaml");
+  Run missing = run_napkin("report models/no_such_model.yaml");
   CHECK(missing.status == 1);
   CHECK(missing.out.find("models/no_such_model.yaml: error: cannot open the model file") != std::string::npos);
 
-  Run bad_flag = napkin("report models/gpt.yaml --no-such-flag");
+  Run bad_flag = run_napkin("report models/gpt.yaml --no-such-flag");
   CHECK(bad_flag.status == 1);
 
-  Run nothing = napkin("estimate --device h100");
+  Run nothing = run_napkin("estimate --device h100");
   CHECK(nothing.status == 1);
   CHECK(nothing.out.find("nothing to estimate") != std::string::npos);
 }
 
 TEST_CASE("ir prints the graph with YAML locations; --print-after names the pass") {
-  Run r = napkin("ir models/linear.yaml");
+  Run r = run_napkin("ir models/linear.yaml");
   CHECK(r.status == 0);
   CHECK(r.out.find("%pred = matmul(%x, %w) : f32[batch=1024, k=64]  # models/linear.yaml:19:13") != std::string::npos);
-  Run after = napkin("ir models/linear.yaml --print-after dce --time-passes");
+  Run after = run_napkin("ir models/linear.yaml --print-after dce --time-passes");
   CHECK(after.status == 0);
   CHECK(after.out.find("// IR after dce") != std::string::npos);
   CHECK(after.out.find("pass dce") != std::string::npos);
-  Run typo = napkin("ir models/linear.yaml --print-after dcee");
+  Run typo = run_napkin("ir models/linear.yaml --print-after dcee");
   CHECK(typo.status == 1);
   CHECK(typo.out.find("--print-after: there is no pass 'dcee'") != std::string::npos);
 }

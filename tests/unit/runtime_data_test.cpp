@@ -23,44 +23,24 @@
 #include "runtime/mapped_file.h"
 #include "runtime/npy.h"
 #include "runtime/rng.h"
+#include "support/test_io.h"
 
 namespace rt = napkin::runtime;
 
 namespace {
 
-// A fresh directory under /tmp, removed with everything in it at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = "/tmp/napkin-data-test-XXXXXX";
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string operator/(const std::string& name) const { return path + "/" + name; }
-};
+using napkin::testing::error_of;
+using napkin::testing::read_bytes;
+using napkin::testing::write_bytes;
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+// A fresh directory for one test case.
+struct TempDir : napkin::testing::TempDir {
+  TempDir() : napkin::testing::TempDir("data-test") {}
+};
 
 template <typename T>
 void write_raw(const std::string& path, const std::vector<T>& values) {
   write_bytes(path, std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T)));
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// The message of the runtime::Error `f` throws, or a note that it threw none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const rt::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // numpy 1.24's np.save header for `dict`: magic, version 1.0, u16 length, the
