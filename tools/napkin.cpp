@@ -279,6 +279,19 @@ std::string read_file_bytes(const std::string& path) {
 // optimizer), not the YAML's comments or layout.
 std::string model_hash(const ir::Graph& g) { return fnv1a_hex({ir::print_graph(g, {false})}); }
 
+// Builds a trainer; a failure the user can act on (the linker's, an
+// unwritable output) is printed and gives nullopt. Internal errors propagate.
+std::optional<codegen::cpu::BuildResult> build_trainer(const ir::Graph& g, const codegen::cpu::BuildOptions& options) {
+  try {
+    return codegen::cpu::build_cpu_trainer(g, options);
+  } catch (const ir::InternalError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return std::nullopt;
+  }
+}
+
 struct BuildArgs {
   std::string model, dims, output, target = "cpu", device = "cpu", emit_llvm, emit_program;
   bool time_passes = false, quiet = false;
@@ -297,15 +310,9 @@ int cmd_build(const BuildArgs& a) {
   if (!g) return kUserError;
   codegen::cpu::BuildOptions options{a.output, model_hash(*g), a.device, a.emit_llvm, a.emit_program};
   auto t0 = std::chrono::steady_clock::now();
-  codegen::cpu::BuildResult r;
-  try {
-    r = codegen::cpu::build_cpu_trainer(*g, options);
-  } catch (const ir::InternalError&) {
-    throw;
-  } catch (const std::runtime_error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kUserError;
-  }
+  std::optional<codegen::cpu::BuildResult> built = build_trainer(*g, options);
+  if (!built) return kUserError;
+  const codegen::cpu::BuildResult& r = *built;
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!a.quiet)
     std::cout << fmt::format("built {} ({}: {} kernels, {} on the GEMM library; arena {} bytes) in {:.2f} s\n", a.output,
@@ -336,14 +343,7 @@ int cmd_train(const std::string& model, const std::string& dims, const std::vect
     std::string tmp = (dir / fmt::format("trainer.tmp.{}", getpid())).string();
     codegen::cpu::BuildOptions options{tmp, model_hash(*g), "cpu", "", ""};
     auto t0 = std::chrono::steady_clock::now();
-    try {
-      codegen::cpu::build_cpu_trainer(*g, options);
-    } catch (const ir::InternalError&) {
-      throw;
-    } catch (const std::runtime_error& e) {
-      std::cerr << "error: " << e.what() << "\n";
-      return kUserError;
-    }
+    if (!build_trainer(*g, options)) return kUserError;
     std::filesystem::rename(tmp, trainer);
     std::cout << fmt::format("napkin: built {} in {:.2f} s (cached at {})\n", g->name,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), trainer.string());
