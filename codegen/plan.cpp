@@ -27,7 +27,7 @@ std::string_view tensor_role_name(TensorRole r) {
 
 namespace {
 
-Operand operand(const ir::Graph& g, const passes::ArenaPlan& arena, ir::ValueId v) {
+Operand operand(const ir::Graph& g, const passes::MemoryPlan& arena, ir::ValueId v) {
   const ir::Value& value = g.value(v);
   Operand o;
   o.value = v;
@@ -85,7 +85,7 @@ std::string where(const ir::Node& n) {
 
 KernelPlan plan_kernels(const ir::Graph& g) {
   passes::MemoryReport memory = passes::analyze_memory(g);
-  passes::ArenaPlan arena = passes::plan_arena(memory);
+  passes::MemoryPlan arena = passes::plan_memory(memory);
   KernelPlan plan;
   plan.arena_bytes = arena.arena_bytes;
   plan.liveness_peak = arena.liveness_peak;

@@ -4,7 +4,7 @@
 //
 // Terms:
 //  - operand: where a kernel reads or writes one tensor: a byte offset into
-//    the arena (passes/arena_plan.h) plus sizes and element strides, so a view
+//    the arena (passes/memory_plan.h) plus sizes and element strides, so a view
 //    (transpose, broadcast, slice) is read in place, never copied.
 //  - kernel: one non-view node of the schedule, in schedule order. A Matmul
 //    kernel is a contraction the GEMM library runs (codegen/contraction.h); a
@@ -23,7 +23,7 @@
 
 #include "codegen/contraction.h"
 #include "ir/graph.h"
-#include "passes/arena_plan.h"
+#include "passes/memory_plan.h"
 
 namespace napkin::codegen {
 

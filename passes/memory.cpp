@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ir/internal_check.h"
+#include "passes/memory_plan.h"
 
 namespace napkin::passes {
 
@@ -84,7 +85,7 @@ void fill_peak(const MemoryReport& r, const ir::Graph& g, int position, const st
 
 }  // namespace
 
-MemoryReport analyze_memory(const ir::Graph& g) {
+MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
   MemoryReport r;
   const std::vector<ir::NodeId>& schedule = g.schedule();
   const int n = static_cast<int>(schedule.size());
@@ -179,6 +180,7 @@ MemoryReport analyze_memory(const ir::Graph& g) {
       r.buffers.push_back(std::move(b));
     }
   }
+  if (options.in_place_reuse) reuse_buffers_in_place(g, r.buffers);
   for (const MemoryBuffer& b : r.buffers) {
     r.total[idx(b.category)] += b.bytes;
     r.total_by_dtype[idx(b.category)][b.dtype] += b.bytes;

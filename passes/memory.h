@@ -18,6 +18,12 @@
 //    position that reads it (p when nothing does), or n-1 when it is the buffer
 //    of a graph output (the loss, "grad.*"): a later stage reads outputs after
 //    the step. A node's inputs and its output are all live at its position.
+//  - in-place reuse (passes/memory_plan.h, MemoryOptions::in_place_reuse):
+//    a result buffer R may take over the memory of an input buffer D of its
+//    producer (MemoryBuffer::reuses = D) when D is last read there and the
+//    producer reads D only element for element. D's range then ends at the
+//    position before R's producer, so the bytes are counted once: as D up to
+//    there, as R from there on.
 //  - live bytes at position p: the sum of the buffers whose range holds p,
 //    resident ones included. peak: the largest live bytes over all positions,
 //    the first such position on ties; the peak of a phase: the same over the
@@ -100,6 +106,8 @@ struct MemoryBuffer {
   // The update target whose new value this is (counted apart because it could
   // not be written in place); kNoValue otherwise.
   ir::ValueId update_of = ir::kNoValue;
+  // The buffer whose memory this one takes over in place; kNoValue otherwise.
+  ir::ValueId reuses = ir::kNoValue;
 };
 
 // Live bytes at one position, with what makes them up.
@@ -148,6 +156,10 @@ struct MemoryReport {
   const MemoryPeak& phase_peak(ir::Phase p) const { return phase_peaks[static_cast<int>(p)]; }
 };
 
-MemoryReport analyze_memory(const ir::Graph& g);
+struct MemoryOptions {
+  bool in_place_reuse = true;  // false: every buffer its own memory (the plan without reuse)
+};
+
+MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options = {});
 
 }  // namespace napkin::passes

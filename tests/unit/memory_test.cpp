@@ -20,6 +20,10 @@ using passes::MemoryCategory;
 
 namespace {
 
+// The liveness rules by hand, each buffer its own memory; in-place reuse is
+// tested in memory_plan_test.cpp.
+const passes::MemoryOptions kNoReuse{.in_place_reuse = false};
+
 ir::TensorType ty(std::vector<int64_t> sizes, ir::DType dtype = ir::DType::F32) {
   ir::TensorType t;
   t.dtype = dtype;
@@ -85,7 +89,7 @@ TEST_CASE("memory: category totals and the per-dtype split") {
   Step s;
   build_step(s);
   REQUIRE(ir::verify(s.g).empty());
-  passes::MemoryReport r = passes::analyze_memory(s.g);
+  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
   CHECK(r.has_backward);
   CHECK(r.resident_bytes == 304);
   CHECK(r.category_bytes(MemoryCategory::Parameters) == 128 + 16);
@@ -107,7 +111,7 @@ TEST_CASE("memory: category totals and the per-dtype split") {
 TEST_CASE("memory: a view extends its buffer's lifetime; forward buffers read by backward are saved") {
   Step s;
   build_step(s);
-  passes::MemoryReport r = passes::analyze_memory(s.g);
+  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
   // h is read directly only up to relu (position 2), but backward reads its
   // view hv at position 5.
   const passes::MemoryBuffer* h = find_buffer(r, s.h);
@@ -146,7 +150,7 @@ TEST_CASE("memory: a view extends its buffer's lifetime; forward buffers read by
 TEST_CASE("memory: live bytes per position, the peak and its breakdown") {
   Step s;
   build_step(s);
-  passes::MemoryReport r = passes::analyze_memory(s.g);
+  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
   // 304 resident plus: h | h | h r | h r loss | h loss one | h loss one d |
   // loss d | loss d | loss d gw | loss gw | loss gw.
   CHECK(r.live_bytes == std::vector<int64_t>{368, 368, 432, 436, 376, 440, 372, 372, 500, 436, 436});
@@ -179,7 +183,7 @@ TEST_CASE("memory: live bytes per position, the peak and its breakdown") {
 TEST_CASE("memory: the peak of each phase") {
   Step s;
   build_step(s);
-  passes::MemoryReport r = passes::analyze_memory(s.g);
+  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
   const passes::MemoryPeak& f = r.phase_peak(ir::Phase::Forward);
   REQUIRE(f.found);
   CHECK(f.position == 3);
@@ -205,7 +209,7 @@ TEST_CASE("memory: the peak of each phase") {
 TEST_CASE("memory: updates written in place cost nothing") {
   Step s;
   build_step(s);
-  passes::MemoryReport r = passes::analyze_memory(s.g);
+  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
   REQUIRE(r.updates.size() == 2);
   CHECK(r.updates[0].target == s.m);
   CHECK(r.updates[0].in_place);
@@ -227,7 +231,7 @@ TEST_CASE("memory: an update whose target is read later is counted apart") {
   ir::ValueId late = b.must(b.add(ir::Op::Mul, {s.w, s.w}));
   s.g.outputs.push_back({"late", late});
   REQUIRE(ir::verify(s.g).empty());
-  passes::MemoryReport r = passes::analyze_memory(s.g);
+  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
   REQUIRE(r.updates.size() == 2);
   CHECK(r.updates[0].in_place);  // m is not read after m_new
   CHECK_FALSE(r.updates[1].in_place);
@@ -257,7 +261,7 @@ TEST_CASE("memory: a non-elementwise producer reading its target is not in place
   g.updates.push_back({st, s_new});
   g.updates.push_back({p, p_new});
   REQUIRE(ir::verify(g).empty());
-  passes::MemoryReport r = passes::analyze_memory(g);
+  passes::MemoryReport r = passes::analyze_memory(g, kNoReuse);
   CHECK_FALSE(r.has_backward);
   REQUIRE(r.updates.size() == 2);
   CHECK_FALSE(r.updates[0].in_place);
@@ -288,7 +292,7 @@ forward:
 loss: cross_entropy(logits, labels)
 optimizer: sgd(lr=0.1)
 )yaml");
-  passes::MemoryReport r = passes::analyze_memory(g);
+  passes::MemoryReport r = passes::analyze_memory(g, kNoReuse);
   CHECK_FALSE(r.has_backward);
   // Resident: x 128 + labels 16; w1 512 + b1 64 + w2 192 + b2 12 = 780.
   CHECK(r.category_bytes(MemoryCategory::Inputs) == 144);
