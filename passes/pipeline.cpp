@@ -14,13 +14,15 @@ bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOpt
   return true;
 }
 
-bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options) {
+bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options,
+                           const MemoryBudget& budget) {
   PassManager pm(options);
   pm.add(make_dce_pass());        // drop forward values the loss does not need
   pm.add(make_autodiff_pass());   // d loss / d param for every param: the backward phase
   pm.add(make_dce_pass());        // drop gradients no parameter needs (e.g. of the data)
   pm.add(make_optimizer_pass());  // new params and optimizer state: the optimizer phase
   pm.add(make_dce_pass());        // drop scalars the chosen rule did not use (t under a constant lr)
+  if (budget.bytes > 0) pm.add(make_recompute_pass(budget.bytes, budget.report));  // fit the arena to the budget
   if (!pm.run(g, diag)) return false;
   warn_unused_params(g, diag);
   return true;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "passes/pass.h"
+#include "passes/recompute.h"
 
 namespace napkin::passes {
 
@@ -11,7 +12,9 @@ namespace napkin::passes {
 bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options = {});
 
 // The whole training step: the forward graph, its backward (autodiff) and the
-// optimizer's update, so everything a step does is IR.
-bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options = {});
+// optimizer's update, so everything a step does is IR. With a memory budget,
+// activations are recomputed until the planned arena fits it.
+bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options = {},
+                           const MemoryBudget& budget = {});
 
 }  // namespace napkin::passes

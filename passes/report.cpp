@@ -1,6 +1,6 @@
 #include "passes/report.h"
 
-#include "passes/arena_plan.h"
+#include "passes/memory_plan.h"
 
 #include <fmt/format.h>
 
@@ -272,6 +272,63 @@ std::string peak_where(const ir::Graph& g, const MemoryPeak& peak) {
                      n.loc.line, n.scope.empty() ? "" : ", " + n.scope);
 }
 
+double percent_over(int64_t value, int64_t bound) {
+  return bound > 0 ? 100.0 * static_cast<double>(value - bound) / static_cast<double>(bound) : 0.0;
+}
+
+// The memory plan's numbers (docs/memory-planning.md), for text and JSON.
+struct PlanNumbers {
+  int64_t naive = 0, peak = 0, arena = 0;
+  int in_place_buffers = 0;
+  int64_t in_place_bytes = 0, arena_without_reuse = 0, peak_without_reuse = 0;
+};
+PlanNumbers plan_numbers(const ir::Graph& g, const MemoryReport& m) {
+  MemoryPlan plan = plan_memory(m);
+  MemoryReport separate = analyze_memory(g, {.in_place_reuse = false});
+  return {naive_bytes(m),         m.peak.bytes,       plan.arena_bytes, plan.in_place_buffers, plan.in_place_bytes,
+          plan_memory(separate).arena_bytes, separate.peak.bytes};
+}
+
+std::string plan_lines(const ir::Graph& g, const MemoryReport& m) {
+  PlanNumbers p = plan_numbers(g, m);
+  auto line = [](std::string_view label, int64_t bytes, const std::string& what) {
+    return fmt::format("  {:<20} {:>22}  ({}: {})\n", label, with_commas(static_cast<double>(bytes)),
+                       human_bytes(static_cast<double>(bytes)), what);
+  };
+  std::string out;
+  out += line("naive sum", p.naive, "every buffer its own memory");
+  out += line("liveness bound", p.peak, "the peak above: no placement needs less");
+  out += line("arena", p.arena,
+              fmt::format("the planned offsets a trainer allocates, {:+.2f}% over the bound", percent_over(p.arena, p.peak)));
+  out += fmt::format("  in-place reuse saves {:>22}  (arena bytes: {} buffers, {}, overwrite an input they read last; without reuse: peak {}, arena {})\n",
+                     with_commas(static_cast<double>(p.arena_without_reuse - p.arena)), p.in_place_buffers,
+                     human_bytes(static_cast<double>(p.in_place_bytes)), with_commas(static_cast<double>(p.peak_without_reuse)),
+                     with_commas(static_cast<double>(p.arena_without_reuse)));
+  return out;
+}
+
+std::string recompute_section(const RecomputeReport& r) {
+  std::string out = fmt::format("\nrecompute (--memory-budget {}: {})\n", with_commas(static_cast<double>(r.budget)),
+                                human_bytes(static_cast<double>(r.budget)));
+  if (r.values.empty()) {
+    out += fmt::format("  nothing: the arena ({}) already fits\n", with_commas(static_cast<double>(r.arena_before)));
+    return out;
+  }
+  out += fmt::format("  {:>12}  {:>12}  {:<16} {:<32} {}\n", "bytes", "FLOPs", "op", "value", "line");
+  for (const RecomputedValue& v : r.values)
+    out += fmt::format("  {:>12}  {:>12}  {:<16} {:<32} {}\n", human_bytes(static_cast<double>(v.bytes)),
+                       human_flops(v.flops), v.op, v.name, v.line);
+  out += fmt::format("  values recomputed    {:>22}\n", r.values.size());
+  out += fmt::format("  saved at the peak    {:>22}  (liveness peak {} -> {})\n",
+                     with_commas(static_cast<double>(r.peak_before - r.peak_after)),
+                     with_commas(static_cast<double>(r.peak_before)), with_commas(static_cast<double>(r.peak_after)));
+  out += fmt::format("  arena                {:>22}  (was {}; budget {})\n", with_commas(static_cast<double>(r.arena_after)),
+                     with_commas(static_cast<double>(r.arena_before)), with_commas(static_cast<double>(r.budget)));
+  out += fmt::format("  FLOPs added          {:>22}  ({}, {:.2f}% of the step)\n", with_commas(r.flops_added),
+                     human_flops(r.flops_added), r.step_flops > 0 ? 100 * r.flops_added / r.step_flops : 0.0);
+  return out;
+}
+
 std::string memory_section(const ir::Graph& g, const MemoryReport& m) {
   std::string out = "\nmemory (each buffer once; views are free; updates are written in place)\n";
   for (MemoryCategory cat : kMemoryCategories) {
@@ -296,10 +353,7 @@ std::string memory_section(const ir::Graph& g, const MemoryReport& m) {
     out += fmt::format("      {:>12}  {:<18} {:<32} line {}\n", human_bytes(static_cast<double>(b.bytes)),
                        memory_category_name(b.category), b.name, b.line);
   }
-  ArenaPlan arena = plan_arena(m);
-  out += fmt::format("  arena                {:>22}  ({}: the planned offsets a trainer allocates, peak {:+.2f}%)\n",
-                     with_commas(static_cast<double>(arena.arena_bytes)), human_bytes(static_cast<double>(arena.arena_bytes)),
-                     m.peak.bytes > 0 ? 100.0 * static_cast<double>(arena.arena_bytes - m.peak.bytes) / static_cast<double>(m.peak.bytes) : 0.0);
+  out += plan_lines(g, m);
   static const ir::Phase kPhases[] = {ir::Phase::Forward, ir::Phase::Backward, ir::Phase::Optimizer};
   for (ir::Phase phase : kPhases) {
     const MemoryPeak& p = m.phase_peak(phase);
@@ -329,6 +383,7 @@ std::string render_report_text(const ir::Graph& g, const StepCost& c, const Memo
     out += fmt::format("  memory, {:<13}{:>22}  ({})\n", ir::dtype_name(dtype), with_commas(bytes),
                        human_bytes(static_cast<double>(bytes)));
   out += memory_section(g, memory);
+  if (options.recompute && options.recompute->ran) out += recompute_section(*options.recompute);
   if (c.has_backward()) out += step_rule_section(g, c);
   else out += fmt::format("\ntokens per step        {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
   out += forward_rule_section(c);
@@ -391,6 +446,7 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
                 {"by_category", by_category},
                 {"live", live}};
   };
+  PlanNumbers plan = plan_numbers(g, memory);
   j["memory"] = {{"params", param_bytes},
                  {"params_by_dtype", by_dtype},
                  {"grads", cat(MemoryCategory::Gradients)},
@@ -399,11 +455,33 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
                  {"activations", cat(MemoryCategory::SavedActivations)},
                  {"temporaries", cat(MemoryCategory::Temporaries)},
                  {"peak", memory.peak.bytes},
-                 {"arena", plan_arena(memory).arena_bytes},
+                 {"arena", plan.arena},
+                 {"naive", plan.naive},
+                 {"arena_over_peak_percent", percent_over(plan.arena, plan.peak)},
+                 {"in_place", {{"buffers", plan.in_place_buffers},
+                               {"bytes", plan.in_place_bytes},
+                               {"arena_saved", plan.arena_without_reuse - plan.arena},
+                               {"arena_without_reuse", plan.arena_without_reuse},
+                               {"peak_without_reuse", plan.peak_without_reuse}}},
                  {"peak_detail", peak_json(memory.peak)},
                  {"peak_forward", memory.phase_peak(ir::Phase::Forward).bytes},
                  {"peak_backward", memory.phase_peak(ir::Phase::Backward).bytes},
                  {"peak_optimizer", memory.phase_peak(ir::Phase::Optimizer).bytes}};
+  if (options.recompute && options.recompute->ran) {
+    const RecomputeReport& r = *options.recompute;
+    json values = json::array();
+    for (const RecomputedValue& v : r.values)
+      values.push_back({{"name", v.name}, {"op", v.op}, {"line", v.line}, {"bytes", v.bytes}, {"flops", v.flops}});
+    j["recompute"] = {{"budget", r.budget},
+                      {"values", values},
+                      {"peak_before", r.peak_before},
+                      {"peak_after", r.peak_after},
+                      {"saved_at_peak", r.peak_before - r.peak_after},
+                      {"arena_before", r.arena_before},
+                      {"arena_after", r.arena_after},
+                      {"flops_added", r.flops_added},
+                      {"flops_added_percent", r.step_flops > 0 ? 100 * r.flops_added / r.step_flops : 0.0}};
+  }
   if (c.device) {
     j["device"] = {{"name", c.device->name}, {"description", c.device->description}};
     double peak = matmul_peak(*c.device, c.matmul_dtype);

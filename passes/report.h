@@ -7,12 +7,14 @@
 #include "ir/graph.h"
 #include "passes/cost.h"
 #include "passes/memory.h"
+#include "passes/recompute.h"
 
 namespace napkin::passes {
 
 struct ReportOptions {
   std::string model_path;  // as the user gave it, for the header
   bool show_ops = true;    // the per-op table
+  const RecomputeReport* recompute = nullptr;  // what --memory-budget recomputed, when given
 };
 
 std::string render_report_text(const ir::Graph& g, const StepCost& cost, const MemoryReport& memory,

@@ -1,6 +1,7 @@
 // The napkin driver: one subcommand per thing a user does.
 //
 //   napkin report MODEL.yaml [--device h100] [--json]   the static resource report of a training step
+//   (report, build and train take --memory-budget BYTES: recompute activations so the arena fits)
 //   napkin ir MODEL.yaml [--print-after PASS]           the IR as text
 //   napkin check MODEL.yaml [--dims d=32,layers=2]      gradients vs float64 finite differences
 //   napkin build MODEL.yaml -o TRAINER                  a standalone trainer executable (CPU, LLVM)
@@ -51,7 +52,7 @@ constexpr int kInternalError = 2;
 // Loads a model and builds its training step (forward, backward, optimizer);
 // prints diagnostics (warnings too).
 std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
-                              const passes::PipelineOptions& options = {}) {
+                              const passes::PipelineOptions& options = {}, const passes::MemoryBudget& budget = {}) {
   frontend::LoadOptions load_options;
   if (!dims.empty()) {
     std::string error;
@@ -64,7 +65,7 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
   }
   ir::Diagnostics diag;
   std::optional<ir::Graph> g = frontend::load_model_file(path, diag, load_options);
-  if (g) passes::run_training_pipeline(*g, diag, options);
+  if (g) passes::run_training_pipeline(*g, diag, options, budget);
   std::cerr << diag.render();
   if (diag.has_errors()) return std::nullopt;
   return g;
@@ -81,13 +82,27 @@ const passes::Device* device_or_error(const std::string& name) {
   return d;
 }
 
-int cmd_report(const std::string& path, const std::string& dims, const std::string& device_name, bool json, bool no_ops) {
+// --memory-budget as bytes (0: none); a bad value is a user error.
+passes::MemoryBudget memory_budget(const std::string& text, passes::RecomputeReport* report) {
+  if (text.empty()) return {};
+  std::string error;
+  std::optional<int64_t> bytes = passes::parse_memory_budget(text, error);
+  if (!bytes) {
+    std::cerr << fmt::format("error: --memory-budget: {}\n    hint: e.g. --memory-budget 64MiB or 1.5GB\n", error);
+    throw CLI::RuntimeError(kUserError);
+  }
+  return {*bytes, report};
+}
+
+int cmd_report(const std::string& path, const std::string& dims, const std::string& device_name, bool json, bool no_ops,
+               const std::string& budget) {
   const passes::Device* device = device_or_error(device_name);
-  auto g = load(path, dims);
+  passes::RecomputeReport recompute;
+  auto g = load(path, dims, {}, memory_budget(budget, &recompute));
   if (!g) return kUserError;
   passes::StepCost cost = passes::analyze_step(*g, device);
   passes::MemoryReport memory = passes::analyze_memory(*g);
-  passes::ReportOptions options{path, !no_ops};
+  passes::ReportOptions options{path, !no_ops, &recompute};
   std::cout << (json ? passes::render_report_json(*g, cost, memory, options)
                      : passes::render_report_text(*g, cost, memory, options));
   return 0;
@@ -293,7 +308,7 @@ std::optional<codegen::cpu::BuildResult> build_trainer(const ir::Graph& g, const
 }
 
 struct BuildArgs {
-  std::string model, dims, output, target = "cpu", device = "cpu", emit_llvm, emit_program;
+  std::string model, dims, output, target = "cpu", device = "cpu", emit_llvm, emit_program, memory_budget;
   bool time_passes = false, quiet = false;
 };
 
@@ -306,7 +321,7 @@ int cmd_build(const BuildArgs& a) {
     std::cerr << fmt::format("error: unknown device '{}'\n    hint: known devices: {}\n", a.device, passes::known_device_names());
     return kUserError;
   }
-  auto g = load(a.model, a.dims);
+  auto g = load(a.model, a.dims, {}, memory_budget(a.memory_budget, nullptr));
   if (!g) return kUserError;
   codegen::cpu::BuildOptions options{a.output, model_hash(*g), a.device, a.emit_llvm, a.emit_program};
   auto t0 = std::chrono::steady_clock::now();
@@ -329,8 +344,9 @@ std::filesystem::path cache_dir() {
   return std::filesystem::temp_directory_path() / "napkin-cache";
 }
 
-int cmd_train(const std::string& model, const std::string& dims, const std::vector<std::string>& trainer_args) {
-  auto g = load(model, dims);
+int cmd_train(const std::string& model, const std::string& dims, const std::string& budget,
+              const std::vector<std::string>& trainer_args) {
+  auto g = load(model, dims, {}, memory_budget(budget, nullptr));
   if (!g) return kUserError;
   // The cache key: the training step, and this compiler and runtime (a
   // rebuilt napkin builds afresh).
@@ -399,7 +415,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int status = 0;
 
-  std::string model, device, dims;
+  std::string model, device, dims, budget;
+  const char* budget_help = "recompute activations so the planned arena fits, e.g. 64MiB or 1.5GB";
   const char* dims_help = "override dims of the model, e.g. d=32,layers=2";
   bool json = false, no_ops = false;
   auto* report = app.add_subcommand("report", "print the static resource report of a training step");
@@ -408,7 +425,8 @@ int main(int argc, char** argv) {
   report->add_option("--device", device, "add roofline times for a device (see napkin devices)");
   report->add_flag("--json", json, "print one JSON object");
   report->add_flag("--no-ops", no_ops, "omit the per-op table");
-  report->callback([&] { status = cmd_report(model, dims, device, json, no_ops); });
+  report->add_option("--memory-budget", budget, budget_help);
+  report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget); });
 
   std::vector<std::string> print_after;
   bool time_passes = false, no_locations = false;
@@ -455,15 +473,17 @@ int main(int argc, char** argv) {
   build->add_option("--emit-program", build_args.emit_program, "also write the program description (JSON) to this file");
   build->add_flag("--time-passes", build_args.time_passes, "time each step of the build");
   build->add_flag("--quiet", build_args.quiet, "print nothing on success");
+  build->add_option("--memory-budget", build_args.memory_budget, budget_help);
   build->callback([&] { status = cmd_build(build_args); });
 
   std::vector<std::string> trainer_args;
   auto* train = app.add_subcommand("train", "build the trainer (cached) and run it; flags after -- go to the trainer");
   train->add_option("model", model, "model YAML file")->required();
   train->add_option("--dims", dims, dims_help);
+  train->add_option("--memory-budget", budget, budget_help);
   train->add_option("trainer_args", trainer_args, "flags for the trainer (see TRAINER --help)");
   train->prefix_command(false);
-  train->callback([&] { status = cmd_train(model, dims, trainer_args); });
+  train->callback([&] { status = cmd_train(model, dims, budget, trainer_args); });
 
   std::vector<std::string> encode_inputs;
   std::string encode_output;
