@@ -220,3 +220,36 @@ TEST_CASE("recompute: a trainer built with --memory-budget allocates the planned
   CHECK(bad.status == 1);
   CHECK(bad.out.find("--memory-budget: '3parsecs': unknown unit") != std::string::npos);
 }
+
+TEST_CASE("recompute: a gpt trainer built with a budget trains with the same losses in half the arena") {
+  napkin::testing::TempDir dir("recompute-train");
+  const std::string dims = "batch=16,seq=32,vocab=256,d=32,heads=2,layers=2";
+  auto encoded = napkin::testing::run_in_source_tree(
+      fmt::format("{} data encode README.md -o {}", NAPKIN_BINARY, dir / "tiny.u16"));
+  REQUIRE(encoded.status == 0);
+  std::vector<std::string> losses;
+  std::vector<int64_t> arenas;
+  for (std::string budget : {"", "2MB"}) {
+    std::string trainer = dir / ("trainer" + budget);
+    auto built = napkin::testing::run_in_source_tree(fmt::format("{} build models/gpt.yaml --dims {} {} -o {}", NAPKIN_BINARY, dims,
+                                                                 budget.empty() ? "" : "--memory-budget " + budget, trainer));
+    INFO(built.out);
+    REQUIRE(built.status == 0);
+    auto ran = napkin::testing::run_in_source_tree(
+        fmt::format("{} --data {} --steps 3 --log-every 1 --threads 2", trainer, dir / "tiny.u16"));
+    INFO(ran.out);
+    REQUIRE(ran.status == 0);
+    std::smatch m;
+    REQUIRE(std::regex_search(ran.out, m, std::regex("\\(([0-9]+) bytes, planned")));
+    arenas.push_back(std::stoll(m[1]));
+    std::string lines;
+    const std::regex loss("loss [0-9.]+");
+    for (std::sregex_iterator it(ran.out.begin(), ran.out.end(), loss), end; it != end; ++it)
+      lines += it->str() + "\n";
+    losses.push_back(lines);
+  }
+  CHECK(losses[0].find("loss") != std::string::npos);
+  CHECK(losses[0] == losses[1]);  // the same ops on the same values: bit-identical
+  CHECK(arenas[1] <= 2000000);
+  CHECK(arenas[1] < arenas[0] / 2 + arenas[0] / 10);
+}
