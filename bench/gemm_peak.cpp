@@ -1,9 +1,9 @@
-// GFLOP/s of the fp32 matmul candidates on napkin's model shapes, plus the
-// ThreadPool's dispatch latency and the BLAS-threads-vs-pool interference test.
+// GFLOP/s of the fp32 and bf16 matmul candidates on napkin's model shapes, plus
+// the ThreadPool's dispatch latency and the BLAS-threads-vs-pool interference test.
 // The winner is runtime/gemm.cpp's implementation; numbers in bench/README.md.
 //
 // Build and run (from the repository root; or configure with -DNAPKIN_GEMM_BENCH=ON):
-//   g++ -O2 -std=c++20 -I. bench/gemm_peak.cpp runtime/gemm.cpp runtime/thread_pool.cpp -o /tmp/gemm_peak -lopenblas -ldnnl -lgomp -lpthread && /tmp/gemm_peak
+//   g++ -O2 -std=c++20 -I. bench/gemm_peak.cpp runtime/gemm.cpp runtime/thread_pool.cpp runtime/float_formats.cpp -o /tmp/gemm_peak -lopenblas -ldnnl -lgomp -lpthread && /tmp/gemm_peak
 //
 // Each candidate runs in its own process (this binary re-executes itself with
 // `--candidate NAME` and the environment that candidate needs), so the
@@ -16,6 +16,12 @@
 //   dnnl-matmul   oneDNN matmul primitive (strided memory descriptors, batch native),
 //                 created once, OpenMP threads
 //   dnnl-pool     dnnl_sgemm single-threaded inside napkin's ThreadPool (same split as napkin)
+// bf16 (A, B and C bf16, fp32 accumulation; the same shapes, inputs rounded to bf16):
+//   bf16-napkin   runtime::Gemm bf16 as built (LowPrecisionKernel::Auto)
+//   bf16-prim     forced: oneDNN's matmul primitive per work item, in the pool
+//   bf16-panels   forced: items widened to fp32 panels, then sgemm, in the pool
+//   bf16-matmul   oneDNN matmul primitive over the whole batch, OpenMP threads
+// `--bf16` runs napkin (fp32) and the bf16 candidates only.
 #include <dnnl.hpp>
 #include <omp.h>
 #include <dirent.h>
@@ -33,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/float_formats.h"
 #include "runtime/gemm.h"
 #include "runtime/thread_pool.h"
 
@@ -44,6 +51,8 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float
 extern char** environ;
 
 using napkin::runtime::Gemm;
+using napkin::runtime::GemmType;
+using napkin::runtime::LowPrecisionKernel;
 using napkin::runtime::MatmulDesc;
 using napkin::runtime::ThreadPool;
 using Clock = std::chrono::steady_clock;
@@ -119,14 +128,20 @@ int64_t span(const std::vector<int64_t>& batch, const std::vector<int64_t>& bs, 
 
 struct Buffers {
   std::vector<float> a, b, c;
+  std::vector<uint16_t> a16, b16, c16;  // a and b rounded to bf16; C of the bf16 candidates
   explicit Buffers(const MatmulDesc& d) {
     a.resize(span(d.batch, d.a_batch_stride, d.m, d.a_m_stride, d.k, d.a_k_stride) + 256);
     b.resize(span(d.batch, d.b_batch_stride, d.k, d.b_k_stride, d.n, d.b_n_stride) + 256);
     c.resize(span(d.batch, d.c_batch_stride, d.m, d.c_m_stride, d.n, 1));
     for (size_t i = 0; i < a.size(); ++i) a[i] = float((i * 7919) % 1000) * 1e-3f - 0.5f;
     for (size_t i = 0; i < b.size(); ++i) b[i] = float((i * 104729) % 1000) * 1e-3f - 0.5f;
+    for (float x : a) a16.push_back(napkin::runtime::float_to_bf16_bits(x));
+    for (float x : b) b16.push_back(napkin::runtime::float_to_bf16_bits(x));
+    c16.resize(c.size());
   }
 };
+
+bool is_bf16(const std::string& cand) { return cand.rfind("bf16-", 0) == 0; }
 
 int64_t batch_count(const MatmulDesc& d) {
   int64_t n = 1;
@@ -183,9 +198,20 @@ void pool_run(const MatmulDesc& d, const float* a, const float* b, float* c) {
 
 struct Candidate {
   std::function<void(const float*, const float*, float*)> run;
+  std::function<void(const uint16_t*, const uint16_t*, uint16_t*)> run16;  // bf16 candidates
 };
 
 Candidate make(const std::string& cand, const MatmulDesc& d) {
+  if (is_bf16(cand) && cand != "bf16-matmul") {
+    LowPrecisionKernel kernel = cand == "bf16-prim"     ? LowPrecisionKernel::Primitive
+                                : cand == "bf16-panels" ? LowPrecisionKernel::F32Panels
+                                                        : LowPrecisionKernel::Auto;
+    auto g = std::make_shared<Gemm>(d, napkin::runtime::GemmTypes{GemmType::BF16, GemmType::BF16}, kernel);
+    g->prepare(g_pool->num_threads());
+    Candidate c;
+    c.run16 = [g](const uint16_t* a, const uint16_t* b, uint16_t* c) { g->run(a, b, c, *g_pool); };
+    return c;
+  }
   if (cand == "napkin") {
     auto g = std::make_shared<Gemm>(d);
     return {[g](const float* a, const float* b, float* c) { g->run(a, b, c, *g_pool); }};
@@ -202,8 +228,9 @@ Candidate make(const std::string& cand, const MatmulDesc& d) {
     }};
   }
   if (cand == "dnnl-pool") return {[d](const float* a, const float* b, float* c) { pool_run<true>(d, a, b, c); }};
-  if (cand == "dnnl-matmul") {
+  if (cand == "dnnl-matmul" || cand == "bf16-matmul") {
     using namespace dnnl;
+    const auto dt = cand == "bf16-matmul" ? memory::data_type::bf16 : memory::data_type::f32;
     static engine eng(engine::kind::cpu, 0);
     static stream strm(eng);
     memory::dims bd(d.batch.begin(), d.batch.end());
@@ -217,15 +244,19 @@ Candidate make(const std::string& cand, const MatmulDesc& d) {
       x.push_back(rs), x.push_back(cs);
       return x;
     };
-    memory::desc amd(dims(d.m, d.k), memory::data_type::f32, strides(d.a_batch_stride, d.a_m_stride, d.a_k_stride));
-    memory::desc bmd(dims(d.k, d.n), memory::data_type::f32, strides(d.b_batch_stride, d.b_k_stride, d.b_n_stride));
-    memory::desc cmd(dims(d.m, d.n), memory::data_type::f32, strides(d.c_batch_stride, d.c_m_stride, 1));
+    memory::desc amd(dims(d.m, d.k), dt, strides(d.a_batch_stride, d.a_m_stride, d.a_k_stride));
+    memory::desc bmd(dims(d.k, d.n), dt, strides(d.b_batch_stride, d.b_k_stride, d.b_n_stride));
+    memory::desc cmd(dims(d.m, d.n), dt, strides(d.c_batch_stride, d.c_m_stride, 1));
     auto prim = std::make_shared<matmul>(matmul::primitive_desc(matmul::desc(amd, bmd, cmd), eng));
-    return {[=](const float* a, const float* b, float* c) {
-      memory am(amd, eng, const_cast<float*>(a)), bm(bmd, eng, const_cast<float*>(b)), cm(cmd, eng, c);
+    auto exec = [=](const void* a, const void* b, void* c) {
+      memory am(amd, eng, const_cast<void*>(a)), bm(bmd, eng, const_cast<void*>(b)), cm(cmd, eng, c);
       prim->execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
       strm.wait();
-    }};
+    };
+    Candidate c;
+    if (dt == memory::data_type::bf16) c.run16 = exec;
+    else c.run = exec;
+    return c;
   }
   std::fprintf(stderr, "unknown candidate %s\n", cand.c_str());
   std::exit(2);
@@ -255,9 +286,14 @@ void check_against_napkin(const std::string& cand, const MatmulDesc& d, const Bu
   if (cand == "napkin") return;
   std::vector<float> ref(buf.c.size(), 0.0f);
   Gemm(d).run(buf.a.data(), buf.b.data(), ref.data());
-  double worst = 0;
-  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, double(std::fabs(ref[i] - c[i])));
-  if (worst > 1e-2) std::fprintf(stderr, "%s: %s differs from napkin by %g\n", cand.c_str(), d.to_string().c_str(), worst);
+  double worst = 0, scale = 1e-3;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    worst = std::max(worst, double(std::fabs(ref[i] - c[i])));
+    scale = std::max(scale, double(std::fabs(ref[i])));
+  }
+  // bf16: inputs and C rounded (2^-8 each) against fp32 napkin on unrounded inputs.
+  if (worst > (is_bf16(cand) ? 2e-2 * scale : 1e-2))
+    std::fprintf(stderr, "%s: %s differs from napkin by %g\n", cand.c_str(), d.to_string().c_str(), worst);
 }
 
 // Memory-bound elementwise loop on the pool: y = 2x + 1 over 4 Mi floats.
@@ -277,13 +313,21 @@ int child(const std::string& cand) {
   for (auto& s : shapes()) {
     Buffers buf(s.d);
     Candidate c = make(cand, s.d);
-    double sec = time_it([&] { c.run(buf.a.data(), buf.b.data(), buf.c.data()); });
-    check_against_napkin(cand, s.d, buf, buf.c);
+    double sec;
+    if (c.run16) {
+      sec = time_it([&] { c.run16(buf.a16.data(), buf.b16.data(), buf.c16.data()); });
+      std::vector<float> c32;
+      for (uint16_t x : buf.c16) c32.push_back(napkin::runtime::bf16_bits_to_float(x));
+      check_against_napkin(cand, s.d, buf, c32);
+    } else {
+      sec = time_it([&] { c.run(buf.a.data(), buf.b.data(), buf.c.data()); });
+      check_against_napkin(cand, s.d, buf, buf.c);
+    }
     double fl = 2.0 * batch_count(s.d) * s.d.m * s.d.n * s.d.k;
     std::printf("%s\t%s\t%.1f\n", cand.c_str(), s.name.c_str(), fl / sec * 1e-9);
   }
-  // Interference: a GEMM, then a pool loop, alternated.
-  {
+  // Interference: a GEMM, then a pool loop, alternated (fp32 candidates).
+  if (!is_bf16(cand)) {
     MatmulDesc d = plain(512, 1024, 1024);
     Buffers buf(d);
     Candidate c = make(cand, d);
@@ -369,6 +413,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const char* only = argc == 2 ? argv[1] : nullptr;
+  const bool bf16_only = only && std::string(only) == "--bf16";
   std::vector<std::pair<std::string, std::vector<std::string>>> cands = {
       {"napkin", {"OPENBLAS_NUM_THREADS=1"}},  // OMP_NUM_THREADS unset: napkin must cope
       {"openblas-mt", {"OPENBLAS_NUM_THREADS=2", "OMP_NUM_THREADS=1"}},
@@ -376,11 +421,15 @@ int main(int argc, char** argv) {
       {"dnnl-sgemm", {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=2"}},
       {"dnnl-matmul", {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=2"}},
       {"dnnl-pool", {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"}},
+      {"bf16-napkin", {"OPENBLAS_NUM_THREADS=1"}},
+      {"bf16-prim", {"OPENBLAS_NUM_THREADS=1"}},
+      {"bf16-panels", {"OPENBLAS_NUM_THREADS=1"}},
+      {"bf16-matmul", {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=2"}},
   };
   if (!only) pool_latency();
   std::fflush(stdout);
   for (auto& [name, env] : cands) {
-    if (only && name != only) continue;
+    if (bf16_only ? name != "napkin" && !is_bf16(name) : only && name != only) continue;
     std::vector<std::string> e;
     for (char** p = environ; *p; ++p)
       if (std::strncmp(*p, "OPENBLAS_NUM_THREADS=", 21) && std::strncmp(*p, "OMP_NUM_THREADS=", 16)) e.push_back(*p);

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Training step time: napkin's generated trainer vs PyTorch 1.13 eager, on this CPU.
 
-For each model (cruncher, mlp, gpt at their YAML sizes, all fp32) the script
+For each model (cruncher, mlp, gpt at their YAML sizes, fp32 or bf16-mixed) the script
 
   napkin: builds the trainer (`napkin build models/X.yaml -o TMP/X`), writes
           random data files in a temp dir (npy per input, or a u16 token file),
@@ -28,19 +28,29 @@ for both) over the median step time, against the CPU's GEMM peak (--peak,
 GFLOP/s, default 350). Targets: napkin >= 1.2x torch on cruncher and mlp,
 >= 2x on gpt; each row says PASS or MISS.
 
+--precision bf16-mixed: napkin builds a temp copy of the model YAML with
+`precision: bf16-mixed` (the mixed-precision pass casts matmul inputs to bf16,
+fp32 accumulation) and the trainer must then run bf16 matmuls (checked in its
+--print-program; a trainer without any is reported as an error, not timed as
+if it were bf16); torch runs the forward under torch.autocast("cpu",
+dtype=torch.bfloat16) (backward and optimizer outside it, as the autocast docs
+prescribe), fp32 master weights on both sides. Target: napkin at least as fast
+as torch (>= 1.0x) on every model. --peak stays the fp32 peak.
+
 Exit status: 0 when every target is met; 1 when one is missed or napkin's
 trainer could not be built or run (the reason is printed, and the torch half
 still runs); 2 on a usage error.
 
 Usage: bench/train_vs_torch.py [--napkin build/tools/napkin] [--steps 30] [--warmup 5]
                                [--threads 2] [--rounds 2] [--peak 350] [--only cruncher,mlp,gpt]
-                               [--torch-only] [--keep]
+                               [--precision fp32|bf16-mixed] [--torch-only] [--keep]
 """
 import argparse
 import fnmatch
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -66,6 +76,7 @@ DIMS = {  # the YAMLs' own dims (no --dims: the trainers are built as the files 
     "mlp": {"batch": 512, "d_in": 784, "hidden": 1024, "classes": 10},
     "gpt": {"batch": 16, "seq": 128, "vocab": 256, "d": 256, "heads": 4, "layers": 4},
 }
+TARGETS_BF16 = {"cruncher": 1.0, "mlp": 1.0, "gpt": 1.0}  # --precision bf16-mixed: at least torch's autocast speed
 DATA_BATCHES = 8  # random data: this many batches' worth of rows (sequential order cycles through them)
 
 
@@ -227,17 +238,20 @@ def adamw(params, lr, betas, wd, no_decay, foreach):
 TORCH_MODELS = {"cruncher": Cruncher, "mlp": MLP, "gpt": GPT}
 
 
-def time_torch(name, batches, steps, warmup, foreach):
+def time_torch(name, batches, steps, warmup, foreach, precision="fp32"):
     torch.manual_seed(0)
     model = TORCH_MODELS[name]()
     opt, clip = model.optimizer(foreach)
     params = list(model.params.values())
+    bf16 = precision == "bf16-mixed"
     times, losses = [], []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
         inputs = batches[i % len(batches)]
         opt.zero_grad(set_to_none=True)
-        loss = model.loss(*inputs)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model.loss(*inputs)
+        loss = loss.float()
         loss.backward()
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(params, clip)
@@ -276,6 +290,34 @@ def run(cmd, what, timeout=None):
 def napkin_flops(napkin, yaml):
     out = run([napkin, "report", yaml, "--json", "--no-ops"], "napkin report")
     return float(json.loads(out)["flops"]["total"])
+
+
+def precision_yaml(yaml, precision, tmp):
+    """The model file to build: the YAML itself for fp32, else a temp copy whose
+    top-level `precision:` is `precision` (appended when the file has none)."""
+    if precision == "fp32":
+        return yaml
+    with open(os.path.join(ROOT, yaml)) as f:
+        text = f.read()
+    text, n = re.subn(r"(?m)^precision:.*$", f"precision: {precision}", text)
+    if n == 0:
+        text += f"\nprecision: {precision}\n"
+    out = os.path.join(tmp, os.path.basename(yaml))
+    with open(out, "w") as f:
+        f.write(text)
+    return out
+
+
+def check_low_precision_matmuls(trainer, precision):
+    """A bf16-mixed trainer must run its matmuls in bf16: without the
+    mixed-precision pass the policy would build an fp32 trainer under a bf16 name."""
+    program = json.loads(run([trainer, "--print-program"], "trainer --print-program"))
+    matmuls = [k["matmul"] for k in program["kernels"] if k["kind"] == "matmul"]
+    low = [m for m in matmuls if m.get("a_dtype") == "bf16"]
+    if not low:
+        raise NapkinError(f"precision {precision}: the trainer has {len(matmuls)} matmuls and none in bf16 "
+                          f"(is the mixed-precision pass in napkin's pipeline?); not timing it as bf16")
+    print(f"napkin: {len(low)} of {len(matmuls)} matmuls in bf16")
 
 
 def build_trainer(napkin, name, yaml, tmp):
@@ -323,6 +365,8 @@ def main():
                     help="alternate napkin and torch this many times; each side's best median counts (default 2)")
     ap.add_argument("--peak", type=float, default=350.0, help="the CPU's measured fp32 GEMM peak, GFLOP/s (default 350)")
     ap.add_argument("--only", default="", help="comma-separated: cruncher,mlp,gpt")
+    ap.add_argument("--precision", choices=["fp32", "bf16-mixed"], default="fp32",
+                    help="fp32, or bf16-mixed: napkin's policy vs torch.autocast bf16 (default fp32)")
     ap.add_argument("--torch-only", action="store_true", help="time PyTorch alone (no napkin trainer)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (trainers, data, metrics)")
     args = ap.parse_args()
@@ -337,7 +381,7 @@ def main():
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__} ({sys.executable}), {torch.get_num_threads()} threads; napkin --threads "
           f"{args.threads}; {args.warmup} warmup + {args.steps} timed steps, median, best of {args.rounds} "
-          f"alternating rounds; fp32; peak {args.peak:g} GFLOP/s")
+          f"alternating rounds; {args.precision}; peak {args.peak:g} GFLOP/s (fp32)")
     load = os.getloadavg()[0]
     if load > 0.5:
         print(f"warning: load average {load:.2f} before starting; other processes share the CPU and the times "
@@ -348,9 +392,12 @@ def main():
     try:
         for name in only:
             yaml, target = MODELS[name]
+            if args.precision == "bf16-mixed":
+                target = TARGETS_BF16[name]
             print(f"\n== {name} ({yaml}: " + ", ".join(f"{k}={v}" for k, v in DIMS[name].items()) + ")")
             mdir = os.path.join(tmp, name)
             os.makedirs(mdir)
+            yaml = precision_yaml(yaml, args.precision, mdir)
             data_flags, batches = make_data(name, mdir, rng)
             flops = None
             try:
@@ -362,7 +409,10 @@ def main():
             if not args.torch_only:
                 try:
                     trainer = build_trainer(args.napkin, name, yaml, mdir)
+                    if args.precision != "fp32":
+                        check_low_precision_matmuls(trainer, args.precision)
                 except NapkinError as e:
+                    trainer = None
                     errors.append(f"{name}: {e}")
                     print(f"error: {e}", file=sys.stderr)
             # Rounds alternate napkin and torch so that both see the same background load; each side's
@@ -380,7 +430,7 @@ def main():
                         print(f"error: {e}", file=sys.stderr)
                         trainer = None
                 for foreach in ((False, True) if r == 0 else (min(variants, key=variants.get),)):
-                    ms, losses = time_torch(name, batches, args.steps, args.warmup, foreach)
+                    ms, losses = time_torch(name, batches, args.steps, args.warmup, foreach, args.precision)
                     variants[foreach] = min(variants.get(foreach, math.inf), ms)
                     print(f"round {r + 1}: torch (foreach={foreach}): median step {ms:.2f} ms "
                           f"(loss {losses[0]:.4f} -> {losses[-1]:.4f})")
@@ -394,7 +444,7 @@ def main():
 
     gf = lambda flops, ms: flops / (ms * 1e-3) / 1e9 if flops and ms else None
     fmt = lambda v, spec: format(v, spec) if v is not None else format("-", ">" + spec.split(".")[0])
-    print(f"\nmedian step time (best of {args.rounds} rounds), fp32, {args.threads} threads; GFLOP/s = napkin's flops.total per step / step time; "
+    print(f"\nmedian step time (best of {args.rounds} rounds), {args.precision}, {args.threads} threads; GFLOP/s = napkin's flops.total per step / step time; "
           f"peak {args.peak:g} GFLOP/s")
     print(f"{'model':9} {'GFLOP/step':>10} {'napkin ms':>10} {'torch ms':>10} {'torch/napkin':>12} {'target':>7} "
           f"{'napkin GF/s':>11} {'%peak':>6} {'torch GF/s':>10} {'%peak':>6}  torch optimizer  result")

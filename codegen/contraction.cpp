@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "ir/internal_check.h"
+
 namespace napkin::codegen {
 
 namespace {
@@ -103,6 +105,19 @@ std::optional<MatmulLowering> lower_to_gemm(const std::vector<ContractionAxis>& 
     g.c_batch_stride.push_back(ax.c);
   }
   return g;
+}
+
+}  // namespace napkin::codegen
+
+namespace napkin::codegen {
+
+bool gemm_takes(ir::DType a, ir::DType b, ir::DType c) {
+  using ir::DType;
+  auto gemm_float = [](DType t) { return t == DType::F32 || t == DType::F64 || t == DType::BF16 || t == DType::F16; };
+  if (!gemm_float(a) || !gemm_float(b)) return false;
+  NAPKIN_INTERNAL_CHECK(a == b, "a contraction of {} by {}: its inputs must share one dtype",
+                        ir::dtype_name(a), ir::dtype_name(b));
+  return c == a || ((a == DType::BF16 || a == DType::F16) && c == DType::F32);
 }
 
 }  // namespace napkin::codegen

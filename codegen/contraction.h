@@ -19,6 +19,8 @@
 #include <optional>
 #include <vector>
 
+#include "ir/dtype.h"
+
 namespace napkin::codegen {
 
 // The same fields as runtime::MatmulDesc (runtime/gemm.h): the runtime knows
@@ -41,5 +43,12 @@ struct ContractionAxis {
 
 // The GEMM form of the contraction, or nullopt when it has none (see above).
 std::optional<MatmulLowering> lower_to_gemm(const std::vector<ContractionAxis>& axes);
+
+// Whether the GEMM library (runtime/gemm.h) takes these element types: A and
+// B one float type, C the same or, for bf16/f16 (fp32 accumulation), f32.
+// Integer and fp8 contractions become loop kernels. A float contraction with
+// A and B of different types is an internal error: the graph casts both
+// inputs of a contraction to one dtype (mixed precision included).
+bool gemm_takes(ir::DType a, ir::DType b, ir::DType c);
 
 }  // namespace napkin::codegen

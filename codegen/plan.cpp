@@ -106,10 +106,8 @@ KernelPlan plan_kernels(const ir::Graph& g) {
     k.output = operand(g, arena, n.out());
     NAPKIN_INTERNAL_CHECK(k.output.contiguous(), "a kernel output must be contiguous");
     if (cls == ir::OpClass::Contraction) {
-      bool gemm_dtype = (k.output.dtype == ir::DType::F32 || k.output.dtype == ir::DType::F64) &&
-                        k.inputs[0].dtype == k.output.dtype && k.inputs[1].dtype == k.output.dtype;
       k.contraction = contraction_axes(n, k.inputs[0], k.inputs[1], k.output);
-      if (gemm_dtype) k.matmul = lower_to_gemm(k.contraction);
+      if (gemm_takes(k.inputs[0].dtype, k.inputs[1].dtype, k.output.dtype)) k.matmul = lower_to_gemm(k.contraction);
       if (k.matmul) k.kind = KernelKind::Matmul;
     }
     if (n.phase == ir::Phase::Forward) {

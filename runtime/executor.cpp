@@ -39,9 +39,16 @@ Executor::Executor(const Program& program, const KernelFn* fns, int threads)
       gemms_.push_back(nullptr);
       continue;
     }
-    if (k.matmul.dtype != "f32" && k.matmul.dtype != "f64")
-      throw Error("kernel " + k.name + ": no CPU matmul for " + k.matmul.dtype);
-    gemms_.push_back(std::make_unique<Gemm>(k.matmul.desc));
+    const MatmulSpec& m = k.matmul;
+    if (m.a_dtype != m.b_dtype)
+      throw Error("kernel " + k.name + ": no CPU matmul of " + m.a_dtype + " by " + m.b_dtype);
+    try {
+      gemms_.push_back(std::make_unique<Gemm>(m.desc, GemmTypes{gemm_type(m.a_dtype), gemm_type(m.c_dtype)}));
+    } catch (const Error& e) {
+      throw Error("kernel " + k.name + ": " + e.what());
+    }
+    // oneDNN primitives (bf16) are created now, not in the first step.
+    gemms_.back()->prepare(pool_.num_threads());
   }
   kernel_seconds.assign(program.kernels.size(), 0.0);
   g_active = &program_;
@@ -56,12 +63,8 @@ void Executor::run_kernel(int i) {
   const KernelSpec& k = program_.kernels[i];
   if (k.is_matmul) {
     const MatmulSpec& m = k.matmul;
-    if (m.dtype == "f32")
-      gemms_[i]->run(reinterpret_cast<const float*>(arena_ + m.a), reinterpret_cast<const float*>(arena_ + m.b),
-                     reinterpret_cast<float*>(arena_ + m.c), pool_);
-    else
-      gemms_[i]->run(reinterpret_cast<const double*>(arena_ + m.a), reinterpret_cast<const double*>(arena_ + m.b),
-                     reinterpret_cast<double*>(arena_ + m.c), pool_);
+    gemms_[i]->run(static_cast<const void*>(arena_ + m.a), static_cast<const void*>(arena_ + m.b),
+                   static_cast<void*>(arena_ + m.c), pool_);
     return;
   }
   LoopCall call{fns_[i], arena_};
@@ -98,6 +101,8 @@ double read_element(const char* p, const std::string& dtype, int64_t i) {
   if (dtype == "f64") return reinterpret_cast<const double*>(p)[i];
   if (dtype == "bf16") return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
   if (dtype == "f16") return f16_bits_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
+  if (dtype == "f8e4m3") return f8e4m3_bits_to_float(reinterpret_cast<const uint8_t*>(p)[i]);
+  if (dtype == "f8e5m2") return f8e5m2_bits_to_float(reinterpret_cast<const uint8_t*>(p)[i]);
   if (dtype == "i32") return reinterpret_cast<const int32_t*>(p)[i];
   if (dtype == "i64") return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
   if (dtype == "bool") return p[i] != 0;
@@ -109,6 +114,8 @@ void write_element(char* p, const std::string& dtype, int64_t i, double v) {
   else if (dtype == "f64") reinterpret_cast<double*>(p)[i] = v;
   else if (dtype == "bf16") reinterpret_cast<uint16_t*>(p)[i] = float_to_bf16_bits(static_cast<float>(v));
   else if (dtype == "f16") reinterpret_cast<uint16_t*>(p)[i] = float_to_f16_bits(static_cast<float>(v));
+  else if (dtype == "f8e4m3") reinterpret_cast<uint8_t*>(p)[i] = float_to_f8e4m3_bits(static_cast<float>(v));
+  else if (dtype == "f8e5m2") reinterpret_cast<uint8_t*>(p)[i] = float_to_f8e5m2_bits(static_cast<float>(v));
   else if (dtype == "i32") reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
   else if (dtype == "i64") reinterpret_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
   else if (dtype == "bool") p[i] = v != 0;

@@ -61,7 +61,8 @@ class Executor {
 };
 
 // Reads element i of a tensor of `dtype` at `p` as double (f64, f32, bf16,
-// f16, i32, i64, bool); writes likewise, rounding to nearest even.
+// f16, f8e4m3, f8e5m2, i32, i64, bool); writes likewise, rounding to nearest
+// even (through float32: exact for the narrow formats only from f32 values).
 double read_element(const char* p, const std::string& dtype, int64_t i);
 void write_element(char* p, const std::string& dtype, int64_t i, double v);
 

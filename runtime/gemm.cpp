@@ -1,13 +1,20 @@
 #include "runtime/gemm.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/float_formats.h"
 
 #include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 namespace napkin::runtime {
 
@@ -77,15 +84,104 @@ std::string dims_str(const std::vector<int64_t>& v) {
 }
 
 // Per-thread scratch for operands whose strides BLAS cannot take (packed to
-// row-major first).
+// row-major first) and for low-precision items widened to fp32 (0: A, 1: B,
+// 2: C before narrowing).
 template <class T>
 T* scratch(int which, size_t count) {
-  thread_local std::vector<T> buf[2];
+  thread_local std::vector<T> buf[3];
   if (buf[which].size() < count) buf[which].resize(count);
   return buf[which].data();
 }
 
+size_t type_bytes(GemmType t) {
+  switch (t) {
+    case GemmType::F64: return 8;
+    case GemmType::F32: return 4;
+    case GemmType::BF16:
+    case GemmType::F16: return 2;
+  }
+  return 0;
+}
+
+// Widening is exact: bf16 is the top half of a float32; f16 goes through a
+// table of all 65536 codes (float_formats' decoder, built once).
+float f16_to_float(uint16_t h) {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t i = 0; i < 65536; ++i) t[i] = f16_bits_to_float(uint16_t(i));
+    return t;
+  }();
+  return table[h];
+}
+
+// float -> bf16, nearest even: the same bits as float_to_bf16_bits (the unit
+// test compares them on every rounding case), inlined because C is narrowed
+// element by element.
+inline uint16_t narrow_bf16(float x) {
+  uint32_t u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7FFFFFFF) > 0x7F800000) return uint16_t((u >> 16 & 0x8000) | 0x7FC0);
+  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+// dst (rows x cols, row-major fp32) = src (rows x cols at strides rs, cs).
+void widen(GemmType t, const uint16_t* src, int64_t rows, int64_t cols, int64_t rs, int64_t cs, float* dst) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const uint16_t* s = src + i * rs;
+    float* d = dst + i * cols;
+    if (t == GemmType::BF16)
+      for (int64_t j = 0; j < cols; ++j) d[j] = std::bit_cast<float>(uint32_t(s[j * cs]) << 16);
+    else
+      for (int64_t j = 0; j < cols; ++j) d[j] = f16_to_float(s[j * cs]);
+  }
+}
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
 }  // namespace
+
+GemmType gemm_type(const std::string& dtype) {
+  if (dtype == "f32") return GemmType::F32;
+  if (dtype == "f64") return GemmType::F64;
+  if (dtype == "bf16") return GemmType::BF16;
+  if (dtype == "f16") return GemmType::F16;
+  throw Error("no CPU matmul for " + dtype + " operands");
+}
+
+const char* gemm_type_name(GemmType t) {
+  switch (t) {
+    case GemmType::F32: return "f32";
+    case GemmType::F64: return "f64";
+    case GemmType::BF16: return "bf16";
+    case GemmType::F16: return "f16";
+  }
+  return "?";
+}
+
+// The bf16 primitives of one Gemm, one per distinct panel shape (a split has
+// at most two: the full panel and the last one), for every thread count
+// prepared. An entry without a primitive means oneDNN has no fast kernel for
+// that shape and layout: the item takes f32 panels.
+struct Gemm::Primitives {
+  struct Entry {
+    std::optional<dnnl::matmul> prim;
+    dnnl::memory::desc a, b, c, scratchpad;
+  };
+  std::mutex mu;
+  std::map<std::pair<int64_t, int64_t>, Entry> by_shape;  // (rows, columns) of C's panel
+  std::map<int, std::vector<const Entry*>> by_threads;      // thread count -> entry per panel index
+};
+
+// One run: operands, split, and for bf16 the entry of each panel index.
+struct Gemm::Run {
+  const char* a;
+  const char* b;
+  char* c;
+  Split s;
+  const std::vector<const Primitives::Entry*>* entries = nullptr;
+};
 
 MatmulDesc MatmulDesc::plain(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b) {
   MatmulDesc d;
@@ -108,8 +204,13 @@ std::string MatmulDesc::to_string() const {
   return os.str();
 }
 
-Gemm::Gemm(MatmulDesc desc) : d_(std::move(desc)) {
+Gemm::Gemm(MatmulDesc desc, GemmTypes types, LowPrecisionKernel kernel)
+    : d_(std::move(desc)), types_(types), kernel_(kernel) {
   auto fail = [&](const std::string& what) { throw Error("matmul " + d_.to_string() + ": " + what); };
+  bool low = types_.ab == GemmType::BF16 || types_.ab == GemmType::F16;
+  if (types_.c != types_.ab && !(low && types_.c == GemmType::F32))
+    fail(std::string("no CPU matmul of ") + gemm_type_name(types_.ab) + " operands into " + gemm_type_name(types_.c));
+  if (types_.ab == GemmType::BF16) prims_ = std::make_unique<Primitives>();
   size_t nb = d_.batch.size();
   if (d_.a_batch_stride.size() != nb || d_.b_batch_stride.size() != nb || d_.c_batch_stride.size() != nb)
     fail("need one a, b and c batch stride per batch dim");
@@ -165,6 +266,9 @@ Gemm::Gemm(MatmulDesc desc) : d_(std::move(desc)) {
   ldc_ = m <= 1 ? std::max<int64_t>(n, 1) : d_.c_m_stride;
 }
 
+Gemm::~Gemm() = default;
+Gemm::Gemm(Gemm&&) noexcept = default;
+
 void Gemm::batch_offsets(int64_t index, int64_t* oa, int64_t* ob, int64_t* oc) const {
   int64_t a = 0, b = 0, c = 0;
   for (size_t i = bsize_.size(); i-- > 0;) {
@@ -189,82 +293,229 @@ Gemm::Split Gemm::split_for(int threads) const {
   return s;
 }
 
-template <class T>
-void Gemm::run_items(const T* a, const T* b, T* c, const Split& s, int64_t begin, int64_t end) const {
-  const int64_t m = d_.m, n = d_.n, k = d_.k;
-  for (int64_t item = begin; item < end; ++item) {
-    int64_t bi = item / s.parts, p = item % s.parts;
-    int64_t oa, ob, oc;
-    batch_offsets(bi, &oa, &ob, &oc);
-    const T* A = a + oa;
-    const T* B = b + ob;
-    T* C = c + oc;
-    // This item's panel: rows [r0, r1) x columns [c0, c1) of C.
-    int64_t r0 = 0, r1 = m, c0 = 0, c1 = n;
-    if (s.parts > 1) {
-      int64_t lo = std::min(p * s.panel, s.split_m ? m : n), hi = std::min(lo + s.panel, s.split_m ? m : n);
-      if (s.split_m) r0 = lo, r1 = hi;
-      else c0 = lo, c1 = hi;
-    }
-    int64_t mm = r1 - r0, nn = c1 - c0;
-    if (mm <= 0 || nn <= 0) continue;
-    if (k == 0) {
-      for (int64_t i = r0; i < r1; ++i) std::fill_n(C + i * d_.c_m_stride + c0, nn, T(0));
-      continue;
-    }
-    const T* Ap;
-    if (a_direct_) {
-      Ap = A + r0 * d_.a_m_stride;
-    } else {
-      T* buf = scratch<T>(0, size_t(mm * k));
-      for (int64_t i = 0; i < mm; ++i)
-        for (int64_t j = 0; j < k; ++j) buf[i * k + j] = A[(r0 + i) * d_.a_m_stride + j * d_.a_k_stride];
-      Ap = buf;
-    }
-    const T* Bp;
-    if (b_direct_) {
-      Bp = B + c0 * d_.b_n_stride;
-    } else {
-      T* buf = scratch<T>(1, size_t(k * nn));
-      for (int64_t i = 0; i < k; ++i)
-        for (int64_t j = 0; j < nn; ++j) buf[i * nn + j] = B[i * d_.b_k_stride + (c0 + j) * d_.b_n_stride];
-      Bp = buf;
-    }
-    int64_t ldb = b_direct_ ? ldb_ : std::max<int64_t>(nn, 1);
-    blas_gemm(trans_a_, trans_b_, mm, nn, k, Ap, lda_, Bp, ldb, C + r0 * ldc_ + c0, ldc_);
+Gemm::Panel Gemm::panel_of(const Split& s, int64_t p) const {
+  Panel pn{0, d_.m, 0, d_.n};
+  if (s.parts > 1) {
+    int64_t dim = s.split_m ? d_.m : d_.n;
+    int64_t lo = std::min(p * s.panel, dim), hi = std::min(lo + s.panel, dim);
+    if (s.split_m) pn.r0 = lo, pn.r1 = hi;
+    else pn.c0 = lo, pn.c1 = hi;
   }
+  return pn;
+}
+
+int Gemm::threads_for(ThreadPool* pool) const {
+  if (!pool || flops() < kMinParallelFlops) return 1;
+  return pool->num_threads();
+}
+
+void Gemm::prepare(int threads) const {
+  if (!prims_ || batch_count_ == 0 || d_.m == 0 || d_.n == 0) return;
+  if (flops() < kMinParallelFlops) threads = 1;
+  std::lock_guard<std::mutex> lock(prims_->mu);
+  if (prims_->by_threads.count(threads)) return;
+  Split s = split_for(threads);
+  std::vector<const Primitives::Entry*> entries;
+  for (int64_t p = 0; p < s.parts; ++p) {
+    Panel pn = panel_of(s, p);
+    int64_t rows = pn.r1 - pn.r0, cols = pn.c1 - pn.c0;
+    auto [it, fresh] = prims_->by_shape.try_emplace({rows, cols});
+    Primitives::Entry& e = it->second;
+    entries.push_back(&e);
+    if (!fresh || rows <= 0 || cols <= 0 || d_.k == 0 || kernel_ == LowPrecisionKernel::F32Panels ||
+        !a_direct_ || !b_direct_)
+      continue;
+    using dnnl::memory;
+    using dims = memory::dims;
+    const int64_t k = d_.k;
+    e.a = memory::desc({rows, k}, memory::data_type::bf16, trans_a_ ? dims{1, lda_} : dims{lda_, 1});
+    e.b = memory::desc({k, cols}, memory::data_type::bf16, trans_b_ ? dims{1, ldb_} : dims{ldb_, 1});
+    e.c = memory::desc({rows, cols}, types_.c == GemmType::F32 ? memory::data_type::f32 : memory::data_type::bf16,
+                       dims{ldc_, 1});
+    // The primitive fixes its thread count when it is created: create it
+    // serial, as it will run.
+    make_openmp_serial();
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    try {
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.c), attr, cpu_engine());
+      if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) continue;  // a reference loop: slower than panels
+      e.scratchpad = pd.scratchpad_desc();
+      e.prim.emplace(pd);
+    } catch (const dnnl::error&) {
+      // No implementation for this layout: f32 panels.
+    }
+  }
+  prims_->by_threads.emplace(threads, std::move(entries));
+}
+
+bool Gemm::uses_primitive(int threads) const {
+  if (!prims_) return false;
+  prepare(threads);
+  if (flops() < kMinParallelFlops) threads = 1;
+  std::lock_guard<std::mutex> lock(prims_->mu);
+  const auto& entries = prims_->by_threads.at(threads);
+  return !entries.empty() && std::all_of(entries.begin(), entries.end(), [](const auto* e) { return e->prim.has_value(); });
 }
 
 template <class T>
-void Gemm::run_t(const T* a, const T* b, T* c, ThreadPool* pool) const {
+void Gemm::blas_item(const T* A, const T* B, T* C, const Panel& p) const {
+  const int64_t k = d_.k, mm = p.r1 - p.r0, nn = p.c1 - p.c0;
+  const T* Ap;
+  if (a_direct_) {
+    Ap = A + p.r0 * d_.a_m_stride;
+  } else {
+    T* buf = scratch<T>(0, size_t(mm * k));
+    for (int64_t i = 0; i < mm; ++i)
+      for (int64_t j = 0; j < k; ++j) buf[i * k + j] = A[(p.r0 + i) * d_.a_m_stride + j * d_.a_k_stride];
+    Ap = buf;
+  }
+  const T* Bp;
+  if (b_direct_) {
+    Bp = B + p.c0 * d_.b_n_stride;
+  } else {
+    T* buf = scratch<T>(1, size_t(k * nn));
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t j = 0; j < nn; ++j) buf[i * nn + j] = B[i * d_.b_k_stride + (p.c0 + j) * d_.b_n_stride];
+    Bp = buf;
+  }
+  int64_t ldb = b_direct_ ? ldb_ : std::max<int64_t>(nn, 1);
+  blas_gemm(trans_a_, trans_b_, mm, nn, k, Ap, lda_, Bp, ldb, C + p.r0 * ldc_ + p.c0, ldc_);
+}
+
+// A low-precision item as fp32: the panel's A rows and B columns widened into
+// scratch, each in the orientation that reads its source with unit stride
+// (handed to sgemm transposed when that is the column-major one).
+void Gemm::panels_item(const void* A, const void* B, void* C, const Panel& p) const {
+  const int64_t k = d_.k, mm = p.r1 - p.r0, nn = p.c1 - p.c0;
+  const GemmType t = types_.ab;
+  const uint16_t* a = static_cast<const uint16_t*>(A) + p.r0 * d_.a_m_stride;
+  const uint16_t* b = static_cast<const uint16_t*>(B) + p.c0 * d_.b_n_stride;
+  float* ap = scratch<float>(0, size_t(mm * k));
+  float* bp = scratch<float>(1, size_t(k * nn));
+  const bool ta = d_.a_m_stride == 1 && d_.a_k_stride != 1 && mm > 1;
+  const bool tb = d_.b_k_stride == 1 && d_.b_n_stride != 1 && k > 1;
+  if (ta) widen(t, a, k, mm, d_.a_k_stride, d_.a_m_stride, ap);
+  else widen(t, a, mm, k, d_.a_m_stride, d_.a_k_stride, ap);
+  if (tb) widen(t, b, nn, k, d_.b_n_stride, d_.b_k_stride, bp);
+  else widen(t, b, k, nn, d_.b_k_stride, d_.b_n_stride, bp);
+  const int64_t lda = ta ? mm : k, ldb = tb ? k : nn;
+  if (types_.c == GemmType::F32) {
+    blas_gemm(ta, tb, mm, nn, k, ap, lda, bp, ldb, static_cast<float*>(C) + p.r0 * ldc_ + p.c0, ldc_);
+    return;
+  }
+  float* cp = scratch<float>(2, size_t(mm * nn));
+  blas_gemm(ta, tb, mm, nn, k, ap, lda, bp, ldb, cp, nn);
+  for (int64_t i = 0; i < mm; ++i) {
+    uint16_t* row = static_cast<uint16_t*>(C) + (p.r0 + i) * ldc_ + p.c0;
+    const float* src = cp + i * nn;
+    if (t == GemmType::BF16)
+      for (int64_t j = 0; j < nn; ++j) row[j] = narrow_bf16(src[j]);
+    else
+      for (int64_t j = 0; j < nn; ++j) row[j] = float_to_f16_bits(src[j]);
+  }
+}
+
+void Gemm::run_items(const Run& r, int64_t begin, int64_t end) const {
+  const size_t ab = type_bytes(types_.ab), cb = type_bytes(types_.c);
+  for (int64_t item = begin; item < end; ++item) {
+    int64_t bi = item / r.s.parts, p = item % r.s.parts;
+    Panel pn = panel_of(r.s, p);
+    int64_t mm = pn.r1 - pn.r0, nn = pn.c1 - pn.c0;
+    if (mm <= 0 || nn <= 0) continue;
+    int64_t oa, ob, oc;
+    batch_offsets(bi, &oa, &ob, &oc);
+    const char* A = r.a + oa * int64_t(ab);
+    const char* B = r.b + ob * int64_t(ab);
+    char* C = r.c + oc * int64_t(cb);
+    if (d_.k == 0) {  // all-zero bits are +0 in every type
+      for (int64_t i = pn.r0; i < pn.r1; ++i) std::memset(C + (i * d_.c_m_stride + pn.c0) * int64_t(cb), 0, size_t(nn) * cb);
+      continue;
+    }
+    switch (types_.ab) {
+      case GemmType::F32:
+        blas_item(reinterpret_cast<const float*>(A), reinterpret_cast<const float*>(B), reinterpret_cast<float*>(C), pn);
+        break;
+      case GemmType::F64:
+        blas_item(reinterpret_cast<const double*>(A), reinterpret_cast<const double*>(B), reinterpret_cast<double*>(C),
+                  pn);
+        break;
+      case GemmType::BF16:
+      case GemmType::F16: {
+        const Primitives::Entry* e = r.entries ? (*r.entries)[size_t(p)] : nullptr;
+        if (!e || !e->prim) {
+          panels_item(A, B, C, pn);
+          break;
+        }
+        make_openmp_serial();
+        const dnnl::engine& eng = cpu_engine();
+        thread_local dnnl::stream stream(cpu_engine());
+        thread_local std::vector<char> pad;
+        if (pad.size() < e->scratchpad.get_size()) pad.resize(e->scratchpad.get_size());
+        dnnl::memory am(e->a, eng, const_cast<char*>(A + pn.r0 * d_.a_m_stride * int64_t(ab)));
+        dnnl::memory bm(e->b, eng, const_cast<char*>(B + pn.c0 * d_.b_n_stride * int64_t(ab)));
+        dnnl::memory cm(e->c, eng, C + (pn.r0 * ldc_ + pn.c0) * int64_t(cb));
+        dnnl::memory sm(e->scratchpad, eng, pad.data());
+        e->prim->execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
+        stream.wait();
+        break;
+      }
+    }
+  }
+}
+
+void Gemm::run_any(const void* a, const void* b, void* c, ThreadPool* pool) const {
   if (batch_count_ == 0 || d_.m == 0 || d_.n == 0) return;
-  int threads = pool ? pool->num_threads() : 1;
-  if (flops() < kMinParallelFlops) threads = 1;
-  Split s = split_for(threads);
-  int64_t items = batch_count_ * s.parts;
+  int threads = threads_for(pool);
+  Run r{static_cast<const char*>(a), static_cast<const char*>(b), static_cast<char*>(c), split_for(threads)};
+  if (prims_) {
+    prepare(threads);
+    std::lock_guard<std::mutex> lock(prims_->mu);
+    r.entries = &prims_->by_threads.at(threads);  // map nodes stay put as others are added
+  }
+  int64_t items = batch_count_ * r.s.parts;
   if (threads == 1) {
-    run_items(a, b, c, s, 0, items);
+    run_items(r, 0, items);
     return;
   }
   struct Ctx {
     const Gemm* g;
-    const T* a;
-    const T* b;
-    T* c;
-    Split s;
-  } ctx{this, a, b, c, s};
+    const Run* r;
+  } ctx{this, &r};
   pool->parallel_for(
       items,
       [](void* p, int64_t begin, int64_t end) {
         auto* x = static_cast<Ctx*>(p);
-        x->g->run_items(x->a, x->b, x->c, x->s, begin, end);
+        x->g->run_items(*x->r, begin, end);
       },
       &ctx);
 }
 
-void Gemm::run(const float* a, const float* b, float* c, ThreadPool& pool) const { run_t(a, b, c, &pool); }
-void Gemm::run(const double* a, const double* b, double* c, ThreadPool& pool) const { run_t(a, b, c, &pool); }
-void Gemm::run(const float* a, const float* b, float* c) const { run_t<float>(a, b, c, nullptr); }
-void Gemm::run(const double* a, const double* b, double* c) const { run_t<double>(a, b, c, nullptr); }
+void Gemm::run(const void* a, const void* b, void* c, ThreadPool& pool) const { run_any(a, b, c, &pool); }
+void Gemm::run(const void* a, const void* b, void* c) const { run_any(a, b, c, nullptr); }
+
+namespace {
+void require(GemmTypes have, GemmType want) {
+  if (have.ab != want || have.c != want)
+    throw Error(std::string("a ") + gemm_type_name(have.ab) + " matmul run with " + gemm_type_name(want) + " operands");
+}
+}  // namespace
+
+void Gemm::run(const float* a, const float* b, float* c, ThreadPool& pool) const {
+  require(types_, GemmType::F32);
+  run_any(a, b, c, &pool);
+}
+void Gemm::run(const double* a, const double* b, double* c, ThreadPool& pool) const {
+  require(types_, GemmType::F64);
+  run_any(a, b, c, &pool);
+}
+void Gemm::run(const float* a, const float* b, float* c) const {
+  require(types_, GemmType::F32);
+  run_any(a, b, c, nullptr);
+}
+void Gemm::run(const double* a, const double* b, double* c) const {
+  require(types_, GemmType::F64);
+  run_any(a, b, c, nullptr);
+}
 
 }  // namespace napkin::runtime

@@ -22,17 +22,44 @@
 // only on the shape and the pool size, so results are bit-identical run to
 // run for a given thread count. Matmuls under ~250 kFLOP run inline.
 //
+// Low precision: A and B both bf16 (or both f16), products summed in fp32, C
+// bf16/f16 (rounded to nearest even once, at the end) or fp32. Same split as
+// fp32; each work item is one of two kernels:
+//   primitive   oneDNN's matmul primitive (bf16 only: brgemm with
+//               AVX512_BF16 dot products), one per distinct panel shape,
+//               created at start-up (prepare) single-threaded and run in the
+//               pool's chunks like sgemm, with a per-thread scratchpad.
+//   f32 panels  the item's A rows and B columns widened to fp32 (exact) in
+//               per-thread scratch, then sgemm, then C narrowed. Any layout,
+//               any low dtype: f16 (oneDNN has no f16 matmul without
+//               AVX512_FP16), and bf16 where the primitive has no fast kernel
+//               for the strides (it falls back to a reference loop) or
+//               measured slower (bench/README.md, "bf16").
+//
 // Link: -ldnnl -lpthread (CMake: target napkin_runtime carries them; packages
 // libdnnl-dev, which brings libgomp).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/thread_pool.h"
 
 namespace napkin::runtime {
+
+// Element types a Gemm takes: A and B share one, C has its own (fp32 or the
+// same as A and B).
+enum class GemmType : uint8_t { F32, F64, BF16, F16 };
+GemmType gemm_type(const std::string& dtype);  // "f32", ...; throws Error for others
+const char* gemm_type_name(GemmType t);
+struct GemmTypes {
+  GemmType ab = GemmType::F32, c = GemmType::F32;
+};
+// How bf16 items run (f16 always takes f32 panels). Auto is the measured
+// choice; benches and tests force one to compare them.
+enum class LowPrecisionKernel : uint8_t { Auto, Primitive, F32Panels };
 
 struct MatmulDesc {
   std::vector<int64_t> batch;  // batch dim sizes, outermost first (may be empty)
@@ -50,34 +77,61 @@ struct MatmulDesc {
 
 class Gemm {
  public:
-  // Validates the descriptor (throws runtime::Error naming the problem) and
-  // precomputes the BLAS call and the work split.
-  explicit Gemm(MatmulDesc desc);
+  // Validates the descriptor and the types (throws runtime::Error naming the
+  // problem) and precomputes the BLAS call and the work split.
+  explicit Gemm(MatmulDesc desc, GemmTypes types = {}, LowPrecisionKernel kernel = LowPrecisionKernel::Auto);
+  ~Gemm();
+  Gemm(Gemm&&) noexcept;
 
+  // Creates the oneDNN primitives the work items of a run on `threads`
+  // threads need (bf16 only; a no-op otherwise). run() does it on the calling
+  // thread when it meets a thread count not prepared yet; the executor
+  // prepares at start-up so that no step pays for it.
+  void prepare(int threads) const;
+
+  // Operands of the constructed types (a, b: GemmTypes::ab; c: GemmTypes::c).
+  void run(const void* a, const void* b, void* c, ThreadPool& pool) const;
+  void run(const void* a, const void* b, void* c) const;  // on the calling thread only
+  // Typed shorthands; the Gemm must have been built for that type.
   void run(const float* a, const float* b, float* c, ThreadPool& pool) const;
   void run(const double* a, const double* b, double* c, ThreadPool& pool) const;
-  // Same, on the calling thread only.
   void run(const float* a, const float* b, float* c) const;
   void run(const double* a, const double* b, double* c) const;
 
   const MatmulDesc& desc() const { return d_; }
+  GemmTypes types() const { return types_; }
+  // Whether bf16 work items of a run on `threads` threads use the oneDNN
+  // primitive (false: f32 panels). For benches and tests.
+  bool uses_primitive(int threads) const;
   int64_t batch_count() const { return batch_count_; }
   double flops() const { return 2.0 * double(batch_count_) * double(d_.m) * double(d_.n) * double(d_.k); }
 
  private:
-  template <class T>
-  void run_t(const T* a, const T* b, T* c, ThreadPool* pool) const;
   struct Split {
     int64_t parts = 1;     // panels per batch entry
     int64_t panel = 0;     // rows (split_m) or columns of C per panel
     bool split_m = true;
   };
+  struct Panel {  // the part of C one work item writes: rows [r0, r1) x columns [c0, c1)
+    int64_t r0, r1, c0, c1;
+  };
+  struct Primitives;  // oneDNN objects (gemm.cpp)
+  struct Run;         // one run's operands and split (gemm.cpp)
+
+  void run_any(const void* a, const void* b, void* c, ThreadPool* pool) const;
+  int threads_for(ThreadPool* pool) const;
   Split split_for(int threads) const;
+  Panel panel_of(const Split& s, int64_t p) const;
+  void run_items(const Run& r, int64_t begin, int64_t end) const;
   template <class T>
-  void run_items(const T* a, const T* b, T* c, const Split& s, int64_t begin, int64_t end) const;
+  void blas_item(const T* A, const T* B, T* C, const Panel& p) const;
+  void panels_item(const void* A, const void* B, void* C, const Panel& p) const;
   void batch_offsets(int64_t index, int64_t* oa, int64_t* ob, int64_t* oc) const;
 
   MatmulDesc d_;
+  GemmTypes types_;
+  LowPrecisionKernel kernel_ = LowPrecisionKernel::Auto;
+  std::unique_ptr<Primitives> prims_;  // bf16 only
   // Batch dims after dropping size-1 dims and merging collapsible neighbours.
   std::vector<int64_t> bsize_, bsa_, bsb_, bsc_;
   int64_t batch_count_ = 1;

@@ -77,7 +77,9 @@ Program parse_program(const char* text, size_t size) {
         s.matmul.a = m.at("a");
         s.matmul.b = m.at("b");
         s.matmul.c = m.at("c");
-        s.matmul.dtype = m.at("dtype");
+        s.matmul.a_dtype = m.at("a_dtype");
+        s.matmul.b_dtype = m.at("b_dtype");
+        s.matmul.c_dtype = m.at("c_dtype");
         MatmulDesc& d = s.matmul.desc;
         d.batch = m.at("batch").get<std::vector<int64_t>>();
         d.a_batch_stride = m.at("a_batch_stride").get<std::vector<int64_t>>();

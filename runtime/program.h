@@ -26,7 +26,7 @@ struct TensorSpec {
 
 struct MatmulSpec {
   int64_t a = 0, b = 0, c = 0;  // byte offsets of the operands' first elements
-  std::string dtype;            // "f32" or "f64"
+  std::string a_dtype, b_dtype, c_dtype;  // "f32", "f64", "bf16", "f16" (runtime/gemm.h says which mix)
   MatmulDesc desc;
 };
 

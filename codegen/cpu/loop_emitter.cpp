@@ -3,6 +3,8 @@
 #include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/Module.h>
 
+#include <cmath>
+
 #include "ir/internal_check.h"
 
 namespace napkin::codegen::cpu {
@@ -22,14 +24,14 @@ llvm::Type* LoopEmitter::compute_type(ir::DType t) {
     case ir::DType::F64: return b.getDoubleTy();
     case ir::DType::F32:
     case ir::DType::F16:
-    case ir::DType::BF16: return b.getFloatTy();
+    case ir::DType::BF16:
+    case ir::DType::F8E4M3:
+    case ir::DType::F8E5M2: return b.getFloatTy();
     case ir::DType::I32: return b.getInt32Ty();
     case ir::DType::I64: return b.getInt64Ty();
     case ir::DType::Bool: return b.getInt1Ty();
-    case ir::DType::F8E4M3:
-    case ir::DType::F8E5M2: break;
   }
-  NAPKIN_INTERNAL_CHECK(false, "the CPU backend has no fp8 arithmetic (fp8 models run on the CUDA backend)");
+  NAPKIN_INTERNAL_CHECK(false, "unknown dtype {}", static_cast<int>(t));
   return nullptr;
 }
 
@@ -92,15 +94,110 @@ llvm::Type* storage_type(llvm::IRBuilder<>& b, ir::DType t) {
     case ir::DType::F64: return b.getDoubleTy();
     case ir::DType::F32: return b.getFloatTy();
     case ir::DType::F16: return b.getHalfTy();
-    case ir::DType::BF16: return b.getBFloatTy();
+    case ir::DType::BF16: return b.getInt16Ty();  // bits; converted by shifts (see round_to_bf16)
     case ir::DType::I32: return b.getInt32Ty();
     case ir::DType::I64: return b.getInt64Ty();
-    case ir::DType::Bool: return b.getInt8Ty();
+    case ir::DType::Bool:
     case ir::DType::F8E4M3:
-    case ir::DType::F8E5M2: break;
+    case ir::DType::F8E5M2: return b.getInt8Ty();
   }
-  NAPKIN_INTERNAL_CHECK(false, "the CPU backend has no fp8 storage");
+  NAPKIN_INTERNAL_CHECK(false, "unknown dtype {}", static_cast<int>(t));
   return nullptr;
+}
+
+// float -> bf16 bits (i16), nearest even with subnormals, NaN -> S.11111111.1000000:
+// the bits of runtime's float_to_bf16_bits. Not fptrunc: on AVX512_BF16
+// LLVM lowers that to vcvtneps2bf16, which flushes subnormals to zero.
+llvm::Value* round_to_bf16(llvm::IRBuilder<>& b, llvm::Value* x) {
+  llvm::Type* i32 = b.getInt32Ty();
+  auto c = [&](uint32_t v) { return b.getInt32(v); };
+  llvm::Value* u = b.CreateBitCast(x, i32);
+  llvm::Value* lsb = b.CreateAnd(b.CreateLShr(u, c(16)), c(1));
+  llvm::Value* rounded = b.CreateLShr(b.CreateAdd(u, b.CreateAdd(c(0x7FFF), lsb)), c(16));
+  llvm::Value* nan = b.CreateOr(b.CreateAnd(b.CreateLShr(u, c(16)), c(0x8000)), c(0x7FC0));
+  llvm::Value* is_nan = b.CreateICmpUGT(b.CreateAnd(u, c(0x7FFFFFFF)), c(0x7F800000));
+  return b.CreateTrunc(b.CreateSelect(is_nan, nan, rounded), b.getInt16Ty());
+}
+
+// An OCP 8-bit float format by its fields (as runtime/float_formats.cpp).
+struct F8Format {
+  int exponent_bits, mantissa_bits;
+  bool finite_only;  // E4M3 "fn": no inf, only S.1111.111 is NaN
+  int bias() const { return (1 << (exponent_bits - 1)) - 1; }
+  int min_exponent() const { return 1 - bias(); }
+  uint32_t all_ones() const { return 0x7F; }
+  uint32_t exponent_ones() const { return ((1u << exponent_bits) - 1) << mantissa_bits; }
+  uint32_t max_finite() const { return finite_only ? all_ones() - 1 : exponent_ones() - 1; }
+  uint32_t overflow() const { return finite_only ? all_ones() : exponent_ones(); }  // NaN or inf
+  uint32_t nan() const { return all_ones(); }  // S.1..1.1..1 in both formats (c10's converters)
+};
+constexpr F8Format kE4M3{4, 3, true};
+constexpr F8Format kE5M2{5, 2, false};
+
+// fp8 code (i8) -> float, exact; the bits of runtime's f8*_bits_to_float for
+// every code (NaN payloads included). Selects, no branches, so it vectorizes.
+llvm::Value* decode_f8(llvm::IRBuilder<>& b, const F8Format& f, llvm::Value* code8) {
+  llvm::Type* i32 = b.getInt32Ty();
+  auto c = [&](uint32_t v) { return b.getInt32(v); };
+  llvm::Value* code = b.CreateZExt(code8, i32);
+  llvm::Value* sign = b.CreateShl(b.CreateLShr(code, c(7)), c(31));
+  llvm::Value* magnitude = b.CreateAnd(code, c(f.all_ones()));
+  llvm::Value* exponent = b.CreateLShr(magnitude, c(uint32_t(f.mantissa_bits)));
+  llvm::Value* mantissa = b.CreateAnd(magnitude, c((1u << f.mantissa_bits) - 1));
+  llvm::Value* fraction = b.CreateShl(mantissa, c(uint32_t(23 - f.mantissa_bits)));
+  // Normal: rebias the exponent into float32's field.
+  llvm::Value* normal = b.CreateOr(b.CreateShl(b.CreateAdd(exponent, c(uint32_t(127 - f.bias()))), c(23)), fraction);
+  // Subnormal: mantissa * 2^(min_exponent - mantissa_bits), a normal float32.
+  llvm::Value* sub = b.CreateBitCast(
+      b.CreateFMul(b.CreateUIToFP(mantissa, b.getFloatTy()),
+                   llvm::ConstantFP::get(b.getFloatTy(), std::ldexp(1.0, f.min_exponent() - f.mantissa_bits))),
+      i32);
+  // Inf and NaN: float32's all-ones exponent with the payload on top of its fraction.
+  llvm::Value* special_bits = b.CreateOr(c(0x7F800000), fraction);
+  llvm::Value* special = f.finite_only ? b.CreateICmpEQ(magnitude, c(f.all_ones()))
+                                       : b.CreateICmpUGE(magnitude, c(f.exponent_ones()));
+  llvm::Value* bits = b.CreateSelect(b.CreateICmpEQ(exponent, c(0)), sub, normal);
+  bits = b.CreateSelect(special, special_bits, bits);
+  return b.CreateBitCast(b.CreateOr(sign, bits), b.getFloatTy());
+}
+
+// float -> fp8 code (i8), round to nearest even with subnormals; too large
+// (inf included) -> inf (E5M2) or NaN (E4M3), NaN -> S.1..1.1..1: the bits of
+// runtime's float_to_f8*_bits (non-saturating). The same arithmetic as
+// float_formats.cpp's round_magnitude, branch-free.
+llvm::Value* encode_f8(llvm::IRBuilder<>& b, const F8Format& f, llvm::Value* x) {
+  llvm::Type* i32 = b.getInt32Ty();
+  auto c = [&](uint32_t v) { return b.getInt32(v); };
+  llvm::Value* u = b.CreateBitCast(x, i32);
+  llvm::Value* sign = b.CreateShl(b.CreateLShr(u, c(31)), c(7));
+  llvm::Value* magnitude = b.CreateAnd(u, c(0x7FFFFFFF));
+  llvm::Value* biased = b.CreateLShr(magnitude, c(23));
+  llvm::Value* is_normal = b.CreateICmpNE(biased, c(0));
+  // value = significand * 2^(exponent - 23), exponent = max(biased, 1) - 127.
+  llvm::Value* significand =
+      b.CreateOr(b.CreateAnd(magnitude, c(0x007FFFFF)), b.CreateSelect(is_normal, c(1u << 23), c(0)));
+  llvm::Value* exponent = b.CreateSub(b.CreateSelect(is_normal, biased, c(1)), c(127));
+  llvm::Value* min_exp = c(uint32_t(f.min_exponent()));
+  llvm::Value* target = b.CreateSelect(b.CreateICmpSGT(exponent, min_exp), exponent, min_exp);
+  // shift >= 13; from 25 on the significand (< 2^24) is below half a step, and
+  // 25 itself rounds it to 0, so clamping keeps the shifts in range.
+  llvm::Value* shift = b.CreateAdd(b.CreateSub(target, exponent), c(uint32_t(23 - f.mantissa_bits)));
+  shift = b.CreateSelect(b.CreateICmpULT(shift, c(25)), shift, c(25));
+  llvm::Value* q = b.CreateLShr(significand, shift);
+  llvm::Value* rest = b.CreateAnd(significand, b.CreateSub(b.CreateShl(c(1), shift), c(1)));
+  llvm::Value* half = b.CreateShl(c(1), b.CreateSub(shift, c(1)));
+  llvm::Value* up = b.CreateOr(b.CreateICmpUGT(rest, half),
+                               b.CreateAnd(b.CreateICmpEQ(rest, half), b.CreateICmpNE(b.CreateAnd(q, c(1)), c(0))));
+  q = b.CreateAdd(q, b.CreateZExt(up, i32));
+  // A significand that rounds up to the next power of two carries into the
+  // exponent field by itself (subnormal -> normal included).
+  llvm::Value* code =
+      b.CreateAdd(b.CreateShl(b.CreateSub(target, min_exp), c(uint32_t(f.mantissa_bits))), q);
+  code = b.CreateSelect(b.CreateICmpUGT(code, c(f.max_finite())), c(f.overflow()), code);
+  // inf -> overflow code; NaN -> the NaN code.
+  code = b.CreateSelect(b.CreateICmpEQ(magnitude, c(0x7F800000)), c(f.overflow()), code);
+  code = b.CreateSelect(b.CreateICmpUGT(magnitude, c(0x7F800000)), c(f.nan()), code);
+  return b.CreateTrunc(b.CreateOr(sign, code), b.getInt8Ty());
 }
 
 }  // namespace
@@ -114,9 +211,12 @@ llvm::Value* LoopEmitter::load(const Operand& o, llvm::Value* index) {
   llvm::Type* st = storage_type(b, o.dtype);
   llvm::Value* v = b.CreateLoad(st, element_ptr(o, index));
   switch (o.dtype) {
-    case ir::DType::F16:
-    case ir::DType::BF16: return b.CreateFPExt(v, b.getFloatTy());
+    case ir::DType::F16: return b.CreateFPExt(v, b.getFloatTy());
+    case ir::DType::BF16:  // the top half of a float32
+      return b.CreateBitCast(b.CreateShl(b.CreateZExt(v, b.getInt32Ty()), b.getInt32(16)), b.getFloatTy());
     case ir::DType::Bool: return b.CreateICmpNE(v, b.getInt8(0));
+    case ir::DType::F8E4M3: return decode_f8(b, kE4M3, v);
+    case ir::DType::F8E5M2: return decode_f8(b, kE5M2, v);
     default: return v;
   }
 }
@@ -124,8 +224,10 @@ llvm::Value* LoopEmitter::load(const Operand& o, llvm::Value* index) {
 void LoopEmitter::store(const Operand& o, llvm::Value* index, llvm::Value* v) {
   switch (o.dtype) {
     case ir::DType::F16: v = b.CreateFPTrunc(v, b.getHalfTy()); break;
-    case ir::DType::BF16: v = b.CreateFPTrunc(v, b.getBFloatTy()); break;
+    case ir::DType::BF16: v = round_to_bf16(b, v); break;
     case ir::DType::Bool: v = b.CreateZExt(v, b.getInt8Ty()); break;
+    case ir::DType::F8E4M3: v = encode_f8(b, kE4M3, v); break;
+    case ir::DType::F8E5M2: v = encode_f8(b, kE5M2, v); break;
     default: break;
   }
   b.CreateStore(v, element_ptr(o, index));

@@ -5,9 +5,13 @@
 // its arena and the part [begin, end) of the kernel's parallel dim that this
 // thread computes (codegen/cpu/kernels.h says which dim that is).
 //
-// Values are computed in a "compute type": f32 for f32, f16 and bf16 storage
-// (converted on load, rounded to nearest-even on store), f64 for f64, the
-// integer itself for i32 and i64, i1 for bool (stored as one byte).
+// Values are computed in a "compute type": f32 for f32, f16, bf16 and the
+// 8-bit floats (converted on load, exactly; rounded to nearest even on store,
+// with subnormals), f64 for f64, the integer itself for i32 and i64, i1 for
+// bool (stored as one byte). f16 stores are LLVM's fptrunc; bf16 (stored as
+// i16 bits), f8e4m3 and f8e5m2 (i8) are converted by integer bit
+// manipulation, with the bits of runtime/float_formats.h: E4M3 has no inf
+// (too large -> NaN), E5M2 overflows to inf.
 #pragma once
 
 #include <llvm/IR/IRBuilder.h>

@@ -3,6 +3,7 @@
 #include <dirent.h>
 
 #include <atomic>
+#include <cstring>
 #include <cmath>
 #include <doctest/doctest.h>
 #include <limits>
@@ -14,10 +15,14 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/float_formats.h"
 #include "runtime/gemm.h"
 #include "runtime/thread_pool.h"
 
 using napkin::runtime::Gemm;
+using napkin::runtime::GemmType;
+using napkin::runtime::GemmTypes;
+using napkin::runtime::LowPrecisionKernel;
 using napkin::runtime::MatmulDesc;
 using napkin::runtime::ThreadPool;
 
@@ -235,7 +240,8 @@ void check_case(const MatmulDesc& d, ThreadPool& pool, uint32_t seed) {
   // padding holds -7 and must keep it.
   for (size_t i = 0; i < c0.size(); ++i)
     if (covered[i]) c0[i] = std::numeric_limits<T>::quiet_NaN();
-  Gemm g(d);
+  const GemmType t = std::is_same_v<T, float> ? GemmType::F32 : GemmType::F64;
+  Gemm g(d, {t, t});
   const double rel = std::is_same_v<T, float> ? 1e-5 : 1e-13;
   const double tol = rel * std::sqrt(double(std::max<int64_t>(d.k, 1)));
   for (int pass = 0; pass < 2; ++pass) {
@@ -299,6 +305,61 @@ std::vector<MatmulDesc> gemm_cases() {
   v.push_back(strided({}, {}, {}, {}, 9, 7, 5, 0, 1, 7, 1, 7));
   v.push_back(strided({}, {}, {}, {}, 9, 7, 5, 5, 1, 0, 1, 7));
   return v;
+}
+
+// Low precision: operands held as codes (bf16 or f16), C as codes too or
+// f32; the reference sums the decoded values in double.
+uint16_t encode16(GemmType t, double x) {
+  return t == GemmType::BF16 ? napkin::runtime::float_to_bf16_bits(float(x))
+                             : napkin::runtime::float_to_f16_bits(float(x));
+}
+double decode16(GemmType t, uint16_t x) {
+  return t == GemmType::BF16 ? napkin::runtime::bf16_bits_to_float(x) : napkin::runtime::f16_bits_to_float(x);
+}
+
+void check_low_case(const MatmulDesc& d, GemmTypes types, LowPrecisionKernel kernel, ThreadPool& pool,
+                    uint32_t seed) {
+  CAPTURE(d.to_string());
+  CAPTURE(int(types.ab));
+  CAPTURE(int(types.c));
+  CAPTURE(int(kernel));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<uint16_t> a(size_t(span(d.batch, d.a_batch_stride, d.m, d.a_m_stride, d.k, d.a_k_stride)));
+  std::vector<uint16_t> b(size_t(span(d.batch, d.b_batch_stride, d.k, d.b_k_stride, d.n, d.b_n_stride)));
+  for (auto& x : a) x = encode16(types.ab, u(rng));
+  for (auto& x : b) x = encode16(types.ab, u(rng));
+  std::vector<double> ad(a.size()), bd(b.size());
+  for (size_t i = 0; i < a.size(); ++i) ad[i] = decode16(types.ab, a[i]);
+  for (size_t i = 0; i < b.size(); ++i) bd[i] = decode16(types.ab, b[i]);
+  const size_t nc = size_t(span(d.batch, d.c_batch_stride, d.m, d.c_m_stride, d.n, 1));
+  std::vector<char> covered;
+  auto ref = reference(d, ad, bd, std::vector<double>(nc, -7.0), &covered);
+  const bool low_c = types.c != GemmType::F32;
+  // f32 accumulation as in the fp32 test, plus one rounding of C to its type.
+  const double round = !low_c ? 0 : types.c == GemmType::BF16 ? 1.0 / 256 : 1.0 / 2048;
+  const double acc = 1e-5 * std::sqrt(double(std::max<int64_t>(d.k, 1)));
+  Gemm g(d, types, kernel);
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<uint16_t> c16(nc, encode16(types.c == GemmType::F32 ? types.ab : types.c, -7.0));
+    std::vector<float> c32(nc, -7.0f);
+    for (size_t i = 0; i < nc; ++i)
+      if (covered[i]) c32[i] = std::numeric_limits<float>::quiet_NaN(), c16[i] = 0x7FC0;  // NaN in both
+    void* c = low_c ? static_cast<void*>(c16.data()) : static_cast<void*>(c32.data());
+    if (pass == 0) g.run(a.data(), b.data(), c, pool);
+    else g.run(a.data(), b.data(), c);  // the calling thread alone
+    for (size_t i = 0; i < nc; ++i) {
+      double got = low_c ? decode16(types.c, c16[i]) : double(c32[i]);
+      double want = ref[i];
+      if (!(std::fabs(got - want) <= acc * (1.0 + std::fabs(want)) + round * std::fabs(want))) {
+        CAPTURE(i);
+        CAPTURE(want);
+        CAPTURE(got);
+        CAPTURE(pass);
+        FAIL("mismatch");
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -365,4 +426,93 @@ TEST_CASE("gemm: bad descriptors are errors") {
   CHECK_THROWS_AS(Gemm{e}, Error);  // overlapping rows of C
   MatmulDesc f = MatmulDesc::plain(4, -1, 4);
   CHECK_THROWS_AS(Gemm{f}, Error);
+}
+
+TEST_CASE("gemm: bf16 and f16 operands (f32 accumulation) against a double loop, many layouts, both kernels") {
+  ThreadPool p1(1), p2(2), p3(3);
+  uint32_t seed = 100;
+  const GemmTypes types[] = {{GemmType::BF16, GemmType::BF16}, {GemmType::BF16, GemmType::F32},
+                             {GemmType::F16, GemmType::F16}, {GemmType::F16, GemmType::F32}};
+  for (auto& d : gemm_cases())
+    for (ThreadPool* p : {&p1, &p2, &p3})
+      for (GemmTypes t : types)
+        for (LowPrecisionKernel kernel : {LowPrecisionKernel::Auto, LowPrecisionKernel::Primitive, LowPrecisionKernel::F32Panels})
+          check_low_case(d, t, kernel, *p, seed++);
+}
+
+TEST_CASE("gemm: bf16 model shapes take the oneDNN primitive and agree with the double loop") {
+  ThreadPool pool(2);
+  const int64_t T = 128, row = 768;
+  const MatmulDesc shapes[] = {
+      MatmulDesc::plain(512, 1024, 784), MatmulDesc::plain(784, 1024, 512, true, false),
+      MatmulDesc::plain(512, 10, 1024, false, true),
+      strided({2, 4}, {T * row, 64}, {T * row, 64}, {4 * T * T, T * T}, T, T, 64, row, 1, 1, row, T)};
+  uint32_t seed = 7;
+  for (const MatmulDesc& d : shapes) {
+    CAPTURE(d.to_string());
+    CHECK(Gemm(d, {GemmType::BF16, GemmType::BF16}, LowPrecisionKernel::Primitive).uses_primitive(2));
+    CHECK_FALSE(Gemm(d, {GemmType::BF16, GemmType::BF16}, LowPrecisionKernel::F32Panels).uses_primitive(2));
+    CHECK_FALSE(Gemm(d, {GemmType::F16, GemmType::F16}).uses_primitive(2));  // no f16 matmul in oneDNN here
+    // (Both C types with both kernels run on every small layout above; here
+    // one each keeps the double reference loop's time down.)
+    check_low_case(d, {GemmType::BF16, GemmType::BF16}, LowPrecisionKernel::Primitive, pool, seed++);
+    check_low_case(d, {GemmType::BF16, GemmType::F32}, LowPrecisionKernel::F32Panels, pool, seed++);
+  }
+}
+
+TEST_CASE("gemm: a bf16 product of one term is exact, its bf16 result rounded to nearest even") {
+  // k = 1: C = a * b exactly in f32 (8 x 8 significant bits), so C in bf16
+  // must be float_to_bf16_bits(a * b), ties included, whichever kernel.
+  ThreadPool pool(2);
+  const int64_t m = 64, n = 96;
+  std::mt19937 rng(5);
+  std::vector<uint16_t> a(m), b(n);
+  for (auto& x : a) x = uint16_t(0x3C00 + rng() % 0x800);  // |a| in [2^-7, 2^9), b of both signs
+  for (auto& x : b) x = uint16_t((rng() & 1 ? 0x8000 : 0) | (0x3C00 + rng() % 0x800));
+  for (LowPrecisionKernel kernel : {LowPrecisionKernel::Primitive, LowPrecisionKernel::F32Panels}) {
+    CAPTURE(int(kernel));
+    Gemm g(MatmulDesc::plain(m, n, 1), {GemmType::BF16, GemmType::BF16}, kernel);
+    std::vector<uint16_t> c(m * n);
+    g.run(a.data(), b.data(), c.data(), pool);
+    int ties = 0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        float exact = napkin::runtime::bf16_bits_to_float(a[i]) * napkin::runtime::bf16_bits_to_float(b[j]);
+        uint32_t bits;
+        std::memcpy(&bits, &exact, 4);
+        ties += (bits & 0xFFFF) == 0x8000;
+        REQUIRE(c[size_t(i * n + j)] == napkin::runtime::float_to_bf16_bits(exact));
+      }
+    CHECK(ties > 10);  // the rounding case that matters was met
+  }
+}
+
+TEST_CASE("gemm: bf16 through the pool is deterministic and starts no threads") {
+  ThreadPool pool(2);
+  int before = threads_in_process();
+  MatmulDesc d = MatmulDesc::plain(300, 200, 500);
+  std::vector<uint16_t> a(300 * 500), b(500 * 200), c1(300 * 200), c2(300 * 200);
+  std::mt19937 rng(3);
+  for (auto& x : a) x = encode16(GemmType::BF16, std::uniform_real_distribution<double>(-1, 1)(rng));
+  for (auto& x : b) x = encode16(GemmType::BF16, std::uniform_real_distribution<double>(-1, 1)(rng));
+  Gemm g(d, {GemmType::BF16, GemmType::BF16});
+  g.prepare(pool.num_threads());
+  g.run(a.data(), b.data(), c1.data(), pool);
+  for (int i = 0; i < 5; ++i) {
+    g.run(a.data(), b.data(), c2.data(), pool);
+    REQUIRE(c1 == c2);
+  }
+  CHECK(threads_in_process() == before);
+}
+
+TEST_CASE("gemm: element types it cannot take are errors") {
+  using napkin::runtime::Error;
+  MatmulDesc d = MatmulDesc::plain(4, 4, 4);
+  CHECK_THROWS_AS(Gemm(d, {GemmType::F32, GemmType::BF16}), Error);
+  CHECK_THROWS_AS(Gemm(d, {GemmType::BF16, GemmType::F16}), Error);
+  CHECK_THROWS_AS(Gemm(d, {GemmType::F64, GemmType::F32}), Error);
+  CHECK_THROWS_AS(napkin::runtime::gemm_type("i32"), Error);
+  std::vector<double> x(16);
+  Gemm g(d, {GemmType::BF16, GemmType::F32});
+  CHECK_THROWS_AS(g.run(x.data(), x.data(), x.data()), Error);  // typed run of the wrong type
 }
