@@ -13,6 +13,8 @@ namespace napkin::passes {
 struct ReportOptions {
   std::string model_path;  // as the user gave it, for the header
   bool show_ops = true;    // the per-op table
+  // The same model compiled with precision fp32, for the AMP audit's comparison (null: left out).
+  const ir::Graph* fp32_step = nullptr;
 };
 
 std::string render_report_text(const ir::Graph& g, const StepCost& cost, const MemoryReport& memory,
