@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "passes/fp8_scaling.h"
 #include "passes/mixed_precision.h"
 #include "passes/report.h"
 
@@ -15,8 +16,6 @@ namespace napkin::passes {
 namespace {
 
 using ir::DType;
-
-bool is_f8(DType t) { return t == DType::F8E4M3 || t == DType::F8E5M2; }
 
 std::string value_label(const ir::Graph& g, ir::ValueId v) {
   const std::string& name = g.value(v).name;
@@ -49,7 +48,7 @@ Footprint footprint(const StepCost& c, const MemoryReport& m) {
 
 struct Audit {
   std::vector<CastRow> casts;  // inserted forward casts, schedule order
-  int backward_casts = 0, quantize_casts = 0;
+  int backward_casts = 0, fp8_ops = 0;
   // (rule, op, compute dtype) -> forward nodes
   std::map<std::tuple<std::string, std::string, DType>, int> forward_rules;
   std::map<DType, int> backward_dtypes;
@@ -70,16 +69,19 @@ Audit audit(const ir::Graph& g) {
   for (ir::NodeId id : g.schedule()) {
     const ir::Node& n = g.node(id);
     DType dtype = compute_dtype(g, n);
+    if (n.attrs.has(kAmpCastAttr) && n.attrs.get_string(kAmpCastAttr) == kFp8CastReason) {
+      ++a.fp8_ops;
+      continue;
+    }
     if (n.op == ir::Op::Cast) {
       DType to = g.value(n.out()).type.dtype;
-      if (is_f8(to) || is_f8(dtype)) ++a.quantize_casts;
-      else if (n.attrs.has(kAmpCastAttr))
+      if (n.attrs.has(kAmpCastAttr))
         a.casts.push_back({n.out(), value_label(g, n.in(0)), dtype, to, n.loc.line, n.scope, n.attrs.get_string(kAmpCastAttr)});
       else if (n.phase == ir::Phase::Backward) ++a.backward_casts;
     }
     if (ir::op_info(n.op).op_class == ir::OpClass::Contraction)
       ++a.contractions[{n.phase, dtype, ir::dtype_size(dtype) < 4 ? DType::F32 : dtype}];
-    if (n.phase == ir::Phase::Forward) {
+    if (n.phase == ir::Phase::Forward && !n.attrs.has(kAmpCastAttr)) {
       std::string rule(amp_rule_name(amp_rule(n.op, selected[id])));
       ++a.forward_rules[{rule, std::string(ir::op_name(n.op)), dtype}];
       a.ops.push_back({id, std::string(ir::op_name(n.op)), value_label(g, n.out()), rule, dtype, n.loc.line});
@@ -109,8 +111,8 @@ std::string render_amp_audit_text(const ir::Graph& g, const StepCost& cost, cons
   for (const auto& [why, n] : by_reason) reasons.push_back(fmt::format("{} {}", n, why));
   out += fmt::format("  casts inserted       {:>22}  ({})\n", a.casts.size(), fmt::join(reasons, ", "));
   out += fmt::format("  backward casts       {:>22}  (autodiff: the gradient of a cast is the cast back)\n", a.backward_casts);
-  if (a.quantize_casts > 0)
-    out += fmt::format("  fp8 casts            {:>22}  (quantize and dequantize of contraction operands)\n", a.quantize_casts);
+  if (a.fp8_ops > 0)
+    out += fmt::format("  fp8 scaling ops      {:>22}  (amax, scale, quantize, dequantize of contraction operands)\n", a.fp8_ops);
   for (const CastRow& c : a.casts)
     out += fmt::format("    {:>6} {:<4}->{:<5} {:<28} line {:<4} {:<10} {}\n", fmt::format("%{}", c.value), ir::dtype_name(c.from),
                        ir::dtype_name(c.to), c.source, c.line, c.scope.empty() ? "-" : c.scope, c.why);
@@ -139,7 +141,7 @@ std::string render_amp_audit_text(const ir::Graph& g, const StepCost& cost, cons
     row("bytes read+written", now.bytes_moved, base.bytes_moved);
   }
   if (show_ops) {
-    out += "  forward ops\n";
+    out += "  forward ops, one by one\n";
     for (const Audit::OpLine& o : a.ops)
       out += fmt::format("    {:<16} {:<28} {:<6} line {:<4} {}\n", o.op, o.value, ir::dtype_name(o.dtype), o.line, o.rule);
   }
@@ -159,7 +161,7 @@ void add_amp_audit_json(nlohmann::json& report, const ir::Graph& g, const StepCo
                      {"to", std::string(ir::dtype_name(c.to))}, {"line", c.line}, {"scope", c.scope}, {"why", c.why}});
   j["casts"] = casts;
   j["backward_casts"] = a.backward_casts;
-  j["fp8_casts"] = a.quantize_casts;
+  j["fp8_ops"] = a.fp8_ops;
   json rules = json::array();
   for (const auto& [key, n] : a.forward_rules) {
     const auto& [rule, op, dtype] = key;

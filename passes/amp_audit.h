@@ -5,11 +5,13 @@
 // Terms:
 //  - inserted cast: a forward cast node with the `amp` attr (its reason);
 //    backward casts are autodiff's gradients of those casts, counted apart;
-//    fp8 quantization casts (to or from f8e4m3/f8e5m2) are counted apart too.
+//    the nodes of fp8 quantization (attr `amp` "fp8 scaling",
+//    passes/fp8_scaling.h) are counted apart, not among the ops below.
 //  - compute dtype of a node: the dtype of its floating operands (after the
 //    pass they agree, casts aside); of a cast, its source dtype; of a node
 //    without floating operands, its output dtype.
-//  - rule of a forward node: amp_rule (passes/mixed_precision.h); of a
+//  - rule of a forward node other than an inserted cast: amp_rule
+//    (passes/mixed_precision.h); inserted casts are listed, not counted as ops; of a
 //    backward node: "backward" (autodiff's, from its forward node's dtypes).
 //  - accumulator dtype of a contraction: f32 when its operands are narrower
 //    than f32 (the CPU GEMM and the interpreter accumulate wide), else the

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "ir/builder.h"
+#include "passes/mixed_precision.h"
 
 namespace napkin::passes {
 
@@ -55,6 +56,7 @@ class Fp8Scaling : public Pass {
   }
 
   ValueId op(ir::Graph& g, Op o, std::vector<ValueId> in, ir::Attrs attrs = {}) {
+    attrs.set(kAmpCastAttr, std::string(kFp8CastReason));
     ValueId v = b_->must(b_->add(o, std::move(in), std::move(attrs)));
     made_.push_back(g.value(v).producer);
     return v;

@@ -27,7 +27,8 @@
 //    Versus a scaled fp8 GEMM (Σ q_a q_b in f32, times s_a s_b), the
 //    difference is the bf16 rounding of q · s (relative 2^-9, below the f8
 //    step of 2^-4 or 2^-3) and the order of summation.
-//  - every node a quantization adds has the phase, location, scope and origin
+//  - every node a quantization adds carries attr `amp` = kFp8CastReason (the
+//    report's audit counts them apart) and has the phase, location, scope and origin
 //    of its contraction and is scheduled just before it.
 #pragma once
 
@@ -38,5 +39,7 @@
 namespace napkin::passes {
 
 std::unique_ptr<Pass> make_fp8_scaling_pass();
+
+inline constexpr const char* kFp8CastReason = "fp8 scaling";
 
 }  // namespace napkin::passes

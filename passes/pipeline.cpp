@@ -13,6 +13,7 @@ bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOpt
   PassManager pm(options);
   pm.add(make_dce_pass());  // drop forward values the loss does not need
   pm.add(make_mixed_precision_pass());  // casts of the precision policy
+  pm.add(make_dce_pass());  // drop the f32 constants the policy remade in the low dtype
   if (!pm.run(g, diag)) return false;
   warn_unused_params(g, diag);
   return true;
