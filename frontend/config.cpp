@@ -211,13 +211,31 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
   }
 }
 
+// `fp32: ["blocks.0", "logits"]`: glob patterns of ops kept in f32; whether
+// each selects something is checked by the mixed-precision pass, which knows the ops.
+static void read_fp32_overrides(const YAML::Node& list, YamlContext& ctx, ir::PrecisionConfig& out) {
+  const char* hint = "write a list of quoted patterns of value names or blocks, e.g. fp32: [\"blocks.0\", \"logits\"]";
+  if (!list.IsSequence()) {
+    ctx.error(list, "precision fp32 must be a list of patterns", hint);
+    return;
+  }
+  for (const YAML::Node& item : list) {
+    std::string pattern;
+    if (!item.IsScalar() || (pattern = item.Scalar()).empty()) {
+      ctx.error(item, "a precision fp32 pattern must be a non-empty string", hint);
+      continue;
+    }
+    out.fp32.push_back({pattern, ctx.text_loc(item)});
+  }
+}
+
 void read_precision(const YAML::Node& node, YamlContext& ctx, ir::PrecisionConfig& out) {
   static const std::vector<std::string> names = sorted_names(ir::kAllPrecisions, ir::precision_name);
   // Never assign to a YAML::Node after construction: yaml-cpp's operator=
   // rewrites the node it refers to, not the handle.
   const YAML::Node policy = node.IsMap() ? node["policy"] : node;
   if (node.IsMap()) {
-    if (!ctx.check_keys(node, {"policy", "loss_scale"}, "precision")) return;
+    if (!ctx.check_keys(node, {"policy", "loss_scale", "fp32"}, "precision")) return;
     if (!policy) {
       ctx.error(node, "precision needs a policy", fmt::format("policies: {}", fmt::join(names, ", ")));
       return;
@@ -253,6 +271,8 @@ void read_precision(const YAML::Node& node, YamlContext& ctx, ir::PrecisionConfi
       }
     }
   }
+  if (node.IsMap())
+    if (const YAML::Node& list = node["fp32"]) read_fp32_overrides(list, ctx, out);
   std::string text;
   if (!ctx.scalar_text(policy, "precision", text)) return;
   std::optional<ir::PrecisionPolicy> parsed = ir::parse_precision(text);
@@ -265,6 +285,9 @@ void read_precision(const YAML::Node& node, YamlContext& ctx, ir::PrecisionConfi
     return;
   }
   out.policy = *parsed;
+  if (out.policy == ir::PrecisionPolicy::FP32 && !out.fp32.empty())
+    ctx.error(node["fp32"], "precision fp32 overrides have no effect under the fp32 policy",
+              "every op already computes in f32: remove the fp32 list, or choose a mixed policy such as bf16-mixed");
 }
 
 namespace {

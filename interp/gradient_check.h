@@ -21,7 +21,9 @@
 //    of the tensor are judged on the tensor's scale, not their own.
 //  - tolerance: 1e-5 for the Float64 analytic gradient (the rule itself: a
 //    wrong rule is off by O(1), the numeric gradient's own error is < 1e-6);
-//    for Native, native_tolerance(dtype) of the parameter's dtype.
+//    for Native, native_tolerance(dtype) of the parameter's dtype, or under a
+//    mixed precision policy of the dtype its gradient is computed in (bf16,
+//    f16; fp8 for fp8-mixed).
 #pragma once
 
 #include <cstdint>

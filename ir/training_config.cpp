@@ -28,6 +28,16 @@ std::string_view precision_name(PrecisionPolicy p) {
   return "?";
 }
 
+DType low_precision_dtype(PrecisionPolicy p) {
+  switch (p) {
+    case PrecisionPolicy::FP32: return DType::F32;
+    case PrecisionPolicy::BF16Mixed: return DType::BF16;
+    case PrecisionPolicy::FP16Mixed: return DType::F16;
+    case PrecisionPolicy::FP8Mixed: return DType::BF16;
+  }
+  return DType::F32;
+}
+
 namespace {
 
 // The parsers below find a name only if its kind is listed.

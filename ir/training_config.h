@@ -11,6 +11,9 @@
 #include <string_view>
 #include <vector>
 
+#include "ir/diagnostics.h"
+#include "ir/dtype.h"
+
 namespace napkin::ir {
 
 enum class OptimizerKind : uint8_t { SGD, Momentum, AdaGrad, RMSProp, Adam, AdamW };
@@ -53,10 +56,25 @@ struct LossScaleConfig {
   double backoff_factor = 0.5;
 };
 
+// One entry of `precision: {fp32: [...]}`: a glob pattern selecting ops that
+// stay in f32 under a mixed policy (passes/mixed_precision.h defines what a
+// pattern selects), and where the model file wrote it, for the error when it
+// selects nothing.
+struct PrecisionOverride {
+  std::string pattern;
+  SourceLoc loc;
+};
+
 struct PrecisionConfig {
   PrecisionPolicy policy = PrecisionPolicy::FP32;
   LossScaleConfig loss_scale;  // used by fp16-mixed
+  std::vector<PrecisionOverride> fp32;  // ops kept in f32 under a mixed policy
 };
+
+// The low-precision dtype a policy computes contractions in: bf16 for
+// bf16-mixed and fp8-mixed (fp8 quantizes the bf16 operands), f16 for
+// fp16-mixed, f32 for fp32.
+DType low_precision_dtype(PrecisionPolicy p);
 
 struct DataSource {
   std::string format;  // "tokens" (raw token file) | "npy" (one .npy per input)

@@ -10,9 +10,28 @@ namespace napkin::passes {
 
 namespace {
 
-bool reads_param(const ir::Graph& g, ir::ValueId v) {
-  return g.value(g.value(v).storage).kind == ir::ValueKind::Param;
+// The parameter a contraction operand reads, or kNoValue: the parameter itself,
+// a view of it, or a copy in another dtype the precision policy made
+// (passes/mixed_precision.h: a cast; under fp8 a quantize-dequantize chain of
+// casts and products or quotients with a scalar scale).
+ir::ValueId param_read(const ir::Graph& g, ir::ValueId v) {
+  for (;;) {
+    ir::ValueId storage = g.value(v).storage;
+    if (g.value(storage).kind == ir::ValueKind::Param) return storage;
+    ir::NodeId p = g.value(storage).producer;
+    if (p == ir::kNoNode) return ir::kNoValue;
+    const ir::Node& n = g.node(p);
+    if (n.op == ir::Op::Cast) {
+      v = n.in(0);
+    } else if ((n.op == ir::Op::Mul || n.op == ir::Op::Div) && g.value(n.in(1)).type.rank() == 0) {
+      v = n.in(0);
+    } else {
+      return ir::kNoValue;
+    }
+  }
 }
+
+bool reads_param(const ir::Graph& g, ir::ValueId v) { return param_read(g, v) != ir::kNoValue; }
 
 bool is_contraction(const ir::Node& n) { return ir::op_info(n.op).op_class == ir::OpClass::Contraction; }
 
@@ -97,7 +116,7 @@ StepCost analyze_step(const ir::Graph& g, const Device* device) {
       contraction_flops[row.compute_dtype] += row.cost.flops;
       if (n.phase == ir::Phase::Forward)
         for (ir::ValueId v : n.inputs)
-          if (reads_param(g, v)) matmul_params.insert(g.value(v).storage);
+          if (reads_param(g, v)) matmul_params.insert(param_read(g, v));
     }
     if (device) {
       double peak = is_contraction(n) ? matmul_peak(*device, row.compute_dtype) : vector_peak(*device, row.compute_dtype);

@@ -5,7 +5,8 @@
 //
 // Terms:
 //  - a parameter "does matmul work" if some forward contraction reads it
-//    (directly or through a view); embedding tables, biases and norm gains do not.
+//    (directly, through a view, or through the low-precision copy a mixed
+//    precision policy makes of it); embedding tables, biases and norm gains do not.
 //  - a weight matmul ("param-matmul") is a forward contraction that reads a
 //    parameter, or a backward contraction autodiff made from one (its origin);
 //    every other contraction is an activation matmul (attention scores, mixing).

@@ -2,6 +2,9 @@
 
 #include "passes/autodiff.h"
 #include "passes/dce.h"
+#include "passes/fp8_scaling.h"
+#include "passes/loss_scaling.h"
+#include "passes/mixed_precision.h"
 #include "passes/optimizer.h"
 
 namespace napkin::passes {
@@ -9,6 +12,8 @@ namespace napkin::passes {
 bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options) {
   PassManager pm(options);
   pm.add(make_dce_pass());  // drop forward values the loss does not need
+  pm.add(make_mixed_precision_pass());  // casts of the precision policy
+  pm.add(make_dce_pass());  // drop the f32 constants the policy remade in the low dtype
   if (!pm.run(g, diag)) return false;
   warn_unused_params(g, diag);
   return true;
@@ -18,9 +23,13 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
                            const MemoryBudget& budget) {
   PassManager pm(options);
   pm.add(make_dce_pass());        // drop forward values the loss does not need
+  pm.add(make_mixed_precision_pass());  // casts of the precision policy, differentiated by autodiff
   pm.add(make_autodiff_pass());   // d loss / d param for every param: the backward phase
   pm.add(make_dce_pass());        // drop gradients no parameter needs (e.g. of the data)
+  pm.add(make_fp8_scaling_pass());  // fp8-mixed: quantize every bf16 contraction's operands
+  pm.add(make_loss_scaling_pass());  // fp16-mixed: scaled backward seed, unscaled gradients
   pm.add(make_optimizer_pass());  // new params and optimizer state: the optimizer phase
+  pm.add(make_skip_nonfinite_updates_pass());  // fp16-mixed: skip the update on Inf/NaN
   pm.add(make_dce_pass());        // drop scalars the chosen rule did not use (t under a constant lr)
   if (budget.bytes > 0) pm.add(make_recompute_pass(budget.bytes, budget.report));  // fit the arena to the budget
   if (!pm.run(g, diag)) return false;

@@ -1,5 +1,6 @@
 #include "passes/report.h"
 
+#include "passes/amp_audit.h"
 #include "passes/memory_plan.h"
 
 #include <fmt/format.h>
@@ -384,6 +385,7 @@ std::string render_report_text(const ir::Graph& g, const StepCost& c, const Memo
                        human_bytes(static_cast<double>(bytes)));
   out += memory_section(g, memory);
   if (options.recompute && options.recompute->ran) out += recompute_section(*options.recompute);
+  out += render_amp_audit_text(g, c, memory, options.fp32_step, options.show_ops);
   if (c.has_backward()) out += step_rule_section(g, c);
   else out += fmt::format("\ntokens per step        {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
   out += forward_rule_section(c);
@@ -519,6 +521,7 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
     ops.push_back(op);
   }
   if (options.show_ops) j["ops"] = ops;
+  add_amp_audit_json(j, g, c, memory, options.fp32_step);
   // Paths come from the command line and may not be UTF-8: replace, never throw.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }

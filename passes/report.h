@@ -15,6 +15,8 @@ struct ReportOptions {
   std::string model_path;  // as the user gave it, for the header
   bool show_ops = true;    // the per-op table
   const RecomputeReport* recompute = nullptr;  // what --memory-budget recomputed, when given
+  // The same model compiled with precision fp32, for the AMP audit's comparison (null: left out).
+  const ir::Graph* fp32_step = nullptr;
 };
 
 std::string render_report_text(const ir::Graph& g, const StepCost& cost, const MemoryReport& memory,

@@ -51,8 +51,10 @@ constexpr int kInternalError = 2;
 
 // Loads a model and builds its training step (forward, backward, optimizer);
 // prints diagnostics (warnings too).
+// as_fp32: with precision fp32 whatever the file says (the AMP audit's baseline).
 std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
-                              const passes::PipelineOptions& options = {}, const passes::MemoryBudget& budget = {}) {
+                              const passes::PipelineOptions& options = {}, const passes::MemoryBudget& budget = {},
+                              bool as_fp32 = false) {
   frontend::LoadOptions load_options;
   if (!dims.empty()) {
     std::string error;
@@ -65,6 +67,7 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
   }
   ir::Diagnostics diag;
   std::optional<ir::Graph> g = frontend::load_model_file(path, diag, load_options);
+  if (g && as_fp32) g->config.precision = {};
   if (g) passes::run_training_pipeline(*g, diag, options, budget);
   std::cerr << diag.render();
   if (diag.has_errors()) return std::nullopt;
@@ -102,7 +105,9 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
   if (!g) return kUserError;
   passes::StepCost cost = passes::analyze_step(*g, device);
   passes::MemoryReport memory = passes::analyze_memory(*g);
-  passes::ReportOptions options{path, !no_ops, &recompute};
+  std::optional<ir::Graph> fp32;
+  if (g->config.precision.policy != ir::PrecisionPolicy::FP32) fp32 = load(path, dims, {}, {}, true);
+  passes::ReportOptions options{path, !no_ops, &recompute, fp32 ? &*fp32 : nullptr};
   std::cout << (json ? passes::render_report_json(*g, cost, memory, options)
                      : passes::render_report_text(*g, cost, memory, options));
   return 0;
