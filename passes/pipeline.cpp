@@ -2,6 +2,7 @@
 
 #include "passes/autodiff.h"
 #include "passes/dce.h"
+#include "passes/fuse_elementwise.h"
 #include "passes/optimizer.h"
 
 namespace napkin::passes {
@@ -21,6 +22,7 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   pm.add(make_dce_pass());        // drop gradients no parameter needs (e.g. of the data)
   pm.add(make_optimizer_pass());  // new params and optimizer state: the optimizer phase
   pm.add(make_dce_pass());        // drop scalars the chosen rule did not use (t under a constant lr)
+  pm.add(make_fuse_elementwise_pass());  // elementwise chains become one kernel each: last, it only groups
   if (!pm.run(g, diag)) return false;
   warn_unused_params(g, diag);
   return true;

@@ -1,6 +1,7 @@
 #include "passes/report.h"
 
 #include "passes/arena_plan.h"
+#include "passes/fusion_report.h"
 
 #include <fmt/format.h>
 
@@ -329,6 +330,7 @@ std::string render_report_text(const ir::Graph& g, const StepCost& c, const Memo
     out += fmt::format("  memory, {:<13}{:>22}  ({})\n", ir::dtype_name(dtype), with_commas(bytes),
                        human_bytes(static_cast<double>(bytes)));
   out += memory_section(g, memory);
+  if (c.has_backward()) out += fusion_section_text(g, summarize_fusion(g));
   if (c.has_backward()) out += step_rule_section(g, c);
   else out += fmt::format("\ntokens per step        {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
   out += forward_rule_section(c);
@@ -441,6 +443,7 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
     ops.push_back(op);
   }
   if (options.show_ops) j["ops"] = ops;
+  if (c.has_backward()) j["fusion"] = fusion_json(g, summarize_fusion(g));
   // Paths come from the command line and may not be UTF-8: replace, never throw.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
