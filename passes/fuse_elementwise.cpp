@@ -85,6 +85,8 @@ class Fuser {
     for (const auto& [label, v] : g_.outputs) read_at_end[g_.value(v).storage] = true;
     for (const ir::Graph::Update& u : g_.updates) read_at_end[g_.value(u.value).storage] = true;
 
+    std::vector<int> first(members_.size());  // before copies join: they have no position yet
+    for (size_t gid = 0; gid < members_.size(); ++gid) first[gid] = first_position(static_cast<int>(gid));
     std::map<int, std::vector<NodeId>> lead_in;  // group -> constants scheduled right before its first member
     bool copied = false;
     for (auto& [c, nodes] : readers) {
@@ -95,7 +97,7 @@ class Fuser {
         if (group_[r] < 0) unfused_reader = true;
         else if (std::find(groups.begin(), groups.end(), group_[r]) == groups.end()) groups.push_back(group_[r]);
       }
-      std::sort(groups.begin(), groups.end(), [&](int a, int b) { return first_position(a) < first_position(b); });
+      std::sort(groups.begin(), groups.end(), [&](int a, int b) { return first[a] < first[b]; });
       for (size_t i = 0; i < groups.size(); ++i) {
         int gid = groups[i];
         NodeId member = c;  // the first group takes the constant itself unless others read it

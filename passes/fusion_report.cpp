@@ -73,17 +73,17 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
   for (int p = 0; p < static_cast<int>(g.schedule().size()); ++p) {
     const ir::Node& n = g.node(g.schedule()[p]);
     ir::OpClass cls = ir::op_info(n.op).op_class;
-    if (cls == ir::OpClass::View) continue;
+    int gid = groups.group_at[p];
+    if (cls == ir::OpClass::View || (n.op == ir::Op::Constant && gid >= 0)) continue;
     int phase = static_cast<int>(n.phase);
     double bytes = node_bytes(g, n);
     ++s.kernels_before[phase];
     s.bytes_before += bytes;
     if (cls == ir::OpClass::Normalization || cls == ir::OpClass::Loss) ++composite[std::string(ir::op_name(n.op))];
-    int gid = groups.group_at[p];
     if (gid < 0) {
       ++s.kernels_after[phase];
       s.bytes_after += bytes;
-    } else if (groups.groups[gid].first == p) {
+    } else if (groups.groups[gid].nodes.back() == n.id) {
       ++s.kernels_after[phase];
     }
   }
@@ -137,8 +137,8 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s) {
                      s.folded_constants);
   for (const FusionPattern& p : s.patterns) {
     bool update = p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, " update") == 0;
-    out += fmt::format("    {} x {}{}: {} ops -> 1 kernel{}\n", p.name, p.groups, update ? " params" : "",
-                       p.groups ? p.ops / p.groups : 0, p.groups > 1 ? " each" : "");
+    out += fmt::format("    {} x {}{}: {} ops -> {} kernel{}\n", p.name, p.groups, update ? " params" : "", p.ops, p.groups,
+                       p.groups > 1 ? "s" : "");
   }
   if (!s.largest.empty()) {
     const ir::FusionGroups groups = ir::fusion_groups(g);
