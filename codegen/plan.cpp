@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
+
+#include "ir/fusion_group.h"
 #include "ir/internal_check.h"
 #include "passes/memory.h"
 
@@ -81,6 +85,46 @@ std::string where(const ir::Node& n) {
   return s;
 }
 
+// The kernel of fusion group fg: its inputs and outputs as operands, its
+// members as ops over them.
+Kernel fused_kernel(const ir::Graph& g, const passes::ArenaPlan& arena, const ir::FusionGroup& fg) {
+  Kernel k;
+  FusedLoop f;
+  f.shape = fg.shape;
+  for (ir::ValueId in : fg.inputs) k.inputs.push_back(operand(g, arena, in));
+  std::map<ir::ValueId, int> op_of;  // member result -> op index
+  for (ir::NodeId id : fg.nodes) {
+    const ir::Node& n = g.node(id);
+    FusedOp op{id, n.op, n.attrs, g.value(n.out()).type.dtype, {}};
+    for (ir::ValueId in : n.inputs) {
+      auto made = op_of.find(in);
+      if (made != op_of.end()) {
+        op.args.push_back({false, made->second});
+        continue;
+      }
+      auto at = std::find(fg.inputs.begin(), fg.inputs.end(), in);
+      NAPKIN_INTERNAL_CHECK(at != fg.inputs.end(), "fusion group {} reads %{}, which is neither its input nor made in it", fg.id, in);
+      op.args.push_back({true, static_cast<int>(at - fg.inputs.begin())});
+    }
+    op_of[n.out()] = static_cast<int>(f.ops.size());
+    f.ops.push_back(std::move(op));
+    k.node = id;
+    k.op = n.op;
+    k.attrs = n.attrs;
+  }
+  for (ir::ValueId out : fg.outputs) {
+    f.outputs.push_back(operand(g, arena, out));
+    NAPKIN_INTERNAL_CHECK(f.outputs.back().contiguous(), "a fused kernel output must be contiguous");
+    f.output_ops.push_back(op_of.at(out));
+  }
+  NAPKIN_INTERNAL_CHECK(!f.outputs.empty(), "fusion group {} has no output", fg.id);
+  k.output = f.outputs[0];
+  k.phase = fg.phase;
+  k.where = where(g.node(fg.nodes.front()));
+  k.fused = std::move(f);
+  return k;
+}
+
 }  // namespace
 
 KernelPlan plan_kernels(const ir::Graph& g) {
@@ -90,27 +134,36 @@ KernelPlan plan_kernels(const ir::Graph& g) {
   plan.arena_bytes = arena.arena_bytes;
   plan.liveness_peak = arena.liveness_peak;
 
-  for (ir::NodeId id : g.schedule()) {
-    const ir::Node& n = g.node(id);
+  const ir::FusionGroups groups = ir::fusion_groups(g);
+  const std::vector<ir::NodeId>& schedule = g.schedule();
+  for (int position = 0; position < static_cast<int>(schedule.size()); ++position) {
+    const ir::Node& n = g.node(schedule[position]);
     ir::OpClass cls = ir::op_info(n.op).op_class;
     if (cls == ir::OpClass::View) continue;  // a window on its input's buffer: no work
-    NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "a kernel node must have one output");
+    int group = groups.group_at[position];
+    if (group >= 0 && groups.groups[group].first != position) continue;  // inside the fused kernel below
     Kernel k;
-    k.node = id;
-    k.op = n.op;
-    k.phase = n.phase;
-    k.attrs = n.attrs;
-    k.name = fmt::format("k{}_{}", plan.kernels.size(), ir::op_name(n.op));
-    k.where = where(n);
-    for (ir::ValueId in : n.inputs) k.inputs.push_back(operand(g, arena, in));
-    k.output = operand(g, arena, n.out());
+    if (group >= 0) {
+      k = fused_kernel(g, arena, groups.groups[group]);
+      k.name = fmt::format("k{}_fused_{}", plan.kernels.size(), ir::op_name(k.op));
+    } else {
+      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "a kernel node must have one output");
+      k.node = n.id;
+      k.op = n.op;
+      k.phase = n.phase;
+      k.attrs = n.attrs;
+      k.name = fmt::format("k{}_{}", plan.kernels.size(), ir::op_name(n.op));
+      k.where = where(n);
+      for (ir::ValueId in : n.inputs) k.inputs.push_back(operand(g, arena, in));
+      k.output = operand(g, arena, n.out());
+    }
     NAPKIN_INTERNAL_CHECK(k.output.contiguous(), "a kernel output must be contiguous");
     if (cls == ir::OpClass::Contraction) {
       k.contraction = contraction_axes(n, k.inputs[0], k.inputs[1], k.output);
       if (gemm_takes(k.inputs[0].dtype, k.inputs[1].dtype, k.output.dtype)) k.matmul = lower_to_gemm(k.contraction);
       if (k.matmul) k.kind = KernelKind::Matmul;
     }
-    if (n.phase == ir::Phase::Forward) {
+    if (k.phase == ir::Phase::Forward) {
       NAPKIN_INTERNAL_CHECK(plan.num_forward_kernels == static_cast<int>(plan.kernels.size()),
                             "forward kernels must come first");
       ++plan.num_forward_kernels;

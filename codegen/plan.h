@@ -6,9 +6,15 @@
 //  - operand: where a kernel reads or writes one tensor: a byte offset into
 //    the arena (passes/memory_plan.h) plus sizes and element strides, so a view
 //    (transpose, broadcast, slice) is read in place, never copied.
-//  - kernel: one non-view node of the schedule, in schedule order. A Matmul
-//    kernel is a contraction the GEMM library runs (codegen/contraction.h); a
-//    Loop kernel is everything else, generated code.
+//  - kernel: one non-view node of the schedule, or one fusion group
+//    (ir/fusion_group.h), in schedule order. A Matmul kernel is a contraction
+//    the GEMM library runs (codegen/contraction.h); a Loop kernel is
+//    everything else, generated code.
+//  - fused loop kernel: a Loop kernel with `fused` set. It loops over the
+//    group's iteration shape; per element it loads the group inputs (each
+//    read by its own strides, broadcast to the iteration shape), computes the
+//    members in schedule order in registers, each result rounded to its IR
+//    dtype as storing and loading it would, and stores the group outputs.
 //  - update copy: at the end of a step an update whose new value was not
 //    written in place is copied into its target (Graph::updates).
 //  - tensors: the named buffers the runtime reads or writes by name: params
@@ -39,6 +45,29 @@ struct Operand {
 
 enum class KernelKind : uint8_t { Loop, Matmul };
 
+// An argument of a fused op: the kernel's input `index`, or the result of
+// the fused kernel's op `index` (an earlier one).
+struct FusedArg {
+  bool input = true;
+  int index = 0;
+};
+
+// One member of a fusion group, as the fused kernel computes it.
+struct FusedOp {
+  ir::NodeId node = ir::kNoNode;
+  ir::Op op = ir::Op::Constant;
+  ir::Attrs attrs;
+  ir::DType dtype = ir::DType::F32;  // of the result
+  std::vector<FusedArg> args;
+};
+
+struct FusedLoop {
+  std::vector<int64_t> shape;    // the iteration shape
+  std::vector<FusedOp> ops;      // schedule order
+  std::vector<Operand> outputs;  // the group outputs (Kernel::output is outputs[0])
+  std::vector<int> output_ops;   // the op whose result each output stores
+};
+
 struct Kernel {
   KernelKind kind = KernelKind::Loop;
   ir::NodeId node = ir::kNoNode;
@@ -53,6 +82,9 @@ struct Kernel {
   // inputs and the output; empty for other ops.
   std::vector<ContractionAxis> contraction;
   std::optional<MatmulLowering> matmul;  // kind == Matmul
+  // A fused loop kernel (kind == Loop): `inputs` are the group inputs, `op`
+  // and `node` those of its last member; empty otherwise.
+  std::optional<FusedLoop> fused;
 };
 
 struct UpdateCopy {

@@ -69,6 +69,9 @@ struct Node {
   Phase phase = Phase::Forward;
   // For a backward node: the forward node whose gradient it helps compute.
   NodeId origin = kNoNode;
+  // Fusion group (passes/fuse_elementwise.h; ir/fusion_group.h): nodes with
+  // the same group id run as one kernel. -1: the node is its own kernel.
+  int group = -1;
   bool erased = false;
   ValueId in(int i) const { return inputs.at(i); }
   ValueId out(int i = 0) const { return outputs.at(i); }

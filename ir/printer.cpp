@@ -66,8 +66,9 @@ std::string print_graph(const Graph& g, const PrintOptions& options) {
       if (value.is_view())
         types += fmt::format(" view of {} {}", name(value.storage), to_string(value.layout));
     }
-    out += fmt::format("  {} = {}({}){} : {}{}{}\n", fmt::join(outs, ", "), op_name(n.op),
+    out += fmt::format("  {} = {}({}){} : {}{}{}{}\n", fmt::join(outs, ", "), op_name(n.op),
                        fmt::join(ins, ", "), attrs_text(n.attrs), types,
+                       n.group < 0 ? "" : fmt::format("  fused#{}", n.group),
                        n.scope.empty() ? "" : "  @" + n.scope, loc(n.loc));
   }
   for (const auto& [label, v] : g.outputs) out += fmt::format("  output {} = {}\n", label, name(v));

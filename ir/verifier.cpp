@@ -4,6 +4,52 @@
 
 namespace napkin::ir {
 
+namespace {
+
+// Fusion groups (ir/fusion_group.h): contiguous in the schedule, one phase,
+// members elementwise (or copies, or folded constants) of one output shape,
+// and no member reads a value of its own group through a view (the kernel
+// holds those in registers, one element at a time).
+template <typename Fail>
+void verify_fusion_groups(const Graph& g, Fail&& fail) {
+  std::vector<int> last_position;
+  std::vector<Phase> phase;
+  std::vector<const TensorType*> shape;
+  const std::vector<NodeId>& schedule = g.schedule();
+  for (int p = 0; p < static_cast<int>(schedule.size()); ++p) {
+    if (schedule[p] < 0 || schedule[p] >= g.num_nodes()) continue;
+    const Node& n = g.node(schedule[p]);
+    if (n.group < 0) continue;
+    std::string where = fmt::format("node {} ({}) of fusion group {}", n.id, op_name(n.op), n.group);
+    if (n.group >= static_cast<int>(last_position.size())) {
+      last_position.resize(n.group + 1, -1);
+      phase.resize(n.group + 1, Phase::Forward);
+      shape.resize(n.group + 1, nullptr);
+    }
+    int& last = last_position[n.group];
+    if (last >= 0 && last != p - 1) fail(where + " is not contiguous with the group's other nodes");
+    if (last >= 0 && phase[n.group] != n.phase) fail(where + " is in another phase than the group");
+    last = p;
+    phase[n.group] = n.phase;
+    OpClass cls = op_info(n.op).op_class;
+    if (n.op == Op::Constant) continue;
+    if (cls != OpClass::Elementwise && n.op != Op::Copy) fail(where + " is not elementwise");
+    if (n.outputs.size() != 1) continue;
+    const TensorType& t = g.value(n.out()).type;
+    if (shape[n.group] && !shape[n.group]->same_shape(t)) fail(where + " has another output shape than the group");
+    shape[n.group] = &t;
+    for (ValueId in : n.inputs) {
+      if (in < 0 || in >= g.num_values()) continue;
+      const Value& v = g.value(in);
+      NodeId maker = v.storage >= 0 ? g.value(v.storage).producer : kNoNode;
+      if (v.is_view() && maker != kNoNode && g.node(maker).group == n.group)
+        fail(where + fmt::format(" reads %{} of its own group through a view", v.storage));
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> verify(const Graph& g) {
   std::vector<std::string> problems;
   auto fail = [&](std::string msg) { problems.push_back(std::move(msg)); };
@@ -78,6 +124,7 @@ std::vector<std::string> verify(const Graph& g) {
         fail(fmt::format("%{} owns its buffer but is not contiguous", v));
     }
   }
+  verify_fusion_groups(g, fail);
   for (NodeId id = 0; id < g.num_nodes(); ++id)
     if (!g.node(id).erased && scheduled[id] == 0) fail(fmt::format("live node {} is not scheduled", id));
   for (const auto& [label, v] : g.outputs)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "ir/fusion_group.h"
 #include "ir/internal_check.h"
 #include "passes/memory_plan.h"
 
@@ -49,19 +50,26 @@ MemoryBuffer make_buffer(const ir::Graph& g, ir::ValueId v, MemoryCategory categ
   return b;
 }
 
-// Whether the node at `producer` writing its output in place of `target` is
-// safe with respect to its own reads: it either does not read the target, or
-// is elementwise and reads the target itself with the output's shape.
-bool producer_may_overwrite(const ir::Graph& g, const ir::Node& producer, ir::ValueId target, ir::ValueId out) {
-  bool reads = false, direct_only = true;
-  for (ir::ValueId in : producer.inputs) {
-    if (g.value(in).storage != target) continue;
-    reads = true;
-    if (in != target) direct_only = false;
+// Whether the kernel making S (the value at position `at`; its fusion group,
+// or its node alone) may write S over update target T: no node after that
+// kernel reads T (the step's end neither: last_read), and every node of the
+// kernel that reads T is elementwise and reads T itself with T's shape, so
+// that each output element overwrites only the element it was computed from.
+bool may_overwrite(const ir::Graph& g, const ir::FusionGroups& groups, const std::vector<int>& last_read, int at,
+                   ir::ValueId target) {
+  int first = groups.kernel_first(at), last = groups.kernel_last(at);
+  if (last_read[target] > last) return false;
+  const std::vector<ir::NodeId>& schedule = g.schedule();
+  for (int p = first; p <= last; ++p) {
+    const ir::Node& n = g.node(schedule[p]);
+    for (ir::ValueId in : n.inputs) {
+      if (g.value(in).storage != target) continue;
+      if (in != target || ir::op_info(n.op).op_class != ir::OpClass::Elementwise ||
+          !g.value(target).type.same_shape(g.value(n.out()).type))
+        return false;
+    }
   }
-  if (!reads) return true;
-  return direct_only && ir::op_info(producer.op).op_class == ir::OpClass::Elementwise &&
-         g.value(target).type.same_shape(g.value(out).type);
+  return true;
 }
 
 void sort_largest_first(std::vector<MemoryBuffer>& buffers) {
@@ -91,7 +99,9 @@ MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
   const int n = static_cast<int>(schedule.size());
   const int last_position = n - 1;
 
-  // Reads per buffer: the last position, and whether a backward node reads it.
+  // Reads per buffer: the last position, and whether a backward node reads
+  // it. A fused kernel reads its inputs at every position it spans.
+  const ir::FusionGroups groups = ir::fusion_groups(g);
   std::vector<int> last_read(g.num_values(), -1);
   std::vector<int> produced_at(g.num_values(), -1);
   std::vector<bool> read_by_backward(g.num_values(), false);
@@ -100,7 +110,7 @@ MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
     if (node.phase == ir::Phase::Backward) r.has_backward = true;
     for (ir::ValueId in : node.inputs) {
       ir::ValueId s = g.value(in).storage;
-      last_read[s] = std::max(last_read[s], p);
+      last_read[s] = std::max(last_read[s], groups.kernel_last(p));
       if (node.phase == ir::Phase::Backward) read_by_backward[s] = true;
     }
     for (ir::ValueId out : node.outputs) produced_at[out] = p;
@@ -137,8 +147,7 @@ MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
                             u.target, u.value);
       claimed[buffer.id] = true;
       int at = produced_at[buffer.id];
-      m.in_place = buffer.type.bytes() == target.type.bytes() && last_read[u.target] <= at &&
-                   producer_may_overwrite(g, g.node(buffer.producer), u.target, buffer.id);
+      m.in_place = buffer.type.bytes() == target.type.bytes() && may_overwrite(g, groups, last_read, at, u.target);
       if (!m.in_place) {
         separate_update_of[buffer.id] = u.target;
         to_end[buffer.id] = true;  // copied into the target at the end of the step
@@ -163,6 +172,7 @@ MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
     const ir::Node& node = g.node(schedule[p]);
     for (ir::ValueId out : node.outputs) {
       if (g.value(out).storage != out) continue;  // a view: no buffer of its own
+      if (groups.internal[out]) continue;         // held in registers inside its fused kernel
       if (claimed[out] && separate_update_of[out] == ir::kNoValue) continue;  // written in place
       MemoryCategory category;
       if (separate_update_of[out] != ir::kNoValue)
@@ -174,13 +184,13 @@ MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
       else
         category = MemoryCategory::Temporaries;
       MemoryBuffer b = make_buffer(g, out, category);
-      b.first = p;
-      b.last = to_end[out] ? last_position : std::max(p, last_read[out]);
+      b.first = groups.kernel_first(p);  // a fused kernel writes its outputs at every position it spans
+      b.last = to_end[out] ? last_position : std::max(groups.kernel_last(p), last_read[out]);
       b.update_of = separate_update_of[out];
       r.buffers.push_back(std::move(b));
     }
   }
-  if (options.in_place_reuse) reuse_buffers_in_place(g, r.buffers);
+  if (options.in_place_reuse) reuse_buffers_in_place(g, groups, r.buffers);
   for (const MemoryBuffer& b : r.buffers) {
     r.total[idx(b.category)] += b.bytes;
     r.total_by_dtype[idx(b.category)][b.dtype] += b.bytes;

@@ -12,6 +12,12 @@
 //  - reads: the node at position p reads buffer B if one of its inputs has
 //    storage B (B itself or any view of it, views of views included). The
 //    graph's outputs and update values are read once the step is over.
+//  - fused kernels (ir/fusion_group.h): a fusion group's internal values own
+//    no buffer (they live in registers). The group runs as one kernel over
+//    the positions it spans, [first, last]: a read by any member counts at
+//    `last`, and the buffer of a group output starts at `first` (and lives at
+//    least to `last`), so the kernel's inputs and outputs are all live while
+//    it runs and never share bytes. An unfused node spans [p, p].
 //  - resident: params, optimizer state (ValueKind::State) and inputs (the
 //    batch) are allocated for the whole step: live at every position.
 //  - live range of a result buffer made at position p: [p, q], q the last
@@ -44,9 +50,10 @@
 //        exist anyway; nothing is allocated.
 //      * otherwise S is written in place of T, costing 0 bytes and owning no
 //        live range (reads of V read T's buffer), when (a) S has T's byte size,
-//        (b) nothing after S's producer reads T (no node, no output, no other
-//        update's value), and (c) if S's producer reads T, it is elementwise
-//        and reads T itself with T's shape, so that each output element
+//        (b) nothing after the kernel that makes S (S's producer, or its
+//        fusion group) reads T (no node, no output, no other update's value),
+//        and (c) every node of that kernel that reads T is elementwise and
+//        reads T itself with T's shape, so that each output element
 //        overwrites only the element it was computed from. Then T's old
 //        contents are dead when S is written, and at the end of the step T
 //        already holds V.

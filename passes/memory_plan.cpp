@@ -31,7 +31,7 @@ bool reads_element_for_element(const ir::Graph& g, const ir::Node& node, ir::Val
   return reads;
 }
 
-void reuse_buffers_in_place(const ir::Graph& g, std::vector<MemoryBuffer>& buffers) {
+void reuse_buffers_in_place(const ir::Graph& g, const ir::FusionGroups& groups, std::vector<MemoryBuffer>& buffers) {
   // Buffers read after the step: never handed over.
   std::set<ir::ValueId> read_after_step;
   for (const auto& [label, v] : g.outputs) read_after_step.insert(g.value(v).storage);
@@ -42,20 +42,41 @@ void reuse_buffers_in_place(const ir::Graph& g, std::vector<MemoryBuffer>& buffe
   std::set<ir::ValueId> taken;
   for (MemoryBuffer& r : buffers) {
     if (r.resident || r.update_of != ir::kNoValue) continue;
-    const ir::Node& producer = g.node(r.producer);
+    // R's kernel: its producer's fusion group, spanning positions [p, last], or the producer alone.
     const int p = r.first;
-    for (ir::ValueId in : producer.inputs) {
-      auto it = index.find(g.value(in).storage);
-      if (it == index.end()) continue;  // a buffer written in place of an update target: not a candidate
-      MemoryBuffer& d = buffers[it->second];
-      if (d.resident || d.update_of != ir::kNoValue || read_after_step.count(d.value) || taken.count(d.value) ||
-          d.last != p || d.bytes != r.bytes || !reads_element_for_element(g, producer, d.value))
-        continue;
-      NAPKIN_INTERNAL_CHECK(d.first < p, "buffer %{} is read before it is made", d.value);
-      taken.insert(d.value);
-      d.last = p - 1;
-      r.reuses = d.value;
-      break;
+    const int last = groups.kernel_last(p);
+    std::vector<ir::NodeId> kernel;
+    if (groups.group_at[p] >= 0) kernel = groups.groups[groups.group_at[p]].nodes;
+    else kernel = {r.producer};
+    auto kernel_reads_element_for_element = [&](ir::ValueId buffer) {
+      bool reads = false;
+      for (ir::NodeId id : kernel) {
+        const ir::Node& member = g.node(id);
+        bool member_reads = false;
+        for (ir::ValueId in : member.inputs) member_reads |= g.value(in).storage == buffer;
+        if (!member_reads) continue;
+        if (!reads_element_for_element(g, member, buffer)) return false;
+        reads = true;
+      }
+      return reads;
+    };
+    for (ir::NodeId id : kernel) {
+      bool found = false;
+      for (ir::ValueId in : g.node(id).inputs) {
+        auto it = index.find(g.value(in).storage);
+        if (it == index.end()) continue;  // a buffer written in place of an update target: not a candidate
+        MemoryBuffer& d = buffers[it->second];
+        // d.first < p: made by an earlier kernel (an output of R's own kernel is written alongside R).
+        if (d.resident || d.update_of != ir::kNoValue || read_after_step.count(d.value) || taken.count(d.value) ||
+            d.first >= p || d.last != last || d.bytes != r.bytes || !kernel_reads_element_for_element(d.value))
+          continue;
+        taken.insert(d.value);
+        d.last = p - 1;
+        r.reuses = d.value;
+        found = true;
+        break;
+      }
+      if (found) break;
     }
   }
 }

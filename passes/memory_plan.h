@@ -12,15 +12,17 @@
 //    contiguous strides, the owner's element count: B itself or a reshape of
 //    it, never a permute, slice or broadcast). The generated loop then reads
 //    element i of every input before it writes element i of the output, so the
-//    output may overwrite B. A fusion group would read B element for element
-//    when every read of B in the group does (see reads_element_for_element).
-//  - in-place reuse: a result buffer R made at position p takes over the
-//    memory of an input buffer D of its producer (MemoryBuffer::reuses) when
+//    output may overwrite B. A fusion group (ir/fusion_group.h) reads B element
+//    for element when every member that reads B does: the fused loop loads
+//    every input of element i before it stores any output of element i.
+//  - in-place reuse: a result buffer R whose kernel (its producer, or the
+//    producer's fusion group) starts at position p takes over the memory of an
+//    input buffer D of that kernel (MemoryBuffer::reuses) when
 //      D is a result (never a param, state or input: those are written only by
 //      the update rule of passes/memory.h), not a graph output nor an update's
 //      value (they are read after the step), not already taken over,
-//      D's last read is at p, D and R have the same byte size, and
-//      the producer reads D element for element.
+//      D is made by an earlier kernel and last read by R's kernel, D and R
+//      have the same byte size, and the kernel reads D element for element.
 //    D's range then ends at p-1 and R's starts at p: one slot, counted once.
 //    Taken in schedule order, so a chain (add → gelu → mul, each the last
 //    reader of the one before) shares one slot.
@@ -56,6 +58,7 @@
 #include <map>
 #include <vector>
 
+#include "ir/fusion_group.h"
 #include "ir/graph.h"
 #include "passes/memory.h"
 
@@ -68,9 +71,10 @@ inline constexpr int64_t kArenaAlignment = 64;
 bool reads_element_for_element(const ir::Graph& g, const ir::Node& node, ir::ValueId buffer);
 
 // Marks in-place reuse on analyze_memory's buffers (MemoryBuffer::reuses) and
-// ends each donor's range before its taker's producer. `buffers` is in
-// analyze_memory's order (residents, then results in schedule order).
-void reuse_buffers_in_place(const ir::Graph& g, std::vector<MemoryBuffer>& buffers);
+// ends each donor's range before its taker's kernel. `buffers` is in
+// analyze_memory's order (residents, then results in schedule order), with
+// ranges at kernel granularity (a fused kernel spans its group's positions).
+void reuse_buffers_in_place(const ir::Graph& g, const ir::FusionGroups& groups, std::vector<MemoryBuffer>& buffers);
 
 enum class Placement : uint8_t { LowestFit, BestFit };
 inline constexpr Placement kPlacement = Placement::LowestFit;

@@ -3,6 +3,7 @@
 #include "passes/autodiff.h"
 #include "passes/dce.h"
 #include "passes/fp8_scaling.h"
+#include "passes/fuse_elementwise.h"
 #include "passes/loss_scaling.h"
 #include "passes/mixed_precision.h"
 #include "passes/optimizer.h"
@@ -32,6 +33,7 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   pm.add(make_skip_nonfinite_updates_pass());  // fp16-mixed: skip the update on Inf/NaN
   pm.add(make_dce_pass());        // drop scalars the chosen rule did not use (t under a constant lr)
   if (budget.bytes > 0) pm.add(make_recompute_pass(budget.bytes, budget.report));  // fit the arena to the budget
+  pm.add(make_fuse_elementwise_pass());  // elementwise chains become one kernel each: last, it only groups
   if (!pm.run(g, diag)) return false;
   warn_unused_params(g, diag);
   return true;

@@ -2,6 +2,7 @@
 
 #include "passes/amp_audit.h"
 #include "passes/memory_plan.h"
+#include "passes/fusion_report.h"
 
 #include <fmt/format.h>
 
@@ -386,6 +387,7 @@ std::string render_report_text(const ir::Graph& g, const StepCost& c, const Memo
   out += memory_section(g, memory);
   if (options.recompute && options.recompute->ran) out += recompute_section(*options.recompute);
   out += render_amp_audit_text(g, c, memory, options.fp32_step, options.show_ops);
+  if (c.has_backward()) out += fusion_section_text(g, summarize_fusion(g));
   if (c.has_backward()) out += step_rule_section(g, c);
   else out += fmt::format("\ntokens per step        {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
   out += forward_rule_section(c);
@@ -522,6 +524,7 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
   }
   if (options.show_ops) j["ops"] = ops;
   add_amp_audit_json(j, g, c, memory, options.fp32_step);
+  if (c.has_backward()) j["fusion"] = fusion_json(g, summarize_fusion(g));
   // Paths come from the command line and may not be UTF-8: replace, never throw.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }

@@ -3,6 +3,7 @@
 //   napkin report MODEL.yaml [--device h100] [--json]   the static resource report of a training step
 //   (report, build and train take --memory-budget BYTES: recompute activations so the arena fits)
 //   napkin ir MODEL.yaml [--print-after PASS]           the IR as text
+//   napkin graph MODEL.yaml --dot [-o FILE]             the step as Graphviz, fusion groups drawn
 //   napkin check MODEL.yaml [--dims d=32,layers=2]      gradients vs float64 finite differences
 //   napkin build MODEL.yaml -o TRAINER                  a standalone trainer executable (CPU, LLVM)
 //   napkin train MODEL.yaml [-- TRAINER FLAGS]          build (cached) and run the trainer
@@ -39,6 +40,7 @@
 #include "passes/cost.h"
 #include "passes/devices.h"
 #include "passes/estimate.h"
+#include "passes/graph_dot.h"
 #include "passes/pipeline.h"
 #include "passes/report.h"
 
@@ -110,6 +112,27 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
   passes::ReportOptions options{path, !no_ops, &recompute, fp32 ? &*fp32 : nullptr};
   std::cout << (json ? passes::render_report_json(*g, cost, memory, options)
                      : passes::render_report_text(*g, cost, memory, options));
+  return 0;
+}
+
+int cmd_graph(const std::string& path, const std::string& dims, bool dot, const std::string& output, bool no_fuse) {
+  if (!dot) {
+    std::cerr << "error: napkin graph needs a format\n    hint: add --dot (Graphviz); render with dot -Tsvg\n";
+    return kUserError;
+  }
+  auto g = load(path, dims);
+  if (!g) return kUserError;
+  std::string text = passes::graph_dot(*g, {!no_fuse});
+  if (output.empty()) {
+    std::cout << text;
+    return 0;
+  }
+  std::ofstream f(output, std::ios::binary | std::ios::trunc);
+  f << text;
+  if (!f) {
+    std::cerr << fmt::format("error: {}: cannot write\n", output);
+    return kUserError;
+  }
   return 0;
 }
 
@@ -442,6 +465,16 @@ int main(int argc, char** argv) {
   ir_cmd->add_flag("--time-passes", time_passes, "time each pass");
   ir_cmd->add_flag("--no-locations", no_locations, "omit the YAML locations");
   ir_cmd->callback([&] { status = cmd_ir(model, dims, print_after, time_passes, no_locations); });
+
+  bool dot = false, no_fuse = false;
+  std::string graph_output;
+  auto* graph = app.add_subcommand("graph", "draw the training step (forward, backward, update) with its fusion groups");
+  graph->add_option("model", model, "model YAML file")->required();
+  graph->add_option("--dims", dims, dims_help);
+  graph->add_flag("--dot", dot, "Graphviz DOT (render with dot -Tsvg)");
+  graph->add_option("-o,--output", graph_output, "write to this file instead of stdout");
+  graph->add_flag("--no-fuse", no_fuse, "draw every node on its own, without fusion groups");
+  graph->callback([&] { status = cmd_graph(model, dims, dot, graph_output, no_fuse); });
 
   uint64_t seed = 0;
   int samples = 4;

@@ -2,6 +2,7 @@
 
 #include <llvm/IR/Intrinsics.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -51,7 +52,68 @@ LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
     for (size_t i = 0; i < k.inputs.size(); ++i) args.push_back(e.load(k.inputs[i], e.dot(idx, in_strides[i])));
     llvm::Value* row = needs_row_col ? idx[idx.size() - 2] : nullptr;
     llvm::Value* col = needs_row_col ? idx.back() : nullptr;
-    e.store(k.output, e.dot(idx, out_strides), emit_elementwise(e, k, args, row, col));
+    ir::DType from = k.inputs.empty() ? k.output.dtype : k.inputs[0].dtype;
+    e.store(k.output, e.dot(idx, out_strides), emit_elementwise(e, k.op, k.attrs, from, k.output.dtype, args, row, col));
+  });
+  return loop_info(sizes[0], product(sizes));
+}
+
+// v as storing it as `dtype` and loading it back gives it: a fused kernel
+// rounds each member's result so, and computes what the one-op kernels would.
+llvm::Value* as_stored(LoopEmitter& e, llvm::Value* v, ir::DType dtype) {
+  switch (dtype) {
+    case ir::DType::F16: return e.b.CreateFPExt(e.b.CreateFPTrunc(v, e.b.getHalfTy()), e.b.getFloatTy());
+    case ir::DType::BF16: return e.b.CreateFPExt(e.b.CreateFPTrunc(v, e.b.getBFloatTy()), e.b.getFloatTy());
+    default: return v;  // the compute type is the dtype itself
+  }
+}
+
+// A fused loop kernel (codegen/plan.h): one loop over the iteration shape;
+// per element the members run in order on values in registers, and the group
+// outputs are stored after every load, so an output written in place of an
+// input (the optimizer's state and params) overwrites only its own element.
+LoopInfo fused(LoopEmitter& e, const Kernel& k) {
+  const FusedLoop& f = *k.fused;
+  std::vector<int64_t> sizes = f.shape;
+  std::vector<std::vector<int64_t>> in_strides, out_strides;
+  for (const Operand& in : k.inputs) in_strides.push_back(broadcast_strides(in, sizes));
+  for (const Operand& out : f.outputs) out_strides.push_back(out.strides);
+  bool needs_row_col = std::any_of(f.ops.begin(), f.ops.end(), [](const FusedOp& op) {
+    return op.op == Op::Triu || op.op == Op::CausalMask;
+  });
+  if (!needs_row_col) {
+    std::vector<std::vector<int64_t>*> all;
+    for (auto& s : out_strides) all.push_back(&s);
+    for (auto& s : in_strides) all.push_back(&s);
+    collapse_dims(sizes, all);
+  }
+  e.nest(sizes, 0, [&](const Idx& idx) {
+    llvm::Value* row = needs_row_col ? idx[idx.size() - 2] : nullptr;
+    llvm::Value* col = needs_row_col ? idx.back() : nullptr;
+    std::vector<llvm::Value*> loaded(k.inputs.size(), nullptr);
+    std::vector<llvm::Value*> result;
+    for (const FusedOp& op : f.ops) {
+      if (op.op == Op::Constant) {
+        result.push_back(as_stored(e, e.constant(op.dtype, op.attrs.get_double("value")), op.dtype));
+        continue;
+      }
+      std::vector<llvm::Value*> args;
+      std::vector<ir::DType> dtypes;
+      for (const FusedArg& a : op.args) {
+        if (!a.input) {
+          args.push_back(result[a.index]);
+          dtypes.push_back(f.ops[a.index].dtype);
+          continue;
+        }
+        if (!loaded[a.index]) loaded[a.index] = e.load(k.inputs[a.index], e.dot(idx, in_strides[a.index]));
+        args.push_back(loaded[a.index]);
+        dtypes.push_back(k.inputs[a.index].dtype);
+      }
+      ir::DType from = dtypes.empty() ? op.dtype : dtypes[0];
+      result.push_back(as_stored(e, emit_elementwise(e, op.op, op.attrs, from, op.dtype, args, row, col), op.dtype));
+    }
+    for (size_t o = 0; o < f.outputs.size(); ++o)
+      e.store(f.outputs[o], e.dot(idx, out_strides[o]), result[f.output_ops[o]]);
   });
   return loop_info(sizes[0], product(sizes));
 }
@@ -524,6 +586,11 @@ LoopInfo contraction_loops(LoopEmitter& e, const Kernel& k) {
 }  // namespace
 
 LoopInfo emit_kernel(LoopEmitter& e, const Kernel& k, int index) {
+  if (k.fused) {
+    LoopInfo info = fused(e, k);
+    e.b.CreateRetVoid();
+    return info;
+  }
   LoopInfo info;
   switch (k.op) {
     case Op::Constant:

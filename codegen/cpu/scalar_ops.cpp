@@ -106,12 +106,12 @@ llvm::Value* emit_tanh(LoopEmitter& e, llvm::Value* x) {
   return b.CreateSelect(b.CreateFCmpOLT(ax, fconst(x, 0.0625)), small, big);
 }
 
-llvm::Value* emit_elementwise(LoopEmitter& e, const Kernel& k, const std::vector<llvm::Value*>& args, llvm::Value* row,
-                              llvm::Value* col) {
+llvm::Value* emit_elementwise(LoopEmitter& e, ir::Op op, const ir::Attrs& attrs, ir::DType from, ir::DType to,
+                              const std::vector<llvm::Value*>& args, llvm::Value* row, llvm::Value* col) {
   auto& b = e.b;
   llvm::Value* x = args.empty() ? nullptr : args[0];
   bool fp = x && x->getType()->isFloatingPointTy();
-  switch (k.op) {
+  switch (op) {
     case Op::Neg: return fp ? b.CreateFNeg(x) : b.CreateNeg(x);
     case Op::Exp: return emit_exp(e, x);
     case Op::Log: return emit_log(e, x);
@@ -122,15 +122,15 @@ llvm::Value* emit_elementwise(LoopEmitter& e, const Kernel& k, const std::vector
     case Op::Relu:
       if (fp) return b.CreateSelect(b.CreateFCmpOLT(x, fconst(x, 0.0)), fconst(x, 0.0), x);
       return b.CreateBinaryIntrinsic(llvm::Intrinsic::smax, x, llvm::ConstantInt::get(x->getType(), 0));
-    case Op::Gelu: return gelu(e, x, k.attrs.get_string("approximate") == "tanh");
+    case Op::Gelu: return gelu(e, x, attrs.get_string("approximate") == "tanh");
     case Op::Sigmoid: return b.CreateFDiv(fconst(x, 1.0), b.CreateFAdd(fconst(x, 1.0), emit_exp(e, b.CreateFNeg(x))));
     case Op::Silu: return b.CreateFDiv(x, b.CreateFAdd(fconst(x, 1.0), emit_exp(e, b.CreateFNeg(x))));
     case Op::Sin: return unary_intrinsic(e, llvm::Intrinsic::sin, x);
     case Op::Cos: return unary_intrinsic(e, llvm::Intrinsic::cos, x);
-    case Op::Cast: return e.convert(x, k.inputs[0].dtype, k.output.dtype);
+    case Op::Cast: return e.convert(x, from, to);
     case Op::Triu: {
-      llvm::Value* keep = b.CreateICmpSGE(b.CreateSub(col, row), e.i64(k.attrs.get_int("k")));
-      return b.CreateSelect(keep, x, e.constant(k.inputs[0].dtype, 0));
+      llvm::Value* keep = b.CreateICmpSGE(b.CreateSub(col, row), e.i64(attrs.get_int("k")));
+      return b.CreateSelect(keep, x, e.constant(from, 0));
     }
     case Op::CausalMask:
       return b.CreateSelect(b.CreateICmpSGT(col, row), fconst(x, -std::numeric_limits<double>::infinity()), x);
@@ -146,9 +146,9 @@ llvm::Value* emit_elementwise(LoopEmitter& e, const Kernel& k, const std::vector
     case Op::Greater:
     case Op::GreaterEqual:
     case Op::Equal:
-    case Op::NotEqual: return binary(e, k.op, args[0], args[1]);
+    case Op::NotEqual: return binary(e, op, args[0], args[1]);
     case Op::Where: return b.CreateSelect(args[0], args[1], args[2]);
-    case Op::GeluGrad: return b.CreateFMul(gelu_derivative(e, args[0], k.attrs.get_string("approximate") == "tanh"), args[1]);
+    case Op::GeluGrad: return b.CreateFMul(gelu_derivative(e, args[0], attrs.get_string("approximate") == "tanh"), args[1]);
     case Op::Copy: return x;
     default: break;
   }

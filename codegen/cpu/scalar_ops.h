@@ -13,11 +13,14 @@
 
 namespace napkin::codegen::cpu {
 
-// The value of kernel k's output element given its input elements `args`
-// (compute values in each input's dtype). row/col: the element's indices in
-// the last two dims (triu and causal_mask only; nullptr otherwise).
-llvm::Value* emit_elementwise(LoopEmitter& e, const Kernel& k, const std::vector<llvm::Value*>& args,
-                              llvm::Value* row, llvm::Value* col);
+// One output element of elementwise op `op` (attributes `attrs`) given its
+// input elements `args` (compute values in each input's dtype; `from` is the
+// first input's dtype, `to` the result's: cast converts between them).
+// row/col: the element's indices in the last two dims (triu and causal_mask
+// only; nullptr otherwise). Both the one-op kernels and the fused kernels
+// (codegen/cpu/kernels.cpp) compute through here.
+llvm::Value* emit_elementwise(LoopEmitter& e, ir::Op op, const ir::Attrs& attrs, ir::DType from, ir::DType to,
+                              const std::vector<llvm::Value*>& args, llvm::Value* row, llvm::Value* col);
 
 // Building blocks the normalization kernels share.
 llvm::Value* emit_exp(LoopEmitter& e, llvm::Value* x);

@@ -6,6 +6,10 @@
 // tolerance. Each kernel is checked on its own inputs, so an error is pinned
 // to one op instead of smeared over the step.
 //
+// A fused kernel (a fusion group, ir/fusion_group.h) is checked against the
+// interpreter evaluating the group's nodes in order from the kernel's inputs,
+// each result rounded to its dtype; every output the kernel stores must agree.
+//
 // NAPKIN_NUMERIC_VERBOSE=1 prints the largest error per model.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -108,27 +112,53 @@ TEST_CASE("numeric: every model's compiled CPU kernels agree with the interprete
         runtime::write_element(ex.arena() + t.byte_offset, std::string(ir::dtype_name(t.dtype)), static_cast<int64_t>(i), values[v][i]);
     }
 
-    std::vector<double> expected;
+    std::vector<std::vector<double>> expected;  // per output the kernel stores
     double worst = 0;
     std::string worst_kernel;
+    int fused_kernels = 0;
     ex.before_kernel = [&](int i) {
       const codegen::Kernel& k = plan.kernels[i];
       std::vector<std::vector<double>> inputs;
       for (const codegen::Operand& in : k.inputs) inputs.push_back(read_operand(ex.arena(), in));
-      std::vector<interp::detail::Arg> args;
-      for (size_t j = 0; j < inputs.size(); ++j) args.push_back({k.inputs[j].sizes, k.inputs[j].dtype, inputs[j]});
-      expected = interp::detail::eval_node(g.node(k.node), args, {k.output.sizes, k.output.dtype});
-      for (double& x : expected) x = interp::round_to_dtype(x, k.output.dtype);
+      expected.clear();
+      if (!k.fused) {
+        std::vector<interp::detail::Arg> args;
+        for (size_t j = 0; j < inputs.size(); ++j) args.push_back({k.inputs[j].sizes, k.inputs[j].dtype, inputs[j]});
+        expected.push_back(interp::detail::eval_node(g.node(k.node), args, {k.output.sizes, k.output.dtype}));
+        for (double& x : expected.back()) x = interp::round_to_dtype(x, k.output.dtype);
+        return;
+      }
+      ++fused_kernels;
+      std::vector<std::vector<double>> results;  // per member, in order
+      for (const codegen::FusedOp& op : k.fused->ops) {
+        const ir::Node& n = g.node(op.node);
+        std::vector<interp::detail::Arg> args;
+        for (size_t j = 0; j < op.args.size(); ++j) {
+          const codegen::FusedArg& a = op.args[j];
+          if (a.input) args.push_back({k.inputs[a.index].sizes, k.inputs[a.index].dtype, inputs[a.index]});
+          else args.push_back({g.value(n.in(static_cast<int>(j))).type.sizes(), k.fused->ops[a.index].dtype, results[a.index]});
+        }
+        results.push_back(interp::detail::eval_node(n, args, {g.value(n.out()).type.sizes(), op.dtype}));
+        for (double& x : results.back()) x = interp::round_to_dtype(x, op.dtype);
+      }
+      for (int o : k.fused->output_ops) expected.push_back(results[o]);
     };
     ex.after_kernel = [&](int i) {
       const codegen::Kernel& k = plan.kernels[i];
-      double err = scaled_error(read_operand(ex.arena(), k.output), expected);
-      INFO(k.name << " at " << k.where << (k.kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (loop)"));
-      CHECK(err <= tolerance(k.output.dtype));
-      if (err > worst) worst = err, worst_kernel = k.name;
+      std::vector<codegen::Operand> outputs = k.fused ? k.fused->outputs : std::vector<codegen::Operand>{k.output};
+      REQUIRE(outputs.size() == expected.size());
+      for (size_t o = 0; o < outputs.size(); ++o) {
+        double err = scaled_error(read_operand(ex.arena(), outputs[o]), expected[o]);
+        INFO(k.name << " output " << o << " at " << k.where << (k.kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (loop)"));
+        CHECK(err <= tolerance(outputs[o].dtype));
+        if (err > worst) worst = err, worst_kernel = k.name;
+      }
     };
     ex.run_forward();
     ex.run_rest();
-    if (verbose) std::cout << fmt::format("{:10} {} kernels, worst scaled error {:.2e} ({})\n", stem, plan.kernels.size(), worst, worst_kernel);
+    CHECK(fused_kernels > 0);  // every model has at least its optimizer update fused
+    if (verbose)
+      std::cout << fmt::format("{:10} {} kernels ({} fused), worst scaled error {:.2e} ({})\n", stem, plan.kernels.size(),
+                               fused_kernels, worst, worst_kernel);
   }
 }

@@ -1,0 +1,55 @@
+// Fusion groups as the later stages see them: which nodes run as one kernel,
+// what that kernel reads and writes, and which values never reach memory.
+// passes/fuse_elementwise forms the groups; memory, the kernel plan, the
+// report and `napkin graph --dot` read them through this file.
+//
+// Terms:
+//  - member: a node with Node::group == the group's id. Members are
+//    contiguous in the schedule and share one phase (the verifier checks it).
+//  - iteration shape: the output shape of the group's non-constant members
+//    (all the same); a constant member is a scalar folded in as an immediate.
+//  - internal value: made by a member, and every node that reads it (directly
+//    or through a view of its buffer) is a member, and it is not a graph
+//    output nor (the buffer of) an update's value. It lives in a register for
+//    one element and owns no buffer.
+//  - group output: a value made by a member that is not internal: the kernel
+//    stores it. A group may have several (the optimizer's m, v and param).
+//  - group input: a value read by a member and made outside the group
+//    (params, state, data, other kernels' results, views of any of them),
+//    distinct, in order of first use.
+#pragma once
+
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace napkin::ir {
+
+struct FusionGroup {
+  int id = -1;
+  Phase phase = Phase::Forward;
+  std::vector<NodeId> nodes;  // schedule order
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;   // in the order their producers run
+  std::vector<ValueId> internal;  // likewise
+  std::vector<int64_t> shape;     // the iteration shape
+  int first = 0, last = 0;        // schedule positions of the first and last member
+};
+
+struct FusionGroups {
+  std::vector<FusionGroup> groups;  // by id, ids 0 .. n-1 in schedule order
+  std::vector<bool> internal;       // per value id
+  // The group of the node at each schedule position, -1 for an unfused node.
+  std::vector<int> group_at;
+  // The schedule positions a kernel spans: a member's group's [first, last],
+  // or [p, p] for an unfused node at p.
+  int kernel_first(int position) const;
+  int kernel_last(int position) const;
+};
+
+// Computes the groups of g from the nodes' annotations. Internal error when
+// the annotations break the invariants above (the verifier reports those
+// first).
+FusionGroups fusion_groups(const Graph& g);
+
+}  // namespace napkin::ir

@@ -1,0 +1,49 @@
+// Elementwise fusion: chains of elementwise ops become one kernel each, so
+// the values between them live in registers instead of memory.
+//
+// Terms (ir/fusion_group.h defines group, member, internal value, group
+// input and output; this pass only sets Node::group and reorders):
+//  - fusible node: an Elementwise-class op (casts, comparisons, where,
+//    gelu_grad and triu/causal_mask included) or a copy. Constants are not
+//    fusible themselves; they fold in at the end (below).
+//  - iteration shape: a fusible node's output shape. Its inputs may have any
+//    shape that broadcasts to it and any layout (views of any buffer): a
+//    kernel reads them in place, by strides.
+//  - the pass walks the schedule once, in order. A fusible node n joins the
+//    groups of the producers of its inputs (read directly, not through a
+//    view) that have n's iteration shape and phase; several such groups merge
+//    into one. A 0-d node whose producers are in no such group joins the
+//    latest 0-d group of its phase instead (horizontal fusion of scalars: the
+//    optimizer's learning-rate and bias-correction chain becomes one kernel).
+//    Otherwise n starts a group of its own.
+//  - a merge of node sets into one group is legal when no node scheduled
+//    between them both depends on the set (transitively, views included) and
+//    is needed by it: that node would have to run inside the kernel. A legal
+//    merge reorders the span [first member, last member]: the nodes that do
+//    not depend on the set first, then the members, then the nodes that do,
+//    each part in its old order, so the schedule stays topological and every
+//    reader of a group output runs after the group. A read through a view of
+//    a group value inside the group is such a node (the view), so it is
+//    never merged: members read each other's values directly.
+//  - constants: each constant read directly by members of a group gets a copy
+//    in that group (scheduled at its start, with its phase), which the kernel
+//    inlines as an immediate; a constant left without readers is erased.
+//  - a group of one node is dissolved (it is a kernel either way); ids are
+//    then renumbered 0 .. n-1 in schedule order.
+// Runs last in the training pipeline: later stages (memory, kernel plan,
+// report) read the groups; a pass that moves or adds nodes after it must keep
+// the invariants of ir/fusion_group.h. Reductions, normalizations, losses and
+// contractions are never members: softmax, layernorm, rmsnorm and
+// cross-entropy and their gradients are already one kernel each, and the CPU
+// GEMM takes no epilogue (docs/fusion.md).
+#pragma once
+
+#include <memory>
+
+#include "passes/pass.h"
+
+namespace napkin::passes {
+
+std::unique_ptr<Pass> make_fuse_elementwise_pass();
+
+}  // namespace napkin::passes

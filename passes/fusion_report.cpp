@@ -1,0 +1,191 @@
+#include "passes/fusion_report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "ir/fusion_group.h"
+#include "passes/memory.h"
+#include "passes/report.h"
+
+namespace napkin::passes {
+
+namespace {
+
+// Bytes of the distinct elements value v reads (a broadcast axis once).
+double distinct_bytes(const ir::Graph& g, ir::ValueId id) {
+  const ir::Value& v = g.value(id);
+  double n = 1;
+  for (int i = 0; i < v.type.rank(); ++i)
+    if (v.layout.strides[i] != 0) n *= static_cast<double>(v.type.dims[i].size);
+  return n * static_cast<double>(ir::dtype_size(v.type.dtype));
+}
+
+double node_bytes(const ir::Graph& g, const ir::Node& n) {
+  ir::OpCost c = ir::op_info(n.op).cost(g, n);
+  return c.bytes_read + c.bytes_written;
+}
+
+std::string pattern_of(const ir::Graph& g, const ir::FusionGroup& fg) {
+  if (fg.phase == ir::Phase::Optimizer) {
+    for (const ir::Graph::Update& u : g.updates)
+      if (g.value(u.target).kind == ir::ValueKind::Param &&
+          std::find(fg.outputs.begin(), fg.outputs.end(), g.value(u.value).storage) != fg.outputs.end())
+        return fmt::format("{} update", ir::optimizer_name(g.config.optimizer.kind));
+    if (fg.shape.empty()) return "optimizer scalars";
+  }
+  std::vector<std::string> ops;
+  for (ir::NodeId id : fg.nodes)
+    if (g.node(id).op != ir::Op::Constant) ops.emplace_back(ir::op_name(g.node(id).op));
+  return fmt::format("{}", fmt::join(ops, " > "));
+}
+
+int op_count(const ir::Graph& g, const ir::FusionGroup& fg) {
+  int n = 0;
+  for (ir::NodeId id : fg.nodes) n += g.node(id).op != ir::Op::Constant;
+  return n;
+}
+
+// The YAML lines of a group's members: "models/gpt.yaml:39,40".
+std::string lines_of(const ir::Graph& g, const ir::FusionGroup& fg) {
+  std::set<int> lines;
+  const std::string* file = nullptr;
+  for (ir::NodeId id : fg.nodes) {
+    const ir::Node& n = g.node(id);
+    if (!n.loc.known()) continue;
+    lines.insert(n.loc.line);
+    file = n.loc.file.get();
+  }
+  if (!file) return "";
+  return fmt::format("{}:{}", *file, fmt::join(lines, ","));
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+}  // namespace
+
+FusionSummary summarize_fusion(const ir::Graph& g) {
+  FusionSummary s;
+  const ir::FusionGroups groups = ir::fusion_groups(g);
+  std::map<std::string, int> composite;
+  for (int p = 0; p < static_cast<int>(g.schedule().size()); ++p) {
+    const ir::Node& n = g.node(g.schedule()[p]);
+    ir::OpClass cls = ir::op_info(n.op).op_class;
+    int gid = groups.group_at[p];
+    if (cls == ir::OpClass::View || (n.op == ir::Op::Constant && gid >= 0)) continue;
+    int phase = static_cast<int>(n.phase);
+    double bytes = node_bytes(g, n);
+    ++s.kernels_before[phase];
+    s.bytes_before += bytes;
+    if (cls == ir::OpClass::Normalization || cls == ir::OpClass::Loss) ++composite[std::string(ir::op_name(n.op))];
+    if (gid < 0) {
+      ++s.kernels_after[phase];
+      s.bytes_after += bytes;
+    } else if (groups.groups[gid].nodes.back() == n.id) {
+      ++s.kernels_after[phase];
+    }
+  }
+  std::map<std::string, FusionPattern> patterns;
+  for (const ir::FusionGroup& fg : groups.groups) {
+    for (ir::ValueId in : fg.inputs) s.bytes_after += distinct_bytes(g, in);
+    for (ir::ValueId out : fg.outputs) s.bytes_after += static_cast<double>(g.value(out).type.bytes());
+    int ops = op_count(g, fg);
+    s.fused_ops += ops;
+    s.folded_constants += static_cast<int>(fg.nodes.size()) - ops;
+    FusionPattern& pat = patterns[pattern_of(g, fg)];
+    pat.name = pattern_of(g, fg);
+    ++pat.groups;
+    pat.ops += ops;
+    s.largest.push_back(fg.id);
+  }
+  s.groups = static_cast<int>(groups.groups.size());
+  for (auto& [name, pat] : patterns) s.patterns.push_back(pat);
+  std::stable_sort(s.patterns.begin(), s.patterns.end(),
+                   [](const FusionPattern& a, const FusionPattern& b) { return a.groups > b.groups; });
+  std::stable_sort(s.largest.begin(), s.largest.end(), [&](int a, int b) {
+    return op_count(g, groups.groups[a]) > op_count(g, groups.groups[b]);
+  });
+  if (s.largest.size() > 3) s.largest.resize(3);
+  for (auto& [name, count] : composite) s.composite.emplace_back(name, count);
+
+  s.peak_after = analyze_memory(g).peak.bytes;
+  ir::Graph unfused = g;
+  for (ir::NodeId id : unfused.schedule()) unfused.node(id).group = -1;
+  s.peak_before = analyze_memory(unfused).peak.bytes;
+  return s;
+}
+
+std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s) {
+  auto change = [](double before, double after) {
+    return before > 0 ? fmt::format("{:+.1f}%", 100.0 * (after - before) / before) : std::string("n/a");
+  };
+  auto total = [](const std::array<int, 3>& k) { return k[0] + k[1] + k[2]; };
+  std::string out = "\nfusion (elementwise chains as one kernel each; docs/fusion.md)\n";
+  out += fmt::format("  kernels            {:>10} {:>10} {:>10} {:>10}\n", "forward", "backward", "optimizer", "total");
+  out += fmt::format("    unfused          {:>10} {:>10} {:>10} {:>10}\n", s.kernels_before[0], s.kernels_before[1],
+                     s.kernels_before[2], total(s.kernels_before));
+  out += fmt::format("    fused            {:>10} {:>10} {:>10} {:>10}\n", s.kernels_after[0], s.kernels_after[1],
+                     s.kernels_after[2], total(s.kernels_after));
+  out += fmt::format("  bytes moved        {} -> {} ({})\n", human_bytes(s.bytes_before), human_bytes(s.bytes_after),
+                     change(s.bytes_before, s.bytes_after));
+  out += fmt::format("  memory peak        {} -> {} ({})\n", human_bytes(static_cast<double>(s.peak_before)),
+                     human_bytes(static_cast<double>(s.peak_after)),
+                     change(static_cast<double>(s.peak_before), static_cast<double>(s.peak_after)));
+  out += fmt::format("  groups             {}: {} ops in {} kernels, {} constants inlined\n", s.groups, s.fused_ops, s.groups,
+                     s.folded_constants);
+  for (const FusionPattern& p : s.patterns) {
+    bool update = p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, " update") == 0;
+    out += fmt::format("    {} x {}{}: {} ops -> {} kernel{}\n", p.name, p.groups, update ? " params" : "", p.ops, p.groups,
+                       p.groups > 1 ? "s" : "");
+  }
+  if (!s.largest.empty()) {
+    const ir::FusionGroups groups = ir::fusion_groups(g);
+    out += "  largest\n";
+    for (int gid : s.largest) {
+      const ir::FusionGroup& fg = groups.groups[gid];
+      out += fmt::format("    #{:<4} {:<9} {:>3} ops {:<16} {}\n", gid, ir::phase_name(fg.phase), op_count(g, fg),
+                         shape_text(fg.shape), lines_of(g, fg));
+    }
+  }
+  if (!s.composite.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [name, count] : s.composite) parts.push_back(fmt::format("{} x{}", name, count));
+    out += fmt::format("  one kernel each already: {}\n", fmt::join(parts, ", "));
+  }
+  out += "  not fused: reductions (no prologue), contractions (the CPU GEMM takes no epilogue)\n";
+  return out;
+}
+
+nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s) {
+  using nlohmann::json;
+  auto phases = [](const std::array<int, 3>& k) {
+    return json{{"forward", k[0]}, {"backward", k[1]}, {"optimizer", k[2]}, {"total", k[0] + k[1] + k[2]}};
+  };
+  json patterns = json::array();
+  for (const FusionPattern& p : s.patterns) patterns.push_back({{"pattern", p.name}, {"groups", p.groups}, {"ops", p.ops}});
+  const ir::FusionGroups groups = ir::fusion_groups(g);
+  json largest = json::array();
+  for (int gid : s.largest) {
+    const ir::FusionGroup& fg = groups.groups[gid];
+    largest.push_back({{"group", gid}, {"phase", std::string(ir::phase_name(fg.phase))}, {"ops", op_count(g, fg)},
+                       {"shape", fg.shape}, {"lines", lines_of(g, fg)}});
+  }
+  json composite = json::object();
+  for (const auto& [name, count] : s.composite) composite[name] = count;
+  return {{"kernels_before", phases(s.kernels_before)},
+          {"kernels_after", phases(s.kernels_after)},
+          {"bytes_before", s.bytes_before},
+          {"bytes_after", s.bytes_after},
+          {"peak_before", s.peak_before},
+          {"peak_after", s.peak_after},
+          {"groups", s.groups},
+          {"fused_ops", s.fused_ops},
+          {"constants_inlined", s.folded_constants},
+          {"patterns", patterns},
+          {"largest", largest},
+          {"one_kernel_composites", composite}};
+}
+
+}  // namespace napkin::passes

@@ -1,0 +1,57 @@
+// What elementwise fusion (passes/fuse_elementwise.h) bought, for
+// `napkin report`: kernels, bytes moved and the memory peak of the step
+// before and after fusion, and the groups it formed. Computed from the fused
+// graph alone; this file computes and renders, report.cpp calls it.
+//
+// Terms:
+//  - kernel: a fused group (ir/fusion_group.h) or a non-view node outside
+//    every group; "before" counts every non-view node as its own kernel,
+//    except the constants the groups inline (the pass copies a constant into
+//    each group reading it; before fusion those were fewer kernels, and they
+//    move 4 or 8 bytes): they count neither before nor after.
+//  - bytes moved: bytes read plus bytes written. Before: the op table's cost
+//    rule of each non-view node (docs/report.md). After: the same for unfused
+//    nodes; a fused kernel reads each of its inputs once (its distinct
+//    elements: a broadcast axis is read once) and writes its outputs;
+//    internal values are never moved.
+//  - memory peak before: passes/memory on the same schedule with the group
+//    annotations removed (each node its own kernel, every value a buffer).
+//  - pattern of a group: "<optimizer> update" when it writes an update of a
+//    parameter, "optimizer scalars" for the 0-d optimizer kernel, else its
+//    members' op names in order (constants left out). Groups with the same
+//    pattern are counted together.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ir/graph.h"
+
+namespace napkin::passes {
+
+struct FusionPattern {
+  std::string name;
+  int groups = 0;
+  int ops = 0;  // non-constant members over all those groups
+};
+
+struct FusionSummary {
+  std::array<int, 3> kernels_before{}, kernels_after{};  // indexed by ir::Phase
+  double bytes_before = 0, bytes_after = 0;
+  int64_t peak_before = 0, peak_after = 0;
+  int groups = 0, fused_ops = 0, folded_constants = 0;
+  std::vector<FusionPattern> patterns;  // most groups first
+  std::vector<int> largest;             // group ids, most ops first (at most 3)
+  // Composite ops that are one kernel by construction: "softmax" -> count.
+  std::vector<std::pair<std::string, int>> composite;
+};
+
+FusionSummary summarize_fusion(const ir::Graph& g);
+std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s);
+nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s);
+
+}  // namespace napkin::passes

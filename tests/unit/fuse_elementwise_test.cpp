@@ -1,0 +1,182 @@
+// Elementwise fusion (passes/fuse_elementwise.h) on small inline models:
+// which groups form and which do not (other shapes, a dependency through a
+// node outside the group, another phase), what is internal, that the schedule
+// stays valid and the "changed" flag, and the optimizer update as one kernel
+// per parameter with its outputs still written in place.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "ir/fusion_group.h"
+#include "ir/verifier.h"
+#include "passes/fuse_elementwise.h"
+#include "passes/memory.h"
+#include "support/test_models.h"
+
+using namespace napkin;
+
+namespace {
+
+// Runs the pass on g; REQUIREs a valid graph afterwards.
+bool fuse(ir::Graph& g) {
+  ir::Diagnostics diag;
+  bool changed = passes::make_fuse_elementwise_pass()->run(g, diag);
+  std::vector<std::string> problems = ir::verify(g);
+  INFO((problems.empty() ? std::string() : problems[0]));
+  REQUIRE(problems.empty());
+  return changed;
+}
+
+// The scheduled nodes of op `op`, in schedule order.
+std::vector<ir::NodeId> nodes_of(const ir::Graph& g, ir::Op op, ir::Phase phase = ir::Phase::Forward) {
+  std::vector<ir::NodeId> out;
+  for (ir::NodeId id : g.schedule())
+    if (g.node(id).op == op && g.node(id).phase == phase) out.push_back(id);
+  return out;
+}
+
+ir::NodeId one_node(const ir::Graph& g, ir::Op op, ir::Phase phase = ir::Phase::Forward) {
+  std::vector<ir::NodeId> found = nodes_of(g, op, phase);
+  REQUIRE(found.size() == 1);
+  return found[0];
+}
+
+int position(const ir::Graph& g, ir::NodeId id) {
+  const auto& s = g.schedule();
+  return static_cast<int>(std::find(s.begin(), s.end(), id) - s.begin());
+}
+
+}  // namespace
+
+TEST_CASE("fuse: an elementwise chain with its constants becomes one group; the reduction stays out") {
+  ir::Graph g = testing::compile(R"yaml(
+model: t
+inputs: {x: {shape: [4, 8]}, b: {shape: [8]}}
+forward:
+  - h: exp(x) * 2 + b
+loss: mean(h)
+optimizer: sgd(lr=0.1)
+)yaml");
+  CHECK(fuse(g));
+  ir::NodeId e = one_node(g, ir::Op::Exp), m = one_node(g, ir::Op::Mul), a = one_node(g, ir::Op::Add);
+  int gid = g.node(e).group;
+  CHECK(gid == 0);
+  CHECK(g.node(m).group == gid);
+  CHECK(g.node(a).group == gid);
+  CHECK(g.node(one_node(g, ir::Op::Constant)).group == gid);  // the 2, as an immediate
+  CHECK(g.node(one_node(g, ir::Op::ReduceMean)).group == -1);
+  ir::FusionGroups groups = ir::fusion_groups(g);
+  REQUIRE(groups.groups.size() == 1);
+  const ir::FusionGroup& fg = groups.groups[0];
+  CHECK(fg.nodes.size() == 4);
+  CHECK(fg.shape == std::vector<int64_t>{4, 8});
+  CHECK(fg.inputs.size() == 2);  // x, and b read broadcast
+  REQUIRE(fg.outputs.size() == 1);
+  CHECK(fg.outputs[0] == g.node(a).out());  // the mean reads it
+  CHECK(groups.internal[g.node(e).out()]);
+  CHECK(groups.internal[g.node(m).out()]);
+  // Internal values own no buffer.
+  passes::MemoryReport memory = passes::analyze_memory(g);
+  for (const passes::MemoryBuffer& buf : memory.buffers) {
+    CHECK(buf.value != g.node(e).out());
+    CHECK(buf.value != g.node(m).out());
+  }
+  CHECK_FALSE(fuse(g));  // a second run changes nothing
+}
+
+TEST_CASE("fuse: a producer of another shape is not fused; a value read outside the group is stored") {
+  ir::Graph g = testing::compile(R"yaml(
+model: t
+inputs: {x: {shape: [4, 8]}, v: {shape: [8]}, w: {shape: [8, 8]}}
+forward:
+  - u: exp(v)
+  - a: tanh(x * u)
+  - y: a @ w
+loss: mean(y + a)
+optimizer: sgd(lr=0.1)
+)yaml");
+  CHECK(fuse(g));
+  ir::NodeId e = one_node(g, ir::Op::Exp), m = one_node(g, ir::Op::Mul), t = one_node(g, ir::Op::Tanh);
+  CHECK(g.node(e).group == -1);  // [8] vs [4, 8]: its own kernel
+  CHECK(g.node(m).group >= 0);
+  CHECK(g.node(t).group == g.node(m).group);
+  ir::FusionGroups groups = ir::fusion_groups(g);
+  CHECK_FALSE(groups.internal[g.node(t).out()]);  // the matmul and the add read a
+  CHECK(groups.internal[g.node(m).out()]);
+}
+
+TEST_CASE("fuse: nodes between the members move out of the way, but a dependency through another kernel blocks the merge") {
+  ir::Graph g = testing::compile(R"yaml(
+model: t
+inputs: {x: {shape: [4, 4]}, w: {shape: [4, 4]}}
+forward:
+  - a: exp(x)
+  - m: x @ w
+  - b: sqrt(a)
+  - c: b + (b @ w)
+loss: mean(c * m)
+optimizer: sgd(lr=0.1)
+)yaml");
+  CHECK(fuse(g));
+  ir::NodeId e = one_node(g, ir::Op::Exp), s = one_node(g, ir::Op::Sqrt), add = one_node(g, ir::Op::Add);
+  ir::NodeId mul = one_node(g, ir::Op::Mul);
+  std::vector<ir::NodeId> mm = nodes_of(g, ir::Op::MatMul);
+  REQUIRE(mm.size() == 2);
+  // exp and sqrt fuse; the independent x @ w moved before them.
+  CHECK(g.node(e).group >= 0);
+  CHECK(g.node(s).group == g.node(e).group);
+  CHECK(position(g, mm[0]) < position(g, e));
+  // c = b + (b @ w) cannot join b's group: the matmul would have to run inside it.
+  CHECK(g.node(add).group != g.node(s).group);
+  CHECK(g.node(mul).group == g.node(add).group);  // but c * m fuses with it
+  CHECK(g.node(add).group >= 0);
+}
+
+TEST_CASE("fuse: forward and backward nodes are never one group; the SGD update is one kernel per parameter") {
+  ir::Graph g = testing::compile_training(R"yaml(
+model: t
+inputs: {x: {shape: [4, 8]}}
+params: {w: {shape: [4, 8], init: ones}, u: {shape: [8], init: ones}}
+forward:
+  - y: exp(x * w) * u
+loss: mean(y)
+optimizer: sgd(lr=0.1)
+)yaml");
+  CHECK_FALSE(fuse(g));  // the pipeline ran it already
+  ir::NodeId e = one_node(g, ir::Op::Exp);
+  for (ir::NodeId id : g.schedule())
+    if (g.node(id).group >= 0 && g.node(id).group == g.node(e).group) CHECK(g.node(id).phase == ir::Phase::Forward);
+  ir::FusionGroups groups = ir::fusion_groups(g);
+  std::set<ir::Phase> phases;
+  for (const ir::FusionGroup& fg : groups.groups) phases.insert(fg.phase);
+  CHECK(phases.count(ir::Phase::Backward) == 1);  // the backward chain of mul/exp fuses on its own
+  int update_groups = 0;
+  for (const ir::FusionGroup& fg : groups.groups) update_groups += fg.phase == ir::Phase::Optimizer && !fg.shape.empty();
+  CHECK(update_groups == 2);  // w and u: mul by lr, sub
+}
+
+TEST_CASE("fuse: AdamW becomes one kernel per parameter plus one for the scalars, updates still in place") {
+  ir::Graph g = testing::compile_training(R"yaml(
+model: t
+inputs: {x: {shape: [4, 8]}}
+params: {w: {shape: [8, 8], init: xavier}, b: {shape: [8], init: zeros}}
+forward:
+  - y: x @ w + b
+loss: mean(y * y)
+optimizer: adamw(lr=1e-3, weight_decay=0.01)
+)yaml");
+  ir::FusionGroups groups = ir::fusion_groups(g);
+  std::vector<const ir::FusionGroup*> update;
+  for (const ir::FusionGroup& fg : groups.groups)
+    if (fg.phase == ir::Phase::Optimizer) update.push_back(&fg);
+  REQUIRE(update.size() == 3);
+  CHECK(update[0]->shape.empty());  // step, bias corrections, lr·wd: one scalar kernel
+  // Every optimizer node but views is in one of these three kernels.
+  for (ir::NodeId id : g.schedule())
+    if (g.node(id).phase == ir::Phase::Optimizer) CHECK(g.node(id).group >= 0);
+  // m, v and the param come out of each per-parameter kernel, written in place.
+  for (const ir::FusionGroup* fg : {update[1], update[2]}) CHECK(fg->outputs.size() == 3);
+  passes::MemoryReport memory = passes::analyze_memory(g);
+  for (const passes::MemoryUpdate& u : memory.updates) CHECK(u.in_place);
+}
