@@ -87,7 +87,7 @@ std::string where(const ir::Node& n) {
 
 // The kernel of fusion group fg: its inputs and outputs as operands, its
 // members as ops over them.
-Kernel fused_kernel(const ir::Graph& g, const passes::ArenaPlan& arena, const ir::FusionGroup& fg) {
+Kernel fused_kernel(const ir::Graph& g, const passes::MemoryPlan& arena, const ir::FusionGroup& fg) {
   Kernel k;
   FusedLoop f;
   f.shape = fg.shape;

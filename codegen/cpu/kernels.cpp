@@ -58,16 +58,6 @@ LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
   return loop_info(sizes[0], product(sizes));
 }
 
-// v as storing it as `dtype` and loading it back gives it: a fused kernel
-// rounds each member's result so, and computes what the one-op kernels would.
-llvm::Value* as_stored(LoopEmitter& e, llvm::Value* v, ir::DType dtype) {
-  switch (dtype) {
-    case ir::DType::F16: return e.b.CreateFPExt(e.b.CreateFPTrunc(v, e.b.getHalfTy()), e.b.getFloatTy());
-    case ir::DType::BF16: return e.b.CreateFPExt(e.b.CreateFPTrunc(v, e.b.getBFloatTy()), e.b.getFloatTy());
-    default: return v;  // the compute type is the dtype itself
-  }
-}
-
 // A fused loop kernel (codegen/plan.h): one loop over the iteration shape;
 // per element the members run in order on values in registers, and the group
 // outputs are stored after every load, so an output written in place of an
@@ -94,7 +84,7 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
     std::vector<llvm::Value*> result;
     for (const FusedOp& op : f.ops) {
       if (op.op == Op::Constant) {
-        result.push_back(as_stored(e, e.constant(op.dtype, op.attrs.get_double("value")), op.dtype));
+        result.push_back(e.as_stored(e.constant(op.dtype, op.attrs.get_double("value")), op.dtype));
         continue;
       }
       std::vector<llvm::Value*> args;
@@ -110,7 +100,7 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
         dtypes.push_back(k.inputs[a.index].dtype);
       }
       ir::DType from = dtypes.empty() ? op.dtype : dtypes[0];
-      result.push_back(as_stored(e, emit_elementwise(e, op.op, op.attrs, from, op.dtype, args, row, col), op.dtype));
+      result.push_back(e.as_stored(emit_elementwise(e, op.op, op.attrs, from, op.dtype, args, row, col), op.dtype));
     }
     for (size_t o = 0; o < f.outputs.size(); ++o)
       e.store(f.outputs[o], e.dot(idx, out_strides[o]), result[f.output_ops[o]]);
@@ -568,16 +558,32 @@ LoopInfo contraction_loops(LoopEmitter& e, const Kernel& k) {
   const Operand& a = k.inputs[0];
   const Operand& bop = k.inputs[1];
   const Operand& out = k.output;
-  std::vector<int64_t> sizes, sa, sb, so;
+  // Output axes (a stride in C) outside, summed axes inside: each output
+  // element is summed in a register of its compute type (f32 for bf16/f16
+  // outputs, the accumulator the mixed-precision rules promise), then stored
+  // once, rounded once.
+  std::vector<int64_t> out_sizes, oa, ob, oc, sum_sizes, ra, rb;
   for (const ContractionAxis& ax : k.contraction) {
-    sizes.push_back(ax.size), sa.push_back(ax.a), sb.push_back(ax.b), so.push_back(ax.c);
+    if (ax.c != 0 || ax.size == 1) {
+      out_sizes.push_back(ax.size), oa.push_back(ax.a), ob.push_back(ax.b), oc.push_back(ax.c);
+    } else {
+      sum_sizes.push_back(ax.size), ra.push_back(ax.a), rb.push_back(ax.b);
+    }
   }
-  zero_fill(e, out);
+  llvm::Type* t = e.compute_type(out.dtype);
   e.loop(e.begin, e.end, [&](llvm::Value*) {
-    e.nest(sizes, -1, [&](const Idx& idx) {
-      llvm::Value* p = e.dot(idx, so);
-      llvm::Value* prod = e.b.CreateFMul(e.load(a, e.dot(idx, sa)), e.load(bop, e.dot(idx, sb)));
-      e.store(out, p, e.b.CreateFAdd(e.load(out, p), prod));
+    e.nest(out_sizes, -1, [&](const Idx& idx) {
+      llvm::Value* base_a = e.dot(idx, oa);
+      llvm::Value* base_b = e.dot(idx, ob);
+      const bool fp = t->isFloatingPointTy();
+      llvm::Value* acc = e.make_slot(t, fp ? llvm::ConstantFP::get(t, 0.0) : llvm::ConstantInt::get(t, 0));
+      e.nest(sum_sizes, -1, [&](const Idx& r) {
+        llvm::Value* x = e.convert(e.load(a, e.dot(r, ra, base_a)), a.dtype, out.dtype);
+        llvm::Value* y = e.convert(e.load(bop, e.dot(r, rb, base_b)), bop.dtype, out.dtype);
+        llvm::Value* sum = e.b.CreateLoad(t, acc);
+        e.b.CreateStore(fp ? e.b.CreateFAdd(sum, e.b.CreateFMul(x, y)) : e.b.CreateAdd(sum, e.b.CreateMul(x, y)), acc);
+      });
+      e.store(out, e.dot(idx, oc), e.b.CreateLoad(t, acc));
     });
   });
   return {1, false};

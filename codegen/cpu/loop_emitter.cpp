@@ -207,10 +207,8 @@ llvm::Value* LoopEmitter::element_ptr(const Operand& o, llvm::Value* index) {
   return b.CreateInBoundsGEP(storage_type(b, o.dtype), base, index);
 }
 
-llvm::Value* LoopEmitter::load(const Operand& o, llvm::Value* index) {
-  llvm::Type* st = storage_type(b, o.dtype);
-  llvm::Value* v = b.CreateLoad(st, element_ptr(o, index));
-  switch (o.dtype) {
+llvm::Value* LoopEmitter::from_storage(llvm::Value* v, ir::DType t) {
+  switch (t) {
     case ir::DType::F16: return b.CreateFPExt(v, b.getFloatTy());
     case ir::DType::BF16:  // the top half of a float32
       return b.CreateBitCast(b.CreateShl(b.CreateZExt(v, b.getInt32Ty()), b.getInt32(16)), b.getFloatTy());
@@ -221,16 +219,33 @@ llvm::Value* LoopEmitter::load(const Operand& o, llvm::Value* index) {
   }
 }
 
-void LoopEmitter::store(const Operand& o, llvm::Value* index, llvm::Value* v) {
-  switch (o.dtype) {
-    case ir::DType::F16: v = b.CreateFPTrunc(v, b.getHalfTy()); break;
-    case ir::DType::BF16: v = round_to_bf16(b, v); break;
-    case ir::DType::Bool: v = b.CreateZExt(v, b.getInt8Ty()); break;
-    case ir::DType::F8E4M3: v = encode_f8(b, kE4M3, v); break;
-    case ir::DType::F8E5M2: v = encode_f8(b, kE5M2, v); break;
-    default: break;
+llvm::Value* LoopEmitter::to_storage(llvm::Value* v, ir::DType t) {
+  switch (t) {
+    case ir::DType::F16: return b.CreateFPTrunc(v, b.getHalfTy());
+    case ir::DType::BF16: return round_to_bf16(b, v);
+    case ir::DType::Bool: return b.CreateZExt(v, b.getInt8Ty());
+    case ir::DType::F8E4M3: return encode_f8(b, kE4M3, v);
+    case ir::DType::F8E5M2: return encode_f8(b, kE5M2, v);
+    default: return v;
   }
-  b.CreateStore(v, element_ptr(o, index));
+}
+
+llvm::Value* LoopEmitter::load(const Operand& o, llvm::Value* index) {
+  return from_storage(b.CreateLoad(storage_type(b, o.dtype), element_ptr(o, index)), o.dtype);
+}
+
+void LoopEmitter::store(const Operand& o, llvm::Value* index, llvm::Value* v) {
+  b.CreateStore(to_storage(v, o.dtype), element_ptr(o, index));
+}
+
+llvm::Value* LoopEmitter::as_stored(llvm::Value* v, ir::DType t) {
+  switch (t) {
+    case ir::DType::F16:
+    case ir::DType::BF16:
+    case ir::DType::F8E4M3:
+    case ir::DType::F8E5M2: return from_storage(to_storage(v, t), t);
+    default: return v;  // the compute type holds the dtype's values exactly
+  }
 }
 
 llvm::Value* LoopEmitter::convert(llvm::Value* v, ir::DType from, ir::DType to) {

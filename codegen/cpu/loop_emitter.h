@@ -51,9 +51,15 @@ class LoopEmitter {
   llvm::Value* element_ptr(const Operand& o, llvm::Value* index);
   llvm::Value* load(const Operand& o, llvm::Value* index);           // in o's compute type
   void store(const Operand& o, llvm::Value* index, llvm::Value* v);  // v in o's compute type
+  // v (in t's compute type) as storing it as t and loading it back gives it,
+  // bit for bit: a fused kernel rounds each member's result so.
+  llvm::Value* as_stored(llvm::Value* v, ir::DType t);
   // Converts a compute value of dtype `from` to the compute type of `to`
   // (integers toward zero, saturating, NaN -> 0; bool is != 0).
   llvm::Value* convert(llvm::Value* v, ir::DType from, ir::DType to);
+  // A value of t's storage type to its compute type, and back (rounding).
+  llvm::Value* from_storage(llvm::Value* raw, ir::DType t);
+  llvm::Value* to_storage(llvm::Value* v, ir::DType t);
 
   // A scalar accumulator (an alloca in the entry block that mem2reg promotes).
   llvm::Value* make_slot(llvm::Type* t, llvm::Value* init);

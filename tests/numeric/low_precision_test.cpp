@@ -25,11 +25,17 @@
 #include "runtime/executor.h"
 #include "runtime/float_formats.h"
 #include "runtime/rng.h"
+#include "support/compiled_step.h"
 #include "support/test_models.h"
 
 using namespace napkin;
 
 namespace {
+
+// A training graph of inline YAML compiled by the CPU backend (JIT).
+struct Compiled : napkin::testing::CompiledStep {
+  explicit Compiled(const std::string& yaml) : CompiledStep(napkin::testing::compile_training(yaml)) {}
+};
 
 // Runs `void convert(arena, 0, n)`: dst[i] = src[i], loaded as `from` and
 // stored as `to` (both of compute type f32), compiled like a kernel. Returns
@@ -68,76 +74,6 @@ std::vector<float> floats_of(const std::vector<uint8_t>& v) {
 }
 uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
 
-std::vector<double> read_operand(const char* arena, const codegen::Operand& o) {
-  std::vector<double> out;
-  std::string dtype(ir::dtype_name(o.dtype));
-  std::vector<int64_t> idx(o.sizes.size(), 0);
-  for (int64_t n = 0; n < o.numel(); ++n) {
-    int64_t e = 0;
-    for (size_t d = 0; d < idx.size(); ++d) e += idx[d] * o.strides[d];
-    out.push_back(runtime::read_element(arena + o.byte_offset, dtype, e));
-    for (int d = static_cast<int>(idx.size()) - 1; d >= 0; --d) {
-      if (++idx[d] < o.sizes[d]) break;
-      idx[d] = 0;
-    }
-  }
-  return out;
-}
-
-// A training graph compiled by the CPU backend (JIT) with its executor, the
-// arena filled with the same params and inputs the interpreter gets.
-struct Compiled {
-  ir::Graph g;
-  codegen::KernelPlan plan;
-  std::string json;
-  std::unique_ptr<codegen::cpu::JitModule> jit;
-  runtime::Program program;
-  std::unique_ptr<runtime::Executor> ex;
-  std::map<ir::ValueId, std::vector<double>> values;  // initial params (with noise) and inputs
-
-  explicit Compiled(const std::string& yaml) : g(napkin::testing::compile_training(yaml)) {
-    plan = codegen::plan_kernels(g);
-    codegen::cpu::CpuModule m = codegen::cpu::emit_module(plan, g.name);
-    json = codegen::program_json(g, plan, m.loops, {});
-    codegen::cpu::add_program_json(m, json);
-    jit = std::make_unique<codegen::cpu::JitModule>(
-        std::move(m), std::map<std::string, void*>{{"napkin_rt_bad_index", reinterpret_cast<void*>(&napkin_rt_bad_index)}});
-    auto* fns = static_cast<const runtime::KernelFn*>(jit->lookup("napkin_kernel_fns"));
-    program = runtime::parse_program(json.data(), json.size());
-    ex = std::make_unique<runtime::Executor>(program, fns, 2);
-    values = interp::initial_values(g, 7);
-    for (auto& [v, data] : interp::random_inputs(g, 11)) values[v] = data;
-    runtime::Rng noise(3, 0);
-    for (const ir::Param& p : g.params)
-      for (double& x : values[p.value]) x += 0.1 * noise.normal();
-    for (const codegen::PlannedTensor& t : plan.tensors) {
-      ir::ValueId v = ir::kNoValue;
-      for (ir::ValueId id : g.inputs) v = g.value(id).name == t.name ? id : v;
-      for (const ir::Param& p : g.params) v = g.value(p.value).name == t.name ? p.value : v;
-      if (v == ir::kNoValue) continue;
-      for (size_t i = 0; i < values[v].size(); ++i)
-        runtime::write_element(ex->arena() + t.byte_offset, std::string(ir::dtype_name(t.dtype)), int64_t(i), values[v][i]);
-    }
-  }
-};
-
-// Largest |got - want| over a tensor relative to its largest |want| (at
-// least 1e-3), as tests/numeric/compiled_test.cpp: a kernel that sums in
-// another order moves elements by ulps of the tensor's scale.
-double scaled_error(const std::vector<double>& got, const std::vector<double>& want) {
-  double scale = 1e-3, err = 0;
-  for (double w : want)
-    if (std::isfinite(w)) scale = std::max(scale, std::fabs(w));
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(want[i]) || !std::isfinite(got[i])) {
-      if (!((std::isnan(want[i]) && std::isnan(got[i])) || want[i] == got[i])) return INFINITY;
-      continue;
-    }
-    err = std::max(err, std::fabs(got[i] - want[i]) / scale);
-  }
-  return err;
-}
-
 // Kernel against interpreter, both from the same inputs: each rounds its
 // result to the output dtype once (the kernel after an f32 computation, an
 // f32-accumulated GEMM included; the interpreter after a float64 one), so a
@@ -154,32 +90,19 @@ double tolerance(ir::DType t) {
   }
 }
 
-// Runs one training step kernel by kernel, each checked against
-// interp::detail::eval_node on the kernel's own inputs. Returns the number of
-// Matmul kernels whose A and B are `gemm_dtype`.
+// Runs one training step kernel by kernel, each output checked against the
+// interpreter on the kernel's own inputs (tests/support/compiled_step.h).
+// Returns the number of Matmul kernels whose A and B are `gemm_dtype`.
 int check_kernels(Compiled& c, ir::DType gemm_dtype) {
-  std::vector<double> expected;
   int gemms = 0;
-  c.ex->before_kernel = [&](int i) {
-    const codegen::Kernel& k = c.plan.kernels[i];
-    std::vector<std::vector<double>> inputs;
-    for (const codegen::Operand& in : k.inputs) inputs.push_back(read_operand(c.ex->arena(), in));
-    std::vector<interp::detail::Arg> args;
-    for (size_t j = 0; j < inputs.size(); ++j) args.push_back({k.inputs[j].sizes, k.inputs[j].dtype, inputs[j]});
-    expected = interp::detail::eval_node(c.g.node(k.node), args, {k.output.sizes, k.output.dtype});
-    for (double& x : expected) x = interp::round_to_dtype(x, k.output.dtype);
-  };
-  c.ex->after_kernel = [&](int i) {
-    const codegen::Kernel& k = c.plan.kernels[i];
-    const bool gemm = k.kind == codegen::KernelKind::Matmul;
-    gemms += gemm && k.inputs[0].dtype == gemm_dtype && k.inputs[1].dtype == gemm_dtype;
-    INFO(k.name << " at " << k.where << (gemm ? " (GEMM)" : " (loop)") << ", out " << ir::dtype_name(k.output.dtype));
-    CHECK(scaled_error(read_operand(c.ex->arena(), k.output), expected) <= tolerance(k.output.dtype));
-  };
-  c.ex->run_forward();
-  c.ex->run_rest();
-  c.ex->before_kernel = nullptr;
-  c.ex->after_kernel = nullptr;
+  for (const codegen::Kernel& k : c.plan.kernels)
+    gemms += k.kind == codegen::KernelKind::Matmul && k.inputs[0].dtype == gemm_dtype && k.inputs[1].dtype == gemm_dtype;
+  napkin::testing::check_each_kernel(c, [&](const napkin::testing::KernelOutputCheck& k) {
+    INFO(k.kernel->name << " output " << k.output << " at " << k.kernel->where
+                        << (k.kernel->kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (loop)") << ", out "
+                        << ir::dtype_name(k.operand->dtype));
+    CHECK(k.error <= tolerance(k.operand->dtype));
+  });
   return gemms;
 }
 
@@ -381,8 +304,14 @@ optimizer: sgd(lr=0.01)
 precision: fp32
 )yaml");
   check_kernels(c, ir::DType::F32);
-  int fp8_kernels = 0;
-  for (const codegen::Kernel& k : c.plan.kernels)
-    fp8_kernels += k.output.dtype == ir::DType::F8E4M3 || k.output.dtype == ir::DType::F8E5M2;
-  CHECK(fp8_kernels == 2);
+  // The two casts to fp8 run (fused into the kernel that reads them or on
+  // their own), each rounding to its format.
+  auto fp8 = [](ir::DType t) { return t == ir::DType::F8E4M3 || t == ir::DType::F8E5M2; };
+  int fp8_results = 0;
+  for (const codegen::Kernel& k : c.plan.kernels) {
+    if (!k.fused) fp8_results += fp8(k.output.dtype);
+    else
+      for (const codegen::FusedOp& op : k.fused->ops) fp8_results += fp8(op.dtype);
+  }
+  CHECK(fp8_results == 2);
 }

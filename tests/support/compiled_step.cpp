@@ -1,0 +1,127 @@
+#include "support/compiled_step.h"
+
+#include <cmath>
+
+#include "codegen/cpu/cpu_backend.h"
+#include "codegen/program_json.h"
+#include "interp/interpreter.h"
+#include "interp/kernels.h"
+#include "interp/rounding.h"
+#include "ir/internal_check.h"
+#include "runtime/rng.h"
+
+namespace napkin::testing {
+
+CompiledStep::CompiledStep(ir::Graph graph, int threads) : g(std::move(graph)) {
+  plan = codegen::plan_kernels(g);
+  codegen::cpu::CpuModule m = codegen::cpu::emit_module(plan, g.name);
+  json = codegen::program_json(g, plan, m.loops, {});
+  codegen::cpu::add_program_json(m, json);
+  jit = std::make_unique<codegen::cpu::JitModule>(
+      std::move(m), std::map<std::string, void*>{{"napkin_rt_bad_index", reinterpret_cast<void*>(&napkin_rt_bad_index)}});
+  auto* fns = static_cast<const runtime::KernelFn*>(jit->lookup("napkin_kernel_fns"));
+  program = runtime::parse_program(json.data(), json.size());
+  ex = std::make_unique<runtime::Executor>(program, fns, threads);
+
+  values = interp::initial_values(g, 7);
+  for (auto& [v, data] : interp::random_inputs(g, 11)) values[v] = data;
+  runtime::Rng noise(3, 0);
+  for (const ir::Param& p : g.params)
+    for (double& x : values[p.value]) x += 0.1 * noise.normal();
+  for (const codegen::PlannedTensor& t : plan.tensors) {
+    ir::ValueId v = ir::kNoValue;
+    for (ir::ValueId id : g.inputs) v = g.value(id).name == t.name ? id : v;
+    for (const ir::Param& p : g.params) v = g.value(p.value).name == t.name ? p.value : v;
+    if (v == ir::kNoValue) continue;
+    for (size_t i = 0; i < values[v].size(); ++i)
+      runtime::write_element(ex->arena() + t.byte_offset, std::string(ir::dtype_name(t.dtype)), static_cast<int64_t>(i),
+                             values[v][i]);
+  }
+}
+
+std::vector<double> read_operand(const char* arena, const codegen::Operand& o) {
+  std::vector<double> out;
+  out.reserve(o.numel());
+  std::string dtype(ir::dtype_name(o.dtype));
+  std::vector<int64_t> idx(o.sizes.size(), 0);
+  for (int64_t n = 0; n < o.numel(); ++n) {
+    int64_t e = 0;
+    for (size_t d = 0; d < idx.size(); ++d) e += idx[d] * o.strides[d];
+    out.push_back(runtime::read_element(arena + o.byte_offset, dtype, e));
+    for (int d = static_cast<int>(idx.size()) - 1; d >= 0; --d) {
+      if (++idx[d] < o.sizes[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+double scaled_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double scale = 1e-3, err = 0;
+  for (double w : want)
+    if (std::isfinite(w)) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(want[i]) || !std::isfinite(got[i])) {
+      bool same = (std::isnan(want[i]) && std::isnan(got[i])) || want[i] == got[i];
+      if (!same) return INFINITY;
+      continue;
+    }
+    err = std::max(err, std::fabs(got[i] - want[i]) / scale);
+  }
+  return err;
+}
+
+namespace {
+
+// The interpreter's outputs of kernel k from its inputs as they are in the arena.
+std::vector<std::vector<double>> expected_outputs(const CompiledStep& step, const codegen::Kernel& k) {
+  std::vector<std::vector<double>> inputs;
+  for (const codegen::Operand& in : k.inputs) inputs.push_back(read_operand(step.ex->arena(), in));
+  if (!k.fused) {
+    std::vector<interp::detail::Arg> args;
+    for (size_t j = 0; j < inputs.size(); ++j) args.push_back({k.inputs[j].sizes, k.inputs[j].dtype, inputs[j]});
+    std::vector<double> out = interp::detail::eval_node(step.g.node(k.node), args, {k.output.sizes, k.output.dtype});
+    for (double& x : out) x = interp::round_to_dtype(x, k.output.dtype);
+    return {out};
+  }
+  std::vector<std::vector<double>> results;  // per member, in order
+  for (const codegen::FusedOp& op : k.fused->ops) {
+    const ir::Node& n = step.g.node(op.node);
+    std::vector<interp::detail::Arg> args;
+    for (size_t j = 0; j < op.args.size(); ++j) {
+      const codegen::FusedArg& a = op.args[j];
+      if (a.input) args.push_back({k.inputs[a.index].sizes, k.inputs[a.index].dtype, inputs[a.index]});
+      else args.push_back({step.g.value(n.in(static_cast<int>(j))).type.sizes(), k.fused->ops[a.index].dtype, results[a.index]});
+    }
+    results.push_back(interp::detail::eval_node(n, args, {step.g.value(n.out()).type.sizes(), op.dtype}));
+    for (double& x : results.back()) x = interp::round_to_dtype(x, op.dtype);
+  }
+  std::vector<std::vector<double>> expected;
+  for (int o : k.fused->output_ops) expected.push_back(results[o]);
+  return expected;
+}
+
+}  // namespace
+
+void check_each_kernel(CompiledStep& step, const std::function<void(const KernelOutputCheck&)>& check) {
+  std::vector<std::vector<double>> expected;
+  step.ex->before_kernel = [&](int i) { expected = expected_outputs(step, step.plan.kernels[i]); };
+  step.ex->after_kernel = [&](int i) {
+    const codegen::Kernel& k = step.plan.kernels[i];
+    std::vector<const codegen::Operand*> outputs;
+    if (k.fused)
+      for (const codegen::Operand& o : k.fused->outputs) outputs.push_back(&o);
+    else
+      outputs.push_back(&k.output);
+    NAPKIN_INTERNAL_CHECK(outputs.size() == expected.size(), "kernel {} stores {} outputs, the interpreter made {}", k.name,
+                          outputs.size(), expected.size());
+    for (size_t o = 0; o < outputs.size(); ++o)
+      check({&k, static_cast<int>(o), outputs[o], scaled_error(read_operand(step.ex->arena(), *outputs[o]), expected[o])});
+  };
+  step.ex->run_forward();
+  step.ex->run_rest();
+  step.ex->before_kernel = nullptr;
+  step.ex->after_kernel = nullptr;
+}
+
+}  // namespace napkin::testing

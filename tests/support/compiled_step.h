@@ -1,0 +1,62 @@
+// One training step of a model compiled by the CPU backend (LLVM, JIT) and run
+// by the runtime's executor, with the reference interpreter beside it: the
+// numeric tests use it to check every kernel on its own inputs.
+//
+// A kernel's expected outputs: before it runs, its inputs are read from the
+// arena and the interpreter (interp::detail::eval_node) computes its node from
+// exactly those inputs, rounded to the output dtype; a fused kernel (a fusion
+// group, ir/fusion_group.h) is the group's nodes evaluated in order, each
+// result rounded to its dtype, and every output the kernel stores is checked.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codegen/cpu/jit.h"
+#include "codegen/plan.h"
+#include "ir/graph.h"
+#include "runtime/executor.h"
+#include "runtime/program.h"
+
+namespace napkin::testing {
+
+struct CompiledStep {
+  ir::Graph g;
+  codegen::KernelPlan plan;
+  std::string json;
+  std::unique_ptr<codegen::cpu::JitModule> jit;
+  runtime::Program program;
+  std::unique_ptr<runtime::Executor> ex;
+  // Initial params (init plus 0.1 N(0,1) noise, so unit gains and zero biases
+  // cannot hide a wrong rule) and random inputs, written into the arena.
+  std::map<ir::ValueId, std::vector<double>> values;
+
+  explicit CompiledStep(ir::Graph graph, int threads = 2);
+};
+
+// The elements of an operand (a view read by its strides), as doubles.
+std::vector<double> read_operand(const char* arena, const codegen::Operand& o);
+
+// Largest |got - want| over the tensor, relative to the tensor's largest
+// |want| (at least 1e-3, so a tensor of tiny values is judged absolutely):
+// kernels may sum in another order than the interpreter, which moves every
+// element by a few ulps of the tensor's scale, not of the element. Infinite
+// when a non-finite value differs.
+double scaled_error(const std::vector<double>& got, const std::vector<double>& want);
+
+// One checked output of one kernel.
+struct KernelOutputCheck {
+  const codegen::Kernel* kernel = nullptr;
+  int output = 0;  // index among the kernel's stored outputs
+  const codegen::Operand* operand = nullptr;
+  double error = 0;  // scaled_error against the interpreter
+};
+
+// Runs the step (forward, backward, update) kernel by kernel and calls
+// `check` for every output of every kernel.
+void check_each_kernel(CompiledStep& step, const std::function<void(const KernelOutputCheck&)>& check);
+
+}  // namespace napkin::testing
