@@ -20,6 +20,11 @@
 //    instead. A clone's inputs are the originals, or their clones when they
 //    are in S too (chains). Forward nodes and their results are unchanged.
 //  - FLOPs added: the op-table FLOPs of the cloned non-view nodes.
+//  - planned arena of S: the arena of the graph with S after fuse-elementwise
+//    (which the pipeline runs right after this pass): fusion keeps some values
+//    in registers and widens live ranges to whole kernels, so the budget is
+//    checked against the arena the trainer will allocate. The peaks the greedy
+//    reads are the unfused graph's (its positions are the ones S is built on).
 //  - the greedy: start from S = {}; while the planned arena exceeds the
 //    budget, look at the position p of the liveness peak; for each
 //    recomputable buffer c live at p whose first backward read comes after p,
