@@ -162,8 +162,12 @@ int run(const Options& o, const Program& p, const KernelFn* kernels) {
     for (const TensorSpec* t : p.with_role("param")) params += t->numel();
     fmt::print("  params     {} ({}), optimizer {}, lr {}\n", with_commas(params), p.train.precision, p.train.optimizer, p.train.lr);
     fmt::print("  data       {}\n", data->describe());
-    fmt::print("  step       {:.4g} GFLOP (static count), {} tokens; MFU against {} peak {:.0f} GFLOP/s\n",
-               p.flops_per_step / 1e9, with_commas(p.tokens_per_step), p.device, peak / 1e9);
+    // A device with no peak for the step's matmul dtype (the cpu has no f16
+    // arithmetic) gives no MFU rather than a made-up one.
+    std::string mfu_basis = peak > 0 ? fmt::format("MFU against {} peak {:.0f} GFLOP/s", p.device, peak / 1e9)
+                                     : fmt::format("no MFU: the {} device has no peak for this precision", p.device);
+    fmt::print("  step       {:.4g} GFLOP (static count), {} tokens; {}\n", p.flops_per_step / 1e9,
+               with_commas(p.tokens_per_step), mfu_basis);
   }
   Metrics metrics(o.metrics, start_step > 0);
   int64_t current = start_step;
@@ -205,13 +209,14 @@ int run(const Options& o, const Program& p, const KernelFn* kernels) {
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
       double eta = elapsed / static_cast<double>(step - start_step) * static_cast<double>(o.steps - step);
       if (!o.quiet)
-        fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {:4.1f}%  ETA {}\n",
+        fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {}  ETA {}\n",
                    step, o.steps, loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9,
-                   peak > 0 ? 100 * flops / peak : 0.0, human_duration(eta));
+                   peak > 0 ? fmt::format("{:4.1f}%", 100 * flops / peak) : std::string("  n/a"), human_duration(eta));
       std::fflush(stdout);
       metrics.line(fmt::format(
-          R"({{"step": {}, "loss": {:.9g}, "step_ms": {:.4f}, "tokens_per_s": {:.1f}, "gflops": {:.3f}, "mfu": {:.4f}}})", step,
-          loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9, peak > 0 ? flops / peak : 0.0));
+          R"({{"step": {}, "loss": {:.9g}, "step_ms": {:.4f}, "tokens_per_s": {:.1f}, "gflops": {:.3f}, "mfu": {}}})", step,
+          loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9,
+          peak > 0 ? fmt::format("{:.4f}", flops / peak) : std::string("null")));
       window_seconds = 0;
       window_steps = 0;
     }
