@@ -52,11 +52,13 @@ constexpr int kUserError = 1;
 constexpr int kInternalError = 2;
 
 // Loads a model and builds its training step (forward, backward, optimizer);
-// prints diagnostics (warnings too).
-// as_fp32: with precision fp32 whatever the file says (the AMP audit's baseline).
+// prints diagnostics (warnings too). fp32_step: when given and the model's
+// policy is mixed, also the same step built at precision fp32 from the same
+// forward graph (the AMP audit's baseline; its diagnostics repeat the model's
+// and are not printed again).
 std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
                               const passes::PipelineOptions& options = {}, const passes::MemoryBudget& budget = {},
-                              bool as_fp32 = false) {
+                              std::optional<ir::Graph>* fp32_step = nullptr) {
   frontend::LoadOptions load_options;
   if (!dims.empty()) {
     std::string error;
@@ -69,7 +71,12 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
   }
   ir::Diagnostics diag;
   std::optional<ir::Graph> g = frontend::load_model_file(path, diag, load_options);
-  if (g && as_fp32) g->config.precision = {};
+  if (g && fp32_step && g->config.precision.policy != ir::PrecisionPolicy::FP32) {
+    *fp32_step = *g;
+    (*fp32_step)->config.precision = {};
+    ir::Diagnostics repeated;
+    passes::run_training_pipeline(**fp32_step, repeated);
+  }
   if (g) passes::run_training_pipeline(*g, diag, options, budget);
   std::cerr << diag.render();
   if (diag.has_errors()) return std::nullopt;
@@ -103,12 +110,11 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
                const std::string& budget) {
   const passes::Device* device = device_or_error(device_name);
   passes::RecomputeReport recompute;
-  auto g = load(path, dims, {}, memory_budget(budget, &recompute));
+  std::optional<ir::Graph> fp32;
+  auto g = load(path, dims, {}, memory_budget(budget, &recompute), &fp32);
   if (!g) return kUserError;
   passes::StepCost cost = passes::analyze_step(*g, device);
   passes::MemoryReport memory = passes::analyze_memory(*g);
-  std::optional<ir::Graph> fp32;
-  if (g->config.precision.policy != ir::PrecisionPolicy::FP32) fp32 = load(path, dims, {}, {}, true);
   passes::ReportOptions options{path, !no_ops, &recompute, fp32 ? &*fp32 : nullptr};
   std::cout << (json ? passes::render_report_json(*g, cost, memory, options)
                      : passes::render_report_text(*g, cost, memory, options));

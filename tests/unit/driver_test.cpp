@@ -76,3 +76,30 @@ TEST_CASE("ir prints the graph with YAML locations; --print-after names the pass
   CHECK(typo.status == 1);
   CHECK(typo.out.find("--print-after: there is no pass 'dcee'") != std::string::npos);
 }
+
+TEST_CASE("report on a mixed-precision model: its warnings once, though the AMP audit builds an fp32 baseline too") {
+  napkin::testing::TempDir dir("driver-warn");
+  const std::string model = dir / "mixed.yaml";
+  napkin::testing::write_bytes(model, R"yaml(
+model: mixed
+dims: {b: 4, d: 8}
+inputs:
+  x: {shape: [b, d]}
+  y: {shape: [b, d]}
+params:
+  w: {shape: [d, d], init: normal(0.1)}
+  unused: {shape: [d], init: zeros}
+forward:
+  - p: x @ w
+loss: mse(p, y)
+optimizer: sgd(lr=0.1)
+precision: bf16-mixed
+)yaml");
+  Run r = run_napkin("report " + model + " --no-ops");
+  CHECK(r.status == 0);
+  const std::string warning = "warning: parameter 'unused' does not affect the loss";
+  size_t first = r.out.find(warning);
+  REQUIRE(first != std::string::npos);
+  CHECK(r.out.find(warning, first + 1) == std::string::npos);
+  CHECK(r.out.find("vs fp32") != std::string::npos);  // the baseline was built
+}
