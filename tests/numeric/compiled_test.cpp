@@ -25,25 +25,6 @@
 
 using namespace napkin;
 
-namespace {
-
-// f32 kernels agree to a few ulps of the tensor's scale times the length of
-// the longest sum (<= 64 at these dims); f64 ones far tighter. A bf16 result
-// is rounded once by each side from values that differ by f32 summation
-// error, so the two may land one bf16 ulp (2^-8 of the scale) apart, and an
-// f32 kernel fed by... its own inputs stays at f32 tolerance.
-double tolerance(ir::DType t) {
-  switch (t) {
-    case ir::DType::F64: return 1e-12;
-    case ir::DType::F32: return 4e-6;  // measured worst: 5.9e-7 (gpt einsum)
-    case ir::DType::BF16: return 2.0 / 256;
-    case ir::DType::F16: return 2.0 / 2048;
-    default: return 0;  // integers and bool: exact
-  }
-}
-
-}  // namespace
-
 TEST_CASE("numeric: every model's compiled CPU kernels agree with the interpreter, kernel by kernel, fp32 and bf16-mixed") {
   const bool verbose = std::getenv("NAPKIN_NUMERIC_VERBOSE") != nullptr;
   for (ir::PrecisionPolicy policy : {ir::PrecisionPolicy::FP32, ir::PrecisionPolicy::BF16Mixed}) {
@@ -64,16 +45,16 @@ TEST_CASE("numeric: every model's compiled CPU kernels agree with the interprete
         INFO(c.kernel->name << " output " << c.output << " at " << c.kernel->where
                             << (c.kernel->kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (loop)") << ", "
                             << ir::dtype_name(c.operand->dtype));
-        CHECK(c.error <= tolerance(c.operand->dtype));
-        if (c.error / tolerance(c.operand->dtype) > worst / tolerance(ir::DType::F32))
-          worst = c.error * tolerance(ir::DType::F32) / tolerance(c.operand->dtype), worst_kernel = c.kernel->name;
+        const double tolerance = napkin::testing::kernel_tolerance(c.operand->dtype);
+        CHECK(c.error <= tolerance);
+        if (tolerance > 0 && c.error / tolerance > worst) worst = c.error / tolerance, worst_kernel = c.kernel->name;
       });
       CHECK(fused_kernels > 0);  // every model has at least its optimizer update fused
       // bf16-mixed runs every contraction of these models as a bf16 GEMM.
       if (policy == ir::PrecisionPolicy::BF16Mixed) CHECK(bf16_gemms > 0);
       else CHECK(bf16_gemms == 0);
       if (verbose)
-        std::cout << fmt::format("{:10} {:10} {} kernels ({} fused, {} bf16 GEMMs), worst error {:.2e} in f32 tolerance units ({})\n",
+        std::cout << fmt::format("{:10} {:10} {} kernels ({} fused, {} bf16 GEMMs), worst error {:.3f} of its tolerance ({})\n",
                                  stem, precision, step.plan.kernels.size(), fused_kernels, bf16_gemms, worst, worst_kernel);
     }
   }

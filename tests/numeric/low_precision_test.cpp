@@ -74,22 +74,6 @@ std::vector<float> floats_of(const std::vector<uint8_t>& v) {
 }
 uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
 
-// Kernel against interpreter, both from the same inputs: each rounds its
-// result to the output dtype once (the kernel after an f32 computation, an
-// f32-accumulated GEMM included; the interpreter after a float64 one), so a
-// result differs by at most one ulp where the two land on either side of a
-// rounding boundary, plus f32 summation error. Two ulps of the tensor's scale
-// for the narrow floats; fp8 outputs are casts of identical inputs: exact.
-double tolerance(ir::DType t) {
-  switch (t) {
-    case ir::DType::F64: return 1e-12;
-    case ir::DType::F32: return 4e-6;
-    case ir::DType::BF16: return 2.0 / 256;
-    case ir::DType::F16: return 2.0 / 2048;
-    default: return 0;
-  }
-}
-
 // Runs one training step kernel by kernel, each output checked against the
 // interpreter on the kernel's own inputs (tests/support/compiled_step.h).
 // Returns the number of Matmul kernels whose A and B are `gemm_dtype`.
@@ -101,7 +85,7 @@ int check_kernels(Compiled& c, ir::DType gemm_dtype) {
     INFO(k.kernel->name << " output " << k.output << " at " << k.kernel->where
                         << (k.kernel->kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (loop)") << ", out "
                         << ir::dtype_name(k.operand->dtype));
-    CHECK(k.error <= tolerance(k.operand->dtype));
+    CHECK(k.error <= napkin::testing::kernel_tolerance(k.operand->dtype));
   });
   return gemms;
 }

@@ -47,6 +47,17 @@ std::vector<double> read_operand(const char* arena, const codegen::Operand& o);
 // when a non-finite value differs.
 double scaled_error(const std::vector<double>& got, const std::vector<double>& want);
 
+// How far a kernel's output may be from the interpreter's, in scaled_error
+// units. Both sides round the result to the output dtype once (the kernel
+// after an f32 computation, an f32-accumulated GEMM included; the
+// interpreter after a float64 one), so a result differs by at most one ulp
+// where the two land on either side of a rounding boundary, plus f32
+// summation error: for f32, a few ulps of the tensor's scale times the
+// longest sum (<= 64 at the test dims); for the narrow floats two ulps of the
+// scale; f64 far tighter; integers, bool and fp8 casts of identical inputs
+// exactly.
+double kernel_tolerance(ir::DType t);
+
 // One checked output of one kernel.
 struct KernelOutputCheck {
   const codegen::Kernel* kernel = nullptr;
