@@ -1,0 +1,60 @@
+// The CUDA backend's kernels: every Loop kernel of a plan as CUDA C source,
+// one translation unit that NVRTC compiles (codegen/cuda/nvrtc_compile.h).
+// Matmul kernels are not here: the runtime runs them on cuBLASLt.
+//
+// Terms:
+//  - launch: one kernel function launched on a 1-D grid of 1-D blocks. A
+//    plan kernel is one or more launches, run in order on one stream (a
+//    cross-entropy loss is per-row losses, then their sum in a fixed order).
+//  - signature: every function is
+//        extern "C" __global__ void NAME(char* __restrict__ arena, char* __restrict__ scratch)
+//    with every operand's byte offset, size and stride compiled in as a
+//    constant (the shapes are static). `scratch` is a device buffer of
+//    CudaSource::scratch_bytes that launches of one plan kernel pass partial
+//    results through; nothing in it survives from one plan kernel to the next.
+//  - determinism: no floating-point atomics anywhere. Every sum runs in an
+//    order fixed by the source and the launch shape, so a step gives the same
+//    bits every run (the embedding gradient included).
+//  - numerics: values are computed in f32 (f64 for f64); bf16, f16 and the
+//    fp8 formats are converted on load exactly and rounded to nearest even on
+//    store, by the same bit manipulation as the CPU backend
+//    (codegen/cpu/loop_emitter.h), so the two backends round identically.
+//  - host emulation: the source uses only the CUDA features the prelude lists
+//    (threadIdx/blockIdx/blockDim/gridDim .x, __syncthreads, __shared__,
+//    extern __shared__, __shfl_xor_sync with a full mask, float math), so the
+//    tests can also compile it as C++ and run it on the CPU
+//    (tests/support/cuda_emulator.h) against the reference interpreter.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "codegen/plan.h"
+
+namespace napkin::codegen::cuda {
+
+struct CudaLaunch {
+  std::string function;  // the extern "C" __global__ function
+  int64_t grid = 1;      // blocks
+  int block = 1;         // threads per block
+  int shared_bytes = 0;  // dynamic shared memory per block
+};
+
+struct CudaSource {
+  std::string text;  // the translation unit: prelude, then every kernel
+  // Per plan kernel, in plan order: its launches (empty for Matmul kernels).
+  std::vector<std::vector<CudaLaunch>> launches;
+  int64_t scratch_bytes = 0;  // the largest any plan kernel needs
+};
+
+// The CUDA C source of every Loop kernel of `plan`. `model_name` goes into
+// the header comment only.
+CudaSource emit_cuda_source(const KernelPlan& plan, const std::string& model_name);
+
+// The prelude every translation unit starts with: dtype conversions,
+// block-wide reductions, and the host-emulation shims' entry point.
+std::string_view cuda_prelude();
+
+}  // namespace napkin::codegen::cuda
