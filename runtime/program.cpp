@@ -94,9 +94,16 @@ Program parse_program(const char* text, size_t size) {
         d.b_n_stride = m.at("b_n_stride");
         d.c_m_stride = m.at("c_m_stride");
       }
+      if (k.contains("cuda_launches"))
+        for (const json& l : k.at("cuda_launches"))
+          s.cuda_launches.push_back({l.at("function"), l.at("grid"), l.at("block"), l.at("shared")});
       p.kernels.push_back(std::move(s));
     }
     p.num_forward_kernels = j.at("num_forward_kernels");
+    if (j.contains("cuda")) {
+      const json& c = j.at("cuda");
+      p.cuda = {c.at("arch"), c.at("scratch_bytes"), c.at("tf32")};
+    }
     for (const json& u : j.at("updates")) p.updates.push_back({u.at("target"), u.at("from"), u.at("to"), u.at("bytes")});
     const json& t = j.at("train");
     TrainDefaults& d = p.train;

@@ -30,6 +30,13 @@ struct MatmulSpec {
   MatmulDesc desc;
 };
 
+// One launch of a CUDA kernel function (backend "cuda"; codegen/cuda/kernel_source.h).
+struct CudaLaunchSpec {
+  std::string function;
+  int64_t grid = 1;
+  int block = 1, shared_bytes = 0;
+};
+
 struct KernelSpec {
   std::string name, where, phase;
   bool is_matmul = false;
@@ -38,6 +45,7 @@ struct KernelSpec {
   int64_t out_offset = 0, out_numel = 0;
   std::string out_dtype;
   MatmulSpec matmul;  // is_matmul
+  std::vector<CudaLaunchSpec> cuda_launches;  // backend "cuda", loop kernels: in order
 };
 
 struct UpdateSpec {
@@ -65,6 +73,15 @@ struct TrainDefaults {
   double lr = 0;
 };
 
+// What a CUDA program adds (backend "cuda"): the architecture its cubin was
+// compiled for, the scratch buffer its launches share, and whether fp32
+// matmuls may use TF32 tensor cores.
+struct CudaSpec {
+  std::string arch;  // "sm_90"
+  int64_t scratch_bytes = 0;
+  bool tf32 = false;
+};
+
 struct Program {
   std::string model, hash, backend, device;
   int64_t arena_bytes = 0, liveness_peak = 0;
@@ -75,6 +92,7 @@ struct Program {
   int num_forward_kernels = 0;
   std::vector<UpdateSpec> updates;
   TrainDefaults train;
+  CudaSpec cuda;  // backend "cuda" only
 
   const TensorSpec* find(const std::string& name) const;
   const TensorSpec& loss() const;

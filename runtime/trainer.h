@@ -4,14 +4,22 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <memory>
 
-#include "runtime/executor.h"
+#include "runtime/engine.h"
 
 namespace napkin::runtime {
 
-// Runs the trainer with the program description and kernel table its object
-// file exports; returns the process exit status (0 ok, 1 a user error such as
-// a bad flag, missing data or a NaN loss, 130 interrupted after saving).
-int trainer_main(int argc, char** argv, const char* program_json, size_t program_json_size, const KernelFn* kernels);
+// Makes the engine a trainer runs on, for its parsed program and --threads
+// (0: the CPUs this process may use). Throws Error when it cannot (a CUDA
+// trainer on a machine without a GPU).
+using EngineFactory = std::function<std::unique_ptr<Engine>(const Program& program, int threads)>;
+
+// Runs the trainer with the program description its object file exports;
+// returns the process exit status (0 ok, 1 a user error such as a bad flag,
+// missing data, a NaN loss or no GPU, 130 interrupted after saving).
+int trainer_main(int argc, char** argv, const char* program_json, size_t program_json_size,
+                 const EngineFactory& make_engine);
 
 }  // namespace napkin::runtime

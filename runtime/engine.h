@@ -1,0 +1,53 @@
+// What the trainer (runtime/trainer.h) runs a program on: the CPU executor
+// (runtime/cpu_engine.h) or the CUDA one (runtime/cuda/cuda_engine.h). The
+// trainer owns flags, init, data, checkpoints and progress; an engine owns
+// where the arena lives and how kernels run.
+//
+// Terms:
+//  - host tensor: a named tensor of the program (param, state, input, loss)
+//    as host memory with the tensor's dtype and shape, contiguous. Init,
+//    --init weights, checkpoints and the data loader read and write these.
+//    On the CPU they are the arena itself; on a GPU, pinned host buffers.
+//  - upload / download: copy host tensors of one role (param, state) to the
+//    arena or back. No-ops on the CPU. Inputs go up by themselves at the
+//    start of run_forward; the loss comes down in loss().
+//  - step: run_forward(), loss(), then run_rest() (backward, optimizer and
+//    the update copies). The trainer looks at the loss in between, so a NaN
+//    stops it before any weight changes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/program.h"
+
+namespace napkin::runtime {
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual const Program& program() const = 0;
+  // "2 threads" / "NVIDIA H100 80GB HBM3 (sm_90), cubin": for the banner.
+  virtual std::string describe() const = 0;
+
+  virtual char* host(const TensorSpec& t) = 0;
+  virtual void upload(const std::string& role) = 0;
+  virtual void download(const std::string& role) = 0;
+
+  virtual void run_forward() = 0;
+  virtual double loss() = 0;
+  virtual void run_rest() = 0;
+
+  // Debugging and profiling, both slow (every kernel runs on its own):
+  // after each kernel, `inspect` gets the kernel's index and its output in
+  // host memory (out_dtype, out_numel elements); profiling accumulates each
+  // kernel's seconds.
+  virtual void inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) = 0;
+  virtual void set_profiling(bool on) = 0;
+  virtual const std::vector<double>& kernel_seconds() const = 0;
+};
+
+}  // namespace napkin::runtime
