@@ -15,6 +15,7 @@
 
 #include "runtime/gemm.h"
 #include "runtime/program.h"
+#include "runtime/tensor_element.h"
 #include "runtime/thread_pool.h"
 
 namespace napkin::runtime {
@@ -59,12 +60,6 @@ class Executor {
   std::vector<std::unique_ptr<Gemm>> gemms_;  // per kernel; null for loops
   void run_kernel(int i);
 };
-
-// Reads element i of a tensor of `dtype` at `p` as double (f64, f32, bf16,
-// f16, f8e4m3, f8e5m2, i32, i64, bool); writes likewise, rounding to nearest
-// even (through float32: exact for the narrow formats only from f32 values).
-double read_element(const char* p, const std::string& dtype, int64_t i);
-void write_element(char* p, const std::string& dtype, int64_t i, double v);
 
 // The executor running generated code now: napkin_rt_bad_index (called by a
 // kernel that meets an out-of-range id) names its kernel from it.

@@ -17,6 +17,7 @@
 #include "runtime/dataset.h"
 #include "runtime/error.h"
 #include "runtime/init.h"
+#include "runtime/tensor_element.h"
 
 namespace napkin::runtime {
 
@@ -54,21 +55,21 @@ std::string human_duration(double s) {
   return fmt::format("{}h{:02d}m", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60);
 }
 
-std::vector<TensorRef> tensor_refs(const Program& p, Executor& ex, std::initializer_list<const char*> roles) {
+std::vector<TensorRef> tensor_refs(const Program& p, Engine& engine, std::initializer_list<const char*> roles) {
   std::vector<TensorRef> refs;
   for (const char* role : roles)
-    for (const TensorSpec* t : p.with_role(role)) refs.push_back({t->name, t->dtype, t->shape, ex.arena() + t->offset});
+    for (const TensorSpec* t : p.with_role(role)) refs.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
   return refs;
 }
 
-void init_params(const Program& p, Executor& ex, uint64_t seed) {
+void init_params(const Program& p, Engine& engine, uint64_t seed) {
   for (const TensorSpec* t : p.with_role("param")) {
     std::vector<double> v = init_values(t->init, t->name, t->numel(), seed);
-    for (int64_t i = 0; i < t->numel(); ++i) write_element(ex.arena() + t->offset, t->dtype, i, v[i]);
+    for (int64_t i = 0; i < t->numel(); ++i) write_element(engine.host(*t), t->dtype, i, v[i]);
   }
 }
 
-std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Executor& ex) {
+std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Engine& engine) {
   DataSpec spec;
   const DataDefaults& d = p.train.data;
   spec.format = d.format;
@@ -92,24 +93,23 @@ std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Executor&
   if (spec.format.empty())
     throw Error("the model names no training data (train.data in its YAML); pass --data FILE or --data-file NAME=FILE.npy");
   std::vector<InputSlot> slots;
-  for (const TensorSpec* t : p.with_role("input")) slots.push_back({t->name, t->dtype, t->shape, ex.arena() + t->offset});
+  for (const TensorSpec* t : p.with_role("input")) slots.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
   return Dataset::open(spec, std::move(slots));
 }
 
 // After each kernel: the first one whose floating output holds a NaN is the op
 // that produced it.
-void watch_for_nan(Executor& ex, const int64_t& step) {
-  ex.after_kernel = [&ex, &step](int i) {
-    const KernelSpec& k = ex.program().kernels[i];
+void watch_for_nan(Engine& engine, const int64_t& step) {
+  engine.inspect_each_kernel([&engine, &step](int i, const char* out) {
+    const KernelSpec& k = engine.program().kernels[i];
     if (k.out_dtype != "f32" && k.out_dtype != "f64" && k.out_dtype != "bf16" && k.out_dtype != "f16") return;
-    const char* out = ex.arena() + k.out_offset;
     for (int64_t e = 0; e < k.out_numel; ++e) {
       double v = read_element(out, k.out_dtype, e);
       if (std::isnan(v))
         throw Error(fmt::format("step {}: {} ({} phase{}{}) produced the first NaN, at element {}", step, k.name, k.phase,
                                 k.where.empty() ? "" : ", ", k.where, e));
     }
-  };
+  });
 }
 
 class Metrics {
@@ -132,21 +132,25 @@ class Metrics {
   std::ofstream file_;
 };
 
-int run(const Options& o, const Program& p, const KernelFn* kernels) {
-  Executor ex(p, kernels, o.threads);
-  ex.profile = o.profile;
+int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
+  std::unique_ptr<Engine> engine_owner = make_engine(p, o.threads);
+  Engine& ex = *engine_owner;
+  ex.set_profiling(o.profile);
   std::string ckpt_dir = o.checkpoint_dir;
   int64_t start_step = 0;
   uint64_t seed = o.seed;
 
   init_params(p, ex, seed);
   if (!o.init.empty()) read_weights(o.init, tensor_refs(p, ex, {"param"}));
+  ex.upload("param");
   if (!o.resume.empty()) {
     std::string path = o.resume;
     if (std::optional<std::string> latest = latest_checkpoint(o.resume)) path = *latest;
     auto meta = read_checkpoint(path, tensor_refs(p, ex, {"param", "state"}), p.hash);
     start_step = std::stoll(meta.at("step"));
     if (meta.count("seed")) seed = std::stoull(meta.at("seed"));
+    ex.upload("param");
+    ex.upload("state");
     if (!o.quiet) fmt::print("resumed from {} at step {}\n", path, start_step);
   }
   Options opts = o;
@@ -155,7 +159,7 @@ int run(const Options& o, const Program& p, const KernelFn* kernels) {
 
   double peak = p.peak_flops;
   if (!o.quiet) {
-    fmt::print("napkin trainer: {} ({}, {} thread{})\n", p.model, p.backend, ex.threads(), ex.threads() == 1 ? "" : "s");
+    fmt::print("napkin trainer: {} ({}, {})\n", p.model, p.backend, ex.describe());
     fmt::print("  arena      {} ({} bytes, planned; liveness lower bound {} bytes)\n", human_bytes(p.arena_bytes),
                p.arena_bytes, p.liveness_peak);
     int64_t params = 0;
@@ -177,6 +181,8 @@ int run(const Options& o, const Program& p, const KernelFn* kernels) {
   std::signal(SIGTERM, on_interrupt);
   auto save = [&](int64_t step) {
     if (ckpt_dir.empty()) return;
+    ex.download("param");
+    ex.download("state");
     std::string path = write_checkpoint(ckpt_dir, step, tensor_refs(p, ex, {"param", "state"}), p.hash,
                                         {{"model", p.model}, {"seed", std::to_string(seed)}},
                                         static_cast<int>(o.keep));
@@ -198,7 +204,6 @@ int run(const Options& o, const Program& p, const KernelFn* kernels) {
                               "Run with --debug-nan to find the first op that produced a NaN",
                               step, loss, last_saved));
     ex.run_rest();
-    ex.apply_updates();
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     window_seconds += seconds;
     ++window_steps;
@@ -245,14 +250,15 @@ int run(const Options& o, const Program& p, const KernelFn* kernels) {
   if (o.profile) {
     std::vector<int> order(p.kernels.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return ex.kernel_seconds[a] > ex.kernel_seconds[b]; });
+    const std::vector<double>& seconds = ex.kernel_seconds();
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return seconds[a] > seconds[b]; });
     double total = 0;
-    for (double s : ex.kernel_seconds) total += s;
+    for (double s : seconds) total += s;
     fmt::print("profile: {:.1f} ms in kernels per step; the slowest:\n", 1e3 * total / std::max<int64_t>(1, o.steps - start_step));
     for (size_t r = 0; r < std::min<size_t>(order.size(), 25); ++r) {
       const KernelSpec& k = p.kernels[order[r]];
-      fmt::print("  {:6.2f} ms  {:5.1f}%  {:<24} {:<9} {}\n", 1e3 * ex.kernel_seconds[order[r]] / std::max<int64_t>(1, o.steps - start_step),
-                 100 * ex.kernel_seconds[order[r]] / total, k.name, k.phase, k.where);
+      fmt::print("  {:6.2f} ms  {:5.1f}%  {:<24} {:<9} {}\n", 1e3 * seconds[order[r]] / std::max<int64_t>(1, o.steps - start_step),
+                 100 * seconds[order[r]] / total, k.name, k.phase, k.where);
     }
   }
   return 0;
@@ -260,7 +266,8 @@ int run(const Options& o, const Program& p, const KernelFn* kernels) {
 
 }  // namespace
 
-int trainer_main(int argc, char** argv, const char* program_json, size_t program_json_size, const KernelFn* kernels) {
+int trainer_main(int argc, char** argv, const char* program_json, size_t program_json_size,
+                 const EngineFactory& make_engine) {
   try {
     Program p = parse_program(program_json, program_json_size);
     Options o;
@@ -306,7 +313,7 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
       return 0;
     }
     if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) o.checkpoint_dir = d.checkpoint_dir.empty() ? "checkpoints" : d.checkpoint_dir;
-    return run(o, p, kernels);
+    return run(o, p, make_engine);
   } catch (const Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "error: {}\n", e.what());

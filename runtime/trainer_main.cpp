@@ -2,6 +2,7 @@
 // generated for the model (codegen/cpu/cpu_backend.h lists them).
 #include <cstdint>
 
+#include "runtime/cpu_engine.h"
 #include "runtime/trainer.h"
 
 extern "C" {
@@ -12,5 +13,8 @@ extern const int64_t napkin_program_json_size;
 
 int main(int argc, char** argv) {
   return napkin::runtime::trainer_main(argc, argv, napkin_program_json, static_cast<size_t>(napkin_program_json_size),
-                                       napkin_kernel_fns);
+                                       [](const napkin::runtime::Program& program, int threads) {
+                                         return std::make_unique<napkin::runtime::CpuEngine>(program, napkin_kernel_fns,
+                                                                                            threads);
+                                       });
 }

@@ -1,0 +1,37 @@
+// The CPU engine: a trainer's kernels run by the executor (runtime/executor.h)
+// over an arena in host memory, so host tensors are the arena itself and
+// uploads and downloads have nothing to do.
+#pragma once
+
+#include "runtime/engine.h"
+#include "runtime/executor.h"
+
+namespace napkin::runtime {
+
+class CpuEngine final : public Engine {
+ public:
+  CpuEngine(const Program& program, const KernelFn* kernels, int threads) : ex_(program, kernels, threads) {}
+
+  const Program& program() const override { return ex_.program(); }
+  std::string describe() const override;
+
+  char* host(const TensorSpec& t) override { return ex_.arena() + t.offset; }
+  void upload(const std::string&) override {}
+  void download(const std::string&) override {}
+
+  void run_forward() override { ex_.run_forward(); }
+  double loss() override { return ex_.loss(); }
+  void run_rest() override {
+    ex_.run_rest();
+    ex_.apply_updates();
+  }
+
+  void inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) override;
+  void set_profiling(bool on) override { ex_.profile = on; }
+  const std::vector<double>& kernel_seconds() const override { return ex_.kernel_seconds; }
+
+ private:
+  Executor ex_;
+};
+
+}  // namespace napkin::runtime
