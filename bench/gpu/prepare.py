@@ -1,0 +1,149 @@
+#!/usr/bin/python3
+"""Prepares the GPU check: everything the GPU machine needs, built here.
+
+The GPU machine has the CUDA toolkit and PyTorch but no LLVM or yaml-cpp, so
+napkin cannot run there; its trainers can. For each case below this script
+
+  1. builds the CUDA trainer (`napkin build MODEL --target cuda`) into the
+     bundle, and the CPU trainer into a temp dir;
+  2. writes the case's data (random npy inputs or u16 tokens, fixed seed);
+  3. runs the CPU trainer STEPS steps with --order sequential and a final
+     checkpoint, and stores its per-step losses (metrics) and, for the small
+     models, the checkpoint, as the reference the GPU run must match.
+
+Both trainers initialize the weights from the same seed with the same code
+(runtime/init.cpp runs on the host in both), so the GPU run starts from the
+CPU run's weights without an --init file. bench/gpu/verify.py, on the GPU
+machine, runs each CUDA trainer with the same flags and compares.
+
+It also builds the GPT-2 124M CUDA trainer and a token file for
+bench/gpt2_cuda_vs_torch.py. The bundle goes to build/gpu-bundle (carry it;
+about 30 MB), with manifest.json describing every case.
+
+Usage: bench/gpu/prepare.py [--napkin build/tools/napkin] [--steps 5] [--out build/gpu-bundle]
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# name, model, --dims override, precision, keep the final checkpoint as a reference
+CASES = [
+    ("linear", "models/linear.yaml", "", "fp32", True),
+    ("mlp", "models/mlp.yaml", "", "fp32", True),
+    ("cruncher", "models/cruncher.yaml", "d=256", "fp32", True),
+    ("gpt", "models/gpt.yaml", "", "fp32", True),
+    ("gpt-bf16", "models/gpt.yaml", "", "bf16-mixed", True),
+    ("gpt2-small", "models/gpt2-124m.yaml", "layers=2,seq=128,batch=4", "bf16-mixed", False),
+]
+CLASS_INPUTS = {"labels": 10}  # integer (class id) inputs of the npy models and their bound (mlp.yaml: classes)
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        sys.exit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def with_precision(model, precision, tmp):
+    with open(os.path.join(ROOT, model)) as f:
+        text = f.read()
+    text, n = re.subn(r"(?m)^precision:.*$", f"precision: {precision}", text)
+    if n == 0:
+        text += f"\nprecision: {precision}\n"
+    out = os.path.join(tmp, f"{precision}-{os.path.basename(model)}")
+    with open(out, "w") as f:
+        f.write(text)
+    return out
+
+
+def input_specs(program):
+    return [(t["name"], t["dtype"], t["shape"]) for t in program["tensors"] if t["role"] == "input"]
+
+
+def write_data(program, out_dir, name, rng, batches=8):
+    """Data flags (paths relative to the bundle) for the trainer's inputs."""
+    inputs = input_specs(program)
+    vocab = None
+    for t in program["tensors"]:
+        if t["name"] == "wte":
+            vocab = t["shape"][0]
+    if program["train"]["data"] and program["train"]["data"]["format"] == "tokens":
+        (_, _, shape), = [i for i in inputs if i[0] == "tokens"]
+        b, t = shape
+        n = int((b * t * batches + t + 1) / 0.9) + 2 * t
+        tokens = rng.integers(0, vocab, n, dtype=np.uint16)
+        path = f"{name}.u16"
+        tokens.astype("<u2").tofile(os.path.join(out_dir, path))
+        return ["--data", path]
+    flags = []
+    for input_name, dtype, shape in inputs:
+        rows = [shape[0] * batches] + shape[1:]
+        if dtype == "i32":
+            a = rng.integers(0, CLASS_INPUTS[input_name], rows, dtype=np.int32)
+        else:
+            a = rng.standard_normal(rows, dtype=np.float32)
+        path = f"{name}-{input_name}.npy"
+        np.save(os.path.join(out_dir, path), a)
+        flags += ["--data-file", f"{input_name}={path}"]
+    return flags
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--napkin", default=os.path.join(ROOT, "build/tools/napkin"))
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--out", default=os.path.join(ROOT, "build/gpu-bundle"))
+    a = ap.parse_args()
+    shutil.rmtree(a.out, ignore_errors=True)
+    os.makedirs(a.out)
+    rng = np.random.default_rng(0)
+    manifest = {"steps": a.steps, "cases": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, model, dims, precision, keep_checkpoint in CASES:
+            yaml = with_precision(model, precision, tmp) if precision != "fp32" else os.path.join(ROOT, model)
+            dims_flags = ["--dims", dims] if dims else []
+            cuda = os.path.join(a.out, f"{name}-cuda")
+            cpu = os.path.join(tmp, f"{name}-cpu")
+            run([a.napkin, "build", yaml, "--target", "cuda", "-o", cuda, "--quiet"] + dims_flags)
+            run([a.napkin, "build", yaml, "-o", cpu, "--quiet"] + dims_flags)
+            program = json.loads(run([cpu, "--print-program"]))
+            flags = ["--steps", str(a.steps), "--order", "sequential", "--log-every", "1", "--eval-every", "0",
+                     "--seed", "0"] + write_data(program, a.out, name, rng)
+            ckpt = os.path.join(a.out, f"{name}-cpu-checkpoint")
+            metrics = os.path.join(a.out, f"{name}-cpu.jsonl")
+            run([cpu] + flags + ["--metrics", metrics, "--checkpoint-dir", ckpt, "--quiet"], cwd=a.out)
+            if not keep_checkpoint:
+                shutil.rmtree(ckpt)
+            manifest["cases"].append({"name": name, "precision": precision, "trainer": os.path.basename(cuda),
+                                      "flags": flags, "cpu_metrics": os.path.basename(metrics),
+                                      "cpu_checkpoint": os.path.basename(ckpt) if keep_checkpoint else None})
+            print(f"{name}: CUDA trainer {os.path.getsize(cuda) / 1e6:.1f} MB, CPU reference over {a.steps} steps")
+        # The benchmark: GPT-2 124M as the YAML says (batch 8, seq 1024), random GPT-2 token ids.
+        bench = os.path.join(a.out, "gpt2-124m-cuda")
+        run([a.napkin, "build", os.path.join(ROOT, "models/gpt2-124m.yaml"), "--target", "cuda", "-o", bench, "--quiet"])
+        rng.integers(0, 50257, 8 * 1025 * 64, dtype=np.uint16).astype("<u2").tofile(os.path.join(a.out, "gpt2.u16"))
+        manifest["bench"] = {"trainer": "gpt2-124m-cuda", "data": "gpt2.u16"}
+    # Trainers link libfmt dynamically; the GPU machine may not have it.
+    for lib in ("libfmt.so.9",):
+        src = os.path.join("/usr/lib/x86_64-linux-gnu", lib)
+        if os.path.exists(src):
+            os.makedirs(os.path.join(a.out, "lib"), exist_ok=True)
+            shutil.copy(os.path.realpath(src), os.path.join(a.out, "lib", lib))
+    with open(os.path.join(a.out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(a.out) for f in fs)
+    print(f"bundle: {a.out}, {total / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The GPU check, on the GPU machine: napkin's CUDA trainers against the CPU.
+
+Reads the bundle bench/gpu/prepare.py made (manifest.json). For each case it
+runs the CUDA trainer with exactly the flags the CPU reference ran with
+(same seed, so the same initial weights; same data in sequential order; a
+final checkpoint), then compares
+
+  - the loss of every step with the CPU's: |gpu - cpu| <= tol * max(1, |cpu|),
+    tol 1e-4 for fp32 (summation order only: cuBLAS vs oneDNN, block
+    reductions vs serial loops, a few ulps per op compounding over the steps),
+    2e-2 for bf16-mixed (bf16 roundings of values that differ by those ulps
+    can flip by one bf16 ulp, 2^-8);
+  - every tensor of the final checkpoint (weights and optimizer state):
+    max |gpu - cpu| over max |cpu| (at least 1e-3) <= 10x the loss tolerance;
+  - that a second CUDA run gives the same losses bit for bit (no atomics:
+    every sum runs in a fixed order).
+
+Prints one line per case and exits 1 if any check fails.
+
+Usage (on the GPU machine, from the repository root):
+    LD_LIBRARY_PATH=build/gpu-bundle/lib bench/gpu/verify.py [--bundle build/gpu-bundle]
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+TOLERANCE = {"fp32": 1e-4, "bf16-mixed": 2e-2}
+
+
+def read_safetensors(path):
+    """name -> float64 array (f32, bf16, f16, i32, i64 tensors)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = t["data_offsets"]
+        raw = data[lo:hi]
+        dtype = t["dtype"]
+        if dtype == "BF16":
+            a = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            a = np.frombuffer(raw, dtype={"F32": "<f4", "F16": "<f2", "F64": "<f8", "I32": "<i4", "I64": "<i8"}[dtype])
+        out[name] = a.astype(np.float64).reshape(t["shape"])
+    return out
+
+
+def only_checkpoint(directory):
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+    if not files:
+        raise RuntimeError(f"{directory}: no checkpoint")
+    return os.path.join(directory, files[-1])
+
+
+def losses(path):
+    return [json.loads(l)["loss"] for l in open(path) if '"loss"' in l]
+
+
+def run_case(bundle, case, steps, tmp):
+    trainer = os.path.join(bundle, case["trainer"])
+    result = {}
+    for attempt in ("a", "b"):
+        metrics = os.path.join(tmp, f"{case['name']}-{attempt}.jsonl")
+        ckpt = os.path.join(tmp, f"{case['name']}-{attempt}-checkpoint")
+        cmd = [trainer] + case["flags"] + ["--metrics", metrics, "--checkpoint-dir", ckpt, "--quiet"]
+        r = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}{r.stderr}")
+        result[attempt] = (losses(metrics), only_checkpoint(ckpt))
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bundle", default="build/gpu-bundle")
+    a = ap.parse_args()
+    manifest = json.load(open(os.path.join(a.bundle, "manifest.json")))
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in manifest["cases"]:
+            name, tol = case["name"], TOLERANCE[case["precision"]]
+            try:
+                runs = run_case(a.bundle, case, manifest["steps"], tmp)
+            except RuntimeError as e:
+                print(f"FAIL {name}: {e}")
+                failed = True
+                continue
+            gpu, gpu_ckpt = runs["a"]
+            cpu = losses(os.path.join(a.bundle, case["cpu_metrics"]))
+            worst_loss = max(abs(g - c) / max(1.0, abs(c)) for g, c in zip(gpu, cpu))
+            ok = len(gpu) == len(cpu) and worst_loss <= tol
+            deterministic = runs["a"][0] == runs["b"][0]
+            line = (f"{name:11} {case['precision']:10} losses gpu {gpu[0]:.5f}..{gpu[-1]:.5f} "
+                    f"cpu {cpu[0]:.5f}..{cpu[-1]:.5f} worst step error {worst_loss:.2e} (tol {tol:.0e})")
+            if case["cpu_checkpoint"]:
+                want = read_safetensors(only_checkpoint(os.path.join(a.bundle, case["cpu_checkpoint"])))
+                got = read_safetensors(gpu_ckpt)
+                worst_tensor, worst_name = 0.0, ""
+                for tname, w in want.items():
+                    err = np.max(np.abs(got[tname] - w)) / max(1e-3, np.max(np.abs(w))) if w.size else 0.0
+                    if err > worst_tensor:
+                        worst_tensor, worst_name = err, tname
+                ok &= worst_tensor <= 10 * tol and set(got) == set(want)
+                line += f"; checkpoint worst {worst_tensor:.2e} ({worst_name})"
+            ok &= deterministic
+            line += "; rerun identical" if deterministic else "; RERUN DIFFERS"
+            print(f"{'PASS' if ok else 'FAIL'} {line}")
+            failed |= not ok
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
