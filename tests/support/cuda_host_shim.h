@@ -7,8 +7,9 @@
 // Terms:
 //  - thread: one CUDA thread, threadIdx.x in [0, block). Warp w of a block is
 //    threads [32w, 32w + 32); a last, partial warp has fewer lanes.
-//  - coroutine: a host execution context (ucontext, own stack of kStackBytes
-//    plus a guard page) that runs CUDA threads. A coroutine runs a thread
+//  - coroutine: a host execution context (own stack of kStackBytes plus a
+//    guard page; entered through ucontext, switched by _setjmp/_longjmp) that
+//    runs CUDA threads. A coroutine runs a thread
 //    until it returns or waits at a barrier; when its thread returns, it takes
 //    the next thread of the block not yet started, so a block without
 //    barriers runs on one coroutine with no context switch at all. A thread
@@ -38,7 +39,8 @@
 // Threads of a block run one after another between barriers, in an order
 // that is one of the orders a GPU may run them in; a kernel whose result
 // depends on threads running in lockstep without a barrier is wrong on the GPU
-// too. Single-threaded: one launch at a time per process.
+// too. The shim defines its state in this header: it goes into exactly one
+// translation unit, the kernel source. One launch at a time per library.
 #pragma once
 
 #ifndef NAPKIN_HOST_EMULATION
@@ -174,8 +176,10 @@ char* dynamic_buffer = nullptr;
 __attribute__((format(printf, 1, 2))) inline void record_error(const char* format, ...) {
   if (failed) return;
   failed = true;
-  int n = snprintf(error, sizeof error, "CUDA emulation: kernel '%s' (grid %lld, block %d), block %lld: ",
-                   launch.name, launch.grid, launch.block, launch.block_index);
+  int n = snprintf(error, sizeof error, "CUDA emulation: kernel '%s' (grid %lld, block %d)", launch.name, launch.grid,
+                   launch.block);
+  if (n > 0 && launch.block_index >= 0) n += snprintf(error + n, sizeof error - n, ", block %lld", launch.block_index);
+  if (n > 0 && static_cast<size_t>(n) < sizeof error) n += snprintf(error + n, sizeof error - n, ": ");
   if (n < 0 || static_cast<size_t>(n) >= sizeof error) return;
   va_list args;
   va_start(args, format);
@@ -239,10 +243,9 @@ inline void release(int first, int count) {
 inline void block_barrier() {
   int t = current->thread;
   launch.wait[t] = Wait::kBlock;
-  if (++launch.block_arrived == launch.block) {
+  if (++launch.block_arrived == launch.block) {  // no other thread ran since this one last suspended
     launch.block_arrived = 0;
     release(0, launch.block);
-    __asm__ __volatile__("" ::: "memory");
     return;
   }
   switch_to_scheduler();
@@ -277,7 +280,6 @@ inline void warp_barrier(Wait kind) {
   launch.wait[t] = kind;
   if (++launch.warp_arrived[warp] == warp_lanes(warp)) {
     complete_warp(warp);
-    __asm__ __volatile__("" ::: "memory");
     return;
   }
   switch_to_scheduler();
@@ -306,7 +308,7 @@ inline Coroutine* idle_coroutine() {
   if (idle_count > 0) {
     return idle[--idle_count];
   }
-  if (coroutines_made == kMaxBlock) return nullptr;  // cannot happen: at most one per thread
+  if (coroutines_made == kMaxBlock) return nullptr;  // only if a failed launch's coroutines were kept
   Coroutine* c = &coroutines[coroutines_made];
   void* memory = mmap(nullptr, kGuardBytes + kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) return nullptr;
@@ -394,7 +396,7 @@ inline void run(void (*kernel)(char*, char*), long long grid, int block, int sha
   launch.name = name;
   launch.grid = grid;
   launch.block = block;
-  launch.block_index = 0;
+  launch.block_index = -1;  // before the first block
   if (grid < 1 || grid > kMaxGrid || block < 1 || block > kMaxBlock || shared_bytes < 0 ||
       shared_bytes > kMaxDynamicShared) {
     record_error("invalid launch: grid must be in [1, %lld], block in [1, %d], dynamic shared bytes in [0, %d] "
