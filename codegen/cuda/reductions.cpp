@@ -161,35 +161,23 @@ EmittedKernel emit_reduction(const Kernel& k) {
     e.launches.push_back({k.name, grid, block, 0});
   }
   if (S > 1) {
-    // Second launch: per output, its S partials in split order (row: a warp
-    // per output, lanes over splits then a butterfly; column: one thread).
+    // Second launch: a warp per output adds its S partials (lanes over the
+    // splits, then the butterfly: a fixed order).
     std::string name2 = k.name + "_2";
     e.scratch_bytes = M * S * compute_size(out.dtype);
-    if (row) {
-      int block = static_cast<int>(std::min<int64_t>(256, M * 32));
-      int warps = block / 32;
-      begin_kernel(s, name2, block);
-      s.open("for ({0} q = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); q < {2}u; q += ({0})gridDim.x * {1}u) {{", it, warps, M);
-      decompose(s, kept_sizes, "q", "o", it);
-      s.line("{} acc = {};", ct, c.identity);
-      s.line("for ({} sp = threadIdx.x & 31u; sp < {}u; sp += 32u) acc = {}(acc, {}[q * {}u + sp]);", it, S, c.op, partial_ptr, S);
-      s.line("acc = napkin_warp_reduce(acc, {});", c.op);
-      s.line("if ((threadIdx.x & 31u) == 0u) {}", store(out, dot("o", kept_out), finalize("acc")));
-      s.close();
-      s.close();
-      e.launches.push_back({name2, grid_for(M, warps), block, 0});
-    } else {
-      int block = block_for(M);
-      begin_kernel(s, name2, block);
-      s.open("for ({0} q = ({0})blockIdx.x * blockDim.x + threadIdx.x; q < {1}u; q += ({0})gridDim.x * blockDim.x) {{", it, M);
-      decompose(s, kept_sizes, "q", "o", it);
-      s.line("{} acc = {};", ct, c.identity);
-      s.line("for ({} sp = 0; sp < {}u; ++sp) acc = {}(acc, {}[sp * {}u + q]);", it, S, c.op, partial_ptr, M);
-      s.line("{}", store(out, dot("o", kept_out), finalize("acc")));
-      s.close();
-      s.close();
-      e.launches.push_back({name2, grid_for(M, block), block, 0});
-    }
+    std::string partial = row ? fmt::format("q * {}u + sp", S) : fmt::format("sp * {}u + q", M);
+    int block = static_cast<int>(std::min<int64_t>(256, M * 32));
+    int warps = block / 32;
+    begin_kernel(s, name2, block);
+    s.open("for ({0} q = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); q < {2}u; q += ({0})gridDim.x * {1}u) {{", it, warps, M);
+    decompose(s, kept_sizes, "q", "o", it);
+    s.line("{} acc = {};", ct, c.identity);
+    s.line("for ({} sp = threadIdx.x & 31u; sp < {}u; sp += 32u) acc = {}(acc, {}[{}]);", it, S, c.op, partial_ptr, partial);
+    s.line("acc = napkin_warp_reduce(acc, {});", c.op);
+    s.line("if ((threadIdx.x & 31u) == 0u) {}", store(out, dot("o", kept_out), finalize("acc")));
+    s.close();
+    s.close();
+    e.launches.push_back({name2, grid_for(M, warps), block, 0});
   }
   e.text = s.take();
   return e;
