@@ -1,6 +1,9 @@
 #include "support/compiled_step.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 
 #include "codegen/cpu/cpu_backend.h"
 #include "codegen/program_json.h"
@@ -113,11 +116,23 @@ std::vector<std::vector<double>> expected_outputs(const CompiledStep& step, cons
 
 }  // namespace
 
-void check_each_kernel(CompiledStep& step, const std::function<void(const KernelOutputCheck&)>& check) {
+void check_each_kernel(CompiledStep& step, const std::function<void(const KernelOutputCheck&)>& check,
+                       const LoopKernelRunner& run_loop_kernel) {
   std::vector<std::vector<double>> expected;
-  step.ex->before_kernel = [&](int i) { expected = expected_outputs(step, step.plan.kernels[i]); };
+  // The alternative run's arena: 64-byte aligned like the executor's.
+  const size_t arena_bytes = static_cast<size_t>((step.program.arena_bytes + 63) / 64 * 64 + 64);
+  std::unique_ptr<char, decltype(&std::free)> copy(
+      run_loop_kernel ? static_cast<char*>(std::aligned_alloc(64, arena_bytes)) : nullptr, &std::free);
+  auto alternative = [&](int i) { return run_loop_kernel && step.plan.kernels[i].kind == codegen::KernelKind::Loop; };
+  step.ex->before_kernel = [&](int i) {
+    expected = expected_outputs(step, step.plan.kernels[i]);
+    if (!alternative(i)) return;
+    std::memcpy(copy.get(), step.ex->arena(), arena_bytes - 64);
+    run_loop_kernel(i, copy.get());
+  };
   step.ex->after_kernel = [&](int i) {
     const codegen::Kernel& k = step.plan.kernels[i];
+    const char* arena = alternative(i) ? copy.get() : step.ex->arena();
     std::vector<const codegen::Operand*> outputs;
     if (k.fused)
       for (const codegen::Operand& o : k.fused->outputs) outputs.push_back(&o);
@@ -126,7 +141,7 @@ void check_each_kernel(CompiledStep& step, const std::function<void(const Kernel
     NAPKIN_INTERNAL_CHECK(outputs.size() == expected.size(), "kernel {} stores {} outputs, the interpreter made {}", k.name,
                           outputs.size(), expected.size());
     for (size_t o = 0; o < outputs.size(); ++o)
-      check({&k, static_cast<int>(o), outputs[o], scaled_error(read_operand(step.ex->arena(), *outputs[o]), expected[o])});
+      check({&k, static_cast<int>(o), outputs[o], scaled_error(read_operand(arena, *outputs[o]), expected[o])});
   };
   step.ex->run_forward();
   step.ex->run_rest();

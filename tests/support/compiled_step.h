@@ -66,8 +66,17 @@ struct KernelOutputCheck {
   double error = 0;  // scaled_error against the interpreter
 };
 
+// Runs loop kernel `kernel` of the plan over `arena` instead of the CPU
+// backend's code (the CUDA tests run the kernel's emulated CUDA launches).
+using LoopKernelRunner = std::function<void(int kernel, char* arena)>;
+
 // Runs the step (forward, backward, update) kernel by kernel and calls
-// `check` for every output of every kernel.
-void check_each_kernel(CompiledStep& step, const std::function<void(const KernelOutputCheck&)>& check);
+// `check` for every output of every kernel. With `run_loop_kernel`, each loop
+// kernel also runs through it over a copy of the arena as it is before the
+// kernel, and `check` sees that copy's outputs instead of the CPU's; the
+// step itself goes on with the CPU's, so every kernel is checked on its own
+// inputs.
+void check_each_kernel(CompiledStep& step, const std::function<void(const KernelOutputCheck&)>& check,
+                       const LoopKernelRunner& run_loop_kernel = nullptr);
 
 }  // namespace napkin::testing

@@ -1,0 +1,103 @@
+// The CUDA backend's kernels against the reference interpreter, kernel by
+// kernel, without a GPU: every model in models/ at small dims, fp32 and
+// bf16-mixed, has its CUDA C source (codegen/cuda/kernel_source.h) compiled
+// as C++ for the host and run on emulated CUDA threads
+// (tests/support/cuda_emulator.h): block and warp barriers, shuffles, shared
+// memory and the launch shapes the backend chose, several launches and the
+// scratch buffer per kernel. Each loop kernel runs from the arena as it is
+// just before it (the CPU executor runs the step; matmuls are cuBLASLt's on a
+// GPU and oneDNN's here), and its outputs must agree with the interpreter
+// within the dtype's tolerance, as the CPU backend's do (compiled_test.cpp).
+//
+// What this does not check: code that exists only on the device (the
+// prelude's __shfl_xor_sync/__uint_as_float branches, NVRTC's code
+// generation, the GPU's expf/logf ulps); bench/gpu/verify.py does on a GPU.
+//
+// NAPKIN_NUMERIC_VERBOSE=1 prints the largest error per model.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+
+#include "codegen/cuda/kernel_source.h"
+#include "support/compiled_step.h"
+#include "support/cuda_emulator.h"
+#include "support/test_models.h"
+
+using namespace napkin;
+
+TEST_CASE("numeric: every model's CUDA kernels, emulated on the host, agree with the interpreter, fp32 and bf16-mixed") {
+  const bool verbose = std::getenv("NAPKIN_NUMERIC_VERBOSE") != nullptr;
+  for (ir::PrecisionPolicy policy : {ir::PrecisionPolicy::FP32, ir::PrecisionPolicy::BF16Mixed}) {
+    for (const auto& model : napkin::testing::model_files()) {
+      const std::string stem = model.stem().string();
+      const std::string_view precision = ir::precision_name(policy);
+      CAPTURE(stem);
+      CAPTURE(precision);
+      napkin::testing::CompiledStep step(napkin::testing::compile_small_model(model, policy));
+      const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(step.plan, stem);
+      napkin::testing::CudaEmulator gpu(source.text);
+      // The scratch buffer, poisoned with NaN bytes so a launch that reads
+      // partials nobody wrote shows up as a wrong output.
+      const size_t scratch_bytes = static_cast<size_t>(std::max<int64_t>(64, (source.scratch_bytes + 63) / 64 * 64));
+      std::unique_ptr<char, decltype(&std::free)> scratch(static_cast<char*>(std::aligned_alloc(64, scratch_bytes)), &std::free);
+      int launches = 0;
+      double worst = 0;
+      std::string worst_kernel;
+      napkin::testing::check_each_kernel(
+          step,
+          [&](const napkin::testing::KernelOutputCheck& c) {
+            INFO(c.kernel->name << " output " << c.output << " at " << c.kernel->where
+                                << (c.kernel->kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (CUDA, emulated)") << ", "
+                                << ir::dtype_name(c.operand->dtype));
+            const double tolerance = napkin::testing::kernel_tolerance(c.operand->dtype);
+            CHECK(c.error <= tolerance);
+            if (c.kernel->kind == codegen::KernelKind::Loop && tolerance > 0 && c.error / tolerance > worst)
+              worst = c.error / tolerance, worst_kernel = c.kernel->name;
+          },
+          [&](int kernel, char* arena) {
+            std::memset(scratch.get(), 0xFF, scratch_bytes);
+            for (const codegen::cuda::CudaLaunch& l : source.launches[kernel]) {
+              gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get());
+              ++launches;
+            }
+          });
+      // No kernel met an id out of range (the ids are valid): the flag is untouched.
+      CHECK(static_cast<long long*>(gpu.global("napkin_bad_index"))[0] == -1);
+      CHECK(launches > 0);
+      if (verbose)
+        std::cout << fmt::format("{:10} {:10} {} CUDA launches emulated, worst error {:.3f} of its tolerance ({})\n", stem,
+                                 precision, launches, worst, worst_kernel);
+    }
+  }
+}
+
+TEST_CASE("numeric: an out-of-range token id in a CUDA kernel is reported through napkin_bad_index, not written") {
+  // gpt's embedding reads ids from `tokens`; one of them is made out of range.
+  auto model = napkin::testing::model_files();
+  auto gpt = std::find_if(model.begin(), model.end(), [](const auto& p) { return p.stem() == "gpt"; });
+  REQUIRE(gpt != model.end());
+  napkin::testing::CompiledStep step(napkin::testing::compile_small_model(*gpt, ir::PrecisionPolicy::FP32));
+  const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(step.plan, "gpt");
+  int embedding = -1;
+  for (size_t i = 0; i < step.plan.kernels.size() && embedding < 0; ++i)
+    if (step.plan.kernels[i].op == ir::Op::Embedding && step.plan.kernels[i].inputs[1].dtype == ir::DType::I32)
+      embedding = static_cast<int>(i);
+  REQUIRE(embedding >= 0);
+  const codegen::Kernel& k = step.plan.kernels[embedding];
+  const int64_t vocab = k.inputs[0].sizes[0];
+  char* arena = step.ex->arena();
+  int32_t* ids = reinterpret_cast<int32_t*>(arena + k.inputs[1].byte_offset);
+  ids[3] = static_cast<int32_t>(vocab + 5);
+  napkin::testing::CudaEmulator gpu(source.text);
+  std::unique_ptr<char, decltype(&std::free)> scratch(static_cast<char*>(std::aligned_alloc(64, 1 << 20)), &std::free);
+  for (const codegen::cuda::CudaLaunch& l : source.launches[embedding])
+    gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get());
+  const long long* flag = static_cast<long long*>(gpu.global("napkin_bad_index"));
+  CHECK(flag[0] == embedding);
+  CHECK(flag[1] == vocab + 5);
+  CHECK(flag[2] == vocab);
+}
