@@ -122,9 +122,12 @@ void CudaEngine::load_module(std::string_view cubin, std::string_view ptx) {
 void CudaEngine::allocate() {
   CudaDriver& d = *driver_;
   size_t arena_bytes = static_cast<size_t>(std::max<int64_t>(program_.arena_bytes, 1));
-  NAPKIN_CU(d, cuMemAlloc(&arena_, arena_bytes));
+  if (CUresult r = d.cuMemAlloc(&arena_, arena_bytes); r != CUDA_SUCCESS)
+    throw Error(fmt::format("the arena ({} bytes) does not fit on this GPU: {}", arena_bytes,
+                            call_failed_message(__FILE__, __LINE__, "cuMemAlloc", d.error_text(r))));
   NAPKIN_CU(d, cuMemsetD8Async(arena_, 0, arena_bytes, stream_));  // optimizer state starts at 0
-  if (program_.cuda.scratch_bytes > 0) NAPKIN_CU(d, cuMemAlloc(&scratch_, static_cast<size_t>(program_.cuda.scratch_bytes)));
+  if (program_.cuda.scratch_bytes > 0)
+    NAPKIN_CU(d, cuMemAlloc(&scratch_, static_cast<size_t>(program_.cuda.scratch_bytes)));
 
   // One pinned block: every named tensor, then the bad index's readback.
   size_t bytes = 0;
@@ -167,6 +170,11 @@ void CudaEngine::allocate() {
 
 void CudaEngine::prepare_kernels() {
   CudaDriver& d = *driver_;
+  // The CPU runtime moves updates with memmove; a device copy must not overlap.
+  for (const UpdateSpec& u : program_.updates)
+    if (u.from != u.to && u.from < u.to + u.bytes && u.to < u.from + u.bytes)
+      throw Error(fmt::format("the update of {} copies between overlapping bytes [{}, +{}) and [{}, +{})", u.target,
+                              u.from, u.bytes, u.to, u.bytes));
   auto attribute = [&](CUdevice_attribute a) {
     int v = 0;
     NAPKIN_CU(d, cuDeviceGetAttribute(&v, a, device_));
@@ -306,7 +314,8 @@ void CudaEngine::enqueue_phase(const Phase& phase) {
 
 void CudaEngine::enqueue_updates() {
   for (const UpdateSpec& u : program_.updates)
-    NAPKIN_CU(*driver_, cuMemcpyDtoDAsync(arena_ + static_cast<CUdeviceptr>(u.to),
+    if (u.from != u.to && u.bytes > 0)
+      NAPKIN_CU(*driver_, cuMemcpyDtoDAsync(arena_ + static_cast<CUdeviceptr>(u.to),
                                           arena_ + static_cast<CUdeviceptr>(u.from), static_cast<size_t>(u.bytes),
                                           stream_));
 }
