@@ -44,7 +44,8 @@ LtShape lt_shape(const MatmulDesc& d) {
   s.m = d.n, s.n = d.m, s.k = d.k;
   if (empty) return s;
   for (size_t i = 0; i < nb; ++i)
-    if (d.batch[i] > 1 && d.c_batch_stride[i] == 0) fail("C cannot broadcast over a batch dim (every entry is written)");
+    if (d.batch[i] > 1 && d.c_batch_stride[i] == 0)
+      fail("C cannot broadcast over a batch dim (every entry is written)");
   if (d.m > 1 && d.c_m_stride < d.n) fail("c_m_stride must be >= n (rows of C may not overlap)");
   if (s.m > kMaxInt32 || s.n > kMaxInt32 || s.k > kMaxInt32) fail("cuBLASLt takes dims up to 2^31 - 1");
 

@@ -78,7 +78,8 @@ CublasLt::CublasLt() {
     why += fmt::format("{}{}", why.empty() ? "" : "; ", e ? e : name);
   }
   if (!handle_)
-    throw Error(fmt::format("cuBLASLt cannot be loaded ({}): install the CUDA {} cuBLAS library", why, CUBLAS_VER_MAJOR));
+    throw Error(
+        fmt::format("cuBLASLt cannot be loaded ({}): install the CUDA {} cuBLAS library", why, CUBLAS_VER_MAJOR));
   std::vector<std::string> missing = resolve_all(handle_, [&](auto&& bind) {
 #define NAPKIN_BIND(name) bind(name, NAPKIN_STRINGIFY(name));
     NAPKIN_CUBLASLT_ENTRY_POINTS(NAPKIN_BIND)

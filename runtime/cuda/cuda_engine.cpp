@@ -345,7 +345,8 @@ void CudaEngine::enqueue_kernel(int i) {
   }
   void* args[] = {&arena_, &scratch_};  // (char* arena, char* scratch)
   for (const Launch& l : launches_[i])
-    NAPKIN_CU(*driver_, cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_, args, nullptr));
+    NAPKIN_CU(*driver_,
+              cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_, args, nullptr));
 }
 
 void CudaEngine::run_kernel_alone(int i) {

@@ -457,7 +457,8 @@ TEST_CASE("cuda runtime: a failed call says where, which call, and the error's n
                                            "CUDA_ERROR_INVALID_IMAGE (device kernel image is invalid)") ==
         "runtime/cuda/cuda_engine.cpp:123: cuModuleLoadData failed: CUDA_ERROR_INVALID_IMAGE (device kernel image is "
         "invalid)");
-  CHECK(runtime::cuda::source_path(NAPKIN_SOURCE_DIR "/runtime/cuda/cuda_engine.cpp") == "runtime/cuda/cuda_engine.cpp");
+  CHECK(runtime::cuda::source_path(NAPKIN_SOURCE_DIR "/runtime/cuda/cuda_engine.cpp") ==
+        "runtime/cuda/cuda_engine.cpp");
   CHECK(runtime::cuda::source_path("../../runtime/cuda/cuda_engine.cpp") == "runtime/cuda/cuda_engine.cpp");
 
   if (auto lt = open_cublaslt()) {
@@ -518,7 +519,9 @@ std::string tiny_program_json() {
 const char* const kGuidance = "; build with `napkin build --target cpu` to train on this machine";
 
 // True when this machine can run CUDA after all (then the no-GPU checks do not apply).
-bool has_gpu(const std::string& engine_error) { return engine_error.find("this trainer runs its step") == std::string::npos; }
+bool has_gpu(const std::string& engine_error) {
+  return engine_error.find("this trainer runs its step") == std::string::npos;
+}
 
 TEST_CASE("cuda runtime: without a GPU the engine refuses to start and says to build for the CPU") {
   std::string json = tiny_program_json();
