@@ -1,0 +1,281 @@
+#include "runtime/cuda/cublaslt_matmul.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "runtime/error.h"
+
+namespace napkin::runtime::cuda {
+
+namespace {
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// napkin's row-major X (r x c, strides rs, cs) as cuBLASLt stores it (file
+// comment, "stored operand"); false when neither dim is contiguous.
+bool store(int64_t r, int64_t c, int64_t rs, int64_t cs, LtOperand* o) {
+  if ((cs == 1 || c <= 1) && (r <= 1 || rs >= std::max<int64_t>(c, 1))) {
+    *o = {false, c, r, r <= 1 ? std::max<int64_t>(c, 1) : rs, 0};
+    return true;
+  }
+  if ((rs == 1 || r <= 1) && (c <= 1 || cs >= std::max<int64_t>(r, 1))) {
+    *o = {true, r, c, c <= 1 ? std::max<int64_t>(r, 1) : cs, 0};
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+LtShape lt_shape(const MatmulDesc& d) {
+  auto fail = [&](const std::string& what) { throw Error("matmul " + d.to_string() + ": " + what); };
+  size_t nb = d.batch.size();
+  if (d.a_batch_stride.size() != nb || d.b_batch_stride.size() != nb || d.c_batch_stride.size() != nb)
+    fail("need one a, b and c batch stride per batch dim");
+  if (d.m < 0 || d.n < 0 || d.k < 0) fail("negative size");
+  bool empty = d.m == 0 || d.n == 0;
+  for (size_t i = 0; i < nb; ++i) {
+    if (d.batch[i] < 0) fail("negative batch size");
+    if (d.batch[i] == 0) empty = true;
+  }
+  LtShape s;
+  s.m = d.n, s.n = d.m, s.k = d.k;
+  if (empty) return s;
+  for (size_t i = 0; i < nb; ++i)
+    if (d.batch[i] > 1 && d.c_batch_stride[i] == 0)
+      fail("C cannot broadcast over a batch dim (every entry is written)");
+  if (d.m > 1 && d.c_m_stride < d.n) fail("c_m_stride must be >= n (rows of C may not overlap)");
+  if (s.m > kMaxInt32 || s.n > kMaxInt32 || s.k > kMaxInt32) fail("cuBLASLt takes dims up to 2^31 - 1");
+
+  if (d.k == 0) {  // A and B have no elements (C = 0 is a fill, not a cuBLASLt call): any valid layout
+    s.a = {false, s.m, 0, std::max<int64_t>(s.m, 1), 0};
+    s.b = {false, 0, s.n, 1, 0};
+  } else if (!store(d.k, d.n, d.b_k_stride, d.b_n_stride, &s.a)) {
+    fail(fmt::format("B has no contiguous dim (k stride {}, n stride {}); cuBLASLt reads only matrices with one",
+                     d.b_k_stride, d.b_n_stride));
+  } else if (!store(d.m, d.k, d.a_m_stride, d.a_k_stride, &s.b)) {
+    fail(fmt::format("A has no contiguous dim (m stride {}, k stride {}); cuBLASLt reads only matrices with one",
+                     d.a_m_stride, d.a_k_stride));
+  }
+  store(d.m, d.n, d.c_m_stride, 1, &s.d);
+
+  // Batch dims: drop size 1, merge neighbours whose strides collapse.
+  struct Dim {
+    int64_t size, a, b, c;
+  };
+  std::vector<Dim> dims;
+  for (size_t i = 0; i < nb; ++i) {
+    Dim x{d.batch[i], d.a_batch_stride[i], d.b_batch_stride[i], d.c_batch_stride[i]};
+    if (x.size == 1) continue;
+    if (!dims.empty() && dims.back().a == x.a * x.size && dims.back().b == x.b * x.size &&
+        dims.back().c == x.c * x.size) {
+      dims.back() = {dims.back().size * x.size, x.a, x.b, x.c};
+      continue;
+    }
+    dims.push_back(x);
+  }
+  // The strided batch: the largest dim, the innermost among equals.
+  int strided = -1;
+  for (int i = 0; i < static_cast<int>(dims.size()); ++i)
+    if (strided < 0 || dims[i].size >= dims[strided].size) strided = i;
+  if (strided >= 0) {
+    const Dim& x = dims[strided];
+    if (x.size > kMaxInt32) fail("cuBLASLt takes batch counts up to 2^31 - 1");
+    s.batch_count = x.size;
+    s.a.batch_stride = x.b;  // Lt A is napkin's B
+    s.b.batch_stride = x.a;
+    s.d.batch_stride = x.c;
+    dims.erase(dims.begin() + strided);
+  }
+  // Calls: every entry of the remaining dims, outermost first.
+  s.calls.push_back({});
+  for (const Dim& x : dims) {
+    std::vector<LtCall> next;
+    next.reserve(s.calls.size() * static_cast<size_t>(x.size));
+    for (const LtCall& call : s.calls)
+      for (int64_t j = 0; j < x.size; ++j) next.push_back({call.a + j * x.a, call.b + j * x.b, call.c + j * x.c});
+    s.calls = std::move(next);
+  }
+  return s;
+}
+
+LtTypes lt_types(const std::string& a, const std::string& b, const std::string& c, bool tf32) {
+  auto fail = [&] { throw Error(fmt::format("no cuBLASLt matmul of {} by {} into {}", a, b, c)); };
+  auto fp8 = [](const std::string& t) { return t == "f8e4m3" || t == "f8e5m2"; };
+  auto low = [](const std::string& t) -> cudaDataType_t { return t == "bf16" ? CUDA_R_16BF : CUDA_R_16F; };
+  LtTypes t;
+  if (a == "f32" && b == "f32" && c == "f32") {
+    t.compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  } else if (a == "f64" && b == "f64" && c == "f64") {
+    t.a = t.b = t.c = CUDA_R_64F;
+    t.compute = CUBLAS_COMPUTE_64F;
+    t.scale = CUDA_R_64F;
+  } else if ((a == "bf16" || a == "f16") && b == a && (c == a || c == "f32")) {
+    t.a = t.b = low(a);
+    t.c = c == "f32" ? CUDA_R_32F : low(c);
+  } else if (fp8(a) && fp8(b) && !(a == "f8e5m2" && b == "f8e5m2") && (c == "bf16" || c == "f16" || c == "f32")) {
+    t.a = a == "f8e4m3" ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+    t.b = b == "f8e4m3" ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+    t.c = c == "f32" ? CUDA_R_32F : low(c);
+    t.fp8 = true;
+  } else {
+    fail();
+  }
+  return t;
+}
+
+int64_t lt_type_bytes(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_64F: return 8;
+    case CUDA_R_32F: return 4;
+    case CUDA_R_16BF:
+    case CUDA_R_16F: return 2;
+    case CUDA_R_8F_E4M3:
+    case CUDA_R_8F_E5M2: return 1;
+    default: throw Error(fmt::format("no size for cudaDataType {}", static_cast<int>(t)));
+  }
+}
+
+void check_fp8_layout(const LtShape& s, const std::string& kernel) {
+  auto fail = [&](const std::string& what) {
+    throw Error(fmt::format("kernel {}: fp8 matmul on cuBLASLt: {}", kernel, what));
+  };
+  if (!s.a.transpose || s.b.transpose)
+    fail("A and B must both be contiguous along k (cuBLASLt's fp8 kernels take only the TN layout)");
+  for (auto [name, v] : {std::pair{"m", s.n}, {"n", s.m}, {"k", s.k}, {"B's leading dim", s.a.ld},
+                         {"A's leading dim", s.b.ld}, {"C's leading dim", s.d.ld}})
+    if (v % 16 != 0) fail(fmt::format("{} is {}, not a multiple of 16", name, v));
+}
+
+uint32_t pointer_alignment(const std::vector<int64_t>& byte_offsets) {
+  uint32_t align = 256;
+  for (int64_t off : byte_offsets)
+    while (align > 1 && off % align != 0) align /= 2;
+  return align;
+}
+
+LtDescriptors::LtDescriptors(const CublasLt& lt, const LtShape& s, const LtTypes& t, uint64_t workspace_bytes,
+                             uint32_t a_align, uint32_t b_align, uint32_t c_align, CUdeviceptr a_scale,
+                             CUdeviceptr b_scale)
+    : lt_(lt) {
+  try {
+    NAPKIN_CUBLASLT(lt, cublasLtMatmulDescCreate(&op, t.compute, t.scale));
+    auto set_op = [&](cublasLtMatmulDescAttributes_t attr, const void* value, size_t size) {
+      NAPKIN_CUBLASLT(lt, cublasLtMatmulDescSetAttribute(op, attr, value, size));
+    };
+    cublasOperation_t trans_a = s.a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t trans_b = s.b.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+    set_op(CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a));
+    set_op(CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b));
+    if (t.fp8) {
+      // Lt A is napkin's B: the scales swap with the operands.
+      void* lt_a_scale = reinterpret_cast<void*>(b_scale);
+      void* lt_b_scale = reinterpret_cast<void*>(a_scale);
+      set_op(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &lt_a_scale, sizeof(lt_a_scale));
+      set_op(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &lt_b_scale, sizeof(lt_b_scale));
+    }
+    auto layout = [&](cublasLtMatrixLayout_t* l, cudaDataType_t type, const LtOperand& o) {
+      NAPKIN_CUBLASLT(lt, cublasLtMatrixLayoutCreate(l, type, static_cast<uint64_t>(o.rows),
+                                                     static_cast<uint64_t>(o.cols), o.ld));
+      if (s.batch_count > 1) {
+        int32_t count = static_cast<int32_t>(s.batch_count);
+        int64_t stride = o.batch_stride;
+        NAPKIN_CUBLASLT(lt, cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                             sizeof(count)));
+        NAPKIN_CUBLASLT(lt, cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                             &stride, sizeof(stride)));
+      }
+    };
+    layout(&lt_a, t.b, s.a);
+    layout(&lt_b, t.a, s.b);
+    layout(&d, t.c, s.d);
+
+    NAPKIN_CUBLASLT(lt, cublasLtMatmulPreferenceCreate(&preference));
+    auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, const void* value, size_t size) {
+      NAPKIN_CUBLASLT(lt, cublasLtMatmulPreferenceSetAttribute(preference, attr, value, size));
+    };
+    set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes));
+    // Lt A is napkin's B; C and D are the same pointer.
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &b_align, sizeof(b_align));
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &a_align, sizeof(a_align));
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_align, sizeof(c_align));
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c_align, sizeof(c_align));
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+LtDescriptors::~LtDescriptors() { release(); }
+
+void LtDescriptors::release() noexcept {
+  if (preference) lt_.cublasLtMatmulPreferenceDestroy(preference);
+  if (d) lt_.cublasLtMatrixLayoutDestroy(d);
+  if (lt_b) lt_.cublasLtMatrixLayoutDestroy(lt_b);
+  if (lt_a) lt_.cublasLtMatrixLayoutDestroy(lt_a);
+  if (op) lt_.cublasLtMatmulDescDestroy(op);
+  preference = nullptr, d = lt_b = lt_a = nullptr, op = nullptr;
+}
+
+LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel,
+                   CUdeviceptr arena, CUdeviceptr a_scale, CUdeviceptr b_scale)
+    : ctx_(ctx) {
+  try {
+    shape_ = lt_shape(spec.desc);
+    types_ = lt_types(spec.a_dtype, spec.b_dtype, spec.c_dtype, tf32);
+    if (types_.fp8) check_fp8_layout(shape_, kernel);
+  } catch (const Error& e) {
+    throw Error("kernel " + kernel + ": " + e.what());
+  }
+  a_ = arena + static_cast<CUdeviceptr>(spec.a);
+  b_ = arena + static_cast<CUdeviceptr>(spec.b);
+  c_ = arena + static_cast<CUdeviceptr>(spec.c);
+  if (shape_.calls.empty() || shape_.k == 0) return;  // nothing to compute, or a zero fill (enqueue)
+  if (types_.fp8 && (a_scale == 0 || b_scale == 0))
+    throw Error("kernel " + kernel + ": an fp8 matmul on cuBLASLt needs the scales of A and B");
+
+  std::vector<int64_t> a_off, b_off, c_off;
+  int64_t ea = lt_type_bytes(types_.a), eb = lt_type_bytes(types_.b), ec = lt_type_bytes(types_.c);
+  for (const LtCall& call : shape_.calls) {
+    a_off.push_back(spec.a + call.a * ea);
+    b_off.push_back(spec.b + call.b * eb);
+    c_off.push_back(spec.c + call.c * ec);
+  }
+  desc_ = std::make_unique<LtDescriptors>(ctx_.lt, shape_, types_, ctx_.workspace_bytes, pointer_alignment(a_off),
+                                          pointer_alignment(b_off), pointer_alignment(c_off), a_scale, b_scale);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  NAPKIN_CUBLASLT(ctx_.lt, cublasLtMatmulAlgoGetHeuristic(ctx_.handle, desc_->op, desc_->lt_a, desc_->lt_b, desc_->d,
+                                                           desc_->d, desc_->preference, 1, &result, &found));
+  if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+    throw Error(fmt::format("kernel {}: cuBLASLt has no algorithm for matmul {} ({} x {} -> {})", kernel,
+                            spec.desc.to_string(), spec.a_dtype, spec.b_dtype, spec.c_dtype));
+  algo_ = result.algo;
+}
+
+void LtMatmul::enqueue(CUstream stream) const {
+  const LtShape& s = shape_;
+  int64_t ea = lt_type_bytes(types_.a), eb = lt_type_bytes(types_.b), ec = lt_type_bytes(types_.c);
+  if (s.k == 0) {  // C = 0: each entry's m rows of n elements, c_m apart
+    for (const LtCall& call : s.calls)
+      for (int64_t i = 0; i < s.batch_count; ++i)
+        NAPKIN_CU(ctx_.driver, cuMemsetD2D8Async(c_ + static_cast<CUdeviceptr>((call.c + i * s.d.batch_stride) * ec),
+                                                 static_cast<size_t>(s.d.ld * ec), 0, static_cast<size_t>(s.m * ec),
+                                                 static_cast<size_t>(s.n), stream));
+    return;
+  }
+  const void* alpha = types_.scale == CUDA_R_64F ? static_cast<const void*>(&alpha64_) : &alpha32_;
+  const void* beta = types_.scale == CUDA_R_64F ? static_cast<const void*>(&beta64_) : &beta32_;
+  for (const LtCall& call : s.calls) {
+    auto* a = reinterpret_cast<const void*>(a_ + static_cast<CUdeviceptr>(call.a * ea));
+    auto* b = reinterpret_cast<const void*>(b_ + static_cast<CUdeviceptr>(call.b * eb));
+    auto* c = reinterpret_cast<void*>(c_ + static_cast<CUdeviceptr>(call.c * ec));
+    NAPKIN_CUBLASLT(ctx_.lt, cublasLtMatmul(ctx_.handle, desc_->op, alpha, b, desc_->lt_a, a, desc_->lt_b, beta, c,
+                                            desc_->d, c, desc_->d, &algo_, reinterpret_cast<void*>(ctx_.workspace),
+                                            ctx_.workspace_bytes, stream));
+  }
+}
+
+}  // namespace napkin::runtime::cuda

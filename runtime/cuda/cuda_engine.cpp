@@ -1,0 +1,389 @@
+#include "runtime/cuda/cuda_engine.h"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/error.h"
+#include "runtime/tensor_element.h"
+
+namespace napkin::runtime::cuda {
+
+namespace {
+
+constexpr uint64_t kWorkspaceBytes = 32ull << 20;
+constexpr int kDefaultSharedBytes = 48 << 10;  // above this a function must opt in
+constexpr size_t kHostAlign = 64;
+
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Bytes per element of a kernel output's dtype (for --debug-nan's readback).
+int64_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "f64" || dtype == "i64") return 8;
+  if (dtype == "f32" || dtype == "i32") return 4;
+  if (dtype == "bf16" || dtype == "f16") return 2;
+  if (dtype == "f8e4m3" || dtype == "f8e5m2" || dtype == "bool") return 1;
+  throw Error("unknown dtype " + dtype);
+}
+
+bool has_host_buffer(const TensorSpec& t) {
+  return t.role == "param" || t.role == "state" || t.role == "input" || t.role == "loss";
+}
+
+Error no_gpu(const std::string& why) {
+  return Error("this trainer runs its step on an NVIDIA GPU, and " + why +
+               "; build with `napkin build --target cpu` to train on this machine");
+}
+
+}  // namespace
+
+CudaEngine::CudaEngine(const Program& program, std::string_view cubin, std::string_view ptx) : program_(program) {
+  const char* graphs = std::getenv("NAPKIN_CUDA_GRAPHS");
+  graphs_enabled_ = !(graphs && std::string_view(graphs) == "0");
+  kernel_seconds_.assign(program.kernels.size(), 0.0);
+  forward_ = {0, program.num_forward_kernels, false};
+  rest_ = {program.num_forward_kernels, static_cast<int>(program.kernels.size()), true};
+  try {
+    open_device();
+    load_module(cubin, ptx);
+    allocate();
+    prepare_kernels();
+    NAPKIN_CU(*driver_, cuStreamSynchronize(stream_));  // the arena's zero fill, the bad index's reset
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+CudaEngine::~CudaEngine() { release(); }
+
+void CudaEngine::open_device() {
+  try {
+    driver_ = std::make_unique<CudaDriver>();
+  } catch (const Error& e) {
+    throw no_gpu(e.what());
+  }
+  CudaDriver& d = *driver_;
+  if (CUresult r = d.cuInit(0); r != CUDA_SUCCESS) throw no_gpu("cuInit failed: " + d.error_text(r));
+  int count = 0;
+  NAPKIN_CU(d, cuDeviceGetCount(&count));
+  if (count == 0) throw no_gpu("the NVIDIA driver sees no GPU");
+  NAPKIN_CU(d, cuDeviceGet(&device_, 0));
+  NAPKIN_CU(d, cuDevicePrimaryCtxRetain(&context_, device_));
+  NAPKIN_CU(d, cuCtxSetCurrent(context_));
+  // Non-blocking: never implicitly ordered after the legacy default stream,
+  // which nothing here uses; capture needs a stream other than it anyway.
+  NAPKIN_CU(d, cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING));
+  NAPKIN_CU(d, cuEventCreate(&kernel_start_, CU_EVENT_DEFAULT));
+  NAPKIN_CU(d, cuEventCreate(&kernel_end_, CU_EVENT_DEFAULT));
+}
+
+void CudaEngine::load_module(std::string_view cubin, std::string_view ptx) {
+  CudaDriver& d = *driver_;
+  char name[256] = {};
+  NAPKIN_CU(d, cuDeviceGetName(name, sizeof(name) - 1, device_));
+  int major = 0, minor = 0;
+  NAPKIN_CU(d, cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_));
+  NAPKIN_CU(d, cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_));
+  std::string gpu = fmt::format("{}, sm_{}{}", name, major, minor);
+
+  std::string why;
+  if (!cubin.empty()) {
+    // The symbol's alignment is whatever the data object gave it; the ELF
+    // reader is handed an 8-byte aligned copy.
+    std::vector<uint64_t> image((cubin.size() + 7) / 8);
+    std::memcpy(image.data(), cubin.data(), cubin.size());
+    CUresult r = d.cuModuleLoadData(&module_, image.data());
+    if (r == CUDA_SUCCESS) {
+      describe_ = gpu + ", cubin";
+      return;
+    }
+    if (r != CUDA_ERROR_NO_BINARY_FOR_GPU && r != CUDA_ERROR_INVALID_IMAGE)
+      check_call(d, r, "cuModuleLoadData", __FILE__, __LINE__);
+    why = fmt::format("the trainer's {} cubin does not run on this GPU ({})", program_.cuda.arch, d.error_text(r));
+  } else {
+    why = "the trainer carries no cubin";
+  }
+  if (ptx.empty()) throw Error(fmt::format("{}: {}, and no PTX to compile for it", gpu, why));
+  std::string text(ptx);  // the driver reads PTX up to a NUL
+  std::vector<char> log(1 << 16, '\0');
+  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void* values[] = {log.data(), reinterpret_cast<void*>(static_cast<uintptr_t>(log.size() - 1))};
+  CUresult r = d.cuModuleLoadDataEx(&module_, text.c_str(), 2, options, values);
+  if (r != CUDA_SUCCESS)
+    throw Error(fmt::format("{}: {}, and JIT-compiling its PTX failed: {}{}{}", gpu, why,
+                            call_failed_message(__FILE__, __LINE__, "cuModuleLoadDataEx", d.error_text(r)),
+                            log[0] ? "\n" : "", log.data()));
+  describe_ = fmt::format("{}, PTX JIT from {}", gpu, program_.cuda.arch);
+}
+
+void CudaEngine::allocate() {
+  CudaDriver& d = *driver_;
+  size_t arena_bytes = static_cast<size_t>(std::max<int64_t>(program_.arena_bytes, 1));
+  if (CUresult r = d.cuMemAlloc(&arena_, arena_bytes); r != CUDA_SUCCESS)
+    throw Error(fmt::format("the arena ({} bytes) does not fit on this GPU: {}", arena_bytes,
+                            call_failed_message(__FILE__, __LINE__, "cuMemAlloc", d.error_text(r))));
+  NAPKIN_CU(d, cuMemsetD8Async(arena_, 0, arena_bytes, stream_));  // optimizer state starts at 0
+  if (program_.cuda.scratch_bytes > 0)
+    NAPKIN_CU(d, cuMemAlloc(&scratch_, static_cast<size_t>(program_.cuda.scratch_bytes)));
+
+  // One pinned block: every named tensor, then the bad index's readback.
+  size_t bytes = 0;
+  std::vector<std::pair<const TensorSpec*, size_t>> places;
+  for (const TensorSpec& t : program_.tensors) {
+    if (!has_host_buffer(t)) continue;
+    places.push_back({&t, bytes});
+    bytes = align_up(bytes + static_cast<size_t>(t.bytes), kHostAlign);
+  }
+  size_t bad_index_at = bytes;
+  bytes += 3 * sizeof(long long);
+  void* pinned = nullptr;
+  NAPKIN_CU(d, cuMemHostAlloc(&pinned, bytes, 0));
+  pinned_ = static_cast<char*>(pinned);
+  std::memset(pinned_, 0, bytes);
+  for (auto [t, at] : places) host_[t->name] = pinned_ + at;
+  bad_index_host_ = reinterpret_cast<long long*>(pinned_ + bad_index_at);
+
+  size_t global_bytes = 0;
+  CUresult r = d.cuModuleGetGlobal(&bad_index_, &global_bytes, module_, "napkin_bad_index");
+  if (r == CUDA_ERROR_NOT_FOUND) {
+    bad_index_ = 0;  // no kernel reads ids
+  } else {
+    check_call(d, r, "cuModuleGetGlobal", __FILE__, __LINE__);
+    if (global_bytes != 3 * sizeof(long long))
+      throw Error(fmt::format("the module's napkin_bad_index is {} bytes, not 3 x 8", global_bytes));
+    bad_index_host_[0] = -1;
+    NAPKIN_CU(d, cuMemcpyHtoDAsync(bad_index_, bad_index_host_, global_bytes, stream_));
+  }
+
+  bool any_matmul = false;
+  for (const KernelSpec& k : program_.kernels) any_matmul |= k.is_matmul;
+  if (any_matmul) {
+    lt_ = std::make_unique<CublasLt>();
+    NAPKIN_CUBLASLT(*lt_, cublasLtCreate(&lt_handle_));
+    NAPKIN_CU(d, cuMemAlloc(&workspace_, kWorkspaceBytes));
+    lt_context_ = std::make_unique<LtContext>(LtContext{d, *lt_, lt_handle_, workspace_, kWorkspaceBytes});
+  }
+}
+
+void CudaEngine::prepare_kernels() {
+  CudaDriver& d = *driver_;
+  // The CPU runtime moves updates with memmove; a device copy must not overlap.
+  for (const UpdateSpec& u : program_.updates)
+    if (u.from != u.to && u.from < u.to + u.bytes && u.to < u.from + u.bytes)
+      throw Error(fmt::format("the update of {} copies between overlapping bytes [{}, +{}) and [{}, +{})", u.target,
+                              u.from, u.bytes, u.to, u.bytes));
+  auto attribute = [&](CUdevice_attribute a) {
+    int v = 0;
+    NAPKIN_CU(d, cuDeviceGetAttribute(&v, a, device_));
+    return v;
+  };
+  int max_shared = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  int max_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+  int max_grid = attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
+
+  std::unordered_map<std::string, CUfunction> functions;
+  std::unordered_map<CUfunction, int> shared_opted;  // the dynamic shared memory each function was allowed
+  launches_.resize(program_.kernels.size());
+  matmuls_.resize(program_.kernels.size());
+  for (size_t i = 0; i < program_.kernels.size(); ++i) {
+    const KernelSpec& k = program_.kernels[i];
+    if (k.is_matmul) {
+      matmuls_[i] = std::make_unique<LtMatmul>(*lt_context_, k.matmul, program_.cuda.tf32, k.name, arena_);
+      continue;
+    }
+    if (k.cuda_launches.empty()) throw Error(fmt::format("kernel {}: the program gives it no CUDA launches", k.name));
+    for (const CudaLaunchSpec& l : k.cuda_launches) {
+      if (l.grid < 1 || l.grid > max_grid || l.block < 1 || l.block > max_block || l.shared_bytes < 0 ||
+          l.shared_bytes > max_shared)
+        throw Error(fmt::format("kernel {}: launch of {} ({} blocks of {} threads, {} bytes of shared memory) does "
+                                "not fit this GPU (at most {} blocks of {} threads, {} bytes)",
+                                k.name, l.function, l.grid, l.block, l.shared_bytes, max_grid, max_block, max_shared));
+      auto [it, fresh] = functions.try_emplace(l.function, nullptr);
+      if (fresh) {
+        CUresult r = d.cuModuleGetFunction(&it->second, module_, l.function.c_str());
+        if (r != CUDA_SUCCESS)
+          throw Error(call_failed_message(__FILE__, __LINE__, "cuModuleGetFunction", d.error_text(r)) + " for " +
+                      l.function + " (kernel " + k.name + ")");
+      }
+      CUfunction f = it->second;
+      if (l.shared_bytes > kDefaultSharedBytes && l.shared_bytes > shared_opted[f]) {
+        NAPKIN_CU(d, cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, l.shared_bytes));
+        shared_opted[f] = l.shared_bytes;
+      }
+      launches_[i].push_back({f, static_cast<unsigned>(l.grid), static_cast<unsigned>(l.block),
+                              static_cast<unsigned>(l.shared_bytes)});
+    }
+  }
+}
+
+void CudaEngine::release() noexcept {
+  if (!driver_) return;
+  CudaDriver& d = *driver_;
+  // Pending work may still use what is freed below.
+  if (stream_) d.cuStreamSynchronize(stream_);
+  for (Phase* p : {&forward_, &rest_})
+    if (p->graph) d.cuGraphExecDestroy(p->graph), p->graph = nullptr;
+  matmuls_.clear();
+  lt_context_.reset();
+  if (lt_handle_) lt_->cublasLtDestroy(lt_handle_), lt_handle_ = nullptr;
+  if (inspect_host_) d.cuMemFreeHost(inspect_host_), inspect_host_ = nullptr;
+  if (pinned_) d.cuMemFreeHost(pinned_), pinned_ = nullptr;
+  host_.clear();
+  for (CUdeviceptr* p : {&workspace_, &scratch_, &arena_})
+    if (*p) d.cuMemFree(*p), *p = 0;
+  if (module_) d.cuModuleUnload(module_), module_ = nullptr;
+  if (kernel_start_) d.cuEventDestroy(kernel_start_), kernel_start_ = nullptr;
+  if (kernel_end_) d.cuEventDestroy(kernel_end_), kernel_end_ = nullptr;
+  if (stream_) d.cuStreamDestroy(stream_), stream_ = nullptr;
+  if (context_) d.cuDevicePrimaryCtxRelease(device_), context_ = nullptr;
+}
+
+char* CudaEngine::host(const TensorSpec& t) {
+  auto it = host_.find(t.name);
+  if (it == host_.end()) throw Error(fmt::format("{} ({}) has no host buffer", t.name, t.role));
+  return it->second;
+}
+
+void CudaEngine::upload(const std::string& role) {
+  for (const TensorSpec* t : program_.with_role(role))
+    NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
+                                          static_cast<size_t>(t->bytes), stream_));
+  synchronize();
+}
+
+void CudaEngine::download(const std::string& role) {
+  for (const TensorSpec* t : program_.with_role(role))
+    NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(host(*t), arena_ + static_cast<CUdeviceptr>(t->offset),
+                                          static_cast<size_t>(t->bytes), stream_));
+  synchronize();
+}
+
+void CudaEngine::run_forward() {
+  for (const TensorSpec* t : program_.with_role("input"))
+    NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
+                                          static_cast<size_t>(t->bytes), stream_));
+  run_phase(forward_);
+}
+
+double CudaEngine::loss() {
+  const TensorSpec& l = program_.loss();
+  char* h = host(l);
+  NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(h, arena_ + static_cast<CUdeviceptr>(l.offset), static_cast<size_t>(l.bytes),
+                                        stream_));
+  synchronize();
+  return read_element(h, l.dtype, 0);
+}
+
+void CudaEngine::run_rest() { run_phase(rest_); }
+
+void CudaEngine::inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) {
+  if (!inspect_host_) {
+    size_t bytes = 1;
+    for (const KernelSpec& k : program_.kernels)
+      bytes = std::max(bytes, static_cast<size_t>(k.out_numel * dtype_bytes(k.out_dtype)));
+    void* p = nullptr;
+    NAPKIN_CU(*driver_, cuMemHostAlloc(&p, bytes, 0));
+    inspect_host_ = static_cast<char*>(p);
+  }
+  inspect_ = std::move(inspect);
+}
+
+void CudaEngine::run_phase(Phase& phase) {
+  if (inspect_ || profiling_) {
+    for (int i = phase.first; i < phase.last; ++i) run_kernel_alone(i);
+    if (phase.updates) enqueue_updates();
+    return;
+  }
+  bool empty = phase.first == phase.last && (!phase.updates || program_.updates.empty());
+  if (!graphs_enabled_ || empty || phase.eager_runs == 0) {
+    ++phase.eager_runs;
+    enqueue_phase(phase);
+    return;
+  }
+  if (!phase.graph) capture(phase);
+  NAPKIN_CU(*driver_, cuGraphLaunch(phase.graph, stream_));
+}
+
+void CudaEngine::enqueue_phase(const Phase& phase) {
+  for (int i = phase.first; i < phase.last; ++i) enqueue_kernel(i);
+  if (phase.updates) enqueue_updates();
+}
+
+void CudaEngine::enqueue_updates() {
+  for (const UpdateSpec& u : program_.updates)
+    if (u.from != u.to && u.bytes > 0)
+      NAPKIN_CU(*driver_, cuMemcpyDtoDAsync(arena_ + static_cast<CUdeviceptr>(u.to),
+                                          arena_ + static_cast<CUdeviceptr>(u.from), static_cast<size_t>(u.bytes),
+                                          stream_));
+}
+
+void CudaEngine::capture(Phase& phase) {
+  CudaDriver& d = *driver_;
+  NAPKIN_CU(d, cuStreamSynchronize(stream_));  // the eager run is done with everything it loaded
+  NAPKIN_CU(d, cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUgraph graph = nullptr;
+  try {
+    enqueue_phase(phase);
+  } catch (...) {
+    // End the capture, or the stream stays unusable for the error's report.
+    if (d.cuStreamEndCapture(stream_, &graph) == CUDA_SUCCESS && graph) d.cuGraphDestroy(graph);
+    throw;
+  }
+  NAPKIN_CU(d, cuStreamEndCapture(stream_, &graph));
+  CUresult r = d.cuGraphInstantiate(&phase.graph, graph, 0);
+  d.cuGraphDestroy(graph);  // the executable graph does not need it
+  check_call(d, r, "cuGraphInstantiate", __FILE__, __LINE__);
+}
+
+void CudaEngine::enqueue_kernel(int i) {
+  if (matmuls_[i]) {
+    matmuls_[i]->enqueue(stream_);
+    return;
+  }
+  void* args[] = {&arena_, &scratch_};  // (char* arena, char* scratch)
+  for (const Launch& l : launches_[i])
+    NAPKIN_CU(*driver_,
+              cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_, args, nullptr));
+}
+
+void CudaEngine::run_kernel_alone(int i) {
+  CudaDriver& d = *driver_;
+  if (profiling_) NAPKIN_CU(d, cuEventRecord(kernel_start_, stream_));
+  enqueue_kernel(i);
+  if (profiling_) NAPKIN_CU(d, cuEventRecord(kernel_end_, stream_));
+  synchronize();
+  if (profiling_) {
+    float ms = 0;
+    NAPKIN_CU(d, cuEventElapsedTime(&ms, kernel_start_, kernel_end_));
+    kernel_seconds_[i] += ms / 1e3;
+  }
+  if (inspect_) {
+    const KernelSpec& k = program_.kernels[i];
+    size_t bytes = static_cast<size_t>(k.out_numel * dtype_bytes(k.out_dtype));
+    if (bytes > 0) {
+      NAPKIN_CU(d, cuMemcpyDtoHAsync(inspect_host_, arena_ + static_cast<CUdeviceptr>(k.out_offset), bytes, stream_));
+      NAPKIN_CU(d, cuStreamSynchronize(stream_));
+    }
+    inspect_(i, inspect_host_);
+  }
+}
+
+void CudaEngine::synchronize() {
+  if (bad_index_)
+    NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(bad_index_host_, bad_index_, 3 * sizeof(long long), stream_));
+  NAPKIN_CU(*driver_, cuStreamSynchronize(stream_));
+  if (!bad_index_ || bad_index_host_[0] < 0) return;
+  long long kernel = bad_index_host_[0], id = bad_index_host_[1], bound = bad_index_host_[2];
+  std::string what = "kernel " + std::to_string(kernel);
+  if (kernel < static_cast<long long>(program_.kernels.size())) {
+    const KernelSpec& k = program_.kernels[static_cast<size_t>(kernel)];
+    what = k.name + (k.where.empty() ? "" : " at " + k.where);
+  }
+  throw Error(fmt::format("{}: id {} is outside [0, {}); check the data's token ids against the model's vocab", what,
+                          id, bound));
+}
+
+}  // namespace napkin::runtime::cuda

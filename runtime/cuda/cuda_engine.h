@@ -1,0 +1,134 @@
+// The CUDA engine: a CUDA program's step on GPU 0 (runtime/engine.h says
+// what an engine does for the trainer).
+//
+// Terms:
+//  - module: the program's kernels (codegen/cuda/kernel_source.h), loaded
+//    from the cubin NVRTC compiled for program.cuda.arch; when the driver
+//    says the cubin does not run on this GPU (CUDA_ERROR_NO_BINARY_FOR_GPU,
+//    CUDA_ERROR_INVALID_IMAGE), from the PTX, which the driver JIT-compiles
+//    for it. describe() says which: "NVIDIA H100 80GB HBM3, sm_90, cubin" or
+//    "NVIDIA A100-SXM4-80GB, sm_80, PTX JIT from sm_90".
+//  - memory: one device arena of program.arena_bytes (zeroed: optimizer
+//    state starts at 0), one scratch buffer of program.cuda.scratch_bytes
+//    that a kernel's launches share, a 32 MiB cuBLASLt workspace that every
+//    matmul shares (one stream: they never overlap), and one pinned host
+//    block holding every named tensor (param, state, input, loss) at its own
+//    64-byte aligned place: host(t).
+//  - stream: everything runs in order on one stream. run_forward enqueues
+//    the inputs' copies up (from their pinned buffers) and the forward
+//    kernels; loss() copies the loss down and synchronizes, so once it
+//    returns the host may refill the inputs; run_rest enqueues backward,
+//    optimizer and the update copies without waiting for them: the next
+//    loss(), upload or download does.
+//  - graphs: the forward kernels are captured once into one CUDA graph, the
+//    rest (backward, optimizer, update copies) into another, and replayed;
+//    each is captured at its second use, the first running eagerly so that
+//    everything loaded lazily (the module's functions, cuBLASLt's kernels)
+//    is loaded before capture, where loading is not allowed. The input
+//    copies stay outside the graph: one plain copy per input costs nothing
+//    to enqueue and keeps the graphs device-only. No graphs while a kernel
+//    is inspected or profiled (each kernel then runs and is waited for on
+//    its own), nor when the environment sets NAPKIN_CUDA_GRAPHS=0.
+//  - bad index: kernels that read embedding or class ids set the module's
+//    device global napkin_bad_index ({kernel, id, bound}; element 0 is -1
+//    until one meets an id outside [0, bound)). loss() reads it with the
+//    loss and throws Error naming the kernel, as the CPU runtime reports it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/cuda/cublaslt_matmul.h"
+#include "runtime/cuda/cuda_driver.h"
+#include "runtime/engine.h"
+
+namespace napkin::runtime::cuda {
+
+class CudaEngine final : public Engine {
+ public:
+  // cubin: the module compiled for program.cuda.arch (may be empty); ptx:
+  // the same kernels as PTX. Throws Error when there is no usable GPU,
+  // saying why and that `napkin build --target cpu` trains on this machine.
+  CudaEngine(const Program& program, std::string_view cubin, std::string_view ptx);
+  ~CudaEngine() override;
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
+
+  const Program& program() const override { return program_; }
+  std::string describe() const override { return describe_; }
+
+  char* host(const TensorSpec& t) override;
+  void upload(const std::string& role) override;
+  void download(const std::string& role) override;
+
+  void run_forward() override;
+  double loss() override;
+  void run_rest() override;
+
+  void inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) override;
+  void set_profiling(bool on) override { profiling_ = on; }
+  const std::vector<double>& kernel_seconds() const override { return kernel_seconds_; }
+
+ private:
+  struct Launch {
+    CUfunction function = nullptr;
+    unsigned grid = 1, block = 1, shared_bytes = 0;
+  };
+  // Kernels [first, last) and, for the rest, the update copies: one graph.
+  struct Phase {
+    int first = 0, last = 0;
+    bool updates = false;
+    int eager_runs = 0;
+    CUgraphExec graph = nullptr;
+  };
+
+  void open_device();
+  void load_module(std::string_view cubin, std::string_view ptx);
+  void prepare_kernels();
+  void allocate();
+  void release() noexcept;
+
+  void run_phase(Phase& phase);
+  void enqueue_phase(const Phase& phase);
+  void capture(Phase& phase);
+  void enqueue_updates();
+  void enqueue_kernel(int i);
+  void run_kernel_alone(int i);  // inspect / profile
+  // Waits for the stream; throws Error when a kernel met an id out of range.
+  void synchronize();
+
+  const Program& program_;
+  std::unique_ptr<CudaDriver> driver_;
+  std::unique_ptr<CublasLt> lt_;
+  std::string describe_;
+  bool graphs_enabled_ = true;
+
+  CUdevice device_ = 0;
+  CUcontext context_ = nullptr;
+  CUstream stream_ = nullptr;
+  CUmodule module_ = nullptr;
+  cublasLtHandle_t lt_handle_ = nullptr;
+  std::unique_ptr<LtContext> lt_context_;
+
+  CUdeviceptr arena_ = 0, scratch_ = 0, workspace_ = 0;
+  CUdeviceptr bad_index_ = 0;  // the module's napkin_bad_index; 0 when no kernel checks ids
+  char* pinned_ = nullptr;     // named tensors, the bad-index readback, the inspected output
+  std::unordered_map<std::string, char*> host_;  // by tensor name
+  long long* bad_index_host_ = nullptr;          // 3 elements
+  char* inspect_host_ = nullptr;
+
+  std::vector<std::vector<Launch>> launches_;          // per kernel (loops)
+  std::vector<std::unique_ptr<LtMatmul>> matmuls_;     // per kernel (matmuls)
+  Phase forward_, rest_;
+
+  std::function<void(int, const char*)> inspect_;
+  bool profiling_ = false;
+  std::vector<double> kernel_seconds_;
+  CUevent kernel_start_ = nullptr, kernel_end_ = nullptr;
+};
+
+}  // namespace napkin::runtime::cuda
