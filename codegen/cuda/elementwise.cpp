@@ -1,0 +1,453 @@
+// Elementwise kernels (one op, or a fused group computed in registers),
+// constant and arange, concat/pad, embedding, and contractions the GEMM
+// library cannot take. One thread per element (or per chunk of E elements
+// moved with 16-byte loads, when the layout allows), grid-stride loops.
+//
+// Terms (besides codegen/cuda/emit.h's):
+//  - element function: NAME_elem, a __device__ function computing one
+//    element of the kernel from its inputs' compute values (and the
+//    element's row and column for triu/causal_mask), each result rounded to
+//    its IR dtype as storing and loading it would (codegen/plan.h, fused
+//    loop kernel). Both the vector and the scalar loop call it.
+//  - vector operand: innermost loop stride 1, read or written in chunks;
+//    splat operand: innermost stride 0 (a broadcast along it), read once per
+//    chunk.
+#include <algorithm>
+#include <limits>
+
+#include "codegen/cuda/emit.h"
+#include "ir/internal_check.h"
+
+namespace napkin::codegen::cuda::detail {
+
+namespace {
+
+using ir::DType;
+using ir::Op;
+
+// One element of elementwise op `op` in compute types: args are variable
+// names of the inputs' compute values (`dtypes` their dtypes), `to` the
+// result dtype. The formulas of codegen/cpu/scalar_ops.cpp, via the prelude.
+std::string op_expr(Op op, const ir::Attrs& attrs, const std::vector<std::string>& args, const std::vector<DType>& dtypes,
+                    DType to, const std::string& row, const std::string& col) {
+  const std::string& x = args.empty() ? "" : args[0];
+  DType from = dtypes.empty() ? to : dtypes[0];
+  bool fp = is_float_compute(from);
+  auto bin = [&](const char* o) { return fmt::format("({} {} {})", args[0], o, args[1]); };
+  switch (op) {
+    case Op::Neg: return fmt::format("(-{})", x);
+    case Op::Exp: return fmt::format("napkin_exp({})", x);
+    case Op::Log: return fmt::format("napkin_log({})", x);
+    case Op::Sqrt: return fmt::format("napkin_sqrt({})", x);
+    case Op::Rsqrt: return fmt::format("({} / napkin_sqrt({}))", literal(from, 1.0), x);
+    case Op::Abs: return fp ? fmt::format("napkin_fabs({})", x) : fmt::format("({0} < 0 ? -{0} : {0})", x);
+    case Op::Tanh: return fmt::format("napkin_tanh({})", x);
+    case Op::Relu:
+      if (fp) return fmt::format("({0} < {1} ? {1} : {0})", x, literal(from, 0.0));
+      return fmt::format("({0} > 0 ? {0} : {1})", x, literal(from, 0.0));
+    case Op::Gelu:
+      return fmt::format("napkin_gelu_{}({})", attrs.get_string("approximate") == "tanh" ? "tanh" : "erf", x);
+    case Op::Sigmoid: return fmt::format("napkin_sigmoid({})", x);
+    case Op::Silu: return fmt::format("napkin_silu({})", x);
+    case Op::Sin: return fmt::format("napkin_sin({})", x);
+    case Op::Cos: return fmt::format("napkin_cos({})", x);
+    case Op::Cast: return convert(x, from, to);
+    case Op::Triu:
+      return fmt::format("(((long long){} - (long long){}) >= {}LL ? {} : {})", col, row, attrs.get_int("k"), x,
+                         literal(from, 0.0));
+    case Op::CausalMask:
+      return fmt::format("({} > {} ? {} : {})", col, row, literal(from, -std::numeric_limits<double>::infinity()), x);
+    case Op::Add: return bin("+");
+    case Op::Sub: return bin("-");
+    case Op::Mul: return bin("*");
+    case Op::Div: return bin("/");
+    case Op::Pow:
+      NAPKIN_INTERNAL_CHECK(fp, "pow of integers has no lowering");
+      return fmt::format("napkin_pow({}, {})", args[0], args[1]);
+    case Op::Maximum: return fmt::format("napkin_maximum({}, {})", args[0], args[1]);
+    case Op::Minimum: return fmt::format("napkin_minimum({}, {})", args[0], args[1]);
+    case Op::Less: return bin("<");
+    case Op::LessEqual: return bin("<=");
+    case Op::Greater: return bin(">");
+    case Op::GreaterEqual: return bin(">=");
+    case Op::Equal: return bin("==");
+    case Op::NotEqual: return bin("!=");
+    case Op::Where: return fmt::format("({} ? {} : {})", args[0], args[1], args[2]);
+    case Op::GeluGrad:
+      return fmt::format("(napkin_gelu_grad_{}({}) * {})", attrs.get_string("approximate") == "tanh" ? "tanh" : "erf",
+                         args[0], args[1]);
+    case Op::Copy: return x;
+    default: break;
+  }
+  NAPKIN_INTERNAL_CHECK(false, "{} is not an elementwise op", ir::op_name(op));
+  return "";
+}
+
+// An elementwise loop: the iteration shape, each input's and output's
+// strides over it, and how one element is computed.
+struct ElementwiseLoop {
+  std::vector<int64_t> sizes;
+  std::vector<const Operand*> inputs, outputs;
+  std::vector<std::vector<int64_t>> in_strides, out_strides;
+  bool row_col = false;  // the element function takes the element's (row, col)
+};
+
+// Collapses the loop's dims; with row_col the last two dims stay apart (the
+// element function needs them) and only the ones before them merge.
+void collapse(ElementwiseLoop& l) {
+  std::vector<std::vector<int64_t>*> all;
+  for (auto& s : l.out_strides) all.push_back(&s);
+  for (auto& s : l.in_strides) all.push_back(&s);
+  if (!l.row_col) {
+    collapse_dims(l.sizes, all);
+    return;
+  }
+  size_t r = l.sizes.size();
+  NAPKIN_INTERNAL_CHECK(r >= 2, "triu/causal_mask below rank 2");
+  std::vector<int64_t> lead(l.sizes.begin(), l.sizes.end() - 2);
+  std::vector<std::vector<int64_t>> lead_strides;
+  for (auto* s : all) lead_strides.emplace_back(s->begin(), s->end() - 2);
+  std::vector<std::vector<int64_t>*> lead_ptrs;
+  for (auto& s : lead_strides) lead_ptrs.push_back(&s);
+  collapse_dims(lead, lead_ptrs);
+  std::vector<int64_t> sizes = lead;
+  sizes.insert(sizes.end(), l.sizes.end() - 2, l.sizes.end());
+  for (size_t o = 0; o < all.size(); ++o) {
+    std::vector<int64_t> s = lead_strides[o];
+    s.insert(s.end(), all[o]->end() - 2, all[o]->end());
+    *all[o] = std::move(s);
+  }
+  l.sizes = std::move(sizes);
+}
+
+// Elements per chunk for the vector loop, or 0 when the layout does not allow
+// it: every operand's innermost stride 1 (or 0 for inputs), the innermost size
+// a multiple of the chunk, and every chunk 16-byte aligned.
+int vector_width(const ElementwiseLoop& l) {
+  int min_size = 16;
+  auto outer = [](const std::vector<int64_t>& s) { return std::vector<int64_t>(s.begin(), s.end() - 1); };
+  for (size_t i = 0; i < l.outputs.size(); ++i) {
+    if (l.out_strides[i].back() != 1) return 0;
+    min_size = std::min(min_size, elem_size(l.outputs[i]->dtype));
+  }
+  for (size_t i = 0; i < l.inputs.size(); ++i) {
+    int64_t inner = l.in_strides[i].back();
+    if (inner != 0 && inner != 1) return 0;
+    if (inner == 1) min_size = std::min(min_size, elem_size(l.inputs[i]->dtype));
+  }
+  int E = 16 / min_size;
+  if (l.sizes.back() % E != 0) return 0;
+  for (size_t i = 0; i < l.outputs.size(); ++i)
+    if (!aligned16(*l.outputs[i], outer(l.out_strides[i]))) return 0;
+  for (size_t i = 0; i < l.inputs.size(); ++i)
+    if (l.in_strides[i].back() == 1 && !aligned16(*l.inputs[i], outer(l.in_strides[i]))) return 0;
+  return E;
+}
+
+bool all_zero(const std::vector<int64_t>& s) {
+  return std::all_of(s.begin(), s.end(), [](int64_t v) { return v == 0; });
+}
+
+// The kernel over loop l whose element function (already in `elem_fn`, named
+// fn) takes the inputs' compute values, then (row, col) if l.row_col, then
+// the outputs by reference.
+EmittedKernel elementwise_kernel(const Kernel& k, ElementwiseLoop& l, const std::string& elem_fn, const std::string& fn) {
+  Src s;
+  int64_t n = product(l.sizes);
+  int E = vector_width(l);
+  int64_t items = E ? n / E : n;
+  int block = block_for(items);
+  int64_t grid = grid_for(items, block);
+  int64_t bound = n + grid * block;
+  for (size_t i = 0; i < l.inputs.size(); ++i) bound = std::max(bound, max_offset(l.sizes, l.in_strides[i]));
+  std::string it = index_type(bound);
+
+  begin_kernel(s, k.name, block);
+  // Inputs broadcast to every element: one load before the loop.
+  std::vector<bool> hoisted(l.inputs.size(), false);
+  for (size_t i = 0; i < l.inputs.size(); ++i) {
+    if (!all_zero(l.in_strides[i])) continue;
+    hoisted[i] = true;
+    s.line("const {} in{} = {};", compute_type(l.inputs[i]->dtype), i, load(*l.inputs[i], "0"));
+  }
+  s.open("for ({0} t = ({0})blockIdx.x * blockDim.x + threadIdx.x; t < {1}u; t += ({0})gridDim.x * blockDim.x) {{", it, items);
+  if (E) s.line("const {} i = t * {}u;", it, E);
+  else s.line("const {} i = t;", it);
+  decompose(s, l.sizes, "i", "i", it);
+  int lanes = E ? E : 1;
+  auto in_name = [&](size_t i, int e) {
+    if (hoisted[i]) return fmt::format("in{}", i);
+    bool splat = E && l.in_strides[i].back() == 0;
+    return E && !splat ? fmt::format("in{}[{}]", i, e) : fmt::format("in{}", i);
+  };
+  for (size_t i = 0; i < l.inputs.size(); ++i) {
+    if (hoisted[i]) continue;
+    const Operand& in = *l.inputs[i];
+    std::string at = dot("i", l.in_strides[i]);
+    if (E && l.in_strides[i].back() == 1) {
+      s.line("{} in{}[{}];", compute_type(in.dtype), i, E);
+      vector_load(s, in, at, E, [&](int e) { return fmt::format("in{}[{}]", i, e); });
+    } else {
+      s.line("const {} in{} = {};", compute_type(in.dtype), i, load(in, at));
+    }
+  }
+  for (size_t o = 0; o < l.outputs.size(); ++o) s.line("{} out{}[{}];", compute_type(l.outputs[o]->dtype), o, lanes);
+  for (int e = 0; e < lanes; ++e) {
+    std::vector<std::string> args;
+    for (size_t i = 0; i < l.inputs.size(); ++i) args.push_back(in_name(i, e));
+    if (l.row_col) {
+      size_t r = l.sizes.size();
+      args.push_back(fmt::format("(long long)i{}", r - 2));
+      args.push_back(e ? fmt::format("(long long)(i{} + {}u)", r - 1, e) : fmt::format("(long long)i{}", r - 1));
+    }
+    for (size_t o = 0; o < l.outputs.size(); ++o) args.push_back(fmt::format("out{}[{}]", o, e));
+    s.line("{}({});", fn, fmt::join(args, ", "));
+  }
+  for (size_t o = 0; o < l.outputs.size(); ++o) {
+    std::string at = dot("i", l.out_strides[o]);
+    if (E) vector_store(s, *l.outputs[o], at, E, [&](int e) { return fmt::format("out{}[{}]", o, e); });
+    else s.line("{}", store(*l.outputs[o], at, fmt::format("out{}[0]", o)));
+  }
+  s.close();
+  s.close();
+  EmittedKernel out;
+  out.text = elem_fn + s.take();
+  out.launches.push_back({k.name, grid, block, 0});
+  return out;
+}
+
+// The element function's parameter list.
+std::string elem_params(const ElementwiseLoop& l) {
+  std::vector<std::string> p;
+  for (size_t i = 0; i < l.inputs.size(); ++i) p.push_back(fmt::format("const {} a{}", compute_type(l.inputs[i]->dtype), i));
+  if (l.row_col) p.push_back("const long long row"), p.push_back("const long long col");
+  for (size_t o = 0; o < l.outputs.size(); ++o) p.push_back(fmt::format("{}& r{}", compute_type(l.outputs[o]->dtype), o));
+  return fmt::format("{}", fmt::join(p, ", "));
+}
+
+}  // namespace
+
+EmittedKernel emit_elementwise(const Kernel& k) {
+  ElementwiseLoop l;
+  Src f;
+  std::string fn = k.name + "_elem";
+  auto needs_row_col = [](Op op) { return op == Op::Triu || op == Op::CausalMask; };
+  if (k.fused) {
+    const FusedLoop& fl = *k.fused;
+    l.sizes = fl.shape;
+    for (const Operand& in : k.inputs) l.inputs.push_back(&in), l.in_strides.push_back(broadcast_strides(in, fl.shape));
+    for (const Operand& out : fl.outputs) l.outputs.push_back(&out), l.out_strides.push_back(out.strides);
+    l.row_col = std::any_of(fl.ops.begin(), fl.ops.end(), [&](const FusedOp& op) { return needs_row_col(op.op); });
+    f.open("NAPKIN_DEVICE void {}({}) {{", fn, elem_params(l));
+    for (size_t j = 0; j < fl.ops.size(); ++j) {
+      const FusedOp& op = fl.ops[j];
+      std::string value;
+      if (op.op == Op::Constant) {
+        value = literal(op.dtype, op.attrs.get_double("value"));
+      } else {
+        std::vector<std::string> args;
+        std::vector<DType> dtypes;
+        for (const FusedArg& a : op.args) {
+          args.push_back(fmt::format("{}{}", a.input ? "a" : "v", a.index));
+          dtypes.push_back(a.input ? k.inputs[a.index].dtype : fl.ops[a.index].dtype);
+        }
+        value = op_expr(op.op, op.attrs, args, dtypes, op.dtype, "row", "col");
+      }
+      f.line("const {} v{} = {};", compute_type(op.dtype), j, as_stored(op.dtype, value));
+    }
+    for (size_t o = 0; o < fl.outputs.size(); ++o) f.line("r{} = v{};", o, fl.output_ops[o]);
+    f.close();
+  } else {
+    l.sizes = k.output.sizes;
+    for (const Operand& in : k.inputs) l.inputs.push_back(&in), l.in_strides.push_back(broadcast_strides(in, l.sizes));
+    l.outputs.push_back(&k.output);
+    l.out_strides.push_back(k.output.strides);
+    l.row_col = needs_row_col(k.op);
+    std::vector<std::string> args;
+    std::vector<DType> dtypes;
+    for (size_t i = 0; i < k.inputs.size(); ++i) args.push_back(fmt::format("a{}", i)), dtypes.push_back(k.inputs[i].dtype);
+    f.open("NAPKIN_DEVICE void {}({}) {{", fn, elem_params(l));
+    f.line("r0 = {};", op_expr(k.op, k.attrs, args, dtypes, k.output.dtype, "row", "col"));
+    f.close();
+  }
+  if (l.sizes.empty()) {  // a scalar: one element
+    l.sizes.push_back(1);
+    for (auto& s : l.in_strides) s.push_back(0);
+    for (auto& s : l.out_strides) s.push_back(0);
+  }
+  collapse(l);
+  return elementwise_kernel(k, l, f.take(), fn);
+}
+
+EmittedKernel emit_source_op(const Kernel& k) {
+  Src s;
+  EmittedKernel out;
+  if (k.op == Op::Constant) {
+    begin_kernel(s, k.name, 32);
+    s.line("if (blockIdx.x == 0 && threadIdx.x == 0) {}", store(k.output, "0", literal(k.output.dtype, k.attrs.get_double("value"))));
+    s.close();
+    out.launches.push_back({k.name, 1, 32, 0});
+  } else {
+    NAPKIN_INTERNAL_CHECK(k.op == Op::Iota, "not a source op");
+    int64_t n = k.output.numel();
+    int block = block_for(n);
+    int64_t grid = grid_for(n, block);
+    std::string it = index_type(n + grid * block);
+    begin_kernel(s, k.name, block);
+    s.open("for ({0} i = ({0})blockIdx.x * blockDim.x + threadIdx.x; i < {1}u; i += ({0})gridDim.x * blockDim.x) {{", it, n);
+    s.line("{}", store(k.output, "i", convert("(long long)i", DType::I64, k.output.dtype)));
+    s.close();
+    s.close();
+    out.launches.push_back({k.name, grid, block, 0});
+  }
+  out.text = s.take();
+  return out;
+}
+
+// One thread per output element: which input (or the padding) it comes from
+// is decided by its index along the axis.
+EmittedKernel emit_concat_or_pad(const Kernel& k) {
+  const Operand& out = k.output;
+  int axis = normalize_axis(k.attrs.get_int("axis"), out.sizes.size());
+  int64_t n = out.numel();
+  int block = block_for(n);
+  int64_t grid = grid_for(n, block);
+  int64_t bound = n + grid * block;
+  for (const Operand& in : k.inputs) bound = std::max(bound, max_offset(in.sizes, in.strides));
+  std::string it = index_type(bound);
+  Src s;
+  begin_kernel(s, k.name, block);
+  s.open("for ({0} t = ({0})blockIdx.x * blockDim.x + threadIdx.x; t < {1}u; t += ({0})gridDim.x * blockDim.x) {{", it, n);
+  decompose(s, out.sizes, "t", "i", it);
+  std::string at = fmt::format("i{}", axis);
+  std::string dst = dot("i", out.strides);
+  // The input's index along the axis replaces i<axis>: j<axis> = i<axis> - shift.
+  auto read = [&](const Operand& in, int64_t shift) {
+    for (size_t d = 0; d < out.sizes.size(); ++d)
+      s.line("const {} j{} = i{}{};", it, d, d, static_cast<int>(d) == axis && shift ? fmt::format(" - {}u", shift) : "");
+    s.line("{}", store(out, dst, load(in, dot("j", in.strides))));
+  };
+  if (k.op == Op::Pad) {
+    int64_t before = k.attrs.get_int("before");
+    int64_t len = k.inputs[0].sizes[axis];
+    s.open("if ({0} >= {1}u && {0} < {2}u) {{", at, before, before + len);
+    read(k.inputs[0], before);
+    s.close("} else {");
+    s.line("  {}", store(out, dst, literal(out.dtype, 0.0)));
+    s.line("}}");
+  } else {
+    int64_t shift = 0;
+    for (size_t j = 0; j < k.inputs.size(); ++j) {
+      const Operand& in = k.inputs[j];
+      s.open("{}if ({} < {}u) {{", j ? "else " : "", at, shift + in.sizes[axis]);
+      read(in, shift);
+      s.close();
+      shift += in.sizes[axis];
+    }
+  }
+  s.close();
+  s.close();
+  EmittedKernel e;
+  e.text = s.take();
+  e.launches.push_back({k.name, grid, block, 0});
+  return e;
+}
+
+// out[ids..., row...] = table[id, row...]: one thread per output element, or
+// per chunk of a row when rows are contiguous and aligned.
+EmittedKernel emit_embedding(const Kernel& k, int index) {
+  const Operand& table = k.inputs[0];
+  const Operand& ids = k.inputs[1];
+  const Operand& out = k.output;
+  std::vector<int64_t> id_sizes = ids.sizes, id_strides = ids.strides;
+  std::vector<int64_t> out_id_strides(out.strides.begin(), out.strides.begin() + ids.sizes.size());
+  collapse_dims(id_sizes, {&id_strides, &out_id_strides});
+  std::vector<int64_t> row_sizes(table.sizes.begin() + 1, table.sizes.end());
+  std::vector<int64_t> row_table(table.strides.begin() + 1, table.strides.end());
+  std::vector<int64_t> row_out(out.strides.begin() + ids.sizes.size(), out.strides.end());
+  collapse_dims(row_sizes, {&row_table, &row_out});
+  int64_t vocab = table.sizes[0];
+  int64_t positions = product(id_sizes), row_len = product(row_sizes);
+  int E = 16 / std::min(elem_size(table.dtype), elem_size(out.dtype));
+  bool vec = row_sizes.size() == 1 && row_table[0] == 1 && row_out[0] == 1 && row_len % E == 0 &&
+             aligned16(table, {table.strides[0]}) && aligned16(out, out_id_strides);
+  if (!vec) E = 1;
+  int64_t per_row = row_len / E;
+  int64_t items = positions * per_row;
+  int block = block_for(items);
+  int64_t grid = grid_for(items, block);
+  int64_t bound = std::max({items + grid * block, out.numel(), max_offset(id_sizes, id_strides)});
+  std::string it = index_type(bound);
+  bool long_table = table.numel() >= (int64_t{1} << 31);
+  Src s;
+  begin_kernel(s, k.name, block);
+  s.open("for ({0} t = ({0})blockIdx.x * blockDim.x + threadIdx.x; t < {1}u; t += ({0})gridDim.x * blockDim.x) {{", it, items);
+  s.line("const {} p = t / {}u;", it, per_row);
+  s.line("const {} c = t % {}u;", it, per_row);
+  decompose(s, id_sizes, "p", "i", it);
+  s.line("const long long id = (long long){};", load(ids, dot("i", id_strides)));
+  s.open("if ((unsigned long long)id >= {}ull) {{", vocab);
+  s.line("if (c == 0u) NAPKIN_BAD_INDEX({}, id, {}LL);", index, vocab);
+  s.line("continue;");
+  s.close();
+  std::string table_row = fmt::format("({})id * {}u", long_table ? "unsigned long long" : it, table.strides[0]);
+  std::string out_row = dot("i", out_id_strides);
+  if (vec) {
+    s.line("{} v[{}];", compute_type(table.dtype), E);
+    vector_load(s, table, fmt::format("{} + c * {}u", table_row, E), E, [](int e) { return fmt::format("v[{}]", e); });
+    vector_store(s, out, fmt::format("{} + c * {}u", out_row, E), E, [](int e) { return fmt::format("v[{}]", e); });
+  } else {
+    decompose(s, row_sizes, "c", "r", it);
+    s.line("{}", store(out, fmt::format("{} + {}", out_row, dot("r", row_out)),
+                       load(table, fmt::format("{} + {}", table_row, dot("r", row_table)))));
+  }
+  s.close();
+  s.close();
+  EmittedKernel e;
+  e.text = s.take();
+  e.launches.push_back({k.name, grid, block, 0});
+  return e;
+}
+
+// A contraction the GEMM library cannot take (integer, fp8): one thread per
+// output element sums its products in a register of the output's compute
+// type (f32 for narrow floats) and stores once. Correct, not fast.
+EmittedKernel emit_contraction(const Kernel& k) {
+  const Operand& a = k.inputs[0];
+  const Operand& b = k.inputs[1];
+  const Operand& out = k.output;
+  std::vector<int64_t> out_sizes, oa, ob, oc, sum_sizes, ra, rb;
+  for (const ContractionAxis& ax : k.contraction) {
+    if (ax.c != 0 || ax.size == 1) out_sizes.push_back(ax.size), oa.push_back(ax.a), ob.push_back(ax.b), oc.push_back(ax.c);
+    else sum_sizes.push_back(ax.size), ra.push_back(ax.a), rb.push_back(ax.b);
+  }
+  if (out_sizes.empty()) out_sizes.push_back(1), oa.push_back(0), ob.push_back(0), oc.push_back(0);
+  int64_t n = product(out_sizes);
+  int block = block_for(n);
+  int64_t grid = grid_for(n, block);
+  int64_t bound = std::max({n + grid * block, a.numel(), b.numel(), out.numel(), max_offset(out_sizes, oa) + max_offset(sum_sizes, ra),
+                            max_offset(out_sizes, ob) + max_offset(sum_sizes, rb)});
+  std::string it = index_type(bound);
+  const char* ct = compute_type(out.dtype);
+  Src s;
+  begin_kernel(s, k.name, block);
+  s.open("for ({0} t = ({0})blockIdx.x * blockDim.x + threadIdx.x; t < {1}u; t += ({0})gridDim.x * blockDim.x) {{", it, n);
+  decompose(s, out_sizes, "t", "i", it);
+  s.line("const {} base_a = {};", it, dot("i", oa));
+  s.line("const {} base_b = {};", it, dot("i", ob));
+  s.line("{} acc = {};", ct, literal(out.dtype, 0.0));
+  for (size_t d = 0; d < sum_sizes.size(); ++d) s.open("for ({0} s{1} = 0; s{1} < {2}u; ++s{1}) {{", it, d, sum_sizes[d]);
+  s.line("const {} x = {};", ct, convert(load(a, "base_a + " + dot("s", ra)), a.dtype, out.dtype));
+  s.line("const {} y = {};", ct, convert(load(b, "base_b + " + dot("s", rb)), b.dtype, out.dtype));
+  s.line("acc = acc + x * y;");
+  for (size_t d = 0; d < sum_sizes.size(); ++d) s.close();
+  s.line("{}", store(out, dot("i", oc), "acc"));
+  s.close();
+  s.close();
+  EmittedKernel e;
+  e.text = s.take();
+  e.launches.push_back({k.name, grid, block, 0});
+  return e;
+}
+
+}  // namespace napkin::codegen::cuda::detail

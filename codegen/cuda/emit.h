@@ -1,0 +1,141 @@
+// Building blocks of the CUDA kernel emitters (codegen/cuda/*.cpp): C source
+// text for loads and stores of arena operands with dtype conversion, 16-byte
+// vector loads and stores, index arithmetic over a loop shape, and launch
+// shapes. Internal to codegen/cuda.
+//
+// Terms:
+//  - compute type / storage type: see codegen/cuda/prelude.cpp.
+//  - element index: of an operand, in elements from its element 0 (the
+//    operand's byte offset); the generated code reaches it as
+//    ((T*)(arena + byte_offset))[index].
+//  - chunk: E consecutive elements (along the innermost loop dim) that one
+//    thread moves with 16-byte (uint4) loads and stores; E = 16 / the
+//    smallest element size among the operands moved so, so an operand of
+//    element size s moves E * s / 16 uint4 words per chunk.
+//  - index type: "unsigned" when every index and element offset a kernel
+//    computes fits in 32 bits (cheaper division by constants), else
+//    "unsigned long long".
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "codegen/cuda/kernel_source.h"
+
+namespace napkin::codegen::cuda::detail {
+
+// H100 SXM: the launch shapes aim at filling this many SMs.
+constexpr int64_t kSMs = 132;
+// Grid-stride kernels launch at most this many blocks (about two waves of
+// 256-thread blocks at full occupancy); more work loops inside.
+constexpr int64_t kMaxGrid = kSMs * 16;
+
+// One plan kernel's CUDA C: its functions and their launches.
+struct EmittedKernel {
+  std::string text;
+  std::vector<CudaLaunch> launches;
+  int64_t scratch_bytes = 0;
+};
+
+// A source text builder with indentation.
+class Src {
+ public:
+  template <typename... A>
+  void line(fmt::format_string<A...> f, A&&... args) {
+    text_.append(static_cast<size_t>(depth_) * 2, ' ');
+    fmt::format_to(std::back_inserter(text_), f, std::forward<A>(args)...);
+    text_ += '\n';
+  }
+  // A line ending in '{' that opens a scope, and the '}' that closes it.
+  template <typename... A>
+  void open(fmt::format_string<A...> f, A&&... args) {
+    line(f, std::forward<A>(args)...);
+    ++depth_;
+  }
+  void close(std::string_view tail = "}") {
+    --depth_;
+    line("{}", tail);
+  }
+  std::string take() { return std::move(text_); }
+
+ private:
+  std::string text_;
+  int depth_ = 0;
+};
+
+const char* storage_type(ir::DType t);
+const char* compute_type(ir::DType t);
+int elem_size(ir::DType t);
+int compute_size(ir::DType t);  // bytes of the compute type (bool: 1)
+bool is_float_compute(ir::DType t);  // float or double compute type
+
+// A literal of t's compute type with value v (exact for float/double:
+// hex-float literals).
+std::string literal(ir::DType t, double v);
+// Compute-type expressions: the raw storage value `raw` converted; `v`
+// rounded to storage bits; `v` as storing and loading it gives it.
+std::string from_storage(ir::DType t, const std::string& raw);
+std::string to_storage(ir::DType t, const std::string& v);
+std::string as_stored(ir::DType t, const std::string& v);
+// A compute value of dtype `from` in `to`'s compute type (the CPU backend's
+// LoopEmitter::convert: integers toward zero, saturating, NaN -> 0).
+std::string convert(const std::string& v, ir::DType from, ir::DType to);
+
+// ((T*)(arena + offset)) for operand o.
+std::string pointer(const Operand& o);
+// Element `index` of o in its compute type, and the statement storing v.
+std::string load(const Operand& o, const std::string& index);
+std::string store(const Operand& o, const std::string& index, const std::string& v);
+
+// Loads E elements of o from element index `at` (a multiple of 16 / size,
+// 16-byte aligned) with uint4 loads; dst(e) names where element e goes.
+void vector_load(Src& s, const Operand& o, const std::string& at, int E, const std::function<std::string(int)>& dst);
+// Stores E elements (src(e): compute-type expressions) at element index `at`.
+void vector_store(Src& s, const Operand& o, const std::string& at, int E, const std::function<std::string(int)>& src);
+// Whether element index 0 + sum idx_d * strides[d] of o is 16-byte aligned
+// for every index: the byte offset and every nonzero stride's bytes are
+// multiples of 16.
+bool aligned16(const Operand& o, const std::vector<int64_t>& strides);
+
+// "unsigned" when `bound` (the largest value an index expression takes) fits
+// comfortably in 32 bits, else "unsigned long long".
+std::string index_type(int64_t bound);
+// The largest element index o reaches over loop `sizes` with `strides`.
+int64_t max_offset(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides);
+// Declares `prefix`0 .. `prefix`(n-1), the multi-index of flat index `flat`
+// over `sizes` (row-major).
+void decompose(Src& s, const std::vector<int64_t>& sizes, const std::string& flat, const std::string& prefix,
+               const std::string& index_t);
+// sum prefix_d * strides[d] as an expression ("0" when all strides are 0).
+std::string dot(const std::string& prefix, const std::vector<int64_t>& strides);
+
+// The opening line of a kernel function; `block` is its __launch_bounds__.
+std::string kernel_signature(const std::string& name, int block);
+// Opens a kernel function (closed by s.close()); marks `scratch` used for
+// kernels that take none.
+void begin_kernel(Src& s, const std::string& name, int block);
+// Blocks for `items` work items of `per_block` each, at most `max_grid`.
+int64_t grid_for(int64_t items, int64_t per_block, int64_t max_grid = kMaxGrid);
+// Threads per block for `items` items: a multiple of 32, at most `max_block`.
+int block_for(int64_t items, int max_block = 256);
+
+int64_t product(const std::vector<int64_t>& v);
+int normalize_axis(int64_t axis, size_t rank);
+
+// The per-family emitters (one plan kernel each; `index` is its plan index,
+// which NAPKIN_BAD_INDEX reports).
+EmittedKernel emit_elementwise(const Kernel& k);      // elementwise ops and fused loop kernels
+EmittedKernel emit_source_op(const Kernel& k);        // constant, arange
+EmittedKernel emit_concat_or_pad(const Kernel& k);
+EmittedKernel emit_embedding(const Kernel& k, int index);
+EmittedKernel emit_contraction(const Kernel& k);      // a contraction the GEMM library cannot take
+EmittedKernel emit_reduction(const Kernel& k);        // reduce_sum/mean/max/min
+EmittedKernel emit_mse(const Kernel& k);
+EmittedKernel emit_embedding_grad(const Kernel& k, int index);
+EmittedKernel emit_rows(const Kernel& k, int index);  // softmax, norms, cross-entropy and their gradients
+
+}  // namespace napkin::codegen::cuda::detail

@@ -1,0 +1,324 @@
+// Reductions in a fixed order: reduce_sum/mean/max/min, mse, and the
+// embedding gradient. No atomics: where one launch cannot combine the parts
+// of a sum deterministically, partial results go through `scratch` and a
+// second launch combines them in index order.
+//
+// Terms:
+//  - kept dims / reduced dims: of the (collapsed) input loop, those with a
+//    nonzero output stride and those summed away.
+//  - row reduction: the innermost input dim is reduced; a warp (or, for few
+//    long rows, several blocks, each a split of the row) runs along it.
+//  - column reduction: the innermost dim is kept; consecutive threads own
+//    consecutive outputs (coalesced) and each runs down a split of the
+//    reduced elements.
+//  - split: a contiguous range of an output's reduced elements; S splits give
+//    S partials per output in scratch, combined by the second launch in split
+//    order.
+#include <algorithm>
+#include <limits>
+
+#include "codegen/cuda/emit.h"
+#include "ir/internal_check.h"
+
+namespace napkin::codegen::cuda::detail {
+
+namespace {
+
+using ir::DType;
+using ir::Op;
+
+// Threads that keep every SM's memory pipes busy.
+constexpr int64_t kFullThreads = kSMs * 2048;
+
+struct Combine {
+  std::string op;        // prelude combiner
+  std::string identity;  // of the accumulator type
+};
+
+Combine combine_of(Op op, DType t) {
+  bool fp = is_float_compute(t);
+  switch (op) {
+    case Op::ReduceMax:
+      if (fp) return {"napkin_max_op()", literal(t, -std::numeric_limits<double>::infinity())};
+      return {"napkin_max_op()", t == DType::I32 ? "(-2147483647 - 1)" : "(-9223372036854775807LL - 1)"};
+    case Op::ReduceMin:
+      if (fp) return {"napkin_min_op()", literal(t, std::numeric_limits<double>::infinity())};
+      return {"napkin_min_op()", t == DType::I32 ? "2147483647" : "9223372036854775807LL"};
+    default: return {"napkin_sum_op()", literal(t, 0.0)};
+  }
+}
+
+}  // namespace
+
+EmittedKernel emit_reduction(const Kernel& k) {
+  const Operand& x = k.inputs[0];
+  const Operand& out = k.output;
+  size_t rank = x.sizes.size();
+  std::vector<bool> reduced(rank, false);
+  for (int64_t a : k.attrs.get_ints("axes")) reduced[normalize_axis(a, rank)] = true;
+  bool keepdims = k.attrs.get_int("keepdims") != 0;
+  std::vector<int64_t> sizes = x.sizes, in_strides = x.strides, out_strides(rank, 0);
+  for (size_t d = 0, o = 0; d < rank; ++d) {
+    if (!reduced[d]) out_strides[d] = out.strides[o];
+    if (!reduced[d] || keepdims) ++o;
+  }
+  collapse_dims(sizes, {&in_strides, &out_strides});
+  std::vector<int64_t> kept_sizes, kept_in, kept_out, red_sizes, red_in;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (out_strides[d] != 0) kept_sizes.push_back(sizes[d]), kept_in.push_back(in_strides[d]), kept_out.push_back(out_strides[d]);
+    else red_sizes.push_back(sizes[d]), red_in.push_back(in_strides[d]);
+  }
+  if (kept_sizes.empty()) kept_sizes = {1}, kept_in = {0}, kept_out = {0};
+  if (red_sizes.empty()) red_sizes = {1}, red_in = {0};
+  const int64_t M = product(kept_sizes), R = product(red_sizes);
+  const bool row = out_strides.back() == 0 && sizes.back() > 1;
+  const char* ct = compute_type(out.dtype);
+  const Combine c = combine_of(k.op, out.dtype);
+  auto finalize = [&](const std::string& acc) {
+    if (k.op != Op::ReduceMean) return acc;
+    return fmt::format("({} / {})", acc, literal(out.dtype, static_cast<double>(x.numel()) / static_cast<double>(std::max<int64_t>(M, 1))));
+  };
+  auto element = [&](const std::string& base) { return convert(load(x, fmt::format("{} + {}", base, dot("r", red_in))), x.dtype, out.dtype); };
+
+  // Splits: enough work items to fill the GPU, each split at least a few
+  // thousand (row) or a few dozen (column) elements long.
+  int64_t S = 1;
+  if (row && M < kSMs * 8) S = std::clamp<int64_t>((kSMs * 4 + M - 1) / M, 1, (R + 2047) / 2048);
+  if (!row) S = std::clamp<int64_t>((kFullThreads + M - 1) / M, 1, (R + 31) / 32);
+  const int64_t chunk = (R + S - 1) / S;
+  int64_t bound = std::max({M * S + kMaxGrid * 256, x.numel(), out.numel(), max_offset(sizes, in_strides) + 1});
+  std::string it = index_type(bound);
+
+  EmittedKernel e;
+  Src s;
+  const std::string partial_ptr = fmt::format("(({}*)scratch)", ct);
+  // Writes acc for output o (and split sp when S > 1).
+  auto emit_result = [&](const std::string& o, const std::string& sp, const std::string& acc) {
+    if (S > 1) {
+      s.line("{}[{}] = {};", partial_ptr, row ? fmt::format("{} * {}u + {}", o, S, sp) : fmt::format("{} * {}u + {}", sp, M, o), acc);
+    } else {
+      s.line("{}", store(out, dot("o", kept_out), finalize(acc)));
+    }
+  };
+  if (row && S == 1) {
+    // One warp per output, lanes along the row.
+    int block = static_cast<int>(std::min<int64_t>(256, M * 32));
+    int warps = block / 32;
+    int64_t grid = grid_for(M, warps);
+    begin_kernel(s, k.name, block);
+    s.open("for ({0} q = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); q < {2}u; q += ({0})gridDim.x * {1}u) {{", it, warps, M);
+    decompose(s, kept_sizes, "q", "o", it);
+    s.line("const {} base = {};", it, dot("o", kept_in));
+    s.line("{} acc = {};", ct, c.identity);
+    s.open("for ({0} t = threadIdx.x & 31u; t < {1}u; t += 32u) {{", it, R);
+    decompose(s, red_sizes, "t", "r", it);
+    s.line("acc = {}(acc, {});", c.op, element("base"));
+    s.close();
+    s.line("acc = napkin_warp_reduce(acc, {});", c.op);
+    s.line("if ((threadIdx.x & 31u) == 0u) {}", store(out, dot("o", kept_out), finalize("acc")));
+    s.close();
+    s.close();
+    e.launches.push_back({k.name, grid, block, 0});
+  } else if (row) {
+    // A block per (output, split); S > 1 here.
+    const int block = 256;
+    begin_kernel(s, k.name, block);
+    s.line("__shared__ {} red[32];", ct);
+    s.open("for ({0} w = blockIdx.x; w < {1}u; w += gridDim.x) {{", it, M * S);
+    s.line("const {} q = w / {}u, sp = w % {}u;", it, S, S);
+    decompose(s, kept_sizes, "q", "o", it);
+    s.line("const {} base = {};", it, dot("o", kept_in));
+    s.line("{} acc = {};", ct, c.identity);
+    s.line("const {} end = sp * {}u + {}u < {}u ? sp * {}u + {}u : {}u;", it, chunk, chunk, R, chunk, chunk, R);
+    s.open("for ({} t = sp * {}u + threadIdx.x; t < end; t += {}u) {{", it, chunk, block);
+    decompose(s, red_sizes, "t", "r", it);
+    s.line("acc = {}(acc, {});", c.op, element("base"));
+    s.close();
+    s.line("acc = napkin_block_reduce(acc, {}, {}, red);", c.op, c.identity);
+    s.line("if (threadIdx.x == 0u) {}[q * {}u + sp] = acc;", partial_ptr, S);
+    s.close();
+    s.close();
+    e.launches.push_back({k.name, grid_for(M * S, 1), block, 0});
+  } else {
+    // Column reduction: thread (split, output), outputs fastest.
+    int64_t items = M * S;
+    int block = block_for(items);
+    int64_t grid = grid_for(items, block);
+    begin_kernel(s, k.name, block);
+    s.open("for ({0} w = ({0})blockIdx.x * blockDim.x + threadIdx.x; w < {1}u; w += ({0})gridDim.x * blockDim.x) {{", it, items);
+    s.line("const {} q = w % {}u, sp = w / {}u;", it, M, M);
+    decompose(s, kept_sizes, "q", "o", it);
+    s.line("const {} base = {};", it, dot("o", kept_in));
+    s.line("{} acc = {};", ct, c.identity);
+    s.line("const {} end = sp * {}u + {}u < {}u ? sp * {}u + {}u : {}u;", it, chunk, chunk, R, chunk, chunk, R);
+    s.open("for ({} t = sp * {}u; t < end; ++t) {{", it, chunk);
+    decompose(s, red_sizes, "t", "r", it);
+    s.line("acc = {}(acc, {});", c.op, element("base"));
+    s.close();
+    emit_result("q", "sp", "acc");
+    s.close();
+    s.close();
+    e.launches.push_back({k.name, grid, block, 0});
+  }
+  if (S > 1) {
+    // Second launch: per output, its S partials in split order (row: a warp
+    // per output, lanes over splits then a butterfly; column: one thread).
+    std::string name2 = k.name + "_2";
+    e.scratch_bytes = M * S * compute_size(out.dtype);
+    if (row) {
+      int block = static_cast<int>(std::min<int64_t>(256, M * 32));
+      int warps = block / 32;
+      begin_kernel(s, name2, block);
+      s.open("for ({0} q = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); q < {2}u; q += ({0})gridDim.x * {1}u) {{", it, warps, M);
+      decompose(s, kept_sizes, "q", "o", it);
+      s.line("{} acc = {};", ct, c.identity);
+      s.line("for ({} sp = threadIdx.x & 31u; sp < {}u; sp += 32u) acc = {}(acc, {}[q * {}u + sp]);", it, S, c.op, partial_ptr, S);
+      s.line("acc = napkin_warp_reduce(acc, {});", c.op);
+      s.line("if ((threadIdx.x & 31u) == 0u) {}", store(out, dot("o", kept_out), finalize("acc")));
+      s.close();
+      s.close();
+      e.launches.push_back({name2, grid_for(M, warps), block, 0});
+    } else {
+      int block = block_for(M);
+      begin_kernel(s, name2, block);
+      s.open("for ({0} q = ({0})blockIdx.x * blockDim.x + threadIdx.x; q < {1}u; q += ({0})gridDim.x * blockDim.x) {{", it, M);
+      decompose(s, kept_sizes, "q", "o", it);
+      s.line("{} acc = {};", ct, c.identity);
+      s.line("for ({} sp = 0; sp < {}u; ++sp) acc = {}(acc, {}[sp * {}u + q]);", it, S, c.op, partial_ptr, M);
+      s.line("{}", store(out, dot("o", kept_out), finalize("acc")));
+      s.close();
+      s.close();
+      e.launches.push_back({name2, grid_for(M, block), block, 0});
+    }
+  }
+  e.text = s.take();
+  return e;
+}
+
+// mse(a, b) = mean((a - b)^2): blocks sum squared differences (per thread in
+// double, then the block's tree) into scratch; one block sums those partials.
+EmittedKernel emit_mse(const Kernel& k) {
+  const Operand& a = k.inputs[0];
+  const Operand& b = k.inputs[1];
+  std::vector<int64_t> sizes = a.sizes, sa = a.strides, sb = broadcast_strides(b, a.sizes);
+  if (sizes.empty()) sizes = {1}, sa = {0}, sb = {0};
+  collapse_dims(sizes, {&sa, &sb});
+  int64_t n = product(sizes);
+  const int block = 256;
+  int64_t grid = grid_for(n, block * 8, kSMs * 4);
+  std::string it = index_type(std::max({n + grid * block, max_offset(sizes, sa) + 1, max_offset(sizes, sb) + 1}));
+  const char* ct = compute_type(a.dtype);
+  Src s;
+  begin_kernel(s, k.name, block);
+  s.line("__shared__ double red[32];");
+  s.line("double acc = 0.0;");
+  s.open("for ({0} t = ({0})blockIdx.x * blockDim.x + threadIdx.x; t < {1}u; t += ({0})gridDim.x * blockDim.x) {{", it, n);
+  decompose(s, sizes, "t", "i", it);
+  s.line("const {} d = {} - {};", ct, load(a, dot("i", sa)), load(b, dot("i", sb)));
+  s.line("acc += (double)(d * d);");
+  s.close();
+  s.line("acc = napkin_block_reduce(acc, napkin_sum_op(), 0.0, red);");
+  s.line("if (threadIdx.x == 0u) ((double*)scratch)[blockIdx.x] = acc;");
+  s.close();
+  std::string name2 = k.name + "_2";
+  begin_kernel(s, name2, block);
+  s.line("__shared__ double red[32];");
+  s.line("double acc = 0.0;");
+  s.line("for (unsigned t = threadIdx.x; t < {}u; t += {}u) acc += ((const double*)scratch)[t];", grid, block);
+  s.line("acc = napkin_block_reduce(acc, napkin_sum_op(), 0.0, red);");
+  s.line("if (threadIdx.x == 0u) {}", store(k.output, "0", fmt::format("({})(acc / {})", ct, literal(DType::F64, static_cast<double>(a.numel())))));
+  s.close();
+  EmittedKernel e;
+  e.text = s.take();
+  e.launches.push_back({k.name, grid, block, 0});
+  e.launches.push_back({name2, 1, block, 0});
+  e.scratch_bytes = grid * 8;
+  return e;
+}
+
+// out[id] += dy[position] over positions in order, deterministic and equal to
+// the CPU's serial loop: each block owns a contiguous range of vocabulary rows,
+// zero-fills them, then scans every id in position order, a block-sized chunk
+// at a time: the ids of the chunk that fall in its range are listed in order
+// (a prefix sum in shared memory), and for each listed position the block adds
+// the dy row to the out row, thread c % blockDim owning column c, so every
+// out element gets its additions in position order from one thread.
+EmittedKernel emit_embedding_grad(const Kernel& k, int index) {
+  const Operand& dy = k.inputs[0];
+  const Operand& ids = k.inputs[1];
+  const Operand& out = k.output;
+  std::vector<int64_t> id_sizes = ids.sizes, id_strides = ids.strides;
+  std::vector<int64_t> dy_id_strides(dy.strides.begin(), dy.strides.begin() + ids.sizes.size());
+  if (id_sizes.empty()) id_sizes = {1}, id_strides = {0}, dy_id_strides = {0};
+  collapse_dims(id_sizes, {&id_strides, &dy_id_strides});
+  std::vector<int64_t> row_sizes(out.sizes.begin() + 1, out.sizes.end());
+  std::vector<int64_t> row_dy(dy.strides.begin() + ids.sizes.size(), dy.strides.end());
+  std::vector<int64_t> row_out(out.strides.begin() + 1, out.strides.end());
+  if (row_sizes.empty()) row_sizes = {1}, row_dy = {0}, row_out = {0};
+  collapse_dims(row_sizes, {&row_dy, &row_out});
+  const int64_t vocab = out.sizes[0], positions = product(id_sizes), row_len = product(row_sizes);
+  const int block = 256;
+  int64_t grid = std::min<int64_t>(vocab, kSMs * 4);
+  const int64_t rows_per_block = (vocab + grid - 1) / grid;
+  grid = (vocab + rows_per_block - 1) / rows_per_block;
+  std::string it = index_type(std::max({out.numel(), dy.numel(), max_offset(id_sizes, id_strides) + 1, positions + block}));
+  Src s;
+  begin_kernel(s, k.name, block);
+  s.line("__shared__ unsigned flags[{}];", block);
+  s.line("__shared__ {} list_dy[{}];", it, block);
+  s.line("__shared__ {} list_row[{}];", it, block);
+  s.line("const {} v0 = ({})blockIdx.x * {}u;", it, it, rows_per_block);
+  s.line("const {0} v1 = v0 + {1}u < {2}u ? v0 + {1}u : {2}u;", it, rows_per_block, vocab);
+  s.open("for ({} z = threadIdx.x; z < (v1 - v0) * {}u; z += {}u) {{", it, row_len, block);
+  s.line("const {} row = v0 + z / {}u, c = z % {}u;", it, row_len, row_len);
+  decompose(s, row_sizes, "c", "r", it);
+  s.line("{}", store(out, fmt::format("row * {}u + {}", out.strides[0], dot("r", row_out)), literal(out.dtype, 0.0)));
+  s.close();
+  s.open("for ({} chunk = 0; chunk < {}u; chunk += {}u) {{", it, positions, block);
+  s.line("const {} p = chunk + threadIdx.x;", it);
+  s.line("unsigned hit = 0u;");
+  s.line("{} id = 0u, dy_base = 0u;", it);
+  s.open("if (p < {}u) {{", positions);
+  decompose(s, id_sizes, "p", "i", it);
+  s.line("const long long raw = (long long){};", load(ids, dot("i", id_strides)));
+  s.open("if ((unsigned long long)raw >= {}ull) {{", vocab);
+  s.line("if (blockIdx.x == 0u) NAPKIN_BAD_INDEX({}, raw, {}LL);", index, vocab);
+  s.close("} else {");
+  s.line("  id = ({})raw;", it);
+  s.line("  hit = id >= v0 && id < v1 ? 1u : 0u;");
+  s.line("}}");
+  s.line("dy_base = {};", dot("i", dy_id_strides));
+  s.close();
+  // Inclusive prefix sum of the hits (Hillis-Steele): slot = sum - hit.
+  s.line("flags[threadIdx.x] = hit;");
+  s.line("__syncthreads();");
+  s.open("for (unsigned step = 1u; step < {}u; step <<= 1) {{", block);
+  s.line("const unsigned add = threadIdx.x >= step ? flags[threadIdx.x - step] : 0u;");
+  s.line("__syncthreads();");
+  s.line("flags[threadIdx.x] += add;");
+  s.line("__syncthreads();");
+  s.close();
+  s.line("const unsigned count = flags[{}];", block - 1);
+  s.open("if (hit) {{");
+  s.line("list_dy[flags[threadIdx.x] - 1u] = dy_base;");
+  s.line("list_row[flags[threadIdx.x] - 1u] = id;");
+  s.close();
+  s.line("__syncthreads();");
+  s.open("for (unsigned h = 0u; h < count; ++h) {{");
+  s.line("const {} src = list_dy[h], dst = list_row[h] * {}u;", it, out.strides[0]);
+  s.open("for ({} c = threadIdx.x; c < {}u; c += {}u) {{", it, row_len, block);
+  decompose(s, row_sizes, "c", "r", it);
+  s.line("const {} o = dst + {};", it, dot("r", row_out));
+  s.line("{}", store(out, "o", fmt::format("{} + {}", load(out, "o"), load(dy, fmt::format("src + {}", dot("r", row_dy))))));
+  s.close();
+  s.close();
+  s.line("__syncthreads();");
+  s.close();
+  s.close();
+  EmittedKernel e;
+  e.text = s.take();
+  e.launches.push_back({k.name, grid, block, 0});
+  return e;
+}
+
+}  // namespace napkin::codegen::cuda::detail

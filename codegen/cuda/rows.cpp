@@ -1,0 +1,458 @@
+// Row kernels: softmax, log_softmax, layernorm, rmsnorm, cross-entropy and
+// their gradients, and the norm gain gradient. A row is the elements along
+// one axis; the loop runs over every other dim (as codegen/cpu/kernels.cpp
+// `rows`), with the CPU backend's formulas, sums in the compute type.
+//
+// Terms (besides codegen/cuda/emit.h's):
+//  - row group: the threads that share one row: a warp when the row has at
+//    most 1024 elements (8 rows per 256-thread block), else a whole block
+//    (256, 512 or 1024 threads). Row sums and maxima are warp butterflies or
+//    block reductions (prelude), so their order is fixed by the launch.
+//  - chunk slot: thread t of a group of T owns chunks t, t + T, ... of the
+//    row; K = ceil(chunks / T) slots per thread.
+//  - cached: when K * E <= 32 (and groups of at most 512 threads) the row's
+//    full-shaped inputs are loaded once into registers (c<i>[K * E]) and the
+//    passes (max, sum, write) reuse them; otherwise every pass reloads (from
+//    L2: a row group's rows are in flight together).
+//  - per-row / vector operands: cross-entropy targets (one per row), norm
+//    gains and biases (one per row element, the same for every row).
+//  - cross_entropy: launch 1 writes each row's loss to scratch, launch 2 (one
+//    block) sums them in row order in double (as the CPU) into the mean.
+//  - norm_gain_grad: launch 1 writes each row's (mean, rstd) to scratch,
+//    launch 2 sums dy * x_hat down splits of the rows for each column
+//    (coalesced over columns), launch 3 adds each column's splits in order.
+#include <algorithm>
+#include <limits>
+
+#include "codegen/cuda/emit.h"
+#include "ir/internal_check.h"
+
+namespace napkin::codegen::cuda::detail {
+
+namespace {
+
+using ir::DType;
+using ir::Op;
+
+enum class RowShape { Full, PerRow, Vector };
+
+struct RowOperand {
+  const Operand* op = nullptr;
+  RowShape shape = RowShape::Full;
+  bool input = true;
+  std::vector<int64_t> strides;  // over the row-space dims
+  int64_t step = 0;              // along the axis
+};
+
+// The row space (dims other than the axis, collapsed where every operand
+// allows) and each operand's strides over it: codegen/cpu/kernels.cpp's
+// row_space.
+std::vector<int64_t> row_space(const Operand& x, int axis, std::vector<RowOperand>& ops) {
+  std::vector<int64_t> sizes;
+  for (size_t d = 0; d < x.sizes.size(); ++d)
+    if (static_cast<int>(d) != axis) sizes.push_back(x.sizes[d]);
+  for (RowOperand& r : ops) {
+    const Operand& o = *r.op;
+    switch (r.shape) {
+      case RowShape::Full:
+        for (size_t d = 0; d < o.sizes.size(); ++d) {
+          if (static_cast<int>(d) == axis) r.step = o.strides[d];
+          else r.strides.push_back(o.strides[d]);
+        }
+        break;
+      case RowShape::PerRow: r.strides = broadcast_strides(o, sizes); break;
+      case RowShape::Vector:
+        r.strides.assign(sizes.size(), 0);
+        r.step = o.sizes.empty() ? 0 : o.strides.back();
+        break;
+    }
+  }
+  if (sizes.empty()) {
+    sizes.push_back(1);
+    for (RowOperand& r : ops) r.strides.push_back(0);
+  }
+  std::vector<std::vector<int64_t>*> all;
+  for (RowOperand& r : ops) all.push_back(&r.strides);
+  collapse_dims(sizes, all);
+  return sizes;
+}
+
+// Emits one row kernel's body, pass by pass.
+class RowEmitter {
+ public:
+  RowEmitter(Src& s, const std::vector<RowOperand>& ops, const std::vector<int64_t>& sizes, int64_t n)
+      : s(s), ops(ops), sizes(sizes), n(n), xt(ops[0].op->dtype), ct(compute_type(xt)) {
+    rows = product(sizes);
+    warp = n <= 1024;
+    T = warp ? 32 : n <= 4096 ? 256 : n <= 16384 ? 512 : 1024;
+    // Chunks of E elements when every full-shaped operand is contiguous
+    // along the row and 16-byte aligned at every row.
+    int min_size = 16;
+    bool vec = true;
+    vec_ok.resize(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const RowOperand& r = ops[i];
+      vec_ok[i] = (r.shape == RowShape::Full || r.shape == RowShape::Vector) && r.step == 1 && aligned16(*r.op, r.strides);
+      if (r.shape != RowShape::Full) continue;
+      vec = vec && vec_ok[i];
+      min_size = std::min(min_size, elem_size(r.op->dtype));
+    }
+    E = vec && n % (16 / min_size) == 0 ? 16 / min_size : 1;
+    chunks = n / E;
+    K = (chunks + T - 1) / T;
+    cache = K * E <= 32 && T <= 512;
+    rows_per_block = warp ? static_cast<int>(std::min<int64_t>(8, rows)) : 1;
+    block = warp ? 32 * rows_per_block : T;
+    grid = grid_for(rows, rows_per_block);
+    int64_t bound = std::max<int64_t>(rows + grid * rows_per_block, chunks + T);
+    for (const RowOperand& r : ops) bound = std::max(bound, max_offset(sizes, r.strides) + (n - 1) * r.step + 1);
+    it = index_type(bound);
+    cached_.assign(ops.size(), false);
+  }
+
+  Src& s;
+  const std::vector<RowOperand>& ops;
+  const std::vector<int64_t>& sizes;
+  int64_t n, rows = 1, chunks = 1, grid = 1;
+  DType xt;
+  std::string ct, it;
+  bool warp = true, cache = false;
+  int T = 32, E = 1, K = 1, rows_per_block = 1, block = 32;
+  std::vector<bool> vec_ok;
+
+  std::string lit(double v) const { return literal(xt, v); }
+  bool cached(int i) const { return cached_[i]; }
+  // Operand i, element e of the current chunk.
+  std::string val(int i, int e) const {
+    return cached(i) ? fmt::format("c{}[j * {} + {}]", i, E, e) : fmt::format("t{}[{}]", i, e);
+  }
+  // Element index `k` (of the row) of operand i.
+  std::string addr(int i, const std::string& k) const {
+    int64_t step = ops[i].step;
+    if (step == 0) return fmt::format("b{}", i);
+    if (step == 1) return fmt::format("b{} + {}", i, k);
+    return fmt::format("b{} + ({}) * {}u", i, k, step);
+  }
+
+  // The kernel's opening and its row loop (closed by end()).
+  void begin(const std::string& name) {
+    begin_kernel(s, name, block);
+    if (!warp) s.line("__shared__ {} red[32];", ct);
+    s.line("const {} tt = threadIdx.x{};", it, warp ? " & 31u" : "");
+    if (warp)
+      s.open("for ({0} row = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); row < {2}u; row += ({0})gridDim.x * {1}u) {{", it,
+             rows_per_block, rows);
+    else
+      s.open("for ({0} row = blockIdx.x; row < {1}u; row += gridDim.x) {{", it, rows);
+    decompose(s, sizes, "row", "i", it);
+    for (size_t i = 0; i < ops.size(); ++i) s.line("[[maybe_unused]] const {} b{} = {};", it, i, dot("i", ops[i].strides));
+  }
+  void end() {
+    s.close();
+    s.close();
+  }
+
+  void load_chunk(int i, const std::function<std::string(int)>& dst) {
+    if (E > 1 && vec_ok[i]) {
+      vector_load(s, *ops[i].op, addr(i, "k0"), E, dst);
+      return;
+    }
+    for (int e = 0; e < E; ++e) s.line("{} = {};", dst(e), load(*ops[i].op, addr(i, e ? fmt::format("(k0 + {}u)", e) : "k0")));
+  }
+
+  void open_chunks() {
+    s.open("{}for (int j = 0; j < {}; ++j) {{", cache ? "NAPKIN_UNROLL " : "", K);
+    s.line("const {} c = tt + ({})j * {}u;", it, it, T);
+    s.open("if (c < {}u) {{", chunks);
+    s.line("[[maybe_unused]] const {} k0 = c * {}u;", it, E);
+  }
+  void close_chunks() {
+    s.close();
+    s.close();
+  }
+
+  // Loads the full-shaped inputs among `use` into registers, when caching.
+  void load_cache(const std::vector<int>& use) {
+    if (!cache) return;
+    std::vector<int> cached_ops;
+    for (int i : use) {
+      if (ops[i].shape != RowShape::Full || !ops[i].input) continue;
+      cached_[i] = true;
+      cached_ops.push_back(i);
+      s.line("{} c{}[{}];", compute_type(ops[i].op->dtype), i, K * E);
+    }
+    open_chunks();
+    for (int i : cached_ops) load_chunk(i, [&](int e) { return fmt::format("c{}[j * {} + {}]", i, E, e); });
+    close_chunks();
+  }
+
+  // A pass over this thread's chunks: loads the `need`ed operands that are
+  // not cached, runs body(e) per element, then stores ov[] to operand
+  // `store_to` (if >= 0).
+  void pass(const std::vector<int>& need, const std::function<void(int)>& body, int store_to = -1) {
+    open_chunks();
+    for (int i : need) {
+      if (cached(i)) continue;
+      s.line("{} t{}[{}];", compute_type(ops[i].op->dtype), i, E);
+      load_chunk(i, [&](int e) { return fmt::format("t{}[{}]", i, e); });
+    }
+    if (store_to >= 0) s.line("{} ov[{}];", compute_type(ops[store_to].op->dtype), E);
+    for (int e = 0; e < E; ++e) body(e);
+    if (store_to >= 0) {
+      if (E > 1 && vec_ok[store_to]) {
+        vector_store(s, *ops[store_to].op, addr(store_to, "k0"), E, [](int e) { return fmt::format("ov[{}]", e); });
+      } else {
+        for (int e = 0; e < E; ++e)
+          s.line("{}", store(*ops[store_to].op, addr(store_to, e ? fmt::format("(k0 + {}u)", e) : "k0"), fmt::format("ov[{}]", e)));
+      }
+    }
+    close_chunks();
+  }
+
+  void reduce(const std::string& var, const std::string& op, const std::string& identity) {
+    if (warp) s.line("{0} = napkin_warp_reduce({0}, {1});", var, op);
+    else s.line("{0} = napkin_block_reduce({0}, {1}, {2}, red);", var, op, identity);
+  }
+
+  // sum over the row of body's `acc += ...` terms into `var`.
+  void row_sum(const std::string& var, const std::vector<int>& need, const std::function<std::string(int)>& term) {
+    s.line("{} {} = {};", ct, var, lit(0.0));
+    pass(need, [&](int e) { s.line("{} += {};", var, term(e)); });
+    reduce(var, "napkin_sum_op()", lit(0.0));
+  }
+
+  // mean (0 when not centered) and rstd = 1 / sqrt(mean((x - mean)^2) + eps).
+  void row_stats(double eps, bool centered) {
+    std::string inv_n = lit(1.0 / static_cast<double>(n));
+    if (centered) {
+      row_sum("mean", {0}, [&](int e) { return val(0, e); });
+      s.line("mean = mean * {};", inv_n);
+    } else {
+      s.line("const {} mean = {};", ct, lit(0.0));
+    }
+    s.line("{} ss = {};", ct, lit(0.0));
+    pass({0}, [&](int e) { s.line("{{ const {} d = {} - mean; ss += d * d; }}", ct, val(0, e)); });
+    reduce("ss", "napkin_sum_op()", lit(0.0));
+    s.line("const {0} rstd = {1} / napkin_sqrt(ss * {2} + {3});", ct, lit(1.0), inv_n, lit(eps));
+  }
+
+  // m = max, sum = sum exp(x - m) over the row.
+  void softmax_stats() {
+    s.line("{} m = {};", ct, lit(-std::numeric_limits<double>::infinity()));
+    pass({0}, [&](int e) { s.line("m = napkin_maxnum(m, {});", val(0, e)); });
+    reduce("m", "napkin_maxnum_op()", lit(-std::numeric_limits<double>::infinity()));
+    row_sum("sum", {0}, [&](int e) { return fmt::format("napkin_exp({} - m)", val(0, e)); });
+  }
+
+  std::string elem(int e) const { return e ? fmt::format("(long long)(k0 + {}u)", e) : "(long long)k0"; }
+
+ private:
+  std::vector<bool> cached_;  // by load_cache
+};
+
+EmittedKernel norm_gain_grad(const Kernel& k, std::vector<RowOperand>& ops, const std::vector<int64_t>& sizes, int64_t n) {
+  EmittedKernel out;
+  Src s;
+  RowEmitter r(s, ops, sizes, n);
+  const std::string& ct = r.ct;
+  const std::string stats = fmt::format("(({}*)scratch)", ct);
+  // Launch 1: each row's mean and rstd.
+  r.begin(k.name);
+  r.load_cache({0});
+  r.row_stats(k.attrs.get_double("eps"), k.attrs.get_int("centered") != 0);
+  s.open("if (tt == 0u) {{");
+  s.line("{}[2u * row] = mean;", stats);
+  s.line("{}[2u * row + 1u] = rstd;", stats);
+  s.close();
+  r.end();
+  out.launches.push_back({k.name, r.grid, r.block, 0});
+
+  // Launch 2: thread (split, column) sums its split of the rows.
+  const int64_t rows = r.rows;
+  const int64_t S = std::clamp<int64_t>((kSMs * 2048 + n - 1) / n, 1, (rows + 15) / 16);
+  const int64_t chunk = (rows + S - 1) / S;
+  const int64_t items = S * n;
+  const std::string& it = r.it;
+  const std::string partials = fmt::format("(({}*)scratch + {}u)", ct, 2 * rows);
+  int block = block_for(items);
+  int64_t grid = grid_for(items, block);
+  std::string name2 = k.name + "_2";
+  begin_kernel(s, name2, block);
+  s.open("for ({0} w = ({0})blockIdx.x * blockDim.x + threadIdx.x; w < {1}u; w += ({0})gridDim.x * blockDim.x) {{", it, items);
+  s.line("const {} col = w % {}u, sp = w / {}u;", it, n, n);
+  s.line("{} acc = {};", ct, r.lit(0.0));
+  s.line("const {} end = sp * {}u + {}u < {}u ? sp * {}u + {}u : {}u;", it, chunk, chunk, rows, chunk, chunk, rows);
+  s.open("for ({} row = sp * {}u; row < end; ++row) {{", it, chunk);
+  decompose(s, sizes, "row", "i", it);
+  for (int i = 0; i < 2; ++i) s.line("const {} b{} = {};", it, i, dot("i", ops[i].strides));
+  s.line("const {} xhat = ({} - {}[2u * row]) * {}[2u * row + 1u];", ct, load(*ops[0].op, r.addr(0, "col")), stats, stats);
+  s.line("acc += {} * xhat;", load(*ops[1].op, r.addr(1, "col")));
+  s.close();
+  s.line("{}[sp * {}u + col] = acc;", partials, n);
+  s.close();
+  s.close();
+  out.launches.push_back({name2, grid, block, 0});
+
+  // Launch 3: per column, the splits in order.
+  std::string name3 = k.name + "_3";
+  int block3 = block_for(n);
+  begin_kernel(s, name3, block3);
+  s.open("for ({0} col = ({0})blockIdx.x * blockDim.x + threadIdx.x; col < {1}u; col += ({0})gridDim.x * blockDim.x) {{", it, n);
+  s.line("{} acc = {};", ct, r.lit(0.0));
+  s.line("for ({} sp = 0; sp < {}u; ++sp) acc += {}[sp * {}u + col];", it, S, partials, n);
+  s.line("[[maybe_unused]] const {} b2 = 0u;", it);
+  s.line("{}", store(*ops[2].op, r.addr(2, "col"), "acc"));
+  s.close();
+  s.close();
+  out.launches.push_back({name3, grid_for(n, block3), block3, 0});
+  out.scratch_bytes = (2 * rows + S * n) * compute_size(r.xt);
+  out.text = s.take();
+  return out;
+}
+
+}  // namespace
+
+EmittedKernel emit_rows(const Kernel& k, int index) {
+  const Operand& x = k.inputs[0];
+  int axis = static_cast<int>(x.sizes.size()) - 1;
+  if (k.op == Op::Softmax || k.op == Op::LogSoftmax || k.op == Op::SoftmaxGrad)
+    axis = normalize_axis(k.attrs.get_int("axis"), x.sizes.size());
+  std::vector<RowOperand> ops;
+  auto add = [&](const Operand& o, RowShape shape, bool input = true) { ops.push_back({&o, shape, input, {}, 0}); };
+  add(x, RowShape::Full);
+  switch (k.op) {
+    case Op::LayerNorm: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Vector); break;
+    case Op::RMSNorm: add(k.inputs[1], RowShape::Vector); break;
+    case Op::LayerNormGrad:
+    case Op::RMSNormGrad: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Full); break;
+    case Op::SoftmaxGrad:
+    case Op::NormGainGrad: add(k.inputs[1], RowShape::Full); break;
+    case Op::CrossEntropy:
+    case Op::CrossEntropyGrad: add(k.inputs[1], RowShape::PerRow); break;
+    default: break;
+  }
+  if (k.op == Op::NormGainGrad) add(k.output, RowShape::Vector, false);
+  else if (k.op != Op::CrossEntropy) add(k.output, RowShape::Full, false);
+  const int64_t n = x.sizes.empty() ? 1 : x.sizes[axis];
+  std::vector<int64_t> sizes = row_space(x, axis, ops);
+  if (k.op == Op::NormGainGrad) return norm_gain_grad(k, ops, sizes, n);
+
+  EmittedKernel out;
+  Src s;
+  RowEmitter r(s, ops, sizes, n);
+  const std::string& ct = r.ct;
+  const int o = static_cast<int>(ops.size()) - 1;  // the output operand (not for cross_entropy)
+  const double eps = k.attrs.has("eps") ? k.attrs.get_double("eps") : 0.0;
+  std::string inv_n = r.lit(1.0 / static_cast<double>(n));
+  r.begin(k.name);
+  if (k.op == Op::CrossEntropy || k.op == Op::CrossEntropyGrad) {
+    s.line("const long long tgt = (long long){};", load(*ops[1].op, "b1"));
+    s.open("if ((unsigned long long)tgt >= {}ull) {{", n);
+    s.line("if (tt == 0u) NAPKIN_BAD_INDEX({}, tgt, {}LL);", index, n);
+    if (k.op == Op::CrossEntropy) s.line("if (tt == 0u) (({}*)scratch)[row] = {};", ct, r.lit(0.0));
+    s.line("continue;");
+    s.close();
+  }
+  std::vector<int> inputs;
+  for (int i = 0; i < o; ++i) inputs.push_back(i);
+  r.load_cache(inputs);
+  switch (k.op) {
+    case Op::Softmax:
+      r.softmax_stats();
+      s.line("const {} inv = {} / sum;", ct, r.lit(1.0));
+      r.pass({0}, [&](int e) { s.line("ov[{}] = napkin_exp({} - m) * inv;", e, r.val(0, e)); }, o);
+      break;
+    case Op::LogSoftmax:
+      r.softmax_stats();
+      s.line("const {} shift = m + napkin_log(sum);", ct);
+      r.pass({0}, [&](int e) { s.line("ov[{}] = {} - shift;", e, r.val(0, e)); }, o);
+      break;
+    case Op::CrossEntropy:
+      // -log softmax(x)[t] = log(sum) + m - x[t]
+      r.softmax_stats();
+      s.line("if (tt == 0u) (({}*)scratch)[row] = (napkin_log(sum) + m) - {};", ct, load(x, r.addr(0, "(" + r.it + ")tgt")));
+      break;
+    case Op::CrossEntropyGrad: {
+      // (softmax - onehot) * dloss / rows
+      r.softmax_stats();
+      s.line("const {} scale = {} * {};", ct, load(k.inputs[2], "0"), r.lit(1.0 / static_cast<double>(r.rows)));
+      s.line("const {} inv = ({} / sum) * scale;", ct, r.lit(1.0));
+      DType od = ops[o].op->dtype;
+      r.pass({0}, [&](int e) {
+        s.open("{{");
+        s.line("{} v = napkin_exp({} - m) * inv;", ct, r.val(0, e));
+        s.line("if ({} == tgt) v = {} - scale;", r.elem(e), as_stored(od, "v"));
+        s.line("ov[{}] = v;", e);
+        s.close();
+      }, o);
+      break;
+    }
+    case Op::SoftmaxGrad:  // y * (dy - sum(dy * y))
+      r.row_sum("dot", {0, 1}, [&](int e) { return fmt::format("{} * {}", r.val(0, e), r.val(1, e)); });
+      r.pass({0, 1}, [&](int e) { s.line("ov[{}] = {} * ({} - dot);", e, r.val(0, e), r.val(1, e)); }, o);
+      break;
+    case Op::LayerNorm:
+    case Op::RMSNorm: {
+      bool centered = k.op == Op::LayerNorm;
+      r.row_stats(eps, centered);
+      std::vector<int> need = centered ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1};
+      r.pass(need, [&](int e) {
+        std::string y = fmt::format("(({} - mean) * rstd) * {}", r.val(0, e), r.val(1, e));
+        if (centered) y = fmt::format("{} + {}", y, r.val(2, e));
+        s.line("ov[{}] = {};", e, y);
+      }, o);
+      break;
+    }
+    case Op::LayerNormGrad: {
+      // dx = rstd * (g_dy - mean(g_dy) - x_hat * mean(g_dy * x_hat)), g_dy = dy * g
+      r.row_stats(eps, true);
+      s.line("{0} s1 = {1}, s2 = {1};", ct, r.lit(0.0));
+      auto terms = [&](int e) {
+        s.line("const {} gdy{} = {} * {};", ct, e, r.val(2, e), r.val(1, e));
+        s.line("const {} xhat{} = ({} - mean) * rstd;", ct, e, r.val(0, e));
+      };
+      r.pass({0, 1, 2}, [&](int e) {
+        terms(e);
+        s.line("s1 += gdy{};", e);
+        s.line("s2 += gdy{0} * xhat{0};", e);
+      });
+      r.reduce("s1", "napkin_sum_op()", r.lit(0.0));
+      r.reduce("s2", "napkin_sum_op()", r.lit(0.0));
+      s.line("const {} mean_gdy = s1 * {}, mean_gdy_xhat = s2 * {};", ct, inv_n, inv_n);
+      r.pass({0, 1, 2}, [&](int e) {
+        terms(e);
+        s.line("ov[{0}] = rstd * ((gdy{0} - mean_gdy) - xhat{0} * mean_gdy_xhat);", e);
+      }, o);
+      break;
+    }
+    case Op::RMSNormGrad: {
+      // dx = rstd * (g_dy - x * rstd^2 * mean(g_dy * x))
+      r.row_stats(eps, false);
+      r.row_sum("s1", {0, 1, 2}, [&](int e) { return fmt::format("({} * {}) * {}", r.val(2, e), r.val(1, e), r.val(0, e)); });
+      s.line("const {} coef = (rstd * rstd) * (s1 * {});", ct, inv_n);
+      r.pass({0, 1, 2}, [&](int e) {
+        s.line("ov[{}] = rstd * ({} * {} - {} * coef);", e, r.val(2, e), r.val(1, e), r.val(0, e));
+      }, o);
+      break;
+    }
+    default: NAPKIN_INTERNAL_CHECK(false, "{} is not a row op", ir::op_name(k.op));
+  }
+  r.end();
+  out.launches.push_back({k.name, r.grid, r.block, 0});
+  if (k.op == Op::CrossEntropy) {
+    std::string name2 = k.name + "_2";
+    begin_kernel(s, name2, 1024);
+    s.line("__shared__ double red[32];");
+    s.line("double acc = 0.0;");
+    s.line("for (unsigned q = threadIdx.x; q < {}u; q += 1024u) acc += (double)(({}*)scratch)[q];", r.rows, ct);
+    s.line("acc = napkin_block_reduce(acc, napkin_sum_op(), 0.0, red);");
+    s.line("if (threadIdx.x == 0u) {}", store(k.output, "0", fmt::format("({})(acc / {})", ct, literal(DType::F64, static_cast<double>(r.rows)))));
+    s.close();
+    out.launches.push_back({name2, 1, 1024, 0});
+    out.scratch_bytes = r.rows * compute_size(x.dtype);
+  }
+  out.text = s.take();
+  return out;
+}
+
+}  // namespace napkin::codegen::cuda::detail
