@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <string>
 
@@ -38,11 +39,9 @@ Run build(const std::string& args, const TempDir& cache) {
 // exactly the loop kernels have launches.
 void check_launches(const napkin::runtime::Program& p, const std::string& cuda_source) {
   std::set<std::string> defined;
-  const std::string marker = "extern \"C\" __global__ void ";
-  for (size_t at = cuda_source.find(marker); at != std::string::npos; at = cuda_source.find(marker, at + 1)) {
-    size_t begin = at + marker.size();
-    defined.insert(cuda_source.substr(begin, cuda_source.find('(', begin) - begin));
-  }
+  static const std::regex kernel(R"(extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\()");
+  for (auto m = std::sregex_iterator(cuda_source.begin(), cuda_source.end(), kernel); m != std::sregex_iterator(); ++m)
+    defined.insert((*m)[1].str());
   REQUIRE(!defined.empty());
   for (const napkin::runtime::KernelSpec& k : p.kernels) {
     CAPTURE(k.name);
