@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <nvrtc.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <regex>
