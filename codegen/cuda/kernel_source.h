@@ -19,6 +19,11 @@
 //    fp8 formats are converted on load exactly and rounded to nearest even on
 //    store, by the same bit manipulation as the CPU backend
 //    (codegen/cpu/loop_emitter.h), so the two backends round identically.
+//  - bad index: an embedding or class id outside [0, bound) is not stored;
+//    the first one is recorded as {plan kernel index, id, bound} in the
+//    device global `long long napkin_bad_index[3]` (element 0 is -1 until
+//    then), which the runtime reads (cuModuleGetGlobal) after a step and
+//    reports as the CPU backend's napkin_rt_bad_index does.
 //  - host emulation: the source uses only the CUDA features the prelude lists
 //    (threadIdx/blockIdx/blockDim/gridDim .x, __syncthreads, __shared__,
 //    extern __shared__, __shfl_xor_sync with a full mask, float math), so the

@@ -29,6 +29,8 @@ using ir::Op;
 
 // Threads that keep every SM's memory pipes busy.
 constexpr int64_t kFullThreads = kSMs * 2048;
+// Ids each thread of an embedding-gradient block checks per chunk.
+constexpr int kIdsPerThread = 4;
 
 struct Combine {
   std::string op;        // prelude combiner
@@ -161,35 +163,23 @@ EmittedKernel emit_reduction(const Kernel& k) {
     e.launches.push_back({k.name, grid, block, 0});
   }
   if (S > 1) {
-    // Second launch: per output, its S partials in split order (row: a warp
-    // per output, lanes over splits then a butterfly; column: one thread).
+    // Second launch: a warp per output adds its S partials (lanes over the
+    // splits, then the butterfly: a fixed order).
     std::string name2 = k.name + "_2";
     e.scratch_bytes = M * S * compute_size(out.dtype);
-    if (row) {
-      int block = static_cast<int>(std::min<int64_t>(256, M * 32));
-      int warps = block / 32;
-      begin_kernel(s, name2, block);
-      s.open("for ({0} q = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); q < {2}u; q += ({0})gridDim.x * {1}u) {{", it, warps, M);
-      decompose(s, kept_sizes, "q", "o", it);
-      s.line("{} acc = {};", ct, c.identity);
-      s.line("for ({} sp = threadIdx.x & 31u; sp < {}u; sp += 32u) acc = {}(acc, {}[q * {}u + sp]);", it, S, c.op, partial_ptr, S);
-      s.line("acc = napkin_warp_reduce(acc, {});", c.op);
-      s.line("if ((threadIdx.x & 31u) == 0u) {}", store(out, dot("o", kept_out), finalize("acc")));
-      s.close();
-      s.close();
-      e.launches.push_back({name2, grid_for(M, warps), block, 0});
-    } else {
-      int block = block_for(M);
-      begin_kernel(s, name2, block);
-      s.open("for ({0} q = ({0})blockIdx.x * blockDim.x + threadIdx.x; q < {1}u; q += ({0})gridDim.x * blockDim.x) {{", it, M);
-      decompose(s, kept_sizes, "q", "o", it);
-      s.line("{} acc = {};", ct, c.identity);
-      s.line("for ({} sp = 0; sp < {}u; ++sp) acc = {}(acc, {}[sp * {}u + q]);", it, S, c.op, partial_ptr, M);
-      s.line("{}", store(out, dot("o", kept_out), finalize("acc")));
-      s.close();
-      s.close();
-      e.launches.push_back({name2, grid_for(M, block), block, 0});
-    }
+    std::string partial = row ? fmt::format("q * {}u + sp", S) : fmt::format("sp * {}u + q", M);
+    int block = static_cast<int>(std::min<int64_t>(256, M * 32));
+    int warps = block / 32;
+    begin_kernel(s, name2, block);
+    s.open("for ({0} q = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); q < {2}u; q += ({0})gridDim.x * {1}u) {{", it, warps, M);
+    decompose(s, kept_sizes, "q", "o", it);
+    s.line("{} acc = {};", ct, c.identity);
+    s.line("for ({} sp = threadIdx.x & 31u; sp < {}u; sp += 32u) acc = {}(acc, {}[{}]);", it, S, c.op, partial_ptr, partial);
+    s.line("acc = napkin_warp_reduce(acc, {});", c.op);
+    s.line("if ((threadIdx.x & 31u) == 0u) {}", store(out, dot("o", kept_out), finalize("acc")));
+    s.close();
+    s.close();
+    e.launches.push_back({name2, grid_for(M, warps), block, 0});
   }
   e.text = s.take();
   return e;
@@ -238,11 +228,12 @@ EmittedKernel emit_mse(const Kernel& k) {
 
 // out[id] += dy[position] over positions in order, deterministic and equal to
 // the CPU's serial loop: each block owns a contiguous range of vocabulary rows,
-// zero-fills them, then scans every id in position order, a block-sized chunk
-// at a time: the ids of the chunk that fall in its range are listed in order
-// (a prefix sum in shared memory), and for each listed position the block adds
-// the dy row to the out row, thread c % blockDim owning column c, so every
-// out element gets its additions in position order from one thread.
+// zero-fills them, then scans every id in position order, a chunk (block size
+// x kIdsPerThread ids) at a time: the ids of the chunk that fall in its range
+// are listed in order (a prefix sum in shared memory), and for each listed
+// position the block adds the dy row to the out row, thread c % blockDim
+// owning column c, so every out element gets its additions in position order
+// from one thread.
 EmittedKernel emit_embedding_grad(const Kernel& k, int index) {
   const Operand& dy = k.inputs[0];
   const Operand& ids = k.inputs[1];
@@ -261,12 +252,12 @@ EmittedKernel emit_embedding_grad(const Kernel& k, int index) {
   int64_t grid = std::min<int64_t>(vocab, kSMs * 4);
   const int64_t rows_per_block = (vocab + grid - 1) / grid;
   grid = (vocab + rows_per_block - 1) / rows_per_block;
-  std::string it = index_type(std::max({out.numel(), dy.numel(), max_offset(id_sizes, id_strides) + 1, positions + block}));
+  std::string it = index_type(std::max({out.numel(), dy.numel(), max_offset(id_sizes, id_strides) + 1, positions + block * kIdsPerThread}));
   Src s;
   begin_kernel(s, k.name, block);
   s.line("__shared__ unsigned flags[{}];", block);
-  s.line("__shared__ {} list_dy[{}];", it, block);
-  s.line("__shared__ {} list_row[{}];", it, block);
+  s.line("__shared__ {} list_dy[{}];", it, block * kIdsPerThread);
+  s.line("__shared__ {} list_row[{}];", it, block * kIdsPerThread);
   s.line("const {} v0 = ({})blockIdx.x * {}u;", it, it, rows_per_block);
   s.line("const {0} v1 = v0 + {1}u < {2}u ? v0 + {1}u : {2}u;", it, rows_per_block, vocab);
   s.open("for ({} z = threadIdx.x; z < (v1 - v0) * {}u; z += {}u) {{", it, row_len, block);
@@ -274,23 +265,29 @@ EmittedKernel emit_embedding_grad(const Kernel& k, int index) {
   decompose(s, row_sizes, "c", "r", it);
   s.line("{}", store(out, fmt::format("row * {}u + {}", out.strides[0], dot("r", row_out)), literal(out.dtype, 0.0)));
   s.close();
-  s.open("for ({} chunk = 0; chunk < {}u; chunk += {}u) {{", it, positions, block);
-  s.line("const {} p = chunk + threadIdx.x;", it);
-  s.line("unsigned hit = 0u;");
-  s.line("{} id = 0u, dy_base = 0u;", it);
-  s.open("if (p < {}u) {{", positions);
+  // A chunk is kIdsPerThread ids per thread: thread t checks positions
+  // chunk + kIdsPerThread * t + q, so listing by thread keeps position order.
+  const int per_chunk = block * kIdsPerThread;
+  s.open("for ({} chunk = 0; chunk < {}u; chunk += {}u) {{", it, positions, per_chunk);
+  s.line("unsigned hits = 0u, count = 0u;");
+  s.line("{0} id[{1}], dy_base[{1}];", it, kIdsPerThread);
+  s.open("NAPKIN_UNROLL for (unsigned q = 0u; q < {}u; ++q) {{", kIdsPerThread);
+  s.line("const {} p = chunk + threadIdx.x * {}u + q;", it, kIdsPerThread);
+  s.line("id[q] = 0u;");
+  s.line("dy_base[q] = 0u;");
+  s.line("if (p >= {}u) continue;", positions);
   decompose(s, id_sizes, "p", "i", it);
+  s.line("dy_base[q] = {};", dot("i", dy_id_strides));
   s.line("const long long raw = (long long){};", load(ids, dot("i", id_strides)));
   s.open("if ((unsigned long long)raw >= {}ull) {{", vocab);
   s.line("if (blockIdx.x == 0u) NAPKIN_BAD_INDEX({}, raw, {}LL);", index, vocab);
-  s.close("} else {");
-  s.line("  id = ({})raw;", it);
-  s.line("  hit = id >= v0 && id < v1 ? 1u : 0u;");
-  s.line("}}");
-  s.line("dy_base = {};", dot("i", dy_id_strides));
+  s.line("continue;");
   s.close();
-  // Inclusive prefix sum of the hits (Hillis-Steele): slot = sum - hit.
-  s.line("flags[threadIdx.x] = hit;");
+  s.line("id[q] = ({})raw;", it);
+  s.line("if (id[q] >= v0 && id[q] < v1) hits |= 1u << q, ++count;");
+  s.close();
+  // Inclusive prefix sum of the per-thread counts (Hillis-Steele).
+  s.line("flags[threadIdx.x] = count;");
   s.line("__syncthreads();");
   s.open("for (unsigned step = 1u; step < {}u; step <<= 1) {{", block);
   s.line("const unsigned add = threadIdx.x >= step ? flags[threadIdx.x - step] : 0u;");
@@ -298,13 +295,17 @@ EmittedKernel emit_embedding_grad(const Kernel& k, int index) {
   s.line("flags[threadIdx.x] += add;");
   s.line("__syncthreads();");
   s.close();
-  s.line("const unsigned count = flags[{}];", block - 1);
-  s.open("if (hit) {{");
-  s.line("list_dy[flags[threadIdx.x] - 1u] = dy_base;");
-  s.line("list_row[flags[threadIdx.x] - 1u] = id;");
+  s.line("unsigned slot = flags[threadIdx.x] - count;");
+  s.open("NAPKIN_UNROLL for (unsigned q = 0u; q < {}u; ++q) {{", kIdsPerThread);
+  s.open("if ((hits >> q) & 1u) {{");
+  s.line("list_dy[slot] = dy_base[q];");
+  s.line("list_row[slot] = id[q];");
+  s.line("++slot;");
   s.close();
+  s.close();
+  s.line("const unsigned listed = flags[{}];", block - 1);
   s.line("__syncthreads();");
-  s.open("for (unsigned h = 0u; h < count; ++h) {{");
+  s.open("for (unsigned h = 0u; h < listed; ++h) {{");
   s.line("const {} src = list_dy[h], dst = list_row[h] * {}u;", it, out.strides[0]);
   s.open("for ({} c = threadIdx.x; c < {}u; c += {}u) {{", it, row_len, block);
   decompose(s, row_sizes, "c", "r", it);

@@ -236,12 +236,31 @@ class RowEmitter {
     s.line("const {0} rstd = {1} / napkin_sqrt(ss * {2} + {3});", ct, lit(1.0), inv_n, lit(eps));
   }
 
-  // m = max, sum = sum exp(x - m) over the row.
+  // m = max, sum = sum exp(x - m) over the row. From registers: two passes,
+  // the CPU's formula. Streaming (a vocabulary-long row): one pass over
+  // memory, each thread keeping its own max and its sum scaled to it
+  // (online softmax), then sum = sum over threads of sum_t exp(m_t - m).
   void softmax_stats() {
-    s.line("{} m = {};", ct, lit(-std::numeric_limits<double>::infinity()));
-    pass({0}, [&](int e) { s.line("m = napkin_maxnum(m, {});", val(0, e)); });
-    reduce("m", "napkin_maxnum_op()", lit(-std::numeric_limits<double>::infinity()));
-    row_sum("sum", {0}, [&](int e) { return fmt::format("napkin_exp({} - m)", val(0, e)); });
+    std::string minus_inf = lit(-std::numeric_limits<double>::infinity());
+    s.line("{} m = {};", ct, minus_inf);
+    if (cache) {
+      pass({0}, [&](int e) { s.line("m = napkin_maxnum(m, {});", val(0, e)); });
+      reduce("m", "napkin_maxnum_op()", minus_inf);
+      row_sum("sum", {0}, [&](int e) { return fmt::format("napkin_exp({} - m)", val(0, e)); });
+      return;
+    }
+    s.line("{} sum = {};", ct, lit(0.0));
+    pass({0}, [&](int e) {
+      s.open("{{");
+      s.line("const {} x = {};", ct, val(0, e));
+      s.line("if (x > m) sum = sum * napkin_exp(m - x) + {}, m = x;", lit(1.0));
+      s.line("else sum += napkin_exp(x - m);");
+      s.close();
+    });
+    s.line("const {} m_thread = m;", ct);
+    reduce("m", "napkin_maxnum_op()", minus_inf);
+    s.line("sum = sum * napkin_exp(m_thread - m);");
+    reduce("sum", "napkin_sum_op()", lit(0.0));
   }
 
   std::string elem(int e) const { return e ? fmt::format("(long long)(k0 + {}u)", e) : "(long long)k0"; }
@@ -293,18 +312,20 @@ EmittedKernel norm_gain_grad(const Kernel& k, std::vector<RowOperand>& ops, cons
   s.close();
   out.launches.push_back({name2, grid, block, 0});
 
-  // Launch 3: per column, the splits in order.
+  // Launch 3: a warp per column adds its splits (lanes over splits, then the
+  // butterfly: a fixed order).
   std::string name3 = k.name + "_3";
-  int block3 = block_for(n);
+  int block3 = static_cast<int>(std::min<int64_t>(256, n * 32));
   begin_kernel(s, name3, block3);
-  s.open("for ({0} col = ({0})blockIdx.x * blockDim.x + threadIdx.x; col < {1}u; col += ({0})gridDim.x * blockDim.x) {{", it, n);
+  s.open("for ({0} col = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); col < {2}u; col += ({0})gridDim.x * {1}u) {{", it, block3 / 32, n);
   s.line("{} acc = {};", ct, r.lit(0.0));
-  s.line("for ({} sp = 0; sp < {}u; ++sp) acc += {}[sp * {}u + col];", it, S, partials, n);
+  s.line("for ({} sp = threadIdx.x & 31u; sp < {}u; sp += 32u) acc += {}[sp * {}u + col];", it, S, partials, n);
+  s.line("acc = napkin_warp_reduce(acc, napkin_sum_op());");
   s.line("[[maybe_unused]] const {} b2 = 0u;", it);
-  s.line("{}", store(*ops[2].op, r.addr(2, "col"), "acc"));
+  s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[2].op, r.addr(2, "col"), "acc"));
   s.close();
   s.close();
-  out.launches.push_back({name3, grid_for(n, block3), block3, 0});
+  out.launches.push_back({name3, grid_for(n, block3 / 32), block3, 0});
   out.scratch_bytes = (2 * rows + S * n) * compute_size(r.xt);
   out.text = s.take();
   return out;
