@@ -6,6 +6,7 @@
 //   napkin graph MODEL.yaml --dot [-o FILE]             the step as Graphviz, fusion groups drawn
 //   napkin check MODEL.yaml [--dims d=32,layers=2]      gradients vs float64 finite differences
 //   napkin build MODEL.yaml -o TRAINER                  a standalone trainer executable (CPU, LLVM)
+//   napkin build MODEL.yaml --target cuda -o TRAINER    ... for an NVIDIA GPU (NVRTC, --arch sm_90)
 //   napkin train MODEL.yaml [-- TRAINER FLAGS]          build (cached) and run the trainer
 //   napkin data encode TEXT... -o FILE                  byte-level tokens (u16) from text files
 //   napkin estimate --params 70e9 --tokens 15e12 ...    the lecture's napkin math
@@ -33,6 +34,9 @@
 
 #include "codegen/cpu/build.h"
 #include "codegen/cpu/link_config.h"
+#ifdef NAPKIN_HAVE_CUDA
+#include "codegen/cuda/build.h"
+#endif
 #include "frontend/frontend.h"
 #include "interp/gradient_check.h"
 #include "ir/internal_check.h"
@@ -328,11 +332,13 @@ std::string read_file_bytes(const std::string& path) {
 // optimizer), not the YAML's comments or layout.
 std::string model_hash(const ir::Graph& g) { return fnv1a_hex({ir::print_graph(g, {false})}); }
 
-// Builds a trainer; a failure the user can act on (the linker's, an
-// unwritable output) is printed and gives nullopt. Internal errors propagate.
-std::optional<codegen::cpu::BuildResult> build_trainer(const ir::Graph& g, const codegen::cpu::BuildOptions& options) {
+// Builds a trainer (build_cpu_trainer or build_cuda_trainer); a failure the
+// user can act on (the linker's, an unwritable output, a bad --arch) is
+// printed and gives nullopt. Internal errors propagate.
+template <typename Build, typename Options>
+auto build_trainer(Build build, const ir::Graph& g, const Options& options) -> std::optional<decltype(build(g, options))> {
   try {
-    return codegen::cpu::build_cpu_trainer(g, options);
+    return build(g, options);
   } catch (const ir::InternalError&) {
     throw;
   } catch (const std::runtime_error& e) {
@@ -341,20 +347,79 @@ std::optional<codegen::cpu::BuildResult> build_trainer(const ir::Graph& g, const
   }
 }
 
+std::optional<codegen::cpu::BuildResult> build_trainer(const ir::Graph& g, const codegen::cpu::BuildOptions& options) {
+  return build_trainer(codegen::cpu::build_cpu_trainer, g, options);
+}
+
 struct BuildArgs {
-  std::string model, dims, output, target = "cpu", device = "cpu", emit_llvm, emit_program, memory_budget;
+  std::string model, dims, output, target = "cpu", device, emit_llvm, emit_program, memory_budget;
+  std::string arch, emit_cuda;  // --target cuda
+  bool tf32 = false, no_cache = false, line_info = false;
   bool time_passes = false, quiet = false;
 };
 
-int cmd_build(const BuildArgs& a) {
-  if (a.target != "cpu") {
-    std::cerr << fmt::format("error: --target {}: this napkin builds CPU trainers only (the CUDA backend is not built)\n", a.target);
+void print_build_steps(const std::vector<std::pair<std::string, double>>& seconds) {
+  for (const auto& [what, s] : seconds) std::cout << fmt::format("  {:>8.3f} s  {}\n", s, what);
+}
+
+int cmd_build_cuda(const BuildArgs& a) {
+#ifdef NAPKIN_HAVE_CUDA
+  auto g = load(a.model, a.dims, {}, memory_budget(a.memory_budget, nullptr));
+  if (!g) return kUserError;
+  codegen::cuda::CudaBuildOptions options;
+  options.output = a.output;
+  options.model_hash = model_hash(*g);
+  options.device = a.device;
+  options.arch = a.arch;
+  options.tf32 = a.tf32;
+  options.line_info = a.line_info;
+  options.no_cache = a.no_cache;
+  options.emit_cuda = a.emit_cuda;
+  options.emit_program = a.emit_program;
+  auto t0 = std::chrono::steady_clock::now();
+  auto built = build_trainer(codegen::cuda::build_cuda_trainer, *g, options);
+  if (!built) return kUserError;
+  const codegen::cuda::CudaBuildResult& r = *built;
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.quiet)
+    std::cout << fmt::format(
+        "built {} ({}: cuda {}, {} kernels, {} on cuBLASLt, {} launches; cubin {} bytes, PTX {} bytes; NVRTC {}; "
+        "arena {} bytes) in {:.2f} s\n",
+        a.output, g->name, r.arch, r.kernels, r.matmul_kernels, r.launches, r.cubin_bytes, r.ptx_bytes,
+        r.cache_hit ? std::string("cache hit") : fmt::format("{} {:.2f} s", r.nvrtc_version, r.nvrtc_seconds),
+        r.arena_bytes, seconds);
+  if (a.time_passes) print_build_steps(r.seconds);
+  return 0;
+#else
+  (void)a;
+  std::cerr << "error: --target cuda: this napkin was built without the CUDA toolkit, so it builds CPU trainers only\n"
+               "    hint: install the CUDA toolkit (with NVRTC) and reconfigure napkin with CMake\n";
+  return kUserError;
+#endif
+}
+
+int cmd_build(BuildArgs a) {  // by value: the defaults depend on the target
+  if (a.target != "cpu" && a.target != "cuda") {
+    std::cerr << fmt::format("error: --target {}: unknown target\n    hint: cpu or cuda\n", a.target);
     return kUserError;
   }
+  bool cuda = a.target == "cuda";
+  // A flag of the other target is a mistake worth saying, not ignoring.
+  if (!cuda && (!a.arch.empty() || a.tf32 || a.no_cache || a.line_info || !a.emit_cuda.empty())) {
+    std::cerr << "error: --arch, --tf32, --no-cache, --lineinfo and --emit-cuda are for --target cuda\n";
+    return kUserError;
+  }
+  if (cuda && !a.emit_llvm.empty()) {
+    std::cerr << "error: --emit-llvm is for --target cpu\n    hint: --emit-cuda FILE writes the CUDA C source\n";
+    return kUserError;
+  }
+  if (a.device.empty()) a.device = cuda ? "h100" : "cpu";
+  if (a.arch.empty()) a.arch = "sm_90";
   if (!passes::find_device(a.device)) {
     std::cerr << fmt::format("error: unknown device '{}'\n    hint: known devices: {}\n", a.device, passes::known_device_names());
     return kUserError;
   }
+  if (cuda) return cmd_build_cuda(a);
   auto g = load(a.model, a.dims, {}, memory_budget(a.memory_budget, nullptr));
   if (!g) return kUserError;
   codegen::cpu::BuildOptions options{a.output, model_hash(*g), a.device, a.emit_llvm, a.emit_program};
@@ -366,8 +431,7 @@ int cmd_build(const BuildArgs& a) {
   if (!a.quiet)
     std::cout << fmt::format("built {} ({}: {} kernels, {} on the GEMM library; arena {} bytes) in {:.2f} s\n", a.output,
                              g->name, r.kernels, r.matmul_kernels, r.arena_bytes, seconds);
-  if (a.time_passes)
-    for (const auto& [what, s] : r.seconds) std::cout << fmt::format("  {:>8.3f} s  {}\n", s, what);
+  if (a.time_passes) print_build_steps(r.seconds);
   return 0;
 }
 
@@ -511,9 +575,16 @@ int main(int argc, char** argv) {
   build->add_option("model", build_args.model, "model YAML file")->required();
   build->add_option("-o,--output", build_args.output, "the trainer executable to write")->required();
   build->add_option("--dims", build_args.dims, dims_help);
-  build->add_option("--target", build_args.target, "cpu (LLVM)")->capture_default_str();
-  build->add_option("--device", build_args.device, "the device whose peak the trainer's MFU uses")->capture_default_str();
-  build->add_option("--emit-llvm", build_args.emit_llvm, "also write the optimized LLVM IR to this file");
+  build->add_option("--target", build_args.target, "cpu (LLVM) or cuda (NVRTC + cuBLASLt)")->capture_default_str();
+  build->add_option("--device", build_args.device,
+                    "the device whose peak the trainer's MFU uses (default: cpu; h100 for --target cuda)");
+  build->add_option("--emit-llvm", build_args.emit_llvm, "also write the optimized LLVM IR to this file (cpu)");
+  build->add_option("--arch", build_args.arch,
+                    "the GPU architecture of the cubin (cuda; default sm_90): sm_80, sm_89, sm_90, sm_90a, sm_100, sm_120, ...");
+  build->add_flag("--tf32", build_args.tf32, "let fp32 matmuls use TF32 tensor cores (cuda)");
+  build->add_option("--emit-cuda", build_args.emit_cuda, "also write the kernels' CUDA C source to this file (cuda)");
+  build->add_flag("--no-cache", build_args.no_cache, "compile with NVRTC even if the kernel cache has the result (cuda)");
+  build->add_flag("--lineinfo", build_args.line_info, "keep source lines in the cubin for profilers (cuda)");
   build->add_option("--emit-program", build_args.emit_program, "also write the program description (JSON) to this file");
   build->add_flag("--time-passes", build_args.time_passes, "time each step of the build");
   build->add_flag("--quiet", build_args.quiet, "print nothing on success");

@@ -11,15 +11,11 @@ namespace napkin::codegen::cpu {
 
 const char* kernel_link_flags() { return "-lmvec -lm"; }
 
-namespace {
-
-std::string quoted(const std::string& s) {
+std::string shell_quoted(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
 }
-
-}  // namespace
 
 void link_trainer(const std::string& object_bytes, const std::string& object_path, const std::string& executable) {
   {
@@ -27,9 +23,13 @@ void link_trainer(const std::string& object_bytes, const std::string& object_pat
     out.write(object_bytes.data(), static_cast<std::streamsize>(object_bytes.size()));
     if (!out) throw std::runtime_error("cannot write " + object_path);
   }
-  std::string cmd = std::string(kLinkCompiler) + " -o " + quoted(executable) + " " + quoted(object_path) + " " +
-                    kTrainerMainObject + " " + kRuntimeLibrary + " " + kRuntimeLinkFlags + " " + kernel_link_flags() +
-                    " -lpthread 2>&1";
+  link_executable(shell_quoted(object_path) + " " + kTrainerMainObject + " " + kRuntimeLibrary + " " +
+                      kRuntimeLinkFlags + " " + kernel_link_flags() + " -lpthread",
+                  executable);
+}
+
+void link_executable(const std::string& inputs, const std::string& executable) {
+  std::string cmd = std::string(kLinkCompiler) + " -o " + shell_quoted(executable) + " " + inputs + " 2>&1";
   std::string output;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("cannot run the linker: " + cmd);

@@ -12,6 +12,14 @@ namespace napkin::codegen::cpu {
 // std::runtime_error with the linker's output if linking fails.
 void link_trainer(const std::string& object_bytes, const std::string& object_path, const std::string& executable);
 
+// Runs the C++ compiler napkin was built with as the linker driver on
+// `inputs` (shell words: objects, archives, flags) into `executable`; the
+// CUDA backend links its trainers with this too. Throws like link_trainer.
+void link_executable(const std::string& inputs, const std::string& executable);
+
+// `s` as one shell word.
+std::string shell_quoted(const std::string& s);
+
 // The libraries a generated kernel calls besides the runtime (libmvec for
 // vector exp/log), as linker flags.
 const char* kernel_link_flags();

@@ -1,0 +1,97 @@
+#include "codegen/cuda/build.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+#include "codegen/cpu/data_object.h"
+#include "codegen/cpu/link.h"
+#include "codegen/cuda/kernel_source.h"
+#include "codegen/cuda/link_config.h"
+#include "codegen/cuda/nvrtc_compile.h"
+#include "codegen/cuda/program_cuda.h"
+#include "passes/cost.h"
+#include "passes/devices.h"
+
+namespace napkin::codegen::cuda {
+
+namespace {
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+}  // namespace
+
+CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& options) {
+  const passes::Device* device = passes::find_device(options.device);
+  if (!device)
+    throw std::runtime_error("unknown device '" + options.device + "' (known devices: " + passes::known_device_names() + ")");
+  check_arch(options.arch);
+
+  CudaBuildResult result;
+  auto t = std::chrono::steady_clock::now();
+  auto lap = [&](const std::string& what) {
+    auto now = std::chrono::steady_clock::now();
+    result.seconds.emplace_back(what, std::chrono::duration<double>(now - t).count());
+    t = now;
+  };
+
+  KernelPlan plan = plan_kernels(g);
+  result.arena_bytes = plan.arena_bytes;
+  result.kernels = static_cast<int>(plan.kernels.size());
+  for (const Kernel& k : plan.kernels) result.matmul_kernels += k.kind == KernelKind::Matmul;
+  lap("kernel plan");
+
+  CudaSource source = emit_cuda_source(plan, g.name);
+  for (const auto& launches : source.launches) result.launches += static_cast<int>(launches.size());
+  if (!options.emit_cuda.empty()) write_file(options.emit_cuda, source.text);
+  lap("CUDA C");
+
+  NvrtcResult compiled = nvrtc_compile(source.text, g.name + ".cu", {options.arch, options.line_info, !options.no_cache, ""});
+  result.arch = compiled.arch;
+  result.nvrtc_version = compiled.nvrtc_version;
+  result.cubin_bytes = static_cast<int64_t>(compiled.cubin.size());
+  result.ptx_bytes = static_cast<int64_t>(compiled.ptx.size());
+  result.nvrtc_seconds = compiled.seconds;
+  result.cache_hit = compiled.cache_hit;
+  lap(compiled.cache_hit ? "NVRTC (cache hit)" : "NVRTC");
+
+  passes::StepCost cost = passes::analyze_step(g, device);
+  ProgramFacts facts;
+  facts.model_hash = options.model_hash;
+  facts.flops_per_step = cost.total.flops;
+  facts.flops_forward = cost.phase(ir::Phase::Forward).flops;
+  facts.tokens_per_step = static_cast<int64_t>(cost.tokens);
+  facts.device = options.device;
+  facts.peak_flops = passes::matmul_peak(*device, cost.matmul_dtype, options.tf32);
+  facts.backend = "cuda";
+  std::string json = cuda_program_json(g, plan, source, facts, {compiled.arch, options.tf32});
+  if (!options.emit_program.empty()) write_file(options.emit_program, json);
+  lap("program");
+
+  std::string object = cpu::emit_data_object({{"napkin_program_json", std::move(json)},
+                                               {"napkin_cuda_cubin", std::move(compiled.cubin)},
+                                               {"napkin_cuda_ptx", std::move(compiled.ptx)}},
+                                              g.name);
+  std::string object_path = options.output + ".o";
+  write_file(object_path, object);
+  lap("object");
+
+  try {
+    cpu::link_executable(cpu::shell_quoted(object_path) + " " + kCudaTrainerMainObject + " " + kCudaRuntimeLibrary +
+                             " " + kRuntimeLibrary + " " + kRuntimeLinkFlags,
+                         options.output);
+  } catch (...) {
+    std::remove(object_path.c_str());
+    throw;
+  }
+  std::remove(object_path.c_str());
+  lap("link");
+  return result;
+}
+
+}  // namespace napkin::codegen::cuda

@@ -1,0 +1,29 @@
+// The program description of a CUDA trainer: the backend-neutral one
+// (codegen/program_json.h, backend "cuda") plus the fields only the CUDA
+// runtime reads (runtime/program.h, docs/runtime.md):
+//   per loop kernel   "cuda_launches": [{"function", "grid", "block", "shared"}]
+//                     its launches in order (codegen/cuda/kernel_source.h)
+//   top level         "cuda": {"arch", "scratch_bytes", "tf32"}
+// Added here, by editing the JSON document, so that codegen/program_json
+// knows nothing of CUDA.
+#pragma once
+
+#include <string>
+
+#include "codegen/cuda/kernel_source.h"
+#include "codegen/plan.h"
+#include "codegen/program_json.h"
+#include "ir/graph.h"
+
+namespace napkin::codegen::cuda {
+
+struct CudaProgramFacts {
+  std::string arch;  // the cubin's
+  bool tf32 = false;
+};
+
+// `facts.backend` must be "cuda"; `source` must be emit_cuda_source(plan).
+std::string cuda_program_json(const ir::Graph& g, const KernelPlan& plan, const CudaSource& source,
+                              const ProgramFacts& facts, const CudaProgramFacts& cuda);
+
+}  // namespace napkin::codegen::cuda
