@@ -150,6 +150,34 @@ LoopInfo reduction(LoopEmitter& e, const Kernel& k) {
       default: return e.add_reassoc(acc, v);
     }
   };
+  // A bf16/f16/fp8 output is stored in another type than it is computed in:
+  // each output element is reduced in a register over all its summed dims and
+  // stored once, rounded once (the interpreter's semantics), since a running
+  // value kept in the output would be rounded at every step.
+  const bool narrow_output = out.dtype == ir::DType::BF16 || out.dtype == ir::DType::F16 ||
+                             out.dtype == ir::DType::F8E4M3 || out.dtype == ir::DType::F8E5M2;
+  if (narrow_output) {
+    std::vector<int64_t> kept, kept_in, kept_out, summed, summed_in;
+    for (size_t d = 1; d < sizes.size(); ++d) {
+      if (out_strides[d] != 0) kept.push_back(sizes[d]), kept_in.push_back(in_strides[d]), kept_out.push_back(out_strides[d]);
+      else summed.push_back(sizes[d]), summed_in.push_back(in_strides[d]);
+    }
+    e.loop(e.begin, e.end, [&](llvm::Value* i0) {
+      llvm::Value* out_base = e.b.CreateMul(i0, e.i64(out_strides[0]));
+      llvm::Value* in_base = e.b.CreateMul(i0, e.i64(in_strides[0]));
+      e.nest(kept, -1, [&](const Idx& idx) {
+        llvm::Value* acc = e.make_slot(ct, identity);
+        llvm::Value* xi = e.dot(idx, kept_in, in_base);
+        e.nest(summed, -1, [&](const Idx& r) {
+          e.b.CreateStore(combine(e.b.CreateLoad(ct, acc), e.load(x, e.dot(r, summed_in, xi))), acc);
+        });
+        llvm::Value* v = e.b.CreateLoad(ct, acc);
+        if (k.op == Op::ReduceMean) v = e.b.CreateFDiv(v, llvm::ConstantFP::get(ct, count));
+        e.store(out, e.dot(idx, kept_out, out_base), v);
+      });
+    });
+    return loop_info(sizes[0], x.numel());
+  }
   bool inner_reduced = sizes.size() > 1 && out_strides.back() == 0;
   e.loop(e.begin, e.end, [&](llvm::Value* i0) {
     llvm::Value* out_base = e.b.CreateMul(i0, e.i64(out_strides[0]));

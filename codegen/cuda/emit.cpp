@@ -242,12 +242,12 @@ void decompose(Src& s, const std::vector<int64_t>& sizes, const std::string& fla
     s.line("[[maybe_unused]] const {} {}0 = {};", index_t, prefix, flat);
     return;
   }
-  s.line("{} {}r = {};", index_t, prefix, flat);
+  s.line("{} {}_rest = {};", index_t, prefix, flat);
   for (size_t d = n - 1; d >= 1; --d) {
-    s.line("[[maybe_unused]] const {} {}{} = {}r % {}u;", index_t, prefix, d, prefix, sizes[d]);
-    s.line("{}r /= {}u;", prefix, sizes[d]);
+    s.line("[[maybe_unused]] const {} {}{} = {}_rest % {}u;", index_t, prefix, d, prefix, sizes[d]);
+    s.line("{}_rest /= {}u;", prefix, sizes[d]);
   }
-  s.line("[[maybe_unused]] const {} {}0 = {}r;", index_t, prefix, prefix);
+  s.line("[[maybe_unused]] const {} {}0 = {}_rest;", index_t, prefix, prefix);
 }
 
 std::string dot(const std::string& prefix, const std::vector<int64_t>& strides) {

@@ -101,3 +101,43 @@ TEST_CASE("numeric: an out-of-range token id in a CUDA kernel is reported throug
   CHECK(flag[1] == vocab + 5);
   CHECK(flag[2] == vocab);
 }
+
+TEST_CASE("numeric: reductions into bf16 and f16, CPU and emulated CUDA kernels, agree with the interpreter") {
+  // Reductions over every kind of axis set, with narrow outputs: each output
+  // element is reduced at f32 and rounded once, on both backends.
+  const char* yaml = R"yaml(
+model: narrow_reductions
+inputs: {x: {shape: [6, 40, 24]}}
+params: {w: {shape: [24], init: normal(1.0)}}
+forward:
+  - h: cast(x * w, bf16)
+  - a: sum(h, axis=1)
+  - b: mean(h, axis=-1)
+  - c: sum(h, axis=0)
+  - d: max(cast(h, f16), axis=[0, 2])
+  - t: sum(cast(a, f32)) + sum(cast(b, f32)) + sum(cast(c, f32)) + sum(cast(d, f32))
+loss: t * t
+optimizer: sgd(lr=0.1)
+)yaml";
+  auto check = [](const napkin::testing::KernelOutputCheck& c) {
+    INFO(c.kernel->name << " at " << c.kernel->where << ", " << ir::dtype_name(c.operand->dtype));
+    CHECK(c.error <= napkin::testing::kernel_tolerance(c.operand->dtype));
+  };
+  napkin::testing::CompiledStep cpu(napkin::testing::compile_training(yaml));
+  int narrow_reductions = 0;
+  for (const codegen::Kernel& k : cpu.plan.kernels)
+    narrow_reductions += (k.op == ir::Op::ReduceSum || k.op == ir::Op::ReduceMean || k.op == ir::Op::ReduceMax) &&
+                         (k.output.dtype == ir::DType::BF16 || k.output.dtype == ir::DType::F16);
+  CHECK(narrow_reductions >= 4);
+  napkin::testing::check_each_kernel(cpu, check);
+
+  napkin::testing::CompiledStep cuda(napkin::testing::compile_training(yaml));
+  const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(cuda.plan, "narrow_reductions");
+  napkin::testing::CudaEmulator gpu(source.text);
+  const size_t scratch_bytes = static_cast<size_t>(std::max<int64_t>(64, (source.scratch_bytes + 63) / 64 * 64));
+  std::unique_ptr<char, decltype(&std::free)> scratch(static_cast<char*>(std::aligned_alloc(64, scratch_bytes)), &std::free);
+  napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) {
+    for (const codegen::cuda::CudaLaunch& l : source.launches[kernel])
+      gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get());
+  });
+}
