@@ -7,7 +7,6 @@
 // emulation against the interpreter (tests/support/cuda_emulator.h).
 #include <doctest/doctest.h>
 
-#include <chrono>
 #include <string>
 #include <vector>
 
@@ -15,8 +14,8 @@
 #include "codegen/plan.h"
 #include "support/test_models.h"
 
-#ifdef NAPKIN_TEST_NVRTC
-#include <nvrtc.h>
+#ifdef NAPKIN_HAVE_NVRTC
+#include "codegen/cuda/nvrtc_compile.h"
 #endif
 
 namespace {
@@ -39,32 +38,6 @@ std::string function_text(const std::string& source, const std::string& name) {
   return source.substr(at, end == std::string::npos ? std::string::npos : end - at);
 }
 
-#ifdef NAPKIN_TEST_NVRTC
-struct NvrtcResult {
-  bool ok = false;
-  std::string log;
-  double seconds = 0;
-};
-
-// Compiles `source` to PTX for sm_90, as the CUDA backend does.
-NvrtcResult compile_ptx(const std::string& source, const std::string& name) {
-  NvrtcResult r;
-  nvrtcProgram prog;
-  REQUIRE(nvrtcCreateProgram(&prog, source.c_str(), (name + ".cu").c_str(), 0, nullptr, nullptr) == NVRTC_SUCCESS);
-  const char* options[] = {"--gpu-architecture=compute_90", "--std=c++17"};
-  auto start = std::chrono::steady_clock::now();
-  nvrtcResult status = nvrtcCompileProgram(prog, 2, options);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  size_t log_size = 0;
-  nvrtcGetProgramLogSize(prog, &log_size);
-  r.log.assign(log_size, '\0');
-  nvrtcGetProgramLog(prog, r.log.data());
-  size_t ptx_size = 0;
-  r.ok = status == NVRTC_SUCCESS && nvrtcGetPTXSize(prog, &ptx_size) == NVRTC_SUCCESS && ptx_size > 0;
-  nvrtcDestroyProgram(&prog);
-  return r;
-}
-#endif
 
 // The checks every emitted source must pass.
 void check_source(const KernelPlan& plan, const CudaSource& src, const std::string& what) {
@@ -132,11 +105,14 @@ TEST_CASE("cuda source: every model's loop kernels have launches and compile wit
       KernelPlan plan = napkin::codegen::plan_kernels(g);
       CudaSource src = emit_cuda_source(plan, model.stem().string());
       check_source(plan, src, what);
-#ifdef NAPKIN_TEST_NVRTC
-      NvrtcResult r = compile_ptx(src.text, model.stem().string());
-      INFO(what << ": NVRTC log:\n" << r.log);
-      CHECK(r.ok);
-      CHECK(r.log.find("warning") == std::string::npos);
+#ifdef NAPKIN_HAVE_NVRTC
+      // As `napkin build --target cuda` compiles it (options, cubin and PTX),
+      // without the cache: NVRTC rejecting the source throws with its log.
+      napkin::codegen::cuda::NvrtcOptions options;
+      options.use_cache = false;
+      napkin::codegen::cuda::NvrtcResult r = napkin::codegen::cuda::nvrtc_compile(src.text, model.stem().string(), options);
+      CHECK(r.cubin.size() > 0);
+      CHECK(r.ptx.find(".target sm_90") != std::string::npos);
 #endif
     }
   }
