@@ -98,13 +98,9 @@ double Executor::loss() const {
 }  // namespace napkin::runtime
 
 extern "C" void napkin_rt_bad_index(int64_t kernel, int64_t id, int64_t bound) {
+  static const napkin::runtime::Program no_program;  // names the kernel by its index only
   const napkin::runtime::Program* p = napkin::runtime::active_program();
-  std::string what = "kernel " + std::to_string(kernel);
-  if (p && kernel >= 0 && kernel < static_cast<int64_t>(p->kernels.size())) {
-    const auto& k = p->kernels[kernel];
-    what = k.name + (k.where.empty() ? "" : " at " + k.where);
-  }
-  std::fprintf(stderr, "error: %s: id %lld is outside [0, %lld); check the data's token ids against the model's vocab\n",
-               what.c_str(), static_cast<long long>(id), static_cast<long long>(bound));
+  std::string message = napkin::runtime::bad_index_message(p ? *p : no_program, kernel, id, bound);
+  std::fprintf(stderr, "error: %s\n", message.c_str());
   std::exit(1);
 }

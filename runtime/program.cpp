@@ -31,6 +31,16 @@ std::vector<const TensorSpec*> Program::with_role(const std::string& role) const
   return out;
 }
 
+std::string bad_index_message(const Program& program, int64_t kernel, int64_t id, int64_t bound) {
+  std::string what = "kernel " + std::to_string(kernel);
+  if (kernel >= 0 && kernel < static_cast<int64_t>(program.kernels.size())) {
+    const KernelSpec& k = program.kernels[static_cast<size_t>(kernel)];
+    what = k.name + (k.where.empty() ? "" : " at " + k.where);
+  }
+  return what + ": id " + std::to_string(id) + " is outside [0, " + std::to_string(bound) +
+         "); check the data's token ids against the model's vocab";
+}
+
 Program parse_program(const char* text, size_t size) {
   using nlohmann::json;
   try {

@@ -99,6 +99,11 @@ struct Program {
   std::vector<const TensorSpec*> with_role(const std::string& role) const;
 };
 
+// What a trainer says when kernel `kernel` met an embedding or class id
+// outside [0, bound): the kernel's name and YAML line, the id, and what to
+// check. Both the CPU runtime and the CUDA one report it so.
+std::string bad_index_message(const Program& program, int64_t kernel, int64_t id, int64_t bound);
+
 // Throws Error on malformed JSON or a missing field (a corrupt binary).
 Program parse_program(const char* json, size_t size);
 

@@ -376,14 +376,7 @@ void CudaEngine::synchronize() {
     NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(bad_index_host_, bad_index_, 3 * sizeof(long long), stream_));
   NAPKIN_CU(*driver_, cuStreamSynchronize(stream_));
   if (!bad_index_ || bad_index_host_[0] < 0) return;
-  long long kernel = bad_index_host_[0], id = bad_index_host_[1], bound = bad_index_host_[2];
-  std::string what = "kernel " + std::to_string(kernel);
-  if (kernel < static_cast<long long>(program_.kernels.size())) {
-    const KernelSpec& k = program_.kernels[static_cast<size_t>(kernel)];
-    what = k.name + (k.where.empty() ? "" : " at " + k.where);
-  }
-  throw Error(fmt::format("{}: id {} is outside [0, {}); check the data's token ids against the model's vocab", what,
-                          id, bound));
+  throw Error(bad_index_message(program_, bad_index_host_[0], bad_index_host_[1], bad_index_host_[2]));
 }
 
 }  // namespace napkin::runtime::cuda
