@@ -7,7 +7,6 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <sstream>
 
 #include "runtime/error.h"
 #include "runtime/float_formats.h"
@@ -75,12 +74,6 @@ void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* 
       }
     }
   }
-}
-
-std::string dims_str(const std::vector<int64_t>& v) {
-  std::string s = "(";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + ")";
 }
 
 // Per-thread scratch for operands whose strides BLAS cannot take (packed to
@@ -182,27 +175,6 @@ struct Gemm::Run {
   Split s;
   const std::vector<const Primitives::Entry*>* entries = nullptr;
 };
-
-MatmulDesc MatmulDesc::plain(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b) {
-  MatmulDesc d;
-  d.m = m, d.n = n, d.k = k;
-  if (trans_a) d.a_m_stride = 1, d.a_k_stride = m;
-  else d.a_m_stride = k, d.a_k_stride = 1;
-  if (trans_b) d.b_k_stride = 1, d.b_n_stride = k;
-  else d.b_k_stride = n, d.b_n_stride = 1;
-  d.c_m_stride = n;
-  return d;
-}
-
-std::string MatmulDesc::to_string() const {
-  std::ostringstream os;
-  if (!batch.empty())
-    os << "batch" << dims_str(batch) << " a" << dims_str(a_batch_stride) << " b" << dims_str(b_batch_stride) << " c"
-       << dims_str(c_batch_stride) << " ";
-  os << "m=" << m << " n=" << n << " k=" << k << " a(m " << a_m_stride << ", k " << a_k_stride << ") b(k "
-     << b_k_stride << ", n " << b_n_stride << ") c(m " << c_m_stride << ")";
-  return os.str();
-}
 
 Gemm::Gemm(MatmulDesc desc, GemmTypes types, LowPrecisionKernel kernel)
     : d_(std::move(desc)), types_(types), kernel_(kernel) {

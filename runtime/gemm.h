@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/matmul_desc.h"
 #include "runtime/thread_pool.h"
 
 namespace napkin::runtime {
@@ -61,19 +62,6 @@ struct GemmTypes {
 // choice; benches and tests force one to compare them.
 enum class LowPrecisionKernel : uint8_t { Auto, Primitive, F32Panels };
 
-struct MatmulDesc {
-  std::vector<int64_t> batch;  // batch dim sizes, outermost first (may be empty)
-  std::vector<int64_t> a_batch_stride, b_batch_stride, c_batch_stride;  // one per batch dim; 0 = broadcast
-  int64_t m = 0, n = 0, k = 0;
-  int64_t a_m_stride = 0, a_k_stride = 1;  // one of them is 1 (or its dim has size 1)
-  int64_t b_k_stride = 0, b_n_stride = 1;  // one of them is 1 (or its dim has size 1)
-  int64_t c_m_stride = 0;                  // C's n stride is 1
-
-  // A contiguous row-major (non-batched) C = op(A) op(B) with A m x k
-  // (or k x m when trans_a) and B k x n (or n x k when trans_b).
-  static MatmulDesc plain(int64_t m, int64_t n, int64_t k, bool trans_a = false, bool trans_b = false);
-  std::string to_string() const;  // "[2x3] 8x16x4 A(ldm..." for messages and benches
-};
 
 class Gemm {
  public:

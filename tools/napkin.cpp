@@ -7,7 +7,7 @@
 //   napkin check MODEL.yaml [--dims d=32,layers=2]      gradients vs float64 finite differences
 //   napkin build MODEL.yaml -o TRAINER                  a standalone trainer executable (CPU, LLVM)
 //   napkin build MODEL.yaml --target cuda -o TRAINER    ... for an NVIDIA GPU (NVRTC, --arch sm_90)
-//   napkin train MODEL.yaml [-- TRAINER FLAGS]          build (cached) and run the trainer
+//   napkin train MODEL.yaml [--target cuda] [-- TRAINER FLAGS]   build (cached) and run the trainer
 //   napkin data encode TEXT... -o FILE                  byte-level tokens (u16) from text files
 //   napkin estimate --params 70e9 --tokens 15e12 ...    the lecture's napkin math
 //   napkin devices                                      the device table
@@ -442,22 +442,44 @@ std::filesystem::path cache_dir() {
   return std::filesystem::temp_directory_path() / "napkin-cache";
 }
 
-int cmd_train(const std::string& model, const std::string& dims, const std::string& budget,
+int cmd_train(const std::string& model, const std::string& dims, const std::string& budget, const std::string& target,
               const std::vector<std::string>& trainer_args) {
+  if (target != "cpu" && target != "cuda") {
+    std::cerr << fmt::format("error: --target {}: unknown target\n    hint: cpu or cuda\n", target);
+    return kUserError;
+  }
+#ifndef NAPKIN_HAVE_CUDA
+  if (target == "cuda") {
+    std::cerr << "error: --target cuda: this napkin was built without the CUDA toolkit, so it builds CPU trainers only\n";
+    return kUserError;
+  }
+#endif
   auto g = load(model, dims, {}, memory_budget(budget, nullptr));
   if (!g) return kUserError;
-  // The cache key: the training step, and this compiler and runtime (a
-  // rebuilt napkin builds afresh).
-  std::string key = fnv1a_hex({ir::print_graph(*g, {false}), read_file_bytes("/proc/self/exe"),
-                               read_file_bytes(codegen::cpu::kRuntimeLibrary)});
+  // The cache key: the training step, the target, and this compiler and
+  // runtime (a rebuilt napkin builds afresh).
+  std::string runtime = read_file_bytes(codegen::cpu::kRuntimeLibrary);
+#ifdef NAPKIN_HAVE_CUDA
+  if (target == "cuda") runtime += read_file_bytes(codegen::cuda::cuda_runtime_library());
+#endif
+  std::string key = fnv1a_hex({ir::print_graph(*g, {false}), target, read_file_bytes("/proc/self/exe"), runtime});
   std::filesystem::path dir = cache_dir() / key;
   std::filesystem::path trainer = dir / "trainer";
   if (!std::filesystem::exists(trainer)) {
     std::filesystem::create_directories(dir);
     std::string tmp = (dir / fmt::format("trainer.tmp.{}", getpid())).string();
-    codegen::cpu::BuildOptions options{tmp, model_hash(*g), "cpu", "", ""};
     auto t0 = std::chrono::steady_clock::now();
-    if (!build_trainer(*g, options)) return kUserError;
+    bool built = false;
+#ifdef NAPKIN_HAVE_CUDA
+    if (target == "cuda") {
+      codegen::cuda::CudaBuildOptions options;
+      options.output = tmp;
+      options.model_hash = model_hash(*g);
+      built = build_trainer(codegen::cuda::build_cuda_trainer, *g, options).has_value();
+    }
+#endif
+    if (target == "cpu") built = build_trainer(*g, codegen::cpu::BuildOptions{tmp, model_hash(*g), "cpu", "", ""}).has_value();
+    if (!built) return kUserError;
     std::filesystem::rename(tmp, trainer);
     std::cout << fmt::format("napkin: built {} in {:.2f} s (cached at {})\n", g->name,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), trainer.string());
@@ -596,9 +618,11 @@ int main(int argc, char** argv) {
   train->add_option("model", model, "model YAML file")->required();
   train->add_option("--dims", dims, dims_help);
   train->add_option("--memory-budget", budget, budget_help);
+  std::string train_target = "cpu";
+  train->add_option("--target", train_target, "cpu or cuda (sm_90, the h100's peak for MFU)")->capture_default_str();
   train->add_option("trainer_args", trainer_args, "flags for the trainer (see TRAINER --help)");
   train->prefix_command(false);
-  train->callback([&] { status = cmd_train(model, dims, budget, trainer_args); });
+  train->callback([&] { status = cmd_train(model, dims, budget, train_target, trainer_args); });
 
   std::vector<std::string> encode_inputs;
   std::string encode_output;

@@ -18,7 +18,7 @@ machine, runs each CUDA trainer with the same flags and compares.
 
 It also builds the GPT-2 124M CUDA trainer and a token file for
 bench/gpt2_cuda_vs_torch.py. The bundle goes to build/gpu-bundle (carry it;
-about 30 MB), with manifest.json describing every case.
+about 50 MiB, under the device's 64 MiB carry limit), with manifest.json describing every case.
 
 Usage: bench/gpu/prepare.py [--napkin build/tools/napkin] [--steps 5] [--out build/gpu-bundle]
 """
@@ -37,11 +37,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # name, model, --dims override, precision, keep the final checkpoint as a reference
 CASES = [
-    ("linear", "models/linear.yaml", "", "fp32", True),
-    ("mlp", "models/mlp.yaml", "", "fp32", True),
+    ("linear", "models/linear.yaml", "batch=256", "fp32", True),
+    ("mlp", "models/mlp.yaml", "batch=128,hidden=256", "fp32", True),
     ("cruncher", "models/cruncher.yaml", "d=256", "fp32", True),
-    ("gpt", "models/gpt.yaml", "", "fp32", True),
-    ("gpt-bf16", "models/gpt.yaml", "", "bf16-mixed", True),
+    ("gpt", "models/gpt.yaml", "d=128,layers=2", "fp32", True),
+    ("gpt-bf16", "models/gpt.yaml", "d=128,layers=2", "bf16-mixed", True),
     ("gpt2-small", "models/gpt2-124m.yaml", "layers=2,seq=128,batch=4", "bf16-mixed", False),
 ]
 CLASS_INPUTS = {"labels": 10}  # integer (class id) inputs of the npy models and their bound (mlp.yaml: classes)
@@ -70,7 +70,7 @@ def input_specs(program):
     return [(t["name"], t["dtype"], t["shape"]) for t in program["tensors"] if t["role"] == "input"]
 
 
-def write_data(program, out_dir, name, rng, batches=8):
+def write_data(program, out_dir, name, rng, batches=4):
     """Data flags (paths relative to the bundle) for the trainer's inputs."""
     inputs = input_specs(program)
     vocab = None
@@ -131,7 +131,7 @@ def main():
         # The benchmark: GPT-2 124M as the YAML says (batch 8, seq 1024), random GPT-2 token ids.
         bench = os.path.join(a.out, "gpt2-124m-cuda")
         run([a.napkin, "build", os.path.join(ROOT, "models/gpt2-124m.yaml"), "--target", "cuda", "-o", bench, "--quiet"])
-        rng.integers(0, 50257, 8 * 1025 * 64, dtype=np.uint16).astype("<u2").tofile(os.path.join(a.out, "gpt2.u16"))
+        rng.integers(0, 50257, 8 * 1025 * 16, dtype=np.uint16).astype("<u2").tofile(os.path.join(a.out, "gpt2.u16"))
         manifest["bench"] = {"trainer": "gpt2-124m-cuda", "data": "gpt2.u16"}
     # Trainers link libfmt dynamically; the GPU machine may not have it.
     for lib in ("libfmt.so.9",):
@@ -143,6 +143,8 @@ def main():
         json.dump(manifest, f, indent=1)
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(a.out) for f in fs)
     print(f"bundle: {a.out}, {total / 2**20:.1f} MiB")
+    if total > 64 * 2**20:
+        sys.exit("the bundle exceeds the 64 MiB a device call can carry: make the cases smaller")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ void write_file(const std::string& path, const std::string& bytes) {
 
 }  // namespace
 
+const char* cuda_runtime_library() { return kCudaRuntimeLibrary; }
+
 CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& options) {
   const passes::Device* device = passes::find_device(options.device);
   if (!device)
@@ -82,8 +84,10 @@ CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& o
   lap("object");
 
   try {
+    // --as-needed: the runtime's link flags name oneDNN for the CPU GEMM,
+    // which a CUDA trainer does not use; the GPU machine need not have it.
     cpu::link_executable(cpu::shell_quoted(object_path) + " " + kCudaTrainerMainObject + " " + kCudaRuntimeLibrary +
-                             " " + kRuntimeLibrary + " " + kRuntimeLinkFlags,
+                             " " + kRuntimeLibrary + " -Wl,--as-needed " + kRuntimeLinkFlags,
                          options.output);
   } catch (...) {
     std::remove(object_path.c_str());

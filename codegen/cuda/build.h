@@ -47,4 +47,8 @@ struct CudaBuildResult {
 // napkin bugs (NVRTC rejecting the generated source).
 CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& options);
 
+// The static library of the CUDA runtime a trainer links (napkin train keys
+// its trainer cache on it, so a rebuilt runtime means a rebuilt trainer).
+const char* cuda_runtime_library();
+
 }  // namespace napkin::codegen::cuda

@@ -115,6 +115,16 @@ TEST_CASE("cuda build: napkin build --target cuda makes a trainer that prints it
   std::string text = printed.out;
   check_launches(napkin::runtime::parse_program(text.data(), text.size()), read_bytes(dir / "linear.cu"));
 
+  // It starts on a GPU machine that has neither oneDNN nor the toolkit's
+  // libraries: it needs no CUDA library at load time (libcuda and cuBLASLt
+  // are opened when the engine starts) and not the CPU GEMM's oneDNN.
+  Run needed = sh("readelf -d " + trainer);
+  INFO(needed.out);
+  REQUIRE(needed.status == 0);
+  CHECK(needed.out.find("(NEEDED)") != std::string::npos);
+  for (const char* library : {"libdnnl", "libcuda", "libcublas", "libnvrtc", "libcudart"})
+    CHECK(needed.out.find(library) == std::string::npos);
+
   Run run = sh(trainer + " --steps 1");
   INFO(run.out);
   CHECK(run.status == 1);
@@ -141,6 +151,22 @@ TEST_CASE("cuda build: napkin build --target cuda makes a trainer that prints it
     CHECK(p["device"] == "a100");
     CHECK(p["peak_flops"] == 156e12);  // A100's TF32
   }
+}
+
+TEST_CASE("cuda build: napkin train --target cuda builds (cached) and runs the CUDA trainer") {
+  TempDir cache("cudatrain");
+  Run r = sh(fmt::format("XDG_CACHE_HOME={} {} train models/linear.yaml --target cuda -- --steps 1", cache.path,
+                         NAPKIN_BINARY));
+  INFO(r.out);
+  CHECK(r.out.find("napkin: built linear") != std::string::npos);
+  CHECK(r.status == 1);  // no GPU here: the trainer itself says so
+  CHECK(r.out.find("runs its step on an NVIDIA GPU") != std::string::npos);
+  Run again = sh(fmt::format("XDG_CACHE_HOME={} {} train models/linear.yaml --target cuda -- --print-program", cache.path,
+                             NAPKIN_BINARY));
+  INFO(again.out);
+  CHECK(again.status == 0);
+  CHECK(again.out.find("using the cached trainer") != std::string::npos);
+  CHECK(again.out.find("\"backend\": \"cuda\"") != std::string::npos);
 }
 
 TEST_CASE("cuda build: every kernel kind of a transformer compiles with NVRTC") {
