@@ -45,7 +45,7 @@ TEST_CASE("numeric: every model's compiled CPU kernels agree with the interprete
         INFO(c.kernel->name << " output " << c.output << " at " << c.kernel->where
                             << (c.kernel->kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (loop)") << ", "
                             << ir::dtype_name(c.operand->dtype));
-        const double tolerance = napkin::testing::kernel_tolerance(c.operand->dtype);
+        const double tolerance = napkin::testing::kernel_tolerance(c.precision);
         CHECK(c.error <= tolerance);
         if (tolerance > 0 && c.error / tolerance > worst) worst = c.error / tolerance, worst_kernel = c.kernel->name;
       });

@@ -21,6 +21,8 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <set>
+#include <vector>
 
 #include "codegen/cuda/kernel_source.h"
 #include "support/compiled_step.h"
@@ -29,11 +31,16 @@
 
 using namespace napkin;
 
-TEST_CASE("numeric: every model's CUDA kernels, emulated on the host, agree with the interpreter, fp32 and bf16-mixed") {
+namespace {
+
+// Every model in `models` (all when empty) under every policy, each loop
+// kernel's emulated CUDA launches checked against the interpreter.
+void check_emulated(const std::vector<ir::PrecisionPolicy>& policies, const std::set<std::string>& models) {
   const bool verbose = std::getenv("NAPKIN_NUMERIC_VERBOSE") != nullptr;
-  for (ir::PrecisionPolicy policy : {ir::PrecisionPolicy::FP32, ir::PrecisionPolicy::BF16Mixed}) {
+  for (ir::PrecisionPolicy policy : policies) {
     for (const auto& model : napkin::testing::model_files()) {
       const std::string stem = model.stem().string();
+      if (!models.empty() && !models.count(stem)) continue;
       const std::string_view precision = ir::precision_name(policy);
       CAPTURE(stem);
       CAPTURE(precision);
@@ -53,7 +60,7 @@ TEST_CASE("numeric: every model's CUDA kernels, emulated on the host, agree with
             INFO(c.kernel->name << " output " << c.output << " at " << c.kernel->where
                                 << (c.kernel->kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (CUDA, emulated)") << ", "
                                 << ir::dtype_name(c.operand->dtype));
-            const double tolerance = napkin::testing::kernel_tolerance(c.operand->dtype);
+            const double tolerance = napkin::testing::kernel_tolerance(c.precision);
             CHECK(c.error <= tolerance);
             if (c.kernel->kind == codegen::KernelKind::Loop && tolerance > 0 && c.error / tolerance > worst)
               worst = c.error / tolerance, worst_kernel = c.kernel->name;
@@ -73,6 +80,19 @@ TEST_CASE("numeric: every model's CUDA kernels, emulated on the host, agree with
                                  precision, launches, worst, worst_kernel);
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("numeric: every model's CUDA kernels, emulated on the host, agree with the interpreter, fp32 and bf16-mixed") {
+  check_emulated({ir::PrecisionPolicy::FP32, ir::PrecisionPolicy::BF16Mixed}, {});
+}
+
+TEST_CASE("numeric: emulated CUDA kernels under fp16-mixed (loss scaling) and fp8-mixed (E4M3/E5M2 quantization)") {
+  // The f16 casts, the loss scale's found-Inf flag and skip-update selects,
+  // the amax reductions and the exact fp8 casts (fp8 outputs must match bit
+  // for bit: their tolerance is 0).
+  check_emulated({ir::PrecisionPolicy::FP16Mixed, ir::PrecisionPolicy::FP8Mixed}, {"mlp", "gpt"});
 }
 
 TEST_CASE("numeric: an out-of-range token id in a CUDA kernel is reported through napkin_bad_index, not written") {
@@ -121,7 +141,7 @@ optimizer: sgd(lr=0.1)
 )yaml";
   auto check = [](const napkin::testing::KernelOutputCheck& c) {
     INFO(c.kernel->name << " at " << c.kernel->where << ", " << ir::dtype_name(c.operand->dtype));
-    CHECK(c.error <= napkin::testing::kernel_tolerance(c.operand->dtype));
+    CHECK(c.error <= napkin::testing::kernel_tolerance(c.precision));
   };
   napkin::testing::CompiledStep cpu(napkin::testing::compile_training(yaml));
   int narrow_reductions = 0;

@@ -85,7 +85,7 @@ int check_kernels(Compiled& c, ir::DType gemm_dtype) {
     INFO(k.kernel->name << " output " << k.output << " at " << k.kernel->where
                         << (k.kernel->kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (loop)") << ", out "
                         << ir::dtype_name(k.operand->dtype));
-    CHECK(k.error <= napkin::testing::kernel_tolerance(k.operand->dtype));
+    CHECK(k.error <= napkin::testing::kernel_tolerance(k.precision));
   });
   return gemms;
 }

@@ -114,6 +114,18 @@ std::vector<std::vector<double>> expected_outputs(const CompiledStep& step, cons
   return expected;
 }
 
+// See KernelOutputCheck::precision.
+ir::DType judged_precision(const codegen::Kernel& k, int output) {
+  if (!k.fused) return k.output.dtype;
+  const codegen::FusedLoop& f = *k.fused;
+  const codegen::FusedOp& op = f.ops[f.output_ops[output]];
+  ir::DType own = f.outputs[output].dtype;
+  if (op.op != ir::Op::Cast || op.args[0].input) return own;
+  ir::DType from = f.ops[op.args[0].index].dtype;
+  bool narrower = ir::is_floating(from) && ir::is_floating(own) && ir::dtype_size(from) < ir::dtype_size(own);
+  return narrower ? from : own;
+}
+
 }  // namespace
 
 void check_each_kernel(CompiledStep& step, const std::function<void(const KernelOutputCheck&)>& check,
@@ -141,7 +153,8 @@ void check_each_kernel(CompiledStep& step, const std::function<void(const Kernel
     NAPKIN_INTERNAL_CHECK(outputs.size() == expected.size(), "kernel {} stores {} outputs, the interpreter made {}", k.name,
                           outputs.size(), expected.size());
     for (size_t o = 0; o < outputs.size(); ++o)
-      check({&k, static_cast<int>(o), outputs[o], scaled_error(read_operand(arena, *outputs[o]), expected[o])});
+      check({&k, static_cast<int>(o), outputs[o], scaled_error(read_operand(arena, *outputs[o]), expected[o]),
+             judged_precision(k, static_cast<int>(o))});
   };
   step.ex->run_forward();
   step.ex->run_rest();

@@ -64,6 +64,10 @@ struct KernelOutputCheck {
   int output = 0;  // index among the kernel's stored outputs
   const codegen::Operand* operand = nullptr;
   double error = 0;  // scaled_error against the interpreter
+  // The dtype whose tolerance the output is judged by: its own, except for a
+  // fused kernel's output that widens a narrower float computed in the
+  // kernel (a bf16 result cast to f32 carries bf16's rounding, not f32's).
+  ir::DType precision = ir::DType::F32;
 };
 
 // Runs loop kernel `kernel` of the plan over `arena` instead of the CPU
