@@ -2,6 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "passes/cost.h"
+#include "passes/devices.h"
+
 namespace napkin::codegen {
 
 namespace {
@@ -75,6 +78,21 @@ json train_json(const ir::Graph& g) {
 }
 
 }  // namespace
+
+ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std::string& model_hash,
+                        const std::string& backend, bool allow_tf32) {
+  const passes::Device* d = passes::find_device(device);
+  passes::StepCost cost = passes::analyze_step(g, d);
+  ProgramFacts facts;
+  facts.model_hash = model_hash;
+  facts.flops_per_step = cost.total.flops;
+  facts.flops_forward = cost.phase(ir::Phase::Forward).flops;
+  facts.tokens_per_step = static_cast<int64_t>(cost.tokens);
+  facts.device = device;
+  facts.peak_flops = d ? passes::matmul_peak(*d, cost.matmul_dtype, allow_tf32) : 0;
+  facts.backend = backend;
+  return facts;
+}
 
 std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::vector<Launch>& launches,
                          const ProgramFacts& facts) {

@@ -23,6 +23,13 @@ struct ProgramFacts {
   std::string backend = "cpu";
 };
 
+// The facts of the training step `g` as a trainer for `device` (a name of
+// passes/devices.h; an unknown one gives no peak, so no MFU) reports them:
+// static FLOPs per step and forward, tokens per step, and the device's peak
+// for the step's matmul dtype (TF32's for f32 when `allow_tf32`).
+ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std::string& model_hash,
+                        const std::string& backend, bool allow_tf32 = false);
+
 std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::vector<Launch>& launches,
                          const ProgramFacts& facts);
 

@@ -9,8 +9,6 @@
 #include "codegen/cpu/cpu_backend.h"
 #include "codegen/cpu/link.h"
 #include "codegen/program_json.h"
-#include "passes/cost.h"
-#include "passes/devices.h"
 
 namespace napkin::codegen::cpu {
 
@@ -42,15 +40,7 @@ BuildResult build_cpu_trainer(const ir::Graph& g, const BuildOptions& options) {
   CpuModule m = emit_module(plan, g.name);
   lap("LLVM IR");
 
-  const passes::Device* device = passes::find_device(options.device);
-  passes::StepCost cost = passes::analyze_step(g, device);
-  ProgramFacts facts;
-  facts.model_hash = options.model_hash;
-  facts.flops_per_step = cost.total.flops;
-  facts.flops_forward = cost.phase(ir::Phase::Forward).flops;
-  facts.tokens_per_step = static_cast<int64_t>(cost.tokens);
-  facts.device = options.device;
-  facts.peak_flops = device ? passes::matmul_peak(*device, cost.matmul_dtype) : 0;
+  ProgramFacts facts = step_facts(g, options.device, options.model_hash, "cpu");
   std::string json = program_json(g, plan, m.loops, facts);
   add_program_json(m, json);
   if (!options.emit_program.empty()) write_file(options.emit_program, json);

@@ -11,7 +11,6 @@
 #include "codegen/cuda/link_config.h"
 #include "codegen/cuda/nvrtc_compile.h"
 #include "codegen/cuda/program_cuda.h"
-#include "passes/cost.h"
 #include "passes/devices.h"
 
 namespace napkin::codegen::cuda {
@@ -62,15 +61,7 @@ CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& o
   result.cache_hit = compiled.cache_hit;
   lap(compiled.cache_hit ? "NVRTC (cache hit)" : "NVRTC");
 
-  passes::StepCost cost = passes::analyze_step(g, device);
-  ProgramFacts facts;
-  facts.model_hash = options.model_hash;
-  facts.flops_per_step = cost.total.flops;
-  facts.flops_forward = cost.phase(ir::Phase::Forward).flops;
-  facts.tokens_per_step = static_cast<int64_t>(cost.tokens);
-  facts.device = options.device;
-  facts.peak_flops = passes::matmul_peak(*device, cost.matmul_dtype, options.tf32);
-  facts.backend = "cuda";
+  ProgramFacts facts = step_facts(g, options.device, options.model_hash, "cuda", options.tf32);
   std::string json = cuda_program_json(g, plan, source, facts, {compiled.arch, options.tf32});
   if (!options.emit_program.empty()) write_file(options.emit_program, json);
   lap("program");
