@@ -7,11 +7,27 @@
 //    plan kernel is one or more launches, run in order on one stream (a
 //    cross-entropy loss is per-row losses, then their sum in a fixed order).
 //  - signature: every function is
-//        extern "C" __global__ void NAME(char* __restrict__ arena, char* __restrict__ scratch)
-//    with every operand's byte offset, size and stride compiled in as a
-//    constant (the shapes are static). `scratch` is a device buffer of
-//    CudaSource::scratch_bytes that launches of one plan kernel pass partial
-//    results through; nothing in it survives from one plan kernel to the next.
+//        extern "C" __global__ void NAME(char* __restrict__ arena, char* __restrict__ scratch,
+//                                        const NapkinOffsets<N> off)
+//    with `struct NapkinOffsets<N> { long long at[N]; }` (the prelude) passed
+//    by value: operand j of the function is at arena + off.at[j]. Sizes,
+//    strides, the dtype and the launch shape are compiled in as constants
+//    (the shapes are static); only byte offsets are parameters, so plan
+//    kernels that differ only in where their operands are share functions.
+//    `scratch` is a device buffer of CudaSource::scratch_bytes that launches
+//    of one plan kernel pass partial results through; nothing in it survives
+//    from one plan kernel to the next.
+//  - launch arguments: CudaLaunch::offsets, the N values of `off` (the
+//    operands' byte offsets in the arena). The runtime passes them as the
+//    third kernel parameter (cuLaunchKernel: kernelParams[2] points to N
+//    long longs). A function that reads an operand with 16-byte vector
+//    loads was emitted so because that operand's offset is a multiple of 16,
+//    and every launch of it has such an offset in that slot (checked when
+//    the source is emitted).
+//  - sharing: the plan kernels whose functions are textually the same once
+//    offsets are parameters are launched through one set of functions, named
+//    after the first such plan kernel (NAME, NAME_2, ...): a launch's
+//    function need not carry its own plan kernel's name.
 //  - determinism: no floating-point atomics anywhere. Every sum runs in an
 //    order fixed by the source and the launch shape, so a step gives the same
 //    bits every run (the embedding gradient included).
@@ -45,10 +61,11 @@ struct CudaLaunch {
   int64_t grid = 1;      // blocks
   int block = 1;         // threads per block
   int shared_bytes = 0;  // dynamic shared memory per block
+  std::vector<int64_t> offsets;  // the function's `off`: operand byte offsets, by slot
 };
 
 struct CudaSource {
-  std::string text;  // the translation unit: prelude, then every kernel
+  std::string text;  // the translation unit: prelude, then every distinct kernel
   // Per plan kernel, in plan order: its launches (empty for Matmul kernels).
   std::vector<std::vector<CudaLaunch>> launches;
   int64_t scratch_bytes = 0;  // the largest any plan kernel needs
