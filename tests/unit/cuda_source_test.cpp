@@ -1,8 +1,10 @@
 // codegen/cuda/kernel_source: the CUDA C of every built-in model (small dims,
 // each precision the CUDA backend trains in) compiles with NVRTC for sm_90;
 // every Loop kernel has launches of functions the source defines, with sane
-// shapes, and Matmul kernels none; the source uses no float atomics; the
-// elementwise emitter takes 16-byte vectors exactly where the layout allows.
+// shapes and its operands' offsets, and Matmul kernels none; the source uses
+// no float atomics; the elementwise emitter takes 16-byte vectors exactly
+// where the layout allows; plan kernels that differ only in their offsets
+// share functions, within the same 16-byte alignment.
 // The kernels' numbers are checked by running the source under host
 // emulation against the interpreter (tests/support/cuda_emulator.h).
 #include <doctest/doctest.h>
@@ -191,4 +193,33 @@ TEST_CASE("cuda source: plan kernels that differ only in their operands' offsets
   CHECK(launches8 > launches4);
   CHECK(functions8 == functions4);
   CHECK(functions4 * 2 < static_cast<size_t>(launches4));
+}
+
+TEST_CASE("cuda source: kernels share a function only if their offsets allow the same 16-byte vector accesses") {
+  // Three adds of the same shapes: two at 16-byte aligned offsets, one with
+  // an input at an offset that is not (a view starting at element 1).
+  KernelPlan plan;
+  auto add = [&](int64_t a, int64_t b, int64_t out) {
+    Kernel k;
+    k.op = napkin::ir::Op::Add;
+    k.name = fmt::format("k{}_add", plan.kernels.size());
+    k.inputs = {operand(a, {64, 32}, {32, 1}), operand(b, {64, 32}, {32, 1})};
+    k.output = operand(out, {64, 32}, {32, 1});
+    plan.kernels.push_back(k);
+  };
+  add(0, 8192, 16384);
+  add(32768, 49152, 65536);
+  add(32768 + 4, 49152, 65536);
+  plan.arena_bytes = 1 << 20;
+  CudaSource src = emit_cuda_source(plan, "inline");
+  check_source(plan, src, "three adds");
+  REQUIRE(src.launches.size() == 3);
+  CHECK(src.launches[0][0].function == "k0_add");
+  CHECK(src.launches[1][0].function == "k0_add");
+  CHECK(src.launches[2][0].function == "k2_add");
+  CHECK(src.launches[0][0].offsets == std::vector<int64_t>{0, 8192, 16384});
+  CHECK(src.launches[1][0].offsets == std::vector<int64_t>{32768, 49152, 65536});
+  CHECK(src.launches[2][0].offsets == std::vector<int64_t>{32768 + 4, 49152, 65536});
+  CHECK(function_text(src.text, "k0_add").find("uint4") != std::string::npos);
+  CHECK(function_text(src.text, "k2_add").find("uint4") == std::string::npos);
 }
