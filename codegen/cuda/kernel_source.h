@@ -8,24 +8,27 @@
 //    cross-entropy loss is per-row losses, then their sum in a fixed order).
 //  - signature: every function is
 //        extern "C" __global__ void NAME(char* __restrict__ arena, char* __restrict__ scratch,
-//                                        const NapkinOffsets<N> off)
-//    with `struct NapkinOffsets<N> { long long at[N]; }` (the prelude) passed
-//    by value: operand j of the function is at arena + off.at[j]. Sizes,
-//    strides, the dtype and the launch shape are compiled in as constants
-//    (the shapes are static); only byte offsets are parameters, so plan
-//    kernels that differ only in where their operands are share functions.
-//    `scratch` is a device buffer of CudaSource::scratch_bytes that launches
-//    of one plan kernel pass partial results through; nothing in it survives
-//    from one plan kernel to the next.
-//  - launch arguments: CudaLaunch::offsets, the N values of `off` (the
-//    operands' byte offsets in the arena). The runtime passes them as the
-//    third kernel parameter (cuLaunchKernel: kernelParams[2] points to N
-//    long longs). A function that reads an operand with 16-byte vector
-//    loads was emitted so because that operand's offset is a multiple of 16,
-//    and every launch of it has such an offset in that slot (checked when
-//    the source is emitted).
-//  - sharing: the plan kernels whose functions are textually the same once
-//    offsets are parameters are launched through one set of functions, named
+//                                        const NAPKIN_OFFSETS(N) off)
+//    where NAPKIN_OFFSETS(N) is the prelude's `struct NapkinOffsets<N> {
+//    long long at[N]; }`, passed by value (by reference under host
+//    emulation). Slot j of `off` is the byte offset of one operand of the
+//    plan kernel, which the function reaches as arena + off.at[j]; the slots
+//    number the plan kernel's distinct operand offsets, and every function of
+//    one plan kernel takes all of them. Sizes, strides, dtypes, the launch
+//    shape and the plan kernel's index (for bad ids) are compiled in as
+//    constants; only byte offsets are parameters. `scratch` is a device
+//    buffer of CudaSource::scratch_bytes that launches of one plan kernel
+//    pass partial results through; nothing in it survives from one plan
+//    kernel to the next.
+//  - launch arguments: CudaLaunch::offsets, the N values of `off`. The
+//    runtime passes them as the third kernel parameter (cuLaunchKernel:
+//    kernelParams[2] points to the N long longs). A function that moves an
+//    operand in 16-byte vectors was emitted so because that operand's offset
+//    is a multiple of 16, and every launch of it has such an offset in that
+//    slot (checked when the source is emitted).
+//  - sharing: plan kernels whose functions are textually the same once the
+//    offsets are parameters (a transformer's layers, the updates of
+//    same-shaped parameters) are launched through one set of functions, named
 //    after the first such plan kernel (NAME, NAME_2, ...): a launch's
 //    function need not carry its own plan kernel's name.
 //  - determinism: no floating-point atomics anywhere. Every sum runs in an
