@@ -106,7 +106,8 @@ Program parse_program(const char* text, size_t size) {
       }
       if (k.contains("cuda_launches"))
         for (const json& l : k.at("cuda_launches"))
-          s.cuda_launches.push_back({l.at("function"), l.at("grid"), l.at("block"), l.at("shared")});
+          s.cuda_launches.push_back({l.at("function"), l.at("grid"), l.at("block"), l.at("shared"),
+                                    l.at("offsets").get<std::vector<int64_t>>()});
       p.kernels.push_back(std::move(s));
     }
     p.num_forward_kernels = j.at("num_forward_kernels");

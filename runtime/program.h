@@ -35,6 +35,7 @@ struct CudaLaunchSpec {
   std::string function;
   int64_t grid = 1;
   int block = 1, shared_bytes = 0;
+  std::vector<int64_t> offsets;  // the function's third parameter: operand byte offsets in the arena
 };
 
 struct KernelSpec {

@@ -383,9 +383,9 @@ int cmd_build_cuda(const BuildArgs& a) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!a.quiet)
     std::cout << fmt::format(
-        "built {} ({}: cuda {}, {} kernels, {} on cuBLASLt, {} launches; cubin {} bytes, PTX {} bytes; NVRTC {}; "
-        "arena {} bytes) in {:.2f} s\n",
-        a.output, g->name, r.arch, r.kernels, r.matmul_kernels, r.launches, r.cubin_bytes, r.ptx_bytes,
+        "built {} ({}: cuda {}, {} kernels, {} on cuBLASLt, {} launches of {} functions; cubin {} bytes, PTX {} bytes; "
+        "NVRTC {}; arena {} bytes) in {:.2f} s\n",
+        a.output, g->name, r.arch, r.kernels, r.matmul_kernels, r.launches, r.functions, r.cubin_bytes, r.ptx_bytes,
         r.cache_hit ? std::string("cache hit") : fmt::format("{} {:.2f} s", r.nvrtc_version, r.nvrtc_seconds),
         r.arena_bytes, seconds);
   if (a.time_passes) print_build_steps(r.seconds);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <stdexcept>
 
 #include "codegen/cpu/data_object.h"
@@ -48,7 +49,12 @@ CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& o
   lap("kernel plan");
 
   CudaSource source = emit_cuda_source(plan, g.name);
-  for (const auto& launches : source.launches) result.launches += static_cast<int>(launches.size());
+  std::set<std::string> functions;
+  for (const auto& launches : source.launches) {
+    result.launches += static_cast<int>(launches.size());
+    for (const CudaLaunch& l : launches) functions.insert(l.function);
+  }
+  result.functions = static_cast<int>(functions.size());
   if (!options.emit_cuda.empty()) write_file(options.emit_cuda, source.text);
   lap("CUDA C");
 

@@ -34,7 +34,8 @@ struct CudaBuildOptions {
 struct CudaBuildResult {
   int64_t arena_bytes = 0;
   int kernels = 0, matmul_kernels = 0;
-  int launches = 0;  // CUDA kernel launches per step (cuBLASLt matmuls not counted)
+  int launches = 0;   // CUDA kernel launches per step (cuBLASLt matmuls not counted)
+  int functions = 0;  // the distinct kernel functions they launch
   std::string arch, nvrtc_version;
   int64_t cubin_bytes = 0, ptx_bytes = 0;
   double nvrtc_seconds = 0;  // the compile, or the cache lookup on a hit

@@ -212,7 +212,7 @@ EmittedKernel elementwise_kernel(const Kernel& k, ElementwiseLoop& l, const std:
   s.close();
   EmittedKernel out;
   out.text = elem_fn + s.take();
-  out.launches.push_back({k.name, grid, block, 0});
+  out.launches.push_back({k.name, grid, block, 0, {}});
   return out;
 }
 
@@ -286,7 +286,7 @@ EmittedKernel emit_source_op(const Kernel& k) {
     begin_kernel(s, k.name, 32);
     s.line("if (blockIdx.x == 0 && threadIdx.x == 0) {}", store(k.output, "0", literal(k.output.dtype, k.attrs.get_double("value"))));
     s.close();
-    out.launches.push_back({k.name, 1, 32, 0});
+    out.launches.push_back({k.name, 1, 32, 0, {}});
   } else {
     NAPKIN_INTERNAL_CHECK(k.op == Op::Iota, "not a source op");
     int64_t n = k.output.numel();
@@ -298,7 +298,7 @@ EmittedKernel emit_source_op(const Kernel& k) {
     s.line("{}", store(k.output, "i", convert("(long long)i", DType::I64, k.output.dtype)));
     s.close();
     s.close();
-    out.launches.push_back({k.name, grid, block, 0});
+    out.launches.push_back({k.name, grid, block, 0, {}});
   }
   out.text = s.take();
   return out;
@@ -349,7 +349,7 @@ EmittedKernel emit_concat_or_pad(const Kernel& k) {
   s.close();
   EmittedKernel e;
   e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0});
+  e.launches.push_back({k.name, grid, block, 0, {}});
   return e;
 }
 
@@ -405,7 +405,7 @@ EmittedKernel emit_embedding(const Kernel& k, int index) {
   s.close();
   EmittedKernel e;
   e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0});
+  e.launches.push_back({k.name, grid, block, 0, {}});
   return e;
 }
 
@@ -446,7 +446,7 @@ EmittedKernel emit_contraction(const Kernel& k) {
   s.close();
   EmittedKernel e;
   e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0});
+  e.launches.push_back({k.name, grid, block, 0, {}});
   return e;
 }
 

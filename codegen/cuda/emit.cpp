@@ -124,7 +124,12 @@ std::string convert(const std::string& v, DType from, DType to) {
   return fmt::format("(({})({}))", dst, v);  // float <-> float, int -> float (nearest), int <-> int
 }
 
-std::string pointer(const Operand& o) { return fmt::format("(({}*)(arena + {}LL))", storage_type(o.dtype), o.byte_offset); }
+std::string offset_marker(const Operand& o, bool vector) {
+  NAPKIN_INTERNAL_CHECK(o.byte_offset >= 0, "an operand at byte offset {}", o.byte_offset);
+  return fmt::format("${}{}$", vector ? 'v' : 'o', o.byte_offset);
+}
+
+std::string pointer(const Operand& o) { return fmt::format("(({}*)(arena + {}))", storage_type(o.dtype), offset_marker(o, false)); }
 
 std::string load(const Operand& o, const std::string& index) {
   return from_storage(o.dtype, fmt::format("{}[{}]", pointer(o), index));
@@ -180,7 +185,7 @@ void vector_load(Src& s, const Operand& o, const std::string& at, int E, const s
   int words = E * size / 16;
   NAPKIN_INTERNAL_CHECK(words >= 1 && E * size % 16 == 0, "a chunk of {} elements of {} bytes is not whole uint4 words", E, size);
   s.open("{{");
-  s.line("const uint4* vp = (const uint4*)(arena + {}LL) + ({}) / {};", o.byte_offset, at, 16 / size);
+  s.line("const uint4* vp = (const uint4*)(arena + {}) + ({}) / {};", offset_marker(o, true), at, 16 / size);
   for (int q = 0; q < words; ++q) s.line("const uint4 vw{} = vp[{}];", q, q);
   for (int e = 0; e < E; ++e) s.line("{} = {};", dst(e), unpack(o.dtype, word_bits(e, size)));
   s.close();
@@ -193,7 +198,7 @@ void vector_store(Src& s, const Operand& o, const std::string& at, int E, const 
   s.open("{{");
   const char* bits_t = size == 8 ? "unsigned long long" : "unsigned";
   for (int e = 0; e < E; ++e) s.line("const {} vb{} = {};", bits_t, e, pack(o.dtype, src(e)));
-  s.line("uint4* vp = (uint4*)(arena + {}LL) + ({}) / {};", o.byte_offset, at, 16 / size);
+  s.line("uint4* vp = (uint4*)(arena + {}) + ({}) / {};", offset_marker(o, true), at, 16 / size);
   int per_word = size >= 4 ? 1 : 4 / size;
   for (int q = 0; q < words; ++q) {
     std::string comps[4];
@@ -261,13 +266,15 @@ std::string dot(const std::string& prefix, const std::vector<int64_t>& strides) 
 }
 
 std::string kernel_signature(const std::string& name, int block) {
-  return fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(char* __restrict__ arena, char* __restrict__ scratch) {{",
-                     block, name);
+  return fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(char* __restrict__ arena, char* __restrict__ scratch, "
+                     "const NAPKIN_OFFSETS({}) off) {{",
+                     block, name, kSlotCountMarker);
 }
 
 void begin_kernel(Src& s, const std::string& name, int block) {
   s.open("{}", kernel_signature(name, block));
   s.line("(void)scratch;");
+  s.line("(void)off;");
 }
 
 int64_t grid_for(int64_t items, int64_t per_block, int64_t max_grid) {

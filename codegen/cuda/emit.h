@@ -7,7 +7,19 @@
 //  - compute type / storage type: see codegen/cuda/prelude.cpp.
 //  - element index: of an operand, in elements from its element 0 (the
 //    operand's byte offset); the generated code reaches it as
-//    ((T*)(arena + byte_offset))[index].
+//    ((T*)(arena + OFFSET))[index], OFFSET being the operand's offset marker.
+//  - markers: the emitters write a plan kernel's functions with three kinds
+//    of placeholder that emit_cuda_source (kernel_source.cpp) replaces when
+//    it parameterizes the offsets and merges identical kernels:
+//      offset marker  `$oN$` (scalar access) or `$vN$` (16-byte vector
+//                     access, which needs N % 16 == 0): the byte offset N of
+//                     an operand; becomes `off.at[slot]`;
+//      kSlotCountMarker  the plan kernel's number of offset slots, in the
+//                     signature's NAPKIN_OFFSETS(n);
+//      kNameMarker    the plan kernel's name, which the emitters see as
+//                     k.name and use as the prefix of every name they make
+//                     (functions NAME, NAME_2, NAME_3; NAME_elem); becomes
+//                     the name of the function's first plan kernel.
 //  - chunk: E consecutive elements (along the innermost loop dim) that one
 //    thread moves with 16-byte (uint4) loads and stores; E = 16 / the
 //    smallest element size among the operands moved so, so an operand of
@@ -34,7 +46,11 @@ constexpr int64_t kSMs = 132;
 // 256-thread blocks at full occupancy); more work loops inside.
 constexpr int64_t kMaxGrid = kSMs * 16;
 
-// One plan kernel's CUDA C: its functions and their launches.
+constexpr const char* kSlotCountMarker = "$n$";
+constexpr const char* kNameMarker = "$f$";
+
+// One plan kernel's CUDA C: its functions and their launches (whose offsets
+// emit_cuda_source fills in).
 struct EmittedKernel {
   std::string text;
   std::vector<CudaLaunch> launches;
@@ -85,7 +101,9 @@ std::string as_stored(ir::DType t, const std::string& v);
 // LoopEmitter::convert: integers toward zero, saturating, NaN -> 0).
 std::string convert(const std::string& v, ir::DType from, ir::DType to);
 
-// ((T*)(arena + offset)) for operand o.
+// o's offset marker, for a scalar or a 16-byte vector access.
+std::string offset_marker(const Operand& o, bool vector);
+// ((T*)(arena + OFFSET)) for operand o.
 std::string pointer(const Operand& o);
 // Element `index` of o in its compute type, and the statement storing v.
 std::string load(const Operand& o, const std::string& index);
@@ -113,7 +131,8 @@ void decompose(Src& s, const std::vector<int64_t>& sizes, const std::string& fla
 // sum prefix_d * strides[d] as an expression ("0" when all strides are 0).
 std::string dot(const std::string& prefix, const std::vector<int64_t>& strides);
 
-// The opening line of a kernel function; `block` is its __launch_bounds__.
+// The opening line of a kernel function (kernel_source.h, signature);
+// `block` is its __launch_bounds__.
 std::string kernel_signature(const std::string& name, int block);
 // Opens a kernel function (closed by s.close()); marks `scratch` used for
 // kernels that take none.

@@ -1,5 +1,10 @@
 // emit_cuda_source: the translation unit of a plan's Loop kernels: the
-// prelude, then each kernel's functions in plan order. Which emitter makes
+// prelude, then the functions of each distinct loop kernel, in the order of
+// their first plan kernel. Each plan kernel is emitted with markers in place
+// of its name and operand offsets (codegen/cuda/emit.h), its offsets become
+// slots of its `off` parameter, and plan kernels whose text is then the same
+// (the layers of a transformer, the optimizer updates of same-shaped
+// parameters, ...) share one set of functions, named after the first. Which emitter makes
 // which op's kernel is the switch below (no default: -Werror=switch flags a
 // new op); the launch and scratch design of each family is described at the
 // top of its file (elementwise.cpp, reductions.cpp, rows.cpp).
@@ -17,6 +22,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
 
 #include "codegen/cuda/emit.h"
 #include "ir/internal_check.h"
@@ -98,21 +105,106 @@ EmittedKernel emit_kernel(const Kernel& k, int index) {
 
 }  // namespace
 
+namespace {
+
+// A plan kernel's text with its offset markers replaced by slots
+// (`off.at[slot]`), slots numbered by first appearance.
+struct Parameterized {
+  std::string text;              // still holding kSlotCountMarker and kNameMarker
+  std::vector<int64_t> offsets;  // per slot: the byte offset
+  std::vector<bool> vector;      // per slot: some access is a 16-byte vector access
+};
+
+Parameterized parameterize(const std::string& marked) {
+  Parameterized p;
+  std::unordered_map<int64_t, size_t> slot_of;
+  size_t at = 0;
+  for (;;) {
+    size_t open = marked.find('$', at);
+    p.text.append(marked, at, open == std::string::npos ? std::string::npos : open - at);
+    if (open == std::string::npos) break;
+    size_t close = marked.find('$', open + 1);
+    NAPKIN_INTERNAL_CHECK(close != std::string::npos, "an unterminated marker in the CUDA C of a kernel");
+    at = close + 1;
+    char kind = marked[open + 1];
+    if (kind != 'o' && kind != 'v') {  // kSlotCountMarker or kNameMarker
+      p.text.append(marked, open, at - open);
+      continue;
+    }
+    int64_t offset = std::stoll(marked.substr(open + 2, close - open - 2));
+    auto [slot, fresh] = slot_of.try_emplace(offset, p.offsets.size());
+    if (fresh) p.offsets.push_back(offset), p.vector.push_back(false);
+    if (kind == 'v') p.vector[slot->second] = true;
+    p.text += fmt::format("off.at[{}]", slot->second);
+  }
+  NAPKIN_INTERNAL_CHECK(!p.offsets.empty(), "a kernel with no operand");
+  return p;
+}
+
+void replace_all(std::string& text, std::string_view from, std::string_view to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+}
+
+// One function group: the plan kernels whose parameterized text is the same.
+struct Group {
+  std::string name;    // its functions' name prefix: the first plan kernel's name
+  std::string header;  // the first plan kernel's op and source location
+  std::string text;    // with kNameMarker
+  std::vector<bool> vector;
+  int users = 0;
+};
+
+}  // namespace
+
 CudaSource emit_cuda_source(const KernelPlan& plan, const std::string& model_name) {
   CudaSource src;
-  src.text = fmt::format("// napkin: CUDA kernels of model {} ({} plan kernels)\n", model_name, plan.kernels.size());
-  src.text += cuda_prelude();
+  std::vector<Group> groups;
+  std::unordered_map<std::string, size_t> group_of;  // parameterized text -> groups index
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
     if (k.kind == KernelKind::Matmul) {
       src.launches.emplace_back();
       continue;
     }
-    EmittedKernel e = emit_kernel(k, static_cast<int>(i));
-    src.text += fmt::format("\n// {}: {}{}\n", k.name, ir::op_name(k.op), k.where.empty() ? "" : " at " + k.where);
-    src.text += e.text;
+    // The emitters name what they make after k.name: emitting a copy named
+    // kNameMarker makes the text independent of the name.
+    Kernel unnamed = k;
+    unnamed.name = detail::kNameMarker;
+    EmittedKernel e = emit_kernel(unnamed, static_cast<int>(i));
+    Parameterized p = parameterize(e.text);
+    replace_all(p.text, detail::kSlotCountMarker, std::to_string(p.offsets.size()));
+    auto [it, fresh] = group_of.try_emplace(std::move(p.text), groups.size());
+    if (fresh)
+      groups.push_back({k.name, fmt::format("{}{}", ir::op_name(k.op), k.where.empty() ? "" : " at " + k.where), it->first,
+                        p.vector, 0});
+    Group& g = groups[it->second];
+    ++g.users;
+    // The function assumes 16-byte alignment where its first kernel's
+    // offsets allowed vector accesses; this kernel's offsets must allow them
+    // too (its own vector accesses are the same, the text being the same).
+    for (size_t s = 0; s < p.offsets.size(); ++s)
+      NAPKIN_INTERNAL_CHECK(!g.vector[s] || p.offsets[s] % 16 == 0,
+                            "kernel {} shares {}'s functions, which load slot {} as 16-byte vectors, at byte offset {}",
+                            k.name, g.name, s, p.offsets[s]);
+    for (CudaLaunch& l : e.launches) {
+      NAPKIN_INTERNAL_CHECK(l.function.rfind(detail::kNameMarker, 0) == 0, "launch of {} in kernel {}", l.function, k.name);
+      l.function = g.name + l.function.substr(std::string_view(detail::kNameMarker).size());
+      l.offsets = p.offsets;
+    }
     src.launches.push_back(std::move(e.launches));
     src.scratch_bytes = std::max(src.scratch_bytes, e.scratch_bytes);
+  }
+  src.text = fmt::format("// napkin: CUDA kernels of model {} ({} plan kernels, {} distinct loop kernels)\n", model_name,
+                         plan.kernels.size(), groups.size());
+  src.text += cuda_prelude();
+  for (Group& g : groups) {
+    src.text += fmt::format("\n// {}: {}", g.name, g.header);
+    if (g.users > 1) src.text += fmt::format(" (the same code for {} more plan kernels)", g.users - 1);
+    src.text += '\n';
+    replace_all(g.text, detail::kNameMarker, g.name);
+    NAPKIN_INTERNAL_CHECK(g.text.find('$') == std::string::npos, "a marker left in the CUDA C of {}", g.name);
+    src.text += g.text;
   }
   return src;
 }

@@ -7,11 +7,30 @@
 //    plan kernel is one or more launches, run in order on one stream (a
 //    cross-entropy loss is per-row losses, then their sum in a fixed order).
 //  - signature: every function is
-//        extern "C" __global__ void NAME(char* __restrict__ arena, char* __restrict__ scratch)
-//    with every operand's byte offset, size and stride compiled in as a
-//    constant (the shapes are static). `scratch` is a device buffer of
-//    CudaSource::scratch_bytes that launches of one plan kernel pass partial
-//    results through; nothing in it survives from one plan kernel to the next.
+//        extern "C" __global__ void NAME(char* __restrict__ arena, char* __restrict__ scratch,
+//                                        const NAPKIN_OFFSETS(N) off)
+//    where NAPKIN_OFFSETS(N) is the prelude's `struct NapkinOffsets<N> {
+//    long long at[N]; }`, passed by value (by reference under host
+//    emulation). Slot j of `off` is the byte offset of one operand of the
+//    plan kernel, which the function reaches as arena + off.at[j]; the slots
+//    number the plan kernel's distinct operand offsets, and every function of
+//    one plan kernel takes all of them. Sizes, strides, dtypes, the launch
+//    shape and the plan kernel's index (for bad ids) are compiled in as
+//    constants; only byte offsets are parameters. `scratch` is a device
+//    buffer of CudaSource::scratch_bytes that launches of one plan kernel
+//    pass partial results through; nothing in it survives from one plan
+//    kernel to the next.
+//  - launch arguments: CudaLaunch::offsets, the N values of `off`. The
+//    runtime passes them as the third kernel parameter (cuLaunchKernel:
+//    kernelParams[2] points to the N long longs). A function that moves an
+//    operand in 16-byte vectors was emitted so because that operand's offset
+//    is a multiple of 16, and every launch of it has such an offset in that
+//    slot (checked when the source is emitted).
+//  - sharing: plan kernels whose functions are textually the same once the
+//    offsets are parameters (a transformer's layers, the updates of
+//    same-shaped parameters) are launched through one set of functions, named
+//    after the first such plan kernel (NAME, NAME_2, ...): a launch's
+//    function need not carry its own plan kernel's name.
 //  - determinism: no floating-point atomics anywhere. Every sum runs in an
 //    order fixed by the source and the launch shape, so a step gives the same
 //    bits every run (the embedding gradient included).
@@ -45,10 +64,11 @@ struct CudaLaunch {
   int64_t grid = 1;      // blocks
   int block = 1;         // threads per block
   int shared_bytes = 0;  // dynamic shared memory per block
+  std::vector<int64_t> offsets;  // the function's `off`: operand byte offsets, by slot
 };
 
 struct CudaSource {
-  std::string text;  // the translation unit: prelude, then every kernel
+  std::string text;  // the translation unit: prelude, then every distinct kernel
   // Per plan kernel, in plan order: its launches (empty for Matmul kernels).
   std::vector<std::vector<CudaLaunch>> launches;
   int64_t scratch_bytes = 0;  // the largest any plan kernel needs

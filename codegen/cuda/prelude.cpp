@@ -31,6 +31,7 @@
 //              napkin_block_reduce(v, op, identity, shared32) (every thread gets the same
 //              bits; call it from every thread of the block)
 //  bad index:  NAPKIN_BAD_INDEX(kernel, id, bound): see napkin_bad_index below
+//  offsets:    NapkinOffsets<N>, NAPKIN_OFFSETS(N) (the kernels' third parameter's type)
 //  misc:       NAPKIN_UNROLL (#pragma unroll on the device), NAPKIN_DYNAMIC_SHARED(type, name)
 #include "codegen/cuda/kernel_source.h"
 
@@ -53,6 +54,17 @@ NAPKIN_DEVICE float napkin_f32_from_bits(unsigned u) { float f; __builtin_memcpy
 NAPKIN_DEVICE unsigned napkin_f32_bits(float f) { unsigned u; __builtin_memcpy(&u, &f, 4); return u; }
 NAPKIN_DEVICE double napkin_f64_from_bits(unsigned long long u) { double d; __builtin_memcpy(&d, &u, 8); return d; }
 NAPKIN_DEVICE unsigned long long napkin_f64_bits(double d) { unsigned long long u; __builtin_memcpy(&u, &d, 8); return u; }
+#endif
+
+// A kernel's operand byte offsets (codegen/cuda/kernel_source.h, signature):
+// by value on the device, where kernel parameters live in constant memory;
+// by reference under host emulation, so the emulator passes any N as a pointer
+// to N long longs.
+template <int N> struct NapkinOffsets { long long at[N]; };
+#ifndef NAPKIN_HOST_EMULATION
+#define NAPKIN_OFFSETS(n) NapkinOffsets<n>
+#else
+#define NAPKIN_OFFSETS(n) NapkinOffsets<n>&
 #endif
 
 // An embedding or class id outside [0, bound): the CPU backend calls

@@ -23,7 +23,11 @@ std::string cuda_program_json(const ir::Graph& g, const KernelPlan& plan, const 
     if (is_matmul) continue;
     nlohmann::json list = nlohmann::json::array();
     for (const CudaLaunch& l : launches)
-      list.push_back({{"function", l.function}, {"grid", l.grid}, {"block", l.block}, {"shared", l.shared_bytes}});
+      list.push_back({{"function", l.function},
+                      {"grid", l.grid},
+                      {"block", l.block},
+                      {"shared", l.shared_bytes},
+                      {"offsets", l.offsets}});
     kernels.at(i)["cuda_launches"] = std::move(list);
   }
   program["cuda"] = {{"arch", cuda.arch}, {"scratch_bytes", source.scratch_bytes}, {"tf32", cuda.tf32}};

@@ -1,8 +1,9 @@
 // The program description of a CUDA trainer: the backend-neutral one
 // (codegen/program_json.h, backend "cuda") plus the fields only the CUDA
 // runtime reads (runtime/program.h, docs/runtime.md):
-//   per loop kernel   "cuda_launches": [{"function", "grid", "block", "shared"}]
-//                     its launches in order (codegen/cuda/kernel_source.h)
+//   per loop kernel   "cuda_launches": [{"function", "grid", "block", "shared", "offsets"}]
+//                     its launches in order, "offsets" the values of the
+//                     function's `off` parameter (codegen/cuda/kernel_source.h)
 //   top level         "cuda": {"arch", "scratch_bytes", "tf32"}
 // Added here, by editing the JSON document, so that codegen/program_json
 // knows nothing of CUDA.

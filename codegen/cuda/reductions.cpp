@@ -120,7 +120,7 @@ EmittedKernel emit_reduction(const Kernel& k) {
     s.line("if ((threadIdx.x & 31u) == 0u) {}", store(out, dot("o", kept_out), finalize("acc")));
     s.close();
     s.close();
-    e.launches.push_back({k.name, grid, block, 0});
+    e.launches.push_back({k.name, grid, block, 0, {}});
   } else if (row) {
     // A block per (output, split); S > 1 here.
     const int block = 256;
@@ -140,7 +140,7 @@ EmittedKernel emit_reduction(const Kernel& k) {
     s.line("if (threadIdx.x == 0u) {}[q * {}u + sp] = acc;", partial_ptr, S);
     s.close();
     s.close();
-    e.launches.push_back({k.name, grid_for(M * S, 1), block, 0});
+    e.launches.push_back({k.name, grid_for(M * S, 1), block, 0, {}});
   } else {
     // Column reduction: thread (split, output), outputs fastest.
     int64_t items = M * S;
@@ -160,7 +160,7 @@ EmittedKernel emit_reduction(const Kernel& k) {
     emit_result("q", "sp", "acc");
     s.close();
     s.close();
-    e.launches.push_back({k.name, grid, block, 0});
+    e.launches.push_back({k.name, grid, block, 0, {}});
   }
   if (S > 1) {
     // Second launch: a warp per output adds its S partials (lanes over the
@@ -179,7 +179,7 @@ EmittedKernel emit_reduction(const Kernel& k) {
     s.line("if ((threadIdx.x & 31u) == 0u) {}", store(out, dot("o", kept_out), finalize("acc")));
     s.close();
     s.close();
-    e.launches.push_back({name2, grid_for(M, warps), block, 0});
+    e.launches.push_back({name2, grid_for(M, warps), block, 0, {}});
   }
   e.text = s.take();
   return e;
@@ -220,8 +220,8 @@ EmittedKernel emit_mse(const Kernel& k) {
   s.close();
   EmittedKernel e;
   e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0});
-  e.launches.push_back({name2, 1, block, 0});
+  e.launches.push_back({k.name, grid, block, 0, {}});
+  e.launches.push_back({name2, 1, block, 0, {}});
   e.scratch_bytes = grid * 8;
   return e;
 }
@@ -318,7 +318,7 @@ EmittedKernel emit_embedding_grad(const Kernel& k, int index) {
   s.close();
   EmittedKernel e;
   e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0});
+  e.launches.push_back({k.name, grid, block, 0, {}});
   return e;
 }
 

@@ -284,7 +284,7 @@ EmittedKernel norm_gain_grad(const Kernel& k, std::vector<RowOperand>& ops, cons
   s.line("{}[2u * row + 1u] = rstd;", stats);
   s.close();
   r.end();
-  out.launches.push_back({k.name, r.grid, r.block, 0});
+  out.launches.push_back({k.name, r.grid, r.block, 0, {}});
 
   // Launch 2: thread (split, column) sums its split of the rows.
   const int64_t rows = r.rows;
@@ -310,7 +310,7 @@ EmittedKernel norm_gain_grad(const Kernel& k, std::vector<RowOperand>& ops, cons
   s.line("{}[sp * {}u + col] = acc;", partials, n);
   s.close();
   s.close();
-  out.launches.push_back({name2, grid, block, 0});
+  out.launches.push_back({name2, grid, block, 0, {}});
 
   // Launch 3: a warp per column adds its splits (lanes over splits, then the
   // butterfly: a fixed order).
@@ -325,7 +325,7 @@ EmittedKernel norm_gain_grad(const Kernel& k, std::vector<RowOperand>& ops, cons
   s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[2].op, r.addr(2, "col"), "acc"));
   s.close();
   s.close();
-  out.launches.push_back({name3, grid_for(n, block3 / 32), block3, 0});
+  out.launches.push_back({name3, grid_for(n, block3 / 32), block3, 0, {}});
   out.scratch_bytes = (2 * rows + S * n) * compute_size(r.xt);
   out.text = s.take();
   return out;
@@ -459,7 +459,7 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
     default: NAPKIN_INTERNAL_CHECK(false, "{} is not a row op", ir::op_name(k.op));
   }
   r.end();
-  out.launches.push_back({k.name, r.grid, r.block, 0});
+  out.launches.push_back({k.name, r.grid, r.block, 0, {}});
   if (k.op == Op::CrossEntropy) {
     std::string name2 = k.name + "_2";
     begin_kernel(s, name2, 1024);
@@ -469,7 +469,7 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
     s.line("acc = napkin_block_reduce(acc, napkin_sum_op(), 0.0, red);");
     s.line("if (threadIdx.x == 0u) {}", store(k.output, "0", fmt::format("({})(acc / {})", ct, literal(DType::F64, static_cast<double>(r.rows)))));
     s.close();
-    out.launches.push_back({name2, 1, 1024, 0});
+    out.launches.push_back({name2, 1, 1024, 0, {}});
     out.scratch_bytes = r.rows * compute_size(x.dtype);
   }
   out.text = s.take();

@@ -49,6 +49,7 @@ namespace napkin::runtime::cuda {
   X(cuModuleGetFunction)                                                                                       \
   X(cuModuleGetGlobal)                                                                                         \
   X(cuFuncSetAttribute)                                                                                        \
+  X(cuFuncGetParamInfo)                                                                                        \
   X(cuLaunchKernel)                                                                                            \
   X(cuMemAlloc)                                                                                                \
   X(cuMemFree)                                                                                                 \

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -209,12 +210,24 @@ void CudaEngine::prepare_kernels() {
                       l.function + " (kernel " + k.name + ")");
       }
       CUfunction f = it->second;
+      // The offsets are the function's by-value NapkinOffsets<N>: the driver
+      // copies as many bytes as the cubin says the parameter has.
+      size_t param_offset = 0, param_bytes = 0;
+      NAPKIN_CU(d, cuFuncGetParamInfo(f, 2, &param_offset, &param_bytes));
+      if (l.offsets.empty() || param_bytes != l.offsets.size() * sizeof(long long))
+        throw Error(fmt::format("kernel {}: {} takes {} bytes of operand offsets, and the program gives {} offsets", k.name,
+                                l.function, param_bytes, l.offsets.size()));
+      for (int64_t o : l.offsets)
+        if (o < 0 || o >= std::max<int64_t>(program_.arena_bytes, 1))
+          throw Error(fmt::format("kernel {}: operand offset {} of {} is outside the arena ({} bytes)", k.name, o,
+                                  l.function, program_.arena_bytes));
       if (l.shared_bytes > kDefaultSharedBytes && l.shared_bytes > shared_opted[f]) {
         NAPKIN_CU(d, cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, l.shared_bytes));
         shared_opted[f] = l.shared_bytes;
       }
       launches_[i].push_back({f, static_cast<unsigned>(l.grid), static_cast<unsigned>(l.block),
-                              static_cast<unsigned>(l.shared_bytes)});
+                              static_cast<unsigned>(l.shared_bytes),
+                              std::vector<long long>(l.offsets.begin(), l.offsets.end())});
     }
   }
 }
@@ -343,10 +356,14 @@ void CudaEngine::enqueue_kernel(int i) {
     matmuls_[i]->enqueue(stream_);
     return;
   }
-  void* args[] = {&arena_, &scratch_};  // (char* arena, char* scratch)
-  for (const Launch& l : launches_[i])
+  // (char* arena, char* scratch, NapkinOffsets<N> off): kernelParams[j]
+  // points to parameter j's bytes, the struct's included; the driver copies
+  // them when the launch is enqueued (or captured).
+  for (Launch& l : launches_[i]) {
+    void* args[] = {&arena_, &scratch_, l.offsets.data()};
     NAPKIN_CU(*driver_,
               cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_, args, nullptr));
+  }
 }
 
 void CudaEngine::run_kernel_alone(int i) {

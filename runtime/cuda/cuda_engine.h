@@ -77,6 +77,7 @@ class CudaEngine final : public Engine {
   struct Launch {
     CUfunction function = nullptr;
     unsigned grid = 1, block = 1, shared_bytes = 0;
+    std::vector<long long> offsets;  // the function's third parameter (NapkinOffsets<N>, by value)
   };
   // Kernels [first, last) and, for the rest, the update copies: one graph.
   struct Phase {

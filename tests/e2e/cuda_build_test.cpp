@@ -80,6 +80,7 @@ TEST_CASE("cuda build: the program description carries each loop kernel's launch
       CHECK(p.kernels[i].cuda_launches[j].grid == source.launches[i][j].grid);
       CHECK(p.kernels[i].cuda_launches[j].block == source.launches[i][j].block);
       CHECK(p.kernels[i].cuda_launches[j].shared_bytes == source.launches[i][j].shared_bytes);
+      CHECK(p.kernels[i].cuda_launches[j].offsets == source.launches[i][j].offsets);
     }
   }
   check_launches(p, source.text);

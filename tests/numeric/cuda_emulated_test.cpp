@@ -68,7 +68,7 @@ void check_emulated(const std::vector<ir::PrecisionPolicy>& policies, const std:
           [&](int kernel, char* arena) {
             std::memset(scratch.get(), 0xFF, scratch_bytes);
             for (const codegen::cuda::CudaLaunch& l : source.launches[kernel]) {
-              gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get());
+              gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get(), l.offsets);
               ++launches;
             }
           });
@@ -115,7 +115,7 @@ TEST_CASE("numeric: an out-of-range token id in a CUDA kernel is reported throug
   napkin::testing::CudaEmulator gpu(source.text);
   std::unique_ptr<char, decltype(&std::free)> scratch(static_cast<char*>(std::aligned_alloc(64, 1 << 20)), &std::free);
   for (const codegen::cuda::CudaLaunch& l : source.launches[embedding])
-    gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get());
+    gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get(), l.offsets);
   const long long* flag = static_cast<long long*>(gpu.global("napkin_bad_index"));
   CHECK(flag[0] == embedding);
   CHECK(flag[1] == vocab + 5);
@@ -158,6 +158,6 @@ optimizer: sgd(lr=0.1)
   std::unique_ptr<char, decltype(&std::free)> scratch(static_cast<char*>(std::aligned_alloc(64, scratch_bytes)), &std::free);
   napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) {
     for (const codegen::cuda::CudaLaunch& l : source.launches[kernel])
-      gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get());
+      gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get(), l.offsets);
   });
 }

@@ -109,12 +109,13 @@ void* CudaEmulator::symbol(const std::string& name, const char* what) {
 }
 
 void CudaEmulator::launch(const std::string& function, int64_t grid, int block, int shared_bytes, char* arena,
-                          char* scratch) {
+                          char* scratch, const std::vector<int64_t>& offsets) {
   if (reinterpret_cast<uintptr_t>(arena) % 16 != 0 || reinterpret_cast<uintptr_t>(scratch) % 16 != 0)
     throw std::runtime_error(fmt::format("CUDA emulation: launching '{}': arena and scratch must be 16-byte aligned",
                                          function));
   auto kernel = reinterpret_cast<Kernel>(symbol(function, "__global__ function"));
-  launch_(kernel, grid, block, shared_bytes, arena, scratch, function.c_str());
+  const std::vector<long long> off(offsets.begin(), offsets.end());  // NapkinOffsets<N>'s layout
+  launch_(kernel, grid, block, shared_bytes, arena, scratch, off.empty() ? nullptr : off.data(), function.c_str());
   if (const char* error = last_error_()) throw std::runtime_error(error);
 }
 

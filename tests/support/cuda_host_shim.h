@@ -132,10 +132,17 @@ struct Coroutine {
   int thread = -1;        // the CUDA thread it runs, -1 when idle
 };
 
+// A kernel with its third parameter `const NapkinOffsets<N>& off` (the
+// prelude's NAPKIN_OFFSETS under host emulation) is called as taking a
+// pointer to N long longs: a reference is passed as a pointer.
+using KernelWithOffsets = void (*)(char*, char*, const long long*);
+using KernelWithout = void (*)(char*, char*);
+
 struct Launch {
-  void (*kernel)(char*, char*) = nullptr;
+  void (*kernel)() = nullptr;  // a KernelWithOffsets when offsets is set, else a KernelWithout
   char* arena = nullptr;
   char* scratch = nullptr;
+  const long long* offsets = nullptr;
   const char* name = "";
   long long grid = 0;
   int block = 0;
@@ -221,7 +228,10 @@ inline void coroutine_main() {
       int t = launch.next_thread++;
       take_thread(self, t);
       thread_idx.x = static_cast<unsigned>(t);
-      launch.kernel(launch.arena, launch.scratch);
+      if (launch.offsets != nullptr)
+        reinterpret_cast<KernelWithOffsets>(launch.kernel)(launch.arena, launch.scratch, launch.offsets);
+      else
+        reinterpret_cast<KernelWithout>(launch.kernel)(launch.arena, launch.scratch);
       launch.wait[t] = Wait::kReturned;
       ++launch.returned;
     }
@@ -386,13 +396,14 @@ inline void run_block() {
   }
 }
 
-inline void run(void (*kernel)(char*, char*), long long grid, int block, int shared_bytes, char* arena,
-                char* scratch, const char* name) {
+inline void run(void (*kernel)(), long long grid, int block, int shared_bytes, char* arena, char* scratch,
+                const long long* offsets, const char* name) {
   failed = false;
   error[0] = '\0';
   launch.kernel = kernel;
   launch.arena = arena;
   launch.scratch = scratch;
+  launch.offsets = offsets;
   launch.name = name;
   launch.grid = grid;
   launch.block = block;
@@ -496,10 +507,11 @@ inline double max(double a, double b) { return fmax(a, b); }
 
 // ---- The library's entry points (cuda_emulator.cpp finds them by name) ------
 
-extern "C" __attribute__((visibility("default"))) void napkin_emu_launch(void (*kernel)(char*, char*), long long grid,
-                                                                         int block, int shared_bytes, char* arena,
-                                                                         char* scratch, const char* name) {
-  napkin_emu::run(kernel, grid, block, shared_bytes, arena, scratch, name);
+// `offsets`: nullptr for a kernel of two parameters, else its third.
+extern "C" __attribute__((visibility("default"))) void napkin_emu_launch(void (*kernel)(), long long grid, int block,
+                                                                         int shared_bytes, char* arena, char* scratch,
+                                                                         const long long* offsets, const char* name) {
+  napkin_emu::run(kernel, grid, block, shared_bytes, arena, scratch, offsets, name);
 }
 
 // The last launch's failure, or nullptr when it completed.

@@ -117,6 +117,36 @@ extern "C" __global__ void scale_exponent(char* __restrict__ arena, char* __rest
   CHECK(wrong == 0);
 }
 
+TEST_CASE("cuda emulator: a kernel's by-value offsets parameter reaches every thread, launch by launch") {
+  // codegen/cuda's signature: operands at arena + off.at[j]; one function,
+  // launched on two sets of operands.
+  const std::string source = R"cuda(
+template <int N> struct Offsets { long long at[N]; };
+#ifdef NAPKIN_HOST_EMULATION
+#define OFFSETS(n) Offsets<n>&
+#else
+#define OFFSETS(n) Offsets<n>
+#endif
+extern "C" __global__ void axpy(char* __restrict__ arena, char* __restrict__ scratch, const OFFSETS(3) off) {
+  const float* x = (const float*)(arena + off.at[0]);
+  const float* y = (const float*)(arena + off.at[1]);
+  float* out = (float*)(arena + off.at[2]);
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < 1000u; i += gridDim.x * blockDim.x) out[i] = 3.0f * x[i] + y[i];
+}
+)cuda";
+  CudaEmulator emu(source);
+  const size_t n = 1000;
+  std::vector<float> v = random_floats(4 * n, 7);
+  DeviceBuffer arena(4 * 6 * n);
+  std::memcpy(arena.get(), v.data(), 4 * 4 * n);
+  emu.launch("axpy", 3, 128, 0, arena.get(), nullptr, {0, 4 * n, 4 * 4 * n});
+  emu.launch("axpy", 2, 256, 0, arena.get(), nullptr, {4 * 2 * n, 4 * 3 * n, 4 * 5 * n});
+  for (size_t i = 0; i < n; ++i) {
+    CHECK(arena.at<float>(4 * 4 * n)[i] == 3.0f * v[i] + v[n + i]);
+    CHECK(arena.at<float>(4 * 5 * n)[i] == 3.0f * v[2 * n + i] + v[3 * n + i]);
+  }
+}
+
 TEST_CASE("cuda emulator: a block reduction through __shared__ and a __syncthreads tree") {
   const std::string source = R"cuda(
 // One block per row of 1000 floats: strided partial sums, then a tree.

@@ -1,12 +1,16 @@
 // codegen/cuda/kernel_source: the CUDA C of every built-in model (small dims,
 // each precision the CUDA backend trains in) compiles with NVRTC for sm_90;
 // every Loop kernel has launches of functions the source defines, with sane
-// shapes, and Matmul kernels none; the source uses no float atomics; the
-// elementwise emitter takes 16-byte vectors exactly where the layout allows.
+// shapes and its operands' offsets, and Matmul kernels none; the source uses
+// no float atomics; the elementwise emitter takes 16-byte vectors exactly
+// where the layout allows; plan kernels that differ only in their offsets
+// share functions, within the same 16-byte alignment.
 // The kernels' numbers are checked by running the source under host
 // emulation against the interpreter (tests/support/cuda_emulator.h).
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,11 +35,27 @@ using napkin::ir::DType;
 // The text of function `name` (from its signature to the next kernel's
 // header comment), or "" when the source does not define it.
 std::string function_text(const std::string& source, const std::string& name) {
-  const std::string signature = ") " + name + "(char* __restrict__ arena, char* __restrict__ scratch) {";
+  const std::string signature = ") " + name + "(char* __restrict__ arena, char* __restrict__ scratch, const NAPKIN_OFFSETS(";
   size_t at = source.find(signature);
   if (at == std::string::npos) return "";
   size_t end = source.find("\n// k", at);
   return source.substr(at, end == std::string::npos ? std::string::npos : end - at);
+}
+
+// N of function `name`'s `const NAPKIN_OFFSETS(N) off` parameter.
+size_t offset_slots(const std::string& function) {
+  size_t at = function.find("NAPKIN_OFFSETS(");
+  REQUIRE(at != std::string::npos);
+  return std::stoul(function.substr(at + std::string("NAPKIN_OFFSETS(").size()));
+}
+
+// The byte offsets of every operand of plan kernel k.
+std::set<int64_t> operand_offsets(const Kernel& k) {
+  std::set<int64_t> offsets{k.output.byte_offset};
+  for (const Operand& in : k.inputs) offsets.insert(in.byte_offset);
+  if (k.fused)
+    for (const Operand& out : k.fused->outputs) offsets.insert(out.byte_offset);
+  return offsets;
 }
 
 
@@ -53,8 +73,13 @@ void check_source(const KernelPlan& plan, const CudaSource& src, const std::stri
     REQUIRE_FALSE(src.launches[i].empty());
     for (const auto& l : src.launches[i]) {
       INFO(l.function);
-      CHECK(l.function.rfind(k.name, 0) == 0);
-      CHECK_FALSE(function_text(src.text, l.function).empty());
+      const std::string function = function_text(src.text, l.function);
+      REQUIRE_FALSE(function.empty());
+      // The launch passes each operand's offset once: what the function's
+      // `off` holds, slot by slot.
+      CHECK(offset_slots(function) == l.offsets.size());
+      CHECK(std::set<int64_t>(l.offsets.begin(), l.offsets.end()).size() == l.offsets.size());
+      CHECK(std::set<int64_t>(l.offsets.begin(), l.offsets.end()) == operand_offsets(k));
       CHECK(l.grid >= 1);
       CHECK(l.grid < (int64_t{1} << 31));
       CHECK(l.block >= 32);
@@ -134,4 +159,67 @@ TEST_CASE("cuda source: 16-byte vectors exactly where every operand is contiguou
   CHECK(vectorized(add_plan(a, row)));
   CHECK_FALSE(vectorized(add_plan(a, transposed)));
   CHECK_FALSE(vectorized(add_plan(a, misaligned)));
+}
+
+TEST_CASE("cuda source: plan kernels that differ only in their operands' offsets share functions") {
+  // A GPT's layers are the same kernels at other offsets: doubling the layers
+  // adds launches, not functions.
+  auto distinct_functions = [](int64_t layers, int64_t& launches) {
+    napkin::ir::Diagnostics diag;
+    napkin::frontend::LoadOptions options;
+    options.dim_overrides = napkin::testing::small_dims().at("gpt");
+    options.dim_overrides["layers"] = layers;
+    std::optional<napkin::ir::Graph> g = napkin::frontend::load_model_file(napkin::testing::source_path("models/gpt.yaml"), diag, options);
+    REQUIRE(g.has_value());
+    napkin::passes::run_training_pipeline(*g, diag);
+    REQUIRE_FALSE(diag.has_errors());
+    KernelPlan plan = napkin::codegen::plan_kernels(*g);
+    CudaSource src = emit_cuda_source(plan, "gpt");
+    check_source(plan, src, fmt::format("gpt, {} layers", layers));
+    std::set<std::string> functions;
+    launches = 0;
+    for (const auto& kernel_launches : src.launches)
+      for (const auto& l : kernel_launches) functions.insert(l.function), ++launches;
+    // Every function the source defines is launched.
+    size_t defined = 0;
+    for (size_t at = src.text.find("extern \"C\" __global__"); at != std::string::npos;
+         at = src.text.find("extern \"C\" __global__", at + 1))
+      ++defined;
+    CHECK(defined == functions.size());
+    return functions.size();
+  };
+  int64_t launches4 = 0, launches8 = 0;
+  size_t functions4 = distinct_functions(4, launches4), functions8 = distinct_functions(8, launches8);
+  CHECK(launches8 > launches4);
+  CHECK(functions8 == functions4);
+  CHECK(functions4 * 2 < static_cast<size_t>(launches4));
+}
+
+TEST_CASE("cuda source: kernels share a function only if their offsets allow the same 16-byte vector accesses") {
+  // Three adds of the same shapes: two at 16-byte aligned offsets, one with
+  // an input at an offset that is not (a view starting at element 1).
+  KernelPlan plan;
+  auto add = [&](int64_t a, int64_t b, int64_t out) {
+    Kernel k;
+    k.op = napkin::ir::Op::Add;
+    k.name = fmt::format("k{}_add", plan.kernels.size());
+    k.inputs = {operand(a, {64, 32}, {32, 1}), operand(b, {64, 32}, {32, 1})};
+    k.output = operand(out, {64, 32}, {32, 1});
+    plan.kernels.push_back(k);
+  };
+  add(0, 8192, 16384);
+  add(32768, 49152, 65536);
+  add(32768 + 4, 49152, 65536);
+  plan.arena_bytes = 1 << 20;
+  CudaSource src = emit_cuda_source(plan, "inline");
+  check_source(plan, src, "three adds");
+  REQUIRE(src.launches.size() == 3);
+  CHECK(src.launches[0][0].function == "k0_add");
+  CHECK(src.launches[1][0].function == "k0_add");
+  CHECK(src.launches[2][0].function == "k2_add");
+  CHECK(src.launches[0][0].offsets == std::vector<int64_t>{0, 8192, 16384});
+  CHECK(src.launches[1][0].offsets == std::vector<int64_t>{32768, 49152, 65536});
+  CHECK(src.launches[2][0].offsets == std::vector<int64_t>{32768 + 4, 49152, 65536});
+  CHECK(function_text(src.text, "k0_add").find("uint4") != std::string::npos);
+  CHECK(function_text(src.text, "k2_add").find("uint4") == std::string::npos);
 }
