@@ -238,4 +238,24 @@ std::vector<int64_t> broadcast_strides(const Operand& o, const std::vector<int64
   return s;
 }
 
+int normalize_axis(int64_t axis, size_t rank) {
+  return static_cast<int>(axis < 0 ? axis + static_cast<int64_t>(rank) : axis);
+}
+
+ReductionLoop reduction_loop(const Kernel& k) {
+  const Operand& x = k.inputs[0];
+  const Operand& out = k.output;
+  size_t rank = x.sizes.size();
+  std::vector<bool> reduced(rank, false);
+  for (int64_t a : k.attrs.get_ints("axes")) reduced[normalize_axis(a, rank)] = true;
+  bool keepdims = k.attrs.get_int("keepdims") != 0;
+  ReductionLoop loop{x.sizes, x.strides, std::vector<int64_t>(rank, 0)};
+  for (size_t d = 0, o = 0; d < rank; ++d) {
+    if (!reduced[d]) loop.out_strides[d] = out.strides[o];
+    if (!reduced[d] || keepdims) ++o;
+  }
+  collapse_dims(loop.sizes, {&loop.in_strides, &loop.out_strides});
+  return loop;
+}
+
 }  // namespace napkin::codegen

@@ -140,4 +140,15 @@ void collapse_dims(std::vector<int64_t>& sizes, const std::vector<std::vector<in
 // aligned on the right, size-1 and missing dims get stride 0).
 std::vector<int64_t> broadcast_strides(const Operand& o, const std::vector<int64_t>& to);
 
+// An axis attribute (negative counts from the end) as an index below `rank`.
+int normalize_axis(int64_t axis, size_t rank);
+
+// The loop of a reduce_* kernel: the input's dims, collapsed, with the
+// input's strides and the output's (0 along a reduced dim: every element of
+// it lands on one output element).
+struct ReductionLoop {
+  std::vector<int64_t> sizes, in_strides, out_strides;
+};
+ReductionLoop reduction_loop(const Kernel& k);
+
 }  // namespace napkin::codegen

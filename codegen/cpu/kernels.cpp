@@ -30,10 +30,6 @@ LoopInfo loop_info(int64_t extent, int64_t work, bool splittable = true) {
   return {extent, splittable && extent > 1 && work >= kParallelMinElements};
 }
 
-int normalize_axis(int64_t axis, size_t rank) {
-  return static_cast<int>(axis < 0 ? axis + static_cast<int64_t>(rank) : axis);
-}
-
 // ---------------------------------------------------------------- elementwise
 
 LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
@@ -117,16 +113,7 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
 LoopInfo reduction(LoopEmitter& e, const Kernel& k) {
   const Operand& x = k.inputs[0];
   const Operand& out = k.output;
-  size_t rank = x.sizes.size();
-  std::vector<bool> reduced(rank, false);
-  for (int64_t a : k.attrs.get_ints("axes")) reduced[normalize_axis(a, rank)] = true;
-  bool keepdims = k.attrs.get_int("keepdims") != 0;
-  std::vector<int64_t> sizes = x.sizes, in_strides = x.strides, out_strides(rank, 0);
-  for (size_t d = 0, o = 0; d < rank; ++d) {
-    if (!reduced[d]) out_strides[d] = out.strides[o];
-    if (!reduced[d] || keepdims) ++o;
-  }
-  collapse_dims(sizes, {&in_strides, &out_strides});
+  auto [sizes, in_strides, out_strides] = reduction_loop(k);
   if (out_strides[0] == 0 && sizes[0] > 1) {  // dim 0 is summed: one serial block
     sizes.insert(sizes.begin(), 1);
     in_strides.insert(in_strides.begin(), 0);

@@ -293,8 +293,4 @@ int64_t product(const std::vector<int64_t>& v) {
   return n;
 }
 
-int normalize_axis(int64_t axis, size_t rank) {
-  return static_cast<int>(axis < 0 ? axis + static_cast<int64_t>(rank) : axis);
-}
-
 }  // namespace napkin::codegen::cuda::detail

@@ -143,7 +143,6 @@ int64_t grid_for(int64_t items, int64_t per_block, int64_t max_grid = kMaxGrid);
 int block_for(int64_t items, int max_block = 256);
 
 int64_t product(const std::vector<int64_t>& v);
-int normalize_axis(int64_t axis, size_t rank);
 
 // The per-family emitters (one plan kernel each; `index` is its plan index,
 // which NAPKIN_BAD_INDEX reports).

@@ -55,16 +55,7 @@ Combine combine_of(Op op, DType t) {
 EmittedKernel emit_reduction(const Kernel& k) {
   const Operand& x = k.inputs[0];
   const Operand& out = k.output;
-  size_t rank = x.sizes.size();
-  std::vector<bool> reduced(rank, false);
-  for (int64_t a : k.attrs.get_ints("axes")) reduced[normalize_axis(a, rank)] = true;
-  bool keepdims = k.attrs.get_int("keepdims") != 0;
-  std::vector<int64_t> sizes = x.sizes, in_strides = x.strides, out_strides(rank, 0);
-  for (size_t d = 0, o = 0; d < rank; ++d) {
-    if (!reduced[d]) out_strides[d] = out.strides[o];
-    if (!reduced[d] || keepdims) ++o;
-  }
-  collapse_dims(sizes, {&in_strides, &out_strides});
+  auto [sizes, in_strides, out_strides] = reduction_loop(k);
   std::vector<int64_t> kept_sizes, kept_in, kept_out, red_sizes, red_in;
   for (size_t d = 0; d < sizes.size(); ++d) {
     if (out_strides[d] != 0) kept_sizes.push_back(sizes[d]), kept_in.push_back(in_strides[d]), kept_out.push_back(out_strides[d]);
