@@ -14,6 +14,7 @@
 #ifdef NAPKIN_HAVE_CUDA_RUNTIME
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -487,6 +488,17 @@ TEST_CASE("cuda runtime: a failed call says where, which call, and the error's n
   e = error_of([] { runtime::cuda::CudaDriver none("libnapkin-no-such-driver.so.1"); });
   CHECK(e.starts_with("libnapkin-no-such-driver.so.1 cannot be loaded (libnapkin-no-such-driver.so.1: cannot open"));
   CHECK(e.ends_with("): no NVIDIA driver is installed"));
+}
+
+TEST_CASE("cuda runtime: a driver of an older CUDA major version is refused, naming both versions") {
+  // 1000 * major + 10 * minor, as cuDriverGetVersion gives it.
+  std::string e = error_of([] { runtime::cuda::check_driver_version("libcuda.so.1", 12080); });
+  CHECK(e == fmt::format("libcuda.so.1 is a driver for CUDA 12.8; this trainer needs a driver for CUDA {}.{} or newer",
+                         CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10));
+  // The same major version, older or newer minor (minor version compatibility), or a newer major: accepted.
+  int major = CUDA_VERSION / 1000 * 1000;
+  for (int v : {major, major + 10, major + 990, major + 1000, CUDA_VERSION})
+    CHECK(error_of([&] { runtime::cuda::check_driver_version("libcuda.so.1", v); }) == "(no error)");
 }
 
 // ---- no GPU ----
