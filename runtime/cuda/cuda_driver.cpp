@@ -50,6 +50,24 @@ CudaDriver::CudaDriver(const char* library) {
     throw Error(fmt::format("{} is {}, which lacks {}; this trainer needs a driver for CUDA {}.{} or newer", library,
                             has, fmt::join(missing, ", "), CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10));
   }
+  // The toolkit's stub library answers no version (CUDA_ERROR_STUB_LIBRARY);
+  // cuInit then says what it is.
+  int version = 0;
+  if (cuDriverGetVersion(&version) == CUDA_SUCCESS) {
+    try {
+      check_driver_version(library, version);
+    } catch (...) {
+      dlclose(handle_);
+      throw;
+    }
+  }
+}
+
+void check_driver_version(const char* library, int driver_version) {
+  if (driver_version / 1000 >= CUDA_VERSION / 1000) return;
+  throw Error(fmt::format("{} is a driver for CUDA {}.{}; this trainer needs a driver for CUDA {}.{} or newer", library,
+                          driver_version / 1000, driver_version % 1000 / 10, CUDA_VERSION / 1000,
+                          CUDA_VERSION % 1000 / 10));
 }
 
 CudaDriver::~CudaDriver() { dlclose(handle_); }

@@ -136,6 +136,13 @@ class CublasLt {
 
 #undef NAPKIN_DECLARE_ENTRY_POINT
 
+// Throws Error unless a driver reporting `driver_version` (cuDriverGetVersion:
+// 1000 * major + 10 * minor) runs what this toolkit (CUDA_VERSION) builds: the
+// same major version or newer. An older major version can lack none of the
+// entry points (a 12.8 driver has them all) and still reject the cubin and
+// the PTX, whose ISA is newer than its JIT compiler; named here instead.
+void check_driver_version(const char* library, int driver_version);
+
 // __FILE__ as the source tree names it: "runtime/cuda/cuda_engine.cpp", not
 // "/home/me/napkin/runtime/..." or "../runtime/...".
 std::string_view source_path(std::string_view file);

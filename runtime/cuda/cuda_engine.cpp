@@ -40,6 +40,10 @@ Error no_gpu(const std::string& why) {
 
 }  // namespace
 
+std::array<void*, 3> kernel_params(CUdeviceptr& arena, CUdeviceptr& scratch, std::vector<long long>& offsets) {
+  return {&arena, &scratch, offsets.data()};
+}
+
 CudaEngine::CudaEngine(const Program& program, std::string_view cubin, std::string_view ptx) : program_(program) {
   const char* graphs = std::getenv("NAPKIN_CUDA_GRAPHS");
   graphs_enabled_ = !(graphs && std::string_view(graphs) == "0");
@@ -356,13 +360,10 @@ void CudaEngine::enqueue_kernel(int i) {
     matmuls_[i]->enqueue(stream_);
     return;
   }
-  // (char* arena, char* scratch, NapkinOffsets<N> off): kernelParams[j]
-  // points to parameter j's bytes, the struct's included; the driver copies
-  // them when the launch is enqueued (or captured).
   for (Launch& l : launches_[i]) {
-    void* args[] = {&arena_, &scratch_, l.offsets.data()};
-    NAPKIN_CU(*driver_,
-              cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_, args, nullptr));
+    std::array<void*, 3> params = kernel_params(arena_, scratch_, l.offsets);
+    NAPKIN_CU(*driver_, cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_,
+                                       params.data(), nullptr));
   }
 }
 

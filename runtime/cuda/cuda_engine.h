@@ -35,6 +35,7 @@
 //    loss and throws Error naming the kernel, as the CPU runtime reports it.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -47,6 +48,14 @@
 #include "runtime/engine.h"
 
 namespace napkin::runtime::cuda {
+
+// cuLaunchKernel's kernelParams for a kernel (char* arena, char* scratch,
+// NapkinOffsets<N> off): element j points to parameter j's value, from which
+// the driver copies as many bytes as the cubin says parameter j has, when the
+// launch is enqueued or captured. `off` is a struct passed by value, so
+// element 2 points to its bytes, the N offsets themselves (not to a pointer
+// to them).
+std::array<void*, 3> kernel_params(CUdeviceptr& arena, CUdeviceptr& scratch, std::vector<long long>& offsets);
 
 class CudaEngine final : public Engine {
  public:

@@ -14,11 +14,14 @@
 #ifdef NAPKIN_HAVE_CUDA_RUNTIME
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -487,6 +490,42 @@ TEST_CASE("cuda runtime: a failed call says where, which call, and the error's n
   e = error_of([] { runtime::cuda::CudaDriver none("libnapkin-no-such-driver.so.1"); });
   CHECK(e.starts_with("libnapkin-no-such-driver.so.1 cannot be loaded (libnapkin-no-such-driver.so.1: cannot open"));
   CHECK(e.ends_with("): no NVIDIA driver is installed"));
+}
+
+TEST_CASE("cuda runtime: a driver of an older CUDA major version is refused, naming both versions") {
+  // 1000 * major + 10 * minor, as cuDriverGetVersion gives it.
+  std::string e = error_of([] { runtime::cuda::check_driver_version("libcuda.so.1", 12080); });
+  CHECK(e == fmt::format("libcuda.so.1 is a driver for CUDA 12.8; this trainer needs a driver for CUDA {}.{} or newer",
+                         CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10));
+  // The same major version, older or newer minor (minor version compatibility), or a newer major: accepted.
+  int major = CUDA_VERSION / 1000 * 1000;
+  for (int v : {major, major + 10, major + 990, major + 1000, CUDA_VERSION})
+    CHECK(error_of([&] { runtime::cuda::check_driver_version("libcuda.so.1", v); }) == "(no error)");
+}
+
+TEST_CASE("cuda runtime: kernelParams carry the arena, the scratch and the offsets struct's bytes") {
+  // The kernel's parameters as the device sees them: (char* arena, char*
+  // scratch, NapkinOffsets<5> off), the struct by value.
+  struct Offsets5 {
+    long long at[5];
+  };
+  struct Device {
+    char* arena;
+    char* scratch;
+    Offsets5 off;
+  };
+  CUdeviceptr arena = 0x7f0000000100ull, scratch = 0x7f0000100000ull;
+  std::vector<long long> offsets = {0, 16, 4096, 1LL << 33, 48};
+  std::array<void*, 3> params = runtime::cuda::kernel_params(arena, scratch, offsets);
+  // What cuLaunchKernel does: copy each parameter's size (cuFuncGetParamInfo)
+  // from kernelParams[j] to the parameter's offset.
+  const size_t offset[] = {offsetof(Device, arena), offsetof(Device, scratch), offsetof(Device, off)};
+  const size_t size[] = {sizeof(char*), sizeof(char*), sizeof(Offsets5)};
+  Device got{};
+  for (int j = 0; j < 3; ++j) std::memcpy(reinterpret_cast<char*>(&got) + offset[j], params[j], size[j]);
+  CHECK(reinterpret_cast<uintptr_t>(got.arena) == arena);
+  CHECK(reinterpret_cast<uintptr_t>(got.scratch) == scratch);
+  for (int j = 0; j < 5; ++j) CHECK(got.off.at[j] == offsets[j]);
 }
 
 // ---- no GPU ----
