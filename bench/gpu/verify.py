@@ -16,6 +16,12 @@ final checkpoint), then compares
   - that a second CUDA run gives the same losses bit for bit (no atomics:
     every sum runs in a fixed order).
 
+With --sanitize, the gpt case also runs 2 steps under compute-sanitizer
+(memcheck: out-of-bounds and misaligned accesses, e.g. in the 16-byte vector
+paths; racecheck: shared-memory races in the block reductions), each of which
+must report 0 errors. The host emulation the tests use checks numbers, not
+bounds or races.
+
 Prints one line per case and exits 1 if any check fails.
 
 Usage (on the GPU machine, from the repository root):
@@ -84,6 +90,7 @@ def run_case(bundle, case, steps, tmp):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", default="build/gpu-bundle")
+    ap.add_argument("--sanitize", action="store_true", help="also run the gpt case under compute-sanitizer")
     a = ap.parse_args()
     manifest = json.load(open(os.path.join(a.bundle, "manifest.json")))
     failed = False
@@ -117,7 +124,26 @@ def main():
             line += "; rerun identical" if deterministic else "; RERUN DIFFERS"
             print(f"{'PASS' if ok else 'FAIL'} {line}")
             failed |= not ok
+        if a.sanitize:
+            failed |= not sanitize(a.bundle, next(c for c in manifest["cases"] if c["name"] == "gpt"), tmp)
     return 1 if failed else 0
+
+
+def sanitize(bundle, case, tmp):
+    sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    flags = [f for f in case["flags"]]
+    flags[flags.index("--steps") + 1] = "2"
+    ok = True
+    for tool in ("memcheck", "racecheck"):
+        cmd = [sanitizer, "--tool", tool, "--error-exitcode", "3", os.path.join(bundle, case["trainer"])] + flags + [
+            "--quiet", "--checkpoint-dir", os.path.join(tmp, f"sanitize-{tool}")]
+        r = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True)
+        summary = [l for l in (r.stdout + r.stderr).splitlines() if "ERROR SUMMARY" in l or "RACECHECK SUMMARY" in l]
+        passed = r.returncode == 0
+        print(f"{'PASS' if passed else 'FAIL'} compute-sanitizer {tool} on {case['name']}: "
+              f"{summary[-1].strip() if summary else (r.stdout + r.stderr)[-400:]}")
+        ok &= passed
+    return ok
 
 
 if __name__ == "__main__":
