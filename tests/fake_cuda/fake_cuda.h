@@ -20,12 +20,13 @@
 //    that reads or refills a buffer before waiting sees stale data). While
 //    the stream captures, work is recorded into the capture instead, and a
 //    graph launch replays the recorded work in order.
-//  - capture (CU_STREAM_CAPTURE_MODE_GLOBAL or THREAD_LOCAL): while one
-//    runs, calls the driver calls "unsafe" (synchronizing a stream or event,
-//    allocating or freeing memory, loading a module) fail with
-//    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture, whose
-//    end then fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, as the
-//    driver does.
+//  - capture (CU_STREAM_CAPTURE_MODE_GLOBAL or THREAD_LOCAL, the same here
+//    since the fake serves one host thread): while one runs, calls the
+//    driver calls "unsafe" (synchronizing a stream or event, allocating or
+//    freeing memory, loading a module, a copy from pageable memory) fail
+//    with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture,
+//    whose end then fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, as the
+//    driver does. A RELAXED capture forbids none of them.
 //  - sticky error: a launch or matmul that fails while running (an emulated
 //    kernel's barrier deadlock, an access outside device memory) prints why
 //    on stderr ("napkin fake CUDA: ...") and, as a fault on a GPU does,

@@ -129,12 +129,13 @@ CUresult Fake::synchronize(CUstream s) {
 }
 
 CUresult Fake::forbid_during_capture() {
-  bool any = default_stream_.capturing;
-  for (Stream* s : streams_) any |= s->capturing;
+  // A relaxed capture allows what the others forbid.
+  auto strict = [](const Stream& s) { return s.capturing && s.capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED; };
+  bool any = strict(default_stream_);
+  for (Stream* s : streams_) any |= strict(*s);
   if (!any) return CUDA_SUCCESS;
   for (Stream* s : streams_)
-    if (s->capturing) s->capture_invalidated = true;
-  default_stream_.capture_invalidated |= default_stream_.capturing;
+    if (strict(*s)) s->capture_invalidated = true;
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
