@@ -153,7 +153,7 @@ std::string gpt_at(const std::string& precision, const TempDir& dir) {
 
 }  // namespace
 
-TEST_CASE("fake cuda: one library under both names, with every entry point the CUDA runtime resolves") {
+TEST_CASE("fake cuda: one library under both names with every entry point the CUDA runtime resolves") {
   const std::string& dir = kFakeCudaDir;
   void* cuda = dlopen((dir + "/libcuda.so.1").c_str(), RTLD_NOW | RTLD_LOCAL);
   void* lt = dlopen((dir + "/libcublasLt.so.13").c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -221,7 +221,7 @@ TEST_CASE("fake cuda: one library under both names, with every entry point the C
   dlclose(cuda);
 }
 
-TEST_CASE("fake cuda: linear and mlp train on the fake GPU as on the CPU; graphs and deferred work change no bit") {
+TEST_CASE("fake cuda: linear and mlp train on the fake GPU as on the CPU and graphs or deferred work change no bit") {
   struct Case {
     const char* model;
     const char* dims;
@@ -285,7 +285,7 @@ TEST_CASE("fake cuda: --debug-nan on the GPU names the kernel the CPU names") {
   CHECK(first_nan(cuda.out) == first_nan(cpu.out));
 }
 
-TEST_CASE("fake cuda: gpt fp32 trains on the fake GPU as on the CPU; graphs, --profile, --debug-nan, resume") {
+TEST_CASE("fake cuda: gpt fp32 trains on the fake GPU as on the CPU with graphs or --profile or --debug-nan and resumed") {
   TempDir dir("fakecuda-gpt");
   Trainers t = build_both("models/gpt.yaml", kGptDims, dir);
   std::string flags = fmt::format("{} {} --steps 4 --quiet", kCommon, kGptData);
@@ -312,7 +312,7 @@ TEST_CASE("fake cuda: gpt fp32 trains on the fake GPU as on the CPU; graphs, --p
   CHECK(read_bytes(split + "/step-000004.safetensors") == whole);
 }
 
-TEST_CASE("fake cuda: gpt bf16-mixed trains on the fake GPU as on the CPU; an id out of range stops it") {
+TEST_CASE("fake cuda: gpt bf16-mixed trains on the fake GPU as on the CPU and an id out of range stops it as on the CPU") {
   TempDir dir("fakecuda-gpt-bf16");
   Trainers t = build_both(gpt_at("bf16-mixed", dir), kGptDims, dir);
   std::string flags = fmt::format("{} {} --steps 4 --quiet", kCommon, kGptData);
@@ -343,7 +343,7 @@ TEST_CASE("fake cuda: gpt bf16-mixed trains on the fake GPU as on the CPU; an id
   CHECK(before.size() == losses(dir / "bad-cpu.jsonl").size());
 }
 
-TEST_CASE("fake cuda: the module loads from the cubin on its architecture, else from the PTX") {
+TEST_CASE("fake cuda: the module loads from the cubin on its architecture or else from the PTX") {
   TempDir data("fakecuda-data");
   write_npy(data / "x.npy", 256, 256, 1);
   write_npy(data / "y.npy", 256, 64, 2);
