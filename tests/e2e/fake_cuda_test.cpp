@@ -1,0 +1,381 @@
+// CUDA trainers end to end on a fake GPU (tests/fake_cuda/fake_cuda.h): the
+// CUDA engine (runtime/cuda) runs for real — driver calls, cuBLASLt calls,
+// CUDA graphs, pinned buffers, the bad-index flag, the PTX fallback —
+// against a library that keeps device memory in host memory and runs the
+// generated kernels on the host CUDA emulator. Each model is trained for a
+// few steps as a CUDA trainer and as a CPU trainer on the same data and
+// seed, and the per-step losses (--metrics) must agree: fp32 within 1e-4
+// relative, bf16-mixed within 2e-2 (the matmuls round differently: cuBLASLt's
+// sum in the fake is in double, the CPU's in f32). Runs that must give the
+// same bits: graphs vs no graphs, work run at once vs as late as a GPU may
+// run it (NAPKIN_FAKE_CUDA_DEFER=1), --profile and --debug-nan (each kernel
+// alone), a resumed run vs an uninterrupted one, PTX JIT vs cubin.
+#ifdef NAPKIN_HAVE_CUDA_RUNTIME
+
+#include <dlfcn.h>
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runtime/cuda/cuda_driver.h"
+#include "runtime/safetensors.h"
+#include "support/test_io.h"
+
+namespace fs = std::filesystem;
+using napkin::testing::read_bytes;
+using napkin::testing::TempDir;
+using napkin::testing::write_bytes;
+using Run = napkin::testing::CommandResult;
+
+namespace {
+
+Run sh(const std::string& command) { return napkin::testing::run_in_source_tree(command); }
+
+// Where tests/fake_cuda builds the fake and its two names: beside tools/ in
+// the build directory that NAPKIN_BINARY (build/tools/napkin) is in.
+const std::string kFakeCudaDir = (fs::path(NAPKIN_BINARY).parent_path().parent_path() / "tests/fake_cuda").string();
+
+struct Trainers {
+  std::string cuda, cuda_source, cpu;
+};
+
+// `model` (relative to the source tree, or absolute) as a CUDA trainer with
+// its CUDA C source, and as a CPU trainer, in `dir`.
+Trainers build_both(const std::string& model, const std::string& dims, const TempDir& dir,
+                    const std::string& cuda_flags = "") {
+  Trainers t{dir / "cuda", dir / "cuda.cu", dir / "cpu"};
+  Run cuda = sh(fmt::format("NAPKIN_CACHE_DIR={} {} build {} --dims {} --target cuda -o {} --emit-cuda {} --quiet {}",
+                            dir / "nvrtc-cache", NAPKIN_BINARY, model, dims, t.cuda, t.cuda_source, cuda_flags));
+  INFO(cuda.out);
+  REQUIRE(cuda.status == 0);
+  Run cpu = sh(fmt::format("{} build {} --dims {} -o {} --quiet", NAPKIN_BINARY, model, dims, t.cpu));
+  INFO(cpu.out);
+  REQUIRE(cpu.status == 0);
+  return t;
+}
+
+// The CUDA trainer on the fake GPU; `env`: more VAR=value assignments.
+Run run_cuda(const Trainers& t, const std::string& flags, const std::string& env = "") {
+  return sh(fmt::format("{} NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {}", env, t.cuda_source,
+                        kFakeCudaDir, t.cuda, flags));
+}
+
+// The per-step training losses of a --metrics file.
+std::vector<double> losses(const std::string& metrics) {
+  std::vector<double> out;
+  std::istringstream lines(read_bytes(metrics));
+  for (std::string line; std::getline(lines, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
+// Trains with `flags` and metrics into dir/NAME.jsonl; its losses.
+std::vector<double> train(const std::string& trainer_run, const TempDir& dir, const std::string& name) {
+  std::string metrics = dir / (name + ".jsonl");
+  fs::remove(metrics);
+  Run r = sh(fmt::format("{} --metrics {} --checkpoint-dir {}", trainer_run, metrics, dir / ("ckpt-" + name)));
+  INFO(name << ": " << r.out);
+  REQUIRE(r.status == 0);
+  return losses(metrics);
+}
+
+std::vector<double> train_cuda(const Trainers& t, const std::string& flags, const TempDir& dir, const std::string& name,
+                               const std::string& env = "") {
+  std::string metrics = dir / (name + ".jsonl");
+  fs::remove(metrics);
+  Run r = run_cuda(t, fmt::format("{} --metrics {} --checkpoint-dir {}", flags, metrics, dir / ("ckpt-" + name)), env);
+  INFO(name << ": " << r.out);
+  REQUIRE(r.status == 0);
+  return losses(metrics);
+}
+
+void check_close(const std::vector<double>& cpu, const std::vector<double>& cuda, double relative) {
+  REQUIRE(cpu.size() == cuda.size());
+  REQUIRE(!cpu.empty());
+  double worst = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    CAPTURE(i);
+    CAPTURE(cpu[i]);
+    CAPTURE(cuda[i]);
+    REQUIRE(std::isfinite(cuda[i]));
+    worst = std::max(worst, std::abs(cpu[i] - cuda[i]) / std::abs(cpu[i]));
+    CHECK(std::abs(cpu[i] - cuda[i]) <= relative * std::abs(cpu[i]));
+  }
+  MESSAGE(fmt::format("losses over {} steps agree within {:.3g} relative (tolerance {:.0e})", cpu.size(), worst,
+                      relative));
+}
+
+// An f32 .npy file of `rows` x `cols` values in [-1, 1) from a fixed LCG.
+void write_npy(const std::string& path, int64_t rows, int64_t cols, uint64_t seed) {
+  std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}", rows, cols);
+  header.append(63 - (10 + header.size()) % 64, ' ');
+  header += '\n';
+  std::string bytes = "\x93NUMPY\x01";
+  bytes += '\0';
+  bytes += static_cast<char>(header.size() & 0xff);
+  bytes += static_cast<char>(header.size() >> 8);
+  bytes += header;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    float v = static_cast<float>(static_cast<double>(seed >> 11) / 9007199254740992.0 * 2 - 1);
+    bytes.append(reinterpret_cast<const char*>(&v), 4);
+  }
+  write_bytes(path, bytes);
+}
+
+// The gpt model (byte tokens, vocab 256) at small dims, on the e2e tests' tokens.
+const char* kGptDims = "d=64,layers=2,batch=4,seq=32";
+const char* kGptData = "--data tests/e2e/data/gpt/tokens.u16";
+const char* kCommon = "--order sequential --seed 0 --eval-every 0 --log-every 1";
+
+// models/gpt.yaml with `precision:` replaced, in dir.
+std::string gpt_at(const std::string& precision, const TempDir& dir) {
+  std::string text = read_bytes(std::string(NAPKIN_SOURCE_DIR) + "/models/gpt.yaml");
+  size_t at = text.find("\nprecision:");
+  REQUIRE(at != std::string::npos);
+  text.replace(at + 1, text.find('\n', at + 1) - at - 1, "precision: " + precision);
+  std::string path = dir / ("gpt-" + precision + ".yaml");
+  write_bytes(path, text);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("fake cuda: one library under both names with every entry point the CUDA runtime resolves") {
+  const std::string& dir = kFakeCudaDir;
+  void* cuda = dlopen((dir + "/libcuda.so.1").c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* lt = dlopen((dir + "/libcublasLt.so.13").c_str(), RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(cuda != nullptr);
+  REQUIRE(lt != nullptr);
+  CHECK(cuda == lt);  // one file, mapped once: the two names share one fake GPU
+#define NAPKIN_TEST_STRINGIFY_EXPANDED(x) #x
+#define NAPKIN_TEST_STRINGIFY(x) NAPKIN_TEST_STRINGIFY_EXPANDED(x)
+#define NAPKIN_TEST_RESOLVES(name) CHECK_MESSAGE(dlsym(lt, NAPKIN_TEST_STRINGIFY(name)) != nullptr, #name);
+  NAPKIN_CUBLASLT_ENTRY_POINTS(NAPKIN_TEST_RESOLVES)
+#undef NAPKIN_TEST_RESOLVES
+
+  // The runtime's own loader resolves every driver entry point (it throws
+  // naming the missing ones); then the capture rules, on the fake itself.
+  using napkin::runtime::cuda::CudaDriver;
+  CudaDriver d((dir + "/libcuda.so.1").c_str());
+  REQUIRE(d.cuInit(0) == CUDA_SUCCESS);
+  CUcontext context = nullptr;
+  CUdevice device = 0;
+  REQUIRE(d.cuDeviceGet(&device, 0) == CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  CHECK(d.cuMemAlloc(&p, 1000) == CUDA_ERROR_INVALID_CONTEXT);  // no current context yet
+  REQUIRE(d.cuDevicePrimaryCtxRetain(&context, device) == CUDA_SUCCESS);
+  REQUIRE(d.cuCtxSetCurrent(context) == CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  REQUIRE(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  REQUIRE(d.cuMemAlloc(&p, 1000) == CUDA_SUCCESS);
+  CHECK(p % 256 == 0);
+  auto* bytes = reinterpret_cast<unsigned char*>(p);
+  CHECK(bytes[0] == 0xff);  // fresh device memory is NaN bytes
+  CHECK(bytes[999] == 0xff);
+  CHECK(d.error_text(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) ==
+        "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (operation not permitted when stream is capturing)");
+
+  // A synchronizing call during capture fails and invalidates the capture.
+  REQUIRE(d.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  REQUIRE(d.cuMemsetD8Async(p, 0, 1000, stream) == CUDA_SUCCESS);
+  CHECK(bytes[0] == 0xff);  // recorded, not run
+  CHECK(d.cuStreamSynchronize(stream) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph graph = nullptr;
+  CHECK(d.cuStreamEndCapture(stream, &graph) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK(graph == nullptr);
+
+  // A clean capture replays on every launch, after its graph is destroyed.
+  REQUIRE(d.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  REQUIRE(d.cuMemsetD8Async(p + 10, 7, 20, stream) == CUDA_SUCCESS);
+  CHECK(d.cuMemsetD8Async(p + 990, 7, 20, stream) == CUDA_ERROR_INVALID_VALUE);  // past the allocation
+  REQUIRE(d.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  REQUIRE(d.cuGraphInstantiate(&exec, graph, 0) == CUDA_SUCCESS);
+  REQUIRE(d.cuGraphDestroy(graph) == CUDA_SUCCESS);
+  CHECK(bytes[10] == 0xff);
+  REQUIRE(d.cuGraphLaunch(exec, stream) == CUDA_SUCCESS);
+  REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+  CHECK(bytes[9] == 0xff);
+  CHECK(bytes[10] == 7);
+  CHECK(bytes[29] == 7);
+  CHECK(bytes[30] == 0xff);
+  CHECK(d.cuGraphExecDestroy(exec) == CUDA_SUCCESS);
+  CHECK(d.cuMemFree(p) == CUDA_SUCCESS);
+  CHECK(d.cuMemFree(p) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(d.cuStreamDestroy(stream) == CUDA_SUCCESS);
+  CHECK(d.cuDevicePrimaryCtxRelease(device) == CUDA_SUCCESS);
+  dlclose(lt);
+  dlclose(cuda);
+}
+
+TEST_CASE("fake cuda: linear and mlp train on the fake GPU as on the CPU and graphs or deferred work change no bit") {
+  struct Case {
+    const char* model;
+    const char* dims;
+    std::string data;
+  };
+  TempDir data("fakecuda-data");
+  write_npy(data / "x.npy", 256, 256, 1);
+  write_npy(data / "y.npy", 256, 64, 2);
+  for (const Case& c : {Case{"models/linear.yaml", "batch=64", fmt::format("--data-file x={} --data-file y={}",
+                                                                           data / "x.npy", data / "y.npy")},
+                        Case{"models/mlp.yaml", "batch=16,d_in=64,hidden=32",
+                             "--data-file images=tests/e2e/data/mlp/images.npy "
+                             "--data-file labels=tests/e2e/data/mlp/labels.npy"}}) {
+    CAPTURE(c.model);
+    TempDir dir("fakecuda");
+    Trainers t = build_both(c.model, c.dims, dir);
+    std::string flags = fmt::format("{} {} --steps 5 --quiet", kCommon, c.data);
+    std::vector<double> cpu = train(t.cpu + " " + flags, dir, "cpu");
+    std::vector<double> cuda = train_cuda(t, flags, dir, "cuda");
+    check_close(cpu, cuda, 1e-4);
+    CHECK(train_cuda(t, flags, dir, "no-graphs", "NAPKIN_CUDA_GRAPHS=0") == cuda);
+    CHECK(train_cuda(t, flags, dir, "deferred", "NAPKIN_FAKE_CUDA_DEFER=1") == cuda);
+    CHECK(read_bytes(dir / "ckpt-cuda/step-000005.safetensors") ==
+          read_bytes(dir / "ckpt-deferred/step-000005.safetensors"));
+  }
+}
+
+TEST_CASE("fake cuda: --debug-nan on the GPU names the kernel the CPU names") {
+  TempDir dir("fakecuda-nan");
+  Trainers t = build_both("models/mlp.yaml", "batch=16,d_in=64,hidden=32", dir);
+  napkin::runtime::SafetensorsFile init(std::string(NAPKIN_SOURCE_DIR) + "/tests/e2e/data/mlp/init.safetensors");
+  std::vector<napkin::runtime::TensorData> tensors;
+  std::vector<float> w1;
+  for (const auto& x : init.tensors()) {
+    if (x.name == "w1") {
+      const float* p = reinterpret_cast<const float*>(x.data);
+      w1.assign(p, p + 64 * 32);
+      w1[5] = std::numeric_limits<float>::quiet_NaN();
+      tensors.push_back({x.name, x.dtype, x.shape, w1.data()});
+    } else {
+      tensors.push_back({x.name, x.dtype, x.shape, x.data});
+    }
+  }
+  napkin::runtime::write_safetensors_file(dir / "nan.safetensors", tensors, {});
+  std::string flags = fmt::format(
+      "--data-file images=tests/e2e/data/mlp/images.npy --data-file labels=tests/e2e/data/mlp/labels.npy --quiet "
+      "--steps 2 --init {} --debug-nan --checkpoint-dir {}",
+      dir / "nan.safetensors", dir / "ckpt");
+  Run cpu = sh(t.cpu + " " + flags);
+  Run cuda = run_cuda(t, flags);
+  INFO(cpu.out);
+  INFO(cuda.out);
+  CHECK(cpu.status == 1);
+  CHECK(cuda.status == 1);
+  auto first_nan = [](const std::string& out) {
+    size_t at = out.find("produced the first NaN");
+    REQUIRE(at != std::string::npos);
+    size_t begin = out.rfind('\n', at);
+    return out.substr(begin == std::string::npos ? 0 : begin + 1, out.find('\n', at) - begin);
+  };
+  CHECK(first_nan(cuda.out) == first_nan(cpu.out));
+}
+
+TEST_CASE("fake cuda: gpt fp32 trains on the fake GPU as on the CPU with graphs or --profile or --debug-nan and resumed") {
+  TempDir dir("fakecuda-gpt");
+  Trainers t = build_both("models/gpt.yaml", kGptDims, dir);
+  std::string flags = fmt::format("{} {} --steps 4 --quiet", kCommon, kGptData);
+  std::vector<double> cpu = train(t.cpu + " " + flags, dir, "cpu");
+  std::vector<double> cuda = train_cuda(t, flags, dir, "cuda");
+  check_close(cpu, cuda, 1e-4);
+  CHECK(train_cuda(t, flags, dir, "no-graphs", "NAPKIN_CUDA_GRAPHS=0") == cuda);
+  CHECK(train_cuda(t, flags + " --profile", dir, "profile") == cuda);
+  CHECK(train_cuda(t, flags + " --debug-nan", dir, "debug-nan") == cuda);
+
+  // Two steps, a checkpoint, then resumed to four: the same losses and bytes.
+  std::string split = dir / "ckpt-split";
+  Run first = run_cuda(t, fmt::format("{} {} --steps 2 --quiet --checkpoint-dir {} --checkpoint-every 2", kCommon,
+                                      kGptData, split));
+  INFO(first.out);
+  REQUIRE(first.status == 0);
+  Run second = run_cuda(t, fmt::format("{} {} --steps 4 --quiet --resume {} --checkpoint-dir {} --metrics {}", kCommon,
+                                       kGptData, split, split, dir / "resumed.jsonl"));
+  INFO(second.out);
+  REQUIRE(second.status == 0);
+  CHECK(losses(dir / "resumed.jsonl") == std::vector<double>(cuda.begin() + 2, cuda.end()));
+  std::string whole = read_bytes(dir / "ckpt-cuda/step-000004.safetensors");
+  CHECK(whole.size() > 100000);
+  CHECK(read_bytes(split + "/step-000004.safetensors") == whole);
+}
+
+TEST_CASE("fake cuda: gpt bf16-mixed trains on the fake GPU as on the CPU and an id out of range stops it as on the CPU") {
+  TempDir dir("fakecuda-gpt-bf16");
+  Trainers t = build_both(gpt_at("bf16-mixed", dir), kGptDims, dir);
+  std::string flags = fmt::format("{} {} --steps 4 --quiet", kCommon, kGptData);
+  std::vector<double> cpu = train(t.cpu + " " + flags, dir, "cpu");
+  std::vector<double> cuda = train_cuda(t, flags, dir, "cuda");
+  check_close(cpu, cuda, 2e-2);
+  CHECK(train_cuda(t, flags, dir, "no-graphs", "NAPKIN_CUDA_GRAPHS=0") == cuda);
+
+  // Token 300 in a byte-level model, a few batches in (met by a kernel
+  // replayed from a CUDA graph): the CUDA trainer stops where the CPU one
+  // does, with the CPU's message.
+  std::string tokens = read_bytes(std::string(NAPKIN_SOURCE_DIR) + "/tests/e2e/data/gpt/tokens.u16");
+  tokens[2 * 400] = static_cast<char>(300 & 0xff);
+  tokens[2 * 400 + 1] = static_cast<char>(300 >> 8);
+  write_bytes(dir / "bad.u16", tokens);
+  std::string bad_flags = fmt::format("{} --data {} --steps 4 --quiet --checkpoint-dir {}", kCommon, dir / "bad.u16",
+                                      dir / "ckpt-bad");
+  Run bad_cpu = sh(fmt::format("{} {} --metrics {}", t.cpu, bad_flags, dir / "bad-cpu.jsonl"));
+  Run bad = run_cuda(t, fmt::format("{} --metrics {}", bad_flags, dir / "bad-cuda.jsonl"));
+  INFO(bad_cpu.out);
+  INFO(bad.out);
+  CHECK(bad_cpu.status == 1);
+  CHECK(bad.status == 1);
+  CHECK(bad.out.find("id 300 is outside [0, 256)") != std::string::npos);
+  CHECK(bad.out == bad_cpu.out);
+  std::vector<double> before = losses(dir / "bad-cuda.jsonl");
+  CHECK(before.size() >= 2);  // past the eager first step, into the graphs
+  CHECK(before.size() == losses(dir / "bad-cpu.jsonl").size());
+}
+
+TEST_CASE("fake cuda: the module loads from the cubin on its architecture or else from the PTX") {
+  TempDir data("fakecuda-data");
+  write_npy(data / "x.npy", 256, 256, 1);
+  write_npy(data / "y.npy", 256, 64, 2);
+  std::string flags = fmt::format("{} --data-file x={} --data-file y={} --steps 3", kCommon, data / "x.npy",
+                                  data / "y.npy");
+  TempDir sm90("fakecuda-sm90"), sm80("fakecuda-sm80");
+  Trainers t90 = build_both("models/linear.yaml", "batch=64", sm90);
+  Trainers t80 = build_both("models/linear.yaml", "batch=64", sm80, "--arch sm_80");
+  auto banner = [&](const Trainers& t, const TempDir& dir, const std::string& name, const std::string& env) {
+    std::string metrics = dir / (name + ".jsonl");
+    Run r = run_cuda(t, fmt::format("{} --metrics {} --checkpoint-dir {}", flags, metrics, dir / name), env);
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    return std::make_pair(r.out.substr(0, r.out.find('\n')), losses(metrics));
+  };
+  auto [cubin, cubin_losses] = banner(t90, sm90, "sm90-on-sm90", "");
+  CHECK(cubin == "napkin trainer: linear (cuda, NVIDIA Fake GPU, sm_90, cubin)");
+  // An sm_80 cubin does not run on sm_90; its PTX compiles for it.
+  auto [jit, jit_losses] = banner(t80, sm80, "sm80-on-sm90", "");
+  CHECK(jit == "napkin trainer: linear (cuda, NVIDIA Fake GPU, sm_90, PTX JIT from sm_80)");
+  CHECK(jit_losses == cubin_losses);
+  auto [a100, a100_losses] = banner(t80, sm80, "sm80-on-sm80", "NAPKIN_FAKE_CUDA_ARCH=sm_80");
+  CHECK(a100 == "napkin trainer: linear (cuda, NVIDIA Fake GPU, sm_80, cubin)");
+  CHECK(a100_losses == cubin_losses);
+  // An sm_90 trainer has nothing an sm_80 GPU can run.
+  Run old = run_cuda(t90, flags + " --checkpoint-dir " + (sm90 / "old"), "NAPKIN_FAKE_CUDA_ARCH=sm_80");
+  INFO(old.out);
+  CHECK(old.status == 1);
+  CHECK(old.out.find("sm_90 cubin does not run on this GPU (CUDA_ERROR_NO_BINARY_FOR_GPU") != std::string::npos);
+  CHECK(old.out.find("JIT-compiling its PTX failed") != std::string::npos);
+  CHECK(old.out.find("CUDA_ERROR_INVALID_PTX") != std::string::npos);
+  CHECK(old.out.find("ptxas fatal") != std::string::npos);  // the JIT's log, through CU_JIT_ERROR_LOG_BUFFER
+}
+
+#endif  // NAPKIN_HAVE_CUDA_RUNTIME
