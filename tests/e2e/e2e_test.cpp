@@ -132,7 +132,7 @@ TEST_CASE("e2e: a corrupt, truncated or foreign checkpoint is refused and nothin
   }
 }
 
-TEST_CASE("e2e: --init names missing and mis-shaped weights; a NaN stops training and --debug-nan names the op") {
+TEST_CASE("e2e: --init names missing and mis-shaped weights - a NaN stops training and --debug-nan names the op") {
   napkin::testing::TempDir tmp("e2e-init");
   fs::path dir = tmp.path;
   std::string trainer = build("models/mlp.yaml", "batch=16,d_in=64,hidden=32", dir);

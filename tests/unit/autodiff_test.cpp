@@ -270,7 +270,7 @@ optimizer: sgd(lr=0.1)
   CHECK(backward_flops(g) == 2 * 4 * 3 * 2);
 }
 
-TEST_CASE("autodiff: a parameter the loss does not depend on gets no gradient; a model without any gets none") {
+TEST_CASE("autodiff: a parameter the loss does not depend on gets no gradient - a model without any gets none") {
   ir::Graph g = compile(R"yaml(
 model: t
 inputs: {x: {shape: [4, 3]}}

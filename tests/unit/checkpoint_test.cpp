@@ -352,7 +352,7 @@ TEST_CASE("checkpoint: latest_checkpoint picks the highest step and ignores temp
   CHECK(rt::latest_checkpoint(dir.path) == dir / "step-1000000.safetensors");
 }
 
-TEST_CASE("checkpoint: keep = 2 keeps the two newest; keep = 0 keeps all") {
+TEST_CASE("checkpoint: keep = 2 keeps the two newest - keep = 0 keeps all") {
   TempDir dir;
   Model m(1);
   for (int64_t step : {1, 2, 3, 4}) rt::write_checkpoint(dir.path, step, m.all(), "h", {}, 2);

@@ -94,7 +94,7 @@ TEST_CASE("forward - 2·T·P decomposes exactly into the report's terms") {
   }
 }
 
-TEST_CASE("views cost nothing; the rearrange copy costs its bytes") {
+TEST_CASE("views cost nothing - the rearrange copy costs its bytes") {
   ir::Graph g = compile_model_file("gpt.yaml");
   passes::StepCost c = passes::analyze_step(g, nullptr);
   int copies = 0;

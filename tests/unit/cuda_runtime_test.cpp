@@ -609,7 +609,7 @@ TrainerRun run_trainer(std::vector<std::string> args, const runtime::EngineFacto
   return r;
 }
 
-TEST_CASE("cuda runtime: a CUDA trainer without a GPU exits 1 with the reason; --print-program needs no GPU") {
+TEST_CASE("cuda runtime: a CUDA trainer without a GPU exits 1 with the reason - --print-program needs no GPU") {
   bool made = false;
   runtime::EngineFactory cuda = [&](const runtime::Program& p, int) {
     made = true;

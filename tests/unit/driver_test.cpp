@@ -64,7 +64,7 @@ TEST_CASE("user errors exit 1 with a clear message") {
   CHECK(nothing.out.find("nothing to estimate") != std::string::npos);
 }
 
-TEST_CASE("ir prints the graph with YAML locations; --print-after names the pass") {
+TEST_CASE("ir prints the graph with YAML locations - --print-after names the pass") {
   Run r = run_napkin("ir models/linear.yaml");
   CHECK(r.status == 0);
   CHECK(r.out.find("%pred = matmul(%x, %w) : f32[batch=1024, k=64]  # models/linear.yaml:19:13") != std::string::npos);

@@ -32,7 +32,7 @@ TEST_CASE("every canonical name parses back to its dtype") {
   }
 }
 
-TEST_CASE("aliases parse, case-insensitively; unknown names do not") {
+TEST_CASE("aliases parse, case-insensitively - unknown names do not") {
   CHECK(napkin::ir::parse_dtype("float32") == DType::F32);
   CHECK(napkin::ir::parse_dtype("FP32") == DType::F32);
   CHECK(napkin::ir::parse_dtype("half") == DType::F16);

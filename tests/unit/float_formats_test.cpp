@@ -96,7 +96,7 @@ TEST_CASE("ties round to the even neighbour") {
   CHECK(rt::round_to_f8e4m3(0x1p-9f) == 0x1p-9f);
 }
 
-TEST_CASE("overflow: inf for bf16, f16, e5m2; NaN for e4m3 unless saturating") {
+TEST_CASE("overflow: inf for bf16, f16, e5m2 - NaN for e4m3 unless saturating") {
   CHECK(rt::round_to_f16(65504.0f) == 65504.0f);
   CHECK(rt::round_to_f16(65519.0f) == 65504.0f);
   CHECK(rt::round_to_f16(65520.0f) == kInf);  // the tie with 65536 goes to even: inf
@@ -119,7 +119,7 @@ TEST_CASE("overflow: inf for bf16, f16, e5m2; NaN for e4m3 unless saturating") {
   CHECK(rt::round_to_f8e5m2(100.0f, true) == 96.0f);  // saturation leaves finite values alone
 }
 
-TEST_CASE("NaN stays NaN with its sign; zero keeps its sign") {
+TEST_CASE("NaN stays NaN with its sign - zero keeps its sign") {
   CHECK(rt::float_to_bf16_bits(kNaN) == 0x7FC0);
   CHECK(rt::float_to_bf16_bits(-kNaN) == 0xFFC0);
   CHECK(rt::float_to_f16_bits(kNaN) == 0x7E00);

@@ -119,7 +119,7 @@ loss: mean(y)
   CHECK(scoped == 2);  // matmul and relu
 }
 
-TEST_CASE("einops: rearrange into heads is a view; merging a contiguous (b h s hd) copies") {
+TEST_CASE("einops: rearrange into heads is a view - merging a contiguous (b h s hd) copies") {
   ir::Graph g = compile(std::string(kHeader) + R"yaml(
 dims: {b: 2, s: 4, d: 6, heads: 2}
 inputs: {qkv: {shape: [b, s, 3*d]}}
@@ -267,7 +267,7 @@ loss: mean(y)
   CHECK(names == std::vector<std::string>{"blocks.0.sub.0.w", "blocks.0.sub.1.w", "blocks.1.sub.0.w", "blocks.1.sub.1.w"});
 }
 
-TEST_CASE("numbers: 2e3 is a whole dim; % takes the divisor's sign everywhere") {
+TEST_CASE("numbers: 2e3 is a whole dim - % takes the divisor's sign everywhere") {
   ir::Graph g = compile(std::string(kHeader) + R"yaml(
 dims: {d: 2e3, r: -7 % 3}
 inputs: {x: {shape: [d, r]}}

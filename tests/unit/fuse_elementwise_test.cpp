@@ -49,7 +49,7 @@ int position(const ir::Graph& g, ir::NodeId id) {
 
 }  // namespace
 
-TEST_CASE("fuse: an elementwise chain with its constants becomes one group; the reduction stays out") {
+TEST_CASE("fuse: an elementwise chain with its constants becomes one group - the reduction stays out") {
   ir::Graph g = testing::compile(R"yaml(
 model: t
 inputs: {x: {shape: [4, 8]}, b: {shape: [8]}}
@@ -85,7 +85,7 @@ optimizer: sgd(lr=0.1)
   CHECK_FALSE(fuse(g));  // a second run changes nothing
 }
 
-TEST_CASE("fuse: a producer of another shape is not fused; a value read outside the group is stored") {
+TEST_CASE("fuse: a producer of another shape is not fused - a value read outside the group is stored") {
   ir::Graph g = testing::compile(R"yaml(
 model: t
 inputs: {x: {shape: [4, 8]}, v: {shape: [8]}, w: {shape: [8, 8]}}
@@ -133,7 +133,7 @@ optimizer: sgd(lr=0.1)
   CHECK(g.node(add).group >= 0);
 }
 
-TEST_CASE("fuse: forward and backward nodes are never one group; the SGD update is one kernel per parameter") {
+TEST_CASE("fuse: forward and backward nodes are never one group - the SGD update is one kernel per parameter") {
   ir::Graph g = testing::compile_training(R"yaml(
 model: t
 inputs: {x: {shape: [4, 8]}}

@@ -139,7 +139,7 @@ TEST_CASE("thread pool: nested and concurrent calls are safe and keep the split"
   CHECK(sum == 2 * 200 * (63 * 64 / 2));
 }
 
-TEST_CASE("thread pool: exceptions propagate after the join; the pool stays usable") {
+TEST_CASE("thread pool: exceptions propagate after the join - the pool stays usable") {
   ThreadPool pool(2);
   CHECK_THROWS_AS(pool.parallel_for(10, [](int64_t b, int64_t) {
     if (b > 0) throw std::runtime_error("worker chunk");

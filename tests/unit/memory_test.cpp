@@ -108,7 +108,7 @@ TEST_CASE("memory: category totals and the per-dtype split") {
   CHECK(passes::memory_category_name(MemoryCategory::OptimizerState) == "optimizer state");
 }
 
-TEST_CASE("memory: a view extends its buffer's lifetime; forward buffers read by backward are saved") {
+TEST_CASE("memory: a view extends its buffer's lifetime - forward buffers read by backward are saved") {
   Step s;
   build_step(s);
   passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);

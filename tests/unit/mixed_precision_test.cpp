@@ -441,7 +441,7 @@ TEST_CASE("fp8: a matmul's error is within the E4M3 bound, and tiny magnitudes a
   }
 }
 
-TEST_CASE("AMP audit: one line under fp32; casts, rules and the fp32 comparison under bf16-mixed") {
+TEST_CASE("AMP audit: one line under fp32 - casts, rules and the fp32 comparison under bf16-mixed") {
   ir::Graph fp32 = compile_model("mlp", "fp32");
   passes::StepCost c32 = passes::analyze_step(fp32, nullptr);
   passes::MemoryReport m32 = passes::analyze_memory(fp32);

@@ -424,7 +424,7 @@ struct NpyFixture {
 
 }  // namespace
 
-TEST_CASE("data: npy sequential rows are (step * batch + row) mod n_train; eval reads the held-out rows") {
+TEST_CASE("data: npy sequential rows are (step * batch + row) mod n_train - eval reads the held-out rows") {
   NpyFixture f(12, 0.75, "sequential");  // 9 train rows, 3 eval rows
   auto data = f.open();
   CHECK(data->train_examples() == 9);
@@ -496,7 +496,7 @@ TEST_CASE("data: npy random order is a Fisher-Yates permutation per epoch from R
   CHECK(seen.size() == 7);  // examples 0..6 are epoch 0, a permutation of all 7 rows
 }
 
-TEST_CASE("data: npy integer inputs take any integer file with a range check; bf16 takes f32") {
+TEST_CASE("data: npy integer inputs take any integer file with a range check - bf16 takes f32") {
   TempDir dir;
   const std::vector<uint16_t> u16 = {0, 65535};
   rt::write_npy(dir / "u.npy", "<u2", {2}, u16.data(), 4);
