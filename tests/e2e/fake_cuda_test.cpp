@@ -10,7 +10,7 @@
 // same bits: graphs vs no graphs, work run at once vs as late as a GPU may
 // run it (NAPKIN_FAKE_CUDA_DEFER=1), --profile and --debug-nan (each kernel
 // alone), a resumed run vs an uninterrupted one, PTX JIT vs cubin.
-#ifdef NAPKIN_HAVE_CUDA_RUNTIME
+#if defined(NAPKIN_HAVE_CUDA_RUNTIME) && defined(NAPKIN_HAVE_CUDA)
 
 #include <dlfcn.h>
 #include <doctest/doctest.h>

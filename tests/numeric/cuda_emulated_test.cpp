@@ -14,6 +14,9 @@
 // generation, the GPU's expf/logf ulps); bench/gpu/verify.py does on a GPU.
 //
 // NAPKIN_NUMERIC_VERBOSE=1 prints the largest error per model.
+// Built where the CUDA backend (codegen/cuda) is built only with the CUDA toolkit.
+#ifdef NAPKIN_HAVE_CUDA
+
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -161,3 +164,5 @@ optimizer: sgd(lr=0.1)
       gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get(), l.offsets);
   });
 }
+
+#endif  // NAPKIN_HAVE_CUDA

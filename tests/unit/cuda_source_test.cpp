@@ -7,6 +7,9 @@
 // share functions, within the same 16-byte alignment.
 // The kernels' numbers are checked by running the source under host
 // emulation against the interpreter (tests/support/cuda_emulator.h).
+// Built where the CUDA backend (codegen/cuda) is built only with the CUDA toolkit.
+#ifdef NAPKIN_HAVE_CUDA
+
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -18,9 +21,7 @@
 #include "codegen/plan.h"
 #include "support/test_models.h"
 
-#ifdef NAPKIN_HAVE_NVRTC
 #include "codegen/cuda/nvrtc_compile.h"
-#endif
 
 namespace {
 
@@ -130,7 +131,6 @@ TEST_CASE("cuda source: every model's loop kernels have launches and compile wit
       KernelPlan plan = napkin::codegen::plan_kernels(g);
       CudaSource src = emit_cuda_source(plan, model.stem().string());
       check_source(plan, src, what);
-#ifdef NAPKIN_HAVE_NVRTC
       // As `napkin build --target cuda` compiles it (options, cubin and PTX),
       // without the cache: NVRTC rejecting the source throws with its log.
       napkin::codegen::cuda::NvrtcOptions options;
@@ -138,7 +138,6 @@ TEST_CASE("cuda source: every model's loop kernels have launches and compile wit
       napkin::codegen::cuda::NvrtcResult r = napkin::codegen::cuda::nvrtc_compile(src.text, model.stem().string(), options);
       CHECK(r.cubin.size() > 0);
       CHECK(r.ptx.find(".target sm_90") != std::string::npos);
-#endif
     }
   }
 }
@@ -223,3 +222,5 @@ TEST_CASE("cuda source: kernels share a function only if their offsets allow the
   CHECK(function_text(src.text, "k0_add").find("uint4") != std::string::npos);
   CHECK(function_text(src.text, "k2_add").find("uint4") == std::string::npos);
 }
+
+#endif  // NAPKIN_HAVE_CUDA

@@ -4,7 +4,7 @@
 // compile is a cache hit with the same bytes, anything in the key changing
 // is a miss, a damaged cache entry is rebuilt, and the user's and napkin's
 // mistakes give the messages they should. Needs NVRTC, not a GPU.
-#ifdef NAPKIN_HAVE_NVRTC
+#ifdef NAPKIN_HAVE_CUDA
 
 #include <doctest/doctest.h>
 
@@ -257,4 +257,4 @@ TEST_CASE("nvrtc: source NVRTC rejects is napkin's bug, reported with NVRTC's lo
   CHECK(entries(dir).empty());
 }
 
-#endif  // NAPKIN_HAVE_NVRTC
+#endif  // NAPKIN_HAVE_CUDA
