@@ -258,4 +258,52 @@ ReductionLoop reduction_loop(const Kernel& k) {
   return loop;
 }
 
+RowLoop row_loop(const Kernel& k) {
+  using ir::Op;
+  const Operand& x = k.inputs[0];
+  RowLoop loop;
+  loop.axis = static_cast<int>(x.sizes.size()) - 1;
+  if (k.op == Op::Softmax || k.op == Op::LogSoftmax || k.op == Op::SoftmaxGrad)
+    loop.axis = normalize_axis(k.attrs.get_int("axis"), x.sizes.size());
+  loop.n = x.sizes.empty() ? 1 : x.sizes[loop.axis];
+  auto add = [&](const Operand& o, RowShape shape, bool input = true) { loop.operands.push_back({&o, shape, input, {}, 0}); };
+  add(x, RowShape::Full);
+  switch (k.op) {
+    case Op::LayerNorm: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Vector); break;
+    case Op::RMSNorm: add(k.inputs[1], RowShape::Vector); break;
+    case Op::LayerNormGrad:
+    case Op::RMSNormGrad: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Full); break;
+    case Op::SoftmaxGrad:
+    case Op::NormGainGrad: add(k.inputs[1], RowShape::Full); break;
+    case Op::CrossEntropy:
+    case Op::CrossEntropyGrad: add(k.inputs[1], RowShape::PerRow); break;
+    default: break;
+  }
+  if (k.op == Op::NormGainGrad) add(k.output, RowShape::Vector, false);
+  else if (k.op != Op::CrossEntropy) add(k.output, RowShape::Full, false);
+
+  for (size_t d = 0; d < x.sizes.size(); ++d)
+    if (static_cast<int>(d) != loop.axis) loop.sizes.push_back(x.sizes[d]);
+  for (RowOperand& r : loop.operands) {
+    const Operand& o = *r.op;
+    switch (r.shape) {
+      case RowShape::Full:
+        for (size_t d = 0; d < o.sizes.size(); ++d) {
+          if (static_cast<int>(d) == loop.axis) r.step = o.strides[d];
+          else r.strides.push_back(o.strides[d]);
+        }
+        break;
+      case RowShape::PerRow: r.strides = broadcast_strides(o, loop.sizes); break;
+      case RowShape::Vector:
+        r.strides.assign(loop.sizes.size(), 0);
+        r.step = o.sizes.empty() ? 0 : o.strides.back();
+        break;
+    }
+  }
+  std::vector<std::vector<int64_t>*> all;
+  for (RowOperand& r : loop.operands) all.push_back(&r.strides);
+  collapse_dims(loop.sizes, all);
+  return loop;
+}
+
 }  // namespace napkin::codegen

@@ -151,4 +151,31 @@ struct ReductionLoop {
 };
 ReductionLoop reduction_loop(const Kernel& k);
 
+// The loop of a row kernel (softmax, log_softmax, softmax_grad, layernorm,
+// rmsnorm and their gradients, norm_gain_grad, cross_entropy and its
+// gradient): it works on rows, the elements along one axis of input 0, and
+// loops over every other dim (collapsed where every operand allows).
+//  - operand shapes: Full operands have input 0's shape; PerRow ones (the
+//    cross-entropy targets) lack the axis; Vector ones (norm gains, the
+//    norm_gain_grad output) are only the axis.
+//  - operands, in order: input 0, the op's other row-shaped inputs, then the
+//    output (none for cross_entropy, whose scalar output is a sum over rows).
+//    Each has its strides over the loop's dims and its step along the axis,
+//    so element k of a row is at (row base) + k * step.
+enum class RowShape : uint8_t { Full, PerRow, Vector };
+struct RowOperand {
+  const Operand* op = nullptr;
+  RowShape shape = RowShape::Full;
+  bool input = true;
+  std::vector<int64_t> strides;  // over the loop's dims
+  int64_t step = 0;              // along the axis
+};
+struct RowLoop {
+  int axis = 0;
+  int64_t n = 1;               // the row length
+  std::vector<int64_t> sizes;  // the loop over rows
+  std::vector<RowOperand> operands;
+};
+RowLoop row_loop(const Kernel& k);
+
 }  // namespace napkin::codegen

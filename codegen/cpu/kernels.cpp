@@ -203,58 +203,13 @@ LoopInfo reduction(LoopEmitter& e, const Kernel& k) {
 
 // ---------------------------------------------------------------- row kernels
 
-// Softmax-like ops work on rows: the elements along one axis. The loop runs
-// over every other dim (collapsed where the row-shaped operands allow);
-// `Row` gives each operand's first element of the current row and its stride
-// along the axis.
-struct RowOperand {
-  const Operand* op;
-  std::vector<int64_t> strides;  // over the row-space dims
-  int64_t step = 0;              // along the axis
-};
-
-struct RowSpace {
-  std::vector<int64_t> sizes;
-  int64_t n = 1;  // row length
-};
-
-// x-shaped operands have the full shape; per-row ones (cross-entropy targets)
-// lack the axis; vectors (norm gains) are only the axis.
-enum class RowShape { Full, PerRow, Vector };
-
-RowSpace row_space(const Operand& x, int axis, std::vector<RowOperand>& ops, const std::vector<RowShape>& shapes) {
-  RowSpace rs;
-  rs.n = x.sizes.empty() ? 1 : x.sizes[axis];
-  for (size_t d = 0; d < x.sizes.size(); ++d)
-    if (static_cast<int>(d) != axis) rs.sizes.push_back(x.sizes[d]);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    RowOperand& r = ops[i];
-    const Operand& o = *r.op;
-    switch (shapes[i]) {
-      case RowShape::Full:
-        for (size_t d = 0; d < o.sizes.size(); ++d) {
-          if (static_cast<int>(d) == axis) r.step = o.strides[d];
-          else r.strides.push_back(o.strides[d]);
-        }
-        break;
-      case RowShape::PerRow: r.strides = broadcast_strides(o, rs.sizes); break;
-      case RowShape::Vector:
-        r.strides.assign(rs.sizes.size(), 0);
-        r.step = o.sizes.empty() ? 0 : o.strides.back();
-        break;
-    }
-  }
-  std::vector<std::vector<int64_t>*> all;
-  for (RowOperand& r : ops) all.push_back(&r.strides);
-  collapse_dims(rs.sizes, all);
-  return rs;
-}
-
-// Runs body(bases) for each row in this thread's part of dim 0 (all rows when
-// serial: the caller then calls the function with [0, extent)).
-void for_each_row(LoopEmitter& e, const RowSpace& rs, const std::vector<RowOperand>& ops,
+// Row kernels loop as codegen/plan.h's row_loop says. for_each_row runs
+// body(bases) for each row in this thread's part of dim 0 (all rows when
+// serial: the caller then calls the function with [0, extent)), a base being
+// each operand's first element of the row; element k is base + k * step.
+void for_each_row(LoopEmitter& e, const std::vector<int64_t>& sizes, const std::vector<RowOperand>& ops,
                   const std::function<void(const std::vector<llvm::Value*>&)>& body) {
-  e.nest(rs.sizes, 0, [&](const Idx& idx) {
+  e.nest(sizes, 0, [&](const Idx& idx) {
     std::vector<llvm::Value*> bases;
     for (const RowOperand& r : ops) bases.push_back(e.dot(idx, r.strides));
     body(bases);
@@ -300,41 +255,19 @@ std::pair<llvm::Value*, llvm::Value*> row_stats(LoopEmitter& e, const RowOperand
 
 LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
   const Operand& x = k.inputs[0];
-  int axis = static_cast<int>(x.sizes.size()) - 1;
-  if (k.op == Op::Softmax || k.op == Op::LogSoftmax || k.op == Op::SoftmaxGrad)
-    axis = normalize_axis(k.attrs.get_int("axis"), x.sizes.size());
-  std::vector<RowOperand> ops;
-  std::vector<RowShape> shapes;
-  auto add = [&](const Operand& o, RowShape s) {
-    ops.push_back({&o, {}, 0});
-    shapes.push_back(s);
-  };
-  add(x, RowShape::Full);
-  switch (k.op) {
-    case Op::LayerNorm: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Vector); break;
-    case Op::RMSNorm: add(k.inputs[1], RowShape::Vector); break;
-    case Op::LayerNormGrad:
-    case Op::RMSNormGrad: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Full); break;
-    case Op::SoftmaxGrad:
-    case Op::NormGainGrad: add(k.inputs[1], RowShape::Full); break;
-    case Op::CrossEntropy:
-    case Op::CrossEntropyGrad: add(k.inputs[1], RowShape::PerRow); break;
-    default: break;
-  }
+  const RowLoop rl = row_loop(k);
+  const std::vector<RowOperand>& ops = rl.operands;
   bool scalar_out = k.op == Op::CrossEntropy;
   bool vector_out = k.op == Op::NormGainGrad;
-  if (!scalar_out && !vector_out) add(k.output, RowShape::Full);
-  if (vector_out) add(k.output, RowShape::Vector);
-  RowSpace rs = row_space(x, axis, ops, shapes);
   const RowOperand& X = ops[0];
   const RowOperand& out = ops.back();
   llvm::Type* t = e.compute_type(x.dtype);
   auto& b = e.b;
-  int64_t n = rs.n;
+  int64_t n = rl.n;
   auto ld = [&](const RowOperand& r, llvm::Value* base, llvm::Value* kk) { return e.load(*r.op, at(e, r, base, kk)); };
   auto st = [&](const RowOperand& r, llvm::Value* base, llvm::Value* kk, llvm::Value* v) { e.store(*r.op, at(e, r, base, kk), v); };
   llvm::Value* inv_n = llvm::ConstantFP::get(t, 1.0 / static_cast<double>(n));
-  int64_t rows_total = product(rs.sizes);
+  int64_t rows_total = product(rl.sizes);
   bool serial = scalar_out || vector_out;
 
   // Losses and gain gradients sum over rows: zero the output first. The
@@ -344,7 +277,7 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
   if (vector_out)
     e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) { st(out, e.i64(0), kk, llvm::ConstantFP::get(t, 0.0)); });
 
-  for_each_row(e, rs, ops, [&](const std::vector<llvm::Value*>& base) {
+  for_each_row(e, rl.sizes, ops, [&](const std::vector<llvm::Value*>& base) {
     llvm::Value* xb = base[0];
     llvm::Value* ob = base.back();
     switch (k.op) {
@@ -449,7 +382,7 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
     llvm::Value* mean = b.CreateFDiv(b.CreateLoad(b.getDoubleTy(), loss), llvm::ConstantFP::get(b.getDoubleTy(), static_cast<double>(rows_total)));
     e.store(k.output, e.i64(0), b.CreateFPTrunc(mean, t));
   }
-  return loop_info(rs.sizes[0], x.numel(), !serial);
+  return loop_info(rl.sizes[0], x.numel(), !serial);
 }
 
 // mse(a, b) = mean((a - b)^2): one serial sum (a scalar output), each inner

@@ -34,49 +34,6 @@ namespace {
 using ir::DType;
 using ir::Op;
 
-enum class RowShape { Full, PerRow, Vector };
-
-struct RowOperand {
-  const Operand* op = nullptr;
-  RowShape shape = RowShape::Full;
-  bool input = true;
-  std::vector<int64_t> strides;  // over the row-space dims
-  int64_t step = 0;              // along the axis
-};
-
-// The row space (dims other than the axis, collapsed where every operand
-// allows) and each operand's strides over it: codegen/cpu/kernels.cpp's
-// row_space.
-std::vector<int64_t> row_space(const Operand& x, int axis, std::vector<RowOperand>& ops) {
-  std::vector<int64_t> sizes;
-  for (size_t d = 0; d < x.sizes.size(); ++d)
-    if (static_cast<int>(d) != axis) sizes.push_back(x.sizes[d]);
-  for (RowOperand& r : ops) {
-    const Operand& o = *r.op;
-    switch (r.shape) {
-      case RowShape::Full:
-        for (size_t d = 0; d < o.sizes.size(); ++d) {
-          if (static_cast<int>(d) == axis) r.step = o.strides[d];
-          else r.strides.push_back(o.strides[d]);
-        }
-        break;
-      case RowShape::PerRow: r.strides = broadcast_strides(o, sizes); break;
-      case RowShape::Vector:
-        r.strides.assign(sizes.size(), 0);
-        r.step = o.sizes.empty() ? 0 : o.strides.back();
-        break;
-    }
-  }
-  if (sizes.empty()) {
-    sizes.push_back(1);
-    for (RowOperand& r : ops) r.strides.push_back(0);
-  }
-  std::vector<std::vector<int64_t>*> all;
-  for (RowOperand& r : ops) all.push_back(&r.strides);
-  collapse_dims(sizes, all);
-  return sizes;
-}
-
 // Emits one row kernel's body, pass by pass.
 class RowEmitter {
  public:
@@ -269,7 +226,7 @@ class RowEmitter {
   std::vector<bool> cached_;  // by load_cache
 };
 
-EmittedKernel norm_gain_grad(const Kernel& k, std::vector<RowOperand>& ops, const std::vector<int64_t>& sizes, int64_t n) {
+EmittedKernel norm_gain_grad(const Kernel& k, const std::vector<RowOperand>& ops, const std::vector<int64_t>& sizes, int64_t n) {
   EmittedKernel out;
   Src s;
   RowEmitter r(s, ops, sizes, n);
@@ -335,27 +292,10 @@ EmittedKernel norm_gain_grad(const Kernel& k, std::vector<RowOperand>& ops, cons
 
 EmittedKernel emit_rows(const Kernel& k, int index) {
   const Operand& x = k.inputs[0];
-  int axis = static_cast<int>(x.sizes.size()) - 1;
-  if (k.op == Op::Softmax || k.op == Op::LogSoftmax || k.op == Op::SoftmaxGrad)
-    axis = normalize_axis(k.attrs.get_int("axis"), x.sizes.size());
-  std::vector<RowOperand> ops;
-  auto add = [&](const Operand& o, RowShape shape, bool input = true) { ops.push_back({&o, shape, input, {}, 0}); };
-  add(x, RowShape::Full);
-  switch (k.op) {
-    case Op::LayerNorm: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Vector); break;
-    case Op::RMSNorm: add(k.inputs[1], RowShape::Vector); break;
-    case Op::LayerNormGrad:
-    case Op::RMSNormGrad: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Full); break;
-    case Op::SoftmaxGrad:
-    case Op::NormGainGrad: add(k.inputs[1], RowShape::Full); break;
-    case Op::CrossEntropy:
-    case Op::CrossEntropyGrad: add(k.inputs[1], RowShape::PerRow); break;
-    default: break;
-  }
-  if (k.op == Op::NormGainGrad) add(k.output, RowShape::Vector, false);
-  else if (k.op != Op::CrossEntropy) add(k.output, RowShape::Full, false);
-  const int64_t n = x.sizes.empty() ? 1 : x.sizes[axis];
-  std::vector<int64_t> sizes = row_space(x, axis, ops);
+  const RowLoop loop = row_loop(k);
+  const std::vector<RowOperand>& ops = loop.operands;
+  const std::vector<int64_t>& sizes = loop.sizes;
+  const int64_t n = loop.n;
   if (k.op == Op::NormGainGrad) return norm_gain_grad(k, ops, sizes, n);
 
   EmittedKernel out;
