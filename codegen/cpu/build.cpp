@@ -3,7 +3,6 @@
 #include <llvm/Target/TargetMachine.h>
 
 #include <chrono>
-#include <fstream>
 #include <stdexcept>
 
 #include "codegen/cpu/cpu_backend.h"
@@ -11,16 +10,6 @@
 #include "codegen/program_json.h"
 
 namespace napkin::codegen::cpu {
-
-namespace {
-
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  if (!out) throw std::runtime_error("cannot write " + path);
-}
-
-}  // namespace
 
 BuildResult build_cpu_trainer(const ir::Graph& g, const BuildOptions& options) {
   BuildResult result;

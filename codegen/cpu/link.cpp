@@ -17,12 +17,14 @@ std::string shell_quoted(const std::string& s) {
   return q + "'";
 }
 
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
 void link_trainer(const std::string& object_bytes, const std::string& object_path, const std::string& executable) {
-  {
-    std::ofstream out(object_path, std::ios::binary | std::ios::trunc);
-    out.write(object_bytes.data(), static_cast<std::streamsize>(object_bytes.size()));
-    if (!out) throw std::runtime_error("cannot write " + object_path);
-  }
+  write_file(object_path, object_bytes);
   link_executable(shell_quoted(object_path) + " " + kTrainerMainObject + " " + kRuntimeLibrary + " " +
                       kRuntimeLinkFlags + " " + kernel_link_flags() + " -lpthread",
                   executable);

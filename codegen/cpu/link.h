@@ -17,6 +17,10 @@ void link_trainer(const std::string& object_bytes, const std::string& object_pat
 // CUDA backend links its trainers with this too. Throws like link_trainer.
 void link_executable(const std::string& inputs, const std::string& executable);
 
+// Writes `bytes` to `path` (replacing it). Throws std::runtime_error when it
+// cannot: the builds write objects, --emit-* files and sources with it.
+void write_file(const std::string& path, const std::string& bytes);
+
 // `s` as one shell word.
 std::string shell_quoted(const std::string& s);
 

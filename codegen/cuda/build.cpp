@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <set>
 #include <stdexcept>
 
@@ -15,16 +14,6 @@
 #include "passes/devices.h"
 
 namespace napkin::codegen::cuda {
-
-namespace {
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  if (!out) throw std::runtime_error("cannot write " + path);
-}
-
-}  // namespace
 
 const char* cuda_runtime_library() { return kCudaRuntimeLibrary; }
 
@@ -55,7 +44,7 @@ CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& o
     for (const CudaLaunch& l : launches) functions.insert(l.function);
   }
   result.functions = static_cast<int>(functions.size());
-  if (!options.emit_cuda.empty()) write_file(options.emit_cuda, source.text);
+  if (!options.emit_cuda.empty()) cpu::write_file(options.emit_cuda, source.text);
   lap("CUDA C");
 
   NvrtcResult compiled = nvrtc_compile(source.text, g.name + ".cu", {options.arch, options.line_info, !options.no_cache, ""});
@@ -69,7 +58,7 @@ CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& o
 
   ProgramFacts facts = step_facts(g, options.device, options.model_hash, "cuda", options.tf32);
   std::string json = cuda_program_json(g, plan, source, facts, {compiled.arch, options.tf32});
-  if (!options.emit_program.empty()) write_file(options.emit_program, json);
+  if (!options.emit_program.empty()) cpu::write_file(options.emit_program, json);
   lap("program");
 
   std::string object = cpu::emit_data_object({{"napkin_program_json", std::move(json)},
@@ -77,7 +66,7 @@ CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& o
                                                {"napkin_cuda_ptx", std::move(compiled.ptx)}},
                                               g.name);
   std::string object_path = options.output + ".o";
-  write_file(object_path, object);
+  cpu::write_file(object_path, object);
   lap("object");
 
   try {

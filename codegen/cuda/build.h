@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "codegen/cpu/build.h"
 #include "ir/graph.h"
 
 namespace napkin::codegen::cuda {
@@ -31,16 +32,15 @@ struct CudaBuildOptions {
   std::string emit_program;    // also write the program JSON here ("" : no)
 };
 
-struct CudaBuildResult {
-  int64_t arena_bytes = 0;
-  int kernels = 0, matmul_kernels = 0;
+// The CPU build's result (arena, kernel counts, seconds per step) and what
+// the CUDA build adds.
+struct CudaBuildResult : cpu::BuildResult {
   int launches = 0;   // CUDA kernel launches per step (cuBLASLt matmuls not counted)
   int functions = 0;  // the distinct kernel functions they launch
   std::string arch, nvrtc_version;
   int64_t cubin_bytes = 0, ptx_bytes = 0;
   double nvrtc_seconds = 0;  // the compile, or the cache lookup on a hit
   bool cache_hit = false;
-  std::vector<std::pair<std::string, double>> seconds;  // per step of the build
 };
 
 // Throws std::runtime_error for what the user can fix (a bad --arch, an
