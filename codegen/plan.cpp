@@ -306,4 +306,23 @@ RowLoop row_loop(const Kernel& k) {
   return loop;
 }
 
+EmbeddingLoop embedding_loop(const Kernel& k) {
+  const bool grad = k.op == ir::Op::EmbeddingGrad;
+  const Operand& ids = k.inputs[1];
+  const Operand& table = grad ? k.output : k.inputs[0];
+  const Operand& dense = grad ? k.inputs[0] : k.output;
+  const size_t id_rank = ids.sizes.size();
+  EmbeddingLoop loop;
+  loop.vocab = table.sizes[0];
+  loop.id_sizes = ids.sizes;
+  loop.id_strides = ids.strides;
+  loop.dense_id_strides.assign(dense.strides.begin(), dense.strides.begin() + id_rank);
+  collapse_dims(loop.id_sizes, {&loop.id_strides, &loop.dense_id_strides});
+  loop.row_sizes.assign(table.sizes.begin() + 1, table.sizes.end());
+  loop.row_table.assign(table.strides.begin() + 1, table.strides.end());
+  loop.row_dense.assign(dense.strides.begin() + id_rank, dense.strides.end());
+  collapse_dims(loop.row_sizes, {&loop.row_table, &loop.row_dense});
+  return loop;
+}
+
 }  // namespace napkin::codegen

@@ -178,4 +178,15 @@ struct RowLoop {
 };
 RowLoop row_loop(const Kernel& k);
 
+// The loop of an embedding or its gradient: over the positions of the ids
+// (collapsed), each id picking a row of the vocabulary-indexed tensor (the
+// table; for the gradient, its output), which goes to (or is summed from) the
+// position's row of the dense tensor (the output; for the gradient, dy).
+struct EmbeddingLoop {
+  int64_t vocab = 0;
+  std::vector<int64_t> id_sizes, id_strides, dense_id_strides;  // over the positions
+  std::vector<int64_t> row_sizes, row_table, row_dense;          // over a row
+};
+EmbeddingLoop embedding_loop(const Kernel& k);
+
 }  // namespace napkin::codegen

@@ -450,14 +450,7 @@ LoopInfo concat_or_pad(LoopEmitter& e, const Kernel& k) {
 LoopInfo embedding(LoopEmitter& e, const Kernel& k, int index) {
   const Operand& table = k.inputs[0];
   const Operand& ids = k.inputs[1];
-  std::vector<int64_t> id_sizes = ids.sizes, id_strides = ids.strides;
-  std::vector<int64_t> out_id_strides(k.output.strides.begin(), k.output.strides.begin() + ids.sizes.size());
-  collapse_dims(id_sizes, {&id_strides, &out_id_strides});
-  std::vector<int64_t> row_sizes(table.sizes.begin() + 1, table.sizes.end());
-  std::vector<int64_t> row_table(table.strides.begin() + 1, table.strides.end());
-  std::vector<int64_t> row_out(k.output.strides.begin() + ids.sizes.size(), k.output.strides.end());
-  collapse_dims(row_sizes, {&row_table, &row_out});
-  int64_t vocab = table.sizes[0];
+  const auto [vocab, id_sizes, id_strides, out_id_strides, row_sizes, row_table, row_out] = embedding_loop(k);
   e.nest(id_sizes, 0, [&](const Idx& idx) {
     llvm::Value* id = e.load(ids, e.dot(idx, id_strides));
     e.check_index(id, vocab, index);
@@ -477,14 +470,7 @@ LoopInfo embedding_grad(LoopEmitter& e, const Kernel& k, int index) {
   const Operand& ids = k.inputs[1];
   const Operand& out = k.output;
   zero_fill(e, out);
-  std::vector<int64_t> id_sizes = ids.sizes, id_strides = ids.strides;
-  std::vector<int64_t> dy_id_strides(dy.strides.begin(), dy.strides.begin() + ids.sizes.size());
-  collapse_dims(id_sizes, {&id_strides, &dy_id_strides});
-  std::vector<int64_t> row_sizes(out.sizes.begin() + 1, out.sizes.end());
-  std::vector<int64_t> row_dy(dy.strides.begin() + ids.sizes.size(), dy.strides.end());
-  std::vector<int64_t> row_out(out.strides.begin() + 1, out.strides.end());
-  collapse_dims(row_sizes, {&row_dy, &row_out});
-  int64_t vocab = out.sizes[0];
+  const auto [vocab, id_sizes, id_strides, dy_id_strides, row_sizes, row_out, row_dy] = embedding_loop(k);
   e.loop(e.begin, e.end, [&](llvm::Value*) {
     e.nest(id_sizes, -1, [&](const Idx& idx) {
       llvm::Value* id = e.load(ids, e.dot(idx, id_strides));

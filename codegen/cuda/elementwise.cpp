@@ -359,14 +359,7 @@ EmittedKernel emit_embedding(const Kernel& k, int index) {
   const Operand& table = k.inputs[0];
   const Operand& ids = k.inputs[1];
   const Operand& out = k.output;
-  std::vector<int64_t> id_sizes = ids.sizes, id_strides = ids.strides;
-  std::vector<int64_t> out_id_strides(out.strides.begin(), out.strides.begin() + ids.sizes.size());
-  collapse_dims(id_sizes, {&id_strides, &out_id_strides});
-  std::vector<int64_t> row_sizes(table.sizes.begin() + 1, table.sizes.end());
-  std::vector<int64_t> row_table(table.strides.begin() + 1, table.strides.end());
-  std::vector<int64_t> row_out(out.strides.begin() + ids.sizes.size(), out.strides.end());
-  collapse_dims(row_sizes, {&row_table, &row_out});
-  int64_t vocab = table.sizes[0];
+  const auto [vocab, id_sizes, id_strides, out_id_strides, row_sizes, row_table, row_out] = embedding_loop(k);
   int64_t positions = product(id_sizes), row_len = product(row_sizes);
   int E = 16 / std::min(elem_size(table.dtype), elem_size(out.dtype));
   bool vec = row_sizes.size() == 1 && row_table[0] == 1 && row_out[0] == 1 && row_len % E == 0 &&

@@ -229,16 +229,8 @@ EmittedKernel emit_embedding_grad(const Kernel& k, int index) {
   const Operand& dy = k.inputs[0];
   const Operand& ids = k.inputs[1];
   const Operand& out = k.output;
-  std::vector<int64_t> id_sizes = ids.sizes, id_strides = ids.strides;
-  std::vector<int64_t> dy_id_strides(dy.strides.begin(), dy.strides.begin() + ids.sizes.size());
-  if (id_sizes.empty()) id_sizes = {1}, id_strides = {0}, dy_id_strides = {0};
-  collapse_dims(id_sizes, {&id_strides, &dy_id_strides});
-  std::vector<int64_t> row_sizes(out.sizes.begin() + 1, out.sizes.end());
-  std::vector<int64_t> row_dy(dy.strides.begin() + ids.sizes.size(), dy.strides.end());
-  std::vector<int64_t> row_out(out.strides.begin() + 1, out.strides.end());
-  if (row_sizes.empty()) row_sizes = {1}, row_dy = {0}, row_out = {0};
-  collapse_dims(row_sizes, {&row_dy, &row_out});
-  const int64_t vocab = out.sizes[0], positions = product(id_sizes), row_len = product(row_sizes);
+  const auto [vocab, id_sizes, id_strides, dy_id_strides, row_sizes, row_out, row_dy] = embedding_loop(k);
+  const int64_t positions = product(id_sizes), row_len = product(row_sizes);
   const int block = 256;
   int64_t grid = std::min<int64_t>(vocab, kSMs * 4);
   const int64_t rows_per_block = (vocab + grid - 1) / grid;
