@@ -183,37 +183,14 @@ Gemm::Gemm(MatmulDesc desc, GemmTypes types, LowPrecisionKernel kernel)
   if (types_.c != types_.ab && !(low && types_.c == GemmType::F32))
     fail(std::string("no CPU matmul of ") + gemm_type_name(types_.ab) + " operands into " + gemm_type_name(types_.c));
   if (types_.ab == GemmType::BF16) prims_ = std::make_unique<Primitives>();
-  size_t nb = d_.batch.size();
-  if (d_.a_batch_stride.size() != nb || d_.b_batch_stride.size() != nb || d_.c_batch_stride.size() != nb)
-    fail("need one a, b and c batch stride per batch dim");
-  if (d_.m < 0 || d_.n < 0 || d_.k < 0) fail("negative size");
-  for (size_t i = 0; i < nb; ++i) {
-    if (d_.batch[i] < 0) fail("negative batch size");
+  d_.check_sizes();
+  for (size_t i = 0; i < d_.batch.size(); ++i)
     if (d_.batch[i] > 1 && d_.c_batch_stride[i] == 0 && d_.m > 0 && d_.n > 0)
       fail("C cannot broadcast over a batch dim (every entry is written)");
-  }
   if (d_.m > 1 && d_.n > 0 && d_.c_m_stride < d_.n) fail("c_m_stride must be >= n (rows of C may not overlap)");
 
-  // Batch dims: drop size 1, merge neighbours whose strides collapse.
-  for (size_t i = 0; i < nb; ++i) {
-    batch_count_ *= d_.batch[i];
-    if (d_.batch[i] == 1) continue;
-    if (!bsize_.empty()) {
-      int64_t s = d_.batch[i];
-      if (bsa_.back() == d_.a_batch_stride[i] * s && bsb_.back() == d_.b_batch_stride[i] * s &&
-          bsc_.back() == d_.c_batch_stride[i] * s) {
-        bsize_.back() *= s;
-        bsa_.back() = d_.a_batch_stride[i];
-        bsb_.back() = d_.b_batch_stride[i];
-        bsc_.back() = d_.c_batch_stride[i];
-        continue;
-      }
-    }
-    bsize_.push_back(d_.batch[i]);
-    bsa_.push_back(d_.a_batch_stride[i]);
-    bsb_.push_back(d_.b_batch_stride[i]);
-    bsc_.push_back(d_.c_batch_stride[i]);
-  }
+  for (int64_t size : d_.batch) batch_count_ *= size;
+  batch_ = d_.merged_batch();
 
   // How BLAS sees A (m x k) and B (k x n), row-major. A dim of size 1 has a
   // meaningless stride, so only the other decides.
@@ -243,11 +220,11 @@ Gemm::Gemm(Gemm&&) noexcept = default;
 
 void Gemm::batch_offsets(int64_t index, int64_t* oa, int64_t* ob, int64_t* oc) const {
   int64_t a = 0, b = 0, c = 0;
-  for (size_t i = bsize_.size(); i-- > 0;) {
-    int64_t s = bsize_[i];
-    int64_t j = index % s;
-    index /= s;
-    a += j * bsa_[i], b += j * bsb_[i], c += j * bsc_[i];
+  for (size_t i = batch_.size(); i-- > 0;) {
+    const MatmulDesc::BatchDim& x = batch_[i];
+    int64_t j = index % x.size;
+    index /= x.size;
+    a += j * x.a, b += j * x.b, c += j * x.c;
   }
   *oa = a, *ob = b, *oc = c;
 }

@@ -120,8 +120,7 @@ class Gemm {
   GemmTypes types_;
   LowPrecisionKernel kernel_ = LowPrecisionKernel::Auto;
   std::unique_ptr<Primitives> prims_;  // bf16 only
-  // Batch dims after dropping size-1 dims and merging collapsible neighbours.
-  std::vector<int64_t> bsize_, bsa_, bsb_, bsc_;
+  std::vector<MatmulDesc::BatchDim> batch_;  // MatmulDesc::merged_batch
   int64_t batch_count_ = 1;
   bool trans_a_ = false, trans_b_ = false;
   bool a_direct_ = true, b_direct_ = true;  // false: strides BLAS cannot take, packed per call

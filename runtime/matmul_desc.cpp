@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "runtime/error.h"
+
 namespace napkin::runtime {
 
 namespace {
@@ -33,6 +35,31 @@ std::string MatmulDesc::to_string() const {
   os << "m=" << m << " n=" << n << " k=" << k << " a(m " << a_m_stride << ", k " << a_k_stride << ") b(k "
      << b_k_stride << ", n " << b_n_stride << ") c(m " << c_m_stride << ")";
   return os.str();
+}
+
+void MatmulDesc::check_sizes() const {
+  auto fail = [&](const std::string& what) { throw Error("matmul " + to_string() + ": " + what); };
+  size_t nb = batch.size();
+  if (a_batch_stride.size() != nb || b_batch_stride.size() != nb || c_batch_stride.size() != nb)
+    fail("need one a, b and c batch stride per batch dim");
+  if (m < 0 || n < 0 || k < 0) fail("negative size");
+  for (int64_t size : batch)
+    if (size < 0) fail("negative batch size");
+}
+
+std::vector<MatmulDesc::BatchDim> MatmulDesc::merged_batch() const {
+  std::vector<BatchDim> dims;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    BatchDim x{batch[i], a_batch_stride[i], b_batch_stride[i], c_batch_stride[i]};
+    if (x.size == 1) continue;
+    if (!dims.empty() && dims.back().a == x.a * x.size && dims.back().b == x.b * x.size &&
+        dims.back().c == x.c * x.size) {
+      dims.back() = {dims.back().size * x.size, x.a, x.b, x.c};
+      continue;
+    }
+    dims.push_back(x);
+  }
+  return dims;
 }
 
 }  // namespace napkin::runtime

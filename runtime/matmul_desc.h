@@ -23,6 +23,19 @@ struct MatmulDesc {
   // (or k x m when trans_a) and B k x n (or n x k when trans_b).
   static MatmulDesc plain(int64_t m, int64_t n, int64_t k, bool trans_a = false, bool trans_b = false);
   std::string to_string() const;  // "[2x3] 8x16x4 A(ldm..." for messages and benches
+
+  // Throws Error ("matmul DESC: what") unless there is one a, b and c stride
+  // per batch dim and no size is negative: what every back end checks first.
+  void check_sizes() const;
+
+  // One batch dim: its size and its stride in A, B and C.
+  struct BatchDim {
+    int64_t size = 1, a = 0, b = 0, c = 0;
+  };
+  // The batch dims without the size-1 ones, and neighbours merged where all
+  // three strides allow (the outer stride is the inner stride times the inner
+  // size), outermost first: the fewest loops over the batch entries.
+  std::vector<BatchDim> merged_batch() const;
 };
 
 }  // namespace napkin::runtime

@@ -31,15 +31,10 @@ bool store(int64_t r, int64_t c, int64_t rs, int64_t cs, LtOperand* o) {
 
 LtShape lt_shape(const MatmulDesc& d) {
   auto fail = [&](const std::string& what) { throw Error("matmul " + d.to_string() + ": " + what); };
-  size_t nb = d.batch.size();
-  if (d.a_batch_stride.size() != nb || d.b_batch_stride.size() != nb || d.c_batch_stride.size() != nb)
-    fail("need one a, b and c batch stride per batch dim");
-  if (d.m < 0 || d.n < 0 || d.k < 0) fail("negative size");
+  d.check_sizes();
+  const size_t nb = d.batch.size();
   bool empty = d.m == 0 || d.n == 0;
-  for (size_t i = 0; i < nb; ++i) {
-    if (d.batch[i] < 0) fail("negative batch size");
-    if (d.batch[i] == 0) empty = true;
-  }
+  for (int64_t size : d.batch) empty = empty || size == 0;
   LtShape s;
   s.m = d.n, s.n = d.m, s.k = d.k;
   if (empty) return s;
@@ -61,27 +56,13 @@ LtShape lt_shape(const MatmulDesc& d) {
   }
   store(d.m, d.n, d.c_m_stride, 1, &s.d);
 
-  // Batch dims: drop size 1, merge neighbours whose strides collapse.
-  struct Dim {
-    int64_t size, a, b, c;
-  };
-  std::vector<Dim> dims;
-  for (size_t i = 0; i < nb; ++i) {
-    Dim x{d.batch[i], d.a_batch_stride[i], d.b_batch_stride[i], d.c_batch_stride[i]};
-    if (x.size == 1) continue;
-    if (!dims.empty() && dims.back().a == x.a * x.size && dims.back().b == x.b * x.size &&
-        dims.back().c == x.c * x.size) {
-      dims.back() = {dims.back().size * x.size, x.a, x.b, x.c};
-      continue;
-    }
-    dims.push_back(x);
-  }
+  std::vector<MatmulDesc::BatchDim> dims = d.merged_batch();
   // The strided batch: the largest dim, the innermost among equals.
   int strided = -1;
   for (int i = 0; i < static_cast<int>(dims.size()); ++i)
     if (strided < 0 || dims[i].size >= dims[strided].size) strided = i;
   if (strided >= 0) {
-    const Dim& x = dims[strided];
+    const MatmulDesc::BatchDim& x = dims[strided];
     if (x.size > kMaxInt32) fail("cuBLASLt takes batch counts up to 2^31 - 1");
     s.batch_count = x.size;
     s.a.batch_stride = x.b;  // Lt A is napkin's B
@@ -91,7 +72,7 @@ LtShape lt_shape(const MatmulDesc& d) {
   }
   // Calls: every entry of the remaining dims, outermost first.
   s.calls.push_back({});
-  for (const Dim& x : dims) {
+  for (const MatmulDesc::BatchDim& x : dims) {
     std::vector<LtCall> next;
     next.reserve(s.calls.size() * static_cast<size_t>(x.size));
     for (const LtCall& call : s.calls)
