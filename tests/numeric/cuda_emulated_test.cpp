@@ -36,6 +36,35 @@ using namespace napkin;
 
 namespace {
 
+// A plan's CUDA kernels on the host emulator, run as the CUDA engine runs
+// them: a plan kernel's launches in order, with their offsets, over the
+// arena and one scratch buffer. The scratch is poisoned with NaN bytes
+// before each plan kernel, so a launch that reads partials nobody wrote shows
+// up as a wrong output.
+class EmulatedKernels {
+ public:
+  explicit EmulatedKernels(const codegen::cuda::CudaSource& source)
+      : source_(source),
+        gpu_(source.text),
+        scratch_bytes_(static_cast<size_t>(std::max<int64_t>(64, (source.scratch_bytes + 63) / 64 * 64))),
+        scratch_(static_cast<char*>(std::aligned_alloc(64, scratch_bytes_)), &std::free) {}
+
+  // Returns the number of launches.
+  int run(int kernel, char* arena) {
+    std::memset(scratch_.get(), 0xFF, scratch_bytes_);
+    for (const codegen::cuda::CudaLaunch& l : source_.launches[kernel])
+      gpu_.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch_.get(), l.offsets);
+    return static_cast<int>(source_.launches[kernel].size());
+  }
+  const long long* bad_index() { return static_cast<long long*>(gpu_.global("napkin_bad_index")); }
+
+ private:
+  const codegen::cuda::CudaSource& source_;
+  napkin::testing::CudaEmulator gpu_;
+  size_t scratch_bytes_;
+  std::unique_ptr<char, decltype(&std::free)> scratch_;
+};
+
 // Every model in `models` (all when empty) under every policy, each loop
 // kernel's emulated CUDA launches checked against the interpreter.
 void check_emulated(const std::vector<ir::PrecisionPolicy>& policies, const std::set<std::string>& models) {
@@ -49,11 +78,7 @@ void check_emulated(const std::vector<ir::PrecisionPolicy>& policies, const std:
       CAPTURE(precision);
       napkin::testing::CompiledStep step(napkin::testing::compile_small_model(model, policy));
       const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(step.plan, stem);
-      napkin::testing::CudaEmulator gpu(source.text);
-      // The scratch buffer, poisoned with NaN bytes so a launch that reads
-      // partials nobody wrote shows up as a wrong output.
-      const size_t scratch_bytes = static_cast<size_t>(std::max<int64_t>(64, (source.scratch_bytes + 63) / 64 * 64));
-      std::unique_ptr<char, decltype(&std::free)> scratch(static_cast<char*>(std::aligned_alloc(64, scratch_bytes)), &std::free);
+      EmulatedKernels gpu(source);
       int launches = 0;
       double worst = 0;
       std::string worst_kernel;
@@ -68,15 +93,9 @@ void check_emulated(const std::vector<ir::PrecisionPolicy>& policies, const std:
             if (c.kernel->kind == codegen::KernelKind::Loop && tolerance > 0 && c.error / tolerance > worst)
               worst = c.error / tolerance, worst_kernel = c.kernel->name;
           },
-          [&](int kernel, char* arena) {
-            std::memset(scratch.get(), 0xFF, scratch_bytes);
-            for (const codegen::cuda::CudaLaunch& l : source.launches[kernel]) {
-              gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get(), l.offsets);
-              ++launches;
-            }
-          });
+          [&](int kernel, char* arena) { launches += gpu.run(kernel, arena); });
       // No kernel met an id out of range (the ids are valid): the flag is untouched.
-      CHECK(static_cast<long long*>(gpu.global("napkin_bad_index"))[0] == -1);
+      CHECK(gpu.bad_index()[0] == -1);
       CHECK(launches > 0);
       if (verbose)
         std::cout << fmt::format("{:10} {:10} {} CUDA launches emulated, worst error {:.3f} of its tolerance ({})\n", stem,
@@ -115,11 +134,9 @@ TEST_CASE("numeric: an out-of-range token id in a CUDA kernel is reported throug
   char* arena = step.ex->arena();
   int32_t* ids = reinterpret_cast<int32_t*>(arena + k.inputs[1].byte_offset);
   ids[3] = static_cast<int32_t>(vocab + 5);
-  napkin::testing::CudaEmulator gpu(source.text);
-  std::unique_ptr<char, decltype(&std::free)> scratch(static_cast<char*>(std::aligned_alloc(64, 1 << 20)), &std::free);
-  for (const codegen::cuda::CudaLaunch& l : source.launches[embedding])
-    gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get(), l.offsets);
-  const long long* flag = static_cast<long long*>(gpu.global("napkin_bad_index"));
+  EmulatedKernels gpu(source);
+  gpu.run(embedding, arena);
+  const long long* flag = gpu.bad_index();
   CHECK(flag[0] == embedding);
   CHECK(flag[1] == vocab + 5);
   CHECK(flag[2] == vocab);
@@ -156,13 +173,8 @@ optimizer: sgd(lr=0.1)
 
   napkin::testing::CompiledStep cuda(napkin::testing::compile_training(yaml));
   const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(cuda.plan, "narrow_reductions");
-  napkin::testing::CudaEmulator gpu(source.text);
-  const size_t scratch_bytes = static_cast<size_t>(std::max<int64_t>(64, (source.scratch_bytes + 63) / 64 * 64));
-  std::unique_ptr<char, decltype(&std::free)> scratch(static_cast<char*>(std::aligned_alloc(64, scratch_bytes)), &std::free);
-  napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) {
-    for (const codegen::cuda::CudaLaunch& l : source.launches[kernel])
-      gpu.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch.get(), l.offsets);
-  });
+  EmulatedKernels gpu(source);
+  napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) { gpu.run(kernel, arena); });
 }
 
 #endif  // NAPKIN_HAVE_CUDA
