@@ -588,7 +588,6 @@ Operand lower_block_call(Lowerer& L, const BlockDef& block, const Expr& call) {
     if (!v) return Operand::invalid();
     values.push_back(*v);
   }
-  Lowerer::ArgumentScope arguments(L, *args);
   return L.instantiate_call(block, std::move(values), call.offset);
 }
 
@@ -605,7 +604,9 @@ Operand lower_call(Lowerer& L, const Expr& call) {
   }
   if (block != L.blocks().end()) return lower_block_call(L, block->second, call);
   if (!spec) {
-    L.error(call.offset, fmt::format("unknown function '{}'{}", call.text, did_you_mean(call.text, known_functions())),
+    std::vector<std::string> callable = known_functions();
+    for (const auto& [name, def] : L.blocks()) callable.push_back(name);
+    L.error(call.offset, fmt::format("unknown function '{}'{}", call.text, did_you_mean(call.text, callable)),
             "see docs/model-language.md for the list of functions");
     return Operand::invalid();
   }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <set>
+#include <utility>
 
 #include "frontend/lowering.h"
 #include "frontend/suggest.h"
@@ -249,6 +250,13 @@ Operand Lowerer::lower_block_copy(const BlockDef& block, const std::vector<ir::V
     return Operand::invalid();
   }
   for (size_t i = 0; i < args.size(); ++i) inner.values[block.args[i]] = args[i];
+  // The argument offsets of the calls around this copy are columns of another
+  // line: an error in the body must not point there.
+  struct SetAside {
+    std::vector<std::pair<ir::ValueId, int>>& offsets;
+    std::vector<std::pair<ir::ValueId, int>> saved;
+    ~SetAside() { offsets = std::move(saved); }
+  } outer_arguments{argument_offsets_, std::exchange(argument_offsets_, {})};
   int errors_before = ctx_.diag().error_count();
   declare_params(block.params, inner);
   lower_forward(block.forward, inner);

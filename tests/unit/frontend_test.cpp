@@ -590,3 +590,24 @@ loss: mean(t) + mean(p) + mean(same)
   CHECK(sums[0]->attrs.get_ints("axes") == std::vector<int64_t>{1});
   CHECK(count_ops(g, ir::Op::Permute) == 2);
 }
+
+TEST_CASE("blocks: a misspelt block call suggests the block - errors in its body point into the body") {
+  std::string out = compile_errors(std::string(kHeader) + R"yaml(
+dims: {n: 2, d: 4, e: 3}
+inputs: {x: {shape: [n, d]}, g: {shape: [e]}}
+blocks:
+  layer:
+    args: [x, gain]
+    forward:
+      - y: layernorm(x, gain, gain)
+forward:
+  - h: lyer(x, g)
+  - h:                    layer(x, g)
+loss: mean(h)
+)yaml", "b.yaml");
+  INFO(out);
+  CHECK(out.find("b.yaml:13:8: error: unknown function 'lyer'; did you mean 'layer'?") != std::string::npos);
+  // The gain's error points at 'gain' in the block's line, whatever the column
+  // of the call's argument.
+  CHECK(out.find("b.yaml:11:25: error: layernorm: gain has shape f32[e=3]") != std::string::npos);
+}
