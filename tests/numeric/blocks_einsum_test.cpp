@@ -10,6 +10,7 @@
 
 #include "interp/gradient_check.h"
 #include "interp/interpreter.h"
+#include "support/compiled_step.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -141,11 +142,10 @@ loss: mean(chain) + mean(ring) + scalar
   check_values(it.get(value_named(g, "scalar")), brute_force_einsum({"ij", "jk", "kl", "il"}, "", data, sizes));
 }
 
-TEST_CASE("numeric: gradients of a shared weight sum over block copies and calls - napkin check passes") {
-  // w is used by three repeat copies, a direct call and the 3-operand einsum's
-  // neighbour; u and v only by the einsum chain. A gradient that kept one use
-  // of w, or an einsum chain with a wrong pairwise rule, fails the check.
-  ir::Graph g = napkin::testing::compile_training(R"yaml(
+namespace {
+// w is used by three repeat copies and a direct call; u and v only by the
+// einsum chain; each copy has its own g.
+const char* kSharedWeightModel = R"yaml(
 model: t
 optimizer: sgd(lr=0.1)
 dims: {n: 3, d: 4, k: 2}
@@ -165,7 +165,13 @@ forward:
   - h: res(h, x)
   - z: einsum(h, u, v, "n d, d k, k e -> n e")
 loss: mean(z * z)
-)yaml");
+)yaml";
+}  // namespace
+
+TEST_CASE("numeric: gradients of a shared weight sum over block copies and calls - napkin check passes") {
+  // A gradient that kept one use of w, or an einsum chain with a wrong
+  // pairwise rule, fails the check.
+  ir::Graph g = napkin::testing::compile_training(kSharedWeightModel);
   // w, u, v once each, and one g per copy.
   CHECK(g.param_count() == 4 * 4 + 4 * 2 + 2 * 4 + 4 * 4);
   interp::GradCheckOptions options;
@@ -178,4 +184,17 @@ loss: mean(z * z)
     CHECK(t.passed);
   }
   CHECK(r.passed);
+}
+
+TEST_CASE("numeric: the CPU kernels of a shared weight and an einsum chain agree with the interpreter") {
+  // The gradient of w accumulates over four uses and the chain's intermediate
+  // einsums have their own axis orders: each compiled kernel, on its own inputs.
+  napkin::testing::CompiledStep step(napkin::testing::compile_training(kSharedWeightModel));
+  int checked = 0;
+  napkin::testing::check_each_kernel(step, [&](const napkin::testing::KernelOutputCheck& c) {
+    INFO(c.kernel->name << " output " << c.output << " at " << c.kernel->where);
+    CHECK(c.error <= napkin::testing::kernel_tolerance(c.precision));
+    ++checked;
+  });
+  CHECK(checked > 10);
 }
