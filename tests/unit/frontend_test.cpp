@@ -611,3 +611,37 @@ loss: mean(h)
   // of the call's argument.
   CHECK(out.find("b.yaml:11:25: error: layernorm: gain has shape f32[e=3]") != std::string::npos);
 }
+
+TEST_CASE("einsum: the pattern may be given as pattern= after any number of operands") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {i: 2, j: 3, k: 4}
+inputs: {a: {shape: [i, j]}, b: {shape: [j, k]}, c: {shape: [k]}}
+forward:
+  - two: einsum(a, b, pattern="i j, j k -> i k")
+  - three: einsum(a, b, c, pattern="i j, j k, k -> i")
+loss: mean(two) + mean(three)
+)yaml");
+  CHECK(count_ops(g, ir::Op::Einsum) == 3);
+}
+
+TEST_CASE("einsum: a missing or misplaced pattern - an integer operand of a chain - are errors at the operand") {
+  std::string out = compile_errors(std::string(kHeader) + R"yaml(
+dims: {i: 2, j: 3}
+inputs: {a: {shape: [i, j]}, b: {shape: [j, i]}, n: {shape: [i, j], dtype: i32}}
+forward:
+  - p: einsum(a)
+  - q: einsum(a, "i j -> j i", b)
+  - r: einsum(a, b, a, nope)
+  - s: einsum(n, "i j -> i")
+  - t: einsum(a, b, n, "i j, j k, k l -> i l")
+loss: mean(a)
+)yaml", "e.yaml");
+  INFO(out);
+  CHECK(out.find("e.yaml:8:8: error: einsum needs a pattern string after its operands") != std::string::npos);
+  CHECK(out.find("e.yaml:9:32: error: einsum needs a pattern string after its operands") != std::string::npos);
+  CHECK(out.find("e.yaml:10:24: error: undefined name 'nope'") != std::string::npos);
+  CHECK(out.find("e.yaml:11:15: error: einsum needs floating-point operands, got i32[i=2, j=3]") != std::string::npos);
+  CHECK(out.find("e.yaml:12:21: error: einsum: dtype mismatch: operand 1 is f32 but operand 3 is i32") !=
+        std::string::npos);
+  CHECK(out.find("5 errors generated.") != std::string::npos);
+}
