@@ -457,7 +457,7 @@ const std::vector<CallSpec>& call_table() {
            std::vector<Operand> given{*a.get("x")};
            given.insert(given.end(), a.rest.begin(), a.rest.end());
            if (given.size() != def.args.size()) {
-             // Before this, a fourth positional was the prefix: say so when it looks like one.
+             // A string or word past the block's arguments is most likely a prefix written by position.
              bool prefix_like = given.size() > def.args.size() && (given[def.args.size()].kind == Operand::Kind::String ||
                                                                    given[def.args.size()].kind == Operand::Kind::Word);
              L.error(given.size() > def.args.size() ? given[def.args.size()].offset : call.offset,

@@ -213,6 +213,8 @@ class Lowerer {
   std::map<std::string, int64_t> block_calls_;
   // Whether each block used so far has valid args: (checked at its first use).
   std::map<std::string, bool> block_args_ok_;
+  // Blocks whose body had an error (reported): later uses fail silently.
+  std::set<std::string> failed_blocks_;
 
   // Checks that a block may be instantiated here (no recursion, nesting depth)
   // and that its args: are names that clash with nothing; false: reported.

@@ -185,6 +185,7 @@ bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
 }
 
 bool Lowerer::check_block_use(const BlockDef& block, const char* verb, int offset) {
+  if (failed_blocks_.count(block.name)) return false;  // its body's error is reported, at its first use
   if (std::find(active_blocks_.begin(), active_blocks_.end(), block.name) != active_blocks_.end()) {
     error(offset, fmt::format("block '{}' {} itself: {} -> {}", block.name, verb, fmt::join(active_blocks_, " -> "),
                               block.name),
@@ -261,10 +262,15 @@ Operand Lowerer::lower_block_copy(const BlockDef& block, const std::vector<ir::V
   declare_params(block.params, inner);
   lower_forward(block.forward, inner);
   const std::string& out_name = block.output;
-  if (ctx_.diag().error_count() != errors_before) return Operand::invalid();  // report once, not n times
+  // Report once, not once per copy or per use.
+  if (ctx_.diag().error_count() != errors_before) {
+    failed_blocks_.insert(block.name);
+    return Operand::invalid();
+  }
   if (out_name.empty()) {  // no output: and the forward does not end with a single name
     ctx_.diag().error(block.loc, fmt::format("block '{}' does not say which value it returns", block.name),
                       "add output: NAME, or end its forward: with a single-name line such as '- x: ...'");
+    failed_blocks_.insert(block.name);
     return Operand::invalid();
   }
   auto it = inner.values.find(out_name);
@@ -272,6 +278,7 @@ Operand Lowerer::lower_block_copy(const BlockDef& block, const std::vector<ir::V
     ctx_.diag().error(block.loc, fmt::format("block '{}' returns '{}', which its forward never assigns",
                                              block.name, out_name),
                       "set output: to a name assigned in the block's forward:");
+    failed_blocks_.insert(block.name);
     return Operand::invalid();
   }
   return Operand::tensor(it->second, offset);
