@@ -645,3 +645,27 @@ loss: mean(a)
         std::string::npos);
   CHECK(out.find("5 errors generated.") != std::string::npos);
 }
+
+TEST_CASE("blocks: an argument that is not a name or is a dim is an error where args: lists it") {
+  std::string out = compile_errors(std::string(kHeader) + R"yaml(
+dims: {n: 2, d: 4}
+inputs: {x: {shape: [n, d]}}
+blocks:
+  a:
+    args: [x, [y]]
+    forward:
+      - y: x
+  b:
+    args: [x, d]
+    forward:
+      - y: x
+forward:
+  - h: a(x, x)
+  - g: b(x, x)
+loss: mean(h) + mean(g)
+)yaml", "a.yaml");
+  INFO(out);
+  CHECK(out.find("a.yaml:9:15: error: an argument of block 'a' must be a name") != std::string::npos);
+  CHECK(out.find("a.yaml:13:15: error: the argument 'd' of block 'b' is already a dim") != std::string::npos);
+  CHECK(out.find("2 errors generated.") != std::string::npos);
+}
