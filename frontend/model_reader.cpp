@@ -62,6 +62,7 @@ std::map<std::string, BlockDef> read_blocks(const YAML::Node& node, YamlContext&
     // invalid node, and assigning one throws.
     if (const YAML::Node& params = it->second["params"]) b.params = params;
     if (const YAML::Node& forward = it->second["forward"]) b.forward = forward;
+    if (const YAML::Node& args = it->second["args"]) b.args_node = args;
     b.args = {"x"};
     if (const YAML::Node& args = it->second["args"]) {
       if (!args.IsSequence() || args.size() == 0) {
