@@ -240,7 +240,8 @@ TEST_CASE("recompute: a gpt trainer built with a budget trains with the same los
     INFO(built.out);
     REQUIRE(built.status == 0);
     auto ran = napkin::testing::run_in_source_tree(
-        fmt::format("{} --data {} --steps 3 --log-every 1 --threads 2", trainer, dir / "tiny.u16"));
+        fmt::format("{} --data {} --steps 3 --log-every 1 --threads 2 --checkpoint-dir {}", trainer, dir / "tiny.u16",
+                    dir / ("ckpt" + budget)));
     INFO(ran.out);
     REQUIRE(ran.status == 0);
     std::smatch m;
