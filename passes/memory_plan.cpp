@@ -161,14 +161,18 @@ MemoryPlan plan_memory(const MemoryReport& memory, Placement placement) {
     return a.members[0] < b.members[0];
   });
 
+  // Kept sorted by offset, so the conflicting slots come out in offset order
+  // without a sort per item (which made many long-lived buffers N^2 log N).
   std::vector<Slot> placed;
   for (const Item& item : items) {
     std::vector<const Slot*> busy;
     for (const Slot& s : placed)
       if (conflict(item, s)) busy.push_back(&s);
-    std::sort(busy.begin(), busy.end(), [](const Slot* x, const Slot* y) { return x->offset < y->offset; });
     int64_t offset = choose_offset(busy, item.size, placement);
-    placed.push_back({offset, item.size, item.first, item.last});
+    Slot slot{offset, item.size, item.first, item.last};
+    placed.insert(std::upper_bound(placed.begin(), placed.end(), slot,
+                                   [](const Slot& x, const Slot& y) { return x.offset < y.offset; }),
+                  slot);
     for (ir::ValueId v : item.members) plan.storage_offset[v] = offset;
     plan.arena_bytes = std::max(plan.arena_bytes, offset + item.size);
   }
