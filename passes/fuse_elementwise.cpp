@@ -27,7 +27,9 @@ bool fusible(const ir::Node& n) {
 // merge touches only the units between the groups it joins, never the members
 // already inside them. A merge of two groups moves the smaller one's members
 // (so each node moves O(log N) times), and a working id merged away points to
-// the id that absorbed it (union-find), so no member is relabelled.
+// the id that absorbed it (union-find), so no member is relabelled. Not
+// linear: nodes that read a group (a reduction of each step of a chain) stay
+// after it, and each later merge into that group walks them again.
 class Fuser {
  public:
   Fuser(ir::Graph& g, int64_t* work) : g_(g), schedule_(g.mutable_schedule()), work_(work) {
