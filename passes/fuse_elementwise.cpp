@@ -255,9 +255,11 @@ class Fuser {
   // does (the later part comes after it); it is needed when the later part
   // reads it or a needed unit reads it. On success the units that depend on
   // the set are in `after`, the others in `before`.
+  // `later_node`, when the later part is one node, seeds "needed" from its
+  // inputs; otherwise each gap node's readers are checked with is_later.
   template <typename IsLater>
-  bool legal(int first, UnitList::iterator last, IsLater&& is_later, std::vector<UnitList::iterator>& before,
-             std::vector<UnitList::iterator>& after) {
+  bool legal(int first, UnitList::iterator last, NodeId later_node, IsLater&& is_later,
+             std::vector<UnitList::iterator>& before, std::vector<UnitList::iterator>& after) {
     ++stamp_;
     std::vector<UnitList::iterator> gap;
     for (auto it = std::next(group_unit_[first]); it != last; ++it) {
@@ -273,10 +275,17 @@ class Fuser {
       if (depends) for_each_node(*it, [&](NodeId r) { after_[r] = stamp_; });
       gap.push_back(it);
     }
+    if (later_node != ir::kNoNode)
+      for (ValueId in : g_.node(later_node).inputs) {
+        count(1);
+        NodeId x = g_.value(in).producer;
+        if (x != ir::kNoNode && gap_[x] == stamp_) needed_[x] = stamp_;
+      }
     for (auto u = gap.rbegin(); u != gap.rend(); ++u) {
       bool needed = false;
       for_each_node(**u, [&](NodeId x) {
         needed = needed || needed_[x] == stamp_;
+        if (later_node != ir::kNoNode) return;
         for (ValueId out : g_.node(x).outputs)
           for (NodeId r : readers_[out]) {
             count(1);
@@ -310,7 +319,7 @@ class Fuser {
   bool join_node(int c, NodeId id) {
     UnitList::iterator unit = node_unit_[id];
     std::vector<UnitList::iterator> before, after;
-    if (!legal(c, unit, [&](NodeId r) { return r == id; }, before, after)) return false;
+    if (!legal(c, unit, id, [&](NodeId r) { return r == id; }, before, after)) return false;
     move_before(before, group_unit_[c]);
     units_.erase(unit);
     add_member(c, id);
@@ -322,7 +331,8 @@ class Fuser {
   // members move.
   bool join_groups(int c, int joined) {
     std::vector<UnitList::iterator> before, after;
-    if (!legal(c, group_unit_[joined], [&](NodeId r) { return group_of(r) == joined; }, before, after)) return false;
+    if (!legal(c, group_unit_[joined], ir::kNoNode, [&](NodeId r) { return group_of(r) == joined; }, before, after))
+      return false;
     move_before(before, group_unit_[c]);
     units_.splice(group_unit_[c], units_, group_unit_[joined]);
     units_.erase(group_unit_[c]);
