@@ -57,13 +57,13 @@ FusionGroups fusion_groups(const Graph& g) {
   for (const auto& [label, v] : g.outputs) outside[g.value(v).storage] = true;
   for (const Graph::Update& u : g.updates) outside[g.value(u.value).storage] = true;
 
+  std::vector<int> seen_by(g.num_values(), -1);  // value -> the last group that listed it as an input
   for (FusionGroup& fg : r.groups) {
-    std::vector<bool> seen(g.num_values(), false);
     for (NodeId id : fg.nodes) {
       const Node& n = g.node(id);
       for (ValueId in : n.inputs) {
-        if (group_of_value(in) == fg.id || seen[in]) continue;
-        seen[in] = true;
+        if (group_of_value(in) == fg.id || seen_by[in] == fg.id) continue;
+        seen_by[in] = fg.id;
         fg.inputs.push_back(in);
       }
       for (ValueId out : n.outputs) {

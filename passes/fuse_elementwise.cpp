@@ -1,6 +1,8 @@
 #include "passes/fuse_elementwise.h"
 
 #include <algorithm>
+#include <deque>
+#include <list>
 #include <map>
 
 #include "ir/internal_check.h"
@@ -18,27 +20,43 @@ bool fusible(const ir::Node& n) {
 
 // The greedy walk over the schedule; groups here are working ids, renumbered
 // at the end.
+//
+// Why it is linear in the common case: the nodes visited so far (a prefix of
+// the schedule, reordered by merges) are a list of units, a node alone or a
+// whole working group whose members sit in a deque in schedule order, so a
+// merge touches only the units between the groups it joins, never the members
+// already inside them. A merge of two groups moves the smaller one's members
+// (so each node moves O(log N) times), and a working id merged away points to
+// the id that absorbed it (union-find), so no member is relabelled. Not
+// linear: nodes that read a group (a reduction of each step of a chain) stay
+// after it, and each later merge into that group walks them again.
 class Fuser {
  public:
-  explicit Fuser(ir::Graph& g) : g_(g), schedule_(g.mutable_schedule()) {
+  Fuser(ir::Graph& g, int64_t* work) : g_(g), schedule_(g.mutable_schedule()), work_(work) {
     group_.assign(g.num_nodes(), -1);
-    in_set_.assign(g.num_nodes(), false);
-    after_.assign(g.num_nodes(), false);
-    needed_.assign(g.num_nodes(), false);
-    index_positions();
+    node_unit_.resize(g.num_nodes());
+    gap_.assign(g.num_nodes(), 0);
+    after_.assign(g.num_nodes(), 0);
+    needed_.assign(g.num_nodes(), 0);
+    readers_.resize(g.num_values());
+    for (NodeId id : schedule_)
+      for (ValueId in : g_.node(id).inputs) readers_[in].push_back(id);
   }
 
   void form_groups() {
     const std::vector<NodeId> order = schedule_;  // merges reorder the schedule, never the nodes still to visit
     for (NodeId id : order) {
+      count(1);
+      node_unit_[id] = units_.insert(units_.end(), Unit{id, -1});
       const ir::Node& n = g_.node(id);
       if (!fusible(n)) continue;
       std::vector<int64_t> shape = g_.value(n.out()).type.sizes();
       std::vector<int> candidates;
       for (ValueId in : n.inputs) {
+        count(1);
         const ir::Value& v = g_.value(in);
         if (v.producer == ir::kNoNode || v.is_view()) continue;
-        int c = group_[v.producer];
+        int c = group_of(v.producer);
         if (c < 0 || shape_[c] != shape || phase_[c] != n.phase) continue;
         if (std::find(candidates.begin(), candidates.end(), c) == candidates.end()) candidates.push_back(c);
       }
@@ -47,16 +65,11 @@ class Fuser {
         candidates.push_back(scalar_group);
       int joined = -1;
       for (int c : candidates) {
-        std::vector<NodeId> set = members_[c];
-        if (joined < 0) set.push_back(id);
-        else set.insert(set.end(), members_[joined].begin(), members_[joined].end());
-        if (!try_merge(set)) continue;
         if (joined < 0) {
+          if (!join_node(c, id)) continue;
           joined = c;
-          add_member(c, id);
         } else {
-          for (NodeId m : members_[c]) add_member(joined, m);
-          members_[c].clear();
+          if (!join_groups(c, joined)) continue;
           for (int& last : last_scalar_group_)
             if (last == c) last = joined;
         }
@@ -66,10 +79,23 @@ class Fuser {
         members_.emplace_back();
         shape_.push_back(shape);
         phase_.push_back(n.phase);
+        parent_.push_back(joined);
+        group_unit_.push_back(node_unit_[id]);
+        node_unit_[id]->node = ir::kNoNode;
+        node_unit_[id]->group = joined;
         add_member(joined, id);
       }
       if (shape.empty()) scalar_group = joined;
     }
+    // Back to plain ids and an array schedule for the steps below.
+    for (NodeId id = 0; id < g_.num_nodes(); ++id) group_[id] = group_of(id);
+    schedule_.clear();
+    for (const Unit& u : units_) {
+      if (u.group < 0) schedule_.push_back(u.node);
+      else schedule_.insert(schedule_.end(), members_[u.group].begin(), members_[u.group].end());
+    }
+    count(static_cast<int64_t>(schedule_.size()));
+    index_positions();
   }
 
   // Each constant that members read directly folds into their groups (see
@@ -110,9 +136,12 @@ class Fuser {
           group_.push_back(-1);
           copied = true;
           ValueId copy = g_.node(member).out();
-          for (NodeId r : members_[gid])
+          for (NodeId r : nodes) {  // the group's members that read the constant
+            count(1);
+            if (group_[r] != gid) continue;
             for (ValueId& in : g_.node(r).inputs)
               if (in == value) in = copy;
+          }
         }
         g_.node(member).phase = phase_[gid];
         add_member(gid, member);
@@ -158,15 +187,41 @@ class Fuser {
   }
 
  private:
+  // A node alone, or a working group (its members in members_).
+  struct Unit {
+    NodeId node = ir::kNoNode;
+    int group = -1;
+  };
+  using UnitList = std::list<Unit>;
+
   ir::Graph& g_;
   std::vector<NodeId>& schedule_;
-  std::vector<int> position_;                 // node -> schedule position
-  std::vector<int> group_;                    // node -> working group, -1 if none
-  std::vector<std::vector<NodeId>> members_;  // working group -> nodes
-  std::vector<std::vector<int64_t>> shape_;   // working group -> iteration shape
+  int64_t* work_;
+  std::vector<int> position_;               // node -> schedule position, once the schedule is an array again
+  std::vector<int> group_;                  // node -> working group (maybe merged away: see group_of), -1 if none
+  std::vector<std::deque<NodeId>> members_;  // working group -> nodes, in schedule order
+  std::vector<std::vector<int64_t>> shape_;  // working group -> iteration shape
   std::vector<ir::Phase> phase_;
+  std::vector<int> parent_;  // working group -> the group it merged into, itself while it lives
   int last_scalar_group_[3] = {-1, -1, -1};
-  std::vector<bool> in_set_, after_, needed_;  // scratch of try_merge, cleared after each use
+  UnitList units_;  // the nodes visited so far, in schedule order
+  std::vector<UnitList::iterator> node_unit_;   // node alone -> its unit
+  std::vector<UnitList::iterator> group_unit_;  // working group -> its unit
+  std::vector<std::vector<NodeId>> readers_;    // value -> the nodes reading it
+  // Marks of the merge being tried (its stamp): in the span between the set's
+  // parts, depends on the set, needed by the set.
+  std::vector<int> gap_, after_, needed_;
+  int stamp_ = 0;
+
+  void count(int64_t steps) {
+    if (work_) *work_ += steps;
+  }
+
+  int find(int gid) {
+    while (parent_[gid] != gid) gid = parent_[gid] = parent_[parent_[gid]];
+    return gid;
+  }
+  int group_of(NodeId id) { return group_[id] < 0 ? -1 : find(group_[id]); }
 
   void index_positions() {
     position_.assign(g_.num_nodes(), -1);
@@ -184,89 +239,128 @@ class Fuser {
     return first;
   }
 
-  // The schedule positions of the unit at `p`: a group other than the set's
-  // moves as a whole (it must stay contiguous); any other node alone.
-  int unit_end(int p) const {
-    NodeId x = schedule_[p];
-    if (in_set_[x] || group_[x] < 0) return p;
-    while (p + 1 < static_cast<int>(schedule_.size()) && group_[schedule_[p + 1]] == group_[x]) ++p;
-    return p;
-  }
-  int unit_start(int p) const {
-    NodeId x = schedule_[p];
-    if (in_set_[x] || group_[x] < 0) return p;
-    while (p > 0 && group_[schedule_[p - 1]] == group_[x]) --p;
-    return p;
+  template <typename F>
+  void for_each_node(const Unit& u, F&& f) {
+    if (u.group < 0) {
+      f(u.node);
+    } else {
+      for (NodeId x : members_[u.group]) f(x);
+    }
   }
 
-  // Makes `set` (whole groups and the node joining them) contiguous if that
-  // is legal (see the header); false leaves the schedule as it was.
-  bool try_merge(const std::vector<NodeId>& set) {
-    int lo = static_cast<int>(schedule_.size()), hi = -1;
-    for (NodeId id : set) {
-      lo = std::min(lo, position_[id]);
-      hi = std::max(hi, position_[id]);
-      in_set_[id] = true;
+  // Whether the set {group `first`} + {the later part} may become contiguous:
+  // the units strictly between `first`'s unit and `last` (see the header),
+  // which the set's first part precedes and its later part follows. A unit
+  // depends on the set when it reads a member of `first` or a unit that
+  // does (the later part comes after it); it is needed when the later part
+  // reads it or a needed unit reads it. On success the units that depend on
+  // the set are in `after`, the others in `before`.
+  // `later_node`, when the later part is one node, seeds "needed" from its
+  // inputs; otherwise each gap node's readers are checked with is_later.
+  template <typename IsLater>
+  bool legal(int first, UnitList::iterator last, NodeId later_node, IsLater&& is_later,
+             std::vector<UnitList::iterator>& before, std::vector<UnitList::iterator>& after) {
+    ++stamp_;
+    std::vector<UnitList::iterator> gap;
+    for (auto it = std::next(group_unit_[first]); it != last; ++it) {
+      bool depends = false;
+      for_each_node(*it, [&](NodeId r) {
+        gap_[r] = stamp_;
+        for (ValueId in : g_.node(r).inputs) {
+          count(1);
+          NodeId x = g_.value(in).producer;
+          if (x != ir::kNoNode && (group_of(x) == first || (gap_[x] == stamp_ && after_[x] == stamp_))) depends = true;
+        }
+      });
+      if (depends) for_each_node(*it, [&](NodeId r) { after_[r] = stamp_; });
+      gap.push_back(it);
     }
-    auto producer_at_or_after = [&](ValueId v, int from) {
-      NodeId p = g_.value(v).producer;
-      return p != ir::kNoNode && position_[p] >= from ? p : ir::kNoNode;
-    };
-    // after_: the unit depends on the set; needed_: the set depends on it.
-    for (int p = lo; p <= hi;) {
-      int q = unit_end(p);
-      if (!in_set_[schedule_[p]]) {
-        bool depends = false;
-        for (int r = p; r <= q; ++r)
-          for (ValueId in : g_.node(schedule_[r]).inputs) {
-            NodeId x = producer_at_or_after(in, lo);
-            if (x != ir::kNoNode && (in_set_[x] || after_[x])) depends = true;
-          }
-        for (int r = p; r <= q && depends; ++r) after_[schedule_[r]] = true;
+    if (later_node != ir::kNoNode)
+      for (ValueId in : g_.node(later_node).inputs) {
+        count(1);
+        NodeId x = g_.value(in).producer;
+        if (x != ir::kNoNode && gap_[x] == stamp_) needed_[x] = stamp_;
       }
-      p = q + 1;
-    }
-    bool legal = true;
-    for (int q = hi; q >= lo;) {
-      int p = unit_start(q);
-      bool member = in_set_[schedule_[q]];
+    for (auto u = gap.rbegin(); u != gap.rend(); ++u) {
       bool needed = false;
-      for (int r = p; r <= q; ++r) needed = needed || needed_[schedule_[r]];
-      if (!member && needed && after_[schedule_[q]]) legal = false;
-      if (member || needed)
-        for (int r = p; r <= q; ++r)
-          for (ValueId in : g_.node(schedule_[r]).inputs) {
-            NodeId x = producer_at_or_after(in, lo);
-            if (x != ir::kNoNode) needed_[x] = true;
+      for_each_node(**u, [&](NodeId x) {
+        needed = needed || needed_[x] == stamp_;
+        if (later_node != ir::kNoNode) return;
+        for (ValueId out : g_.node(x).outputs)
+          for (NodeId r : readers_[out]) {
+            count(1);
+            needed = needed || is_later(r);
           }
-      q = p - 1;
+      });
+      if (!needed) continue;
+      if (after_[(*u)->group < 0 ? (*u)->node : members_[(*u)->group].front()] == stamp_) return false;
+      for_each_node(**u, [&](NodeId r) {
+        for (ValueId in : g_.node(r).inputs) {
+          count(1);
+          NodeId x = g_.value(in).producer;
+          if (x != ir::kNoNode && gap_[x] == stamp_) needed_[x] = stamp_;
+        }
+      });
     }
-    if (legal) {
-      std::vector<NodeId> before, members, after;
-      for (int p = lo; p <= hi; ++p) {
-        NodeId x = schedule_[p];
-        (in_set_[x] ? members : after_[x] ? after : before).push_back(x);
-      }
-      int p = lo;
-      for (const auto* part : {&before, &members, &after})
-        for (NodeId x : *part) position_[x] = p, schedule_[p++] = x;
+    for (UnitList::iterator it : gap) {
+      NodeId x = it->group < 0 ? it->node : members_[it->group].front();
+      (after_[x] == stamp_ ? after : before).push_back(it);
     }
-    for (int p = lo; p <= hi; ++p) {
-      NodeId x = schedule_[p];
-      in_set_[x] = after_[x] = needed_[x] = false;
+    return true;
+  }
+
+  // Puts the units `before` right before `at`, in their order.
+  void move_before(const std::vector<UnitList::iterator>& before, UnitList::iterator at) {
+    for (UnitList::iterator it : before) units_.splice(at, units_, it);
+  }
+
+  // Node `id`, the last unit visited, joins group `c` if that is legal:
+  // [c] gap [id] becomes [before] [c id] [after].
+  bool join_node(int c, NodeId id) {
+    UnitList::iterator unit = node_unit_[id];
+    std::vector<UnitList::iterator> before, after;
+    if (!legal(c, unit, id, [&](NodeId r) { return r == id; }, before, after)) return false;
+    move_before(before, group_unit_[c]);
+    units_.erase(unit);
+    add_member(c, id);
+    return true;
+  }
+
+  // Group `c`, which comes before `joined`, merges into it if that is legal:
+  // [c] gap [joined] becomes [before] [c joined] [after]. The smaller group's
+  // members move.
+  bool join_groups(int c, int joined) {
+    std::vector<UnitList::iterator> before, after;
+    if (!legal(c, group_unit_[joined], ir::kNoNode, [&](NodeId r) { return group_of(r) == joined; }, before, after))
+      return false;
+    move_before(before, group_unit_[c]);
+    units_.splice(group_unit_[c], units_, group_unit_[joined]);
+    units_.erase(group_unit_[c]);
+    std::deque<NodeId>& into = members_[joined];
+    std::deque<NodeId>& from = members_[c];
+    if (from.size() > into.size()) {
+      std::swap(from, into);  // into: c's members; from: joined's, which go after them
+      count(static_cast<int64_t>(from.size()));
+      into.insert(into.end(), from.begin(), from.end());
+    } else {
+      count(static_cast<int64_t>(from.size()));
+      into.insert(into.begin(), from.begin(), from.end());
     }
-    return legal;
+    from.clear();
+    parent_[c] = joined;
+    return true;
   }
 };
 
 class FuseElementwise : public Pass {
  public:
+  explicit FuseElementwise(int64_t* work) : work_(work) {}
   std::string_view name() const override { return "fuse-elementwise"; }
   bool run(ir::Graph& g, ir::Diagnostics&) override {
     const std::vector<NodeId> old_schedule = g.schedule();
     std::vector<int> old_groups;
     for (NodeId id : old_schedule) old_groups.push_back(g.node(id).group);
-    Fuser fuser(g);
+    Fuser fuser(g, work_);
     fuser.form_groups();
     bool copied = fuser.fold_constants();
     fuser.write_groups();
@@ -275,10 +369,13 @@ class FuseElementwise : public Pass {
       if (g.node(old_schedule[p]).group != old_groups[p]) return true;
     return false;
   }
+
+ private:
+  int64_t* work_;
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> make_fuse_elementwise_pass() { return std::make_unique<FuseElementwise>(); }
+std::unique_ptr<Pass> make_fuse_elementwise_pass(int64_t* work) { return std::make_unique<FuseElementwise>(work); }
 
 }  // namespace napkin::passes

@@ -38,12 +38,16 @@
 // GEMM takes no epilogue (docs/fusion.md).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "passes/pass.h"
 
 namespace napkin::passes {
 
-std::unique_ptr<Pass> make_fuse_elementwise_pass();
+// `work`, when given, is increased by the steps the pass takes (nodes and
+// edges visited, members moved): a deterministic measure for the tests that
+// check the pass stays linear in the size of the graph.
+std::unique_ptr<Pass> make_fuse_elementwise_pass(int64_t* work = nullptr);
 
 }  // namespace napkin::passes

@@ -39,44 +39,55 @@ void reuse_buffers_in_place(const ir::Graph& g, const ir::FusionGroups& groups, 
 
   std::map<ir::ValueId, size_t> index;
   for (size_t i = 0; i < buffers.size(); ++i) index[buffers[i].value] = i;
+  // What a kernel (a fusion group, or a node alone) reads: the buffers listed
+  // in `buffers`, distinct, in order of first read, each with whether the
+  // kernel reads it element for element. Once per group, not once per buffer
+  // it writes: a group with many outputs made this quadratic.
+  using KernelReads = std::vector<std::pair<ir::ValueId, bool>>;
+  auto kernel_reads = [&](const std::vector<ir::NodeId>& kernel) {
+    KernelReads reads;
+    std::map<ir::ValueId, size_t> slot;  // buffer -> its entry in reads
+    for (ir::NodeId id : kernel) {
+      const ir::Node& member = g.node(id);
+      std::set<ir::ValueId> seen;  // each buffer once per member
+      for (ir::ValueId in : member.inputs) {
+        ir::ValueId buffer = g.value(in).storage;
+        if (!index.count(buffer) || !seen.insert(buffer).second) continue;
+        bool element_for_element = reads_element_for_element(g, member, buffer);
+        auto [it, added] = slot.emplace(buffer, reads.size());
+        if (added) reads.emplace_back(buffer, element_for_element);
+        else reads[it->second].second = reads[it->second].second && element_for_element;
+      }
+    }
+    return reads;
+  };
+  std::map<int, KernelReads> group_reads;
   std::set<ir::ValueId> taken;
   for (MemoryBuffer& r : buffers) {
     if (r.resident || r.update_of != ir::kNoValue) continue;
     // R's kernel: its producer's fusion group, spanning positions [p, last], or the producer alone.
     const int p = r.first;
     const int last = groups.kernel_last(p);
-    std::vector<ir::NodeId> kernel;
-    if (groups.group_at[p] >= 0) kernel = groups.groups[groups.group_at[p]].nodes;
-    else kernel = {r.producer};
-    auto kernel_reads_element_for_element = [&](ir::ValueId buffer) {
-      bool reads = false;
-      for (ir::NodeId id : kernel) {
-        const ir::Node& member = g.node(id);
-        bool member_reads = false;
-        for (ir::ValueId in : member.inputs) member_reads |= g.value(in).storage == buffer;
-        if (!member_reads) continue;
-        if (!reads_element_for_element(g, member, buffer)) return false;
-        reads = true;
-      }
-      return reads;
-    };
-    for (ir::NodeId id : kernel) {
-      bool found = false;
-      for (ir::ValueId in : g.node(id).inputs) {
-        auto it = index.find(g.value(in).storage);
-        if (it == index.end()) continue;  // a buffer written in place of an update target: not a candidate
-        MemoryBuffer& d = buffers[it->second];
-        // d.first < p: made by an earlier kernel (an output of R's own kernel is written alongside R).
-        if (d.resident || d.update_of != ir::kNoValue || read_after_step.count(d.value) || taken.count(d.value) ||
-            d.first >= p || d.last != last || d.bytes != r.bytes || !kernel_reads_element_for_element(d.value))
-          continue;
-        taken.insert(d.value);
-        d.last = p - 1;
-        r.reuses = d.value;
-        found = true;
-        break;
-      }
-      if (found) break;
+    const int gid = groups.group_at[p];
+    KernelReads alone;
+    const KernelReads* reads = &alone;
+    if (gid < 0) {
+      alone = kernel_reads({r.producer});
+    } else {
+      auto it = group_reads.find(gid);
+      if (it == group_reads.end()) it = group_reads.emplace(gid, kernel_reads(groups.groups[gid].nodes)).first;
+      reads = &it->second;
+    }
+    for (const auto& [buffer, element_for_element] : *reads) {
+      MemoryBuffer& d = buffers[index.at(buffer)];
+      // d.first < p: made by an earlier kernel (an output of R's own kernel is written alongside R).
+      if (d.resident || d.update_of != ir::kNoValue || read_after_step.count(d.value) || taken.count(d.value) ||
+          d.first >= p || d.last != last || d.bytes != r.bytes || !element_for_element)
+        continue;
+      taken.insert(d.value);
+      d.last = p - 1;
+      r.reuses = d.value;
+      break;
     }
   }
 }
@@ -161,14 +172,18 @@ MemoryPlan plan_memory(const MemoryReport& memory, Placement placement) {
     return a.members[0] < b.members[0];
   });
 
+  // Kept sorted by offset, so the conflicting slots come out in offset order
+  // without a sort per item (which made many long-lived buffers N^2 log N).
   std::vector<Slot> placed;
   for (const Item& item : items) {
     std::vector<const Slot*> busy;
     for (const Slot& s : placed)
       if (conflict(item, s)) busy.push_back(&s);
-    std::sort(busy.begin(), busy.end(), [](const Slot* x, const Slot* y) { return x->offset < y->offset; });
     int64_t offset = choose_offset(busy, item.size, placement);
-    placed.push_back({offset, item.size, item.first, item.last});
+    Slot slot{offset, item.size, item.first, item.last};
+    placed.insert(std::upper_bound(placed.begin(), placed.end(), slot,
+                                   [](const Slot& x, const Slot& y) { return x.offset < y.offset; }),
+                  slot);
     for (ir::ValueId v : item.members) plan.storage_offset[v] = offset;
     plan.arena_bytes = std::max(plan.arena_bytes, offset + item.size);
   }

@@ -180,3 +180,42 @@ optimizer: adamw(lr=1e-3, weight_decay=0.01)
   passes::MemoryReport memory = passes::analyze_memory(g);
   for (const passes::MemoryUpdate& u : memory.updates) CHECK(u.in_place);
 }
+
+namespace {
+
+// A model whose forward is h = x then `lines` times `h: <line>`.
+std::string chain_model(int lines, const std::string& line) {
+  std::string yaml = "model: t\ninputs: {x: {shape: [4, 8]}}\nforward:\n  - h: x * 1\n";
+  for (int i = 0; i < lines; ++i) yaml += "  - h: " + line + "\n";
+  return yaml + "loss: mean(h)\noptimizer: sgd(lr=0.1)\n";
+}
+
+// The pass's steps on g per node of g (passes/fuse_elementwise.h).
+double work_per_node(ir::Graph& g) {
+  int64_t work = 0;
+  ir::Diagnostics diag;
+  passes::make_fuse_elementwise_pass(&work)->run(g, diag);
+  REQUIRE(ir::verify(g).empty());
+  return static_cast<double>(work) / g.num_nodes();
+}
+
+}  // namespace
+
+// The pass once spent time proportional to a group's size on each node that
+// joined it (copying and rescanning the members, moving them in the schedule
+// array), so a 40k-line chain took minutes. Counted steps instead of a clock:
+// a chain 4 times as long must cost about the same per node. The three lines
+// join a node to the chain's group, then a new group to it from either side.
+TEST_CASE("fuse: the work per node stays flat as an elementwise chain grows - a merge never walks the members") {
+  for (const char* line : {"h + 1", "h + exp(x)", "exp(x) + h"}) {
+    INFO(line);
+    ir::Graph small = testing::compile(chain_model(250, line));
+    ir::Graph large = testing::compile(chain_model(1000, line));
+    double small_work = work_per_node(small), large_work = work_per_node(large);
+    INFO(small_work << " vs " << large_work << " steps per node");
+    CHECK(large_work < 1.2 * small_work);
+    // Still one kernel: the adds (and exps), all in group 0.
+    for (ir::NodeId id : large.schedule())
+      if (large.node(id).op != ir::Op::ReduceMean) CHECK(large.node(id).group == 0);
+  }
+}
