@@ -17,11 +17,11 @@ namespace {
 
 constexpr double kRuleTolerance = 1e-5;
 constexpr double kStep = 1e-4;  // relative finite-difference step
-// Tolerance in units of rounding noise. The error of a correct graph is one
-// draw of what the noise runs sample (rounding to nearest, not at random, but
-// of the same size): on models/ in bf16-, fp16- and fp8-mixed it stays below
-// 4 noise units (docs/training.md has the numbers); 10 leaves room for a
-// noise estimate from 8 runs that comes out low.
+// Tolerance in units of rounding noise. The error of a correct graph is of
+// the size the noise runs sample (rounding to nearest errs by up to half a
+// step, random rounding moves a value by a whole one or not at all): on
+// models/ in every policy it stays within 3 noise units (docs/training.md);
+// 10 leaves room for a noise estimate from 8 runs that comes out low.
 constexpr double kNoiseFactor = 10;
 
 }  // namespace

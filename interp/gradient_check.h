@@ -21,27 +21,30 @@
 //    of the tensor are judged on the tensor's scale, not their own.
 //  - tolerance (Float64): 1e-5, for the rule itself: a wrong rule is off by
 //    O(1), the numeric gradient's own error is < 1e-6.
+//  - the Native point: under dynamic loss scaling (fp16-mixed) the step's
+//    Inf/NaN skips are replayed first, as a trainer would (the first steps at
+//    the initial scale can overflow f16): GradCheckResult::loss_scale.
 //  - rounding noise (Native): how much the graph's own roundings move each
-//    checked gradient entry. The Native step is run `noise_runs` more times
-//    with rounding noise (interpreter.h: every inexactly rounded value also
-//    multiplied by 1 + u·ξ, u its dtype's unit roundoff, ξ uniform in
-//    [-1, 1]), and the noise of an entry is the RMS of its deviation from the
-//    plain Native entry over those runs: Monte Carlo arithmetic, a
-//    first-order propagation of every op's rounding error through the whole
-//    op chain, forward and backward, casts and loss scaling included, by the
-//    interpreter's own kernels.
+//    checked gradient entry. The Native step runs `noise_runs` more times
+//    with random rounding (interpreter.h: every value that rounding changes
+//    is rounded up or down at random, CESTAC-style), and an entry's noise is
+//    the RMS of its deviation from the plain Native entry over those runs: a
+//    Monte Carlo propagation of every op's rounding error through the whole
+//    op chain, forward and backward, casts, fp8 quantization and loss
+//    scaling included, by the interpreter's own kernels.
 //  - tolerance (Native), per checked entry:
 //    1e-5 + kNoiseFactor · noise / scale, scale the relative error's
 //    denominator: the numeric gradient's error plus kNoiseFactor (10) times
-//    what the roundings explain. A correct mixed-precision graph stays within
-//    a few noise units; what rounding cannot explain fails: a gradient off by
-//    a factor (a missing or doubled loss-scale unscale), values that overflow
-//    to Inf/NaN, or that underflow to zero or into subnormals (the noise is
-//    relative to the rounded value, so a flushed value has none), as a
-//    gradient computed or unscaled in f16 without loss scaling does. The
+//    what the roundings explain. A correct graph stays within a few noise
+//    units (models/ in every policy: under 3). What rounding in the normal
+//    range cannot explain fails: a gradient off by a factor (a missing or
+//    doubled loss-scale unscale), Inf/NaN, values that underflow into
+//    subnormals or to zero (only the normal range is randomized), as an f16
+//    backward without loss scaling or a gradient unscaled in f16 does. The
 //    check does not judge whether a cast's dtype is the intended one (the AMP
-//    audit in `napkin report` lists every cast): a gradient is accepted as
-//    long as its error is what its graph's dtypes produce.
+//    audit of `napkin report` lists every cast): an error the graph's own
+//    dtypes produce is accepted, however large; a tolerance near or above 1
+//    says that entry is mostly rounding noise.
 #pragma once
 
 #include <cstdint>

@@ -19,12 +19,14 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <regex>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "interp/gradient_check.h"
 #include "ir/builder.h"
+#include "support/test_io.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -173,4 +175,42 @@ TEST_CASE("numeric: napkin check fails bf16-mixed whose backward casts to f16 in
     CAPTURE(t.name);
     CHECK_FALSE(t.passed);
   }
+}
+
+// The command line: the shipped mlp in bf16-mixed (its w2 failed at 5.0e-1
+// against a fixed bf16 tolerance of 1e-1), cruncher in fp16-mixed (its first
+// steps overflow f16 at the initial scale), and the small-gradient model
+// without loss scaling (exit 1).
+TEST_CASE("numeric: napkin check passes the shipped models in mixed precision on the command line and fails a bug") {
+  napkin::testing::TempDir dir("check-mixed");
+  auto with_policy = [&](const std::string& model, const std::string& policy) {
+    std::string text = std::regex_replace(napkin::testing::read_source("models/" + model + ".yaml"),
+                                          std::regex("\nprecision: fp32\n"), "\nprecision: " + policy + "\n");
+    REQUIRE(text.find("\nprecision: " + policy + "\n") != std::string::npos);
+    std::string path = dir / (model + "-" + policy + ".yaml");
+    napkin::testing::write_bytes(path, text);
+    return path;
+  };
+  auto check_cli = [](const std::string& path, const std::string& flags) {
+    return napkin::testing::run_in_source_tree(fmt::format("{} check {} {}", NAPKIN_BINARY, path, flags));
+  };
+
+  auto mlp = check_cli(with_policy("mlp", "bf16-mixed"), "--dims batch=4,d_in=12,hidden=16 --seed 0");
+  INFO(mlp.out);
+  CHECK(mlp.status == 0);
+  CHECK(mlp.out.find("PASS: all 6 gradients match") != std::string::npos);
+  CHECK(mlp.out.find("dtype err       tol") != std::string::npos);
+
+  auto cruncher = check_cli(with_policy("cruncher", "fp16-mixed"), "--dims batch=4,d=16 --seed 0");
+  INFO(cruncher.out);
+  CHECK(cruncher.status == 0);
+  CHECK(cruncher.out.find("loss scale 4096: the first 4 steps overflow and are skipped, as in training") !=
+        std::string::npos);
+
+  std::string unscaled = dir / "unscaled.yaml";
+  napkin::testing::write_bytes(unscaled, small_gradients_model("{policy: fp16-mixed, loss_scale: {init: 1}}"));
+  auto bug = check_cli(unscaled, "");
+  INFO(bug.out);
+  CHECK(bug.status == 1);
+  CHECK(bug.out.find("FAIL: 2 of 2 gradients disagree with finite differences") != std::string::npos);
 }
