@@ -167,7 +167,9 @@ int cmd_check(const std::string& path, const std::string& dims, uint64_t seed, i
   double forward = cost.phase(ir::Phase::Forward).flops;
   int tensors = 0;
   for (const auto& [label, v] : g->outputs) tensors += label.rfind("grad.", 0) == 0;
-  double evaluations = 4.0 * (samples + 1) * tensors + 3;  // five-point stencils, plus the gradients themselves
+  // Five-point stencils, plus the step itself (~3 forward passes) in float64, in the model's dtypes and in each
+  // rounding-noise run.
+  double evaluations = 4.0 * (samples + 1) * tensors + 3.0 * (2 + interp::GradCheckOptions{}.noise_runs);
   if (forward * evaluations > kCheckFlopBudget && !force) {
     std::cerr << fmt::format(
         "error: {}: checking {} gradients needs about {:.0f} forward passes of {} each in the float64 interpreter ({} in "
