@@ -19,18 +19,41 @@
 //    floor = 1e-3 · the tensor's largest analytic |gradient| (for a direction:
 //    1e-3 · Σ|gradient|), so entries that are nearly zero relative to the rest
 //    of the tensor are judged on the tensor's scale, not their own.
-//  - tolerance: 1e-5 for the Float64 analytic gradient (the rule itself: a
-//    wrong rule is off by O(1), the numeric gradient's own error is < 1e-6);
-//    for Native, native_tolerance(dtype) of the parameter's dtype, or under a
-//    mixed precision policy of the dtype its gradient is computed in (bf16,
-//    f16; fp8 for fp8-mixed).
+//  - tolerance (Float64): 1e-5, for the rule itself: a wrong rule is off by
+//    O(1), the numeric gradient's own error is < 1e-6.
+//  - the Native point: under dynamic loss scaling (fp16-mixed) the step's
+//    Inf/NaN skips are replayed first, as a trainer would (the first steps at
+//    the initial scale can overflow f16): GradCheckResult::loss_scale.
+//  - rounding noise (Native): how much the graph's own roundings move each
+//    checked gradient entry. The Native step runs `noise_runs` more times
+//    with random rounding (interpreter.h: every value that rounding changes
+//    is rounded up or down at random, CESTAC-style), and an entry's noise is
+//    the RMS of its deviation from the plain Native entry over those runs: a
+//    Monte Carlo propagation of every op's rounding error through the whole
+//    op chain, forward and backward, casts, fp8 quantization and loss
+//    scaling included, by the interpreter's own kernels.
+//  - tolerance (Native), per checked entry:
+//    1e-5 + kNoiseFactor · noise / scale, scale the relative error's
+//    denominator: the numeric gradient's error plus kNoiseFactor (10) times
+//    what the roundings explain. A correct graph stays within a few noise
+//    units (models/ in every policy: under 3). What rounding in the normal
+//    range cannot explain fails: a gradient off by a factor (a missing or
+//    doubled loss-scale unscale), Inf/NaN, values that underflow into
+//    subnormals or to zero (only the normal range is randomized), as an f16
+//    backward without loss scaling or a gradient unscaled in f16 does. The
+//    check does not judge whether a cast's dtype is the intended one (the AMP
+//    audit of `napkin report` lists every cast): an error the graph's own
+//    dtypes produce is accepted, however large; a tolerance near or above 1
+//    says that entry is mostly rounding noise.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "interp/interpreter.h"
 #include "ir/graph.h"
 
 namespace napkin::interp {
@@ -39,16 +62,21 @@ struct GradCheckOptions {
   uint64_t seed = 0;
   int samples = 4;      // elements per tensor checked one by one (all of them if the tensor is smaller)
   bool native = true;   // also check the gradient computed in the graph's own dtypes
+  int noise_runs = 8;   // Native runs with rounding noise that measure its tolerance
 };
 
 struct TensorCheck {
   std::string name;
   ir::TensorType type;
   int elements_checked = 0;
-  double max_error_f64 = 0;     // over the sampled elements and the random direction
-  double max_error_native = 0;  // the same for the Native gradient (0 unless checked)
+  double max_error_f64 = 0;  // over the sampled elements and the random direction
   double tolerance_f64 = 0;
+  // The Native gradient (0 unless checked): its relative error and tolerance
+  // at the checked entry nearest to failing (largest error / tolerance), and
+  // that entry's rounding noise relative to its scale.
+  double error_native = 0;
   double tolerance_native = 0;
+  double noise_native = 0;
   bool passed = false;
 };
 
@@ -56,19 +84,29 @@ struct GradCheckResult {
   double loss = 0;  // Float64 loss at the point
   std::vector<TensorCheck> tensors;  // g.params order; params without a gradient are skipped
   int forward_evaluations = 0;
+  // Under dynamic loss scaling: the scale the Native gradients were taken at,
+  // and how many steps a trainer would have skipped for Inf/NaN before it
+  // (settle_loss_scale in gradient_check.cpp); 0 without loss scaling.
+  double loss_scale = 0;
+  int skipped_steps = 0;
   bool passed = false;
 };
 
-// The Native tolerance for a parameter of `dtype` (see the header comment).
-double native_tolerance(ir::DType dtype);
+// The Native tolerance of an entry whose rounding noise, relative to the
+// entry's scale, is `relative_noise` (see the header comment).
+double native_tolerance(double relative_noise);
 
 // The pieces of the check, for tests that choose their own points:
 // |analytic − numeric| / max(|analytic|, |numeric|, floor) (0 if all are 0);
 double relative_error(double analytic, double numeric, double floor);
 // the five-point stencil above, from L at base + step·direction;
 double five_point_derivative(const std::function<double(double step)>& loss_at, double h);
-// the graph with only its forward phase scheduled: L(params) and nothing else.
+// the graph with only its forward phase scheduled: L(params) and nothing else;
 ir::Graph forward_phase(const ir::Graph& g);
+// the rounding-noise runs: g in Native numerics at `point`, `runs` times, run r
+// with the noise of Rng(seed, r); `visit` reads each run's values.
+void run_with_rounding_noise(const ir::Graph& g, const std::map<ir::ValueId, std::vector<double>>& point, int runs,
+                             uint64_t seed, const std::function<void(const Interpreter&)>& visit);
 
 // `g` is a training graph: a "loss" output and "grad.<param>" outputs
 // (autodiff). Throws std::runtime_error for data errors the interpreter finds.

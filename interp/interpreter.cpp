@@ -25,10 +25,21 @@ Interpreter::Interpreter(const ir::Graph& g, Numerics numerics)
 
 void Interpreter::store(ir::ValueId v, std::vector<double> data) {
   ir::DType t = g_.value(v).type.dtype;
-  if (numerics_ == Numerics::Native || !ir::is_floating(t))
-    for (double& x : data) x = round_to_dtype(x, t);
+  if (numerics_ == Numerics::Native || !ir::is_floating(t)) {
+    const bool random_rounding = noise_ && ir::is_floating(t);
+    for (double& x : data) {
+      double rounded = round_to_dtype(x, t);
+      if (random_rounding && rounded != x && (noise_->next_u32() & 1)) rounded = round_other_way(x, rounded, t);
+      x = rounded;
+    }
+  }
   values_[v] = std::move(data);
   has_[v] = 1;
+}
+
+void Interpreter::perturb_roundings(uint64_t seed, uint64_t stream) {
+  if (numerics_ != Numerics::Native) throw std::logic_error("interp: rounding noise needs Native numerics");
+  noise_.emplace(seed, stream);
 }
 
 void Interpreter::set(ir::ValueId v, std::vector<double> data) {

@@ -16,6 +16,18 @@
 //            interp/rounding.h: f32 by static_cast, bf16/f16/fp8 correctly
 //            rounded from the double). A composite op (layernorm, softmax,
 //            cross_entropy, ...) is one op: its internals are not rounded.
+//   Native with rounding noise (perturb_roundings): as Native, but every
+//            floating value that rounding changes is rounded the other way
+//            (round_other_way in rounding.h) with probability 1/2: random
+//            rounding, as in the CESTAC method. A run of the same graph with
+//            another, equally plausible set of rounding errors; values stay
+//            values of their dtype, so an op that is exact (a view, a max, a
+//            multiplication by 2) stays exact. How far such runs spread is the
+//            gradient check's estimate of how much the graph's roundings move
+//            a result (gradient_check.h). Only the normal range is randomized:
+//            a value that underflows (to a subnormal or zero) or overflows is
+//            rounded to nearest in every run, so an error that comes from
+//            leaving the range is not part of the noise.
 // In both modes integer values are whole numbers held in double (integer
 // division truncates toward zero; a float -> int cast truncates, NaN -> 0,
 // saturating) and bool is 0/1. Integer overflow is not modelled (values stay
@@ -24,9 +36,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "ir/graph.h"
+#include "runtime/rng.h"
 
 namespace napkin::interp {
 
@@ -61,11 +75,18 @@ class Interpreter {
 
   Numerics numerics() const { return numerics_; }
 
+  // Native only (std::logic_error in Float64): from now on every inexactly
+  // rounded value (set() or run()) gets rounding noise drawn from
+  // runtime::Rng(seed, stream), see the header comment. Same seed and stream,
+  // same noise.
+  void perturb_roundings(uint64_t seed, uint64_t stream);
+
  private:
   const ir::Graph& g_;
   Numerics numerics_;
   std::vector<std::vector<double>> values_;
   std::vector<char> has_;
+  std::optional<runtime::Rng> noise_;  // set by perturb_roundings
   void store(ir::ValueId v, std::vector<double> data);
 };
 

@@ -24,6 +24,19 @@ float round_to_odd_float(double x) {
   return f;
 }
 
+double round_other_way(double x, double rounded, ir::DType t) {
+  const ir::FloatInfo info = ir::float_info(t);
+  if (x == rounded || !std::isfinite(x) || std::fabs(x) < info.smallest_normal) return rounded;
+  // In x's binade [2^e, 2^(e+1)) the values of t are the multiples of
+  // 2^(e - mantissa_bits): x lies between lo and lo + step (both exact in double).
+  const double step = std::ldexp(1.0, std::ilogb(x) - info.mantissa_bits);
+  const double lo = std::floor(x / step) * step, hi = lo + step;
+  if (std::fabs(lo) > info.max || std::fabs(hi) > info.max) return rounded;
+  if (rounded == lo) return hi;
+  if (rounded == hi) return lo;
+  return rounded;  // rounding to nearest left the binade's grid (cannot happen for a normal x)
+}
+
 double round_to_dtype(double x, ir::DType t) {
   switch (t) {
     case ir::DType::F64: return x;

@@ -23,6 +23,13 @@ namespace napkin::interp {
 //   bool         x != 0
 double round_to_dtype(double x, ir::DType t);
 
+// The other way to round x to floating dtype t: of the two values of t that
+// enclose x, the one that is not `rounded` (x rounded to nearest). Returns
+// `rounded` itself when x is a value of t, or lies outside t's normal range
+// (below its smallest normal, or with a neighbour past its largest value).
+// Random rounding (interpreter.h's rounding noise) picks either.
+double round_other_way(double x, double rounded, ir::DType t);
+
 // x rounded to a float with round-to-odd (exposed for tests).
 float round_to_odd_float(double x);
 

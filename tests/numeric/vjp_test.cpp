@@ -12,8 +12,8 @@
 // values distinct by >= 0.01 so maximum/minimum/reduce_max have no ties;
 // positive where log, sqrt, rsqrt, a divisor or pow's base need it). The
 // tolerance is 1e-6 (napkin check uses 1e-5); the gradient computed in Native
-// numerics (the graph's dtypes) is checked too, at native_tolerance of the
-// narrowest float dtype in the graph.
+// numerics (the graph's dtypes) is checked too, at napkin check's tolerance
+// from each element's rounding noise (interp/gradient_check.h).
 //
 // NAPKIN_NUMERIC_VERBOSE=1 prints the largest errors per op.
 #include <doctest/doctest.h>
@@ -435,15 +435,6 @@ std::set<std::string> backward_only_in_ops_def() {
   return names;
 }
 
-DType narrowest_float(const ir::Graph& g) {
-  DType best = DType::F64;
-  for (ir::ValueId v = 0; v < g.num_values(); ++v) {
-    DType t = g.value(v).type.dtype;
-    if (ir::is_floating(t) && ir::float_info(t).mantissa_bits < ir::float_info(best).mantissa_bits) best = t;
-  }
-  return best;
-}
-
 struct Errors {
   double f64 = 0, native = 0;
   int elements = 0;
@@ -465,7 +456,20 @@ Errors check_every_element(ir::Graph& g, const std::map<ValueId, std::vector<dou
   interp::Interpreter eval(forward, interp::Numerics::Float64);
   eval.set(point);
   ValueId loss = g.find_output("loss");
-  const double native_tol = interp::native_tolerance(narrowest_float(g));
+  // Each gradient's rounding noise (RMS deviation over noisy Native runs).
+  std::map<ValueId, std::vector<double>> noise_squares;
+  constexpr int kNoiseRuns = 8;
+  interp::run_with_rounding_noise(g, point, kNoiseRuns, 7, [&](const interp::Interpreter& noisy) {
+    for (const ir::Param& p : g.params) {
+      ValueId grad = g.find_output("grad." + g.value(p.value).name);
+      if (grad == ir::kNoValue) continue;
+      const std::vector<double>& moved = noisy.get(grad);
+      const std::vector<double>& plain = native.get(grad);
+      std::vector<double>& sums = noise_squares[grad];
+      sums.resize(moved.size());
+      for (size_t i = 0; i < moved.size(); ++i) sums[i] += (moved[i] - plain[i]) * (moved[i] - plain[i]);
+    }
+  });
 
   Errors errors;
   for (const ir::Param& p : g.params) {
@@ -493,6 +497,8 @@ Errors check_every_element(ir::Graph& g, const std::map<ValueId, std::vector<dou
       moved[i] = base[i];
       double e64 = interp::relative_error(analytic[i], numeric, floor);
       double enat = interp::relative_error(analytic_native[i], numeric, floor);
+      double scale = std::max({std::fabs(analytic_native[i]), std::fabs(numeric), floor});
+      double native_tol = interp::native_tolerance(std::sqrt(noise_squares[grad][i] / kNoiseRuns) / scale);
       CAPTURE(i);
       CAPTURE(numeric);
       CAPTURE(analytic[i]);

@@ -542,6 +542,82 @@ TEST_CASE("interp: round_to_dtype is the nearest representable value (ties to ev
   }
 }
 
+TEST_CASE("interp: round_other_way is the enclosing value that rounding to nearest did not pick") {
+  runtime::Rng rng(321, 0);
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3, DType::F8E5M2}) {
+    CAPTURE(ir::dtype_name(t));
+    const ir::FloatInfo info = ir::float_info(t);
+    for (int i = 0; i < 20000; ++i) {
+      // Log-uniform over the normal range (up to half the largest value), either sign.
+      double x = info.smallest_normal * std::pow(info.max / 2 / info.smallest_normal, rng.uniform01());
+      if (i % 2) x = -x;
+      double nearest = interp::round_to_dtype(x, t);
+      double other = interp::round_other_way(x, nearest, t);
+      CAPTURE(x);
+      CAPTURE(nearest);
+      CAPTURE(other);
+      if (nearest == x) {
+        CHECK(other == x);
+        continue;
+      }
+      REQUIRE(other != nearest);
+      CHECK(interp::round_to_dtype(other, t) == other);  // a value of t
+      CHECK(std::min(nearest, other) < x);               // enclosing x
+      CHECK(std::max(nearest, other) > x);
+      CHECK(std::fabs(other - x) >= std::fabs(nearest - x));  // and no nearer
+      // Adjacent: nothing of t between them (their midpoint rounds to one of them).
+      double mid = interp::round_to_dtype((nearest + other) / 2, t);
+      CHECK((mid == nearest || mid == other));
+      CHECK(std::fabs(other - nearest) <= 2 * info.eps * std::fabs(x));
+    }
+  }
+  // Outside the normal range there is no other way: subnormals, past the largest value.
+  CHECK(interp::round_other_way(1e-41, interp::round_to_dtype(1e-41, DType::F32), DType::F32) ==
+        interp::round_to_dtype(1e-41, DType::F32));
+  CHECK(interp::round_other_way(1e-6, interp::round_to_dtype(1e-6, DType::F16), DType::F16) ==
+        interp::round_to_dtype(1e-6, DType::F16));
+  CHECK(interp::round_other_way(65504.5, 65504, DType::F16) == 65504);
+  // Across a binade's edge: just below 1 in bf16 the neighbours are 1 - 2^-8 and 1.
+  CHECK(interp::round_other_way(1 - 0x1p-10, 1.0, DType::BF16) == 1 - 0x1p-8);
+}
+
+TEST_CASE("interp: rounding noise rounds inexact values either way and leaves exact ops exact") {
+  // y = cast(x, bf16); m = reduce_max(y); d = y * 2; e = cast(x2, bf16) of bf16 values.
+  ir::Graph g;
+  ir::Builder b(g);
+  ValueId x = g.add_input("x", T({64}, DType::F64), {});
+  ValueId x2 = g.add_input("x2", T({4}, DType::F64), {});
+  ValueId y = b.must(b.add(Op::Cast, {x}, {{"dtype", DType::BF16}}));
+  ValueId m = b.must(b.add(Op::ReduceMax, {y}, {{"axes", Ints{0}}, {"keepdims", int64_t{0}}}));
+  ValueId two = b.must(b.constant(2, DType::BF16));
+  ValueId d = b.must(b.add(Op::Mul, {y, two}));
+  ValueId e = b.must(b.add(Op::Cast, {x2}, {{"dtype", DType::BF16}}));
+  const Vec xs = randn(64, 5), exact = {1, 0.5, -1.5, 3};
+  Interpreter plain(g, Numerics::Native), noisy(g, Numerics::Native);
+  plain.set({{x, xs}, {x2, exact}});
+  plain.run();
+  int other_way = 0;
+  for (uint64_t run = 0; run < 4; ++run) {
+    noisy.perturb_roundings(9, run);
+    noisy.set({{x, xs}, {x2, exact}});
+    noisy.run();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      double got = noisy.get(y)[i], nearest = plain.get(y)[i];
+      CHECK((got == nearest || got == interp::round_other_way(xs[i], nearest, DType::BF16)));
+      other_way += got != nearest;
+      CHECK(noisy.get(d)[i] == 2 * got);  // exact: not rounded again
+    }
+    double max = -INFINITY;
+    for (double v : noisy.get(y)) max = std::max(max, v);
+    CHECK(noisy.get(m)[0] == max);
+    check_near(noisy.get(e), exact, 0);  // bf16 values cast to bf16: nothing rounded, nothing moved
+  }
+  CHECK(other_way > 64);  // about half of 4 · 64
+  CHECK(other_way < 3 * 64);
+  Interpreter f64(g, Numerics::Float64);
+  CHECK_THROWS_AS(f64.perturb_roundings(1, 0), std::logic_error);
+}
+
 TEST_CASE("interp: apply_updates writes each target, and the next run sees it") {
   ir::Graph g;
   ir::Builder b(g);
