@@ -123,8 +123,13 @@ std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, i
   // forward: is optional: a model may be its loss expression alone.
   if (const YAML::Node& forward = root["forward"]) lowerer.lower_forward(forward, scope);
   read_loss(root["loss"], ctx, lowerer, scope, g);
-  if (const YAML::Node& n = root["optimizer"]) read_optimizer(n, ctx, g.config.optimizer);
-  else diag.error({ctx.file(), 1, 1}, "the model has no optimizer", "add a line such as optimizer: adamw(lr=3e-4)");
+  if (const YAML::Node& n = root["optimizer"]) {
+    std::vector<std::string> params;
+    for (const ir::Param& p : g.params) params.push_back(g.value(p.value).name);
+    read_optimizer(n, ctx, g.config.optimizer, diag.has_errors() ? nullptr : &params);
+  } else {
+    diag.error({ctx.file(), 1, 1}, "the model has no optimizer", "add a line such as optimizer: adamw(lr=3e-4)");
+  }
   if (const YAML::Node& n = root["precision"]) read_precision(n, ctx, g.config.precision);
   if (const YAML::Node& n = root["train"]) read_train(n, ctx, g, g.config.train);
   if (diag.has_errors()) return std::nullopt;
