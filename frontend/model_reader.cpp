@@ -113,7 +113,8 @@ std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, i
   ctx.check_keys(root, kTopKeys, "the model");
   ir::Graph g;
   g.name = "model";
-  if (const YAML::Node& m = root["model"]) ctx.scalar_text(m, "model", g.name);
+  if (const YAML::Node& m = root["model"])
+    if (ctx.scalar_text(m, "model", g.name) && !ctx.check_name_text(m, g.name, "the model name")) g.name = "model";
   DimTable dims = read_dims(root["dims"], ctx, options.dim_overrides);
   std::map<std::string, BlockDef> blocks = read_blocks(root["blocks"], ctx);
   Scope scope;
