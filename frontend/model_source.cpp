@@ -266,7 +266,7 @@ std::optional<YAML::Node> parse_model_document(const std::string& text, YamlCont
       const YAML::Mark& second = documents.marks[1];
       ctx.diag().error({ctx.file(), second.line + 1, second.column + 1},
                        "a model file holds one YAML document; this is a second one",
-                       "remove this '---' line and what follows it, or put the second model in a file of its own");
+                       "delete from here to the end of the file, or put the second model in a file of its own");
       return std::nullopt;
     }
   }
