@@ -23,7 +23,7 @@ struct CallSpec {
   std::vector<std::string> params;  // in positional order
   size_t required;                  // the first `required` params must be given
   LowerFn lower;
-  bool variadic = false;            // extra positionals go to CallArgs::rest
+  size_t variadic = 0;              // > 0: positionals after the first `variadic` go to CallArgs::rest
   bool extra_keywords = false;      // unknown keywords go to CallArgs::extra
 };
 
@@ -251,19 +251,42 @@ const std::vector<CallSpec>& call_table() {
            if (!x || !y) return Operand::invalid();
            return L.build(Op::MatMul, {*x, *y}, {}, call.offset);
          }});
-    add({"einsum", {"a", "b", "pattern"}, 3, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
-           auto x = tensor_arg(L, a, "a", call);
-           auto y = tensor_arg(L, a, "b", call);
-           if (!x || !y) return Operand::invalid();
-           return lower_einsum(L, *x, *y, *a.get("pattern"), call.offset);
-         }});
+    // einsum(a, b, ..., pattern): the pattern is the last positional, or pattern=.
+    add({"einsum", {"a", "pattern"}, 1,
+         [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           std::vector<Operand> operands{*a.get("a")};
+           operands.insert(operands.end(), a.rest.begin(), a.rest.end());
+           Operand pattern;
+           if (const Operand* keyword = a.get("pattern")) {
+             pattern = *keyword;
+           } else {
+             if (operands.size() < 2 || operands.back().kind == Operand::Kind::Tensor) {
+               L.error(operands.size() < 2 ? call.offset : operands.back().offset,
+                       "einsum needs a pattern string after its operands",
+                       "write einsum(a, b, \"i j, j k -> i k\"): one axis list per operand, then '->' and the "
+                       "result's axes");
+               return Operand::invalid();
+             }
+             // An undefined name where the pattern goes is reported as one.
+             if (operands.back().kind == Operand::Kind::Word) {
+               L.need_tensor(operands.back(), "einsum: operand");
+               return Operand::invalid();
+             }
+             pattern = operands.back();
+             operands.pop_back();
+           }
+           for (size_t i = 0; i < operands.size(); ++i)
+             if (!L.need_tensor(operands[i], fmt::format("einsum: operand {}", i + 1))) return Operand::invalid();
+           return lower_einsum(L, operands, pattern, call.offset);
+         },
+         1});
     add({"rearrange", {"x", "pattern"}, 2,
          [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            auto x = tensor_arg(L, a, "x", call);
            if (!x) return Operand::invalid();
            return lower_rearrange(L, *x, *a.get("pattern"), a.extra, call.offset);
          },
-         false, true});
+         0, true});
     add({"reduce", {"x", "pattern", "reduction"}, 3,
          [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            auto x = tensor_arg(L, a, "x", call);
@@ -271,7 +294,7 @@ const std::vector<CallSpec>& call_table() {
            if (!x || !how) return Operand::invalid();
            return lower_reduce(L, *x, *a.get("pattern"), *a.get("reduction"), a.extra, call.offset);
          },
-         false, true});
+         0, true});
     add({"transpose", {"x", "dim0", "dim1"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            auto x = tensor_arg(L, a, "x", call);
            if (!x) return Operand::invalid();
@@ -311,7 +334,7 @@ const std::vector<CallSpec>& call_table() {
            }
            return L.build(Op::Concat, parts, {{"axis", axis}}, call.offset);
          },
-         true});
+         1});
     add({"split", {"x", "n", "axis"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            auto x = tensor_arg(L, a, "x", call);
            auto n = L.need_int(*a.get("n"), "split: n");
@@ -400,7 +423,10 @@ const std::vector<CallSpec>& call_table() {
            return L.build(Op::MSE, {*x, *y}, {}, call.offset);
          }});
     // Blocks.
-    add({"repeat", {"block", "n", "x", "prefix"}, 3, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+    // repeat(block, n, x, ..., prefix="blocks"): the block's arguments after the
+    // first are positionals past x, so prefix is a keyword.
+    add({"repeat", {"block", "n", "x", "prefix"}, 3,
+         [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            const Operand& block = *a.get("block");
            if (!block.ok()) return Operand::invalid();
            if (block.kind != Operand::Kind::Word || !L.blocks().count(block.text)) {
@@ -419,18 +445,40 @@ const std::vector<CallSpec>& call_table() {
                      names.empty() ? "define it under blocks:" : fmt::format("blocks: {}", fmt::join(names, ", ")));
              return Operand::invalid();
            }
-           if (L.blocks().at(block.text).failed) return Operand::invalid();  // its error is reported
+           const BlockDef& def = L.blocks().at(block.text);
+           if (def.failed) return Operand::invalid();  // its error is reported
            auto n = L.need_int(*a.get("n"), "repeat: n");
-           auto x = tensor_arg(L, a, "x", call);
            std::string prefix = "blocks";
            if (const Operand* p = a.get("prefix")) {
              auto w = L.need_word(*p, "repeat: prefix");
              if (!w) return Operand::invalid();
              prefix = *w;
            }
-           if (!n || !x) return Operand::invalid();
-           return L.instantiate_repeat(L.blocks().at(block.text), *n, {*x}, prefix, call.offset);
-         }});
+           std::vector<Operand> given{*a.get("x")};
+           given.insert(given.end(), a.rest.begin(), a.rest.end());
+           if (given.size() != def.args.size()) {
+             // A string or word past the block's arguments is most likely a prefix written by position.
+             bool prefix_like = given.size() > def.args.size() && (given[def.args.size()].kind == Operand::Kind::String ||
+                                                                   given[def.args.size()].kind == Operand::Kind::Word);
+             L.error(given.size() > def.args.size() ? given[def.args.size()].offset : call.offset,
+                     fmt::format("block '{}' takes {} argument{} ({}), but repeat passes it {}", def.name,
+                                 def.args.size(), def.args.size() == 1 ? "" : "s", fmt::join(def.args, ", "),
+                                 given.size()),
+                     prefix_like ? "give the prefix by keyword: repeat(block, n, x, prefix=\"dec\")"
+                                 : fmt::format("write repeat({}, n, {}): the arguments after n are the block's",
+                                               def.name, fmt::join(def.args, ", ")));
+             return Operand::invalid();
+           }
+           std::vector<ValueId> args;
+           for (size_t i = 0; i < given.size(); ++i) {
+             auto v = L.need_tensor(given[i], fmt::format("repeat: argument '{}' of block '{}'", def.args[i], def.name));
+             if (!v) return Operand::invalid();
+             args.push_back(*v);
+           }
+           if (!n) return Operand::invalid();
+           return L.instantiate_repeat(def, *n, std::move(args), prefix, call.offset);
+         },
+         3});
     return t;
   }();
   return table;
@@ -445,7 +493,7 @@ const CallSpec* find_call(const std::string& name) {
 std::string signature(const CallSpec& s) {
   std::vector<std::string> parts;
   for (size_t i = 0; i < s.params.size(); ++i) parts.push_back(i < s.required ? s.params[i] : s.params[i] + "=...");
-  if (s.variadic) parts.insert(parts.begin() + 1, "...");
+  if (s.variadic) parts.insert(parts.begin() + s.variadic, "...");
   if (s.extra_keywords) parts.push_back("axis_size=...");
   return fmt::format("{}({})", s.name, fmt::join(parts, ", "));
 }
@@ -475,9 +523,9 @@ std::optional<CallArgs> bind_arguments(Lowerer& L, const Expr& call, const std::
     return out.ok() && (!param || !options.check || options.check(*param, written, out));
   };
   // Positional arguments fill parameters in order (a variadic call keeps the
-  // first in its slot and collects the others until the keywords).
+  // first `variadic` in their slots and collects the others until the keywords).
   for (size_t i = 0; i < call.args.size(); ++i) {
-    bool rest = options.variadic && i >= 1;
+    bool rest = options.variadic && i >= options.variadic;
     const std::string* param = !rest && i < params.size() ? &params[i] : nullptr;
     Operand v;
     bool good = evaluate(param, *call.args[i], v);
@@ -518,14 +566,48 @@ std::optional<CallArgs> bind_arguments(Lowerer& L, const Expr& call, const std::
   return args;
 }
 
+namespace {
+
+// block(x, ...): one instance of a block, its arguments bound like a function's.
+Operand lower_block_call(Lowerer& L, const BlockDef& block, const Expr& call) {
+  std::string takes = fmt::format("block '{}' takes {} argument{} ({})", block.name, block.args.size(),
+                                  block.args.size() == 1 ? "" : "s", fmt::join(block.args, ", "));
+  BindOptions options;
+  options.too_many = [&](size_t positionals) { return fmt::format("{}, got {}", takes, positionals); };
+  options.missing = [&](const std::string& arg) {
+    return fmt::format("{}, got {}: '{}' is missing", takes, call.args.size() + call.kwargs.size(), arg);
+  };
+  options.hint = [&](ArgumentError) {
+    return fmt::format("call it as {}({}), by position or by name", block.name, fmt::join(block.args, ", "));
+  };
+  std::optional<CallArgs> args = bind_arguments(L, call, block.args, block.args.size(), options);
+  if (!args || block.failed) return Operand::invalid();  // a failed block's error is reported
+  std::vector<ValueId> values;
+  for (const std::string& name : block.args) {
+    auto v = L.need_tensor(*args->get(name), fmt::format("argument '{}' of block '{}'", name, block.name));
+    if (!v) return Operand::invalid();
+    values.push_back(*v);
+  }
+  return L.instantiate_call(block, std::move(values), call.offset);
+}
+
+}  // namespace
+
 Operand lower_call(Lowerer& L, const Expr& call) {
   const CallSpec* spec = find_call(call.text);
+  auto block = L.blocks().find(call.text);
+  if (spec && block != L.blocks().end()) {
+    L.error(call.offset, fmt::format("'{}' is both a function and a block", call.text),
+            fmt::format("rename the block; a call would be ambiguous (repeat({}, n, ...) still means the block)",
+                        call.text));
+    return Operand::invalid();
+  }
+  if (block != L.blocks().end()) return lower_block_call(L, block->second, call);
   if (!spec) {
-    std::string hint = L.blocks().count(call.text)
-                           ? fmt::format("'{}' is a block: instantiate it with repeat({}, n, x)", call.text, call.text)
-                           : "see docs/model-language.md for the list of functions";
-    L.error(call.offset, fmt::format("unknown function '{}'{}", call.text, did_you_mean(call.text, known_functions())),
-            hint);
+    std::vector<std::string> callable = known_functions();
+    for (const auto& [name, def] : L.blocks()) callable.push_back(name);
+    L.error(call.offset, fmt::format("unknown function '{}'{}", call.text, did_you_mean(call.text, callable)),
+            "see docs/model-language.md for the list of functions");
     return Operand::invalid();
   }
   BindOptions options;

@@ -1,7 +1,8 @@
 // einsum, rearrange and reduce: einops patterns lowered to IR.
 //
-// einsum becomes one Einsum node (axis ids in attributes, so ir/ never parses
-// strings). rearrange and reduce become: reshape to elementary axes (splitting
+// einsum of two operands becomes one Einsum node (axis ids in attributes, so
+// ir/ never parses strings); of more, a chain of them; of one, a sum and a
+// permute. rearrange and reduce become: reshape to elementary axes (splitting
 // groups), optionally a reduction, a permute, and a reshape that merges the
 // output groups. Reshapes are free views when the strides allow; the Builder
 // inserts a Copy when they do not, and the report shows which rearranges copy.
@@ -257,43 +258,143 @@ std::optional<Prepared> prepare(Lowerer& L, ValueId x, const Operand& pattern,
 
 }  // namespace
 
-Operand lower_einsum(Lowerer& L, ValueId a, ValueId b, const Operand& pattern, int offset) {
+namespace {
+
+// An operand of an einsum while it is contracted: a tensor and the axis id of
+// each of its axes.
+struct EinsumTerm {
+  ValueId value;
+  std::vector<int64_t> ids;
+};
+
+std::string einsum_side(const std::vector<int64_t>& ids, const std::vector<std::string>& names) {
+  std::vector<std::string> parts;
+  for (int64_t id : ids) parts.push_back(names[id]);
+  return fmt::format("{}", fmt::join(parts, " "));
+}
+
+// einsum(x, "i j -> j"): the axes missing from the output are summed, the rest
+// permuted to the output's order. No contraction, so no Einsum node.
+Operand lower_unary_einsum(Lowerer& L, const EinsumTerm& x, const std::vector<int64_t>& out, int offset) {
+  std::vector<int64_t> summed, kept;
+  for (size_t i = 0; i < x.ids.size(); ++i) {
+    if (std::find(out.begin(), out.end(), x.ids[i]) == out.end()) summed.push_back(static_cast<int64_t>(i));
+    else kept.push_back(x.ids[i]);
+  }
+  Operand cur = Operand::tensor(x.value, offset);
+  if (!summed.empty()) {
+    cur = L.build(Op::ReduceSum, {cur.value}, {{"axes", summed}, {"keepdims", int64_t{0}}}, offset);
+    if (!cur.ok()) return cur;
+  }
+  std::vector<int64_t> perm;
+  for (int64_t id : out) perm.push_back(std::find(kept.begin(), kept.end(), id) - kept.begin());
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+  if (identity) return cur;
+  return L.wrap(L.builder_at(offset).permute(cur.value, perm), offset);
+}
+
+// Three or more operands: a chain of two-operand Einsum nodes, chosen greedily.
+// Each step contracts the pair whose contraction costs the fewest FLOPs (2 x
+// the product of the sizes of every axis either has; ties: the smaller result,
+// then the leftmost pair). The result keeps the axes that a remaining operand
+// or the output still needs, in order of appearance; the last step produces
+// the output's order. An axis no other operand has is summed in the first
+// contraction of its operand.
+Operand lower_einsum_chain(Lowerer& L, std::vector<EinsumTerm> terms, const std::vector<int64_t>& out,
+                           const std::map<int64_t, int64_t>& size_of, const std::vector<std::string>& names,
+                           int offset) {
+  auto product = [&](const std::vector<int64_t>& ids) {
+    double p = 1;  // a double: sizes up to 2^50 each would overflow int64
+    for (int64_t id : ids) p *= static_cast<double>(size_of.at(id));
+    return p;
+  };
+  auto has = [](const std::vector<int64_t>& ids, int64_t id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); };
+  const std::string axis_names = fmt::format("{}", fmt::join(names, " "));
+  while (terms.size() > 1) {
+    struct Step {
+      size_t i = 0, j = 0;
+      std::vector<int64_t> result;
+      double flops = 0, size = 0;
+    };
+    std::optional<Step> best;
+    for (size_t i = 0; i < terms.size(); ++i)
+      for (size_t j = i + 1; j < terms.size(); ++j) {
+        Step step{i, j, {}, 0, 0};
+        std::vector<int64_t> both = terms[i].ids;
+        for (int64_t id : terms[j].ids)
+          if (!has(both, id)) both.push_back(id);
+        if (terms.size() == 2) {
+          step.result = out;
+        } else {
+          for (int64_t id : both) {
+            bool needed = has(out, id);
+            for (size_t k = 0; k < terms.size() && !needed; ++k) needed = k != i && k != j && has(terms[k].ids, id);
+            if (needed) step.result.push_back(id);
+          }
+        }
+        step.flops = 2 * product(both);
+        step.size = product(step.result);
+        if (!best || step.flops < best->flops || (step.flops == best->flops && step.size < best->size))
+          best = std::move(step);
+      }
+    const EinsumTerm &a = terms[best->i], &b = terms[best->j];
+    ir::Attrs attrs{{"lhs", a.ids},
+                    {"rhs", b.ids},
+                    {"out", best->result},
+                    {"axis_names", axis_names},
+                    {"spec", fmt::format("{}, {} -> {}", einsum_side(a.ids, names), einsum_side(b.ids, names),
+                                         einsum_side(best->result, names))}};
+    Operand r = L.build(Op::Einsum, {a.value, b.value}, attrs, offset);
+    if (!r.ok()) return r;
+    terms[best->i] = {r.value, best->result};
+    terms.erase(terms.begin() + static_cast<std::ptrdiff_t>(best->j));
+  }
+  return Operand::tensor(terms[0].value, offset);
+}
+
+}  // namespace
+
+Operand lower_einsum(Lowerer& L, const std::vector<Operand>& operands, const Operand& pattern, int offset) {
   auto p = parse(L, pattern, "einsum");
   if (!p) return Operand::invalid();
-  if (p->inputs.size() != 2) {
+  const size_t n = operands.size();
+  if (p->inputs.size() != n) {
     L.error(at(pattern, 0),
-            fmt::format("einsum: the pattern names {} operand{} but einsum takes 2", p->inputs.size(),
-                        p->inputs.size() == 1 ? "" : "s"),
-            "write \"<axes of a>, <axes of b> -> <axes of the result>\"");
+            fmt::format("einsum: the pattern names {} operand{} but einsum is given {} tensor{}", p->inputs.size(),
+                        p->inputs.size() == 1 ? "" : "s", n, n == 1 ? "" : "s"),
+            "write one axis list per tensor, separated by commas: \"<axes of a>, <axes of b> -> <axes of the "
+            "result>\"");
     return Operand::invalid();
   }
   std::map<std::string, int64_t> ids;
   std::vector<std::string> id_names;
-  auto id_of = [&](const std::string& n) {
-    auto [it, fresh] = ids.emplace(n, static_cast<int64_t>(ids.size()));
-    if (fresh) id_names.push_back(n);
+  auto id_of = [&](const std::string& name) {
+    auto [it, fresh] = ids.emplace(name, static_cast<int64_t>(ids.size()));
+    if (fresh) id_names.push_back(name);
     return it->second;
   };
-  std::vector<int64_t> sides[2];
-  const ValueId operands[2] = {a, b};
-  for (int k = 0; k < 2; ++k) {
+  std::vector<EinsumTerm> terms;
+  for (size_t k = 0; k < n; ++k) {
     const PatternSide& side = p->inputs[k];
+    EinsumTerm term{operands[k].value, {}};
     for (const PatternAxis& axis : side.axes) {
       if (axis.is_group || axis.names.size() != 1) {
         L.error(at(pattern, axis.offset), "einsum: axes cannot be grouped or be '1' in an einsum pattern",
                 "rearrange the operand first, then contract");
         return Operand::invalid();
       }
-      sides[k].push_back(id_of(axis.names[0]));
+      term.ids.push_back(id_of(axis.names[0]));
     }
-    const ir::TensorType& t = L.type(operands[k]);
-    if (static_cast<int>(sides[k].size()) != t.rank()) {
+    const ir::TensorType& t = L.type(term.value);
+    if (static_cast<int>(term.ids.size()) != t.rank()) {
       L.error(at(pattern, side.offset),
               fmt::format("einsum: operand {} is {} with {} axes but the pattern '{}' names {}", k + 1,
-                          ir::to_string(t), t.rank(), side_text(side), sides[k].size()),
+                          ir::to_string(t), t.rank(), side_text(side), term.ids.size()),
               "write one axis name per dimension of the operand");
       return Operand::invalid();
     }
+    terms.push_back(std::move(term));
   }
   std::vector<int64_t> out;
   for (const PatternAxis& axis : p->output.axes) {
@@ -304,18 +405,56 @@ Operand lower_einsum(Lowerer& L, ValueId a, ValueId b, const Operand& pattern, i
     }
     if (!ids.count(axis.names[0])) {
       L.error(at(pattern, axis.offset),
-              fmt::format("einsum: output axis '{}' does not appear in either operand", axis.names[0]),
+              fmt::format("einsum: output axis '{}' does not appear in {}", axis.names[0],
+                          n == 1 ? "the operand" : n == 2 ? "either operand" : "any operand"),
               "every output axis must come from an operand");
       return Operand::invalid();
     }
     out.push_back(ids[axis.names[0]]);
   }
-  ir::Attrs attrs{{"lhs", sides[0]},
-                  {"rhs", sides[1]},
-                  {"out", out},
-                  {"axis_names", fmt::format("{}", fmt::join(id_names, " "))},
-                  {"spec", pattern.text}};
-  return L.build(Op::Einsum, {a, b}, attrs, offset);
+  if (n == 2) {  // one Einsum node, which checks dtypes and sizes itself
+    ir::Attrs attrs{{"lhs", terms[0].ids},
+                    {"rhs", terms[1].ids},
+                    {"out", out},
+                    {"axis_names", fmt::format("{}", fmt::join(id_names, " "))},
+                    {"spec", pattern.text}};
+    return L.build(Op::Einsum, {terms[0].value, terms[1].value}, attrs, offset);
+  }
+  // One operand or a chain: the checks a single Einsum node would make, made
+  // here so that each error names the operand as written, not an intermediate.
+  const ir::TensorType& first = L.type(terms[0].value);
+  if (!ir::is_floating(first.dtype)) {
+    L.error(operands[0].offset, fmt::format("einsum needs floating-point operands, got {}", ir::to_string(first)),
+            "convert it with cast(x, f32)");
+    return Operand::invalid();
+  }
+  std::map<int64_t, int64_t> size_of;
+  std::map<int64_t, std::pair<ir::Dim, size_t>> seen;  // id -> its dim and the first operand that has it
+  for (size_t k = 0; k < n; ++k) {
+    const ir::TensorType& t = L.type(terms[k].value);
+    if (t.dtype != first.dtype) {
+      L.error(operands[k].offset,
+              fmt::format("einsum: dtype mismatch: operand 1 is {} but operand {} is {}", ir::dtype_name(first.dtype),
+                          k + 1, ir::dtype_name(t.dtype)),
+              fmt::format("convert it with cast(x, {})", ir::dtype_name(first.dtype)));
+      return Operand::invalid();
+    }
+    for (size_t i = 0; i < terms[k].ids.size(); ++i) {
+      int64_t id = terms[k].ids[i];
+      const ir::Dim& d = t.dims[i];
+      auto [it, fresh] = seen.emplace(id, std::make_pair(d, k));
+      if (!fresh && it->second.first.size != d.size) {
+        L.error(operands[k].offset,
+                fmt::format("einsum: axis '{}' is {} in operand {} but {} in operand {}", id_names[id],
+                            ir::describe_dim(it->second.first), it->second.second + 1, ir::describe_dim(d), k + 1),
+                "the same axis name must have the same size everywhere in the pattern");
+        return Operand::invalid();
+      }
+      size_of[id] = d.size;
+    }
+  }
+  if (n == 1) return lower_unary_einsum(L, terms[0], out, offset);
+  return lower_einsum_chain(L, std::move(terms), out, size_of, id_names, offset);
 }
 
 Operand lower_rearrange(Lowerer& L, ValueId x, const Operand& pattern, const std::map<std::string, Operand>& sizes,

@@ -52,6 +52,8 @@ std::vector<std::string> Lowerer::visible_names() const {
   std::vector<std::string> names;
   if (scope_)
     for (const auto& [n, v] : scope_->values) names.push_back(n);
+  if (scope_ && scope_->in_block())
+    for (const auto& [n, v] : model_params_) names.push_back(n);
   for (const auto& n : dims_.order) names.push_back(n);
   return names;
 }
@@ -61,8 +63,8 @@ std::optional<ValueId> Lowerer::need_tensor(const Operand& o, const std::string&
     case Operand::Kind::Tensor: return o.value;
     case Operand::Kind::Invalid: return std::nullopt;  // already reported
     case Operand::Kind::Word: {
-      std::string hint = scope_ && !scope_->prefix.empty()
-                             ? "a block sees only its arguments, its own params and dims"
+      std::string hint = scope_ && scope_->in_block()
+                             ? "a block sees only its arguments, its own params, the model's params and dims"
                              : "define it under inputs:, params: or earlier in forward:";
       error(o.offset, fmt::format("undefined name '{}'{}", o.text, did_you_mean(o.text, visible_names())), hint);
       return std::nullopt;
@@ -167,6 +169,13 @@ Operand Lowerer::eval_name(const Expr& e) {
     if (auto it = scope_->values.find(e.text); it != scope_->values.end())
       return Operand::tensor(it->second, e.offset);
     if (scope_->failed.count(e.text)) return Operand::invalid();  // its definition's error is reported
+    // A block sees the model's parameters: every copy uses the same tensor.
+    // (A later line of the block that assigns the name is an error of its own.)
+    if (scope_->in_block()) {
+      if (auto it = model_params_.find(e.text); it != model_params_.end())
+        return Operand::tensor(it->second, e.offset);
+      if (model_params_failed_.count(e.text)) return Operand::invalid();  // its declaration's error is reported
+    }
     if (auto it = scope_->defined_later.find(e.text); it != scope_->defined_later.end()) {
       error(e.offset, fmt::format("'{}' is used before it is defined (on line {})", e.text, it->second),
             "forward: runs top to bottom; move this line below the definition");
@@ -350,11 +359,12 @@ bool Lowerer::assign(const YAML::Node& key, const Operand& value, Scope& scope) 
   if (!targets.errors.empty()) return fail();
   for (const auto& [name, offset] : targets.names) {
     scope.defined_later.erase(name);
-    bool clash = dims_.has(name) || param_names_.count(scope.qualified(name));
+    bool model_param = scope.in_block() && (model_params_.count(name) || model_params_failed_.count(name));
+    bool clash = dims_.has(name) || param_names_.count(scope.qualified(name)) || model_param;
     if (clash) {
       ctx_.diag().error(key_loc.shifted(offset),
                         fmt::format("'{}' is already a {}; choose another name", name,
-                                    dims_.has(name) ? "dim" : "parameter"),
+                                    dims_.has(name) ? "dim" : model_param ? "parameter of the model" : "parameter"),
                         "forward names may be reassigned, but not dims or parameters");
       return fail();
     }

@@ -62,13 +62,15 @@ struct BlockDef {
   YAML::Node params;
   YAML::Node forward;
   std::vector<std::string> args;
+  YAML::Node args_node;  // the args: list as written (absent: the default [x]), for messages
   std::string output;  // "" : the last name assigned
   ir::SourceLoc loc;
   bool failed = false;  // its definition has an error (reported); repeat() of it is silent
 };
 
-// Names visible to an expression. A block body gets a fresh scope whose parent
-// only contributes dims: blocks see their arguments, their params and dims.
+// Names visible to an expression. A block body gets a fresh scope: blocks see
+// their arguments, their own params, the model's params (Lowerer::model_params_)
+// and dims, but not the model's inputs or forward names.
 struct Scope {
   std::string prefix;  // "blocks.3" inside a block instance; "" at top level
   std::map<std::string, ir::ValueId> values;
@@ -77,6 +79,7 @@ struct Scope {
   // silently, so one mistake gives one message, not one per use ("undefined name").
   std::set<std::string> failed;
   std::string qualified(const std::string& name) const { return prefix.empty() ? name : prefix + "." + name; }
+  bool in_block() const { return !prefix.empty(); }
 };
 
 class Lowerer;
@@ -84,7 +87,7 @@ class Lowerer;
 // Arguments of one call, bound to the callee's parameter names.
 struct CallArgs {
   std::map<std::string, Operand> named;       // bound parameters
-  std::vector<Operand> rest;                  // extra positionals of a variadic call
+  std::vector<Operand> rest;                  // the positionals past a variadic call's fixed ones
   std::map<std::string, Operand> extra;       // extra keywords (rearrange's axis sizes)
   const Operand* get(const std::string& name) const {
     auto it = named.find(name);
@@ -164,8 +167,13 @@ class Lowerer {
     Scope* scope_;
     ir::SourceLoc base_;
   };
+  // repeat(block, n, x, ...): `count` chained copies named prefix.0, prefix.1,
+  // ...; copy i gets the output of copy i-1 as its first argument and the
+  // same `args[1:]` as every other copy.
   Operand instantiate_repeat(const BlockDef& block, int64_t count, std::vector<ir::ValueId> args,
                              const std::string& prefix, int offset);
+  // block(x, ...): one copy, named <block>.<k> with the first k not yet taken.
+  Operand instantiate_call(const BlockDef& block, std::vector<ir::ValueId> args, int offset);
   const std::map<std::string, BlockDef>& blocks() const { return blocks_; }
 
   // Declares the parameters of a `params:` mapping into `scope` (names get the
@@ -196,6 +204,25 @@ class Lowerer {
   // Copies of the innermost block being instantiated, nesting included: nested
   // repeats multiply, and their product is capped like a single count.
   int64_t repeat_copies_ = 1;
+  // The model's (top-level) parameters, which every block sees by name, so that
+  // all copies of a block share one tensor; and the ones whose declaration
+  // failed (reported), whose uses stay silent.
+  std::map<std::string, ir::ValueId> model_params_;
+  std::set<std::string> model_params_failed_;
+  // Direct calls of blocks so far, by qualified prefix: the next call's index.
+  std::map<std::string, int64_t> block_calls_;
+  // Whether each block used so far has valid args: (checked at its first use).
+  std::map<std::string, bool> block_args_ok_;
+  // Blocks whose body had an error (reported): later uses fail silently.
+  std::set<std::string> failed_blocks_;
+
+  // Checks that a block may be instantiated here (no recursion, nesting depth)
+  // and that its args: are names that clash with nothing; false: reported.
+  bool check_block_use(const BlockDef& block, const char* verb, int offset);
+  // Lowers one copy of `block` in a scope named `prefix` (blocks.3) with
+  // `args` bound to its args:. Returns its output, or Invalid (reported).
+  Operand lower_block_copy(const BlockDef& block, const std::vector<ir::ValueId>& args, const std::string& prefix,
+                           int offset);
 
   Operand eval_name(const Expr& e);
   Operand eval_binary(const Expr& e);
@@ -225,7 +252,7 @@ enum class ArgumentError {
 // given-twice messages are shared; the rest is the caller's (the call table
 // and a parameter's init word them differently).
 struct BindOptions {
-  bool variadic = false;        // positionals after the first go to CallArgs::rest
+  size_t variadic = 0;          // > 0: positionals after the first `variadic` go to CallArgs::rest
   bool extra_keywords = false;  // keywords that name no parameter go to CallArgs::extra
   // The first mistake ends binding, and too many positionals are reported
   // before any argument is evaluated (an init: one mistake, one message).
@@ -248,7 +275,8 @@ std::optional<CallArgs> bind_arguments(Lowerer& L, const Expr& call, const std::
                                        size_t required, const BindOptions& options);
 
 // einops lowering (frontend/einops_lowering.cpp). `pattern` is the String operand.
-Operand lower_einsum(Lowerer& L, ir::ValueId a, ir::ValueId b, const Operand& pattern, int offset);
+// einsum's `operands` are Tensor operands (one or more), in the pattern's order.
+Operand lower_einsum(Lowerer& L, const std::vector<Operand>& operands, const Operand& pattern, int offset);
 Operand lower_rearrange(Lowerer& L, ir::ValueId x, const Operand& pattern,
                         const std::map<std::string, Operand>& sizes, int offset);
 // `reduction` is the String or Word operand ("sum", "mean", "max", "min").

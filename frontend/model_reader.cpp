@@ -60,6 +60,7 @@ std::map<std::string, BlockDef> read_blocks(const YAML::Node& node, YamlContext&
     // invalid node, and assigning one throws.
     if (const YAML::Node& params = it->second["params"]) b.params = params;
     if (const YAML::Node& forward = it->second["forward"]) b.forward = forward;
+    if (const YAML::Node& args = it->second["args"]) b.args_node = args;
     b.args = {"x"};
     if (const YAML::Node& args = it->second["args"]) {
       if (!args.IsSequence() || args.size() == 0) {
@@ -133,6 +134,17 @@ std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, i
   }
   if (const YAML::Node& n = root["precision"]) read_precision(n, ctx, g.config.precision);
   if (const YAML::Node& n = root["train"]) read_train(n, ctx, g, g.config.train);
+  // Each model, and each --dims variant of one, gets a checkpoint directory of
+  // its own by default (checkpoints/gpt, checkpoints/gpt@d=64,layers=2), so
+  // two of them never meet in one directory by accident.
+  std::string& ckpt_dir = g.config.train.checkpoint_dir;
+  if (ckpt_dir.empty()) ckpt_dir = "checkpoints/" + g.name;
+  if (!options.dim_overrides.empty()) {
+    while (ckpt_dir.size() > 1 && ckpt_dir.back() == '/') ckpt_dir.pop_back();
+    std::string variant;
+    for (const auto& [name, value] : options.dim_overrides) variant += (variant.empty() ? "@" : ",") + name + "=" + std::to_string(value);
+    ckpt_dir += variant;
+  }
   if (diag.has_errors()) return std::nullopt;
   return g;
 }

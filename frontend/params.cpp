@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <set>
+#include <utility>
 
 #include "frontend/lowering.h"
 #include "frontend/suggest.h"
@@ -137,8 +138,20 @@ bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
     std::string what = fmt::format("parameter '{}'", name);
     if (dims_.has(name) || scope.values.count(name) || scope.failed.count(name)) {
       ctx_.error(it->first, fmt::format("duplicate name '{}': it is already {}", name,
-                                        dims_.has(name) ? "a dim" : "an input or parameter"),
+                                        dims_.has(name) ? "a dim" : scope.in_block() ? "an argument of the block"
+                                                                                     : "an input or parameter"),
                  "every dim, input and parameter needs its own name");
+      continue;
+    }
+    // A block sees the model's parameters by name: one of its own with the same
+    // name would make every use of the name ambiguous.
+    if (scope.in_block() && (model_params_.count(name) || model_params_failed_.count(name))) {
+      ctx_.error(it->first, fmt::format("the block's parameter '{}' has the same name as the model's parameter '{}'",
+                                        name, name),
+                 fmt::format("a block sees the model's parameters, so '{0}' would be ambiguous: rename this one to "
+                             "give each copy its own, or delete it to share the model's '{0}' across copies",
+                             name));
+      scope.failed.insert(name);
       continue;
     }
     // A parameter in error is reported here once; uses of it in forward: stay silent.
@@ -163,28 +176,137 @@ bool Lowerer::declare_params(const YAML::Node& params, Scope& scope) {
     scope.failed.erase(name);
     scope.values[name] = g_.add_param(scope.qualified(name), *type, *init, ctx_.loc(it->first));
     param_names_.insert(scope.qualified(name));
+    if (!scope.in_block()) model_params_[name] = scope.values[name];
   }
+  if (!scope.in_block())
+    for (const std::string& name : seen)
+      if (scope.failed.count(name)) model_params_failed_.insert(name);
   return ctx_.diag().error_count() == errors_before;
 }
 
-Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::vector<ir::ValueId> args,
-                                    const std::string& prefix, int offset) {
+bool Lowerer::check_block_use(const BlockDef& block, const char* verb, int offset) {
+  if (failed_blocks_.count(block.name)) return false;  // its body's error is reported, at its first use
   if (std::find(active_blocks_.begin(), active_blocks_.end(), block.name) != active_blocks_.end()) {
-    error(offset, fmt::format("block '{}' repeats itself: {} -> {}", block.name, fmt::join(active_blocks_, " -> "),
+    error(offset, fmt::format("block '{}' {} itself: {} -> {}", block.name, verb, fmt::join(active_blocks_, " -> "),
                               block.name),
-          "a block cannot repeat itself, directly or through another block: its copies would never end");
-    return Operand::invalid();
+          "a block cannot use itself, directly or through another block: its copies would never end");
+    return false;
   }
-  // Each nested repeat lowers a block body on top of the ones around it, and each
+  // Each nested block lowers a body on top of the ones around it, and each
   // body's expressions may nest 200 deep: 32 levels overflowed the stack under
   // ASan (5000 without it). Real models nest two or three levels.
   constexpr size_t kMaxNesting = 8;
   if (active_blocks_.size() >= kMaxNesting) {
     error(offset, fmt::format("blocks nest too deeply: {} -> {} is {} levels, at most {}",
                               fmt::join(active_blocks_, " -> "), block.name, active_blocks_.size() + 1, kMaxNesting),
-          "repeat a block inside another at most a few levels deep; flatten the innermost blocks");
+          "use a block inside another at most a few levels deep; flatten the innermost blocks");
+    return false;
+  }
+  // The args: names, checked where they are written (the default [x] is fine).
+  // Like forward names they may not be dims, and like a block's own params
+  // they may not be the model's parameter names, which the block sees.
+  // Checked at the block's first use only, so a mistake is reported once.
+  if (auto known = block_args_ok_.find(block.name); known != block_args_ok_.end()) return known->second;
+  bool& ok = block_args_ok_[block.name];
+  ok = true;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < block.args.size(); ++i) {
+    const std::string& name = block.args[i];
+    YAML::Node written = block.args_node ? block.args_node[i] : YAML::Node();
+    ir::SourceLoc at = written ? ctx_.loc(written) : block.loc;
+    std::string problem, hint;
+    TargetList parsed = parse_targets(!written || written.IsScalar() ? name : "");
+    if (parsed.names.size() != 1 || !parsed.errors.empty() || parsed.names[0].first != name) {
+      problem = fmt::format("an argument of block '{}' must be a name", block.name);
+      hint = "write args: [x, mask], one name per argument";
+    } else if (!seen.insert(name).second) {
+      problem = fmt::format("block '{}' lists the argument '{}' twice", block.name, name);
+      hint = "give each argument its own name";
+    } else if (dims_.has(name)) {
+      problem = fmt::format("the argument '{}' of block '{}' is already a dim", name, block.name);
+      hint = "choose another name: inside the block it would hide the dim";
+    } else if (model_params_.count(name) || model_params_failed_.count(name)) {
+      problem = fmt::format("the argument '{}' of block '{}' has the same name as the model's parameter '{}'", name,
+                            block.name, name);
+      hint = fmt::format("a block sees the model's parameters, so '{}' would be ambiguous: rename the argument",
+                         name);
+    } else {
+      continue;
+    }
+    ctx_.diag().error(at, problem, hint);
+    ok = false;
+  }
+  return ok;
+}
+
+Operand Lowerer::lower_block_copy(const BlockDef& block, const std::vector<ir::ValueId>& args,
+                                  const std::string& prefix, int offset) {
+  Scope inner;
+  inner.prefix = prefix;
+  // The first name at or after "prefix." starts with it iff any does.
+  if (auto taken = param_names_.lower_bound(inner.prefix + ".");
+      taken != param_names_.end() && taken->rfind(inner.prefix + ".", 0) == 0) {
+    error(offset, fmt::format("parameter names '{}.*' are already taken", inner.prefix),
+          "give this repeat its own prefix, e.g. repeat(block, n, x, prefix=\"dec\")");
     return Operand::invalid();
   }
+  for (size_t i = 0; i < args.size(); ++i) inner.values[block.args[i]] = args[i];
+  // The argument offsets of the calls around this copy are columns of another
+  // line: an error in the body must not point there.
+  struct SetAside {
+    std::vector<std::pair<ir::ValueId, int>>& offsets;
+    std::vector<std::pair<ir::ValueId, int>> saved;
+    ~SetAside() { offsets = std::move(saved); }
+  } outer_arguments{argument_offsets_, std::exchange(argument_offsets_, {})};
+  int errors_before = ctx_.diag().error_count();
+  declare_params(block.params, inner);
+  lower_forward(block.forward, inner);
+  const std::string& out_name = block.output;
+  // Report once, not once per copy or per use.
+  if (ctx_.diag().error_count() != errors_before) {
+    failed_blocks_.insert(block.name);
+    return Operand::invalid();
+  }
+  if (out_name.empty()) {  // no output: and the forward does not end with a single name
+    ctx_.diag().error(block.loc, fmt::format("block '{}' does not say which value it returns", block.name),
+                      "add output: NAME, or end its forward: with a single-name line such as '- x: ...'");
+    failed_blocks_.insert(block.name);
+    return Operand::invalid();
+  }
+  auto it = inner.values.find(out_name);
+  if (it == inner.values.end()) {
+    ctx_.diag().error(block.loc, fmt::format("block '{}' returns '{}', which its forward never assigns",
+                                             block.name, out_name),
+                      "set output: to a name assigned in the block's forward:");
+    failed_blocks_.insert(block.name);
+    return Operand::invalid();
+  }
+  return Operand::tensor(it->second, offset);
+}
+
+namespace {
+// Marks a block as being instantiated for the lifetime of the guard.
+struct ActiveBlock {
+  std::vector<std::string>& active;
+  int64_t& copies;
+  int64_t count;
+  ActiveBlock(std::vector<std::string>& a, int64_t& c, const std::string& name, int64_t n)
+      : active(a), copies(c), count(n) {
+    active.push_back(name);
+    copies *= count;
+  }
+  ~ActiveBlock() {
+    active.pop_back();
+    copies /= count;
+  }
+  ActiveBlock(const ActiveBlock&) = delete;
+  ActiveBlock& operator=(const ActiveBlock&) = delete;
+};
+}  // namespace
+
+Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::vector<ir::ValueId> args,
+                                    const std::string& prefix, int offset) {
+  if (!check_block_use(block, "repeats", offset)) return Operand::invalid();
   // A repeat inside a block instance is named under that instance
   // (blocks.0.sub.1.w), so every outer copy gets its own inner parameters.
   const std::string qualified_prefix = scope_ ? scope_->qualified(prefix) : prefix;
@@ -209,66 +331,39 @@ Operand Lowerer::instantiate_repeat(const BlockDef& block, int64_t count, std::v
           "nested repeats multiply: lower the counts, or unroll the outer block");
     return Operand::invalid();
   }
-  if (args.size() != block.args.size()) {
-    error(offset, fmt::format("block '{}' takes {} argument{} ({}), got {}", block.name, block.args.size(),
-                              block.args.size() == 1 ? "" : "s", fmt::join(block.args, ", "), args.size()),
-          "pass one value per name in the block's args:");
-    return Operand::invalid();
-  }
-  if (block.args.size() != 1) {
-    error(offset, fmt::format("repeat feeds each instance's output to the next, so block '{}' must take one argument",
-                              block.name),
-          "give the block a single argument, e.g. args: [x]");
-    return Operand::invalid();
-  }
-  active_blocks_.push_back(block.name);
-  repeat_copies_ *= count;
-  struct Leave {
-    Lowerer& L;
-    int64_t count;
-    ~Leave() {
-      L.active_blocks_.pop_back();
-      L.repeat_copies_ /= count;
-    }
-  } leave{*this, count};
-  ir::ValueId current = args[0];
+  ActiveBlock active(active_blocks_, repeat_copies_, block.name, count);
   for (int64_t i = 0; i < count; ++i) {
-    Scope inner;
-    inner.prefix = fmt::format("{}.{}", qualified_prefix, i);
-    // The first name at or after "prefix.i." starts with it iff any does.
-    if (auto taken = param_names_.lower_bound(inner.prefix + ".");
-        taken != param_names_.end() && taken->rfind(inner.prefix + ".", 0) == 0) {
-      error(offset, fmt::format("parameter names '{}.*' are already taken", inner.prefix),
-            "give this repeat its own prefix, e.g. repeat(block, n, x, prefix=\"dec\")");
-      return Operand::invalid();
-    }
-    inner.values[block.args[0]] = current;
-    int errors_before = ctx_.diag().error_count();
-    declare_params(block.params, inner);
-    lower_forward(block.forward, inner);
-    std::string out_name = block.output;
-    if (ctx_.diag().error_count() != errors_before) return Operand::invalid();  // report once, not n times
-    auto it = inner.values.find(out_name);
-    if (out_name.empty()) {  // no output: and the forward does not end with a single name
-      ctx_.diag().error(block.loc, fmt::format("block '{}' does not say which value it returns", block.name),
-                        "add output: NAME, or end its forward: with a single-name line such as '- x: ...'");
-      return Operand::invalid();
-    }
-    if (it == inner.values.end()) {
-      ctx_.diag().error(block.loc, fmt::format("block '{}' returns '{}', which its forward never assigns",
-                                               block.name, out_name),
-                        "set output: to a name assigned in the block's forward:");
-      return Operand::invalid();
-    }
-    if (!type(it->second).same_shape(type(current)) || type(it->second).dtype != type(current).dtype) {
-      error(offset, fmt::format("repeat needs block '{}' to return the shape it takes: it takes {} and returns {}",
-                                block.name, ir::to_string(type(current)), ir::to_string(type(it->second))),
+    Operand out = lower_block_copy(block, args, fmt::format("{}.{}", qualified_prefix, i), offset);
+    if (!out.ok()) return out;
+    const ir::TensorType &takes = type(args[0]), &gives = type(out.value);
+    if (!gives.same_shape(takes) || gives.dtype != takes.dtype) {
+      std::string what = block.args.size() == 1 ? "the shape it takes"
+                                                 : fmt::format("the shape of its first argument '{}'", block.args[0]);
+      error(offset, fmt::format("repeat needs block '{}' to return {}: it takes {} and returns {}", block.name, what,
+                                ir::to_string(takes), ir::to_string(gives)),
             "each copy's output feeds the next copy: project back to the input's shape at the end of the block");
       return Operand::invalid();
     }
-    current = it->second;
+    args[0] = out.value;
   }
-  return Operand::tensor(current, offset);
+  return Operand::tensor(args[0], offset);
+}
+
+Operand Lowerer::instantiate_call(const BlockDef& block, std::vector<ir::ValueId> args, int offset) {
+  if (!check_block_use(block, "calls", offset)) return Operand::invalid();
+  // Calls are numbered per block and per enclosing instance (layer.0, layer.1,
+  // blocks.2.layer.0), skipping names a repeat with the same prefix took.
+  const std::string qualified_prefix = scope_ ? scope_->qualified(block.name) : block.name;
+  int64_t& next = block_calls_[qualified_prefix];
+  auto taken = [&](int64_t i) {
+    std::string start = fmt::format("{}.{}.", qualified_prefix, i);
+    auto it = param_names_.lower_bound(start);
+    return it != param_names_.end() && it->rfind(start, 0) == 0;
+  };
+  while (taken(next)) ++next;
+  std::string prefix = fmt::format("{}.{}", qualified_prefix, next++);
+  ActiveBlock active(active_blocks_, repeat_copies_, block.name, 1);
+  return lower_block_copy(block, args, prefix, offset);
 }
 
 }  // namespace napkin::frontend

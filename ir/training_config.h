@@ -93,7 +93,7 @@ struct TrainConfig {
   int64_t eval_every = 0;  // 0: no eval
   int64_t eval_batches = 1;
   int64_t checkpoint_every = 0;  // 0: no checkpoints
-  std::string checkpoint_dir = "checkpoints";
+  std::string checkpoint_dir;     // "" until the frontend sets it: checkpoints/<model> by default
   int64_t checkpoint_keep = 2;
   int64_t log_every = 1;
   std::string metrics_path;  // JSONL; empty: none

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -21,7 +22,8 @@ namespace napkin::runtime {
 
 namespace {
 
-constexpr const char* kFormat = "napkin-checkpoint-1";
+constexpr const char* kFormatPrefix = "napkin-checkpoint-";
+constexpr int kFormatVersion = 2;
 
 // Slicing-by-8: table[k][b] is the CRC of byte b followed by k zero bytes, so
 // eight bytes are folded per step with eight independent lookups.
@@ -43,47 +45,96 @@ std::string checksum_text(uint32_t crc) {
   return buf;
 }
 
-uint32_t data_checksum(const std::vector<TensorRef>& tensors) {
-  uint32_t crc = 0;
-  for (const TensorRef& t : tensors) {
-    size_t bytes = safetensors_itemsize(t.dtype).value_or(0);
-    for (int64_t d : t.shape) bytes *= static_cast<size_t>(d);
-    crc = crc32c(t.data, bytes, crc);
+// The header's content as checkpoint.h defines it: length-prefixed strings,
+// so no choice of names or values can make two headers hash alike by shifting
+// a separator.
+class HeaderDigest {
+ public:
+  void add(const std::string& s) {
+    uint64_t n = s.size();
+    for (int i = 0; i < 8; ++i) text_ += static_cast<char>((n >> (8 * i)) & 0xff);
+    text_ += s;
   }
-  return crc;
-}
+  void add_tensor(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape) {
+    add(name);
+    add(dtype);
+    std::string dims;
+    for (size_t i = 0; i < shape.size(); ++i) dims += (i ? "," : "") + std::to_string(shape[i]);
+    add(dims);
+  }
+  void add_metadata(const std::map<std::string, std::string>& meta) {
+    for (const auto& [key, value] : meta)
+      if (key != "checksum") add(key), add(value);
+  }
+  uint32_t crc() const { return crc32c(text_.data(), text_.size()); }
 
-void verify_checksum(const SafetensorsFile& file, const std::string& expected) {
-  const std::string actual = checksum_text(crc32c(file.data_section(), file.data_size()));
+ private:
+  std::string text_;
+};
+
+void verify_checksum(const SafetensorsFile& file, const CheckpointHeader& h) {
+  uint32_t crc = 0;
+  if (h.format >= 2) {
+    HeaderDigest digest;
+    digest.add_metadata(file.metadata());
+    for (const SafetensorsFile::Tensor& t : file.tensors()) digest.add_tensor(t.name, t.dtype, t.shape);
+    crc = digest.crc();
+  }
+  const std::string actual = checksum_text(crc32c(file.data_section(), file.data_size(), crc));
+  const std::string& expected = h.metadata.at("checksum");
   if (actual != expected)
     throw Error(file.path() + ": checksum mismatch (file is corrupt): the metadata says " + expected +
-                ", the data hashes to " + actual);
+                ", the " + (h.format >= 2 ? "header and data hash" : "data hashes") + " to " + actual);
 }
 
-// The step of a file named step-<digits>.safetensors, else nullopt.
-std::optional<int64_t> step_of(const std::string& filename) {
-  constexpr std::string_view prefix = "step-", suffix = ".safetensors";
-  if (filename.size() <= prefix.size() + suffix.size() || !filename.starts_with(prefix) ||
-      !filename.ends_with(suffix))
-    return std::nullopt;
-  const std::string digits = filename.substr(prefix.size(), filename.size() - prefix.size() - suffix.size());
-  if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-  return std::stoll(digits);
+// A whole number of at most `max_digits` decimal digits, else nullopt.
+std::optional<uint64_t> whole_number(const std::string& s, size_t max_digits) {
+  if (s.empty() || s.size() > max_digits || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  uint64_t v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
 }
 
-// (step, path) of every checkpoint in dir, newest first.
-std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  std::filesystem::directory_iterator it(dir, ec);
-  if (ec == std::errc::no_such_file_or_directory) return found;
-  if (ec) throw Error(dir + ": cannot list checkpoints: " + ec.message());
-  for (const auto& entry : it) {
-    auto step = step_of(entry.path().filename().string());
-    if (step && entry.is_regular_file(ec)) found.emplace_back(*step, entry.path().string());
+CheckpointHeader parse_header(const SafetensorsFile& file) {
+  const std::string& path = file.path();
+  CheckpointHeader h;
+  h.path = path;
+  h.metadata = file.metadata();
+  auto get = [&](const char* key) -> const std::string& {
+    auto it = h.metadata.find(key);
+    if (it == h.metadata.end()) throw Error(path + ": not a napkin checkpoint (no '" + std::string(key) + "' in its metadata)");
+    return it->second;
+  };
+  auto bad = [&](const char* key, const std::string& why) {
+    return Error(path + ": metadata '" + key + "' is \"" + printable(h.metadata.at(key)) + "\", " + why +
+                 " (the file was edited or damaged)");
+  };
+  const std::string& format = get("format");
+  if (format == "napkin-checkpoint-1") h.format = 1;
+  else if (format == "napkin-checkpoint-2") h.format = 2;
+  else
+    throw Error(path + ": checkpoint format '" + printable(format) + "' is not one this trainer reads (" + kFormatPrefix +
+                "1 or " + kFormatPrefix + "2)");
+  h.model_hash = get("model_hash");
+  if (h.model_hash.empty() || printable(h.model_hash, 128) != h.model_hash) throw bad("model_hash", "not a model hash");
+  const std::string& checksum = get("checksum");
+  if (checksum.size() != 15 || !checksum.starts_with("crc32c:") ||
+      checksum.find_first_not_of("0123456789abcdef", 7) != std::string::npos)
+    throw bad("checksum", "not crc32c: and 8 hex digits");
+  std::optional<uint64_t> step = whole_number(get("step"), 18);
+  if (!step) throw bad("step", "not a step count (a whole number from 0 to 10^18)");
+  h.step = static_cast<int64_t>(*step);
+  if (h.metadata.count("seed")) {
+    h.seed = whole_number(h.metadata.at("seed"), 20);
+    if (!h.seed) throw bad("seed", "not a seed (a whole number from 0 to 2^64 - 1)");
   }
-  std::sort(found.begin(), found.end(), std::greater<>());
-  return found;
+  if (h.format >= 2) {
+    h.run = get("run");
+    if (h.run.empty() || h.run.size() > 64 || h.run.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw bad("run", "not a run id (hex digits)");
+  }
+  return h;
 }
 
 void fsync_directory(const std::string& dir) {
@@ -97,10 +148,13 @@ void fsync_directory(const std::string& dir) {
 }
 
 // Checks that `file` holds exactly the tensors of `refs` (names, dtypes,
-// shapes), listing every difference in one Error, then copies them in.
-void load_tensors(const SafetensorsFile& file, const std::vector<TensorRef>& refs) {
-  std::vector<std::string> problems;
+// shapes) apart from the `ignorable` ones, listing every difference in one
+// Error, then copies them in. Returns the names of the ignored tensors found.
+std::vector<std::string> load_tensors(const SafetensorsFile& file, const std::vector<TensorRef>& refs,
+                                      const std::vector<std::string>& ignorable) {
+  std::vector<std::string> problems, ignored;
   std::set<std::string> expected;
+  const std::set<std::string> skip(ignorable.begin(), ignorable.end());
   for (const TensorRef& r : refs) {
     if (!expected.insert(r.name).second) throw std::invalid_argument("load_tensors: '" + r.name + "' given twice");
     const SafetensorsFile::Tensor* t = file.find(r.name);
@@ -111,9 +165,11 @@ void load_tensors(const SafetensorsFile& file, const std::vector<TensorRef>& ref
                          tensor_type_text(t->dtype, t->shape) + " in the file, " + tensor_type_text(r.dtype, r.shape) +
                          " in this model");
   }
-  for (const SafetensorsFile::Tensor& t : file.tensors())
-    if (!expected.count(t.name))
-      problems.push_back("unexpected: " + t.name + " (" + tensor_type_text(t.dtype, t.shape) + ") is not in this model");
+  for (const SafetensorsFile::Tensor& t : file.tensors()) {
+    if (expected.count(t.name)) continue;
+    if (skip.count(t.name)) ignored.push_back(t.name);
+    else problems.push_back("unexpected: " + printable(t.name) + " (" + tensor_type_text(t.dtype, t.shape) + ") is not in this model");
+  }
   if (!problems.empty()) {
     std::string message = file.path() + ": does not match this model (" + std::to_string(problems.size()) +
                           (problems.size() == 1 ? " problem)" : " problems)");
@@ -124,6 +180,7 @@ void load_tensors(const SafetensorsFile& file, const std::vector<TensorRef>& ref
     const SafetensorsFile::Tensor* t = file.find(r.name);
     if (t->bytes > 0) std::memcpy(r.data, t->data, t->bytes);
   }
+  return ignored;
 }
 
 }  // namespace
@@ -150,18 +207,64 @@ std::string checkpoint_filename(int64_t step) {
   return buf;
 }
 
+std::optional<int64_t> checkpoint_step(const std::string& filename) {
+  constexpr std::string_view prefix = "step-", suffix = ".safetensors";
+  if (filename.size() <= prefix.size() + suffix.size() || !filename.starts_with(prefix) ||
+      !filename.ends_with(suffix))
+    return std::nullopt;
+  const std::string digits = filename.substr(prefix.size(), filename.size() - prefix.size() - suffix.size());
+  std::optional<uint64_t> step = whole_number(digits, 18);
+  if (!step) return std::nullopt;
+  return static_cast<int64_t>(*step);
+}
+
+bool is_checkpoint_temporary(const std::string& filename) {
+  // ".tmp-" + checkpoint_filename(step) + "-XXXXXX", as write_checkpoint makes them.
+  if (!filename.starts_with(".tmp-")) return false;
+  const size_t dash = filename.rfind('-');
+  return dash != std::string::npos && dash > 5 && checkpoint_step(filename.substr(5, dash - 5)).has_value() &&
+         filename.size() - dash - 1 == 6;
+}
+
+std::string printable(const std::string& text, size_t max_chars) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (out.size() >= max_chars) return out + "...";
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 std::string write_checkpoint(const std::string& dir, int64_t step, const std::vector<TensorRef>& tensors,
-                             const std::string& model_hash, const std::map<std::string, std::string>& metadata,
-                             int keep) {
+                             const std::string& model_hash, const std::string& run,
+                             const std::map<std::string, std::string>& metadata) {
   std::map<std::string, std::string> meta = metadata;
-  for (const char* key : {"format", "model_hash", "step", "checksum"})
+  for (const char* key : {"format", "model_hash", "run", "step", "checksum"})
     if (meta.count(key)) throw std::invalid_argument(std::string("write_checkpoint: metadata key '") + key + "' is reserved");
-  std::vector<TensorData> views;
-  for (const TensorRef& t : tensors) views.push_back({t.name, t.dtype, t.shape, t.data});
-  meta["format"] = kFormat;
+  meta["format"] = kFormatPrefix + std::to_string(kFormatVersion);
   meta["model_hash"] = model_hash;
+  meta["run"] = run;
   meta["step"] = std::to_string(step);
-  meta["checksum"] = checksum_text(data_checksum(tensors));
+  std::vector<TensorData> views;
+  HeaderDigest digest;
+  digest.add_metadata(meta);
+  for (const TensorRef& t : tensors) {
+    views.push_back({t.name, t.dtype, t.shape, t.data});
+    digest.add_tensor(t.name, t.dtype, t.shape);
+  }
+  uint32_t crc = digest.crc();
+  for (const TensorRef& t : tensors) {
+    size_t bytes = safetensors_itemsize(t.dtype).value_or(0);
+    for (int64_t d : t.shape) bytes *= static_cast<size_t>(d);
+    crc = crc32c(t.data, bytes, crc);
+  }
+  meta["checksum"] = checksum_text(crc);
 
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -185,14 +288,45 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const std::ve
     ::unlink(tmp.c_str());
     throw;
   }
-
-  if (keep > 0) {
-    auto all = list_checkpoints(dir);
-    for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i)
-      if (::unlink(all[i].second.c_str()) != 0 && errno != ENOENT)
-        throw Error(all[i].second + ": cannot delete this old checkpoint: " + std::strerror(errno));
-  }
   return path;
+}
+
+CheckpointHeader read_checkpoint_header(const std::string& path) { return parse_header(SafetensorsFile(path)); }
+
+CheckpointHeader verify_checkpoint(const std::string& path, const std::string& expected_model_hash) {
+  SafetensorsFile file(path);
+  CheckpointHeader h = parse_header(file);
+  verify_checksum(file, h);
+  if (h.model_hash != expected_model_hash)
+    throw Error(path + ": checkpoint was written by a different model (hash " + h.model_hash + ", this trainer " +
+                expected_model_hash + ")");
+  return h;
+}
+
+CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
+                                 const std::string& expected_model_hash) {
+  SafetensorsFile file(path);
+  CheckpointHeader h = parse_header(file);
+  verify_checksum(file, h);
+  if (h.model_hash != expected_model_hash)
+    throw Error(path + ": checkpoint was written by a different model (hash " + h.model_hash + ", this trainer " +
+                expected_model_hash + ")");
+  load_tensors(file, into, {});
+  return h;
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec == std::errc::no_such_file_or_directory) return found;
+  if (ec) throw Error(dir + ": cannot list checkpoints: " + ec.message());
+  for (const auto& entry : it) {
+    auto step = checkpoint_step(entry.path().filename().string());
+    if (step && entry.is_regular_file(ec)) found.emplace_back(*step, entry.path().string());
+  }
+  std::sort(found.begin(), found.end(), std::greater<>());
+  return found;
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
@@ -201,30 +335,17 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return all.front().second;
 }
 
-std::map<std::string, std::string> read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
-                                                   const std::string& expected_model_hash) {
+std::vector<std::string> read_weights(const std::string& path, const std::vector<TensorRef>& params,
+                                      const std::vector<std::string>& ignorable) {
   SafetensorsFile file(path);
-  const auto& meta = file.metadata();
-  auto get = [&](const char* key) {
-    auto it = meta.find(key);
-    if (it == meta.end()) throw Error(path + ": not a napkin checkpoint (no '" + std::string(key) + "' in its metadata)");
-    return it->second;
-  };
-  if (get("format") != kFormat)
-    throw Error(path + ": checkpoint format '" + get("format") + "' is not " + kFormat);
-  verify_checksum(file, get("checksum"));
-  if (get("model_hash") != expected_model_hash)
-    throw Error(path + ": checkpoint was written by a different model (hash " + get("model_hash") + ", this trainer " +
-                expected_model_hash + ")");
-  (void)get("step");  // the trainer resumes from it, so it must be there
-  load_tensors(file, into);
-  return meta;
-}
-
-void read_weights(const std::string& path, const std::vector<TensorRef>& params) {
-  SafetensorsFile file(path);
-  if (auto it = file.metadata().find("checksum"); it != file.metadata().end()) verify_checksum(file, it->second);
-  load_tensors(file, params);
+  if (file.metadata().count("format") && file.metadata().at("format").starts_with(kFormatPrefix)) {
+    verify_checksum(file, parse_header(file));
+  } else if (auto it = file.metadata().find("checksum"); it != file.metadata().end()) {
+    CheckpointHeader plain;
+    plain.metadata = file.metadata();
+    verify_checksum(file, plain);
+  }
+  return load_tensors(file, params, ignorable);
 }
 
 }  // namespace napkin::runtime

@@ -1,23 +1,36 @@
-// Checkpoints: everything a trainer needs to resume bit for bit, in ONE
+// Checkpoint files: everything a trainer needs to resume bit for bit, in ONE
 // safetensors file, written atomically so a crash or a full disk never leaves a
-// half-written file where the newest checkpoint should be.
+// half-written file where a checkpoint should be. What a run may do to a
+// directory of checkpoints (lock, prune, refuse another run's files) is
+// checkpoint_dir.h's business; this file is the format.
 //
 // File: DIR/step-000100.safetensors (the step zero-padded to at least 6
 // digits). Tensors: every parameter under its model name ("wte",
 // "blocks.0.w_qkv") and every optimizer state tensor ("adam.m.wte",
 // "optimizer.step"), in the order given. __metadata__: the caller's strings
 // (model name, seed, ...) plus
-//   format      "napkin-checkpoint-1"
+//   format      "napkin-checkpoint-2" (version 1 files are still read)
 //   model_hash  the trainer's hash of its model; a checkpoint only loads into
 //               the model that wrote it
-//   step        the step count, decimal (the data loader's position: its
-//               batches are a pure function of (seed, step), see dataset.h)
-//   checksum    "crc32c:xxxxxxxx", CRC-32C (Castagnoli) of the data section,
-//               so corruption is detected on load
+//   run         the run that wrote it, 16 hex digits (a resumed run keeps the
+//               id of the run it resumed): a run prunes only its own files
+//   step        the step count, decimal, 0 to 10^18 (the data loader's
+//               position: its batches are a pure function of (seed, step))
+//   checksum    "crc32c:xxxxxxxx", CRC-32C (Castagnoli) of the header's
+//               content followed by the data section, so a flipped byte
+//               anywhere, a metadata value edited by hand or two tensors'
+//               offsets swapped is detected on load. The header's content,
+//               as hashed: every metadata entry but the checksum in key
+//               order, then every tensor in data order as (name, dtype,
+//               shape), each string preceded by its length as 8 bytes
+//               little-endian. (Version 1 hashed the data section only.)
+//
+// Every metadata field the trainer uses is validated on load (step and seed
+// are whole numbers in range, the run id is hex), so a hand-edited file is a
+// clear Error, never a crash.
 //
 // Writing: DIR/.tmp-step-000100.safetensors-XXXXXX in the same directory,
-// fsync, rename onto the final name, fsync the directory; only then are
-// checkpoints beyond the newest `keep` deleted.
+// fsync, rename onto the final name, fsync the directory.
 #pragma once
 
 #include <cstddef>
@@ -44,30 +57,58 @@ uint32_t crc32c(const void* data, size_t bytes, uint32_t crc = 0);
 
 // "step-000100.safetensors".
 std::string checkpoint_filename(int64_t step);
+// The step of a file named step-<digits>.safetensors, else nullopt.
+std::optional<int64_t> checkpoint_step(const std::string& filename);
+// Temporaries of interrupted saves: ".tmp-step-000100.safetensors-XXXXXX".
+bool is_checkpoint_temporary(const std::string& filename);
 
-// Writes the checkpoint of `step` into `dir` (created if missing) and returns
-// its path, then deletes all but the newest `keep` checkpoints (keep <= 0:
-// none deleted). `metadata` must not use the reserved keys above. On failure
-// the temp file is removed and every earlier checkpoint is left as it was.
+// The validated metadata of a checkpoint.
+struct CheckpointHeader {
+  std::string path;
+  int format = 0;                 // 1 or 2
+  std::string model_hash;
+  std::string run;                // "" in version 1 files
+  int64_t step = 0;
+  std::optional<uint64_t> seed;   // the trainer's "seed", when present
+  std::map<std::string, std::string> metadata;  // everything, as stored
+};
+
+// Writes the checkpoint of `step` atomically into `dir` (created if missing)
+// and returns its path. `metadata` must not use the reserved keys above. On
+// failure the temp file is removed and every earlier file is left as it was.
 std::string write_checkpoint(const std::string& dir, int64_t step, const std::vector<TensorRef>& tensors,
-                             const std::string& model_hash, const std::map<std::string, std::string>& metadata,
-                             int keep);
+                             const std::string& model_hash, const std::string& run,
+                             const std::map<std::string, std::string>& metadata);
 
-// The checkpoint in `dir` with the highest step (files named step-N.safetensors;
-// temp files and anything else ignored), or nullopt if there is none or no dir.
+// Reads and validates the header only (format and fields, not the checksum or
+// the tensors): cheap enough to call on every file of a directory.
+CheckpointHeader read_checkpoint_header(const std::string& path);
+
+// Checks format, fields, checksum and model hash without copying anything.
+CheckpointHeader verify_checkpoint(const std::string& path, const std::string& expected_model_hash);
+
+// Loads a checkpoint into `into`: verify_checkpoint, then checks that the file
+// holds exactly the tensors of `into` with their dtypes and shapes (every
+// problem listed in one Error), and only then copies.
+CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
+                                 const std::string& expected_model_hash);
+
+// (step, path) of every step-N.safetensors file in `dir`, newest first; empty
+// if there is no such directory. Temporaries and other files are ignored.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
+
+// The newest checkpoint in `dir`, or nullopt.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
-
-// Loads a checkpoint into `into`: checks the format, the checksum, the model
-// hash, then that the file holds exactly the tensors of `into` with their
-// dtypes and shapes (every problem listed in one Error), and only then copies.
-// Returns the metadata (including "step").
-std::map<std::string, std::string> read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
-                                                   const std::string& expected_model_hash);
 
 // --init FILE.safetensors: loads weights from any safetensors file (from
 // napkin or from PyTorch): every param must be present with its dtype and
-// shape, and the file must hold nothing else. A checksum in the metadata is
-// verified; none is required.
-void read_weights(const std::string& path, const std::vector<TensorRef>& params);
+// shape. Tensors named in `ignorable` (a full checkpoint's optimizer state)
+// are skipped; anything else extra is an Error. A checksum in a napkin
+// checkpoint is verified. Returns the names of the tensors skipped.
+std::vector<std::string> read_weights(const std::string& path, const std::vector<TensorRef>& params,
+                                      const std::vector<std::string>& ignorable = {});
+
+// Model text for a message: control bytes as \xNN, cut to `max_chars`.
+std::string printable(const std::string& text, size_t max_chars = 80);
 
 }  // namespace napkin::runtime

@@ -102,16 +102,19 @@ class TokenDataset : public Dataset {
                                 : ((step * batch_ + r) % windows) * seq_;
       copy_window(r, start);
     }
+    file_.check_intact();
   }
 
   void fill_eval(int64_t index) override {
     check_index("eval batch", index);
     if (!eval_problem_.empty()) throw Error(eval_problem_);
     for (int64_t r = 0; r < batch_; ++r) copy_window(r, n_train_ + ((index * batch_ + r) % eval_windows_) * seq_);
+    file_.check_intact();
   }
 
   int64_t train_examples() const override { return (n_train_ - 1) / seq_; }
   int64_t eval_examples() const override { return eval_windows_; }
+  std::string eval_problem() const override { return eval_problem_; }
 
   std::string describe() const override {
     return spec_.path + ": " + with_commas(n_) + " " + spec_.token_dtype + " tokens (" + with_commas(n_train_) +
@@ -224,16 +227,19 @@ class NpyDataset : public Dataset {
       const int64_t i = p % n_train_;
       copy_row(r, spec_.order == "random" ? permutation(p / n_train_)[static_cast<size_t>(i)] : i);
     }
+    check_intact();
   }
 
   void fill_eval(int64_t index) override {
     check_index("eval batch", index);
     if (!eval_problem_.empty()) throw Error(eval_problem_);
     for (int64_t r = 0; r < batch_; ++r) copy_row(r, eval_base_ + (index * batch_ + r) % n_eval_);
+    check_intact();
   }
 
   int64_t train_examples() const override { return n_train_; }
   int64_t eval_examples() const override { return n_eval_; }
+  std::string eval_problem() const override { return eval_problem_; }
 
   std::string describe() const override {
     std::string paths;
@@ -281,6 +287,10 @@ class NpyDataset : public Dataset {
       perm_epoch_ = epoch;
     }
     return perm_;
+  }
+
+  void check_intact() const {
+    for (const Column& c : columns_) c.array.file.check_intact();
   }
 
   void copy_row(int64_t r, int64_t row) {

@@ -3,6 +3,9 @@
 // step counter is the loader's whole state: a checkpoint stores the step, and
 // a resumed run sees exactly the batches it would have seen.
 //
+// A data file that shrinks while the trainer reads it is an Error at the next
+// batch (mapped_file.h), never a SIGBUS.
+//
 // Two formats.
 //
 // "tokens": one raw little-endian token file (token_dtype "u16" or "i32"), the
@@ -85,6 +88,8 @@ class Dataset {
   virtual int64_t train_examples() const = 0;
   virtual int64_t eval_examples() const = 0;  // 0 when there is no eval data
   bool has_eval() const { return eval_examples() > 0; }
+  // Why there is no eval data ("" when there is): the trainer warns with it.
+  virtual std::string eval_problem() const = 0;
   // One line for the log, e.g. "data/tiny.u16: 1,234,567 u16 tokens
   // (1,111,110 train / 123,457 eval), random windows of 129".
   virtual std::string describe() const = 0;

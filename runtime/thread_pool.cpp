@@ -1,5 +1,9 @@
 #include "runtime/thread_pool.h"
 
+#include <system_error>
+
+#include "runtime/error.h"
+
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -77,7 +81,20 @@ int default_thread_count() {
 ThreadPool::ThreadPool(int threads, int spin_us)
     : num_threads_(threads > 0 ? threads : default_thread_count()), spin_us_(spin_us < 0 ? 0 : spin_us) {
   threads_.reserve(num_threads_ - 1);
-  for (int i = 1; i < num_threads_; ++i) threads_.emplace_back([this, i] { worker_main(i); });
+  try {
+    for (int i = 1; i < num_threads_; ++i) threads_.emplace_back([this, i] { worker_main(i); });
+  } catch (const std::system_error& e) {
+    // The system ran out of threads (or memory for their stacks): stop the
+    // ones already started, since a joinable std::thread destroyed unjoined
+    // would abort the process, and say what happened.
+    const size_t started = threads_.size();
+    stop_.store(true, std::memory_order_seq_cst);
+    epoch_.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake_all(&epoch_);
+    for (auto& t : threads_) t.join();
+    throw Error("cannot start " + std::to_string(num_threads_) + " threads: the system refused thread " +
+                std::to_string(started + 2) + " (" + e.what() + "); use fewer --threads");
+  }
 }
 
 ThreadPool::~ThreadPool() {

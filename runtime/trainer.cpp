@@ -3,7 +3,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -14,6 +16,7 @@
 #include <optional>
 
 #include "runtime/checkpoint.h"
+#include "runtime/checkpoint_dir.h"
 #include "runtime/dataset.h"
 #include "runtime/error.h"
 #include "runtime/init.h"
@@ -50,9 +53,27 @@ std::string human_bytes(double b) {
 }
 
 std::string human_duration(double s) {
+  if (!(s < 3.15e9)) return "> 100 years";
+  const int64_t t = static_cast<int64_t>(s);
   if (s < 60) return fmt::format("{:.0f}s", s);
-  if (s < 3600) return fmt::format("{}m{:02d}s", static_cast<int>(s / 60), static_cast<int>(s) % 60);
-  return fmt::format("{}h{:02d}m", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60);
+  if (s < 3600) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  if (s < 86400) return fmt::format("{}h{:02d}m", t / 3600, (t / 60) % 60);
+  return fmt::format("{}d{:02d}h", t / 86400, (t / 3600) % 24);
+}
+
+// A CLI11 check: a whole decimal number in [lo, hi], so that
+// "99999999999999999999" or "-5" is refused with the range rather than
+// saturated or wrapped by the conversion.
+CLI::Validator whole_number_in(uint64_t lo, uint64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        uint64_t v = 0;
+        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
+          return fmt::format("'{}' is not a whole number from {} to {}", text, lo, hi);
+        return "";
+      },
+      fmt::format("INT in [{}, {}]", lo, hi));
 }
 
 std::vector<TensorRef> tensor_refs(const Program& p, Engine& engine, std::initializer_list<const char*> roles) {
@@ -77,7 +98,6 @@ std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Engine& e
   spec.token_dtype = d.dtype;
   spec.files = d.files;
   spec.order = d.order;
-  spec.split = d.format == "tokens" ? d.split : 1.0;
   spec.seed = o.seed;
   if (!o.data.empty()) {
     spec.format = "tokens";
@@ -85,10 +105,15 @@ std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Engine& e
   }
   for (const std::string& f : o.data_files) {
     auto eq = f.find('=');
-    if (eq == std::string::npos) throw Error("--data-file wants NAME=PATH.npy, got '" + f + "'");
+    if (eq == std::string::npos) throw Error("--data-file wants NAME=PATH.npy, got '" + printable(f) + "'");
+    if (spec.format != "npy") spec.files.clear();  // the model's files were for another format
     spec.format = "npy";
     spec.files[f.substr(0, eq)] = f.substr(eq + 1);
   }
+  // The model's train.data split is for its token file: a token file given
+  // with --data keeps it, .npy files given with --data-file do not
+  // (docs/runtime.md).
+  spec.split = spec.format == "tokens" && d.format == "tokens" ? d.split : 1.0;
   if (!o.order.empty()) spec.order = o.order;
   if (spec.format.empty())
     throw Error("the model names no training data (train.data in its YAML); pass --data FILE or --data-file NAME=FILE.npy");
@@ -132,30 +157,87 @@ class Metrics {
   std::ofstream file_;
 };
 
+// --resume ARG: ARG is a checkpoint file or a directory (its newest file).
+// When the newest file of a directory cannot be used, the message lists the
+// older ones that can and how to resume from one.
+CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef>& into, const std::string& hash) {
+  std::error_code ec;
+  if (!std::filesystem::exists(arg, ec)) throw Error(arg + ": --resume: no such checkpoint file or directory");
+  if (!std::filesystem::is_directory(arg, ec)) return read_checkpoint(arg, into, hash);
+  auto all = list_checkpoints(arg);
+  if (all.empty()) throw Error(arg + ": --resume: no checkpoints in this directory (files named step-N.safetensors)");
+  try {
+    return read_checkpoint(all.front().second, into, hash);
+  } catch (const Error& e) {
+    std::vector<std::string> good;
+    for (size_t i = 1; i < all.size(); ++i) {
+      try {
+        verify_checkpoint(all[i].second, hash);
+        good.push_back(all[i].second);
+      } catch (const Error&) {
+      }
+    }
+    std::string message = std::string(e.what()) + "\n  the newest checkpoint in " + arg + " cannot be used; ";
+    if (good.empty()) throw Error(message + "no older one there loads either");
+    message += "older ones that load:";
+    for (const std::string& g : good) message += "\n    " + g;
+    message += "\n  to resume from the newest good one, move the damaged file away and run with --resume " + good.front();
+    throw Error(message);
+  }
+}
+
 int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
   std::unique_ptr<Engine> engine_owner = make_engine(p, o.threads);
   Engine& ex = *engine_owner;
   ex.set_profiling(o.profile);
-  std::string ckpt_dir = o.checkpoint_dir;
   int64_t start_step = 0;
   uint64_t seed = o.seed;
+  std::string run_id;
 
   init_params(p, ex, seed);
-  if (!o.init.empty()) read_weights(o.init, tensor_refs(p, ex, {"param"}));
+  if (!o.init.empty()) {
+    std::vector<std::string> state_names;
+    for (const TensorSpec* t : p.with_role("state")) state_names.push_back(t->name);
+    std::vector<std::string> ignored = read_weights(o.init, tensor_refs(p, ex, {"param"}), state_names);
+    if (!ignored.empty() && !o.quiet)
+      fmt::print("--init {}: loaded the weights; ignored the optimizer state it holds ({} tensors): --init starts a new "
+                 "run from these weights, --resume would continue the run that wrote them\n",
+                 o.init, ignored.size());
+  }
   ex.upload("param");
+  std::string resumed_path;
   if (!o.resume.empty()) {
-    std::string path = o.resume;
-    if (std::optional<std::string> latest = latest_checkpoint(o.resume)) path = *latest;
-    auto meta = read_checkpoint(path, tensor_refs(p, ex, {"param", "state"}), p.hash);
-    start_step = std::stoll(meta.at("step"));
-    if (meta.count("seed")) seed = std::stoull(meta.at("seed"));
+    CheckpointHeader h = resume_from(o.resume, tensor_refs(p, ex, {"param", "state"}), p.hash);
+    resumed_path = h.path;
+    start_step = h.step;
+    if (h.seed) seed = *h.seed;
+    run_id = h.run;
     ex.upload("param");
     ex.upload("state");
-    if (!o.quiet) fmt::print("resumed from {} at step {}\n", path, start_step);
+    if (start_step > o.steps)
+      throw Error(fmt::format("{} is at step {}, past --steps {}: pass --steps N with N > {} to train further", h.path,
+                              start_step, o.steps, start_step));
+    if (!o.quiet) fmt::print("resumed from {} at step {}\n", h.path, start_step);
+    if (start_step == o.steps) {
+      fmt::print("already at step {} of {}: nothing to train (pass a larger --steps to go on)\n", start_step, o.steps);
+      return 0;
+    }
   }
+  // A fresh run (or one resumed from a version-1 checkpoint, which has no id)
+  // starts a lineage of its own.
+  if (run_id.empty()) run_id = new_run_id();
   Options opts = o;
   opts.seed = seed;
   std::unique_ptr<Dataset> data = open_data(p, opts, ex);
+
+  // After the data: a run that cannot start leaves no directory behind.
+  std::unique_ptr<CheckpointDir> ckpt;
+  if (!o.checkpoint_dir.empty()) {
+    ckpt = std::make_unique<CheckpointDir>(o.checkpoint_dir, p.hash, run_id);
+    if (ckpt->temporaries_removed() > 0 && !o.quiet)
+      fmt::print("removed {} temporary file{} that interrupted saves left in {}\n", ckpt->temporaries_removed(),
+                 ckpt->temporaries_removed() == 1 ? "" : "s", o.checkpoint_dir);
+  }
 
   double peak = p.peak_flops;
   if (!o.quiet) {
@@ -172,6 +254,12 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
                                      : fmt::format("no MFU: the {} device has no peak for this precision", p.device);
     fmt::print("  step       {:.4g} GFLOP (static count), {} tokens; {}\n", p.flops_per_step / 1e9,
                with_commas(p.tokens_per_step), mfu_basis);
+    if (ckpt) fmt::print("  checkpoints {} (run {}, keep {})\n", ckpt->path(), run_id, o.keep > 0 ? std::to_string(o.keep) : "all");
+  }
+  if (o.eval_every > 0 && !data->has_eval()) {
+    std::fflush(stdout);
+    fmt::print(stderr, "warning: --eval-every {} asks for a held-out loss, but there is no eval data: {}\n", o.eval_every,
+               data->eval_problem());
   }
   Metrics metrics(o.metrics, start_step > 0);
   int64_t current = start_step;
@@ -179,24 +267,46 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
 
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
-  auto save = [&](int64_t step) {
-    if (ckpt_dir.empty()) return;
+  auto save = [&](int64_t step) -> std::string {
+    if (!ckpt) return "";
     ex.download("param");
     ex.download("state");
-    std::string path = write_checkpoint(ckpt_dir, step, tensor_refs(p, ex, {"param", "state"}), p.hash,
-                                        {{"model", p.model}, {"seed", std::to_string(seed)}},
-                                        static_cast<int>(o.keep));
+    std::string path = ckpt->save(step, tensor_refs(p, ex, {"param", "state"}),
+                                  {{"model", p.model}, {"seed", std::to_string(seed)}}, o.keep);
     if (!o.quiet) fmt::print("  saved {}\n", path);
+    return path;
+  };
+
+  // --steps 0: nothing to train, but the initial weights (napkin's init, or
+  // --init's) are worth having, e.g. to start another framework from them.
+  if (o.steps == 0) {
+    std::string path = save(0);
+    fmt::print("--steps 0: saved the initial weights as {}\n", path);
+    return 0;
+  }
+
+  int64_t last_saved = start_step;
+  // A data file that fails mid-run (truncated, a bad token) leaves the state
+  // of the last finished step intact: save it, so no work is lost.
+  auto stop_on_data_error = [&](const Error& e, int64_t finished) {
+    std::string note;
+    if (!ckpt) note = "no --checkpoint-dir: nothing saved";
+    else if (finished > last_saved) note = fmt::format("saved step {} as {}; fix the data, then --resume {}", finished, save(finished), ckpt->path());
+    else note = fmt::format("the last checkpoint is step {}; fix the data, then --resume {}", last_saved, ckpt->path());
+    throw Error(fmt::format("{}\n  stopped after step {}: {}", e.what(), finished, note));
   };
 
   auto run_start = std::chrono::steady_clock::now();
   double window_seconds = 0;
   int64_t window_steps = 0;
-  int64_t last_saved = start_step;
   for (int64_t step = start_step + 1; step <= o.steps; ++step) {
     current = step;
     auto t0 = std::chrono::steady_clock::now();
-    data->fill_train(step - 1);
+    try {
+      data->fill_train(step - 1);
+    } catch (const Error& e) {
+      stop_on_data_error(e, step - 1);
+    }
     ex.run_forward();
     double loss = ex.loss();
     if (!std::isfinite(loss))
@@ -208,7 +318,7 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
     window_seconds += seconds;
     ++window_steps;
 
-    if (o.log_every > 0 && (step % o.log_every == 0 || step == o.steps)) {
+    if ((o.log_every > 0 && step % o.log_every == 0) || step == o.steps) {
       double mean = window_seconds / static_cast<double>(window_steps);
       double flops = p.flops_per_step / mean;
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
@@ -228,7 +338,11 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
     if (o.eval_every > 0 && step % o.eval_every == 0 && data->has_eval()) {
       double sum = 0;
       for (int64_t b = 0; b < o.eval_batches; ++b) {
-        data->fill_eval(b);
+        try {
+          data->fill_eval(b);
+        } catch (const Error& e) {
+          stop_on_data_error(e, step);
+        }
         ex.run_forward();
         sum += ex.loss();
       }
@@ -242,11 +356,11 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
     }
     if (g_interrupted) {
       if (last_saved != step) save(step);
-      fmt::print(stderr, "interrupted after step {}{}\n", step, ckpt_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : "; saved");
+      fmt::print(stderr, "interrupted after step {}{}\n", step, ckpt ? "; saved" : " (no --checkpoint-dir: nothing saved)");
       return 130;
     }
   }
-  if (last_saved != o.steps && o.steps > start_step) save(o.steps);  // a no-op without a checkpoint dir
+  if (last_saved != o.steps) save(o.steps);  // a no-op without a checkpoint dir
   if (o.profile) {
     std::vector<int> order(p.kernels.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
@@ -283,21 +397,35 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     o.metrics = d.metrics;
 
     CLI::App app{fmt::format("napkin trainer for {} (generated by napkin; the model's YAML sets the defaults)", p.model)};
-    app.add_option("--steps", o.steps, "total steps to train (a resumed run continues up to it)")->capture_default_str();
-    app.add_option("--seed", o.seed, "seed of init and data sampling")->capture_default_str();
+    // Counts are checked as text, so an out-of-range or negative number is an
+    // error naming the range, never saturated or wrapped.
+    constexpr uint64_t kMaxSteps = 1'000'000'000'000;  // 10^12 steps: beyond any run
+    constexpr uint64_t kMaxThreads = 1024;
+    app.add_option("--steps", o.steps, "total steps to train (a resumed run continues up to it; 0: save the initial "
+                                       "weights to --checkpoint-dir and exit)")
+        ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
+    app.add_option("--seed", o.seed, "seed of init and data sampling")
+        ->check(whole_number_in(0, UINT64_MAX))->capture_default_str();
     app.add_option("--data", o.data, "token file (u16/i32 as the model says) instead of the model's train.data");
     app.add_option("--data-file", o.data_files, "NAME=PATH.npy: an input's .npy file (repeat per input)");
     app.add_option("--order", o.order, "random | sequential batches")->check(CLI::IsMember({"random", "sequential"}));
-    app.add_option("--init", o.init, "start from these weights (.safetensors, every parameter by name)");
+    app.add_option("--init", o.init, "start from these weights (.safetensors with every parameter by name; a napkin "
+                                     "checkpoint's optimizer state is ignored)");
     app.add_option("--resume", o.resume, "continue from the newest checkpoint in DIR (or this checkpoint file)");
-    app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go")->capture_default_str();
-    app.add_option("--checkpoint-every", o.checkpoint_every, "save every K steps (0: only at the end if a dir is set)")->capture_default_str();
-    app.add_option("--keep", o.keep, "checkpoints to keep")->capture_default_str();
-    app.add_option("--eval-every", o.eval_every, "held-out loss every K steps (0: never)")->capture_default_str();
-    app.add_option("--eval-batches", o.eval_batches, "batches per evaluation")->capture_default_str();
-    app.add_option("--log-every", o.log_every, "progress line every K steps")->capture_default_str();
+    CLI::Option* dir_flag = app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go")->capture_default_str();
+    app.add_option("--checkpoint-every", o.checkpoint_every, "save every K steps (0: only at the end if a dir is set)")
+        ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
+    app.add_option("--keep", o.keep, "checkpoints of this run to keep (0: all)")
+        ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
+    app.add_option("--eval-every", o.eval_every, "held-out loss every K steps (0: never)")
+        ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
+    app.add_option("--eval-batches", o.eval_batches, "batches per evaluation")
+        ->check(whole_number_in(1, kMaxSteps))->capture_default_str();
+    app.add_option("--log-every", o.log_every, "progress line every K steps (0: only the last)")
+        ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
     app.add_option("--metrics", o.metrics, "append JSON lines of metrics to this file");
-    app.add_option("--threads", o.threads, "threads (default: the CPUs this process may use)");
+    app.add_option("--threads", o.threads, "threads (0, the default: the CPUs this process may use)")
+        ->check(whole_number_in(0, kMaxThreads));
     app.add_flag("--debug-nan", o.debug_nan, "check every op's output; name the first that produces a NaN");
     app.add_flag("--profile", o.profile, "time every kernel and print the slowest");
     app.add_flag("--quiet", o.quiet, "no progress lines");
@@ -305,14 +433,29 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-      return app.exit(e);
+      // --help is a success; every mistake in the flags is a user error (1),
+      // whatever code CLI11 gives its kind of error.
+      return app.exit(e) == 0 ? 0 : 1;
     }
     if (o.print_program) {
       std::fwrite(program_json, 1, program_json_size, stdout);
       std::fputc('\n', stdout);
       return 0;
     }
+    if (dir_flag->count() > 0 && o.checkpoint_dir.empty())
+      throw Error("--checkpoint-dir is empty: name a directory (without --checkpoint-dir and --checkpoint-every no "
+                  "checkpoints are written)");
+    // A resumed run saves where it came from unless told otherwise.
+    if (!o.resume.empty() && dir_flag->count() == 0) {
+      std::error_code ec;
+      o.checkpoint_dir = std::filesystem::is_directory(o.resume, ec)
+                             ? o.resume
+                             : std::filesystem::path(o.resume).parent_path().string();
+      if (o.checkpoint_dir.empty()) o.checkpoint_dir = ".";
+    }
     if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) o.checkpoint_dir = d.checkpoint_dir.empty() ? "checkpoints" : d.checkpoint_dir;
+    if (o.steps == 0 && o.checkpoint_dir.empty())
+      throw Error("--steps 0 trains nothing; to save the initial weights, add --checkpoint-dir DIR");
     return run(o, p, make_engine);
   } catch (const Error& e) {
     std::fflush(stdout);

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <sys/stat.h>
 #include <fstream>
 #include <sstream>
 #include <iostream>
@@ -328,6 +329,31 @@ std::string read_file_bytes(const std::string& path) {
   return ss.str();
 }
 
+// A file napkin writes must not be one it reads, nor a directory: `napkin
+// build M.yaml -o M.yaml` would replace the model with the trainer, and `-o
+// DIR` cannot be written atomically. Returns the error line, or "".
+std::string output_problem(const std::string& flag, const std::string& output, const std::vector<std::string>& inputs) {
+  std::error_code ec;
+  if (output.empty()) return fmt::format("{}: the output path is empty", flag);
+  if (std::filesystem::is_directory(output, ec))
+    return fmt::format("{} {}: is a directory; name the file to write, e.g. {}/{}", flag, output, output,
+                       std::filesystem::path(inputs.empty() ? "out" : inputs.front()).stem().string());
+  for (const std::string& in : inputs)
+    if (std::filesystem::equivalent(in, output, ec))
+      return fmt::format("{} {}: is also an input ({}); writing it would destroy it", flag, output, in);
+  return "";
+}
+
+// Text napkin reads as data must be a regular file: /dev/zero would never end
+// and a FIFO without a writer would never start. Returns the error line, or "".
+std::string input_problem(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return fmt::format("{}: cannot read ({})", path, std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) return fmt::format("{}: is a directory; name the text files in it, e.g. {}/*.md", path, path);
+  if (!S_ISREG(st.st_mode)) return fmt::format("{}: is not a regular file; napkin reads text from files only", path);
+  return "";
+}
+
 // What a checkpoint must match: the training step itself (ops, shapes, names,
 // optimizer), not the YAML's comments or layout.
 std::string model_hash(const ir::Graph& g) { return fnv1a_hex({ir::print_graph(g, {false})}); }
@@ -413,6 +439,14 @@ int cmd_build(BuildArgs a) {  // by value: the defaults depend on the target
     std::cerr << "error: --emit-llvm is for --target cpu\n    hint: --emit-cuda FILE writes the CUDA C source\n";
     return kUserError;
   }
+  for (const auto& [flag, path] : {std::pair{"-o", a.output}, {"--emit-llvm", a.emit_llvm}, {"--emit-program", a.emit_program},
+                                    {"--emit-cuda", a.emit_cuda}}) {
+    if (flag != std::string("-o") && path.empty()) continue;
+    if (std::string problem = output_problem(flag, path, {a.model}); !problem.empty()) {
+      std::cerr << "error: " << problem << "\n";
+      return kUserError;
+    }
+  }
   if (a.device.empty()) a.device = cuda ? "h100" : "cpu";
   if (a.arch.empty()) a.arch = "sm_90";
   if (!passes::find_device(a.device)) {
@@ -465,7 +499,20 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
   std::string key = fnv1a_hex({ir::print_graph(*g, {false}), target, read_file_bytes("/proc/self/exe"), runtime});
   std::filesystem::path dir = cache_dir() / key;
   std::filesystem::path trainer = dir / "trainer";
-  if (!std::filesystem::exists(trainer)) {
+  // trainer.sum holds the FNV-1a of the trainer's bytes, written after the
+  // trainer is in place: a cached trainer that was truncated or damaged (a
+  // full disk, a killed copy, a hand edit) no longer matches and is rebuilt
+  // instead of being run.
+  std::filesystem::path sum = dir / "trainer.sum";
+  bool cached = std::filesystem::exists(trainer);
+  if (cached && read_file_bytes(sum.string()) != fnv1a_hex({read_file_bytes(trainer.string())})) {
+    std::cout << fmt::format("napkin: the cached trainer {} is damaged; rebuilding it\n", trainer.string());
+    std::error_code ec;
+    std::filesystem::remove(trainer, ec);
+    std::filesystem::remove(sum, ec);
+    cached = false;
+  }
+  if (!cached) {
     std::filesystem::create_directories(dir);
     std::string tmp = (dir / fmt::format("trainer.tmp.{}", getpid())).string();
     auto t0 = std::chrono::steady_clock::now();
@@ -481,6 +528,11 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
     if (target == "cpu") built = build_trainer(*g, codegen::cpu::BuildOptions{tmp, model_hash(*g), "cpu", "", ""}).has_value();
     if (!built) return kUserError;
     std::filesystem::rename(tmp, trainer);
+    {
+      std::string sum_tmp = (dir / fmt::format("trainer.sum.tmp.{}", getpid())).string();
+      std::ofstream(sum_tmp, std::ios::binary | std::ios::trunc) << fnv1a_hex({read_file_bytes(trainer.string())});
+      std::filesystem::rename(sum_tmp, sum);
+    }
     std::cout << fmt::format("napkin: built {} in {:.2f} s (cached at {})\n", g->name,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), trainer.string());
   } else {
@@ -500,11 +552,17 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
 // Byte-level tokens: every byte of the inputs, in order, one u16 token each
 // (a vocab of 256), the format train.data {format: tokens, dtype: u16} reads.
 int cmd_data_encode(const std::vector<std::string>& inputs, const std::string& output) {
+  if (std::string problem = output_problem("-o", output, inputs); !problem.empty()) {
+    std::cerr << "error: " << problem << "\n";
+    return kUserError;
+  }
   std::string bytes;
   for (const std::string& path : inputs) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      std::cerr << fmt::format("error: {}: cannot read ({})\n", path, std::strerror(errno));
+    std::string problem = input_problem(path);  // before opening: opening a FIFO blocks
+    if (problem.empty() && !std::ifstream(path, std::ios::binary))
+      problem = fmt::format("{}: cannot read ({})", path, std::strerror(errno));
+    if (!problem.empty()) {
+      std::cerr << "error: " << problem << "\n";
       return kUserError;
     }
     bytes += read_file_bytes(path);
@@ -512,17 +570,25 @@ int cmd_data_encode(const std::vector<std::string>& inputs, const std::string& o
   std::vector<uint16_t> tokens(bytes.begin(), bytes.end());
   for (size_t i = 0; i < bytes.size(); ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
   std::filesystem::path out(output);
-  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+  std::error_code ec;
+  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path(), ec);
   std::string tmp = output + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+    f.close();
     if (!f) {
+      std::filesystem::remove(tmp, ec);
       std::cerr << fmt::format("error: {}: cannot write\n", output);
       return kUserError;
     }
   }
-  std::filesystem::rename(tmp, output);
+  std::filesystem::rename(tmp, output, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    std::cerr << fmt::format("error: {}: cannot write ({})\n", output, ec.message());
+    return kUserError;
+  }
   std::cout << fmt::format("wrote {}: {} u16 tokens (bytes of {} file{})\n", output, tokens.size(), inputs.size(),
                            inputs.size() == 1 ? "" : "s");
   return 0;

@@ -29,6 +29,7 @@
 
 #include "runtime/cuda/cuda_driver.h"
 #include "runtime/safetensors.h"
+#include "support/checkpoint_content.h"
 #include "support/test_io.h"
 
 namespace fs = std::filesystem;
@@ -244,8 +245,8 @@ TEST_CASE("fake cuda: linear and mlp train on the fake GPU as on the CPU and gra
     check_close(cpu, cuda, 1e-4);
     CHECK(train_cuda(t, flags, dir, "no-graphs", "NAPKIN_CUDA_GRAPHS=0") == cuda);
     CHECK(train_cuda(t, flags, dir, "deferred", "NAPKIN_FAKE_CUDA_DEFER=1") == cuda);
-    CHECK(read_bytes(dir / "ckpt-cuda/step-000005.safetensors") ==
-          read_bytes(dir / "ckpt-deferred/step-000005.safetensors"));
+    CHECK(napkin::testing::checkpoint_content(dir / "ckpt-cuda/step-000005.safetensors") ==
+          napkin::testing::checkpoint_content(dir / "ckpt-deferred/step-000005.safetensors"));
   }
 }
 
@@ -307,9 +308,9 @@ TEST_CASE("fake cuda: gpt fp32 trains on the fake GPU as on the CPU with graphs 
   INFO(second.out);
   REQUIRE(second.status == 0);
   CHECK(losses(dir / "resumed.jsonl") == std::vector<double>(cuda.begin() + 2, cuda.end()));
-  std::string whole = read_bytes(dir / "ckpt-cuda/step-000004.safetensors");
+  std::string whole = napkin::testing::checkpoint_content(dir / "ckpt-cuda/step-000004.safetensors");
   CHECK(whole.size() > 100000);
-  CHECK(read_bytes(split + "/step-000004.safetensors") == whole);
+  CHECK(napkin::testing::checkpoint_content(split + "/step-000004.safetensors") == whole);
 }
 
 TEST_CASE("fake cuda: gpt bf16-mixed trains on the fake GPU as on the CPU and an id out of range stops it as on the CPU") {

@@ -14,11 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "runtime/checkpoint.h"
+#include "runtime/checkpoint_dir.h"
 #include "runtime/error.h"
 #include "runtime/rng.h"
 #include "runtime/safetensors.h"
@@ -86,6 +88,44 @@ struct Model {
            mask == o.mask;
   }
 };
+
+const std::string kRun = "00112233aabbccdd";
+
+// The checksum's header part as checkpoint.h defines it, written here from the
+// definition: metadata but the checksum in key order, then (name, dtype,
+// shape) per tensor in data order, each string after its length as 8 bytes LE.
+uint32_t header_crc(const rt::SafetensorsFile& f) {
+  std::string text;
+  auto add = [&](const std::string& s) { text += u64_le(s.size()) + s; };
+  for (const auto& [key, value] : f.metadata())
+    if (key != "checksum") add(key), add(value);
+  for (const auto& t : f.tensors()) {
+    add(t.name);
+    add(t.dtype);
+    std::string dims;
+    for (size_t i = 0; i < t.shape.size(); ++i) dims += (i ? "," : "") + std::to_string(t.shape[i]);
+    add(dims);
+  }
+  return rt::crc32c(text.data(), text.size());
+}
+
+// Rewrites a checkpoint with other metadata or tensors, keeping its checksum:
+// what a hand edit or a damaged header does.
+void rewrite(const std::string& path, const std::function<void(std::map<std::string, std::string>&,
+                                                                std::vector<rt::TensorData>&)>& edit) {
+  std::map<std::string, std::string> meta;
+  std::vector<rt::TensorData> tensors;
+  std::vector<std::string> bytes;
+  {
+    rt::SafetensorsFile f(path);
+    meta = f.metadata();
+    for (const auto& t : f.tensors()) bytes.emplace_back(t.data, t.bytes);
+    for (size_t i = 0; i < f.tensors().size(); ++i)
+      tensors.push_back({f.tensors()[i].name, f.tensors()[i].dtype, f.tensors()[i].shape, bytes[i].data()});
+  }
+  edit(meta, tensors);
+  rt::write_safetensors_file(path, tensors, meta);
+}
 
 }  // namespace
 
@@ -238,24 +278,26 @@ TEST_CASE("safetensors: the reader rejects every malformed file with a precise m
 TEST_CASE("checkpoint: a round trip is bit-exact and returns the metadata") {
   TempDir dir;
   Model saved(1);
-  const std::string path = rt::write_checkpoint(dir / "ckpt", 100, saved.all(), "hash-abc", {{"model", "gpt"}, {"seed", "1"}}, 3);
+  const std::string path = rt::write_checkpoint(dir / "ckpt", 100, saved.all(), "hash-abc", kRun, {{"model", "gpt"}, {"seed", "1"}});
   CHECK(path == dir / "ckpt/step-000100.safetensors");
   CHECK(files_in(dir / "ckpt") == std::vector<std::string>{"step-000100.safetensors"});
   CHECK((fs::status(path).permissions() & fs::perms::others_read) != fs::perms::none);
 
   Model loaded(0);
   CHECK(!(loaded == saved));
-  auto meta = rt::read_checkpoint(path, loaded.all(), "hash-abc");
+  auto meta = rt::read_checkpoint(path, loaded.all(), "hash-abc").metadata;
   CHECK(loaded == saved);
-  CHECK(meta.at("format") == "napkin-checkpoint-1");
+  CHECK(meta.at("format") == "napkin-checkpoint-2");
+  CHECK(meta.at("run") == kRun);
   CHECK(meta.at("model_hash") == "hash-abc");
   CHECK(meta.at("step") == "100");
   CHECK(meta.at("model") == "gpt");
   CHECK(meta.at("seed") == "1");
-  // The checksum is CRC-32C of everything after the header.
+  // The checksum is CRC-32C of the header's content (checkpoint.h), then
+  // everything after the header.
   rt::SafetensorsFile f(path);
   char want[32];
-  std::snprintf(want, sizeof want, "crc32c:%08x", rt::crc32c(f.data_section(), f.data_size()));
+  std::snprintf(want, sizeof want, "crc32c:%08x", rt::crc32c(f.data_section(), f.data_size(), header_crc(f)));
   CHECK(meta.at("checksum") == want);
   // Tensors are stored in the order given, under their names.
   CHECK(f.tensors()[0].name == "wte");
@@ -264,13 +306,14 @@ TEST_CASE("checkpoint: a round trip is bit-exact and returns the metadata") {
 
   CHECK(rt::checkpoint_filename(0) == "step-000000.safetensors");
   CHECK(rt::checkpoint_filename(1234567) == "step-1234567.safetensors");
-  CHECK_THROWS_AS(rt::write_checkpoint(dir / "ckpt", 1, saved.all(), "h", {{"step", "5"}}, 3), std::invalid_argument);
+  CHECK_THROWS_AS(rt::write_checkpoint(dir / "ckpt", 1, saved.all(), "h", kRun, {{"step", "5"}}), std::invalid_argument);
+  CHECK_THROWS_AS(rt::write_checkpoint(dir / "ckpt", 1, saved.all(), "h", kRun, {{"run", "5"}}), std::invalid_argument);
 }
 
 TEST_CASE("checkpoint: a flipped byte, a truncated file and another model's checkpoint are clear errors") {
   TempDir dir;
   Model saved(1);
-  const std::string path = rt::write_checkpoint(dir.path, 100, saved.all(), "hash-abc", {}, 0);
+  const std::string path = rt::write_checkpoint(dir.path, 100, saved.all(), "hash-abc", kRun, {});
   const std::string good = read_bytes(path);
   Model loaded(0);
 
@@ -279,7 +322,7 @@ TEST_CASE("checkpoint: a flipped byte, a truncated file and another model's chec
   write_bytes(path, flipped);
   const std::string e = error_of([&] { rt::read_checkpoint(path, loaded.all(), "hash-abc"); });
   CHECK(e.starts_with(path + ": checksum mismatch (file is corrupt): the metadata says crc32c:"));
-  CHECK(e.find(", the data hashes to crc32c:") != std::string::npos);
+  CHECK(e.find(", the header and data hash to crc32c:") != std::string::npos);
   CHECK(error_of([&] { rt::read_weights(path, loaded.params()); }).starts_with(path + ": checksum mismatch"));
   CHECK(loaded == Model(0));  // nothing was copied
 
@@ -299,7 +342,7 @@ TEST_CASE("checkpoint: a flipped byte, a truncated file and another model's chec
 TEST_CASE("checkpoint: missing, unexpected, wrong-shape and wrong-dtype tensors are listed together") {
   TempDir dir;
   Model saved(1);
-  const std::string path = rt::write_checkpoint(dir.path, 7, saved.all(), "h", {}, 0);
+  const std::string path = rt::write_checkpoint(dir.path, 7, saved.all(), "h", kRun, {});
   Model loaded(0);
   std::vector<float> extra(2), wide(15);
   std::vector<rt::TensorRef> into = {{"wte", "f32", {5, 3}, wide.data()},
@@ -328,12 +371,19 @@ TEST_CASE("checkpoint: --init weights load from any safetensors file with exactl
   CHECK(loaded.w == saved.w);
   CHECK(loaded.mask == saved.mask);
 
-  // A full checkpoint holds optimizer state the params do not name.
-  const std::string ckpt = rt::write_checkpoint(dir / "ckpt", 1, saved.all(), "h", {}, 0);
+  // A full checkpoint holds optimizer state the params do not name: refused
+  // unless the caller names it ignorable (the trainer names its state).
+  const std::string ckpt = rt::write_checkpoint(dir / "ckpt", 1, saved.all(), "h", kRun, {});
   CHECK(error_of([&] { rt::read_weights(ckpt, loaded.params()); }) ==
         ckpt + ": does not match this model (2 problems)\n"
                "  unexpected: adam.m.wte (f32[4, 3]) is not in this model\n"
                "  unexpected: optimizer.step (i64[]) is not in this model");
+  Model from_ckpt(0);
+  CHECK(rt::read_weights(ckpt, from_ckpt.params(), {"adam.m.wte", "optimizer.step"}) ==
+        std::vector<std::string>{"adam.m.wte", "optimizer.step"});
+  CHECK(from_ckpt.w == saved.w);
+  CHECK(error_of([&] { rt::read_weights(ckpt, from_ckpt.params(), {"adam.m.wte"}); }) ==
+        ckpt + ": does not match this model (1 problem)\n  unexpected: optimizer.step (i64[]) is not in this model");
   auto more = loaded.params();
   more.push_back({"lm_head", "f32", {3, 4}, loaded.m_wte.data()});
   CHECK(error_of([&] { rt::read_weights(dir / "init.safetensors", more); }) ==
@@ -352,25 +402,160 @@ TEST_CASE("checkpoint: latest_checkpoint picks the highest step and ignores temp
   CHECK(rt::latest_checkpoint(dir.path) == dir / "step-1000000.safetensors");
 }
 
-TEST_CASE("checkpoint: keep = 2 keeps the two newest - keep = 0 keeps all") {
+TEST_CASE("checkpoint: the header is covered by the checksum and its fields are validated") {
+  TempDir dir;
+  Model saved(1), loaded(0);
+  const std::string path = rt::write_checkpoint(dir.path, 6, saved.all(), "h", kRun, {{"seed", "7"}});
+  const std::string good = read_bytes(path);
+  rt::CheckpointHeader h = rt::read_checkpoint(path, loaded.all(), "h");
+  CHECK(h.step == 6);
+  CHECK(h.seed == 7u);
+  CHECK(h.run == kRun);
+  CHECK(h.format == 2);
+
+  // An edited value that is still valid: only the checksum can tell.
+  rewrite(path, [](auto& meta, auto&) { meta["step"] = "8"; });
+  Model untouched(0);
+  CHECK(error_of([&] { rt::read_checkpoint(path, untouched.all(), "h"); }).starts_with(path + ": checksum mismatch"));
+  // Two same-shaped tensors' data swapped by renaming: the data is unchanged, the header is not.
+  write_bytes(path, good);
+  rewrite(path, [](auto&, auto& tensors) { std::swap(tensors[0].name, tensors[3].name); });
+  CHECK(error_of([&] { rt::read_checkpoint(path, untouched.all(), "h"); }).starts_with(path + ": checksum mismatch"));
+  CHECK(untouched == Model(0));
+
+  // Fields out of range are named, never an internal error.
+  for (const char* step : {"99999999999999999999", "-5", "", "1e3", " 5", "0x10"}) {
+    CAPTURE(step);
+    write_bytes(path, good);
+    rewrite(path, [&](auto& meta, auto&) { meta["step"] = step; });
+    CHECK(error_of([&] { rt::read_checkpoint_header(path); }) ==
+          path + ": metadata 'step' is \"" + step + "\", not a step count (a whole number from 0 to 10^18) (the file "
+                 "was edited or damaged)");
+  }
+  write_bytes(path, good);
+  rewrite(path, [](auto& meta, auto&) { meta["seed"] = "18446744073709551616"; });
+  CHECK(error_of([&] { rt::read_checkpoint_header(path); }).find("metadata 'seed' is \"18446744073709551616\", not a seed") !=
+        std::string::npos);
+  write_bytes(path, good);
+  rewrite(path, [](auto& meta, auto&) { meta["run"] = "\x1b[31mred"; });
+  CHECK(error_of([&] { rt::read_checkpoint_header(path); }) ==
+        path + ": metadata 'run' is \"\\x1b[31mred\", not a run id (hex digits) (the file was edited or damaged)");
+  write_bytes(path, good);
+  rewrite(path, [](auto& meta, auto&) { meta["format"] = "napkin-checkpoint-9"; });
+  CHECK(error_of([&] { rt::read_checkpoint_header(path); }) ==
+        path + ": checkpoint format 'napkin-checkpoint-9' is not one this trainer reads (napkin-checkpoint-1 or "
+               "napkin-checkpoint-2)");
+}
+
+TEST_CASE("checkpoint: version 1 files (data-only checksum - no run id) still load") {
+  TempDir dir;
+  Model saved(1), loaded(0);
+  std::vector<rt::TensorData> views;
+  for (const auto& t : saved.all()) views.push_back({t.name, t.dtype, t.shape, t.data});
+  const std::string path = dir / "step-000003.safetensors";
+  rt::write_safetensors_file(path, views, {});
+  uint32_t crc;
+  {
+    rt::SafetensorsFile f(path);
+    crc = rt::crc32c(f.data_section(), f.data_size());
+  }
+  char checksum[32];
+  std::snprintf(checksum, sizeof checksum, "crc32c:%08x", crc);
+  rt::write_safetensors_file(path, views, {{"format", "napkin-checkpoint-1"}, {"model_hash", "h"}, {"step", "3"},
+                                           {"checksum", checksum}});
+  rt::CheckpointHeader h = rt::read_checkpoint(path, loaded.all(), "h");
+  CHECK(loaded == saved);
+  CHECK(h.format == 1);
+  CHECK(h.run.empty());
+  CHECK(h.step == 3);
+}
+
+TEST_CASE("checkpoint: file names - steps and the temporaries of interrupted saves") {
+  CHECK(rt::checkpoint_step("step-000100.safetensors") == 100);
+  CHECK(!rt::checkpoint_step("step-99999999999999999999.safetensors"));
+  CHECK(!rt::checkpoint_step("step--5.safetensors"));
+  CHECK(rt::is_checkpoint_temporary(".tmp-step-000100.safetensors-AbC123"));
+  CHECK(!rt::is_checkpoint_temporary(".tmp-step-000100.safetensors-AbC12"));
+  CHECK(!rt::is_checkpoint_temporary(".tmp-notes.txt-AbC123"));
+  CHECK(!rt::is_checkpoint_temporary("step-000100.safetensors"));
+}
+
+TEST_CASE("checkpoint dir: a run keeps its newest N and prunes only its own lineage") {
   TempDir dir;
   Model m(1);
-  for (int64_t step : {1, 2, 3, 4}) rt::write_checkpoint(dir.path, step, m.all(), "h", {}, 2);
-  CHECK(files_in(dir.path) == std::vector<std::string>{"step-000003.safetensors", "step-000004.safetensors"});
-  for (int64_t step : {5, 6}) rt::write_checkpoint(dir.path, step, m.all(), "h", {}, 0);
-  CHECK(files_in(dir.path).size() == 4);
-  CHECK(rt::latest_checkpoint(dir.path) == dir / "step-000006.safetensors");
+  {
+    rt::CheckpointDir run(dir.path, "h", kRun);
+    for (int64_t step : {1, 2, 3, 4}) run.save(step, m.all(), {}, 2);
+    CHECK(files_in(dir.path) == std::vector<std::string>{".lock", "step-000003.safetensors", "step-000004.safetensors"});
+    for (int64_t step : {5, 6}) run.save(step, m.all(), {}, 0);
+    CHECK(files_in(dir.path).size() == 5);
+  }
+  // A resumed run (same model, same run id) may continue here and prune.
+  {
+    rt::CheckpointDir resumed(dir.path, "h", kRun);
+    resumed.save(7, m.all(), {}, 2);
+    CHECK(files_in(dir.path) == std::vector<std::string>{".lock", "step-000006.safetensors", "step-000007.safetensors"});
+  }
+  const std::string before6 = read_bytes(dir / "step-000006.safetensors");
+  // Another run of the same model, another model: refused at start, nothing touched.
+  for (auto [hash, run] : {std::pair{"h", "ffffffffffffffff"}, std::pair{"other-model", kRun.c_str()}}) {
+    CAPTURE(hash);
+    const std::string e = error_of([&] { rt::CheckpointDir other(dir.path, hash, run); });
+    INFO(e);
+    CHECK(e.starts_with(dir.path + ": holds 2 checkpoints that this run did not write (step-000006.safetensors, "
+                                   "step-000007.safetensors; written by another "));
+    CHECK(e.find("to continue that run: --resume " + dir.path) != std::string::npos);
+  }
+  CHECK(files_in(dir.path) == std::vector<std::string>{".lock", "step-000006.safetensors", "step-000007.safetensors"});
+  CHECK(read_bytes(dir / "step-000006.safetensors") == before6);
+}
+
+TEST_CASE("checkpoint dir: a file of another run that appears mid-run is neither pruned nor overwritten") {
+  TempDir dir;
+  Model m(1), other(2);
+  rt::CheckpointDir run(dir.path, "h", kRun);
+  run.save(1, m.all(), {}, 1);
+  rt::write_checkpoint(dir.path, 2, other.all(), "h", "ffffffffffffffff", {});
+  rt::write_checkpoint(dir.path, 0, other.all(), "h", "ffffffffffffffff", {});
+  const std::string theirs = read_bytes(dir / "step-000002.safetensors");
+  CHECK(error_of([&] { run.save(2, m.all(), {}, 1); }) ==
+        dir / "step-000002.safetensors: will not overwrite it: written by another run of this model (run "
+              "ffffffffffffffff); move it away and resume with --resume " + dir.path);
+  CHECK(read_bytes(dir / "step-000002.safetensors") == theirs);
+  run.save(3, m.all(), {}, 1);  // prunes its own step 1, not their 0 and 2
+  CHECK(files_in(dir.path) == std::vector<std::string>{".lock", "step-000000.safetensors", "step-000002.safetensors",
+                                                       "step-000003.safetensors"});
+}
+
+TEST_CASE("checkpoint dir: start-up locks the dir - checks it is writable - removes stale temporaries") {
+  TempDir dir;
+  Model m(1);
+  write_bytes(dir / ".tmp-step-000002.safetensors-AbC123", "half a checkpoint");
+  write_bytes(dir / ".tmp-step-000004.safetensors-xYz789", "");
+  write_bytes(dir / "notes.txt", "mine");
+  {
+    rt::CheckpointDir run(dir.path, "h", kRun);
+    CHECK(run.temporaries_removed() == 2);
+    CHECK(files_in(dir.path) == std::vector<std::string>{".lock", "notes.txt"});
+    // A second trainer on the same directory stops at once.
+    CHECK(error_of([&] { rt::CheckpointDir second(dir.path, "h", kRun); })
+              .starts_with(dir.path + ": another trainer (pid " + std::to_string(::getpid()) + ") is writing checkpoints here"));
+  }
+  rt::CheckpointDir after(dir.path, "h", kRun);  // the lock went with the first
+  write_bytes(dir / "file", "");
+  CHECK(error_of([&] { rt::CheckpointDir bad(dir / "file/sub", "h", kRun); })
+            .starts_with(dir / "file/sub: cannot create the checkpoint directory: "));
 }
 
 TEST_CASE("checkpoint: a failed write leaves the previous checkpoint intact and no temp file") {
   TempDir dir;
   Model first(1), second(2);
-  const std::string kept = rt::write_checkpoint(dir.path, 100, first.all(), "h", {}, 1);
+  const std::string kept = rt::write_checkpoint(dir.path, 100, first.all(), "h", kRun, {});
   const std::string before = read_bytes(kept);
 
   SUBCASE("the rename fails (a directory is in the way)") {
     fs::create_directories(dir / "step-000200.safetensors/x");
-    CHECK(error_of([&] { rt::write_checkpoint(dir.path, 200, second.all(), "h", {}, 1); })
+    CHECK(error_of([&] { rt::write_checkpoint(dir.path, 200, second.all(), "h", kRun, {}); })
               .starts_with(dir / "step-000200.safetensors: cannot rename the temporary file into place: "));
     CHECK(files_in(dir.path) == std::vector<std::string>{"step-000100.safetensors", "step-000200.safetensors"});
   }
@@ -382,7 +567,7 @@ TEST_CASE("checkpoint: a failed write leaves the previous checkpoint intact and 
     rlimit small = old_limit;
     small.rlim_cur = 200;
     setrlimit(RLIMIT_FSIZE, &small);
-    const std::string e = error_of([&] { rt::write_checkpoint(dir.path, 200, second.all(), "h", {}, 1); });
+    const std::string e = error_of([&] { rt::write_checkpoint(dir.path, 200, second.all(), "h", kRun, {}); });
     setrlimit(RLIMIT_FSIZE, &old_limit);
     std::signal(SIGXFSZ, old_handler);
     CHECK(e == dir / "step-000200.safetensors: cannot write: File too large");
@@ -390,7 +575,7 @@ TEST_CASE("checkpoint: a failed write leaves the previous checkpoint intact and 
   }
   SUBCASE("the directory cannot be created") {
     write_bytes(dir / "file", "");
-    CHECK(error_of([&] { rt::write_checkpoint(dir / "file/sub", 200, second.all(), "h", {}, 1); })
+    CHECK(error_of([&] { rt::write_checkpoint(dir / "file/sub", 200, second.all(), "h", kRun, {}); })
               .starts_with(dir / "file/sub: cannot create the checkpoint directory: "));
   }
   CHECK(read_bytes(kept) == before);

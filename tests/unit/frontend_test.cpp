@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ir/printer.h"
+#include "passes/cost.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -434,4 +435,238 @@ TEST_CASE("frontend: dim overrides parse from name=value,name=value") {
   CHECK(bad("d=0") == "the value of dim 'd' must be positive, got 0");
   CHECK(bad("d=99999999999999999999999").find("out of range") != std::string::npos);
   CHECK(bad("d=32, d=16") == "dim 'd' is given twice");
+}
+
+namespace {
+// The nodes of `op` in schedule order.
+std::vector<const ir::Node*> nodes_of(const ir::Graph& g, ir::Op op) {
+  std::vector<const ir::Node*> nodes;
+  for (ir::NodeId id : g.schedule())
+    if (g.node(id).op == op) nodes.push_back(&g.node(id));
+  return nodes;
+}
+
+std::vector<std::string> param_names(const ir::Graph& g) {
+  std::vector<std::string> names;
+  for (const ir::Param& p : g.params) names.push_back(g.value(p.value).name);
+  return names;
+}
+}  // namespace
+
+TEST_CASE("blocks: a block with two arguments is called like a function - each call its own copy") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {n: 2, d: 4}
+inputs: {x: {shape: [n, d]}, s: {shape: [n, d]}}
+blocks:
+  res:
+    args: [x, skip]
+    params: {w: {shape: [d, d], init: normal(0.02)}}
+    forward:
+      - y: relu(x @ w) + skip
+forward:
+  - h: res(x, s)
+  - h: res(h, skip=x)
+loss: mean(h)
+)yaml");
+  // Calls are numbered per block: res.0, res.1, each with its own parameters.
+  CHECK(param_names(g) == std::vector<std::string>{"res.0.w", "res.1.w"});
+  auto adds = nodes_of(g, ir::Op::Add);
+  REQUIRE(adds.size() == 2);
+  CHECK(adds[0]->scope == "res.0");
+  CHECK(adds[0]->inputs[1] == g.inputs[1]);  // skip = s
+  CHECK(adds[1]->scope == "res.1");
+  CHECK(adds[1]->inputs[1] == g.inputs[0]);  // skip = x, by keyword
+}
+
+TEST_CASE("blocks: repeat feeds the output to the first argument and the others unchanged to every copy") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {n: 2, d: 4, layers: 3}
+inputs: {x: {shape: [n, d]}, mask: {shape: [n, d]}}
+blocks:
+  layer:
+    args: [x, mask]
+    params: {w: {shape: [d, d], init: normal(0.02)}}
+    forward:
+      - x: (x @ w) * mask
+forward:
+  - y: repeat(layer, layers, x, mask, prefix="enc")
+loss: mean(y)
+)yaml");
+  CHECK(param_names(g) == std::vector<std::string>{"enc.0.w", "enc.1.w", "enc.2.w"});
+  auto matmuls = nodes_of(g, ir::Op::MatMul);
+  auto muls = nodes_of(g, ir::Op::Mul);
+  REQUIRE(matmuls.size() == 3);
+  REQUIRE(muls.size() == 3);
+  CHECK(matmuls[0]->inputs[0] == g.inputs[0]);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(muls[i]->inputs[1] == g.inputs[1]);  // every copy gets the same mask
+    if (i > 0) CHECK(matmuls[i]->inputs[0] == muls[i - 1]->out());  // and the previous copy's output
+  }
+}
+
+TEST_CASE("blocks: a model parameter used in a block is one tensor shared by every copy and call") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {n: 2, d: 4, layers: 3}
+inputs: {x: {shape: [n, d]}}
+params:
+  w: {shape: [d, d], init: normal(0.02)}
+blocks:
+  layer:
+    params: {g: {shape: [d], init: ones}}
+    forward:
+      - x: tanh(x @ w) * g
+forward:
+  - y: repeat(layer, layers, x)
+  - y: layer(y)
+loss: mean(y @ w)
+)yaml");
+  CHECK(param_names(g) == std::vector<std::string>{"w", "blocks.0.g", "blocks.1.g", "blocks.2.g", "layer.0.g"});
+  // Counted once: w, then one g per copy.
+  CHECK(g.param_count() == 4 * 4 + 4 * 4);
+  passes::StepCost c = passes::analyze_step(g, nullptr);
+  CHECK(c.params == 4 * 4 + 4 * 4);
+  auto matmuls = nodes_of(g, ir::Op::MatMul);
+  REQUIRE(matmuls.size() == 5);
+  for (const ir::Node* m : matmuls) CHECK(m->inputs[1] == g.params[0].value);
+}
+
+TEST_CASE("einsum: three operands lower to two contractions in greedy FLOP order") {
+  // A[i, j] B[j, k] C[k, l] with i = k = 64 and j = l = 2. Contracting A B first
+  // (left to right) costs 2·i·j·k + 2·i·k·l = 32768 FLOPs; B C first costs
+  // 2·j·k·l + 2·i·j·l = 1024, and is what the greedy order picks.
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {i: 64, j: 2, k: 64, l: 2}
+inputs: {a: {shape: [i, j]}, b: {shape: [j, k]}, c: {shape: [k, l]}}
+forward:
+  - y: einsum(a, b, c, "i j, j k, k l -> l i")
+loss: mean(y)
+)yaml");
+  auto einsums = nodes_of(g, ir::Op::Einsum);
+  REQUIRE(einsums.size() == 2);
+  CHECK(einsums[0]->inputs == std::vector<ir::ValueId>{g.inputs[1], g.inputs[2]});
+  CHECK(einsums[0]->attrs.get_string("spec") == "j k, k l -> j l");
+  CHECK(einsums[1]->inputs[0] == g.inputs[0]);
+  CHECK(einsums[1]->attrs.get_string("spec") == "i j, j l -> l i");
+  const ir::TensorType& y = g.value(einsums[1]->out()).type;
+  CHECK(y.sizes() == std::vector<int64_t>{2, 64});
+  CHECK(y.dims[0].name == "l");
+  passes::StepCost c = passes::analyze_step(g, nullptr);
+  double flops = 0;
+  for (const auto& row : c.rows)
+    if (g.node(row.node).op == ir::Op::Einsum) flops += row.cost.flops;
+  CHECK(flops == 2 * 2 * 64 * 2 + 2 * 64 * 2 * 2);
+}
+
+TEST_CASE("einsum: an axis in three operands stays until its last operand is contracted") {
+  // x[b, i], w[i, j], y[b, j] -> [b]: every pair spans b, i and j, 2·8·4·4 =
+  // 256 FLOPs; x w and w y leave 32 elements, x y 128, and of the two the
+  // leftmost pair x w goes first. Its result keeps b (y and the output need
+  // it) and j (y needs it) and sums i.
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {b: 8, i: 4, j: 4}
+inputs: {x: {shape: [b, i]}, w: {shape: [i, j]}, y: {shape: [b, j]}}
+forward:
+  - z: einsum(x, w, y, "b i, i j, b j -> b")
+loss: mean(z)
+)yaml");
+  auto einsums = nodes_of(g, ir::Op::Einsum);
+  REQUIRE(einsums.size() == 2);
+  CHECK(einsums[0]->attrs.get_string("spec") == "b i, i j -> b j");
+  CHECK(einsums[1]->attrs.get_string("spec") == "b j, b j -> b");
+}
+
+TEST_CASE("einsum: one operand sums the axes the output drops and permutes the rest") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {b: 2, s: 3, d: 4}
+inputs: {x: {shape: [b, s, d]}}
+forward:
+  - t: einsum(x, "b s d -> d b")
+  - p: einsum(x, "b s d -> s b d")
+  - same: einsum(x, "b s d -> b s d")
+loss: mean(t) + mean(p) + mean(same)
+)yaml");
+  CHECK(count_ops(g, ir::Op::Einsum) == 0);
+  auto sums = nodes_of(g, ir::Op::ReduceSum);
+  REQUIRE(sums.size() == 1);
+  CHECK(sums[0]->attrs.get_ints("axes") == std::vector<int64_t>{1});
+  CHECK(count_ops(g, ir::Op::Permute) == 2);
+}
+
+TEST_CASE("blocks: a misspelt block call suggests the block - errors in its body point into the body") {
+  std::string out = compile_errors(std::string(kHeader) + R"yaml(
+dims: {n: 2, d: 4, e: 3}
+inputs: {x: {shape: [n, d]}, g: {shape: [e]}}
+blocks:
+  layer:
+    args: [x, gain]
+    forward:
+      - y: layernorm(x, gain, gain)
+forward:
+  - h: lyer(x, g)
+  - h:                    layer(x, g)
+loss: mean(h)
+)yaml", "b.yaml");
+  INFO(out);
+  CHECK(out.find("b.yaml:13:8: error: unknown function 'lyer'; did you mean 'layer'?") != std::string::npos);
+  // The gain's error points at 'gain' in the block's line, whatever the column
+  // of the call's argument.
+  CHECK(out.find("b.yaml:11:25: error: layernorm: gain has shape f32[e=3]") != std::string::npos);
+}
+
+TEST_CASE("einsum: the pattern may be given as pattern= after any number of operands") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {i: 2, j: 3, k: 4}
+inputs: {a: {shape: [i, j]}, b: {shape: [j, k]}, c: {shape: [k]}}
+forward:
+  - two: einsum(a, b, pattern="i j, j k -> i k")
+  - three: einsum(a, b, c, pattern="i j, j k, k -> i")
+loss: mean(two) + mean(three)
+)yaml");
+  CHECK(count_ops(g, ir::Op::Einsum) == 3);
+}
+
+TEST_CASE("einsum: a missing or misplaced pattern - an integer operand of a chain - are errors at the operand") {
+  std::string out = compile_errors(std::string(kHeader) + R"yaml(
+dims: {i: 2, j: 3}
+inputs: {a: {shape: [i, j]}, b: {shape: [j, i]}, n: {shape: [i, j], dtype: i32}}
+forward:
+  - p: einsum(a)
+  - q: einsum(a, "i j -> j i", b)
+  - r: einsum(a, b, a, nope)
+  - s: einsum(n, "i j -> i")
+  - t: einsum(a, b, n, "i j, j k, k l -> i l")
+loss: mean(a)
+)yaml", "e.yaml");
+  INFO(out);
+  CHECK(out.find("e.yaml:8:8: error: einsum needs a pattern string after its operands") != std::string::npos);
+  CHECK(out.find("e.yaml:9:32: error: einsum needs a pattern string after its operands") != std::string::npos);
+  CHECK(out.find("e.yaml:10:24: error: undefined name 'nope'") != std::string::npos);
+  CHECK(out.find("e.yaml:11:15: error: einsum needs floating-point operands, got i32[i=2, j=3]") != std::string::npos);
+  CHECK(out.find("e.yaml:12:21: error: einsum: dtype mismatch: operand 1 is f32 but operand 3 is i32") !=
+        std::string::npos);
+  CHECK(out.find("5 errors generated.") != std::string::npos);
+}
+
+TEST_CASE("blocks: an argument that is not a name or is a dim is an error where args: lists it") {
+  std::string out = compile_errors(std::string(kHeader) + R"yaml(
+dims: {n: 2, d: 4}
+inputs: {x: {shape: [n, d]}}
+blocks:
+  a:
+    args: [x, [y]]
+    forward:
+      - y: x
+  b:
+    args: [x, d]
+    forward:
+      - y: x
+forward:
+  - h: a(x, x)
+  - g: b(x, x)
+loss: mean(h) + mean(g)
+)yaml", "a.yaml");
+  INFO(out);
+  CHECK(out.find("a.yaml:9:15: error: an argument of block 'a' must be a name") != std::string::npos);
+  CHECK(out.find("a.yaml:13:15: error: the argument 'd' of block 'b' is already a dim") != std::string::npos);
+  CHECK(out.find("2 errors generated.") != std::string::npos);
 }

@@ -74,7 +74,33 @@ TEST_CASE("data: MappedFile maps a whole file, and an empty one without mmap") {
   CHECK(empty.data() == nullptr);
 
   CHECK(error_of([&] { rt::MappedFile m(dir / "nope"); }) == dir / "nope: cannot open: No such file or directory");
-  CHECK(error_of([&] { rt::MappedFile m(dir.path); }) == dir.path + ": not a regular file");
+  CHECK(error_of([&] { rt::MappedFile m(dir.path); }) == dir.path + ": not a regular file (it is a directory)");
+  // A FIFO without a writer is refused at once (an open without O_NONBLOCK would wait forever).
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  CHECK(error_of([&] { rt::MappedFile m(dir / "fifo"); }) == dir / "fifo: not a regular file (it is a FIFO (named pipe))");
+  CHECK(error_of([&] { rt::MappedFile m("/dev/zero"); }) == "/dev/zero: not a regular file (it is a character device)");
+}
+
+TEST_CASE("data: a mapped file truncated under its reader reads zeros and check_intact names it - no SIGBUS") {
+  TempDir dir;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  write_bytes(dir / "big.bin", std::string(4 * page, 'x'));
+  rt::MappedFile f(dir / "big.bin");
+  CHECK(f.data()[3 * page] == 'x');
+  f.check_intact();  // nothing happened yet
+  ::truncate((dir / "big.bin").c_str(), 100);
+  // Pages past the new end are gone: without the guard this load raises SIGBUS.
+  volatile const char* p = f.data();
+  CHECK(p[3 * page + 5] == 0);
+  CHECK(p[2 * page] == 0);
+  CHECK(error_of([&] { f.check_intact(); }) ==
+        dir / "big.bin: the file shrank while the trainer was reading it (" + std::to_string(4 * page) + " bytes at start, 100 now): it was "
+              "truncated or rewritten in place by another program");
+  // A truncation inside the last page faults nowhere; the size check still sees it.
+  write_bytes(dir / "small.bin", std::string(300, 'y'));
+  rt::MappedFile g(dir / "small.bin");
+  ::truncate((dir / "small.bin").c_str(), 200);
+  CHECK(error_of([&] { g.check_intact(); }).find("(300 bytes at start, 200 now)") != std::string::npos);
 }
 
 // ------------------------------------------------------------------ npy

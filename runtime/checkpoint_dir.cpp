@@ -1,0 +1,165 @@
+#include "runtime/checkpoint_dir.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <ctime>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "runtime/error.h"
+
+namespace napkin::runtime {
+
+namespace {
+
+constexpr const char* kLockName = ".lock";
+
+// "step-000002.safetensors, step-000004.safetensors and 3 more".
+std::string some_names(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < 4; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > 4) s += " and " + std::to_string(names.size() - 4) + " more";
+  return s;
+}
+
+}  // namespace
+
+std::string new_run_id() {
+  uint64_t bits = 0;
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::read(fd, &bits, sizeof bits) != static_cast<ssize_t>(sizeof bits)) {
+    // No /dev/urandom (a bare container): time and pid still separate runs.
+    bits = static_cast<uint64_t>(::time(nullptr)) * 6364136223846793005ull ^ static_cast<uint64_t>(::getpid());
+  }
+  if (fd >= 0) ::close(fd);
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(bits));
+  return buf;
+}
+
+CheckpointDir::CheckpointDir(std::string dir, std::string model_hash, std::string run)
+    : dir_(std::move(dir)), model_hash_(std::move(model_hash)), run_(std::move(run)) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) throw Error(dir_ + ": cannot create the checkpoint directory: " + ec.message());
+  if (!fs::is_directory(dir_, ec)) throw Error(dir_ + ": the checkpoint directory is not a directory");
+
+  const std::string lock_path = dir_ + "/" + kLockName;
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0)
+    throw Error(dir_ + ": cannot write checkpoints here: " + std::strerror(errno) +
+                " (checked at start-up; pick another --checkpoint-dir)");
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {};
+    ssize_t n = ::pread(lock_fd_, pid, sizeof pid - 1, 0);
+    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    throw Error(dir_ + ": another trainer" + (holder.empty() ? "" : " (pid " + printable(holder, 20) + ")") +
+                " is writing checkpoints here; wait for it to finish or pick another --checkpoint-dir");
+  }
+  // From here on a throw must release the lock: a constructor that throws
+  // runs no destructor.
+  try {
+    check_and_clean();
+  } catch (...) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    throw;
+  }
+}
+
+void CheckpointDir::check_and_clean() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, pid.data(), pid.size(), 0) < 0) {
+    // The lock is what matters; the pid is only for the message above.
+  }
+
+  // The probe: what the first save will do (create, write, remove a file).
+  std::string probe = dir_ + "/.tmp-probe-XXXXXX";
+  int fd = ::mkstemp(probe.data());
+  if (fd < 0 || ::write(fd, "napkin", 6) != 6) {
+    int err = errno;
+    if (fd >= 0) ::close(fd), ::unlink(probe.c_str());
+    throw Error(dir_ + ": cannot write checkpoints here: " + std::strerror(err) +
+                " (checked at start-up; pick another --checkpoint-dir)");
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+
+  std::vector<std::string> foreign;
+  std::string first_reason;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (is_checkpoint_temporary(name) || name.starts_with(".tmp-probe-")) {
+      if (fs::remove(entry.path(), ec)) ++temporaries_removed_;
+      continue;
+    }
+    if (!checkpoint_step(name) || !entry.is_regular_file(ec)) continue;
+    std::string why = foreign_reason(entry.path().string());
+    if (why.empty()) continue;
+    foreign.push_back(name);
+    if (first_reason.empty()) first_reason = why;
+  }
+  if (ec) throw Error(dir_ + ": cannot list the checkpoint directory: " + ec.message());
+  if (!foreign.empty()) {
+    std::sort(foreign.begin(), foreign.end());
+    throw Error(dir_ + ": holds " + std::to_string(foreign.size()) + " checkpoint" + (foreign.size() == 1 ? "" : "s") +
+                " that this run did not write (" + some_names(foreign) + "; " + first_reason +
+                "), and a run never prunes or overwrites another's files.\n"
+                "  to continue that run: --resume " + dir_ + "\n" +
+                "  to start afresh: --checkpoint-dir ANOTHER_DIR, or move those files away");
+  }
+}
+
+CheckpointDir::~CheckpointDir() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+}
+
+std::string CheckpointDir::foreign_reason(const std::string& path) const {
+  CheckpointHeader h;
+  try {
+    h = read_checkpoint_header(path);
+  } catch (const Error& e) {
+    return std::string("one cannot be read: ") + e.what();
+  }
+  if (h.model_hash != model_hash_)
+    return "written by another model" +
+           (h.metadata.count("model") ? " '" + printable(h.metadata.at("model")) + "'" : std::string()) +
+           " or another --dims variant (hash " + h.model_hash + ")";
+  if (h.run != run_) return "written by another run of this model (run " + (h.run.empty() ? "unknown" : h.run) + ")";
+  return "";
+}
+
+std::string CheckpointDir::save(int64_t step, const std::vector<TensorRef>& tensors,
+                                const std::map<std::string, std::string>& metadata, int64_t keep) {
+  const std::string target = dir_ + "/" + checkpoint_filename(step);
+  if (std::filesystem::exists(target)) {
+    std::string why = foreign_reason(target);
+    if (!why.empty())
+      throw Error(target + ": will not overwrite it: " + why + "; move it away and resume with --resume " + dir_);
+  }
+  const std::string path = write_checkpoint(dir_, step, tensors, model_hash_, run_, metadata);
+  if (keep > 0) {
+    int64_t kept = 0;
+    for (const auto& [s, file] : list_checkpoints(dir_)) {
+      if (!foreign_reason(file).empty()) continue;  // not ours: never touched
+      if (++kept <= keep) continue;
+      if (::unlink(file.c_str()) != 0 && errno != ENOENT)
+        throw Error(file + ": cannot delete this old checkpoint: " + std::strerror(errno));
+    }
+  }
+  return path;
+}
+
+}  // namespace napkin::runtime

@@ -1,0 +1,65 @@
+// What a training run may do to its checkpoint directory. The guarantees
+// (docs/runtime.md, "Checkpoints", states them for users):
+//
+// - One run per directory at a time: DIR/.lock is held with flock(2) for the
+//   whole run, so a second trainer pointed at DIR stops at start-up. The kernel
+//   drops the lock when the process ends, however it ends (kill -9 included),
+//   so a stale lock never blocks the next run.
+// - A directory is checked at start-up, not at the first save: it is created,
+//   locked, and a probe file is written and removed, so an unwritable DIR is
+//   an Error before step 1.
+// - Temporaries that killed saves left (.tmp-step-*.safetensors-XXXXXX) are
+//   removed at start-up, under the lock, so no other writer can own them.
+// - A run writes only into a directory that is empty or holds checkpoints of
+//   its own lineage: the same model (model_hash) and the same run id (a
+//   resumed run carries on the id of the run it resumed). Anything else,
+//   another model's files, another run's, or a file that cannot be read as a
+//   checkpoint, stops the run at start-up with the list and the ways out.
+// - Pruning (--keep N) deletes only checkpoints of this lineage, oldest first,
+//   and only after the new one is safely on disk; a file in the way of a save
+//   that is not this lineage's is never overwritten.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/checkpoint.h"
+
+namespace napkin::runtime {
+
+// 16 hex digits from the kernel's random source: a fresh run's id.
+std::string new_run_id();
+
+class CheckpointDir {
+ public:
+  // Takes `dir` for the run (model_hash, run) as described above; Error if it
+  // cannot.
+  CheckpointDir(std::string dir, std::string model_hash, std::string run);
+  ~CheckpointDir();
+  CheckpointDir(const CheckpointDir&) = delete;
+  CheckpointDir& operator=(const CheckpointDir&) = delete;
+
+  const std::string& path() const { return dir_; }
+  // Temporaries of killed saves removed at start-up.
+  int temporaries_removed() const { return temporaries_removed_; }
+
+  // Writes the checkpoint of `step` (write_checkpoint), then deletes this
+  // lineage's checkpoints beyond the newest `keep` (keep <= 0: none).
+  // Returns the new file's path.
+  std::string save(int64_t step, const std::vector<TensorRef>& tensors,
+                   const std::map<std::string, std::string>& metadata, int64_t keep);
+
+ private:
+  // The start-up work after the lock is taken: probe, clean, check lineage.
+  void check_and_clean();
+  // Empty when `path` is a checkpoint of this lineage, else why it is not.
+  std::string foreign_reason(const std::string& path) const;
+
+  std::string dir_, model_hash_, run_;
+  int lock_fd_ = -1;
+  int temporaries_removed_ = 0;
+};
+
+}  // namespace napkin::runtime

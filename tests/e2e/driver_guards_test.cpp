@@ -1,0 +1,101 @@
+// The driver never destroys what it reads and never hangs on what it is given:
+// an output that is also an input or a directory is refused, text and data
+// must be regular files (not /dev/zero, not a FIFO without a writer), and a
+// damaged cached trainer is rebuilt instead of run.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <string>
+
+#include "support/test_io.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using napkin::testing::read_bytes;
+using napkin::testing::write_bytes;
+using Run = napkin::testing::CommandResult;
+Run sh(const std::string& command) { return napkin::testing::run_in_source_tree(command); }
+
+}  // namespace
+
+TEST_CASE("driver: an output that is an input or a directory is refused and nothing is written") {
+  napkin::testing::TempDir tmp("driver-outputs");
+  const std::string model = tmp / "m.yaml", text = tmp / "in.txt";
+  fs::copy_file(std::string(NAPKIN_SOURCE_DIR) + "/models/linear.yaml", model);
+  const std::string yaml = read_bytes(model);
+  write_bytes(text, "hello");
+
+  Run r = sh(fmt::format("{} build {} -o {}", NAPKIN_BINARY, model, model));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("-o " + model + ": is also an input") != std::string::npos);
+  CHECK(read_bytes(model) == yaml);
+
+  fs::create_directories(tmp / "outdir");
+  r = sh(fmt::format("{} build {} -o {}", NAPKIN_BINARY, model, tmp / "outdir"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("is a directory") != std::string::npos);
+  CHECK(fs::is_empty(tmp / "outdir"));
+
+  r = sh(fmt::format("{} data encode {} -o {}", NAPKIN_BINARY, text, text));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("is also an input") != std::string::npos);
+  CHECK(read_bytes(text) == "hello");
+
+  r = sh(fmt::format("{} data encode {} -o {}", NAPKIN_BINARY, text, tmp / "outdir"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("is a directory") != std::string::npos);
+  CHECK(fs::is_empty(tmp / "outdir"));
+  for (const auto& e : fs::directory_iterator(tmp.path)) CHECK(e.path().extension() != ".tmp");
+}
+
+TEST_CASE("driver: data encode reads regular files only - a directory - /dev/zero - a FIFO") {
+  napkin::testing::TempDir tmp("driver-inputs");
+  Run r = sh(fmt::format("{} data encode {} -o {}", NAPKIN_BINARY, tmp.path, tmp / "out.u16"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find(tmp.path + ": is a directory") != std::string::npos);
+  r = sh(fmt::format("timeout 20 {} data encode /dev/zero -o {}", NAPKIN_BINARY, tmp / "out.u16"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("/dev/zero: is not a regular file") != std::string::npos);
+  REQUIRE(::mkfifo((tmp / "fifo").c_str(), 0600) == 0);
+  r = sh(fmt::format("timeout 20 {} data encode {} -o {}", NAPKIN_BINARY, tmp / "fifo", tmp / "out.u16"));
+  CHECK(r.status == 1);  // not 124: it did not block
+  CHECK(!fs::exists(tmp / "out.u16"));
+}
+
+TEST_CASE("driver: a trainer given a FIFO as data stops at once instead of blocking") {
+  napkin::testing::TempDir tmp("driver-fifo");
+  const std::string trainer = tmp / "trainer";
+  REQUIRE(sh(fmt::format("{} build models/gpt.yaml --dims batch=2,seq=8,d=16,heads=2,layers=1 -o {} --quiet",
+                         NAPKIN_BINARY, trainer)).status == 0);
+  REQUIRE(::mkfifo((tmp / "fifo").c_str(), 0600) == 0);
+  Run r = sh(fmt::format("timeout 20 {} --data {} --steps 1 --quiet", trainer, tmp / "fifo"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find(tmp / "fifo" + ": not a regular file (it is a FIFO (named pipe))") != std::string::npos);
+}
+
+TEST_CASE("driver: napkin train rebuilds a damaged cached trainer instead of running it") {
+  napkin::testing::TempDir tmp("driver-cache");
+  const std::string train = fmt::format(
+      "XDG_CACHE_HOME={} {} train models/gpt.yaml --dims batch=2,seq=8,d=16,heads=2,layers=1 -- "
+      "--data tests/e2e/data/gpt/tokens.u16 --steps 1 --quiet --checkpoint-dir {}",
+      tmp.path, NAPKIN_BINARY, tmp / "ckpt");
+  Run first = sh(train + "/a");
+  INFO(first.out);
+  REQUIRE(first.status == 0);
+  std::string cached;
+  for (const auto& e : fs::recursive_directory_iterator(tmp / "napkin"))
+    if (e.path().filename() == "trainer") cached = e.path().string();
+  REQUIRE(!cached.empty());
+  fs::resize_file(cached, fs::file_size(cached) / 2);
+  Run second = sh(train + "/b");
+  INFO(second.out);
+  CHECK(second.status == 0);
+  CHECK(second.out.find("is damaged; rebuilding it") != std::string::npos);
+  Run third = sh(train + "/c");
+  CHECK(third.status == 0);
+  CHECK(third.out.find("using the cached trainer") != std::string::npos);
+}
