@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "frontend/suggest.h"
+#include "ir/glob.h"
 
 namespace napkin::frontend {
 
@@ -87,9 +88,29 @@ std::vector<std::string> sorted_names(const Kind (&kinds)[N], std::string_view (
   return names;
 }
 
+// What a no_decay pattern that matches no parameter was likely meant to be:
+// the most common slip is "ln*" for "blocks.0.ln1_g", as a pattern must match
+// the whole name.
+std::string no_decay_suggestion(const std::string& pattern, const std::vector<std::string>& params) {
+  const std::string anywhere = "*" + pattern;
+  for (const std::string& name : params)
+    if (ir::glob_match(anywhere, name))
+      return fmt::format("; did you mean '{}'? (a pattern matches the whole name, block prefixes included)", anywhere);
+  return did_you_mean(pattern, params);
+}
+
+// "w, w_b, ..." for a hint: the first few names and how many there are.
+std::string some_names(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 10;
+  if (names.size() <= kShown) return fmt::format("{}", fmt::join(names, ", "));
+  return fmt::format("{}, ... ({} in all; napkin ir MODEL.yaml lists them)",
+                     fmt::join(names.begin(), names.begin() + kShown, ", "), names.size());
+}
+
 }  // namespace
 
-void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfig& out) {
+void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfig& out,
+                    const std::vector<std::string>* param_names) {
   ExprPtr e = ctx.parse_scalar_expr(node, "optimizer");
   if (!e) return;
   ir::SourceLoc base = ctx.text_loc(node);
@@ -205,9 +226,22 @@ void read_optimizer(const YAML::Node& node, YamlContext& ctx, ir::OptimizerConfi
     for (const ConfigValue& item : v.items) ok = ok && item.kind == ConfigValue::Kind::Text;
     if (!ok)
       err(v.offset, "no_decay must be a list of parameter-name patterns",
-          "quote each pattern: no_decay=[\"*_b\", \"ln*\"]");
+          "quote each pattern: no_decay=[\"*_b\", \"*_g\"]");
     else
-      for (const ConfigValue& item : v.items) out.no_decay.push_back(item.text);
+      for (const ConfigValue& item : v.items) {
+        out.no_decay.push_back(item.text);
+        if (!param_names) continue;
+        const std::vector<std::string>& params = *param_names;
+        if (std::none_of(params.begin(), params.end(),
+                         [&](const std::string& name) { return ir::glob_match(item.text, name); }))
+          err(item.offset,
+              fmt::format("no_decay pattern '{}' matches no parameter{}", item.text,
+                          no_decay_suggestion(item.text, params)),
+              params.empty() ? "the model has no parameters: remove no_decay"
+                             : fmt::format("a pattern matches parameter names (`*` any run of characters, `?` one); "
+                                           "the parameters: {}",
+                                           some_names(params)));
+      }
   }
 }
 

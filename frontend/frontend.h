@@ -24,7 +24,15 @@ struct LoadOptions {
   std::map<std::string, int64_t> dim_overrides;
 };
 
-// Reads and lowers a model file. A missing or unreadable file is an error too.
+// The largest model file load_model_file reads: a real model is a few KB of
+// YAML, and a file this big is most likely not a model at all.
+inline constexpr int64_t kMaxModelFileBytes = int64_t{16} << 20;  // 16 MiB
+
+// Reads and lowers a model file. A missing or unreadable file is an error too,
+// and so is anything but a regular file (a directory, a FIFO, a device) and a
+// file over kMaxModelFileBytes: those are refused before they are read. The
+// text must be UTF-8 without control characters other than tab and line
+// breaks, and hold one YAML document.
 std::optional<ir::Graph> load_model_file(const std::string& path, ir::Diagnostics& diag);
 std::optional<ir::Graph> load_model_file(const std::string& path, ir::Diagnostics& diag, const LoadOptions& options);
 

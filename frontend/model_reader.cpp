@@ -2,13 +2,11 @@
 // (dims, inputs, params, blocks, forward, loss, then the training settings).
 #include <fmt/format.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "frontend/config.h"
 #include "frontend/dims.h"
 #include "frontend/frontend.h"
 #include "frontend/lowering.h"
+#include "frontend/model_source.h"
 #include "frontend/suggest.h"
 #include "ir/internal_check.h"
 
@@ -111,69 +109,13 @@ void read_loss(const YAML::Node& node, YamlContext& ctx, Lowerer& lowerer, Scope
 }
 
 
-// yaml-cpp's messages name the parser state ("illegal flow end"); the hint says
-// what usually causes each in a hand-written model file.
-std::string yaml_syntax_hint(const std::string& msg) {
-  static const std::vector<std::pair<std::string, std::string>> hints = {
-      {"illegal tab", "YAML indents with spaces only: replace the tab with spaces"},
-      {"illegal flow end", "this ']' or '}' does not match the bracket it closes: '[' pairs with ']', '{' with '}'"},
-      {"end of sequence flow not found", "a '[' is never closed: add the matching ']'"},
-      {"end of map flow not found", "a '{' is never closed: add the matching '}'"},
-      {"illegal map value",
-       "a ':' where no key can start: indent this line like the keys above it, or quote a value that contains ': '"},
-      {"end of map not found", "indent this line like the other keys of its mapping"},
-      {"end of sequence not found", "indent this '- ' entry like the other entries of its list"},
-      {"illegal block entry", "a '- ' entry where a value is expected: check the indentation of this line"},
-      {"illegal EOF in scalar", "a quoted string is never closed: add the closing quote"},
-      {"unknown escape character", "inside double quotes write a backslash as \\\\, or use single quotes"},
-  };
-  for (const auto& [key, hint] : hints)
-    if (msg.find(key) != std::string::npos) return hint;
-  return "check indentation, colons and brackets around this point";
-}
-
-// yaml-cpp reports an unclosed '[' or '{' where it gives up, often the next
-// key or past the end of the file. Scanning the text up to that point finds the
-// bracket that is still open, which is where the fix goes. Returns 0-based
-// (line, column), or (-1, -1) if none is open.
-std::pair<int, int> open_flow_bracket(const std::string& text, int stop_line, int stop_col) {
-  std::vector<std::pair<int, int>> open;
-  char quote = 0;
-  int line = 0, col = 0;
-  for (size_t i = 0; i < text.size() && (line < stop_line || (line == stop_line && col < stop_col)); ++i) {
-    char c = text[i];
-    char before = i > 0 ? text[i - 1] : '\n';
-    bool token_start = before == ' ' || before == '\t' || before == '\n' || before == '[' || before == '{' ||
-                       before == ',' || before == ':';
-    if (c == '\n') {
-      quote = 0;  // quoted scalars spanning lines are rare in model files; don't let one stray quote run on
-      ++line;
-      col = 0;
-      continue;
-    }
-    ++col;
-    if (quote) {
-      if (c == '\\' && quote == '"') ++i, ++col;
-      else if (c == quote) quote = 0;
-    } else if ((c == '"' || c == '\'') && token_start) {
-      quote = c;
-    } else if (c == '#' && (before == ' ' || before == '\t' || before == '\n')) {
-      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;  // a comment runs to the end of the line
-    } else if (c == '[' || c == '{') {
-      open.emplace_back(line, col - 1);
-    } else if ((c == ']' || c == '}') && !open.empty()) {
-      open.pop_back();
-    }
-  }
-  return open.empty() ? std::pair{-1, -1} : open.back();
-}
-
 std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, ir::Diagnostics& diag,
                                      const LoadOptions& options) {
   ctx.check_keys(root, kTopKeys, "the model");
   ir::Graph g;
   g.name = "model";
-  if (const YAML::Node& m = root["model"]) ctx.scalar_text(m, "model", g.name);
+  if (const YAML::Node& m = root["model"])
+    if (ctx.scalar_text(m, "model", g.name) && !ctx.check_name_text(m, g.name, "the model name")) g.name = "model";
   DimTable dims = read_dims(root["dims"], ctx, options.dim_overrides);
   std::map<std::string, BlockDef> blocks = read_blocks(root["blocks"], ctx);
   Scope scope;
@@ -183,8 +125,13 @@ std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, i
   // forward: is optional: a model may be its loss expression alone.
   if (const YAML::Node& forward = root["forward"]) lowerer.lower_forward(forward, scope);
   read_loss(root["loss"], ctx, lowerer, scope, g);
-  if (const YAML::Node& n = root["optimizer"]) read_optimizer(n, ctx, g.config.optimizer);
-  else diag.error({ctx.file(), 1, 1}, "the model has no optimizer", "add a line such as optimizer: adamw(lr=3e-4)");
+  if (const YAML::Node& n = root["optimizer"]) {
+    std::vector<std::string> params;
+    for (const ir::Param& p : g.params) params.push_back(g.value(p.value).name);
+    read_optimizer(n, ctx, g.config.optimizer, diag.has_errors() ? nullptr : &params);
+  } else {
+    diag.error({ctx.file(), 1, 1}, "the model has no optimizer", "add a line such as optimizer: adamw(lr=3e-4)");
+  }
   if (const YAML::Node& n = root["precision"]) read_precision(n, ctx, g.config.precision);
   if (const YAML::Node& n = root["train"]) read_train(n, ctx, g, g.config.train);
   // Each model, and each --dims variant of one, gets a checkpoint directory of
@@ -204,27 +151,6 @@ std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, i
 
 }  // namespace
 
-// YAML is UTF-8 text; a stray byte would otherwise surface later as garbage in
-// names and reports. Returns the 1-based line and column of the first bad byte.
-static std::optional<std::pair<int, int>> first_invalid_utf8(const std::string& text) {
-  int line = 1, col = 1;
-  for (size_t i = 0; i < text.size();) {
-    unsigned char c = static_cast<unsigned char>(text[i]);
-    size_t length = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = length > 0 && i + length <= text.size();
-    for (size_t k = 1; ok && k < length; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
-    if (!ok) return std::make_pair(line, col);
-    if (c == '\n') {
-      ++line;
-      col = 1;
-    } else {
-      ++col;
-    }
-    i += length;
-  }
-  return std::nullopt;
-}
-
 std::optional<ir::Graph> load_model_text(const std::string& text, const std::string& path, ir::Diagnostics& diag) {
   return load_model_text(text, path, diag, LoadOptions{});
 }
@@ -233,23 +159,9 @@ std::optional<ir::Graph> load_model_text(const std::string& text, const std::str
                                          const LoadOptions& options) {
   diag.add_source(path, text);
   YamlContext ctx(path, text, diag);
-  if (auto bad = first_invalid_utf8(text)) {
-    diag.error({ctx.file(), bad->first, bad->second}, "the model file is not valid UTF-8 here",
-               "save the file as UTF-8 text");
-    return std::nullopt;
-  }
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    ir::SourceLoc at{ctx.file(), e.mark.line + 1, e.mark.column + 1};
-    if (e.msg.find("flow not found") != std::string::npos) {
-      auto [line, col] = open_flow_bracket(text, e.mark.line, e.mark.column);
-      if (line >= 0) at = {ctx.file(), line + 1, col + 1};
-    }
-    diag.error(at, fmt::format("YAML syntax: {}", e.msg), yaml_syntax_hint(e.msg));
-    return std::nullopt;
-  }
+  std::optional<YAML::Node> document = parse_model_document(text, ctx);
+  if (!document) return std::nullopt;
+  const YAML::Node& root = *document;
   if (!root.IsMap()) {
     // Point at the list or value that stands where the mapping should be (an
     // empty file has no mark: then line 1).
@@ -273,15 +185,9 @@ std::optional<ir::Graph> load_model_file(const std::string& path, ir::Diagnostic
 }
 
 std::optional<ir::Graph> load_model_file(const std::string& path, ir::Diagnostics& diag, const LoadOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    diag.error({std::make_shared<const std::string>(path), 0, 0}, "cannot open the model file",
-               "check the path; models/ holds the built-in examples");
-    return std::nullopt;
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return load_model_text(buffer.str(), path, diag, options);
+  std::optional<std::string> text = read_model_file(path, diag);
+  if (!text) return std::nullopt;
+  return load_model_text(*text, path, diag, options);
 }
 
 }  // namespace napkin::frontend

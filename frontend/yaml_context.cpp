@@ -69,6 +69,20 @@ void YamlContext::error(const YAML::Node& node, std::string message, std::string
   diag_.error(loc(node), std::move(message), std::move(hint));
 }
 
+bool YamlContext::check_name_text(const YAML::Node& node, const std::string& name, const std::string& what) {
+  for (size_t i = 0; i < name.size();) {
+    size_t length = std::max<size_t>(ir::utf8_sequence_length(name, i), 1);
+    uint32_t cp = ir::utf8_code_point(name, i, length);
+    if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F)) {
+      error(node, fmt::format("{} '{}' holds a control character", what, name),
+            "names appear in reports and the IR: write them with letters, digits and _");
+      return false;
+    }
+    i += length;
+  }
+  return true;
+}
+
 bool YamlContext::check_keys(const YAML::Node& map, const std::vector<std::string>& allowed,
                              const std::string& what) {
   return check_map(map, &allowed, what);
@@ -92,6 +106,7 @@ bool YamlContext::check_map(const YAML::Node& map, const std::vector<std::string
       continue;
     }
     std::string key = it->first.Scalar();
+    if (!allowed && !check_name_text(it->first, key, fmt::format("the {} key", what))) continue;
     if (!seen.insert(key).second) {
       error(it->first, fmt::format("duplicate key '{}' in {}", key, what), "remove one of them");
       continue;

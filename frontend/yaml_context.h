@@ -47,6 +47,11 @@ class YamlContext {
   // Returns null on error (already reported) or if the node is not a scalar.
   ExprPtr parse_scalar_expr(const YAML::Node& node, const std::string& what);
 
+  // Reports a name (a key of a mapping of the user's names, the model's name)
+  // that holds a control character, and returns false: names reach the IR and
+  // reports, which print them as they are.
+  bool check_name_text(const YAML::Node& node, const std::string& name, const std::string& what);
+
   // The scalar's text, or reports "<what> must be a single value" and returns false.
   bool scalar_text(const YAML::Node& node, const std::string& what, std::string& out);
 

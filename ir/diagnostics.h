@@ -5,14 +5,30 @@
 // found by a late pass still points at the model file. Diagnostics collects
 // every error of a run (a model reports all its mistakes at once) and renders
 // them in order of location.
+//
+// Model text reaches the terminal only through render(): it shows control
+// characters escaped (an ESC as \x1b, a NUL as \x00; only a quoted line keeps
+// its tabs) and bytes that are not UTF-8 as \xNN, quotes a long line as a
+// window of at most 160 characters around the column ("..." where cut), and
+// leaves out the middle of a message or hint longer than 1000 characters.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace napkin::ir {
+
+// The length (1 to 4) of the well-formed UTF-8 sequence that starts at
+// text[i], or 0 if none does (a stray or truncated byte, an overlong form, a
+// surrogate); and the code point of such a sequence. The renderer escapes
+// what is not UTF-8; the frontend rejects a model file that is not.
+size_t utf8_sequence_length(std::string_view text, size_t i);
+uint32_t utf8_code_point(std::string_view text, size_t i, size_t length);
 
 struct SourceLoc {
   std::shared_ptr<const std::string> file;  // path as the user gave it; null: no location
@@ -49,7 +65,7 @@ class Diagnostics {
 
   // All diagnostics sorted by file position (stable for equal positions), each as
   //   file:line:col: error: message
-  //     <source line>
+  //     <source line, or a window of it around the column>
   //     <caret>
   //     hint: ...
   std::string render() const;

@@ -37,14 +37,14 @@
 #include <memory>
 #include <string_view>
 
+#include "ir/glob.h"
 #include "passes/pass.h"
 
 namespace napkin::passes {
 
 std::unique_ptr<Pass> make_optimizer_pass();
 
-// Whether `name` matches the glob `pattern` (`*` any run of characters, dots
-// included; `?` one character): how no_decay selects parameters.
-bool glob_match(std::string_view pattern, std::string_view name);
+// How no_decay selects parameters (ir/glob.h).
+using ir::glob_match;
 
 }  // namespace napkin::passes

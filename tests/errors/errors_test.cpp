@@ -8,7 +8,9 @@
 //       <a caret under COL>
 //       hint: <what to do>
 // No other error may appear (one mistake, one message: no cascades), and
-// nothing may be an internal error or a crash.
+// nothing may be an internal error or a crash. A control byte in the model
+// (nul_byte.yaml, control_byte.yaml) is quoted escaped, as \xNN, and no raw
+// control byte may reach the output at all.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -50,6 +52,22 @@ std::vector<std::string> split_lines(const std::string& text) {
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
+}
+
+// A source line as the diagnostics quote it: control bytes but tab as \xNN
+// (the corpus is ASCII apart from them, and its lines are short: no window).
+std::string shown(const std::string& line) {
+  std::string out;
+  for (char c : line) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\t') || u == 0x7F) {
+      const char* hex = "0123456789abcdef";
+      out += std::string("\\x") + hex[u >> 4] + hex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 
 std::string shell_quote(const std::string& s) {
@@ -97,6 +115,9 @@ void check_file(const std::string& relative) {
   INFO("napkin report " << relative << " printed:\n" << run.output);
   CHECK_MESSAGE(run.status == 1, "exit status " << run.status << " (1 is a user error; -1 a crash)");
   CHECK(run.output.find("internal error") == std::string::npos);
+  CHECK_MESSAGE(std::none_of(run.output.begin(), run.output.end(),
+                             [](char c) { return (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') || c == 0x7F; }),
+                "a raw control byte in the output");
 
   // Every error is located in this file and followed by its source line, a caret
   // under its column, and a hint.
@@ -116,9 +137,9 @@ void check_file(const std::string& relative) {
     const std::string& quoted = source[line - 1];
     CHECK_MESSAGE(i + 1 < out.size(), "no source line after: " << out[i]);
     if (i + 1 >= out.size()) continue;
-    CHECK_MESSAGE(out[i + 1] == "    " + quoted, "the source line after '" << out[i] << "' is not line " << line);
+    CHECK_MESSAGE(out[i + 1] == "    " + shown(quoted), "the source line after '" << out[i] << "' is not line " << line);
     std::string caret = "    ";
-    for (int c = 0; c + 1 < col && c < static_cast<int>(quoted.size()); ++c) caret += quoted[c] == '\t' ? '\t' : ' ';
+    for (char c : shown(quoted.substr(0, std::min<size_t>(col - 1, quoted.size())))) caret += c == '\t' ? '\t' : ' ';
     caret += "^";
     CHECK_MESSAGE(i + 2 < out.size(), "no caret after: " << out[i]);
     if (i + 2 < out.size()) CHECK_MESSAGE(out[i + 2] == caret, "no caret under column " << col << ": " << out[i]);

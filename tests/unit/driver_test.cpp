@@ -1,6 +1,7 @@
 // The napkin driver end to end: exit codes, the lecture's estimates, and the
 // report's JSON on a real model.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -62,6 +63,27 @@ TEST_CASE("user errors exit 1 with a clear message") {
   Run nothing = run_napkin("estimate --device h100");
   CHECK(nothing.status == 1);
   CHECK(nothing.out.find("nothing to estimate") != std::string::npos);
+}
+
+TEST_CASE("report refuses a FIFO - a device and a directory as the model at once") {
+  // A FIFO with no writer used to block forever, and /dev/zero was read until
+  // memory ran out: the timeout and the memory cap make either a failure here.
+  napkin::testing::TempDir dir("driver-model");
+  const std::string fifo = dir / "model.yaml";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto limited = [](const std::string& model) {
+    return napkin::testing::run_in_source_tree("ulimit -v 8000000; timeout 60 " + std::string(NAPKIN_BINARY) +
+                                               " report '" + model + "'");
+  };
+  Run from_fifo = limited(fifo);
+  CHECK(from_fifo.status == 1);
+  CHECK(from_fifo.out.find(fifo + ": error: the model path is a FIFO (a named pipe), not a file") != std::string::npos);
+  Run zero = limited("/dev/zero");
+  CHECK(zero.status == 1);
+  CHECK(zero.out.find("/dev/zero: error: the model path is a character device, not a file") != std::string::npos);
+  Run directory = limited("models");
+  CHECK(directory.status == 1);
+  CHECK(directory.out.find("models: error: the model path is a directory, not a file") != std::string::npos);
 }
 
 TEST_CASE("ir prints the graph with YAML locations - --print-after names the pass") {

@@ -199,7 +199,8 @@ TEST_CASE("training settings are parsed and validated") {
   ir::Graph g = compile(R"yaml(
 model: t
 inputs: {x: {shape: [4]}}
-loss: mean(x)
+params: {w_b: {shape: [4], init: zeros}}
+loss: mean(x + w_b)
 optimizer: adamw(3e-4, betas=[0.9, 0.95], weight_decay=0.1, grad_clip=1.0, schedule=cosine, warmup=10, no_decay=["*_b"])
 precision: {policy: fp16-mixed, loss_scale: {init: 1024, growth_interval: 100}}
 train: {steps: 20, seed: 7, checkpoint: {every: 5, dir: ck}, eval: {every: 10}}
