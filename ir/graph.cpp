@@ -61,6 +61,12 @@ ValueId Graph::add_state(std::string name, TensorType type, SourceLoc loc) {
   return id;
 }
 
+ValueId Graph::add_rng(TensorType type, SourceLoc loc) {
+  NAPKIN_INTERNAL_CHECK(rng == kNoValue, "the graph already has an rng tensor");
+  rng = new_value("rng", ValueKind::Input, std::move(type), std::move(loc));
+  return rng;
+}
+
 NodeId Graph::add_node(Op op, std::vector<ValueId> ins, std::vector<TensorType> output_types,
                        Attrs attrs, SourceLoc loc, std::string scope, Phase phase) {
   for (ValueId v : ins)

@@ -94,10 +94,17 @@ class Graph {
     ValueId value = kNoValue;
   };
   std::vector<Update> updates;
+  // The rng tensor (ir/rng.h): what random ops read besides their operands,
+  // filled by the runtime before every forward; kNoValue until an op needs it.
+  // rng_words caches its scalar views (ir::rng_words makes both).
+  ValueId rng = kNoValue;
+  std::vector<ValueId> rng_words;
 
   ValueId add_input(std::string name, TensorType type, SourceLoc loc);
   ValueId add_param(std::string name, TensorType type, InitSpec init, SourceLoc loc);
   ValueId add_state(std::string name, TensorType type, SourceLoc loc);
+  // Sets `rng` to a new value of kind Input (not one of `inputs`: no data fills it).
+  ValueId add_rng(TensorType type, SourceLoc loc);
   // Appends a node at the end of the schedule with outputs of the given types
   // (contiguous, owning their buffers; views get their layout set by the Builder).
   NodeId add_node(Op op, std::vector<ValueId> inputs, std::vector<TensorType> output_types,

@@ -10,6 +10,7 @@
 #include "ir/graph.h"
 #include "ir/internal_check.h"
 #include "ir/op.h"
+#include "ir/rng.h"
 #include "ir/vjp.h"
 
 namespace napkin::ir {
@@ -102,6 +103,24 @@ InferResult infer_triu(const Inputs& in, const Attrs&) { return infer_last_two("
 InferResult infer_causal_mask(const Inputs& in, const Attrs&) {
   if (auto r = require_float("causal_mask", *in[0]); !r.ok()) return r;
   return infer_last_two("causal_mask", in);
+}
+
+// dropout(x, seed_lo, seed_hi, step, training) {p, stream}: see ir/rng.h.
+InferResult infer_dropout(const Inputs& in, const Attrs& a) {
+  if (auto r = require_float("dropout", *in[0]); !r.ok()) return r;
+  for (size_t i = 1; i < in.size(); ++i)
+    if (in[i]->dtype != DType::I64 || in[i]->rank() != 0)
+      return InferResult::fail(fmt::format("dropout: operand {} is {}, not an i64 word of the rng tensor", i, to_string(*in[i])),
+                               "the frontend builds these operands; this is a compiler bug");
+  double p = a.get_double("p");
+  if (!(p >= 0 && p < 1))
+    return InferResult::fail(fmt::format("dropout: p must be in [0, 1), got {}", p),
+                             "p is the probability of dropping an element, e.g. dropout(x, 0.1)");
+  if (in[0]->numel() > kDropoutMaxElements)
+    return InferResult::fail(fmt::format("dropout of {} ({} elements): napkin's dropout takes at most 2^32 elements",
+                                         to_string(*in[0]), in[0]->numel()),
+                             "apply dropout to smaller tensors, e.g. per block, or split the tensor first");
+  return InferResult::of(*in[0]);
 }
 
 template <Op kOp>
@@ -669,6 +688,8 @@ const OpInfo kRows[] = {
     ROW(Cast, infer_cast, cost_elementwise, 0),
     ROW(Triu, infer_triu, cost_elementwise, 1),
     ROW(CausalMask, infer_causal_mask, cost_elementwise, 1),
+    // dropout: the keep test's select and the scale (the Philox words are integer work, not FLOPs).
+    ROW(Dropout, infer_dropout, cost_elementwise, 2),
     ROW(Add, infer_arith_binary<Op::Add>, cost_elementwise, 1),
     ROW(Sub, infer_arith_binary<Op::Sub>, cost_elementwise, 1),
     ROW(Mul, infer_arith_binary<Op::Mul>, cost_elementwise, 1),

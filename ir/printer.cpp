@@ -42,6 +42,7 @@ std::string print_graph(const Graph& g, const PrintOptions& options) {
   std::string out = fmt::format("graph \"{}\" {{\n", g.name);
   for (ValueId v : g.inputs)
     out += fmt::format("  input {}: {}{}\n", name(v), to_string(g.value(v).type), loc(g.value(v).loc));
+  if (g.rng != kNoValue) out += fmt::format("  rng {}: {}\n", name(g.rng), to_string(g.value(g.rng).type));
   for (const Param& p : g.params) {
     const Value& v = g.value(p.value);
     out += fmt::format("  param {}: {} init={}{}\n", name(p.value), to_string(v.type),

@@ -58,6 +58,12 @@ std::vector<std::string> verify(const Graph& g) {
     if (g.value(v).kind != ValueKind::Input) fail(fmt::format("input %{} is not of kind Input", v));
     defined[v] = true;
   }
+  if (g.rng != kNoValue) {
+    if (g.rng < 0 || g.rng >= g.num_values() || g.value(g.rng).kind != ValueKind::Input)
+      fail(fmt::format("rng %{} is not a value of kind Input", g.rng));
+    else
+      defined[g.rng] = true;
+  }
   for (const Param& p : g.params) {
     if (g.value(p.value).kind != ValueKind::Param) fail(fmt::format("param %{} is not of kind Param", p.value));
     defined[p.value] = true;

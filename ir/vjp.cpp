@@ -166,6 +166,14 @@ Grads vjp_causal_mask(Builder& b, const Node&, ValueId dy) {
   return {sub(b, dy, node(b, Op::Triu, {dy}, {{"k", int64_t{1}}}))};
 }
 
+// The same mask again (a pure function of the rng words and attributes):
+// dx = dy * mask / (1 - p), which is dropout(dy); the rng words get none.
+Grads vjp_dropout(Builder& b, const Node& n, ValueId dy) {
+  std::vector<ValueId> inputs = n.inputs;
+  inputs[0] = dy;
+  return {node(b, Op::Dropout, inputs, n.attrs), kNoValue, kNoValue, kNoValue, kNoValue};
+}
+
 // ---- elementwise, binary -------------------------------------------------------
 
 Grads vjp_add(Builder& b, const Node& n, ValueId dy) {
@@ -486,6 +494,7 @@ VjpFn vjp_rule(Op op) {
     case Op::Cast: return vjp_cast;
     case Op::Triu: return vjp_triu;
     case Op::CausalMask: return vjp_causal_mask;
+    case Op::Dropout: return vjp_dropout;
     case Op::Add: return vjp_add;
     case Op::Sub: return vjp_sub;
     case Op::Mul: return vjp_mul;
