@@ -100,6 +100,11 @@ std::map<ir::ValueId, std::vector<double>> random_inputs(const ir::Graph& g, uin
     }
     out[v] = std::move(data);
   }
+  if (g.rng != ir::kNoValue) {
+    std::vector<double> words;
+    for (int64_t w : runtime::rng_tensor_words(seed, 0, true)) words.push_back(static_cast<double>(w));
+    out[g.rng] = std::move(words);
+  }
   return out;
 }
 

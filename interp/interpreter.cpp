@@ -72,6 +72,9 @@ void Interpreter::run() {
   for (const auto* list : {&g_.inputs, &g_.state})
     for (ir::ValueId v : *list)
       if (!has_[v]) throw std::runtime_error(fmt::format("interp: {} must be set before run()", describe(g_, v)));
+  if (g_.rng != ir::kNoValue && !has_[g_.rng])
+    throw std::runtime_error(fmt::format("interp: the rng tensor {} must be set before run() (runtime::rng_tensor_words)",
+                                         describe(g_, g_.rng)));
   for (const ir::Param& p : g_.params)
     if (!has_[p.value])
       throw std::runtime_error(fmt::format("interp: {} must be set before run()", describe(g_, p.value)));

@@ -107,7 +107,9 @@ std::map<ir::ValueId, std::vector<double>> initial_values(const ir::Graph& g, ui
 // data movement of the input (reshape, permute, slice, select, broadcast,
 // copy, concat, pad) and casts to an integer dtype. An integer input with no bounding use gets n = 2
 // (0 or 1); bool inputs are 0/1. Input v draws from
-// runtime::Rng(seed, stream_for_name(its name)).
+// runtime::Rng(seed, stream_for_name(its name)). The rng tensor (ir/rng.h), if
+// the graph has one, gets the words of a training step 0 under `seed`
+// (runtime::rng_tensor_words), so random ops are fixed functions of their inputs.
 std::map<ir::ValueId, std::vector<double>> random_inputs(const ir::Graph& g, uint64_t seed);
 
 }  // namespace napkin::interp

@@ -9,6 +9,8 @@
 
 #include "interp/kernels.h"
 #include "interp/rounding.h"
+#include "ir/rng.h"
+#include "runtime/rng.h"
 
 namespace napkin::interp::detail {
 
@@ -98,6 +100,27 @@ Data by_row_col(const Arg& x, F f) {
     int64_t j = static_cast<int64_t>(flat) % cols;
     int64_t i = (static_cast<int64_t>(flat) / cols) % rows;
     out[flat] = f(x.data[flat], i, j);
+  }
+  return out;
+}
+
+// ir/rng.h's definition, element by element (the rng words are whole numbers).
+Data dropout(const Arg& x, const std::vector<Arg>& in, const ir::Attrs& a) {
+  auto word = [&](int i) { return static_cast<int64_t>(in[i].data.at(0)); };
+  if (word(1 + ir::kRngTraining) == 0) return x.data;
+  double p = a.get_double("p");
+  const uint32_t threshold = ir::dropout_threshold(p);
+  const double scale = ir::dropout_scale(p, x.dtype);
+  const auto seed_lo = static_cast<uint32_t>(word(1 + ir::kRngSeedLow));
+  const auto seed_hi = static_cast<uint32_t>(word(1 + ir::kRngSeedHigh));
+  const auto step = static_cast<uint64_t>(word(1 + ir::kRngStep));
+  const auto stream = static_cast<uint32_t>(a.get_int("stream"));
+  Data out(x.data.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint32_t r = runtime::philox4x32_10(
+        {static_cast<uint32_t>(i), stream, static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32)},
+        {seed_lo, seed_hi})[0];
+    out[i] = r >= threshold ? x.data[i] * scale : 0.0;
   }
   return out;
 }
@@ -228,6 +251,7 @@ Data eval_node(const ir::Node& n, const std::vector<Arg>& in, const OutType& out
     }
     case Op::CausalMask:
       return by_row_col(in[0], [](double x, int64_t i, int64_t j) { return j > i ? -kInf : x; });
+    case Op::Dropout: return dropout(in[0], in, a);
     case Op::Add:
     case Op::Sub:
     case Op::Mul:

@@ -8,11 +8,6 @@ namespace napkin::runtime {
 
 namespace {
 
-constexpr uint32_t kMul0 = 0xD2511F53u;
-constexpr uint32_t kMul1 = 0xCD9E8D57u;
-constexpr uint32_t kWeyl0 = 0x9E3779B9u;  // golden ratio
-constexpr uint32_t kWeyl1 = 0xBB67AE85u;  // sqrt(3) - 1
-
 void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
   uint64_t p = static_cast<uint64_t>(a) * b;
   hi = static_cast<uint32_t>(p >> 32);
@@ -22,14 +17,14 @@ void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
 }  // namespace
 
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < kPhiloxRounds; ++round) {
     if (round > 0) {  // the key schedule: a Weyl sequence, bumped before rounds 2..10
-      k[0] += kWeyl0;
-      k[1] += kWeyl1;
+      k[0] += kPhiloxWeyl0;
+      k[1] += kPhiloxWeyl1;
     }
     uint32_t hi0, lo0, hi1, lo1;
-    mulhilo(kMul0, c[0], hi0, lo0);
-    mulhilo(kMul1, c[2], hi1, lo1);
+    mulhilo(kPhiloxMul0, c[0], hi0, lo0);
+    mulhilo(kPhiloxMul1, c[2], hi1, lo1);
     c = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
   }
   return c;
@@ -75,6 +70,10 @@ double Rng::trunc_normal(double mean, double std, double lo, double hi) {
   throw std::runtime_error("trunc_normal: no sample of N(" + std::to_string(mean) + ", " + std::to_string(std) +
                            "^2) fell in [" + std::to_string(lo) + ", " + std::to_string(hi) +
                            "] in 100000 draws; the interval holds almost no probability");
+}
+
+std::array<int64_t, 4> rng_tensor_words(uint64_t seed, int64_t step, bool training) {
+  return {static_cast<int64_t>(seed & 0xffffffffu), static_cast<int64_t>(seed >> 32), step, training ? 1 : 0};
 }
 
 uint64_t stream_for_name(std::string_view name) {

@@ -35,6 +35,15 @@
 
 namespace napkin::runtime {
 
+// Philox4x32's round multipliers and key schedule (Weyl) constants. The code
+// generators emit the same rounds (codegen/cpu/scalar_ops.cpp, the CUDA
+// prelude) for dropout's masks, which must match these bits.
+inline constexpr uint32_t kPhiloxMul0 = 0xD2511F53u;
+inline constexpr uint32_t kPhiloxMul1 = 0xCD9E8D57u;
+inline constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u;  // golden ratio
+inline constexpr uint32_t kPhiloxWeyl1 = 0xBB67AE85u;  // sqrt(3) - 1
+inline constexpr int kPhiloxRounds = 10;
+
 // One Philox4x32-10 block: 10 rounds of the counter under the key (Random123's
 // philox4x32_R(10, ctr, key)).
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
@@ -66,5 +75,10 @@ class Rng {
 // its initial values depend only on (seed, name): adding or reordering
 // parameters does not change the others.
 uint64_t stream_for_name(std::string_view name);
+
+// The rng tensor's words (docs/runtime.md; ir/rng.h defines their use): the
+// seed's low and high 32 bits, the step (0-based: the index the data loader
+// gets), and 1 while training, 0 for an eval forward (dropout off).
+std::array<int64_t, 4> rng_tensor_words(uint64_t seed, int64_t step, bool training);
 
 }  // namespace napkin::runtime
