@@ -24,9 +24,19 @@ std::string_view tensor_role_name(TensorRole r) {
     case TensorRole::Param: return "param";
     case TensorRole::State: return "state";
     case TensorRole::Input: return "input";
+    case TensorRole::Rng: return "rng";
     case TensorRole::Loss: return "loss";
   }
   return "?";
+}
+
+ElementIndex element_index(ir::Op op) {
+  switch (op) {
+    case ir::Op::Triu:
+    case ir::Op::CausalMask: return ElementIndex::RowCol;
+    case ir::Op::Dropout: return ElementIndex::Flat;
+    default: return ElementIndex::None;
+  }
 }
 
 namespace {
@@ -194,6 +204,7 @@ KernelPlan plan_kernels(const ir::Graph& g) {
   for (const ir::Param& p : g.params) add_tensor(p.value, TensorRole::Param);
   for (ir::ValueId s : g.state) add_tensor(s, TensorRole::State);
   for (ir::ValueId in : g.inputs) add_tensor(in, TensorRole::Input);
+  if (g.rng != ir::kNoValue) add_tensor(g.rng, TensorRole::Rng);
   ir::ValueId loss = g.find_output("loss");
   NAPKIN_INTERNAL_CHECK(loss != ir::kNoValue, "the training graph has no loss output");
   add_tensor(loss, TensorRole::Loss);

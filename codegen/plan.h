@@ -92,8 +92,9 @@ struct UpdateCopy {
   int64_t from = 0, to = 0, bytes = 0;
 };
 
-enum class TensorRole : uint8_t { Param, State, Input, Loss };
-std::string_view tensor_role_name(TensorRole r);  // "param", "state", "input", "loss"
+// Rng: the rng tensor (ir/rng.h), which the runtime writes before every forward.
+enum class TensorRole : uint8_t { Param, State, Input, Rng, Loss };
+std::string_view tensor_role_name(TensorRole r);  // "param", "state", "input", "rng", "loss"
 
 struct PlannedTensor {
   std::string name;
@@ -119,8 +120,16 @@ struct KernelPlan {
   std::vector<Kernel> kernels;        // schedule order; forward ones first
   int num_forward_kernels = 0;        // kernels[0 .. n) compute the loss (eval runs only these)
   std::vector<UpdateCopy> updates;
-  std::vector<PlannedTensor> tensors;  // params, state, inputs, then the loss
+  std::vector<PlannedTensor> tensors;  // params, state, inputs, the rng tensor (if any), then the loss
 };
+
+// What an elementwise op reads of its element's position besides its
+// operands: nothing, its (row, column) in the last two dims (triu,
+// causal_mask), or its row-major index in the output (dropout: the index
+// keys the element's random draw). Both backends' elementwise and fused
+// kernels provide it.
+enum class ElementIndex : uint8_t { None, RowCol, Flat };
+ElementIndex element_index(ir::Op op);
 
 // The plan of a training graph (after the training pipeline). Internal error
 // if the graph has no "loss" output.

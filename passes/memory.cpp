@@ -168,6 +168,7 @@ MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
   for (const ir::Param& p : g.params) add_resident(p.value);
   for (ir::ValueId v : g.state) add_resident(v);
   for (ir::ValueId v : g.inputs) add_resident(v);
+  if (g.rng != ir::kNoValue) add_resident(g.rng);  // written by the runtime before every forward
   for (int p = 0; p < n; ++p) {
     const ir::Node& node = g.node(schedule[p]);
     for (ir::ValueId out : node.outputs) {

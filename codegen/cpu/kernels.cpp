@@ -32,13 +32,25 @@ LoopInfo loop_info(int64_t extent, int64_t work, bool splittable = true) {
 
 // ---------------------------------------------------------------- elementwise
 
+// The position of the element at `idx` of a loop over `sizes` (see ElementAt).
+ElementAt element_at(LoopEmitter& e, const Idx& idx, const std::vector<int64_t>& sizes, bool row_col, bool flat) {
+  ElementAt at;
+  if (row_col) at.row = idx[idx.size() - 2], at.col = idx.back();
+  if (flat) {
+    std::vector<int64_t> dense(sizes.size(), 1);
+    for (int d = static_cast<int>(sizes.size()) - 2; d >= 0; --d) dense[d] = dense[d + 1] * sizes[d + 1];
+    at.flat = e.dot(idx, dense);
+  }
+  return at;
+}
+
 LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
   std::vector<int64_t> sizes = k.output.sizes;
   std::vector<int64_t> out_strides = k.output.strides;
   std::vector<std::vector<int64_t>> in_strides;
   for (const Operand& in : k.inputs) in_strides.push_back(broadcast_strides(in, sizes));
-  bool needs_row_col = k.op == Op::Triu || k.op == Op::CausalMask;
-  if (!needs_row_col) {
+  const ElementIndex need = element_index(k.op);
+  if (need != ElementIndex::RowCol) {  // merging dims keeps every element's row-major index
     std::vector<std::vector<int64_t>*> all{&out_strides};
     for (auto& s : in_strides) all.push_back(&s);
     collapse_dims(sizes, all);
@@ -46,10 +58,9 @@ LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
   e.nest(sizes, 0, [&](const Idx& idx) {
     std::vector<llvm::Value*> args;
     for (size_t i = 0; i < k.inputs.size(); ++i) args.push_back(e.load(k.inputs[i], e.dot(idx, in_strides[i])));
-    llvm::Value* row = needs_row_col ? idx[idx.size() - 2] : nullptr;
-    llvm::Value* col = needs_row_col ? idx.back() : nullptr;
     ir::DType from = k.inputs.empty() ? k.output.dtype : k.inputs[0].dtype;
-    e.store(k.output, e.dot(idx, out_strides), emit_elementwise(e, k.op, k.attrs, from, k.output.dtype, args, row, col));
+    e.store(k.output, e.dot(idx, out_strides),
+            emit_elementwise(e, k.op, k.attrs, from, k.output.dtype, args, element_at(e, idx, sizes, need == ElementIndex::RowCol, need == ElementIndex::Flat)));
   });
   return loop_info(sizes[0], product(sizes));
 }
@@ -64,9 +75,10 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
   std::vector<std::vector<int64_t>> in_strides, out_strides;
   for (const Operand& in : k.inputs) in_strides.push_back(broadcast_strides(in, sizes));
   for (const Operand& out : f.outputs) out_strides.push_back(out.strides);
-  bool needs_row_col = std::any_of(f.ops.begin(), f.ops.end(), [](const FusedOp& op) {
-    return op.op == Op::Triu || op.op == Op::CausalMask;
-  });
+  auto any_needs = [&](ElementIndex need) {
+    return std::any_of(f.ops.begin(), f.ops.end(), [&](const FusedOp& op) { return element_index(op.op) == need; });
+  };
+  const bool needs_row_col = any_needs(ElementIndex::RowCol), needs_flat = any_needs(ElementIndex::Flat);
   if (!needs_row_col) {
     std::vector<std::vector<int64_t>*> all;
     for (auto& s : out_strides) all.push_back(&s);
@@ -74,8 +86,7 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
     collapse_dims(sizes, all);
   }
   e.nest(sizes, 0, [&](const Idx& idx) {
-    llvm::Value* row = needs_row_col ? idx[idx.size() - 2] : nullptr;
-    llvm::Value* col = needs_row_col ? idx.back() : nullptr;
+    const ElementAt at = element_at(e, idx, sizes, needs_row_col, needs_flat);
     std::vector<llvm::Value*> loaded(k.inputs.size(), nullptr);
     std::vector<llvm::Value*> result;
     for (const FusedOp& op : f.ops) {
@@ -96,7 +107,7 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
         dtypes.push_back(k.inputs[a.index].dtype);
       }
       ir::DType from = dtypes.empty() ? op.dtype : dtypes[0];
-      result.push_back(e.as_stored(emit_elementwise(e, op.op, op.attrs, from, op.dtype, args, row, col), op.dtype));
+      result.push_back(e.as_stored(emit_elementwise(e, op.op, op.attrs, from, op.dtype, args, at), op.dtype));
     }
     for (size_t o = 0; o < f.outputs.size(); ++o)
       e.store(f.outputs[o], e.dot(idx, out_strides[o]), result[f.output_ops[o]]);
@@ -557,6 +568,7 @@ LoopInfo emit_kernel(LoopEmitter& e, const Kernel& k, int index) {
     case Op::Cast:
     case Op::Triu:
     case Op::CausalMask:
+    case Op::Dropout:
     case Op::Add:
     case Op::Sub:
     case Op::Mul:

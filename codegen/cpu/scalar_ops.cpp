@@ -3,10 +3,13 @@
 #include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/Module.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 
 #include "ir/internal_check.h"
+#include "ir/rng.h"
+#include "runtime/rng.h"
 
 namespace napkin::codegen::cpu {
 
@@ -61,6 +64,49 @@ llvm::Value* gelu_derivative(LoopEmitter& e, llvm::Value* x, bool tanh_form) {
   return b.CreateFAdd(cdf, b.CreateFMul(x, pdf));
 }
 
+// Word 0 of runtime::philox4x32_10(c, k) on i32 values: the same rounds, each
+// 32x32 -> 64-bit product split into its high and low words.
+llvm::Value* philox_word0(LoopEmitter& e, std::array<llvm::Value*, 4> c, std::array<llvm::Value*, 2> k) {
+  auto& b = e.b;
+  llvm::Type* i32 = b.getInt32Ty();
+  auto mulhilo = [&](uint32_t m, llvm::Value* x, llvm::Value*& hi, llvm::Value*& lo) {
+    llvm::Value* p = b.CreateMul(b.CreateZExt(x, b.getInt64Ty()), b.getInt64(m));
+    hi = b.CreateTrunc(b.CreateLShr(p, 32), i32);
+    lo = b.CreateTrunc(p, i32);
+  };
+  for (int round = 0; round < runtime::kPhiloxRounds; ++round) {
+    if (round > 0) {
+      k[0] = b.CreateAdd(k[0], b.getInt32(runtime::kPhiloxWeyl0));
+      k[1] = b.CreateAdd(k[1], b.getInt32(runtime::kPhiloxWeyl1));
+    }
+    llvm::Value *hi0, *lo0, *hi1, *lo1;
+    mulhilo(runtime::kPhiloxMul0, c[0], hi0, lo0);
+    mulhilo(runtime::kPhiloxMul1, c[2], hi1, lo1);
+    c = {b.CreateXor(b.CreateXor(hi1, c[1]), k[0]), lo1, b.CreateXor(b.CreateXor(hi0, c[3]), k[1]), lo0};
+  }
+  return c[0];
+}
+
+// ir/rng.h's dropout: args are x and the rng words (i64), `flat` the element's index.
+llvm::Value* dropout(LoopEmitter& e, const ir::Attrs& attrs, ir::DType dtype, const std::vector<llvm::Value*>& args,
+                     llvm::Value* flat) {
+  auto& b = e.b;
+  llvm::Type* i32 = b.getInt32Ty();
+  llvm::Value* x = args[0];
+  auto word = [&](int64_t w) { return args[1 + w]; };
+  llvm::Value* step = word(ir::kRngStep);
+  llvm::Value* r = philox_word0(
+      e,
+      {b.CreateTrunc(flat, i32), b.getInt32(static_cast<uint32_t>(attrs.get_int("stream"))), b.CreateTrunc(step, i32),
+       b.CreateTrunc(b.CreateLShr(step, 32), i32)},
+      {b.CreateTrunc(word(ir::kRngSeedLow), i32), b.CreateTrunc(word(ir::kRngSeedHigh), i32)});
+  double p = attrs.get_double("p");
+  llvm::Value* keep = b.CreateICmpUGE(r, b.getInt32(ir::dropout_threshold(p)));
+  llvm::Value* kept = b.CreateSelect(keep, b.CreateFMul(x, fconst(x, ir::dropout_scale(p, dtype))), fconst(x, 0.0));
+  llvm::Value* training = b.CreateICmpNE(word(ir::kRngTraining), b.getInt64(0));
+  return b.CreateSelect(training, kept, x);
+}
+
 llvm::Value* binary(LoopEmitter& e, Op op, llvm::Value* x, llvm::Value* y) {
   auto& b = e.b;
   bool fp = x->getType()->isFloatingPointTy();
@@ -107,7 +153,7 @@ llvm::Value* emit_tanh(LoopEmitter& e, llvm::Value* x) {
 }
 
 llvm::Value* emit_elementwise(LoopEmitter& e, ir::Op op, const ir::Attrs& attrs, ir::DType from, ir::DType to,
-                              const std::vector<llvm::Value*>& args, llvm::Value* row, llvm::Value* col) {
+                              const std::vector<llvm::Value*>& args, const ElementAt& at) {
   auto& b = e.b;
   llvm::Value* x = args.empty() ? nullptr : args[0];
   bool fp = x && x->getType()->isFloatingPointTy();
@@ -129,11 +175,12 @@ llvm::Value* emit_elementwise(LoopEmitter& e, ir::Op op, const ir::Attrs& attrs,
     case Op::Cos: return unary_intrinsic(e, llvm::Intrinsic::cos, x);
     case Op::Cast: return e.convert(x, from, to);
     case Op::Triu: {
-      llvm::Value* keep = b.CreateICmpSGE(b.CreateSub(col, row), e.i64(attrs.get_int("k")));
+      llvm::Value* keep = b.CreateICmpSGE(b.CreateSub(at.col, at.row), e.i64(attrs.get_int("k")));
       return b.CreateSelect(keep, x, e.constant(from, 0));
     }
     case Op::CausalMask:
-      return b.CreateSelect(b.CreateICmpSGT(col, row), fconst(x, -std::numeric_limits<double>::infinity()), x);
+      return b.CreateSelect(b.CreateICmpSGT(at.col, at.row), fconst(x, -std::numeric_limits<double>::infinity()), x);
+    case Op::Dropout: return dropout(e, attrs, from, args, at.flat);
     case Op::Add:
     case Op::Sub:
     case Op::Mul:

@@ -13,14 +13,23 @@
 
 namespace napkin::codegen::cpu {
 
+// Where an element is, as codegen/plan.h's element_index says its op needs
+// it (i64 values; nullptr where the op needs none): row and col, its indices
+// in the last two dims (triu, causal_mask); flat, its row-major index in the
+// output (dropout).
+struct ElementAt {
+  llvm::Value* row = nullptr;
+  llvm::Value* col = nullptr;
+  llvm::Value* flat = nullptr;
+};
+
 // One output element of elementwise op `op` (attributes `attrs`) given its
 // input elements `args` (compute values in each input's dtype; `from` is the
-// first input's dtype, `to` the result's: cast converts between them).
-// row/col: the element's indices in the last two dims (triu and causal_mask
-// only; nullptr otherwise). Both the one-op kernels and the fused kernels
+// first input's dtype, `to` the result's: cast converts between them) and
+// its position `at`. Both the one-op kernels and the fused kernels
 // (codegen/cpu/kernels.cpp) compute through here.
 llvm::Value* emit_elementwise(LoopEmitter& e, ir::Op op, const ir::Attrs& attrs, ir::DType from, ir::DType to,
-                              const std::vector<llvm::Value*>& args, llvm::Value* row, llvm::Value* col);
+                              const std::vector<llvm::Value*>& args, const ElementAt& at);
 
 // Building blocks the normalization kernels share.
 llvm::Value* emit_exp(LoopEmitter& e, llvm::Value* x);
