@@ -4,13 +4,14 @@
 // where the arena lives and how kernels run.
 //
 // Terms:
-//  - host tensor: a named tensor of the program (param, state, input, loss)
+//  - host tensor: a named tensor of the program (param, state, input, rng, loss)
 //    as host memory with the tensor's dtype and shape, contiguous. Init,
 //    --init weights, checkpoints and the data loader read and write these.
 //    On the CPU they are the arena itself; on a GPU, pinned host buffers.
 //  - upload / download: copy host tensors of one role (param, state) to the
-//    arena or back. No-ops on the CPU. Inputs go up by themselves at the
-//    start of run_forward; the loss comes down in loss().
+//    arena or back. No-ops on the CPU. Inputs and the rng tensor
+//    (runtime/rng_tensor.h) go up by themselves at the start of run_forward;
+//    the loss comes down in loss().
 //  - step: run_forward(), loss(), then run_rest() (backward, optimizer and
 //    the update copies). The trainer looks at the loss in between, so a NaN
 //    stops it before any weight changes.

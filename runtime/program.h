@@ -16,7 +16,7 @@ namespace napkin::runtime {
 
 struct TensorSpec {
   std::string name;
-  std::string role;  // "param", "state", "input", "loss"
+  std::string role;  // "param", "state", "input", "rng", "loss"
   std::string dtype;
   std::vector<int64_t> shape;
   int64_t offset = 0, bytes = 0;

@@ -6,7 +6,8 @@
 // Terms (besides codegen/cuda/emit.h's):
 //  - element function: NAME_elem, a __device__ function computing one
 //    element of the kernel from its inputs' compute values (and the
-//    element's row and column for triu/causal_mask), each result rounded to
+//    element's row and column for triu/causal_mask, its row-major index
+//    `flat` for dropout: codegen/plan.h's element_index), each result rounded to
 //    its IR dtype as storing and loading it would (codegen/plan.h, fused
 //    loop kernel). Both the vector and the scalar loop call it.
 //  - vector operand: innermost loop stride 1, read or written in chunks;
@@ -17,6 +18,7 @@
 
 #include "codegen/cuda/emit.h"
 #include "ir/internal_check.h"
+#include "ir/rng.h"
 
 namespace napkin::codegen::cuda::detail {
 
@@ -29,7 +31,7 @@ using ir::Op;
 // names of the inputs' compute values (`dtypes` their dtypes), `to` the
 // result dtype. The formulas of codegen/cpu/scalar_ops.cpp, via the prelude.
 std::string op_expr(Op op, const ir::Attrs& attrs, const std::vector<std::string>& args, const std::vector<DType>& dtypes,
-                    DType to, const std::string& row, const std::string& col) {
+                    DType to, const std::string& row, const std::string& col, const std::string& flat) {
   const std::string& x = args.empty() ? "" : args[0];
   DType from = dtypes.empty() ? to : dtypes[0];
   bool fp = is_float_compute(from);
@@ -57,6 +59,13 @@ std::string op_expr(Op op, const ir::Attrs& attrs, const std::vector<std::string
                          literal(from, 0.0));
     case Op::CausalMask:
       return fmt::format("({} > {} ? {} : {})", col, row, literal(from, -std::numeric_limits<double>::infinity()), x);
+    case Op::Dropout: {
+      double p = attrs.get_double("p");
+      return fmt::format("napkin_dropout({}, {}, {}, {}, {}, {}u, {}, {}u, {})", x, args[1 + ir::kRngSeedLow],
+                         args[1 + ir::kRngSeedHigh], args[1 + ir::kRngStep], args[1 + ir::kRngTraining],
+                         static_cast<uint32_t>(attrs.get_int("stream")), flat, ir::dropout_threshold(p),
+                         literal(from, ir::dropout_scale(p, from)));
+    }
     case Op::Add: return bin("+");
     case Op::Sub: return bin("-");
     case Op::Mul: return bin("*");
@@ -90,6 +99,7 @@ struct ElementwiseLoop {
   std::vector<const Operand*> inputs, outputs;
   std::vector<std::vector<int64_t>> in_strides, out_strides;
   bool row_col = false;  // the element function takes the element's (row, col)
+  bool flat = false;     // ... and its row-major index
 };
 
 // Collapses the loop's dims; with row_col the last two dims stay apart (the
@@ -149,8 +159,8 @@ bool all_zero(const std::vector<int64_t>& s) {
 }
 
 // The kernel over loop l whose element function (already in `elem_fn`, named
-// fn) takes the inputs' compute values, then (row, col) if l.row_col, then
-// the outputs by reference.
+// fn) takes the inputs' compute values, then (row, col) if l.row_col, the
+// flat index if l.flat, then the outputs by reference.
 EmittedKernel elementwise_kernel(const Kernel& k, ElementwiseLoop& l, const std::string& elem_fn, const std::string& fn) {
   Src s;
   int64_t n = product(l.sizes);
@@ -200,6 +210,8 @@ EmittedKernel elementwise_kernel(const Kernel& k, ElementwiseLoop& l, const std:
       args.push_back(fmt::format("(long long)i{}", r - 2));
       args.push_back(e ? fmt::format("(long long)(i{} + {}u)", r - 1, e) : fmt::format("(long long)i{}", r - 1));
     }
+    // i is the row-major index of the (chunk's first) element: collapsing dims keeps it.
+    if (l.flat) args.push_back(e ? fmt::format("(unsigned long long)(i + {}u)", e) : "(unsigned long long)i");
     for (size_t o = 0; o < l.outputs.size(); ++o) args.push_back(fmt::format("out{}[{}]", o, e));
     s.line("{}({});", fn, fmt::join(args, ", "));
   }
@@ -221,6 +233,7 @@ std::string elem_params(const ElementwiseLoop& l) {
   std::vector<std::string> p;
   for (size_t i = 0; i < l.inputs.size(); ++i) p.push_back(fmt::format("const {} a{}", compute_type(l.inputs[i]->dtype), i));
   if (l.row_col) p.push_back("const long long row"), p.push_back("const long long col");
+  if (l.flat) p.push_back("const unsigned long long flat");
   for (size_t o = 0; o < l.outputs.size(); ++o) p.push_back(fmt::format("{}& r{}", compute_type(l.outputs[o]->dtype), o));
   return fmt::format("{}", fmt::join(p, ", "));
 }
@@ -231,13 +244,14 @@ EmittedKernel emit_elementwise(const Kernel& k) {
   ElementwiseLoop l;
   Src f;
   std::string fn = k.name + "_elem";
-  auto needs_row_col = [](Op op) { return op == Op::Triu || op == Op::CausalMask; };
+  auto needs = [](Op op, ElementIndex what) { return element_index(op) == what; };
   if (k.fused) {
     const FusedLoop& fl = *k.fused;
     l.sizes = fl.shape;
     for (const Operand& in : k.inputs) l.inputs.push_back(&in), l.in_strides.push_back(broadcast_strides(in, fl.shape));
     for (const Operand& out : fl.outputs) l.outputs.push_back(&out), l.out_strides.push_back(out.strides);
-    l.row_col = std::any_of(fl.ops.begin(), fl.ops.end(), [&](const FusedOp& op) { return needs_row_col(op.op); });
+    l.row_col = std::any_of(fl.ops.begin(), fl.ops.end(), [&](const FusedOp& op) { return needs(op.op, ElementIndex::RowCol); });
+    l.flat = std::any_of(fl.ops.begin(), fl.ops.end(), [&](const FusedOp& op) { return needs(op.op, ElementIndex::Flat); });
     f.open("NAPKIN_DEVICE void {}({}) {{", fn, elem_params(l));
     for (size_t j = 0; j < fl.ops.size(); ++j) {
       const FusedOp& op = fl.ops[j];
@@ -251,7 +265,7 @@ EmittedKernel emit_elementwise(const Kernel& k) {
           args.push_back(fmt::format("{}{}", a.input ? "a" : "v", a.index));
           dtypes.push_back(a.input ? k.inputs[a.index].dtype : fl.ops[a.index].dtype);
         }
-        value = op_expr(op.op, op.attrs, args, dtypes, op.dtype, "row", "col");
+        value = op_expr(op.op, op.attrs, args, dtypes, op.dtype, "row", "col", "flat");
       }
       f.line("const {} v{} = {};", compute_type(op.dtype), j, as_stored(op.dtype, value));
     }
@@ -262,12 +276,13 @@ EmittedKernel emit_elementwise(const Kernel& k) {
     for (const Operand& in : k.inputs) l.inputs.push_back(&in), l.in_strides.push_back(broadcast_strides(in, l.sizes));
     l.outputs.push_back(&k.output);
     l.out_strides.push_back(k.output.strides);
-    l.row_col = needs_row_col(k.op);
+    l.row_col = needs(k.op, ElementIndex::RowCol);
+    l.flat = needs(k.op, ElementIndex::Flat);
     std::vector<std::string> args;
     std::vector<DType> dtypes;
     for (size_t i = 0; i < k.inputs.size(); ++i) args.push_back(fmt::format("a{}", i)), dtypes.push_back(k.inputs[i].dtype);
     f.open("NAPKIN_DEVICE void {}({}) {{", fn, elem_params(l));
-    f.line("r0 = {};", op_expr(k.op, k.attrs, args, dtypes, k.output.dtype, "row", "col"));
+    f.line("r0 = {};", op_expr(k.op, k.attrs, args, dtypes, k.output.dtype, "row", "col", "flat"));
     f.close();
   }
   if (l.sizes.empty()) {  // a scalar: one element

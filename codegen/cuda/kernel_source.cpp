@@ -56,6 +56,7 @@ EmittedKernel emit_kernel(const Kernel& k, int index) {
     case Op::Cast:
     case Op::Triu:
     case Op::CausalMask:
+    case Op::Dropout:
     case Op::Add:
     case Op::Sub:
     case Op::Mul:

@@ -26,6 +26,8 @@
 //              _gelu_grad_erf, _sigmoid, _silu (the CPU backend's formulas,
 //              codegen/cpu/scalar_ops.cpp); napkin_maximum/_minimum (NaN-propagating,
 //              +0 > -0, as llvm.maximum/minimum), napkin_maxnum (NaN-ignoring, as llvm.maxnum)
+//  random:     napkin_philox_word0 (runtime/rng.h's Philox4x32-10, word 0), napkin_dropout
+//              (ir/rng.h's dropout of one element)
 //  reductions: napkin_sum_op, napkin_max_op, napkin_min_op, napkin_maxnum_op (combiners);
 //              napkin_warp_reduce(v, op) (xor butterfly: every lane gets the same bits),
 //              napkin_block_reduce(v, op, identity, shared32) (every thread gets the same
@@ -255,6 +257,39 @@ template <typename T> NAPKIN_DEVICE T napkin_gelu_grad_erf(T x) {
 }
 template <typename T> NAPKIN_DEVICE T napkin_sigmoid(T x) { return T(1) / (T(1) + napkin_exp(-x)); }
 template <typename T> NAPKIN_DEVICE T napkin_silu(T x) { return x / (T(1) + napkin_exp(-x)); }
+
+// ---- random: dropout (ir/rng.h) ----
+// Word 0 of Philox4x32-10: runtime/rng.cpp's rounds and constants, each
+// 32x32 -> 64-bit product split into its high and low words.
+NAPKIN_DEVICE unsigned napkin_philox_word0(unsigned c0, unsigned c1, unsigned c2, unsigned c3, unsigned k0, unsigned k1) {
+  NAPKIN_UNROLL
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const unsigned long long p0 = (unsigned long long)0xD2511F53u * c0;
+    const unsigned long long p1 = (unsigned long long)0xCD9E8D57u * c2;
+    const unsigned n0 = (unsigned)(p1 >> 32) ^ c1 ^ k0;
+    const unsigned n2 = (unsigned)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (unsigned)p1;
+    c3 = (unsigned)p0;
+    c0 = n0;
+    c2 = n2;
+  }
+  return c0;
+}
+// Element `flat` of dropout number `stream`: x * scale if its word is at least
+// `threshold`, else 0; x itself when the rng tensor says the forward evaluates.
+template <typename T>
+NAPKIN_DEVICE T napkin_dropout(T x, long long seed_lo, long long seed_hi, long long step, long long training,
+                               unsigned stream, unsigned long long flat, unsigned threshold, T scale) {
+  if (training == 0) return x;
+  const unsigned long long s = (unsigned long long)step;
+  const unsigned r = napkin_philox_word0((unsigned)flat, stream, (unsigned)s, (unsigned)(s >> 32), (unsigned)seed_lo,
+                                         (unsigned)seed_hi);
+  return r >= threshold ? x * scale : T(0);
+}
 
 // ---- reductions in a fixed order ----
 NAPKIN_DEVICE float napkin_shfl_xor(float v, int m) { return __shfl_xor_sync(0xFFFFFFFFu, v, m); }

@@ -30,7 +30,7 @@ int64_t dtype_bytes(const std::string& dtype) {
 }
 
 bool has_host_buffer(const TensorSpec& t) {
-  return t.role == "param" || t.role == "state" || t.role == "input" || t.role == "loss";
+  return t.role == "param" || t.role == "state" || t.role == "input" || t.role == "rng" || t.role == "loss";
 }
 
 Error no_gpu(const std::string& why) {
@@ -279,9 +279,10 @@ void CudaEngine::download(const std::string& role) {
 }
 
 void CudaEngine::run_forward() {
-  for (const TensorSpec* t : program_.with_role("input"))
-    NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
-                                          static_cast<size_t>(t->bytes), stream_));
+  for (const char* role : {"input", "rng"})
+    for (const TensorSpec* t : program_.with_role(role))
+      NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
+                                            static_cast<size_t>(t->bytes), stream_));
   run_phase(forward_);
 }
 
