@@ -20,6 +20,7 @@
 #include "runtime/dataset.h"
 #include "runtime/error.h"
 #include "runtime/init.h"
+#include "runtime/rng_tensor.h"
 #include "runtime/tensor_element.h"
 
 namespace napkin::runtime {
@@ -307,6 +308,7 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
     } catch (const Error& e) {
       stop_on_data_error(e, step - 1);
     }
+    set_rng(ex, seed, step - 1, /*training=*/true);
     ex.run_forward();
     double loss = ex.loss();
     if (!std::isfinite(loss))
@@ -343,6 +345,7 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
         } catch (const Error& e) {
           stop_on_data_error(e, step);
         }
+        set_rng(ex, seed, step - 1, /*training=*/false);  // dropout off
         ex.run_forward();
         sum += ex.loss();
       }
