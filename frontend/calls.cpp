@@ -8,6 +8,7 @@
 
 #include "frontend/lowering.h"
 #include "frontend/suggest.h"
+#include "ir/rng.h"
 
 namespace napkin::frontend {
 
@@ -218,6 +219,25 @@ const std::vector<CallSpec>& call_table() {
            return L.build(Op::Triu, {*x}, {{"k", k}}, call.offset);
          }});
     add({"causal_mask", {"x"}, 1, unary(Op::CausalMask, nullptr)});
+    // dropout(x, p): ir/rng.h. p = 0 is x itself; each dropout gets its own
+    // stream (the id of its node), so two dropouts never share a mask.
+    add({"dropout", {"x", "p"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "x", call);
+           const Operand& po = *a.get("p");
+           auto p = L.need_number(po, "dropout: p");
+           if (!x || !p) return Operand::invalid();
+           if (!(*p >= 0 && *p < 1)) {
+             L.error(po.offset, fmt::format("dropout: p must be in [0, 1), got {}", *p),
+                     "p is the probability of dropping an element, e.g. dropout(x, 0.1); 0 turns it off");
+             return Operand::invalid();
+           }
+           if (*p == 0) return Operand::tensor(*x, call.offset);
+           ir::Builder& b = L.builder_at(call.offset);
+           std::vector<ValueId> inputs{*x};
+           for (ValueId w : ir::rng_words(b)) inputs.push_back(w);
+           int64_t stream = b.graph().num_nodes();  // the id the dropout node gets
+           return L.build(Op::Dropout, inputs, {{"p", *p}, {"stream", stream}}, call.offset);
+         }});
     add({"arange", {"n", "dtype"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            const Operand& n = *a.get("n");
            auto count = L.need_int(n, "arange: n");
