@@ -36,6 +36,7 @@
 
 #include "interp/gradient_check.h"
 #include "interp/interpreter.h"
+#include "ir/rng.h"
 #include "ir/builder.h"
 #include "runtime/rng.h"
 #include "support/test_models.h"
@@ -205,6 +206,16 @@ std::map<Op, std::vector<Sample>> sample_table() {
   });
   add(Op::CausalMask, "softmax(causal_mask([4,4]))", [](Ctx& c) {
     return c.op(Op::Softmax, {c.op(Op::CausalMask, {c.param({4, 4})})}, {{"axis", int64_t{1}}});
+  });
+
+  // The rng words of step 3 under seed 5 fix the mask: the gradient is dy * mask / (1 - p).
+  add(Op::Dropout, "[3,5] p=0.4", [](Ctx& c) {
+    std::vector<ValueId> inputs{c.param({3, 5})};
+    for (ValueId w : ir::rng_words(c.builder())) inputs.push_back(w);
+    std::vector<double> words;
+    for (int64_t w : runtime::rng_tensor_words(5, 3, true)) words.push_back(static_cast<double>(w));
+    c.point()[c.graph().rng] = words;
+    return c.op(Op::Dropout, inputs, {{"p", 0.4}, {"stream", int64_t{2}}});
   });
 
   // Elementwise, binary: every kind of broadcasting, on both sides.

@@ -35,6 +35,7 @@ CompiledStep::CompiledStep(ir::Graph graph, int threads) : g(std::move(graph)) {
     ir::ValueId v = ir::kNoValue;
     for (ir::ValueId id : g.inputs) v = g.value(id).name == t.name ? id : v;
     for (const ir::Param& p : g.params) v = g.value(p.value).name == t.name ? p.value : v;
+    if (t.role == codegen::TensorRole::Rng) v = g.rng;
     if (v == ir::kNoValue) continue;
     for (size_t i = 0; i < values[v].size(); ++i)
       runtime::write_element(ex->arena() + t.byte_offset, std::string(ir::dtype_name(t.dtype)), static_cast<int64_t>(i),

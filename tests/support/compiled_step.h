@@ -31,7 +31,8 @@ struct CompiledStep {
   runtime::Program program;
   std::unique_ptr<runtime::Executor> ex;
   // Initial params (init plus 0.1 N(0,1) noise, so unit gains and zero biases
-  // cannot hide a wrong rule) and random inputs, written into the arena.
+  // cannot hide a wrong rule), random inputs and the rng tensor (training step
+  // 0, interp::random_inputs), written into the arena.
   std::map<ir::ValueId, std::vector<double>> values;
 
   explicit CompiledStep(ir::Graph graph, int threads = 2);
