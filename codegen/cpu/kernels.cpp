@@ -59,8 +59,8 @@ LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
     std::vector<llvm::Value*> args;
     for (size_t i = 0; i < k.inputs.size(); ++i) args.push_back(e.load(k.inputs[i], e.dot(idx, in_strides[i])));
     ir::DType from = k.inputs.empty() ? k.output.dtype : k.inputs[0].dtype;
-    e.store(k.output, e.dot(idx, out_strides),
-            emit_elementwise(e, k.op, k.attrs, from, k.output.dtype, args, element_at(e, idx, sizes, need == ElementIndex::RowCol, need == ElementIndex::Flat)));
+    const ElementAt at = element_at(e, idx, sizes, need == ElementIndex::RowCol, need == ElementIndex::Flat);
+    e.store(k.output, e.dot(idx, out_strides), emit_elementwise(e, k.op, k.attrs, from, k.output.dtype, args, at));
   });
   return loop_info(sizes[0], product(sizes));
 }
