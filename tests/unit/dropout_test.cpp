@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -277,4 +278,42 @@ TEST_CASE("dropout: a step recomputed under a memory budget draws the same masks
     CHECK(a.get(base->outputs[i].second) == b.get(tight->outputs[i].second));
   }
   for (size_t i = 0; i < base->updates.size(); ++i) CHECK(a.get(base->updates[i].value) == b.get(tight->updates[i].value));
+}
+
+TEST_CASE("dropout: each copy in a repeated block draws its own mask - and a dropout fuses with its elementwise chain") {
+  ir::Graph g = testing::compile_training(R"yaml(
+model: t
+dims: {batch: 4, d: 8}
+inputs: {x: {shape: [batch, d]}}
+blocks:
+  layer:
+    params:
+      w: {shape: [d, d], init: xavier}
+    forward:
+      - h: dropout(relu(x @ w), 0.1)
+      - y: x + h
+forward:
+  - z: repeat(layer, 3, x)
+loss: mean(z * z)
+optimizer: sgd(lr=0.1)
+)yaml");
+  std::set<int64_t> streams;
+  int forward = 0;
+  for (ir::NodeId id : g.schedule()) {
+    const ir::Node& n = g.node(id);
+    if (n.op != ir::Op::Dropout || n.phase != ir::Phase::Forward) continue;
+    ++forward;
+    streams.insert(n.attrs.get_int("stream"));
+    // relu, dropout and the residual add are one kernel.
+    CHECK(n.group >= 0);
+    int members = 0;
+    for (ir::NodeId m : g.schedule()) members += g.node(m).group == n.group;
+    CHECK(members >= 3);
+    // The report's cost: 2 FLOPs per element; it reads x and the four rng words.
+    ir::OpCost cost = ir::op_info(n.op).cost(g, n);
+    CHECK(cost.flops == 2 * 4 * 8);
+    CHECK(cost.bytes_read == 4 * 8 * 4 + 4 * 8);
+  }
+  CHECK(forward == 3);
+  CHECK(streams.size() == 3);
 }
