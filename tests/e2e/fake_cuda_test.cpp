@@ -31,6 +31,7 @@
 #include "runtime/safetensors.h"
 #include "support/checkpoint_content.h"
 #include "support/test_io.h"
+#include "support/test_models.h"
 
 namespace fs = std::filesystem;
 using napkin::testing::read_bytes;
@@ -377,6 +378,38 @@ TEST_CASE("fake cuda: the module loads from the cubin on its architecture or els
   CHECK(old.out.find("JIT-compiling its PTX failed") != std::string::npos);
   CHECK(old.out.find("CUDA_ERROR_INVALID_PTX") != std::string::npos);
   CHECK(old.out.find("ptxas fatal") != std::string::npos);  // the JIT's log, through CU_JIT_ERROR_LOG_BUFFER
+}
+
+TEST_CASE("fake cuda: an mlp with dropout trains and evaluates on the fake GPU as on the CPU") {
+  // The CUDA engine uploads the rng tensor before every forward: without the
+  // training words the GPU's dropout would be the identity and its losses
+  // would leave the CPU's at the first step; without the eval words its eval
+  // losses would leave them.
+  TempDir dir("fakecuda-dropout");
+  std::string text = napkin::testing::read_source("models/mlp.yaml");
+  const std::string from = "- h1: gelu(images @ w1 + b1)";
+  REQUIRE(text.find(from) != std::string::npos);
+  text.replace(text.find(from), from.size(), "- h1: dropout(gelu(images @ w1 + b1), 0.5)");
+  write_bytes(dir / "mlp.yaml", text);
+  Trainers t = build_both(dir / "mlp.yaml", "batch=16,d_in=64,hidden=32", dir);
+  std::string flags = fmt::format(
+      "--order sequential --seed 3 --log-every 1 --steps 4 --eval-every 2 --quiet "
+      "--data-file images=tests/e2e/data/mlp/images.npy --data-file labels=tests/e2e/data/mlp/labels.npy");
+  std::vector<double> cpu = train(t.cpu + " " + flags, dir, "cpu");
+  std::vector<double> cuda = train_cuda(t, flags, dir, "cuda");
+  check_close(cpu, cuda, 1e-4);
+  auto eval_losses = [&](const std::string& name) {
+    std::vector<double> out;
+    std::istringstream lines(read_bytes(dir / (name + ".jsonl")));
+    for (std::string line; std::getline(lines, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("eval_loss")) out.push_back(j["eval_loss"].get<double>());
+    }
+    return out;
+  };
+  std::vector<double> cpu_eval = eval_losses("cpu"), cuda_eval = eval_losses("cuda");
+  CHECK(cpu_eval.size() == 2);
+  check_close(cpu_eval, cuda_eval, 1e-4);
 }
 
 #endif  // NAPKIN_HAVE_CUDA_RUNTIME
