@@ -198,7 +198,7 @@ TEST_CASE("dropout: the gradient through a fixed mask passes napkin check") {
   for (const interp::TensorCheck& t : r.tensors) {
     CAPTURE(t.name);
     CAPTURE(t.max_error_f64);
-    CAPTURE(t.max_error_native);
+    CAPTURE(t.error_native);
     CHECK(t.passed);
   }
   CHECK(r.passed);
