@@ -137,6 +137,17 @@ CheckpointHeader parse_header(const SafetensorsFile& file) {
   return h;
 }
 
+// The header of a checkpoint that passed every check but the tensors': its
+// fields, its checksum, and that `expected_model_hash` wrote it.
+CheckpointHeader verified_header(const SafetensorsFile& file, const std::string& expected_model_hash) {
+  CheckpointHeader h = parse_header(file);
+  verify_checksum(file, h);
+  if (h.model_hash != expected_model_hash)
+    throw Error(file.path() + ": checkpoint was written by a different model (hash " + h.model_hash +
+                ", this trainer " + expected_model_hash + ")");
+  return h;
+}
+
 void fsync_directory(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0 || ::fsync(fd) != 0) {
@@ -294,23 +305,13 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const std::ve
 CheckpointHeader read_checkpoint_header(const std::string& path) { return parse_header(SafetensorsFile(path)); }
 
 CheckpointHeader verify_checkpoint(const std::string& path, const std::string& expected_model_hash) {
-  SafetensorsFile file(path);
-  CheckpointHeader h = parse_header(file);
-  verify_checksum(file, h);
-  if (h.model_hash != expected_model_hash)
-    throw Error(path + ": checkpoint was written by a different model (hash " + h.model_hash + ", this trainer " +
-                expected_model_hash + ")");
-  return h;
+  return verified_header(SafetensorsFile(path), expected_model_hash);
 }
 
 CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
                                  const std::string& expected_model_hash) {
   SafetensorsFile file(path);
-  CheckpointHeader h = parse_header(file);
-  verify_checksum(file, h);
-  if (h.model_hash != expected_model_hash)
-    throw Error(path + ": checkpoint was written by a different model (hash " + h.model_hash + ", this trainer " +
-                expected_model_hash + ")");
+  CheckpointHeader h = verified_header(file, expected_model_hash);
   load_tensors(file, into, {});
   return h;
 }

@@ -119,7 +119,7 @@ TEST_CASE("dropout: the interpreter keeps element i iff its Philox word passes t
   CHECK(eval.b == std::vector<double>(20000, 1.0));
 }
 
-TEST_CASE("dropout: p outside [0, 1) is an error at its line and column - p = 0 is x itself") {
+TEST_CASE("dropout: p outside 0 to 1 (1 excluded) is an error at its line and column - p = 0 is x itself") {
   for (const char* p : {"1", "1.5", "-0.1"}) {
     CAPTURE(p);
     std::string out = testing::compile_errors(std::string(R"yaml(model: t
