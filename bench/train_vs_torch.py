@@ -334,7 +334,7 @@ def build_trainer(napkin, name, yaml, tmp):
 def time_napkin(trainer, name, tmp, data_flags, steps, warmup, threads, round_):
     metrics = os.path.join(tmp, f"{name}.{round_}.jsonl")
     run([trainer, "--steps", str(warmup + steps), "--seed", "0", *data_flags, "--order", "sequential",
-         "--log-every", "1", "--metrics", metrics, "--threads", str(threads), "--quiet"],
+         "--log-every", "1", "--metrics", metrics, "--threads", str(threads), "--quiet", "--checkpoint-every", "0"],
         f"napkin trainer for {name}", timeout=900)
     rows = []
     with open(metrics) as f:

@@ -416,7 +416,9 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
                                      "checkpoint's optimizer state is ignored)");
     app.add_option("--resume", o.resume, "continue from the newest checkpoint in DIR (or this checkpoint file)");
     CLI::Option* dir_flag = app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go")->capture_default_str();
-    app.add_option("--checkpoint-every", o.checkpoint_every, "save every K steps (0: only at the end if a dir is set)")
+    CLI::Option* every_flag = app.add_option("--checkpoint-every", o.checkpoint_every,
+                                             "save every K steps (0: only at the end, and only with an explicit "
+                                             "--checkpoint-dir or --resume)")
         ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
     app.add_option("--keep", o.keep, "checkpoints of this run to keep (0: all)")
         ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
@@ -448,6 +450,9 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     if (dir_flag->count() > 0 && o.checkpoint_dir.empty())
       throw Error("--checkpoint-dir is empty: name a directory (without --checkpoint-dir and --checkpoint-every no "
                   "checkpoints are written)");
+    // --checkpoint-every 0 alone turns the model's own checkpoints off (a
+    // benchmark, a quick try: nothing lands in the model's directory).
+    if (every_flag->count() > 0 && o.checkpoint_every == 0 && dir_flag->count() == 0) o.checkpoint_dir.clear();
     // A resumed run saves where it came from unless told otherwise.
     if (!o.resume.empty() && dir_flag->count() == 0) {
       std::error_code ec;

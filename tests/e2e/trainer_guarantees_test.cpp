@@ -87,7 +87,7 @@ TEST_CASE("trainer: a run never prunes or overwrites another run's checkpoints")
   CHECK(checkpoints_in(d) == std::vector<std::string>{"step-000007.safetensors", "step-000008.safetensors"});
 }
 
-TEST_CASE("trainer: --dims variants of one model get their own default checkpoint dirs") {
+TEST_CASE("trainer: --dims variants of one model get their own default checkpoint dirs - --checkpoint-every 0 turns them off") {
   napkin::testing::TempDir tmp("e2e-variants");
   std::string a = tmp / "a", b = tmp / "b";
   REQUIRE(sh(fmt::format("{} build models/gpt.yaml --dims {} -o {} --quiet", NAPKIN_BINARY, kDims, a)).status == 0);
@@ -101,6 +101,16 @@ TEST_CASE("trainer: --dims variants of one model get their own default checkpoin
   CHECK(dir_of(a) == "checkpoints/gpt@batch=4,d=32,heads=2,layers=1,seq=32");
   CHECK(dir_of(b) == "checkpoints/gpt@d=64,layers=1");
   CHECK(dir_of(tmp / "c") == "checkpoints/gpt");
+
+  // Run from a scratch directory: the model's default dir is relative to it.
+  const std::string data = napkin::testing::source_path("tests/e2e/data/gpt/tokens.u16");
+  Run off = sh(fmt::format("cd {} && {} --data {} --steps 1 --quiet --checkpoint-every 0", tmp.path, a, data));
+  INFO(off.out);
+  CHECK(off.status == 0);
+  CHECK(!fs::exists(tmp / "checkpoints"));  // --checkpoint-every 0 alone: the model's checkpoints are off
+  Run on = sh(fmt::format("cd {} && {} --data {} --steps 1 --quiet", tmp.path, a, data));
+  CHECK(on.status == 0);
+  CHECK(fs::exists(tmp / "checkpoints/gpt@batch=4,d=32,heads=2,layers=1,seq=32/step-000001.safetensors"));
 }
 
 TEST_CASE("trainer: --resume takes a file - a damaged newest checkpoint names the good ones") {
