@@ -363,7 +363,7 @@ void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir:
     if (!node["path"])
       ctx.error(node, "train.data with format: tokens needs a path to the token file",
                 "add path: data/train.u16 (napkin data encode writes one)");
-    else ctx.scalar_text(node["path"], "train.data.path", out.path);
+    else ctx.path_text(node["path"], "train.data.path", out.path);
     if (const YAML::Node& d = node["dtype"]) {
       ctx.scalar_text(d, "train.data.dtype", out.token_dtype);
       if (out.token_dtype != "u16" && out.token_dtype != "i32")
@@ -405,7 +405,7 @@ void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir:
   if (!ctx.check_keys(files, input_names, "train.data.files")) return;
   for (auto it = files.begin(); it != files.end(); ++it) {
     std::string path;
-    if (ctx.scalar_text(it->second, "a data file path", path)) out.files[it->first.Scalar()] = path;
+    if (ctx.path_text(it->second, "a data file path", path)) out.files[it->first.Scalar()] = path;
   }
   for (const std::string& n : input_names)
     if (!out.files.count(n))
@@ -437,13 +437,13 @@ void read_train(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir
     if (ctx.check_keys(c, {"every", "dir", "keep"}, "train.checkpoint")) {
       read_int(c["every"], ctx, "train.checkpoint.every", 1, out.checkpoint_every);
       read_int(c["keep"], ctx, "train.checkpoint.keep", 1, out.checkpoint_keep);
-      if (c["dir"]) ctx.scalar_text(c["dir"], "train.checkpoint.dir", out.checkpoint_dir);
+      if (c["dir"]) ctx.path_text(c["dir"], "train.checkpoint.dir", out.checkpoint_dir);
     }
   }
   if (const YAML::Node& l = node["log"]) {
     if (ctx.check_keys(l, {"every", "metrics"}, "train.log")) {
       read_int(l["every"], ctx, "train.log.every", 1, out.log_every);
-      if (l["metrics"]) ctx.scalar_text(l["metrics"], "train.log.metrics", out.metrics_path);
+      if (l["metrics"]) ctx.path_text(l["metrics"], "train.log.metrics", out.metrics_path);
     }
   }
 }

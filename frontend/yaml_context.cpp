@@ -69,17 +69,30 @@ void YamlContext::error(const YAML::Node& node, std::string message, std::string
   diag_.error(loc(node), std::move(message), std::move(hint));
 }
 
-bool YamlContext::check_name_text(const YAML::Node& node, const std::string& name, const std::string& what) {
+bool YamlContext::check_name_text(const YAML::Node& node, const std::string& name, const std::string& what,
+                                  const std::string& hint) {
   for (size_t i = 0; i < name.size();) {
     size_t length = std::max<size_t>(ir::utf8_sequence_length(name, i), 1);
     uint32_t cp = ir::utf8_code_point(name, i, length);
     if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F)) {
-      error(node, fmt::format("{} '{}' holds a control character", what, name),
-            "names appear in reports and the IR: write them with letters, digits and _");
+      error(node, fmt::format("{} '{}' holds a control character", what, name), hint);
       return false;
     }
     i += length;
   }
+  return true;
+}
+
+bool YamlContext::path_text(const YAML::Node& node, const std::string& what, std::string& out) {
+  std::string text;
+  if (!scalar_text(node, what, text)) return false;
+  if (text.empty()) {
+    error(node, fmt::format("{} is empty", what), "name a file or directory, or leave the key out");
+    return false;
+  }
+  if (!check_name_text(node, text, what, "the trainer opens this path and prints it: rename it without control characters"))
+    return false;
+  out = text;
   return true;
 }
 

@@ -50,7 +50,12 @@ class YamlContext {
   // Reports a name (a key of a mapping of the user's names, the model's name)
   // that holds a control character, and returns false: names reach the IR and
   // reports, which print them as they are.
-  bool check_name_text(const YAML::Node& node, const std::string& name, const std::string& what);
+  bool check_name_text(const YAML::Node& node, const std::string& name, const std::string& what,
+                       const std::string& hint = "names appear in reports and the IR: write them with letters, digits and _");
+  // A path the trainer opens and prints (a data file, the checkpoint or
+  // metrics location): the scalar's text, which must be non-empty and free of
+  // control characters; else reports it and returns false.
+  bool path_text(const YAML::Node& node, const std::string& what, std::string& out);
 
   // The scalar's text, or reports "<what> must be a single value" and returns false.
   bool scalar_text(const YAML::Node& node, const std::string& what, std::string& out);
