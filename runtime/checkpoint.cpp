@@ -191,6 +191,7 @@ std::vector<std::string> load_tensors(const SafetensorsFile& file, const std::ve
     const SafetensorsFile::Tensor* t = file.find(r.name);
     if (t->bytes > 0) std::memcpy(r.data, t->data, t->bytes);
   }
+  file.check_intact();  // a file without a checksum could otherwise load zeros unseen
   return ignored;
 }
 

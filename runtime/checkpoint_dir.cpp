@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <utility>
 
 #include "runtime/error.h"
@@ -43,8 +44,7 @@ std::string new_run_id() {
   return buf;
 }
 
-CheckpointDir::CheckpointDir(std::string dir, std::string model_hash, std::string run)
-    : dir_(std::move(dir)), model_hash_(std::move(model_hash)), run_(std::move(run)) {
+CheckpointDir::CheckpointDir(std::string dir, Lineage lineage) : dir_(std::move(dir)), lineage_(std::move(lineage)) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir_, ec);
@@ -97,17 +97,24 @@ void CheckpointDir::check_and_clean() {
   ::close(fd);
   ::unlink(probe.c_str());
 
-  std::vector<std::string> foreign;
+  std::vector<std::string> foreign, newer;
   std::string first_reason;
-  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+  fs::directory_iterator it(dir_, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& entry = *it;
     const std::string name = entry.path().filename().string();
     if (is_checkpoint_temporary(name) || name.starts_with(".tmp-probe-")) {
       if (fs::remove(entry.path(), ec)) ++temporaries_removed_;
       continue;
     }
-    if (!checkpoint_step(name) || !entry.is_regular_file(ec)) continue;
+    std::error_code kind_ec;
+    std::optional<int64_t> step = checkpoint_step(name);
+    if (!step || !entry.is_regular_file(kind_ec)) continue;
     std::string why = foreign_reason(entry.path().string());
-    if (why.empty()) continue;
+    if (why.empty()) {
+      if (lineage_.resumed_step >= 0 && *step > lineage_.resumed_step) newer.push_back(name);
+      continue;
+    }
     foreign.push_back(name);
     if (first_reason.empty()) first_reason = why;
   }
@@ -119,6 +126,14 @@ void CheckpointDir::check_and_clean() {
                 "), and a run never prunes or overwrites another's files.\n"
                 "  to continue that run: --resume " + dir_ + "\n" +
                 "  to start afresh: --checkpoint-dir ANOTHER_DIR, or move those files away");
+  }
+  if (!newer.empty()) {
+    std::sort(newer.begin(), newer.end());
+    throw Error(dir_ + ": holds " + std::to_string(newer.size()) + " checkpoint" + (newer.size() == 1 ? "" : "s") +
+                " of this run newer than step " + std::to_string(lineage_.resumed_step) + ", the one resumed from (" +
+                some_names(newer) + "): saving beside them would mix two histories, and pruning would delete them.\n"
+                "  to branch from step " + std::to_string(lineage_.resumed_step) +
+                ": --checkpoint-dir ANOTHER_DIR\n  to drop the newer ones: move them away first");
   }
 }
 
@@ -133,11 +148,13 @@ std::string CheckpointDir::foreign_reason(const std::string& path) const {
   } catch (const Error& e) {
     return std::string("one cannot be read: ") + e.what();
   }
-  if (h.model_hash != model_hash_)
+  if (h.model_hash != lineage_.model_hash)
     return "written by another model" +
            (h.metadata.count("model") ? " '" + printable(h.metadata.at("model")) + "'" : std::string()) +
            " or another --dims variant (hash " + h.model_hash + ")";
-  if (h.run != run_) return "written by another run of this model (run " + (h.run.empty() ? "unknown" : h.run) + ")";
+  if (h.format == 1 && lineage_.adopts_version1) return "";
+  if (h.run != lineage_.run)
+    return "written by another run of this model (run " + (h.run.empty() ? "unknown" : h.run) + ")";
   return "";
 }
 
@@ -149,11 +166,11 @@ std::string CheckpointDir::save(int64_t step, const std::vector<TensorRef>& tens
     if (!why.empty())
       throw Error(target + ": will not overwrite it: " + why + "; move it away and resume with --resume " + dir_);
   }
-  const std::string path = write_checkpoint(dir_, step, tensors, model_hash_, run_, metadata);
+  const std::string path = write_checkpoint(dir_, step, tensors, lineage_.model_hash, lineage_.run, metadata);
   if (keep > 0) {
     int64_t kept = 0;
     for (const auto& [s, file] : list_checkpoints(dir_)) {
-      if (!foreign_reason(file).empty()) continue;  // not ours: never touched
+      if (s > step || !foreign_reason(file).empty()) continue;  // not ours, or not behind us: never touched
       if (++kept <= keep) continue;
       if (::unlink(file.c_str()) != 0 && errno != ENOENT)
         throw Error(file + ": cannot delete this old checkpoint: " + std::strerror(errno));

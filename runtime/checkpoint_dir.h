@@ -15,9 +15,13 @@
 //   resumed run carries on the id of the run it resumed). Anything else,
 //   another model's files, another run's, or a file that cannot be read as a
 //   checkpoint, stops the run at start-up with the list and the ways out.
-// - Pruning (--keep N) deletes only checkpoints of this lineage, oldest first,
-//   and only after the new one is safely on disk; a file in the way of a save
-//   that is not this lineage's is never overwritten.
+// - A run resumed from an older checkpoint of its lineage while newer ones sit
+//   in the directory (an abandoned branch) is refused too: pruning or
+//   overwriting those would lose the newer history, keeping them would mix two.
+// - Pruning (--keep N) deletes only checkpoints of this lineage at or before
+//   the step just saved, oldest first, and only after the new one is safely on
+//   disk; a file in the way of a save that is not this lineage's is never
+//   overwritten.
 #pragma once
 
 #include <cstdint>
@@ -32,11 +36,23 @@ namespace napkin::runtime {
 // 16 hex digits from the kernel's random source: a fresh run's id.
 std::string new_run_id();
 
+// Which checkpoints are a run's own.
+struct Lineage {
+  std::string model_hash;
+  std::string run;                // this run's id
+  // A resumed run: the step it resumed from. Files of its lineage past that
+  // step belong to the branch it abandoned; a directory holding them is
+  // refused, since saving beside them would mix two histories.
+  int64_t resumed_step = -1;
+  // Resumed from a version-1 checkpoint (no run ids then): version-1 files of
+  // the same model count as this lineage's.
+  bool adopts_version1 = false;
+};
+
 class CheckpointDir {
  public:
-  // Takes `dir` for the run (model_hash, run) as described above; Error if it
-  // cannot.
-  CheckpointDir(std::string dir, std::string model_hash, std::string run);
+  // Takes `dir` for the run as described above; Error if it cannot.
+  CheckpointDir(std::string dir, Lineage lineage);
   ~CheckpointDir();
   CheckpointDir(const CheckpointDir&) = delete;
   CheckpointDir& operator=(const CheckpointDir&) = delete;
@@ -57,7 +73,8 @@ class CheckpointDir {
   // Empty when `path` is a checkpoint of this lineage, else why it is not.
   std::string foreign_reason(const std::string& path) const;
 
-  std::string dir_, model_hash_, run_;
+  std::string dir_;
+  Lineage lineage_;
   int lock_fd_ = -1;
   int temporaries_removed_ = 0;
 };

@@ -32,6 +32,7 @@ GuardSlot g_guard[kGuardSlots];
 std::mutex g_guard_mutex;
 struct sigaction g_previous_sigbus;
 bool g_handler_installed = false;
+uintptr_t g_page_size = 4096;  // set before the handler is installed: sysconf is not async-signal-safe
 
 extern "C" void on_sigbus(int sig, siginfo_t* info, void* context) {
   const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
@@ -39,7 +40,7 @@ extern "C" void on_sigbus(int sig, siginfo_t* info, void* context) {
     const uintptr_t begin = slot.begin.load(std::memory_order_acquire);
     const size_t size = slot.size.load(std::memory_order_acquire);
     if (begin == 0 || addr < begin || addr >= begin + size) continue;
-    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t page = g_page_size;
     void* at = reinterpret_cast<void*>(addr & ~(page - 1));
     // Zeros in place of the vanished page; the faulting load then completes.
     if (::mmap(at, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
@@ -54,12 +55,16 @@ extern "C" void on_sigbus(int sig, siginfo_t* info, void* context) {
   } else if (g_previous_sigbus.sa_handler != SIG_DFL && g_previous_sigbus.sa_handler != SIG_IGN) {
     return g_previous_sigbus.sa_handler(sig);
   }
-  ::signal(SIGBUS, SIG_DFL);  // returning re-runs the load, which now kills as before
+  ::signal(SIGBUS, SIG_DFL);
+  // A fault re-runs its load on return and dies as it would have without us;
+  // a SIGBUS sent by kill(2) has no load to re-run, so it is raised again.
+  if (info->si_code <= 0) ::raise(SIGBUS);
 }
 
 int claim_guard(const char* data, size_t size) {
   std::lock_guard<std::mutex> lock(g_guard_mutex);
   if (!g_handler_installed) {
+    g_page_size = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
     struct sigaction sa {};
     sa.sa_sigaction = on_sigbus;
     sa.sa_flags = SA_SIGINFO | SA_NODEFER;

@@ -72,6 +72,9 @@ class SafetensorsFile {
   const std::vector<Tensor>& tensors() const { return tensors_; }
   const Tensor* find(std::string_view name) const;
   // Everything after the header: the bytes a checksum covers.
+  // Error if the file shrank since it was mapped (mapped_file.h): call after
+  // copying tensors out, whose vanished pages read as zeros.
+  void check_intact() const { file_.check_intact(); }
   const char* data_section() const { return data_; }
   size_t data_size() const { return data_size_; }
 

@@ -194,6 +194,7 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
   int64_t start_step = 0;
   uint64_t seed = o.seed;
   std::string run_id;
+  Lineage lineage{p.hash};
 
   init_params(p, ex, seed);
   if (!o.init.empty()) {
@@ -213,6 +214,8 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
     start_step = h.step;
     if (h.seed) seed = *h.seed;
     run_id = h.run;
+    lineage.resumed_step = h.step;
+    lineage.adopts_version1 = h.format == 1;
     ex.upload("param");
     ex.upload("state");
     if (start_step > o.steps)
@@ -234,7 +237,8 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
   // After the data: a run that cannot start leaves no directory behind.
   std::unique_ptr<CheckpointDir> ckpt;
   if (!o.checkpoint_dir.empty()) {
-    ckpt = std::make_unique<CheckpointDir>(o.checkpoint_dir, p.hash, run_id);
+    lineage.run = run_id;
+    ckpt = std::make_unique<CheckpointDir>(o.checkpoint_dir, lineage);
     if (ckpt->temporaries_removed() > 0 && !o.quiet)
       fmt::print("removed {} temporary file{} that interrupted saves left in {}\n", ckpt->temporaries_removed(),
                  ckpt->temporaries_removed() == 1 ? "" : "s", o.checkpoint_dir);
@@ -292,7 +296,13 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
   auto stop_on_data_error = [&](const Error& e, int64_t finished) {
     std::string note;
     if (!ckpt) note = "no --checkpoint-dir: nothing saved";
-    else if (finished > last_saved) note = fmt::format("saved step {} as {}; fix the data, then --resume {}", finished, save(finished), ckpt->path());
+    else if (finished > last_saved) {
+      try {
+        note = fmt::format("saved step {} as {}; fix the data, then --resume {}", finished, save(finished), ckpt->path());
+      } catch (const Error& save_error) {
+        note = fmt::format("and saving step {} failed too: {}", finished, save_error.what());
+      }
+    }
     else note = fmt::format("the last checkpoint is step {}; fix the data, then --resume {}", last_saved, ckpt->path());
     throw Error(fmt::format("{}\n  stopped after step {}: {}", e.what(), finished, note));
   };

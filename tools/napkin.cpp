@@ -511,10 +511,9 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
   std::filesystem::path sum = dir / "trainer.sum";
   bool cached = std::filesystem::exists(trainer);
   if (cached && read_file_bytes(sum.string()) != fnv1a_hex({read_file_bytes(trainer.string())})) {
+    // Rebuilt into a temp file and renamed over it: a run that is about to
+    // exec the old path never finds it missing.
     std::cout << fmt::format("napkin: the cached trainer {} is damaged; rebuilding it\n", trainer.string());
-    std::error_code ec;
-    std::filesystem::remove(trainer, ec);
-    std::filesystem::remove(sum, ec);
     cached = false;
   }
   if (!cached) {
@@ -532,12 +531,18 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
 #endif
     if (target == "cpu") built = build_trainer(*g, codegen::cpu::BuildOptions{tmp, model_hash(*g), "cpu", "", ""}).has_value();
     if (!built) return kUserError;
-    std::filesystem::rename(tmp, trainer);
-    {
-      std::string sum_tmp = (dir / fmt::format("trainer.sum.tmp.{}", getpid())).string();
-      std::ofstream(sum_tmp, std::ios::binary | std::ios::trunc) << fnv1a_hex({read_file_bytes(trainer.string())});
-      std::filesystem::rename(sum_tmp, sum);
+    // The sum goes in place before the trainer, so whoever sees the new
+    // trainer also sees its sum.
+    std::string sum_tmp = (dir / fmt::format("trainer.sum.tmp.{}", getpid())).string();
+    std::ofstream sum_out(sum_tmp, std::ios::binary | std::ios::trunc);
+    sum_out << fnv1a_hex({read_file_bytes(tmp)});
+    sum_out.close();
+    if (!sum_out) {
+      std::cerr << fmt::format("error: {}: cannot write the trainer cache\n", sum_tmp);
+      return kUserError;
     }
+    std::filesystem::rename(sum_tmp, sum);
+    std::filesystem::rename(tmp, trainer);
     std::cout << fmt::format("napkin: built {} in {:.2f} s (cached at {})\n", g->name,
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), trainer.string());
   } else {

@@ -125,6 +125,15 @@ TEST_CASE("trainer: --resume takes a file - a damaged newest checkpoint names th
   CHECK(from_file.status == 0);
   CHECK(read_bytes(f.dir("m.jsonl")).find("\"step\": 3") != std::string::npos);
 
+  // Resuming step 2 into its own directory, where step 4 of the same run sits:
+  // the newer history is neither pruned nor mixed with a new one.
+  Run branch = f.train(fmt::format("--steps 3 --keep 1 --resume {}", step2));
+  INFO(branch.out);
+  CHECK(branch.status == 1);
+  CHECK(branch.out.find("holds 1 checkpoint of this run newer than step 2, the one resumed from (step-000004") !=
+        std::string::npos);
+  CHECK(checkpoints_in(d) == std::vector<std::string>{"step-000002.safetensors", "step-000004.safetensors"});
+
   std::string bad = read_bytes(step4);
   bad[bad.size() - 10] ^= 0x20;
   write_bytes(step4, bad);
@@ -168,11 +177,12 @@ TEST_CASE("trainer: a data file truncated mid-run stops with a message and the l
 TEST_CASE("trainer: the checkpoint dir is checked and cleaned at start-up") {
   Fixture f;
   write_bytes(f.dir("a-file"), "");
-  Run r = f.train(fmt::format("--steps 5 --checkpoint-every 5 --checkpoint-dir {}/sub", f.dir("a-file")));
+  Run r = f.train(fmt::format("--steps 5 --checkpoint-every 5 --log-every 1 --checkpoint-dir {}/sub --metrics {}",
+                               f.dir("a-file"), f.dir("m.jsonl")));
   INFO(r.out);
   CHECK(r.status == 1);
   CHECK(r.out.find("cannot create the checkpoint directory") != std::string::npos);
-  CHECK(r.out.find("step") == std::string::npos);  // before any step ran
+  CHECK(read_bytes(f.dir("m.jsonl")).find("\"step\"") == std::string::npos);  // before any step ran (was: after 5)
 
   const std::string d = f.dir("ckpt");
   fs::create_directories(d);

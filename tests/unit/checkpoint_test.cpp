@@ -468,6 +468,11 @@ TEST_CASE("checkpoint: version 1 files (data-only checksum - no run id) still lo
   CHECK(h.format == 1);
   CHECK(h.run.empty());
   CHECK(h.step == 3);
+  // A run resumed from it may save (and prune) beside it; a fresh run may not.
+  CHECK(error_of([&] { rt::CheckpointDir fresh(dir.path, {"h", kRun}); }).find("did not write") != std::string::npos);
+  rt::CheckpointDir resumed(dir.path, {"h", kRun, 3, true});
+  resumed.save(4, saved.all(), {}, 1);
+  CHECK(files_in(dir.path) == std::vector<std::string>{".lock", "step-000004.safetensors"});
 }
 
 TEST_CASE("checkpoint: file names - steps and the temporaries of interrupted saves") {
@@ -484,7 +489,7 @@ TEST_CASE("checkpoint dir: a run keeps its newest N and prunes only its own line
   TempDir dir;
   Model m(1);
   {
-    rt::CheckpointDir run(dir.path, "h", kRun);
+    rt::CheckpointDir run(dir.path, {"h", kRun});
     for (int64_t step : {1, 2, 3, 4}) run.save(step, m.all(), {}, 2);
     CHECK(files_in(dir.path) == std::vector<std::string>{".lock", "step-000003.safetensors", "step-000004.safetensors"});
     for (int64_t step : {5, 6}) run.save(step, m.all(), {}, 0);
@@ -492,15 +497,19 @@ TEST_CASE("checkpoint dir: a run keeps its newest N and prunes only its own line
   }
   // A resumed run (same model, same run id) may continue here and prune.
   {
-    rt::CheckpointDir resumed(dir.path, "h", kRun);
+    rt::CheckpointDir resumed(dir.path, {"h", kRun, 6});
     resumed.save(7, m.all(), {}, 2);
     CHECK(files_in(dir.path) == std::vector<std::string>{".lock", "step-000006.safetensors", "step-000007.safetensors"});
   }
+  // Resumed from step 6 while 7 is there: an abandoned branch; refused, nothing touched.
+  CHECK(error_of([&] { rt::CheckpointDir branch(dir.path, {"h", kRun, 6}); })
+            .starts_with(dir.path + ": holds 1 checkpoint of this run newer than step 6, the one resumed from "
+                                    "(step-000007.safetensors)"));
   const std::string before6 = read_bytes(dir / "step-000006.safetensors");
   // Another run of the same model, another model: refused at start, nothing touched.
   for (auto [hash, run] : {std::pair{"h", "ffffffffffffffff"}, std::pair{"other-model", kRun.c_str()}}) {
     CAPTURE(hash);
-    const std::string e = error_of([&] { rt::CheckpointDir other(dir.path, hash, run); });
+    const std::string e = error_of([&] { rt::CheckpointDir other(dir.path, {hash, run}); });
     INFO(e);
     CHECK(e.starts_with(dir.path + ": holds 2 checkpoints that this run did not write (step-000006.safetensors, "
                                    "step-000007.safetensors; written by another "));
@@ -513,7 +522,7 @@ TEST_CASE("checkpoint dir: a run keeps its newest N and prunes only its own line
 TEST_CASE("checkpoint dir: a file of another run that appears mid-run is neither pruned nor overwritten") {
   TempDir dir;
   Model m(1), other(2);
-  rt::CheckpointDir run(dir.path, "h", kRun);
+  rt::CheckpointDir run(dir.path, {"h", kRun});
   run.save(1, m.all(), {}, 1);
   rt::write_checkpoint(dir.path, 2, other.all(), "h", "ffffffffffffffff", {});
   rt::write_checkpoint(dir.path, 0, other.all(), "h", "ffffffffffffffff", {});
@@ -534,16 +543,16 @@ TEST_CASE("checkpoint dir: start-up locks the dir - checks it is writable - remo
   write_bytes(dir / ".tmp-step-000004.safetensors-xYz789", "");
   write_bytes(dir / "notes.txt", "mine");
   {
-    rt::CheckpointDir run(dir.path, "h", kRun);
+    rt::CheckpointDir run(dir.path, {"h", kRun});
     CHECK(run.temporaries_removed() == 2);
     CHECK(files_in(dir.path) == std::vector<std::string>{".lock", "notes.txt"});
     // A second trainer on the same directory stops at once.
-    CHECK(error_of([&] { rt::CheckpointDir second(dir.path, "h", kRun); })
+    CHECK(error_of([&] { rt::CheckpointDir second(dir.path, {"h", kRun}); })
               .starts_with(dir.path + ": another trainer (pid " + std::to_string(::getpid()) + ") is writing checkpoints here"));
   }
-  rt::CheckpointDir after(dir.path, "h", kRun);  // the lock went with the first
+  rt::CheckpointDir after(dir.path, {"h", kRun});  // the lock went with the first
   write_bytes(dir / "file", "");
-  CHECK(error_of([&] { rt::CheckpointDir bad(dir / "file/sub", "h", kRun); })
+  CHECK(error_of([&] { rt::CheckpointDir bad(dir / "file/sub", {"h", kRun}); })
             .starts_with(dir / "file/sub: cannot create the checkpoint directory: "));
 }
 
