@@ -331,12 +331,6 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return found;
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& dir) {
-  auto all = list_checkpoints(dir);
-  if (all.empty()) return std::nullopt;
-  return all.front().second;
-}
-
 std::vector<std::string> read_weights(const std::string& path, const std::vector<TensorRef>& params,
                                       const std::vector<std::string>& ignorable) {
   SafetensorsFile file(path);

@@ -97,9 +97,6 @@ CheckpointHeader read_checkpoint(const std::string& path, const std::vector<Tens
 // if there is no such directory. Temporaries and other files are ignored.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
 
-// The newest checkpoint in `dir`, or nullopt.
-std::optional<std::string> latest_checkpoint(const std::string& dir);
-
 // --init FILE.safetensors: loads weights from any safetensors file (from
 // napkin or from PyTorch): every param must be present with its dtype and
 // shape. Tensors named in `ignorable` (a full checkpoint's optimizer state)

@@ -29,6 +29,12 @@ std::string some_names(const std::vector<std::string>& names) {
   return s;
 }
 
+// The start-up checks' message when the directory refuses a file.
+Error unwritable(const std::string& dir, int err) {
+  return Error(dir + ": cannot write checkpoints here: " + std::strerror(err) +
+               " (checked at start-up; pick another --checkpoint-dir)");
+}
+
 }  // namespace
 
 std::string new_run_id() {
@@ -53,9 +59,7 @@ CheckpointDir::CheckpointDir(std::string dir, Lineage lineage) : dir_(std::move(
 
   const std::string lock_path = dir_ + "/" + kLockName;
   lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd_ < 0)
-    throw Error(dir_ + ": cannot write checkpoints here: " + std::strerror(errno) +
-                " (checked at start-up; pick another --checkpoint-dir)");
+  if (lock_fd_ < 0) throw unwritable(dir_, errno);
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     char pid[32] = {};
     ssize_t n = ::pread(lock_fd_, pid, sizeof pid - 1, 0);
@@ -91,8 +95,7 @@ void CheckpointDir::check_and_clean() {
   if (fd < 0 || ::write(fd, "napkin", 6) != 6) {
     int err = errno;
     if (fd >= 0) ::close(fd), ::unlink(probe.c_str());
-    throw Error(dir_ + ": cannot write checkpoints here: " + std::strerror(err) +
-                " (checked at start-up; pick another --checkpoint-dir)");
+    throw unwritable(dir_, err);
   }
   ::close(fd);
   ::unlink(probe.c_str());

@@ -193,7 +193,6 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
   ex.set_profiling(o.profile);
   int64_t start_step = 0;
   uint64_t seed = o.seed;
-  std::string run_id;
   Lineage lineage{p.hash};
 
   init_params(p, ex, seed);
@@ -207,13 +206,11 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
                  o.init, ignored.size());
   }
   ex.upload("param");
-  std::string resumed_path;
   if (!o.resume.empty()) {
     CheckpointHeader h = resume_from(o.resume, tensor_refs(p, ex, {"param", "state"}), p.hash);
-    resumed_path = h.path;
     start_step = h.step;
     if (h.seed) seed = *h.seed;
-    run_id = h.run;
+    lineage.run = h.run;
     lineage.resumed_step = h.step;
     lineage.adopts_version1 = h.format == 1;
     ex.upload("param");
@@ -229,7 +226,7 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
   }
   // A fresh run (or one resumed from a version-1 checkpoint, which has no id)
   // starts a lineage of its own.
-  if (run_id.empty()) run_id = new_run_id();
+  if (lineage.run.empty()) lineage.run = new_run_id();
   Options opts = o;
   opts.seed = seed;
   std::unique_ptr<Dataset> data = open_data(p, opts, ex);
@@ -237,7 +234,6 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
   // After the data: a run that cannot start leaves no directory behind.
   std::unique_ptr<CheckpointDir> ckpt;
   if (!o.checkpoint_dir.empty()) {
-    lineage.run = run_id;
     ckpt = std::make_unique<CheckpointDir>(o.checkpoint_dir, lineage);
     if (ckpt->temporaries_removed() > 0 && !o.quiet)
       fmt::print("removed {} temporary file{} that interrupted saves left in {}\n", ckpt->temporaries_removed(),
@@ -259,7 +255,7 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
                                      : fmt::format("no MFU: the {} device has no peak for this precision", p.device);
     fmt::print("  step       {:.4g} GFLOP (static count), {} tokens; {}\n", p.flops_per_step / 1e9,
                with_commas(p.tokens_per_step), mfu_basis);
-    if (ckpt) fmt::print("  checkpoints {} (run {}, keep {})\n", ckpt->path(), run_id, o.keep > 0 ? std::to_string(o.keep) : "all");
+    if (ckpt) fmt::print("  checkpoints {} (run {}, keep {})\n", ckpt->path(), lineage.run, o.keep > 0 ? std::to_string(o.keep) : "all");
   }
   if (o.eval_every > 0 && !data->has_eval()) {
     std::fflush(stdout);

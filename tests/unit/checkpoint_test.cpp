@@ -390,16 +390,17 @@ TEST_CASE("checkpoint: --init weights load from any safetensors file with exactl
         dir / "init.safetensors: does not match this model (1 problem)\n  missing: lm_head (f32[3, 4])");
 }
 
-TEST_CASE("checkpoint: latest_checkpoint picks the highest step and ignores temp and other files") {
+TEST_CASE("checkpoint: list_checkpoints puts the highest step first and ignores temp and other files") {
   TempDir dir;
-  CHECK(!rt::latest_checkpoint(dir / "nope"));
-  CHECK(!rt::latest_checkpoint(dir.path));
+  CHECK(rt::list_checkpoints(dir / "nope").empty());
+  CHECK(rt::list_checkpoints(dir.path).empty());
   for (const char* name : {"step-000050.safetensors", "step-000100.safetensors", "step-1000000.safetensors",
                            ".tmp-step-2000000.safetensors-AbC123", "step-3000000.safetensors.bak", "notes.txt",
                            "step-.safetensors", "step-12x.safetensors"})
     write_bytes(dir / name, "");
   fs::create_directory(dir / "step-5000000.safetensors");  // not a file
-  CHECK(rt::latest_checkpoint(dir.path) == dir / "step-1000000.safetensors");
+  REQUIRE(!rt::list_checkpoints(dir.path).empty());
+  CHECK(rt::list_checkpoints(dir.path).front().second == dir / "step-1000000.safetensors");
 }
 
 TEST_CASE("checkpoint: the header is covered by the checksum and its fields are validated") {
@@ -588,7 +589,8 @@ TEST_CASE("checkpoint: a failed write leaves the previous checkpoint intact and 
               .starts_with(dir / "file/sub: cannot create the checkpoint directory: "));
   }
   CHECK(read_bytes(kept) == before);
-  CHECK(rt::latest_checkpoint(dir.path) == kept);
+  REQUIRE(!rt::list_checkpoints(dir.path).empty());
+  CHECK(rt::list_checkpoints(dir.path).front().second == kept);
   Model loaded(0);
   rt::read_checkpoint(kept, loaded.all(), "h");
   CHECK(loaded == first);
