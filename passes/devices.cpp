@@ -1,12 +1,37 @@
 #include "passes/devices.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "ir/text.h"
 
 namespace napkin::passes {
 
 namespace {
+
+// The development machine's row: written by `napkin devices --measure` on it
+// (the figures and their sources are that command's output, pasted).
+Device builtin_cpu() {
+  Device cpu;
+  cpu.name = "cpu";
+  cpu.description = "napkin's development machine: 2 vCPUs of an AMD EPYC (Zen 4), AVX-512 + "
+                    "avx512_bf16, no AMX, 24 GiB";
+  cpu.memory_bytes = 24.0 * (1ull << 30);
+  cpu.bandwidth_bytes_per_s = 38e9;
+  cpu.fp64_flops = 114e9;
+  cpu.fp32_flops = 228e9;
+  cpu.bf16_flops = 449e9;
+  cpu.source = "measured on the machine itself, 2 threads";
+  return cpu;
+}
 
 // fp64: the table keeps the vector figure. H100 and A100 also run DGEMM on fp64
 // tensor cores at twice that (66.9 / 19.5 TFLOP/s); napkin uses f64 for reference
@@ -30,6 +55,13 @@ std::vector<Device> make_table() {
       "are with 2:4 sparsity, halved here for dense as in CS336 lecture 2 (1979e12 / 2). "
       "fp64 33.5, fp32 66.9, tf32 494.7 TFLOP/s: NVIDIA H100 Tensor Core GPU Architecture "
       "whitepaper, SXM5 column";
+  // Not measured yet (no GPU run has calibrated them): a kernel launch on a
+  // recent driver costs ~2-5 us of CPU time but overlaps with the GPU's work
+  // when the stream stays full; 4 us is charged per kernel, an upper estimate.
+  h100.launch_seconds = 4e-6;
+  h100.sources["launch_seconds"] =
+      "assumed, not measured: CUDA kernel launch overhead of 2-5 us (NVIDIA CUDA C++ Best Practices "
+      "Guide); no GEMM efficiency curve or cache level yet (GEMMs at the datasheet peak)";
   devices.push_back(h100);
 
   // Same GH100 die and clocks as the H100 SXM; only the memory differs (HBM3e).
@@ -56,51 +88,213 @@ std::vector<Device> make_table() {
   a100.source =
       "NVIDIA A100 datasheet (80GB SXM): 2039 GB/s; fp64 9.7, fp32 19.5, tf32 156, "
       "bf16/fp16 312 TFLOP/s dense; Ampere has no fp8 tensor cores";
+  a100.launch_seconds = 4e-6;
+  a100.sources["launch_seconds"] = h100.sources["launch_seconds"];
   devices.push_back(a100);
 
-  // Measured, not a datasheet: a 2-vCPU KVM guest's clocks and memory are the host's.
-  Device cpu;
-  cpu.name = "cpu";
-  cpu.description = "napkin's development machine: 2 vCPUs of an AMD EPYC (Zen 4), AVX-512 + "
-                    "avx512_bf16, no AMX, 24 GiB";
-  cpu.memory_bytes = 24.0 * (1ull << 30);
-  cpu.bandwidth_bytes_per_s = 38e9;
-  cpu.fp64_flops = 105e9;
-  cpu.fp32_flops = 210e9;
-  cpu.bf16_flops = 415e9;
-  cpu.source =
-      "measured 2026-11-21 on the machine itself, 2 threads. Bandwidth: STREAM-style triad "
-      "a[i] = b[i] + s*c[i] over 3 x 256 MiB double arrays (g++ -O3 -march=native), "
-      "24 bytes per element, best of 20 passes: ~38 GB/s in 11 of 14 runs (30.6 to 61.6 "
-      "overall: a shared VM). fp32 210 and bf16 415 GFLOP/s: best 2048^2 / 4096^2 GEMM "
-      "through oneDNN (torch 1.13 mkldnn_linear, avx512_bf16). fp64 = fp32 / 2 (half the "
-      "SIMD lanes), not measured. No fp16/fp8 arithmetic, no tf32";
-  devices.push_back(cpu);
-
+  devices.push_back(builtin_cpu());
   return devices;
 }
 
 }  // namespace
 
-const std::vector<Device>& known_devices() {
+
+const std::vector<Device>& builtin_devices() {
   static const std::vector<Device> table = make_table();
   return table;
 }
 
+namespace {
+
+struct LocalRows {
+  std::string path;
+  std::vector<Device> devices;
+};
+LocalRows& local_rows() {
+  static LocalRows rows;
+  return rows;
+}
+
+}  // namespace
+
+std::string Device::source_of(std::string_view figure) const {
+  auto it = sources.find(std::string(figure));
+  return it != sources.end() ? it->second : source;
+}
+
+const std::vector<std::string>& figure_names() {
+  static const std::vector<std::string> names = {"memory",      "bandwidth",       "fp64",       "fp32",
+                                                 "tf32",        "bf16",            "fp16",       "fp8",
+                                                 "cache_bytes", "cache_bandwidth", "loop_flops", "launch_seconds",
+                                                 "gemm_efficiency"};
+  return names;
+}
+
+namespace {
+
+double* figure_slot(Device& d, std::string_view name) {
+  if (name == "memory") return &d.memory_bytes;
+  if (name == "bandwidth") return &d.bandwidth_bytes_per_s;
+  if (name == "fp64") return &d.fp64_flops;
+  if (name == "fp32") return &d.fp32_flops;
+  if (name == "tf32") return &d.tf32_flops;
+  if (name == "bf16") return &d.bf16_flops;
+  if (name == "fp16") return &d.fp16_flops;
+  if (name == "fp8") return &d.fp8_flops;
+  if (name == "cache_bytes") return &d.cache_bytes;
+  if (name == "cache_bandwidth") return &d.cache_bandwidth_bytes_per_s;
+  if (name == "loop_flops") return &d.loop_flops;
+  if (name == "launch_seconds") return &d.launch_seconds;
+  return nullptr;
+}
+
+}  // namespace
+
+double figure_value(const Device& device, std::string_view name) {
+  double* slot = figure_slot(const_cast<Device&>(device), name);
+  return slot ? *slot : 0;
+}
+
 const Device* find_device(std::string_view name) {
-  for (const Device& d : known_devices())
+  for (const Device& d : local_rows().devices)
+    if (ir::iequals(d.name, name)) return &d;
+  for (const Device& d : builtin_devices())
     if (ir::iequals(d.name, name)) return &d;
   return nullptr;
 }
 
+std::vector<Device> known_devices() {
+  std::vector<Device> out = builtin_devices();
+  for (const Device& local : local_rows().devices) {
+    auto same = std::find_if(out.begin(), out.end(), [&](const Device& d) { return ir::iequals(d.name, local.name); });
+    if (same != out.end()) *same = local;
+    else out.push_back(local);
+  }
+  return out;
+}
+
 std::string known_device_names() {
-  std::vector<std::string_view> names;
+  std::vector<std::string> names;
   for (const Device& d : known_devices()) names.push_back(d.name);
   std::sort(names.begin(), names.end());
-  std::string out;
-  for (std::string_view n : names) {
-    if (!out.empty()) out += ", ";
-    out += n;
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+std::string local_device_file() {
+  if (const char* env = std::getenv("NAPKIN_DEVICES")) return env;
+  std::filesystem::path base;
+  if (const char* xdg = std::getenv("XDG_CONFIG_HOME"); xdg && *xdg) base = xdg;
+  else if (const char* home = std::getenv("HOME"); home && *home) base = std::filesystem::path(home) / ".config";
+  else return "";
+  return (base / "napkin" / "devices.json").string();
+}
+
+std::string use_local_devices(const std::string& path) {
+  local_rows() = {};
+  if (path.empty()) return "";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    if (std::getenv("NAPKIN_DEVICES") && path == std::getenv("NAPKIN_DEVICES"))
+      return fmt::format("{}: no such device file (named by $NAPKIN_DEVICES; set it empty for none)", path);
+    return "";
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return fmt::format("{}: cannot read the device file", path);
+  try {
+    local_rows() = {path, devices_from_json(text.str(), path)};
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string local_origin(const Device& device) {
+  for (const Device& d : local_rows().devices)
+    if (&d == &device || d.name == device.name) return local_rows().path;
+  return "";
+}
+
+std::string devices_to_json(const std::vector<Device>& devices) {
+  using nlohmann::json;
+  json rows = json::array();
+  for (const Device& d : devices) {
+    json figures = json::object();
+    for (const std::string& name : figure_names()) {
+      if (name == "gemm_efficiency") continue;
+      figures[name] = {{"value", figure_value(d, name)}, {"source", d.source_of(name)}};
+    }
+    json curves = json::object();
+    for (const auto& [dtype, points] : d.gemm_efficiency) {
+      json p = json::array();
+      for (const auto& [dim, fraction] : points) p.push_back({dim, fraction});
+      curves[dtype] = p;
+    }
+    figures["gemm_efficiency"] = {{"value", curves}, {"source", d.source_of("gemm_efficiency")}};
+    rows.push_back({{"name", d.name}, {"description", d.description}, {"source", d.source}, {"figures", figures}});
+  }
+  return json{{"format", "napkin-devices-1"}, {"devices", rows}}.dump(2) + "\n";
+}
+
+std::vector<Device> devices_from_json(const std::string& text, const std::string& path) {
+  using nlohmann::json;
+  auto fail = [&](const std::string& what) { throw std::runtime_error(fmt::format("{}: {}", path, what)); };
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail(fmt::format("not a device file: {}", e.what()));
+  }
+  if (!j.is_object() || j.value("format", "") != "napkin-devices-1")
+    fail("not a device file (expected an object with \"format\": \"napkin-devices-1\")");
+  if (!j.contains("devices") || !j["devices"].is_array()) fail("\"devices\" must be an array");
+  std::vector<Device> out;
+  for (size_t i = 0; i < j["devices"].size(); ++i) {
+    const json& row = j["devices"][i];
+    std::string where = fmt::format("devices[{}]", i);
+    if (!row.is_object() || !row.contains("name") || !row["name"].is_string() || row["name"].get<std::string>().empty())
+      fail(where + ": needs a non-empty \"name\"");
+    Device d;
+    d.name = row["name"].get<std::string>();
+    where = fmt::format("device '{}'", d.name);
+    d.description = row.value("description", "");
+    d.source = row.value("source", "");
+    if (!row.contains("figures") || !row["figures"].is_object()) fail(where + ": needs \"figures\"");
+    for (const auto& [name, figure] : row["figures"].items()) {
+      if (std::find(figure_names().begin(), figure_names().end(), name) == figure_names().end())
+        fail(fmt::format("{}: unknown figure '{}' (known: {})", where, name, fmt::join(figure_names(), ", ")));
+      if (!figure.is_object() || !figure.contains("value") || !figure.contains("source") || !figure["source"].is_string() ||
+          figure["source"].get<std::string>().empty())
+        fail(fmt::format("{}: figure '{}' needs a \"value\" and a non-empty \"source\"", where, name));
+      d.sources[name] = figure["source"].get<std::string>();
+      if (name == "gemm_efficiency") {
+        if (!figure["value"].is_object()) fail(where + ": gemm_efficiency's value maps a dtype to [[dim, fraction], ...]");
+        for (const auto& [dtype, points] : figure["value"].items()) {
+          GemmEfficiency curve;
+          bool ok = points.is_array();
+          for (const json& p : ok ? points : json::array()) {
+            ok = ok && p.is_array() && p.size() == 2 && p[0].is_number() && p[1].is_number();
+            if (!ok) break;
+            double dim = p[0].get<double>(), fraction = p[1].get<double>();
+            ok = dim >= 1 && fraction > 0 && fraction <= 1 && (curve.empty() || dim > curve.back().first);
+            curve.emplace_back(dim, fraction);
+          }
+          if (!ok)
+            fail(fmt::format("{}: gemm_efficiency '{}' must be [[dim, fraction], ...] with dims >= 1 ascending and "
+                             "fractions in (0, 1]",
+                             where, dtype));
+          d.gemm_efficiency[dtype] = curve;
+        }
+        continue;
+      }
+      if (!figure["value"].is_number() || !std::isfinite(figure["value"].get<double>()) || figure["value"].get<double>() < 0)
+        fail(fmt::format("{}: figure '{}' must be a finite number >= 0", where, name));
+      *figure_slot(d, name) = figure["value"].get<double>();
+    }
+    if (d.memory_bytes <= 0 || d.bandwidth_bytes_per_s <= 0 || d.fp32_flops <= 0)
+      fail(where + ": needs memory, bandwidth and fp32 greater than 0");
+    out.push_back(std::move(d));
   }
   return out;
 }
@@ -123,6 +317,19 @@ double matmul_peak(const Device& device, ir::DType compute_dtype, bool allow_tf3
 
 double vector_peak(const Device& device, ir::DType dtype) {
   return dtype == ir::DType::F64 ? device.fp64_flops : device.fp32_flops;
+}
+
+double gemm_efficiency(const Device& device, ir::DType compute_dtype, double narrowest) {
+  auto it = device.gemm_efficiency.find(std::string(ir::dtype_name(compute_dtype)));
+  if (it == device.gemm_efficiency.end() || it->second.empty()) return 1;
+  const GemmEfficiency& c = it->second;
+  if (narrowest <= c.front().first) return c.front().second;
+  for (size_t i = 1; i < c.size(); ++i)
+    if (narrowest <= c[i].first) {
+      double t = (std::log2(narrowest) - std::log2(c[i - 1].first)) / (std::log2(c[i].first) - std::log2(c[i - 1].first));
+      return c[i - 1].second + t * (c[i].second - c[i - 1].second);
+    }
+  return c.back().second;
 }
 
 }  // namespace napkin::passes
