@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
+
 #include "passes/cost.h"
 #include "passes/devices.h"
 
@@ -77,6 +79,18 @@ json train_json(const ir::Graph& g) {
           {"precision", std::string(ir::precision_name(g.config.precision.policy))}};
 }
 
+json predicted_json(const passes::StepTime& t) {
+  if (!t.device) return nullptr;
+  json classes = json::object();
+  for (int c = 0; c < passes::kNumKernelClasses; ++c)
+    classes[std::string(passes::kernel_class_name(static_cast<passes::KernelClass>(c)))] = t.class_seconds[c];
+  return {{"step_s", t.seconds},
+          {"launch_s", t.launch_seconds},
+          {"mfu", t.mfu},
+          {"kernels_without_peak", t.kernels_without_peak},
+          {"class_s", classes}};
+}
+
 }  // namespace
 
 ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std::string& model_hash,
@@ -91,6 +105,11 @@ ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std
   facts.device = device;
   facts.peak_flops = d ? passes::matmul_peak(*d, cost.matmul_dtype, allow_tf32) : 0;
   facts.backend = backend;
+  if (d) {
+    facts.peak_source = d->source_of(passes::peak_figure_name(cost.matmul_dtype, allow_tf32 && d->tf32_flops > 0));
+    facts.device_file = passes::local_origin(*d);
+    facts.predicted = passes::predict_step_time(g, cost, *d, allow_tf32);
+  }
   return facts;
 }
 
@@ -109,6 +128,8 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
                    {"lo", t.init.lo}, {"hi", t.init.hi}};
     tensors.push_back(std::move(j));
   }
+  std::map<ir::NodeId, const passes::KernelTime*> predicted;
+  for (const passes::KernelTime& k : facts.predicted.kernels) predicted[k.node] = &k;
   json kernels = json::array();
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
@@ -120,6 +141,13 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
               {"parallel", launches.at(i).parallel},
               {"out", operand_json(k.output)}};
     if (k.kind == KernelKind::Matmul) j["matmul"] = matmul_json(k);
+    if (auto it = predicted.find(k.node); it != predicted.end()) {
+      const passes::KernelTime& t = *it->second;
+      j["class"] = std::string(passes::kernel_class_name(t.kind));
+      j["flops"] = t.flops;
+      j["bytes"] = t.bytes;
+      j["predicted_s"] = t.no_peak ? json(nullptr) : json(t.seconds);
+    }
     kernels.push_back(std::move(j));
   }
   json updates = json::array();
@@ -136,6 +164,9 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
                   {"tokens_per_step", facts.tokens_per_step},
                   {"device", facts.device},
                   {"peak_flops", facts.peak_flops},
+                  {"peak_source", facts.peak_source},
+                  {"device_file", facts.device_file},
+                  {"predicted", predicted_json(facts.predicted)},
                   {"tensors", tensors},
                   {"kernels", kernels},
                   {"num_forward_kernels", plan.num_forward_kernels},

@@ -9,6 +9,7 @@
 
 #include "codegen/plan.h"
 #include "ir/graph.h"
+#include "passes/step_time.h"
 
 namespace napkin::codegen {
 
@@ -21,6 +22,12 @@ struct ProgramFacts {
   std::string device = "cpu";    // the peak MFU is measured against
   double peak_flops = 0;         // of that device, in the matmul dtype
   std::string backend = "cpu";
+  // Where the peak comes from (the device figure's source, passes/devices.h)
+  // and the local device file it was read from ("" for the built-in table).
+  std::string peak_source, device_file;
+  // The time model's prediction for this step on `device` (passes/step_time.h);
+  // empty kernels when the device is unknown.
+  passes::StepTime predicted;
 };
 
 // The facts of the training step `g` as a trainer for `device` (a name of

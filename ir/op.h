@@ -123,6 +123,21 @@ struct OpInfo {
 };
 
 const OpInfo& op_info(Op op);
+
+// Bytes of the distinct elements value `v` reads from its buffer: a broadcast
+// (stride-0) axis is read once, not once per repetition. The cost rules'
+// convention, for every later stage that counts bytes (fusion, the time model).
+double distinct_bytes(const Graph& g, ValueId v);
+
+// A contraction node (matmul, einsum) as one batched GEMM:
+// C[batch, m, n] = sum_k A[batch, m, k] B[batch, k, n], each a product of
+// axes. A batch axis only one operand has folds into its m (or n), as a GEMM
+// library runs it (x[b, t, d] @ w[d, e] is one GEMM with m = b·t).
+struct ContractionDims {
+  double batch = 1, m = 1, n = 1, k = 1;
+  double narrowest() const;  // min(m, n, k)
+};
+ContractionDims contraction_dims(const Graph& g, const Node& n);
 std::string_view op_name(Op op);
 std::optional<Op> find_op(std::string_view name);
 

@@ -565,6 +565,8 @@ InferResult infer_embedding_grad(const Inputs& in, const Attrs& a) {
 // Bytes of the distinct elements a value reads from its buffer: a broadcast
 // (stride-0) axis is read once, not once per repetition. Every value has one
 // stride per axis (the verifier checks it).
+}  // namespace
+
 double distinct_bytes(const Graph& g, ValueId id) {
   const Value& v = g.value(id);
   double n = 1;
@@ -572,6 +574,54 @@ double distinct_bytes(const Graph& g, ValueId id) {
     if (v.layout.strides[i] != 0) n *= v.type.dims[i].size;
   return n * dtype_size(v.type.dtype);
 }
+
+double ContractionDims::narrowest() const { return std::min({m, n, k}); }
+
+ContractionDims contraction_dims(const Graph& g, const Node& n) {
+  ContractionDims d;
+  const TensorType& a = g.value(n.in(0)).type;
+  const TensorType& b = g.value(n.in(1)).type;
+  if (n.op == Op::MatMul) {
+    d.m = static_cast<double>(a.dims[a.rank() - 2].size);
+    d.k = static_cast<double>(a.dims.back().size);
+    d.n = static_cast<double>(b.dims.back().size);
+    const TensorType& c = g.value(n.out()).type;
+    int batch_rank = c.rank() - 2;
+    for (int i = 0; i < batch_rank; ++i) {
+      // Batch axes align on the right; a missing or size-1 axis broadcasts.
+      auto size_in = [&](const TensorType& t) {
+        int j = i - (batch_rank - (t.rank() - 2));
+        return j >= 0 ? t.dims[j].size : int64_t{1};
+      };
+      double size = static_cast<double>(c.dims[i].size);
+      bool in_a = size_in(a) > 1, in_b = size_in(b) > 1;
+      if (in_a && in_b) d.batch *= size;
+      else if (in_a) d.m *= size;
+      else if (in_b) d.n *= size;
+    }
+    return d;
+  }
+  NAPKIN_INTERNAL_CHECK(n.op == Op::Einsum, "contraction_dims of a non-contraction");
+  const auto& lhs = n.attrs.get_ints("lhs");
+  const auto& rhs = n.attrs.get_ints("rhs");
+  const auto& out = n.attrs.get_ints("out");
+  std::map<int64_t, int64_t> sizes;
+  for (size_t i = 0; i < lhs.size(); ++i) sizes[lhs[i]] = a.dims[i].size;
+  for (size_t i = 0; i < rhs.size(); ++i) sizes[rhs[i]] = b.dims[i].size;
+  auto has = [](const std::vector<int64_t>& ids, int64_t id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); };
+  for (const auto& [id, size] : sizes) {
+    bool l = has(lhs, id), r = has(rhs, id), o = has(out, id);
+    double s = static_cast<double>(size);
+    if (l && r && o) d.batch *= s;
+    else if (l && o) d.m *= s;
+    else if (r && o) d.n *= s;
+    else if (l && r) d.k *= s;
+    // An axis in one operand only is summed there: it adds work, not a GEMM dim.
+  }
+  return d;
+}
+
+namespace {
 
 double read_all(const Graph& g, const Node& n) {
   double bytes = 0;

@@ -315,6 +315,21 @@ double matmul_peak(const Device& device, ir::DType compute_dtype, bool allow_tf3
   return 0;
 }
 
+std::string_view peak_figure_name(ir::DType dtype, bool tf32) {
+  switch (dtype) {
+    case ir::DType::F64: return "fp64";
+    case ir::DType::F32: return tf32 ? "tf32" : "fp32";
+    case ir::DType::BF16: return "bf16";
+    case ir::DType::F16: return "fp16";
+    case ir::DType::F8E4M3:
+    case ir::DType::F8E5M2: return "fp8";
+    case ir::DType::I32:
+    case ir::DType::I64:
+    case ir::DType::Bool: return "fp32";
+  }
+  return "fp32";
+}
+
 double vector_peak(const Device& device, ir::DType dtype) {
   return dtype == ir::DType::F64 ? device.fp64_flops : device.fp32_flops;
 }

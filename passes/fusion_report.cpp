@@ -9,19 +9,11 @@
 #include "ir/fusion_group.h"
 #include "passes/memory.h"
 #include "passes/report.h"
+#include "passes/step_time.h"
 
 namespace napkin::passes {
 
 namespace {
-
-// Bytes of the distinct elements value v reads (a broadcast axis once).
-double distinct_bytes(const ir::Graph& g, ir::ValueId id) {
-  const ir::Value& v = g.value(id);
-  double n = 1;
-  for (int i = 0; i < v.type.rank(); ++i)
-    if (v.layout.strides[i] != 0) n *= static_cast<double>(v.type.dims[i].size);
-  return n * static_cast<double>(ir::dtype_size(v.type.dtype));
-}
 
 double node_bytes(const ir::Graph& g, const ir::Node& n) {
   ir::OpCost c = ir::op_info(n.op).cost(g, n);
@@ -89,8 +81,7 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
   }
   std::map<std::string, FusionPattern> patterns;
   for (const ir::FusionGroup& fg : groups.groups) {
-    for (ir::ValueId in : fg.inputs) s.bytes_after += distinct_bytes(g, in);
-    for (ir::ValueId out : fg.outputs) s.bytes_after += static_cast<double>(g.value(out).type.bytes());
+    s.bytes_after += group_bytes(g, fg);
     int ops = op_count(g, fg);
     s.fused_ops += ops;
     s.folded_constants += static_cast<int>(fg.nodes.size()) - ops;

@@ -3,6 +3,7 @@
 #include "passes/amp_audit.h"
 #include "passes/memory_plan.h"
 #include "passes/fusion_report.h"
+#include "passes/step_time.h"
 
 #include <fmt/format.h>
 
@@ -201,23 +202,36 @@ std::string flops_section(const StepCost& c) {
   return out;
 }
 
-std::string time_section(const StepCost& c) {
+std::string time_section(const ir::Graph& g, const StepCost& c) {
   if (!c.device) return "";
-  std::string out = fmt::format("\ntime on {} (roofline: each op takes max(FLOPs/peak, bytes/bandwidth))\n", c.device->name);
-  out += fmt::format("  predicted step       {:>22}\n", human_seconds(c.total.seconds));
-  double peak = matmul_peak(*c.device, c.matmul_dtype);
-  if (peak > 0 && c.total.seconds > 0) {
-    out += fmt::format("  MFU                  {:>21.1f}%  (counted FLOPs / (step time x {} {} matmul peak {}/s))\n",
-                       100 * c.total.flops / (c.total.seconds * peak), c.device->name, ir::dtype_name(c.matmul_dtype),
-                       human_flops(peak));
+  const Device& d = *c.device;
+  StepTime t = predict_step_time(g, c, d);
+  std::string out = fmt::format(
+      "\ntime on {} (time model: per kernel after fusion, max(FLOPs/rate, bytes/bandwidth) + launch; docs/report.md)\n",
+      d.name);
+  out += fmt::format("  predicted step       {:>22}  ({} kernels; {} of it launch overhead)\n", human_seconds(t.seconds),
+                     t.kernels.size(), human_seconds(t.launch_seconds));
+  for (int k = 0; k < kNumKernelClasses; ++k)
+    if (t.class_seconds[k] > 0)
+      out += fmt::format("    {:<18} {:>22}  ({:.1f}%)\n", kernel_class_name(static_cast<KernelClass>(k)),
+                         human_seconds(t.class_seconds[k]), 100 * t.class_seconds[k] / t.seconds);
+  double peak = matmul_peak(d, c.matmul_dtype);
+  if (peak > 0 && t.seconds > 0) {
+    out += fmt::format("  MFU                  {:>21.1f}%  (counted FLOPs / (predicted step x {} {} matmul peak {}/s))\n",
+                       100 * t.mfu, d.name, ir::dtype_name(c.matmul_dtype), human_flops(peak));
     double model = 6 * c.tokens * c.params;
-    out += fmt::format("  MFU (6·N·D)          {:>21.1f}%  (6·tokens·params / (step time x peak))\n",
-                       100 * model / (c.total.seconds * peak));
+    out += fmt::format("  MFU (6·N·D)          {:>21.1f}%  (6·tokens·params / (predicted step x peak))\n",
+                       100 * model / (t.seconds * peak));
   }
-  if (c.ops_without_peak > 0)
-    out += fmt::format("  INCOMPLETE: {} {} in a dtype {} has no peak for; not counted in the time\n", c.ops_without_peak,
-                       c.ops_without_peak == 1 ? "op computes" : "ops compute", c.device->name);
-  return out;
+  out += fmt::format("  per-op roofline sum  {:>22}  (each op of the table alone at peak rate, before fusion)\n",
+                     human_seconds(c.total.seconds));
+  if (t.kernels_without_peak > 0)
+    out += fmt::format("  INCOMPLETE: {} {} in a dtype {} has no peak for; not counted in the time\n", t.kernels_without_peak,
+                       t.kernels_without_peak == 1 ? "kernel computes" : "kernels compute", d.name);
+  std::string figures = peak > 0 ? fmt::format("  peak: {}\n", d.source_of(peak_figure_name(c.matmul_dtype))) : "";
+  figures += fmt::format("  bandwidth: {}\n", d.source_of("bandwidth"));
+  if (std::string file = local_origin(d); !file.empty()) figures += fmt::format("  (row read from the local device file {})\n", file);
+  return out + figures;
 }
 
 std::string step_rule_section(const ir::Graph& g, const StepCost& c) {
@@ -378,7 +392,7 @@ std::string render_report_text(const ir::Graph& g, const StepCost& c, const Memo
     out += fmt::format("device {}: {} (device table v{})\n", c.device->name, c.device->description, kDeviceTableVersion);
   if (options.show_ops) out += ops_table(g, c);
   out += flops_section(c);
-  out += time_section(c);
+  out += time_section(g, c);
   out += "\nparameters\n";
   out += fmt::format("  count                {:>22}\n", with_commas(c.params));
   for (const auto& [dtype, bytes] : c.param_bytes)
@@ -489,12 +503,21 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
   if (c.device) {
     j["device"] = {{"name", c.device->name}, {"description", c.device->description}};
     double peak = matmul_peak(*c.device, c.matmul_dtype);
-    j["time"] = {{"step_s", c.total.seconds},
+    StepTime t = predict_step_time(g, c, *c.device);
+    json classes = json::object();
+    for (int k = 0; k < kNumKernelClasses; ++k) classes[std::string(kernel_class_name(static_cast<KernelClass>(k)))] = t.class_seconds[k];
+    j["time"] = {{"step_s", t.seconds},
+                 {"kernels", t.kernels.size()},
+                 {"launch_s", t.launch_seconds},
+                 {"class_s", classes},
+                 {"kernels_without_peak", t.kernels_without_peak},
+                 {"roofline_ops_s", c.total.seconds},
                  {"forward_s", f.seconds},
                  {"backward_s", b.seconds},
                  {"optimizer_s", o.seconds},
                  {"ops_without_peak", c.ops_without_peak},
-                 {"mfu", peak > 0 && c.total.seconds > 0 ? json(c.total.flops / (c.total.seconds * peak)) : json(nullptr)},
+                 {"mfu", peak > 0 && t.seconds > 0 ? json(t.mfu) : json(nullptr)},
+                 {"peak_source", c.device->source_of(peak_figure_name(c.matmul_dtype))},
                  {"matmul_dtype", std::string(ir::dtype_name(c.matmul_dtype))}};
   } else {
     j["device"] = nullptr;

@@ -56,6 +56,16 @@ Program parse_program(const char* text, size_t size) {
     p.flops_per_step = j.at("flops_per_step");
     p.flops_forward = j.at("flops_forward");
     p.peak_flops = j.at("peak_flops");
+    // Optional: a program written by hand (tests, tools) may leave out the time model.
+    p.peak_source = j.value("peak_source", "");
+    p.device_file = j.value("device_file", "");
+    if (const json& t = j.value("predicted", json()); !t.is_null()) {
+      p.predicted.known = true;
+      p.predicted.step_seconds = t.at("step_s");
+      p.predicted.launch_seconds = t.at("launch_s");
+      p.predicted.mfu = t.at("mfu");
+      p.predicted.kernels_without_peak = t.at("kernels_without_peak");
+    }
     p.tokens_per_step = j.at("tokens_per_step");
     for (const json& t : j.at("tensors")) {
       TensorSpec s;
@@ -82,6 +92,12 @@ Program parse_program(const char* text, size_t size) {
       s.out_offset = k.at("out").at("offset");
       s.out_numel = k.at("out").at("numel");
       s.out_dtype = k.at("out").at("dtype");
+      if (k.contains("class")) {
+        s.kernel_class = k.at("class");
+        s.flops = k.at("flops");
+        s.bytes = k.at("bytes");
+        s.predicted_seconds = k.at("predicted_s").is_null() ? -1.0 : k.at("predicted_s").get<double>();
+      }
       if (s.is_matmul) {
         const json& m = k.at("matmul");
         s.matmul.a = m.at("a");

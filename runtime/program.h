@@ -47,6 +47,19 @@ struct KernelSpec {
   std::string out_dtype;
   MatmulSpec matmul;  // is_matmul
   std::vector<CudaLaunchSpec> cuda_launches;  // backend "cuda", loop kernels: in order
+  // The time model's view of the kernel (passes/step_time.h), when the
+  // device is known: its class ("matmul", "attention", ...), work, and
+  // predicted seconds (-1: the device has no peak for its dtype).
+  std::string kernel_class;
+  double flops = 0, bytes = 0, predicted_seconds = -1;
+};
+
+// The time model's prediction for one step (passes/step_time.h), made by
+// napkin when it built the trainer, for the program's device.
+struct PredictedStep {
+  bool known = false;  // false: the device is not in napkin's table
+  double step_seconds = 0, launch_seconds = 0, mfu = 0;
+  int kernels_without_peak = 0;
 };
 
 struct UpdateSpec {
@@ -87,6 +100,10 @@ struct Program {
   std::string model, hash, backend, device;
   int64_t arena_bytes = 0, liveness_peak = 0;
   double flops_per_step = 0, flops_forward = 0, peak_flops = 0;
+  // Where peak_flops comes from (a datasheet, or `napkin devices --measure`
+  // on a named host and date), and the local device file it was read from.
+  std::string peak_source, device_file;
+  PredictedStep predicted;
   int64_t tokens_per_step = 0;
   std::vector<TensorSpec> tensors;
   std::vector<KernelSpec> kernels;

@@ -22,6 +22,7 @@
 #include "runtime/init.h"
 #include "runtime/rng_tensor.h"
 #include "runtime/tensor_element.h"
+#include "runtime/time_report.h"
 
 namespace napkin::runtime {
 
@@ -255,6 +256,7 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
                                      : fmt::format("no MFU: the {} device has no peak for this precision", p.device);
     fmt::print("  step       {:.4g} GFLOP (static count), {} tokens; {}\n", p.flops_per_step / 1e9,
                with_commas(p.tokens_per_step), mfu_basis);
+    fmt::print("{}", predicted_banner(p));
     if (ckpt) fmt::print("  checkpoints {} (run {}, keep {})\n", ckpt->path(), lineage.run, o.keep > 0 ? std::to_string(o.keep) : "all");
   }
   if (o.eval_every > 0 && !data->has_eval()) {
@@ -304,6 +306,8 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
   };
 
   auto run_start = std::chrono::steady_clock::now();
+  StepTimes step_times;
+  bool warned_peak = false;
   double window_seconds = 0;
   int64_t window_steps = 0;
   for (int64_t step = start_step + 1; step <= o.steps; ++step) {
@@ -325,21 +329,30 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     window_seconds += seconds;
     ++window_steps;
+    step_times.add(seconds);
 
     if ((o.log_every > 0 && step % o.log_every == 0) || step == o.steps) {
       double mean = window_seconds / static_cast<double>(window_steps);
       double flops = p.flops_per_step / mean;
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
       double eta = elapsed / static_cast<double>(step - start_step) * static_cast<double>(o.steps - step);
+      Mfu mfu = mfu_of(flops, peak);
+      if (mfu.exceeded && !warned_peak) {
+        std::fflush(stdout);
+        fmt::print(stderr, "{}", peak_exceeded_warning(p, flops));
+        warned_peak = true;
+      }
       if (!o.quiet)
         fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {}  ETA {}\n",
                    step, o.steps, loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9,
-                   peak > 0 ? fmt::format("{:4.1f}%", 100 * flops / peak) : std::string("  n/a"), human_duration(eta));
+                   mfu_text(mfu), human_duration(eta));
       std::fflush(stdout);
       metrics.line(fmt::format(
-          R"({{"step": {}, "loss": {:.9g}, "step_ms": {:.4f}, "tokens_per_s": {:.1f}, "gflops": {:.3f}, "mfu": {}}})", step,
-          loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9,
-          peak > 0 ? fmt::format("{:.4f}", flops / peak) : std::string("null")));
+          R"({{"step": {}, "loss": {:.9g}, "step_ms": {:.4f}, "tokens_per_s": {:.1f}, "gflops": {:.3f}, "mfu": {}, "predicted_step_ms": {}, "predicted_mfu": {}}})",
+          step, loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9,
+          mfu.known ? fmt::format("{:.4f}", mfu.fraction) : std::string("null"),
+          p.predicted.known ? fmt::format("{:.4f}", p.predicted.step_seconds * 1e3) : std::string("null"),
+          p.predicted.known && peak > 0 ? fmt::format("{:.4f}", p.predicted.mfu) : std::string("null")));
       window_seconds = 0;
       window_steps = 0;
     }
@@ -370,20 +383,9 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
     }
   }
   if (last_saved != o.steps) save(o.steps);  // a no-op without a checkpoint dir
-  if (o.profile) {
-    std::vector<int> order(p.kernels.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-    const std::vector<double>& seconds = ex.kernel_seconds();
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return seconds[a] > seconds[b]; });
-    double total = 0;
-    for (double s : seconds) total += s;
-    fmt::print("profile: {:.1f} ms in kernels per step; the slowest:\n", 1e3 * total / std::max<int64_t>(1, o.steps - start_step));
-    for (size_t r = 0; r < std::min<size_t>(order.size(), 25); ++r) {
-      const KernelSpec& k = p.kernels[order[r]];
-      fmt::print("  {:6.2f} ms  {:5.1f}%  {:<24} {:<9} {}\n", 1e3 * seconds[order[r]] / std::max<int64_t>(1, o.steps - start_step),
-                 100 * seconds[order[r]] / total, k.name, k.phase, k.where);
-    }
-  }
+  if (!o.quiet) fmt::print("{}", end_of_run_summary(p, step_times));
+  if (step_times.count() > 0) metrics.line(end_of_run_metrics(p, step_times));
+  if (o.profile) fmt::print("{}", profile_report(p, ex.kernel_seconds(), o.steps - start_step));
   return 0;
 }
 

@@ -204,9 +204,10 @@ optimizer: sgd(lr=0.1)
   CHECK(a100.ops_without_peak == 1);
   std::string text = passes::render_report_text(g, a100, passes::analyze_memory(g), {"f8.yaml", true});
   CHECK(text.find("no f8e4m3 peak on a100") != std::string::npos);
-  CHECK(text.find("INCOMPLETE: 1 op computes in a dtype a100 has no peak for") != std::string::npos);
+  CHECK(text.find("INCOMPLETE: 1 kernel computes in a dtype a100 has no peak for") != std::string::npos);
   auto j = nlohmann::json::parse(passes::render_report_json(g, a100, passes::analyze_memory(g), {"f8.yaml", false}));
   CHECK(j["time"]["ops_without_peak"] == 1);
+  CHECK(j["time"]["kernels_without_peak"] == 1);
   CHECK_FALSE(j.contains("ops"));  // --no-ops
   passes::StepCost h100 = passes::analyze_step(g, passes::find_device("h100"));
   CHECK(h100.ops_without_peak == 0);

@@ -1,0 +1,79 @@
+// The time model: the predicted time of one training step on a device, kernel
+// by kernel after fusion, the same kernels the backends run (codegen/plan.h:
+// one fusion group or one non-view node each). `napkin report --device`, the
+// trainer's banner, its end-of-run line, `--profile` and the metrics file all
+// print this one prediction (docs/report.md, "time model").
+//
+// Per kernel:
+//   compute = FLOPs / rate      rate: a contraction's matmul peak for its dtype
+//                               times the device's GEMM efficiency at its
+//                               narrowest dim; a loop kernel's loop_flops
+//   memory  = bytes / bandwidth bandwidth: the cache level's when the kernel's
+//                               bytes fit in the device's cache_bytes, else
+//                               main memory's
+//   time    = max(compute, memory) + launch_seconds
+// bytes: the op table's rule for an unfused node; a fusion group reads each
+// input once (its distinct elements) and writes its outputs.
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/fusion_group.h"
+#include "ir/graph.h"
+#include "passes/cost.h"
+#include "passes/devices.h"
+
+namespace napkin::passes {
+
+// What a kernel does, for grouping measured and predicted time:
+//   matmul         a contraction that reads a parameter (or is the backward of one)
+//   attention      a contraction between activations (scores, mixing) and the
+//                  softmax rows (softmax, softmax_grad) that sit between them
+//   elementwise    a fusion group or a single elementwise, reduction or source op
+//   normalization  layernorm, rmsnorm, log_softmax and their gradients
+//   loss           cross_entropy, mse and cross_entropy_grad
+//   optimizer      every kernel of the optimizer phase
+//   copy           copies the einops lowering needed, concat, pad, embedding
+//                  gathers and their gradient
+enum class KernelClass : uint8_t { Matmul, Attention, Elementwise, Normalization, Loss, Optimizer, Copy };
+inline constexpr int kNumKernelClasses = 7;
+std::string_view kernel_class_name(KernelClass c);  // "matmul", "attention", ...
+
+struct KernelTime {
+  ir::NodeId node = ir::kNoNode;  // the node a backend names the kernel by: a group's last member
+  int group = -1;                 // fusion group id, -1 for an unfused node
+  ir::Phase phase = ir::Phase::Forward;
+  KernelClass kind = KernelClass::Elementwise;
+  double flops = 0, bytes = 0;
+  ir::DType compute_dtype = ir::DType::F32;
+  double narrowest = 0;      // a contraction's narrowest GEMM dim (0 otherwise)
+  double rate = 0;           // FLOP/s the compute term uses (peak x efficiency, or loop_flops)
+  double bandwidth = 0;      // bytes/s the memory term uses
+  double compute_seconds = 0, memory_seconds = 0, seconds = 0;
+  bool no_peak = false;      // the device has no peak for compute_dtype: time left out
+  std::string lines;         // "models/gpt.yaml:39,40" (the YAML lines of its nodes)
+  std::string scope;         // "blocks.0" or ""
+  bool compute_bound() const { return compute_seconds > memory_seconds; }
+};
+
+struct StepTime {
+  const Device* device = nullptr;
+  std::vector<KernelTime> kernels;  // schedule order
+  double seconds = 0;               // sum over kernels (those without a peak left out)
+  double launch_seconds = 0;        // the part of `seconds` that is launch overhead
+  std::array<double, kNumKernelClasses> class_seconds{};
+  int kernels_without_peak = 0;
+  // MFU the prediction implies: the step's counted FLOPs / (seconds x matmul peak).
+  double mfu = 0;
+};
+
+// Bytes a fusion group moves: each input's distinct elements once, each output.
+double group_bytes(const ir::Graph& g, const ir::FusionGroup& group);
+
+// `cost` is analyze_step(g, ...) of the same graph (categories and dtypes).
+StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Device& device, bool allow_tf32 = false);
+
+}  // namespace napkin::passes

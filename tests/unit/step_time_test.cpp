@@ -1,0 +1,176 @@
+// The time model (passes/step_time.h) against hand formulas on a device whose
+// figures are round numbers: the kernels are the backend's kernels (one per
+// fusion group or non-view node), each takes max(FLOPs/rate, bytes/bandwidth)
+// plus the launch cost, contractions at peak x the GEMM efficiency of their
+// narrowest dim, small kernels at the cache level's bandwidth.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "codegen/plan.h"
+#include "ir/fusion_group.h"
+#include "passes/cost.h"
+#include "passes/step_time.h"
+#include "support/test_models.h"
+
+using namespace napkin;
+using napkin::testing::compile_training;
+
+namespace {
+
+passes::Device round_device() {
+  passes::Device d;
+  d.name = "round";
+  d.memory_bytes = 1e9;
+  d.bandwidth_bytes_per_s = 1e10;  // 10 GB/s
+  d.fp32_flops = 1e12;
+  d.fp64_flops = 5e11;
+  d.loop_flops = 1e11;
+  d.launch_seconds = 1e-6;
+  d.gemm_efficiency["f32"] = {{8, 0.25}, {32, 0.5}, {128, 1.0}};
+  return d;
+}
+
+const char* kMlp = R"yaml(
+model: mlp
+dims: {batch: 64, d_in: 128, hidden: 32, classes: 8}
+inputs:
+  x: {shape: [batch, d_in]}
+  labels: {shape: [batch], dtype: i32}
+params:
+  w1: {shape: [d_in, hidden], init: xavier}
+  b1: {shape: [hidden], init: zeros}
+  w2: {shape: [hidden, classes], init: xavier}
+forward:
+  - h: gelu(x @ w1 + b1)
+  - logits: h @ w2
+loss: cross_entropy(logits, labels)
+optimizer: adamw(lr=1e-3)
+)yaml";
+
+}  // namespace
+
+TEST_CASE("time model: one prediction per backend kernel, in schedule order") {
+  ir::Graph g = compile_training(kMlp);
+  passes::Device d = round_device();
+  passes::StepTime t = passes::predict_step_time(g, passes::analyze_step(g, &d), d);
+  codegen::KernelPlan plan = codegen::plan_kernels(g);
+  REQUIRE(t.kernels.size() == plan.kernels.size());
+  for (size_t i = 0; i < plan.kernels.size(); ++i) CHECK(t.kernels[i].node == plan.kernels[i].node);
+  double sum = 0;
+  for (const passes::KernelTime& k : t.kernels) sum += k.seconds;
+  CHECK(t.seconds == doctest::Approx(sum));
+  CHECK(t.launch_seconds == doctest::Approx(1e-6 * static_cast<double>(t.kernels.size())));
+  double classes = 0;
+  for (double s : t.class_seconds) classes += s;
+  CHECK(classes == doctest::Approx(t.seconds));
+}
+
+TEST_CASE("time model: a contraction runs at peak times the efficiency of its narrowest dim") {
+  ir::Graph g = compile_training(kMlp);
+  passes::Device d = round_device();
+  passes::StepTime t = passes::predict_step_time(g, passes::analyze_step(g, &d), d);
+  // The forward x @ w1: 64 x 128 @ 128 x 32, narrowest 32: half the peak.
+  auto first = std::find_if(t.kernels.begin(), t.kernels.end(),
+                            [](const passes::KernelTime& k) { return k.kind == passes::KernelClass::Matmul; });
+  REQUIRE(first != t.kernels.end());
+  CHECK(first->narrowest == 32);
+  const double flops = 2.0 * 64 * 128 * 32, bytes = 4.0 * (64 * 128 + 128 * 32 + 64 * 32);
+  CHECK(first->flops == flops);
+  CHECK(first->bytes == bytes);
+  CHECK(first->rate == doctest::Approx(0.5e12));
+  CHECK(first->seconds == doctest::Approx(std::max(flops / 0.5e12, bytes / 1e10) + 1e-6));
+  // h @ w2 has n = 8: a quarter of the peak; between points the curve is linear in log2(dim).
+  CHECK(passes::gemm_efficiency(d, ir::DType::F32, 8) == 0.25);
+  CHECK(passes::gemm_efficiency(d, ir::DType::F32, 64) == doctest::Approx(0.75));
+  CHECK(passes::gemm_efficiency(d, ir::DType::F32, 4096) == 1.0);
+  CHECK(passes::gemm_efficiency(d, ir::DType::F64, 8) == 1.0);  // no f64 curve: the peak itself
+}
+
+TEST_CASE("time model: a fusion group reads each input once and runs as one loop kernel") {
+  ir::Graph g = compile_training(kMlp);
+  passes::Device d = round_device();
+  passes::StepTime t = passes::predict_step_time(g, passes::analyze_step(g, &d), d);
+  ir::FusionGroups groups = ir::fusion_groups(g);
+  REQUIRE_FALSE(groups.groups.empty());
+  int seen = 0;
+  for (const passes::KernelTime& k : t.kernels) {
+    if (k.group < 0) continue;
+    ++seen;
+    const ir::FusionGroup& fg = groups.groups[static_cast<size_t>(k.group)];
+    double bytes = 0;
+    for (ir::ValueId v : fg.inputs) bytes += ir::distinct_bytes(g, v);
+    for (ir::ValueId v : fg.outputs) bytes += static_cast<double>(g.value(v).type.bytes());
+    CHECK(k.bytes == bytes);
+    CHECK(k.rate == 1e11);  // loop kernels: the device's loop_flops
+    CHECK(k.seconds == doctest::Approx(std::max(k.flops / 1e11, bytes / 1e10) + 1e-6));
+    CHECK((k.kind == passes::KernelClass::Elementwise || k.kind == passes::KernelClass::Optimizer));
+  }
+  CHECK(seen == static_cast<int>(groups.groups.size()));
+}
+
+TEST_CASE("time model: a kernel whose bytes fit in the cache moves them at the cache's bandwidth") {
+  ir::Graph g = compile_training(kMlp);
+  passes::Device d = round_device();
+  d.cache_bytes = 40000;
+  d.cache_bandwidth_bytes_per_s = 1e11;
+  passes::StepTime t = passes::predict_step_time(g, passes::analyze_step(g, &d), d);
+  int small = 0, large = 0;
+  for (const passes::KernelTime& k : t.kernels) {
+    CHECK(k.bandwidth == (k.bytes <= 40000 ? 1e11 : 1e10));
+    (k.bytes <= 40000 ? small : large) += 1;
+  }
+  CHECK(small > 0);
+  CHECK(large > 0);
+}
+
+TEST_CASE("time model: GPT's kernels fall in every class, attention included") {
+  ir::Graph g = compile_training(napkin::testing::read_source("models/gpt.yaml"), "models/gpt.yaml");
+  const passes::Device& cpu = *passes::find_device("cpu");
+  passes::StepCost cost = passes::analyze_step(g, &cpu);
+  passes::StepTime t = passes::predict_step_time(g, cost, cpu);
+  for (int c = 0; c < passes::kNumKernelClasses; ++c) {
+    CAPTURE(passes::kernel_class_name(static_cast<passes::KernelClass>(c)));
+    CHECK(t.class_seconds[c] > 0);
+  }
+  // Attention's contractions are the activation matmuls of the cost model.
+  double attention_flops = 0;
+  for (const passes::KernelTime& k : t.kernels)
+    if (k.kind == passes::KernelClass::Attention && k.narrowest > 0) attention_flops += k.flops;
+  CHECK(attention_flops == cost.phase(ir::Phase::Forward).activation_matmul_flops +
+                               cost.phase(ir::Phase::Backward).activation_matmul_flops);
+  CHECK(t.mfu > 0);
+  CHECK(t.mfu <= 1);
+}
+
+TEST_CASE("contraction dims: a batch axis one operand lacks folds into m or n") {
+  ir::Graph g = napkin::testing::compile(R"yaml(
+model: dims
+dims: {b: 4, t: 8, d: 16, e: 32, h: 2}
+inputs:
+  x: {shape: [b, t, d]}
+  q: {shape: [b, h, t, d]}
+  k: {shape: [b, h, t, d]}
+params:
+  w: {shape: [d, e], init: xavier}
+forward:
+  - y: x @ w
+  - s: einsum(q, k, "b h t d, b h s d -> b h t s")
+loss: mean(y) + mean(s)
+optimizer: sgd(lr=0.1)
+)yaml");
+  std::vector<ir::ContractionDims> found;
+  for (ir::NodeId id : g.schedule())
+    if (ir::op_info(g.node(id).op).op_class == ir::OpClass::Contraction) found.push_back(ir::contraction_dims(g, g.node(id)));
+  REQUIRE(found.size() == 2);
+  CHECK(found[0].batch == 1);
+  CHECK(found[0].m == 4 * 8);
+  CHECK(found[0].n == 32);
+  CHECK(found[0].k == 16);
+  CHECK(found[1].batch == 4 * 2);
+  CHECK(found[1].m == 8);
+  CHECK(found[1].n == 8);
+  CHECK(found[1].k == 16);
+  CHECK(found[1].narrowest() == 8);
+}
