@@ -490,13 +490,16 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
 #endif
   auto g = load(model, dims, {}, memory_budget(budget, nullptr));
   if (!g) return kUserError;
-  // The cache key: the training step, the target, and this compiler and
-  // runtime (a rebuilt napkin builds afresh).
+  // The cache key: the training step, the target, this compiler and
+  // runtime (a rebuilt napkin builds afresh) and the device table with the
+  // local device file's rows (the trainer carries its device's figures: a
+  // `napkin devices --measure` builds afresh).
   std::string runtime = read_file_bytes(codegen::cpu::kRuntimeLibrary);
 #ifdef NAPKIN_HAVE_CUDA
   if (target == "cuda") runtime += read_file_bytes(codegen::cuda::cuda_runtime_library());
 #endif
-  std::string key = fnv1a_hex({ir::print_graph(*g, {false}), target, read_file_bytes("/proc/self/exe"), runtime});
+  std::string key = fnv1a_hex({ir::print_graph(*g, {false}), target, read_file_bytes("/proc/self/exe"), runtime,
+                               passes::devices_to_json(passes::known_devices())});
   std::filesystem::path dir = cache_dir() / key;
   std::filesystem::path trainer = dir / "trainer";
   // trainer.sum holds the FNV-1a of the trainer's bytes, written after the

@@ -25,9 +25,12 @@ using napkin::testing::read_bytes;
 using napkin::testing::write_bytes;
 using Run = napkin::testing::CommandResult;
 
-// napkin with NAPKIN_DEVICES set to `devices` ("" for none).
-Run napkin_with(const std::string& devices, const std::string& args) {
-  return napkin::testing::run_in_source_tree(fmt::format("NAPKIN_DEVICES='{}' {} {}", devices, NAPKIN_BINARY, args));
+// napkin with NAPKIN_DEVICES set to `devices` ("" for none), and
+// XDG_CACHE_HOME to `cache` when given.
+Run napkin_with(const std::string& devices, const std::string& args, const std::string& cache = "") {
+  return napkin::testing::run_in_source_tree(fmt::format("{}NAPKIN_DEVICES='{}' {} {}",
+                                                         cache.empty() ? "" : "XDG_CACHE_HOME='" + cache + "' ",
+                                                         devices, NAPKIN_BINARY, args));
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
@@ -172,4 +175,25 @@ TEST_CASE("devices --measure: a directory or a file that is not a device file is
   CHECK(flags.status == 1);
   CHECK(contains(flags.out, "--quick requires --measure"));
   for (const auto& e : fs::directory_iterator(tmp.path)) CHECK(e.path().filename() == "notes.json");
+}
+
+TEST_CASE("devices: napkin train builds afresh when the local device file changes the table") {
+  napkin::testing::TempDir tmp("measure-train");
+  ps::Device cpu = ps::builtin_devices()[3];
+  cpu.fp32_flops /= 2;
+  const std::string file = tmp / "devices.json";
+  write_bytes(file, ps::devices_to_json({cpu}));
+  // The trainer cache lives in the temporary directory too.
+  auto train = [&](const std::string& devices, const std::string& run) {
+    return napkin_with(devices, fmt::format("train models/gpt.yaml --dims batch=2,seq=8,d=16,heads=2,layers=1 -- --data "
+                                            "tests/e2e/data/gpt/tokens.u16 --steps 1 --quiet --checkpoint-dir {}",
+                                            tmp / run),
+                       tmp.path)
+        .out;
+  };
+  const std::string cached = "using the cached trainer";
+  CHECK_FALSE(contains(train("", "a"), cached));
+  CHECK(contains(train("", "b"), cached));
+  CHECK_FALSE(contains(train(file, "c"), cached));  // the cpu row changed: another trainer
+  CHECK(contains(train(file, "d"), cached));
 }
