@@ -96,7 +96,7 @@ TEST_CASE("device file: unknown figures, missing sources and bad values are refu
         "/x/devices.json: device 'tpu': needs memory, bandwidth and fp32 greater than 0");
 }
 
-TEST_CASE("device file: a GEMM efficiency curve must ascend in dim with fractions in (0, 1]") {
+TEST_CASE("device file: a GEMM efficiency curve must ascend in dim with fractions above 0 and at most 1") {
   auto curve = [](const std::string& points) {
     return parse_error(device_file(
         fmt::format(R"("gemm_efficiency": {{"value": {{"f32": {}}}, "source": "x"}})", points)));
