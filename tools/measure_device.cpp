@@ -143,6 +143,37 @@ std::vector<int> usable_cpus() {
   return cpus;
 }
 
+// CPU time of the whole machine and of this process, to tell how much of
+// the CPUs other processes (and, on a VM, other guests: steal time) took
+// while napkin measured: the figures are only as good as that is small.
+struct CpuTimes {
+  double machine_busy = 0;  // seconds, all CPUs: user, nice, system, irq, softirq, steal
+  double self = 0;          // seconds of this process, all its threads
+  Clock::time_point at = Clock::now();
+};
+
+CpuTimes cpu_times() {
+  CpuTimes t;
+  std::istringstream line(read_first_line("/proc/stat"));  // "cpu user nice system idle iowait irq softirq steal ..."
+  std::string cpu;
+  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  line >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  const double tick = double(sysconf(_SC_CLK_TCK));
+  t.machine_busy = (user + nice + system + irq + softirq + steal) / tick;
+  timespec self{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &self);
+  t.self = double(self.tv_sec) + double(self.tv_nsec) * 1e-9;
+  return t;
+}
+
+// The fraction of the machine's CPUs that others used between `start` and now.
+double others_share(const CpuTimes& start, int cpus) {
+  CpuTimes now = cpu_times();
+  double wall = std::chrono::duration<double>(now.at - start.at).count();
+  double others = (now.machine_busy - start.machine_busy) - (now.self - start.self);
+  return std::clamp(others / (wall * std::max(cpus, 1)), 0.0, 1.0);
+}
+
 struct Memory {
   double bytes = 0;
   std::string how;
@@ -583,20 +614,29 @@ passes::Device measure_host(const MeasureOptions& options) {
   device.description = fmt::format("{}, {} thread{} on {} logical CPU{}, host {}, {:.1f} GiB", cpu_model(), threads,
                                    threads == 1 ? "" : "s", cpus, cpus == 1 ? "" : "s", host, memory.bytes / kGiB);
   // Other processes on the CPUs halve a figure as easily as a slow machine
-  // does: the row says how busy the machine was.
+  // does: warn at once when the machine is busy, and say in the row how much
+  // of the CPUs others took while measuring.
   const double load = std::atof(read_first_line("/proc/loadavg").c_str());
   if (load >= 0.5)
-    b.progress(fmt::format("warning: load average {:.2f}: other processes are using the CPUs, so the figures will come "
+    b.progress(fmt::format("warning: load average {:.2f}: other processes are using the CPUs, so the figures may come "
                            "out low; measure on a quiet machine",
                            load));
-  device.source = fmt::format("{}; load average {:.2f} at the start{}", b.prefix, load,
-                              options.quick ? "; --quick: small problems and few samples, rough figures" : "");
+  const CpuTimes start = cpu_times();
   b.set("memory", &device.memory_bytes, memory.bytes, memory.how);
 
   measure_gemms(b);
   measure_bandwidths(b, memory.bytes);
   measure_loop(b);
   measure_launch(b);
+
+  const int machine_cpus = std::max<int>(1, int(sysconf(_SC_NPROCESSORS_ONLN)));
+  const double others = others_share(start, machine_cpus);
+  if (others >= 0.05)
+    b.progress(fmt::format("warning: other processes (or other guests of this VM) took {:.0f}% of the {} CPUs while "
+                           "measuring, so the figures are low; measure again on a quiet machine",
+                           others * 100, machine_cpus));
+  device.source = fmt::format("{}; other processes took {:.0f}% of the {} CPUs meanwhile{}", b.prefix, others * 100,
+                              machine_cpus, options.quick ? "; --quick: small problems and few samples, rough figures" : "");
   return device;
 }
 
