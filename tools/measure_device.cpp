@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -614,13 +615,18 @@ passes::Device measure_host(const MeasureOptions& options) {
   device.description = fmt::format("{}, {} thread{} on {} logical CPU{}, host {}, {:.1f} GiB", cpu_model(), threads,
                                    threads == 1 ? "" : "s", cpus, cpus == 1 ? "" : "s", host, memory.bytes / kGiB);
   // Other processes on the CPUs halve a figure as easily as a slow machine
-  // does: warn at once when the machine is busy, and say in the row how much
-  // of the CPUs others took while measuring.
-  const double load = std::atof(read_first_line("/proc/loadavg").c_str());
-  if (load >= 0.5)
-    b.progress(fmt::format("warning: load average {:.2f}: other processes are using the CPUs, so the figures may come "
-                           "out low; measure on a quiet machine",
-                           load));
+  // does: warn at once when the machine is busy (a quarter second's sample:
+  // the load average lags by a minute), and say in the row how much of the
+  // CPUs others took while measuring.
+  const int machine_cpus = std::max<int>(1, int(sysconf(_SC_NPROCESSORS_ONLN)));
+  {
+    const CpuTimes before = cpu_times();
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    if (double busy = others_share(before, machine_cpus); busy >= 0.05)
+      b.progress(fmt::format("warning: other processes are using {:.0f}% of the {} CPUs, so the figures may come out "
+                             "low; measure on a quiet machine",
+                             busy * 100, machine_cpus));
+  }
   const CpuTimes start = cpu_times();
   b.set("memory", &device.memory_bytes, memory.bytes, memory.how);
 
@@ -629,7 +635,6 @@ passes::Device measure_host(const MeasureOptions& options) {
   measure_loop(b);
   measure_launch(b);
 
-  const int machine_cpus = std::max<int>(1, int(sysconf(_SC_NPROCESSORS_ONLN)));
   const double others = others_share(start, machine_cpus);
   if (others >= 0.05)
     b.progress(fmt::format("warning: other processes (or other guests of this VM) took {:.0f}% of the {} CPUs while "
