@@ -236,7 +236,7 @@ int measure(const DevicesArgs& args) {
   options.quick = args.quick;
   options.progress = [](const std::string& line) { std::cerr << "  " << line << "\n"; };
   std::cerr << fmt::format("measuring this host{} (napkin's GEMM, triad, loop and thread pool; {}) ...\n",
-                           args.quick ? " quickly" : "", args.quick ? "a few seconds" : "about a minute");
+                           args.quick ? " quickly" : "", args.quick ? "a few seconds" : "20 s to a minute");
   auto start = std::chrono::steady_clock::now();
   passes::Device measured = measure_host(options);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

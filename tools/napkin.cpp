@@ -711,14 +711,15 @@ int main(int argc, char** argv) {
   auto* devices = app.add_subcommand("devices", "list the device table; --measure measures this host for it");
   devices->add_flag("--sources", devices_args.sources, "every figure with its value and where it comes from");
   auto* measure = devices->add_flag("--measure", devices_args.measure,
-                                    "measure this host (napkin's own GEMM, triad, loop and thread pool; about a minute) "
+                                    "measure this host (napkin's own GEMM, triad, loop and thread pool; 20 s to a minute) "
                                     "and write its cpu row to the local device file");
   devices->add_option("--out", devices_args.out, "with --measure: the device file to write (default: " +
                                                      (passes::local_device_file().empty() ? std::string("none")
                                                                                           : passes::local_device_file()) +
                                                      ")")
       ->needs(measure);
-  devices->add_option("--threads", devices_args.threads, "with --measure: threads (default: all CPUs, as a trainer)")
+  devices->add_option("--threads", devices_args.threads, "with --measure: threads (default: what a trainer uses, the CPUs this "
+                                                                "process may use or $NAPKIN_NUM_THREADS)")
       ->check(CLI::Range(1, 4096))
       ->needs(measure);
   devices->add_flag("--quick", devices_args.quick, "with --measure: small problems, a few seconds, rough figures")
