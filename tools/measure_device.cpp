@@ -40,38 +40,66 @@ constexpr double kGiB = kMiB * 1024.0;
 // ---------------------------------------------------------------------------
 // Timing
 
-// Each figure is the best of `samples` samples, each repeating the work for at
-// least `sample_seconds`: on a shared machine (a VM's vCPUs, other jobs) the
-// best sample is the one least disturbed, which is the machine's capability.
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// How long each benchmark is timed: the best of `samples` samples, each
+// repeating the work for at least `sample_seconds` (0: one call).
 struct Timing {
   int samples;
   double sample_seconds;
-  std::string describe() const {
-    return sample_seconds > 0 ? fmt::format("best of {} samples of >= {:.0f} ms", samples, sample_seconds * 1e3)
-                              : fmt::format("best of {} single passes", samples);
-  }
 };
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+// Benchmarks timed in rounds: each is warmed up once (page faults, oneDNN
+// primitives, caches, the pool's workers awake) and sized to a sample when
+// added, then every round takes one sample of each in turn. A benchmark's
+// samples spread over the whole run, so a burst of contention the guest
+// cannot see (another VM on the same physical core: no steal time) must last
+// the whole run to lower its figure; the best sample is the machine's
+// capability.
+class Rounds {
+ public:
+  explicit Rounds(Timing timing) : timing_(timing) {}
 
-// Seconds per call of `work`: one untimed warm-up call (page faults, oneDNN
-// primitives, caches, the pool's workers awake), one timed call to size the
-// samples, then the best sample's time per call.
-template <class Work>
-double best_seconds_per_call(Work&& work, const Timing& timing) {
-  work();
-  Clock::time_point t0 = Clock::now();
-  work();
-  const double once = seconds_since(t0);
-  const int64_t calls = std::max<int64_t>(1, int64_t(std::ceil(timing.sample_seconds / std::max(once, 1e-9))));
-  double best = once;
-  for (int s = 0; s < timing.samples; ++s) {
-    t0 = Clock::now();
-    for (int64_t c = 0; c < calls; ++c) work();
-    best = std::min(best, seconds_since(t0) / double(calls));
+  size_t add(std::function<void()> work) {
+    work();
+    Clock::time_point t0 = Clock::now();
+    work();
+    const double once = seconds_since(t0);
+    const int64_t calls = std::max<int64_t>(1, int64_t(std::ceil(timing_.sample_seconds / std::max(once, 1e-9))));
+    entries_.push_back({std::move(work), calls, once});
+    return entries_.size() - 1;
   }
-  return best;
-}
+
+  void run(const std::function<void(int round)>& before_round = {}) {
+    for (int round = 0; round < timing_.samples; ++round) {
+      if (before_round) before_round(round);
+      for (Entry& e : entries_) {
+        Clock::time_point t0 = Clock::now();
+        for (int64_t c = 0; c < e.calls; ++c) e.work();
+        e.best = std::min(e.best, seconds_since(t0) / double(e.calls));
+      }
+    }
+  }
+
+  double seconds_per_call(size_t id) const { return entries_[id].best; }
+  size_t size() const { return entries_.size(); }
+  // For the sources: "best of 5 samples of >= 50 ms, in rounds over 37 benchmarks".
+  std::string describe() const {
+    std::string samples = timing_.sample_seconds > 0
+                              ? fmt::format("best of {} samples of >= {:.0f} ms", timing_.samples, timing_.sample_seconds * 1e3)
+                              : fmt::format("best of {} single passes", timing_.samples);
+    return entries_.size() > 1 ? fmt::format("{}, taken in rounds over {} benchmarks", samples, entries_.size()) : samples;
+  }
+
+ private:
+  struct Entry {
+    std::function<void()> work;
+    int64_t calls;
+    double best;  // seconds per call
+  };
+  Timing timing_;
+  std::vector<Entry> entries_;
+};
 
 // 64-byte aligned storage, left uninitialized: the pool first-touches it, as
 // a trainer's arena is touched by the kernels that use it.
@@ -313,12 +341,6 @@ struct TriadArrays {
   }
 };
 
-// Bytes per second of the triad, counting 12 bytes per element and pass.
-double triad_bandwidth(TriadArrays& arrays, ThreadPool& pool, int passes_per_call, const Timing& timing) {
-  double seconds = best_seconds_per_call([&] { arrays.run(pool, passes_per_call); }, timing);
-  return 12.0 * double(arrays.n) * passes_per_call / seconds;
-}
-
 // ---------------------------------------------------------------------------
 // GEMMs
 
@@ -364,19 +386,23 @@ struct GemmShape {
   }
 };
 
-// FLOP/s of runtime::Gemm with A, B and C of `type` (bf16: fp32 accumulation,
+// One runtime::Gemm with its operands, of `type` (bf16: fp32 accumulation,
 // C rounded once), run in the pool as the trainer runs it.
-double gemm_flops_per_s(const GemmShape& shape, GemmType type, ThreadPool& pool, const Timing& timing) {
-  Gemm gemm(shape.desc(), {type, type});
-  const size_t bytes = element_bytes(type);
-  Buffer a(shape.batch * shape.m * shape.k * bytes), b(shape.batch * shape.k * shape.n * bytes),
-      c(shape.batch * shape.m * shape.n * bytes);
-  fill_operand(a.get(), shape.batch * shape.m * shape.k, type);
-  fill_operand(b.get(), shape.batch * shape.k * shape.n, type);
-  gemm.prepare(pool.num_threads());
-  double seconds = best_seconds_per_call([&] { gemm.run(a.get(), b.get(), c.get(), pool); }, timing);
-  return gemm.flops() / seconds;
-}
+struct GemmBench {
+  GemmShape shape;
+  Gemm gemm;
+  Buffer a, b, c;
+  GemmBench(const GemmShape& shape, GemmType type, int threads)
+      : shape(shape),
+        gemm(shape.desc(), {type, type}),
+        a(shape.batch * shape.m * shape.k * element_bytes(type)),
+        b(shape.batch * shape.k * shape.n * element_bytes(type)),
+        c(shape.batch * shape.m * shape.n * element_bytes(type)) {
+    fill_operand(a.get(), shape.batch * shape.m * shape.k, type);
+    fill_operand(b.get(), shape.batch * shape.k * shape.n, type);
+    gemm.prepare(threads);
+  }
+};
 
 struct GemmKind {
   GemmType type;
@@ -433,12 +459,6 @@ std::vector<GemmKind> gemm_kinds(bool quick) {
 // The curve's points: the narrowest dims of the GEMMs in napkin's models.
 const std::vector<int64_t> kCurveDims = {1, 8, 16, 32, 64, 128, 256};
 
-std::string list_results(const std::vector<std::pair<std::string, double>>& results) {
-  std::vector<std::string> parts;
-  for (const auto& [name, flops] : results) parts.push_back(fmt::format("{} {:.1f}", name, flops / 1e9));
-  return fmt::format("{}", fmt::join(parts, ", "));
-}
-
 // What every measurement shares: the pool it runs in, how long it times, and
 // where its figures and their sources go.
 struct Bench {
@@ -456,39 +476,72 @@ struct Bench {
   }
 };
 
+// A GEMM in the rounds: its operands, and its benchmark id.
+struct TimedGemm {
+  std::unique_ptr<GemmBench> bench;
+  size_t id;
+  double flops_per_s(const Rounds& rounds) const { return bench->gemm.flops() / rounds.seconds_per_call(id); }
+};
+
+struct GemmKindTimings {
+  GemmKind kind;
+  std::vector<TimedGemm> peak_shapes;
+  std::vector<std::vector<TimedGemm>> at_dims;  // by kCurveDims
+};
+
+std::vector<GemmKindTimings> add_gemms(Bench& b, Rounds& rounds) {
+  std::vector<GemmKindTimings> kinds;
+  for (const GemmKind& kind : gemm_kinds(b.quick)) {
+    b.progress(fmt::format("{} GEMMs ...", kind.curve));
+    GemmKindTimings t{kind, {}, {}};
+    auto timed = [&](const GemmShape& shape) {
+      auto bench = std::make_unique<GemmBench>(shape, kind.type, b.threads);
+      GemmBench* g = bench.get();
+      size_t id = rounds.add([g, &pool = b.pool] { g->gemm.run(g->a.get(), g->b.get(), g->c.get(), pool); });
+      return TimedGemm{std::move(bench), id};
+    };
+    for (const GemmShape& shape : kind.peak_shapes) t.peak_shapes.push_back(timed(shape));
+    for (int64_t dim : kCurveDims) {
+      t.at_dims.emplace_back();
+      for (const GemmShape& shape : kind.curve_shapes(dim, b.quick)) t.at_dims.back().push_back(timed(shape));
+    }
+    kinds.push_back(std::move(t));
+  }
+  return kinds;
+}
+
+std::string list_results(const std::vector<TimedGemm>& gemms, const Rounds& rounds) {
+  std::vector<std::string> parts;
+  for (const TimedGemm& g : gemms) parts.push_back(fmt::format("{} {:.1f}", g.bench->shape.name(), g.flops_per_s(rounds) / 1e9));
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
 // The fp32, bf16 and fp64 peaks and the gemm_efficiency curves against them.
 // A peak is the best GFLOP/s of every shape measured for the dtype, the
 // curve's too: a narrow shape that beat the big ones would otherwise read as
 // more than 100% MFU.
-void measure_gemms(Bench& b) {
+void record_gemms(Bench& b, const std::vector<GemmKindTimings>& kinds, const Rounds& rounds) {
   std::vector<std::string> curve_notes;
-  for (const GemmKind& kind : gemm_kinds(b.quick)) {
-    std::vector<std::pair<std::string, double>> results;
-    double peak = 0;
-    std::string peak_shape;
-    auto run = [&](const GemmShape& shape) {
-      double flops = gemm_flops_per_s(shape, kind.type, b.pool, b.timing);
-      if (flops > peak) peak = flops, peak_shape = shape.name();
-      return flops;
+  for (const GemmKindTimings& t : kinds) {
+    const GemmKind& kind = t.kind;
+    const TimedGemm* best = nullptr;
+    auto consider = [&](const TimedGemm& g) {
+      if (!best || g.flops_per_s(rounds) > best->flops_per_s(rounds)) best = &g;
     };
-    for (const GemmShape& shape : kind.peak_shapes) {
-      b.progress(fmt::format("{} GEMM {} ...", kind.curve, shape.name()));
-      results.emplace_back(shape.name(), run(shape));
-    }
-    b.progress(fmt::format("{} GEMM narrow shapes ...", kind.curve));
-    std::vector<std::vector<std::pair<std::string, double>>> at_dims;
-    for (int64_t dim : kCurveDims) {
-      at_dims.emplace_back();
-      for (const GemmShape& shape : kind.curve_shapes(dim, b.quick)) at_dims.back().emplace_back(shape.name(), run(shape));
-    }
-    double* slot = kind.type == GemmType::F32 ? &b.device.fp32_flops
+    for (const TimedGemm& g : t.peak_shapes) consider(g);
+    for (const auto& at_dim : t.at_dims)
+      for (const TimedGemm& g : at_dim) consider(g);
+    const double peak = best->flops_per_s(rounds);
+    double* slot = kind.type == GemmType::F32    ? &b.device.fp32_flops
                    : kind.type == GemmType::BF16 ? &b.device.bf16_flops
                                                  : &b.device.fp64_flops;
     b.set(kind.figure, slot, peak,
           fmt::format("runtime::Gemm {} ({}): the best GFLOP/s of m x n x k = {} and of the gemm_efficiency shapes "
-                      "(best: {}); each {}",
-                      kind.curve, kind.how, list_results(results), peak_shape, b.timing.describe()));
-    b.progress(fmt::format("{} peak {:.1f} GFLOP/s ({})", kind.curve, peak / 1e9, peak_shape));
+                      "(best: {}); each the {}",
+                      kind.curve, kind.how, list_results(t.peak_shapes, rounds), best->bench->shape.name(),
+                      rounds.describe()));
+    b.progress(fmt::format("{} peak {:.1f} GFLOP/s ({}; {})", kind.curve, peak / 1e9, best->bench->shape.name(),
+                           list_results(t.peak_shapes, rounds)));
 
     passes::GemmEfficiency curve;
     std::vector<std::string> points;
@@ -496,12 +549,12 @@ void measure_gemms(Bench& b) {
       // The shapes at one dim do the same FLOPs: their combined rate is the
       // harmonic mean, what a step running each once would reach.
       double seconds_per_flop = 0;
-      for (const auto& [name, flops] : at_dims[i]) seconds_per_flop += 1.0 / flops / double(at_dims[i].size());
+      for (const TimedGemm& g : t.at_dims[i]) seconds_per_flop += 1.0 / g.flops_per_s(rounds) / double(t.at_dims[i].size());
       const double fraction = std::clamp(1.0 / seconds_per_flop / peak, 1e-6, 1.0);
       curve.emplace_back(double(kCurveDims[i]), fraction);
-      b.progress(fmt::format("{} narrowest {:>3}: {:.3f} of peak ({} GFLOP/s)", kind.curve, kCurveDims[i], fraction,
-                             list_results(at_dims[i])));
-      points.push_back(fmt::format("{}: {:.3f} ({})", kCurveDims[i], fraction, list_results(at_dims[i])));
+      const std::string shapes = list_results(t.at_dims[i], rounds);
+      b.progress(fmt::format("{} narrowest {:>3}: {:.3f} of peak ({} GFLOP/s)", kind.curve, kCurveDims[i], fraction, shapes));
+      points.push_back(fmt::format("{}: {:.3f} ({})", kCurveDims[i], fraction, shapes));
     }
     b.device.gemm_efficiency[kind.curve] = curve;
     curve_notes.push_back(fmt::format("{} [{}]", kind.curve, fmt::join(points, "; ")));
@@ -509,85 +562,119 @@ void measure_gemms(Bench& b) {
   b.set("gemm_efficiency", nullptr, 0,
         fmt::format("for each dtype and narrowest dim d, the combined rate (harmonic mean: the shapes do equal FLOPs) "
                     "of runtime::Gemm on m x n x k = wide x d x wide and wide x wide x d (wide = {} for f32 and bf16, "
-                    "{} for f64){}, as a fraction of that dtype's peak, {}: {}",
+                    "{} for f64){}, as a fraction of that dtype's peak, each the {}: {}",
                     wide_dim(GemmType::F32, b.quick), wide_dim(GemmType::F64, b.quick),
                     b.quick ? "" : " and, for 16 <= d <= 128, attention's 64 x 128x128xd and 64 x 128xdx128",
-                    b.timing.describe(), fmt::join(curve_notes, "; ")));
+                    rounds.describe(), fmt::join(curve_notes, "; ")));
 
   b.set("tf32", &b.device.tf32_flops, 0, "0: no tf32 arithmetic on a CPU");
   b.set("fp16", &b.device.fp16_flops, 0, "0: no fp16 arithmetic used on this CPU (napkin's f16 GEMM widens to fp32)");
   b.set("fp8", &b.device.fp8_flops, 0, "0: no fp8 arithmetic on a CPU");
 }
 
-// The last-level cache and its bandwidth, then main memory's bandwidth.
-void measure_bandwidths(Bench& b, double memory_bytes) {
-  const LastLevelCache llc = last_level_cache(b.threads);
-  b.set("cache_bytes", &b.device.cache_bytes, llc.bytes, llc.how);
-  if (llc.bytes > 0) {
-    // Half the cache, so that the three arrays stay in it with room for the rest.
-    const int64_t n = std::max<int64_t>(int64_t(llc.bytes / 2 / 12), 1024 * b.threads);
-    TriadArrays arrays(n, b.pool);
-    b.progress(fmt::format("cache triad over 3 x {:.3g} MiB ...", n * 4 / kMiB));
-    constexpr int kPassesPerCall = 20;
-    b.set("cache_bandwidth", &b.device.cache_bandwidth_bytes_per_s,
-          triad_bandwidth(arrays, b.pool, kPassesPerCall, b.timing),
-          fmt::format("STREAM triad a[i] = b[i] + s * c[i] over 3 arrays of {:.3g} MiB of floats (half of cache_bytes), "
-                      "split over the ThreadPool, {} passes per chunk per dispatch, 12 bytes counted per element and "
-                      "pass (see bandwidth), {}",
-                      n * 4 / kMiB, kPassesPerCall, b.timing.describe()));
-    b.progress(fmt::format("cache bandwidth {:.1f} GB/s", b.device.cache_bandwidth_bytes_per_s / 1e9));
-  } else {
-    b.set("cache_bandwidth", &b.device.cache_bandwidth_bytes_per_s, 0, "0: no cache level known (see cache_bytes)");
+// A triad in the rounds: its arrays, the passes per call, its benchmark id.
+struct TimedTriad {
+  std::unique_ptr<TriadArrays> arrays;
+  int passes_per_call = 1;
+  size_t id = 0;
+  double bytes_per_s(const Rounds& rounds) const {
+    return 12.0 * double(arrays->n) * passes_per_call / rounds.seconds_per_call(id);
   }
+};
 
-  // Far beyond the last-level cache, and at most a sixteenth of memory.
+TimedTriad add_triad(Bench& b, Rounds& rounds, int64_t n, int passes_per_call) {
+  TimedTriad t{std::make_unique<TriadArrays>(n, b.pool), passes_per_call, 0};
+  TriadArrays* arrays = t.arrays.get();
+  t.id = rounds.add([arrays, passes_per_call, &pool = b.pool] { arrays->run(pool, passes_per_call); });
+  return t;
+}
+
+// Over arrays that fit the last-level cache (none without one): half the
+// cache, so that the three arrays stay in it with room for the rest. 20
+// passes per chunk per dispatch keep the dispatch out of the figure.
+TimedTriad add_cache_triad(Bench& b, Rounds& rounds, const LastLevelCache& llc) {
+  if (llc.bytes <= 0) return {};
+  const int64_t n = std::max<int64_t>(int64_t(llc.bytes / 2 / 12), 1024 * b.threads);
+  b.progress(fmt::format("cache triad over 3 x {:.3g} MiB ...", n * 4 / kMiB));
+  return add_triad(b, rounds, n, 20);
+}
+
+// Over arrays far beyond the last-level cache, at most a sixteenth of
+// memory each.
+TimedTriad add_memory_triad(Bench& b, Rounds& rounds, const LastLevelCache& llc, double memory_bytes) {
   const double array_bytes = std::min(std::max(b.quick ? 64 * kMiB : 256 * kMiB, 4 * llc.bytes), memory_bytes / 16);
   const int64_t n = int64_t(array_bytes / 4);
   b.progress(fmt::format("memory triad over 3 x {:.0f} MiB ...", n * 4 / kMiB));
-  TriadArrays arrays(n, b.pool);
-  const Timing passes{b.quick ? 3 : 10, 0};
-  b.set("bandwidth", &b.device.bandwidth_bytes_per_s, triad_bandwidth(arrays, b.pool, 1, passes),
-        fmt::format("STREAM triad a[i] = b[i] + s * c[i] over 3 arrays of {:.0f} MiB of floats, split over the "
-                    "ThreadPool as an elementwise kernel is, {}; 12 bytes counted per element (b and c read, a "
-                    "written) as napkin's cost model counts a kernel's bytes, so the write-allocate read of a "
-                    "(ordinary stores, as the trainer's kernels make) is paid for but not counted",
-                    n * 4 / kMiB, passes.describe()));
-  b.progress(fmt::format("memory bandwidth {:.1f} GB/s", b.device.bandwidth_bytes_per_s / 1e9));
+  return add_triad(b, rounds, n, 1);
 }
 
-// FLOP/s of a compute-bound elementwise loop: the ceiling of a loop kernel.
-void measure_loop(Bench& b) {
-  // 8 KiB of floats per thread: resident in any L1 data cache.
-  const int64_t n = 2048 * int64_t(b.threads);
-  Buffer x(n * 4);
-  b.pool.parallel_for(n, [&](int64_t begin, int64_t end) { std::fill(x.as<float>() + begin, x.as<float>() + end, 1.0f); });
-  constexpr int kPassesPerCall = 200;
+void record_bandwidths(Bench& b, const LastLevelCache& llc, const TimedTriad& cache, const TimedTriad& memory,
+                       const Rounds& rounds) {
+  b.set("cache_bytes", &b.device.cache_bytes, llc.bytes, llc.how);
+  if (cache.arrays) {
+    b.set("cache_bandwidth", &b.device.cache_bandwidth_bytes_per_s, cache.bytes_per_s(rounds),
+          fmt::format("STREAM triad a[i] = b[i] + s * c[i] over 3 arrays of {:.3g} MiB of floats (half of "
+                      "cache_bytes), split over the ThreadPool, {} passes per chunk per dispatch, 12 bytes counted per "
+                      "element and pass (see bandwidth), the {}",
+                      double(cache.arrays->n) * 4 / kMiB, cache.passes_per_call, rounds.describe()));
+  } else {
+    b.set("cache_bandwidth", &b.device.cache_bandwidth_bytes_per_s, 0, "0: no cache level known (see cache_bytes)");
+  }
+  b.set("bandwidth", &b.device.bandwidth_bytes_per_s, memory.bytes_per_s(rounds),
+        fmt::format("STREAM triad a[i] = b[i] + s * c[i] over 3 arrays of {:.0f} MiB of floats, split over the "
+                    "ThreadPool as an elementwise kernel is, the {}; 12 bytes counted per element (b and c read, a "
+                    "written) as napkin's cost model counts a kernel's bytes, so the write-allocate read of a "
+                    "(ordinary stores, as the trainer's kernels make) is paid for but not counted",
+                    double(memory.arrays->n) * 4 / kMiB, rounds.describe()));
+  b.progress(fmt::format("cache bandwidth {:.1f} GB/s, memory bandwidth {:.1f} GB/s",
+                         b.device.cache_bandwidth_bytes_per_s / 1e9, b.device.bandwidth_bytes_per_s / 1e9));
+}
+
+// A compute-bound elementwise loop: the ceiling of a loop kernel.
+struct Loop {
+  int64_t n;
+  Buffer x;
+  size_t id = 0;
+  static constexpr int kPassesPerCall = 200;
+  explicit Loop(int64_t n) : n(n), x(n * 4) {}
+};
+
+std::unique_ptr<Loop> add_loop(Bench& b, Rounds& rounds) {
   b.progress("elementwise loop ...");
-  double seconds = best_seconds_per_call(
-      [&] {
-        b.pool.parallel_for(n, [&](int64_t begin, int64_t end) {
-          for (int p = 0; p < kPassesPerCall; ++p) multiply_add_chain(x.as<float>() + begin, 0.5f, 0.5f, end - begin);
-        });
-      },
-      b.timing);
-  b.set("loop_flops", &b.device.loop_flops, double(kChainFlops) * double(n) * kPassesPerCall / seconds,
+  // 8 KiB of floats per thread: resident in any L1 data cache.
+  auto loop = std::make_unique<Loop>(2048 * int64_t(b.threads));
+  Loop* l = loop.get();
+  b.pool.parallel_for(l->n, [l](int64_t begin, int64_t end) { std::fill(l->x.as<float>() + begin, l->x.as<float>() + end, 1.0f); });
+  loop->id = rounds.add([l, &pool = b.pool] {
+    pool.parallel_for(l->n, [l](int64_t begin, int64_t end) {
+      for (int p = 0; p < Loop::kPassesPerCall; ++p) multiply_add_chain(l->x.as<float>() + begin, 0.5f, 0.5f, end - begin);
+    });
+  });
+  return loop;
+}
+
+void record_loop(Bench& b, const Loop& loop, const Rounds& rounds) {
+  b.set("loop_flops", &b.device.loop_flops,
+        double(kChainFlops) * double(loop.n) * Loop::kPassesPerCall / rounds.seconds_per_call(loop.id),
         fmt::format("a loop of {} dependent multiplies and adds per element (x = x * a + b, one FLOP each as napkin's "
                     "op table counts) over 8 KiB of floats per thread (L1-resident), split over the ThreadPool, {} "
                     "passes per dispatch; compiled by napkin's C++ compiler at its Release flags with "
                     "-ffp-contract=off (no fast math, no FMAs, like the trainer's LLVM kernels) for the host's widest "
-                    "vector ISA; {}",
-                    kChainFlops, kPassesPerCall, b.timing.describe()));
+                    "vector ISA; the {}",
+                    kChainFlops, Loop::kPassesPerCall, rounds.describe()));
   b.progress(fmt::format("loop {:.1f} GFLOP/s", b.device.loop_flops / 1e9));
 }
 
 // A kernel's fixed cost on a CPU trainer: one dispatch to the pool.
-void measure_launch(Bench& b) {
-  b.progress("thread pool dispatch ...");
-  b.set("launch_seconds", &b.device.launch_seconds,
-        best_seconds_per_call([&] { b.pool.parallel_for(b.threads, [](int64_t, int64_t) {}); }, b.timing),
+size_t add_launch(Bench& b, Rounds& rounds) {
+  return rounds.add([&pool = b.pool, threads = b.threads] { pool.parallel_for(threads, [](int64_t, int64_t) {}); });
+}
+
+void record_launch(Bench& b, size_t id, const Rounds& rounds) {
+  b.set("launch_seconds", &b.device.launch_seconds, rounds.seconds_per_call(id),
         fmt::format("the mean time of an empty ThreadPool::parallel_for over {} chunks, back to back (the workers "
-                    "still spinning, as between a step's kernels), {}",
-                    b.threads, b.timing.describe()));
+                    "still spinning, as between a step's kernels), the {}",
+                    b.threads, rounds.describe()));
   b.progress(fmt::format("dispatch {:.2f} us", b.device.launch_seconds * 1e6));
 }
 
@@ -630,10 +717,20 @@ passes::Device measure_host(const MeasureOptions& options) {
   const CpuTimes start = cpu_times();
   b.set("memory", &device.memory_bytes, memory.bytes, memory.how);
 
-  measure_gemms(b);
-  measure_bandwidths(b, memory.bytes);
-  measure_loop(b);
-  measure_launch(b);
+  Rounds rounds(b.timing);
+  const std::vector<GemmKindTimings> gemms = add_gemms(b, rounds);
+  const LastLevelCache llc = last_level_cache(threads);
+  const TimedTriad cache = add_cache_triad(b, rounds, llc);
+  const TimedTriad memory_triad = add_memory_triad(b, rounds, llc, memory.bytes);
+  const std::unique_ptr<Loop> loop = add_loop(b, rounds);
+  const size_t launch = add_launch(b, rounds);
+  rounds.run([&](int round) {
+    b.progress(fmt::format("round {} of {} over {} benchmarks ...", round + 1, b.timing.samples, rounds.size()));
+  });
+  record_gemms(b, gemms, rounds);
+  record_bandwidths(b, llc, cache, memory_triad, rounds);
+  record_loop(b, *loop, rounds);
+  record_launch(b, launch, rounds);
 
   const double others = others_share(start, machine_cpus);
   if (others >= 0.05)
