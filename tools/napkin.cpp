@@ -10,8 +10,13 @@
 //   napkin train MODEL.yaml [--target cuda] [-- TRAINER FLAGS]   build (cached) and run the trainer
 //   napkin data encode TEXT... -o FILE                  byte-level tokens (u16) from text files
 //   napkin estimate --params 70e9 --tokens 15e12 ...    the lecture's napkin math
-//   napkin devices                                      the device table
+//   napkin devices [--sources]                          the device table, where each figure comes from
+//   napkin devices --measure [--out FILE] [--quick]     measure this host, write the local device file
 //   napkin ops                                          the op table
+//
+// Every command but `devices --measure` first reads the local device file
+// (passes::local_device_file(): $NAPKIN_DEVICES, else ~/.config/napkin/devices.json),
+// whose rows replace the built-in ones; a broken file stops it with status 1.
 //
 // Exit status: 0 success, 1 a user error (bad model, bad flag), 2 an internal
 // error (a bug in napkin, reported with the compiler's file:line).
@@ -48,6 +53,7 @@
 #include "passes/graph_dot.h"
 #include "passes/pipeline.h"
 #include "passes/report.h"
+#include "tools/devices_command.h"
 
 namespace {
 
@@ -296,17 +302,6 @@ int cmd_estimate(const EstimateArgs& a) {
   return 0;
 }
 
-int cmd_devices() {
-  std::cout << fmt::format("device table v{} (dense peaks; FLOP/s)\n", passes::kDeviceTableVersion);
-  std::cout << fmt::format("{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}  {}\n", "name", "fp32", "tf32",
-                           "bf16", "fp16", "fp8", "bandwidth", "memory", "description");
-  for (const passes::Device& d : passes::known_devices())
-    std::cout << fmt::format("{:<6} {:>10.4g} {:>10.4g} {:>10.4g} {:>10.4g} {:>10.4g} {:>10.4g}/s {:>10.4g}  {}\n", d.name,
-                             d.fp32_flops, d.tf32_flops, d.bf16_flops, d.fp16_flops, d.fp8_flops,
-                             d.bandwidth_bytes_per_s, d.memory_bytes, d.description);
-  return 0;
-}
-
 int cmd_ops() {
   std::cout << fmt::format("{:<20} {:>5}  {:<14} {:<13} {}\n", "op", "arity", "class", "FLOPs/element", "gradient");
   for (int i = 0; i < ir::kNumOps; ++i) {
@@ -495,13 +490,16 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
 #endif
   auto g = load(model, dims, {}, memory_budget(budget, nullptr));
   if (!g) return kUserError;
-  // The cache key: the training step, the target, and this compiler and
-  // runtime (a rebuilt napkin builds afresh).
+  // The cache key: the training step, the target, this compiler and
+  // runtime (a rebuilt napkin builds afresh) and the device table with the
+  // local device file's rows (the trainer carries its device's figures: a
+  // `napkin devices --measure` builds afresh).
   std::string runtime = read_file_bytes(codegen::cpu::kRuntimeLibrary);
 #ifdef NAPKIN_HAVE_CUDA
   if (target == "cuda") runtime += read_file_bytes(codegen::cuda::cuda_runtime_library());
 #endif
-  std::string key = fnv1a_hex({ir::print_graph(*g, {false}), target, read_file_bytes("/proc/self/exe"), runtime});
+  std::string key = fnv1a_hex({ir::print_graph(*g, {false}), target, read_file_bytes("/proc/self/exe"), runtime,
+                               passes::devices_to_json(passes::known_devices())});
   std::filesystem::path dir = cache_dir() / key;
   std::filesystem::path trainer = dir / "trainer";
   // trainer.sum holds the FNV-1a of the trainer's bytes, written after the
@@ -709,8 +707,36 @@ int main(int argc, char** argv) {
   encode->add_option("-o,--output", encode_output, "token file to write")->required();
   encode->callback([&] { status = cmd_data_encode(encode_inputs, encode_output); });
 
-  app.add_subcommand("devices", "list the device table")->callback([&] { status = cmd_devices(); });
+  tools::DevicesArgs devices_args;
+  auto* devices = app.add_subcommand("devices", "list the device table; --measure measures this host for it");
+  devices->add_flag("--sources", devices_args.sources, "every figure with its value and where it comes from");
+  auto* measure = devices->add_flag("--measure", devices_args.measure,
+                                    "measure this host (napkin's own GEMM, triad, loop and thread pool; 20 s to a minute) "
+                                    "and write its cpu row to the local device file");
+  devices->add_option("--out", devices_args.out, "with --measure: the device file to write (default: " +
+                                                     (passes::local_device_file().empty() ? std::string("none")
+                                                                                          : passes::local_device_file()) +
+                                                     ")")
+      ->needs(measure);
+  devices->add_option("--threads", devices_args.threads, "with --measure: threads (default: what a trainer uses, the CPUs this "
+                                                                "process may use or $NAPKIN_NUM_THREADS)")
+      ->check(CLI::Range(1, 4096))
+      ->needs(measure);
+  devices->add_flag("--quick", devices_args.quick, "with --measure: small problems, a few seconds, rough figures")
+      ->needs(measure);
+  devices->callback([&] { status = tools::cmd_devices(devices_args); });
   app.add_subcommand("ops", "list the op table")->callback([&] { status = cmd_ops(); });
+
+  // The local device file's rows replace the built-in ones for every command
+  // (a report, a trainer's MFU), before any command runs. `devices --measure`
+  // skips it: measuring again is how a broken file gets replaced.
+  app.parse_complete_callback([&] {
+    if (devices->parsed() && devices_args.measure) return;
+    if (std::string error = passes::use_local_devices(passes::local_device_file()); !error.empty()) {
+      std::cerr << "error: " << error << "\n";
+      throw CLI::RuntimeError(kUserError);
+    }
+  });
 
   try {
     app.parse(argc, argv);
