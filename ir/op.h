@@ -120,9 +120,16 @@ struct OpInfo {
   CostFn cost;
   double flops_per_element;  // elementwise/normalization convention; documented in docs/report.md
   VjpFn vjp = nullptr;       // nullptr: not differentiable (backward-only ops); see ir/vjp.h
+  // exp, log, tanh, erf, sin, cos or pow evaluations per element: a library
+  // call, far dearer than the FLOPs it is counted as (the time model, passes/step_time.h)
+  double transcendentals_per_element = 0;
 };
 
 const OpInfo& op_info(Op op);
+
+// Transcendental function evaluations of node `n`: its row's count per
+// element times its elements (an input row's for normalization and loss ops).
+double transcendentals(const Graph& g, const Node& n);
 
 // Bytes of the distinct elements value `v` reads from its buffer: a broadcast
 // (stride-0) axis is read once, not once per repetition. The cost rules'

@@ -575,6 +575,14 @@ double distinct_bytes(const Graph& g, ValueId id) {
   return n * dtype_size(v.type.dtype);
 }
 
+double transcendentals(const Graph& g, const Node& n) {
+  const OpInfo& info = op_info(n.op);
+  if (info.transcendentals_per_element == 0) return 0;
+  bool rows = info.op_class == OpClass::Normalization || info.op_class == OpClass::Loss;
+  double elements = rows ? static_cast<double>(g.value(n.in(0)).type.numel()) : static_cast<double>(g.value(n.out()).type.numel());
+  return info.transcendentals_per_element * elements;
+}
+
 double ContractionDims::narrowest() const { return std::min({m, n, k}); }
 
 ContractionDims contraction_dims(const Graph& g, const Node& n) {
@@ -715,7 +723,10 @@ OpCost cost_embedding_grad(const Graph& g, const Node& n) {
 }
 
 #define ROW(E, infer, cost, fpe) \
-  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr }
+  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr, 0 }
+// A row whose op evaluates `tpe` transcendental functions per element.
+#define ROWT(E, infer, cost, fpe, tpe) \
+  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr, tpe }
 
 // FLOPs per element follow "one per arithmetic step of the textbook formula"
 // (docs/report.md lists each): e.g. sigmoid = 1/(1+exp(-x)) is neg, exp, add, div = 4.
@@ -723,18 +734,18 @@ const OpInfo kRows[] = {
     ROW(Constant, infer_constant, cost_source, 0),
     ROW(Iota, infer_iota, cost_source, 0),
     ROW(Neg, infer_numeric_unary<Op::Neg>, cost_elementwise, 1),
-    ROW(Exp, infer_float_unary<Op::Exp>, cost_elementwise, 1),
-    ROW(Log, infer_float_unary<Op::Log>, cost_elementwise, 1),
+    ROWT(Exp, infer_float_unary<Op::Exp>, cost_elementwise, 1, 1),
+    ROWT(Log, infer_float_unary<Op::Log>, cost_elementwise, 1, 1),
     ROW(Sqrt, infer_float_unary<Op::Sqrt>, cost_elementwise, 1),
     ROW(Rsqrt, infer_float_unary<Op::Rsqrt>, cost_elementwise, 2),
     ROW(Abs, infer_numeric_unary<Op::Abs>, cost_elementwise, 1),
-    ROW(Tanh, infer_float_unary<Op::Tanh>, cost_elementwise, 1),
+    ROWT(Tanh, infer_float_unary<Op::Tanh>, cost_elementwise, 1, 1),
     ROW(Relu, infer_numeric_unary<Op::Relu>, cost_elementwise, 1),
-    ROW(Gelu, infer_float_unary<Op::Gelu>, cost_gelu, 9),  // tanh form; see cost_gelu
-    ROW(Sigmoid, infer_float_unary<Op::Sigmoid>, cost_elementwise, 4),
-    ROW(Silu, infer_float_unary<Op::Silu>, cost_elementwise, 5),
-    ROW(Sin, infer_float_unary<Op::Sin>, cost_elementwise, 1),
-    ROW(Cos, infer_float_unary<Op::Cos>, cost_elementwise, 1),
+    ROWT(Gelu, infer_float_unary<Op::Gelu>, cost_gelu, 9, 1),  // tanh form; see cost_gelu
+    ROWT(Sigmoid, infer_float_unary<Op::Sigmoid>, cost_elementwise, 4, 1),
+    ROWT(Silu, infer_float_unary<Op::Silu>, cost_elementwise, 5, 1),
+    ROWT(Sin, infer_float_unary<Op::Sin>, cost_elementwise, 1, 1),
+    ROWT(Cos, infer_float_unary<Op::Cos>, cost_elementwise, 1, 1),
     ROW(Cast, infer_cast, cost_elementwise, 0),
     ROW(Triu, infer_triu, cost_elementwise, 1),
     ROW(CausalMask, infer_causal_mask, cost_elementwise, 1),
@@ -744,7 +755,7 @@ const OpInfo kRows[] = {
     ROW(Sub, infer_arith_binary<Op::Sub>, cost_elementwise, 1),
     ROW(Mul, infer_arith_binary<Op::Mul>, cost_elementwise, 1),
     ROW(Div, infer_arith_binary<Op::Div>, cost_elementwise, 1),
-    ROW(Pow, infer_arith_binary<Op::Pow>, cost_elementwise, 1),
+    ROWT(Pow, infer_arith_binary<Op::Pow>, cost_elementwise, 1, 1),
     ROW(Maximum, infer_arith_binary<Op::Maximum>, cost_elementwise, 1),
     ROW(Minimum, infer_arith_binary<Op::Minimum>, cost_elementwise, 1),
     ROW(Less, infer_compare<Op::Less>, cost_elementwise, 1),
@@ -770,13 +781,13 @@ const OpInfo kRows[] = {
     ROW(Embedding, infer_embedding, cost_embedding, 0),
     ROW(Pad, infer_pad, cost_copy, 0),
     // softmax: max, sub, exp, sum, div; log_softmax: max, sub, exp, sum, sub (log per row).
-    ROW(Softmax, infer_softmax<Op::Softmax>, cost_per_input_element, 5),
-    ROW(LogSoftmax, infer_softmax<Op::LogSoftmax>, cost_per_input_element, 5),
+    ROWT(Softmax, infer_softmax<Op::Softmax>, cost_per_input_element, 5, 1),
+    ROWT(LogSoftmax, infer_softmax<Op::LogSoftmax>, cost_per_input_element, 5, 1),
     // layernorm: mean, sub, square, sum, scale by rstd, gain, bias; rmsnorm drops mean, sub, bias.
     ROW(LayerNorm, infer_layernorm, cost_per_input_element, 7),
     ROW(RMSNorm, infer_rmsnorm, cost_per_input_element, 4),
     // cross_entropy: log_softmax (5) per logit; picking the target and the mean are per row.
-    ROW(CrossEntropy, infer_cross_entropy, cost_per_input_element, 5),
+    ROWT(CrossEntropy, infer_cross_entropy, cost_per_input_element, 5, 1),
     // mse: sub, square, sum.
     ROW(MSE, infer_mse, cost_per_input_element, 3),
     // Backward rules, counted the same way (docs/report.md derives each):
@@ -787,9 +798,9 @@ const OpInfo kRows[] = {
     // rmsnorm_grad: x_hat again (3), g*dy, one row sum (2), combine (3).
     ROW(RMSNormGrad, infer_norm_grad<Op::RMSNormGrad>, cost_per_input_element, 9),
     ROW(NormGainGrad, infer_norm_gain_grad, cost_norm_gain_grad, 0),
-    ROW(GeluGrad, infer_gelu_grad, cost_gelu_grad, 16),  // tanh form; see cost_gelu_grad
+    ROWT(GeluGrad, infer_gelu_grad, cost_gelu_grad, 16, 1),  // tanh form; see cost_gelu_grad
     // cross_entropy_grad: softmax (5) and the scale by dloss / rows, per logit.
-    ROW(CrossEntropyGrad, infer_cross_entropy_grad, cost_per_input_element, 6),
+    ROWT(CrossEntropyGrad, infer_cross_entropy_grad, cost_per_input_element, 6, 1),
     ROW(EmbeddingGrad, infer_embedding_grad, cost_embedding_grad, 1),
 };
 #undef ROW

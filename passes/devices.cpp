@@ -17,20 +17,171 @@ namespace napkin::passes {
 
 namespace {
 
-// The development machine's row: written by `napkin devices --measure` on it
-// (the figures and their sources are that command's output, pasted).
+// The development machine's row: the output of `napkin devices --measure`
+// on it, pasted verbatim (every figure's source says how it was measured).
+// Re-measure and paste again when the runtime's kernels change.
+const char* const kDevelopmentMachine = R"json({
+ "format": "napkin-devices-1",
+ "devices": [
+  {
+   "description": "napkin's development machine: AMD EPYC, 2 threads on 2 logical CPUs, host vm, 23.5 GiB",
+   "figures": {
+    "bandwidth": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: STREAM triad a[i] = b[i] + s * c[i] over 3 arrays of 256 MiB of floats, split over the ThreadPool as an elementwise kernel is, the best of 5 samples of >= 50 ms, taken in rounds over 70 benchmarks; 12 bytes counted per element (b and c read, a written) as napkin's cost model counts a kernel's bytes, so the write-allocate read of a (ordinary stores, as the trainer's kernels make) is paid for but not counted",
+     "value": 33977171723.43653
+    },
+    "bf16": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: runtime::Gemm bf16 (A, B and C bf16, fp32 accumulation (oneDNN's bf16 matmul primitive or fp32 panels, as runtime::Gemm chooses)): the best GFLOP/s of m x n x k = 2048x2048x2048 411.2, 2048x1024x256 437.8, 2048x256x1024 444.6 and of the gemm_efficiency shapes (best: 1024x64x1024); each the best of 5 samples of >= 50 ms, taken in rounds over 70 benchmarks",
+     "value": 450844391893.9345
+    },
+    "cache_bandwidth": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: STREAM triad a[i] = b[i] + s * c[i] over 3 arrays of 5.33 MiB of floats (half of cache_bytes), split over the ThreadPool, 20 passes per chunk per dispatch, 12 bytes counted per element and pass (see bandwidth), the best of 5 samples of >= 50 ms, taken in rounds over 70 benchmarks",
+     "value": 152858203644.9711
+    },
+    "cache_bytes": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: the last-level cache, L3: 32 MiB per instance x 1 instance (1 on the CPUs this process may use, at most one per thread) (/sys/devices/system/cpu/cpu*/cache)",
+     "value": 33554432.0
+    },
+    "fp16": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: 0: no fp16 arithmetic used on this CPU (napkin's f16 GEMM widens to fp32)",
+     "value": 0.0
+    },
+    "fp32": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: runtime::Gemm f32 (oneDNN sgemm, single-threaded, in napkin's ThreadPool): the best GFLOP/s of m x n x k = 2048x2048x2048 219.6, 2048x1024x256 219.4, 2048x256x1024 221.3 and of the gemm_efficiency shapes (best: 1024x32x1024); each the best of 5 samples of >= 50 ms, taken in rounds over 70 benchmarks",
+     "value": 229781595932.27304
+    },
+    "fp64": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: runtime::Gemm f64 (napkin's plain fp64 loop): the best GFLOP/s of m x n x k = 512x512x512 23.8 and of the gemm_efficiency shapes (best: 512x64x512); each the best of 5 samples of >= 50 ms, taken in rounds over 70 benchmarks",
+     "value": 26989309462.54531
+    },
+    "fp8": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: 0: no fp8 arithmetic on a CPU",
+     "value": 0.0
+    },
+    "gemm_efficiency": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: for each dtype and narrowest dim d, the combined rate (harmonic mean: the shapes do equal FLOPs) of runtime::Gemm on m x n x k = wide x d x wide and wide x wide x d (wide = 1024 for f32 and bf16, 512 for f64) and, for 16 <= d <= 128, attention's 64 x 128x128xd and 64 x 128xdx128, as a fraction of that dtype's peak, each the best of 5 samples of >= 50 ms, taken in rounds over 70 benchmarks: f32 [1: 0.164 (1024x1x1024 79.8, 1024x1024x1 24.6); 8: 0.445 (1024x8x1024 78.5, 1024x1024x8 146.2); 16: 0.705 (1024x16x1024 163.2, 1024x1024x16 153.8, 64 x 128x128x16 176.1, 64 x 128x16x128 156.4); 32: 0.923 (1024x32x1024 229.8, 1024x1024x32 206.1, 64 x 128x128x32 201.7, 64 x 128x32x128 212.9); 64: 0.914 (1024x64x1024 208.8, 1024x1024x64 217.4, 64 x 128x128x64 216.0, 64 x 128x64x128 199.2); 128: 0.943 (1024x128x1024 228.3, 1024x1024x128 220.7, 64 x 128x128x128 214.0, 64 x 128x128x128 205.4); 256: 0.968 (1024x256x1024 222.8, 1024x1024x256 222.0)]; bf16 [1: 0.044 (1024x1x1024 11.9, 1024x1024x1 58.0); 8: 0.339 (1024x8x1024 99.3, 1024x1024x8 330.2); 16: 0.479 (1024x16x1024 190.8, 1024x1024x16 396.3, 64 x 128x128x16 192.7, 64 x 128x16x128 179.7); 32: 0.774 (1024x32x1024 431.0, 1024x1024x32 420.8, 64 x 128x128x32 281.7, 64 x 128x32x128 310.8); 64: 0.886 (1024x64x1024 450.8, 1024x1024x64 440.9, 64 x 128x128x64 361.5, 64 x 128x64x128 362.1); 128: 0.871 (1024x128x1024 441.7, 1024x1024x128 445.1, 64 x 128x128x128 340.3, 64 x 128x128x128 364.5); 256: 0.985 (1024x256x1024 445.3, 1024x1024x256 443.0)]; f64 [1: 0.121 (512x1x512 1.9, 512x512x1 10.5); 8: 0.649 (512x8x512 15.3, 512x512x8 20.5); 16: 0.834 (512x16x512 21.8, 512x512x16 23.3); 32: 0.906 (512x32x512 24.5, 512x512x32 24.4); 64: 0.970 (512x64x512 27.0, 512x512x64 25.4); 128: 0.876 (512x128x512 22.0, 512x512x128 25.6); 256: 0.898 (512x256x512 24.7, 512x512x256 23.8)]",
+     "value": {
+      "bf16": [
+       [
+        1.0,
+        0.04392603010877081
+       ],
+       [
+        8.0,
+        0.3385470234640895
+       ],
+       [
+        16.0,
+        0.47904765503656255
+       ],
+       [
+        32.0,
+        0.7739185217465664
+       ],
+       [
+        64.0,
+        0.886008307918266
+       ],
+       [
+        128.0,
+        0.8705159514657924
+       ],
+       [
+        256.0,
+        0.9851468670447914
+       ]
+      ],
+      "f32": [
+       [
+        1.0,
+        0.1637442826415953
+       ],
+       [
+        8.0,
+        0.4445649119407655
+       ],
+       [
+        16.0,
+        0.7046648910446747
+       ],
+       [
+        32.0,
+        0.9229979190599559
+       ],
+       [
+        64.0,
+        0.9144366623760632
+       ],
+       [
+        128.0,
+        0.9433549063746284
+       ],
+       [
+        256.0,
+        0.9678425886736312
+       ]
+      ],
+      "f64": [
+       [
+        1.0,
+        0.12102167099037031
+       ],
+       [
+        8.0,
+        0.6494749189468543
+       ],
+       [
+        16.0,
+        0.8342575115298904
+       ],
+       [
+        32.0,
+        0.9062288520274295
+       ],
+       [
+        64.0,
+        0.969652609326658
+       ],
+       [
+        128.0,
+        0.8763195337076458
+       ],
+       [
+        256.0,
+        0.8980474900503544
+       ]
+      ]
+     }
+    },
+    "launch_seconds": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: the mean time of an empty ThreadPool::parallel_for over 2 chunks, back to back (the workers still spinning, as between a step's kernels), the best of 5 samples of >= 50 ms, taken in rounds over 70 benchmarks",
+     "value": 1.9761040791420515e-07
+    },
+    "loop_flops": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: a loop of 16 dependent multiplies and adds per element (x = x * a + b, one FLOP each as napkin's op table counts) over 8 KiB of floats per thread (L1-resident), split over the ThreadPool, 200 passes per dispatch; compiled by napkin's C++ compiler at its Release flags with -ffp-contract=off (no fast math, no FMAs, like the trainer's LLVM kernels) for the host's widest vector ISA; the best of 5 samples of >= 50 ms, taken in rounds over 70 benchmarks",
+     "value": 184229612346.44254
+    },
+    "memory": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: total RAM (sysconf _SC_PHYS_PAGES x _SC_PAGESIZE, /proc/meminfo's MemTotal)",
+     "value": 25276514304.0
+    },
+    "tf32": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: 0: no tf32 arithmetic on a CPU",
+     "value": 0.0
+    },
+    "transcendental_rate": {
+     "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads: y = exp(x) per element (the libm call std::exp on float, as a loop kernel that does not vectorize makes it) over 8 KiB of floats in [-1, 1) per thread, split over the ThreadPool, 10 passes per dispatch, at napkin's Release flags; the best of 5 samples of >= 50 ms, taken in rounds over 70 benchmarks",
+     "value": 611292131.9436789
+    }
+   },
+   "name": "cpu",
+   "source": "measured by `napkin devices --measure` on vm, 2026-11-25, 2 threads; other processes took 0% of the 2 CPUs meanwhile"
+  }
+ ]
+})json";
+
 Device builtin_cpu() {
-  Device cpu;
-  cpu.name = "cpu";
-  cpu.description = "napkin's development machine: 2 vCPUs of an AMD EPYC (Zen 4), AVX-512 + "
-                    "avx512_bf16, no AMX, 24 GiB";
-  cpu.memory_bytes = 24.0 * (1ull << 30);
-  cpu.bandwidth_bytes_per_s = 38e9;
-  cpu.fp64_flops = 114e9;
-  cpu.fp32_flops = 228e9;
-  cpu.bf16_flops = 449e9;
-  cpu.source = "measured on the machine itself, 2 threads";
-  return cpu;
+  return devices_from_json(kDevelopmentMachine, "passes/devices.cpp (the built-in cpu row)").at(0);
 }
 
 // fp64: the table keeps the vector figure. H100 and A100 also run DGEMM on fp64
@@ -125,7 +276,7 @@ std::string Device::source_of(std::string_view figure) const {
 const std::vector<std::string>& figure_names() {
   static const std::vector<std::string> names = {"memory",      "bandwidth",       "fp64",       "fp32",
                                                  "tf32",        "bf16",            "fp16",       "fp8",
-                                                 "cache_bytes", "cache_bandwidth", "loop_flops", "launch_seconds",
+                                                 "cache_bytes", "cache_bandwidth", "loop_flops", "transcendental_rate", "launch_seconds",
                                                  "gemm_efficiency"};
   return names;
 }
@@ -144,6 +295,7 @@ double* figure_slot(Device& d, std::string_view name) {
   if (name == "cache_bytes") return &d.cache_bytes;
   if (name == "cache_bandwidth") return &d.cache_bandwidth_bytes_per_s;
   if (name == "loop_flops") return &d.loop_flops;
+  if (name == "transcendental_rate") return &d.transcendental_rate;
   if (name == "launch_seconds") return &d.launch_seconds;
   return nullptr;
 }

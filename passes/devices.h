@@ -53,6 +53,9 @@ struct Device {
   // FLOP/s a loop kernel (elementwise, normalization, loss, optimizer)
   // reaches on the op table's FLOP counts; 0: the vector peak (vector_peak).
   double loop_flops = 0;
+  // Transcendental function evaluations (exp, tanh, ...) per second in a loop
+  // kernel, each on top of its FLOPs; 0: not modelled (free).
+  double transcendental_rate = 0;
   // Fixed cost of one kernel: the thread pool's dispatch on a CPU, a launch
   // on a GPU.
   double launch_seconds = 0;
@@ -66,7 +69,8 @@ struct Device {
 
 // The figure names a device file and Device::sources use, in table order:
 // memory, bandwidth, fp64, fp32, tf32, bf16, fp16, fp8, cache_bytes,
-// cache_bandwidth, loop_flops, launch_seconds, gemm_efficiency.
+// cache_bandwidth, loop_flops, transcendental_rate, launch_seconds,
+// gemm_efficiency.
 const std::vector<std::string>& figure_names();
 // The value of figure `name` (0 for gemm_efficiency, which is a curve).
 double figure_value(const Device& device, std::string_view name);

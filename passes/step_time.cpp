@@ -95,12 +95,16 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
     bool contraction = false;
     if (gid >= 0) {
       const ir::FusionGroup& fg = groups.groups[gid];
-      for (ir::NodeId id : fg.nodes) k.flops += rows.at(id)->cost.flops;
+      for (ir::NodeId id : fg.nodes) {
+        k.flops += rows.at(id)->cost.flops;
+        k.transcendentals += ir::transcendentals(g, g.node(id));
+      }
       k.bytes = group_bytes(g, fg);
       k.kind = n.phase == ir::Phase::Optimizer ? KernelClass::Optimizer : KernelClass::Elementwise;
       k.lines = lines_of(g, fg.nodes);
     } else {
       k.flops = row.cost.flops;
+      k.transcendentals = ir::transcendentals(g, n);
       k.bytes = row.cost.bytes_read + row.cost.bytes_written;
       k.kind = class_of_node(n, row);
       k.lines = lines_of(g, {n.id});
@@ -119,6 +123,7 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       ++t.kernels_without_peak;
     } else {
       k.compute_seconds = k.flops > 0 ? k.flops / k.rate : 0;
+      if (!contraction && device.transcendental_rate > 0) k.compute_seconds += k.transcendentals / device.transcendental_rate;
       k.memory_seconds = k.bytes / k.bandwidth;
       k.seconds = std::max(k.compute_seconds, k.memory_seconds) + device.launch_seconds;
       t.seconds += k.seconds;

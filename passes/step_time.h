@@ -8,6 +8,8 @@
 //   compute = FLOPs / rate      rate: a contraction's matmul peak for its dtype
 //                               times the device's GEMM efficiency at its
 //                               narrowest dim; a loop kernel's loop_flops
+//             + transcendentals / transcendental_rate   (loop kernels: exp,
+//                               tanh, ... are library calls, not one FLOP)
 //   memory  = bytes / bandwidth bandwidth: the cache level's when the kernel's
 //                               bytes fit in the device's cache_bytes, else
 //                               main memory's
@@ -48,6 +50,7 @@ struct KernelTime {
   ir::Phase phase = ir::Phase::Forward;
   KernelClass kind = KernelClass::Elementwise;
   double flops = 0, bytes = 0;
+  double transcendentals = 0;  // exp, tanh, ... evaluations (ir::transcendentals)
   ir::DType compute_dtype = ir::DType::F32;
   double narrowest = 0;      // a contraction's narrowest GEMM dim (0 otherwise)
   double rate = 0;           // FLOP/s the compute term uses (peak x efficiency, or loop_flops)

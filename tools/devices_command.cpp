@@ -54,6 +54,8 @@ std::string format_figure(const passes::Device& d, const std::string& name) {
   // What 0 means to the time model (passes/devices.h).
   if (name == "cache_bytes" && d.cache_bytes == 0) return "0 (no cache level modelled)";
   if (name == "loop_flops" && d.loop_flops == 0) return "0 (loops at the vector peak)";
+  if (name == "transcendental_rate")
+    return d.transcendental_rate > 0 ? fmt::format("{:.3g} G/s", d.transcendental_rate / 1e9) : "0 (not modelled)";
   if (name == "memory" || name == "cache_bytes") return format_bytes(passes::figure_value(d, name));
   if (name == "bandwidth" || name == "cache_bandwidth") {
     double v = passes::figure_value(d, name);

@@ -320,6 +320,14 @@ NAPKIN_HOST_ISA __attribute__((noinline)) void multiply_add_chain(float* __restr
   }
 }
 
+// One exp per element: the library call a loop kernel makes for softmax,
+// the losses, sigmoid and silu (gelu's tanh is dearer as a scalar call but
+// vectorizes in elementwise kernels; exp is the figure's one function).
+NAPKIN_HOST_ISA __attribute__((noinline)) void exp_loop(const float* __restrict in, float* __restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = std::exp(in[i]);
+}
+constexpr int kTranscendentalsPerElement = 1;
+
 // Three arrays of `n` floats for the triad, first touched by the pool.
 struct TriadArrays {
   int64_t n;
@@ -665,6 +673,33 @@ void record_loop(Bench& b, const Loop& loop, const Rounds& rounds) {
   b.progress(fmt::format("loop {:.1f} GFLOP/s", b.device.loop_flops / 1e9));
 }
 
+// Transcendental functions in a loop over L1-resident floats.
+std::unique_ptr<Loop> add_transcendentals(Bench& b, Rounds& rounds) {
+  b.progress("exp loop ...");
+  // Inputs (the first half) in [-1, 1): no special cases; results in the second half.
+  auto loop = std::make_unique<Loop>(2 * 2048 * int64_t(b.threads));
+  Loop* l = loop.get();
+  const int64_t half = l->n / 2;
+  for (int64_t i = 0; i < l->n; ++i) l->x.as<float>()[i] = float(i % 2000) / 1000.0f - 1.0f;
+  loop->id = rounds.add([l, half, &pool = b.pool] {
+    pool.parallel_for(half, [l, half](int64_t begin, int64_t end) {
+      float* x = l->x.as<float>();
+      for (int p = 0; p < Loop::kPassesPerCall / 20; ++p) exp_loop(x + begin, x + half + begin, end - begin);
+    });
+  });
+  return loop;
+}
+
+void record_transcendentals(Bench& b, const Loop& loop, const Rounds& rounds) {
+  b.set("transcendental_rate", &b.device.transcendental_rate,
+        double(kTranscendentalsPerElement) * double(loop.n / 2) * (Loop::kPassesPerCall / 20) / rounds.seconds_per_call(loop.id),
+        fmt::format("y = exp(x) per element (the libm call std::exp on float, as a loop kernel that does not "
+                    "vectorize makes it) over 8 KiB of floats in [-1, 1) per thread, split over the ThreadPool, {} "
+                    "passes per dispatch, at napkin's Release flags; the {}",
+                    Loop::kPassesPerCall / 20, rounds.describe()));
+  b.progress(fmt::format("exp {:.2f} G/s", b.device.transcendental_rate / 1e9));
+}
+
 // A kernel's fixed cost on a CPU trainer: one dispatch to the pool.
 size_t add_launch(Bench& b, Rounds& rounds) {
   return rounds.add([&pool = b.pool, threads = b.threads] { pool.parallel_for(threads, [](int64_t, int64_t) {}); });
@@ -723,6 +758,7 @@ passes::Device measure_host(const MeasureOptions& options) {
   const TimedTriad cache = add_cache_triad(b, rounds, llc);
   const TimedTriad memory_triad = add_memory_triad(b, rounds, llc, memory.bytes);
   const std::unique_ptr<Loop> loop = add_loop(b, rounds);
+  const std::unique_ptr<Loop> transcendentals = add_transcendentals(b, rounds);
   const size_t launch = add_launch(b, rounds);
   rounds.run([&](int round) {
     b.progress(fmt::format("round {} of {} over {} benchmarks ...", round + 1, b.timing.samples, rounds.size()));
@@ -730,6 +766,7 @@ passes::Device measure_host(const MeasureOptions& options) {
   record_gemms(b, gemms, rounds);
   record_bandwidths(b, llc, cache, memory_triad, rounds);
   record_loop(b, *loop, rounds);
+  record_transcendentals(b, *transcendentals, rounds);
   record_launch(b, launch, rounds);
 
   const double others = others_share(start, machine_cpus);

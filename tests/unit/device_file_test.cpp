@@ -83,7 +83,7 @@ TEST_CASE("device file: a valid row reads back with its figures and sources") {
 TEST_CASE("device file: unknown figures, missing sources and bad values are refused, naming the file") {
   CHECK(parse_error(device_file(R"("warp_speed": {"value": 1, "source": "x"})")) ==
         "/x/devices.json: device 'tpu': unknown figure 'warp_speed' (known: memory, bandwidth, fp64, fp32, tf32, "
-        "bf16, fp16, fp8, cache_bytes, cache_bandwidth, loop_flops, launch_seconds, gemm_efficiency)");
+        "bf16, fp16, fp8, cache_bytes, cache_bandwidth, loop_flops, transcendental_rate, launch_seconds, gemm_efficiency)");
   const std::string needs_source = "/x/devices.json: device 'tpu': figure 'bf16' needs a \"value\" and a non-empty \"source\"";
   CHECK(parse_error(device_file(R"("bf16": {"value": 1})")) == needs_source);
   CHECK(parse_error(device_file(R"("bf16": {"value": 1, "source": ""})")) == needs_source);
