@@ -74,63 +74,124 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
   const ir::FusionGroups groups = ir::fusion_groups(g);
   const std::vector<ir::NodeId>& schedule = g.schedule();
 
-  auto bandwidth_for = [&](double bytes) {
-    bool fits = device.cache_bytes > 0 && device.cache_bandwidth_bytes_per_s > 0 && bytes <= device.cache_bytes;
-    return fits ? device.cache_bandwidth_bytes_per_s : device.bandwidth_bytes_per_s;
-  };
   const double loop_rate = device.loop_flops > 0 ? device.loop_flops : 0;
+  const bool cache_modelled = device.cache_bytes > 0 && device.cache_bandwidth_bytes_per_s > 0;
 
+  // The kernels and the buffers each reads and writes (by storage value).
+  struct Access {
+    std::vector<std::pair<ir::ValueId, double>> reads;  // storage, distinct bytes read
+    std::vector<ir::ValueId> writes;
+    double bytes_read = 0, bytes_written = 0;
+    bool contraction = false;
+  };
+  std::vector<Access> accesses;
   for (int p = 0; p < static_cast<int>(schedule.size()); ++p) {
     const ir::Node& n = g.node(schedule[p]);
     int gid = groups.group_at[p];
     if (gid < 0 && ir::op_info(n.op).op_class == ir::OpClass::View) continue;  // free: no kernel
     if (gid >= 0 && groups.groups[gid].nodes.back() != n.id) continue;          // a group is its last member
     KernelTime k;
+    Access a;
     k.node = n.id;
     k.group = gid;
     k.phase = n.phase;
     const OpRow& row = *rows.at(n.id);
     k.compute_dtype = row.compute_dtype;
     k.scope = n.scope;
-    bool contraction = false;
+    auto add_reads = [&](const std::vector<ir::ValueId>& values) {
+      for (ir::ValueId v : values) a.reads.emplace_back(g.value(v).storage, ir::distinct_bytes(g, v));
+    };
     if (gid >= 0) {
       const ir::FusionGroup& fg = groups.groups[gid];
       for (ir::NodeId id : fg.nodes) {
         k.flops += rows.at(id)->cost.flops;
         k.transcendentals += ir::transcendentals(g, g.node(id));
       }
-      k.bytes = group_bytes(g, fg);
+      add_reads(fg.inputs);
+      for (ir::ValueId v : fg.outputs) {
+        a.writes.push_back(g.value(v).storage);
+        a.bytes_written += static_cast<double>(g.value(v).type.bytes());
+      }
+      for (const auto& [storage, bytes] : a.reads) a.bytes_read += bytes;
       k.kind = n.phase == ir::Phase::Optimizer ? KernelClass::Optimizer : KernelClass::Elementwise;
       k.lines = lines_of(g, fg.nodes);
     } else {
       k.flops = row.cost.flops;
       k.transcendentals = ir::transcendentals(g, n);
-      k.bytes = row.cost.bytes_read + row.cost.bytes_written;
+      add_reads(n.inputs);
+      for (ir::ValueId v : n.outputs) a.writes.push_back(g.value(v).storage);
+      a.bytes_read = row.cost.bytes_read;
+      a.bytes_written = row.cost.bytes_written;
       k.kind = class_of_node(n, row);
       k.lines = lines_of(g, {n.id});
-      contraction = ir::op_info(n.op).op_class == ir::OpClass::Contraction;
+      a.contraction = ir::op_info(n.op).op_class == ir::OpClass::Contraction;
     }
-    if (contraction) {
-      k.narrowest = ir::contraction_dims(g, n).narrowest();
+    k.bytes = a.bytes_read + a.bytes_written;
+    t.kernels.push_back(std::move(k));
+    accesses.push_back(std::move(a));
+  }
+
+  // Where each input comes from: the cache when fewer than cache_bytes were
+  // moved since its buffer was last touched (an LRU reuse distance, counted
+  // in bytes moved), else main memory. A buffer first touched in the step
+  // was last touched by the step before (the schedule repeats); data inputs,
+  // which the runtime fills before the step, at its start.
+  std::map<ir::ValueId, double> last_touch;  // bytes moved when the buffer was last touched
+  double moved = 0;
+  auto touch_all = [&](const Access& a, double at) {
+    for (const auto& [storage, bytes] : a.reads) last_touch[storage] = at;
+    for (ir::ValueId storage : a.writes) last_touch[storage] = at;
+  };
+  for (size_t i = 0; i < accesses.size(); ++i) touch_all(accesses[i], moved += t.kernels[i].bytes);
+  const double step_bytes = moved;
+  const std::map<ir::ValueId, double> previous_step = last_touch;
+  last_touch.clear();
+  moved = 0;
+
+  for (size_t i = 0; i < t.kernels.size(); ++i) {
+    KernelTime& k = t.kernels[i];
+    const Access& a = accesses[i];
+    if (a.contraction) {
+      k.narrowest = ir::contraction_dims(g, g.node(k.node)).narrowest();
       k.rate = matmul_peak(device, k.compute_dtype, allow_tf32) * gemm_efficiency(device, k.compute_dtype, k.narrowest);
     } else {
       k.rate = loop_rate > 0 ? loop_rate : vector_peak(device, k.compute_dtype);
     }
-    k.bandwidth = bandwidth_for(k.bytes);
+    double memory = 0;
+    if (cache_modelled) {
+      double cached = 0, counted = 0;
+      for (const auto& [storage, bytes] : a.reads) {
+        double distance = moved;  // a data input: filled before the step
+        if (auto it = last_touch.find(storage); it != last_touch.end()) distance = moved - it->second;
+        else if (g.value(storage).kind == ir::ValueKind::Input) distance = moved;
+        else if (auto prev = previous_step.find(storage); prev != previous_step.end())
+          distance = moved + step_bytes - prev->second;
+        counted += bytes;
+        if (distance + bytes <= device.cache_bytes) cached += bytes;  // it and what moved since fit
+      }
+      double cached_share = counted > 0 ? cached / counted : 0;
+      memory = a.bytes_read * (cached_share / device.cache_bandwidth_bytes_per_s +
+                               (1 - cached_share) / device.bandwidth_bytes_per_s);
+      memory += a.bytes_written / (k.bytes <= device.cache_bytes ? device.cache_bandwidth_bytes_per_s
+                                                                  : device.bandwidth_bytes_per_s);
+    } else {
+      memory = k.bytes / device.bandwidth_bytes_per_s;
+    }
+    k.bandwidth = memory > 0 ? k.bytes / memory : device.bandwidth_bytes_per_s;
+    touch_all(a, moved += k.bytes);
     if (k.flops > 0 && k.rate <= 0) {
       // No peak for the dtype (an fp8 matmul on an A100): say so, guess nothing.
       k.no_peak = true;
       ++t.kernels_without_peak;
     } else {
       k.compute_seconds = k.flops > 0 ? k.flops / k.rate : 0;
-      if (!contraction && device.transcendental_rate > 0) k.compute_seconds += k.transcendentals / device.transcendental_rate;
-      k.memory_seconds = k.bytes / k.bandwidth;
+      if (!a.contraction && device.transcendental_rate > 0) k.compute_seconds += k.transcendentals / device.transcendental_rate;
+      k.memory_seconds = memory;
       k.seconds = std::max(k.compute_seconds, k.memory_seconds) + device.launch_seconds;
       t.seconds += k.seconds;
       t.launch_seconds += device.launch_seconds;
       t.class_seconds[static_cast<int>(k.kind)] += k.seconds;
     }
-    t.kernels.push_back(std::move(k));
   }
   double peak = matmul_peak(device, cost.matmul_dtype, allow_tf32);
   t.mfu = peak > 0 && t.seconds > 0 ? cost.total.flops / (t.seconds * peak) : 0;

@@ -10,9 +10,12 @@
 //                               narrowest dim; a loop kernel's loop_flops
 //             + transcendentals / transcendental_rate   (loop kernels: exp,
 //                               tanh, ... are library calls, not one FLOP)
-//   memory  = bytes / bandwidth bandwidth: the cache level's when the kernel's
-//                               bytes fit in the device's cache_bytes, else
-//                               main memory's
+//   memory  = bytes / bandwidth an input comes from the cache level when fewer
+//                               than the device's cache_bytes, it included, were moved since
+//                               its buffer was last touched (an LRU reuse
+//                               distance over the repeating schedule), else
+//                               from main memory; outputs go to the cache when
+//                               the kernel's bytes fit in it
 //   time    = max(compute, memory) + launch_seconds
 // bytes: the op table's rule for an unfused node; a fusion group reads each
 // input once (its distinct elements) and writes its outputs.
@@ -54,7 +57,7 @@ struct KernelTime {
   ir::DType compute_dtype = ir::DType::F32;
   double narrowest = 0;      // a contraction's narrowest GEMM dim (0 otherwise)
   double rate = 0;           // FLOP/s the compute term uses (peak x efficiency, or loop_flops)
-  double bandwidth = 0;      // bytes/s the memory term uses
+  double bandwidth = 0;      // bytes / memory_seconds: the effective bandwidth of its reads and writes
   double compute_seconds = 0, memory_seconds = 0, seconds = 0;
   bool no_peak = false;      // the device has no peak for compute_dtype: time left out
   std::string lines;         // "models/gpt.yaml:39,40" (the YAML lines of its nodes)
