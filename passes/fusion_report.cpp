@@ -40,20 +40,6 @@ int op_count(const ir::Graph& g, const ir::FusionGroup& fg) {
   return n;
 }
 
-// The YAML lines of a group's members: "models/gpt.yaml:39,40".
-std::string lines_of(const ir::Graph& g, const ir::FusionGroup& fg) {
-  std::set<int> lines;
-  const std::string* file = nullptr;
-  for (ir::NodeId id : fg.nodes) {
-    const ir::Node& n = g.node(id);
-    if (!n.loc.known()) continue;
-    lines.insert(n.loc.line);
-    file = n.loc.file.get();
-  }
-  if (!file) return "";
-  return fmt::format("{}:{}", *file, fmt::join(lines, ","));
-}
-
 std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 }  // namespace
@@ -137,7 +123,7 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s) {
     for (int gid : s.largest) {
       const ir::FusionGroup& fg = groups.groups[gid];
       out += fmt::format("    #{:<4} {:<9} {:>3} ops {:<16} {}\n", gid, ir::phase_name(fg.phase), op_count(g, fg),
-                         shape_text(fg.shape), lines_of(g, fg));
+                         shape_text(fg.shape), yaml_lines(g, fg.nodes));
     }
   }
   if (!s.composite.empty()) {
@@ -161,7 +147,7 @@ nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s) {
   for (int gid : s.largest) {
     const ir::FusionGroup& fg = groups.groups[gid];
     largest.push_back({{"group", gid}, {"phase", std::string(ir::phase_name(fg.phase))}, {"ops", op_count(g, fg)},
-                       {"shape", fg.shape}, {"lines", lines_of(g, fg)}});
+                       {"shape", fg.shape}, {"lines", yaml_lines(g, fg.nodes)}});
   }
   json composite = json::object();
   for (const auto& [name, count] : s.composite) composite[name] = count;

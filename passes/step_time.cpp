@@ -50,8 +50,10 @@ KernelClass class_of_node(const ir::Node& n, const OpRow& row) {
   return KernelClass::Elementwise;
 }
 
+}  // namespace
+
 // "models/gpt.yaml:39,40" from the nodes' source locations.
-std::string lines_of(const ir::Graph& g, const std::vector<ir::NodeId>& nodes) {
+std::string yaml_lines(const ir::Graph& g, const std::vector<ir::NodeId>& nodes) {
   std::set<int> lines;
   const std::string* file = nullptr;
   for (ir::NodeId id : nodes) {
@@ -63,8 +65,6 @@ std::string lines_of(const ir::Graph& g, const std::vector<ir::NodeId>& nodes) {
   if (!file) return "";
   return fmt::format("{}:{}", *file, fmt::join(lines, ","));
 }
-
-}  // namespace
 
 StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Device& device, bool allow_tf32) {
   StepTime t;
@@ -114,7 +114,7 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       }
       for (const auto& [storage, bytes] : a.reads) a.bytes_read += bytes;
       k.kind = n.phase == ir::Phase::Optimizer ? KernelClass::Optimizer : KernelClass::Elementwise;
-      k.lines = lines_of(g, fg.nodes);
+      k.lines = yaml_lines(g, fg.nodes);
     } else {
       k.flops = row.cost.flops;
       k.transcendentals = ir::transcendentals(g, n);
@@ -123,7 +123,7 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       a.bytes_read = row.cost.bytes_read;
       a.bytes_written = row.cost.bytes_written;
       k.kind = class_of_node(n, row);
-      k.lines = lines_of(g, {n.id});
+      k.lines = yaml_lines(g, {n.id});
       a.contraction = ir::op_info(n.op).op_class == ir::OpClass::Contraction;
     }
     k.bytes = a.bytes_read + a.bytes_written;

@@ -76,6 +76,9 @@ struct StepTime {
   double mfu = 0;
 };
 
+// The YAML lines of `nodes`: "models/gpt.yaml:39,40" ("" when none is known).
+std::string yaml_lines(const ir::Graph& g, const std::vector<ir::NodeId>& nodes);
+
 // Bytes a fusion group moves: each input's distinct elements once, each output.
 double group_bytes(const ir::Graph& g, const ir::FusionGroup& group);
 
