@@ -106,7 +106,7 @@ ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std
   facts.peak_flops = d ? passes::matmul_peak(*d, cost.matmul_dtype, allow_tf32) : 0;
   facts.backend = backend;
   if (d) {
-    facts.peak_source = d->source_of(passes::peak_figure_name(cost.matmul_dtype, allow_tf32 && d->tf32_flops > 0));
+    facts.peak_source = d->source_of(passes::peak_figure_name(*d, cost.matmul_dtype, allow_tf32));
     facts.device_file = passes::local_origin(*d);
     facts.predicted = passes::predict_step_time(g, cost, *d, allow_tf32);
   }

@@ -283,28 +283,29 @@ const std::vector<std::string>& figure_names() {
 
 namespace {
 
-double* figure_slot(Device& d, std::string_view name) {
-  if (name == "memory") return &d.memory_bytes;
-  if (name == "bandwidth") return &d.bandwidth_bytes_per_s;
-  if (name == "fp64") return &d.fp64_flops;
-  if (name == "fp32") return &d.fp32_flops;
-  if (name == "tf32") return &d.tf32_flops;
-  if (name == "bf16") return &d.bf16_flops;
-  if (name == "fp16") return &d.fp16_flops;
-  if (name == "fp8") return &d.fp8_flops;
-  if (name == "cache_bytes") return &d.cache_bytes;
-  if (name == "cache_bandwidth") return &d.cache_bandwidth_bytes_per_s;
-  if (name == "loop_flops") return &d.loop_flops;
-  if (name == "transcendental_rate") return &d.transcendental_rate;
-  if (name == "launch_seconds") return &d.launch_seconds;
+// The member holding figure `name`; nullptr for gemm_efficiency (a curve) and unknown names.
+double Device::*figure_member(std::string_view name) {
+  if (name == "memory") return &Device::memory_bytes;
+  if (name == "bandwidth") return &Device::bandwidth_bytes_per_s;
+  if (name == "fp64") return &Device::fp64_flops;
+  if (name == "fp32") return &Device::fp32_flops;
+  if (name == "tf32") return &Device::tf32_flops;
+  if (name == "bf16") return &Device::bf16_flops;
+  if (name == "fp16") return &Device::fp16_flops;
+  if (name == "fp8") return &Device::fp8_flops;
+  if (name == "cache_bytes") return &Device::cache_bytes;
+  if (name == "cache_bandwidth") return &Device::cache_bandwidth_bytes_per_s;
+  if (name == "loop_flops") return &Device::loop_flops;
+  if (name == "transcendental_rate") return &Device::transcendental_rate;
+  if (name == "launch_seconds") return &Device::launch_seconds;
   return nullptr;
 }
 
 }  // namespace
 
 double figure_value(const Device& device, std::string_view name) {
-  double* slot = figure_slot(const_cast<Device&>(device), name);
-  return slot ? *slot : 0;
+  double Device::*member = figure_member(name);
+  return member ? device.*member : 0;
 }
 
 const Device* find_device(std::string_view name) {
@@ -364,7 +365,7 @@ std::string use_local_devices(const std::string& path) {
 
 std::string local_origin(const Device& device) {
   for (const Device& d : local_rows().devices)
-    if (&d == &device || d.name == device.name) return local_rows().path;
+    if (ir::iequals(d.name, device.name)) return local_rows().path;
   return "";
 }
 
@@ -442,7 +443,7 @@ std::vector<Device> devices_from_json(const std::string& text, const std::string
       }
       if (!figure["value"].is_number() || !std::isfinite(figure["value"].get<double>()) || figure["value"].get<double>() < 0)
         fail(fmt::format("{}: figure '{}' must be a finite number >= 0", where, name));
-      *figure_slot(d, name) = figure["value"].get<double>();
+      d.*figure_member(name) = figure["value"].get<double>();
     }
     if (d.memory_bytes <= 0 || d.bandwidth_bytes_per_s <= 0 || d.fp32_flops <= 0)
       fail(where + ": needs memory, bandwidth and fp32 greater than 0");
@@ -452,34 +453,22 @@ std::vector<Device> devices_from_json(const std::string& text, const std::string
 }
 
 double matmul_peak(const Device& device, ir::DType compute_dtype, bool allow_tf32) {
-  switch (compute_dtype) {
-    case ir::DType::F64: return device.fp64_flops;
-    case ir::DType::F32:
-      return allow_tf32 && device.tf32_flops > 0 ? device.tf32_flops : device.fp32_flops;
-    case ir::DType::F16: return device.fp16_flops;
-    case ir::DType::BF16: return device.bf16_flops;
-    case ir::DType::F8E4M3:
-    case ir::DType::F8E5M2: return device.fp8_flops;
-    case ir::DType::I32:
-    case ir::DType::I64:
-    case ir::DType::Bool: return 0;  // integer matmuls are not in the table
-  }
-  return 0;
+  return figure_value(device, peak_figure_name(device, compute_dtype, allow_tf32));
 }
 
-std::string_view peak_figure_name(ir::DType dtype, bool tf32) {
+std::string_view peak_figure_name(const Device& device, ir::DType dtype, bool allow_tf32) {
   switch (dtype) {
     case ir::DType::F64: return "fp64";
-    case ir::DType::F32: return tf32 ? "tf32" : "fp32";
+    case ir::DType::F32: return allow_tf32 && device.tf32_flops > 0 ? "tf32" : "fp32";
     case ir::DType::BF16: return "bf16";
     case ir::DType::F16: return "fp16";
     case ir::DType::F8E4M3:
     case ir::DType::F8E5M2: return "fp8";
     case ir::DType::I32:
     case ir::DType::I64:
-    case ir::DType::Bool: return "fp32";
+    case ir::DType::Bool: return "";  // integer matmuls are not in the table: no figure, peak 0
   }
-  return "fp32";
+  return "";
 }
 
 double vector_peak(const Device& device, ir::DType dtype) {

@@ -104,8 +104,10 @@ std::vector<Device> devices_from_json(const std::string& text, const std::string
 // allow_tf32 / set_float32_matmul_precision("high")) and the device has tf32.
 // f64 uses the vector fp64 peak (see the table's note on fp64).
 double matmul_peak(const Device& device, ir::DType compute_dtype, bool allow_tf32 = false);
-// The figure (figure_names) matmul_peak reads for `compute_dtype`: "fp32", "tf32", ...
-std::string_view peak_figure_name(ir::DType compute_dtype, bool tf32 = false);
+// The figure (figure_names) matmul_peak reads for `compute_dtype` on `device`
+// (f32: "tf32" when allowed and the device has it, else "fp32"); "" for
+// integer dtypes, which have no matmul peak.
+std::string_view peak_figure_name(const Device& device, ir::DType compute_dtype, bool allow_tf32 = false);
 // Peak for elementwise work on `dtype` tensors: such kernels compute in fp32 on
 // the vector units whatever the storage type (f64 in fp64), and are nearly always
 // bandwidth-bound anyway, so this only bounds them from the compute side.

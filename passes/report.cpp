@@ -228,7 +228,7 @@ std::string time_section(const ir::Graph& g, const StepCost& c) {
   if (t.kernels_without_peak > 0)
     out += fmt::format("  INCOMPLETE: {} {} in a dtype {} has no peak for; not counted in the time\n", t.kernels_without_peak,
                        t.kernels_without_peak == 1 ? "kernel computes" : "kernels compute", d.name);
-  std::string figures = peak > 0 ? fmt::format("  peak: {}\n", d.source_of(peak_figure_name(c.matmul_dtype))) : "";
+  std::string figures = peak > 0 ? fmt::format("  peak: {}\n", d.source_of(peak_figure_name(d, c.matmul_dtype))) : "";
   figures += fmt::format("  bandwidth: {}\n", d.source_of("bandwidth"));
   if (std::string file = local_origin(d); !file.empty()) figures += fmt::format("  (row read from the local device file {})\n", file);
   return out + figures;
@@ -517,7 +517,7 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
                  {"optimizer_s", o.seconds},
                  {"ops_without_peak", c.ops_without_peak},
                  {"mfu", peak > 0 && t.seconds > 0 ? json(t.mfu) : json(nullptr)},
-                 {"peak_source", c.device->source_of(peak_figure_name(c.matmul_dtype))},
+                 {"peak_source", c.device->source_of(peak_figure_name(*c.device, c.matmul_dtype))},
                  {"matmul_dtype", std::string(ir::dtype_name(c.matmul_dtype))}};
   } else {
     j["device"] = nullptr;

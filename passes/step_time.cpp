@@ -144,8 +144,8 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
   };
   for (size_t i = 0; i < accesses.size(); ++i) touch_all(accesses[i], moved += t.kernels[i].bytes);
   const double step_bytes = moved;
-  const std::map<ir::ValueId, double> previous_step = last_touch;
-  last_touch.clear();
+  const std::map<ir::ValueId, double> previous_step = std::move(last_touch);
+  last_touch.clear();  // a moved-from map is valid but unspecified
   moved = 0;
 
   for (size_t i = 0; i < t.kernels.size(); ++i) {
