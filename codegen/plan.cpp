@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <map>
 
+#include "analysis/memory.h"
 #include "ir/fusion_group.h"
 #include "ir/internal_check.h"
-#include "passes/memory.h"
 
 namespace napkin::codegen {
 
@@ -41,7 +41,7 @@ ElementIndex element_index(ir::Op op) {
 
 namespace {
 
-Operand operand(const ir::Graph& g, const passes::MemoryPlan& arena, ir::ValueId v) {
+Operand operand(const ir::Graph& g, const analysis::MemoryPlan& arena, ir::ValueId v) {
   const ir::Value& value = g.value(v);
   Operand o;
   o.value = v;
@@ -97,7 +97,7 @@ std::string where(const ir::Node& n) {
 
 // The kernel of fusion group fg: its inputs and outputs as operands, its
 // members as ops over them.
-Kernel fused_kernel(const ir::Graph& g, const passes::MemoryPlan& arena, const ir::FusionGroup& fg) {
+Kernel fused_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const ir::FusionGroup& fg) {
   Kernel k;
   FusedLoop f;
   f.shape = fg.shape;
@@ -138,8 +138,8 @@ Kernel fused_kernel(const ir::Graph& g, const passes::MemoryPlan& arena, const i
 }  // namespace
 
 KernelPlan plan_kernels(const ir::Graph& g) {
-  passes::MemoryReport memory = passes::analyze_memory(g);
-  passes::MemoryPlan arena = passes::plan_memory(memory);
+  analysis::MemoryReport memory = analysis::analyze_memory(g);
+  analysis::MemoryPlan arena = analysis::plan_memory(memory);
   KernelPlan plan;
   plan.arena_bytes = arena.arena_bytes;
   plan.liveness_peak = arena.liveness_peak;

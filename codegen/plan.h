@@ -4,7 +4,7 @@
 //
 // Terms:
 //  - operand: where a kernel reads or writes one tensor: a byte offset into
-//    the arena (passes/memory_plan.h) plus sizes and element strides, so a view
+//    the arena (analysis/memory_plan.h) plus sizes and element strides, so a view
 //    (transpose, broadcast, slice) is read in place, never copied.
 //  - kernel: one non-view node of the schedule, or one fusion group
 //    (ir/fusion_group.h), in schedule order. A Matmul kernel is a contraction
@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
+#include "analysis/memory_plan.h"
 #include "codegen/contraction.h"
 #include "ir/graph.h"
-#include "passes/memory_plan.h"
 
 namespace napkin::codegen {
 

@@ -4,8 +4,8 @@
 
 #include <map>
 
-#include "passes/cost.h"
-#include "passes/devices.h"
+#include "analysis/cost.h"
+#include "analysis/devices.h"
 
 namespace napkin::codegen {
 
@@ -79,11 +79,11 @@ json train_json(const ir::Graph& g) {
           {"precision", std::string(ir::precision_name(g.config.precision.policy))}};
 }
 
-json predicted_json(const passes::StepTime& t) {
+json predicted_json(const analysis::StepTime& t) {
   if (!t.device) return nullptr;
   json classes = json::object();
-  for (int c = 0; c < passes::kNumKernelClasses; ++c)
-    classes[std::string(passes::kernel_class_name(static_cast<passes::KernelClass>(c)))] = t.class_seconds[c];
+  for (int c = 0; c < analysis::kNumKernelClasses; ++c)
+    classes[std::string(analysis::kernel_class_name(static_cast<analysis::KernelClass>(c)))] = t.class_seconds[c];
   return {{"step_s", t.seconds},
           {"launch_s", t.launch_seconds},
           {"mfu", t.mfu},
@@ -95,20 +95,20 @@ json predicted_json(const passes::StepTime& t) {
 
 ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std::string& model_hash,
                         const std::string& backend, bool allow_tf32) {
-  const passes::Device* d = passes::find_device(device);
-  passes::StepCost cost = passes::analyze_step(g, d);
+  const analysis::Device* d = analysis::find_device(device);
+  analysis::StepCost cost = analysis::analyze_step(g, d);
   ProgramFacts facts;
   facts.model_hash = model_hash;
   facts.flops_per_step = cost.total.flops;
   facts.flops_forward = cost.phase(ir::Phase::Forward).flops;
   facts.tokens_per_step = static_cast<int64_t>(cost.tokens);
   facts.device = device;
-  facts.peak_flops = d ? passes::matmul_peak(*d, cost.matmul_dtype, allow_tf32) : 0;
+  facts.peak_flops = d ? analysis::matmul_peak(*d, cost.matmul_dtype, allow_tf32) : 0;
   facts.backend = backend;
   if (d) {
-    facts.peak_source = d->source_of(passes::peak_figure_name(*d, cost.matmul_dtype, allow_tf32));
-    facts.device_file = passes::local_origin(*d);
-    facts.predicted = passes::predict_step_time(g, cost, *d, allow_tf32);
+    facts.peak_source = d->source_of(analysis::peak_figure_name(*d, cost.matmul_dtype, allow_tf32));
+    facts.device_file = analysis::local_origin(*d);
+    facts.predicted = analysis::predict_step_time(g, cost, *d, allow_tf32);
   }
   return facts;
 }
@@ -128,8 +128,8 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
                    {"lo", t.init.lo}, {"hi", t.init.hi}};
     tensors.push_back(std::move(j));
   }
-  std::map<ir::NodeId, const passes::KernelTime*> predicted;
-  for (const passes::KernelTime& k : facts.predicted.kernels) predicted[k.node] = &k;
+  std::map<ir::NodeId, const analysis::KernelTime*> predicted;
+  for (const analysis::KernelTime& k : facts.predicted.kernels) predicted[k.node] = &k;
   json kernels = json::array();
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
@@ -142,8 +142,8 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
               {"out", operand_json(k.output)}};
     if (k.kind == KernelKind::Matmul) j["matmul"] = matmul_json(k);
     if (auto it = predicted.find(k.node); it != predicted.end()) {
-      const passes::KernelTime& t = *it->second;
-      j["class"] = std::string(passes::kernel_class_name(t.kind));
+      const analysis::KernelTime& t = *it->second;
+      j["class"] = std::string(analysis::kernel_class_name(t.kind));
       j["flops"] = t.flops;
       j["bytes"] = t.bytes;
       j["predicted_s"] = t.no_peak ? json(nullptr) : json(t.seconds);

@@ -7,31 +7,31 @@
 #include <string>
 #include <vector>
 
+#include "analysis/step_time.h"
 #include "codegen/plan.h"
 #include "ir/graph.h"
-#include "passes/step_time.h"
 
 namespace napkin::codegen {
 
 // Facts from outside the plan.
 struct ProgramFacts {
   std::string model_hash;   // identifies model + compiler; checkpoints record it
-  double flops_per_step = 0;     // static count (passes/cost.h), whole step
+  double flops_per_step = 0;     // static count (analysis/cost.h), whole step
   double flops_forward = 0;      // forward phase only (eval)
   int64_t tokens_per_step = 0;
   std::string device = "cpu";    // the peak MFU is measured against
   double peak_flops = 0;         // of that device, in the matmul dtype
   std::string backend = "cpu";
-  // Where the peak comes from (the device figure's source, passes/devices.h)
+  // Where the peak comes from (the device figure's source, analysis/devices.h)
   // and the local device file it was read from ("" for the built-in table).
   std::string peak_source, device_file;
-  // The time model's prediction for this step on `device` (passes/step_time.h);
+  // The time model's prediction for this step on `device` (analysis/step_time.h);
   // empty kernels when the device is unknown.
-  passes::StepTime predicted;
+  analysis::StepTime predicted;
 };
 
 // The facts of the training step `g` as a trainer for `device` (a name of
-// passes/devices.h; an unknown one gives no peak, so no MFU) reports them:
+// analysis/devices.h; an unknown one gives no peak, so no MFU) reports them:
 // static FLOPs per step and forward, tokens per step, and the device's peak
 // for the step's matmul dtype (TF32's for f32 when `allow_tf32`).
 ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std::string& model_hash,

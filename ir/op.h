@@ -121,7 +121,7 @@ struct OpInfo {
   double flops_per_element;  // elementwise/normalization convention; documented in docs/report.md
   VjpFn vjp = nullptr;       // nullptr: not differentiable (backward-only ops); see ir/vjp.h
   // exp, log, tanh, erf, sin, cos or pow evaluations per element: a library
-  // call, far dearer than the FLOPs it is counted as (the time model, passes/step_time.h)
+  // call, far dearer than the FLOPs it is counted as (the time model, analysis/step_time.h)
   double transcendentals_per_element = 0;
 };
 

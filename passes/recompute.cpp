@@ -8,14 +8,17 @@
 #include <map>
 #include <set>
 
+#include "analysis/memory.h"
+#include "analysis/memory_plan.h"
 #include "ir/builder.h"
 #include "ir/internal_check.h"
+#include "ir/quantities.h"
 #include "passes/fuse_elementwise.h"
-#include "passes/memory.h"
-#include "passes/memory_plan.h"
-#include "passes/report.h"
 
 namespace napkin::passes {
+
+using ir::human_bytes;
+using ir::with_commas;
 
 namespace {
 
@@ -88,7 +91,7 @@ struct Candidate {
 
 // The next closure to recompute (the header's greedy), or an empty one when
 // no candidate saves bytes at the peak.
-Candidate choose(const ir::Graph& g, const MemoryReport& m, const std::set<ir::ValueId>& recomputed) {
+Candidate choose(const ir::Graph& g, const analysis::MemoryReport& m, const std::set<ir::ValueId>& recomputed) {
   if (!m.peak.found) return {};
   const int peak = m.peak.position;
   const int n = static_cast<int>(g.schedule().size());
@@ -105,16 +108,16 @@ Candidate choose(const ir::Graph& g, const MemoryReport& m, const std::set<ir::V
   }
   for (const auto& [label, v] : g.outputs) kept[g.value(v).storage] = true;
   for (const ir::Graph::Update& u : g.updates) kept[g.value(u.value).storage] = true;
-  std::map<ir::ValueId, const MemoryBuffer*> buffer_of;
-  for (const MemoryBuffer& b : m.buffers) buffer_of[b.value] = &b;
-  auto forward_result = [&](const MemoryBuffer& b) {
+  std::map<ir::ValueId, const analysis::MemoryBuffer*> buffer_of;
+  for (const analysis::MemoryBuffer& b : m.buffers) buffer_of[b.value] = &b;
+  auto forward_result = [&](const analysis::MemoryBuffer& b) {
     return !b.resident && b.producer != ir::kNoNode && g.node(b.producer).phase == ir::Phase::Forward;
   };
 
   Candidate best;
   double best_score = -1;
-  for (const MemoryBuffer& c : m.buffers) {
-    if (c.category != MemoryCategory::SavedActivations || kept[c.value] || recomputed.count(c.value)) continue;
+  for (const analysis::MemoryBuffer& c : m.buffers) {
+    if (c.category != analysis::MemoryCategory::SavedActivations || kept[c.value] || recomputed.count(c.value)) continue;
     if (c.first > peak || std::max(c.first, last_forward_read[c.value]) >= peak || first_backward_read[c.value] <= peak)
       continue;  // not freed at the peak by recomputing it
     Candidate cand;
@@ -131,7 +134,7 @@ Candidate choose(const ir::Graph& g, const MemoryReport& m, const std::set<ir::V
         ir::ValueId s = g.value(in).storage;
         auto it = buffer_of.find(s);
         if (it == buffer_of.end() || !forward_result(*it->second) || recomputed.count(s) || in_closure.count(s)) continue;
-        const MemoryBuffer& input = *it->second;
+        const analysis::MemoryBuffer& input = *it->second;
         if (input.last >= peak) continue;  // live at the peak anyway
         if (kept[s]) {
           cand.saved -= input.bytes;  // would be kept alive to the backward phase
@@ -157,7 +160,7 @@ Candidate choose(const ir::Graph& g, const MemoryReport& m, const std::set<ir::V
 // trainer really gets, which is what the budget is checked against.
 struct Planned {
   ir::Graph g;
-  MemoryReport memory;
+  analysis::MemoryReport memory;
   int64_t arena = 0;
   int64_t peak = 0;
   double flops_added = 0;
@@ -166,21 +169,21 @@ struct Planned {
 Planned plan_with(const ir::Graph& original, const std::set<ir::ValueId>& recomputed) {
   Planned p;
   p.g = with_recompute(original, recomputed, p.flops_added);
-  p.memory = analyze_memory(p.g);
+  p.memory = analysis::analyze_memory(p.g);
   ir::Graph fused = p.g;
   ir::Diagnostics ignored;  // fusion reports no user errors
   make_fuse_elementwise_pass()->run(fused, ignored);
-  MemoryReport fused_memory = analyze_memory(fused);
-  p.arena = plan_memory(fused_memory).arena_bytes;
+  analysis::MemoryReport fused_memory = analysis::analyze_memory(fused);
+  p.arena = analysis::plan_memory(fused_memory).arena_bytes;
   p.peak = fused_memory.peak.bytes;
   return p;
 }
 
-std::string peak_breakdown(const MemoryPeak& peak) {
+std::string peak_breakdown(const analysis::MemoryPeak& peak) {
   std::vector<std::string> parts;
-  for (MemoryCategory c : kMemoryCategories)
+  for (analysis::MemoryCategory c : analysis::kMemoryCategories)
     if (peak.category_bytes(c) > 0)
-      parts.push_back(fmt::format("{} {}", memory_category_name(c), with_commas(static_cast<double>(peak.category_bytes(c)))));
+      parts.push_back(fmt::format("{} {}", analysis::memory_category_name(c), with_commas(static_cast<double>(peak.category_bytes(c)))));
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
@@ -195,7 +198,7 @@ class Recompute : public Pass {
     Planned current = plan_with(original, recomputed);
     const int64_t arena_before = current.arena, peak_before = current.peak;
     int64_t smallest = current.arena;
-    MemoryPeak smallest_peak = current.memory.peak;
+    analysis::MemoryPeak smallest_peak = current.memory.peak;
     while (current.arena > budget_) {
       Candidate next = choose(current.g, current.memory, recomputed);
       if (next.closure.empty()) {

@@ -1,6 +1,6 @@
 // Activation checkpointing under a memory budget (`--memory-budget BYTES`):
 // forward values the backward phase reads are recomputed in the backward phase
-// instead of being kept, until the planned arena (passes/memory_plan.h) fits
+// instead of being kept, until the planned arena (analysis/memory_plan.h) fits
 // the budget, adding as few FLOPs as the greedy below finds.
 //
 // Terms:

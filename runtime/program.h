@@ -47,14 +47,14 @@ struct KernelSpec {
   std::string out_dtype;
   MatmulSpec matmul;  // is_matmul
   std::vector<CudaLaunchSpec> cuda_launches;  // backend "cuda", loop kernels: in order
-  // The time model's view of the kernel (passes/step_time.h), when the
+  // The time model's view of the kernel (analysis/step_time.h), when the
   // device is known: its class ("matmul", "attention", ...), work, and
   // predicted seconds (-1: the device has no peak for its dtype).
   std::string kernel_class;
   double flops = 0, bytes = 0, predicted_seconds = -1;
 };
 
-// The time model's prediction for one step (passes/step_time.h), made by
+// The time model's prediction for one step (analysis/step_time.h), made by
 // napkin when it built the trainer, for the program's device.
 struct PredictedStep {
   bool known = false;  // false: the device is not in napkin's table

@@ -1,5 +1,5 @@
 // What a trainer says about time: the prediction napkin's time model made
-// when it built the trainer (passes/step_time.h, carried in the program)
+// when it built the trainer (analysis/step_time.h, carried in the program)
 // against what the run measures. The banner line, the MFU of each progress
 // line, the end-of-run comparison and `--profile`'s table by kernel class
 // (docs/runtime.md, "time").

@@ -43,22 +43,22 @@ std::string format_flops(double flops) {
   return "0 (none)";
 }
 
-std::string format_curve(const passes::GemmEfficiency& curve) {
+std::string format_curve(const analysis::GemmEfficiency& curve) {
   std::vector<std::string> points;
   for (const auto& [dim, fraction] : curve) points.push_back(fmt::format("{:g}: {:.3f}", dim, fraction));
   return fmt::format("{}", fmt::join(points, ", "));
 }
 
 // One figure's value for people: units, and the curves by dtype.
-std::string format_figure(const passes::Device& d, const std::string& name) {
-  // What 0 means to the time model (passes/devices.h).
+std::string format_figure(const analysis::Device& d, const std::string& name) {
+  // What 0 means to the time model (analysis/devices.h).
   if (name == "cache_bytes" && d.cache_bytes == 0) return "0 (no cache level modelled)";
   if (name == "loop_flops" && d.loop_flops == 0) return "0 (loops at the vector peak)";
   if (name == "transcendental_rate")
     return d.transcendental_rate > 0 ? fmt::format("{:.3g} G/s", d.transcendental_rate / 1e9) : "0 (not modelled)";
-  if (name == "memory" || name == "cache_bytes") return format_bytes(passes::figure_value(d, name));
+  if (name == "memory" || name == "cache_bytes") return format_bytes(analysis::figure_value(d, name));
   if (name == "bandwidth" || name == "cache_bandwidth") {
-    double v = passes::figure_value(d, name);
+    double v = analysis::figure_value(d, name);
     return v > 0 ? fmt::format("{:.4g} GB/s", v / 1e9) : "0";
   }
   if (name == "launch_seconds") {
@@ -71,19 +71,19 @@ std::string format_figure(const passes::Device& d, const std::string& name) {
     for (const auto& [dtype, curve] : d.gemm_efficiency) curves.push_back(fmt::format("{} {{{}}}", dtype, format_curve(curve)));
     return fmt::format("{}", fmt::join(curves, "; "));
   }
-  return format_flops(passes::figure_value(d, name));
+  return format_flops(analysis::figure_value(d, name));
 }
 
 // Every figure of `d` with its value, and below it its source unless that
 // is the row's. A measured figure's source ("measured by ... on HOST, DATE,
 // N threads: how") is printed without the part before the colon when the
 // row's source starts with it.
-void print_sources(const passes::Device& d) {
-  std::string origin = passes::local_origin(d);
+void print_sources(const analysis::Device& d) {
+  std::string origin = analysis::local_origin(d);
   std::cout << fmt::format("{}{}\n", d.name, origin.empty() ? " (built in)" : " (from " + origin + ")");
   std::cout << fmt::format("  {:<16} {}\n", "description", d.description);
   std::cout << fmt::format("  {:<16} {}\n", "source", d.source);
-  for (const std::string& name : passes::figure_names()) {
+  for (const std::string& name : analysis::figure_names()) {
     std::cout << fmt::format("  {:<16} {}\n", name, format_figure(d, name));
     std::string source = d.source_of(name);
     if (source == d.source) continue;  // said once, above
@@ -95,25 +95,25 @@ void print_sources(const passes::Device& d) {
 }
 
 void print_table() {
-  std::cout << fmt::format("device table v{} (dense peaks; FLOP/s)\n", passes::kDeviceTableVersion);
+  std::cout << fmt::format("device table v{} (dense peaks; FLOP/s)\n", analysis::kDeviceTableVersion);
   std::cout << fmt::format("{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}  {}\n", "name", "fp32", "tf32",
                            "bf16", "fp16", "fp8", "bandwidth", "memory", "description");
-  const std::vector<passes::Device> devices = passes::known_devices();
-  for (const passes::Device& d : devices)
+  const std::vector<analysis::Device> devices = analysis::known_devices();
+  for (const analysis::Device& d : devices)
     std::cout << fmt::format("{:<6} {:>10.4g} {:>10.4g} {:>10.4g} {:>10.4g} {:>10.4g} {:>10.4g}/s {:>10.4g}  {}\n", d.name,
                              d.fp32_flops, d.tf32_flops, d.bf16_flops, d.fp16_flops, d.fp8_flops,
                              d.bandwidth_bytes_per_s, d.memory_bytes, d.description);
   std::cout << "\nsources (napkin devices --sources: every figure and its source)\n";
-  for (const passes::Device& d : devices) {
-    std::string origin = passes::local_origin(d);
+  for (const analysis::Device& d : devices) {
+    std::string origin = analysis::local_origin(d);
     std::cout << fmt::format("{:<6} {}{}\n", d.name, d.source,
                              origin.empty() ? "" : fmt::format(" [local device file {}]", origin));
   }
 }
 
 void print_all_sources() {
-  std::cout << fmt::format("device table v{}: every figure and where it comes from\n", passes::kDeviceTableVersion);
-  for (const passes::Device& d : passes::known_devices()) {
+  std::cout << fmt::format("device table v{}: every figure and where it comes from\n", analysis::kDeviceTableVersion);
+  for (const analysis::Device& d : analysis::known_devices()) {
     std::cout << "\n";
     print_sources(d);
   }
@@ -162,7 +162,7 @@ std::string write_atomically(const std::string& path, const std::string& text) {
 // a missing or blank file or for a device file napkin cannot read any more
 // (`note` says what was wrong with it). Returns why the file must not be
 // replaced, or "".
-std::string rows_to_keep(const std::string& path, std::vector<passes::Device>* rows, std::string* note) {
+std::string rows_to_keep(const std::string& path, std::vector<analysis::Device>* rows, std::string* note) {
   rows->clear();
   std::error_code ec;
   fs::file_status status = fs::status(path, ec);
@@ -176,7 +176,7 @@ std::string rows_to_keep(const std::string& path, std::vector<passes::Device>* r
   if (!ok) return fmt::format("{}: cannot read it to keep its other rows", path);
   if (std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isspace(c); })) return "";
   try {
-    *rows = passes::devices_from_json(text, path);
+    *rows = analysis::devices_from_json(text, path);
   } catch (const std::exception& e) {
     if (!claims_device_format(text))
       return fmt::format("{}: is not a napkin device file (no \"format\": \"napkin-devices-1\"); refusing to "
@@ -191,10 +191,10 @@ std::string rows_to_keep(const std::string& path, std::vector<passes::Device>* r
 
 }  // namespace
 
-std::string write_device_row(const std::string& path, const passes::Device& measured, std::string* note) {
-  std::vector<passes::Device> rows;
+std::string write_device_row(const std::string& path, const analysis::Device& measured, std::string* note) {
+  std::vector<analysis::Device> rows;
   if (std::string error = rows_to_keep(path, &rows, note); !error.empty()) return error;
-  auto same = std::find_if(rows.begin(), rows.end(), [&](const passes::Device& d) { return ir::iequals(d.name, measured.name); });
+  auto same = std::find_if(rows.begin(), rows.end(), [&](const analysis::Device& d) { return ir::iequals(d.name, measured.name); });
   if (same != rows.end()) *same = measured;
   else rows.push_back(measured);
 
@@ -210,13 +210,13 @@ std::string write_device_row(const std::string& path, const passes::Device& meas
     fs::create_directories(parent, ec);
     if (ec) return fmt::format("{}: cannot create its directory {} ({})", path, parent.string(), ec.message());
   }
-  return write_atomically(target, passes::devices_to_json(rows));
+  return write_atomically(target, analysis::devices_to_json(rows));
 }
 
 namespace {
 
 int measure(const DevicesArgs& args) {
-  const std::string path = args.out.empty() ? passes::local_device_file() : args.out;
+  const std::string path = args.out.empty() ? analysis::local_device_file() : args.out;
   if (path.empty()) {
     std::cerr << "error: no device file to write: $NAPKIN_DEVICES is set but empty (or $HOME is unset); name one with "
                  "--out FILE\n";
@@ -225,7 +225,7 @@ int measure(const DevicesArgs& args) {
   // Refuse a bad destination before a minute of measuring (and again when
   // writing: the file may change meanwhile).
   {
-    std::vector<passes::Device> rows;
+    std::vector<analysis::Device> rows;
     std::string note;
     if (std::string error = rows_to_keep(path, &rows, &note); !error.empty()) {
       std::cerr << "error: " << error << "\n";
@@ -240,7 +240,7 @@ int measure(const DevicesArgs& args) {
   std::cerr << fmt::format("measuring this host{} (napkin's GEMM, triad, loop and thread pool; {}) ...\n",
                            args.quick ? " quickly" : "", args.quick ? "a few seconds" : "20 s to a minute");
   auto start = std::chrono::steady_clock::now();
-  passes::Device measured = measure_host(options);
+  analysis::Device measured = measure_host(options);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::string note;
@@ -250,11 +250,11 @@ int measure(const DevicesArgs& args) {
     return 1;
   }
   // Print the row as the file now holds it (so `from FILE` is right).
-  if (std::string load = passes::use_local_devices(path); !load.empty()) {
+  if (std::string load = analysis::use_local_devices(path); !load.empty()) {
     std::cerr << "error: " << load << "\n";
     return 1;
   }
-  print_sources(*passes::find_device(measured.name));
+  print_sources(*analysis::find_device(measured.name));
   if (!note.empty()) std::cout << "note: " << note << "\n";
   std::cout << fmt::format("measured in {:.1f} s; wrote the {} row to {}\n", seconds, measured.name, path);
   return 0;

@@ -1,11 +1,11 @@
 // `napkin devices`: the device table and where each figure comes from;
 // `napkin devices --measure`: this host's row, measured (tools/measure_device.h)
-// and written to the local device file (passes::local_device_file()).
+// and written to the local device file (analysis::local_device_file()).
 #pragma once
 
 #include <string>
 
-#include "passes/devices.h"
+#include "analysis/devices.h"
 
 namespace napkin::tools {
 
@@ -14,7 +14,7 @@ struct DevicesArgs {
   bool measure = false;
   bool quick = false;    // --measure --quick: seconds, rough figures (tests)
   int threads = 0;       // --measure on this many threads (0: a trainer's default)
-  std::string out;       // --measure writes here (empty: passes::local_device_file())
+  std::string out;       // --measure writes here (empty: analysis::local_device_file())
 };
 
 // The command; returns the exit status (1 with `error: ...` printed).
@@ -26,6 +26,6 @@ int cmd_devices(const DevicesArgs& args);
 // non-regular file and a file that is not a napkin device file; a device file
 // napkin cannot read any more is replaced, and `note` says what was wrong
 // with it. Returns what went wrong, or "".
-std::string write_device_row(const std::string& path, const passes::Device& measured, std::string* note);
+std::string write_device_row(const std::string& path, const analysis::Device& measured, std::string* note);
 
 }  // namespace napkin::tools

@@ -470,7 +470,7 @@ const std::vector<int64_t> kCurveDims = {1, 8, 16, 32, 64, 128, 256};
 // What every measurement shares: the pool it runs in, how long it times, and
 // where its figures and their sources go.
 struct Bench {
-  passes::Device& device;
+  analysis::Device& device;
   ThreadPool& pool;
   int threads;
   bool quick;
@@ -551,7 +551,7 @@ void record_gemms(Bench& b, const std::vector<GemmKindTimings>& kinds, const Rou
     b.progress(fmt::format("{} peak {:.1f} GFLOP/s ({}; {})", kind.curve, peak / 1e9, best->bench->shape.name(),
                            list_results(t.peak_shapes, rounds)));
 
-    passes::GemmEfficiency curve;
+    analysis::GemmEfficiency curve;
     std::vector<std::string> points;
     for (size_t i = 0; i < kCurveDims.size(); ++i) {
       // The shapes at one dim do the same FLOPs: their combined rate is the
@@ -715,10 +715,10 @@ void record_launch(Bench& b, size_t id, const Rounds& rounds) {
 
 }  // namespace
 
-passes::Device measure_host(const MeasureOptions& options) {
+analysis::Device measure_host(const MeasureOptions& options) {
   const int threads = options.threads > 0 ? options.threads : runtime::default_thread_count();
   ThreadPool pool(threads);
-  passes::Device device;
+  analysis::Device device;
   device.name = "cpu";
   const std::string host = host_name();
   Bench b{device,

@@ -11,7 +11,7 @@
 #include <functional>
 #include <string>
 
-#include "passes/devices.h"
+#include "analysis/devices.h"
 
 namespace napkin::tools {
 
@@ -25,6 +25,6 @@ struct MeasureOptions {
 
 // Measures this host; the row is named "cpu" (it replaces the built-in cpu
 // row when written to the local device file).
-passes::Device measure_host(const MeasureOptions& options);
+analysis::Device measure_host(const MeasureOptions& options);
 
 }  // namespace napkin::tools

@@ -15,7 +15,7 @@
 //   napkin ops                                          the op table
 //
 // Every command but `devices --measure` first reads the local device file
-// (passes::local_device_file(): $NAPKIN_DEVICES, else ~/.config/napkin/devices.json),
+// (analysis::local_device_file(): $NAPKIN_DEVICES, else ~/.config/napkin/devices.json),
 // whose rows replace the built-in ones; a broken file stops it with status 1.
 //
 // Exit status: 0 success, 1 a user error (bad model, bad flag), 2 an internal
@@ -43,16 +43,17 @@
 #ifdef NAPKIN_HAVE_CUDA
 #include "codegen/cuda/build.h"
 #endif
+#include "analysis/cost.h"
+#include "analysis/devices.h"
+#include "analysis/estimate.h"
 #include "frontend/frontend.h"
 #include "interp/gradient_check.h"
 #include "ir/internal_check.h"
 #include "ir/printer.h"
-#include "passes/cost.h"
-#include "passes/devices.h"
-#include "passes/estimate.h"
-#include "passes/graph_dot.h"
+#include "ir/quantities.h"
 #include "passes/pipeline.h"
-#include "passes/report.h"
+#include "report/graph_dot.h"
+#include "report/report.h"
 #include "tools/devices_command.h"
 
 namespace {
@@ -94,12 +95,12 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
   return g;
 }
 
-const passes::Device* device_or_error(const std::string& name) {
+const analysis::Device* device_or_error(const std::string& name) {
   if (name.empty()) return nullptr;
-  const passes::Device* d = passes::find_device(name);
+  const analysis::Device* d = analysis::find_device(name);
   if (!d) {
     std::cerr << fmt::format("error: unknown device '{}'\n    hint: known devices: {} (napkin devices lists them)\n", name,
-                             passes::known_device_names());
+                             analysis::known_device_names());
     throw CLI::RuntimeError(kUserError);
   }
   return d;
@@ -119,16 +120,16 @@ passes::MemoryBudget memory_budget(const std::string& text, passes::RecomputeRep
 
 int cmd_report(const std::string& path, const std::string& dims, const std::string& device_name, bool json, bool no_ops,
                const std::string& budget) {
-  const passes::Device* device = device_or_error(device_name);
+  const analysis::Device* device = device_or_error(device_name);
   passes::RecomputeReport recompute;
   std::optional<ir::Graph> fp32;
   auto g = load(path, dims, {}, memory_budget(budget, &recompute), &fp32);
   if (!g) return kUserError;
-  passes::StepCost cost = passes::analyze_step(*g, device);
-  passes::MemoryReport memory = passes::analyze_memory(*g);
-  passes::ReportOptions options{path, !no_ops, &recompute, fp32 ? &*fp32 : nullptr};
-  std::cout << (json ? passes::render_report_json(*g, cost, memory, options)
-                     : passes::render_report_text(*g, cost, memory, options));
+  analysis::StepCost cost = analysis::analyze_step(*g, device);
+  analysis::MemoryReport memory = analysis::analyze_memory(*g);
+  report::ReportOptions options{path, !no_ops, &recompute, fp32 ? &*fp32 : nullptr};
+  std::cout << (json ? report::render_report_json(*g, cost, memory, options)
+                     : report::render_report_text(*g, cost, memory, options));
   return 0;
 }
 
@@ -139,7 +140,7 @@ int cmd_graph(const std::string& path, const std::string& dims, bool dot, const 
   }
   auto g = load(path, dims);
   if (!g) return kUserError;
-  std::string text = passes::graph_dot(*g, {!no_fuse});
+  std::string text = report::graph_dot(*g, {!no_fuse});
   if (output.empty()) {
     std::cout << text;
     return 0;
@@ -170,7 +171,7 @@ constexpr double kCheckFlopBudget = 2e10;
 int cmd_check(const std::string& path, const std::string& dims, uint64_t seed, int samples, bool force) {
   auto g = load(path, dims);
   if (!g) return kUserError;
-  passes::StepCost cost = passes::analyze_step(*g, nullptr);
+  analysis::StepCost cost = analysis::analyze_step(*g, nullptr);
   double forward = cost.phase(ir::Phase::Forward).flops;
   int tensors = 0;
   for (const auto& [label, v] : g->outputs) tensors += label.rfind("grad.", 0) == 0;
@@ -182,7 +183,7 @@ int cmd_check(const std::string& path, const std::string& dims, uint64_t seed, i
         "error: {}: checking {} gradients needs about {:.0f} forward passes of {} each in the float64 interpreter ({} in "
         "all: about {:.0f} minutes at ~1 GFLOP/s)\n    hint: check the same graph at smaller sizes with --dims, e.g. "
         "batch=2 and widths of 8 to 64 (the dims are at the top of the model file), or pass --force\n",
-        path, tensors, evaluations, passes::human_flops(forward), passes::human_flops(forward * evaluations),
+        path, tensors, evaluations, ir::human_flops(forward), ir::human_flops(forward * evaluations),
         forward * evaluations / 1e9 / 60);
     return kUserError;
   }
@@ -242,13 +243,13 @@ struct EstimateArgs {
 };
 
 int cmd_estimate(const EstimateArgs& a) {
-  const passes::Device* device = device_or_error(a.device);
+  const analysis::Device* device = device_or_error(a.device);
   double params = a.params;
   if (!a.model.empty()) {
     auto g = load(a.model, "");
     if (!g) return kUserError;
     params = static_cast<double>(g->param_count());
-    std::cout << fmt::format("model {}: {} parameters\n", a.model, passes::with_commas(g->param_count()));
+    std::cout << fmt::format("model {}: {} parameters\n", a.model, ir::with_commas(g->param_count()));
   }
   if (params <= 0 && a.tokens > 0) {
     std::cerr << "error: give --params N or --model FILE to estimate training time\n";
@@ -265,8 +266,8 @@ int cmd_estimate(const EstimateArgs& a) {
       std::cerr << fmt::format("error: unknown dtype '{}' (known: {})\n", a.dtype, ir::dtype_names_list());
       return kUserError;
     }
-    double peak = passes::matmul_peak(*device, *dtype);
-    auto t = passes::training_time(params, a.tokens, a.gpus, peak, a.mfu);
+    double peak = analysis::matmul_peak(*device, *dtype);
+    auto t = analysis::training_time(params, a.tokens, a.gpus, peak, a.mfu);
     if (!t) {
       std::cerr << "error: " << t.error << "\n";
       return kUserError;
@@ -281,13 +282,13 @@ int cmd_estimate(const EstimateArgs& a) {
     // Either flag alone takes the other's default.
     const std::string optimizer = a.optimizer.empty() ? "adamw" : a.optimizer;
     const std::string precision = a.precision.empty() ? "fp32" : a.precision;
-    auto b = passes::bytes_per_param(optimizer, precision);
+    auto b = analysis::bytes_per_param(optimizer, precision);
     if (!b) {
       std::cerr << "error: " << b.error << "\n";
       return kUserError;
     }
     const auto& bytes = *b.value;
-    double largest = passes::max_trainable_params(a.gpus, device->memory_bytes, bytes);
+    double largest = analysis::max_trainable_params(a.gpus, device->memory_bytes, bytes);
     std::cout << fmt::format(
         "bytes per parameter ({}, {}): params {} + grads {} + optimizer state {} = {}\n"
         "largest model on {} x {} ({:.4g} bytes each), activations ignored: {:.4g} parameters\n",
@@ -295,7 +296,7 @@ int cmd_estimate(const EstimateArgs& a) {
         device->memory_bytes, largest);
     if (params > 0) {
       double need = params * bytes.total;
-      std::cout << fmt::format("this model needs {:.4g} bytes = {}: {} on {} x {}\n", need, passes::human_bytes(need),
+      std::cout << fmt::format("this model needs {:.4g} bytes = {}: {} on {} x {}\n", need, ir::human_bytes(need),
                                need <= a.gpus * device->memory_bytes ? "fits" : "does NOT fit", a.gpus, device->name);
     }
   }
@@ -449,8 +450,8 @@ int cmd_build(BuildArgs a) {  // by value: the defaults depend on the target
   }
   if (a.device.empty()) a.device = cuda ? "h100" : "cpu";
   if (a.arch.empty()) a.arch = "sm_90";
-  if (!passes::find_device(a.device)) {
-    std::cerr << fmt::format("error: unknown device '{}'\n    hint: known devices: {}\n", a.device, passes::known_device_names());
+  if (!analysis::find_device(a.device)) {
+    std::cerr << fmt::format("error: unknown device '{}'\n    hint: known devices: {}\n", a.device, analysis::known_device_names());
     return kUserError;
   }
   if (cuda) return cmd_build_cuda(a);
@@ -499,7 +500,7 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
   if (target == "cuda") runtime += read_file_bytes(codegen::cuda::cuda_runtime_library());
 #endif
   std::string key = fnv1a_hex({ir::print_graph(*g, {false}), target, read_file_bytes("/proc/self/exe"), runtime,
-                               passes::devices_to_json(passes::known_devices())});
+                               analysis::devices_to_json(analysis::known_devices())});
   std::filesystem::path dir = cache_dir() / key;
   std::filesystem::path trainer = dir / "trainer";
   // trainer.sum holds the FNV-1a of the trainer's bytes, written after the
@@ -662,8 +663,8 @@ int main(int argc, char** argv) {
   estimate->add_option("--device", est.device, "device (see napkin devices)")->capture_default_str();
   estimate->add_option("--mfu", est.mfu, "model FLOPs utilization in (0, 1]")->capture_default_str();
   estimate->add_option("--dtype", est.dtype, "compute dtype for the peak")->capture_default_str();
-  estimate->add_option("--optimizer", est.optimizer, passes::known_optimizer_names());
-  estimate->add_option("--precision", est.precision, passes::known_precision_names());
+  estimate->add_option("--optimizer", est.optimizer, analysis::known_optimizer_names());
+  estimate->add_option("--precision", est.precision, analysis::known_precision_names());
   estimate->callback([&] { status = cmd_estimate(est); });
 
   BuildArgs build_args;
@@ -714,8 +715,8 @@ int main(int argc, char** argv) {
                                     "measure this host (napkin's own GEMM, triad, loop and thread pool; 20 s to a minute) "
                                     "and write its cpu row to the local device file");
   devices->add_option("--out", devices_args.out, "with --measure: the device file to write (default: " +
-                                                     (passes::local_device_file().empty() ? std::string("none")
-                                                                                          : passes::local_device_file()) +
+                                                     (analysis::local_device_file().empty() ? std::string("none")
+                                                                                          : analysis::local_device_file()) +
                                                      ")")
       ->needs(measure);
   devices->add_option("--threads", devices_args.threads, "with --measure: threads (default: what a trainer uses, the CPUs this "
@@ -732,7 +733,7 @@ int main(int argc, char** argv) {
   // skips it: measuring again is how a broken file gets replaced.
   app.parse_complete_callback([&] {
     if (devices->parsed() && devices_args.measure) return;
-    if (std::string error = passes::use_local_devices(passes::local_device_file()); !error.empty()) {
+    if (std::string error = analysis::use_local_devices(analysis::local_device_file()); !error.empty()) {
       std::cerr << "error: " << error << "\n";
       throw CLI::RuntimeError(kUserError);
     }

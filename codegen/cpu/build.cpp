@@ -7,6 +7,8 @@
 
 #include "codegen/cpu/cpu_backend.h"
 #include "codegen/cpu/link.h"
+#include "codegen/host/link.h"
+#include "codegen/host/target_machine.h"
 #include "codegen/program_json.h"
 
 namespace napkin::codegen::cpu {
@@ -32,12 +34,12 @@ BuildResult build_cpu_trainer(const ir::Graph& g, const BuildOptions& options) {
   ProgramFacts facts = step_facts(g, options.device, options.model_hash, "cpu");
   std::string json = program_json(g, plan, m.loops, facts);
   add_program_json(m, json);
-  if (!options.emit_program.empty()) write_file(options.emit_program, json);
+  if (!options.emit_program.empty()) host::write_file(options.emit_program, json);
   lap("program");
 
-  std::unique_ptr<llvm::TargetMachine> tm = host_target_machine();
+  std::unique_ptr<llvm::TargetMachine> tm = host::host_target_machine();
   optimize(m, *tm);
-  if (!options.emit_llvm.empty()) write_file(options.emit_llvm, module_text(m));
+  if (!options.emit_llvm.empty()) host::write_file(options.emit_llvm, module_text(m));
   lap("LLVM O3");
   std::string object = emit_object(m, *tm);
   lap("machine code");

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "codegen/host/build_result.h"
 #include "ir/graph.h"
 
 namespace napkin::codegen::cpu {
@@ -19,11 +20,7 @@ struct BuildOptions {
   std::string emit_program;   // also write the program JSON here ("" : no)
 };
 
-struct BuildResult {
-  int64_t arena_bytes = 0;
-  int kernels = 0, matmul_kernels = 0;
-  std::vector<std::pair<std::string, double>> seconds;  // per step of the build
-};
+using host::BuildResult;
 
 // Throws std::runtime_error (linker failure, unwritable output).
 BuildResult build_cpu_trainer(const ir::Graph& g, const BuildOptions& options);

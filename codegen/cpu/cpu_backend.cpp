@@ -1,19 +1,15 @@
 #include "codegen/cpu/cpu_backend.h"
 
 #include <llvm/Analysis/TargetLibraryInfo.h>
-#include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Verifier.h>
-#include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
-#include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
-#include <llvm/TargetParser/Host.h>
 
-#include <mutex>
 #include <stdexcept>
 
 #include "codegen/cpu/loop_emitter.h"
+#include "codegen/host/target_machine.h"
 #include "ir/internal_check.h"
 
 namespace napkin::codegen::cpu {
@@ -56,24 +52,6 @@ void add_program_json(CpuModule& m, const std::string& json) {
                            llvm::ConstantInt::get(llvm::Type::getInt64Ty(ctx), json.size()), "napkin_program_json_size");
 }
 
-std::unique_ptr<llvm::TargetMachine> host_target_machine() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    llvm::InitializeNativeTarget();
-    llvm::InitializeNativeTargetAsmPrinter();
-  });
-  std::string triple = llvm::sys::getDefaultTargetTriple();
-  std::string error;
-  const llvm::Target* target = llvm::TargetRegistry::lookupTarget(triple, error);
-  if (!target) throw std::runtime_error("LLVM has no target for " + triple + ": " + error);
-  std::string features;
-  for (const auto& f : llvm::sys::getHostCPUFeatures()) features += (f.second ? "+" : "-") + f.first().str() + ",";
-  llvm::TargetOptions options;
-  std::unique_ptr<llvm::TargetMachine> tm(target->createTargetMachine(
-      triple, llvm::sys::getHostCPUName(), features, options, llvm::Reloc::PIC_, std::nullopt, llvm::CodeGenOptLevel::Aggressive));
-  return tm;
-}
-
 void optimize(CpuModule& m, llvm::TargetMachine& tm) {
   llvm::Module& mod = *m.module;
   mod.setTargetTriple(tm.getTargetTriple().str());
@@ -103,17 +81,7 @@ void optimize(CpuModule& m, llvm::TargetMachine& tm) {
   mpm.run(mod, mam);
 }
 
-std::string emit_object(CpuModule& m, llvm::TargetMachine& tm) {
-  llvm::SmallVector<char, 0> buffer;
-  llvm::raw_svector_ostream os(buffer);
-  llvm::legacy::PassManager pm;
-  llvm::TargetLibraryInfoImpl tlii(tm.getTargetTriple());
-  pm.add(new llvm::TargetLibraryInfoWrapperPass(tlii));
-  NAPKIN_INTERNAL_CHECK(!tm.addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::ObjectFile),
-                        "LLVM cannot emit an object file for this target");
-  pm.run(*m.module);
-  return std::string(buffer.begin(), buffer.end());
-}
+std::string emit_object(CpuModule& m, llvm::TargetMachine& tm) { return host::emit_object(*m.module, tm); }
 
 std::string module_text(const CpuModule& m) {
   std::string text;

@@ -39,11 +39,6 @@ struct CpuModule {
 CpuModule emit_module(const KernelPlan& plan, const std::string& name);
 void add_program_json(CpuModule& m, const std::string& json);
 
-// A TargetMachine for the host CPU (position-independent code, so the object
-// links into a PIE executable). Throws std::runtime_error if LLVM has no
-// target for this host.
-std::unique_ptr<llvm::TargetMachine> host_target_machine();
-
 // Verifies the module (internal error if invalid) and runs the O3 pipeline.
 void optimize(CpuModule& m, llvm::TargetMachine& tm);
 // Machine code for the module as an ELF object file's bytes.

@@ -6,6 +6,7 @@
 #include <llvm/Support/Error.h>
 #include <llvm/Target/TargetMachine.h>
 
+#include "codegen/host/target_machine.h"
 #include "ir/internal_check.h"
 
 namespace napkin::codegen::cpu {
@@ -31,7 +32,7 @@ void checked(llvm::Error e, const char* what) {
 }  // namespace
 
 JitModule::JitModule(CpuModule m, const std::map<std::string, void*>& host_symbols) {
-  std::unique_ptr<llvm::TargetMachine> tm = host_target_machine();
+  std::unique_ptr<llvm::TargetMachine> tm = host::host_target_machine();
   optimize(m, *tm);
   // The vector math the kernels call (a trainer links -lmvec instead).
   llvm::sys::DynamicLibrary::LoadLibraryPermanently("libmvec.so.1");

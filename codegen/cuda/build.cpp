@@ -5,22 +5,22 @@
 #include <set>
 #include <stdexcept>
 
-#include "codegen/cpu/data_object.h"
-#include "codegen/cpu/link.h"
+#include "analysis/devices.h"
 #include "codegen/cuda/kernel_source.h"
 #include "codegen/cuda/link_config.h"
 #include "codegen/cuda/nvrtc_compile.h"
 #include "codegen/cuda/program_cuda.h"
-#include "passes/devices.h"
+#include "codegen/host/data_object.h"
+#include "codegen/host/link.h"
 
 namespace napkin::codegen::cuda {
 
 const char* cuda_runtime_library() { return kCudaRuntimeLibrary; }
 
 CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& options) {
-  const passes::Device* device = passes::find_device(options.device);
+  const analysis::Device* device = analysis::find_device(options.device);
   if (!device)
-    throw std::runtime_error("unknown device '" + options.device + "' (known devices: " + passes::known_device_names() + ")");
+    throw std::runtime_error("unknown device '" + options.device + "' (known devices: " + analysis::known_device_names() + ")");
   check_arch(options.arch);
 
   CudaBuildResult result;
@@ -44,7 +44,7 @@ CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& o
     for (const CudaLaunch& l : launches) functions.insert(l.function);
   }
   result.functions = static_cast<int>(functions.size());
-  if (!options.emit_cuda.empty()) cpu::write_file(options.emit_cuda, source.text);
+  if (!options.emit_cuda.empty()) host::write_file(options.emit_cuda, source.text);
   lap("CUDA C");
 
   NvrtcResult compiled = nvrtc_compile(source.text, g.name + ".cu", {options.arch, options.line_info, !options.no_cache, ""});
@@ -58,21 +58,21 @@ CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& o
 
   ProgramFacts facts = step_facts(g, options.device, options.model_hash, "cuda", options.tf32);
   std::string json = cuda_program_json(g, plan, source, facts, {compiled.arch, options.tf32});
-  if (!options.emit_program.empty()) cpu::write_file(options.emit_program, json);
+  if (!options.emit_program.empty()) host::write_file(options.emit_program, json);
   lap("program");
 
-  std::string object = cpu::emit_data_object({{"napkin_program_json", std::move(json)},
+  std::string object = host::emit_data_object({{"napkin_program_json", std::move(json)},
                                                {"napkin_cuda_cubin", std::move(compiled.cubin)},
                                                {"napkin_cuda_ptx", std::move(compiled.ptx)}},
                                               g.name);
   std::string object_path = options.output + ".o";
-  cpu::write_file(object_path, object);
+  host::write_file(object_path, object);
   lap("object");
 
   try {
     // --as-needed: the runtime's link flags name oneDNN for the CPU GEMM,
     // which a CUDA trainer does not use; the GPU machine need not have it.
-    cpu::link_executable(cpu::shell_quoted(object_path) + " " + kCudaTrainerMainObject + " " + kCudaRuntimeLibrary +
+    host::link_executable(host::shell_quoted(object_path) + " " + kCudaTrainerMainObject + " " + kCudaRuntimeLibrary +
                              " " + kRuntimeLibrary + " -Wl,--as-needed " + kRuntimeLinkFlags,
                          options.output);
   } catch (...) {

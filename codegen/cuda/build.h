@@ -3,7 +3,7 @@
 // plan, CUDA C (codegen/cuda/kernel_source.h), NVRTC (cubin + PTX,
 // codegen/cuda/nvrtc_compile.h; cached), program description with its CUDA
 // fields (codegen/cuda/program_cuda.h), data object (program, cubin and PTX
-// as exported arrays, codegen/cpu/data_object.h), link with the CUDA runtime
+// as exported arrays, codegen/host/data_object.h), link with the CUDA runtime
 // and its trainer main (runtime/cuda).
 //
 // Building needs no GPU: the trainer finds one when it runs, loads the cubin
@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "codegen/cpu/build.h"
+#include "codegen/host/build_result.h"
 #include "ir/graph.h"
 
 namespace napkin::codegen::cuda {
@@ -34,7 +34,7 @@ struct CudaBuildOptions {
 
 // The CPU build's result (arena, kernel counts, seconds per step) and what
 // the CUDA build adds.
-struct CudaBuildResult : cpu::BuildResult {
+struct CudaBuildResult : host::BuildResult {
   int launches = 0;   // CUDA kernel launches per step (cuBLASLt matmuls not counted)
   int functions = 0;  // the distinct kernel functions they launch
   std::string arch, nvrtc_version;

@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "passes/devices.h"
+#include "analysis/devices.h"
 #include "runtime/gemm.h"
 #include "runtime/thread_pool.h"
 #include "support/test_io.h"
 
 namespace fs = std::filesystem;
-namespace ps = napkin::passes;
+namespace analysis = napkin::analysis;
 
 namespace {
 
@@ -58,23 +58,23 @@ TEST_CASE("devices --measure: writes a cpu row whose every figure says how it wa
   const std::string file = tmp / "config/napkin/devices.json";  // the parent directories do not exist yet
   // An older file with another device and an old cpu row: the tpu row stays.
   fs::create_directories(tmp / "config/napkin");
-  ps::Device tpu = ps::builtin_devices()[0], old_cpu = ps::builtin_devices()[3];
+  analysis::Device tpu = analysis::builtin_devices()[0], old_cpu = analysis::builtin_devices()[3];
   tpu.name = "tpu";
   old_cpu.fp32_flops = 1;
-  write_bytes(file, ps::devices_to_json({tpu, old_cpu}));
+  write_bytes(file, analysis::devices_to_json({tpu, old_cpu}));
 
   Run r = napkin_with("", "devices --measure --quick --out " + file);
   REQUIRE_MESSAGE(r.status == 0, r.out);
   CHECK(contains(r.out, "wrote the cpu row to " + file));
   const double check_flops = independent_fp32_flops();
 
-  std::vector<ps::Device> rows = ps::devices_from_json(read_bytes(file), file);
+  std::vector<analysis::Device> rows = analysis::devices_from_json(read_bytes(file), file);
   REQUIRE(rows.size() == 2);
   CHECK(rows[0].name == "tpu");
   CHECK(rows[0].fp32_flops == tpu.fp32_flops);
-  const ps::Device& cpu = rows[1];
+  const analysis::Device& cpu = rows[1];
   CHECK(cpu.name == "cpu");
-  for (const std::string& figure : ps::figure_names()) {
+  for (const std::string& figure : analysis::figure_names()) {
     CAPTURE(figure);
     CHECK(cpu.source_of(figure).rfind("measured by `napkin devices --measure --quick` on ", 0) == 0);
   }
@@ -97,7 +97,7 @@ TEST_CASE("devices --measure: writes a cpu row whose every figure says how it wa
   for (const char* dtype : {"f32", "bf16", "f64"}) {
     CAPTURE(dtype);
     REQUIRE(cpu.gemm_efficiency.count(dtype) == 1);
-    const ps::GemmEfficiency& curve = cpu.gemm_efficiency.at(dtype);
+    const analysis::GemmEfficiency& curve = cpu.gemm_efficiency.at(dtype);
     REQUIRE(curve.size() == 7);
     CHECK(curve.front().first == 1);
     CHECK(curve.back().first == 256);
@@ -122,7 +122,7 @@ TEST_CASE("devices --measure: writes a cpu row whose every figure says how it wa
   // Without NAPKIN_DEVICES (set but empty) the built-in table is back.
   Run builtin = napkin_with("", "devices");
   CHECK(builtin.status == 0);
-  CHECK(contains(builtin.out, ps::builtin_devices()[3].description));
+  CHECK(contains(builtin.out, analysis::builtin_devices()[3].description));
   CHECK_FALSE(contains(builtin.out, "local device file"));
   for (const auto& e : fs::directory_iterator(tmp / "config/napkin")) CHECK(e.path().filename() == "devices.json");
 }
@@ -146,7 +146,7 @@ TEST_CASE("devices --measure: a broken device file stops every command but is re
   Run r = napkin_with(file, "devices --measure --quick --threads 1");
   REQUIRE_MESSAGE(r.status == 0, r.out);
   CHECK(contains(r.out, "note: replaced a device file napkin could not read"));
-  std::vector<ps::Device> rows = ps::devices_from_json(read_bytes(file), file);
+  std::vector<analysis::Device> rows = analysis::devices_from_json(read_bytes(file), file);
   REQUIRE(rows.size() == 1);
   CHECK(contains(rows[0].source, ", 1 thread;"));
   CHECK(napkin_with(file, "ops").status == 0);
@@ -179,10 +179,10 @@ TEST_CASE("devices --measure: a directory or a file that is not a device file is
 
 TEST_CASE("devices: napkin train builds afresh when the local device file changes the table") {
   napkin::testing::TempDir tmp("measure-train");
-  ps::Device cpu = ps::builtin_devices()[3];
+  analysis::Device cpu = analysis::builtin_devices()[3];
   cpu.fp32_flops /= 2;
   const std::string file = tmp / "devices.json";
-  write_bytes(file, ps::devices_to_json({cpu}));
+  write_bytes(file, analysis::devices_to_json({cpu}));
   // The trainer cache lives in the temporary directory too.
   auto train = [&](const std::string& devices, const std::string& run) {
     return napkin_with(devices, fmt::format("train models/gpt.yaml --dims batch=2,seq=8,d=16,heads=2,layers=1 -- --data "

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "passes/devices.h"
+#include "analysis/devices.h"
 #include "runtime/time_report.h"
 #include "support/test_io.h"
 #include "support/test_models.h"
@@ -33,11 +33,11 @@ double largest_mfu(const std::string& out) {
 
 // A device file whose cpu row has the built-in figures but `fp32` FLOP/s.
 std::string device_file_with_fp32(const napkin::testing::TempDir& tmp, double fp32) {
-  napkin::passes::Device cpu = *napkin::passes::find_device("cpu");
+  napkin::analysis::Device cpu = *napkin::analysis::find_device("cpu");
   cpu.fp32_flops = fp32;
   cpu.sources["fp32"] = "made up by time_report_test";
   std::string path = tmp / "devices.json";
-  napkin::testing::write_bytes(path, napkin::passes::devices_to_json({cpu}));
+  napkin::testing::write_bytes(path, napkin::analysis::devices_to_json({cpu}));
   return path;
 }
 

@@ -13,11 +13,11 @@
 #include <cstdlib>
 #include <string>
 
+#include "analysis/cost.h"
 #include "frontend/frontend.h"
 #include "ir/printer.h"
-#include "passes/cost.h"
 #include "passes/pipeline.h"
-#include "passes/report.h"
+#include "report/report.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);
@@ -38,10 +38,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   constexpr size_t kMaxPassNodes = 20000;
   if (g && g->schedule().size() <= kMaxPassNodes && napkin::passes::run_training_pipeline(*g, diag)) {
     napkin::ir::print_graph(*g);
-    auto cost = napkin::passes::analyze_step(*g, napkin::passes::find_device("h100"));
-    auto memory = napkin::passes::analyze_memory(*g);
-    napkin::passes::render_report_text(*g, cost, memory, {"fuzz.yaml", true});
-    napkin::passes::render_report_json(*g, cost, memory, {"fuzz.yaml", true});
+    auto cost = napkin::analysis::analyze_step(*g, napkin::analysis::find_device("h100"));
+    auto memory = napkin::analysis::analyze_memory(*g);
+    napkin::report::render_report_text(*g, cost, memory, {"fuzz.yaml", true});
+    napkin::report::render_report_json(*g, cost, memory, {"fuzz.yaml", true});
   }
   diag.render();
   return 0;

@@ -10,9 +10,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "analysis/cost.h"
 #include "ir/printer.h"
-#include "passes/cost.h"
-#include "passes/report.h"
+#include "report/report.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -69,9 +69,9 @@ TEST_CASE("golden: IR and report of every model in models/") {
       // nodes) would only repeat what gpt.yaml's shows.
       if (stem != "gpt2-124m")
         check_golden(root / "tests/golden" / (stem + ".train.ir.txt"), ir::print_graph(step));
-      passes::StepCost cost = passes::analyze_step(step, passes::find_device("h100"));
+      analysis::StepCost cost = analysis::analyze_step(step, analysis::find_device("h100"));
       check_golden(root / "tests/golden" / (stem + ".report.txt"),
-                   passes::render_report_text(step, cost, passes::analyze_memory(step), {relative, true}));
+                   report::render_report_text(step, cost, analysis::analyze_memory(step), {relative, true}));
     }
   }
 }

@@ -10,11 +10,11 @@
 #include <memory>
 #include <set>
 
+#include "analysis/cost.h"
 #include "frontend/frontend.h"
 #include "ir/builder.h"
 #include "ir/printer.h"
 #include "passes/autodiff.h"
-#include "passes/cost.h"
 #include "passes/dce.h"
 #include "passes/pipeline.h"
 #include "support/test_models.h"
@@ -56,9 +56,9 @@ void check_param_grads(const ir::Graph& g) {
 }
 
 double backward_flops(const ir::Graph& g, ir::OpClass only = ir::OpClass::Source, bool filter = false) {
-  passes::StepCost c = passes::analyze_step(g, nullptr);
+  analysis::StepCost c = analysis::analyze_step(g, nullptr);
   double f = 0;
-  for (const passes::OpRow& row : c.rows) {
+  for (const analysis::OpRow& row : c.rows) {
     const ir::Node& n = g.node(row.node);
     if (n.phase != ir::Phase::Backward) continue;
     if (filter && ir::op_info(n.op).op_class != only) continue;

@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "passes/cost.h"
-#include "passes/report.h"
+#include "analysis/cost.h"
+#include "report/report.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -17,7 +17,7 @@ ir::Graph compile_model_file(const std::string& name) {
   return compile(napkin::testing::read_source("models/" + name), "models/" + name);
 }
 
-double flops_of(const passes::StepCost& c, const ir::Graph& g, ir::Op op) {
+double flops_of(const analysis::StepCost& c, const ir::Graph& g, ir::Op op) {
   double f = 0;
   for (const auto& row : c.rows)
     if (g.node(row.node).op == op) f += row.cost.flops;
@@ -38,7 +38,7 @@ forward:
 loss: mean(y)
 optimizer: sgd(lr=0.1)
 )yaml");
-  passes::StepCost c = passes::analyze_step(g, nullptr);
+  analysis::StepCost c = analysis::analyze_step(g, nullptr);
   CHECK(flops_of(c, g, ir::Op::MatMul) == 2 * B * D * K);
   CHECK(c.params == D * K);
   // The mean reads every element of y once.
@@ -54,7 +54,7 @@ optimizer: sgd(lr=0.1)
 TEST_CASE("Cruncher: params = D·D·L + D and forward = 2·B·params + the loss") {
   ir::Graph g = compile_model_file("cruncher.yaml");
   const double B = 256, D = 1024, L = 4;
-  passes::StepCost c = passes::analyze_step(g, nullptr);
+  analysis::StepCost c = analysis::analyze_step(g, nullptr);
   CHECK(c.params == D * D * L + D);
   CHECK(c.phase(ir::Phase::Forward).param_matmul_flops == 2 * B * (D * D * L + D));
   CHECK(c.tokens == B);
@@ -64,7 +64,7 @@ TEST_CASE("Cruncher: params = D·D·L + D and forward = 2·B·params + the loss"
 
 TEST_CASE("GPT-2 small has 124,439,808 parameters, 7,087,872 per block") {
   ir::Graph g = compile_model_file("gpt2-124m.yaml");
-  passes::StepCost c = passes::analyze_step(g, passes::find_device("h100"));
+  analysis::StepCost c = analysis::analyze_step(g, analysis::find_device("h100"));
   CHECK(c.params == 124439808);
   int64_t block0 = 0;
   for (const ir::Param& p : g.params)
@@ -85,7 +85,7 @@ TEST_CASE("forward - 2·T·P decomposes exactly into the report's terms") {
   for (const char* name : {"linear.yaml", "cruncher.yaml", "mlp.yaml", "gpt.yaml", "gpt2-124m.yaml"}) {
     CAPTURE(name);
     ir::Graph g = compile_model_file(name);
-    passes::StepCost c = passes::analyze_step(g, nullptr);
+    analysis::StepCost c = analysis::analyze_step(g, nullptr);
     double two_tp = 2 * c.tokens * c.params;
     double terms = -2 * c.tokens * (c.params - c.params_in_matmuls) + (c.phase(ir::Phase::Forward).param_matmul_flops - 2 * c.tokens * c.params_in_matmuls) +
                    c.phase(ir::Phase::Forward).activation_matmul_flops + c.phase(ir::Phase::Forward).other_flops;
@@ -96,7 +96,7 @@ TEST_CASE("forward - 2·T·P decomposes exactly into the report's terms") {
 
 TEST_CASE("views cost nothing - the rearrange copy costs its bytes") {
   ir::Graph g = compile_model_file("gpt.yaml");
-  passes::StepCost c = passes::analyze_step(g, nullptr);
+  analysis::StepCost c = analysis::analyze_step(g, nullptr);
   int copies = 0;
   for (const auto& row : c.rows) {
     const ir::Node& n = g.node(row.node);
@@ -123,9 +123,9 @@ forward:
 loss: mean(y)
 optimizer: sgd(lr=0.1)
 )yaml");
-  const passes::Device* h100 = passes::find_device("h100");
+  const analysis::Device* h100 = analysis::find_device("h100");
   REQUIRE(h100);
-  passes::StepCost c = passes::analyze_step(g, h100);
+  analysis::StepCost c = analysis::analyze_step(g, h100);
   for (const auto& row : c.rows) {
     const ir::Node& n = g.node(row.node);
     if (n.op == ir::Op::MatMul) {
@@ -141,8 +141,8 @@ optimizer: sgd(lr=0.1)
 
 TEST_CASE("report JSON has the documented keys") {
   ir::Graph g = compile_model_file("mlp.yaml");
-  passes::StepCost c = passes::analyze_step(g, passes::find_device("a100"));
-  auto j = nlohmann::json::parse(passes::render_report_json(g, c, passes::analyze_memory(g), {"models/mlp.yaml", true}));
+  analysis::StepCost c = analysis::analyze_step(g, analysis::find_device("a100"));
+  auto j = nlohmann::json::parse(report::render_report_json(g, c, analysis::analyze_memory(g), {"models/mlp.yaml", true}));
   CHECK(j["params"] == 1863690);
   CHECK(j["flops"]["forward"].get<double>() == c.total.flops);
   CHECK(j["bytes"]["forward"].get<double>() == c.total.bytes_read + c.total.bytes_written);
@@ -165,9 +165,9 @@ params: {w: {shape: [n, n], init: zeros}}
 loss: mean(x @ w)
 optimizer: sgd(lr=0.1)
 )yaml");
-  passes::StepCost c = passes::analyze_step(g, passes::find_device("h100"));
+  analysis::StepCost c = analysis::analyze_step(g, analysis::find_device("h100"));
   CHECK(c.total.flops > 9.3e18);
-  std::string text = passes::render_report_text(g, c, passes::analyze_memory(g), {"huge.yaml", false});
+  std::string text = report::render_report_text(g, c, analysis::analyze_memory(g), {"huge.yaml", false});
   // matmul 2^76 + mean 2^50 + 1 FLOPs, which a double holds as 2^76 + 2^50: printed in full.
   CHECK(text.find("75,557,864,851,814,230,261,760") != std::string::npos);
   CHECK(text.find("-9,223,372,036,854,775,808") == std::string::npos);
@@ -183,7 +183,7 @@ forward:
 loss: mean(a + b)
 optimizer: sgd(lr=0.1)
 )yaml");
-  passes::StepCost c = passes::analyze_step(g, nullptr);
+  analysis::StepCost c = analysis::analyze_step(g, nullptr);
   std::vector<double> gelu_flops;
   for (const auto& row : c.rows)
     if (g.node(row.node).op == ir::Op::Gelu) gelu_flops.push_back(row.cost.flops);
@@ -200,16 +200,16 @@ forward:
 loss: mean(cast(y, f32))
 optimizer: sgd(lr=0.1)
 )yaml");
-  passes::StepCost a100 = passes::analyze_step(g, passes::find_device("a100"));  // no fp8
+  analysis::StepCost a100 = analysis::analyze_step(g, analysis::find_device("a100"));  // no fp8
   CHECK(a100.ops_without_peak == 1);
-  std::string text = passes::render_report_text(g, a100, passes::analyze_memory(g), {"f8.yaml", true});
+  std::string text = report::render_report_text(g, a100, analysis::analyze_memory(g), {"f8.yaml", true});
   CHECK(text.find("no f8e4m3 peak on a100") != std::string::npos);
   CHECK(text.find("INCOMPLETE: 1 kernel computes in a dtype a100 has no peak for") != std::string::npos);
-  auto j = nlohmann::json::parse(passes::render_report_json(g, a100, passes::analyze_memory(g), {"f8.yaml", false}));
+  auto j = nlohmann::json::parse(report::render_report_json(g, a100, analysis::analyze_memory(g), {"f8.yaml", false}));
   CHECK(j["time"]["ops_without_peak"] == 1);
   CHECK(j["time"]["kernels_without_peak"] == 1);
   CHECK_FALSE(j.contains("ops"));  // --no-ops
-  passes::StepCost h100 = passes::analyze_step(g, passes::find_device("h100"));
+  analysis::StepCost h100 = analysis::analyze_step(g, analysis::find_device("h100"));
   CHECK(h100.ops_without_peak == 0);
   for (const auto& row : h100.rows)
     if (g.node(row.node).op == ir::Op::MatMul)

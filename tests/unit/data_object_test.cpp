@@ -1,4 +1,4 @@
-// The data object (codegen/cpu/data_object.h): linked into a program with a
+// The data object (codegen/host/data_object.h): linked into a program with a
 // C++ main that declares the symbols as the CUDA trainer does, every array
 // reads back byte for byte (NULs and all, followed by one NUL), every size is
 // the byte count, and the arrays are 64-byte aligned.
@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "codegen/cpu/data_object.h"
-#include "codegen/cpu/link.h"
+#include "codegen/host/data_object.h"
+#include "codegen/host/link.h"
 #include "support/test_io.h"
 
 using napkin::testing::read_bytes;
@@ -20,7 +20,7 @@ TEST_CASE("data object: exported byte arrays and their sizes link and read back 
   std::string binary;
   for (int i = 0; i < 300; ++i) binary += static_cast<char>(i * 7);  // NULs, high bytes
   std::string json = R"({"format": "x"})";
-  std::string object = napkin::codegen::cpu::emit_data_object(
+  std::string object = napkin::codegen::host::emit_data_object(
       {{"napkin_test_json", json}, {"napkin_test_binary", binary}, {"napkin_test_empty", ""}}, "data_test");
   write_bytes(dir / "data.o", object);
   write_bytes(dir / "main.cpp", R"(
@@ -42,7 +42,7 @@ int main(int, char** argv) {
   return std::fclose(f);
 }
 )");
-  napkin::codegen::cpu::link_executable(dir / "data.o" + " " + dir / "main.cpp", dir / "reader");
+  napkin::codegen::host::link_executable(dir / "data.o" + " " + dir / "main.cpp", dir / "reader");
   auto r = napkin::testing::run_in_source_tree(fmt::format("{} {}", dir / "reader", dir / "out"));
   INFO(r.out);
   REQUIRE(r.status == 0);

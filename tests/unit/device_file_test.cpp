@@ -9,11 +9,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "passes/devices.h"
+#include "analysis/devices.h"
 #include "support/test_io.h"
 
 using napkin::ir::DType;
-namespace ps = napkin::passes;
+namespace analysis = napkin::analysis;
 
 namespace {
 
@@ -35,7 +35,7 @@ std::string device_file(const std::string& figures) { return file_of(device_row(
 // The message devices_from_json throws for `text`, or "(no error)".
 std::string parse_error(const std::string& text) {
   try {
-    ps::devices_from_json(text, "/x/devices.json");
+    analysis::devices_from_json(text, "/x/devices.json");
   } catch (const std::runtime_error& e) {
     return e.what();
   }
@@ -65,7 +65,7 @@ class ScopedEnv {
 }  // namespace
 
 TEST_CASE("device file: a valid row reads back with its figures and sources") {
-  auto rows = ps::devices_from_json(
+  auto rows = analysis::devices_from_json(
       device_file(R"("bf16": {"value": 2e11, "source": "measured"},
                      "gemm_efficiency": {"value": {"f32": [[1, 0.1], [64, 0.8]]}, "source": "curve"})"),
       "/x/devices.json");
@@ -77,7 +77,7 @@ TEST_CASE("device file: a valid row reads back with its figures and sources") {
   CHECK(rows[0].source_of("gemm_efficiency") == "curve");
   CHECK(rows[0].source_of("fp8") == "a test");  // not in the file: the row's source
   REQUIRE(rows[0].gemm_efficiency.count("f32") == 1);
-  CHECK(rows[0].gemm_efficiency.at("f32") == ps::GemmEfficiency{{1, 0.1}, {64, 0.8}});
+  CHECK(rows[0].gemm_efficiency.at("f32") == analysis::GemmEfficiency{{1, 0.1}, {64, 0.8}});
 }
 
 TEST_CASE("device file: unknown figures, missing sources and bad values are refused, naming the file") {
@@ -133,8 +133,8 @@ TEST_CASE("device file: what is not a device file is refused") {
 }
 
 TEST_CASE("device file: the built-in table survives a round trip through the file format") {
-  const std::vector<ps::Device>& table = ps::builtin_devices();
-  std::vector<ps::Device> back = ps::devices_from_json(ps::devices_to_json(table), "round trip");
+  const std::vector<analysis::Device>& table = analysis::builtin_devices();
+  std::vector<analysis::Device> back = analysis::devices_from_json(analysis::devices_to_json(table), "round trip");
   REQUIRE(back.size() == table.size());
   for (size_t i = 0; i < table.size(); ++i) {
     CAPTURE(table[i].name);
@@ -142,9 +142,9 @@ TEST_CASE("device file: the built-in table survives a round trip through the fil
     CHECK(back[i].description == table[i].description);
     CHECK(back[i].source == table[i].source);
     CHECK(back[i].gemm_efficiency == table[i].gemm_efficiency);
-    for (const std::string& figure : ps::figure_names()) {
+    for (const std::string& figure : analysis::figure_names()) {
       CAPTURE(figure);
-      CHECK(ps::figure_value(back[i], figure) == ps::figure_value(table[i], figure));
+      CHECK(analysis::figure_value(back[i], figure) == analysis::figure_value(table[i], figure));
       CHECK(back[i].source_of(figure) == table[i].source_of(figure));
     }
   }
@@ -153,23 +153,23 @@ TEST_CASE("device file: the built-in table survives a round trip through the fil
 TEST_CASE("device file: it lives at NAPKIN_DEVICES, else XDG_CONFIG_HOME, else HOME/.config") {
   {
     ScopedEnv devices("NAPKIN_DEVICES", "/a/mine.json"), xdg("XDG_CONFIG_HOME", "/b"), home("HOME", "/c");
-    CHECK(ps::local_device_file() == "/a/mine.json");
+    CHECK(analysis::local_device_file() == "/a/mine.json");
   }
   {
     ScopedEnv devices("NAPKIN_DEVICES", ""), xdg("XDG_CONFIG_HOME", "/b"), home("HOME", "/c");
-    CHECK(ps::local_device_file() == "");  // set but empty: no file at all
+    CHECK(analysis::local_device_file() == "");  // set but empty: no file at all
   }
   {
     ScopedEnv devices("NAPKIN_DEVICES", nullptr), xdg("XDG_CONFIG_HOME", "/b"), home("HOME", "/c");
-    CHECK(ps::local_device_file() == "/b/napkin/devices.json");
+    CHECK(analysis::local_device_file() == "/b/napkin/devices.json");
   }
   {
     ScopedEnv devices("NAPKIN_DEVICES", nullptr), xdg("XDG_CONFIG_HOME", ""), home("HOME", "/c");
-    CHECK(ps::local_device_file() == "/c/.config/napkin/devices.json");
+    CHECK(analysis::local_device_file() == "/c/.config/napkin/devices.json");
   }
   {
     ScopedEnv devices("NAPKIN_DEVICES", nullptr), xdg("XDG_CONFIG_HOME", nullptr), home("HOME", nullptr);
-    CHECK(ps::local_device_file() == "");
+    CHECK(analysis::local_device_file() == "");
   }
 }
 
@@ -177,43 +177,43 @@ TEST_CASE("device file: its rows replace the built-in row of the same name and a
   napkin::testing::TempDir dir("device-file");
   const std::string path = dir / "devices.json";
   napkin::testing::write_bytes(path, file_of(device_row("tpu") + ", " + device_row("CPU", "", 4e9)));
-  REQUIRE(ps::use_local_devices(path) == "");
-  REQUIRE(ps::find_device("tpu") != nullptr);
-  CHECK(ps::local_origin(*ps::find_device("tpu")) == path);
-  REQUIRE(ps::find_device("cpu") != nullptr);
-  CHECK(ps::find_device("cpu")->fp32_flops == 4e9);
-  CHECK(ps::local_origin(*ps::find_device("cpu")) == path);
-  CHECK(ps::local_origin(*ps::find_device("h100")) == "");
-  CHECK(ps::known_device_names().find("tpu") != std::string::npos);
-  CHECK(ps::known_devices().size() == 5);  // "CPU" replaced the built-in "cpu"
+  REQUIRE(analysis::use_local_devices(path) == "");
+  REQUIRE(analysis::find_device("tpu") != nullptr);
+  CHECK(analysis::local_origin(*analysis::find_device("tpu")) == path);
+  REQUIRE(analysis::find_device("cpu") != nullptr);
+  CHECK(analysis::find_device("cpu")->fp32_flops == 4e9);
+  CHECK(analysis::local_origin(*analysis::find_device("cpu")) == path);
+  CHECK(analysis::local_origin(*analysis::find_device("h100")) == "");
+  CHECK(analysis::known_device_names().find("tpu") != std::string::npos);
+  CHECK(analysis::known_devices().size() == 5);  // "CPU" replaced the built-in "cpu"
 
   // A missing file is no error at the default place, but is when
   // NAPKIN_DEVICES names it; a malformed one always is, naming the file.
-  CHECK(ps::use_local_devices(dir / "absent.json") == "");
-  CHECK(ps::find_device("tpu") == nullptr);  // the old rows are gone
+  CHECK(analysis::use_local_devices(dir / "absent.json") == "");
+  CHECK(analysis::find_device("tpu") == nullptr);  // the old rows are gone
   {
     ScopedEnv devices("NAPKIN_DEVICES", (dir / "absent.json").c_str());
-    CHECK(ps::use_local_devices(dir / "absent.json") ==
+    CHECK(analysis::use_local_devices(dir / "absent.json") ==
           dir / "absent.json: no such device file (named by $NAPKIN_DEVICES; set it empty for none)");
   }
   napkin::testing::write_bytes(path, "{\"format\": \"napkin-devices-1\", \"devices\": [{\"name\": \"x\"}]}");
-  CHECK(ps::use_local_devices(path) == path + ": device 'x': needs \"figures\"");
-  CHECK(ps::use_local_devices("") == "");
-  CHECK(ps::find_device("cpu")->fp32_flops == ps::builtin_devices()[3].fp32_flops);
+  CHECK(analysis::use_local_devices(path) == path + ": device 'x': needs \"figures\"");
+  CHECK(analysis::use_local_devices("") == "");
+  CHECK(analysis::find_device("cpu")->fp32_flops == analysis::builtin_devices()[3].fp32_flops);
 }
 
 TEST_CASE("device file: GEMM efficiency interpolates linearly in log2 of the narrowest dim") {
-  ps::Device d;
+  analysis::Device d;
   d.gemm_efficiency["f32"] = {{1, 0.1}, {16, 0.5}, {256, 0.9}};
-  CHECK(ps::gemm_efficiency(d, DType::F32, 0.5) == doctest::Approx(0.1));  // below the first point: the first
-  CHECK(ps::gemm_efficiency(d, DType::F32, 1) == doctest::Approx(0.1));
-  CHECK(ps::gemm_efficiency(d, DType::F32, 4) == doctest::Approx(0.3));    // log2 4 = 2 of 0..4
-  CHECK(ps::gemm_efficiency(d, DType::F32, 16) == doctest::Approx(0.5));
-  CHECK(ps::gemm_efficiency(d, DType::F32, 64) == doctest::Approx(0.7));   // log2 64 = 6 of 4..8
-  CHECK(ps::gemm_efficiency(d, DType::F32, 128) == doctest::Approx(0.8));
-  CHECK(ps::gemm_efficiency(d, DType::F32, 256) == doctest::Approx(0.9));
-  CHECK(ps::gemm_efficiency(d, DType::F32, 4096) == doctest::Approx(0.9));  // above the last: the last
-  CHECK(ps::gemm_efficiency(d, DType::BF16, 1) == 1);                       // no curve for bf16: 1
+  CHECK(analysis::gemm_efficiency(d, DType::F32, 0.5) == doctest::Approx(0.1));  // below the first point: the first
+  CHECK(analysis::gemm_efficiency(d, DType::F32, 1) == doctest::Approx(0.1));
+  CHECK(analysis::gemm_efficiency(d, DType::F32, 4) == doctest::Approx(0.3));    // log2 4 = 2 of 0..4
+  CHECK(analysis::gemm_efficiency(d, DType::F32, 16) == doctest::Approx(0.5));
+  CHECK(analysis::gemm_efficiency(d, DType::F32, 64) == doctest::Approx(0.7));   // log2 64 = 6 of 4..8
+  CHECK(analysis::gemm_efficiency(d, DType::F32, 128) == doctest::Approx(0.8));
+  CHECK(analysis::gemm_efficiency(d, DType::F32, 256) == doctest::Approx(0.9));
+  CHECK(analysis::gemm_efficiency(d, DType::F32, 4096) == doctest::Approx(0.9));  // above the last: the last
+  CHECK(analysis::gemm_efficiency(d, DType::BF16, 1) == 1);                       // no curve for bf16: 1
   d.gemm_efficiency["bf16"] = {};
-  CHECK(ps::gemm_efficiency(d, DType::BF16, 1) == 1);  // an empty curve: 1
+  CHECK(analysis::gemm_efficiency(d, DType::BF16, 1) == 1);  // an empty curve: 1
 }

@@ -7,8 +7,8 @@
 #include <optional>
 #include <utility>
 
+#include "analysis/cost.h"
 #include "ir/printer.h"
-#include "passes/cost.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -523,7 +523,7 @@ loss: mean(y @ w)
   CHECK(param_names(g) == std::vector<std::string>{"w", "blocks.0.g", "blocks.1.g", "blocks.2.g", "layer.0.g"});
   // Counted once: w, then one g per copy.
   CHECK(g.param_count() == 4 * 4 + 4 * 4);
-  passes::StepCost c = passes::analyze_step(g, nullptr);
+  analysis::StepCost c = analysis::analyze_step(g, nullptr);
   CHECK(c.params == 4 * 4 + 4 * 4);
   auto matmuls = nodes_of(g, ir::Op::MatMul);
   REQUIRE(matmuls.size() == 5);
@@ -550,7 +550,7 @@ loss: mean(y)
   const ir::TensorType& y = g.value(einsums[1]->out()).type;
   CHECK(y.sizes() == std::vector<int64_t>{2, 64});
   CHECK(y.dims[0].name == "l");
-  passes::StepCost c = passes::analyze_step(g, nullptr);
+  analysis::StepCost c = analysis::analyze_step(g, nullptr);
   double flops = 0;
   for (const auto& row : c.rows)
     if (g.node(row.node).op == ir::Op::Einsum) flops += row.cost.flops;

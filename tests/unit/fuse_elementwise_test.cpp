@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <set>
 
+#include "analysis/memory.h"
 #include "ir/fusion_group.h"
 #include "ir/verifier.h"
 #include "passes/fuse_elementwise.h"
-#include "passes/memory.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -77,8 +77,8 @@ optimizer: sgd(lr=0.1)
   CHECK(groups.internal[g.node(e).out()]);
   CHECK(groups.internal[g.node(m).out()]);
   // Internal values own no buffer.
-  passes::MemoryReport memory = passes::analyze_memory(g);
-  for (const passes::MemoryBuffer& buf : memory.buffers) {
+  analysis::MemoryReport memory = analysis::analyze_memory(g);
+  for (const analysis::MemoryBuffer& buf : memory.buffers) {
     CHECK(buf.value != g.node(e).out());
     CHECK(buf.value != g.node(m).out());
   }
@@ -177,8 +177,8 @@ optimizer: adamw(lr=1e-3, weight_decay=0.01)
     if (g.node(id).phase == ir::Phase::Optimizer) CHECK(g.node(id).group >= 0);
   // m, v and the param come out of each per-parameter kernel, written in place.
   for (const ir::FusionGroup* fg : {update[1], update[2]}) CHECK(fg->outputs.size() == 3);
-  passes::MemoryReport memory = passes::analyze_memory(g);
-  for (const passes::MemoryUpdate& u : memory.updates) CHECK(u.in_place);
+  analysis::MemoryReport memory = analysis::analyze_memory(g);
+  for (const analysis::MemoryUpdate& u : memory.updates) CHECK(u.in_place);
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// `napkin graph --dot` (passes/graph_dot.h): well-formed DOT for every
+// `napkin graph --dot` (report/graph_dot.h): well-formed DOT for every
 // built-in model (balanced braces, every edge endpoint declared, one cluster
 // per phase) with the fusion groups as nested clusters, and none with
 // --no-fuse.
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ir/fusion_group.h"
-#include "passes/graph_dot.h"
+#include "report/graph_dot.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -49,7 +49,7 @@ TEST_CASE("graph --dot: every model is well-formed DOT with phase clusters and i
   for (const auto& model : testing::model_files()) {
     CAPTURE(model.stem().string());
     ir::Graph g = testing::compile_small_model(model);
-    std::string dot = passes::graph_dot(g);
+    std::string dot = report::graph_dot(g);
     CHECK(dot.rfind("digraph \"", 0) == 0);
     CHECK(balanced(dot));
     std::set<std::string> declared;
@@ -74,7 +74,7 @@ TEST_CASE("graph --dot: every model is well-formed DOT with phase clusters and i
     size_t groups = ir::fusion_groups(g).groups.size();
     CHECK(groups > 0);
     CHECK(count(dot, "subgraph cluster_fused_") == static_cast<int>(groups));
-    std::string plain = passes::graph_dot(g, {false});
+    std::string plain = report::graph_dot(g, {false});
     CHECK(balanced(plain));
     CHECK(count(plain, "cluster_fused_") == 0);
   }

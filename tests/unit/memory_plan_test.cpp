@@ -9,10 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "analysis/in_place_reuse.h"
+#include "analysis/memory.h"
+#include "analysis/memory_plan.h"
 #include "ir/builder.h"
 #include "ir/verifier.h"
-#include "passes/memory.h"
-#include "passes/memory_plan.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -26,8 +27,8 @@ ir::TensorType ty(std::vector<int64_t> sizes, ir::DType dtype = ir::DType::F32) 
   return t;
 }
 
-const passes::MemoryBuffer* find_buffer(const passes::MemoryReport& r, ir::ValueId v) {
-  for (const passes::MemoryBuffer& b : r.buffers)
+const analysis::MemoryBuffer* find_buffer(const analysis::MemoryReport& r, ir::ValueId v) {
+  for (const analysis::MemoryBuffer& b : r.buffers)
     if (b.value == v) return &b;
   return nullptr;
 }
@@ -49,14 +50,14 @@ ir::Graph full_model(const std::filesystem::path& model) {
 }
 
 // Every pair of buffers whose live ranges intersect has disjoint bytes.
-void check_no_overlap(const passes::MemoryReport& m, const passes::MemoryPlan& plan) {
+void check_no_overlap(const analysis::MemoryReport& m, const analysis::MemoryPlan& plan) {
   const auto& bs = m.buffers;
   int64_t violations = 0;
   for (size_t i = 0; i < bs.size(); ++i) {
     REQUIRE(plan.has(bs[i].value));
     int64_t a0 = plan.storage_offset.at(bs[i].value), a1 = a0 + bs[i].bytes;
     CHECK(a1 <= plan.arena_bytes);
-    CHECK(a0 % passes::kArenaAlignment == 0);
+    CHECK(a0 % analysis::kArenaAlignment == 0);
     for (size_t j = i + 1; j < bs.size(); ++j) {
       bool live_together = bs[i].first <= bs[j].last && bs[j].first <= bs[i].last;
       if (!live_together) continue;
@@ -73,26 +74,26 @@ TEST_CASE("memory plan: on every model, live buffers never share bytes and the a
   for (const auto& model : napkin::testing::model_files()) {
     CAPTURE(model);
     ir::Graph g = full_model(model);
-    passes::MemoryReport m = passes::analyze_memory(g);
-    passes::MemoryPlan plan = passes::plan_memory(m);
+    analysis::MemoryReport m = analysis::analyze_memory(g);
+    analysis::MemoryPlan plan = analysis::plan_memory(m);
     check_no_overlap(m, plan);
     CHECK(plan.arena_bytes >= m.peak.bytes);
     CHECK(plan.liveness_peak == m.peak.bytes);
     // Without in-place reuse too (the report's comparison).
-    passes::MemoryReport separate = passes::analyze_memory(g, {.in_place_reuse = false});
-    passes::MemoryPlan separate_plan = passes::plan_memory(separate);
+    analysis::MemoryReport separate = analysis::analyze_memory(g, {.in_place_reuse = false});
+    analysis::MemoryPlan separate_plan = analysis::plan_memory(separate);
     check_no_overlap(separate, separate_plan);
     CHECK(separate.peak.bytes >= m.peak.bytes);
-    CHECK(passes::naive_bytes(separate) == passes::naive_bytes(m));
+    CHECK(analysis::naive_bytes(separate) == analysis::naive_bytes(m));
     // The placement the plan uses is no worse than the other on any model
     // (docs/memory-planning.md has these numbers).
-    passes::MemoryPlan lowest = passes::plan_memory(m, passes::Placement::LowestFit);
-    passes::MemoryPlan best = passes::plan_memory(m, passes::Placement::BestFit);
+    analysis::MemoryPlan lowest = analysis::plan_memory(m, analysis::Placement::LowestFit);
+    analysis::MemoryPlan best = analysis::plan_memory(m, analysis::Placement::BestFit);
     check_no_overlap(m, lowest);
     check_no_overlap(m, best);
     CHECK(plan.arena_bytes == std::min(lowest.arena_bytes, best.arena_bytes));
     MESSAGE(fmt::format("{}: naive {}, peak {}, lowest fit {}, best fit {}, no reuse: peak {} arena {}, reused {} buffers",
-                        model.stem().string(), passes::naive_bytes(m), m.peak.bytes, lowest.arena_bytes, best.arena_bytes,
+                        model.stem().string(), analysis::naive_bytes(m), m.peak.bytes, lowest.arena_bytes, best.arena_bytes,
                         separate.peak.bytes, separate_plan.arena_bytes, plan.in_place_buffers));
   }
 }
@@ -114,7 +115,7 @@ TEST_CASE("memory plan: a chain of elementwise ops shares one buffer") {
   g.outputs.push_back({"loss", loss});
   REQUIRE(ir::verify(g).empty());
 
-  passes::MemoryReport m = passes::analyze_memory(g);
+  analysis::MemoryReport m = analysis::analyze_memory(g);
   CHECK(find_buffer(m, h)->reuses == ir::kNoValue);
   CHECK(find_buffer(m, a)->reuses == h);
   CHECK(find_buffer(m, ge)->reuses == a);
@@ -128,7 +129,7 @@ TEST_CASE("memory plan: a chain of elementwise ops shares one buffer") {
   const int64_t resident = 128 + 256 + 32;
   CHECK(m.live_bytes == std::vector<int64_t>{resident + 128, resident + 128, resident + 128, resident + 128,
                                              resident + 128, resident + 128 + 4});
-  passes::MemoryPlan plan = passes::plan_memory(m);
+  analysis::MemoryPlan plan = analysis::plan_memory(m);
   CHECK(plan.in_place_buffers == 3);
   CHECK(plan.in_place_bytes == 3 * 128);
   CHECK(plan.storage_offset.at(a) == plan.storage_offset.at(h));
@@ -138,9 +139,9 @@ TEST_CASE("memory plan: a chain of elementwise ops shares one buffer") {
   CHECK(plan.arena_bytes == 128 + 256 + 64 + 128 + 64);
 
   // Without reuse each is its own buffer, and two are live at every op.
-  passes::MemoryReport separate = passes::analyze_memory(g, {.in_place_reuse = false});
+  analysis::MemoryReport separate = analysis::analyze_memory(g, {.in_place_reuse = false});
   CHECK(separate.peak.bytes == resident + 256);
-  CHECK(passes::plan_memory(separate).in_place_buffers == 0);
+  CHECK(analysis::plan_memory(separate).in_place_buffers == 0);
 }
 
 TEST_CASE("memory plan: no reuse when the input is read later, transposed or broadcast") {
@@ -166,17 +167,17 @@ TEST_CASE("memory plan: no reuse when the input is read later, transposed or bro
   REQUIRE(ir::verify(g).empty());
   REQUIRE(g.value(u).type.bytes() == g.value(less).type.bytes());
 
-  passes::MemoryReport m = passes::analyze_memory(g);
+  analysis::MemoryReport m = analysis::analyze_memory(g);
   CHECK(find_buffer(m, r)->reuses == ir::kNoValue);
   CHECK(find_buffer(m, s)->reuses == r);
   CHECK(find_buffer(m, t)->reuses == ir::kNoValue);
   CHECK(find_buffer(m, less)->reuses == ir::kNoValue);
-  CHECK_FALSE(passes::reads_element_for_element(g, g.node(g.value(t).producer), s));
-  CHECK_FALSE(passes::reads_element_for_element(g, g.node(g.value(less).producer), u));
-  CHECK(passes::reads_element_for_element(g, g.node(g.value(s).producer), h));
-  CHECK_FALSE(passes::reads_element_for_element(g, g.node(g.value(u).producer), t));  // a reduction
-  CHECK_FALSE(passes::reads_element_for_element(g, g.node(g.value(less).producer), h));  // does not read h
+  CHECK_FALSE(analysis::reads_element_for_element(g, g.node(g.value(t).producer), s));
+  CHECK_FALSE(analysis::reads_element_for_element(g, g.node(g.value(less).producer), u));
+  CHECK(analysis::reads_element_for_element(g, g.node(g.value(s).producer), h));
+  CHECK_FALSE(analysis::reads_element_for_element(g, g.node(g.value(u).producer), t));  // a reduction
+  CHECK_FALSE(analysis::reads_element_for_element(g, g.node(g.value(less).producer), h));  // does not read h
   // A resident (the param v) is never taken over, even by its last reader.
   CHECK(find_buffer(m, out)->reuses == lf);
-  check_no_overlap(m, passes::plan_memory(m));
+  check_no_overlap(m, analysis::plan_memory(m));
 }

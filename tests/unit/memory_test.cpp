@@ -10,19 +10,19 @@
 #include <string>
 #include <vector>
 
+#include "analysis/memory.h"
 #include "ir/builder.h"
 #include "ir/verifier.h"
-#include "passes/memory.h"
 #include "support/test_models.h"
 
 using namespace napkin;
-using passes::MemoryCategory;
+using analysis::MemoryCategory;
 
 namespace {
 
 // The liveness rules by hand, each buffer its own memory; in-place reuse is
 // tested in memory_plan_test.cpp.
-const passes::MemoryOptions kNoReuse{.in_place_reuse = false};
+const analysis::MemoryOptions kNoReuse{.in_place_reuse = false};
 
 ir::TensorType ty(std::vector<int64_t> sizes, ir::DType dtype = ir::DType::F32) {
   ir::TensorType t;
@@ -77,8 +77,8 @@ void build_step(Step& s) {
   g.updates.push_back({s.w, s.w_new});
 }
 
-const passes::MemoryBuffer* find_buffer(const passes::MemoryReport& r, ir::ValueId v) {
-  for (const passes::MemoryBuffer& b : r.buffers)
+const analysis::MemoryBuffer* find_buffer(const analysis::MemoryReport& r, ir::ValueId v) {
+  for (const analysis::MemoryBuffer& b : r.buffers)
     if (b.value == v) return &b;
   return nullptr;
 }
@@ -89,7 +89,7 @@ TEST_CASE("memory: category totals and the per-dtype split") {
   Step s;
   build_step(s);
   REQUIRE(ir::verify(s.g).empty());
-  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
+  analysis::MemoryReport r = analysis::analyze_memory(s.g, kNoReuse);
   CHECK(r.has_backward);
   CHECK(r.resident_bytes == 304);
   CHECK(r.category_bytes(MemoryCategory::Parameters) == 128 + 16);
@@ -104,17 +104,17 @@ TEST_CASE("memory: category totals and the per-dtype split") {
   CHECK(r.category_bytes_by_dtype(MemoryCategory::SavedActivations).size() == 1);
   // One buffer per owning value that costs bytes: 4 resident, h r loss one d gw.
   CHECK(r.buffers.size() == 10);
-  CHECK(passes::memory_category_name(MemoryCategory::SavedActivations) == "saved activations");
-  CHECK(passes::memory_category_name(MemoryCategory::OptimizerState) == "optimizer state");
+  CHECK(analysis::memory_category_name(MemoryCategory::SavedActivations) == "saved activations");
+  CHECK(analysis::memory_category_name(MemoryCategory::OptimizerState) == "optimizer state");
 }
 
 TEST_CASE("memory: a view extends its buffer's lifetime - forward buffers read by backward are saved") {
   Step s;
   build_step(s);
-  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
+  analysis::MemoryReport r = analysis::analyze_memory(s.g, kNoReuse);
   // h is read directly only up to relu (position 2), but backward reads its
   // view hv at position 5.
-  const passes::MemoryBuffer* h = find_buffer(r, s.h);
+  const analysis::MemoryBuffer* h = find_buffer(r, s.h);
   REQUIRE(h);
   CHECK(h->first == 0);
   CHECK(h->last == 5);
@@ -124,13 +124,13 @@ TEST_CASE("memory: a view extends its buffer's lifetime - forward buffers read b
   // No view of hv's own: it has no buffer.
   CHECK(find_buffer(r, s.hv) == nullptr);
   // r is forward and read only in the forward: a temporary.
-  const passes::MemoryBuffer* rb = find_buffer(r, s.r);
+  const analysis::MemoryBuffer* rb = find_buffer(r, s.r);
   REQUIRE(rb);
   CHECK(rb->category == MemoryCategory::Temporaries);
   CHECK(rb->first == 2);
   CHECK(rb->last == 3);
   // d is read only through the view dv, by the matmul at position 8.
-  const passes::MemoryBuffer* d = find_buffer(r, s.d);
+  const analysis::MemoryBuffer* d = find_buffer(r, s.d);
   REQUIRE(d);
   CHECK(d->first == 5);
   CHECK(d->last == 8);
@@ -140,7 +140,7 @@ TEST_CASE("memory: a view extends its buffer's lifetime - forward buffers read b
   CHECK(find_buffer(r, s.gw)->last == 10);
   CHECK(find_buffer(r, s.gw)->category == MemoryCategory::Gradients);
   // Residents span the whole step.
-  const passes::MemoryBuffer* w = find_buffer(r, s.w);
+  const analysis::MemoryBuffer* w = find_buffer(r, s.w);
   REQUIRE(w);
   CHECK(w->resident);
   CHECK(w->first == 0);
@@ -150,11 +150,11 @@ TEST_CASE("memory: a view extends its buffer's lifetime - forward buffers read b
 TEST_CASE("memory: live bytes per position, the peak and its breakdown") {
   Step s;
   build_step(s);
-  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
+  analysis::MemoryReport r = analysis::analyze_memory(s.g, kNoReuse);
   // 304 resident plus: h | h | h r | h r loss | h loss one | h loss one d |
   // loss d | loss d | loss d gw | loss gw | loss gw.
   CHECK(r.live_bytes == std::vector<int64_t>{368, 368, 432, 436, 376, 440, 372, 372, 500, 436, 436});
-  const passes::MemoryPeak& p = r.peak;
+  const analysis::MemoryPeak& p = r.peak;
   REQUIRE(p.found);
   CHECK(p.position == 8);
   CHECK(p.node == s.g.value(s.gw).producer);
@@ -169,7 +169,7 @@ TEST_CASE("memory: live bytes per position, the peak and its breakdown") {
   // Largest first; equal sizes by value id (w, m, gw all 128).
   std::vector<std::string> names;
   std::vector<int64_t> bytes;
-  for (const passes::MemoryBuffer& b : p.live) {
+  for (const analysis::MemoryBuffer& b : p.live) {
     names.push_back(b.name);
     bytes.push_back(b.bytes);
   }
@@ -183,8 +183,8 @@ TEST_CASE("memory: live bytes per position, the peak and its breakdown") {
 TEST_CASE("memory: the peak of each phase") {
   Step s;
   build_step(s);
-  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
-  const passes::MemoryPeak& f = r.phase_peak(ir::Phase::Forward);
+  analysis::MemoryReport r = analysis::analyze_memory(s.g, kNoReuse);
+  const analysis::MemoryPeak& f = r.phase_peak(ir::Phase::Forward);
   REQUIRE(f.found);
   CHECK(f.position == 3);
   CHECK(f.bytes == 436);
@@ -193,11 +193,11 @@ TEST_CASE("memory: the peak of each phase") {
   CHECK(f.category_bytes(MemoryCategory::Temporaries) == 68);       // r, loss
   CHECK(f.category_bytes(MemoryCategory::Gradients) == 0);
   CHECK(f.live.size() == 7);  // 4 resident + h r loss
-  const passes::MemoryPeak& b = r.phase_peak(ir::Phase::Backward);
+  const analysis::MemoryPeak& b = r.phase_peak(ir::Phase::Backward);
   REQUIRE(b.found);
   CHECK(b.position == 8);
   CHECK(b.bytes == 500);
-  const passes::MemoryPeak& o = r.phase_peak(ir::Phase::Optimizer);
+  const analysis::MemoryPeak& o = r.phase_peak(ir::Phase::Optimizer);
   REQUIRE(o.found);
   CHECK(o.position == 9);  // 9 and 10 tie: the first
   CHECK(o.bytes == 436);
@@ -209,7 +209,7 @@ TEST_CASE("memory: the peak of each phase") {
 TEST_CASE("memory: updates written in place cost nothing") {
   Step s;
   build_step(s);
-  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
+  analysis::MemoryReport r = analysis::analyze_memory(s.g, kNoReuse);
   REQUIRE(r.updates.size() == 2);
   CHECK(r.updates[0].target == s.m);
   CHECK(r.updates[0].in_place);
@@ -231,11 +231,11 @@ TEST_CASE("memory: an update whose target is read later is counted apart") {
   ir::ValueId late = b.must(b.add(ir::Op::Mul, {s.w, s.w}));
   s.g.outputs.push_back({"late", late});
   REQUIRE(ir::verify(s.g).empty());
-  passes::MemoryReport r = passes::analyze_memory(s.g, kNoReuse);
+  analysis::MemoryReport r = analysis::analyze_memory(s.g, kNoReuse);
   REQUIRE(r.updates.size() == 2);
   CHECK(r.updates[0].in_place);  // m is not read after m_new
   CHECK_FALSE(r.updates[1].in_place);
-  const passes::MemoryBuffer* w_new = find_buffer(r, s.w_new);
+  const analysis::MemoryBuffer* w_new = find_buffer(r, s.w_new);
   REQUIRE(w_new);
   CHECK(w_new->category == MemoryCategory::Parameters);
   CHECK(w_new->update_of == s.w);
@@ -261,7 +261,7 @@ TEST_CASE("memory: a non-elementwise producer reading its target is not in place
   g.updates.push_back({st, s_new});
   g.updates.push_back({p, p_new});
   REQUIRE(ir::verify(g).empty());
-  passes::MemoryReport r = passes::analyze_memory(g, kNoReuse);
+  analysis::MemoryReport r = analysis::analyze_memory(g, kNoReuse);
   CHECK_FALSE(r.has_backward);
   REQUIRE(r.updates.size() == 2);
   CHECK_FALSE(r.updates[0].in_place);
@@ -292,7 +292,7 @@ forward:
 loss: cross_entropy(logits, labels)
 optimizer: sgd(lr=0.1)
 )yaml");
-  passes::MemoryReport r = passes::analyze_memory(g, kNoReuse);
+  analysis::MemoryReport r = analysis::analyze_memory(g, kNoReuse);
   CHECK_FALSE(r.has_backward);
   // Resident: x 128 + labels 16; w1 512 + b1 64 + w2 192 + b2 12 = 780.
   CHECK(r.category_bytes(MemoryCategory::Inputs) == 144);
@@ -316,6 +316,6 @@ optimizer: sgd(lr=0.1)
   CHECK_FALSE(r.phase_peak(ir::Phase::Optimizer).found);
   // The loss is an output: it lives to the end (the last position).
   ir::ValueId loss = g.find_output("loss");
-  for (const passes::MemoryBuffer& b : r.buffers)
+  for (const analysis::MemoryBuffer& b : r.buffers)
     if (b.value == loss) CHECK(b.last == 5);
 }

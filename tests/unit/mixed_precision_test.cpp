@@ -15,15 +15,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "analysis/cost.h"
+#include "analysis/memory.h"
 #include "frontend/frontend.h"
 #include "interp/interpreter.h"
 #include "ir/printer.h"
-#include "passes/amp_audit.h"
-#include "passes/cost.h"
-#include "passes/memory.h"
+#include "ir/quantities.h"
 #include "passes/mixed_precision.h"
-#include "passes/report.h"
 #include "passes/pipeline.h"
+#include "report/amp_audit.h"
+#include "report/report.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -443,14 +444,14 @@ TEST_CASE("fp8: a matmul's error is within the E4M3 bound, and tiny magnitudes a
 
 TEST_CASE("AMP audit: one line under fp32 - casts, rules and the fp32 comparison under bf16-mixed") {
   ir::Graph fp32 = compile_model("mlp", "fp32");
-  passes::StepCost c32 = passes::analyze_step(fp32, nullptr);
-  passes::MemoryReport m32 = passes::analyze_memory(fp32);
-  CHECK(passes::render_amp_audit_text(fp32, c32, m32, nullptr, true) == "\nAMP audit: precision fp32, no casts inserted\n");
+  analysis::StepCost c32 = analysis::analyze_step(fp32, nullptr);
+  analysis::MemoryReport m32 = analysis::analyze_memory(fp32);
+  CHECK(report::render_amp_audit_text(fp32, c32, m32, nullptr, true) == "\nAMP audit: precision fp32, no casts inserted\n");
 
   ir::Graph mixed = compile_model("mlp", "bf16-mixed");
-  passes::StepCost c = passes::analyze_step(mixed, nullptr);
-  passes::MemoryReport m = passes::analyze_memory(mixed);
-  std::string text = passes::render_amp_audit_text(mixed, c, m, &fp32, false);
+  analysis::StepCost c = analysis::analyze_step(mixed, nullptr);
+  analysis::MemoryReport m = analysis::analyze_memory(mixed);
+  std::string text = report::render_amp_audit_text(mixed, c, m, &fp32, false);
   INFO(text);
   CHECK(text.find("casts inserted                            9  (3 matmul input, 3 param low-precision copy, 3 promotion)") !=
         std::string::npos);
@@ -460,14 +461,14 @@ TEST_CASE("AMP audit: one line under fp32 - casts, rules and the fp32 comparison
   CHECK(text.find("backward  bf16 -> f32       5") != std::string::npos);
   // The comparison's fp32 column is the fp32 step's own analysis.
   double fp32_bytes = c32.total.bytes_read + c32.total.bytes_written;
-  CHECK(text.find(passes::with_commas(fp32_bytes)) != std::string::npos);
-  CHECK(text.find(passes::with_commas(static_cast<double>(m32.peak.bytes))) != std::string::npos);
+  CHECK(text.find(ir::with_commas(fp32_bytes)) != std::string::npos);
+  CHECK(text.find(ir::with_commas(static_cast<double>(m32.peak.bytes))) != std::string::npos);
   CHECK(text.find("forward ops, one by one") == std::string::npos);  // only with show_ops
-  CHECK(passes::render_amp_audit_text(mixed, c, m, &fp32, true).find("forward ops, one by one") != std::string::npos);
+  CHECK(report::render_amp_audit_text(mixed, c, m, &fp32, true).find("forward ops, one by one") != std::string::npos);
   CHECK(text.find("as written") == std::string::npos);  // inserted casts are listed, not counted as ops
 
   nlohmann::json j;
-  passes::add_amp_audit_json(j, mixed, c, m, &fp32);
+  report::add_amp_audit_json(j, mixed, c, m, &fp32);
   CHECK(j["amp_audit"]["casts"].size() == 9);
   CHECK(j["amp_audit"]["vs_fp32"]["bytes_moved"]["fp32"].get<double>() == fp32_bytes);
 }

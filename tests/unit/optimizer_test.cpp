@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "analysis/cost.h"
 #include "interp/interpreter.h"
-#include "passes/cost.h"
 #include "passes/optimizer.h"
 #include "support/test_models.h"
 
@@ -652,7 +652,7 @@ TEST_CASE("optimizer: AdamW's FLOPs are the formula's operations, counted by han
   const double per_element = 3 + 4 + 3 + 3;
   // Decoupled decay of w: p · (1 − lr_t·wd): a scalar mul and sub, then one mul per element.
   const double decay = 2 + N_w;
-  passes::StepCost c = passes::analyze_step(g, nullptr);
+  analysis::StepCost c = analysis::analyze_step(g, nullptr);
   CHECK(c.phase(ir::Phase::Optimizer).flops == shared + per_element * (N_w + N_b) + decay);
   CHECK(c.phase(ir::Phase::Optimizer).flops == 119);
 }

@@ -12,12 +12,12 @@
 #include <regex>
 #include <string>
 
+#include "analysis/cost.h"
+#include "analysis/memory.h"
+#include "analysis/memory_plan.h"
 #include "interp/interpreter.h"
-#include "passes/memory.h"
-#include "passes/memory_plan.h"
 #include "passes/recompute.h"
-#include "passes/report.h"
-#include "passes/cost.h"
+#include "report/report.h"
 #include "support/test_io.h"
 #include "support/test_models.h"
 
@@ -55,7 +55,7 @@ Compiled compile_with_budget(const std::string& stem, int64_t budget) {
   return c;
 }
 
-int64_t arena_of(const ir::Graph& g) { return passes::plan_memory(passes::analyze_memory(g)).arena_bytes; }
+int64_t arena_of(const ir::Graph& g) { return analysis::plan_memory(analysis::analyze_memory(g)).arena_bytes; }
 
 // The smallest budget an unmeetable budget's error names.
 int64_t smallest_budget(const std::string& stem) {
@@ -114,8 +114,8 @@ TEST_CASE("recompute: a budget between the smallest and the unconstrained arena 
     CHECK(r.peak_after < r.peak_before);
     REQUIRE_FALSE(r.values.empty());
     // FLOPs added are exactly the step's growth.
-    double before = passes::analyze_step(*base.g, nullptr).total.flops;
-    double after = passes::analyze_step(*c.g, nullptr).total.flops;
+    double before = analysis::analyze_step(*base.g, nullptr).total.flops;
+    double after = analysis::analyze_step(*c.g, nullptr).total.flops;
     CHECK(r.flops_added > 0);
     CHECK(after - before == doctest::Approx(r.flops_added).epsilon(1e-12));
     CHECK(r.step_flops == doctest::Approx(before).epsilon(1e-12));
@@ -164,13 +164,13 @@ TEST_CASE("recompute: on gpt cheap ops go first, matmuls last") {
 TEST_CASE("recompute: the report lists what is recomputed") {
   Compiled c = compile_with_budget("gpt", arena_of(*compile_with_budget("gpt", 0).g) - 1);
   REQUIRE(c.g.has_value());
-  passes::StepCost cost = passes::analyze_step(*c.g, nullptr);
-  passes::MemoryReport memory = passes::analyze_memory(*c.g);
-  std::string text = passes::render_report_text(*c.g, cost, memory, {"gpt.yaml", false, &c.report});
+  analysis::StepCost cost = analysis::analyze_step(*c.g, nullptr);
+  analysis::MemoryReport memory = analysis::analyze_memory(*c.g);
+  std::string text = report::render_report_text(*c.g, cost, memory, {"gpt.yaml", false, &c.report});
   CHECK(text.find("\nrecompute (--memory-budget ") != std::string::npos);
   CHECK(text.find("saved at the peak") != std::string::npos);
   CHECK(text.find(c.report.values[0].name) != std::string::npos);
-  auto j = nlohmann::json::parse(passes::render_report_json(*c.g, cost, memory, {"gpt.yaml", false, &c.report}));
+  auto j = nlohmann::json::parse(report::render_report_json(*c.g, cost, memory, {"gpt.yaml", false, &c.report}));
   CHECK(j["recompute"]["values"].size() == c.report.values.size());
   CHECK(j["recompute"]["arena_after"] == j["memory"]["arena"]);
   CHECK(j["recompute"]["saved_at_peak"].get<int64_t>() == c.report.peak_before - c.report.peak_after);

@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "passes/cost.h"
-#include "passes/memory.h"
-#include "passes/report.h"
+#include "analysis/cost.h"
+#include "analysis/memory.h"
+#include "report/report.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -22,7 +22,7 @@ std::string read_model(const std::string& name) { return napkin::testing::read_s
 TEST_CASE("step cost: Cruncher's step is 6·B·params − 2·B·D² + the loss + AdaGrad's 7 FLOPs per parameter") {
   ir::Graph g = compile_training(read_model("cruncher.yaml"), "models/cruncher.yaml");
   const double B = 256, D = 1024, L = 4, P = D * D * L + D;
-  passes::StepCost c = passes::analyze_step(g, nullptr);
+  analysis::StepCost c = analysis::analyze_step(g, nullptr);
   CHECK(c.params == P);
   // forward: the matmuls, then mse = sub, square, sum per element.
   CHECK(c.phase(ir::Phase::Forward).flops == 2 * B * P + 3 * B);
@@ -51,9 +51,9 @@ forward:
 loss: mean(y)
 optimizer: sgd(lr=0.1)
 )yaml");
-  passes::StepCost c = passes::analyze_step(g, nullptr);
+  analysis::StepCost c = analysis::analyze_step(g, nullptr);
   double w_backward = 0;
-  for (const passes::OpRow& row : c.rows) {
+  for (const analysis::OpRow& row : c.rows) {
     const ir::Node& n = g.node(row.node);
     if (row.phase == ir::Phase::Backward && row.category == "param-matmul" && g.node(n.origin).loc.line == 9 &&
         g.value(g.node(n.origin).in(1)).name == "w")
@@ -66,9 +66,9 @@ optimizer: sgd(lr=0.1)
 
 TEST_CASE("step cost: AdamW in fp32 keeps 16 bytes per parameter (params, grads, m, v)") {
   ir::Graph g = compile_training(read_model("gpt.yaml"), "models/gpt.yaml");
-  passes::MemoryReport m = passes::analyze_memory(g);
+  analysis::MemoryReport m = analysis::analyze_memory(g);
   double p = static_cast<double>(g.param_count());
-  using passes::MemoryCategory;
+  using analysis::MemoryCategory;
   CHECK(m.category_bytes(MemoryCategory::Parameters) == 4 * p);
   CHECK(m.category_bytes(MemoryCategory::Gradients) == 4 * p);
   // m and v, plus the 8-byte step counter.
@@ -82,8 +82,8 @@ TEST_CASE("step cost: counted − 6·T·P splits exactly into the report's terms
     std::string name = model.filename().string();
     CAPTURE(name);
     ir::Graph g = compile_training(read_model(name), "models/" + name);
-    passes::StepCost c = passes::analyze_step(g, nullptr);
-    auto j = nlohmann::json::parse(passes::render_report_json(g, c, passes::analyze_memory(g), {name, false}));
+    analysis::StepCost c = analysis::analyze_step(g, nullptr);
+    auto j = nlohmann::json::parse(report::render_report_json(g, c, analysis::analyze_memory(g), {name, false}));
     const auto& f = j["flops"];
     double t = c.tokens, p = static_cast<double>(c.params), p_mm = static_cast<double>(c.params_in_matmuls);
     double terms = -6 * t * (p - p_mm) + (f["param_matmul"]["forward"].get<double>() - 2 * t * p_mm) +
@@ -102,13 +102,13 @@ TEST_CASE("step cost: counted − 6·T·P splits exactly into the report's terms
 
 TEST_CASE("step cost: GPT's attention matches PaLM's 12·L·d·T per token") {
   ir::Graph g = compile_training(read_model("gpt.yaml"), "models/gpt.yaml");
-  passes::StepCost c = passes::analyze_step(g, passes::find_device("h100"));
+  analysis::StepCost c = analysis::analyze_step(g, analysis::find_device("h100"));
   // gpt.yaml: L=4, d=256, T=128, batch 16: forward scores and mixing are
   // 2·2·B·T·T·d per layer; backward is twice that.
   const double B = 16, T = 128, d = 256, L = 4;
   double attention = c.phase(ir::Phase::Forward).activation_matmul_flops + c.phase(ir::Phase::Backward).activation_matmul_flops;
   CHECK(attention == 12 * L * d * T * (B * T));
-  auto j = nlohmann::json::parse(passes::render_report_json(g, c, passes::analyze_memory(g), {"gpt", false}));
+  auto j = nlohmann::json::parse(report::render_report_json(g, c, analysis::analyze_memory(g), {"gpt", false}));
   CHECK(j["flops"]["palm"]["layers"].get<double>() == L);
   CHECK(j["flops"]["palm"]["d"].get<double>() == d);
   CHECK(j["flops"]["palm"]["seq"].get<double>() == T);

@@ -1,4 +1,4 @@
-// The time model (passes/step_time.h) against hand formulas on a device whose
+// The time model (analysis/step_time.h) against hand formulas on a device whose
 // figures are round numbers: the kernels are the backend's kernels (one per
 // fusion group or non-view node), each takes max(FLOPs/rate, bytes/bandwidth)
 // plus the launch cost, contractions at peak x the GEMM efficiency of their
@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "analysis/cost.h"
+#include "analysis/step_time.h"
 #include "codegen/plan.h"
 #include "ir/fusion_group.h"
-#include "passes/cost.h"
-#include "passes/step_time.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -19,8 +19,8 @@ using napkin::testing::compile_training;
 
 namespace {
 
-passes::Device round_device() {
-  passes::Device d;
+analysis::Device round_device() {
+  analysis::Device d;
   d.name = "round";
   d.memory_bytes = 1e9;
   d.bandwidth_bytes_per_s = 1e10;  // 10 GB/s
@@ -53,13 +53,13 @@ optimizer: adamw(lr=1e-3)
 
 TEST_CASE("time model: one prediction per backend kernel, in schedule order") {
   ir::Graph g = compile_training(kMlp);
-  passes::Device d = round_device();
-  passes::StepTime t = passes::predict_step_time(g, passes::analyze_step(g, &d), d);
+  analysis::Device d = round_device();
+  analysis::StepTime t = analysis::predict_step_time(g, analysis::analyze_step(g, &d), d);
   codegen::KernelPlan plan = codegen::plan_kernels(g);
   REQUIRE(t.kernels.size() == plan.kernels.size());
   for (size_t i = 0; i < plan.kernels.size(); ++i) CHECK(t.kernels[i].node == plan.kernels[i].node);
   double sum = 0;
-  for (const passes::KernelTime& k : t.kernels) sum += k.seconds;
+  for (const analysis::KernelTime& k : t.kernels) sum += k.seconds;
   CHECK(t.seconds == doctest::Approx(sum));
   CHECK(t.launch_seconds == doctest::Approx(1e-6 * static_cast<double>(t.kernels.size())));
   double classes = 0;
@@ -69,11 +69,11 @@ TEST_CASE("time model: one prediction per backend kernel, in schedule order") {
 
 TEST_CASE("time model: a contraction runs at peak times the efficiency of its narrowest dim") {
   ir::Graph g = compile_training(kMlp);
-  passes::Device d = round_device();
-  passes::StepTime t = passes::predict_step_time(g, passes::analyze_step(g, &d), d);
+  analysis::Device d = round_device();
+  analysis::StepTime t = analysis::predict_step_time(g, analysis::analyze_step(g, &d), d);
   // The forward x @ w1: 64 x 128 @ 128 x 32, narrowest 32: half the peak.
   auto first = std::find_if(t.kernels.begin(), t.kernels.end(),
-                            [](const passes::KernelTime& k) { return k.kind == passes::KernelClass::Matmul; });
+                            [](const analysis::KernelTime& k) { return k.kind == analysis::KernelClass::Matmul; });
   REQUIRE(first != t.kernels.end());
   CHECK(first->narrowest == 32);
   const double flops = 2.0 * 64 * 128 * 32, bytes = 4.0 * (64 * 128 + 128 * 32 + 64 * 32);
@@ -82,20 +82,20 @@ TEST_CASE("time model: a contraction runs at peak times the efficiency of its na
   CHECK(first->rate == doctest::Approx(0.5e12));
   CHECK(first->seconds == doctest::Approx(std::max(flops / 0.5e12, bytes / 1e10) + 1e-6));
   // h @ w2 has n = 8: a quarter of the peak; between points the curve is linear in log2(dim).
-  CHECK(passes::gemm_efficiency(d, ir::DType::F32, 8) == 0.25);
-  CHECK(passes::gemm_efficiency(d, ir::DType::F32, 64) == doctest::Approx(0.75));
-  CHECK(passes::gemm_efficiency(d, ir::DType::F32, 4096) == 1.0);
-  CHECK(passes::gemm_efficiency(d, ir::DType::F64, 8) == 1.0);  // no f64 curve: the peak itself
+  CHECK(analysis::gemm_efficiency(d, ir::DType::F32, 8) == 0.25);
+  CHECK(analysis::gemm_efficiency(d, ir::DType::F32, 64) == doctest::Approx(0.75));
+  CHECK(analysis::gemm_efficiency(d, ir::DType::F32, 4096) == 1.0);
+  CHECK(analysis::gemm_efficiency(d, ir::DType::F64, 8) == 1.0);  // no f64 curve: the peak itself
 }
 
 TEST_CASE("time model: a fusion group reads each input once and runs as one loop kernel") {
   ir::Graph g = compile_training(kMlp);
-  passes::Device d = round_device();
-  passes::StepTime t = passes::predict_step_time(g, passes::analyze_step(g, &d), d);
+  analysis::Device d = round_device();
+  analysis::StepTime t = analysis::predict_step_time(g, analysis::analyze_step(g, &d), d);
   ir::FusionGroups groups = ir::fusion_groups(g);
   REQUIRE_FALSE(groups.groups.empty());
   int seen = 0;
-  for (const passes::KernelTime& k : t.kernels) {
+  for (const analysis::KernelTime& k : t.kernels) {
     if (k.group < 0) continue;
     ++seen;
     const ir::FusionGroup& fg = groups.groups[static_cast<size_t>(k.group)];
@@ -105,32 +105,32 @@ TEST_CASE("time model: a fusion group reads each input once and runs as one loop
     CHECK(k.bytes == bytes);
     CHECK(k.rate == 1e11);  // loop kernels: the device's loop_flops
     CHECK(k.seconds == doctest::Approx(std::max(k.flops / 1e11, bytes / 1e10) + 1e-6));
-    CHECK((k.kind == passes::KernelClass::Elementwise || k.kind == passes::KernelClass::Optimizer));
+    CHECK((k.kind == analysis::KernelClass::Elementwise || k.kind == analysis::KernelClass::Optimizer));
   }
   CHECK(seen == static_cast<int>(groups.groups.size()));
 }
 
 TEST_CASE("time model: an input comes from the cache when its buffer was touched recently enough") {
   ir::Graph g = compile_training(kMlp);
-  passes::Device d = round_device();
+  analysis::Device d = round_device();
   d.cache_bandwidth_bytes_per_s = 1e11;
   // A cache that holds the whole step: every byte at the cache's bandwidth.
   d.cache_bytes = 1e12;
-  passes::StepTime all = passes::predict_step_time(g, passes::analyze_step(g, &d), d);
-  for (const passes::KernelTime& k : all.kernels)
+  analysis::StepTime all = analysis::predict_step_time(g, analysis::analyze_step(g, &d), d);
+  for (const analysis::KernelTime& k : all.kernels)
     if (k.bytes > 0) CHECK(k.bandwidth == doctest::Approx(1e11));
   // A cache of one byte: every byte from main memory.
   d.cache_bytes = 1;
-  passes::StepTime none = passes::predict_step_time(g, passes::analyze_step(g, &d), d);
-  for (const passes::KernelTime& k : none.kernels)
+  analysis::StepTime none = analysis::predict_step_time(g, analysis::analyze_step(g, &d), d);
+  for (const analysis::KernelTime& k : none.kernels)
     if (k.bytes > 1) CHECK(k.bandwidth == doctest::Approx(1e10));
   // A cache just larger than one kernel's traffic: the backward reads what
   // the forward wrote long before (main memory), while a kernel that reads
   // its predecessor's output gets that input from the cache.
   d.cache_bytes = 40000;
-  passes::StepTime some = passes::predict_step_time(g, passes::analyze_step(g, &d), d);
+  analysis::StepTime some = analysis::predict_step_time(g, analysis::analyze_step(g, &d), d);
   int faster = 0, slower = 0;
-  for (const passes::KernelTime& k : some.kernels) {
+  for (const analysis::KernelTime& k : some.kernels) {
     if (k.bytes == 0) continue;
     CHECK(k.bandwidth >= 1e10 * (1 - 1e-9));
     CHECK(k.bandwidth <= 1e11 * (1 + 1e-9));
@@ -142,17 +142,17 @@ TEST_CASE("time model: an input comes from the cache when its buffer was touched
 
 TEST_CASE("time model: GPT's kernels fall in every class, attention included") {
   ir::Graph g = compile_training(napkin::testing::read_source("models/gpt.yaml"), "models/gpt.yaml");
-  const passes::Device& cpu = *passes::find_device("cpu");
-  passes::StepCost cost = passes::analyze_step(g, &cpu);
-  passes::StepTime t = passes::predict_step_time(g, cost, cpu);
-  for (int c = 0; c < passes::kNumKernelClasses; ++c) {
-    CAPTURE(passes::kernel_class_name(static_cast<passes::KernelClass>(c)));
+  const analysis::Device& cpu = *analysis::find_device("cpu");
+  analysis::StepCost cost = analysis::analyze_step(g, &cpu);
+  analysis::StepTime t = analysis::predict_step_time(g, cost, cpu);
+  for (int c = 0; c < analysis::kNumKernelClasses; ++c) {
+    CAPTURE(analysis::kernel_class_name(static_cast<analysis::KernelClass>(c)));
     CHECK(t.class_seconds[c] > 0);
   }
   // Attention's contractions are the activation matmuls of the cost model.
   double attention_flops = 0;
-  for (const passes::KernelTime& k : t.kernels)
-    if (k.kind == passes::KernelClass::Attention && k.narrowest > 0) attention_flops += k.flops;
+  for (const analysis::KernelTime& k : t.kernels)
+    if (k.kind == analysis::KernelClass::Attention && k.narrowest > 0) attention_flops += k.flops;
   CHECK(attention_flops == cost.phase(ir::Phase::Forward).activation_matmul_flops +
                                cost.phase(ir::Phase::Backward).activation_matmul_flops);
   CHECK(t.mfu > 0);

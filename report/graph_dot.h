@@ -13,7 +13,7 @@
 
 #include "ir/graph.h"
 
-namespace napkin::passes {
+namespace napkin::report {
 
 struct DotOptions {
   bool fusion_groups = true;  // false: draw every node on its own
@@ -21,4 +21,4 @@ struct DotOptions {
 
 std::string graph_dot(const ir::Graph& g, const DotOptions& options = {});
 
-}  // namespace napkin::passes
+}  // namespace napkin::report

@@ -1,26 +1,14 @@
-#include "passes/memory.h"
+#include "analysis/memory.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
+#include "analysis/in_place_reuse.h"
 #include "ir/fusion_group.h"
 #include "ir/internal_check.h"
-#include "passes/memory_plan.h"
 
-namespace napkin::passes {
-
-std::string_view memory_category_name(MemoryCategory c) {
-  switch (c) {
-    case MemoryCategory::Parameters: return "parameters";
-    case MemoryCategory::Gradients: return "gradients";
-    case MemoryCategory::OptimizerState: return "optimizer state";
-    case MemoryCategory::Inputs: return "inputs";
-    case MemoryCategory::SavedActivations: return "saved activations";
-    case MemoryCategory::Temporaries: return "temporaries";
-  }
-  return "?";
-}
+namespace napkin::analysis {
 
 namespace {
 
@@ -233,4 +221,4 @@ MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
   return r;
 }
 
-}  // namespace napkin::passes
+}  // namespace napkin::analysis

@@ -22,7 +22,7 @@
 
 #include "ir/dtype.h"
 
-namespace napkin::passes {
+namespace napkin::analysis {
 
 inline constexpr int kDeviceTableVersion = 2;
 
@@ -116,4 +116,4 @@ double vector_peak(const Device& device, ir::DType dtype);
 // narrowest dim is `narrowest` (GemmEfficiency); 1 without a curve.
 double gemm_efficiency(const Device& device, ir::DType compute_dtype, double narrowest);
 
-}  // namespace napkin::passes
+}  // namespace napkin::analysis

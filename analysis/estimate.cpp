@@ -1,10 +1,10 @@
-#include "passes/estimate.h"
+#include "analysis/estimate.h"
 
 #include <fmt/format.h>
 
 #include "ir/training_config.h"
 
-namespace napkin::passes {
+namespace napkin::analysis {
 
 namespace {
 
@@ -107,4 +107,4 @@ double max_trainable_params(int gpus, double memory_bytes, const BytesPerParam& 
   return gpus * memory_bytes / bytes.total;
 }
 
-}  // namespace napkin::passes
+}  // namespace napkin::analysis

@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "analysis/devices.h"
 #include "ir/graph.h"
-#include "passes/devices.h"
 
-namespace napkin::passes {
+namespace napkin::analysis {
 
 struct OpRow {
   ir::NodeId node = ir::kNoNode;
@@ -75,4 +75,4 @@ struct StepCost {
 // (backward and optimizer phases are then empty) and on training graphs.
 StepCost analyze_step(const ir::Graph& g, const Device* device);
 
-}  // namespace napkin::passes
+}  // namespace napkin::analysis

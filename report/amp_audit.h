@@ -25,19 +25,19 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
+#include "analysis/cost.h"
+#include "analysis/memory.h"
 #include "ir/graph.h"
-#include "passes/cost.h"
-#include "passes/memory.h"
 
-namespace napkin::passes {
+namespace napkin::report {
 
 // The "AMP audit" section of the text report (one line under fp32). show_ops
 // lists every forward op with its compute dtype and rule after the summary.
-std::string render_amp_audit_text(const ir::Graph& g, const StepCost& cost, const MemoryReport& memory,
+std::string render_amp_audit_text(const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,
                                   const ir::Graph* fp32_step, bool show_ops);
 
 // The same as the JSON object report["amp_audit"].
-void add_amp_audit_json(nlohmann::json& report, const ir::Graph& g, const StepCost& cost, const MemoryReport& memory,
+void add_amp_audit_json(nlohmann::json& report, const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,
                         const ir::Graph* fp32_step);
 
-}  // namespace napkin::passes
+}  // namespace napkin::report

@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-namespace napkin::passes {
+namespace napkin::analysis {
 
 // A value, or an error that says what was wrong (and the accepted names). Unknown
 // names are errors: an estimate built on a guessed optimizer would look exact.
@@ -52,4 +52,4 @@ std::string known_precision_names();  // "fp32, bf16-mixed, fp16-mixed, fp8-mixe
 // gpus * memory_bytes, sharded perfectly (ZeRO-3 / FSDP style) as in the lecture.
 double max_trainable_params(int gpus, double memory_bytes, const BytesPerParam& bytes);
 
-}  // namespace napkin::passes
+}  // namespace napkin::analysis

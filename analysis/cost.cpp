@@ -1,4 +1,4 @@
-#include "passes/cost.h"
+#include "analysis/cost.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 #include <map>
 #include <set>
 
-namespace napkin::passes {
+namespace napkin::analysis {
 
 namespace {
 
@@ -152,4 +152,4 @@ StepCost analyze_step(const ir::Graph& g, const Device* device) {
   return c;
 }
 
-}  // namespace napkin::passes
+}  // namespace napkin::analysis

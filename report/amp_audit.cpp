@@ -1,5 +1,5 @@
-// The AMP audit: see passes/amp_audit.h for the terms.
-#include "passes/amp_audit.h"
+// The AMP audit: see report/amp_audit.h for the terms.
+#include "report/amp_audit.h"
 
 #include <fmt/format.h>
 
@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "ir/quantities.h"
 #include "passes/fp8_scaling.h"
 #include "passes/mixed_precision.h"
-#include "passes/report.h"
 
-namespace napkin::passes {
+namespace napkin::report {
 
 namespace {
 
@@ -42,8 +42,8 @@ struct Footprint {
   double bytes_moved = 0;
 };
 
-Footprint footprint(const StepCost& c, const MemoryReport& m) {
-  return {m.category_bytes(MemoryCategory::SavedActivations), m.peak.bytes, c.total.bytes_read + c.total.bytes_written};
+Footprint footprint(const analysis::StepCost& c, const analysis::MemoryReport& m) {
+  return {m.category_bytes(analysis::MemoryCategory::SavedActivations), m.peak.bytes, c.total.bytes_read + c.total.bytes_written};
 }
 
 struct Audit {
@@ -65,24 +65,24 @@ struct Audit {
 
 Audit audit(const ir::Graph& g) {
   Audit a;
-  const std::vector<bool> selected = select_fp32_overrides(g, nullptr);
+  const std::vector<bool> selected = passes::select_fp32_overrides(g, nullptr);
   for (ir::NodeId id : g.schedule()) {
     const ir::Node& n = g.node(id);
     DType dtype = compute_dtype(g, n);
-    if (n.attrs.has(kAmpCastAttr) && n.attrs.get_string(kAmpCastAttr) == kFp8CastReason) {
+    if (n.attrs.has(passes::kAmpCastAttr) && n.attrs.get_string(passes::kAmpCastAttr) == passes::kFp8CastReason) {
       ++a.fp8_ops;
       continue;
     }
     if (n.op == ir::Op::Cast) {
       DType to = g.value(n.out()).type.dtype;
-      if (n.attrs.has(kAmpCastAttr))
-        a.casts.push_back({n.out(), value_label(g, n.in(0)), dtype, to, n.loc.line, n.scope, n.attrs.get_string(kAmpCastAttr)});
+      if (n.attrs.has(passes::kAmpCastAttr))
+        a.casts.push_back({n.out(), value_label(g, n.in(0)), dtype, to, n.loc.line, n.scope, n.attrs.get_string(passes::kAmpCastAttr)});
       else if (n.phase == ir::Phase::Backward) ++a.backward_casts;
     }
     if (ir::op_info(n.op).op_class == ir::OpClass::Contraction)
       ++a.contractions[{n.phase, dtype, ir::dtype_size(dtype) < 4 ? DType::F32 : dtype}];
-    if (n.phase == ir::Phase::Forward && !n.attrs.has(kAmpCastAttr)) {
-      std::string rule(amp_rule_name(amp_rule(n.op, selected[id])));
+    if (n.phase == ir::Phase::Forward && !n.attrs.has(passes::kAmpCastAttr)) {
+      std::string rule(passes::amp_rule_name(passes::amp_rule(n.op, selected[id])));
       ++a.forward_rules[{rule, std::string(ir::op_name(n.op)), dtype}];
       a.ops.push_back({id, std::string(ir::op_name(n.op)), value_label(g, n.out()), rule, dtype, n.loc.line});
     } else if (n.phase == ir::Phase::Backward) {
@@ -98,7 +98,7 @@ std::string change(double now, double before) {
 
 }  // namespace
 
-std::string render_amp_audit_text(const ir::Graph& g, const StepCost& cost, const MemoryReport& memory,
+std::string render_amp_audit_text(const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,
                                   const ir::Graph* fp32_step, bool show_ops) {
   const ir::PrecisionPolicy policy = g.config.precision.policy;
   if (policy == ir::PrecisionPolicy::FP32) return "\nAMP audit: precision fp32, no casts inserted\n";
@@ -131,10 +131,10 @@ std::string render_amp_audit_text(const ir::Graph& g, const StepCost& cost, cons
   }
   if (fp32_step) {
     Footprint now = footprint(cost, memory);
-    Footprint base = footprint(analyze_step(*fp32_step, nullptr), analyze_memory(*fp32_step));
+    Footprint base = footprint(analysis::analyze_step(*fp32_step, nullptr), analysis::analyze_memory(*fp32_step));
     out += fmt::format("  vs fp32                {:>20} {:>20} {:>9}\n", ir::precision_name(policy), "fp32", "change");
     auto row = [&](const char* label, double x, double y) {
-      out += fmt::format("    {:<20} {:>20} {:>20} {:>9}\n", label, with_commas(x), with_commas(y), change(x, y));
+      out += fmt::format("    {:<20} {:>20} {:>20} {:>9}\n", label, ir::with_commas(x), ir::with_commas(y), change(x, y));
     };
     row("saved activations", static_cast<double>(now.saved_activations), static_cast<double>(base.saved_activations));
     row("peak", static_cast<double>(now.peak), static_cast<double>(base.peak));
@@ -148,7 +148,7 @@ std::string render_amp_audit_text(const ir::Graph& g, const StepCost& cost, cons
   return out;
 }
 
-void add_amp_audit_json(nlohmann::json& report, const ir::Graph& g, const StepCost& cost, const MemoryReport& memory,
+void add_amp_audit_json(nlohmann::json& report, const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,
                         const ir::Graph* fp32_step) {
   using nlohmann::json;
   const ir::PrecisionPolicy policy = g.config.precision.policy;
@@ -180,7 +180,7 @@ void add_amp_audit_json(nlohmann::json& report, const ir::Graph& g, const StepCo
   j["contractions"] = contractions;
   if (fp32_step && policy != ir::PrecisionPolicy::FP32) {
     Footprint now = footprint(cost, memory);
-    Footprint base = footprint(analyze_step(*fp32_step, nullptr), analyze_memory(*fp32_step));
+    Footprint base = footprint(analysis::analyze_step(*fp32_step, nullptr), analysis::analyze_memory(*fp32_step));
     auto both = [](double x, double y) { return json{{"policy", x}, {"fp32", y}}; };
     j["vs_fp32"] = {{"saved_activations", both(static_cast<double>(now.saved_activations), static_cast<double>(base.saved_activations))},
                     {"peak", both(static_cast<double>(now.peak), static_cast<double>(base.peak))},
@@ -189,4 +189,4 @@ void add_amp_audit_json(nlohmann::json& report, const ir::Graph& g, const StepCo
   report["amp_audit"] = j;
 }
 
-}  // namespace napkin::passes
+}  // namespace napkin::report

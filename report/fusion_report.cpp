@@ -1,4 +1,4 @@
-#include "passes/fusion_report.h"
+#include "report/fusion_report.h"
 
 #include <fmt/format.h>
 
@@ -6,12 +6,12 @@
 #include <map>
 #include <set>
 
+#include "analysis/memory.h"
+#include "analysis/step_time.h"
 #include "ir/fusion_group.h"
-#include "passes/memory.h"
-#include "passes/report.h"
-#include "passes/step_time.h"
+#include "ir/quantities.h"
 
-namespace napkin::passes {
+namespace napkin::report {
 
 namespace {
 
@@ -67,7 +67,7 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
   }
   std::map<std::string, FusionPattern> patterns;
   for (const ir::FusionGroup& fg : groups.groups) {
-    s.bytes_after += group_bytes(g, fg);
+    s.bytes_after += analysis::group_bytes(g, fg);
     int ops = op_count(g, fg);
     s.fused_ops += ops;
     s.folded_constants += static_cast<int>(fg.nodes.size()) - ops;
@@ -87,10 +87,10 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
   if (s.largest.size() > 3) s.largest.resize(3);
   for (auto& [name, count] : composite) s.composite.emplace_back(name, count);
 
-  s.peak_after = analyze_memory(g).peak.bytes;
+  s.peak_after = analysis::analyze_memory(g).peak.bytes;
   ir::Graph unfused = g;
   for (ir::NodeId id : unfused.schedule()) unfused.node(id).group = -1;
-  s.peak_before = analyze_memory(unfused).peak.bytes;
+  s.peak_before = analysis::analyze_memory(unfused).peak.bytes;
   return s;
 }
 
@@ -105,10 +105,10 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s) {
                      s.kernels_before[2], total(s.kernels_before));
   out += fmt::format("    fused            {:>10} {:>10} {:>10} {:>10}\n", s.kernels_after[0], s.kernels_after[1],
                      s.kernels_after[2], total(s.kernels_after));
-  out += fmt::format("  bytes moved        {} -> {} ({})\n", human_bytes(s.bytes_before), human_bytes(s.bytes_after),
+  out += fmt::format("  bytes moved        {} -> {} ({})\n", ir::human_bytes(s.bytes_before), ir::human_bytes(s.bytes_after),
                      change(s.bytes_before, s.bytes_after));
-  out += fmt::format("  memory peak        {} -> {} ({})\n", human_bytes(static_cast<double>(s.peak_before)),
-                     human_bytes(static_cast<double>(s.peak_after)),
+  out += fmt::format("  memory peak        {} -> {} ({})\n", ir::human_bytes(static_cast<double>(s.peak_before)),
+                     ir::human_bytes(static_cast<double>(s.peak_after)),
                      change(static_cast<double>(s.peak_before), static_cast<double>(s.peak_after)));
   out += fmt::format("  groups             {}: {} ops in {} kernels, {} constants inlined\n", s.groups, s.fused_ops, s.groups,
                      s.folded_constants);
@@ -123,7 +123,7 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s) {
     for (int gid : s.largest) {
       const ir::FusionGroup& fg = groups.groups[gid];
       out += fmt::format("    #{:<4} {:<9} {:>3} ops {:<16} {}\n", gid, ir::phase_name(fg.phase), op_count(g, fg),
-                         shape_text(fg.shape), yaml_lines(g, fg.nodes));
+                         shape_text(fg.shape), analysis::yaml_lines(g, fg.nodes));
     }
   }
   if (!s.composite.empty()) {
@@ -147,7 +147,7 @@ nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s) {
   for (int gid : s.largest) {
     const ir::FusionGroup& fg = groups.groups[gid];
     largest.push_back({{"group", gid}, {"phase", std::string(ir::phase_name(fg.phase))}, {"ops", op_count(g, fg)},
-                       {"shape", fg.shape}, {"lines", yaml_lines(g, fg.nodes)}});
+                       {"shape", fg.shape}, {"lines", analysis::yaml_lines(g, fg.nodes)}});
   }
   json composite = json::object();
   for (const auto& [name, count] : s.composite) composite[name] = count;
@@ -165,4 +165,4 @@ nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s) {
           {"one_kernel_composites", composite}};
 }
 
-}  // namespace napkin::passes
+}  // namespace napkin::report

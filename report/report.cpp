@@ -1,9 +1,4 @@
-#include "passes/report.h"
-
-#include "passes/amp_audit.h"
-#include "passes/memory_plan.h"
-#include "passes/fusion_report.h"
-#include "passes/step_time.h"
+#include "report/report.h"
 
 #include <fmt/format.h>
 
@@ -11,48 +6,18 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
-namespace napkin::passes {
+#include "analysis/memory_plan.h"
+#include "analysis/step_time.h"
+#include "ir/quantities.h"
+#include "report/amp_audit.h"
+#include "report/fusion_report.h"
 
-std::string with_commas(double v) {
-  // Formats the double itself: FLOP totals pass 2^63, where an int64 cast is undefined.
-  std::string digits = fmt::format("{:.0f}", std::fabs(v)), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return (v < 0 && digits != "0" ? "-" : "") + out;
-}
+namespace napkin::report {
 
-namespace {
-std::string scaled(double v, const char* const* units, int count, double step, const char* fmt_spec) {
-  int i = 0;
-  double a = std::fabs(v);
-  while (i + 1 < count && a >= step) {
-    a /= step;
-    v /= step;
-    ++i;
-  }
-  return fmt::format(fmt::runtime(fmt_spec), v, units[i]);
-}
-}  // namespace
-
-std::string human_flops(double flops) {
-  static const char* const units[] = {"FLOP", "KFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP", "EFLOP"};
-  return scaled(flops, units, 7, 1000, "{:.3g} {}");
-}
-
-std::string human_bytes(double bytes) {
-  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  return scaled(bytes, units, 5, 1024, "{:.3g} {}");
-}
-
-std::string human_seconds(double s) {
-  if (s == 0) return "0";
-  if (s < 1e-6) return fmt::format("{:.3g} ns", s * 1e9);
-  if (s < 1e-3) return fmt::format("{:.3g} us", s * 1e6);
-  if (s < 1) return fmt::format("{:.3g} ms", s * 1e3);
-  return fmt::format("{:.3g} s", s);
-}
+using ir::human_bytes;
+using ir::human_flops;
+using ir::human_seconds;
+using ir::with_commas;
 
 namespace {
 
@@ -67,7 +32,7 @@ double intensity(const ir::OpCost& c) {
   return bytes > 0 ? c.flops / bytes : 0;
 }
 
-std::string op_label(const ir::Graph& g, const OpRow& row) {
+std::string op_label(const ir::Graph& g, const analysis::OpRow& row) {
   const ir::Node& n = g.node(row.node);
   std::string label(ir::op_name(n.op));
   if (row.copies) label += " (rearrange copy)";
@@ -75,7 +40,7 @@ std::string op_label(const ir::Graph& g, const OpRow& row) {
 }
 
 // "compute" or "memory" (the larger roofline term), "-" for free ops, "no-peak".
-const char* bound_word(const OpRow& row) {
+const char* bound_word(const analysis::OpRow& row) {
   if (row.no_peak) return "no-peak";
   if (row.seconds == 0) return "-";
   return row.compute_bound ? "compute" : "memory";
@@ -85,9 +50,9 @@ const char* bound_word(const OpRow& row) {
 struct Gap {
   double two_tp, no_matmul_params, param_matmul_excess, activation, other;
 };
-Gap gap_terms(const StepCost& c) {
+Gap gap_terms(const analysis::StepCost& c) {
   double t = c.tokens;
-  const PhaseCost& f = c.phase(ir::Phase::Forward);
+  const analysis::PhaseCost& f = c.phase(ir::Phase::Forward);
   return {2 * t * c.params, -2 * t * static_cast<double>(c.params - c.params_in_matmuls),
           f.param_matmul_flops - 2 * t * c.params_in_matmuls, f.activation_matmul_flops, f.other_flops};
 }
@@ -97,9 +62,9 @@ Gap gap_terms(const StepCost& c) {
 struct StepGap {
   double six_tp, no_matmul_params, forward_weight_excess, backward_weight_excess, activation, other, optimizer;
 };
-StepGap step_gap_terms(const StepCost& c) {
+StepGap step_gap_terms(const analysis::StepCost& c) {
   double t = c.tokens;
-  const PhaseCost &f = c.phase(ir::Phase::Forward), &b = c.phase(ir::Phase::Backward);
+  const analysis::PhaseCost &f = c.phase(ir::Phase::Forward), &b = c.phase(ir::Phase::Backward);
   double p_mm = static_cast<double>(c.params_in_matmuls);
   return {6 * t * c.params,
           -6 * t * static_cast<double>(c.params - c.params_in_matmuls),
@@ -119,11 +84,11 @@ struct PalmTerms {
   bool found = false;
   double layers = 0, d = 0, seq = 0;
 };
-PalmTerms palm_terms(const ir::Graph& g, const StepCost& c) {
+PalmTerms palm_terms(const ir::Graph& g, const analysis::StepCost& c) {
   PalmTerms p;
   std::set<std::string> scopes;
   const ir::Node* first = nullptr;
-  for (const OpRow& row : c.rows)
+  for (const analysis::OpRow& row : c.rows)
     if (row.phase == ir::Phase::Forward && row.category == "activation-matmul") {
       const ir::Node& n = g.node(row.node);
       if (!first) first = &n;
@@ -154,14 +119,14 @@ std::string list_names(const std::vector<std::string>& names, size_t limit) {
 
 namespace {
 
-std::string ops_table(const ir::Graph& g, const StepCost& c) {
+std::string ops_table(const ir::Graph& g, const analysis::StepCost& c) {
   std::string out = "\nops (schedule order; FLOPs: 2 per multiply-add; views are free)\n";
   out += fmt::format("{:>4}  {:<5} {:<26} {:>5}  {:<10} {:<22} {:>11} {:>11} {:>11} {:>8}", "#", "phase", "op", "line",
                      "scope", "output", "FLOPs", "read", "written", "FLOP/B");
   if (c.device) out += fmt::format(" {:>10}  {}", "roofline", "bound");
   out += "\n";
   int index = 0;
-  for (const OpRow& row : c.rows) {
+  for (const analysis::OpRow& row : c.rows) {
     const ir::Node& n = g.node(row.node);
     static const char* const kPhase[] = {"fwd", "bwd", "opt"};
     out += fmt::format("{:>4}  {:<5} {:<26} {:>5}  {:<10} {:<22} {:>11} {:>11} {:>11} {:>8.3g}", ++index,
@@ -179,7 +144,7 @@ std::string ops_table(const ir::Graph& g, const StepCost& c) {
   return out;
 }
 
-std::string phase_line(const char* label, const PhaseCost& p, const PhaseCost& forward, const Device* device) {
+std::string phase_line(const char* label, const analysis::PhaseCost& p, const analysis::PhaseCost& forward, const analysis::Device* device) {
   std::string out = fmt::format("  {:<20} {:>22}  ({}", label, with_commas(p.flops), human_flops(p.flops));
   if (&p != &forward && forward.flops > 0) out += fmt::format("; {:.3f}x forward", p.flops / forward.flops);
   out += ")";
@@ -187,11 +152,11 @@ std::string phase_line(const char* label, const PhaseCost& p, const PhaseCost& f
   return out + "\n";
 }
 
-std::string flops_section(const StepCost& c) {
+std::string flops_section(const analysis::StepCost& c) {
   std::string out = "\nFLOPs per step (ops: forward " + std::to_string(c.phase(ir::Phase::Forward).ops) + ", backward " +
                     std::to_string(c.phase(ir::Phase::Backward).ops) + ", optimizer " +
                     std::to_string(c.phase(ir::Phase::Optimizer).ops) + ")\n";
-  const PhaseCost& f = c.phase(ir::Phase::Forward);
+  const analysis::PhaseCost& f = c.phase(ir::Phase::Forward);
   out += phase_line("forward", f, f, c.device);
   out += phase_line("backward", c.phase(ir::Phase::Backward), f, c.device);
   out += phase_line("optimizer", c.phase(ir::Phase::Optimizer), f, c.device);
@@ -202,20 +167,20 @@ std::string flops_section(const StepCost& c) {
   return out;
 }
 
-std::string time_section(const ir::Graph& g, const StepCost& c) {
+std::string time_section(const ir::Graph& g, const analysis::StepCost& c) {
   if (!c.device) return "";
-  const Device& d = *c.device;
-  StepTime t = predict_step_time(g, c, d);
+  const analysis::Device& d = *c.device;
+  analysis::StepTime t = analysis::predict_step_time(g, c, d);
   std::string out = fmt::format(
       "\ntime on {} (time model: per kernel after fusion, max(FLOPs/rate, bytes/bandwidth) + launch; docs/report.md)\n",
       d.name);
   out += fmt::format("  predicted step       {:>22}  ({} kernels; {} of it launch overhead)\n", human_seconds(t.seconds),
                      t.kernels.size(), human_seconds(t.launch_seconds));
-  for (int k = 0; k < kNumKernelClasses; ++k)
+  for (int k = 0; k < analysis::kNumKernelClasses; ++k)
     if (t.class_seconds[k] > 0)
-      out += fmt::format("    {:<18} {:>22}  ({:.1f}%)\n", kernel_class_name(static_cast<KernelClass>(k)),
+      out += fmt::format("    {:<18} {:>22}  ({:.1f}%)\n", analysis::kernel_class_name(static_cast<analysis::KernelClass>(k)),
                          human_seconds(t.class_seconds[k]), 100 * t.class_seconds[k] / t.seconds);
-  double peak = matmul_peak(d, c.matmul_dtype);
+  double peak = analysis::matmul_peak(d, c.matmul_dtype);
   if (peak > 0 && t.seconds > 0) {
     out += fmt::format("  MFU                  {:>21.1f}%  (counted FLOPs / (predicted step x {} {} matmul peak {}/s))\n",
                        100 * t.mfu, d.name, ir::dtype_name(c.matmul_dtype), human_flops(peak));
@@ -228,13 +193,13 @@ std::string time_section(const ir::Graph& g, const StepCost& c) {
   if (t.kernels_without_peak > 0)
     out += fmt::format("  INCOMPLETE: {} {} in a dtype {} has no peak for; not counted in the time\n", t.kernels_without_peak,
                        t.kernels_without_peak == 1 ? "kernel computes" : "kernels compute", d.name);
-  std::string figures = peak > 0 ? fmt::format("  peak: {}\n", d.source_of(peak_figure_name(d, c.matmul_dtype))) : "";
+  std::string figures = peak > 0 ? fmt::format("  peak: {}\n", d.source_of(analysis::peak_figure_name(d, c.matmul_dtype))) : "";
   figures += fmt::format("  bandwidth: {}\n", d.source_of("bandwidth"));
-  if (std::string file = local_origin(d); !file.empty()) figures += fmt::format("  (row read from the local device file {})\n", file);
+  if (std::string file = analysis::local_origin(d); !file.empty()) figures += fmt::format("  (row read from the local device file {})\n", file);
   return out + figures;
 }
 
-std::string step_rule_section(const ir::Graph& g, const StepCost& c) {
+std::string step_rule_section(const ir::Graph& g, const analysis::StepCost& c) {
   StepGap gap = step_gap_terms(c);
   std::string out = "\nstep FLOPs vs 6·tokens·params\n";
   out += fmt::format("  tokens per step      {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
@@ -264,9 +229,9 @@ std::string step_rule_section(const ir::Graph& g, const StepCost& c) {
   return out;
 }
 
-std::string forward_rule_section(const StepCost& c) {
+std::string forward_rule_section(const analysis::StepCost& c) {
   Gap gap = gap_terms(c);
-  const PhaseCost& f = c.phase(ir::Phase::Forward);
+  const analysis::PhaseCost& f = c.phase(ir::Phase::Forward);
   std::string out = "\nforward FLOPs vs 2·tokens·params\n";
   out += fmt::format("  2·tokens·params      {:>22}  ({})\n", with_commas(gap.two_tp), human_flops(gap.two_tp));
   out += fmt::format("  counted forward      {:>22}  ({}; {:.4f}x the rule)\n", with_commas(f.flops), human_flops(f.flops),
@@ -281,7 +246,7 @@ std::string forward_rule_section(const StepCost& c) {
   return out;
 }
 
-std::string peak_where(const ir::Graph& g, const MemoryPeak& peak) {
+std::string peak_where(const ir::Graph& g, const analysis::MemoryPeak& peak) {
   if (!peak.found) return "no ops";
   const ir::Node& n = g.node(peak.node);
   return fmt::format("at op #{} {} ({}, line {}{})", peak.position + 1, ir::op_name(n.op), ir::phase_name(peak.phase),
@@ -298,14 +263,14 @@ struct PlanNumbers {
   int in_place_buffers = 0;
   int64_t in_place_bytes = 0, arena_without_reuse = 0, peak_without_reuse = 0;
 };
-PlanNumbers plan_numbers(const ir::Graph& g, const MemoryReport& m) {
-  MemoryPlan plan = plan_memory(m);
-  MemoryReport separate = analyze_memory(g, {.in_place_reuse = false});
-  return {naive_bytes(m),         m.peak.bytes,       plan.arena_bytes, plan.in_place_buffers, plan.in_place_bytes,
-          plan_memory(separate).arena_bytes, separate.peak.bytes};
+PlanNumbers plan_numbers(const ir::Graph& g, const analysis::MemoryReport& m) {
+  analysis::MemoryPlan plan = analysis::plan_memory(m);
+  analysis::MemoryReport separate = analysis::analyze_memory(g, {.in_place_reuse = false});
+  return {analysis::naive_bytes(m),         m.peak.bytes,       plan.arena_bytes, plan.in_place_buffers, plan.in_place_bytes,
+          analysis::plan_memory(separate).arena_bytes, separate.peak.bytes};
 }
 
-std::string plan_lines(const ir::Graph& g, const MemoryReport& m) {
+std::string plan_lines(const ir::Graph& g, const analysis::MemoryReport& m) {
   PlanNumbers p = plan_numbers(g, m);
   auto line = [](std::string_view label, int64_t bytes, const std::string& what) {
     return fmt::format("  {:<20} {:>22}  ({}: {})\n", label, with_commas(static_cast<double>(bytes)),
@@ -323,7 +288,7 @@ std::string plan_lines(const ir::Graph& g, const MemoryReport& m) {
   return out;
 }
 
-std::string recompute_section(const RecomputeReport& r) {
+std::string recompute_section(const passes::RecomputeReport& r) {
   std::string out = fmt::format("\nrecompute (--memory-budget {}: {})\n", with_commas(static_cast<double>(r.budget)),
                                 human_bytes(static_cast<double>(r.budget)));
   if (r.values.empty()) {
@@ -331,7 +296,7 @@ std::string recompute_section(const RecomputeReport& r) {
     return out;
   }
   out += fmt::format("  {:>12}  {:>12}  {:<16} {:<32} {}\n", "bytes", "FLOPs", "op", "value", "line");
-  for (const RecomputedValue& v : r.values)
+  for (const passes::RecomputedValue& v : r.values)
     out += fmt::format("  {:>12}  {:>12}  {:<16} {:<32} {}\n", human_bytes(static_cast<double>(v.bytes)),
                        human_flops(v.flops), v.op, v.name, v.line);
   out += fmt::format("  values recomputed    {:>22}\n", r.values.size());
@@ -345,34 +310,34 @@ std::string recompute_section(const RecomputeReport& r) {
   return out;
 }
 
-std::string memory_section(const ir::Graph& g, const MemoryReport& m) {
+std::string memory_section(const ir::Graph& g, const analysis::MemoryReport& m) {
   std::string out = "\nmemory (each buffer once; views are free; updates are written in place)\n";
-  for (MemoryCategory cat : kMemoryCategories) {
+  for (analysis::MemoryCategory cat : analysis::kMemoryCategories) {
     int64_t bytes = m.category_bytes(cat);
     std::vector<std::string> dtypes;
     for (const auto& [dtype, b] : m.category_bytes_by_dtype(cat))
       if (b > 0) dtypes.push_back(fmt::format("{} {}", ir::dtype_name(dtype), human_bytes(static_cast<double>(b))));
-    out += fmt::format("  {:<20} {:>22}  ({}{})\n", memory_category_name(cat), with_commas(static_cast<double>(bytes)),
+    out += fmt::format("  {:<20} {:>22}  ({}{})\n", analysis::memory_category_name(cat), with_commas(static_cast<double>(bytes)),
                        human_bytes(static_cast<double>(bytes)), dtypes.size() > 1 ? "; " + fmt::format("{}", fmt::join(dtypes, ", ")) : "");
   }
   out += fmt::format("  peak                 {:>22}  ({}, {})\n", with_commas(static_cast<double>(m.peak.bytes)),
                      human_bytes(static_cast<double>(m.peak.bytes)), peak_where(g, m.peak));
   std::vector<std::string> parts;
-  for (MemoryCategory cat : kMemoryCategories)
+  for (analysis::MemoryCategory cat : analysis::kMemoryCategories)
     if (m.peak.category_bytes(cat) > 0)
-      parts.push_back(fmt::format("{} {}", memory_category_name(cat), human_bytes(static_cast<double>(m.peak.category_bytes(cat)))));
+      parts.push_back(fmt::format("{} {}", analysis::memory_category_name(cat), human_bytes(static_cast<double>(m.peak.category_bytes(cat)))));
   out += fmt::format("    alive at the peak: {}\n", fmt::join(parts, ", "));
   int shown = 0;
-  for (const MemoryBuffer& b : m.peak.live) {
+  for (const analysis::MemoryBuffer& b : m.peak.live) {
     if (b.resident) continue;  // params, state and inputs are always there; list what the schedule makes
     if (++shown > 8) break;
     out += fmt::format("      {:>12}  {:<18} {:<32} line {}\n", human_bytes(static_cast<double>(b.bytes)),
-                       memory_category_name(b.category), b.name, b.line);
+                       analysis::memory_category_name(b.category), b.name, b.line);
   }
   out += plan_lines(g, m);
   static const ir::Phase kPhases[] = {ir::Phase::Forward, ir::Phase::Backward, ir::Phase::Optimizer};
   for (ir::Phase phase : kPhases) {
-    const MemoryPeak& p = m.phase_peak(phase);
+    const analysis::MemoryPeak& p = m.phase_peak(phase);
     if (!p.found) continue;
     out += fmt::format("  peak in {:<12} {:>22}  ({}, {})\n", ir::phase_name(phase), with_commas(static_cast<double>(p.bytes)),
                        human_bytes(static_cast<double>(p.bytes)), peak_where(g, p));
@@ -382,14 +347,14 @@ std::string memory_section(const ir::Graph& g, const MemoryReport& m) {
 
 }  // namespace
 
-std::string render_report_text(const ir::Graph& g, const StepCost& c, const MemoryReport& memory,
+std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, const analysis::MemoryReport& memory,
                                const ReportOptions& options) {
   std::string out;
   out += fmt::format("napkin report: {} ({})\n", g.name, options.model_path);
   out += fmt::format("precision {}, optimizer {}\n", ir::precision_name(g.config.precision.policy),
                      ir::optimizer_name(g.config.optimizer.kind));
   if (c.device)
-    out += fmt::format("device {}: {} (device table v{})\n", c.device->name, c.device->description, kDeviceTableVersion);
+    out += fmt::format("device {}: {} (device table v{})\n", c.device->name, c.device->description, analysis::kDeviceTableVersion);
   if (options.show_ops) out += ops_table(g, c);
   out += flops_section(c);
   out += time_section(g, c);
@@ -408,13 +373,13 @@ std::string render_report_text(const ir::Graph& g, const StepCost& c, const Memo
   return out;
 }
 
-std::string render_report_json(const ir::Graph& g, const StepCost& c, const MemoryReport& memory,
+std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, const analysis::MemoryReport& memory,
                                const ReportOptions& options) {
   using nlohmann::json;
   json j;
   j["model"] = g.name;
   j["file"] = options.model_path;
-  j["device_table_version"] = kDeviceTableVersion;
+  j["device_table_version"] = analysis::kDeviceTableVersion;
   j["precision"] = std::string(ir::precision_name(g.config.precision.policy));
   j["optimizer"] = std::string(ir::optimizer_name(g.config.optimizer.kind));
   j["params"] = c.params;
@@ -424,7 +389,7 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
   j["tokens_source"] = c.tokens_source;
   Gap gap = gap_terms(c);
   StepGap step = step_gap_terms(c);
-  const PhaseCost &f = c.phase(ir::Phase::Forward), &b = c.phase(ir::Phase::Backward), &o = c.phase(ir::Phase::Optimizer);
+  const analysis::PhaseCost &f = c.phase(ir::Phase::Forward), &b = c.phase(ir::Phase::Backward), &o = c.phase(ir::Phase::Optimizer);
   j["flops"] = {{"forward", f.flops},
                 {"backward", b.flops},
                 {"optimizer", o.flops},
@@ -450,14 +415,14 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
     by_dtype[std::string(ir::dtype_name(dtype))] = bytes;
     param_bytes += bytes;
   }
-  auto cat = [&](MemoryCategory k) { return memory.category_bytes(k); };
-  auto peak_json = [&](const MemoryPeak& p) {
+  auto cat = [&](analysis::MemoryCategory k) { return memory.category_bytes(k); };
+  auto peak_json = [&](const analysis::MemoryPeak& p) {
     json by_category = json::object();
-    for (MemoryCategory k : kMemoryCategories) by_category[std::string(memory_category_name(k))] = p.category_bytes(k);
+    for (analysis::MemoryCategory k : analysis::kMemoryCategories) by_category[std::string(analysis::memory_category_name(k))] = p.category_bytes(k);
     json live = json::array();
-    for (const MemoryBuffer& b : p.live)
+    for (const analysis::MemoryBuffer& b : p.live)
       if (!b.resident)
-        live.push_back({{"name", b.name}, {"bytes", b.bytes}, {"category", std::string(memory_category_name(b.category))}, {"line", b.line}});
+        live.push_back({{"name", b.name}, {"bytes", b.bytes}, {"category", std::string(analysis::memory_category_name(b.category))}, {"line", b.line}});
     return json{{"bytes", p.bytes},
                 {"position", p.found ? json(p.position + 1) : json(nullptr)},
                 {"phase", p.found ? json(std::string(ir::phase_name(p.phase))) : json(nullptr)},
@@ -467,11 +432,11 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
   PlanNumbers plan = plan_numbers(g, memory);
   j["memory"] = {{"params", param_bytes},
                  {"params_by_dtype", by_dtype},
-                 {"grads", cat(MemoryCategory::Gradients)},
-                 {"optimizer", cat(MemoryCategory::OptimizerState)},
-                 {"inputs", cat(MemoryCategory::Inputs)},
-                 {"activations", cat(MemoryCategory::SavedActivations)},
-                 {"temporaries", cat(MemoryCategory::Temporaries)},
+                 {"grads", cat(analysis::MemoryCategory::Gradients)},
+                 {"optimizer", cat(analysis::MemoryCategory::OptimizerState)},
+                 {"inputs", cat(analysis::MemoryCategory::Inputs)},
+                 {"activations", cat(analysis::MemoryCategory::SavedActivations)},
+                 {"temporaries", cat(analysis::MemoryCategory::Temporaries)},
                  {"peak", memory.peak.bytes},
                  {"arena", plan.arena},
                  {"naive", plan.naive},
@@ -486,9 +451,9 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
                  {"peak_backward", memory.phase_peak(ir::Phase::Backward).bytes},
                  {"peak_optimizer", memory.phase_peak(ir::Phase::Optimizer).bytes}};
   if (options.recompute && options.recompute->ran) {
-    const RecomputeReport& r = *options.recompute;
+    const passes::RecomputeReport& r = *options.recompute;
     json values = json::array();
-    for (const RecomputedValue& v : r.values)
+    for (const passes::RecomputedValue& v : r.values)
       values.push_back({{"name", v.name}, {"op", v.op}, {"line", v.line}, {"bytes", v.bytes}, {"flops", v.flops}});
     j["recompute"] = {{"budget", r.budget},
                       {"values", values},
@@ -502,10 +467,10 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
   }
   if (c.device) {
     j["device"] = {{"name", c.device->name}, {"description", c.device->description}};
-    double peak = matmul_peak(*c.device, c.matmul_dtype);
-    StepTime t = predict_step_time(g, c, *c.device);
+    double peak = analysis::matmul_peak(*c.device, c.matmul_dtype);
+    analysis::StepTime t = analysis::predict_step_time(g, c, *c.device);
     json classes = json::object();
-    for (int k = 0; k < kNumKernelClasses; ++k) classes[std::string(kernel_class_name(static_cast<KernelClass>(k)))] = t.class_seconds[k];
+    for (int k = 0; k < analysis::kNumKernelClasses; ++k) classes[std::string(analysis::kernel_class_name(static_cast<analysis::KernelClass>(k)))] = t.class_seconds[k];
     j["time"] = {{"step_s", t.seconds},
                  {"kernels", t.kernels.size()},
                  {"launch_s", t.launch_seconds},
@@ -517,13 +482,13 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
                  {"optimizer_s", o.seconds},
                  {"ops_without_peak", c.ops_without_peak},
                  {"mfu", peak > 0 && t.seconds > 0 ? json(t.mfu) : json(nullptr)},
-                 {"peak_source", c.device->source_of(peak_figure_name(*c.device, c.matmul_dtype))},
+                 {"peak_source", c.device->source_of(analysis::peak_figure_name(*c.device, c.matmul_dtype))},
                  {"matmul_dtype", std::string(ir::dtype_name(c.matmul_dtype))}};
   } else {
     j["device"] = nullptr;
   }
   json ops = json::array();
-  for (const OpRow& row : c.rows) {
+  for (const analysis::OpRow& row : c.rows) {
     const ir::Node& n = g.node(row.node);
     const ir::TensorType& t = g.value(n.out()).type;
     json op = {{"op", std::string(ir::op_name(n.op))},
@@ -552,4 +517,4 @@ std::string render_report_json(const ir::Graph& g, const StepCost& c, const Memo
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
-}  // namespace napkin::passes
+}  // namespace napkin::report

@@ -1,4 +1,4 @@
-#include "passes/devices.h"
+#include "analysis/devices.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,7 @@
 
 #include "ir/text.h"
 
-namespace napkin::passes {
+namespace napkin::analysis {
 
 namespace {
 
@@ -181,7 +181,7 @@ const char* const kDevelopmentMachine = R"json({
 })json";
 
 Device builtin_cpu() {
-  return devices_from_json(kDevelopmentMachine, "passes/devices.cpp (the built-in cpu row)").at(0);
+  return devices_from_json(kDevelopmentMachine, "analysis/devices.cpp (the built-in cpu row)").at(0);
 }
 
 // fp64: the table keeps the vector figure. H100 and A100 also run DGEMM on fp64
@@ -488,4 +488,4 @@ double gemm_efficiency(const Device& device, ir::DType compute_dtype, double nar
   return c.back().second;
 }
 
-}  // namespace napkin::passes
+}  // namespace napkin::analysis

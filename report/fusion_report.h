@@ -31,7 +31,7 @@
 
 #include "ir/graph.h"
 
-namespace napkin::passes {
+namespace napkin::report {
 
 struct FusionPattern {
   std::string name;
@@ -54,4 +54,4 @@ FusionSummary summarize_fusion(const ir::Graph& g);
 std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s);
 nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s);
 
-}  // namespace napkin::passes
+}  // namespace napkin::report

@@ -1,10 +1,10 @@
-#include "passes/graph_dot.h"
+#include "report/graph_dot.h"
 
 #include <fmt/format.h>
 
 #include "ir/fusion_group.h"
 
-namespace napkin::passes {
+namespace napkin::report {
 
 namespace {
 
@@ -92,4 +92,4 @@ std::string graph_dot(const ir::Graph& g, const DotOptions& options) {
   return out + "}\n";
 }
 
-}  // namespace napkin::passes
+}  // namespace napkin::report

@@ -1,6 +1,6 @@
 // The memory of one training step, from the graph alone: which buffers exist,
 // why, how long each is live in the schedule, and the peak. `napkin report`
-// prints it (passes/report.cpp); this file computes and never prints.
+// prints it (report/report.cpp); this file computes and never prints.
 //
 // Terms (every count is exact, in bytes):
 //  - buffer: the memory of an owning value (Value::storage == its id). A view
@@ -24,7 +24,7 @@
 //    position that reads it (p when nothing does), or n-1 when it is the buffer
 //    of a graph output (the loss, "grad.*"): a later stage reads outputs after
 //    the step. A node's inputs and its output are all live at its position.
-//  - in-place reuse (passes/memory_plan.h, MemoryOptions::in_place_reuse):
+//  - in-place reuse (analysis/in_place_reuse.h, MemoryOptions::in_place_reuse):
 //    a result buffer R may take over the memory of an input buffer D of its
 //    producer (MemoryBuffer::reuses = D) when D is last read there and the
 //    producer reads D only element for element. D's range then ends at the
@@ -73,49 +73,10 @@
 #include <string_view>
 #include <vector>
 
+#include "analysis/buffers.h"
 #include "ir/graph.h"
 
-namespace napkin::passes {
-
-enum class MemoryCategory : uint8_t {
-  Parameters,
-  Gradients,
-  OptimizerState,
-  Inputs,
-  SavedActivations,
-  Temporaries,
-};
-inline constexpr int kNumMemoryCategories = 6;
-// All categories, in the order the report lists them.
-inline constexpr MemoryCategory kMemoryCategories[kNumMemoryCategories] = {
-    MemoryCategory::Parameters, MemoryCategory::Gradients,        MemoryCategory::OptimizerState,
-    MemoryCategory::Inputs,     MemoryCategory::SavedActivations, MemoryCategory::Temporaries};
-// "parameters", "gradients", "optimizer state", "inputs", "saved activations", "temporaries".
-std::string_view memory_category_name(MemoryCategory c);
-
-// Bytes per category, indexed by static_cast<int>(MemoryCategory).
-using CategoryBytes = std::array<int64_t, kNumMemoryCategories>;
-
-// One buffer that costs bytes.
-struct MemoryBuffer {
-  ir::ValueId value = ir::kNoValue;  // the owning value
-  std::string name;                  // its name, or "%<id>" when it has none
-  int64_t bytes = 0;
-  ir::DType dtype = ir::DType::F32;
-  MemoryCategory category = MemoryCategory::Temporaries;
-  ir::NodeId producer = ir::kNoNode;  // kNoNode for params, state and inputs
-  // YAML line of the producer (of the declaration for params, state and
-  // inputs); 0 when unknown.
-  int line = 0;
-  // Live range, schedule positions, both inclusive. Resident buffers: 0 .. n-1.
-  int first = 0, last = 0;
-  bool resident = false;
-  // The update target whose new value this is (counted apart because it could
-  // not be written in place); kNoValue otherwise.
-  ir::ValueId update_of = ir::kNoValue;
-  // The buffer whose memory this one takes over in place; kNoValue otherwise.
-  ir::ValueId reuses = ir::kNoValue;
-};
+namespace napkin::analysis {
 
 // Live bytes at one position, with what makes them up.
 struct MemoryPeak {
@@ -169,4 +130,4 @@ struct MemoryOptions {
 
 MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options = {});
 
-}  // namespace napkin::passes
+}  // namespace napkin::analysis

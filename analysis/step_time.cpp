@@ -1,4 +1,4 @@
-#include "passes/step_time.h"
+#include "analysis/step_time.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 #include <map>
 #include <set>
 
-namespace napkin::passes {
+namespace napkin::analysis {
 
 std::string_view kernel_class_name(KernelClass c) {
   switch (c) {
@@ -198,4 +198,4 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
   return t;
 }
 
-}  // namespace napkin::passes
+}  // namespace napkin::analysis

@@ -26,12 +26,12 @@
 #include <string_view>
 #include <vector>
 
+#include "analysis/cost.h"
+#include "analysis/devices.h"
 #include "ir/fusion_group.h"
 #include "ir/graph.h"
-#include "passes/cost.h"
-#include "passes/devices.h"
 
-namespace napkin::passes {
+namespace napkin::analysis {
 
 // What a kernel does, for grouping measured and predicted time:
 //   matmul         a contraction that reads a parameter (or is the backward of one)
@@ -85,4 +85,4 @@ double group_bytes(const ir::Graph& g, const ir::FusionGroup& group);
 // `cost` is analyze_step(g, ...) of the same graph (categories and dtypes).
 StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Device& device, bool allow_tf32 = false);
 
-}  // namespace napkin::passes
+}  // namespace napkin::analysis

@@ -6,13 +6,13 @@
 //     const char    NAME[]       the bytes, then one NUL (so text can be
 //                                 used as a C string), aligned to 64 bytes
 //     const int64_t NAME_size    the number of bytes, without the NUL
-// and is built for the host (host_target_machine, codegen/cpu/cpu_backend.h).
+// and is built for the host (codegen/host/target_machine.h).
 #pragma once
 
 #include <string>
 #include <vector>
 
-namespace napkin::codegen::cpu {
+namespace napkin::codegen::host {
 
 struct DataSymbol {
   std::string name;
@@ -22,4 +22,4 @@ struct DataSymbol {
 // The object's bytes. Throws std::runtime_error if LLVM has no host target.
 std::string emit_data_object(const std::vector<DataSymbol>& symbols, const std::string& module_name);
 
-}  // namespace napkin::codegen::cpu
+}  // namespace napkin::codegen::host

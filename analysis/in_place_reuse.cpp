@@ -1,0 +1,87 @@
+#include "analysis/in_place_reuse.h"
+
+#include <algorithm>
+#include <set>
+
+#include "ir/internal_check.h"
+
+namespace napkin::analysis {
+
+bool reads_element_for_element(const ir::Graph& g, const ir::Node& node, ir::ValueId buffer) {
+  if (ir::op_info(node.op).op_class != ir::OpClass::Elementwise) return false;
+  const ir::Value& owner = g.value(buffer);
+  const ir::TensorType& out = g.value(node.out()).type;
+  bool reads = false;
+  for (ir::ValueId in : node.inputs) {
+    const ir::Value& v = g.value(in);
+    if (v.storage != buffer) continue;
+    reads = true;
+    bool same_elements = v.type.same_shape(out) && v.type.numel() == owner.type.numel() && v.layout.offset == 0 &&
+                         v.layout.strides == ir::contiguous_layout(v.type.sizes()).strides;
+    if (!same_elements) return false;
+  }
+  return reads;
+}
+
+void reuse_buffers_in_place(const ir::Graph& g, const ir::FusionGroups& groups, std::vector<MemoryBuffer>& buffers) {
+  // Buffers read after the step: never handed over.
+  std::set<ir::ValueId> read_after_step;
+  for (const auto& [label, v] : g.outputs) read_after_step.insert(g.value(v).storage);
+  for (const ir::Graph::Update& u : g.updates) read_after_step.insert(g.value(u.value).storage);
+
+  std::map<ir::ValueId, size_t> index;
+  for (size_t i = 0; i < buffers.size(); ++i) index[buffers[i].value] = i;
+  // What a kernel (a fusion group, or a node alone) reads: the buffers listed
+  // in `buffers`, distinct, in order of first read, each with whether the
+  // kernel reads it element for element. Once per group, not once per buffer
+  // it writes: a group with many outputs made this quadratic.
+  using KernelReads = std::vector<std::pair<ir::ValueId, bool>>;
+  auto kernel_reads = [&](const std::vector<ir::NodeId>& kernel) {
+    KernelReads reads;
+    std::map<ir::ValueId, size_t> slot;  // buffer -> its entry in reads
+    for (ir::NodeId id : kernel) {
+      const ir::Node& member = g.node(id);
+      std::set<ir::ValueId> seen;  // each buffer once per member
+      for (ir::ValueId in : member.inputs) {
+        ir::ValueId buffer = g.value(in).storage;
+        if (!index.count(buffer) || !seen.insert(buffer).second) continue;
+        bool element_for_element = reads_element_for_element(g, member, buffer);
+        auto [it, added] = slot.emplace(buffer, reads.size());
+        if (added) reads.emplace_back(buffer, element_for_element);
+        else reads[it->second].second = reads[it->second].second && element_for_element;
+      }
+    }
+    return reads;
+  };
+  std::map<int, KernelReads> group_reads;
+  std::set<ir::ValueId> taken;
+  for (MemoryBuffer& r : buffers) {
+    if (r.resident || r.update_of != ir::kNoValue) continue;
+    // R's kernel: its producer's fusion group, spanning positions [p, last], or the producer alone.
+    const int p = r.first;
+    const int last = groups.kernel_last(p);
+    const int gid = groups.group_at[p];
+    KernelReads alone;
+    const KernelReads* reads = &alone;
+    if (gid < 0) {
+      alone = kernel_reads({r.producer});
+    } else {
+      auto it = group_reads.find(gid);
+      if (it == group_reads.end()) it = group_reads.emplace(gid, kernel_reads(groups.groups[gid].nodes)).first;
+      reads = &it->second;
+    }
+    for (const auto& [buffer, element_for_element] : *reads) {
+      MemoryBuffer& d = buffers[index.at(buffer)];
+      // d.first < p: made by an earlier kernel (an output of R's own kernel is written alongside R).
+      if (d.resident || d.update_of != ir::kNoValue || read_after_step.count(d.value) || taken.count(d.value) ||
+          d.first >= p || d.last != last || d.bytes != r.bytes || !element_for_element)
+        continue;
+      taken.insert(d.value);
+      d.last = p - 1;
+      r.reuses = d.value;
+      break;
+    }
+  }
+}
+
+}  // namespace napkin::analysis

@@ -1,0 +1,129 @@
+// The flow of the compiler's folders (docs/architecture.md): every
+// `#include "folder/..."` of a source file must name its own folder or one
+// the table below lets it use. A header included "upward" (a pass including a
+// renderer, the CUDA backend including the CPU backend) fails here, naming
+// the file and line, and so does a new folder until it has a row.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Folder -> the folders its sources may include (besides their own). The
+// order of the flow: ir, then frontend and analysis, passes (transformations,
+// which use analyses), report (renderers of both), codegen (the plan and the
+// host toolchain, then the two backends, which never include each other);
+// runtime stands alone (a trainer links only it); tools (the driver) ties all
+// of them together.
+const std::map<std::string, std::set<std::string>>& allowed_includes() {
+  static const std::map<std::string, std::set<std::string>> table = {
+      {"ir", {}},
+      {"frontend", {"ir"}},
+      {"analysis", {"ir"}},
+      {"passes", {"analysis", "ir"}},
+      {"report", {"passes", "analysis", "ir"}},
+      {"interp", {"ir", "runtime"}},
+      {"codegen", {"passes", "analysis", "ir"}},
+      {"codegen/host", {"ir"}},
+      {"codegen/cpu", {"codegen", "codegen/host", "passes", "analysis", "ir", "runtime"}},
+      {"codegen/cuda", {"codegen", "codegen/host", "passes", "analysis", "ir", "runtime"}},
+      {"runtime", {}},
+      {"runtime/cuda", {"runtime"}},
+      {"tools", {"frontend", "ir", "analysis", "passes", "report", "interp", "codegen", "codegen/host", "codegen/cpu",
+                 "codegen/cuda", "runtime", "runtime/cuda"}},
+  };
+  return table;
+}
+
+// The folder a path belongs to: its first component, or the first two for
+// the backends and the host toolchain (codegen/cpu, runtime/cuda, ...).
+std::string folder_of(const std::string& path) {
+  size_t first = path.find('/');
+  if (first == std::string::npos) return "";
+  std::string top = path.substr(0, first);
+  size_t second = path.find('/', first + 1);
+  if (second != std::string::npos && (top == "codegen" || top == "runtime")) {
+    std::string sub = path.substr(first + 1, second - first - 1);
+    if (sub == "cpu" || sub == "cuda" || sub == "host") return top + "/" + sub;
+  }
+  return top;
+}
+
+// "file:line: includes X (folder Y may not)" for every include that breaks the table.
+std::vector<std::string> layering_violations(const fs::path& root) {
+  std::vector<std::string> out;
+  static const std::regex include_line(R"re(^\s*#\s*include\s+"([^"]+)")re");
+  for (const auto& dir : fs::directory_iterator(root)) {
+    std::string top = dir.path().filename().string();
+    // Tests and benchmarks may use any layer; build trees and hidden folders are not sources.
+    if (!dir.is_directory() || top == "tests" || top == "bench" || top.rfind("build", 0) == 0 || top[0] == '.') continue;
+    for (const auto& entry : fs::recursive_directory_iterator(dir.path())) {
+      std::string ext = entry.path().extension().string();
+      if (!entry.is_regular_file() || (ext != ".cpp" && ext != ".h" && ext != ".def")) continue;
+      std::string rel = fs::relative(entry.path(), root).generic_string();
+      std::string from = folder_of(rel);
+      auto rule = allowed_includes().find(from);
+      if (rule == allowed_includes().end()) {
+        out.push_back(fmt::format("{}: folder {} has no row in the layering table", rel, from));
+        continue;
+      }
+      std::ifstream in(entry.path());
+      std::string line;
+      for (int number = 1; std::getline(in, line); ++number) {
+        std::smatch m;
+        if (!std::regex_search(line, m, include_line)) continue;
+        std::string target = folder_of(m[1].str());
+        if (target.empty() || target == from || rule->second.count(target)) continue;
+        // Generated headers (link_config.h, host_config.h) sit beside their folder's sources.
+        if (!fs::exists(root / m[1].str()) && !allowed_includes().count(target)) continue;
+        out.push_back(fmt::format("{}:{}: includes {} ({} may not include {})", rel, number, m[1].str(), from, target));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("layering: no source includes a header from a folder above it in the flow") {
+  std::vector<std::string> violations = layering_violations(NAPKIN_SOURCE_DIR);
+  for (const std::string& v : violations) INFO(v);
+  CHECK_MESSAGE(violations.empty(), fmt::format("{}", fmt::join(violations, "\n")));
+}
+
+TEST_CASE("layering: the check finds an upward include and a folder without a row") {
+  fs::path root = fs::temp_directory_path() / fmt::format("napkin-layering-{}", ::getpid());
+  fs::remove_all(root);
+  for (const auto& [top, _] : allowed_includes())
+    if (top.find('/') == std::string::npos) fs::create_directories(root / top);
+  fs::create_directories(root / "codegen" / "cuda");
+  fs::create_directories(root / "codegen" / "cpu");
+  std::ofstream(root / "codegen" / "cpu" / "link.h") << "#pragma once\n";
+  std::ofstream(root / "codegen" / "cuda" / "build.cpp") << "#include \"codegen/cpu/link.h\"\n#include \"ir/graph.h\"\n";
+  std::ofstream(root / "passes" / "recompute.cpp") << "// a pass\n#include \"report/report.h\"\n";
+  std::vector<std::string> found = layering_violations(root);
+  REQUIRE(found.size() == 2);
+  CHECK(std::find(found.begin(), found.end(),
+                  "codegen/cuda/build.cpp:1: includes codegen/cpu/link.h (codegen/cuda may not include codegen/cpu)") !=
+        found.end());
+  CHECK(std::find(found.begin(), found.end(),
+                  "passes/recompute.cpp:2: includes report/report.h (passes may not include report)") != found.end());
+  fs::create_directories(root / "kernels");
+  std::ofstream(root / "kernels" / "attention.cpp") << "#include \"ir/graph.h\"\n";
+  found = layering_violations(root);
+  CHECK(std::find(found.begin(), found.end(), "kernels/attention.cpp: folder kernels has no row in the layering table") !=
+        found.end());
+  fs::remove_all(root);
+}
