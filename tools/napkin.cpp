@@ -27,19 +27,15 @@
 
 #include <chrono>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <sys/stat.h>
 #include <fstream>
-#include <sstream>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "codegen/cpu/build.h"
-#include "codegen/cpu/link_config.h"
 #ifdef NAPKIN_HAVE_CUDA
 #include "codegen/cuda/build.h"
 #endif
@@ -54,7 +50,11 @@
 #include "passes/pipeline.h"
 #include "report/graph_dot.h"
 #include "report/report.h"
+#include "tools/byte_tokens.h"
 #include "tools/devices_command.h"
+#include "tools/files.h"
+#include "tools/trainer_build.h"
+#include "tools/trainer_cache.h"
 
 namespace {
 
@@ -315,69 +315,6 @@ int cmd_ops() {
 }
 
 
-// FNV-1a 64 over some byte strings, as 16 hex digits.
-std::string fnv1a_hex(std::initializer_list<std::string_view> parts) {
-  uint64_t h = 14695981039346656037ull;
-  for (std::string_view part : parts)
-    for (unsigned char c : part) h = (h ^ c) * 1099511628211ull;
-  return fmt::format("{:016x}", h);
-}
-
-std::string read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// A file napkin writes must not be one it reads, nor a directory: `napkin
-// build M.yaml -o M.yaml` would replace the model with the trainer, and `-o
-// DIR` cannot be written atomically. Returns the error line, or "".
-std::string output_problem(const std::string& flag, const std::string& output, const std::vector<std::string>& inputs) {
-  std::error_code ec;
-  if (output.empty()) return fmt::format("{}: the output path is empty", flag);
-  if (std::filesystem::is_directory(output, ec))
-    return fmt::format("{} {}: is a directory; name the file to write, e.g. {}/{}", flag, output, output,
-                       std::filesystem::path(inputs.empty() ? "out" : inputs.front()).stem().string());
-  for (const std::string& in : inputs)
-    if (std::filesystem::equivalent(in, output, ec))
-      return fmt::format("{} {}: is also an input ({}); writing it would destroy it", flag, output, in);
-  return "";
-}
-
-// Text napkin reads as data must be a regular file: /dev/zero would never end
-// and a FIFO without a writer would never start. Returns the error line, or "".
-std::string input_problem(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return fmt::format("{}: cannot read ({})", path, std::strerror(errno));
-  if (S_ISDIR(st.st_mode)) return fmt::format("{}: is a directory; name the text files in it, e.g. {}/*.md", path, path);
-  if (!S_ISREG(st.st_mode)) return fmt::format("{}: is not a regular file; napkin reads text from files only", path);
-  return "";
-}
-
-// What a checkpoint must match: the training step itself (ops, shapes, names,
-// optimizer), not the YAML's comments or layout.
-std::string model_hash(const ir::Graph& g) { return fnv1a_hex({ir::print_graph(g, {false})}); }
-
-// Builds a trainer (build_cpu_trainer or build_cuda_trainer); a failure the
-// user can act on (the linker's, an unwritable output, a bad --arch) is
-// printed and gives nullopt. Internal errors propagate.
-template <typename Build, typename Options>
-auto build_trainer(Build build, const ir::Graph& g, const Options& options) -> std::optional<decltype(build(g, options))> {
-  try {
-    return build(g, options);
-  } catch (const ir::InternalError&) {
-    throw;
-  } catch (const std::runtime_error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return std::nullopt;
-  }
-}
-
-std::optional<codegen::cpu::BuildResult> build_trainer(const ir::Graph& g, const codegen::cpu::BuildOptions& options) {
-  return build_trainer(codegen::cpu::build_cpu_trainer, g, options);
-}
-
 struct BuildArgs {
   std::string model, dims, output, target = "cpu", device, emit_llvm, emit_program, memory_budget;
   std::string arch, emit_cuda;  // --target cuda
@@ -395,7 +332,7 @@ int cmd_build_cuda(const BuildArgs& a) {
   if (!g) return kUserError;
   codegen::cuda::CudaBuildOptions options;
   options.output = a.output;
-  options.model_hash = model_hash(*g);
+  options.model_hash = tools::model_hash(*g);
   options.device = a.device;
   options.arch = a.arch;
   options.tf32 = a.tf32;
@@ -404,7 +341,7 @@ int cmd_build_cuda(const BuildArgs& a) {
   options.emit_cuda = a.emit_cuda;
   options.emit_program = a.emit_program;
   auto t0 = std::chrono::steady_clock::now();
-  auto built = build_trainer(codegen::cuda::build_cuda_trainer, *g, options);
+  auto built = tools::build_or_report(codegen::cuda::build_cuda_trainer, *g, options);
   if (!built) return kUserError;
   const codegen::cuda::CudaBuildResult& r = *built;
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -443,7 +380,7 @@ int cmd_build(BuildArgs a) {  // by value: the defaults depend on the target
   for (const auto& [flag, path] : {std::pair{"-o", a.output}, {"--emit-llvm", a.emit_llvm}, {"--emit-program", a.emit_program},
                                     {"--emit-cuda", a.emit_cuda}}) {
     if (flag != std::string("-o") && path.empty()) continue;
-    if (std::string problem = output_problem(flag, path, {a.model}); !problem.empty()) {
+    if (std::string problem = tools::output_problem(flag, path, {a.model}); !problem.empty()) {
       std::cerr << "error: " << problem << "\n";
       return kUserError;
     }
@@ -457,9 +394,9 @@ int cmd_build(BuildArgs a) {  // by value: the defaults depend on the target
   if (cuda) return cmd_build_cuda(a);
   auto g = load(a.model, a.dims, {}, memory_budget(a.memory_budget, nullptr));
   if (!g) return kUserError;
-  codegen::cpu::BuildOptions options{a.output, model_hash(*g), a.device, a.emit_llvm, a.emit_program};
+  codegen::cpu::BuildOptions options{a.output, tools::model_hash(*g), a.device, a.emit_llvm, a.emit_program};
   auto t0 = std::chrono::steady_clock::now();
-  std::optional<codegen::cpu::BuildResult> built = build_trainer(*g, options);
+  std::optional<codegen::cpu::BuildResult> built = tools::build_or_report(codegen::cpu::build_cpu_trainer, *g, options);
   if (!built) return kUserError;
   const codegen::cpu::BuildResult& r = *built;
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -468,13 +405,6 @@ int cmd_build(BuildArgs a) {  // by value: the defaults depend on the target
                              g->name, r.kernels, r.matmul_kernels, r.arena_bytes, seconds);
   if (a.time_passes) print_build_steps(r.seconds);
   return 0;
-}
-
-// Where `napkin train` keeps built trainers: $XDG_CACHE_HOME/napkin or ~/.cache/napkin.
-std::filesystem::path cache_dir() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "napkin";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache" / "napkin";
-  return std::filesystem::temp_directory_path() / "napkin-cache";
 }
 
 int cmd_train(const std::string& model, const std::string& dims, const std::string& budget, const std::string& target,
@@ -491,114 +421,27 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
 #endif
   auto g = load(model, dims, {}, memory_budget(budget, nullptr));
   if (!g) return kUserError;
-  // The cache key: the training step, the target, this compiler and
-  // runtime (a rebuilt napkin builds afresh) and the device table with the
-  // local device file's rows (the trainer carries its device's figures: a
-  // `napkin devices --measure` builds afresh).
-  std::string runtime = read_file_bytes(codegen::cpu::kRuntimeLibrary);
-#ifdef NAPKIN_HAVE_CUDA
-  if (target == "cuda") runtime += read_file_bytes(codegen::cuda::cuda_runtime_library());
-#endif
-  std::string key = fnv1a_hex({ir::print_graph(*g, {false}), target, read_file_bytes("/proc/self/exe"), runtime,
-                               analysis::devices_to_json(analysis::known_devices())});
-  std::filesystem::path dir = cache_dir() / key;
-  std::filesystem::path trainer = dir / "trainer";
-  // trainer.sum holds the FNV-1a of the trainer's bytes, written after the
-  // trainer is in place: a cached trainer that was truncated or damaged (a
-  // full disk, a killed copy, a hand edit) no longer matches and is rebuilt
-  // instead of being run.
-  std::filesystem::path sum = dir / "trainer.sum";
-  bool cached = std::filesystem::exists(trainer);
-  if (cached && read_file_bytes(sum.string()) != fnv1a_hex({read_file_bytes(trainer.string())})) {
-    // Rebuilt into a temp file and renamed over it: a run that is about to
-    // exec the old path never finds it missing.
-    std::cout << fmt::format("napkin: the cached trainer {} is damaged; rebuilding it\n", trainer.string());
-    cached = false;
-  }
-  if (!cached) {
-    std::filesystem::create_directories(dir);
-    std::string tmp = (dir / fmt::format("trainer.tmp.{}", getpid())).string();
-    auto t0 = std::chrono::steady_clock::now();
-    bool built = false;
-#ifdef NAPKIN_HAVE_CUDA
-    if (target == "cuda") {
-      codegen::cuda::CudaBuildOptions options;
-      options.output = tmp;
-      options.model_hash = model_hash(*g);
-      built = build_trainer(codegen::cuda::build_cuda_trainer, *g, options).has_value();
-    }
-#endif
-    if (target == "cpu") built = build_trainer(*g, codegen::cpu::BuildOptions{tmp, model_hash(*g), "cpu", "", ""}).has_value();
-    if (!built) return kUserError;
-    // The sum goes in place before the trainer, so whoever sees the new
-    // trainer also sees its sum.
-    std::string sum_tmp = (dir / fmt::format("trainer.sum.tmp.{}", getpid())).string();
-    std::ofstream sum_out(sum_tmp, std::ios::binary | std::ios::trunc);
-    sum_out << fnv1a_hex({read_file_bytes(tmp)});
-    sum_out.close();
-    if (!sum_out) {
-      std::cerr << fmt::format("error: {}: cannot write the trainer cache\n", sum_tmp);
-      return kUserError;
-    }
-    std::filesystem::rename(sum_tmp, sum);
-    std::filesystem::rename(tmp, trainer);
-    std::cout << fmt::format("napkin: built {} in {:.2f} s (cached at {})\n", g->name,
-                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), trainer.string());
-  } else {
-    std::cout << fmt::format("napkin: using the cached trainer {}\n", trainer.string());
-  }
+  std::optional<std::filesystem::path> trainer = tools::cached_trainer(*g, target);
+  if (!trainer) return kUserError;
   std::cout.flush();
-  std::vector<std::string> args{trainer.string()};
+  std::vector<std::string> args{trainer->string()};
   args.insert(args.end(), trainer_args.begin(), trainer_args.end());
   std::vector<char*> argv;
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
   execv(argv[0], argv.data());
-  std::cerr << fmt::format("error: cannot run {}: {}\n", trainer.string(), std::strerror(errno));
+  std::cerr << fmt::format("error: cannot run {}: {}\n", trainer->string(), std::strerror(errno));
   return kUserError;
 }
 
-// Byte-level tokens: every byte of the inputs, in order, one u16 token each
-// (a vocab of 256), the format train.data {format: tokens, dtype: u16} reads.
 int cmd_data_encode(const std::vector<std::string>& inputs, const std::string& output) {
-  if (std::string problem = output_problem("-o", output, inputs); !problem.empty()) {
-    std::cerr << "error: " << problem << "\n";
+  std::string error;
+  int64_t tokens = tools::write_byte_tokens(inputs, output, error);
+  if (tokens < 0) {
+    std::cerr << "error: " << error << "\n";
     return kUserError;
   }
-  std::string bytes;
-  for (const std::string& path : inputs) {
-    std::string problem = input_problem(path);  // before opening: opening a FIFO blocks
-    if (problem.empty() && !std::ifstream(path, std::ios::binary))
-      problem = fmt::format("{}: cannot read ({})", path, std::strerror(errno));
-    if (!problem.empty()) {
-      std::cerr << "error: " << problem << "\n";
-      return kUserError;
-    }
-    bytes += read_file_bytes(path);
-  }
-  std::vector<uint16_t> tokens(bytes.begin(), bytes.end());
-  for (size_t i = 0; i < bytes.size(); ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
-  std::filesystem::path out(output);
-  std::error_code ec;
-  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path(), ec);
-  std::string tmp = output + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
-    f.close();
-    if (!f) {
-      std::filesystem::remove(tmp, ec);
-      std::cerr << fmt::format("error: {}: cannot write\n", output);
-      return kUserError;
-    }
-  }
-  std::filesystem::rename(tmp, output, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    std::cerr << fmt::format("error: {}: cannot write ({})\n", output, ec.message());
-    return kUserError;
-  }
-  std::cout << fmt::format("wrote {}: {} u16 tokens (bytes of {} file{})\n", output, tokens.size(), inputs.size(),
+  std::cout << fmt::format("wrote {}: {} u16 tokens (bytes of {} file{})\n", output, tokens, inputs.size(),
                            inputs.size() == 1 ? "" : "s");
   return 0;
 }

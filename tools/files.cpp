@@ -1,0 +1,49 @@
+#include "tools/files.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace napkin::tools {
+
+std::string read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string fnv1a_hex(std::initializer_list<std::string_view> parts) {
+  uint64_t h = 14695981039346656037ull;
+  for (std::string_view part : parts)
+    for (unsigned char c : part) h = (h ^ c) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
+std::string output_problem(const std::string& flag, const std::string& output, const std::vector<std::string>& inputs) {
+  std::error_code ec;
+  if (output.empty()) return fmt::format("{}: the output path is empty", flag);
+  if (std::filesystem::is_directory(output, ec))
+    return fmt::format("{} {}: is a directory; name the file to write, e.g. {}/{}", flag, output, output,
+                       std::filesystem::path(inputs.empty() ? "out" : inputs.front()).stem().string());
+  for (const std::string& in : inputs)
+    if (std::filesystem::equivalent(in, output, ec))
+      return fmt::format("{} {}: is also an input ({}); writing it would destroy it", flag, output, in);
+  return "";
+}
+
+std::string input_problem(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return fmt::format("{}: cannot read ({})", path, std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) return fmt::format("{}: is a directory; name the text files in it, e.g. {}/*.md", path, path);
+  if (!S_ISREG(st.st_mode)) return fmt::format("{}: is not a regular file; napkin reads text from files only", path);
+  return "";
+}
+
+}  // namespace napkin::tools
