@@ -174,7 +174,9 @@ Value<A> dropout(const std::vector<Value<A>>& args, const Attrs& attrs, DType dt
 
 // One output element of elementwise op `op` (attributes `attrs`) from its
 // input elements `args`: `from` is the first input's dtype, `to` the
-// result's (cast converts between them), `at` where the element is.
+// result's (cast converts between them), `at` where the element is. Other
+// ops fall to the default, an internal error: an elementwise op added
+// without a formula fails tests/unit/op_table_test.cpp.
 template <class A>
 Value<A> apply_elementwise(Op op, const Attrs& attrs, DType from, DType to, const std::vector<Value<A>>& args,
                            const Position<A>& at) {
