@@ -1,13 +1,15 @@
 // The functions a model may call, one row each: the parameter names (for
 // positional and keyword binding and their errors) and how it lowers to IR.
-// docs/model-language.md documents every row; keep them in step.
+// The unary elementwise functions come from the op table (OpInfo::user_function);
+// the others are written here. docs/model-language.md documents every row;
+// keep them in step.
 #include <fmt/format.h>
 
-#include <cmath>
 #include <functional>
 
 #include "frontend/lowering.h"
 #include "frontend/suggest.h"
+#include "interp/float64_arithmetic.h"
 #include "ir/rng.h"
 
 namespace napkin::frontend {
@@ -34,14 +36,16 @@ std::optional<ValueId> tensor_arg(Lowerer& L, const CallArgs& a, const std::stri
   return L.need_tensor(*a.get(name), fmt::format("{}: argument '{}'", call.text, name));
 }
 
-// Applies a scalar function to a number at compile time, or builds the op.
-// `integral`: the function maps integers to integers (neg, abs, relu), so a folded
-// integer stays usable as an index or size.
-LowerFn unary(Op op, double (*fold)(double), bool integral = false) {
-  return [op, fold, integral](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+// f(x) for a unary elementwise op the op table makes a function of its name:
+// a number folds at compile time through the op's formula (float64, as the
+// interpreter computes it), or the op is built. `integral`: the op maps
+// integers to integers (neg, abs, relu), so a folded integer stays usable as
+// an index or size.
+LowerFn unary(Op op, bool integral) {
+  return [op, integral](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
     const Operand& x = *a.get("x");
-    if (x.kind == Operand::Kind::Number && fold)
-      return Operand::num(fold(x.number), integral && x.integer, call.offset);
+    if (x.kind == Operand::Kind::Number)
+      return Operand::num(interp::fold_unary(op, x.number), integral && x.integer, call.offset);
     auto v = tensor_arg(L, a, "x", call);
     if (!v) return Operand::invalid();
     return L.build(op, {*v}, {}, call.offset);
@@ -140,30 +144,18 @@ std::optional<ir::DType> dtype_arg(Lowerer& L, const Operand& o) {
   return t;
 }
 
-double relu_fold(double x) { return x > 0 ? x : 0; }
-double rsqrt_fold(double x) { return 1 / std::sqrt(x); }
-double sigmoid_fold(double x) { return 1 / (1 + std::exp(-x)); }
-double neg_fold(double x) { return -x; }
-
 // ---- the table ---------------------------------------------------------------
 
 const std::vector<CallSpec>& call_table() {
   static const std::vector<CallSpec> table = [] {
     std::vector<CallSpec> t;
     auto add = [&](CallSpec s) { t.push_back(std::move(s)); };
-    // Elementwise, unary (numbers fold at compile time).
-    add({"exp", {"x"}, 1, unary(Op::Exp, [](double x) { return std::exp(x); })});
-    add({"log", {"x"}, 1, unary(Op::Log, [](double x) { return std::log(x); })});
-    add({"sqrt", {"x"}, 1, unary(Op::Sqrt, [](double x) { return std::sqrt(x); })});
-    add({"rsqrt", {"x"}, 1, unary(Op::Rsqrt, rsqrt_fold)});
-    add({"abs", {"x"}, 1, unary(Op::Abs, [](double x) { return std::fabs(x); }, true)});
-    add({"tanh", {"x"}, 1, unary(Op::Tanh, [](double x) { return std::tanh(x); })});
-    add({"relu", {"x"}, 1, unary(Op::Relu, relu_fold, true)});
-    add({"sigmoid", {"x"}, 1, unary(Op::Sigmoid, sigmoid_fold)});
-    add({"silu", {"x"}, 1, unary(Op::Silu, [](double x) { return x * sigmoid_fold(x); })});
-    add({"sin", {"x"}, 1, unary(Op::Sin, [](double x) { return std::sin(x); })});
-    add({"cos", {"x"}, 1, unary(Op::Cos, [](double x) { return std::cos(x); })});
-    add({"neg", {"x"}, 1, unary(Op::Neg, neg_fold, true)});
+    // Elementwise, unary: the op table's user functions, f(x) named as the op.
+    for (int i = 0; i < ir::kNumOps; ++i) {
+      const ir::OpInfo& info = ir::op_info(static_cast<Op>(i));
+      if (info.user_function == ir::UserFunction::None) continue;
+      add({std::string(info.name), {"x"}, 1, unary(info.op, info.user_function == ir::UserFunction::UnaryIntegral)});
+    }
     add({"gelu", {"x", "approximate"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            auto x = tensor_arg(L, a, "x", call);
            if (!x) return Operand::invalid();
@@ -218,7 +210,11 @@ const std::vector<CallSpec>& call_table() {
            if (!x) return Operand::invalid();
            return L.build(Op::Triu, {*x}, {{"k", k}}, call.offset);
          }});
-    add({"causal_mask", {"x"}, 1, unary(Op::CausalMask, nullptr)});
+    add({"causal_mask", {"x"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "x", call);
+           if (!x) return Operand::invalid();
+           return L.build(Op::CausalMask, {*x}, {}, call.offset);
+         }});
     // dropout(x, p): ir/rng.h. p = 0 is x itself; each dropout gets its own
     // stream (the id of its node), so two dropouts never share a mask.
     add({"dropout", {"x", "p"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {

@@ -8,9 +8,7 @@
 #include <map>
 
 #include "interp/kernels.h"
-#include "interp/rounding.h"
-#include "ir/rng.h"
-#include "runtime/rng.h"
+#include "interp/float64_arithmetic.h"
 
 namespace napkin::interp::detail {
 
@@ -26,103 +24,28 @@ void fail(const ir::Node& n, const std::string& what) {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-template <typename F>
-Data map_unary(const Arg& x, F f) {
-  Data out(x.data.size());
-  for (size_t i = 0; i < out.size(); ++i) out[i] = f(x.data[i]);
-  return out;
-}
-
-// out[idx] = f(a[idx'], b[idx'], ...) over the broadcast output shape.
-template <typename F>
-Data map_broadcast(const std::vector<Arg>& in, const Shape& out_shape, F f) {
+// Every elementwise op: its formula (ir/elementwise_formulas.h) in double at
+// each element of the broadcast output shape.
+Data elementwise(const ir::Node& n, const std::vector<Arg>& in, const OutType& out) {
+  Float64Arithmetic arith(&n);
   std::vector<Shape> strides;
-  for (const Arg& a : in) strides.push_back(broadcast_strides(a.shape, out_shape));
-  Data out;
-  out.reserve(numel(out_shape));
-  std::vector<double> vals(in.size());
-  for_each_index(out_shape, [&](const Shape& idx) {
-    for (size_t k = 0; k < in.size(); ++k) vals[k] = in[k].data[dot(idx, strides[k])];
-    out.push_back(f(vals));
+  for (const Arg& a : in) strides.push_back(broadcast_strides(a.shape, out.shape));
+  std::vector<Float64Arithmetic::Value> args(in.size());
+  ir::formulas::Position<Float64Arithmetic> at;
+  const size_t rank = out.shape.size();
+  Data result;
+  result.reserve(numel(out.shape));
+  for_each_index(out.shape, [&](const Shape& idx) {
+    for (size_t k = 0; k < in.size(); ++k) args[k] = arith.value(in[k].data[dot(idx, strides[k])], in[k].dtype);
+    if (rank >= 2) {
+      at.row = arith.value(static_cast<double>(idx[rank - 2]), DType::I64);
+      at.col = arith.value(static_cast<double>(idx[rank - 1]), DType::I64);
+    }
+    at.flat = arith.value(static_cast<double>(result.size()), DType::I64);
+    result.push_back(ir::formulas::apply_elementwise(n.op, n.attrs, in[0].dtype, out.dtype, args, at).handle().v);
   });
-  return out;
-}
-
-double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? kNaN : std::max(a, b); }
-double nan_min(double a, double b) { return std::isnan(a) || std::isnan(b) ? kNaN : std::min(a, b); }
-
-Data cast(const Arg& x, DType to) {
-  // To an integer or bool: toward zero (NaN -> 0, saturating) or != 0, as
-  // round_to_dtype defines it. To a floating dtype: the driver rounds
-  // (Native) or keeps the value (Float64).
-  if (!ir::is_floating(to)) return map_unary(x, [&](double v) { return round_to_dtype(v, to); });
-  return x.data;
-}
-
-Data binary(const ir::Node& n, const std::vector<Arg>& in, const Shape& out_shape) {
-  bool integer = ir::is_integer(in[0].dtype);
-  auto bin = [&](auto f) {
-    return map_broadcast(in, out_shape, [&](const std::vector<double>& v) { return f(v[0], v[1]); });
-  };
-  switch (n.op) {
-    case Op::Add: return bin([](double a, double b) { return a + b; });
-    case Op::Sub: return bin([](double a, double b) { return a - b; });
-    case Op::Mul: return bin([](double a, double b) { return a * b; });
-    case Op::Div:
-      if (integer)  // C++ integer division: truncates toward zero
-        return bin([&](double a, double b) {
-          if (b == 0) fail(n, fmt::format("integer division of {} by zero", a));
-          return static_cast<double>(static_cast<int64_t>(a) / static_cast<int64_t>(b));
-        });
-      return bin([](double a, double b) { return a / b; });
-    case Op::Pow: return bin([](double a, double b) { return std::pow(a, b); });
-    case Op::Maximum: return bin(nan_max);
-    case Op::Minimum: return bin(nan_min);
-    case Op::Less: return bin([](double a, double b) { return a < b ? 1.0 : 0.0; });
-    case Op::LessEqual: return bin([](double a, double b) { return a <= b ? 1.0 : 0.0; });
-    case Op::Greater: return bin([](double a, double b) { return a > b ? 1.0 : 0.0; });
-    case Op::GreaterEqual: return bin([](double a, double b) { return a >= b ? 1.0 : 0.0; });
-    case Op::Equal: return bin([](double a, double b) { return a == b ? 1.0 : 0.0; });
-    case Op::NotEqual: return bin([](double a, double b) { return a != b ? 1.0 : 0.0; });
-    default: fail(n, "not a binary op");
-  }
-}
-
-// Keep elements by their (row, column) in the last two axes.
-template <typename F>
-Data by_row_col(const Arg& x, F f) {
-  int r = static_cast<int>(x.shape.size());
-  int64_t rows = x.shape[r - 2], cols = x.shape[r - 1];
-  Data out(x.data.size());
-  for (size_t flat = 0; flat < out.size(); ++flat) {
-    int64_t j = static_cast<int64_t>(flat) % cols;
-    int64_t i = (static_cast<int64_t>(flat) / cols) % rows;
-    out[flat] = f(x.data[flat], i, j);
-  }
-  return out;
-}
-
-// ir/rng.h's definition, element by element (the rng words are whole numbers).
-Data dropout(const Arg& x, const std::vector<Arg>& in, const ir::Attrs& a) {
-  auto word = [&](int i) { return static_cast<int64_t>(in[i].data.at(0)); };
-  if (word(1 + ir::kRngTraining) == 0) return x.data;
-  double p = a.get_double("p");
-  const uint32_t threshold = ir::dropout_threshold(p);
-  const double scale = ir::dropout_scale(p, x.dtype);
-  const auto seed_lo = static_cast<uint32_t>(word(1 + ir::kRngSeedLow));
-  const auto seed_hi = static_cast<uint32_t>(word(1 + ir::kRngSeedHigh));
-  const auto step = static_cast<uint64_t>(word(1 + ir::kRngStep));
-  const auto stream = static_cast<uint32_t>(a.get_int("stream"));
-  Data out(x.data.size());
-  for (size_t i = 0; i < out.size(); ++i) {
-    uint32_t r = runtime::philox4x32_10(
-        {static_cast<uint32_t>(i), stream, static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32)},
-        {seed_lo, seed_hi})[0];
-    out[i] = r >= threshold ? x.data[i] * scale : 0.0;
-  }
-  return out;
+  return result;
 }
 
 Data reduce(Op op, const Arg& x, const std::vector<int64_t>& axes, bool keepdims, const Shape& out_shape) {
@@ -228,30 +151,23 @@ Data eval_node(const ir::Node& n, const std::vector<Arg>& in, const OutType& out
       for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<double>(i);
       return d;
     }
-    case Op::Neg: return map_unary(in[0], [](double x) { return -x; });
-    case Op::Exp: return map_unary(in[0], [](double x) { return std::exp(x); });
-    case Op::Log: return map_unary(in[0], [](double x) { return std::log(x); });
-    case Op::Sqrt: return map_unary(in[0], [](double x) { return std::sqrt(x); });
-    case Op::Rsqrt: return map_unary(in[0], [](double x) { return 1.0 / std::sqrt(x); });
-    case Op::Abs: return map_unary(in[0], [](double x) { return std::fabs(x); });
-    case Op::Tanh: return map_unary(in[0], [](double x) { return std::tanh(x); });
-    case Op::Relu: return map_unary(in[0], [](double x) { return std::isnan(x) ? x : x > 0 ? x : 0.0; });
-    case Op::Gelu: {
-      bool tanh_form = a.get_string("approximate") == "tanh";
-      return map_unary(in[0], [&](double x) { return gelu(x, tanh_form); });
-    }
-    case Op::Sigmoid: return map_unary(in[0], [](double x) { return 1.0 / (1.0 + std::exp(-x)); });
-    case Op::Silu: return map_unary(in[0], [](double x) { return x / (1.0 + std::exp(-x)); });
-    case Op::Sin: return map_unary(in[0], [](double x) { return std::sin(x); });
-    case Op::Cos: return map_unary(in[0], [](double x) { return std::cos(x); });
-    case Op::Cast: return cast(in[0], out.dtype);
-    case Op::Triu: {
-      int64_t k = a.get_int("k");
-      return by_row_col(in[0], [&](double x, int64_t i, int64_t j) { return j - i >= k ? x : 0.0; });
-    }
+    case Op::Neg:
+    case Op::Exp:
+    case Op::Log:
+    case Op::Sqrt:
+    case Op::Rsqrt:
+    case Op::Abs:
+    case Op::Tanh:
+    case Op::Relu:
+    case Op::Gelu:
+    case Op::Sigmoid:
+    case Op::Silu:
+    case Op::Sin:
+    case Op::Cos:
+    case Op::Cast:
+    case Op::Triu:
     case Op::CausalMask:
-      return by_row_col(in[0], [](double x, int64_t i, int64_t j) { return j > i ? -kInf : x; });
-    case Op::Dropout: return dropout(in[0], in, a);
+    case Op::Dropout:
     case Op::Add:
     case Op::Sub:
     case Op::Mul:
@@ -264,9 +180,9 @@ Data eval_node(const ir::Node& n, const std::vector<Arg>& in, const OutType& out
     case Op::Greater:
     case Op::GreaterEqual:
     case Op::Equal:
-    case Op::NotEqual: return binary(n, in, out.shape);
+    case Op::NotEqual:
     case Op::Where:
-      return map_broadcast(in, out.shape, [](const std::vector<double>& v) { return v[0] != 0 ? v[1] : v[2]; });
+    case Op::GeluGrad: return elementwise(n, in, out);
     case Op::ReduceSum:
     case Op::ReduceMean:
     case Op::ReduceMax:
@@ -319,12 +235,6 @@ Data eval_node(const ir::Node& n, const std::vector<Arg>& in, const OutType& out
     case Op::LayerNormGrad: return layernorm_grad(in[0], in[1], in[2], a.get_double("eps"));
     case Op::RMSNormGrad: return rmsnorm_grad(in[0], in[1], in[2], a.get_double("eps"));
     case Op::NormGainGrad: return norm_gain_grad(in[0], in[1], a.get_double("eps"), a.get_int("centered") != 0);
-    case Op::GeluGrad: {
-      bool tanh_form = a.get_string("approximate") == "tanh";
-      Data d(in[0].data.size());
-      for (size_t i = 0; i < d.size(); ++i) d[i] = gelu_derivative(in[0].data[i], tanh_form) * in[1].data[i];
-      return d;
-    }
     case Op::CrossEntropyGrad: return cross_entropy_grad(n, in[0], in[1], in[2]);
     case Op::EmbeddingGrad: return embedding_grad(n, in[0], in[1], a.get_int("vocab"));
   }

@@ -2,7 +2,8 @@
 // double, densely in its logical shape, from its inputs' dense values. They know
 // nothing of Numerics: the driver rounds what they return (Native) or keeps it
 // (Float64). Integer semantics (cast truncation, integer division) live here
-// because they are the dtype's meaning, not a rounding.
+// and in the elementwise arithmetic (float64_arithmetic.h) because they are
+// the dtype's meaning, not a rounding.
 #pragma once
 
 #include <stdexcept>
@@ -42,8 +43,6 @@ Data rmsnorm(const Arg& x, const Arg& gain, double eps);
 Data layernorm_grad(const Arg& x, const Arg& gain, const Arg& dy, double eps);
 Data rmsnorm_grad(const Arg& x, const Arg& gain, const Arg& dy, double eps);
 Data norm_gain_grad(const Arg& x, const Arg& dy, double eps, bool centered);
-double gelu(double x, bool tanh_form);
-double gelu_derivative(double x, bool tanh_form);
 Data cross_entropy(const ir::Node& n, const Arg& logits, const Arg& targets);
 Data cross_entropy_grad(const ir::Node& n, const Arg& logits, const Arg& targets, const Arg& dloss);
 Data mse(const Arg& a, const Arg& b);

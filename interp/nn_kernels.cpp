@@ -11,8 +11,6 @@ namespace napkin::interp::detail {
 
 namespace {
 
-constexpr double kPi = 3.14159265358979323846264338327950288;
-
 // Rows of a tensor normalized over its last axis: x is [rows, d].
 struct Rows {
   int64_t rows, d;
@@ -158,24 +156,6 @@ Data norm_gain_grad(const Arg& x, const Arg& dy, double eps, bool centered) {
 
 // tanh form: 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2/pi);
 // exact form: 0.5 x (1 + erf(x / sqrt 2)) = x Phi(x).
-double gelu(double x, bool tanh_form) {
-  if (tanh_form) {
-    const double c = std::sqrt(2.0 / kPi);
-    return 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x)));
-  }
-  return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
-}
-
-double gelu_derivative(double x, bool tanh_form) {
-  if (tanh_form) {
-    const double c = std::sqrt(2.0 / kPi);
-    double t = std::tanh(c * (x + 0.044715 * x * x * x));
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
-  }
-  // Phi(x) + x phi(x)
-  return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * kPi);
-}
-
 Data cross_entropy(const ir::Node& n, const Arg& logits, const Arg& targets) {
   auto [rows, v] = rows_of(logits);
   Arg row_arg{{rows, v}, logits.dtype, logits.data};

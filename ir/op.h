@@ -110,7 +110,27 @@ using CostFn = OpCost (*)(const Graph& g, const Node& n);
 // move the graph's node storage. The rules live in ir/vjp.cpp.
 using VjpFn = std::vector<ValueId> (*)(Builder& b, const Node& n, ValueId dy);
 
+// How the mixed-precision pass (passes/mixed_precision.h) computes the op
+// under a mixed policy, unless a precision.fp32 pattern selects the node.
+enum class PrecisionRule : uint8_t {
+  AsWritten,      // in the dtype the model wrote: constants, arange, the user's own casts
+  Contraction,    // floating operands in the low dtype, accumulated in f32: matmul, einsum
+  Fp32,           // floating operands in f32: ops that need range or sum many terms
+  FollowsInputs,  // in the widest dtype of its floating operands (views keep their input's)
+};
+
+// Whether the op table makes the op a function a model calls by the op's
+// name. Others may still have a function written by hand in
+// frontend/calls.cpp (gelu takes approximate=, cast a dtype, sum lowers to
+// reduce_sum).
+enum class UserFunction : uint8_t {
+  None,
+  Unary,          // f(x); a number folds through the op's formula (ir/elementwise_formulas.h)
+  UnaryIntegral,  // the same, and a folded integer stays an integer (neg, abs, relu)
+};
+
 // One row of the op table. Later passes add their rules here (backend lowering).
+// An elementwise op's math is not a column: it is ir/elementwise_formulas.h's.
 struct OpInfo {
   Op op;
   std::string_view name;
@@ -123,6 +143,11 @@ struct OpInfo {
   // exp, log, tanh, erf, sin, cos or pow evaluations per element: a library
   // call, far dearer than the FLOPs it is counted as (the time model, analysis/step_time.h)
   double transcendentals_per_element = 0;
+  PrecisionRule precision = PrecisionRule::FollowsInputs;
+  UserFunction user_function = UserFunction::None;
+  // Emitted by autodiff only (softmax_grad, ...): has no VJP (napkin
+  // differentiates once) and never meets the mixed-precision pass.
+  bool backward_only = false;
 };
 
 const OpInfo& op_info(Op op);

@@ -700,9 +700,10 @@ OpCost cost_per_input_element(const Graph& g, const Node& n) {
   return {op_info(n.op).flops_per_element * in, read_all(g, n), written(g, n)};
 }
 
-// x_hat again (layernorm 5 steps, rmsnorm 3), times dy, summed over rows.
+// x_hat again (layernorm 5 steps, rmsnorm 3), times dy and summed over rows
+// (2): the row's 7 is layernorm's.
 OpCost cost_norm_gain_grad(const Graph& g, const Node& n) {
-  double per_element = (n.attrs.get_int("centered") != 0 ? 5 : 3) + 2;
+  double per_element = n.attrs.get_int("centered") != 0 ? op_info(n.op).flops_per_element : 3 + 2;
   return {per_element * g.value(n.in(0)).type.numel(), read_all(g, n), written(g, n)};
 }
 
@@ -722,88 +723,93 @@ OpCost cost_embedding_grad(const Graph& g, const Node& n) {
   return {op_info(n.op).flops_per_element * dy, read_all(g, n) + row_bytes, written(g, n) + row_bytes};
 }
 
-#define ROW(E, infer, cost, fpe) \
-  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr, 0 }
-// A row whose op evaluates `tpe` transcendental functions per element.
-#define ROWT(E, infer, cost, fpe, tpe) \
-  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr, tpe }
+// A row: the op, its shape rule, cost rule, FLOPs per element, transcendental
+// functions per element, precision rule and user function (ir/op.h, OpInfo).
+#define ROW(E, infer, cost, fpe, tpe, precision, function) \
+  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr, tpe, PrecisionRule::precision, UserFunction::function, false }
+// A backward-only op's row. Autodiff emits it after the mixed-precision pass
+// has run, so no precision rule applies: it says FollowsInputs, the rule of
+// an op that computes in its operands' dtype, which is what it does.
+#define BACKWARD_ROW(E, infer, cost, fpe, tpe) \
+  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr, tpe, PrecisionRule::FollowsInputs, UserFunction::None, true }
 
 // FLOPs per element follow "one per arithmetic step of the textbook formula"
 // (docs/report.md lists each): e.g. sigmoid = 1/(1+exp(-x)) is neg, exp, add, div = 4.
 const OpInfo kRows[] = {
-    ROW(Constant, infer_constant, cost_source, 0),
-    ROW(Iota, infer_iota, cost_source, 0),
-    ROW(Neg, infer_numeric_unary<Op::Neg>, cost_elementwise, 1),
-    ROWT(Exp, infer_float_unary<Op::Exp>, cost_elementwise, 1, 1),
-    ROWT(Log, infer_float_unary<Op::Log>, cost_elementwise, 1, 1),
-    ROW(Sqrt, infer_float_unary<Op::Sqrt>, cost_elementwise, 1),
-    ROW(Rsqrt, infer_float_unary<Op::Rsqrt>, cost_elementwise, 2),
-    ROW(Abs, infer_numeric_unary<Op::Abs>, cost_elementwise, 1),
-    ROWT(Tanh, infer_float_unary<Op::Tanh>, cost_elementwise, 1, 1),
-    ROW(Relu, infer_numeric_unary<Op::Relu>, cost_elementwise, 1),
-    ROWT(Gelu, infer_float_unary<Op::Gelu>, cost_gelu, 9, 1),  // tanh form; see cost_gelu
-    ROWT(Sigmoid, infer_float_unary<Op::Sigmoid>, cost_elementwise, 4, 1),
-    ROWT(Silu, infer_float_unary<Op::Silu>, cost_elementwise, 5, 1),
-    ROWT(Sin, infer_float_unary<Op::Sin>, cost_elementwise, 1, 1),
-    ROWT(Cos, infer_float_unary<Op::Cos>, cost_elementwise, 1, 1),
-    ROW(Cast, infer_cast, cost_elementwise, 0),
-    ROW(Triu, infer_triu, cost_elementwise, 1),
-    ROW(CausalMask, infer_causal_mask, cost_elementwise, 1),
+    ROW(Constant, infer_constant, cost_source, 0, 0, AsWritten, None),
+    ROW(Iota, infer_iota, cost_source, 0, 0, AsWritten, None),
+    ROW(Neg, infer_numeric_unary<Op::Neg>, cost_elementwise, 1, 0, FollowsInputs, UnaryIntegral),
+    ROW(Exp, infer_float_unary<Op::Exp>, cost_elementwise, 1, 1, Fp32, Unary),
+    ROW(Log, infer_float_unary<Op::Log>, cost_elementwise, 1, 1, Fp32, Unary),
+    ROW(Sqrt, infer_float_unary<Op::Sqrt>, cost_elementwise, 1, 0, FollowsInputs, Unary),
+    ROW(Rsqrt, infer_float_unary<Op::Rsqrt>, cost_elementwise, 2, 0, FollowsInputs, Unary),
+    ROW(Abs, infer_numeric_unary<Op::Abs>, cost_elementwise, 1, 0, FollowsInputs, UnaryIntegral),
+    ROW(Tanh, infer_float_unary<Op::Tanh>, cost_elementwise, 1, 1, FollowsInputs, Unary),
+    ROW(Relu, infer_numeric_unary<Op::Relu>, cost_elementwise, 1, 0, FollowsInputs, UnaryIntegral),
+    ROW(Gelu, infer_float_unary<Op::Gelu>, cost_gelu, 9, 1, FollowsInputs, None),  // tanh form; see cost_gelu
+    ROW(Sigmoid, infer_float_unary<Op::Sigmoid>, cost_elementwise, 4, 1, FollowsInputs, Unary),
+    ROW(Silu, infer_float_unary<Op::Silu>, cost_elementwise, 5, 1, FollowsInputs, Unary),
+    ROW(Sin, infer_float_unary<Op::Sin>, cost_elementwise, 1, 1, FollowsInputs, Unary),
+    ROW(Cos, infer_float_unary<Op::Cos>, cost_elementwise, 1, 1, FollowsInputs, Unary),
+    ROW(Cast, infer_cast, cost_elementwise, 0, 0, AsWritten, None),
+    ROW(Triu, infer_triu, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(CausalMask, infer_causal_mask, cost_elementwise, 1, 0, FollowsInputs, None),
     // dropout: the keep test's select and the scale (the Philox words are integer work, not FLOPs).
-    ROW(Dropout, infer_dropout, cost_elementwise, 2),
-    ROW(Add, infer_arith_binary<Op::Add>, cost_elementwise, 1),
-    ROW(Sub, infer_arith_binary<Op::Sub>, cost_elementwise, 1),
-    ROW(Mul, infer_arith_binary<Op::Mul>, cost_elementwise, 1),
-    ROW(Div, infer_arith_binary<Op::Div>, cost_elementwise, 1),
-    ROWT(Pow, infer_arith_binary<Op::Pow>, cost_elementwise, 1, 1),
-    ROW(Maximum, infer_arith_binary<Op::Maximum>, cost_elementwise, 1),
-    ROW(Minimum, infer_arith_binary<Op::Minimum>, cost_elementwise, 1),
-    ROW(Less, infer_compare<Op::Less>, cost_elementwise, 1),
-    ROW(LessEqual, infer_compare<Op::LessEqual>, cost_elementwise, 1),
-    ROW(Greater, infer_compare<Op::Greater>, cost_elementwise, 1),
-    ROW(GreaterEqual, infer_compare<Op::GreaterEqual>, cost_elementwise, 1),
-    ROW(Equal, infer_compare<Op::Equal>, cost_elementwise, 1),
-    ROW(NotEqual, infer_compare<Op::NotEqual>, cost_elementwise, 1),
-    ROW(Where, infer_where, cost_elementwise, 1),
-    ROW(ReduceSum, infer_reduce<Op::ReduceSum>, cost_reduce, 1),
-    ROW(ReduceMean, infer_reduce<Op::ReduceMean>, cost_reduce, 1),
-    ROW(ReduceMax, infer_reduce<Op::ReduceMax>, cost_reduce, 1),
-    ROW(ReduceMin, infer_reduce<Op::ReduceMin>, cost_reduce, 1),
-    ROW(MatMul, infer_matmul, cost_matmul, 0),
-    ROW(Einsum, infer_einsum, cost_einsum, 0),
-    ROW(Reshape, infer_reshape, cost_view, 0),
-    ROW(Permute, infer_permute, cost_view, 0),
-    ROW(Broadcast, infer_broadcast, cost_view, 0),
-    ROW(Slice, infer_slice, cost_view, 0),
-    ROW(Select, infer_select, cost_view, 0),
-    ROW(Copy, infer_copy, cost_copy, 0),
-    ROW(Concat, infer_concat, cost_copy, 0),
-    ROW(Embedding, infer_embedding, cost_embedding, 0),
-    ROW(Pad, infer_pad, cost_copy, 0),
+    ROW(Dropout, infer_dropout, cost_elementwise, 2, 0, FollowsInputs, None),
+    ROW(Add, infer_arith_binary<Op::Add>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Sub, infer_arith_binary<Op::Sub>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Mul, infer_arith_binary<Op::Mul>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Div, infer_arith_binary<Op::Div>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Pow, infer_arith_binary<Op::Pow>, cost_elementwise, 1, 1, FollowsInputs, None),
+    ROW(Maximum, infer_arith_binary<Op::Maximum>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Minimum, infer_arith_binary<Op::Minimum>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Less, infer_compare<Op::Less>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(LessEqual, infer_compare<Op::LessEqual>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Greater, infer_compare<Op::Greater>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(GreaterEqual, infer_compare<Op::GreaterEqual>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Equal, infer_compare<Op::Equal>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(NotEqual, infer_compare<Op::NotEqual>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Where, infer_where, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(ReduceSum, infer_reduce<Op::ReduceSum>, cost_reduce, 1, 0, Fp32, None),
+    ROW(ReduceMean, infer_reduce<Op::ReduceMean>, cost_reduce, 1, 0, Fp32, None),
+    ROW(ReduceMax, infer_reduce<Op::ReduceMax>, cost_reduce, 1, 0, Fp32, None),
+    ROW(ReduceMin, infer_reduce<Op::ReduceMin>, cost_reduce, 1, 0, Fp32, None),
+    ROW(MatMul, infer_matmul, cost_matmul, 0, 0, Contraction, None),
+    ROW(Einsum, infer_einsum, cost_einsum, 0, 0, Contraction, None),
+    ROW(Reshape, infer_reshape, cost_view, 0, 0, FollowsInputs, None),
+    ROW(Permute, infer_permute, cost_view, 0, 0, FollowsInputs, None),
+    ROW(Broadcast, infer_broadcast, cost_view, 0, 0, FollowsInputs, None),
+    ROW(Slice, infer_slice, cost_view, 0, 0, FollowsInputs, None),
+    ROW(Select, infer_select, cost_view, 0, 0, FollowsInputs, None),
+    ROW(Copy, infer_copy, cost_copy, 0, 0, FollowsInputs, None),
+    ROW(Concat, infer_concat, cost_copy, 0, 0, FollowsInputs, None),
+    ROW(Embedding, infer_embedding, cost_embedding, 0, 0, FollowsInputs, None),
+    ROW(Pad, infer_pad, cost_copy, 0, 0, FollowsInputs, None),
     // softmax: max, sub, exp, sum, div; log_softmax: max, sub, exp, sum, sub (log per row).
-    ROWT(Softmax, infer_softmax<Op::Softmax>, cost_per_input_element, 5, 1),
-    ROWT(LogSoftmax, infer_softmax<Op::LogSoftmax>, cost_per_input_element, 5, 1),
+    ROW(Softmax, infer_softmax<Op::Softmax>, cost_per_input_element, 5, 1, Fp32, None),
+    ROW(LogSoftmax, infer_softmax<Op::LogSoftmax>, cost_per_input_element, 5, 1, Fp32, None),
     // layernorm: mean, sub, square, sum, scale by rstd, gain, bias; rmsnorm drops mean, sub, bias.
-    ROW(LayerNorm, infer_layernorm, cost_per_input_element, 7),
-    ROW(RMSNorm, infer_rmsnorm, cost_per_input_element, 4),
+    ROW(LayerNorm, infer_layernorm, cost_per_input_element, 7, 0, Fp32, None),
+    ROW(RMSNorm, infer_rmsnorm, cost_per_input_element, 4, 0, Fp32, None),
     // cross_entropy: log_softmax (5) per logit; picking the target and the mean are per row.
-    ROWT(CrossEntropy, infer_cross_entropy, cost_per_input_element, 5, 1),
+    ROW(CrossEntropy, infer_cross_entropy, cost_per_input_element, 5, 1, Fp32, None),
     // mse: sub, square, sum.
-    ROW(MSE, infer_mse, cost_per_input_element, 3),
+    ROW(MSE, infer_mse, cost_per_input_element, 3, 0, Fp32, None),
     // Backward rules, counted the same way (docs/report.md derives each):
     // softmax_grad: dy*y, row sum, sub, mul.
-    ROW(SoftmaxGrad, infer_softmax_grad, cost_per_input_element, 4),
+    BACKWARD_ROW(SoftmaxGrad, infer_softmax_grad, cost_per_input_element, 4, 0),
     // layernorm_grad: x_hat again (5), g*dy, two row sums (3), combine (4).
-    ROW(LayerNormGrad, infer_norm_grad<Op::LayerNormGrad>, cost_per_input_element, 13),
+    BACKWARD_ROW(LayerNormGrad, infer_norm_grad<Op::LayerNormGrad>, cost_per_input_element, 13, 0),
     // rmsnorm_grad: x_hat again (3), g*dy, one row sum (2), combine (3).
-    ROW(RMSNormGrad, infer_norm_grad<Op::RMSNormGrad>, cost_per_input_element, 9),
-    ROW(NormGainGrad, infer_norm_gain_grad, cost_norm_gain_grad, 0),
-    ROWT(GeluGrad, infer_gelu_grad, cost_gelu_grad, 16, 1),  // tanh form; see cost_gelu_grad
+    BACKWARD_ROW(RMSNormGrad, infer_norm_grad<Op::RMSNormGrad>, cost_per_input_element, 9, 0),
+    BACKWARD_ROW(NormGainGrad, infer_norm_gain_grad, cost_norm_gain_grad, 7, 0),  // layernorm form; see cost_norm_gain_grad
+    BACKWARD_ROW(GeluGrad, infer_gelu_grad, cost_gelu_grad, 16, 1),  // tanh form; see cost_gelu_grad
     // cross_entropy_grad: softmax (5) and the scale by dloss / rows, per logit.
-    ROWT(CrossEntropyGrad, infer_cross_entropy_grad, cost_per_input_element, 6, 1),
-    ROW(EmbeddingGrad, infer_embedding_grad, cost_embedding_grad, 1),
+    BACKWARD_ROW(CrossEntropyGrad, infer_cross_entropy_grad, cost_per_input_element, 6, 1),
+    BACKWARD_ROW(EmbeddingGrad, infer_embedding_grad, cost_embedding_grad, 1, 0),
 };
 #undef ROW
+#undef BACKWARD_ROW
 
 static_assert(sizeof(kRows) / sizeof(kRows[0]) == kNumOps,
               "ir/op_table.cpp needs exactly one row per op in ir/ops.def");

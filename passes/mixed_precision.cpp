@@ -30,33 +30,20 @@ std::string_view amp_rule_name(AmpRule r) {
 }
 
 AmpRule amp_rule(ir::Op op, bool selected) {
-  switch (op) {
-    case ir::Op::Constant:
-    case ir::Op::Iota:
-    case ir::Op::Cast: return AmpRule::AsWritten;
-    default: break;
-  }
+  const ir::OpInfo& info = ir::op_info(op);
+  if (info.precision == ir::PrecisionRule::AsWritten) return AmpRule::AsWritten;
   // A view moves no data and computes nothing: it keeps its input's dtype even
   // when selected (casting its operand would make it a view of another buffer).
-  if (ir::op_info(op).op_class == ir::OpClass::View) return AmpRule::FollowsInputs;
+  if (info.op_class == ir::OpClass::View) return AmpRule::FollowsInputs;
   if (selected) return AmpRule::Fp32Override;
-  switch (op) {
-    case ir::Op::MatMul:
-    case ir::Op::Einsum: return AmpRule::Contraction;
-    case ir::Op::Exp:
-    case ir::Op::Log:
-    case ir::Op::Softmax:
-    case ir::Op::LogSoftmax:
-    case ir::Op::LayerNorm:
-    case ir::Op::RMSNorm:
-    case ir::Op::ReduceSum:
-    case ir::Op::ReduceMean:
-    case ir::Op::ReduceMax:
-    case ir::Op::ReduceMin:
-    case ir::Op::CrossEntropy:
-    case ir::Op::MSE: return AmpRule::Fp32Op;
-    default: return AmpRule::FollowsInputs;
+  switch (info.precision) {
+    case ir::PrecisionRule::AsWritten: return AmpRule::AsWritten;
+    case ir::PrecisionRule::Contraction: return AmpRule::Contraction;
+    case ir::PrecisionRule::Fp32: return AmpRule::Fp32Op;
+    case ir::PrecisionRule::FollowsInputs: return AmpRule::FollowsInputs;
   }
+  NAPKIN_INTERNAL_CHECK(false, "unknown precision rule {}", static_cast<int>(info.precision));
+  return AmpRule::FollowsInputs;
 }
 
 namespace {

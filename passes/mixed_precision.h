@@ -22,7 +22,8 @@
 //    entry: the same YAML line in the same block instance ("logits",
 //    "blocks.1.h" select every op written on that line). A pattern that selects
 //    nothing is an error at the pattern.
-//  - the rule of a forward node, the first that applies (AmpRule):
+//  - the rule of a forward node, the first that applies (AmpRule; an op's
+//    own rule is its op table row's PrecisionRule, ir/op.h):
 //      as written   constant, arange and the user's own casts: unchanged.
 //      fp32 override  a selected node, views excepted (a view keeps its
 //                   input's dtype: it computes nothing): floating operands cast to f32.

@@ -4,18 +4,14 @@
 #include <llvm/IR/Module.h>
 
 #include <array>
-#include <cmath>
-#include <limits>
 
+#include "ir/elementwise_formulas.h"
 #include "ir/internal_check.h"
-#include "ir/rng.h"
 #include "runtime/rng.h"
 
 namespace napkin::codegen::cpu {
 
 namespace {
-
-using ir::Op;
 
 llvm::Value* fconst(llvm::Value* like, double v) { return llvm::ConstantFP::get(like->getType(), v); }
 
@@ -29,39 +25,6 @@ llvm::Value* libm_call(LoopEmitter& e, const char* f32_name, const char* f64_nam
   llvm::FunctionCallee f = e.module.getOrInsertFunction(is_f32 ? f32_name : f64_name,
                                                         llvm::FunctionType::get(x->getType(), {x->getType()}, false));
   return e.b.CreateCall(f, {x});
-}
-
-llvm::Value* gelu(LoopEmitter& e, llvm::Value* x, bool tanh_form) {
-  auto& b = e.b;
-  if (tanh_form) {
-    // 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2/pi)
-    llvm::Value* x3 = b.CreateFMul(b.CreateFMul(x, x), x);
-    llvm::Value* inner = b.CreateFMul(fconst(x, std::sqrt(2.0 / M_PI)), b.CreateFAdd(x, b.CreateFMul(fconst(x, 0.044715), x3)));
-    return b.CreateFMul(b.CreateFMul(fconst(x, 0.5), x), b.CreateFAdd(fconst(x, 1.0), emit_tanh(e, inner)));
-  }
-  // 0.5 x (1 + erf(x / sqrt 2))
-  llvm::Value* erf = libm_call(e, "erff", "erf", b.CreateFMul(x, fconst(x, M_SQRT1_2)));
-  return b.CreateFMul(b.CreateFMul(fconst(x, 0.5), x), b.CreateFAdd(fconst(x, 1.0), erf));
-}
-
-llvm::Value* gelu_derivative(LoopEmitter& e, llvm::Value* x, bool tanh_form) {
-  auto& b = e.b;
-  if (tanh_form) {
-    // 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
-    const double c = std::sqrt(2.0 / M_PI);
-    llvm::Value* x2 = b.CreateFMul(x, x);
-    llvm::Value* inner = b.CreateFMul(fconst(x, c), b.CreateFAdd(x, b.CreateFMul(fconst(x, 0.044715), b.CreateFMul(x2, x))));
-    llvm::Value* t = emit_tanh(e, inner);
-    llvm::Value* left = b.CreateFMul(fconst(x, 0.5), b.CreateFAdd(fconst(x, 1.0), t));
-    llvm::Value* sech2 = b.CreateFSub(fconst(x, 1.0), b.CreateFMul(t, t));
-    llvm::Value* slope = b.CreateFMul(fconst(x, c), b.CreateFAdd(fconst(x, 1.0), b.CreateFMul(fconst(x, 3 * 0.044715), x2)));
-    return b.CreateFAdd(left, b.CreateFMul(b.CreateFMul(b.CreateFMul(fconst(x, 0.5), x), sech2), slope));
-  }
-  // Phi(x) + x phi(x)
-  llvm::Value* cdf = b.CreateFMul(fconst(x, 0.5),
-                                  b.CreateFAdd(fconst(x, 1.0), libm_call(e, "erff", "erf", b.CreateFMul(x, fconst(x, M_SQRT1_2)))));
-  llvm::Value* pdf = b.CreateFMul(emit_exp(e, b.CreateFMul(fconst(x, -0.5), b.CreateFMul(x, x))), fconst(x, 1.0 / std::sqrt(2.0 * M_PI)));
-  return b.CreateFAdd(cdf, b.CreateFMul(x, pdf));
 }
 
 // Word 0 of runtime::philox4x32_10(c, k) on i32 values: the same rounds, each
@@ -87,50 +50,65 @@ llvm::Value* philox_word0(LoopEmitter& e, std::array<llvm::Value*, 4> c, std::ar
   return c[0];
 }
 
-// ir/rng.h's dropout: args are x and the rng words (i64), `flat` the element's index.
-llvm::Value* dropout(LoopEmitter& e, const ir::Attrs& attrs, ir::DType dtype, const std::vector<llvm::Value*>& args,
-                     llvm::Value* flat) {
-  auto& b = e.b;
-  llvm::Type* i32 = b.getInt32Ty();
-  llvm::Value* x = args[0];
-  auto word = [&](int64_t w) { return args[1 + w]; };
-  llvm::Value* step = word(ir::kRngStep);
-  llvm::Value* r = philox_word0(
-      e,
-      {b.CreateTrunc(flat, i32), b.getInt32(static_cast<uint32_t>(attrs.get_int("stream"))), b.CreateTrunc(step, i32),
-       b.CreateTrunc(b.CreateLShr(step, 32), i32)},
-      {b.CreateTrunc(word(ir::kRngSeedLow), i32), b.CreateTrunc(word(ir::kRngSeedHigh), i32)});
-  double p = attrs.get_double("p");
-  llvm::Value* keep = b.CreateICmpUGE(r, b.getInt32(ir::dropout_threshold(p)));
-  llvm::Value* kept = b.CreateSelect(keep, b.CreateFMul(x, fconst(x, ir::dropout_scale(p, dtype))), fconst(x, 0.0));
-  llvm::Value* training = b.CreateICmpNE(word(ir::kRngTraining), b.getInt64(0));
-  return b.CreateSelect(training, kept, x);
-}
+// LLVM IR for ir/elementwise_formulas.h: each primitive one instruction, an
+// intrinsic or a libm call, on the compute values of loop_emitter.h.
+class LlvmArithmetic {
+ public:
+  using Handle = llvm::Value*;
+  explicit LlvmArithmetic(LoopEmitter& e) : e_(e), b_(e.b) {}
 
-llvm::Value* binary(LoopEmitter& e, Op op, llvm::Value* x, llvm::Value* y) {
-  auto& b = e.b;
-  bool fp = x->getType()->isFloatingPointTy();
-  switch (op) {
-    case Op::Add: return fp ? b.CreateFAdd(x, y) : b.CreateAdd(x, y);
-    case Op::Sub: return fp ? b.CreateFSub(x, y) : b.CreateSub(x, y);
-    case Op::Mul: return fp ? b.CreateFMul(x, y) : b.CreateMul(x, y);
-    case Op::Div: return fp ? b.CreateFDiv(x, y) : b.CreateSDiv(x, y);
-    case Op::Pow:
-      if (fp) return b.CreateBinaryIntrinsic(llvm::Intrinsic::pow, x, y);
-      break;
-    case Op::Maximum: return b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::maximum : llvm::Intrinsic::smax, x, y);
-    case Op::Minimum: return b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::minimum : llvm::Intrinsic::smin, x, y);
-    case Op::Less: return fp ? b.CreateFCmpOLT(x, y) : b.CreateICmpSLT(x, y);
-    case Op::LessEqual: return fp ? b.CreateFCmpOLE(x, y) : b.CreateICmpSLE(x, y);
-    case Op::Greater: return fp ? b.CreateFCmpOGT(x, y) : b.CreateICmpSGT(x, y);
-    case Op::GreaterEqual: return fp ? b.CreateFCmpOGE(x, y) : b.CreateICmpSGE(x, y);
-    case Op::Equal: return fp ? b.CreateFCmpOEQ(x, y) : b.CreateICmpEQ(x, y);
-    case Op::NotEqual: return fp ? b.CreateFCmpUNE(x, y) : b.CreateICmpNE(x, y);
-    default: break;
+  Handle constant(Handle like, double v) const {
+    if (fp(like)) return fconst(like, v);
+    return llvm::ConstantInt::get(like->getType(), static_cast<uint64_t>(static_cast<int64_t>(v)), true);
   }
-  NAPKIN_INTERNAL_CHECK(false, "no CPU lowering of this binary op for its dtype");
-  return nullptr;
-}
+  Handle add(Handle x, Handle y) const { return fp(x) ? b_.CreateFAdd(x, y) : b_.CreateAdd(x, y); }
+  Handle sub(Handle x, Handle y) const { return fp(x) ? b_.CreateFSub(x, y) : b_.CreateSub(x, y); }
+  Handle mul(Handle x, Handle y) const { return fp(x) ? b_.CreateFMul(x, y) : b_.CreateMul(x, y); }
+  Handle div(Handle x, Handle y) const { return fp(x) ? b_.CreateFDiv(x, y) : b_.CreateSDiv(x, y); }
+  Handle neg(Handle x) const { return fp(x) ? b_.CreateFNeg(x) : b_.CreateNeg(x); }
+  Handle less(Handle x, Handle y) const { return fp(x) ? b_.CreateFCmpOLT(x, y) : b_.CreateICmpSLT(x, y); }
+  Handle less_equal(Handle x, Handle y) const { return fp(x) ? b_.CreateFCmpOLE(x, y) : b_.CreateICmpSLE(x, y); }
+  Handle greater(Handle x, Handle y) const { return fp(x) ? b_.CreateFCmpOGT(x, y) : b_.CreateICmpSGT(x, y); }
+  Handle greater_equal(Handle x, Handle y) const { return fp(x) ? b_.CreateFCmpOGE(x, y) : b_.CreateICmpSGE(x, y); }
+  Handle equal(Handle x, Handle y) const { return fp(x) ? b_.CreateFCmpOEQ(x, y) : b_.CreateICmpEQ(x, y); }
+  // Unordered: NaN != NaN, as in C.
+  Handle not_equal(Handle x, Handle y) const { return fp(x) ? b_.CreateFCmpUNE(x, y) : b_.CreateICmpNE(x, y); }
+  Handle select(Handle cond, Handle x, Handle y) const { return b_.CreateSelect(cond, x, y); }
+  Handle exp(Handle x) const { return emit_exp(e_, x); }
+  Handle log(Handle x) const { return emit_log(e_, x); }
+  Handle tanh(Handle x) const { return emit_tanh(e_, x); }
+  Handle erf(Handle x) const { return libm_call(e_, "erff", "erf", x); }
+  Handle sqrt(Handle x) const { return unary_intrinsic(e_, llvm::Intrinsic::sqrt, x); }
+  Handle sin(Handle x) const { return unary_intrinsic(e_, llvm::Intrinsic::sin, x); }
+  Handle cos(Handle x) const { return unary_intrinsic(e_, llvm::Intrinsic::cos, x); }
+  Handle abs(Handle x) const {
+    return fp(x) ? unary_intrinsic(e_, llvm::Intrinsic::fabs, x) : b_.CreateBinaryIntrinsic(llvm::Intrinsic::abs, x, b_.getFalse());
+  }
+  Handle pow(Handle x, Handle y) const {
+    NAPKIN_INTERNAL_CHECK(fp(x), "no CPU lowering of pow of integers");
+    return b_.CreateBinaryIntrinsic(llvm::Intrinsic::pow, x, y);
+  }
+  Handle maximum(Handle x, Handle y) const {
+    return b_.CreateBinaryIntrinsic(fp(x) ? llvm::Intrinsic::maximum : llvm::Intrinsic::smax, x, y);
+  }
+  Handle minimum(Handle x, Handle y) const {
+    return b_.CreateBinaryIntrinsic(fp(x) ? llvm::Intrinsic::minimum : llvm::Intrinsic::smin, x, y);
+  }
+  Handle convert(Handle x, ir::DType from, ir::DType to) const { return e_.convert(x, from, to); }
+  // The rng words and `flat` are i64.
+  Handle dropout_keep(Handle flat, uint32_t stream, Handle seed_lo, Handle seed_hi, Handle step, uint32_t threshold) const {
+    llvm::Type* i32 = b_.getInt32Ty();
+    llvm::Value* r = philox_word0(
+        e_, {b_.CreateTrunc(flat, i32), b_.getInt32(stream), b_.CreateTrunc(step, i32), b_.CreateTrunc(b_.CreateLShr(step, 32), i32)},
+        {b_.CreateTrunc(seed_lo, i32), b_.CreateTrunc(seed_hi, i32)});
+    return b_.CreateICmpUGE(r, b_.getInt32(threshold));
+  }
+
+ private:
+  static bool fp(Handle x) { return x->getType()->isFloatingPointTy(); }
+  LoopEmitter& e_;
+  llvm::IRBuilder<>& b_;
+};
 
 }  // namespace
 
@@ -154,53 +132,12 @@ llvm::Value* emit_tanh(LoopEmitter& e, llvm::Value* x) {
 
 llvm::Value* emit_elementwise(LoopEmitter& e, ir::Op op, const ir::Attrs& attrs, ir::DType from, ir::DType to,
                               const std::vector<llvm::Value*>& args, const ElementAt& at) {
-  auto& b = e.b;
-  llvm::Value* x = args.empty() ? nullptr : args[0];
-  bool fp = x && x->getType()->isFloatingPointTy();
-  switch (op) {
-    case Op::Neg: return fp ? b.CreateFNeg(x) : b.CreateNeg(x);
-    case Op::Exp: return emit_exp(e, x);
-    case Op::Log: return emit_log(e, x);
-    case Op::Sqrt: return unary_intrinsic(e, llvm::Intrinsic::sqrt, x);
-    case Op::Rsqrt: return b.CreateFDiv(fconst(x, 1.0), unary_intrinsic(e, llvm::Intrinsic::sqrt, x));
-    case Op::Abs: return fp ? unary_intrinsic(e, llvm::Intrinsic::fabs, x) : b.CreateBinaryIntrinsic(llvm::Intrinsic::abs, x, b.getFalse());
-    case Op::Tanh: return emit_tanh(e, x);
-    case Op::Relu:
-      if (fp) return b.CreateSelect(b.CreateFCmpOLT(x, fconst(x, 0.0)), fconst(x, 0.0), x);
-      return b.CreateBinaryIntrinsic(llvm::Intrinsic::smax, x, llvm::ConstantInt::get(x->getType(), 0));
-    case Op::Gelu: return gelu(e, x, attrs.get_string("approximate") == "tanh");
-    case Op::Sigmoid: return b.CreateFDiv(fconst(x, 1.0), b.CreateFAdd(fconst(x, 1.0), emit_exp(e, b.CreateFNeg(x))));
-    case Op::Silu: return b.CreateFDiv(x, b.CreateFAdd(fconst(x, 1.0), emit_exp(e, b.CreateFNeg(x))));
-    case Op::Sin: return unary_intrinsic(e, llvm::Intrinsic::sin, x);
-    case Op::Cos: return unary_intrinsic(e, llvm::Intrinsic::cos, x);
-    case Op::Cast: return e.convert(x, from, to);
-    case Op::Triu: {
-      llvm::Value* keep = b.CreateICmpSGE(b.CreateSub(at.col, at.row), e.i64(attrs.get_int("k")));
-      return b.CreateSelect(keep, x, e.constant(from, 0));
-    }
-    case Op::CausalMask:
-      return b.CreateSelect(b.CreateICmpSGT(at.col, at.row), fconst(x, -std::numeric_limits<double>::infinity()), x);
-    case Op::Dropout: return dropout(e, attrs, from, args, at.flat);
-    case Op::Add:
-    case Op::Sub:
-    case Op::Mul:
-    case Op::Div:
-    case Op::Pow:
-    case Op::Maximum:
-    case Op::Minimum:
-    case Op::Less:
-    case Op::LessEqual:
-    case Op::Greater:
-    case Op::GreaterEqual:
-    case Op::Equal:
-    case Op::NotEqual: return binary(e, op, args[0], args[1]);
-    case Op::Where: return b.CreateSelect(args[0], args[1], args[2]);
-    case Op::GeluGrad: return b.CreateFMul(gelu_derivative(e, args[0], attrs.get_string("approximate") == "tanh"), args[1]);
-    case Op::Copy: return x;
-    default: break;
-  }
-  NAPKIN_INTERNAL_CHECK(false, "not an elementwise op");
-  return nullptr;
+  LlvmArithmetic arith(e);
+  using Value = ir::formulas::Value<LlvmArithmetic>;
+  std::vector<Value> values;
+  for (llvm::Value* a : args) values.emplace_back(arith, a);
+  ir::formulas::Position<LlvmArithmetic> position{Value(arith, at.row), Value(arith, at.col), Value(arith, at.flat)};
+  return ir::formulas::apply_elementwise(op, attrs, from, to, values, position).handle();
 }
 
 }  // namespace napkin::codegen::cpu

@@ -1,8 +1,8 @@
 // One element of an elementwise op in LLVM IR, in compute types (see
-// loop_emitter.h). The formulas are the reference interpreter's
-// (interp/kernels.cpp), written so the loop vectorizer can turn them into
-// AVX-512: no calls except exp, log, sin, cos and pow, which LLVM maps to
-// glibc's vector math library (libmvec); tanh is built from exp.
+// loop_emitter.h): the formulas of ir/elementwise_formulas.h on LLVM
+// primitives chosen so the loop vectorizer can turn them into AVX-512: no
+// calls except exp, log, sin, cos and pow, which LLVM maps to glibc's vector
+// math library (libmvec), and erf (exact gelu); tanh is built from exp.
 #pragma once
 
 #include <llvm/IR/Value.h>

@@ -14,11 +14,10 @@
 //    splat operand: innermost stride 0 (a broadcast along it), read once per
 //    chunk.
 #include <algorithm>
-#include <limits>
 
 #include "codegen/cuda/emit.h"
+#include "ir/elementwise_formulas.h"
 #include "ir/internal_check.h"
-#include "ir/rng.h"
 
 namespace napkin::codegen::cuda::detail {
 
@@ -27,69 +26,80 @@ namespace {
 using ir::DType;
 using ir::Op;
 
+// CUDA C expressions for ir/elementwise_formulas.h: a value is an expression
+// of its dtype's compute type; the math primitives are the prelude's.
+class CudaArithmetic {
+ public:
+  struct Handle {
+    std::string text;
+    DType dtype = DType::F32;
+  };
+
+  Handle constant(const Handle& like, double v) const { return {literal(like.dtype, v), like.dtype}; }
+  Handle add(const Handle& x, const Handle& y) const { return infix(x, "+", y, x.dtype); }
+  Handle sub(const Handle& x, const Handle& y) const { return infix(x, "-", y, x.dtype); }
+  Handle mul(const Handle& x, const Handle& y) const { return infix(x, "*", y, x.dtype); }
+  Handle div(const Handle& x, const Handle& y) const { return infix(x, "/", y, x.dtype); }
+  Handle neg(const Handle& x) const { return {fmt::format("(-{})", x.text), x.dtype}; }
+  Handle less(const Handle& x, const Handle& y) const { return infix(x, "<", y, DType::Bool); }
+  Handle less_equal(const Handle& x, const Handle& y) const { return infix(x, "<=", y, DType::Bool); }
+  Handle greater(const Handle& x, const Handle& y) const { return infix(x, ">", y, DType::Bool); }
+  Handle greater_equal(const Handle& x, const Handle& y) const { return infix(x, ">=", y, DType::Bool); }
+  Handle equal(const Handle& x, const Handle& y) const { return infix(x, "==", y, DType::Bool); }
+  Handle not_equal(const Handle& x, const Handle& y) const { return infix(x, "!=", y, DType::Bool); }
+  Handle select(const Handle& cond, const Handle& x, const Handle& y) const {
+    return {fmt::format("({} ? {} : {})", cond.text, x.text, y.text), x.dtype};
+  }
+  Handle exp(const Handle& x) const { return call("napkin_exp", x); }
+  Handle log(const Handle& x) const { return call("napkin_log", x); }
+  Handle tanh(const Handle& x) const { return call("napkin_tanh", x); }
+  Handle erf(const Handle& x) const { return call("napkin_erf", x); }
+  Handle sqrt(const Handle& x) const { return call("napkin_sqrt", x); }
+  Handle sin(const Handle& x) const { return call("napkin_sin", x); }
+  Handle cos(const Handle& x) const { return call("napkin_cos", x); }
+  Handle abs(const Handle& x) const {
+    if (is_float_compute(x.dtype)) return call("napkin_fabs", x);
+    return {fmt::format("({0} < 0 ? -{0} : {0})", x.text), x.dtype};
+  }
+  Handle pow(const Handle& x, const Handle& y) const {
+    NAPKIN_INTERNAL_CHECK(is_float_compute(x.dtype), "pow of integers has no lowering");
+    return call("napkin_pow", x, y);
+  }
+  Handle maximum(const Handle& x, const Handle& y) const { return call("napkin_maximum", x, y); }
+  Handle minimum(const Handle& x, const Handle& y) const { return call("napkin_minimum", x, y); }
+  Handle convert(const Handle& x, DType from, DType to) const { return {detail::convert(x.text, from, to), to}; }
+  // `flat` is unsigned long long, the rng words long long.
+  Handle dropout_keep(const Handle& flat, uint32_t stream, const Handle& seed_lo, const Handle& seed_hi, const Handle& step,
+                      uint32_t threshold) const {
+    return {fmt::format("(napkin_philox_word0((unsigned){}, {}u, (unsigned){}, (unsigned)((unsigned long long){} >> 32), "
+                        "(unsigned){}, (unsigned){}) >= {}u)",
+                        flat.text, stream, step.text, step.text, seed_lo.text, seed_hi.text, threshold),
+            DType::Bool};
+  }
+
+ private:
+  static Handle infix(const Handle& x, const char* op, const Handle& y, DType result) {
+    return {fmt::format("({} {} {})", x.text, op, y.text), result};
+  }
+  static Handle call(const char* f, const Handle& x) { return {fmt::format("{}({})", f, x.text), x.dtype}; }
+  static Handle call(const char* f, const Handle& x, const Handle& y) {
+    return {fmt::format("{}({}, {})", f, x.text, y.text), x.dtype};
+  }
+};
+
 // One element of elementwise op `op` in compute types: args are variable
 // names of the inputs' compute values (`dtypes` their dtypes), `to` the
-// result dtype. The formulas of codegen/cpu/scalar_ops.cpp, via the prelude.
+// result dtype; row, col and flat name the element's position.
 std::string op_expr(Op op, const ir::Attrs& attrs, const std::vector<std::string>& args, const std::vector<DType>& dtypes,
                     DType to, const std::string& row, const std::string& col, const std::string& flat) {
-  const std::string& x = args.empty() ? "" : args[0];
+  CudaArithmetic arith;
+  using Value = ir::formulas::Value<CudaArithmetic>;
+  std::vector<Value> values;
+  for (size_t i = 0; i < args.size(); ++i) values.emplace_back(arith, CudaArithmetic::Handle{args[i], dtypes[i]});
+  auto index = [&](const std::string& name) { return Value(arith, {name, DType::I64}); };
+  ir::formulas::Position<CudaArithmetic> at{index(row), index(col), index(flat)};
   DType from = dtypes.empty() ? to : dtypes[0];
-  bool fp = is_float_compute(from);
-  auto bin = [&](const char* o) { return fmt::format("({} {} {})", args[0], o, args[1]); };
-  switch (op) {
-    case Op::Neg: return fmt::format("(-{})", x);
-    case Op::Exp: return fmt::format("napkin_exp({})", x);
-    case Op::Log: return fmt::format("napkin_log({})", x);
-    case Op::Sqrt: return fmt::format("napkin_sqrt({})", x);
-    case Op::Rsqrt: return fmt::format("({} / napkin_sqrt({}))", literal(from, 1.0), x);
-    case Op::Abs: return fp ? fmt::format("napkin_fabs({})", x) : fmt::format("({0} < 0 ? -{0} : {0})", x);
-    case Op::Tanh: return fmt::format("napkin_tanh({})", x);
-    case Op::Relu:
-      if (fp) return fmt::format("({0} < {1} ? {1} : {0})", x, literal(from, 0.0));
-      return fmt::format("({0} > 0 ? {0} : {1})", x, literal(from, 0.0));
-    case Op::Gelu:
-      return fmt::format("napkin_gelu_{}({})", attrs.get_string("approximate") == "tanh" ? "tanh" : "erf", x);
-    case Op::Sigmoid: return fmt::format("napkin_sigmoid({})", x);
-    case Op::Silu: return fmt::format("napkin_silu({})", x);
-    case Op::Sin: return fmt::format("napkin_sin({})", x);
-    case Op::Cos: return fmt::format("napkin_cos({})", x);
-    case Op::Cast: return convert(x, from, to);
-    case Op::Triu:
-      return fmt::format("(((long long){} - (long long){}) >= {}LL ? {} : {})", col, row, attrs.get_int("k"), x,
-                         literal(from, 0.0));
-    case Op::CausalMask:
-      return fmt::format("({} > {} ? {} : {})", col, row, literal(from, -std::numeric_limits<double>::infinity()), x);
-    case Op::Dropout: {
-      double p = attrs.get_double("p");
-      return fmt::format("napkin_dropout({}, {}, {}, {}, {}, {}u, {}, {}u, {})", x, args[1 + ir::kRngSeedLow],
-                         args[1 + ir::kRngSeedHigh], args[1 + ir::kRngStep], args[1 + ir::kRngTraining],
-                         static_cast<uint32_t>(attrs.get_int("stream")), flat, ir::dropout_threshold(p),
-                         literal(from, ir::dropout_scale(p, from)));
-    }
-    case Op::Add: return bin("+");
-    case Op::Sub: return bin("-");
-    case Op::Mul: return bin("*");
-    case Op::Div: return bin("/");
-    case Op::Pow:
-      NAPKIN_INTERNAL_CHECK(fp, "pow of integers has no lowering");
-      return fmt::format("napkin_pow({}, {})", args[0], args[1]);
-    case Op::Maximum: return fmt::format("napkin_maximum({}, {})", args[0], args[1]);
-    case Op::Minimum: return fmt::format("napkin_minimum({}, {})", args[0], args[1]);
-    case Op::Less: return bin("<");
-    case Op::LessEqual: return bin("<=");
-    case Op::Greater: return bin(">");
-    case Op::GreaterEqual: return bin(">=");
-    case Op::Equal: return bin("==");
-    case Op::NotEqual: return bin("!=");
-    case Op::Where: return fmt::format("({} ? {} : {})", args[0], args[1], args[2]);
-    case Op::GeluGrad:
-      return fmt::format("(napkin_gelu_grad_{}({}) * {})", attrs.get_string("approximate") == "tanh" ? "tanh" : "erf",
-                         args[0], args[1]);
-    case Op::Copy: return x;
-    default: break;
-  }
-  NAPKIN_INTERNAL_CHECK(false, "{} is not an elementwise op", ir::op_name(op));
-  return "";
+  return ir::formulas::apply_elementwise(op, attrs, from, to, values, at).handle().text;
 }
 
 // An elementwise loop: the iteration shape, each input's and output's

@@ -22,12 +22,13 @@
 //              napkin_to_i64_sat (float/double -> int: toward zero, saturating, NaN -> 0)
 //  constants:  napkin_inf_f32, napkin_inf_f64, napkin_nan_f32
 //  math:       napkin_exp, _log, _sqrt, _sin, _cos, _pow, _erf, _fabs (float and double
-//              overloads); napkin_tanh, _gelu_tanh, _gelu_erf, _gelu_grad_tanh,
-//              _gelu_grad_erf, _sigmoid, _silu (the CPU backend's formulas,
+//              overloads); napkin_tanh (the CPU backend's exp-based tanh,
 //              codegen/cpu/scalar_ops.cpp); napkin_maximum/_minimum (NaN-propagating,
-//              +0 > -0, as llvm.maximum/minimum), napkin_maxnum (NaN-ignoring, as llvm.maxnum)
-//  random:     napkin_philox_word0 (runtime/rng.h's Philox4x32-10, word 0), napkin_dropout
-//              (ir/rng.h's dropout of one element)
+//              +0 > -0, as llvm.maximum/minimum), napkin_maxnum (NaN-ignoring, as llvm.maxnum).
+//              The primitives of ir/elementwise_formulas.h: the elementwise ops'
+//              formulas (gelu, sigmoid, ...) are written there, once, and
+//              codegen/cuda/elementwise.cpp spells them as expressions over these.
+//  random:     napkin_philox_word0 (runtime/rng.h's Philox4x32-10, word 0: dropout's keep test)
 //  reductions: napkin_sum_op, napkin_max_op, napkin_min_op, napkin_maxnum_op (combiners);
 //              napkin_warp_reduce(v, op) (xor butterfly: every lane gets the same bits),
 //              napkin_block_reduce(v, op, identity, shared32) (every thread gets the same
@@ -228,37 +229,8 @@ template <typename T> NAPKIN_DEVICE T napkin_tanh(T x) {
   const T small = x * (T(1) + x2 * poly);
   return ax < T(0.0625) ? small : big;
 }
-// 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2/pi)
-template <typename T> NAPKIN_DEVICE T napkin_gelu_tanh(T x) {
-  const T x3 = (x * x) * x;
-  const T inner = T(0x1.9884533d43651p-1) * (x + T(0.044715) * x3);
-  return (T(0.5) * x) * (T(1) + napkin_tanh(inner));
-}
-// 0.5 x (1 + erf(x / sqrt 2))
-template <typename T> NAPKIN_DEVICE T napkin_gelu_erf(T x) {
-  return (T(0.5) * x) * (T(1) + napkin_erf(x * T(0x1.6a09e667f3bcdp-1)));
-}
-// 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
-template <typename T> NAPKIN_DEVICE T napkin_gelu_grad_tanh(T x) {
-  const T c = T(0x1.9884533d43651p-1);
-  const T x2 = x * x;
-  const T inner = c * (x + T(0.044715) * (x2 * x));
-  const T t = napkin_tanh(inner);
-  const T left = T(0.5) * (T(1) + t);
-  const T sech2 = T(1) - t * t;
-  const T slope = c * (T(1) + T(0x1.12ba9d1f60179p-3) * x2);
-  return left + ((T(0.5) * x) * sech2) * slope;
-}
-// Phi(x) + x phi(x)
-template <typename T> NAPKIN_DEVICE T napkin_gelu_grad_erf(T x) {
-  const T cdf = T(0.5) * (T(1) + napkin_erf(x * T(0x1.6a09e667f3bcdp-1)));
-  const T pdf = napkin_exp(T(-0.5) * (x * x)) * T(0x1.9884533d43651p-2);
-  return cdf + x * pdf;
-}
-template <typename T> NAPKIN_DEVICE T napkin_sigmoid(T x) { return T(1) / (T(1) + napkin_exp(-x)); }
-template <typename T> NAPKIN_DEVICE T napkin_silu(T x) { return x / (T(1) + napkin_exp(-x)); }
 
-// ---- random: dropout (ir/rng.h) ----
+// ---- random: dropout's keep test (ir/rng.h) ----
 // Word 0 of Philox4x32-10: runtime/rng.cpp's rounds and constants, each
 // 32x32 -> 64-bit product split into its high and low words.
 NAPKIN_DEVICE unsigned napkin_philox_word0(unsigned c0, unsigned c1, unsigned c2, unsigned c3, unsigned k0, unsigned k1) {
@@ -278,17 +250,6 @@ NAPKIN_DEVICE unsigned napkin_philox_word0(unsigned c0, unsigned c1, unsigned c2
     c2 = n2;
   }
   return c0;
-}
-// Element `flat` of dropout number `stream`: x * scale if its word is at least
-// `threshold`, else 0; x itself when the rng tensor says the forward evaluates.
-template <typename T>
-NAPKIN_DEVICE T napkin_dropout(T x, long long seed_lo, long long seed_hi, long long step, long long training,
-                               unsigned stream, unsigned long long flat, unsigned threshold, T scale) {
-  if (training == 0) return x;
-  const unsigned long long s = (unsigned long long)step;
-  const unsigned r = napkin_philox_word0((unsigned)flat, stream, (unsigned)s, (unsigned)(s >> 32), (unsigned)seed_lo,
-                                         (unsigned)seed_hi);
-  return r >= threshold ? x * scale : T(0);
 }
 
 // ---- reductions in a fixed order ----
