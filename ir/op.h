@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "ir/loop.h"
 #include "ir/type.h"
 
 namespace napkin::ir {
@@ -116,6 +117,7 @@ struct OpInfo {
   std::string_view name;
   int arity;  // -1: variadic
   OpClass op_class;
+  LoopKind loop;  // the loop it runs as (ir/loop.h)
   InferFn infer;
   CostFn cost;
   double flops_per_element;  // elementwise/normalization convention; documented in docs/report.md
@@ -123,6 +125,7 @@ struct OpInfo {
   // exp, log, tanh, erf, sin, cos or pow evaluations per element: a library
   // call, far dearer than the FLOPs it is counted as (the time model, passes/step_time.h)
   double transcendentals_per_element = 0;
+  ElementIndex element_index = ElementIndex::None;  // an Elementwise op's (ir/loop.h)
 };
 
 const OpInfo& op_info(Op op);

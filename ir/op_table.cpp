@@ -722,88 +722,93 @@ OpCost cost_embedding_grad(const Graph& g, const Node& n) {
   return {op_info(n.op).flops_per_element * dy, read_all(g, n) + row_bytes, written(g, n) + row_bytes};
 }
 
-#define ROW(E, infer, cost, fpe) \
-  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr, 0 }
+#define ROW(E, loop, infer, cost, fpe) \
+  OpInfo { Op::E, "", 0, OpClass::Source, LoopKind::loop, infer, cost, fpe, nullptr, 0 }
 // A row whose op evaluates `tpe` transcendental functions per element.
-#define ROWT(E, infer, cost, fpe, tpe) \
-  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr, tpe }
+#define ROWT(E, loop, infer, cost, fpe, tpe) \
+  OpInfo { Op::E, "", 0, OpClass::Source, LoopKind::loop, infer, cost, fpe, nullptr, tpe }
+// An elementwise op that reads its element's position (`at`, an ElementIndex).
+#define ROWI(E, at, infer, cost, fpe) \
+  OpInfo { Op::E, "", 0, OpClass::Source, LoopKind::Elementwise, infer, cost, fpe, nullptr, 0, ElementIndex::at }
 
 // FLOPs per element follow "one per arithmetic step of the textbook formula"
 // (docs/report.md lists each): e.g. sigmoid = 1/(1+exp(-x)) is neg, exp, add, div = 4.
 const OpInfo kRows[] = {
-    ROW(Constant, infer_constant, cost_source, 0),
-    ROW(Iota, infer_iota, cost_source, 0),
-    ROW(Neg, infer_numeric_unary<Op::Neg>, cost_elementwise, 1),
-    ROWT(Exp, infer_float_unary<Op::Exp>, cost_elementwise, 1, 1),
-    ROWT(Log, infer_float_unary<Op::Log>, cost_elementwise, 1, 1),
-    ROW(Sqrt, infer_float_unary<Op::Sqrt>, cost_elementwise, 1),
-    ROW(Rsqrt, infer_float_unary<Op::Rsqrt>, cost_elementwise, 2),
-    ROW(Abs, infer_numeric_unary<Op::Abs>, cost_elementwise, 1),
-    ROWT(Tanh, infer_float_unary<Op::Tanh>, cost_elementwise, 1, 1),
-    ROW(Relu, infer_numeric_unary<Op::Relu>, cost_elementwise, 1),
-    ROWT(Gelu, infer_float_unary<Op::Gelu>, cost_gelu, 9, 1),  // tanh form; see cost_gelu
-    ROWT(Sigmoid, infer_float_unary<Op::Sigmoid>, cost_elementwise, 4, 1),
-    ROWT(Silu, infer_float_unary<Op::Silu>, cost_elementwise, 5, 1),
-    ROWT(Sin, infer_float_unary<Op::Sin>, cost_elementwise, 1, 1),
-    ROWT(Cos, infer_float_unary<Op::Cos>, cost_elementwise, 1, 1),
-    ROW(Cast, infer_cast, cost_elementwise, 0),
-    ROW(Triu, infer_triu, cost_elementwise, 1),
-    ROW(CausalMask, infer_causal_mask, cost_elementwise, 1),
+    ROW(Constant, Fill, infer_constant, cost_source, 0),
+    ROW(Iota, Fill, infer_iota, cost_source, 0),
+    ROW(Neg, Elementwise, infer_numeric_unary<Op::Neg>, cost_elementwise, 1),
+    ROWT(Exp, Elementwise, infer_float_unary<Op::Exp>, cost_elementwise, 1, 1),
+    ROWT(Log, Elementwise, infer_float_unary<Op::Log>, cost_elementwise, 1, 1),
+    ROW(Sqrt, Elementwise, infer_float_unary<Op::Sqrt>, cost_elementwise, 1),
+    ROW(Rsqrt, Elementwise, infer_float_unary<Op::Rsqrt>, cost_elementwise, 2),
+    ROW(Abs, Elementwise, infer_numeric_unary<Op::Abs>, cost_elementwise, 1),
+    ROWT(Tanh, Elementwise, infer_float_unary<Op::Tanh>, cost_elementwise, 1, 1),
+    ROW(Relu, Elementwise, infer_numeric_unary<Op::Relu>, cost_elementwise, 1),
+    ROWT(Gelu, Elementwise, infer_float_unary<Op::Gelu>, cost_gelu, 9, 1),  // tanh form; see cost_gelu
+    ROWT(Sigmoid, Elementwise, infer_float_unary<Op::Sigmoid>, cost_elementwise, 4, 1),
+    ROWT(Silu, Elementwise, infer_float_unary<Op::Silu>, cost_elementwise, 5, 1),
+    ROWT(Sin, Elementwise, infer_float_unary<Op::Sin>, cost_elementwise, 1, 1),
+    ROWT(Cos, Elementwise, infer_float_unary<Op::Cos>, cost_elementwise, 1, 1),
+    ROW(Cast, Elementwise, infer_cast, cost_elementwise, 0),
+    ROWI(Triu, RowCol, infer_triu, cost_elementwise, 1),
+    ROWI(CausalMask, RowCol, infer_causal_mask, cost_elementwise, 1),
     // dropout: the keep test's select and the scale (the Philox words are integer work, not FLOPs).
-    ROW(Dropout, infer_dropout, cost_elementwise, 2),
-    ROW(Add, infer_arith_binary<Op::Add>, cost_elementwise, 1),
-    ROW(Sub, infer_arith_binary<Op::Sub>, cost_elementwise, 1),
-    ROW(Mul, infer_arith_binary<Op::Mul>, cost_elementwise, 1),
-    ROW(Div, infer_arith_binary<Op::Div>, cost_elementwise, 1),
-    ROWT(Pow, infer_arith_binary<Op::Pow>, cost_elementwise, 1, 1),
-    ROW(Maximum, infer_arith_binary<Op::Maximum>, cost_elementwise, 1),
-    ROW(Minimum, infer_arith_binary<Op::Minimum>, cost_elementwise, 1),
-    ROW(Less, infer_compare<Op::Less>, cost_elementwise, 1),
-    ROW(LessEqual, infer_compare<Op::LessEqual>, cost_elementwise, 1),
-    ROW(Greater, infer_compare<Op::Greater>, cost_elementwise, 1),
-    ROW(GreaterEqual, infer_compare<Op::GreaterEqual>, cost_elementwise, 1),
-    ROW(Equal, infer_compare<Op::Equal>, cost_elementwise, 1),
-    ROW(NotEqual, infer_compare<Op::NotEqual>, cost_elementwise, 1),
-    ROW(Where, infer_where, cost_elementwise, 1),
-    ROW(ReduceSum, infer_reduce<Op::ReduceSum>, cost_reduce, 1),
-    ROW(ReduceMean, infer_reduce<Op::ReduceMean>, cost_reduce, 1),
-    ROW(ReduceMax, infer_reduce<Op::ReduceMax>, cost_reduce, 1),
-    ROW(ReduceMin, infer_reduce<Op::ReduceMin>, cost_reduce, 1),
-    ROW(MatMul, infer_matmul, cost_matmul, 0),
-    ROW(Einsum, infer_einsum, cost_einsum, 0),
-    ROW(Reshape, infer_reshape, cost_view, 0),
-    ROW(Permute, infer_permute, cost_view, 0),
-    ROW(Broadcast, infer_broadcast, cost_view, 0),
-    ROW(Slice, infer_slice, cost_view, 0),
-    ROW(Select, infer_select, cost_view, 0),
-    ROW(Copy, infer_copy, cost_copy, 0),
-    ROW(Concat, infer_concat, cost_copy, 0),
-    ROW(Embedding, infer_embedding, cost_embedding, 0),
-    ROW(Pad, infer_pad, cost_copy, 0),
+    ROWI(Dropout, Flat, infer_dropout, cost_elementwise, 2),
+    ROW(Add, Elementwise, infer_arith_binary<Op::Add>, cost_elementwise, 1),
+    ROW(Sub, Elementwise, infer_arith_binary<Op::Sub>, cost_elementwise, 1),
+    ROW(Mul, Elementwise, infer_arith_binary<Op::Mul>, cost_elementwise, 1),
+    ROW(Div, Elementwise, infer_arith_binary<Op::Div>, cost_elementwise, 1),
+    ROWT(Pow, Elementwise, infer_arith_binary<Op::Pow>, cost_elementwise, 1, 1),
+    ROW(Maximum, Elementwise, infer_arith_binary<Op::Maximum>, cost_elementwise, 1),
+    ROW(Minimum, Elementwise, infer_arith_binary<Op::Minimum>, cost_elementwise, 1),
+    ROW(Less, Elementwise, infer_compare<Op::Less>, cost_elementwise, 1),
+    ROW(LessEqual, Elementwise, infer_compare<Op::LessEqual>, cost_elementwise, 1),
+    ROW(Greater, Elementwise, infer_compare<Op::Greater>, cost_elementwise, 1),
+    ROW(GreaterEqual, Elementwise, infer_compare<Op::GreaterEqual>, cost_elementwise, 1),
+    ROW(Equal, Elementwise, infer_compare<Op::Equal>, cost_elementwise, 1),
+    ROW(NotEqual, Elementwise, infer_compare<Op::NotEqual>, cost_elementwise, 1),
+    ROW(Where, Elementwise, infer_where, cost_elementwise, 1),
+    ROW(ReduceSum, Reduction, infer_reduce<Op::ReduceSum>, cost_reduce, 1),
+    ROW(ReduceMean, Reduction, infer_reduce<Op::ReduceMean>, cost_reduce, 1),
+    ROW(ReduceMax, Reduction, infer_reduce<Op::ReduceMax>, cost_reduce, 1),
+    ROW(ReduceMin, Reduction, infer_reduce<Op::ReduceMin>, cost_reduce, 1),
+    ROW(MatMul, Contraction, infer_matmul, cost_matmul, 0),
+    ROW(Einsum, Contraction, infer_einsum, cost_einsum, 0),
+    ROW(Reshape, View, infer_reshape, cost_view, 0),
+    ROW(Permute, View, infer_permute, cost_view, 0),
+    ROW(Broadcast, View, infer_broadcast, cost_view, 0),
+    ROW(Slice, View, infer_slice, cost_view, 0),
+    ROW(Select, View, infer_select, cost_view, 0),
+    ROW(Copy, Elementwise, infer_copy, cost_copy, 0),
+    ROW(Concat, Concat, infer_concat, cost_copy, 0),
+    ROW(Embedding, Gather, infer_embedding, cost_embedding, 0),
+    ROW(Pad, Concat, infer_pad, cost_copy, 0),
     // softmax: max, sub, exp, sum, div; log_softmax: max, sub, exp, sum, sub (log per row).
-    ROWT(Softmax, infer_softmax<Op::Softmax>, cost_per_input_element, 5, 1),
-    ROWT(LogSoftmax, infer_softmax<Op::LogSoftmax>, cost_per_input_element, 5, 1),
+    ROWT(Softmax, Rows, infer_softmax<Op::Softmax>, cost_per_input_element, 5, 1),
+    ROWT(LogSoftmax, Rows, infer_softmax<Op::LogSoftmax>, cost_per_input_element, 5, 1),
     // layernorm: mean, sub, square, sum, scale by rstd, gain, bias; rmsnorm drops mean, sub, bias.
-    ROW(LayerNorm, infer_layernorm, cost_per_input_element, 7),
-    ROW(RMSNorm, infer_rmsnorm, cost_per_input_element, 4),
+    ROW(LayerNorm, Rows, infer_layernorm, cost_per_input_element, 7),
+    ROW(RMSNorm, Rows, infer_rmsnorm, cost_per_input_element, 4),
     // cross_entropy: log_softmax (5) per logit; picking the target and the mean are per row.
-    ROWT(CrossEntropy, infer_cross_entropy, cost_per_input_element, 5, 1),
+    ROWT(CrossEntropy, Rows, infer_cross_entropy, cost_per_input_element, 5, 1),
     // mse: sub, square, sum.
-    ROW(MSE, infer_mse, cost_per_input_element, 3),
+    ROW(MSE, Mse, infer_mse, cost_per_input_element, 3),
     // Backward rules, counted the same way (docs/report.md derives each):
     // softmax_grad: dy*y, row sum, sub, mul.
-    ROW(SoftmaxGrad, infer_softmax_grad, cost_per_input_element, 4),
+    ROW(SoftmaxGrad, Rows, infer_softmax_grad, cost_per_input_element, 4),
     // layernorm_grad: x_hat again (5), g*dy, two row sums (3), combine (4).
-    ROW(LayerNormGrad, infer_norm_grad<Op::LayerNormGrad>, cost_per_input_element, 13),
+    ROW(LayerNormGrad, Rows, infer_norm_grad<Op::LayerNormGrad>, cost_per_input_element, 13),
     // rmsnorm_grad: x_hat again (3), g*dy, one row sum (2), combine (3).
-    ROW(RMSNormGrad, infer_norm_grad<Op::RMSNormGrad>, cost_per_input_element, 9),
-    ROW(NormGainGrad, infer_norm_gain_grad, cost_norm_gain_grad, 0),
-    ROWT(GeluGrad, infer_gelu_grad, cost_gelu_grad, 16, 1),  // tanh form; see cost_gelu_grad
+    ROW(RMSNormGrad, Rows, infer_norm_grad<Op::RMSNormGrad>, cost_per_input_element, 9),
+    ROW(NormGainGrad, Rows, infer_norm_gain_grad, cost_norm_gain_grad, 0),
+    ROWT(GeluGrad, Elementwise, infer_gelu_grad, cost_gelu_grad, 16, 1),  // tanh form; see cost_gelu_grad
     // cross_entropy_grad: softmax (5) and the scale by dloss / rows, per logit.
-    ROWT(CrossEntropyGrad, infer_cross_entropy_grad, cost_per_input_element, 6, 1),
-    ROW(EmbeddingGrad, infer_embedding_grad, cost_embedding_grad, 1),
+    ROWT(CrossEntropyGrad, Rows, infer_cross_entropy_grad, cost_per_input_element, 6, 1),
+    ROW(EmbeddingGrad, ScatterAdd, infer_embedding_grad, cost_embedding_grad, 1),
 };
 #undef ROW
+#undef ROWT
+#undef ROWI
 
 static_assert(sizeof(kRows) / sizeof(kRows[0]) == kNumOps,
               "ir/op_table.cpp needs exactly one row per op in ir/ops.def");
