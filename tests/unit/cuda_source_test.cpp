@@ -67,7 +67,7 @@ void check_source(const KernelPlan& plan, const CudaSource& src, const std::stri
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
     INFO(k.name);
-    if (k.kind == KernelKind::Matmul) {
+    if (k.kind == KernelKind::Gemm) {
       CHECK(src.launches[i].empty());
       continue;
     }
