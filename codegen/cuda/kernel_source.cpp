@@ -1,4 +1,4 @@
-// emit_cuda_source: the translation unit of a plan's Loop kernels: the
+// emit_cuda_source: the translation unit of a plan's loop kernels: the
 // prelude, then the functions of each distinct loop kernel, in the order of
 // their first plan kernel. Each plan kernel is emitted with markers in place
 // of its name and operand offsets (codegen/cuda/emit.h), its offsets become

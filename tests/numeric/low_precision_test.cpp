@@ -76,7 +76,7 @@ uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
 
 // Runs one training step kernel by kernel, each output checked against the
 // interpreter on the kernel's own inputs (tests/support/compiled_step.h).
-// Returns the number of Matmul kernels whose A and B are `gemm_dtype`.
+// Returns the number of Gemm kernels whose A and B are `gemm_dtype`.
 int check_kernels(Compiled& c, ir::DType gemm_dtype) {
   int gemms = 0;
   for (const codegen::Kernel& k : c.plan.kernels)
