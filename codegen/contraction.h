@@ -10,7 +10,7 @@
 // merge into one dim of A and of C (consecutive strides), and likewise N in
 // B and C and K in A and B. M (or N) ids that do not merge become batch axes
 // with stride 0 in B (or A); K ids that do not merge, or ids that occur in
-// only one input, make the contraction a Loop kernel instead (generated code).
+// only one input, make the contraction a ContractionLoops kernel instead (generated code).
 // When C's unit stride belongs to M rather than N, A and B trade places:
 // C^T = B^T A^T.
 #pragma once

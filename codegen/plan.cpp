@@ -30,15 +30,6 @@ std::string_view tensor_role_name(TensorRole r) {
   return "?";
 }
 
-ElementIndex element_index(ir::Op op) {
-  switch (op) {
-    case ir::Op::Triu:
-    case ir::Op::CausalMask: return ElementIndex::RowCol;
-    case ir::Op::Dropout: return ElementIndex::Flat;
-    default: return ElementIndex::None;
-  }
-}
-
 namespace {
 
 Operand operand(const ir::Graph& g, const analysis::MemoryPlan& arena, ir::ValueId v) {
@@ -52,13 +43,14 @@ Operand operand(const ir::Graph& g, const analysis::MemoryPlan& arena, ir::Value
   return o;
 }
 
-// The axes of a contraction node (see contraction.h), from its operands.
-std::vector<ContractionAxis> contraction_axes(const ir::Node& n, const Operand& a, const Operand& b, const Operand& c) {
+// The axes of a contraction (see contraction.h), from its operands.
+std::vector<ContractionAxis> contraction_axes(const ir::ContractionParams& p, const Operand& a, const Operand& b,
+                                              const Operand& c) {
   std::vector<ContractionAxis> axes;
-  if (n.op == ir::Op::Einsum) {
-    const auto& lhs = n.attrs.get_ints("lhs");
-    const auto& rhs = n.attrs.get_ints("rhs");
-    const auto& out = n.attrs.get_ints("out");
+  if (p.einsum) {
+    const auto& lhs = p.lhs;
+    const auto& rhs = p.rhs;
+    const auto& out = p.out;
     int64_t max_id = 0;
     for (const auto* ids : {&lhs, &rhs, &out})
       for (int64_t id : *ids) max_id = std::max(max_id, id);
@@ -122,6 +114,7 @@ Kernel fused_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const
     k.op = n.op;
     k.attrs = n.attrs;
   }
+  k.kind = KernelKind::FusedElementwise;
   for (ir::ValueId out : fg.outputs) {
     f.outputs.push_back(operand(g, arena, out));
     NAPKIN_INTERNAL_CHECK(f.outputs.back().contiguous(), "a fused kernel output must be contiguous");
@@ -133,6 +126,25 @@ Kernel fused_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const
   k.where = where(g.node(fg.nodes.front()));
   k.fused = std::move(f);
   return k;
+}
+
+// The kind of a kernel of one node, from its op's loop kind: a contraction
+// is a Gemm where the GEMM library takes it (then `matmul` is set).
+KernelKind kind_of(const Kernel& k) {
+  switch (ir::op_info(k.op).loop) {
+    case ir::LoopKind::Fill: return KernelKind::Fill;
+    case ir::LoopKind::Elementwise: return KernelKind::Elementwise;
+    case ir::LoopKind::Reduction: return KernelKind::Reduction;
+    case ir::LoopKind::Contraction: return k.matmul ? KernelKind::Gemm : KernelKind::ContractionLoops;
+    case ir::LoopKind::Concat: return KernelKind::Concat;
+    case ir::LoopKind::Gather: return KernelKind::Gather;
+    case ir::LoopKind::ScatterAdd: return KernelKind::ScatterAdd;
+    case ir::LoopKind::Rows: return KernelKind::Rows;
+    case ir::LoopKind::Mse: return KernelKind::Mse;
+    case ir::LoopKind::View: break;
+  }
+  NAPKIN_INTERNAL_CHECK(false, "a view has no kernel ({})", k.name);
+  return KernelKind::Elementwise;
 }
 
 }  // namespace
@@ -168,10 +180,13 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       k.output = operand(g, arena, n.out());
     }
     NAPKIN_INTERNAL_CHECK(k.output.contiguous(), "a kernel output must be contiguous");
-    if (cls == ir::OpClass::Contraction) {
-      k.contraction = contraction_axes(n, k.inputs[0], k.inputs[1], k.output);
-      if (gemm_takes(k.inputs[0].dtype, k.inputs[1].dtype, k.output.dtype)) k.matmul = lower_to_gemm(k.contraction);
-      if (k.matmul) k.kind = KernelKind::Matmul;
+    if (!k.fused) {
+      k.params = ir::loop_params(k.op, k.attrs);
+      if (const auto* c = std::get_if<ir::ContractionParams>(&k.params)) {
+        k.contraction = contraction_axes(*c, k.inputs[0], k.inputs[1], k.output);
+        if (gemm_takes(k.inputs[0].dtype, k.inputs[1].dtype, k.output.dtype)) k.matmul = lower_to_gemm(k.contraction);
+      }
+      k.kind = kind_of(k);
     }
     if (k.phase == ir::Phase::Forward) {
       NAPKIN_INTERNAL_CHECK(plan.num_forward_kernels == static_cast<int>(plan.kernels.size()),
@@ -258,8 +273,8 @@ ReductionLoop reduction_loop(const Kernel& k) {
   const Operand& out = k.output;
   size_t rank = x.sizes.size();
   std::vector<bool> reduced(rank, false);
-  for (int64_t a : k.attrs.get_ints("axes")) reduced[normalize_axis(a, rank)] = true;
-  bool keepdims = k.attrs.get_int("keepdims") != 0;
+  for (int64_t a : k.reduction().axes) reduced[normalize_axis(a, rank)] = true;
+  bool keepdims = k.reduction().keepdims;
   ReductionLoop loop{x.sizes, x.strides, std::vector<int64_t>(rank, 0)};
   for (size_t d = 0, o = 0; d < rank; ++d) {
     if (!reduced[d]) loop.out_strides[d] = out.strides[o];
@@ -270,28 +285,29 @@ ReductionLoop reduction_loop(const Kernel& k) {
 }
 
 RowLoop row_loop(const Kernel& k) {
-  using ir::Op;
+  using ir::RowVariant;
+  const ir::RowParams& p = k.rows();
   const Operand& x = k.inputs[0];
   RowLoop loop;
-  loop.axis = static_cast<int>(x.sizes.size()) - 1;
-  if (k.op == Op::Softmax || k.op == Op::LogSoftmax || k.op == Op::SoftmaxGrad)
-    loop.axis = normalize_axis(k.attrs.get_int("axis"), x.sizes.size());
+  loop.axis = normalize_axis(p.axis, x.sizes.size());
   loop.n = x.sizes.empty() ? 1 : x.sizes[loop.axis];
   auto add = [&](const Operand& o, RowShape shape, bool input = true) { loop.operands.push_back({&o, shape, input, {}, 0}); };
   add(x, RowShape::Full);
-  switch (k.op) {
-    case Op::LayerNorm: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Vector); break;
-    case Op::RMSNorm: add(k.inputs[1], RowShape::Vector); break;
-    case Op::LayerNormGrad:
-    case Op::RMSNormGrad: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Full); break;
-    case Op::SoftmaxGrad:
-    case Op::NormGainGrad: add(k.inputs[1], RowShape::Full); break;
-    case Op::CrossEntropy:
-    case Op::CrossEntropyGrad: add(k.inputs[1], RowShape::PerRow); break;
-    default: break;
+  switch (p.variant) {
+    case RowVariant::Softmax:
+    case RowVariant::LogSoftmax: break;
+    case RowVariant::Norm:
+      add(k.inputs[1], RowShape::Vector);
+      if (p.centered) add(k.inputs[2], RowShape::Vector);
+      break;
+    case RowVariant::NormGrad: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Full); break;
+    case RowVariant::SoftmaxGrad:
+    case RowVariant::NormGainGrad: add(k.inputs[1], RowShape::Full); break;
+    case RowVariant::CrossEntropy:
+    case RowVariant::CrossEntropyGrad: add(k.inputs[1], RowShape::PerRow); break;
   }
-  if (k.op == Op::NormGainGrad) add(k.output, RowShape::Vector, false);
-  else if (k.op != Op::CrossEntropy) add(k.output, RowShape::Full, false);
+  if (p.variant == RowVariant::NormGainGrad) add(k.output, RowShape::Vector, false);
+  else if (p.variant != RowVariant::CrossEntropy) add(k.output, RowShape::Full, false);
 
   for (size_t d = 0; d < x.sizes.size(); ++d)
     if (static_cast<int>(d) != loop.axis) loop.sizes.push_back(x.sizes[d]);
@@ -318,7 +334,7 @@ RowLoop row_loop(const Kernel& k) {
 }
 
 EmbeddingLoop embedding_loop(const Kernel& k) {
-  const bool grad = k.op == ir::Op::EmbeddingGrad;
+  const bool grad = k.kind == KernelKind::ScatterAdd;
   const Operand& ids = k.inputs[1];
   const Operand& table = grad ? k.output : k.inputs[0];
   const Operand& dense = grad ? k.inputs[0] : k.output;

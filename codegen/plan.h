@@ -7,14 +7,18 @@
 //    the arena (analysis/memory_plan.h) plus sizes and element strides, so a view
 //    (transpose, broadcast, slice) is read in place, never copied.
 //  - kernel: one non-view node of the schedule, or one fusion group
-//    (ir/fusion_group.h), in schedule order. A Matmul kernel is a contraction
-//    the GEMM library runs (codegen/contraction.h); a Loop kernel is
-//    everything else, generated code.
-//  - fused loop kernel: a Loop kernel with `fused` set. It loops over the
-//    group's iteration shape; per element it loads the group inputs (each
-//    read by its own strides, broadcast to the iteration shape), computes the
-//    members in schedule order in registers, each result rounded to its IR
-//    dtype as storing and loading it would, and stores the group outputs.
+//    (ir/fusion_group.h), in schedule order. Its kind (KernelKind), stamped
+//    here once, says which emitter makes it: a Gemm kernel is a contraction
+//    the GEMM library runs (codegen/contraction.h); every other kind is a
+//    loop kernel, generated code. Backends and the interpreter switch on the
+//    kind (the interpreter on its op's ir::LoopKind) and read the kind's
+//    parameters, never the op.
+//  - fused loop kernel: a FusedElementwise kernel (`fused` set). It loops
+//    over the group's iteration shape; per element it loads the group inputs
+//    (each read by its own strides, broadcast to the iteration shape),
+//    computes the members in schedule order in registers, each result
+//    rounded to its IR dtype as storing and loading it would, and stores the
+//    group outputs.
 //  - update copy: at the end of a step an update whose new value was not
 //    written in place is copied into its target (Graph::updates).
 //  - tensors: the named buffers the runtime reads or writes by name: params
@@ -25,6 +29,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "analysis/memory_plan.h"
@@ -43,7 +48,22 @@ struct Operand {
   bool contiguous() const;
 };
 
-enum class KernelKind : uint8_t { Loop, Matmul };
+// What a kernel runs as: its op's ir::LoopKind (ir/loop.h), except that a
+// fusion group is one FusedElementwise kernel and a contraction is a Gemm or,
+// where the GEMM library cannot take it, ContractionLoops.
+enum class KernelKind : uint8_t {
+  Fill,              // constant, arange: Kernel::fill()
+  Elementwise,       // one elementwise op
+  FusedElementwise,  // a fusion group: Kernel::fused
+  Reduction,         // Kernel::reduction()
+  Gemm,              // Kernel::matmul: the GEMM library's call
+  ContractionLoops,  // Kernel::contraction as generated loops
+  Concat,            // concat, pad: Kernel::concat()
+  Gather,            // embedding: embedding_loop
+  ScatterAdd,        // the embedding gradient: embedding_loop
+  Rows,              // Kernel::rows(): row_loop
+  Mse,
+};
 
 // An argument of a fused op: the kernel's input `index`, or the result of
 // the fused kernel's op `index` (an earlier one).
@@ -69,9 +89,10 @@ struct FusedLoop {
 };
 
 struct Kernel {
-  KernelKind kind = KernelKind::Loop;
+  KernelKind kind = KernelKind::Elementwise;
+  ir::LoopParams params;  // of the op's loop (ir/loop.h); read through the accessors below
   ir::NodeId node = ir::kNoNode;
-  ir::Op op = ir::Op::Constant;
+  ir::Op op = ir::Op::Constant;  // for names and the elementwise formulas; emitters switch on `kind`
   ir::Phase phase = ir::Phase::Forward;
   ir::Attrs attrs;  // the node's
   std::string name;  // "k17_einsum": unique, a valid C identifier
@@ -81,10 +102,16 @@ struct Kernel {
   // A contraction (matmul, einsum): every loop axis with its strides in the
   // inputs and the output; empty for other ops.
   std::vector<ContractionAxis> contraction;
-  std::optional<MatmulLowering> matmul;  // kind == Matmul
-  // A fused loop kernel (kind == Loop): `inputs` are the group inputs, `op`
-  // and `node` those of its last member; empty otherwise.
+  std::optional<MatmulLowering> matmul;  // kind == Gemm
+  // A fused loop kernel (kind == FusedElementwise): `inputs` are the group
+  // inputs, `op` and `node` those of its last member; empty otherwise.
   std::optional<FusedLoop> fused;
+
+  // The parameters of its kind (an internal error for another kind).
+  const ir::FillParams& fill() const { return std::get<ir::FillParams>(params); }
+  const ir::ReductionParams& reduction() const { return std::get<ir::ReductionParams>(params); }
+  const ir::ConcatParams& concat() const { return std::get<ir::ConcatParams>(params); }
+  const ir::RowParams& rows() const { return std::get<ir::RowParams>(params); }
 };
 
 struct UpdateCopy {
@@ -106,7 +133,7 @@ struct PlannedTensor {
   ir::InitSpec init;  // params only
 };
 
-// How the runtime launches a Loop kernel: the function computes dim-0 indices
+// How the runtime launches a loop kernel: the function computes dim-0 indices
 // [begin, end) of its loop, extent is that dim's size, and parallel says
 // whether splitting it across threads is worth it (backends decide).
 struct Launch {
@@ -122,14 +149,6 @@ struct KernelPlan {
   std::vector<UpdateCopy> updates;
   std::vector<PlannedTensor> tensors;  // params, state, inputs, the rng tensor (if any), then the loss
 };
-
-// What an elementwise op reads of its element's position besides its
-// operands: nothing, its (row, column) in the last two dims (triu,
-// causal_mask), or its row-major index in the output (dropout: the index
-// keys the element's random draw). Both backends' elementwise and fused
-// kernels provide it.
-enum class ElementIndex : uint8_t { None, RowCol, Flat };
-ElementIndex element_index(ir::Op op);
 
 // The plan of a training graph (after the training pipeline). Internal error
 // if the graph has no "loss" output.
@@ -160,15 +179,15 @@ struct ReductionLoop {
 };
 ReductionLoop reduction_loop(const Kernel& k);
 
-// The loop of a row kernel (softmax, log_softmax, softmax_grad, layernorm,
-// rmsnorm and their gradients, norm_gain_grad, cross_entropy and its
-// gradient): it works on rows, the elements along one axis of input 0, and
-// loops over every other dim (collapsed where every operand allows).
+// The loop of a Rows kernel (its variants: ir/loop.h's RowVariant): it works
+// on rows, the elements along one axis of input 0, and loops over every
+// other dim (collapsed where every operand allows).
 //  - operand shapes: Full operands have input 0's shape; PerRow ones (the
-//    cross-entropy targets) lack the axis; Vector ones (norm gains, the
-//    norm_gain_grad output) are only the axis.
-//  - operands, in order: input 0, the op's other row-shaped inputs, then the
-//    output (none for cross_entropy, whose scalar output is a sum over rows).
+//    cross-entropy targets) lack the axis; Vector ones (norm gains and
+//    biases, the NormGainGrad output) are only the axis.
+//  - operands, in order: input 0, the variant's other row-shaped inputs,
+//    then the output (none for CrossEntropy, whose scalar output is a sum
+//    over rows).
 //    Each has its strides over the loop's dims and its step along the axis,
 //    so element k of a row is at (row base) + k * step.
 enum class RowShape : uint8_t { Full, PerRow, Vector };
@@ -187,10 +206,11 @@ struct RowLoop {
 };
 RowLoop row_loop(const Kernel& k);
 
-// The loop of an embedding or its gradient: over the positions of the ids
-// (collapsed), each id picking a row of the vocabulary-indexed tensor (the
-// table; for the gradient, its output), which goes to (or is summed from) the
-// position's row of the dense tensor (the output; for the gradient, dy).
+// The loop of a Gather (embedding) or ScatterAdd (its gradient) kernel: over
+// the positions of the ids (collapsed), each id picking a row of the
+// vocabulary-indexed tensor (the table; for ScatterAdd, its output), which
+// goes to (or is summed from) the position's row of the dense tensor (the
+// output; for ScatterAdd, dy).
 struct EmbeddingLoop {
   int64_t vocab = 0;
   std::vector<int64_t> id_sizes, id_strides, dense_id_strides;  // over the positions

@@ -136,11 +136,11 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
     json j = {{"name", k.name},
               {"where", k.where},
               {"phase", std::string(ir::phase_name(k.phase))},
-              {"kind", k.kind == KernelKind::Matmul ? "matmul" : "loop"},
+              {"kind", k.kind == KernelKind::Gemm ? "matmul" : "loop"},
               {"extent", launches.at(i).extent},
               {"parallel", launches.at(i).parallel},
               {"out", operand_json(k.output)}};
-    if (k.kind == KernelKind::Matmul) j["matmul"] = matmul_json(k);
+    if (k.kind == KernelKind::Gemm) j["matmul"] = matmul_json(k);
     if (auto it = predicted.find(k.node); it != predicted.end()) {
       const analysis::KernelTime& t = *it->second;
       j["class"] = std::string(analysis::kernel_class_name(t.kind));

@@ -1,5 +1,6 @@
 // Elementwise, reduction, contraction and data-movement kernels, and the one
-// switch over every op (no default: -Werror=switch flags a new op here).
+// switch over every loop kind (ir/loop.h; no default: -Werror=switch flags a
+// new kind here).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,8 +8,9 @@
 #include <limits>
 #include <map>
 
-#include "interp/kernels.h"
 #include "interp/float64_arithmetic.h"
+#include "interp/kernels.h"
+#include "ir/builder.h"
 
 namespace napkin::interp::detail {
 
@@ -25,51 +27,34 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Every elementwise op: its formula (ir/elementwise_formulas.h) in double at
-// each element of the broadcast output shape.
-Data elementwise(const ir::Node& n, const std::vector<Arg>& in, const OutType& out) {
-  Float64Arithmetic arith(&n);
-  std::vector<Shape> strides;
-  for (const Arg& a : in) strides.push_back(broadcast_strides(a.shape, out.shape));
-  std::vector<Float64Arithmetic::Value> args(in.size());
-  ir::formulas::Position<Float64Arithmetic> at;
-  const size_t rank = out.shape.size();
-  Data result;
-  result.reserve(numel(out.shape));
-  for_each_index(out.shape, [&](const Shape& idx) {
-    for (size_t k = 0; k < in.size(); ++k) args[k] = arith.value(in[k].data[dot(idx, strides[k])], in[k].dtype);
-    if (rank >= 2) {
-      at.row = arith.value(static_cast<double>(idx[rank - 2]), DType::I64);
-      at.col = arith.value(static_cast<double>(idx[rank - 1]), DType::I64);
-    }
-    at.flat = arith.value(static_cast<double>(result.size()), DType::I64);
-    result.push_back(ir::formulas::apply_elementwise(n.op, n.attrs, in[0].dtype, out.dtype, args, at).handle().v);
-  });
-  return result;
-}
-
-Data reduce(Op op, const Arg& x, const std::vector<int64_t>& axes, bool keepdims, const Shape& out_shape) {
+Data reduce(const ir::ReductionParams& p, const Arg& x, const Shape& out_shape) {
+  const std::vector<int64_t>& axes = p.axes;
   int rank = static_cast<int>(x.shape.size());
   Shape out_dense = dense_strides(out_shape);
   Shape to_out(rank, 0);  // stride in the output of each input axis (0 if reduced)
   for (int d = 0, o = 0; d < rank; ++d) {
     bool reduced = std::find(axes.begin(), axes.end(), d) != axes.end();
     if (!reduced) to_out[d] = out_dense[o];
-    if (!reduced || keepdims) ++o;
+    if (!reduced || p.keepdims) ++o;
   }
-  double init = op == Op::ReduceMax ? -kInf : op == Op::ReduceMin ? kInf : 0.0;
+  double init = 0.0;
+  switch (p.combiner) {
+    case ir::Combiner::Sum: break;
+    case ir::Combiner::Max: init = -kInf; break;
+    case ir::Combiner::Min: init = kInf; break;
+  }
   Data out(numel(out_shape), init);
   Shape x_dense = dense_strides(x.shape);
   for_each_index(x.shape, [&](const Shape& idx) {
     double v = x.data[dot(idx, x_dense)];
     double& acc = out[dot(idx, to_out)];
-    switch (op) {
-      case Op::ReduceMax: acc = nan_max(acc, v); break;
-      case Op::ReduceMin: acc = nan_min(acc, v); break;
-      default: acc += v; break;
+    switch (p.combiner) {
+      case ir::Combiner::Sum: acc += v; break;
+      case ir::Combiner::Max: acc = nan_max(acc, v); break;
+      case ir::Combiner::Min: acc = nan_min(acc, v); break;
     }
   });
-  if (op == Op::ReduceMean) {
+  if (p.mean) {
     double count = static_cast<double>(numel(x.shape)) / static_cast<double>(out.size());
     for (double& v : out) v /= count;
   }
@@ -100,10 +85,10 @@ Data matmul(const Arg& a, const Arg& b, const Shape& out_shape) {
 }
 
 // Every axis id is one loop; ids missing from `out` are summed.
-Data einsum(const Arg& a, const Arg& b, const ir::Attrs& attrs, const Shape& out_shape) {
-  const auto& lhs = attrs.get_ints("lhs");
-  const auto& rhs = attrs.get_ints("rhs");
-  const auto& out_ids = attrs.get_ints("out");
+Data einsum(const Arg& a, const Arg& b, const ir::ContractionParams& p, const Shape& out_shape) {
+  const auto& lhs = p.lhs;
+  const auto& rhs = p.rhs;
+  const auto& out_ids = p.out;
   std::vector<int64_t> ids(out_ids.begin(), out_ids.end());
   std::map<int64_t, int64_t> size;
   for (size_t i = 0; i < lhs.size(); ++i) size[lhs[i]] = a.shape[i];
@@ -126,12 +111,18 @@ Data einsum(const Arg& a, const Arg& b, const ir::Attrs& attrs, const Shape& out
   return out;
 }
 
-// out[idx] = x[base + idx . strides]: permute, broadcast, slice, select.
+// out[idx] = x[base + idx . strides].
 Data gather_strided(const Arg& x, const Shape& out_shape, const Shape& strides, int64_t base) {
   Data out;
   out.reserve(numel(out_shape));
   for_each_index(out_shape, [&](const Shape& idx) { out.push_back(x.data[base + dot(idx, strides)]); });
   return out;
+}
+
+// A view's elements, read from its dense input by the view's layout rule.
+Data view(const ir::Node& n, const Arg& x, const Shape& out_shape) {
+  const ir::Layout l = ir::view_layout(n.op, n.attrs, x.shape, ir::contiguous_layout(x.shape), out_shape);
+  return gather_strided(x, out_shape, l.strides, l.offset);
 }
 
 // Writes x into `out` (dense, shape out_shape) shifted by `shift` along axis.
@@ -140,105 +131,84 @@ void place(const Arg& x, Data& out, const Shape& out_shape, int64_t axis, int64_
   for_each_index(x.shape, [&](const Shape& idx) { out[dot(idx, od) + shift * od[axis]] = x.data[dot(idx, xd)]; });
 }
 
+Data concat(const ir::ConcatParams& p, const std::vector<Arg>& in, const Shape& out_shape) {
+  Data d(numel(out_shape), 0.0);
+  if (p.pad_before) {
+    place(in[0], d, out_shape, p.axis, *p.pad_before);
+    return d;
+  }
+  int64_t shift = 0;
+  for (const Arg& x : in) {
+    place(x, d, out_shape, p.axis, shift);
+    shift += x.shape[p.axis];
+  }
+  return d;
+}
+
+Data rows(const ir::Node& n, const ir::RowParams& p, const std::vector<Arg>& in) {
+  switch (p.variant) {
+    case ir::RowVariant::Softmax: return softmax(in[0], p.axis, false);
+    case ir::RowVariant::LogSoftmax: return softmax(in[0], p.axis, true);
+    case ir::RowVariant::SoftmaxGrad: return softmax_grad(in[0], in[1], p.axis);
+    case ir::RowVariant::CrossEntropy: return cross_entropy(n, in[0], in[1]);
+    case ir::RowVariant::CrossEntropyGrad: return cross_entropy_grad(n, in[0], in[1], in[2]);
+    case ir::RowVariant::Norm: return p.centered ? layernorm(in[0], in[1], in[2], p.eps) : rmsnorm(in[0], in[1], p.eps);
+    case ir::RowVariant::NormGrad:
+      return p.centered ? layernorm_grad(in[0], in[1], in[2], p.eps) : rmsnorm_grad(in[0], in[1], in[2], p.eps);
+    case ir::RowVariant::NormGainGrad: return norm_gain_grad(in[0], in[1], p.eps, p.centered);
+  }
+  fail(n, "unknown row variant");
+}
+
+// Every elementwise op: its formula (ir/elementwise_formulas.h) in double at
+// each element of the broadcast output shape.
+Data elementwise(const ir::Node& n, const std::vector<Arg>& in, const OutType& out) {
+  Float64Arithmetic arith(&n);
+  std::vector<Shape> strides;
+  for (const Arg& a : in) strides.push_back(broadcast_strides(a.shape, out.shape));
+  std::vector<Float64Arithmetic::Value> args(in.size());
+  ir::formulas::Position<Float64Arithmetic> at;
+  const size_t rank = out.shape.size();
+  Data result;
+  result.reserve(numel(out.shape));
+  for_each_index(out.shape, [&](const Shape& idx) {
+    for (size_t k = 0; k < in.size(); ++k) args[k] = arith.value(in[k].data[dot(idx, strides[k])], in[k].dtype);
+    if (rank >= 2) {
+      at.row = arith.value(static_cast<double>(idx[rank - 2]), DType::I64);
+      at.col = arith.value(static_cast<double>(idx[rank - 1]), DType::I64);
+    }
+    at.flat = arith.value(static_cast<double>(result.size()), DType::I64);
+    result.push_back(ir::formulas::apply_elementwise(n.op, n.attrs, in[0].dtype, out.dtype, args, at).handle().v);
+  });
+  return result;
+}
+
 }  // namespace
 
 Data eval_node(const ir::Node& n, const std::vector<Arg>& in, const OutType& out) {
-  const ir::Attrs& a = n.attrs;
-  switch (n.op) {
-    case Op::Constant: return {a.get_double("value")};
-    case Op::Iota: {
-      Data d(a.get_int("n"));
+  const ir::LoopParams params = ir::loop_params(n.op, n.attrs);
+  switch (ir::op_info(n.op).loop) {
+    case ir::LoopKind::View: return view(n, in[0], out.shape);
+    case ir::LoopKind::Fill: {
+      const auto& p = std::get<ir::FillParams>(params);
+      if (p.pattern == ir::FillPattern::Constant) return {p.value};
+      Data d(numel(out.shape));
       for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<double>(i);
       return d;
     }
-    case Op::Neg:
-    case Op::Exp:
-    case Op::Log:
-    case Op::Sqrt:
-    case Op::Rsqrt:
-    case Op::Abs:
-    case Op::Tanh:
-    case Op::Relu:
-    case Op::Gelu:
-    case Op::Sigmoid:
-    case Op::Silu:
-    case Op::Sin:
-    case Op::Cos:
-    case Op::Cast:
-    case Op::Triu:
-    case Op::CausalMask:
-    case Op::Dropout:
-    case Op::Add:
-    case Op::Sub:
-    case Op::Mul:
-    case Op::Div:
-    case Op::Pow:
-    case Op::Maximum:
-    case Op::Minimum:
-    case Op::Less:
-    case Op::LessEqual:
-    case Op::Greater:
-    case Op::GreaterEqual:
-    case Op::Equal:
-    case Op::NotEqual:
-    case Op::Where:
-    case Op::GeluGrad: return elementwise(n, in, out);
-    case Op::ReduceSum:
-    case Op::ReduceMean:
-    case Op::ReduceMax:
-    case Op::ReduceMin: return reduce(n.op, in[0], a.get_ints("axes"), a.get_int("keepdims") != 0, out.shape);
-    case Op::MatMul: return matmul(in[0], in[1], out.shape);
-    case Op::Einsum: return einsum(in[0], in[1], a, out.shape);
-    case Op::Reshape:
-    case Op::Copy: return in[0].data;  // row-major order is unchanged
-    case Op::Permute: {
-      const auto& perm = a.get_ints("perm");
-      Shape dense = dense_strides(in[0].shape), strides;
-      for (int64_t p : perm) strides.push_back(dense[p]);
-      return gather_strided(in[0], out.shape, strides, 0);
+    case ir::LoopKind::Elementwise: return elementwise(n, in, out);
+    case ir::LoopKind::Reduction: return reduce(std::get<ir::ReductionParams>(params), in[0], out.shape);
+    case ir::LoopKind::Contraction: {
+      const auto& p = std::get<ir::ContractionParams>(params);
+      return p.einsum ? einsum(in[0], in[1], p, out.shape) : matmul(in[0], in[1], out.shape);
     }
-    case Op::Broadcast: return gather_strided(in[0], out.shape, broadcast_strides(in[0].shape, out.shape), 0);
-    case Op::Slice: {
-      int64_t axis = a.get_int("axis");
-      Shape dense = dense_strides(in[0].shape);
-      return gather_strided(in[0], out.shape, dense, a.get_int("start") * dense[axis]);
-    }
-    case Op::Select: {
-      int64_t axis = a.get_int("axis");
-      Shape strides = dense_strides(in[0].shape);
-      int64_t base = a.get_int("index") * strides[axis];
-      strides.erase(strides.begin() + axis);
-      return gather_strided(in[0], out.shape, strides, base);
-    }
-    case Op::Concat: {
-      int64_t axis = a.get_int("axis"), shift = 0;
-      Data d(numel(out.shape), 0.0);
-      for (const Arg& x : in) {
-        place(x, d, out.shape, axis, shift);
-        shift += x.shape[axis];
-      }
-      return d;
-    }
-    case Op::Pad: {
-      Data d(numel(out.shape), 0.0);
-      place(in[0], d, out.shape, a.get_int("axis"), a.get_int("before"));
-      return d;
-    }
-    case Op::Embedding: return embedding(n, in[0], in[1]);
-    case Op::Softmax: return softmax(in[0], a.get_int("axis"), false);
-    case Op::LogSoftmax: return softmax(in[0], a.get_int("axis"), true);
-    case Op::LayerNorm: return layernorm(in[0], in[1], in[2], a.get_double("eps"));
-    case Op::RMSNorm: return rmsnorm(in[0], in[1], a.get_double("eps"));
-    case Op::CrossEntropy: return cross_entropy(n, in[0], in[1]);
-    case Op::MSE: return mse(in[0], in[1]);
-    case Op::SoftmaxGrad: return softmax_grad(in[0], in[1], a.get_int("axis"));
-    case Op::LayerNormGrad: return layernorm_grad(in[0], in[1], in[2], a.get_double("eps"));
-    case Op::RMSNormGrad: return rmsnorm_grad(in[0], in[1], in[2], a.get_double("eps"));
-    case Op::NormGainGrad: return norm_gain_grad(in[0], in[1], a.get_double("eps"), a.get_int("centered") != 0);
-    case Op::CrossEntropyGrad: return cross_entropy_grad(n, in[0], in[1], in[2]);
-    case Op::EmbeddingGrad: return embedding_grad(n, in[0], in[1], a.get_int("vocab"));
+    case ir::LoopKind::Concat: return concat(std::get<ir::ConcatParams>(params), in, out.shape);
+    case ir::LoopKind::Gather: return embedding(n, in[0], in[1]);
+    case ir::LoopKind::ScatterAdd: return embedding_grad(n, in[0], in[1], out.shape[0]);
+    case ir::LoopKind::Rows: return rows(n, std::get<ir::RowParams>(params), in);
+    case ir::LoopKind::Mse: return mse(in[0], in[1]);
   }
-  fail(n, "unknown op");
+  fail(n, "unknown loop kind");
 }
 
 }  // namespace napkin::interp::detail

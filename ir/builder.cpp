@@ -26,51 +26,53 @@ Built Builder::add(Op op, std::vector<ValueId> inputs, Attrs attrs) {
   NodeId id = g_.add_node(op, std::move(inputs), std::move(r.outputs), std::move(attrs), loc_, scope_, phase_);
   g_.node(id).origin = origin_;
   const Node& n = g_.node(id);
-  if (info.op_class == OpClass::View) set_view_layout(n);
+  if (info.op_class == OpClass::View) {
+    const Value& in = g_.value(n.in(0));
+    Value& out = g_.value(n.out());
+    out.layout = view_layout(op, n.attrs, in.type.sizes(), in.layout, out.type.sizes());
+    out.storage = in.storage;
+  }
   return {n.out(), "", ""};
 }
 
-void Builder::set_view_layout(const Node& n) {
-  const Value& in = g_.value(n.in(0));
-  Value& out = g_.value(n.out());
-  const Layout& src = in.layout;
+Layout view_layout(Op op, const Attrs& attrs, const std::vector<int64_t>& in_sizes, const Layout& src,
+                   const std::vector<int64_t>& out_sizes) {
   Layout dst;
   dst.offset = src.offset;
-  switch (n.op) {
+  switch (op) {
     case Op::Permute:
-      for (int64_t p : n.attrs.get_ints("perm")) dst.strides.push_back(src.strides[p]);
+      for (int64_t p : attrs.get_ints("perm")) dst.strides.push_back(src.strides[p]);
       break;
     case Op::Broadcast: {
-      int extra = out.type.rank() - in.type.rank();
+      int extra = static_cast<int>(out_sizes.size() - in_sizes.size());
       dst.strides.assign(extra, 0);  // new leading axes repeat the data
-      for (int i = 0; i < in.type.rank(); ++i)
-        dst.strides.push_back(in.type.dims[i].size == out.type.dims[extra + i].size ? src.strides[i] : 0);
+      for (size_t i = 0; i < in_sizes.size(); ++i)
+        dst.strides.push_back(in_sizes[i] == out_sizes[extra + i] ? src.strides[i] : 0);
       break;
     }
     case Op::Slice: {
-      int64_t axis = n.attrs.get_int("axis");
+      int64_t axis = attrs.get_int("axis");
       dst.strides = src.strides;
-      dst.offset += n.attrs.get_int("start") * src.strides[axis];
+      dst.offset += attrs.get_int("start") * src.strides[axis];
       break;
     }
     case Op::Select: {
-      int64_t axis = n.attrs.get_int("axis");
+      int64_t axis = attrs.get_int("axis");
       dst.strides = src.strides;
-      dst.offset += n.attrs.get_int("index") * src.strides[axis];
+      dst.offset += attrs.get_int("index") * src.strides[axis];
       dst.strides.erase(dst.strides.begin() + axis);
       break;
     }
     case Op::Reshape: {
-      auto view = reshape_view_layout(in.type.sizes(), src, out.type.sizes());
+      auto view = reshape_view_layout(in_sizes, src, out_sizes);
       NAPKIN_INTERNAL_CHECK(view.has_value(), "reshape of a non-viewable layout must go through Builder::reshape");
       dst = *view;
       break;
     }
     default:
-      NAPKIN_INTERNAL_CHECK(false, "{} is not a view op", op_name(n.op));
+      NAPKIN_INTERNAL_CHECK(false, "{} is not a view op", op_name(op));
   }
-  out.layout = std::move(dst);
-  out.storage = in.storage;
+  return dst;
 }
 
 Built Builder::reshape(ValueId x, std::vector<Dim> dims) {

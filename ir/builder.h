@@ -58,8 +58,13 @@ class Builder {
   std::string scope_;
   Phase phase_ = Phase::Forward;
   NodeId origin_ = kNoNode;
-  void set_view_layout(const Node& n);
 };
+
+// The layout of view op `op`'s output (sizes out_sizes) over an input of
+// in_sizes laid out as in_layout: the one rule of each view op, which the
+// builder stamps on a view's value and the interpreter reads elements by.
+Layout view_layout(Op op, const Attrs& attrs, const std::vector<int64_t>& in_sizes, const Layout& in_layout,
+                   const std::vector<int64_t>& out_sizes);
 
 // The strides a reshape of (sizes, layout) to new_sizes would have as a view,
 // or nullopt when the elements are not laid out so that a view can express it.

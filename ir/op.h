@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "ir/loop.h"
 #include "ir/type.h"
 
 namespace napkin::ir {
@@ -136,6 +137,7 @@ struct OpInfo {
   std::string_view name;
   int arity;  // -1: variadic
   OpClass op_class;
+  LoopKind loop;  // the loop it runs as (ir/loop.h)
   InferFn infer;
   CostFn cost;
   double flops_per_element;  // elementwise/normalization convention; documented in docs/report.md
@@ -148,6 +150,7 @@ struct OpInfo {
   // Emitted by autodiff only (softmax_grad, ...): has no VJP (napkin
   // differentiates once) and never meets the mixed-precision pass.
   bool backward_only = false;
+  ElementIndex element_index = ElementIndex::None;  // an Elementwise op's (ir/loop.h)
 };
 
 const OpInfo& op_info(Op op);

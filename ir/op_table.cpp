@@ -723,92 +723,106 @@ OpCost cost_embedding_grad(const Graph& g, const Node& n) {
   return {op_info(n.op).flops_per_element * dy, read_all(g, n) + row_bytes, written(g, n) + row_bytes};
 }
 
-// A row: the op, its shape rule, cost rule, FLOPs per element, transcendental
-// functions per element, precision rule and user function (ir/op.h, OpInfo).
-#define ROW(E, infer, cost, fpe, tpe, precision, function) \
-  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr, tpe, PrecisionRule::precision, UserFunction::function, false }
+// A row: the op, the loop it runs as, its shape rule, cost rule, FLOPs per
+// element, transcendental functions per element, precision rule and user
+// function (ir/op.h, OpInfo).
+#define ROW(E, loop, infer, cost, fpe, tpe, precision, function)                                                        \
+  OpInfo {                                                                                                              \
+    Op::E, "", 0, OpClass::Source, LoopKind::loop, infer, cost, fpe, nullptr, tpe, PrecisionRule::precision,            \
+        UserFunction::function, false, ElementIndex::None                                                               \
+  }
+// An elementwise op that reads its element's position (`at`, an ElementIndex).
+#define ROWI(E, at, infer, cost, fpe, tpe, precision, function)                                                         \
+  OpInfo {                                                                                                              \
+    Op::E, "", 0, OpClass::Source, LoopKind::Elementwise, infer, cost, fpe, nullptr, tpe, PrecisionRule::precision,     \
+        UserFunction::function, false, ElementIndex::at                                                                 \
+  }
 // A backward-only op's row. Autodiff emits it after the mixed-precision pass
 // has run, so no precision rule applies: it says FollowsInputs, the rule of
 // an op that computes in its operands' dtype, which is what it does.
-#define BACKWARD_ROW(E, infer, cost, fpe, tpe) \
-  OpInfo { Op::E, "", 0, OpClass::Source, infer, cost, fpe, nullptr, tpe, PrecisionRule::FollowsInputs, UserFunction::None, true }
+#define BACKWARD_ROW(E, loop, infer, cost, fpe, tpe)                                                                   \
+  OpInfo {                                                                                                              \
+    Op::E, "", 0, OpClass::Source, LoopKind::loop, infer, cost, fpe, nullptr, tpe, PrecisionRule::FollowsInputs,        \
+        UserFunction::None, true, ElementIndex::None                                                                    \
+  }
 
 // FLOPs per element follow "one per arithmetic step of the textbook formula"
 // (docs/report.md lists each): e.g. sigmoid = 1/(1+exp(-x)) is neg, exp, add, div = 4.
 const OpInfo kRows[] = {
-    ROW(Constant, infer_constant, cost_source, 0, 0, AsWritten, None),
-    ROW(Iota, infer_iota, cost_source, 0, 0, AsWritten, None),
-    ROW(Neg, infer_numeric_unary<Op::Neg>, cost_elementwise, 1, 0, FollowsInputs, UnaryIntegral),
-    ROW(Exp, infer_float_unary<Op::Exp>, cost_elementwise, 1, 1, Fp32, Unary),
-    ROW(Log, infer_float_unary<Op::Log>, cost_elementwise, 1, 1, Fp32, Unary),
-    ROW(Sqrt, infer_float_unary<Op::Sqrt>, cost_elementwise, 1, 0, FollowsInputs, Unary),
-    ROW(Rsqrt, infer_float_unary<Op::Rsqrt>, cost_elementwise, 2, 0, FollowsInputs, Unary),
-    ROW(Abs, infer_numeric_unary<Op::Abs>, cost_elementwise, 1, 0, FollowsInputs, UnaryIntegral),
-    ROW(Tanh, infer_float_unary<Op::Tanh>, cost_elementwise, 1, 1, FollowsInputs, Unary),
-    ROW(Relu, infer_numeric_unary<Op::Relu>, cost_elementwise, 1, 0, FollowsInputs, UnaryIntegral),
-    ROW(Gelu, infer_float_unary<Op::Gelu>, cost_gelu, 9, 1, FollowsInputs, None),  // tanh form; see cost_gelu
-    ROW(Sigmoid, infer_float_unary<Op::Sigmoid>, cost_elementwise, 4, 1, FollowsInputs, Unary),
-    ROW(Silu, infer_float_unary<Op::Silu>, cost_elementwise, 5, 1, FollowsInputs, Unary),
-    ROW(Sin, infer_float_unary<Op::Sin>, cost_elementwise, 1, 1, FollowsInputs, Unary),
-    ROW(Cos, infer_float_unary<Op::Cos>, cost_elementwise, 1, 1, FollowsInputs, Unary),
-    ROW(Cast, infer_cast, cost_elementwise, 0, 0, AsWritten, None),
-    ROW(Triu, infer_triu, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(CausalMask, infer_causal_mask, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Constant, Fill, infer_constant, cost_source, 0, 0, AsWritten, None),
+    ROW(Iota, Fill, infer_iota, cost_source, 0, 0, AsWritten, None),
+    ROW(Neg, Elementwise, infer_numeric_unary<Op::Neg>, cost_elementwise, 1, 0, FollowsInputs, UnaryIntegral),
+    ROW(Exp, Elementwise, infer_float_unary<Op::Exp>, cost_elementwise, 1, 1, Fp32, Unary),
+    ROW(Log, Elementwise, infer_float_unary<Op::Log>, cost_elementwise, 1, 1, Fp32, Unary),
+    ROW(Sqrt, Elementwise, infer_float_unary<Op::Sqrt>, cost_elementwise, 1, 0, FollowsInputs, Unary),
+    ROW(Rsqrt, Elementwise, infer_float_unary<Op::Rsqrt>, cost_elementwise, 2, 0, FollowsInputs, Unary),
+    ROW(Abs, Elementwise, infer_numeric_unary<Op::Abs>, cost_elementwise, 1, 0, FollowsInputs, UnaryIntegral),
+    ROW(Tanh, Elementwise, infer_float_unary<Op::Tanh>, cost_elementwise, 1, 1, FollowsInputs, Unary),
+    ROW(Relu, Elementwise, infer_numeric_unary<Op::Relu>, cost_elementwise, 1, 0, FollowsInputs, UnaryIntegral),
+    ROW(Gelu, Elementwise, infer_float_unary<Op::Gelu>, cost_gelu, 9, 1, FollowsInputs, None),  // tanh form; see cost_gelu
+    ROW(Sigmoid, Elementwise, infer_float_unary<Op::Sigmoid>, cost_elementwise, 4, 1, FollowsInputs, Unary),
+    ROW(Silu, Elementwise, infer_float_unary<Op::Silu>, cost_elementwise, 5, 1, FollowsInputs, Unary),
+    ROW(Sin, Elementwise, infer_float_unary<Op::Sin>, cost_elementwise, 1, 1, FollowsInputs, Unary),
+    ROW(Cos, Elementwise, infer_float_unary<Op::Cos>, cost_elementwise, 1, 1, FollowsInputs, Unary),
+    ROW(Cast, Elementwise, infer_cast, cost_elementwise, 0, 0, AsWritten, None),
+    ROWI(Triu, RowCol, infer_triu, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROWI(CausalMask, RowCol, infer_causal_mask, cost_elementwise, 1, 0, FollowsInputs, None),
     // dropout: the keep test's select and the scale (the Philox words are integer work, not FLOPs).
-    ROW(Dropout, infer_dropout, cost_elementwise, 2, 0, FollowsInputs, None),
-    ROW(Add, infer_arith_binary<Op::Add>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(Sub, infer_arith_binary<Op::Sub>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(Mul, infer_arith_binary<Op::Mul>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(Div, infer_arith_binary<Op::Div>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(Pow, infer_arith_binary<Op::Pow>, cost_elementwise, 1, 1, FollowsInputs, None),
-    ROW(Maximum, infer_arith_binary<Op::Maximum>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(Minimum, infer_arith_binary<Op::Minimum>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(Less, infer_compare<Op::Less>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(LessEqual, infer_compare<Op::LessEqual>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(Greater, infer_compare<Op::Greater>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(GreaterEqual, infer_compare<Op::GreaterEqual>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(Equal, infer_compare<Op::Equal>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(NotEqual, infer_compare<Op::NotEqual>, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(Where, infer_where, cost_elementwise, 1, 0, FollowsInputs, None),
-    ROW(ReduceSum, infer_reduce<Op::ReduceSum>, cost_reduce, 1, 0, Fp32, None),
-    ROW(ReduceMean, infer_reduce<Op::ReduceMean>, cost_reduce, 1, 0, Fp32, None),
-    ROW(ReduceMax, infer_reduce<Op::ReduceMax>, cost_reduce, 1, 0, Fp32, None),
-    ROW(ReduceMin, infer_reduce<Op::ReduceMin>, cost_reduce, 1, 0, Fp32, None),
-    ROW(MatMul, infer_matmul, cost_matmul, 0, 0, Contraction, None),
-    ROW(Einsum, infer_einsum, cost_einsum, 0, 0, Contraction, None),
-    ROW(Reshape, infer_reshape, cost_view, 0, 0, FollowsInputs, None),
-    ROW(Permute, infer_permute, cost_view, 0, 0, FollowsInputs, None),
-    ROW(Broadcast, infer_broadcast, cost_view, 0, 0, FollowsInputs, None),
-    ROW(Slice, infer_slice, cost_view, 0, 0, FollowsInputs, None),
-    ROW(Select, infer_select, cost_view, 0, 0, FollowsInputs, None),
-    ROW(Copy, infer_copy, cost_copy, 0, 0, FollowsInputs, None),
-    ROW(Concat, infer_concat, cost_copy, 0, 0, FollowsInputs, None),
-    ROW(Embedding, infer_embedding, cost_embedding, 0, 0, FollowsInputs, None),
-    ROW(Pad, infer_pad, cost_copy, 0, 0, FollowsInputs, None),
+    ROWI(Dropout, Flat, infer_dropout, cost_elementwise, 2, 0, FollowsInputs, None),
+    ROW(Add, Elementwise, infer_arith_binary<Op::Add>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Sub, Elementwise, infer_arith_binary<Op::Sub>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Mul, Elementwise, infer_arith_binary<Op::Mul>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Div, Elementwise, infer_arith_binary<Op::Div>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Pow, Elementwise, infer_arith_binary<Op::Pow>, cost_elementwise, 1, 1, FollowsInputs, None),
+    ROW(Maximum, Elementwise, infer_arith_binary<Op::Maximum>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Minimum, Elementwise, infer_arith_binary<Op::Minimum>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Less, Elementwise, infer_compare<Op::Less>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(LessEqual, Elementwise, infer_compare<Op::LessEqual>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Greater, Elementwise, infer_compare<Op::Greater>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(GreaterEqual, Elementwise, infer_compare<Op::GreaterEqual>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Equal, Elementwise, infer_compare<Op::Equal>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(NotEqual, Elementwise, infer_compare<Op::NotEqual>, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(Where, Elementwise, infer_where, cost_elementwise, 1, 0, FollowsInputs, None),
+    ROW(ReduceSum, Reduction, infer_reduce<Op::ReduceSum>, cost_reduce, 1, 0, Fp32, None),
+    ROW(ReduceMean, Reduction, infer_reduce<Op::ReduceMean>, cost_reduce, 1, 0, Fp32, None),
+    ROW(ReduceMax, Reduction, infer_reduce<Op::ReduceMax>, cost_reduce, 1, 0, Fp32, None),
+    ROW(ReduceMin, Reduction, infer_reduce<Op::ReduceMin>, cost_reduce, 1, 0, Fp32, None),
+    ROW(MatMul, Contraction, infer_matmul, cost_matmul, 0, 0, Contraction, None),
+    ROW(Einsum, Contraction, infer_einsum, cost_einsum, 0, 0, Contraction, None),
+    ROW(Reshape, View, infer_reshape, cost_view, 0, 0, FollowsInputs, None),
+    ROW(Permute, View, infer_permute, cost_view, 0, 0, FollowsInputs, None),
+    ROW(Broadcast, View, infer_broadcast, cost_view, 0, 0, FollowsInputs, None),
+    ROW(Slice, View, infer_slice, cost_view, 0, 0, FollowsInputs, None),
+    ROW(Select, View, infer_select, cost_view, 0, 0, FollowsInputs, None),
+    ROW(Copy, Elementwise, infer_copy, cost_copy, 0, 0, FollowsInputs, None),
+    ROW(Concat, Concat, infer_concat, cost_copy, 0, 0, FollowsInputs, None),
+    ROW(Embedding, Gather, infer_embedding, cost_embedding, 0, 0, FollowsInputs, None),
+    ROW(Pad, Concat, infer_pad, cost_copy, 0, 0, FollowsInputs, None),
     // softmax: max, sub, exp, sum, div; log_softmax: max, sub, exp, sum, sub (log per row).
-    ROW(Softmax, infer_softmax<Op::Softmax>, cost_per_input_element, 5, 1, Fp32, None),
-    ROW(LogSoftmax, infer_softmax<Op::LogSoftmax>, cost_per_input_element, 5, 1, Fp32, None),
+    ROW(Softmax, Rows, infer_softmax<Op::Softmax>, cost_per_input_element, 5, 1, Fp32, None),
+    ROW(LogSoftmax, Rows, infer_softmax<Op::LogSoftmax>, cost_per_input_element, 5, 1, Fp32, None),
     // layernorm: mean, sub, square, sum, scale by rstd, gain, bias; rmsnorm drops mean, sub, bias.
-    ROW(LayerNorm, infer_layernorm, cost_per_input_element, 7, 0, Fp32, None),
-    ROW(RMSNorm, infer_rmsnorm, cost_per_input_element, 4, 0, Fp32, None),
+    ROW(LayerNorm, Rows, infer_layernorm, cost_per_input_element, 7, 0, Fp32, None),
+    ROW(RMSNorm, Rows, infer_rmsnorm, cost_per_input_element, 4, 0, Fp32, None),
     // cross_entropy: log_softmax (5) per logit; picking the target and the mean are per row.
-    ROW(CrossEntropy, infer_cross_entropy, cost_per_input_element, 5, 1, Fp32, None),
+    ROW(CrossEntropy, Rows, infer_cross_entropy, cost_per_input_element, 5, 1, Fp32, None),
     // mse: sub, square, sum.
-    ROW(MSE, infer_mse, cost_per_input_element, 3, 0, Fp32, None),
+    ROW(MSE, Mse, infer_mse, cost_per_input_element, 3, 0, Fp32, None),
     // Backward rules, counted the same way (docs/report.md derives each):
     // softmax_grad: dy*y, row sum, sub, mul.
-    BACKWARD_ROW(SoftmaxGrad, infer_softmax_grad, cost_per_input_element, 4, 0),
+    BACKWARD_ROW(SoftmaxGrad, Rows, infer_softmax_grad, cost_per_input_element, 4, 0),
     // layernorm_grad: x_hat again (5), g*dy, two row sums (3), combine (4).
-    BACKWARD_ROW(LayerNormGrad, infer_norm_grad<Op::LayerNormGrad>, cost_per_input_element, 13, 0),
+    BACKWARD_ROW(LayerNormGrad, Rows, infer_norm_grad<Op::LayerNormGrad>, cost_per_input_element, 13, 0),
     // rmsnorm_grad: x_hat again (3), g*dy, one row sum (2), combine (3).
-    BACKWARD_ROW(RMSNormGrad, infer_norm_grad<Op::RMSNormGrad>, cost_per_input_element, 9, 0),
-    BACKWARD_ROW(NormGainGrad, infer_norm_gain_grad, cost_norm_gain_grad, 7, 0),  // layernorm form; see cost_norm_gain_grad
-    BACKWARD_ROW(GeluGrad, infer_gelu_grad, cost_gelu_grad, 16, 1),  // tanh form; see cost_gelu_grad
+    BACKWARD_ROW(RMSNormGrad, Rows, infer_norm_grad<Op::RMSNormGrad>, cost_per_input_element, 9, 0),
+    BACKWARD_ROW(NormGainGrad, Rows, infer_norm_gain_grad, cost_norm_gain_grad, 7, 0),  // layernorm form; see cost_norm_gain_grad
+    BACKWARD_ROW(GeluGrad, Elementwise, infer_gelu_grad, cost_gelu_grad, 16, 1),  // tanh form; see cost_gelu_grad
     // cross_entropy_grad: softmax (5) and the scale by dloss / rows, per logit.
-    BACKWARD_ROW(CrossEntropyGrad, infer_cross_entropy_grad, cost_per_input_element, 6, 1),
-    BACKWARD_ROW(EmbeddingGrad, infer_embedding_grad, cost_embedding_grad, 1, 0),
+    BACKWARD_ROW(CrossEntropyGrad, Rows, infer_cross_entropy_grad, cost_per_input_element, 6, 1),
+    BACKWARD_ROW(EmbeddingGrad, ScatterAdd, infer_embedding_grad, cost_embedding_grad, 1, 0),
 };
 #undef ROW
+#undef ROWI
 #undef BACKWARD_ROW
 
 static_assert(sizeof(kRows) / sizeof(kRows[0]) == kNumOps,

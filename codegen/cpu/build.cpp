@@ -25,7 +25,7 @@ BuildResult build_cpu_trainer(const ir::Graph& g, const BuildOptions& options) {
   KernelPlan plan = plan_kernels(g);
   result.arena_bytes = plan.arena_bytes;
   result.kernels = static_cast<int>(plan.kernels.size());
-  for (const Kernel& k : plan.kernels) result.matmul_kernels += k.kind == KernelKind::Matmul;
+  for (const Kernel& k : plan.kernels) result.matmul_kernels += k.kind == KernelKind::Gemm;
   lap("kernel plan");
 
   CpuModule m = emit_module(plan, g.name);

@@ -2,10 +2,10 @@
 // either as an object file (linked into a standalone trainer by
 // codegen/cpu/link.h) or JIT-compiled in process (tests).
 //
-// The module holds one function per Loop kernel (codegen/cpu/kernels.h) and
+// The module holds one function per loop kernel (codegen/cpu/kernels.h) and
 // three exported tables the runtime reads (runtime/program.h):
-//   napkin_kernel_fns        [kernels] ptr: each Loop kernel's function, null
-//                            for Matmul kernels (the runtime runs those)
+//   napkin_kernel_fns        [kernels] ptr: each loop kernel's function, null
+//                            for Gemm kernels (the runtime runs those)
 //   napkin_program_json      the program description (codegen/program_json.h)
 //   napkin_program_json_size its length in bytes (i64)
 // Code is generated for the host CPU (AVX-512 here) and optimized with LLVM's
@@ -31,7 +31,7 @@ namespace napkin::codegen::cpu {
 struct CpuModule {
   std::unique_ptr<llvm::LLVMContext> context;
   std::unique_ptr<llvm::Module> module;
-  std::vector<LoopInfo> loops;  // per kernel; {1, false} for Matmul kernels
+  std::vector<LoopInfo> loops;  // per kernel; {1, false} for Gemm kernels
 };
 
 // The kernels of `plan` as an unoptimized module (the tables still lack the

@@ -49,8 +49,8 @@ LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
   std::vector<int64_t> out_strides = k.output.strides;
   std::vector<std::vector<int64_t>> in_strides;
   for (const Operand& in : k.inputs) in_strides.push_back(broadcast_strides(in, sizes));
-  const ElementIndex need = element_index(k.op);
-  if (need != ElementIndex::RowCol) {  // merging dims keeps every element's row-major index
+  const ir::ElementIndex need = ir::op_info(k.op).element_index;
+  if (need != ir::ElementIndex::RowCol) {  // merging dims keeps every element's row-major index
     std::vector<std::vector<int64_t>*> all{&out_strides};
     for (auto& s : in_strides) all.push_back(&s);
     collapse_dims(sizes, all);
@@ -59,7 +59,7 @@ LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
     std::vector<llvm::Value*> args;
     for (size_t i = 0; i < k.inputs.size(); ++i) args.push_back(e.load(k.inputs[i], e.dot(idx, in_strides[i])));
     ir::DType from = k.inputs.empty() ? k.output.dtype : k.inputs[0].dtype;
-    const ElementAt at = element_at(e, idx, sizes, need == ElementIndex::RowCol, need == ElementIndex::Flat);
+    const ElementAt at = element_at(e, idx, sizes, need == ir::ElementIndex::RowCol, need == ir::ElementIndex::Flat);
     e.store(k.output, e.dot(idx, out_strides), emit_elementwise(e, k.op, k.attrs, from, k.output.dtype, args, at));
   });
   return loop_info(sizes[0], product(sizes));
@@ -75,10 +75,10 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
   std::vector<std::vector<int64_t>> in_strides, out_strides;
   for (const Operand& in : k.inputs) in_strides.push_back(broadcast_strides(in, sizes));
   for (const Operand& out : f.outputs) out_strides.push_back(out.strides);
-  auto any_needs = [&](ElementIndex need) {
-    return std::any_of(f.ops.begin(), f.ops.end(), [&](const FusedOp& op) { return element_index(op.op) == need; });
+  auto any_needs = [&](ir::ElementIndex need) {
+    return std::any_of(f.ops.begin(), f.ops.end(), [&](const FusedOp& op) { return ir::op_info(op.op).element_index == need; });
   };
-  const bool needs_row_col = any_needs(ElementIndex::RowCol), needs_flat = any_needs(ElementIndex::Flat);
+  const bool needs_row_col = any_needs(ir::ElementIndex::RowCol), needs_flat = any_needs(ir::ElementIndex::Flat);
   if (!needs_row_col) {
     std::vector<std::vector<int64_t>*> all;
     for (auto& s : out_strides) all.push_back(&s);
@@ -117,7 +117,7 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
 
 // ------------------------------------------------------------------ reductions
 
-// reduce_sum/mean/max/min over attr axes. Dim 0 of the (collapsed) loop is
+// A reduction (sum, mean, max, min) over its axes. Dim 0 of the (collapsed) loop is
 // kept, or a size-1 dim is put in front when dim 0 is reduced; each dim-0
 // index owns one block of the output: initialize it, accumulate into it,
 // finalize it (mean).
@@ -135,18 +135,26 @@ LoopInfo reduction(LoopEmitter& e, const Kernel& k) {
   double count = static_cast<double>(x.numel()) / static_cast<double>(std::max<int64_t>(out_numel, 1));
   llvm::Type* ct = e.compute_type(out.dtype);
   bool fp = ct->isFloatingPointTy();
-  llvm::Value* identity = k.op == Op::ReduceMax   ? e.constant(out.dtype, -std::numeric_limits<double>::infinity())
-                          : k.op == Op::ReduceMin ? e.constant(out.dtype, std::numeric_limits<double>::infinity())
-                                                  : e.constant(out.dtype, 0);
-  if (!fp && (k.op == Op::ReduceMax || k.op == Op::ReduceMin))
-    identity = llvm::ConstantInt::get(ct, k.op == Op::ReduceMax ? llvm::APInt::getSignedMinValue(ct->getIntegerBitWidth())
-                                                                : llvm::APInt::getSignedMaxValue(ct->getIntegerBitWidth()));
+  const ir::ReductionParams& p = k.reduction();
+  llvm::Value* identity = nullptr;
+  switch (p.combiner) {
+    case ir::Combiner::Sum: identity = e.constant(out.dtype, 0); break;
+    case ir::Combiner::Max:
+      identity = fp ? e.constant(out.dtype, -std::numeric_limits<double>::infinity())
+                    : llvm::ConstantInt::get(ct, llvm::APInt::getSignedMinValue(ct->getIntegerBitWidth()));
+      break;
+    case ir::Combiner::Min:
+      identity = fp ? e.constant(out.dtype, std::numeric_limits<double>::infinity())
+                    : llvm::ConstantInt::get(ct, llvm::APInt::getSignedMaxValue(ct->getIntegerBitWidth()));
+      break;
+  }
   auto combine = [&](llvm::Value* acc, llvm::Value* v) -> llvm::Value* {
-    switch (k.op) {
-      case Op::ReduceMax: return e.b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::maximum : llvm::Intrinsic::smax, acc, v);
-      case Op::ReduceMin: return e.b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::minimum : llvm::Intrinsic::smin, acc, v);
-      default: return e.add_reassoc(acc, v);
+    switch (p.combiner) {
+      case ir::Combiner::Sum: break;
+      case ir::Combiner::Max: return e.b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::maximum : llvm::Intrinsic::smax, acc, v);
+      case ir::Combiner::Min: return e.b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::minimum : llvm::Intrinsic::smin, acc, v);
     }
+    return e.add_reassoc(acc, v);
   };
   // A bf16/f16/fp8 output is stored in another type than it is computed in:
   // each output element is reduced in a register over all its summed dims and
@@ -170,7 +178,7 @@ LoopInfo reduction(LoopEmitter& e, const Kernel& k) {
           e.b.CreateStore(combine(e.b.CreateLoad(ct, acc), e.load(x, e.dot(r, summed_in, xi))), acc);
         });
         llvm::Value* v = e.b.CreateLoad(ct, acc);
-        if (k.op == Op::ReduceMean) v = e.b.CreateFDiv(v, llvm::ConstantFP::get(ct, count));
+        if (p.mean) v = e.b.CreateFDiv(v, llvm::ConstantFP::get(ct, count));
         e.store(out, e.dot(idx, kept_out, out_base), v);
       });
     });
@@ -202,7 +210,7 @@ LoopInfo reduction(LoopEmitter& e, const Kernel& k) {
       });
       e.b.CreateStore(e.b.CreateLoad(ct, acc), optr);
     });
-    if (k.op == Op::ReduceMean) {
+    if (p.mean) {
       e.loop(e.i64(0), e.i64(block), [&](llvm::Value* j) {
         llvm::Value* p = e.element_ptr(out, e.b.CreateAdd(out_base, j));
         e.b.CreateStore(e.b.CreateFDiv(e.b.CreateLoad(ct, p), llvm::ConstantFP::get(ct, count)), p);
@@ -265,11 +273,13 @@ std::pair<llvm::Value*, llvm::Value*> row_stats(LoopEmitter& e, const RowOperand
 }
 
 LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
+  using ir::RowVariant;
   const Operand& x = k.inputs[0];
+  const ir::RowParams& p = k.rows();
   const RowLoop rl = row_loop(k);
   const std::vector<RowOperand>& ops = rl.operands;
-  bool scalar_out = k.op == Op::CrossEntropy;
-  bool vector_out = k.op == Op::NormGainGrad;
+  bool scalar_out = p.variant == RowVariant::CrossEntropy;
+  bool vector_out = p.variant == RowVariant::NormGainGrad;
   const RowOperand& X = ops[0];
   const RowOperand& out = ops.back();
   llvm::Type* t = e.compute_type(x.dtype);
@@ -291,17 +301,17 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
   for_each_row(e, rl.sizes, ops, [&](const std::vector<llvm::Value*>& base) {
     llvm::Value* xb = base[0];
     llvm::Value* ob = base.back();
-    switch (k.op) {
-      case Op::Softmax:
-      case Op::LogSoftmax:
-      case Op::CrossEntropyGrad:
-      case Op::CrossEntropy: {
+    switch (p.variant) {
+      case RowVariant::Softmax:
+      case RowVariant::LogSoftmax:
+      case RowVariant::CrossEntropyGrad:
+      case RowVariant::CrossEntropy: {
         llvm::Value* m = row_max(e, t, n, [&](llvm::Value* kk) { return ld(X, xb, kk); });
         llvm::Value* sum = row_sum(e, t, n, [&](llvm::Value* kk) { return emit_exp(e, b.CreateFSub(ld(X, xb, kk), m)); });
-        if (k.op == Op::LogSoftmax) {
+        if (p.variant == RowVariant::LogSoftmax) {
           llvm::Value* shift = b.CreateFAdd(m, emit_log(e, sum));
           e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) { st(out, ob, kk, b.CreateFSub(ld(X, xb, kk), shift)); });
-        } else if (k.op == Op::Softmax) {
+        } else if (p.variant == RowVariant::Softmax) {
           llvm::Value* inv = b.CreateFDiv(llvm::ConstantFP::get(t, 1.0), sum);
           e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
             st(out, ob, kk, b.CreateFMul(emit_exp(e, b.CreateFSub(ld(X, xb, kk), m)), inv));
@@ -310,7 +320,7 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
           llvm::Value* target = e.load(*ops[1].op, base[1]);
           e.check_index(target, n, index);
           llvm::Value* tk = b.CreateSExtOrTrunc(target, b.getInt64Ty());
-          if (k.op == Op::CrossEntropy) {
+          if (p.variant == RowVariant::CrossEntropy) {
             // -log softmax(x)[t] = log(sum) + m - x[t]
             llvm::Value* row_loss = b.CreateFSub(b.CreateFAdd(emit_log(e, sum), m), ld(X, xb, tk));
             b.CreateStore(b.CreateFAdd(b.CreateLoad(b.getDoubleTy(), loss), b.CreateFPExt(row_loss, b.getDoubleTy())), loss);
@@ -321,13 +331,13 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
             e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
               st(out, ob, kk, b.CreateFMul(emit_exp(e, b.CreateFSub(ld(X, xb, kk), m)), inv));
             });
-            llvm::Value* p = at(e, out, ob, tk);
-            e.store(*out.op, p, b.CreateFSub(e.load(*out.op, p), scale));
+            llvm::Value* target_at = at(e, out, ob, tk);
+            e.store(*out.op, target_at, b.CreateFSub(e.load(*out.op, target_at), scale));
           }
         }
         break;
       }
-      case Op::SoftmaxGrad: {  // y * (dy - sum(dy * y))
+      case RowVariant::SoftmaxGrad: {  // y * (dy - sum(dy * y))
         const RowOperand& dy = ops[1];
         llvm::Value* dot = row_sum(e, t, n, [&](llvm::Value* kk) { return b.CreateFMul(ld(X, xb, kk), ld(dy, base[1], kk)); });
         e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
@@ -335,24 +345,33 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
         });
         break;
       }
-      case Op::LayerNorm:
-      case Op::RMSNorm: {
-        bool centered = k.op == Op::LayerNorm;
-        auto [mean, rstd] = row_stats(e, X, xb, n, k.attrs.get_double("eps"), centered);
+      case RowVariant::Norm: {
+        auto [mean, rstd] = row_stats(e, X, xb, n, p.eps, p.centered);
         e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
           llvm::Value* y = b.CreateFMul(b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd), ld(ops[1], base[1], kk));
-          if (centered) y = b.CreateFAdd(y, ld(ops[2], base[2], kk));
+          if (p.centered) y = b.CreateFAdd(y, ld(ops[2], base[2], kk));
           st(out, ob, kk, y);
         });
         break;
       }
-      case Op::LayerNormGrad: {
-        // dx = rstd * (g_dy - mean(g_dy) - x_hat * mean(g_dy * x_hat)), g_dy = dy * g
+      case RowVariant::NormGrad: {
         const RowOperand& g = ops[1];
         const RowOperand& dy = ops[2];
-        auto [mean, rstd] = row_stats(e, X, xb, n, k.attrs.get_double("eps"), true);
-        auto xhat = [&](llvm::Value* kk) { return b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd); };
         auto gdy = [&](llvm::Value* kk) { return b.CreateFMul(ld(dy, base[2], kk), ld(g, base[1], kk)); };
+        if (!p.centered) {
+          // dx = rstd * (g_dy - x * rstd^2 * mean(g_dy * x))
+          llvm::Value* rstd = row_stats(e, X, xb, n, p.eps, false).second;
+          llvm::Value* mean_gdy_x =
+              b.CreateFMul(row_sum(e, t, n, [&](llvm::Value* kk) { return b.CreateFMul(gdy(kk), ld(X, xb, kk)); }), inv_n);
+          llvm::Value* coef = b.CreateFMul(b.CreateFMul(rstd, rstd), mean_gdy_x);
+          e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+            st(out, ob, kk, b.CreateFMul(rstd, b.CreateFSub(gdy(kk), b.CreateFMul(ld(X, xb, kk), coef))));
+          });
+          break;
+        }
+        // dx = rstd * (g_dy - mean(g_dy) - x_hat * mean(g_dy * x_hat)), g_dy = dy * g
+        auto [mean, rstd] = row_stats(e, X, xb, n, p.eps, true);
+        auto xhat = [&](llvm::Value* kk) { return b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd); };
         llvm::Value* mean_gdy = b.CreateFMul(row_sum(e, t, n, gdy), inv_n);
         llvm::Value* mean_gdy_xhat =
             b.CreateFMul(row_sum(e, t, n, [&](llvm::Value* kk) { return b.CreateFMul(gdy(kk), xhat(kk)); }), inv_n);
@@ -362,31 +381,16 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
         });
         break;
       }
-      case Op::RMSNormGrad: {
-        // dx = rstd * (g_dy - x * rstd^2 * mean(g_dy * x))
-        const RowOperand& g = ops[1];
-        const RowOperand& dy = ops[2];
-        llvm::Value* rstd = row_stats(e, X, xb, n, k.attrs.get_double("eps"), false).second;
-        auto gdy = [&](llvm::Value* kk) { return b.CreateFMul(ld(dy, base[2], kk), ld(g, base[1], kk)); };
-        llvm::Value* mean_gdy_x =
-            b.CreateFMul(row_sum(e, t, n, [&](llvm::Value* kk) { return b.CreateFMul(gdy(kk), ld(X, xb, kk)); }), inv_n);
-        llvm::Value* coef = b.CreateFMul(b.CreateFMul(rstd, rstd), mean_gdy_x);
-        e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
-          st(out, ob, kk, b.CreateFMul(rstd, b.CreateFSub(gdy(kk), b.CreateFMul(ld(X, xb, kk), coef))));
-        });
-        break;
-      }
-      case Op::NormGainGrad: {  // out[k] += dy * x_hat over rows
+      case RowVariant::NormGainGrad: {  // out[k] += dy * x_hat over rows
         const RowOperand& dy = ops[1];
-        auto [mean, rstd] = row_stats(e, X, xb, n, k.attrs.get_double("eps"), k.attrs.get_int("centered") != 0);
+        auto [mean, rstd] = row_stats(e, X, xb, n, p.eps, p.centered);
         e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
           llvm::Value* xhat = b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd);
-          llvm::Value* p = at(e, out, ob, kk);
-          e.store(*out.op, p, b.CreateFAdd(e.load(*out.op, p), b.CreateFMul(ld(dy, base[1], kk), xhat)));
+          llvm::Value* sum_at = at(e, out, ob, kk);
+          e.store(*out.op, sum_at, b.CreateFAdd(e.load(*out.op, sum_at), b.CreateFMul(ld(dy, base[1], kk), xhat)));
         });
         break;
       }
-      default: NAPKIN_INTERNAL_CHECK(false, "not a row op");
     }
   });
   if (scalar_out) {
@@ -442,12 +446,13 @@ void zero_fill(LoopEmitter& e, const Operand& out) {
 }
 
 LoopInfo concat_or_pad(LoopEmitter& e, const Kernel& k) {
-  int axis = normalize_axis(k.attrs.get_int("axis"), k.output.sizes.size());
+  const ir::ConcatParams& p = k.concat();
+  int axis = normalize_axis(p.axis, k.output.sizes.size());
   // Split dim 0 across threads unless the pieces are stacked along it.
   bool split = axis != 0;
-  if (k.op == Op::Pad) {  // zeros, then x placed at `before`: one serial pass each
+  if (p.pad_before) {  // zeros, then x placed at `before`: one serial pass each
     zero_fill(e, k.output);
-    place(e, k.inputs[0], k.output, axis, k.attrs.get_int("before"), -1);
+    place(e, k.inputs[0], k.output, axis, *p.pad_before, -1);
     return {1, false};
   }
   int64_t shift = 0;
@@ -534,83 +539,36 @@ LoopInfo contraction_loops(LoopEmitter& e, const Kernel& k) {
   return {1, false};
 }
 
+// A constant (one element) or arange (element i is i).
+LoopInfo fill(LoopEmitter& e, const Kernel& k) {
+  const ir::FillParams& p = k.fill();
+  switch (p.pattern) {
+    case ir::FillPattern::Constant:
+      e.loop(e.begin, e.end, [&](llvm::Value*) { e.store(k.output, e.i64(0), e.constant(k.output.dtype, p.value)); });
+      return {1, false};
+    case ir::FillPattern::Arange:
+      e.loop(e.begin, e.end, [&](llvm::Value* i) { e.store(k.output, i, e.convert(i, ir::DType::I64, k.output.dtype)); });
+      return {k.output.numel(), false};
+  }
+  return {1, false};
+}
+
 }  // namespace
 
 LoopInfo emit_kernel(LoopEmitter& e, const Kernel& k, int index) {
-  if (k.fused) {
-    LoopInfo info = fused(e, k);
-    e.b.CreateRetVoid();
-    return info;
-  }
   LoopInfo info;
-  switch (k.op) {
-    case Op::Constant:
-      e.loop(e.begin, e.end, [&](llvm::Value*) { e.store(k.output, e.i64(0), e.constant(k.output.dtype, k.attrs.get_double("value"))); });
-      info = {1, false};
-      break;
-    case Op::Iota:
-      e.loop(e.begin, e.end, [&](llvm::Value* i) { e.store(k.output, i, e.convert(i, ir::DType::I64, k.output.dtype)); });
-      info = {k.output.numel(), false};
-      break;
-    case Op::Neg:
-    case Op::Exp:
-    case Op::Log:
-    case Op::Sqrt:
-    case Op::Rsqrt:
-    case Op::Abs:
-    case Op::Tanh:
-    case Op::Relu:
-    case Op::Gelu:
-    case Op::Sigmoid:
-    case Op::Silu:
-    case Op::Sin:
-    case Op::Cos:
-    case Op::Cast:
-    case Op::Triu:
-    case Op::CausalMask:
-    case Op::Dropout:
-    case Op::Add:
-    case Op::Sub:
-    case Op::Mul:
-    case Op::Div:
-    case Op::Pow:
-    case Op::Maximum:
-    case Op::Minimum:
-    case Op::Less:
-    case Op::LessEqual:
-    case Op::Greater:
-    case Op::GreaterEqual:
-    case Op::Equal:
-    case Op::NotEqual:
-    case Op::Where:
-    case Op::GeluGrad:
-    case Op::Copy: info = elementwise(e, k); break;
-    case Op::ReduceSum:
-    case Op::ReduceMean:
-    case Op::ReduceMax:
-    case Op::ReduceMin: info = reduction(e, k); break;
-    case Op::MatMul:
-    case Op::Einsum: info = contraction_loops(e, k); break;
-    case Op::Concat:
-    case Op::Pad: info = concat_or_pad(e, k); break;
-    case Op::Embedding: info = embedding(e, k, index); break;
-    case Op::EmbeddingGrad: info = embedding_grad(e, k, index); break;
-    case Op::Softmax:
-    case Op::LogSoftmax:
-    case Op::SoftmaxGrad:
-    case Op::LayerNorm:
-    case Op::RMSNorm:
-    case Op::LayerNormGrad:
-    case Op::RMSNormGrad:
-    case Op::NormGainGrad:
-    case Op::CrossEntropy:
-    case Op::CrossEntropyGrad: info = rows(e, k, index); break;
-    case Op::MSE: info = mse(e, k); break;
-    case Op::Reshape:
-    case Op::Permute:
-    case Op::Broadcast:
-    case Op::Slice:
-    case Op::Select: NAPKIN_INTERNAL_CHECK(false, "views have no kernel");
+  switch (k.kind) {
+    case KernelKind::Fill: info = fill(e, k); break;
+    case KernelKind::Elementwise: info = elementwise(e, k); break;
+    case KernelKind::FusedElementwise: info = fused(e, k); break;
+    case KernelKind::Reduction: info = reduction(e, k); break;
+    case KernelKind::ContractionLoops: info = contraction_loops(e, k); break;
+    case KernelKind::Concat: info = concat_or_pad(e, k); break;
+    case KernelKind::Gather: info = embedding(e, k, index); break;
+    case KernelKind::ScatterAdd: info = embedding_grad(e, k, index); break;
+    case KernelKind::Rows: info = rows(e, k, index); break;
+    case KernelKind::Mse: info = mse(e, k); break;
+    case KernelKind::Gemm: NAPKIN_INTERNAL_CHECK(false, "a GEMM kernel ({}) is the library's call, not a loop", k.name);
   }
   e.b.CreateRetVoid();
   return info;

@@ -1,4 +1,4 @@
-// The body of every Loop kernel of the plan, one emitter per kind of op.
+// The body of every loop kernel of the plan, one emitter per KernelKind.
 //
 // Each kernel loops over a shape whose dim 0 is its parallel dim: the
 // function computes dim-0 indices [begin, end), and the runtime either calls

@@ -34,7 +34,7 @@ CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& o
   KernelPlan plan = plan_kernels(g);
   result.arena_bytes = plan.arena_bytes;
   result.kernels = static_cast<int>(plan.kernels.size());
-  for (const Kernel& k : plan.kernels) result.matmul_kernels += k.kind == KernelKind::Matmul;
+  for (const Kernel& k : plan.kernels) result.matmul_kernels += k.kind == KernelKind::Gemm;
   lap("kernel plan");
 
   CudaSource source = emit_cuda_source(plan, g.name);

@@ -7,7 +7,7 @@
 //  - element function: NAME_elem, a __device__ function computing one
 //    element of the kernel from its inputs' compute values (and the
 //    element's row and column for triu/causal_mask, its row-major index
-//    `flat` for dropout: codegen/plan.h's element_index), each result rounded to
+//    `flat` for dropout: its ir::ElementIndex), each result rounded to
 //    its IR dtype as storing and loading it would (codegen/plan.h, fused
 //    loop kernel). Both the vector and the scalar loop call it.
 //  - vector operand: innermost loop stride 1, read or written in chunks;
@@ -254,14 +254,14 @@ EmittedKernel emit_elementwise(const Kernel& k) {
   ElementwiseLoop l;
   Src f;
   std::string fn = k.name + "_elem";
-  auto needs = [](Op op, ElementIndex what) { return element_index(op) == what; };
+  auto needs = [](Op op, ir::ElementIndex what) { return ir::op_info(op).element_index == what; };
   if (k.fused) {
     const FusedLoop& fl = *k.fused;
     l.sizes = fl.shape;
     for (const Operand& in : k.inputs) l.inputs.push_back(&in), l.in_strides.push_back(broadcast_strides(in, fl.shape));
     for (const Operand& out : fl.outputs) l.outputs.push_back(&out), l.out_strides.push_back(out.strides);
-    l.row_col = std::any_of(fl.ops.begin(), fl.ops.end(), [&](const FusedOp& op) { return needs(op.op, ElementIndex::RowCol); });
-    l.flat = std::any_of(fl.ops.begin(), fl.ops.end(), [&](const FusedOp& op) { return needs(op.op, ElementIndex::Flat); });
+    l.row_col = std::any_of(fl.ops.begin(), fl.ops.end(), [&](const FusedOp& op) { return needs(op.op, ir::ElementIndex::RowCol); });
+    l.flat = std::any_of(fl.ops.begin(), fl.ops.end(), [&](const FusedOp& op) { return needs(op.op, ir::ElementIndex::Flat); });
     f.open("NAPKIN_DEVICE void {}({}) {{", fn, elem_params(l));
     for (size_t j = 0; j < fl.ops.size(); ++j) {
       const FusedOp& op = fl.ops[j];
@@ -286,8 +286,8 @@ EmittedKernel emit_elementwise(const Kernel& k) {
     for (const Operand& in : k.inputs) l.inputs.push_back(&in), l.in_strides.push_back(broadcast_strides(in, l.sizes));
     l.outputs.push_back(&k.output);
     l.out_strides.push_back(k.output.strides);
-    l.row_col = needs(k.op, ElementIndex::RowCol);
-    l.flat = needs(k.op, ElementIndex::Flat);
+    l.row_col = needs(k.op, ir::ElementIndex::RowCol);
+    l.flat = needs(k.op, ir::ElementIndex::Flat);
     std::vector<std::string> args;
     std::vector<DType> dtypes;
     for (size_t i = 0; i < k.inputs.size(); ++i) args.push_back(fmt::format("a{}", i)), dtypes.push_back(k.inputs[i].dtype);
@@ -304,16 +304,16 @@ EmittedKernel emit_elementwise(const Kernel& k) {
   return elementwise_kernel(k, l, f.take(), fn);
 }
 
-EmittedKernel emit_source_op(const Kernel& k) {
+EmittedKernel emit_fill(const Kernel& k) {
   Src s;
   EmittedKernel out;
-  if (k.op == Op::Constant) {
+  const ir::FillParams& p = k.fill();
+  if (p.pattern == ir::FillPattern::Constant) {
     begin_kernel(s, k.name, 32);
-    s.line("if (blockIdx.x == 0 && threadIdx.x == 0) {}", store(k.output, "0", literal(k.output.dtype, k.attrs.get_double("value"))));
+    s.line("if (blockIdx.x == 0 && threadIdx.x == 0) {}", store(k.output, "0", literal(k.output.dtype, p.value)));
     s.close();
     out.launches.push_back({k.name, 1, 32, 0, {}});
-  } else {
-    NAPKIN_INTERNAL_CHECK(k.op == Op::Iota, "not a source op");
+  } else {  // arange
     int64_t n = k.output.numel();
     int block = block_for(n);
     int64_t grid = grid_for(n, block);
@@ -333,7 +333,8 @@ EmittedKernel emit_source_op(const Kernel& k) {
 // is decided by its index along the axis.
 EmittedKernel emit_concat_or_pad(const Kernel& k) {
   const Operand& out = k.output;
-  int axis = normalize_axis(k.attrs.get_int("axis"), out.sizes.size());
+  const ir::ConcatParams& p = k.concat();
+  int axis = normalize_axis(p.axis, out.sizes.size());
   int64_t n = out.numel();
   int block = block_for(n);
   int64_t grid = grid_for(n, block);
@@ -352,8 +353,8 @@ EmittedKernel emit_concat_or_pad(const Kernel& k) {
       s.line("const {} j{} = i{}{};", it, d, d, static_cast<int>(d) == axis && shift ? fmt::format(" - {}u", shift) : "");
     s.line("{}", store(out, dst, load(in, dot("j", in.strides))));
   };
-  if (k.op == Op::Pad) {
-    int64_t before = k.attrs.get_int("before");
+  if (p.pad_before) {
+    int64_t before = *p.pad_before;
     int64_t len = k.inputs[0].sizes[axis];
     s.open("if ({0} >= {1}u && {0} < {2}u) {{", at, before, before + len);
     read(k.inputs[0], before);

@@ -147,7 +147,7 @@ int64_t product(const std::vector<int64_t>& v);
 // The per-family emitters (one plan kernel each; `index` is its plan index,
 // which NAPKIN_BAD_INDEX reports).
 EmittedKernel emit_elementwise(const Kernel& k);      // elementwise ops and fused loop kernels
-EmittedKernel emit_source_op(const Kernel& k);        // constant, arange
+EmittedKernel emit_fill(const Kernel& k);             // constant, arange
 EmittedKernel emit_concat_or_pad(const Kernel& k);
 EmittedKernel emit_embedding(const Kernel& k, int index);
 EmittedKernel emit_contraction(const Kernel& k);      // a contraction the GEMM library cannot take

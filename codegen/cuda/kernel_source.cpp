@@ -1,12 +1,12 @@
-// emit_cuda_source: the translation unit of a plan's Loop kernels: the
+// emit_cuda_source: the translation unit of a plan's loop kernels: the
 // prelude, then the functions of each distinct loop kernel, in the order of
 // their first plan kernel. Each plan kernel is emitted with markers in place
 // of its name and operand offsets (codegen/cuda/emit.h), its offsets become
 // slots of its `off` parameter, and plan kernels whose text is then the same
 // (the layers of a transformer, the optimizer updates of same-shaped
 // parameters, ...) share one set of functions, named after the first. Which emitter makes
-// which op's kernel is the switch below (no default: -Werror=switch flags a
-// new op); the launch and scratch design of each family is described at the
+// each KernelKind is the switch below (no default: -Werror=switch flags a
+// new kind); the launch and scratch design of each family is described at the
 // top of its file (elementwise.cpp, reductions.cpp, rows.cpp).
 //
 // Index ids out of range (embedding, embedding_grad, cross-entropy targets):
@@ -33,74 +33,22 @@ namespace napkin::codegen::cuda {
 namespace {
 
 using detail::EmittedKernel;
-using ir::Op;
 
 EmittedKernel emit_kernel(const Kernel& k, int index) {
-  if (k.fused) return detail::emit_elementwise(k);
-  switch (k.op) {
-    case Op::Constant:
-    case Op::Iota: return detail::emit_source_op(k);
-    case Op::Neg:
-    case Op::Exp:
-    case Op::Log:
-    case Op::Sqrt:
-    case Op::Rsqrt:
-    case Op::Abs:
-    case Op::Tanh:
-    case Op::Relu:
-    case Op::Gelu:
-    case Op::Sigmoid:
-    case Op::Silu:
-    case Op::Sin:
-    case Op::Cos:
-    case Op::Cast:
-    case Op::Triu:
-    case Op::CausalMask:
-    case Op::Dropout:
-    case Op::Add:
-    case Op::Sub:
-    case Op::Mul:
-    case Op::Div:
-    case Op::Pow:
-    case Op::Maximum:
-    case Op::Minimum:
-    case Op::Less:
-    case Op::LessEqual:
-    case Op::Greater:
-    case Op::GreaterEqual:
-    case Op::Equal:
-    case Op::NotEqual:
-    case Op::Where:
-    case Op::GeluGrad:
-    case Op::Copy: return detail::emit_elementwise(k);
-    case Op::ReduceSum:
-    case Op::ReduceMean:
-    case Op::ReduceMax:
-    case Op::ReduceMin: return detail::emit_reduction(k);
-    case Op::MatMul:
-    case Op::Einsum: return detail::emit_contraction(k);
-    case Op::Concat:
-    case Op::Pad: return detail::emit_concat_or_pad(k);
-    case Op::Embedding: return detail::emit_embedding(k, index);
-    case Op::EmbeddingGrad: return detail::emit_embedding_grad(k, index);
-    case Op::Softmax:
-    case Op::LogSoftmax:
-    case Op::SoftmaxGrad:
-    case Op::LayerNorm:
-    case Op::RMSNorm:
-    case Op::LayerNormGrad:
-    case Op::RMSNormGrad:
-    case Op::NormGainGrad:
-    case Op::CrossEntropy:
-    case Op::CrossEntropyGrad: return detail::emit_rows(k, index);
-    case Op::MSE: return detail::emit_mse(k);
-    case Op::Reshape:
-    case Op::Permute:
-    case Op::Broadcast:
-    case Op::Slice:
-    case Op::Select: break;
+  switch (k.kind) {
+    case KernelKind::Fill: return detail::emit_fill(k);
+    case KernelKind::Elementwise:
+    case KernelKind::FusedElementwise: return detail::emit_elementwise(k);
+    case KernelKind::Reduction: return detail::emit_reduction(k);
+    case KernelKind::ContractionLoops: return detail::emit_contraction(k);
+    case KernelKind::Concat: return detail::emit_concat_or_pad(k);
+    case KernelKind::Gather: return detail::emit_embedding(k, index);
+    case KernelKind::ScatterAdd: return detail::emit_embedding_grad(k, index);
+    case KernelKind::Rows: return detail::emit_rows(k, index);
+    case KernelKind::Mse: return detail::emit_mse(k);
+    case KernelKind::Gemm: break;
   }
-  NAPKIN_INTERNAL_CHECK(false, "views have no kernel ({})", k.name);
+  NAPKIN_INTERNAL_CHECK(false, "a GEMM kernel ({}) is cuBLASLt's call, not CUDA C", k.name);
   return {};
 }
 
@@ -164,7 +112,7 @@ CudaSource emit_cuda_source(const KernelPlan& plan, const std::string& model_nam
   std::unordered_map<std::string, size_t> group_of;  // parameterized text -> groups index
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
-    if (k.kind == KernelKind::Matmul) {
+    if (k.kind == KernelKind::Gemm) {
       src.launches.emplace_back();
       continue;
     }

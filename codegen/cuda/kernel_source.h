@@ -1,6 +1,6 @@
-// The CUDA backend's kernels: every Loop kernel of a plan as CUDA C source,
+// The CUDA backend's kernels: every loop kernel of a plan as CUDA C source,
 // one translation unit that NVRTC compiles (codegen/cuda/nvrtc_compile.h).
-// Matmul kernels are not here: the runtime runs them on cuBLASLt.
+// Gemm kernels are not here: the runtime runs them on cuBLASLt.
 //
 // Terms:
 //  - launch: one kernel function launched on a 1-D grid of 1-D blocks. A
@@ -69,12 +69,12 @@ struct CudaLaunch {
 
 struct CudaSource {
   std::string text;  // the translation unit: prelude, then every distinct kernel
-  // Per plan kernel, in plan order: its launches (empty for Matmul kernels).
+  // Per plan kernel, in plan order: its launches (empty for Gemm kernels).
   std::vector<std::vector<CudaLaunch>> launches;
   int64_t scratch_bytes = 0;  // the largest any plan kernel needs
 };
 
-// The CUDA C source of every Loop kernel of `plan`. `model_name` goes into
+// The CUDA C source of every loop kernel of `plan`. `model_name` goes into
 // the header comment only.
 CudaSource emit_cuda_source(const KernelPlan& plan, const std::string& model_name);
 

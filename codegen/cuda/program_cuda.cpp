@@ -17,7 +17,7 @@ std::string cuda_program_json(const ir::Graph& g, const KernelPlan& plan, const 
   nlohmann::json& kernels = program.at("kernels");
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const std::vector<CudaLaunch>& launches = source.launches[i];
-    bool is_matmul = plan.kernels[i].kind == KernelKind::Matmul;
+    bool is_matmul = plan.kernels[i].kind == KernelKind::Gemm;
     NAPKIN_INTERNAL_CHECK(is_matmul == launches.empty(), "kernel {} ({}) has {} CUDA launches", i,
                           plan.kernels[i].name, launches.size());
     if (is_matmul) continue;

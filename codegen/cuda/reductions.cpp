@@ -25,7 +25,6 @@ namespace napkin::codegen::cuda::detail {
 namespace {
 
 using ir::DType;
-using ir::Op;
 
 // Threads that keep every SM's memory pipes busy.
 constexpr int64_t kFullThreads = kSMs * 2048;
@@ -37,17 +36,18 @@ struct Combine {
   std::string identity;  // of the accumulator type
 };
 
-Combine combine_of(Op op, DType t) {
+Combine combine_of(ir::Combiner c, DType t) {
   bool fp = is_float_compute(t);
-  switch (op) {
-    case Op::ReduceMax:
+  switch (c) {
+    case ir::Combiner::Sum: break;
+    case ir::Combiner::Max:
       if (fp) return {"napkin_max_op()", literal(t, -std::numeric_limits<double>::infinity())};
       return {"napkin_max_op()", t == DType::I32 ? "(-2147483647 - 1)" : "(-9223372036854775807LL - 1)"};
-    case Op::ReduceMin:
+    case ir::Combiner::Min:
       if (fp) return {"napkin_min_op()", literal(t, std::numeric_limits<double>::infinity())};
       return {"napkin_min_op()", t == DType::I32 ? "2147483647" : "9223372036854775807LL"};
-    default: return {"napkin_sum_op()", literal(t, 0.0)};
   }
+  return {"napkin_sum_op()", literal(t, 0.0)};
 }
 
 }  // namespace
@@ -66,9 +66,9 @@ EmittedKernel emit_reduction(const Kernel& k) {
   const int64_t M = product(kept_sizes), R = product(red_sizes);
   const bool row = out_strides.back() == 0 && sizes.back() > 1;
   const char* ct = compute_type(out.dtype);
-  const Combine c = combine_of(k.op, out.dtype);
+  const Combine c = combine_of(k.reduction().combiner, out.dtype);
   auto finalize = [&](const std::string& acc) {
-    if (k.op != Op::ReduceMean) return acc;
+    if (!k.reduction().mean) return acc;
     return fmt::format("({} / {})", acc, literal(out.dtype, static_cast<double>(x.numel()) / static_cast<double>(std::max<int64_t>(M, 1))));
   };
   auto element = [&](const std::string& base) { return convert(load(x, fmt::format("{} + {}", base, dot("r", red_in))), x.dtype, out.dtype); };

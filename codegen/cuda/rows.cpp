@@ -32,7 +32,7 @@ namespace napkin::codegen::cuda::detail {
 namespace {
 
 using ir::DType;
-using ir::Op;
+using ir::RowVariant;
 
 // Emits one row kernel's body, pass by pass.
 class RowEmitter {
@@ -235,7 +235,7 @@ EmittedKernel norm_gain_grad(const Kernel& k, const std::vector<RowOperand>& ops
   // Launch 1: each row's mean and rstd.
   r.begin(k.name);
   r.load_cache({0});
-  r.row_stats(k.attrs.get_double("eps"), k.attrs.get_int("centered") != 0);
+  r.row_stats(k.rows().eps, k.rows().centered);
   s.open("if (tt == 0u) {{");
   s.line("{}[2u * row] = mean;", stats);
   s.line("{}[2u * row + 1u] = rstd;", stats);
@@ -292,48 +292,50 @@ EmittedKernel norm_gain_grad(const Kernel& k, const std::vector<RowOperand>& ops
 
 EmittedKernel emit_rows(const Kernel& k, int index) {
   const Operand& x = k.inputs[0];
+  const ir::RowParams& p = k.rows();
   const RowLoop loop = row_loop(k);
   const std::vector<RowOperand>& ops = loop.operands;
   const std::vector<int64_t>& sizes = loop.sizes;
   const int64_t n = loop.n;
-  if (k.op == Op::NormGainGrad) return norm_gain_grad(k, ops, sizes, n);
+  if (p.variant == RowVariant::NormGainGrad) return norm_gain_grad(k, ops, sizes, n);
 
   EmittedKernel out;
   Src s;
   RowEmitter r(s, ops, sizes, n);
   const std::string& ct = r.ct;
-  const int o = static_cast<int>(ops.size()) - 1;  // the output operand (not for cross_entropy)
-  const double eps = k.attrs.has("eps") ? k.attrs.get_double("eps") : 0.0;
+  const int o = static_cast<int>(ops.size()) - 1;  // the output operand (not for CrossEntropy)
+  const double eps = p.eps;
   std::string inv_n = r.lit(1.0 / static_cast<double>(n));
   r.begin(k.name);
-  if (k.op == Op::CrossEntropy || k.op == Op::CrossEntropyGrad) {
+  const bool loss = p.variant == RowVariant::CrossEntropy;
+  if (loss || p.variant == RowVariant::CrossEntropyGrad) {
     s.line("const long long tgt = (long long){};", load(*ops[1].op, "b1"));
     s.open("if ((unsigned long long)tgt >= {}ull) {{", n);
     s.line("if (tt == 0u) NAPKIN_BAD_INDEX({}, tgt, {}LL);", index, n);
-    if (k.op == Op::CrossEntropy) s.line("if (tt == 0u) (({}*)scratch)[row] = {};", ct, r.lit(0.0));
+    if (loss) s.line("if (tt == 0u) (({}*)scratch)[row] = {};", ct, r.lit(0.0));
     s.line("continue;");
     s.close();
   }
   std::vector<int> inputs;
   for (int i = 0; i < o; ++i) inputs.push_back(i);
   r.load_cache(inputs);
-  switch (k.op) {
-    case Op::Softmax:
+  switch (p.variant) {
+    case RowVariant::Softmax:
       r.softmax_stats();
       s.line("const {} inv = {} / sum;", ct, r.lit(1.0));
       r.pass({0}, [&](int e) { s.line("ov[{}] = napkin_exp({} - m) * inv;", e, r.val(0, e)); }, o);
       break;
-    case Op::LogSoftmax:
+    case RowVariant::LogSoftmax:
       r.softmax_stats();
       s.line("const {} shift = m + napkin_log(sum);", ct);
       r.pass({0}, [&](int e) { s.line("ov[{}] = {} - shift;", e, r.val(0, e)); }, o);
       break;
-    case Op::CrossEntropy:
+    case RowVariant::CrossEntropy:
       // -log softmax(x)[t] = log(sum) + m - x[t]
       r.softmax_stats();
       s.line("if (tt == 0u) (({}*)scratch)[row] = (napkin_log(sum) + m) - {};", ct, load(x, r.addr(0, "(" + r.it + ")tgt")));
       break;
-    case Op::CrossEntropyGrad: {
+    case RowVariant::CrossEntropyGrad: {
       // (softmax - onehot) * dloss / rows
       r.softmax_stats();
       s.line("const {} scale = {} * {};", ct, load(k.inputs[2], "0"), r.lit(1.0 / static_cast<double>(r.rows)));
@@ -348,23 +350,31 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
       }, o);
       break;
     }
-    case Op::SoftmaxGrad:  // y * (dy - sum(dy * y))
+    case RowVariant::SoftmaxGrad:  // y * (dy - sum(dy * y))
       r.row_sum("dot", {0, 1}, [&](int e) { return fmt::format("{} * {}", r.val(0, e), r.val(1, e)); });
       r.pass({0, 1}, [&](int e) { s.line("ov[{}] = {} * ({} - dot);", e, r.val(0, e), r.val(1, e)); }, o);
       break;
-    case Op::LayerNorm:
-    case Op::RMSNorm: {
-      bool centered = k.op == Op::LayerNorm;
-      r.row_stats(eps, centered);
-      std::vector<int> need = centered ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1};
+    case RowVariant::Norm: {
+      r.row_stats(eps, p.centered);
+      std::vector<int> need = p.centered ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1};
       r.pass(need, [&](int e) {
         std::string y = fmt::format("(({} - mean) * rstd) * {}", r.val(0, e), r.val(1, e));
-        if (centered) y = fmt::format("{} + {}", y, r.val(2, e));
+        if (p.centered) y = fmt::format("{} + {}", y, r.val(2, e));
         s.line("ov[{}] = {};", e, y);
       }, o);
       break;
     }
-    case Op::LayerNormGrad: {
+    case RowVariant::NormGrad: {
+      if (!p.centered) {
+        // dx = rstd * (g_dy - x * rstd^2 * mean(g_dy * x))
+        r.row_stats(eps, false);
+        r.row_sum("s1", {0, 1, 2}, [&](int e) { return fmt::format("({} * {}) * {}", r.val(2, e), r.val(1, e), r.val(0, e)); });
+        s.line("const {} coef = (rstd * rstd) * (s1 * {});", ct, inv_n);
+        r.pass({0, 1, 2}, [&](int e) {
+          s.line("ov[{}] = rstd * ({} * {} - {} * coef);", e, r.val(2, e), r.val(1, e), r.val(0, e));
+        }, o);
+        break;
+      }
       // dx = rstd * (g_dy - mean(g_dy) - x_hat * mean(g_dy * x_hat)), g_dy = dy * g
       r.row_stats(eps, true);
       s.line("{0} s1 = {1}, s2 = {1};", ct, r.lit(0.0));
@@ -386,21 +396,11 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
       }, o);
       break;
     }
-    case Op::RMSNormGrad: {
-      // dx = rstd * (g_dy - x * rstd^2 * mean(g_dy * x))
-      r.row_stats(eps, false);
-      r.row_sum("s1", {0, 1, 2}, [&](int e) { return fmt::format("({} * {}) * {}", r.val(2, e), r.val(1, e), r.val(0, e)); });
-      s.line("const {} coef = (rstd * rstd) * (s1 * {});", ct, inv_n);
-      r.pass({0, 1, 2}, [&](int e) {
-        s.line("ov[{}] = rstd * ({} * {} - {} * coef);", e, r.val(2, e), r.val(1, e), r.val(0, e));
-      }, o);
-      break;
-    }
-    default: NAPKIN_INTERNAL_CHECK(false, "{} is not a row op", ir::op_name(k.op));
+    case RowVariant::NormGainGrad: NAPKIN_INTERNAL_CHECK(false, "NormGainGrad has its own launches");
   }
   r.end();
   out.launches.push_back({k.name, r.grid, r.block, 0, {}});
-  if (k.op == Op::CrossEntropy) {
+  if (loss) {
     std::string name2 = k.name + "_2";
     begin_kernel(s, name2, 1024);
     s.line("__shared__ double red[32];");

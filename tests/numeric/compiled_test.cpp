@@ -39,11 +39,11 @@ TEST_CASE("numeric: every model's compiled CPU kernels agree with the interprete
       int fused_kernels = 0, bf16_gemms = 0;
       for (const codegen::Kernel& k : step.plan.kernels) {
         fused_kernels += k.fused.has_value();
-        bf16_gemms += k.kind == codegen::KernelKind::Matmul && k.inputs[0].dtype == ir::DType::BF16;
+        bf16_gemms += k.kind == codegen::KernelKind::Gemm && k.inputs[0].dtype == ir::DType::BF16;
       }
       napkin::testing::check_each_kernel(step, [&](const napkin::testing::KernelOutputCheck& c) {
         INFO(c.kernel->name << " output " << c.output << " at " << c.kernel->where
-                            << (c.kernel->kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (loop)") << ", "
+                            << (c.kernel->kind == codegen::KernelKind::Gemm ? " (GEMM)" : " (loop)") << ", "
                             << ir::dtype_name(c.operand->dtype));
         const double tolerance = napkin::testing::kernel_tolerance(c.precision);
         CHECK(c.error <= tolerance);

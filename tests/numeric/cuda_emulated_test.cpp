@@ -86,11 +86,11 @@ void check_emulated(const std::vector<ir::PrecisionPolicy>& policies, const std:
           step,
           [&](const napkin::testing::KernelOutputCheck& c) {
             INFO(c.kernel->name << " output " << c.output << " at " << c.kernel->where
-                                << (c.kernel->kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (CUDA, emulated)") << ", "
+                                << (c.kernel->kind == codegen::KernelKind::Gemm ? " (GEMM)" : " (CUDA, emulated)") << ", "
                                 << ir::dtype_name(c.operand->dtype));
             const double tolerance = napkin::testing::kernel_tolerance(c.precision);
             CHECK(c.error <= tolerance);
-            if (c.kernel->kind == codegen::KernelKind::Loop && tolerance > 0 && c.error / tolerance > worst)
+            if (c.kernel->kind != codegen::KernelKind::Gemm && tolerance > 0 && c.error / tolerance > worst)
               worst = c.error / tolerance, worst_kernel = c.kernel->name;
           },
           [&](int kernel, char* arena) { launches += gpu.run(kernel, arena); });
@@ -209,7 +209,7 @@ optimizer: sgd(lr=0.1)
             bool has_dropout = c.kernel->op == ir::Op::Dropout;
             if (c.kernel->fused)
               for (const codegen::FusedOp& op : c.kernel->fused->ops) has_dropout = has_dropout || op.op == ir::Op::Dropout;
-            if (!has_dropout || c.kernel->kind != codegen::KernelKind::Loop) return;
+            if (!has_dropout || c.kernel->kind == codegen::KernelKind::Gemm) return;
             INFO(c.kernel->name << " output " << c.output);
             CHECK(napkin::testing::read_operand(emulated, *c.operand) ==
                   napkin::testing::read_operand(step.ex->arena(), *c.operand));

@@ -76,14 +76,14 @@ uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
 
 // Runs one training step kernel by kernel, each output checked against the
 // interpreter on the kernel's own inputs (tests/support/compiled_step.h).
-// Returns the number of Matmul kernels whose A and B are `gemm_dtype`.
+// Returns the number of Gemm kernels whose A and B are `gemm_dtype`.
 int check_kernels(Compiled& c, ir::DType gemm_dtype) {
   int gemms = 0;
   for (const codegen::Kernel& k : c.plan.kernels)
-    gemms += k.kind == codegen::KernelKind::Matmul && k.inputs[0].dtype == gemm_dtype && k.inputs[1].dtype == gemm_dtype;
+    gemms += k.kind == codegen::KernelKind::Gemm && k.inputs[0].dtype == gemm_dtype && k.inputs[1].dtype == gemm_dtype;
   napkin::testing::check_each_kernel(c, [&](const napkin::testing::KernelOutputCheck& k) {
     INFO(k.kernel->name << " output " << k.output << " at " << k.kernel->where
-                        << (k.kernel->kind == codegen::KernelKind::Matmul ? " (GEMM)" : " (loop)") << ", out "
+                        << (k.kernel->kind == codegen::KernelKind::Gemm ? " (GEMM)" : " (loop)") << ", out "
                         << ir::dtype_name(k.operand->dtype));
     CHECK(k.error <= napkin::testing::kernel_tolerance(k.precision));
   });

@@ -136,7 +136,7 @@ void check_each_kernel(CompiledStep& step, const std::function<void(const Kernel
   const size_t arena_bytes = static_cast<size_t>((step.program.arena_bytes + 63) / 64 * 64 + 64);
   std::unique_ptr<char, decltype(&std::free)> copy(
       run_loop_kernel ? static_cast<char*>(std::aligned_alloc(64, arena_bytes)) : nullptr, &std::free);
-  auto alternative = [&](int i) { return run_loop_kernel && step.plan.kernels[i].kind == codegen::KernelKind::Loop; };
+  auto alternative = [&](int i) { return run_loop_kernel && step.plan.kernels[i].kind != codegen::KernelKind::Gemm; };
   step.ex->before_kernel = [&](int i) {
     expected = expected_outputs(step, step.plan.kernels[i]);
     if (!alternative(i)) return;

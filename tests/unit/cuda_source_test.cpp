@@ -1,7 +1,7 @@
 // codegen/cuda/kernel_source: the CUDA C of every built-in model (small dims,
 // each precision the CUDA backend trains in) compiles with NVRTC for sm_90;
-// every Loop kernel has launches of functions the source defines, with sane
-// shapes and its operands' offsets, and Matmul kernels none; the source uses
+// every loop kernel has launches of functions the source defines, with sane
+// shapes and its operands' offsets, and Gemm kernels none; the source uses
 // no float atomics; the elementwise emitter takes 16-byte vectors exactly
 // where the layout allows; plan kernels that differ only in their offsets
 // share functions, within the same 16-byte alignment.
@@ -67,7 +67,7 @@ void check_source(const KernelPlan& plan, const CudaSource& src, const std::stri
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
     INFO(k.name);
-    if (k.kind == KernelKind::Matmul) {
+    if (k.kind == KernelKind::Gemm) {
       CHECK(src.launches[i].empty());
       continue;
     }

@@ -1,0 +1,54 @@
+#include "ir/loop.h"
+
+#include "ir/internal_check.h"
+#include "ir/op.h"
+
+namespace napkin::ir {
+
+namespace {
+
+RowParams row_params(Op op, const Attrs& a) {
+  switch (op) {
+    case Op::Softmax: return {RowVariant::Softmax, a.get_int("axis")};
+    case Op::LogSoftmax: return {RowVariant::LogSoftmax, a.get_int("axis")};
+    case Op::SoftmaxGrad: return {RowVariant::SoftmaxGrad, a.get_int("axis")};
+    case Op::CrossEntropy: return {RowVariant::CrossEntropy};
+    case Op::CrossEntropyGrad: return {RowVariant::CrossEntropyGrad};
+    case Op::LayerNorm: return {RowVariant::Norm, -1, true, a.get_double("eps")};
+    case Op::RMSNorm: return {RowVariant::Norm, -1, false, a.get_double("eps")};
+    case Op::LayerNormGrad: return {RowVariant::NormGrad, -1, true, a.get_double("eps")};
+    case Op::RMSNormGrad: return {RowVariant::NormGrad, -1, false, a.get_double("eps")};
+    case Op::NormGainGrad: return {RowVariant::NormGainGrad, -1, a.get_int("centered") != 0, a.get_double("eps")};
+    default: NAPKIN_INTERNAL_CHECK(false, "{} has no row variant", op_name(op));
+  }
+  return {};
+}
+
+}  // namespace
+
+LoopParams loop_params(Op op, const Attrs& a) {
+  switch (op_info(op).loop) {
+    case LoopKind::View:
+    case LoopKind::Elementwise:
+    case LoopKind::Gather:
+    case LoopKind::ScatterAdd:
+    case LoopKind::Mse: return std::monostate{};
+    case LoopKind::Fill:
+      if (op == Op::Iota) return FillParams{FillPattern::Arange, 0};
+      return FillParams{FillPattern::Constant, a.get_double("value")};
+    case LoopKind::Reduction: {
+      Combiner c = op == Op::ReduceMax ? Combiner::Max : op == Op::ReduceMin ? Combiner::Min : Combiner::Sum;
+      return ReductionParams{c, op == Op::ReduceMean, a.get_ints("axes"), a.get_int("keepdims") != 0};
+    }
+    case LoopKind::Contraction:
+      if (op == Op::Einsum) return ContractionParams{true, a.get_ints("lhs"), a.get_ints("rhs"), a.get_ints("out")};
+      return ContractionParams{};
+    case LoopKind::Concat:
+      if (op == Op::Pad) return ConcatParams{a.get_int("axis"), a.get_int("before")};
+      return ConcatParams{a.get_int("axis"), std::nullopt};
+    case LoopKind::Rows: return row_params(op, a);
+  }
+  return std::monostate{};
+}
+
+}  // namespace napkin::ir

@@ -1,0 +1,89 @@
+// The op's loop kind: the shape of the loop an op runs as, a column of its op
+// table row (OpInfo::loop), with the loop's parameters (loop_params). The
+// interpreter evaluates a node by it; the kernel plan turns it into each
+// kernel's KernelKind (codegen/plan.h), which may differ: a fused group of
+// elementwise ops is one kernel, a contraction runs as a GEMM or as loops.
+// An op's own arithmetic (the elementwise formulas, the row formulas) stays
+// with the kind's emitter; the loop kind only says which emitter it is.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <variant>
+#include <vector>
+
+namespace napkin::ir {
+
+enum class Op : uint16_t;
+class Attrs;
+
+enum class LoopKind : uint8_t {
+  View,         // no loop: new strides over the input's buffer
+  Fill,         // writes values made from attributes (FillParams)
+  Elementwise,  // out[i] from in[i] (broadcast) and maybe i's position (ElementIndex)
+  Reduction,    // folds axes with a combiner (ReductionParams)
+  Contraction,  // sums products over shared axes (ContractionParams)
+  Concat,       // places inputs side by side along an axis, or one between zeros (ConcatParams)
+  Gather,       // rows of a table picked by ids (embedding)
+  ScatterAdd,   // rows added into a table at ids (the embedding gradient)
+  Rows,         // a reduction and elementwise work along one axis, per row (RowParams)
+  Mse,          // the mean of squared differences: one scalar
+};
+
+// What an elementwise op reads of its element's position besides its
+// operands (a column of the op table row): nothing, its (row, column) in the
+// last two dims (triu, causal_mask), or its row-major index in the output
+// (dropout: the index keys the element's random draw).
+enum class ElementIndex : uint8_t { None, RowCol, Flat };
+
+enum class FillPattern : uint8_t { Constant, Arange };
+struct FillParams {
+  FillPattern pattern = FillPattern::Constant;
+  double value = 0;  // Constant's
+};
+
+enum class Combiner : uint8_t { Sum, Max, Min };
+struct ReductionParams {
+  Combiner combiner = Combiner::Sum;
+  bool mean = false;  // divides each sum by the count of elements folded into it
+  std::vector<int64_t> axes;
+  bool keepdims = false;
+};
+
+// einsum's axis ids per operand; matmul has none: (..., m, k) @ (..., k, n)
+// -> (..., m, n) with the batch dims broadcast.
+struct ContractionParams {
+  bool einsum = false;
+  std::vector<int64_t> lhs, rhs, out;
+};
+
+struct ConcatParams {
+  int64_t axis = 0;
+  std::optional<int64_t> pad_before;  // pad: the one input placed here along the axis, zeros elsewhere
+};
+
+// The row kernels. Operands (codegen/plan.h's row_loop gives their shapes):
+//   Softmax, LogSoftmax      (x) -> y
+//   SoftmaxGrad              (y, dy) -> dx = y * (dy - sum(dy * y))
+//   CrossEntropy             (logits, targets per row) -> the mean over rows of -log softmax[target]
+//   CrossEntropyGrad         (logits, targets, dloss) -> (softmax - onehot) * dloss / rows
+//   Norm                     (x, gain, bias if centered) -> x_hat * gain (+ bias)
+//   NormGrad                 (x, gain, dy) -> dx
+//   NormGainGrad             (x, dy) -> the gain's gradient: sum over rows of dy * x_hat
+// x_hat = (x - mean) * rstd, mean = 0 unless centered (layernorm; rmsnorm is
+// not), rstd = 1 / sqrt(mean((x - mean)^2) + eps).
+enum class RowVariant : uint8_t { Softmax, LogSoftmax, SoftmaxGrad, CrossEntropy, CrossEntropyGrad, Norm, NormGrad, NormGainGrad };
+struct RowParams {
+  RowVariant variant = RowVariant::Softmax;
+  int64_t axis = -1;  // the row's axis in input 0 (negative counts from the end)
+  bool centered = false;
+  double eps = 0;
+};
+
+// The parameters of an op's loop kind; monostate for kinds that have none.
+using LoopParams = std::variant<std::monostate, FillParams, ReductionParams, ContractionParams, ConcatParams, RowParams>;
+
+// The one place that reads an op and its attributes into its loop's parameters.
+LoopParams loop_params(Op op, const Attrs& attrs);
+
+}  // namespace napkin::ir

@@ -1,0 +1,113 @@
+// The kind of each kernel is decided once: every op's table row names the
+// loop it runs as (ir/loop.h), which agrees with the op's class, and the plan
+// stamps each kernel's KernelKind with the loop's parameters from it
+// (codegen/plan.h), which the backends and the interpreter switch on.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <set>
+
+#include "codegen/plan.h"
+#include "ir/op.h"
+#include "support/test_models.h"
+
+namespace napkin {
+namespace {
+
+using codegen::KernelKind;
+using ir::LoopKind;
+
+TEST_CASE("op table: every op's row names its loop kind, which agrees with its class") {
+  const std::map<ir::OpClass, std::set<LoopKind>> allowed = {
+      {ir::OpClass::Source, {LoopKind::Fill}},
+      {ir::OpClass::Elementwise, {LoopKind::Elementwise}},
+      {ir::OpClass::Reduction, {LoopKind::Reduction}},
+      {ir::OpClass::Contraction, {LoopKind::Contraction}},
+      {ir::OpClass::View, {LoopKind::View}},
+      {ir::OpClass::Copy, {LoopKind::Elementwise, LoopKind::Concat}},
+      {ir::OpClass::Gather, {LoopKind::Gather, LoopKind::ScatterAdd}},
+      {ir::OpClass::Normalization, {LoopKind::Rows}},
+      {ir::OpClass::Loss, {LoopKind::Rows, LoopKind::Mse}},
+  };
+  for (int i = 0; i < ir::kNumOps; ++i) {
+    const ir::OpInfo& info = ir::op_info(static_cast<ir::Op>(i));
+    INFO(info.name);
+    CHECK(allowed.at(info.op_class).count(info.loop) == 1);
+    if (info.element_index != ir::ElementIndex::None) CHECK(info.loop == LoopKind::Elementwise);
+  }
+  CHECK(ir::op_info(ir::Op::Triu).element_index == ir::ElementIndex::RowCol);
+  CHECK(ir::op_info(ir::Op::CausalMask).element_index == ir::ElementIndex::RowCol);
+  CHECK(ir::op_info(ir::Op::Dropout).element_index == ir::ElementIndex::Flat);
+}
+
+TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its op's loop kind") {
+  const std::map<LoopKind, std::set<KernelKind>> kinds = {
+      {LoopKind::Fill, {KernelKind::Fill}},
+      {LoopKind::Elementwise, {KernelKind::Elementwise}},
+      {LoopKind::Reduction, {KernelKind::Reduction}},
+      {LoopKind::Contraction, {KernelKind::Gemm, KernelKind::ContractionLoops}},
+      {LoopKind::Concat, {KernelKind::Concat}},
+      {LoopKind::Gather, {KernelKind::Gather}},
+      {LoopKind::ScatterAdd, {KernelKind::ScatterAdd}},
+      {LoopKind::Rows, {KernelKind::Rows}},
+      {LoopKind::Mse, {KernelKind::Mse}},
+  };
+  std::set<KernelKind> seen;
+  for (const auto& model : testing::model_files()) {
+    ir::Graph g = testing::compile_small_model(model);
+    const codegen::KernelPlan plan = codegen::plan_kernels(g);
+    for (const codegen::Kernel& k : plan.kernels) {
+      INFO(model.stem().string() << " " << k.name);
+      seen.insert(k.kind);
+      CHECK((k.kind == KernelKind::FusedElementwise) == k.fused.has_value());
+      CHECK((k.kind == KernelKind::Gemm) == k.matmul.has_value());
+      if (k.fused) continue;
+      CHECK(kinds.at(ir::op_info(k.op).loop).count(k.kind) == 1);
+      CHECK(k.params.index() == ir::loop_params(k.op, k.attrs).index());
+    }
+  }
+  for (KernelKind kind : {KernelKind::Elementwise, KernelKind::FusedElementwise, KernelKind::Reduction, KernelKind::Gemm,
+                          KernelKind::Gather, KernelKind::ScatterAdd, KernelKind::Rows, KernelKind::Mse})
+    CHECK_MESSAGE(seen.count(kind) == 1, "no built-in model has a kernel of kind " << static_cast<int>(kind));
+}
+
+TEST_CASE("kernel plan: a GPT's row kernels carry their variant, axis, centering and eps") {
+  ir::Graph g = testing::compile_small_model(testing::source_path("models/gpt.yaml"));
+  const codegen::KernelPlan plan = codegen::plan_kernels(g);
+  std::map<ir::Op, int> rows_of;
+  for (const codegen::Kernel& k : plan.kernels) {
+    if (k.kind != KernelKind::Rows) continue;
+    INFO(k.name);
+    ++rows_of[k.op];
+    const ir::RowParams& p = k.rows();
+    switch (k.op) {
+      case ir::Op::Softmax:
+        CHECK(p.variant == ir::RowVariant::Softmax);
+        CHECK(p.axis == k.attrs.get_int("axis"));
+        break;
+      case ir::Op::SoftmaxGrad: CHECK(p.variant == ir::RowVariant::SoftmaxGrad); break;
+      case ir::Op::LayerNorm:
+        CHECK(p.variant == ir::RowVariant::Norm);
+        CHECK(p.centered);
+        CHECK(p.eps == k.attrs.get_double("eps"));
+        break;
+      case ir::Op::LayerNormGrad:
+        CHECK(p.variant == ir::RowVariant::NormGrad);
+        CHECK(p.centered);
+        break;
+      case ir::Op::NormGainGrad:
+        CHECK(p.variant == ir::RowVariant::NormGainGrad);
+        CHECK(p.centered == (k.attrs.get_int("centered") != 0));
+        break;
+      case ir::Op::CrossEntropy: CHECK(p.variant == ir::RowVariant::CrossEntropy); break;
+      case ir::Op::CrossEntropyGrad: CHECK(p.variant == ir::RowVariant::CrossEntropyGrad); break;
+      default: FAIL_CHECK("unexpected row op " << ir::op_name(k.op));
+    }
+  }
+  for (ir::Op op : {ir::Op::Softmax, ir::Op::SoftmaxGrad, ir::Op::LayerNorm, ir::Op::LayerNormGrad, ir::Op::NormGainGrad,
+                    ir::Op::CrossEntropy, ir::Op::CrossEntropyGrad})
+    CHECK_MESSAGE(rows_of[op] > 0, ir::op_name(op));
+}
+
+}  // namespace
+}  // namespace napkin
