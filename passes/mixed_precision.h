@@ -30,9 +30,9 @@
 //      contraction  matmul, einsum: floating operands cast to L, the result
 //                   is L; the sum of products accumulates in f32 (the CPU GEMM
 //                   and the interpreter accumulate wide; the audit says so).
-//      fp32 op      exp, log, softmax, log_softmax, layernorm, rmsnorm,
-//                   reduce_sum/mean/max/min, cross_entropy, mse: floating
-//                   operands cast to f32 (range, or sums of many terms).
+//      fp32 op      rule Fp32 (exp, log, softmax, norms, reductions, losses;
+//                   docs/mixed-precision.md lists them): floating operands
+//                   cast to f32 (range, or sums of many terms).
 //      follows inputs  every other op (elementwise, views, copies, concat,
 //                   pad, embedding, where, comparisons): computes in the
 //                   widest dtype of its floating operands of rank > 0 (of all
