@@ -65,6 +65,35 @@ class EmulatedKernels {
   std::unique_ptr<char, decltype(&std::free)> scratch_;
 };
 
+// One compiled step of model `model`'s loop kernels, emulated, each checked
+// against the interpreter; `label` names it on the verbose line.
+void check_step_emulated(ir::Graph g, const std::string& model, const std::string& label, bool verbose) {
+  napkin::testing::CompiledStep step(std::move(g));
+  const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(step.plan, model);
+  EmulatedKernels gpu(source);
+  int launches = 0;
+  double worst = 0;
+  std::string worst_kernel;
+  napkin::testing::check_each_kernel(
+      step,
+      [&](const napkin::testing::KernelOutputCheck& c) {
+        INFO(c.kernel->name << " output " << c.output << " at " << c.kernel->where
+                            << (c.kernel->kind == codegen::KernelKind::Gemm ? " (GEMM)" : " (CUDA, emulated)") << ", "
+                            << ir::dtype_name(c.operand->dtype));
+        const double tolerance = napkin::testing::kernel_tolerance(c.precision);
+        CHECK(c.error <= tolerance);
+        if (c.kernel->kind != codegen::KernelKind::Gemm && tolerance > 0 && c.error / tolerance > worst)
+          worst = c.error / tolerance, worst_kernel = c.kernel->name;
+      },
+      [&](int kernel, char* arena) { launches += gpu.run(kernel, arena); });
+  // No kernel met an id out of range (the ids are valid): the flag is untouched.
+  CHECK(gpu.bad_index()[0] == -1);
+  CHECK(launches > 0);
+  if (verbose)
+    std::cout << fmt::format("{:21} {} CUDA launches emulated, worst error {:.3f} of its tolerance ({})\n", label, launches,
+                             worst, worst_kernel);
+}
+
 // Every model in `models` (all when empty) under every policy, each loop
 // kernel's emulated CUDA launches checked against the interpreter.
 void check_emulated(const std::vector<ir::PrecisionPolicy>& policies, const std::set<std::string>& models) {
@@ -76,30 +105,8 @@ void check_emulated(const std::vector<ir::PrecisionPolicy>& policies, const std:
       const std::string_view precision = ir::precision_name(policy);
       CAPTURE(stem);
       CAPTURE(precision);
-      napkin::testing::CompiledStep step(napkin::testing::compile_small_model(model, policy));
-      const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(step.plan, stem);
-      EmulatedKernels gpu(source);
-      int launches = 0;
-      double worst = 0;
-      std::string worst_kernel;
-      napkin::testing::check_each_kernel(
-          step,
-          [&](const napkin::testing::KernelOutputCheck& c) {
-            INFO(c.kernel->name << " output " << c.output << " at " << c.kernel->where
-                                << (c.kernel->kind == codegen::KernelKind::Gemm ? " (GEMM)" : " (CUDA, emulated)") << ", "
-                                << ir::dtype_name(c.operand->dtype));
-            const double tolerance = napkin::testing::kernel_tolerance(c.precision);
-            CHECK(c.error <= tolerance);
-            if (c.kernel->kind != codegen::KernelKind::Gemm && tolerance > 0 && c.error / tolerance > worst)
-              worst = c.error / tolerance, worst_kernel = c.kernel->name;
-          },
-          [&](int kernel, char* arena) { launches += gpu.run(kernel, arena); });
-      // No kernel met an id out of range (the ids are valid): the flag is untouched.
-      CHECK(gpu.bad_index()[0] == -1);
-      CHECK(launches > 0);
-      if (verbose)
-        std::cout << fmt::format("{:10} {:10} {} CUDA launches emulated, worst error {:.3f} of its tolerance ({})\n", stem,
-                                 precision, launches, worst, worst_kernel);
+      check_step_emulated(napkin::testing::compile_small_model(model, policy), stem, fmt::format("{} {}", stem, precision),
+                          verbose);
     }
   }
 }
