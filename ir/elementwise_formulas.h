@@ -129,6 +129,17 @@ template <class V> V relu(const V& x) { return select(x < 0.0, constant(x, 0.0),
 template <class V> V sigmoid(const V& x) { return 1.0 / (1.0 + exp(-x)); }
 template <class V> V silu(const V& x) { return x / (1.0 + exp(-x)); }
 
+// log(1 + exp(x)) as max(x, 0) + log1p(exp(-|x|)): exp never overflows.
+// log1p(t) is log(u) · t / (u - 1) with u = 1 + t (Goldberg's trick, a few
+// ulps; u - 1 is exact), and t itself where u rounds to 1, so softplus of a
+// very negative x is exp(x) rather than 0 in every dtype.
+template <class V> V softplus(const V& x) {
+  V t = exp(-abs(x));
+  V u = 1.0 + t;
+  V log1p_t = select(u == 1.0, t, log(u) * (t / (u - 1.0)));
+  return maximum(x, constant(x, 0.0)) + log1p_t;
+}
+
 // 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2/pi)
 template <class V> V gelu_tanh(const V& x) {
   const double c = std::sqrt(2.0 / M_PI);
@@ -195,6 +206,7 @@ Value<A> apply_elementwise(Op op, const Attrs& attrs, DType from, DType to, cons
     case Op::Gelu: return tanh_form() ? gelu_tanh(unary()) : gelu_erf(unary());
     case Op::Sigmoid: return sigmoid(unary());
     case Op::Silu: return silu(unary());
+    case Op::Softplus: return softplus(unary());
     case Op::Sin: return sin(unary());
     case Op::Cos: return cos(unary());
     case Op::Cast: return convert(unary(), from, to);

@@ -762,6 +762,9 @@ const OpInfo kRows[] = {
     ROW(Gelu, Elementwise, infer_float_unary<Op::Gelu>, cost_gelu, 9, 1, FollowsInputs, None),  // tanh form; see cost_gelu
     ROW(Sigmoid, Elementwise, infer_float_unary<Op::Sigmoid>, cost_elementwise, 4, 1, FollowsInputs, Unary),
     ROW(Silu, Elementwise, infer_float_unary<Op::Silu>, cost_elementwise, 5, 1, FollowsInputs, Unary),
+    // softplus: log(1 + exp(x)) is exp, add, log = 3 (the stable form's extra steps are not counted);
+    // f32 under mixed precision, as exp and log (and torch autocast) are.
+    ROW(Softplus, Elementwise, infer_float_unary<Op::Softplus>, cost_elementwise, 3, 2, Fp32, Unary),
     ROW(Sin, Elementwise, infer_float_unary<Op::Sin>, cost_elementwise, 1, 1, FollowsInputs, Unary),
     ROW(Cos, Elementwise, infer_float_unary<Op::Cos>, cost_elementwise, 1, 1, FollowsInputs, Unary),
     ROW(Cast, Elementwise, infer_cast, cost_elementwise, 0, 0, AsWritten, None),

@@ -143,6 +143,9 @@ Grads vjp_silu(Builder& b, const Node& n, ValueId dy) {
   return {mul(b, mul(b, s, inner), dy)};
 }
 
+// softplus' = sigmoid: s(x) dy
+Grads vjp_softplus(Builder& b, const Node& n, ValueId dy) { return {mul(b, node(b, Op::Sigmoid, {n.in(0)}), dy)}; }
+
 Grads vjp_sin(Builder& b, const Node& n, ValueId dy) { return {mul(b, node(b, Op::Cos, {n.in(0)}), dy)}; }
 
 Grads vjp_cos(Builder& b, const Node& n, ValueId dy) {
@@ -489,6 +492,7 @@ VjpFn vjp_rule(Op op) {
     case Op::Gelu: return vjp_gelu;
     case Op::Sigmoid: return vjp_sigmoid;
     case Op::Silu: return vjp_silu;
+    case Op::Softplus: return vjp_softplus;
     case Op::Sin: return vjp_sin;
     case Op::Cos: return vjp_cos;
     case Op::Cast: return vjp_cast;

@@ -117,6 +117,18 @@ TEST_CASE("numeric: every model's CUDA kernels, emulated on the host, agree with
   check_emulated({ir::PrecisionPolicy::FP32, ir::PrecisionPolicy::BF16Mixed}, {});
 }
 
+// softplus (tests/numeric/softplus.yaml), the op added through the op table
+// alone: its CUDA kernels come from the same formula as the CPU's.
+TEST_CASE("numeric: emulated CUDA kernels of a softplus model agree with the interpreter, fp32 and bf16-mixed") {
+  for (ir::PrecisionPolicy policy : {ir::PrecisionPolicy::FP32, ir::PrecisionPolicy::BF16Mixed}) {
+    const std::string_view precision = ir::precision_name(policy);
+    CAPTURE(precision);
+    check_step_emulated(
+        napkin::testing::compile_model_file(napkin::testing::source_path("tests/numeric/softplus.yaml"), {}, policy),
+        "softplus_mlp", fmt::format("softplus {}", precision), std::getenv("NAPKIN_NUMERIC_VERBOSE") != nullptr);
+  }
+}
+
 TEST_CASE("numeric: emulated CUDA kernels under fp16-mixed (loss scaling) and fp8-mixed (E4M3/E5M2 quantization)") {
   // The f16 casts, the loss scale's found-Inf flag and skip-update selects,
   // the amax reductions and the exact fp8 casts (fp8 outputs must match bit

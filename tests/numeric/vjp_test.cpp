@@ -172,7 +172,7 @@ std::map<Op, std::vector<Sample>> sample_table() {
   });
 
   // Elementwise, unary.
-  for (Op op : {Op::Neg, Op::Exp, Op::Tanh, Op::Relu, Op::Abs, Op::Sigmoid, Op::Silu, Op::Sin, Op::Cos})
+  for (Op op : {Op::Neg, Op::Exp, Op::Tanh, Op::Relu, Op::Abs, Op::Sigmoid, Op::Silu, Op::Softplus, Op::Sin, Op::Cos})
     add(op, "[3,4]", [op](Ctx& c) { return c.op(op, {c.param({3, 4})}); });
   for (Op op : {Op::Log, Op::Sqrt, Op::Rsqrt})
     add(op, "[3,4] positive", [op](Ctx& c) { return c.op(op, {c.param({3, 4}, Point::Positive)}); });
