@@ -7,7 +7,7 @@
 // measurement by `napkin devices --measure` on a named machine and date. A
 // local device file (local_device_file()) that `napkin devices --measure`
 // writes replaces the built-in row of the same name for the commands that
-// load it (tools/napkin.cpp), so a trainer built on a host uses figures
+// load it (tools/napkin.cpp, at start-up), so a trainer built on a host uses figures
 // measured on that host.
 //
 // Bump kDeviceTableVersion whenever a built-in number changes, so that

@@ -18,7 +18,7 @@
 //    operand dtype.
 //  - versus fp32: the same model compiled with precision fp32 (the caller
 //    supplies it), analyzed the same way: saved activations, the step's
-//    peak, bytes read + written (passes/cost, passes/memory). Without it the
+//    peak, bytes read + written (analysis/cost, analysis/memory). Without it the
 //    comparison is left out.
 #pragma once
 

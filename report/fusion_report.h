@@ -14,7 +14,7 @@
 //    nodes; a fused kernel reads each of its inputs once (its distinct
 //    elements: a broadcast axis is read once) and writes its outputs;
 //    internal values are never moved.
-//  - memory peak before: passes/memory on the same schedule with the group
+//  - memory peak before: analysis/memory on the same schedule with the group
 //    annotations removed (each node its own kernel, every value a buffer).
 //  - pattern of a group: "<optimizer> update" when it writes an update of a
 //    parameter, "optimizer scalars" for the 0-d optimizer kernel, else its

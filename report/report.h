@@ -1,5 +1,5 @@
 // Rendering of the resource report (`napkin report`) as text and as JSON.
-// The numbers come from passes/cost and passes/memory; conventions are in docs/report.md.
+// The numbers come from analysis/cost and analysis/memory; conventions are in docs/report.md.
 #pragma once
 
 #include <string>
