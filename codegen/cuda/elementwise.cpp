@@ -35,6 +35,13 @@ class CudaArithmetic {
     DType dtype = DType::F32;
   };
 
+  // Each math function's result becomes a named temporary in `body` (names
+  // `prefix`0, 1, ...), so a value a formula uses twice (tanh in gelu_grad,
+  // exp(-|x|) in softplus) is computed once by the source itself, not by
+  // NVRTC's common-subexpression elimination. Operators stay inline, and so
+  // does dropout's keep test, which only runs where its `?:` selects it.
+  CudaArithmetic(Src& body, std::string prefix) : body_(body), prefix_(std::move(prefix)) {}
+
   Handle constant(const Handle& like, double v) const { return {literal(like.dtype, v), like.dtype}; }
   Handle add(const Handle& x, const Handle& y) const { return infix(x, "+", y, x.dtype); }
   Handle sub(const Handle& x, const Handle& y) const { return infix(x, "-", y, x.dtype); }
@@ -81,23 +88,34 @@ class CudaArithmetic {
   static Handle infix(const Handle& x, const char* op, const Handle& y, DType result) {
     return {fmt::format("({} {} {})", x.text, op, y.text), result};
   }
-  static Handle call(const char* f, const Handle& x) { return {fmt::format("{}({})", f, x.text), x.dtype}; }
-  static Handle call(const char* f, const Handle& x, const Handle& y) {
-    return {fmt::format("{}({}, {})", f, x.text, y.text), x.dtype};
+  Handle call(const char* f, const Handle& x) const { return temporary(fmt::format("{}({})", f, x.text), x.dtype); }
+  Handle call(const char* f, const Handle& x, const Handle& y) const {
+    return temporary(fmt::format("{}({}, {})", f, x.text, y.text), x.dtype);
   }
+  Handle temporary(const std::string& expr, DType dtype) const {
+    std::string name = fmt::format("{}{}", prefix_, temporaries_++);
+    body_.line("const {} {} = {};", compute_type(dtype), name, expr);
+    return {name, dtype};
+  }
+
+  Src& body_;
+  std::string prefix_;
+  mutable int temporaries_ = 0;
 };
 
 // One element of elementwise op `op` in compute types: args are variable
 // names of the inputs' compute values (`dtypes` their dtypes), `to` the
-// result dtype; row, col and flat name the element's position.
-std::string op_expr(Op op, const ir::Attrs& attrs, const std::vector<std::string>& args, const std::vector<DType>& dtypes,
-                    DType to, const std::string& row, const std::string& col, const std::string& flat) {
-  CudaArithmetic arith;
+// result dtype; row, col and flat name the element's position. The
+// statements of its temporaries (named `temporaries`0, 1, ...) go to `body`;
+// the returned expression reads them.
+std::string op_expr(Src& body, const std::string& temporaries, Op op, const ir::Attrs& attrs,
+                    const std::vector<std::string>& args, const std::vector<DType>& dtypes, DType to) {
+  CudaArithmetic arith(body, temporaries);
   using Value = ir::formulas::Value<CudaArithmetic>;
   std::vector<Value> values;
   for (size_t i = 0; i < args.size(); ++i) values.emplace_back(arith, CudaArithmetic::Handle{args[i], dtypes[i]});
   auto index = [&](const std::string& name) { return Value(arith, {name, DType::I64}); };
-  ir::formulas::Position<CudaArithmetic> at{index(row), index(col), index(flat)};
+  ir::formulas::Position<CudaArithmetic> at{index("row"), index("col"), index("flat")};
   DType from = dtypes.empty() ? to : dtypes[0];
   return ir::formulas::apply_elementwise(op, attrs, from, to, values, at).handle().text;
 }
@@ -275,7 +293,7 @@ EmittedKernel emit_elementwise(const Kernel& k) {
           args.push_back(fmt::format("{}{}", a.input ? "a" : "v", a.index));
           dtypes.push_back(a.input ? k.inputs[a.index].dtype : fl.ops[a.index].dtype);
         }
-        value = op_expr(op.op, op.attrs, args, dtypes, op.dtype, "row", "col", "flat");
+        value = op_expr(f, fmt::format("t{}_", j), op.op, op.attrs, args, dtypes, op.dtype);
       }
       f.line("const {} v{} = {};", compute_type(op.dtype), j, as_stored(op.dtype, value));
     }
@@ -292,7 +310,8 @@ EmittedKernel emit_elementwise(const Kernel& k) {
     std::vector<DType> dtypes;
     for (size_t i = 0; i < k.inputs.size(); ++i) args.push_back(fmt::format("a{}", i)), dtypes.push_back(k.inputs[i].dtype);
     f.open("NAPKIN_DEVICE void {}({}) {{", fn, elem_params(l));
-    f.line("r0 = {};", op_expr(k.op, k.attrs, args, dtypes, k.output.dtype, "row", "col", "flat"));
+    std::string value = op_expr(f, "t", k.op, k.attrs, args, dtypes, k.output.dtype);
+    f.line("r0 = {};", value);
     f.close();
   }
   if (l.sizes.empty()) {  // a scalar: one element
