@@ -13,8 +13,8 @@
 
 namespace napkin::codegen::cpu {
 
-// Where an element is, as codegen/plan.h's element_index says its op needs
-// it (i64 values; nullptr where the op needs none): row and col, its indices
+// Where an element is, as its op table row's element_index (ir/loop.h) says
+// its op needs it (i64 values; nullptr where the op needs none): row and col, its indices
 // in the last two dims (triu, causal_mask); flat, its row-major index in the
 // output (dropout).
 struct ElementAt {
