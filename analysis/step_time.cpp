@@ -38,6 +38,7 @@ KernelClass class_of_node(const ir::Node& n, const OpRow& row) {
     case ir::OpClass::Copy:
     case ir::OpClass::Gather: return KernelClass::Copy;
     case ir::OpClass::Loss: return KernelClass::Loss;
+    case ir::OpClass::Attention: return KernelClass::Attention;
     case ir::OpClass::Normalization:
       if (n.op == ir::Op::Softmax || n.op == ir::Op::SoftmaxGrad) return KernelClass::Attention;
       if (n.op == ir::Op::CrossEntropyGrad) return KernelClass::Loss;
@@ -82,7 +83,8 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
     std::vector<std::pair<ir::ValueId, double>> reads;  // storage, distinct bytes read
     std::vector<ir::ValueId> writes;
     double bytes_read = 0, bytes_written = 0;
-    bool contraction = false;
+    bool contraction = false;  // runs at the matmul peak
+    bool attention = false;    // ... with exp's on the side
   };
   std::vector<Access> accesses;
   for (int p = 0; p < static_cast<int>(schedule.size()); ++p) {
@@ -116,7 +118,7 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       k.kind = n.phase == ir::Phase::Optimizer ? KernelClass::Optimizer : KernelClass::Elementwise;
       k.lines = yaml_lines(g, fg.nodes);
     } else {
-      k.flops = row.cost.flops;
+      k.flops = row.cost.flops + row.cost.recompute_flops;  // the kernel runs both
       k.transcendentals = ir::transcendentals(g, n);
       add_reads(n.inputs);
       for (ir::ValueId v : n.outputs) a.writes.push_back(g.value(v).storage);
@@ -124,7 +126,8 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       a.bytes_written = row.cost.bytes_written;
       k.kind = class_of_node(n, row);
       k.lines = yaml_lines(g, {n.id});
-      a.contraction = ir::op_info(n.op).op_class == ir::OpClass::Contraction;
+      a.attention = ir::op_info(n.op).op_class == ir::OpClass::Attention;
+      a.contraction = ir::op_info(n.op).op_class == ir::OpClass::Contraction || a.attention;
     }
     k.bytes = a.bytes_read + a.bytes_written;
     t.kernels.push_back(std::move(k));
@@ -152,7 +155,9 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
     KernelTime& k = t.kernels[i];
     const Access& a = accesses[i];
     if (a.contraction) {
-      k.narrowest = ir::contraction_dims(g, g.node(k.node)).narrowest();
+      // Fused attention's products are GEMM tiles whose narrowest dim is head_dim.
+      k.narrowest = a.attention ? ir::attention_dims(g, g.node(k.node)).head_dim
+                                : ir::contraction_dims(g, g.node(k.node)).narrowest();
       k.rate = matmul_peak(device, k.compute_dtype, allow_tf32) * gemm_efficiency(device, k.compute_dtype, k.narrowest);
     } else {
       k.rate = loop_rate > 0 ? loop_rate : vector_peak(device, k.compute_dtype);
@@ -185,7 +190,7 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       ++t.kernels_without_peak;
     } else {
       k.compute_seconds = k.flops > 0 ? k.flops / k.rate : 0;
-      if (!a.contraction && device.transcendental_rate > 0) k.compute_seconds += k.transcendentals / device.transcendental_rate;
+      if ((!a.contraction || a.attention) && device.transcendental_rate > 0) k.compute_seconds += k.transcendentals / device.transcendental_rate;
       k.memory_seconds = memory;
       k.seconds = std::max(k.compute_seconds, k.memory_seconds) + device.launch_seconds;
       t.seconds += k.seconds;

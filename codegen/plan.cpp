@@ -141,6 +141,7 @@ KernelKind kind_of(const Kernel& k) {
     case ir::LoopKind::ScatterAdd: return KernelKind::ScatterAdd;
     case ir::LoopKind::Rows: return KernelKind::Rows;
     case ir::LoopKind::Mse: return KernelKind::Mse;
+    case ir::LoopKind::Attention: return KernelKind::Attention;
     case ir::LoopKind::View: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a view has no kernel ({})", k.name);
@@ -169,7 +170,7 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       k = fused_kernel(g, arena, groups.groups[group]);
       k.name = fmt::format("k{}_fused_{}", plan.kernels.size(), ir::op_name(k.op));
     } else {
-      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "a kernel node must have one output");
+      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || cls == ir::OpClass::Attention, "a kernel node must have one output");
       k.node = n.id;
       k.op = n.op;
       k.phase = n.phase;
@@ -178,6 +179,7 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       k.where = where(n);
       for (ir::ValueId in : n.inputs) k.inputs.push_back(operand(g, arena, in));
       k.output = operand(g, arena, n.out());
+      for (size_t i = 1; i < n.outputs.size(); ++i) k.extra_outputs.push_back(operand(g, arena, n.out(static_cast<int>(i))));
     }
     NAPKIN_INTERNAL_CHECK(k.output.contiguous(), "a kernel output must be contiguous");
     if (!k.fused) {

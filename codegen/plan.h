@@ -63,6 +63,7 @@ enum class KernelKind : uint8_t {
   ScatterAdd,        // the embedding gradient: embedding_loop
   Rows,              // Kernel::rows(): row_loop
   Mse,
+  Attention,         // fused attention, forward or backward: Kernel::attention()
 };
 
 // An argument of a fused op: the kernel's input `index`, or the result of
@@ -99,6 +100,9 @@ struct Kernel {
   std::string where;  // "models/gpt.yaml:39:14 (blocks.0)" or "" when unknown
   std::vector<Operand> inputs;
   Operand output;
+  // The outputs after `output`, for the kinds that write more than one:
+  // Attention's lse (forward) or dk, dv (backward); empty otherwise.
+  std::vector<Operand> extra_outputs;
   // A contraction (matmul, einsum): every loop axis with its strides in the
   // inputs and the output; empty for other ops.
   std::vector<ContractionAxis> contraction;
@@ -112,6 +116,7 @@ struct Kernel {
   const ir::ReductionParams& reduction() const { return std::get<ir::ReductionParams>(params); }
   const ir::ConcatParams& concat() const { return std::get<ir::ConcatParams>(params); }
   const ir::RowParams& rows() const { return std::get<ir::RowParams>(params); }
+  const ir::AttentionParams& attention() const { return std::get<ir::AttentionParams>(params); }
 };
 
 struct UpdateCopy {

@@ -81,7 +81,6 @@ void Interpreter::run() {
 
   for (ir::NodeId id : g_.schedule()) {
     const ir::Node& n = g_.node(id);
-    NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "interp: {} has {} outputs", ir::op_name(n.op), n.outputs.size());
     std::vector<detail::Arg> args;
     args.reserve(n.inputs.size());
     for (ir::ValueId v : n.inputs) {
@@ -90,12 +89,18 @@ void Interpreter::run() {
       const ir::Value& val = g_.value(v);
       args.push_back({val.type.sizes(), val.type.dtype, values_[v]});
     }
-    const ir::Value& out = g_.value(n.out());
-    std::vector<double> result = detail::eval_node(n, args, {out.type.sizes(), out.type.dtype});
-    NAPKIN_INTERNAL_CHECK(static_cast<int64_t>(result.size()) == out.type.numel(),
-                          "interp: {} (node {}) produced {} elements for {}", ir::op_name(n.op), n.id,
-                          result.size(), describe(g_, n.out()));
-    store(n.out(), std::move(result));
+    std::vector<detail::OutType> outs;
+    for (ir::ValueId v : n.outputs) outs.push_back({g_.value(v).type.sizes(), g_.value(v).type.dtype});
+    std::vector<std::vector<double>> results = detail::eval_node(n, args, outs);
+    NAPKIN_INTERNAL_CHECK(results.size() == n.outputs.size(), "interp: {} (node {}) produced {} outputs, not {}",
+                          ir::op_name(n.op), n.id, results.size(), n.outputs.size());
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      const ir::Value& out = g_.value(n.outputs[i]);
+      NAPKIN_INTERNAL_CHECK(static_cast<int64_t>(results[i].size()) == out.type.numel(),
+                            "interp: {} (node {}) produced {} elements for {}", ir::op_name(n.op), n.id,
+                            results[i].size(), describe(g_, out.id));
+      store(out.id, std::move(results[i]));
+    }
   }
 }
 

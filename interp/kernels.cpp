@@ -185,28 +185,38 @@ Data elementwise(const ir::Node& n, const std::vector<Arg>& in, const OutType& o
 
 }  // namespace
 
-Data eval_node(const ir::Node& n, const std::vector<Arg>& in, const OutType& out) {
+std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const std::vector<OutType>& outs) {
+  const OutType& out = outs.at(0);
+  auto one = [](Data d) {
+    std::vector<Data> r;
+    r.push_back(std::move(d));
+    return r;
+  };
   const ir::LoopParams params = ir::loop_params(n.op, n.attrs);
   switch (ir::op_info(n.op).loop) {
-    case ir::LoopKind::View: return view(n, in[0], out.shape);
+    case ir::LoopKind::View: return one(view(n, in[0], out.shape));
     case ir::LoopKind::Fill: {
       const auto& p = std::get<ir::FillParams>(params);
-      if (p.pattern == ir::FillPattern::Constant) return {p.value};
+      if (p.pattern == ir::FillPattern::Constant) return one(Data{p.value});
       Data d(numel(out.shape));
       for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<double>(i);
-      return d;
+      return one(d);
     }
-    case ir::LoopKind::Elementwise: return elementwise(n, in, out);
-    case ir::LoopKind::Reduction: return reduce(std::get<ir::ReductionParams>(params), in[0], out.shape);
+    case ir::LoopKind::Elementwise: return one(elementwise(n, in, out));
+    case ir::LoopKind::Reduction: return one(reduce(std::get<ir::ReductionParams>(params), in[0], out.shape));
     case ir::LoopKind::Contraction: {
       const auto& p = std::get<ir::ContractionParams>(params);
-      return p.einsum ? einsum(in[0], in[1], p, out.shape) : matmul(in[0], in[1], out.shape);
+      return one(p.einsum ? einsum(in[0], in[1], p, out.shape) : matmul(in[0], in[1], out.shape));
     }
-    case ir::LoopKind::Concat: return concat(std::get<ir::ConcatParams>(params), in, out.shape);
-    case ir::LoopKind::Gather: return embedding(n, in[0], in[1]);
-    case ir::LoopKind::ScatterAdd: return embedding_grad(n, in[0], in[1], out.shape[0]);
-    case ir::LoopKind::Rows: return rows(n, std::get<ir::RowParams>(params), in);
-    case ir::LoopKind::Mse: return mse(in[0], in[1]);
+    case ir::LoopKind::Concat: return one(concat(std::get<ir::ConcatParams>(params), in, out.shape));
+    case ir::LoopKind::Gather: return one(embedding(n, in[0], in[1]));
+    case ir::LoopKind::ScatterAdd: return one(embedding_grad(n, in[0], in[1], out.shape[0]));
+    case ir::LoopKind::Rows: return one(rows(n, std::get<ir::RowParams>(params), in));
+    case ir::LoopKind::Mse: return one(mse(in[0], in[1]));
+    case ir::LoopKind::Attention: {
+      const auto& p = std::get<ir::AttentionParams>(params);
+      return p.backward ? attention_grad(p, in) : attention(p, in);
+    }
   }
   fail(n, "unknown loop kind");
 }

@@ -28,9 +28,9 @@ struct OutType {
 
 using Data = std::vector<double>;
 
-// The output of node n. Throws std::runtime_error for a data-dependent error
-// (an id out of range, an integer division by zero), naming the op.
-Data eval_node(const ir::Node& n, const std::vector<Arg>& in, const OutType& out);
+// The outputs of node n, one per output type. Throws std::runtime_error for a
+// data-dependent error (an id out of range, an integer division by zero), naming the op.
+std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const std::vector<OutType>& outs);
 
 // A data error in node n: "<op> (node N, file:line): what".
 [[noreturn]] void fail(const ir::Node& n, const std::string& what);
@@ -48,5 +48,9 @@ Data cross_entropy_grad(const ir::Node& n, const Arg& logits, const Arg& targets
 Data mse(const Arg& a, const Arg& b);
 Data embedding(const ir::Node& n, const Arg& table, const Arg& ids);
 Data embedding_grad(const ir::Node& n, const Arg& dy, const Arg& ids, int64_t vocab);
+// Fused attention by its definition (ir/loop.h), every score of a row at
+// once: (q, k, v) -> {o, lse}; (q, k, v, o, lse, do) -> {dq, dk, dv}.
+std::vector<Data> attention(const ir::AttentionParams& p, const std::vector<Arg>& in);
+std::vector<Data> attention_grad(const ir::AttentionParams& p, const std::vector<Arg>& in);
 
 }  // namespace napkin::interp::detail

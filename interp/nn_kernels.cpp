@@ -205,3 +205,82 @@ Data embedding_grad(const ir::Node& n, const Arg& dy, const Arg& ids, int64_t vo
 }
 
 }  // namespace napkin::interp::detail
+
+namespace napkin::interp::detail {
+
+namespace {
+
+// The dims of attention operands q [B, Hq, T, D], k and v [B, Hk, S, D].
+struct AttentionShape {
+  int64_t batch, heads, kv_heads, q_len, kv_len, head_dim;
+  explicit AttentionShape(const std::vector<Arg>& in)
+      : batch(in[0].shape[0]),
+        heads(in[0].shape[1]),
+        kv_heads(in[1].shape[1]),
+        q_len(in[0].shape[2]),
+        kv_len(in[1].shape[2]),
+        head_dim(in[0].shape[3]) {}
+  int64_t q_row(int64_t b, int64_t h, int64_t i) const { return ((b * heads + h) * q_len + i) * head_dim; }
+  int64_t kv_row(int64_t b, int64_t h, int64_t j) const {
+    return ((b * kv_heads + h / (heads / kv_heads)) * kv_len + j) * head_dim;
+  }
+  // Keys 0 .. visible(i) - 1 are visible to query i.
+  int64_t visible(const ir::AttentionParams& p, int64_t i) const { return p.causal ? i + kv_len - q_len + 1 : kv_len; }
+  double dot(const Data& a, int64_t at, const Data& b, int64_t bt) const {
+    double s = 0;
+    for (int64_t d = 0; d < head_dim; ++d) s += a[at + d] * b[bt + d];
+    return s;
+  }
+};
+
+}  // namespace
+
+std::vector<Data> attention(const ir::AttentionParams& p, const std::vector<Arg>& in) {
+  const AttentionShape a(in);
+  const Data &q = in[0].data, &k = in[1].data, &v = in[2].data;
+  Data o(q.size(), 0.0), lse(static_cast<size_t>(a.batch * a.heads * a.q_len));
+  std::vector<double> s(static_cast<size_t>(a.kv_len));
+  for (int64_t b = 0; b < a.batch; ++b)
+    for (int64_t h = 0; h < a.heads; ++h)
+      for (int64_t i = 0; i < a.q_len; ++i) {
+        const int64_t n = a.visible(p, i), qi = a.q_row(b, h, i);
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j] = p.scale * a.dot(q, qi, k, a.kv_row(b, h, j)));
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += std::exp(s[j] - m);
+        const double l = m + std::log(sum);
+        lse[(b * a.heads + h) * a.q_len + i] = l;
+        for (int64_t j = 0; j < n; ++j) {
+          const double pj = std::exp(s[j] - l);
+          for (int64_t d = 0; d < a.head_dim; ++d) o[qi + d] += pj * v[a.kv_row(b, h, j) + d];
+        }
+      }
+  return {o, lse};
+}
+
+std::vector<Data> attention_grad(const ir::AttentionParams& p, const std::vector<Arg>& in) {
+  const AttentionShape a(in);
+  const Data &q = in[0].data, &k = in[1].data, &v = in[2].data, &o = in[3].data, &lse = in[4].data,
+             &dout = in[5].data;
+  Data dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
+  for (int64_t b = 0; b < a.batch; ++b)
+    for (int64_t h = 0; h < a.heads; ++h)
+      for (int64_t i = 0; i < a.q_len; ++i) {
+        const int64_t n = a.visible(p, i), qi = a.q_row(b, h, i);
+        const double l = lse[(b * a.heads + h) * a.q_len + i];
+        const double D = a.dot(dout, qi, o, qi);
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t kj = a.kv_row(b, h, j);
+          const double pij = std::exp(p.scale * a.dot(q, qi, k, kj) - l);
+          const double ds = pij * (a.dot(dout, qi, v, kj) - D);
+          for (int64_t d = 0; d < a.head_dim; ++d) {
+            dq[qi + d] += p.scale * ds * k[kj + d];
+            dk[kj + d] += p.scale * ds * q[qi + d];
+            dv[kj + d] += pij * dout[qi + d];
+          }
+        }
+      }
+  return {dq, dk, dv};
+}
+
+}  // namespace napkin::interp::detail

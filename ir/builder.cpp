@@ -75,6 +75,12 @@ Layout view_layout(Op op, const Attrs& attrs, const std::vector<int64_t>& in_siz
   return dst;
 }
 
+ValueId Builder::unit_inner_stride(ValueId x) {
+  const Value& v = g_.value(x);
+  if (v.type.rank() == 0 || v.type.dims.back().size == 1 || v.layout.strides.back() == 1) return x;
+  return must(add(Op::Copy, {x}));
+}
+
 Built Builder::reshape(ValueId x, std::vector<Dim> dims) {
   std::vector<int64_t> sizes;
   for (const Dim& d : dims) sizes.push_back(d.size);

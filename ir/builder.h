@@ -45,6 +45,9 @@ class Builder {
   Built reshape(ValueId x, std::vector<Dim> dims);
   Built permute(ValueId x, std::vector<int64_t> perm);
   Built constant(double value, DType dtype);
+  // x itself when its last axis has stride 1 (or size 1), else a contiguous
+  // Copy of it: what kernels that load whole rows (attention) need.
+  ValueId unit_inner_stride(ValueId x);
 
   // Unwraps a result that cannot fail unless napkin has a bug.
   ValueId must(const Built& b) const;

@@ -47,6 +47,7 @@ LoopParams loop_params(Op op, const Attrs& a) {
       if (op == Op::Pad) return ConcatParams{a.get_int("axis"), a.get_int("before")};
       return ConcatParams{a.get_int("axis"), std::nullopt};
     case LoopKind::Rows: return row_params(op, a);
+    case LoopKind::Attention: return AttentionParams{op == Op::AttentionGrad, a.get_int("causal") != 0, a.get_double("scale")};
   }
   return std::monostate{};
 }

@@ -28,6 +28,7 @@ enum class LoopKind : uint8_t {
   ScatterAdd,   // rows added into a table at ids (the embedding gradient)
   Rows,         // a reduction and elementwise work along one axis, per row (RowParams)
   Mse,          // the mean of squared differences: one scalar
+  Attention,    // softmax(scale * q kᵀ, causally masked) v, tile by tile, no T×T value (AttentionParams)
 };
 
 // What an elementwise op reads of its element's position besides its
@@ -80,8 +81,28 @@ struct RowParams {
   double eps = 0;
 };
 
+// Fused attention (FlashAttention-2's algorithm). Shapes: q [B, Hq, T, D],
+// k and v [B, Hk, S, D] with Hq a multiple of Hk (query head h reads kv head
+// h / (Hq / Hk)); every operand is contiguous along D.
+//   forward   (q, k, v) -> (o [B, Hq, T, D] in q's dtype, lse [B, Hq, T] f32)
+//   backward  (q, k, v, o, lse, do) -> (dq, dk, dv), each in its input's dtype
+// With s_ij = scale * q_i · k_j over the visible keys j (all S, or under
+// `causal` j <= i + S - T: the mask aligned to the bottom right, so T == S is
+// the usual lower triangle; causal needs T <= S):
+//   lse_i = log sum_j exp(s_ij)   p_ij = exp(s_ij - lse_i)   o_i = sum_j p_ij v_j
+//   D_i = do_i · o_i   ds_ij = p_ij (do_i · v_j - D_i)
+//   dq_i = scale sum_j ds_ij k_j   dk_j = scale sum_i ds_ij q_i   dv_j = sum_i p_ij do_i
+// (dk, dv: also summed over the query heads that share the kv head, in head order).
+// Arithmetic in f32 (f64 for f64 operands); no value of B·Hq·T·S elements is stored.
+struct AttentionParams {
+  bool backward = false;
+  bool causal = true;
+  double scale = 1;
+};
+
 // The parameters of an op's loop kind; monostate for kinds that have none.
-using LoopParams = std::variant<std::monostate, FillParams, ReductionParams, ContractionParams, ConcatParams, RowParams>;
+using LoopParams = std::variant<std::monostate, FillParams, ReductionParams, ContractionParams, ConcatParams, RowParams,
+                                AttentionParams>;
 
 // The one place that reads an op and its attributes into its loop's parameters.
 LoopParams loop_params(Op op, const Attrs& attrs);

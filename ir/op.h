@@ -38,6 +38,7 @@ enum class OpClass : uint8_t {
   Gather,         // indexed reads (embedding)
   Normalization,  // softmax, layernorm: a reduction and elementwise work along one axis
   Loss,           // reduces to a scalar loss
+  Attention,      // softmax(scale q kᵀ) v as one kernel that stores no scores (ir/loop.h)
 };
 std::string_view op_class_name(OpClass c);
 
@@ -98,6 +99,10 @@ struct OpCost {
   double flops = 0;
   double bytes_read = 0;
   double bytes_written = 0;
+  // FLOPs the node spends recomputing what its forward already computed
+  // (fused attention's backward recomputes the scores), apart from `flops`:
+  // the kernel runs them, model FLOPs (MFU) do not count them.
+  double recompute_flops = 0;
 };
 
 class Builder;
@@ -173,6 +178,15 @@ struct ContractionDims {
   double narrowest() const;  // min(m, n, k)
 };
 ContractionDims contraction_dims(const Graph& g, const Node& n);
+
+// An attention or attention_grad node's dims (ir/loop.h) and the (query, key)
+// pairs its scores cover per (batch, head): T·S, or under causal the pairs
+// j <= i + S - T, T(S - T + 1) + T(T - 1)/2 (T(T + 1)/2 at T == S).
+struct AttentionDims {
+  double batch = 1, heads = 1, kv_heads = 1, q_len = 1, kv_len = 1, head_dim = 1, pairs = 0;
+  bool causal = false;
+};
+AttentionDims attention_dims(const Graph& g, const Node& n);
 std::string_view op_name(Op op);
 std::optional<Op> find_op(std::string_view name);
 

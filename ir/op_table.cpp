@@ -560,6 +560,67 @@ InferResult infer_embedding_grad(const Inputs& in, const Attrs& a) {
   return InferResult::of(t);
 }
 
+// attention(q [B, Hq, T, D], k [B, Hk, S, D], v [B, Hk, S, D]) -> (o, lse):
+// ir/loop.h's AttentionParams. The names in messages are the model's dims.
+InferResult check_attention_operands(const Inputs& in, const Attrs& a) {
+  const TensorType &q = *in[0], &k = *in[1], &v = *in[2];
+  for (int i = 0; i < 3; ++i) {
+    if (in[i]->rank() != 4)
+      return InferResult::fail(fmt::format("attention: {} is {}, not [batch, heads, seq, head_dim]",
+                                           "qkv"[i], to_string(*in[i])),
+                               "rearrange it to 4 axes first, e.g. \"b s (h hd) -> b h s hd\"").blaming(i);
+    if (auto r = require_float("attention", *in[i], std::string(1, "qkv"[i])); !r.ok()) return r.blaming(i);
+  }
+  if (k.dtype != q.dtype || v.dtype != q.dtype)
+    return InferResult::fail(fmt::format("attention: q is {} but k is {} and v is {}", dtype_name(q.dtype),
+                                         dtype_name(k.dtype), dtype_name(v.dtype)),
+                             "cast them to one dtype");
+  if (!k.same_shape(v))
+    return InferResult::fail(fmt::format("attention: k {} and v {} differ", to_string(k), to_string(v)),
+                             "keys and values need the same shape (value head_dim other than the key's is not supported)")
+        .blaming(2);
+  auto size = [](const TensorType& t, int i) { return t.dims[i].size; };
+  if (size(k, 0) != size(q, 0))
+    return InferResult::fail(fmt::format("attention: batch {} of q differs from {} of k", describe_dim(q.dims[0]),
+                                         describe_dim(k.dims[0]))).blaming(1);
+  if (size(k, 3) != size(q, 3))
+    return InferResult::fail(fmt::format("attention: head_dim {} of q differs from {} of k", describe_dim(q.dims[3]),
+                                         describe_dim(k.dims[3]))).blaming(1);
+  if (size(q, 1) % size(k, 1) != 0)
+    return InferResult::fail(fmt::format("attention: {} query heads do not group evenly over {} kv heads",
+                                         describe_dim(q.dims[1]), describe_dim(k.dims[1])),
+                             "the query heads must be a multiple of the key/value heads").blaming(1);
+  if (a.get_int("causal") != 0 && size(q, 2) > size(k, 2))
+    return InferResult::fail(fmt::format("attention: causal with more queries {} than keys {}",
+                                         describe_dim(q.dims[2]), describe_dim(k.dims[2])),
+                             "the causal mask is aligned to the last key: it needs seq(q) <= seq(k)").blaming(0);
+  return {};
+}
+
+InferResult infer_attention(const Inputs& in, const Attrs& a) {
+  if (auto r = check_attention_operands(in, a); !r.ok()) return r;
+  TensorType lse;
+  lse.dtype = DType::F32;
+  lse.dims.assign(in[0]->dims.begin(), in[0]->dims.begin() + 3);
+  InferResult r = InferResult::of(*in[0]);
+  r.outputs.push_back(lse);
+  return r;
+}
+
+// attention_grad(q, k, v, o, lse, do) -> (dq, dk, dv).
+InferResult infer_attention_grad(const Inputs& in, const Attrs& a) {
+  if (auto r = check_attention_operands(in, a); !r.ok()) return r;
+  TensorType lse;
+  lse.dtype = DType::F32;
+  lse.dims.assign(in[0]->dims.begin(), in[0]->dims.begin() + 3);
+  if (!in[3]->same_shape(*in[0]) || !in[5]->same_shape(*in[0]) || !in[4]->same_shape(lse) ||
+      in[4]->dtype != DType::F32 || in[3]->dtype != in[0]->dtype || in[5]->dtype != in[0]->dtype)
+    return InferResult::fail("attention_grad: o, lse or do does not match q");
+  InferResult r;
+  r.outputs = {*in[0], *in[1], *in[2]};
+  return r;
+}
+
 // ---- cost rules --------------------------------------------------------------
 
 // Bytes of the distinct elements a value reads from its buffer: a broadcast
@@ -578,9 +639,30 @@ double distinct_bytes(const Graph& g, ValueId id) {
 double transcendentals(const Graph& g, const Node& n) {
   const OpInfo& info = op_info(n.op);
   if (info.transcendentals_per_element == 0) return 0;
+  if (info.op_class == OpClass::Attention) {  // one exp per visible score
+    AttentionDims a = attention_dims(g, n);
+    return info.transcendentals_per_element * a.batch * a.heads * a.pairs;
+  }
   bool rows = info.op_class == OpClass::Normalization || info.op_class == OpClass::Loss;
   double elements = rows ? static_cast<double>(g.value(n.in(0)).type.numel()) : static_cast<double>(g.value(n.out()).type.numel());
   return info.transcendentals_per_element * elements;
+}
+
+AttentionDims attention_dims(const Graph& g, const Node& n) {
+  NAPKIN_INTERNAL_CHECK(op_info(n.op).op_class == OpClass::Attention, "attention_dims of {}", op_name(n.op));
+  const TensorType& q = g.value(n.in(0)).type;
+  const TensorType& k = g.value(n.in(1)).type;
+  AttentionDims a;
+  a.batch = static_cast<double>(q.dims[0].size);
+  a.heads = static_cast<double>(q.dims[1].size);
+  a.kv_heads = static_cast<double>(k.dims[1].size);
+  a.q_len = static_cast<double>(q.dims[2].size);
+  a.kv_len = static_cast<double>(k.dims[2].size);
+  a.head_dim = static_cast<double>(q.dims[3].size);
+  a.causal = n.attrs.get_int("causal") != 0;
+  // Query i sees keys 0 .. i + S - T: (S - T + 1) + ... + S keys over the T rows.
+  a.pairs = a.causal ? a.q_len * (a.kv_len - a.q_len + 1) + a.q_len * (a.q_len - 1) / 2 : a.q_len * a.kv_len;
+  return a;
 }
 
 double ContractionDims::narrowest() const { return std::min({m, n, k}); }
@@ -644,6 +726,21 @@ double written(const Graph& g, const Node& n) {
 }
 
 double out_numel(const Graph& g, const Node& n) { return g.value(n.out()).type.numel(); }
+
+// Fused attention (docs/report.md, "attention"). Per visible (query, key)
+// pair and head: forward q·k (2D), p·v (2D) and the softmax's scale, max,
+// subtract, exp and sum (5); backward the gradient's dv, dp, dq and dk
+// products (8D) and ds = p (dp - D) (2), plus, as recompute, the scores and
+// probabilities again (2D + 3: q·k, scale, subtract lse, exp). The D_i = do_i·o_i
+// row dots are 2D per query row.
+OpCost cost_attention(const Graph& g, const Node& n) {
+  AttentionDims a = attention_dims(g, n);
+  double pairs = a.batch * a.heads * a.pairs;
+  if (n.op == Op::Attention) return {pairs * (4 * a.head_dim + 5), read_all(g, n), written(g, n)};
+  OpCost c{pairs * (8 * a.head_dim + 2) + a.batch * a.heads * a.q_len * 2 * a.head_dim, read_all(g, n), written(g, n)};
+  c.recompute_flops = pairs * (2 * a.head_dim + 3);
+  return c;
+}
 
 OpCost cost_elementwise(const Graph& g, const Node& n) {
   return {op_info(n.op).flops_per_element * out_numel(g, n), read_all(g, n), written(g, n)};
@@ -811,6 +908,8 @@ const OpInfo kRows[] = {
     ROW(CrossEntropy, Rows, infer_cross_entropy, cost_per_input_element, 5, 1, Fp32, None),
     // mse: sub, square, sum.
     ROW(MSE, Mse, infer_mse, cost_per_input_element, 3, 0, Fp32, None),
+    // attention: bf16/f16 operands under mixed precision, softmax and sums in f32, as a matmul; see cost_attention.
+    ROW(Attention, Attention, infer_attention, cost_attention, 0, 1, Contraction, None),
     // Backward rules, counted the same way (docs/report.md derives each):
     // softmax_grad: dy*y, row sum, sub, mul.
     BACKWARD_ROW(SoftmaxGrad, Rows, infer_softmax_grad, cost_per_input_element, 4, 0),
@@ -823,6 +922,7 @@ const OpInfo kRows[] = {
     // cross_entropy_grad: softmax (5) and the scale by dloss / rows, per logit.
     BACKWARD_ROW(CrossEntropyGrad, Rows, infer_cross_entropy_grad, cost_per_input_element, 6, 1),
     BACKWARD_ROW(EmbeddingGrad, ScatterAdd, infer_embedding_grad, cost_embedding_grad, 1, 0),
+    BACKWARD_ROW(AttentionGrad, Attention, infer_attention_grad, cost_attention, 0, 1),
 };
 #undef ROW
 #undef ROWI
@@ -883,6 +983,7 @@ std::string_view op_class_name(OpClass c) {
     case OpClass::Gather: return "gather";
     case OpClass::Normalization: return "normalization";
     case OpClass::Loss: return "loss";
+    case OpClass::Attention: return "attention";
   }
   return "?";
 }

@@ -437,6 +437,15 @@ Grads vjp_log_softmax(Builder& b, const Node& n, ValueId dy) {
   return {sub(b, dy, mul(b, node(b, Op::Exp, {n.out()}), total))};
 }
 
+// Fused attention: one attention_grad node recomputes the scores from q, k and
+// the saved lse (ir/loop.h) and gives all three gradients.
+Grads vjp_attention(Builder& b, const Node& n, ValueId dy) {
+  ValueId d_o = b.unit_inner_stride(dy);
+  ValueId dq = b.must(b.add(Op::AttentionGrad, {n.in(0), n.in(1), n.in(2), n.out(0), n.out(1), d_o}, n.attrs));
+  const Node& grad = b.graph().node(b.graph().value(dq).producer);
+  return {grad.out(0), grad.out(1), grad.out(2)};
+}
+
 // The bias's gradient: dy summed over every axis but the last.
 ValueId sum_rows(Builder& b, ValueId dy) {
   std::vector<int64_t> axes(type_of(b, dy).rank() - 1);
@@ -534,6 +543,7 @@ VjpFn vjp_rule(Op op) {
     case Op::RMSNorm: return vjp_rmsnorm;
     case Op::CrossEntropy: return vjp_cross_entropy;
     case Op::MSE: return vjp_mse;
+    case Op::Attention: return vjp_attention;
     // Backward-only ops: napkin differentiates once.
     case Op::SoftmaxGrad: return nullptr;
     case Op::LayerNormGrad: return nullptr;
@@ -541,6 +551,7 @@ VjpFn vjp_rule(Op op) {
     case Op::NormGainGrad: return nullptr;
     case Op::GeluGrad: return nullptr;
     case Op::CrossEntropyGrad: return nullptr;
+    case Op::AttentionGrad: return nullptr;
     case Op::EmbeddingGrad: return nullptr;
   }
   return nullptr;

@@ -102,7 +102,10 @@ class Autodiff : public Pass {
     for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
       const Node n = g.node(*it);  // a copy: building nodes may move the node storage
       if (!any_needs(n, needs)) continue;
-      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "autodiff: {} has {} outputs", ir::op_name(n.op), n.outputs.size());
+      // A node's outputs after the first are what its own backward reads
+      // (attention's lse), never on a path to the loss: the VJP takes dy of out(0).
+      for (size_t i = 1; i < n.outputs.size(); ++i)
+        NAPKIN_INTERNAL_CHECK(!needs[n.outputs[i]], "autodiff: output {} of {} needs a gradient", i, ir::op_name(n.op));
       ValueId dy = gradient(b, g, parts[n.out()]);
       NAPKIN_INTERNAL_CHECK(dy != ir::kNoValue, "autodiff: %{} ({}) needs a gradient but got none", n.out(),
                             ir::op_name(n.op));

@@ -155,5 +155,6 @@ EmittedKernel emit_reduction(const Kernel& k);        // reduce_sum/mean/max/min
 EmittedKernel emit_mse(const Kernel& k);
 EmittedKernel emit_embedding_grad(const Kernel& k, int index);
 EmittedKernel emit_rows(const Kernel& k, int index);  // softmax, norms, cross-entropy and their gradients
+EmittedKernel emit_attention(const Kernel& k);        // fused attention, forward or backward (codegen/cuda/attention.cpp)
 
 }  // namespace napkin::codegen::cuda::detail

@@ -46,6 +46,7 @@ EmittedKernel emit_kernel(const Kernel& k, int index) {
     case KernelKind::ScatterAdd: return detail::emit_embedding_grad(k, index);
     case KernelKind::Rows: return detail::emit_rows(k, index);
     case KernelKind::Mse: return detail::emit_mse(k);
+    case KernelKind::Attention: return detail::emit_attention(k);
     case KernelKind::Gemm: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a GEMM kernel ({}) is cuBLASLt's call, not CUDA C", k.name);

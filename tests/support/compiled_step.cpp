@@ -94,9 +94,12 @@ std::vector<std::vector<double>> expected_outputs(const CompiledStep& step, cons
   if (!k.fused) {
     std::vector<interp::detail::Arg> args;
     for (size_t j = 0; j < inputs.size(); ++j) args.push_back({k.inputs[j].sizes, k.inputs[j].dtype, inputs[j]});
-    std::vector<double> out = interp::detail::eval_node(step.g.node(k.node), args, {k.output.sizes, k.output.dtype});
-    for (double& x : out) x = interp::round_to_dtype(x, k.output.dtype);
-    return {out};
+    std::vector<interp::detail::OutType> outs{{k.output.sizes, k.output.dtype}};
+    for (const codegen::Operand& o : k.extra_outputs) outs.push_back({o.sizes, o.dtype});
+    std::vector<std::vector<double>> out = interp::detail::eval_node(step.g.node(k.node), args, outs);
+    for (size_t i = 0; i < out.size(); ++i)
+      for (double& x : out[i]) x = interp::round_to_dtype(x, outs[i].dtype);
+    return out;
   }
   std::vector<std::vector<double>> results;  // per member, in order
   for (const codegen::FusedOp& op : k.fused->ops) {
@@ -107,7 +110,7 @@ std::vector<std::vector<double>> expected_outputs(const CompiledStep& step, cons
       if (a.input) args.push_back({k.inputs[a.index].sizes, k.inputs[a.index].dtype, inputs[a.index]});
       else args.push_back({step.g.value(n.in(static_cast<int>(j))).type.sizes(), k.fused->ops[a.index].dtype, results[a.index]});
     }
-    results.push_back(interp::detail::eval_node(n, args, {step.g.value(n.out()).type.sizes(), op.dtype}));
+    results.push_back(interp::detail::eval_node(n, args, {{step.g.value(n.out()).type.sizes(), op.dtype}}).at(0));
     for (double& x : results.back()) x = interp::round_to_dtype(x, op.dtype);
   }
   std::vector<std::vector<double>> expected;

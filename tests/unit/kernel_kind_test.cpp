@@ -28,6 +28,7 @@ TEST_CASE("op table: every op's row names its loop kind, which agrees with its c
       {ir::OpClass::Gather, {LoopKind::Gather, LoopKind::ScatterAdd}},
       {ir::OpClass::Normalization, {LoopKind::Rows}},
       {ir::OpClass::Loss, {LoopKind::Rows, LoopKind::Mse}},
+      {ir::OpClass::Attention, {LoopKind::Attention}},
   };
   for (int i = 0; i < ir::kNumOps; ++i) {
     const ir::OpInfo& info = ir::op_info(static_cast<ir::Op>(i));
@@ -51,6 +52,7 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
       {LoopKind::ScatterAdd, {KernelKind::ScatterAdd}},
       {LoopKind::Rows, {KernelKind::Rows}},
       {LoopKind::Mse, {KernelKind::Mse}},
+      {LoopKind::Attention, {KernelKind::Attention}},
   };
   std::set<KernelKind> seen;
   for (const auto& model : testing::model_files()) {

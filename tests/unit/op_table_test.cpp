@@ -56,7 +56,8 @@ TEST_CASE("op table: every row has its op, a name, an arity, a shape rule, a cos
     if (info->op_class == OpClass::Source) CHECK(info->precision == PrecisionRule::AsWritten);
     if (info->op_class == OpClass::Contraction) CHECK(info->precision == PrecisionRule::Contraction);
     if (info->op_class == OpClass::View || info->backward_only) CHECK(info->precision == PrecisionRule::FollowsInputs);
-    if (info->precision == PrecisionRule::Contraction) CHECK(info->op_class == OpClass::Contraction);
+    if (info->precision == PrecisionRule::Contraction)
+      CHECK((info->op_class == OpClass::Contraction || info->op_class == OpClass::Attention));
   }
 }
 
@@ -83,6 +84,11 @@ TEST_CASE("op table: FLOPs per element are set where the class's cost rule count
       case OpClass::Contraction: CHECK(info->flops_per_element == 0); break;
       case OpClass::Reduction:
       case OpClass::Gather: break;  // their cost rules count per input element or per row
+      case OpClass::Attention:
+        // Its cost rule counts per visible score, and so do its transcendentals (one exp each).
+        CHECK(info->flops_per_element == 0);
+        CHECK(info->transcendentals_per_element == 1);
+        continue;
     }
     // A transcendental call is one of the steps the FLOPs count.
     CHECK(info->transcendentals_per_element >= 0);
