@@ -1,5 +1,7 @@
 #include "codegen/program_json.h"
 
+#include "ir/internal_check.h"
+
 #include <nlohmann/json.hpp>
 
 #include <map>
@@ -51,6 +53,43 @@ json matmul_json(const Kernel& k) {
           {"b_k_stride", m.b_k_stride},
           {"b_n_stride", m.b_n_stride},
           {"c_m_stride", m.c_m_stride}};
+}
+
+// An Attention kernel as runtime/attention.h's descriptor: each operand's
+// offset and (batch, head, row) strides; head_dim's stride is 1.
+json attention_json(const Kernel& k) {
+  const ir::AttentionParams& p = k.attention();
+  const Operand &q = k.inputs[0], &kv = k.inputs[1];
+  auto strides = [](const Operand& o) {
+    NAPKIN_INTERNAL_CHECK(o.strides.size() == 4 && (o.strides[3] == 1 || o.sizes[3] == 1),
+                          "an attention operand must be 4-D and contiguous along head_dim");
+    return json{o.byte_offset, o.strides[0], o.strides[1], o.strides[2]};
+  };
+  json j = {{"backward", p.backward},
+            {"causal", p.causal},
+            {"scale", p.scale},
+            {"dtype", std::string(ir::dtype_name(q.dtype))},
+            {"batch", q.sizes[0]},
+            {"heads", q.sizes[1]},
+            {"kv_heads", kv.sizes[1]},
+            {"q_len", q.sizes[2]},
+            {"kv_len", kv.sizes[2]},
+            {"head_dim", q.sizes[3]},
+            {"q", strides(k.inputs[0])},
+            {"k", strides(k.inputs[1])},
+            {"v", strides(k.inputs[2])}};
+  if (!p.backward) {
+    j["o"] = strides(k.output);
+    j["lse"] = k.extra_outputs.at(0).byte_offset;
+  } else {
+    j["o"] = strides(k.inputs[3]);
+    j["lse"] = k.inputs[4].byte_offset;
+    j["do"] = strides(k.inputs[5]);
+    j["dq"] = strides(k.output);
+    j["dk"] = strides(k.extra_outputs.at(0));
+    j["dv"] = strides(k.extra_outputs.at(1));
+  }
+  return j;
 }
 
 json train_json(const ir::Graph& g) {
@@ -136,11 +175,12 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
     json j = {{"name", k.name},
               {"where", k.where},
               {"phase", std::string(ir::phase_name(k.phase))},
-              {"kind", k.kind == KernelKind::Gemm ? "matmul" : "loop"},
+              {"kind", k.kind == KernelKind::Gemm ? "matmul" : k.kind == KernelKind::Attention ? "attention" : "loop"},
               {"extent", launches.at(i).extent},
               {"parallel", launches.at(i).parallel},
               {"out", operand_json(k.output)}};
     if (k.kind == KernelKind::Gemm) j["matmul"] = matmul_json(k);
+    if (k.kind == KernelKind::Attention) j["attention"] = attention_json(k);
     if (auto it = predicted.find(k.node); it != predicted.end()) {
       const analysis::KernelTime& t = *it->second;
       j["class"] = std::string(analysis::kernel_class_name(t.kind));

@@ -5,6 +5,7 @@
 // keep them in step.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <functional>
 
 #include "frontend/lowering.h"
@@ -425,6 +426,41 @@ const std::vector<CallSpec>& call_table() {
            auto i = tensor_arg(L, a, "ids", call);
            if (!t || !i) return Operand::invalid();
            return L.build(Op::Embedding, {*t, *i}, {}, call.offset);
+         }});
+    // attention(q, k, v, causal=true, scale=1/sqrt(head_dim)): fused
+    // softmax(scale q kᵀ) v that stores no scores (ir/loop.h's AttentionParams).
+    add({"attention", {"q", "k", "v", "causal", "scale"}, 3,
+         [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           int64_t causal = 1;
+           if (const Operand* c = a.get("causal")) {
+             auto w = L.need_word(*c, "attention: causal");
+             if (!w) return Operand::invalid();
+             if (*w != "true" && *w != "false") {
+               L.error(c->offset, "attention: causal must be true or false", "write causal=true or causal=false");
+               return Operand::invalid();
+             }
+             causal = *w == "true";
+           }
+           std::optional<double> scale;
+           if (const Operand* sc = a.get("scale")) {
+             scale = L.need_number(*sc, "attention: scale");
+             if (!scale) return Operand::invalid();
+             if (!(*scale > 0)) {
+               L.error(sc->offset, fmt::format("attention: scale must be positive, got {}", *scale),
+                       "the default is 1/sqrt(head_dim)");
+               return Operand::invalid();
+             }
+           }
+           auto q = tensor_arg(L, a, "q", call);
+           auto k = tensor_arg(L, a, "k", call);
+           auto v = tensor_arg(L, a, "v", call);
+           if (!q || !k || !v) return Operand::invalid();
+           const ir::TensorType& qt = L.type(*q);
+           if (!scale) scale = qt.rank() == 4 ? 1.0 / std::sqrt(static_cast<double>(qt.dims[3].size)) : 1.0;
+           // The kernels load whole rows of head_dim: each operand contiguous along it.
+           ir::Builder& b = L.builder_at(call.offset);
+           return L.build(Op::Attention, {b.unit_inner_stride(*q), b.unit_inner_stride(*k), b.unit_inner_stride(*v)},
+                          {{"causal", causal}, {"scale", *scale}}, call.offset);
          }});
     add({"cross_entropy", {"logits", "targets"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            auto x = tensor_arg(L, a, "logits", call);

@@ -24,10 +24,16 @@ class Pass {
   virtual bool run(ir::Graph& g, ir::Diagnostics& diag) = 0;         // true iff the graph changed
 };
 
+struct AttentionSite;  // passes/fuse_attention.h
+
 struct PipelineOptions {
   std::vector<std::string> print_after;  // pass names, or "all"
   bool time_passes = false;
   std::ostream* trace = nullptr;  // where --print-after and --time-passes write
+  // Rewrite spelled-out attention into the fused attention op
+  // (passes/fuse_attention.h); --unfused-attention turns it off to compare.
+  bool fuse_attention = true;
+  std::vector<AttentionSite>* attention_sites = nullptr;  // filled when not null
 };
 
 class PassManager {

@@ -3,6 +3,7 @@
 #include "passes/autodiff.h"
 #include "passes/dce.h"
 #include "passes/fp8_scaling.h"
+#include "passes/fuse_attention.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/loss_scaling.h"
 #include "passes/mixed_precision.h"
@@ -13,6 +14,10 @@ namespace napkin::passes {
 bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options) {
   PassManager pm(options);
   pm.add(make_dce_pass());  // drop forward values the loss does not need
+  if (options.fuse_attention) {
+    pm.add(make_fuse_attention_pass(options.attention_sites));  // spelled-out attention becomes one op
+    pm.add(make_dce_pass());  // drop the scores and probabilities it replaced
+  }
   pm.add(make_mixed_precision_pass());  // casts of the precision policy
   pm.add(make_dce_pass());  // drop the f32 constants the policy remade in the low dtype
   if (!pm.run(g, diag)) return false;
@@ -24,6 +29,10 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
                            const MemoryBudget& budget) {
   PassManager pm(options);
   pm.add(make_dce_pass());        // drop forward values the loss does not need
+  if (options.fuse_attention) {
+    pm.add(make_fuse_attention_pass(options.attention_sites));  // spelled-out attention becomes one op
+    pm.add(make_dce_pass());  // drop the scores and probabilities it replaced
+  }
   pm.add(make_mixed_precision_pass());  // casts of the precision policy, differentiated by autodiff
   pm.add(make_autodiff_pass());   // d loss / d param for every param: the backward phase
   pm.add(make_dce_pass());        // drop gradients no parameter needs (e.g. of the data)

@@ -34,6 +34,14 @@ Executor::Executor(const Program& program, const KernelFn* fns, int threads)
   if (!arena_) throw Error("cannot allocate the arena: " + std::to_string(program.arena_bytes) + " bytes");
   std::memset(arena_, 0, bytes);
   for (const KernelSpec& k : program.kernels) {
+    attentions_.push_back(nullptr);
+    if (k.is_attention) {
+      try {
+        attentions_.back() = std::make_unique<Attention>(k.attention.desc, gemm_type(k.attention.dtype));
+      } catch (const Error& e) {
+        throw Error("kernel " + k.name + ": " + e.what());
+      }
+    }
     if (!k.is_matmul) {
       gemms_.push_back(nullptr);
       continue;
@@ -64,6 +72,16 @@ void Executor::run_kernel(int i) {
     const MatmulSpec& m = k.matmul;
     gemms_[i]->run(static_cast<const void*>(arena_ + m.a), static_cast<const void*>(arena_ + m.b),
                    static_cast<void*>(arena_ + m.c), pool_);
+    return;
+  }
+  if (k.is_attention) {
+    const AttentionSpec& a = k.attention;
+    char* m = arena_;
+    if (a.backward)
+      attentions_[i]->backward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<const float*>(m + a.lse), m + a.d_o,
+                               m + a.dq, m + a.dk, m + a.dv, pool_);
+    else
+      attentions_[i]->forward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<float*>(m + a.lse), pool_);
     return;
   }
   LoopCall call{fns_[i], arena_};

@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/attention.h"
 #include "runtime/gemm.h"
 #include "runtime/program.h"
 #include "runtime/tensor_element.h"
@@ -58,6 +59,7 @@ class Executor {
   ThreadPool pool_;
   char* arena_ = nullptr;
   std::vector<std::unique_ptr<Gemm>> gemms_;  // per kernel; null for loops
+  std::vector<std::unique_ptr<Attention>> attentions_;  // per kernel; null but for attention kernels
   void run_kernel(int i);
 };
 

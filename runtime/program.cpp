@@ -87,6 +87,7 @@ Program parse_program(const char* text, size_t size) {
       s.where = k.at("where");
       s.phase = k.at("phase");
       s.is_matmul = k.at("kind") == "matmul";
+      s.is_attention = k.at("kind") == "attention";
       s.extent = k.at("extent");
       s.parallel = k.at("parallel");
       s.out_offset = k.at("out").at("offset");
@@ -119,6 +120,38 @@ Program parse_program(const char* text, size_t size) {
         d.b_k_stride = m.at("b_k_stride");
         d.b_n_stride = m.at("b_n_stride");
         d.c_m_stride = m.at("c_m_stride");
+      }
+      if (s.is_attention) {
+        const json& a = k.at("attention");
+        AttentionSpec& t = s.attention;
+        t.backward = a.at("backward");
+        t.dtype = a.at("dtype");
+        AttentionDesc& d = t.desc;
+        d.causal = a.at("causal");
+        d.scale = a.at("scale");
+        d.batch = a.at("batch");
+        d.heads = a.at("heads");
+        d.kv_heads = a.at("kv_heads");
+        d.q_len = a.at("q_len");
+        d.kv_len = a.at("kv_len");
+        d.head_dim = a.at("head_dim");
+        // [offset, batch stride, head stride, row stride]
+        auto operand = [&](const char* name, int64_t& offset, AttentionDesc::Strides& strides) {
+          const json& o = a.at(name);
+          offset = o.at(0);
+          strides = {o.at(1).get<int64_t>(), o.at(2).get<int64_t>(), o.at(3).get<int64_t>()};
+        };
+        operand("q", t.q, d.q);
+        operand("k", t.k, d.k);
+        operand("v", t.v, d.v);
+        operand("o", t.o, d.o);
+        t.lse = a.at("lse");
+        if (t.backward) {
+          operand("do", t.d_o, d.d_o);
+          operand("dq", t.dq, d.dq);
+          operand("dk", t.dk, d.dk);
+          operand("dv", t.dv, d.dv);
+        }
       }
       if (k.contains("cuda_launches"))
         for (const json& l : k.at("cuda_launches"))

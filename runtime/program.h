@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/attention.h"
 #include "runtime/gemm.h"
 #include "runtime/init.h"
 
@@ -30,6 +31,15 @@ struct MatmulSpec {
   MatmulDesc desc;
 };
 
+// A fused attention kernel (runtime/attention.h): its descriptor and where
+// each operand starts in the arena (do, dq, dk, dv: backward only).
+struct AttentionSpec {
+  bool backward = false;
+  std::string dtype;
+  AttentionDesc desc;
+  int64_t q = 0, k = 0, v = 0, o = 0, lse = 0, d_o = 0, dq = 0, dk = 0, dv = 0;  // byte offsets
+};
+
 // One launch of a CUDA kernel function (backend "cuda"; codegen/cuda/kernel_source.h).
 struct CudaLaunchSpec {
   std::string function;
@@ -41,11 +51,13 @@ struct CudaLaunchSpec {
 struct KernelSpec {
   std::string name, where, phase;
   bool is_matmul = false;
+  bool is_attention = false;
   int64_t extent = 1;
   bool parallel = false;
   int64_t out_offset = 0, out_numel = 0;
   std::string out_dtype;
   MatmulSpec matmul;  // is_matmul
+  AttentionSpec attention;  // is_attention
   std::vector<CudaLaunchSpec> cuda_launches;  // backend "cuda", loop kernels: in order
   // The time model's view of the kernel (analysis/step_time.h), when the
   // device is known: its class ("matmul", "attention", ...), work, and
