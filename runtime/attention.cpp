@@ -1,0 +1,444 @@
+// The CPU fused attention (runtime/attention.h): FlashAttention-2 on tiles
+// that fit the L1/L2 caches, f32 arithmetic (f64 for f64 operands).
+//
+// Tiling: a query block is kQueryBlock rows of q (and of do, o, dq), a key
+// block kKeyBlock rows of k and v (and of dk, dv). Every product of a tile
+// pair (S = scale Q Kᵀ, P V, dO Vᵀ, Pᵀ dO, dSᵀ Q, dS K) is one small GEMM:
+// oneDNN's dnnl_sgemm for f32, run single-threaded on the calling pool thread
+// like runtime/gemm.cpp does, reading f32 operands in place (their row stride
+// is the leading dimension); a plain loop for f64. bf16 and f16 tiles are
+// widened to f32 once per tile into per-thread scratch (exact), and outputs
+// rounded to nearest even once, on store. Scores never exist beyond one
+// kQueryBlock x kKeyBlock tile; the softmax's exp is a polynomial the
+// compiler vectorizes (exp_poly, a few ulp, exp(-inf) = 0).
+//
+// Forward: one work item per (batch, query head, query block). It walks the
+// key blocks left to right keeping, per query row, the running max m, the
+// running sum l of exp(s - m) and the unnormalized output (online softmax);
+// at the end o = acc / l and lse = m + log l.
+//
+// Backward: one work item per (batch, kv head), doing FA2's loop: for each
+// key block, for each query head sharing the kv head (in head order), for
+// each query block: recompute S and P = exp(S - lse) from the saved lse,
+// dP = dO Vᵀ, dS = P (dP - D) with D = rowsum(dO ∘ O); accumulate dV and dK
+// of the key block in f32 tiles and dQ of every query row of the group in an
+// f32 per-item scratch ([group heads, q_len, head_dim], never q_len x
+// kv_len); dK and dV are stored when their key block is done, dQ at the end.
+// Nothing is shared between work items, so no atomics or locks.
+//
+// Causal (key j visible to query i iff j <= i + kv_len - q_len): key blocks
+// wholly above the diagonal are never visited (the forward's key loop stops
+// at the last key its last row sees; the backward's query loop starts at the
+// first query block that sees the key block); only tiles crossing the
+// diagonal are masked, by setting their hidden scores to -inf.
+//
+// Determinism: each output element is written by exactly one work item, and
+// inside it every sum runs in an order fixed by the shape alone (block
+// boundaries are multiples of the block sizes, loops run in index order,
+// dnnl_sgemm is deterministic for a given shape). The pool's chunking only
+// decides which thread runs an item, so results are bit-identical for any
+// thread count, run to run.
+#include "runtime/attention.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/float_formats.h"
+
+#include <dlfcn.h>
+#include <oneapi/dnnl/dnnl.h>
+
+namespace napkin::runtime {
+
+namespace {
+
+// 64 x 64 f32 tiles are 16 KiB each: a forward item's Q, S, output
+// accumulator and the K, V tiles stay in L1/L2 while a key block is processed.
+constexpr int64_t kQueryBlock = 64;
+constexpr int64_t kKeyBlock = 64;
+
+// oneDNN runs its own parallel regions on OpenMP; each pool thread calls
+// dnnl_sgemm single-threaded (the same reasoning as runtime/gemm.cpp, whose
+// helper this mirrors): OpenMP's thread count is per thread, set once.
+void make_openmp_serial() {
+  thread_local bool done = false;
+  if (done) return;
+  done = true;
+  using SetFn = void (*)(int);
+  using GetFn = int (*)();
+  static auto set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  static auto get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  if (set && (!get || get() != 1)) set(1);
+}
+
+// C (m x n) = alpha op(A) op(B) + beta C, row-major, op = transpose when the
+// flag is set. beta is 0 or 1.
+void tile_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  make_openmp_serial();
+  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (st != dnnl_success)
+    throw Error("attention: dnnl_sgemm failed (status " + std::to_string(int(st)) + ") for m=" + std::to_string(m) +
+                " n=" + std::to_string(n) + " k=" + std::to_string(k));
+}
+
+// f64 has no oneDNN path: plain loops (f64 attention is for checking, not
+// speed), each C element summed over k in index order.
+void tile_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+               const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  const int64_t am = ta ? 1 : lda, ak = ta ? lda : 1;
+  const int64_t bk = tb ? 1 : ldb, bn = tb ? ldb : 1;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) acc += a[i * am + p * ak] * b[p * bk + j * bn];
+      c[i * ldc + j] = alpha * acc + (beta != 0 ? c[i * ldc + j] : 0.0);
+    }
+}
+
+// exp(x) in f32 for the softmax: Cody-Waite range reduction x = n ln2 + r,
+// |r| <= ln2/2, Cephes' degree-7 polynomial for e^r (about 1 ulp), times
+// 2^n built in the exponent bits. Branch-free so loops over it vectorize;
+// below the smallest normal result (-87.34, -inf included) it is 0.
+inline float exp_poly(float x) {
+  float xc = x > -87.33654f ? x : -87.33654f;  // by value: std::min/max's references block vectorization
+  xc = xc < 88.0f ? xc : 88.0f;
+  const float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
+  const float t = xc * 1.44269504088896341f + round_magic;
+  const float n = t - round_magic;
+  float r = xc - n * 0.693359375f;  // ln2's high part: n * it is exact
+  r = r - n * -2.12194440e-4f;      // ln2's low part
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t e = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(round_magic);
+  const float two_n = std::bit_cast<float>((e + 127) << 23);
+  return x < -87.33654f ? 0.0f : p * two_n;
+}
+
+// y[i] = exp(x[i] - shift), in place allowed.
+void exp_shifted(const float* x, float shift, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = exp_poly(x[i] - shift);
+}
+void exp_shifted(const double* x, double shift, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - shift);
+}
+
+// Sum and max of a row in eight interleaved lanes (a fixed order the
+// compiler can keep in one vector register; a plain left-to-right float sum
+// does not vectorize without -ffast-math).
+template <class A>
+A row_sum(const A* x, int64_t n) {
+  A lane[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) lane[k] += x[i + k];
+  for (int k = 0; i < n; ++i, ++k) lane[k] += x[i];
+  return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+template <class A>
+A row_max(const A* x, int64_t n) {
+  const A ninf = -std::numeric_limits<A>::infinity();
+  A lane[8] = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) lane[k] = std::max(lane[k], x[i + k]);
+  for (int k = 0; i < n; ++i, ++k) lane[k] = std::max(lane[k], x[i]);
+  return std::max(std::max(std::max(lane[0], lane[4]), std::max(lane[1], lane[5])),
+                  std::max(std::max(lane[2], lane[6]), std::max(lane[3], lane[7])));
+}
+
+// An element type: how it is stored, what it is computed in, and the exact
+// widening / round-to-nearest-even narrowing between them.
+struct F32Elem {
+  using Storage = float;
+  using Acc = float;
+  static float widen(float x) { return x; }
+  static float narrow(float x) { return x; }
+};
+struct F64Elem {
+  using Storage = double;
+  using Acc = double;
+  static double widen(double x) { return x; }
+  static double narrow(double x) { return x; }
+};
+struct BF16Elem {
+  using Storage = uint16_t;
+  using Acc = float;
+  static float widen(uint16_t x) { return std::bit_cast<float>(uint32_t(x) << 16); }  // bf16 is f32's top half
+  static uint16_t narrow(float x) { return float_to_bf16_bits(x); }
+};
+struct F16Elem {
+  using Storage = uint16_t;
+  using Acc = float;
+  static float widen(uint16_t x) { return f16_bits_to_float(x); }
+  static uint16_t narrow(float x) { return float_to_f16_bits(x); }
+};
+
+// Per-thread tiles, grown on first use and kept (no allocation per step once
+// warm). Sizes are tile-sized, except dq and row_dot: one (batch, kv head)'s
+// query rows, [group, q_len, head_dim] and [group, q_len].
+template <class A>
+struct Scratch {
+  std::vector<A> q, k, v, d_o, s, dp, acc, m, l, dq, row_dot;
+  static Scratch& get() {
+    thread_local Scratch s;
+    return s;
+  }
+  static A* sized(std::vector<A>& v, int64_t n) {
+    if (int64_t(v.size()) < n) v.resize(size_t(n));
+    return v.data();
+  }
+};
+
+// rows x cols of `src` (row stride ld) as Acc: in place when no conversion is
+// needed and the rows do not overlap, else widened into buf (row stride cols).
+template <class E>
+const typename E::Acc* load_rows(const typename E::Storage* src, int64_t rows, int64_t cols, int64_t ld,
+                                 std::vector<typename E::Acc>& buf, int64_t* out_ld) {
+  using A = typename E::Acc;
+  if constexpr (std::is_same_v<typename E::Storage, A>) {
+    if (ld >= cols) {
+      *out_ld = ld;
+      return src;
+    }
+  }
+  A* dst = Scratch<A>::sized(buf, rows * cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = E::widen(src[r * ld + c]);
+  *out_ld = cols;
+  return dst;
+}
+
+// Scores of the key columns a query row may not see, in a tile of a causal
+// attention that crosses the diagonal, set to -inf (exp gives 0).
+template <class A>
+void mask_tile(A* s, int64_t lds, int64_t rows, int64_t cols, int64_t i0, int64_t j0, int64_t offset) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t first_hidden = std::max<int64_t>(i0 + r + offset + 1 - j0, 0);  // column of key i + offset + 1
+    for (int64_t c = first_hidden; c < cols; ++c) s[r * lds + c] = -std::numeric_limits<A>::infinity();
+  }
+}
+
+template <class T>
+T* at(T* base, const AttentionDesc::Strides& st, int64_t b, int64_t h, int64_t row) {
+  return base + b * st.batch + h * st.head + row * st.row;
+}
+
+template <class E>
+struct Kernels {
+  using S = typename E::Storage;
+  using A = typename E::Acc;
+
+  // One forward work item: query rows [i0, i0 + rows) of head h in batch b.
+  static void forward_item(const AttentionDesc& d, const S* q, const S* k, const S* v, S* o, float* lse, int64_t b,
+                           int64_t h, int64_t i0) {
+    Scratch<A>& sc = Scratch<A>::get();
+    const int64_t D = d.head_dim, rows = std::min(kQueryBlock, d.q_len - i0);
+    const int64_t g = h / (d.heads / d.kv_heads), offset = d.kv_len - d.q_len;
+    const A scale = A(d.scale), ninf = -std::numeric_limits<A>::infinity();
+    int64_t ldq, ldk, ldv;
+    const A* qt = load_rows<E>(at(q, d.q, b, h, i0), rows, D, d.q.row, sc.q, &ldq);
+    A* s = Scratch<A>::sized(sc.s, kQueryBlock * kKeyBlock);
+    A* acc = Scratch<A>::sized(sc.acc, kQueryBlock * D);
+    A* m = Scratch<A>::sized(sc.m, kQueryBlock);
+    A* l = Scratch<A>::sized(sc.l, kQueryBlock);
+    std::fill(acc, acc + rows * D, A(0));
+    std::fill(m, m + rows, ninf);
+    std::fill(l, l + rows, A(0));
+    // The last row sees keys up to i0 + rows - 1 + offset; no later key block
+    // has a visible score.
+    const int64_t key_end = d.causal ? std::min(d.kv_len, i0 + rows + offset) : d.kv_len;
+    for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+      const int64_t cols = std::min(kKeyBlock, key_end - j0);
+      const A* kt = load_rows<E>(at(k, d.k, b, g, j0), cols, D, d.k.row, sc.k, &ldk);
+      const A* vt = load_rows<E>(at(v, d.v, b, g, j0), cols, D, d.v.row, sc.v, &ldv);
+      tile_gemm(false, true, rows, cols, D, scale, qt, ldq, kt, ldk, A(0), s, kKeyBlock);
+      if (d.causal && j0 + cols - 1 > i0 + offset) mask_tile(s, kKeyBlock, rows, cols, i0, j0, offset);
+      // Online softmax: rescale what was summed under the old max. Every row
+      // sees key 0 (offset >= 0), so m is finite after the first block.
+      for (int64_t r = 0; r < rows; ++r) {
+        A* sr = s + r * kKeyBlock;
+        const A m_new = std::max(m[r], row_max(sr, cols));
+        exp_shifted(sr, m_new, sr, cols);
+        A alpha = 0;
+        exp_shifted(&m[r], m_new, &alpha, 1);
+        l[r] = l[r] * alpha + row_sum(sr, cols);
+        m[r] = m_new;
+        if (alpha != A(1)) {
+          A* ar = acc + r * D;
+          for (int64_t c = 0; c < D; ++c) ar[c] *= alpha;
+        }
+      }
+      tile_gemm(false, false, rows, D, cols, A(1), s, kKeyBlock, vt, ldv, A(1), acc, D);
+    }
+    S* out = at(o, d.o, b, h, i0);
+    float* lse_out = lse + (b * d.heads + h) * d.q_len + i0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < D; ++c) out[r * d.o.row + c] = E::narrow(acc[r * D + c] / l[r]);
+      lse_out[r] = float(m[r] + std::log(l[r]));
+    }
+  }
+
+  static void forward(const AttentionDesc& d, const void* q, const void* k, const void* v, void* o, float* lse,
+                      ThreadPool& pool) {
+    const int64_t blocks = (d.q_len + kQueryBlock - 1) / kQueryBlock;
+    const int64_t items = d.batch * d.heads * blocks;
+    pool.parallel_for(items, [&](int64_t begin, int64_t end) {
+      for (int64_t it = begin; it < end; ++it) {
+        const int64_t qb = it % blocks, bh = it / blocks;
+        forward_item(d, static_cast<const S*>(q), static_cast<const S*>(k), static_cast<const S*>(v),
+                     static_cast<S*>(o), lse, bh / d.heads, bh % d.heads, qb * kQueryBlock);
+      }
+    });
+  }
+
+  // One backward work item: kv head g of batch b, with the query heads
+  // [g * group, (g + 1) * group) that read it.
+  static void backward_item(const AttentionDesc& d, const S* q, const S* k, const S* v, const S* o, const float* lse,
+                            const S* d_o, S* dq, S* dk, S* dv, int64_t b, int64_t g) {
+    Scratch<A>& sc = Scratch<A>::get();
+    const int64_t D = d.head_dim, T = d.q_len, group = d.heads / d.kv_heads, h0 = g * group;
+    const int64_t offset = d.kv_len - d.q_len;
+    const A scale = A(d.scale);
+    A* dq_acc = Scratch<A>::sized(sc.dq, group * T * D);
+    A* row_dot = Scratch<A>::sized(sc.row_dot, group * T);  // D_i = do_i . o_i
+    A* s = Scratch<A>::sized(sc.s, kQueryBlock * kKeyBlock);
+    A* dp = Scratch<A>::sized(sc.dp, kQueryBlock * kKeyBlock);
+    A* dkv = Scratch<A>::sized(sc.acc, 2 * kKeyBlock * D);
+    A* dk_acc = dkv;
+    A* dv_acc = dkv + kKeyBlock * D;
+    std::fill(dq_acc, dq_acc + group * T * D, A(0));
+    for (int64_t hl = 0; hl < group; ++hl)
+      for (int64_t i = 0; i < T; ++i) {
+        const S* dor = at(d_o, d.d_o, b, h0 + hl, i);
+        const S* orow = at(o, d.o, b, h0 + hl, i);
+        A sum = 0;
+        for (int64_t c = 0; c < D; ++c) sum += E::widen(dor[c]) * E::widen(orow[c]);
+        row_dot[hl * T + i] = sum;
+      }
+
+    int64_t ldk, ldv, ldq, lddo;
+    for (int64_t j0 = 0; j0 < d.kv_len; j0 += kKeyBlock) {
+      const int64_t cols = std::min(kKeyBlock, d.kv_len - j0);
+      const A* kt = load_rows<E>(at(k, d.k, b, g, j0), cols, D, d.k.row, sc.k, &ldk);
+      const A* vt = load_rows<E>(at(v, d.v, b, g, j0), cols, D, d.v.row, sc.v, &ldv);
+      std::fill(dkv, dkv + 2 * kKeyBlock * D, A(0));
+      // The first query that sees key j0 is j0 - offset; earlier query blocks
+      // see nothing of this key block.
+      const int64_t first_block = d.causal ? std::max<int64_t>(j0 - offset, 0) / kQueryBlock : 0;
+      for (int64_t hl = 0; hl < group; ++hl) {
+        const float* lse_h = lse + (b * d.heads + h0 + hl) * T;
+        for (int64_t i0 = first_block * kQueryBlock; i0 < T; i0 += kQueryBlock) {
+          const int64_t rows = std::min(kQueryBlock, T - i0);
+          const A* qt = load_rows<E>(at(q, d.q, b, h0 + hl, i0), rows, D, d.q.row, sc.q, &ldq);
+          const A* dot = load_rows<E>(at(d_o, d.d_o, b, h0 + hl, i0), rows, D, d.d_o.row, sc.d_o, &lddo);
+          // P = exp(scale Q Kᵀ - lse), the forward's probabilities.
+          tile_gemm(false, true, rows, cols, D, scale, qt, ldq, kt, ldk, A(0), s, kKeyBlock);
+          if (d.causal && j0 + cols - 1 > i0 + offset) mask_tile(s, kKeyBlock, rows, cols, i0, j0, offset);
+          for (int64_t r = 0; r < rows; ++r) exp_shifted(s + r * kKeyBlock, A(lse_h[i0 + r]), s + r * kKeyBlock, cols);
+          // dV += Pᵀ dO
+          tile_gemm(true, false, cols, D, rows, A(1), s, kKeyBlock, dot, lddo, A(1), dv_acc, D);
+          // dS = P (dO Vᵀ - D), in place of dP
+          tile_gemm(false, true, rows, cols, D, A(1), dot, lddo, vt, ldv, A(0), dp, kKeyBlock);
+          for (int64_t r = 0; r < rows; ++r) {
+            const A di = row_dot[hl * T + i0 + r];
+            A* dpr = dp + r * kKeyBlock;
+            const A* pr = s + r * kKeyBlock;
+            for (int64_t c = 0; c < cols; ++c) dpr[c] = pr[c] * (dpr[c] - di);
+          }
+          // dK += dSᵀ Q, dQ += dS K (both scaled once, on store)
+          tile_gemm(true, false, cols, D, rows, A(1), dp, kKeyBlock, qt, ldq, A(1), dk_acc, D);
+          tile_gemm(false, false, rows, D, cols, A(1), dp, kKeyBlock, kt, ldk, A(1), dq_acc + (hl * T + i0) * D, D);
+        }
+      }
+      S* dk_out = at(dk, d.dk, b, g, j0);
+      S* dv_out = at(dv, d.dv, b, g, j0);
+      for (int64_t r = 0; r < cols; ++r)
+        for (int64_t c = 0; c < D; ++c) {
+          dk_out[r * d.dk.row + c] = E::narrow(dk_acc[r * D + c] * scale);
+          dv_out[r * d.dv.row + c] = E::narrow(dv_acc[r * D + c]);
+        }
+    }
+    for (int64_t hl = 0; hl < group; ++hl)
+      for (int64_t i = 0; i < T; ++i) {
+        S* out = at(dq, d.dq, b, h0 + hl, i);
+        const A* src = dq_acc + (hl * T + i) * D;
+        for (int64_t c = 0; c < D; ++c) out[c] = E::narrow(src[c] * scale);
+      }
+  }
+
+  static void backward(const AttentionDesc& d, const void* q, const void* k, const void* v, const void* o,
+                       const float* lse, const void* d_o, void* dq, void* dk, void* dv, ThreadPool& pool) {
+    const int64_t items = d.batch * d.kv_heads;
+    pool.parallel_for(items, [&](int64_t begin, int64_t end) {
+      for (int64_t it = begin; it < end; ++it)
+        backward_item(d, static_cast<const S*>(q), static_cast<const S*>(k), static_cast<const S*>(v),
+                      static_cast<const S*>(o), lse, static_cast<const S*>(d_o), static_cast<S*>(dq),
+                      static_cast<S*>(dk), static_cast<S*>(dv), it / d.kv_heads, it % d.kv_heads);
+    });
+  }
+};
+
+// Calls f.template operator()<E>() with E the element type of t.
+template <class F>
+void with_elem(GemmType t, F&& f) {
+  switch (t) {
+    case GemmType::F32: return f.template operator()<F32Elem>();
+    case GemmType::F64: return f.template operator()<F64Elem>();
+    case GemmType::BF16: return f.template operator()<BF16Elem>();
+    case GemmType::F16: return f.template operator()<F16Elem>();
+  }
+}
+
+}  // namespace
+
+struct Attention::Impl {};
+
+Attention::Attention(AttentionDesc desc, GemmType type) : d_(desc), type_(type), impl_(std::make_unique<Impl>()) {
+  auto fail = [](const std::string& what) { throw Error("attention: " + what); };
+  const std::pair<const char*, int64_t> dims[] = {{"batch", d_.batch},     {"heads", d_.heads},
+                                                  {"kv_heads", d_.kv_heads}, {"q_len", d_.q_len},
+                                                  {"kv_len", d_.kv_len},   {"head_dim", d_.head_dim}};
+  for (const auto& [name, value] : dims)
+    if (value <= 0) fail(std::string(name) + " must be positive, got " + std::to_string(value));
+  if (d_.heads % d_.kv_heads != 0)
+    fail("heads (" + std::to_string(d_.heads) + ") must be a multiple of kv_heads (" + std::to_string(d_.kv_heads) +
+         ")");
+  if (d_.causal && d_.q_len > d_.kv_len)
+    fail("causal attention needs q_len <= kv_len, got q_len " + std::to_string(d_.q_len) + " and kv_len " +
+         std::to_string(d_.kv_len));
+  if (!std::isfinite(d_.scale)) fail("scale must be finite");
+  const std::pair<const char*, const AttentionDesc::Strides*> strides[] = {
+      {"q", &d_.q}, {"k", &d_.k}, {"v", &d_.v}, {"o", &d_.o}, {"do", &d_.d_o}, {"dq", &d_.dq}, {"dk", &d_.dk},
+      {"dv", &d_.dv}};
+  for (const auto& [name, st] : strides)
+    if (st->batch < 0 || st->head < 0 || st->row < 0)
+      fail(std::string(name) + " strides must be non-negative, got (" + std::to_string(st->batch) + ", " +
+           std::to_string(st->head) + ", " + std::to_string(st->row) + ")");
+}
+
+Attention::~Attention() = default;
+Attention::Attention(Attention&&) noexcept = default;
+
+void Attention::forward(const void* q, const void* k, const void* v, void* o, float* lse, ThreadPool& pool) const {
+  with_elem(type_, [&]<class E>() { Kernels<E>::forward(d_, q, k, v, o, lse, pool); });
+}
+
+void Attention::backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                         const void* d_o, void* dq, void* dk, void* dv, ThreadPool& pool) const {
+  with_elem(type_, [&]<class E>() { Kernels<E>::backward(d_, q, k, v, o, lse, d_o, dq, dk, dv, pool); });
+}
+
+}  // namespace napkin::runtime
