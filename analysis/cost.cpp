@@ -90,8 +90,10 @@ void PhaseCost::add(const OpRow& row) {
   flops += row.cost.flops;
   bytes_read += row.cost.bytes_read;
   bytes_written += row.cost.bytes_written;
+  recompute_flops += row.cost.recompute_flops;
   if (row.category == "param-matmul") param_matmul_flops += row.cost.flops;
-  else if (row.category == "activation-matmul") activation_matmul_flops += row.cost.flops;
+  // Fused attention's q·kᵀ and p·v are the activation matmuls it replaced.
+  else if (row.category == "activation-matmul" || row.category == "attention") activation_matmul_flops += row.cost.flops;
   else other_flops += row.cost.flops;
   seconds += row.seconds;
   ++ops;
@@ -118,14 +120,16 @@ StepCost analyze_step(const ir::Graph& g, const Device* device) {
         for (ir::ValueId v : n.inputs)
           if (reads_param(g, v)) matmul_params.insert(param_read(g, v));
     }
+    const bool matmul_like = is_contraction(n) || info.op_class == ir::OpClass::Attention;
     if (device) {
-      double peak = is_contraction(n) ? matmul_peak(*device, row.compute_dtype) : vector_peak(*device, row.compute_dtype);
+      double peak = matmul_like ? matmul_peak(*device, row.compute_dtype) : vector_peak(*device, row.compute_dtype);
       if (peak <= 0 && row.cost.flops > 0) {
         // An unsupported dtype is not a zero-time op: say so instead of guessing.
         row.no_peak = true;
         ++c.ops_without_peak;
       } else {
-        double compute = row.cost.flops > 0 ? row.cost.flops / peak : 0;
+        double work = row.cost.flops + row.cost.recompute_flops;
+        double compute = work > 0 ? work / peak : 0;
         double memory = (row.cost.bytes_read + row.cost.bytes_written) / device->bandwidth_bytes_per_s;
         row.seconds = std::max(compute, memory);
         row.compute_bound = compute > memory;

@@ -44,6 +44,9 @@ struct PhaseCost {
   double param_matmul_flops = 0;
   double activation_matmul_flops = 0;
   double other_flops = 0;
+  // Recomputed FLOPs (fused attention's backward), not in `flops`: the
+  // kernels run them, MFU and the 6·N·D comparisons do not count them.
+  double recompute_flops = 0;
   double seconds = 0;  // sum of per-op roofline times (ops without a peak excluded)
   int ops = 0;
   void add(const OpRow& row);

@@ -256,7 +256,9 @@ class FuseAttention : public Pass {
     for (int64_t id : mo) perm.push_back(position(o_ids, id));
     bool identity = true;
     for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
-    ValueId result = identity ? o : b.must(b.permute(o, perm));
+    // A contiguous value of the einsum's own shape and layout, so views of the
+    // old result stay valid views of the new one.
+    ValueId result = identity ? o : b.must(b.add(Op::Copy, {b.must(b.permute(o, perm))}));
     b.rename_dims(result, g.value(mix.out()).type.dims);
     g.value(result).name = g.value(mix.out()).name;
     g.value(mix.out()).name.clear();
@@ -266,6 +268,8 @@ class FuseAttention : public Pass {
         if (in == old) in = result;
     for (auto& [label, value] : g.outputs)
       if (value == old) value = result;
+    for (int v = 0; v < g.num_values(); ++v)
+      if (g.value(v).storage == old && v != old) g.value(v).storage = result;
   }
 };
 

@@ -161,6 +161,9 @@ std::string flops_section(const analysis::StepCost& c) {
   out += phase_line("backward", c.phase(ir::Phase::Backward), f, c.device);
   out += phase_line("optimizer", c.phase(ir::Phase::Optimizer), f, c.device);
   out += phase_line("total", c.total, f, c.device);
+  if (c.total.recompute_flops > 0)
+    out += fmt::format("  recompute            {:>22}  ({}: fused attention's backward recomputes its scores; not in total or MFU)\n",
+                       with_commas(c.total.recompute_flops), human_flops(c.total.recompute_flops));
   out += fmt::format("  bytes read           {:>22}  ({})\n", with_commas(c.total.bytes_read), human_bytes(c.total.bytes_read));
   out += fmt::format("  bytes written        {:>22}  ({})\n", with_commas(c.total.bytes_written),
                      human_bytes(c.total.bytes_written));
@@ -288,6 +291,25 @@ std::string plan_lines(const ir::Graph& g, const analysis::MemoryReport& m) {
   return out;
 }
 
+// Each attention site: fused into one kernel, or why not (passes/fuse_attention.h).
+std::string attention_section(const ir::Graph& g, const std::vector<passes::AttentionSite>& sites) {
+  int called = 0, fused = 0;
+  for (ir::NodeId id : g.schedule())
+    if (g.node(id).op == ir::Op::Attention) ++called;
+  for (const passes::AttentionSite& s : sites) fused += s.fused;
+  if (sites.empty() && called == 0) return "";
+  std::string out = fmt::format("\nattention ({} fused kernel{}: no [batch, heads, queries, keys] value is stored)\n", called,
+                                called == 1 ? "" : "s");
+  if (called > fused) out += fmt::format("  written as attention(q, k, v)  {:>4}\n", called - fused);
+  // Sites in repeated blocks differ only by scope: say each line once.
+  std::map<std::pair<int, std::string>, int> seen;
+  for (const passes::AttentionSite& s : sites) ++seen[{s.loc.line, s.fused ? "" : s.reason}];
+  for (const auto& [key, count] : seen)
+    out += fmt::format("  line {:<5} {:>3} site{}  {}\n", key.first, count, count == 1 ? " " : "s",
+                       key.second.empty() ? "fused" : "not fused: " + key.second);
+  return out;
+}
+
 std::string recompute_section(const passes::RecomputeReport& r) {
   std::string out = fmt::format("\nrecompute (--memory-budget {}: {})\n", with_commas(static_cast<double>(r.budget)),
                                 human_bytes(static_cast<double>(r.budget)));
@@ -365,6 +387,7 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
                        human_bytes(static_cast<double>(bytes)));
   out += memory_section(g, memory);
   if (options.recompute && options.recompute->ran) out += recompute_section(*options.recompute);
+  if (options.attention) out += attention_section(g, *options.attention);
   out += render_amp_audit_text(g, c, memory, options.fp32_step, options.show_ops);
   if (c.has_backward()) out += fusion_section_text(g, summarize_fusion(g));
   if (c.has_backward()) out += step_rule_section(g, c);
@@ -397,6 +420,7 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
                 {"param_matmul", {{"forward", f.param_matmul_flops}, {"backward", b.param_matmul_flops}}},
                 {"activation_matmul", {{"forward", f.activation_matmul_flops}, {"backward", b.activation_matmul_flops}}},
                 {"other", {{"forward", f.other_flops}, {"backward", b.other_flops}}},
+                {"recompute", c.total.recompute_flops},
                 {"two_tokens_params", gap.two_tp},
                 {"six_tokens_params", step.six_tp}};
   PalmTerms palm = palm_terms(g, c);
@@ -450,6 +474,14 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
                  {"peak_forward", memory.phase_peak(ir::Phase::Forward).bytes},
                  {"peak_backward", memory.phase_peak(ir::Phase::Backward).bytes},
                  {"peak_optimizer", memory.phase_peak(ir::Phase::Optimizer).bytes}};
+  if (options.attention) {
+    json sites = json::array();
+    for (const passes::AttentionSite& s : *options.attention)
+      sites.push_back({{"line", s.loc.line}, {"scope", s.scope}, {"fused", s.fused}, {"reason", s.reason}});
+    int kernels = 0;
+    for (ir::NodeId id : g.schedule()) kernels += g.node(id).op == ir::Op::Attention;
+    j["attention"] = {{"fused_kernels", kernels}, {"sites", sites}};
+  }
   if (options.recompute && options.recompute->ran) {
     const passes::RecomputeReport& r = *options.recompute;
     json values = json::array();

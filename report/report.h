@@ -7,6 +7,7 @@
 #include "analysis/cost.h"
 #include "analysis/memory.h"
 #include "ir/graph.h"
+#include "passes/fuse_attention.h"
 #include "passes/recompute.h"
 
 namespace napkin::report {
@@ -17,6 +18,8 @@ struct ReportOptions {
   const passes::RecomputeReport* recompute = nullptr;  // what --memory-budget recomputed, when given
   // The same model compiled with precision fp32, for the AMP audit's comparison (null: left out).
   const ir::Graph* fp32_step = nullptr;
+  // What the fused-attention pass did at each attention site (null: no section).
+  const std::vector<passes::AttentionSite>* attention = nullptr;
 };
 
 std::string render_report_text(const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,

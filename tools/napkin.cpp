@@ -47,6 +47,7 @@
 #include "ir/internal_check.h"
 #include "ir/printer.h"
 #include "ir/quantities.h"
+#include "passes/fuse_attention.h"
 #include "passes/pipeline.h"
 #include "report/graph_dot.h"
 #include "report/report.h"
@@ -62,6 +63,12 @@ using namespace napkin;
 
 constexpr int kUserError = 1;
 constexpr int kInternalError = 2;
+
+// --unfused-attention (report, ir, graph, check, build, train): keep the
+// spelled-out attention a model writes, to compare with the fused kernel.
+bool g_unfused_attention = false;
+// Where the fused-attention pass says what it fused and why not (the report prints it).
+std::vector<passes::AttentionSite> g_attention_sites;
 
 // Loads a model and builds its training step (forward, backward, optimizer);
 // prints diagnostics (warnings too). fp32_step: when given and the model's
@@ -83,13 +90,19 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
   }
   ir::Diagnostics diag;
   std::optional<ir::Graph> g = frontend::load_model_file(path, diag, load_options);
+  passes::PipelineOptions pipeline = options;
+  pipeline.fuse_attention = !g_unfused_attention;
   if (g && fp32_step && g->config.precision.policy != ir::PrecisionPolicy::FP32) {
     *fp32_step = *g;
     (*fp32_step)->config.precision = {};
     ir::Diagnostics repeated;
-    passes::run_training_pipeline(**fp32_step, repeated);
+    passes::PipelineOptions baseline;
+    baseline.fuse_attention = pipeline.fuse_attention;
+    passes::run_training_pipeline(**fp32_step, repeated, baseline);
   }
-  if (g) passes::run_training_pipeline(*g, diag, options, budget);
+  g_attention_sites.clear();
+  pipeline.attention_sites = &g_attention_sites;
+  if (g) passes::run_training_pipeline(*g, diag, pipeline, budget);
   std::cerr << diag.render();
   if (diag.has_errors()) return std::nullopt;
   return g;
@@ -127,7 +140,7 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
   if (!g) return kUserError;
   analysis::StepCost cost = analysis::analyze_step(*g, device);
   analysis::MemoryReport memory = analysis::analyze_memory(*g);
-  report::ReportOptions options{path, !no_ops, &recompute, fp32 ? &*fp32 : nullptr};
+  report::ReportOptions options{path, !no_ops, &recompute, fp32 ? &*fp32 : nullptr, &g_attention_sites};
   std::cout << (json ? report::render_report_json(*g, cost, memory, options)
                      : report::render_report_text(*g, cost, memory, options));
   return 0;
@@ -464,6 +477,7 @@ int main(int argc, char** argv) {
   report->add_flag("--json", json, "print one JSON object");
   report->add_flag("--no-ops", no_ops, "omit the per-op table");
   report->add_option("--memory-budget", budget, budget_help);
+  report->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget); });
 
   std::vector<std::string> print_after;
@@ -474,6 +488,7 @@ int main(int argc, char** argv) {
   ir_cmd->add_option("--print-after", print_after, "print the IR after these passes ('all' for every pass)");
   ir_cmd->add_flag("--time-passes", time_passes, "time each pass");
   ir_cmd->add_flag("--no-locations", no_locations, "omit the YAML locations");
+  ir_cmd->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   ir_cmd->callback([&] { status = cmd_ir(model, dims, print_after, time_passes, no_locations); });
 
   bool dot = false, no_fuse = false;
@@ -484,6 +499,7 @@ int main(int argc, char** argv) {
   graph->add_flag("--dot", dot, "Graphviz DOT (render with dot -Tsvg)");
   graph->add_option("-o,--output", graph_output, "write to this file instead of stdout");
   graph->add_flag("--no-fuse", no_fuse, "draw every node on its own, without fusion groups");
+  graph->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   graph->callback([&] { status = cmd_graph(model, dims, dot, graph_output, no_fuse); });
 
   uint64_t seed = 0;
@@ -495,6 +511,7 @@ int main(int argc, char** argv) {
   check->add_option("--seed", seed, "seed of the random inputs and parameters")->capture_default_str();
   check->add_option("--samples", samples, "elements per tensor checked one by one")->capture_default_str()->check(CLI::Range(0, 1000000));
   check->add_flag("--force", force, "run even when the check would take hours");
+  check->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   check->callback([&] { status = cmd_check(model, dims, seed, samples, force); });
 
   EstimateArgs est;
@@ -529,6 +546,7 @@ int main(int argc, char** argv) {
   build->add_flag("--time-passes", build_args.time_passes, "time each step of the build");
   build->add_flag("--quiet", build_args.quiet, "print nothing on success");
   build->add_option("--memory-budget", build_args.memory_budget, budget_help);
+  build->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   build->callback([&] { status = cmd_build(build_args); });
 
   std::vector<std::string> trainer_args;
@@ -540,6 +558,7 @@ int main(int argc, char** argv) {
   train->add_option("--target", train_target, "cpu or cuda (sm_90, the h100's peak for MFU)")->capture_default_str();
   train->add_option("trainer_args", trainer_args, "flags for the trainer (see TRAINER --help)");
   train->prefix_command(false);
+  train->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   train->callback([&] { status = cmd_train(model, dims, budget, train_target, trainer_args); });
 
   std::vector<std::string> encode_inputs;
