@@ -1,8 +1,8 @@
 // The CPU fused attention (runtime/attention.h): FlashAttention-2 on tiles
 // that fit the L1/L2 caches, f32 arithmetic (f64 for f64 operands).
 //
-// Tiling: a query block is kQueryBlock rows of q (and of do, o, dq), a key
-// block kKeyBlock rows of k and v (and of dk, dv). Every product of a tile
+// Tiling: a query block is kQueryBlock (64) rows of q (and of do, o, dq), a
+// key block kKeyBlock (128) rows of k and v (and of dk, dv). Every product of a tile
 // pair (S = scale Q Kᵀ, P V, dO Vᵀ, Pᵀ dO, dSᵀ Q, dS K) is one small GEMM:
 // oneDNN's dnnl_sgemm for f32, run single-threaded on the calling pool thread
 // like runtime/gemm.cpp does, reading f32 operands in place (their row stride
@@ -59,10 +59,20 @@ namespace napkin::runtime {
 
 namespace {
 
-// 64 x 64 f32 tiles are 16 KiB each: a forward item's Q, S, output
-// accumulator and the K, V tiles stay in L1/L2 while a key block is processed.
-constexpr int64_t kQueryBlock = 64;
-constexpr int64_t kKeyBlock = 64;
+// A 64-row query block against a 128-key block: the f32 score tile is 32
+// KiB, Q/dO and K/V tiles 16 and 32 KiB at head_dim 64, all within L2 while a
+// key block is processed. Measured (bench/attention_cpu.cpp, one thread, CPU
+// time): 64 x 128 and 128 x 128 about 9% faster than 64 x 64; 64 rows keep
+// the causal diagonal tiles (half wasted) small for short sequences (T=128).
+// The macros exist only to re-measure other sizes.
+#ifndef NAPKIN_ATTENTION_QUERY_BLOCK
+#define NAPKIN_ATTENTION_QUERY_BLOCK 64
+#endif
+#ifndef NAPKIN_ATTENTION_KEY_BLOCK
+#define NAPKIN_ATTENTION_KEY_BLOCK 128
+#endif
+constexpr int64_t kQueryBlock = NAPKIN_ATTENTION_QUERY_BLOCK;
+constexpr int64_t kKeyBlock = NAPKIN_ATTENTION_KEY_BLOCK;
 
 // oneDNN runs its own parallel regions on OpenMP; each pool thread calls
 // dnnl_sgemm single-threaded (the same reasoning as runtime/gemm.cpp, whose
@@ -107,7 +117,7 @@ void tile_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, 
 // |r| <= ln2/2, Cephes' degree-7 polynomial for e^r (about 1 ulp), times
 // 2^n built in the exponent bits. Branch-free so loops over it vectorize;
 // below the smallest normal result (-87.34, -inf included) it is 0.
-inline float exp_poly(float x) {
+[[gnu::always_inline]] inline float exp_poly(float x) {
   float xc = x > -87.33654f ? x : -87.33654f;  // by value: std::min/max's references block vectorization
   xc = xc < 88.0f ? xc : 88.0f;
   const float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
@@ -127,14 +137,14 @@ inline float exp_poly(float x) {
   return x < -87.33654f ? 0.0f : p * two_n;
 }
 
-inline double exp_any(double x) { return std::exp(x); }
-inline float exp_any(float x) { return exp_poly(x); }
+[[gnu::always_inline]] inline double exp_any(double x) { return std::exp(x); }
+[[gnu::always_inline]] inline float exp_any(float x) { return exp_poly(x); }
 
 // Sum and max of a row in eight interleaved lanes (a fixed order the
 // compiler can keep in one vector register; a plain left-to-right float sum
 // does not vectorize without -ffast-math).
 template <class A>
-A row_sum(const A* x, int64_t n) {
+[[gnu::always_inline]] inline A row_sum(const A* x, int64_t n) {
   A lane[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -143,7 +153,7 @@ A row_sum(const A* x, int64_t n) {
   return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 template <class A>
-A row_max(const A* x, int64_t n) {
+[[gnu::always_inline]] inline A row_max(const A* x, int64_t n) {
   const A ninf = -std::numeric_limits<A>::infinity();
   A lane[8] = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
   int64_t i = 0;
@@ -157,7 +167,8 @@ A row_max(const A* x, int64_t n) {
 // The element-wise tile loops (softmax, dS, widening, narrowing) are
 // compiled for AVX-512 and AVX2 besides the baseline x86-64 (SSE2) and the
 // best the CPU has is picked at load time (GCC function multiversioning), so
-// the binary runs on any x86-64. Each clone computes the same bits: no FMA
+// the binary runs on any x86-64. The bodies are always_inline templates so
+// that each clone compiles its own copy for its target. Each clone computes the same bits: no FMA
 // contraction (-std=c++20 sets -ffp-contract=off) and fixed-order lanes.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define NAPKIN_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -172,7 +183,7 @@ A row_max(const A* x, int64_t n) {
 // kv_len - q_len is >= 0), so m is finite after the first block; m_old = -inf
 // gives a factor of 0.
 template <class A>
-void online_softmax_body(A* s, int64_t lds, int64_t rows, int64_t cols, A* m, A* l, A* acc, int64_t D) {
+[[gnu::always_inline]] inline void online_softmax_body(A* s, int64_t lds, int64_t rows, int64_t cols, A* m, A* l, A* acc, int64_t D) {
   for (int64_t r = 0; r < rows; ++r) {
     A* sr = s + r * lds;
     const A m_new = std::max(m[r], row_max(sr, cols));
@@ -197,7 +208,7 @@ void online_softmax(double* s, int64_t lds, int64_t rows, int64_t cols, double* 
 
 // The backward's probabilities, in place: s = exp(s - lse of the row).
 template <class A>
-void probabilities_body(A* s, int64_t lds, int64_t rows, int64_t cols, const float* lse) {
+[[gnu::always_inline]] inline void probabilities_body(A* s, int64_t lds, int64_t rows, int64_t cols, const float* lse) {
   for (int64_t r = 0; r < rows; ++r) {
     A* sr = s + r * lds;
     const A shift = A(lse[r]);
@@ -213,7 +224,7 @@ void probabilities(double* s, int64_t lds, int64_t rows, int64_t cols, const flo
 
 // dS = P (dP - D_row), in place of dP.
 template <class A>
-void score_grads_body(const A* p, A* dp, int64_t ld, int64_t rows, int64_t cols, const A* row_dot) {
+[[gnu::always_inline]] inline void score_grads_body(const A* p, A* dp, int64_t ld, int64_t rows, int64_t cols, const A* row_dot) {
   for (int64_t r = 0; r < rows; ++r) {
     const A di = row_dot[r];
     const A* pr = p + r * ld;
@@ -238,7 +249,7 @@ NAPKIN_VECTOR_CLONES void widen_bf16(const uint16_t* src, int64_t rows, int64_t 
 // dst row r (stride ldd) = src row r (stride lds) * mul / div[r] (div may be
 // null: 1), narrowed to the storage type.
 template <class A, class S, class Narrow>
-void store_rows_body(const A* src, int64_t lds, int64_t rows, int64_t cols, A mul, const A* div, S* dst, int64_t ldd,
+[[gnu::always_inline]] inline void store_rows_body(const A* src, int64_t lds, int64_t rows, int64_t cols, A mul, const A* div, S* dst, int64_t ldd,
                      Narrow narrow) {
   for (int64_t r = 0; r < rows; ++r) {
     const A* sr = src + r * lds;
