@@ -8,6 +8,7 @@
 // dQ); visible pairs per (batch, head): T S, or T (T + 1) / 2 causal (T = S).
 //
 //   attention_cpu [reps]     (default 5; the best of reps is reported)
+//   ATTENTION_BENCH_ONLY=bf16 attention_cpu   (one element type only)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -92,6 +93,8 @@ int main(int argc, char** argv) {
   ThreadPool pool;
   std::printf("threads: %d, causal, q/k/v strided in a fused qkv buffer\n", pool.num_threads());
   const Case cases[] = {{"gpt B=16 H=4 T=128 D=64", 16, 4, 128, 64}, {"B=8 H=12 T=1024 D=64", 8, 12, 1024, 64}};
+  const char* only = std::getenv("ATTENTION_BENCH_ONLY");  // e.g. "bf16": one type only
   for (const Case& c : cases)
-    for (GemmType t : {GemmType::F32, GemmType::BF16}) bench(c, t, pool, reps);
+    for (GemmType t : {GemmType::F32, GemmType::BF16})
+      if (!only || std::strcmp(only, gemm_type_name(t)) == 0) bench(c, t, pool, reps);
 }

@@ -1,8 +1,8 @@
 // The CPU fused attention (runtime/attention.h): FlashAttention-2 on tiles
 // that fit the L1/L2 caches, f32 arithmetic (f64 for f64 operands).
 //
-// Tiling: a query block is kQueryBlock rows of q (and of do, o, dq), a key
-// block kKeyBlock rows of k and v (and of dk, dv). Every product of a tile
+// Tiling: a query block is kQueryBlock (64) rows of q (and of do, o, dq), a
+// key block kKeyBlock (128) rows of k and v (and of dk, dv). Every product of a tile
 // pair (S = scale Q Kᵀ, P V, dO Vᵀ, Pᵀ dO, dSᵀ Q, dS K) is one small GEMM:
 // oneDNN's dnnl_sgemm for f32, run single-threaded on the calling pool thread
 // like runtime/gemm.cpp does, reading f32 operands in place (their row stride
@@ -59,10 +59,20 @@ namespace napkin::runtime {
 
 namespace {
 
-// 64 x 64 f32 tiles are 16 KiB each: a forward item's Q, S, output
-// accumulator and the K, V tiles stay in L1/L2 while a key block is processed.
-constexpr int64_t kQueryBlock = 64;
-constexpr int64_t kKeyBlock = 64;
+// A 64-row query block against a 128-key block: the f32 score tile is 32
+// KiB, Q/dO and K/V tiles 16 and 32 KiB at head_dim 64, all within L2 while a
+// key block is processed. Measured (bench/attention_cpu.cpp, one thread, CPU
+// time): 64 x 128 and 128 x 128 about 9% faster than 64 x 64; 64 rows keep
+// the causal diagonal tiles (half wasted) small for short sequences (T=128).
+// The macros exist only to re-measure other sizes.
+#ifndef NAPKIN_ATTENTION_QUERY_BLOCK
+#define NAPKIN_ATTENTION_QUERY_BLOCK 64
+#endif
+#ifndef NAPKIN_ATTENTION_KEY_BLOCK
+#define NAPKIN_ATTENTION_KEY_BLOCK 128
+#endif
+constexpr int64_t kQueryBlock = NAPKIN_ATTENTION_QUERY_BLOCK;
+constexpr int64_t kKeyBlock = NAPKIN_ATTENTION_KEY_BLOCK;
 
 // oneDNN runs its own parallel regions on OpenMP; each pool thread calls
 // dnnl_sgemm single-threaded (the same reasoning as runtime/gemm.cpp, whose
@@ -107,7 +117,7 @@ void tile_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, 
 // |r| <= ln2/2, Cephes' degree-7 polynomial for e^r (about 1 ulp), times
 // 2^n built in the exponent bits. Branch-free so loops over it vectorize;
 // below the smallest normal result (-87.34, -inf included) it is 0.
-inline float exp_poly(float x) {
+[[gnu::always_inline]] inline float exp_poly(float x) {
   float xc = x > -87.33654f ? x : -87.33654f;  // by value: std::min/max's references block vectorization
   xc = xc < 88.0f ? xc : 88.0f;
   const float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
@@ -127,19 +137,14 @@ inline float exp_poly(float x) {
   return x < -87.33654f ? 0.0f : p * two_n;
 }
 
-// y[i] = exp(x[i] - shift), in place allowed.
-void exp_shifted(const float* x, float shift, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = exp_poly(x[i] - shift);
-}
-void exp_shifted(const double* x, double shift, double* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - shift);
-}
+[[gnu::always_inline]] inline double exp_any(double x) { return std::exp(x); }
+[[gnu::always_inline]] inline float exp_any(float x) { return exp_poly(x); }
 
 // Sum and max of a row in eight interleaved lanes (a fixed order the
 // compiler can keep in one vector register; a plain left-to-right float sum
 // does not vectorize without -ffast-math).
 template <class A>
-A row_sum(const A* x, int64_t n) {
+[[gnu::always_inline]] inline A row_sum(const A* x, int64_t n) {
   A lane[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -148,7 +153,7 @@ A row_sum(const A* x, int64_t n) {
   return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 template <class A>
-A row_max(const A* x, int64_t n) {
+[[gnu::always_inline]] inline A row_max(const A* x, int64_t n) {
   const A ninf = -std::numeric_limits<A>::infinity();
   A lane[8] = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
   int64_t i = 0;
@@ -159,31 +164,165 @@ A row_max(const A* x, int64_t n) {
                   std::max(std::max(lane[2], lane[6]), std::max(lane[3], lane[7])));
 }
 
+// The element-wise tile loops (softmax, dS, widening, narrowing) are
+// compiled for AVX-512 and AVX2 besides the baseline x86-64 (SSE2) and the
+// best the CPU has is picked at load time (GCC function multiversioning), so
+// the binary runs on any x86-64. The bodies are always_inline templates so
+// that each clone compiles its own copy for its target. Each clone computes the same bits: no FMA
+// contraction (-std=c++20 sets -ffp-contract=off) and fixed-order lanes.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NAPKIN_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define NAPKIN_VECTOR_CLONES
+#endif
+
+// One key block of the forward's online softmax on a rows x cols score tile
+// (row stride lds), in place: scores become exp(s - m_new) where m_new is the
+// row's new running max; l (running sum) and acc (unnormalized output, rows x
+// D) are rescaled by exp(m_old - m_new). Every row sees key 0 (the offset
+// kv_len - q_len is >= 0), so m is finite after the first block; m_old = -inf
+// gives a factor of 0.
+template <class A>
+[[gnu::always_inline]] inline void online_softmax_body(A* s, int64_t lds, int64_t rows, int64_t cols, A* m, A* l, A* acc, int64_t D) {
+  for (int64_t r = 0; r < rows; ++r) {
+    A* sr = s + r * lds;
+    const A m_new = std::max(m[r], row_max(sr, cols));
+    for (int64_t c = 0; c < cols; ++c) sr[c] = exp_any(A(sr[c] - m_new));
+    const A alpha = exp_any(A(m[r] - m_new));
+    l[r] = l[r] * alpha + row_sum(sr, cols);
+    m[r] = m_new;
+    if (alpha != A(1)) {
+      A* ar = acc + r * D;
+      for (int64_t c = 0; c < D; ++c) ar[c] *= alpha;
+    }
+  }
+}
+NAPKIN_VECTOR_CLONES void online_softmax(float* s, int64_t lds, int64_t rows, int64_t cols, float* m, float* l,
+                                         float* acc, int64_t D) {
+  online_softmax_body(s, lds, rows, cols, m, l, acc, D);
+}
+void online_softmax(double* s, int64_t lds, int64_t rows, int64_t cols, double* m, double* l, double* acc,
+                    int64_t D) {
+  online_softmax_body(s, lds, rows, cols, m, l, acc, D);
+}
+
+// The backward's probabilities, in place: s = exp(s - lse of the row).
+template <class A>
+[[gnu::always_inline]] inline void probabilities_body(A* s, int64_t lds, int64_t rows, int64_t cols, const float* lse) {
+  for (int64_t r = 0; r < rows; ++r) {
+    A* sr = s + r * lds;
+    const A shift = A(lse[r]);
+    for (int64_t c = 0; c < cols; ++c) sr[c] = exp_any(A(sr[c] - shift));
+  }
+}
+NAPKIN_VECTOR_CLONES void probabilities(float* s, int64_t lds, int64_t rows, int64_t cols, const float* lse) {
+  probabilities_body(s, lds, rows, cols, lse);
+}
+void probabilities(double* s, int64_t lds, int64_t rows, int64_t cols, const float* lse) {
+  probabilities_body(s, lds, rows, cols, lse);
+}
+
+// dS = P (dP - D_row), in place of dP.
+template <class A>
+[[gnu::always_inline]] inline void score_grads_body(const A* p, A* dp, int64_t ld, int64_t rows, int64_t cols, const A* row_dot) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const A di = row_dot[r];
+    const A* pr = p + r * ld;
+    A* dpr = dp + r * ld;
+    for (int64_t c = 0; c < cols; ++c) dpr[c] = pr[c] * (dpr[c] - di);
+  }
+}
+NAPKIN_VECTOR_CLONES void score_grads(const float* p, float* dp, int64_t ld, int64_t rows, int64_t cols,
+                                      const float* row_dot) {
+  score_grads_body(p, dp, ld, rows, cols, row_dot);
+}
+void score_grads(const double* p, double* dp, int64_t ld, int64_t rows, int64_t cols, const double* row_dot) {
+  score_grads_body(p, dp, ld, rows, cols, row_dot);
+}
+
+// bf16 rows (row stride ld) widened to dense f32 rows of cols.
+NAPKIN_VECTOR_CLONES void widen_bf16(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = std::bit_cast<float>(uint32_t(src[r * ld + c]) << 16);
+}
+
+// dst row r (stride ldd) = src row r (stride lds) * mul / div[r] (div may be
+// null: 1), narrowed to the storage type.
+template <class A, class S, class Narrow>
+[[gnu::always_inline]] inline void store_rows_body(const A* src, int64_t lds, int64_t rows, int64_t cols, A mul, const A* div, S* dst, int64_t ldd,
+                     Narrow narrow) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const A* sr = src + r * lds;
+    S* dr = dst + r * ldd;
+    if (div) {
+      const A dv = div[r];
+      for (int64_t c = 0; c < cols; ++c) dr[c] = narrow(A(sr[c] * mul / dv));
+    } else {
+      for (int64_t c = 0; c < cols; ++c) dr[c] = narrow(A(sr[c] * mul));
+    }
+  }
+}
+NAPKIN_VECTOR_CLONES void store_rows(const float* src, int64_t lds, int64_t rows, int64_t cols, float mul,
+                                     const float* div, float* dst, int64_t ldd) {
+  store_rows_body(src, lds, rows, cols, mul, div, dst, ldd, [](float x) { return x; });
+}
+NAPKIN_VECTOR_CLONES void store_rows(const float* src, int64_t lds, int64_t rows, int64_t cols, float mul,
+                                     const float* div, uint16_t* dst, int64_t ldd) {
+  store_rows_body(src, lds, rows, cols, mul, div, dst, ldd, float_to_bf16_bits_inline);
+}
+void store_rows(const double* src, int64_t lds, int64_t rows, int64_t cols, double mul, const double* div,
+                double* dst, int64_t ldd) {
+  store_rows_body(src, lds, rows, cols, mul, div, dst, ldd, [](double x) { return x; });
+}
+
 // An element type: how it is stored, what it is computed in, and the exact
 // widening / round-to-nearest-even narrowing between them.
 struct F32Elem {
   using Storage = float;
   using Acc = float;
   static float widen(float x) { return x; }
-  static float narrow(float x) { return x; }
+  static void store(const float* src, int64_t lds, int64_t rows, int64_t cols, float mul, const float* div, float* dst,
+                    int64_t ldd) {
+    store_rows(src, lds, rows, cols, mul, div, dst, ldd);
+  }
 };
 struct F64Elem {
   using Storage = double;
   using Acc = double;
   static double widen(double x) { return x; }
-  static double narrow(double x) { return x; }
+  static void store(const double* src, int64_t lds, int64_t rows, int64_t cols, double mul, const double* div,
+                    double* dst, int64_t ldd) {
+    store_rows(src, lds, rows, cols, mul, div, dst, ldd);
+  }
 };
 struct BF16Elem {
   using Storage = uint16_t;
   using Acc = float;
   static float widen(uint16_t x) { return std::bit_cast<float>(uint32_t(x) << 16); }  // bf16 is f32's top half
-  static uint16_t narrow(float x) { return float_to_bf16_bits(x); }
+  static void widen_rows(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+    widen_bf16(src, rows, cols, ld, dst);
+  }
+  static void store(const float* src, int64_t lds, int64_t rows, int64_t cols, float mul, const float* div,
+                    uint16_t* dst, int64_t ldd) {
+    store_rows(src, lds, rows, cols, mul, div, dst, ldd);
+  }
 };
 struct F16Elem {
   using Storage = uint16_t;
   using Acc = float;
-  static float widen(uint16_t x) { return f16_bits_to_float(x); }
-  static uint16_t narrow(float x) { return float_to_f16_bits(x); }
+  // All 65536 codes decoded once (float_formats' decoder is not inline).
+  static float widen(uint16_t x) {
+    static const std::vector<float> table = [] {
+      std::vector<float> t(65536);
+      for (uint32_t i = 0; i < 65536; ++i) t[i] = f16_bits_to_float(uint16_t(i));
+      return t;
+    }();
+    return table[x];
+  }
+  static void store(const float* src, int64_t lds, int64_t rows, int64_t cols, float mul, const float* div,
+                    uint16_t* dst, int64_t ldd) {
+    store_rows_body(src, lds, rows, cols, mul, div, dst, ldd, float_to_f16_bits);
+  }
 };
 
 // Per-thread tiles, grown on first use and kept (no allocation per step once
@@ -215,8 +354,12 @@ const typename E::Acc* load_rows(const typename E::Storage* src, int64_t rows, i
     }
   }
   A* dst = Scratch<A>::sized(buf, rows * cols);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = E::widen(src[r * ld + c]);
+  if constexpr (std::is_same_v<E, BF16Elem>) {
+    E::widen_rows(src, rows, cols, ld, dst);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = E::widen(src[r * ld + c]);
+  }
   *out_ld = cols;
   return dst;
 }
@@ -266,29 +409,12 @@ struct Kernels {
       const A* vt = load_rows<E>(at(v, d.v, b, g, j0), cols, D, d.v.row, sc.v, &ldv);
       tile_gemm(false, true, rows, cols, D, scale, qt, ldq, kt, ldk, A(0), s, kKeyBlock);
       if (d.causal && j0 + cols - 1 > i0 + offset) mask_tile(s, kKeyBlock, rows, cols, i0, j0, offset);
-      // Online softmax: rescale what was summed under the old max. Every row
-      // sees key 0 (offset >= 0), so m is finite after the first block.
-      for (int64_t r = 0; r < rows; ++r) {
-        A* sr = s + r * kKeyBlock;
-        const A m_new = std::max(m[r], row_max(sr, cols));
-        exp_shifted(sr, m_new, sr, cols);
-        A alpha = 0;
-        exp_shifted(&m[r], m_new, &alpha, 1);
-        l[r] = l[r] * alpha + row_sum(sr, cols);
-        m[r] = m_new;
-        if (alpha != A(1)) {
-          A* ar = acc + r * D;
-          for (int64_t c = 0; c < D; ++c) ar[c] *= alpha;
-        }
-      }
+      online_softmax(s, kKeyBlock, rows, cols, m, l, acc, D);
       tile_gemm(false, false, rows, D, cols, A(1), s, kKeyBlock, vt, ldv, A(1), acc, D);
     }
-    S* out = at(o, d.o, b, h, i0);
+    E::store(acc, D, rows, D, A(1), l, at(o, d.o, b, h, i0), d.o.row);
     float* lse_out = lse + (b * d.heads + h) * d.q_len + i0;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < D; ++c) out[r * d.o.row + c] = E::narrow(acc[r * D + c] / l[r]);
-      lse_out[r] = float(m[r] + std::log(l[r]));
-    }
+    for (int64_t r = 0; r < rows; ++r) lse_out[r] = float(m[r] + std::log(l[r]));
   }
 
   static void forward(const AttentionDesc& d, const void* q, const void* k, const void* v, void* o, float* lse,
@@ -347,36 +473,22 @@ struct Kernels {
           // P = exp(scale Q Kᵀ - lse), the forward's probabilities.
           tile_gemm(false, true, rows, cols, D, scale, qt, ldq, kt, ldk, A(0), s, kKeyBlock);
           if (d.causal && j0 + cols - 1 > i0 + offset) mask_tile(s, kKeyBlock, rows, cols, i0, j0, offset);
-          for (int64_t r = 0; r < rows; ++r) exp_shifted(s + r * kKeyBlock, A(lse_h[i0 + r]), s + r * kKeyBlock, cols);
+          probabilities(s, kKeyBlock, rows, cols, lse_h + i0);
           // dV += Pᵀ dO
           tile_gemm(true, false, cols, D, rows, A(1), s, kKeyBlock, dot, lddo, A(1), dv_acc, D);
           // dS = P (dO Vᵀ - D), in place of dP
           tile_gemm(false, true, rows, cols, D, A(1), dot, lddo, vt, ldv, A(0), dp, kKeyBlock);
-          for (int64_t r = 0; r < rows; ++r) {
-            const A di = row_dot[hl * T + i0 + r];
-            A* dpr = dp + r * kKeyBlock;
-            const A* pr = s + r * kKeyBlock;
-            for (int64_t c = 0; c < cols; ++c) dpr[c] = pr[c] * (dpr[c] - di);
-          }
+          score_grads(s, dp, kKeyBlock, rows, cols, row_dot + hl * T + i0);
           // dK += dSᵀ Q, dQ += dS K (both scaled once, on store)
           tile_gemm(true, false, cols, D, rows, A(1), dp, kKeyBlock, qt, ldq, A(1), dk_acc, D);
           tile_gemm(false, false, rows, D, cols, A(1), dp, kKeyBlock, kt, ldk, A(1), dq_acc + (hl * T + i0) * D, D);
         }
       }
-      S* dk_out = at(dk, d.dk, b, g, j0);
-      S* dv_out = at(dv, d.dv, b, g, j0);
-      for (int64_t r = 0; r < cols; ++r)
-        for (int64_t c = 0; c < D; ++c) {
-          dk_out[r * d.dk.row + c] = E::narrow(dk_acc[r * D + c] * scale);
-          dv_out[r * d.dv.row + c] = E::narrow(dv_acc[r * D + c]);
-        }
+      E::store(dk_acc, D, cols, D, scale, nullptr, at(dk, d.dk, b, g, j0), d.dk.row);
+      E::store(dv_acc, D, cols, D, A(1), nullptr, at(dv, d.dv, b, g, j0), d.dv.row);
     }
     for (int64_t hl = 0; hl < group; ++hl)
-      for (int64_t i = 0; i < T; ++i) {
-        S* out = at(dq, d.dq, b, h0 + hl, i);
-        const A* src = dq_acc + (hl * T + i) * D;
-        for (int64_t c = 0; c < D; ++c) out[c] = E::narrow(src[c] * scale);
-      }
+      E::store(dq_acc + hl * T * D, D, T, D, scale, nullptr, at(dq, d.dq, b, h0 + hl, 0), d.dq.row);
   }
 
   static void backward(const AttentionDesc& d, const void* q, const void* k, const void* v, const void* o,

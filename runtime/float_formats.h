@@ -18,6 +18,7 @@
 // narrow -> float32 is exact (every value of these formats is a float32).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 namespace napkin::runtime {
@@ -25,6 +26,13 @@ namespace napkin::runtime {
 uint16_t float_to_bf16_bits(float x);
 float bf16_bits_to_float(uint16_t bits);
 float round_to_bf16(float x);
+// float_to_bf16_bits inline, for kernels that narrow whole tensors element by
+// element (the same bits, NaN included; float_formats_test compares them).
+inline uint16_t float_to_bf16_bits_inline(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7FFFFFFF) > 0x7F800000) return uint16_t((u >> 16 & 0x8000) | 0x7FC0);
+  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
 
 uint16_t float_to_f16_bits(float x);
 float f16_bits_to_float(uint16_t bits);

@@ -515,3 +515,15 @@ TEST_CASE("bf16 and f16 bits match torch 1.13") {
     CHECK(rt::float_to_f16_bits(from_bits(c.f32)) == c.f16);
   }
 }
+
+TEST_CASE("float_to_bf16_bits_inline gives float_to_bf16_bits' bits: ties, overflow, NaN, subnormals, random") {
+  std::vector<uint32_t> bits = {0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001,
+                                0x00000001, 0x00008000, 0x00018000, 0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001,
+                                0x7F7FFFFF, 0x7F7F8000, 0xFF7F8000, 0x7F7F7FFF};
+  std::mt19937 rng(5);
+  for (int i = 0; i < 100000; ++i) bits.push_back(rng());
+  for (uint32_t b : bits) {
+    INFO("bits ", b);
+    CHECK(rt::float_to_bf16_bits_inline(from_bits(b)) == rt::float_to_bf16_bits(from_bits(b)));
+  }
+}
