@@ -208,6 +208,11 @@ EmittedKernel emit_attention(const Kernel& k) {
     e.launches.push_back({k.name + "_3", d.B * d.HQ * q_tiles, block, shared_q(d, t), {}});
     e.scratch_bytes = rows * (t == DType::F64 ? 8 : 4);
   }
+  // sm_90 gives a block at most 227 KiB (opted in above 48 KiB, as the
+  // runtime does): the tensor-core kernels reach it at head_dim ~ 400.
+  for (const CudaLaunch& l : e.launches)
+    NAPKIN_INTERNAL_CHECK(l.shared_bytes <= 232448, "attention kernel {}: head_dim {} needs {} bytes of shared memory",
+                          k.name, d.D, l.shared_bytes);
   e.text = s.take();
   return e;
 }
