@@ -7,7 +7,7 @@
 // parameters, ...) share one set of functions, named after the first. Which emitter makes
 // each KernelKind is the switch below (no default: -Werror=switch flags a
 // new kind); the launch and scratch design of each family is described at the
-// top of its file (elementwise.cpp, reductions.cpp, rows.cpp).
+// top of its file (elementwise.cpp, reductions.cpp, rows.cpp, attention.cpp).
 //
 // Index ids out of range (embedding, embedding_grad, cross-entropy targets):
 // the CPU backend calls napkin_rt_bad_index and exits. A CUDA kernel records

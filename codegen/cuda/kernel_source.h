@@ -45,7 +45,9 @@
 //    reports as the CPU backend's napkin_rt_bad_index does.
 //  - host emulation: the source uses only the CUDA features the prelude lists
 //    (threadIdx/blockIdx/blockDim/gridDim .x, __syncthreads, __shared__,
-//    extern __shared__, __shfl_xor_sync with a full mask, float math), so the
+//    extern __shared__, __shfl_xor_sync with a full mask, float math, and the
+//    prelude's napkin_mma_m16n8k16_bf16/_f16: mma.sync as a warp-collective
+//    over all 32 lanes), so the
 //    tests can also compile it as C++ and run it on the CPU
 //    (tests/support/cuda_emulator.h) against the reference interpreter.
 #pragma once

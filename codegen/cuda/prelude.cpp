@@ -11,7 +11,8 @@
 //  - device-only: everything under `#ifndef NAPKIN_HOST_EMULATION`. Under host
 //    emulation (tests/support/cuda_host_shim.h, included before the prelude)
 //    the shim defines the CUDA keywords, thread indices, __syncthreads,
-//    __shfl_xor_sync, atomicCAS, uint4 and NAPKIN_DYNAMIC_SHARED; the rest of
+//    __shfl_xor_sync, napkin_emu_mma_m16n8k16 (mma.sync), atomicCAS, uint4 and
+//    NAPKIN_DYNAMIC_SHARED; the rest of
 //    the prelude (the global napkin_bad_index included) is plain C++17.
 //
 // The API (all NAPKIN_DEVICE = __device__ __forceinline__):
@@ -35,7 +36,15 @@
 //              bits; call it from every thread of the block)
 //  bad index:  NAPKIN_BAD_INDEX(kernel, id, bound): see napkin_bad_index below
 //  offsets:    NapkinOffsets<N>, NAPKIN_OFFSETS(N) (the kernels' third parameter's type)
+//  tensor cores: napkin_mma_m16n8k16_bf16 / _f16 (mma.sync, f32 accumulators; a
+//              warp-collective the shim emulates), napkin_pack_bf16x2 / _f16x2 (two
+//              floats rounded to nearest even into one register)
+//  attention:  the fused attention templates (codegen/cuda/attention_device.cpp),
+//              appended after the rest
 //  misc:       NAPKIN_UNROLL (#pragma unroll on the device), NAPKIN_DYNAMIC_SHARED(type, name)
+#include <string>
+
+#include "codegen/cuda/emit.h"
 #include "codegen/cuda/kernel_source.h"
 
 namespace napkin::codegen::cuda {
@@ -294,9 +303,75 @@ template <typename T, typename Op> NAPKIN_DEVICE T napkin_block_reduce(T v, Op o
   __syncthreads();
   return napkin_warp_reduce(lane < warps ? shared[lane] : identity, op);
 }
+
+// ---- tensor cores: mma.sync m16n8k16, f32 accumulators ----
+// d (4 floats) += a (16x16, 4 registers of 2 elements) * b (16x8, 2
+// registers), the fragment layouts of the PTX ISA ("Matrix Fragments for
+// mma.m16n8k16 with floating point type"): with g = lane >> 2, c = lane % 4,
+// a register j holds A[g + 8 (j & 1)][2c + 8 (j >> 1) + {0, 1}], b register j
+// holds B[2c + 8j + {0, 1}][g], d[e] is D[g + 8 (e >> 1)][2c + (e & 1)]; the
+// lower index sits in the lower 16 bits. Every lane of the warp must call it
+// together. Under host emulation the shim's warp-collective
+// napkin_emu_mma_m16n8k16 computes it from all 32 lanes' elements.
+#ifndef NAPKIN_HOST_EMULATION
+NAPKIN_DEVICE void napkin_mma_m16n8k16_bf16(float* d, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+NAPKIN_DEVICE void napkin_mma_m16n8k16_f16(float* d, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// Two floats rounded to nearest even, lo in the low half (cvt packs its first
+// source into the upper half).
+NAPKIN_DEVICE unsigned napkin_pack_bf16x2(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+NAPKIN_DEVICE unsigned napkin_pack_f16x2(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+#else
+NAPKIN_DEVICE void napkin_mma_m16n8k16_bf16(float* d, const unsigned* a, const unsigned* b) {
+  float af[8], bf[4];
+  for (int j = 0; j < 4; ++j) {
+    af[2 * j] = napkin_bf16_to_f32((unsigned short)(a[j] & 0xFFFFu));
+    af[2 * j + 1] = napkin_bf16_to_f32((unsigned short)(a[j] >> 16));
+  }
+  for (int j = 0; j < 2; ++j) {
+    bf[2 * j] = napkin_bf16_to_f32((unsigned short)(b[j] & 0xFFFFu));
+    bf[2 * j + 1] = napkin_bf16_to_f32((unsigned short)(b[j] >> 16));
+  }
+  napkin_emu_mma_m16n8k16(d, af, bf);
+}
+NAPKIN_DEVICE void napkin_mma_m16n8k16_f16(float* d, const unsigned* a, const unsigned* b) {
+  float af[8], bf[4];
+  for (int j = 0; j < 4; ++j) {
+    af[2 * j] = napkin_f16_to_f32((unsigned short)(a[j] & 0xFFFFu));
+    af[2 * j + 1] = napkin_f16_to_f32((unsigned short)(a[j] >> 16));
+  }
+  for (int j = 0; j < 2; ++j) {
+    bf[2 * j] = napkin_f16_to_f32((unsigned short)(b[j] & 0xFFFFu));
+    bf[2 * j + 1] = napkin_f16_to_f32((unsigned short)(b[j] >> 16));
+  }
+  napkin_emu_mma_m16n8k16(d, af, bf);
+}
+NAPKIN_DEVICE unsigned napkin_pack_bf16x2(float lo, float hi) {
+  return (unsigned)napkin_f32_to_bf16(lo) | ((unsigned)napkin_f32_to_bf16(hi) << 16);
+}
+NAPKIN_DEVICE unsigned napkin_pack_f16x2(float lo, float hi) {
+  return (unsigned)napkin_f32_to_f16(lo) | ((unsigned)napkin_f32_to_f16(hi) << 16);
+}
+#endif
 // ---- end of prelude ----
 )PRELUDE";
-  return text;
+  static const std::string with_attention = std::string(text) + std::string(detail::attention_prelude());
+  return with_attention;
 }
 
 }  // namespace napkin::codegen::cuda

@@ -21,9 +21,11 @@
 //    runnable. Only one coroutine runs at a time, so shared and global memory
 //    need no locks, and atomicCAS is a plain compare-and-store.
 //  - block barrier: __syncthreads(); completes when every thread of the
-//    block has arrived. warp barrier: __syncwarp() and __shfl_xor_sync();
+//    block has arrived. warp barrier: __syncwarp(), __shfl_xor_sync() and
+//    the tensor-core mma (napkin_emu_mma_m16n8k16, which needs all 32 lanes);
 //    completes when every lane of the warp has arrived at the same kind of
-//    barrier; a shuffle's values are exchanged when it completes. The last
+//    barrier; a shuffle's values are exchanged, and an mma's product
+//    computed from every lane's fragments, when it completes. The last
 //    thread to arrive releases the others and runs on.
 //  - failure: a barrier that can never complete (a thread returned without
 //    reaching it, or lanes of a warp wait at different barriers), a shuffle
@@ -122,7 +124,7 @@ constexpr long long kMaxGrid = 2147483647;  // gridDim.x limit
 constexpr size_t kStackBytes = 64 * 1024;
 constexpr size_t kGuardBytes = 4096;
 
-enum class Wait : unsigned char { kNone, kBlock, kSyncWarp, kShuffle, kReturned };
+enum class Wait : unsigned char { kNone, kBlock, kSyncWarp, kShuffle, kMma, kReturned };
 
 struct Coroutine {
   jmp_buf suspended;      // where it goes on when resumed
@@ -157,6 +159,11 @@ struct Launch {
   unsigned long long shuffle_value[kMaxBlock];
   int shuffle_source[kMaxBlock];  // the lane read, already clamped to the segment
   unsigned long long shuffle_result[kMaxBlock];
+  // mma.sync m16n8k16 (napkin_emu_mma_m16n8k16): each lane's A, B elements
+  // and C accumulators in, its D accumulators out.
+  float mma_a[kMaxBlock][8];
+  float mma_b[kMaxBlock][4];
+  float mma_c[kMaxBlock][4];
   // Coroutines whose thread a barrier released, in release order (a ring).
   Coroutine* runnable[kMaxBlock];
   int runnable_head = 0, runnable_count = 0;
@@ -266,6 +273,45 @@ inline int warp_lanes(int warp) {
   return left < 32 ? left : 32;
 }
 
+// D = A B + C of the 32 lanes from first on, each lane's elements placed by
+// the PTX ISA's m16n8k16 fragment layouts (.f16/.bf16 A and B, .f32 C/D),
+// with g = lane >> 2 and c = lane % 4:
+//   A (16x16): a[0..1] = A[g][2c + {0,1}], a[2..3] = A[g + 8][2c + {0,1}],
+//              a[4..5] = A[g][2c + 8 + {0,1}], a[6..7] = A[g + 8][2c + 8 + {0,1}]
+//   B (16x8):  b[0..1] = B[2c + {0,1}][g], b[2..3] = B[2c + 8 + {0,1}][g]
+//   C, D (16x8): c[0..1] = C[g][2c + {0,1}], c[2..3] = C[g + 8][2c + {0,1}]
+// The products of 16-bit floats are exact in double and the sum of 16 of
+// them nearly so; D is that sum plus C rounded once to float (the hardware
+// rounds differently, within f32 accumulation's error).
+inline void mma_m16n8k16(int first) {
+  float A[16][16], B[16][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const float* a = launch.mma_a[first + l];
+    const float* b = launch.mma_b[first + l];
+    const float* c = launch.mma_c[first + l];
+    int g = l >> 2, k = 2 * (l & 3);
+    for (int e = 0; e < 2; ++e) {
+      A[g][k + e] = a[e];
+      A[g + 8][k + e] = a[2 + e];
+      A[g][k + 8 + e] = a[4 + e];
+      A[g + 8][k + 8 + e] = a[6 + e];
+      B[k + e][g] = b[e];
+      B[k + 8 + e][g] = b[2 + e];
+      C[g][k + e] = c[e];
+      C[g + 8][k + e] = c[2 + e];
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    int g = l >> 2, k = 2 * (l & 3);
+    for (int e = 0; e < 4; ++e) {
+      int row = g + 8 * (e >> 1), col = k + (e & 1);
+      double sum = 0;
+      for (int i = 0; i < 16; ++i) sum += static_cast<double>(A[row][i]) * B[i][col];
+      launch.mma_c[first + l][e] = static_cast<float>(sum + C[row][col]);
+    }
+  }
+}
+
 inline void complete_warp(int warp) {
   int first = warp * 32, lanes = warp_lanes(warp);
   for (int l = 0; l < lanes; ++l)
@@ -280,6 +326,12 @@ inline void complete_warp(int warp) {
              first + l, source, warp, launch.block);
       launch.shuffle_result[first + l] = launch.shuffle_value[first + source];
     }
+  }
+  if (launch.wait[first] == Wait::kMma) {
+    if (lanes != 32)
+      NAPKIN_EMU_FAIL("thread %d: mma.sync needs all 32 lanes; warp %d of a %d-thread block has %d", first, warp,
+                      launch.block, lanes);
+    mma_m16n8k16(first);
   }
   launch.warp_arrived[warp] = 0;
   release(first, lanes);
@@ -336,7 +388,7 @@ inline void report_deadlock() {
     int first = w * 32, lanes = warp_lanes(w), waiting = 0, lane = -1, other = -1;
     for (int l = 0; l < lanes; ++l) {
       Wait k = launch.wait[first + l];
-      if (k == Wait::kSyncWarp || k == Wait::kShuffle) {
+      if (k == Wait::kSyncWarp || k == Wait::kShuffle || k == Wait::kMma) {
         if (++waiting == 1) lane = l;
       } else if (other < 0) {
         other = l;
@@ -344,7 +396,10 @@ inline void report_deadlock() {
     }
     if (waiting > 0) {
       record_error("%d of the %d lanes of warp %d wait at %s (lane %d first), which lane %d never reaches: it %s",
-                   waiting, lanes, w, launch.wait[first + lane] == Wait::kShuffle ? "__shfl_xor_sync" : "__syncwarp",
+                   waiting, lanes, w,
+                   launch.wait[first + lane] == Wait::kShuffle ? "__shfl_xor_sync"
+                   : launch.wait[first + lane] == Wait::kMma   ? "mma.sync"
+                                                               : "__syncwarp",
                    lane, other,
                    launch.wait[first + other] == Wait::kReturned ? "returned" : "waits at __syncthreads()");
       return;
@@ -480,6 +535,20 @@ inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = 32) {
   T result;
   __builtin_memcpy(&result, &launch.shuffle_result[current->thread], sizeof(T));
   return result;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 as the
+// prelude's napkin_mma_m16n8k16_* call it: this lane's 8 A and 4 B elements
+// (already converted to float) and its 4 accumulators d, which come back as
+// D = A B + C once every lane of the warp has arrived (see mma_m16n8k16).
+inline void napkin_emu_mma_m16n8k16(float* d, const float* a, const float* b) {
+  using namespace napkin_emu;
+  int t = current->thread;
+  __builtin_memcpy(launch.mma_a[t], a, sizeof launch.mma_a[t]);
+  __builtin_memcpy(launch.mma_b[t], b, sizeof launch.mma_b[t]);
+  __builtin_memcpy(launch.mma_c[t], d, sizeof launch.mma_c[t]);
+  warp_barrier(Wait::kMma);
+  __builtin_memcpy(d, launch.mma_c[current->thread], sizeof launch.mma_c[0]);
 }
 
 inline unsigned long long atomicCAS(unsigned long long* address, unsigned long long compare,

@@ -1,0 +1,645 @@
+// The device side of fused attention: the templates every attention kernel
+// instantiates (codegen/cuda/attention.cpp emits, per plan kernel, a config
+// struct of compile-time shapes, strides and flags and __global__ wrappers
+// that call these). Part of the prelude (codegen/cuda/prelude.cpp appends
+// it), so the templates exist once per translation unit however many
+// attention kernels share it; uninstantiated templates cost NVRTC a parse.
+//
+// The tiling, the launches, the fragment layouts and why the results are
+// deterministic are described at the top of codegen/cuda/attention.cpp.
+//
+// Config C (the emitted struct): B, HQ, HK, T, S, D, TILE (the SIMT key or
+// query tile), CAUSAL, SCALE, SCALE_LOG2 (= SCALE * log2 e), and per operand X
+// of {Q, K, V, O, L (lse), DO, DQ, DK, DV}: X_B, X_H, X_T (element strides of
+// batch, head, row) and X_VEC (rows load as 16-byte vectors).
+// Traits X: napkin_attn_{bf16,f16} (tensor cores: St unsigned short, Acc
+// float, pack, mma) and napkin_attn_{f32,f64} (SIMT: St == Acc).
+#include "codegen/cuda/emit.h"
+
+namespace napkin::codegen::cuda::detail {
+
+std::string_view attention_prelude() {
+  static constexpr std::string_view text = R"ATTN(
+// ---- fused attention (codegen/cuda/attention_device.cpp) ----
+struct napkin_attn_f32 {
+  typedef float St;
+  typedef float Acc;
+  static NAPKIN_DEVICE float load(float x) { return x; }
+  static NAPKIN_DEVICE float store(float x) { return x; }
+};
+struct napkin_attn_f64 {
+  typedef double St;
+  typedef double Acc;
+  static NAPKIN_DEVICE double load(double x) { return x; }
+  static NAPKIN_DEVICE double store(double x) { return x; }
+};
+struct napkin_attn_bf16 {
+  typedef unsigned short St;
+  typedef float Acc;
+  static NAPKIN_DEVICE float load(unsigned short x) { return napkin_bf16_to_f32(x); }
+  static NAPKIN_DEVICE unsigned short store(float x) { return napkin_f32_to_bf16(x); }
+  static NAPKIN_DEVICE unsigned pack(float lo, float hi) { return napkin_pack_bf16x2(lo, hi); }
+  static NAPKIN_DEVICE void mma(float* d, const unsigned* a, const unsigned* b) { napkin_mma_m16n8k16_bf16(d, a, b); }
+};
+struct napkin_attn_f16 {
+  typedef unsigned short St;
+  typedef float Acc;
+  static NAPKIN_DEVICE float load(unsigned short x) { return napkin_f16_to_f32(x); }
+  static NAPKIN_DEVICE unsigned short store(float x) { return napkin_f32_to_f16(x); }
+  static NAPKIN_DEVICE unsigned pack(float lo, float hi) { return napkin_pack_f16x2(lo, hi); }
+  static NAPKIN_DEVICE void mma(float* d, const unsigned* a, const unsigned* b) { napkin_mma_m16n8k16_f16(d, a, b); }
+};
+
+// Two consecutive 16-bit elements (the lower index in the low half) as one
+// fragment register; p is 4-byte aligned (an even column of a tile whose
+// leading dimension is even).
+NAPKIN_DEVICE unsigned napkin_attn_u32(const unsigned short* p) { return *(const unsigned*)p; }
+
+// Rows [0, ROWS) x columns [0, DP) of a tile whose row r starts at
+// src + r * stride, rows >= valid and columns >= D as zeros (padding must be
+// zero: a padded key's p is masked to 0, and 0 * garbage is not 0), into dst
+// (row-major, leading dimension ld) when dst is set and into dstT
+// (transposed: dstT[c * ldt + r]) when dstT is set. All threads of the block
+// take part, thread by thread along a row, so global reads coalesce.
+template <class X, int D, int DP, int ROWS, bool VEC>
+NAPKIN_DEVICE void napkin_attn_tile(typename X::St* dst, int ld, typename X::St* dstT, int ldt,
+                                    const typename X::St* __restrict__ src, long long stride, int valid) {
+  typedef typename X::St St;
+  constexpr int E = VEC ? 16 / (int)sizeof(St) : 1;  // elements per load
+  constexpr int CH = DP / E;                         // loads per row
+  for (int c = (int)threadIdx.x; c < ROWS * CH; c += (int)blockDim.x) {
+    const int r = c / CH, col = (c % CH) * E;
+    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+    St* v = (St*)&raw;
+    if constexpr (VEC) {
+      if (r < valid && col < D) raw = *(const uint4*)(src + r * stride + col);
+      if (dst) *(uint4*)(dst + r * ld + col) = raw;
+    } else {
+      v[0] = (r < valid && col < D) ? src[r * stride + col] : St(0);
+      if (dst) dst[r * ld + col] = v[0];
+    }
+    if (dstT) {
+      NAPKIN_UNROLL
+      for (int e = 0; e < E; ++e) dstT[(col + e) * ldt + r] = v[e];
+    }
+  }
+}
+
+// Backward, first launch: delta_i = do_i . o_i per query row (b, h, i),
+// into scratch as Acc; one thread per row, d in order.
+template <class C, class X>
+NAPKIN_DEVICE void napkin_attn_delta(const typename X::St* __restrict__ o, const typename X::St* __restrict__ dout,
+                                     typename X::Acc* __restrict__ delta) {
+  typedef typename X::Acc A;
+  const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= (long long)C::B * C::HQ * C::T) return;
+  const int i = (int)(row % C::T), h = (int)(row / C::T % C::HQ), b = (int)(row / C::T / C::HQ);
+  const typename X::St* op = o + b * C::O_B + h * C::O_H + i * C::O_T;
+  const typename X::St* dp = dout + b * C::DO_B + h * C::DO_H + i * C::DO_T;
+  A s = A(0);
+  for (int d = 0; d < C::D; ++d) s += X::load(op[d]) * X::load(dp[d]);
+  delta[row] = s;
+}
+
+// ---- tensor cores (bf16, f16): 4 warps, 16 rows each ----
+
+// Forward: block = (b, h, 64-query tile), heaviest (causal) tiles first.
+template <class C, class X>
+NAPKIN_DEVICE void napkin_attn_fwd_mma(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+                                       const unsigned short* __restrict__ v, unsigned short* __restrict__ o,
+                                       float* __restrict__ lse, unsigned short* smem) {
+  constexpr int BM = 64, BN = 64, DP = (C::D + 15) / 16 * 16, LD = DP + 8, LDT = BN + 8, KC = DP / 16, ND = DP / 8;
+  constexpr int QB = (C::T + BM - 1) / BM;
+  const float SL = (float)C::SCALE_LOG2, NEG = -napkin_inf_f32();
+  const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u), g = lane >> 2, t = lane & 3;
+  const int qb = QB - 1 - (int)(blockIdx.x % QB), bh = (int)(blockIdx.x / QB);
+  const int h = bh % C::HQ, b = bh / C::HQ, hk = h / (C::HQ / C::HK), row0 = qb * BM;
+  unsigned short* Qs = smem;          // [BM][LD]
+  unsigned short* Ks = Qs + BM * LD;  // [BN][LD]
+  unsigned short* Vt = Ks + BN * LD;  // [DP][LDT]: V transposed, so a B fragment register is 2 adjacent keys
+  const unsigned short* kg = k + b * C::K_B + hk * C::K_H;
+  const unsigned short* vg = v + b * C::V_B + hk * C::V_H;
+  napkin_attn_tile<X, C::D, DP, BM, C::Q_VEC>(Qs, LD, nullptr, 0, q + b * C::Q_B + h * C::Q_H + row0 * C::Q_T, C::Q_T,
+                                              C::T - row0);
+  __syncthreads();
+  const int r = warp * 16 + g;  // this thread's rows of the tile: r and r + 8
+  unsigned qf[KC][4];
+  NAPKIN_UNROLL
+  for (int kc = 0; kc < KC; ++kc) {
+    const unsigned short* p = Qs + r * LD + kc * 16 + 2 * t;
+    qf[kc][0] = napkin_attn_u32(p);
+    qf[kc][1] = napkin_attn_u32(p + 8 * LD);
+    qf[kc][2] = napkin_attn_u32(p + 8);
+    qf[kc][3] = napkin_attn_u32(p + 8 * LD + 8);
+  }
+  float acc[ND][4];
+  NAPKIN_UNROLL
+  for (int nd = 0; nd < ND; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.f;
+  float m[2] = {NEG, NEG}, l[2] = {0.f, 0.f};
+  // Keys past the last row's diagonal are never visible: not loaded at all.
+  const int kend = C::CAUSAL ? min(C::S, row0 + BM + C::S - C::T) : C::S;
+  for (int key0 = 0; key0 < kend; key0 += BN) {
+    __syncthreads();  // the previous tile's readers are done
+    napkin_attn_tile<X, C::D, DP, BN, C::K_VEC>(Ks, LD, nullptr, 0, kg + key0 * C::K_T, C::K_T, C::S - key0);
+    napkin_attn_tile<X, C::D, DP, BN, C::V_VEC>(nullptr, 0, Vt, LDT, vg + key0 * C::V_T, C::V_T, C::S - key0);
+    __syncthreads();
+    float s[BN / 8][4];
+    NAPKIN_UNROLL
+    for (int nt = 0; nt < BN / 8; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      NAPKIN_UNROLL
+      for (int kc = 0; kc < KC; ++kc) {
+        const unsigned short* p = Ks + (nt * 8 + g) * LD + kc * 16 + 2 * t;
+        const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+        X::mma(s[nt], qf[kc], bf);
+      }
+    }
+    // Scores in log2 units; only a tile crossing the diagonal or the end of
+    // the keys is masked.
+    const bool edge = key0 + BN > C::S || (C::CAUSAL && key0 + BN - 1 > row0 + C::S - C::T);
+    NAPKIN_UNROLL
+    for (int nt = 0; nt < BN / 8; ++nt)
+      NAPKIN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] *= SL;
+        const int j = key0 + nt * 8 + 2 * t + (e & 1), i = row0 + r + (e >> 1) * 8;
+        if (edge && (j >= C::S || (C::CAUSAL && j > i + C::S - C::T))) s[nt][e] = NEG;
+      }
+    // Online softmax per row: the row's 64 scores sit in the 4 lanes of a quad.
+    NAPKIN_UNROLL
+    for (int hr = 0; hr < 2; ++hr) {
+      float mx = m[hr];
+      NAPKIN_UNROLL
+      for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hr], s[nt][2 * hr + 1]));
+      mx = fmaxf(mx, napkin_shfl_xor(mx, 1));
+      mx = fmaxf(mx, napkin_shfl_xor(mx, 2));
+      const float base = mx == NEG ? 0.f : mx;  // a row with no visible key yet: p = 0, not NaN
+      const float alpha = exp2f(m[hr] - base);
+      m[hr] = mx;
+      l[hr] *= alpha;
+      NAPKIN_UNROLL
+      for (int nd = 0; nd < ND; ++nd) {
+        acc[nd][2 * hr] *= alpha;
+        acc[nd][2 * hr + 1] *= alpha;
+      }
+      NAPKIN_UNROLL
+      for (int nt = 0; nt < BN / 8; ++nt)
+        NAPKIN_UNROLL
+        for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+          s[nt][e] = exp2f(s[nt][e] - base);
+          l[hr] += s[nt][e];
+        }
+    }
+    // O += P V: the S accumulators of key columns 16kk..16kk+15 are, packed,
+    // exactly the A fragment of rows r, r+8 (C layout = A layout halves).
+    NAPKIN_UNROLL
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const unsigned af[4] = {X::pack(s[2 * kk][0], s[2 * kk][1]), X::pack(s[2 * kk][2], s[2 * kk][3]),
+                              X::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), X::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      NAPKIN_UNROLL
+      for (int nd = 0; nd < ND; ++nd) {
+        const unsigned short* p = Vt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
+        const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+        X::mma(acc[nd], af, bf);
+      }
+    }
+  }
+  NAPKIN_UNROLL
+  for (int hr = 0; hr < 2; ++hr) {
+    l[hr] += napkin_shfl_xor(l[hr], 1);  // a butterfly: all 4 lanes get the same bits
+    l[hr] += napkin_shfl_xor(l[hr], 2);
+    const int i = row0 + r + 8 * hr;
+    if (i >= C::T) continue;
+    const float inv = 1.f / l[hr];
+    unsigned short* orow = o + b * C::O_B + h * C::O_H + i * C::O_T;
+    NAPKIN_UNROLL
+    for (int nd = 0; nd < ND; ++nd)
+      NAPKIN_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        const int d = nd * 8 + 2 * t + e;
+        if (d < C::D) orow[d] = X::store(acc[nd][2 * hr + e] * inv);
+      }
+    if (t == 0) lse[b * C::L_B + h * C::L_H + i * C::L_T] = (m[hr] + log2f(l[hr])) * 0x1.62e43p-1f;  // * ln 2
+  }
+}
+
+// Backward dK, dV: block = (b, kv head, 64-key tile); each warp owns 16 keys
+// and walks the query tiles of every query head of the group, in order.
+template <class C, class X>
+NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+                                          const unsigned short* __restrict__ v, const unsigned short* __restrict__ dout,
+                                          const float* __restrict__ lse, const float* __restrict__ delta,
+                                          unsigned short* __restrict__ dk, unsigned short* __restrict__ dv,
+                                          unsigned short* smem) {
+  constexpr int BM = 64, BN = 64, DP = (C::D + 15) / 16 * 16, LD = DP + 8, LDT = BM + 8, KC = DP / 16, ND = DP / 8;
+  constexpr int KB = (C::S + BN - 1) / BN, G = C::HQ / C::HK;
+  const float SL = (float)C::SCALE_LOG2, INF = napkin_inf_f32();
+  const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u), g = lane >> 2, t = lane & 3;
+  const int kb = (int)(blockIdx.x % KB), bh = (int)(blockIdx.x / KB), hk = bh % C::HK, b = bh / C::HK, key0 = kb * BN;
+  unsigned short* Qs = smem;            // [BM][LD]
+  unsigned short* Qt = Qs + BM * LD;    // [DP][LDT]
+  unsigned short* dOs = Qt + DP * LDT;  // [BM][LD]
+  unsigned short* dOt = dOs + BM * LD;  // [DP][LDT]
+  float* Ls = (float*)(dOt + DP * LDT);  // [BM]: lse in log2 units (+inf past the rows)
+  float* Dl = Ls + BM;                  // [BM]: delta
+  // K and V fragments (A operands) through the Q and dO tiles' space.
+  napkin_attn_tile<X, C::D, DP, BN, C::K_VEC>(Qs, LD, nullptr, 0, k + b * C::K_B + hk * C::K_H + key0 * C::K_T, C::K_T,
+                                              C::S - key0);
+  napkin_attn_tile<X, C::D, DP, BN, C::V_VEC>(dOs, LD, nullptr, 0, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
+                                              C::V_T, C::S - key0);
+  __syncthreads();
+  const int r = warp * 16 + g;  // this thread's keys of the tile: r and r + 8
+  unsigned kf[KC][4], vf[KC][4];
+  NAPKIN_UNROLL
+  for (int kc = 0; kc < KC; ++kc) {
+    const int at = r * LD + kc * 16 + 2 * t;
+    kf[kc][0] = napkin_attn_u32(Qs + at);
+    kf[kc][1] = napkin_attn_u32(Qs + at + 8 * LD);
+    kf[kc][2] = napkin_attn_u32(Qs + at + 8);
+    kf[kc][3] = napkin_attn_u32(Qs + at + 8 * LD + 8);
+    vf[kc][0] = napkin_attn_u32(dOs + at);
+    vf[kc][1] = napkin_attn_u32(dOs + at + 8 * LD);
+    vf[kc][2] = napkin_attn_u32(dOs + at + 8);
+    vf[kc][3] = napkin_attn_u32(dOs + at + 8 * LD + 8);
+  }
+  float dka[ND][4], dva[ND][4];
+  NAPKIN_UNROLL
+  for (int nd = 0; nd < ND; ++nd)
+    NAPKIN_UNROLL
+    for (int e = 0; e < 4; ++e) dka[nd][e] = dva[nd][e] = 0.f;
+  // Query tiles wholly before the first key's diagonal see none of these keys.
+  const int qfirst = C::CAUSAL ? max(0, key0 - (C::S - C::T)) / BM * BM : 0;
+  for (int hh = 0; hh < G; ++hh) {
+    const int h = hk * G + hh;
+    for (int q0 = qfirst; q0 < C::T; q0 += BM) {
+      __syncthreads();  // the previous tile's readers (and the fragment loads) are done
+      napkin_attn_tile<X, C::D, DP, BM, C::Q_VEC>(Qs, LD, Qt, LDT, q + b * C::Q_B + h * C::Q_H + q0 * C::Q_T, C::Q_T,
+                                                  C::T - q0);
+      napkin_attn_tile<X, C::D, DP, BM, C::DO_VEC>(dOs, LD, dOt, LDT, dout + b * C::DO_B + h * C::DO_H + q0 * C::DO_T,
+                                                   C::DO_T, C::T - q0);
+      for (int i = (int)threadIdx.x; i < BM; i += (int)blockDim.x) {
+        const bool in = q0 + i < C::T;
+        Ls[i] = in ? lse[b * C::L_B + h * C::L_H + (q0 + i) * C::L_T] * 0x1.715476p+0f : INF;  // * log2 e
+        Dl[i] = in ? delta[((long long)b * C::HQ + h) * C::T + q0 + i] : 0.f;
+      }
+      __syncthreads();
+      // P^T (keys x queries) = exp2(K Q^T scale log2e - lse log2e).
+      float st[BM / 8][4];
+      NAPKIN_UNROLL
+      for (int nt = 0; nt < BM / 8; ++nt) {
+        st[nt][0] = st[nt][1] = st[nt][2] = st[nt][3] = 0.f;
+        NAPKIN_UNROLL
+        for (int kc = 0; kc < KC; ++kc) {
+          const unsigned short* p = Qs + (nt * 8 + g) * LD + kc * 16 + 2 * t;
+          const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+          X::mma(st[nt], kf[kc], bf);
+        }
+      }
+      const bool diag = C::CAUSAL && key0 + BN - 1 > q0 + C::S - C::T;
+      NAPKIN_UNROLL
+      for (int nt = 0; nt < BM / 8; ++nt)
+        NAPKIN_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int i = nt * 8 + 2 * t + (e & 1), j = key0 + r + (e >> 1) * 8;
+          const float p = exp2f(st[nt][e] * SL - Ls[i]);
+          st[nt][e] = diag && j > q0 + i + C::S - C::T ? 0.f : p;
+        }
+      // dV += P^T dO.
+      NAPKIN_UNROLL
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        const unsigned af[4] = {X::pack(st[2 * kk][0], st[2 * kk][1]), X::pack(st[2 * kk][2], st[2 * kk][3]),
+                                X::pack(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                                X::pack(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+        NAPKIN_UNROLL
+        for (int nd = 0; nd < ND; ++nd) {
+          const unsigned short* p = dOt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
+          const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+          X::mma(dva[nd], af, bf);
+        }
+      }
+      // dP^T = V dO^T, then dS^T = P^T (dP^T - delta).
+      float ds[BM / 8][4];
+      NAPKIN_UNROLL
+      for (int nt = 0; nt < BM / 8; ++nt) {
+        ds[nt][0] = ds[nt][1] = ds[nt][2] = ds[nt][3] = 0.f;
+        NAPKIN_UNROLL
+        for (int kc = 0; kc < KC; ++kc) {
+          const unsigned short* p = dOs + (nt * 8 + g) * LD + kc * 16 + 2 * t;
+          const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+          X::mma(ds[nt], vf[kc], bf);
+        }
+        NAPKIN_UNROLL
+        for (int e = 0; e < 4; ++e) ds[nt][e] = st[nt][e] * (ds[nt][e] - Dl[nt * 8 + 2 * t + (e & 1)]);
+      }
+      // dK += dS^T Q (scaled once at the end).
+      NAPKIN_UNROLL
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        const unsigned af[4] = {X::pack(ds[2 * kk][0], ds[2 * kk][1]), X::pack(ds[2 * kk][2], ds[2 * kk][3]),
+                                X::pack(ds[2 * kk + 1][0], ds[2 * kk + 1][1]),
+                                X::pack(ds[2 * kk + 1][2], ds[2 * kk + 1][3])};
+        NAPKIN_UNROLL
+        for (int nd = 0; nd < ND; ++nd) {
+          const unsigned short* p = Qt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
+          const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+          X::mma(dka[nd], af, bf);
+        }
+      }
+    }
+  }
+  const float scale = (float)C::SCALE;
+  NAPKIN_UNROLL
+  for (int hr = 0; hr < 2; ++hr) {
+    const int j = key0 + r + 8 * hr;
+    if (j >= C::S) continue;
+    unsigned short* dkrow = dk + b * C::DK_B + hk * C::DK_H + j * C::DK_T;
+    unsigned short* dvrow = dv + b * C::DV_B + hk * C::DV_H + j * C::DV_T;
+    NAPKIN_UNROLL
+    for (int nd = 0; nd < ND; ++nd)
+      NAPKIN_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        const int d = nd * 8 + 2 * t + e;
+        if (d < C::D) {
+          dkrow[d] = X::store(dka[nd][2 * hr + e] * scale);
+          dvrow[d] = X::store(dva[nd][2 * hr + e]);
+        }
+      }
+  }
+}
+
+// Backward dQ: block = (b, h, 64-query tile); each warp owns 16 queries and
+// walks the visible key tiles in order.
+template <class C, class X>
+NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+                                         const unsigned short* __restrict__ v, const unsigned short* __restrict__ dout,
+                                         const float* __restrict__ lse, const float* __restrict__ delta,
+                                         unsigned short* __restrict__ dq, unsigned short* smem) {
+  constexpr int BM = 64, BN = 64, DP = (C::D + 15) / 16 * 16, LD = DP + 8, LDT = BN + 8, KC = DP / 16, ND = DP / 8;
+  constexpr int QB = (C::T + BM - 1) / BM;
+  const float SL = (float)C::SCALE_LOG2, INF = napkin_inf_f32();
+  const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u), g = lane >> 2, t = lane & 3;
+  const int qb = QB - 1 - (int)(blockIdx.x % QB), bh = (int)(blockIdx.x / QB);
+  const int h = bh % C::HQ, b = bh / C::HQ, hk = h / (C::HQ / C::HK), row0 = qb * BM;
+  unsigned short* Ks = smem;          // [BN][LD]
+  unsigned short* Kt = Ks + BN * LD;  // [DP][LDT]
+  unsigned short* Vs = Kt + DP * LDT;  // [BN][LD]
+  const unsigned short* kg = k + b * C::K_B + hk * C::K_H;
+  const unsigned short* vg = v + b * C::V_B + hk * C::V_H;
+  // Q and dO fragments (A operands) through the K and V tiles' space.
+  napkin_attn_tile<X, C::D, DP, BM, C::Q_VEC>(Ks, LD, nullptr, 0, q + b * C::Q_B + h * C::Q_H + row0 * C::Q_T, C::Q_T,
+                                              C::T - row0);
+  napkin_attn_tile<X, C::D, DP, BM, C::DO_VEC>(Vs, LD, nullptr, 0, dout + b * C::DO_B + h * C::DO_H + row0 * C::DO_T,
+                                               C::DO_T, C::T - row0);
+  __syncthreads();
+  const int r = warp * 16 + g;
+  unsigned qf[KC][4], df[KC][4];
+  NAPKIN_UNROLL
+  for (int kc = 0; kc < KC; ++kc) {
+    const int at = r * LD + kc * 16 + 2 * t;
+    qf[kc][0] = napkin_attn_u32(Ks + at);
+    qf[kc][1] = napkin_attn_u32(Ks + at + 8 * LD);
+    qf[kc][2] = napkin_attn_u32(Ks + at + 8);
+    qf[kc][3] = napkin_attn_u32(Ks + at + 8 * LD + 8);
+    df[kc][0] = napkin_attn_u32(Vs + at);
+    df[kc][1] = napkin_attn_u32(Vs + at + 8 * LD);
+    df[kc][2] = napkin_attn_u32(Vs + at + 8);
+    df[kc][3] = napkin_attn_u32(Vs + at + 8 * LD + 8);
+  }
+  float L[2], Dd[2];
+  NAPKIN_UNROLL
+  for (int hr = 0; hr < 2; ++hr) {
+    const int i = row0 + r + 8 * hr;
+    L[hr] = i < C::T ? lse[b * C::L_B + h * C::L_H + i * C::L_T] * 0x1.715476p+0f : INF;
+    Dd[hr] = i < C::T ? delta[((long long)b * C::HQ + h) * C::T + i] : 0.f;
+  }
+  float dqa[ND][4];
+  NAPKIN_UNROLL
+  for (int nd = 0; nd < ND; ++nd) dqa[nd][0] = dqa[nd][1] = dqa[nd][2] = dqa[nd][3] = 0.f;
+  const int kend = C::CAUSAL ? min(C::S, row0 + BM + C::S - C::T) : C::S;
+  for (int key0 = 0; key0 < kend; key0 += BN) {
+    __syncthreads();
+    napkin_attn_tile<X, C::D, DP, BN, C::K_VEC>(Ks, LD, Kt, LDT, kg + key0 * C::K_T, C::K_T, C::S - key0);
+    napkin_attn_tile<X, C::D, DP, BN, C::V_VEC>(Vs, LD, nullptr, 0, vg + key0 * C::V_T, C::V_T, C::S - key0);
+    __syncthreads();
+    float p[BN / 8][4], ds[BN / 8][4];
+    NAPKIN_UNROLL
+    for (int nt = 0; nt < BN / 8; ++nt) {
+      NAPKIN_UNROLL
+      for (int e = 0; e < 4; ++e) p[nt][e] = ds[nt][e] = 0.f;
+      NAPKIN_UNROLL
+      for (int kc = 0; kc < KC; ++kc) {
+        const unsigned short* pk = Ks + (nt * 8 + g) * LD + kc * 16 + 2 * t;
+        const unsigned bk[2] = {napkin_attn_u32(pk), napkin_attn_u32(pk + 8)};
+        X::mma(p[nt], qf[kc], bk);
+        const unsigned short* pv = Vs + (nt * 8 + g) * LD + kc * 16 + 2 * t;
+        const unsigned bv[2] = {napkin_attn_u32(pv), napkin_attn_u32(pv + 8)};
+        X::mma(ds[nt], df[kc], bv);
+      }
+    }
+    const bool edge = key0 + BN > C::S || (C::CAUSAL && key0 + BN - 1 > row0 + C::S - C::T);
+    NAPKIN_UNROLL
+    for (int nt = 0; nt < BN / 8; ++nt)
+      NAPKIN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int j = key0 + nt * 8 + 2 * t + (e & 1), i = row0 + r + (e >> 1) * 8;
+        float pe = exp2f(p[nt][e] * SL - L[e >> 1]);
+        if (edge && (j >= C::S || (C::CAUSAL && j > i + C::S - C::T))) pe = 0.f;
+        ds[nt][e] = pe * (ds[nt][e] - Dd[e >> 1]);
+      }
+    // dQ += dS K.
+    NAPKIN_UNROLL
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const unsigned af[4] = {X::pack(ds[2 * kk][0], ds[2 * kk][1]), X::pack(ds[2 * kk][2], ds[2 * kk][3]),
+                              X::pack(ds[2 * kk + 1][0], ds[2 * kk + 1][1]), X::pack(ds[2 * kk + 1][2], ds[2 * kk + 1][3])};
+      NAPKIN_UNROLL
+      for (int nd = 0; nd < ND; ++nd) {
+        const unsigned short* pk = Kt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
+        const unsigned bf[2] = {napkin_attn_u32(pk), napkin_attn_u32(pk + 8)};
+        X::mma(dqa[nd], af, bf);
+      }
+    }
+  }
+  const float scale = (float)C::SCALE;
+  NAPKIN_UNROLL
+  for (int hr = 0; hr < 2; ++hr) {
+    const int i = row0 + r + 8 * hr;
+    if (i >= C::T) continue;
+    unsigned short* row = dq + b * C::DQ_B + h * C::DQ_H + i * C::DQ_T;
+    NAPKIN_UNROLL
+    for (int nd = 0; nd < ND; ++nd)
+      NAPKIN_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        const int d = nd * 8 + 2 * t + e;
+        if (d < C::D) row[d] = X::store(dqa[nd][2 * hr + e] * scale);
+      }
+  }
+}
+
+// ---- SIMT (f32, f64): 64 threads, one query (or key) row each ----
+
+// Forward: block = (b, h, 64-query tile); key tiles of C::TILE rows in
+// shared memory; the thread's q row and accumulator in registers.
+template <class C, class X>
+NAPKIN_DEVICE void napkin_attn_fwd_simt(const typename X::St* __restrict__ q, const typename X::St* __restrict__ k,
+                                        const typename X::St* __restrict__ v, typename X::St* __restrict__ o,
+                                        float* __restrict__ lse, typename X::St* smem) {
+  typedef typename X::Acc A;
+  constexpr int BM = 64, BN = C::TILE, QB = (C::T + BM - 1) / BM;
+  const int qb = QB - 1 - (int)(blockIdx.x % QB), bh = (int)(blockIdx.x / QB);
+  const int h = bh % C::HQ, b = bh / C::HQ, hk = h / (C::HQ / C::HK), row0 = qb * BM;
+  const int i = row0 + (int)threadIdx.x;
+  const bool valid = i < C::T;
+  A* Ks = smem;          // [BN][D]
+  A* Vs = Ks + BN * C::D;  // [BN][D]
+  A qr[C::D], acc[C::D];
+  for (int d = 0; d < C::D; ++d) {
+    qr[d] = valid ? q[b * C::Q_B + h * C::Q_H + i * C::Q_T + d] : A(0);
+    acc[d] = A(0);
+  }
+  A m = -(A)napkin_inf_f32(), l = A(0);
+  const int visible = C::CAUSAL ? i + C::S - C::T + 1 : C::S;
+  const int kend = C::CAUSAL ? min(C::S, row0 + BM + C::S - C::T) : C::S;
+  for (int key0 = 0; key0 < kend; key0 += BN) {
+    __syncthreads();
+    napkin_attn_tile<X, C::D, C::D, BN, false>(Ks, C::D, nullptr, 0, k + b * C::K_B + hk * C::K_H + key0 * C::K_T,
+                                               C::K_T, C::S - key0);
+    napkin_attn_tile<X, C::D, C::D, BN, false>(Vs, C::D, nullptr, 0, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
+                                               C::V_T, C::S - key0);
+    __syncthreads();
+    const int jn = min(BN, visible - key0);
+    if (!valid || jn <= 0) continue;
+    A s[BN];
+    A mx = m;
+    for (int jj = 0; jj < jn; ++jj) {
+      A dot = A(0);
+      for (int d = 0; d < C::D; ++d) dot += qr[d] * Ks[jj * C::D + d];
+      s[jj] = dot * (A)C::SCALE;
+      mx = napkin_maxnum(mx, s[jj]);
+    }
+    const A alpha = napkin_exp(m - mx);  // m = -inf: 0
+    m = mx;
+    l *= alpha;
+    for (int d = 0; d < C::D; ++d) acc[d] *= alpha;
+    for (int jj = 0; jj < jn; ++jj) {
+      const A p = napkin_exp(s[jj] - m);
+      l += p;
+      for (int d = 0; d < C::D; ++d) acc[d] += p * Vs[jj * C::D + d];
+    }
+  }
+  if (!valid) return;
+  for (int d = 0; d < C::D; ++d) o[b * C::O_B + h * C::O_H + i * C::O_T + d] = acc[d] / l;
+  lse[b * C::L_B + h * C::L_H + i * C::L_T] = (float)(m + napkin_log(l));
+}
+
+// Backward dK, dV: block = (b, kv head, 64-key tile), a thread per key;
+// query tiles of C::TILE rows of every query head of the group, in order.
+template <class C, class X>
+NAPKIN_DEVICE void napkin_attn_bwd_kv_simt(const typename X::St* __restrict__ q, const typename X::St* __restrict__ k,
+                                           const typename X::St* __restrict__ v,
+                                           const typename X::St* __restrict__ dout, const float* __restrict__ lse,
+                                           const typename X::Acc* __restrict__ delta, typename X::St* __restrict__ dk,
+                                           typename X::St* __restrict__ dv, typename X::St* smem) {
+  typedef typename X::Acc A;
+  constexpr int BN = 64, BM = C::TILE, KB = (C::S + BN - 1) / BN, G = C::HQ / C::HK;
+  const int kb = (int)(blockIdx.x % KB), bh = (int)(blockIdx.x / KB), hk = bh % C::HK, b = bh / C::HK, key0 = kb * BN;
+  const int j = key0 + (int)threadIdx.x;
+  const bool valid = j < C::S;
+  A* Qs = smem;             // [BM][D]
+  A* dOs = Qs + BM * C::D;  // [BM][D]
+  A* Ls = dOs + BM * C::D;  // [BM]
+  A* Dl = Ls + BM;          // [BM]
+  A kr[C::D], vr[C::D], dka[C::D], dva[C::D];
+  for (int d = 0; d < C::D; ++d) {
+    kr[d] = valid ? k[b * C::K_B + hk * C::K_H + j * C::K_T + d] : A(0);
+    vr[d] = valid ? v[b * C::V_B + hk * C::V_H + j * C::V_T + d] : A(0);
+    dka[d] = dva[d] = A(0);
+  }
+  const int qfirst = C::CAUSAL ? max(0, key0 - (C::S - C::T)) / BM * BM : 0;
+  for (int hh = 0; hh < G; ++hh) {
+    const int h = hk * G + hh;
+    for (int q0 = qfirst; q0 < C::T; q0 += BM) {
+      __syncthreads();
+      napkin_attn_tile<X, C::D, C::D, BM, false>(Qs, C::D, nullptr, 0, q + b * C::Q_B + h * C::Q_H + q0 * C::Q_T,
+                                                 C::Q_T, C::T - q0);
+      napkin_attn_tile<X, C::D, C::D, BM, false>(dOs, C::D, nullptr, 0,
+                                                 dout + b * C::DO_B + h * C::DO_H + q0 * C::DO_T, C::DO_T, C::T - q0);
+      for (int i = (int)threadIdx.x; i < BM; i += (int)blockDim.x) {
+        const bool in = q0 + i < C::T;
+        Ls[i] = in ? (A)lse[b * C::L_B + h * C::L_H + (q0 + i) * C::L_T] : A(0);
+        Dl[i] = in ? delta[((long long)b * C::HQ + h) * C::T + q0 + i] : A(0);
+      }
+      __syncthreads();
+      if (!valid) continue;
+      const int ilo = C::CAUSAL ? max(0, j - (C::S - C::T) - q0) : 0, ihi = min(BM, C::T - q0);
+      for (int ii = ilo; ii < ihi; ++ii) {
+        A s = A(0), dp = A(0);
+        for (int d = 0; d < C::D; ++d) {
+          s += kr[d] * Qs[ii * C::D + d];
+          dp += vr[d] * dOs[ii * C::D + d];
+        }
+        const A p = napkin_exp(s * (A)C::SCALE - Ls[ii]), ds = p * (dp - Dl[ii]);
+        for (int d = 0; d < C::D; ++d) {
+          dva[d] += p * dOs[ii * C::D + d];
+          dka[d] += ds * Qs[ii * C::D + d];
+        }
+      }
+    }
+  }
+  if (!valid) return;
+  for (int d = 0; d < C::D; ++d) {
+    dk[b * C::DK_B + hk * C::DK_H + j * C::DK_T + d] = dka[d] * (A)C::SCALE;
+    dv[b * C::DV_B + hk * C::DV_H + j * C::DV_T + d] = dva[d];
+  }
+}
+
+// Backward dQ: block = (b, h, 64-query tile), a thread per query; key tiles
+// of C::TILE rows in order.
+template <class C, class X>
+NAPKIN_DEVICE void napkin_attn_bwd_q_simt(const typename X::St* __restrict__ q, const typename X::St* __restrict__ k,
+                                          const typename X::St* __restrict__ v, const typename X::St* __restrict__ dout,
+                                          const float* __restrict__ lse, const typename X::Acc* __restrict__ delta,
+                                          typename X::St* __restrict__ dq, typename X::St* smem) {
+  typedef typename X::Acc A;
+  constexpr int BM = 64, BN = C::TILE, QB = (C::T + BM - 1) / BM;
+  const int qb = QB - 1 - (int)(blockIdx.x % QB), bh = (int)(blockIdx.x / QB);
+  const int h = bh % C::HQ, b = bh / C::HQ, hk = h / (C::HQ / C::HK), row0 = qb * BM;
+  const int i = row0 + (int)threadIdx.x;
+  const bool valid = i < C::T;
+  A* Ks = smem;            // [BN][D]
+  A* Vs = Ks + BN * C::D;  // [BN][D]
+  A qr[C::D], dr[C::D], dqa[C::D];
+  for (int d = 0; d < C::D; ++d) {
+    qr[d] = valid ? q[b * C::Q_B + h * C::Q_H + i * C::Q_T + d] : A(0);
+    dr[d] = valid ? dout[b * C::DO_B + h * C::DO_H + i * C::DO_T + d] : A(0);
+    dqa[d] = A(0);
+  }
+  const A L = valid ? (A)lse[b * C::L_B + h * C::L_H + i * C::L_T] : A(0);
+  const A Dd = valid ? delta[((long long)b * C::HQ + h) * C::T + i] : A(0);
+  const int visible = C::CAUSAL ? i + C::S - C::T + 1 : C::S;
+  const int kend = C::CAUSAL ? min(C::S, row0 + BM + C::S - C::T) : C::S;
+  for (int key0 = 0; key0 < kend; key0 += BN) {
+    __syncthreads();
+    napkin_attn_tile<X, C::D, C::D, BN, false>(Ks, C::D, nullptr, 0, k + b * C::K_B + hk * C::K_H + key0 * C::K_T,
+                                               C::K_T, C::S - key0);
+    napkin_attn_tile<X, C::D, C::D, BN, false>(Vs, C::D, nullptr, 0, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
+                                               C::V_T, C::S - key0);
+    __syncthreads();
+    const int jn = valid ? min(BN, visible - key0) : 0;
+    for (int jj = 0; jj < jn; ++jj) {
+      A s = A(0), dp = A(0);
+      for (int d = 0; d < C::D; ++d) {
+        s += qr[d] * Ks[jj * C::D + d];
+        dp += dr[d] * Vs[jj * C::D + d];
+      }
+      const A ds = napkin_exp(s * (A)C::SCALE - L) * (dp - Dd);
+      for (int d = 0; d < C::D; ++d) dqa[d] += ds * Ks[jj * C::D + d];
+    }
+  }
+  if (!valid) return;
+  for (int d = 0; d < C::D; ++d) dq[b * C::DQ_B + h * C::DQ_H + i * C::DQ_T + d] = dqa[d] * (A)C::SCALE;
+}
+// ---- end of fused attention ----
+)ATTN";
+  return text;
+}
+
+}  // namespace napkin::codegen::cuda::detail
