@@ -92,9 +92,12 @@ void PhaseCost::add(const OpRow& row) {
   bytes_written += row.cost.bytes_written;
   recompute_flops += row.cost.recompute_flops;
   if (row.category == "param-matmul") param_matmul_flops += row.cost.flops;
-  // Fused attention's q·kᵀ and p·v are the activation matmuls it replaced.
-  else if (row.category == "activation-matmul" || row.category == "attention") activation_matmul_flops += row.cost.flops;
-  else other_flops += row.cost.flops;
+  else if (row.category == "activation-matmul") activation_matmul_flops += row.cost.flops;
+  else {
+    // Fused attention's q·kᵀ and p·v are the activation matmuls it replaced; its softmax is other work.
+    activation_matmul_flops += row.cost.activation_matmul_flops;
+    other_flops += row.cost.flops - row.cost.activation_matmul_flops;
+  }
   seconds += row.seconds;
   ++ops;
 }

@@ -103,6 +103,10 @@ struct OpCost {
   // (fused attention's backward recomputes the scores), apart from `flops`:
   // the kernel runs them, model FLOPs (MFU) do not count them.
   double recompute_flops = 0;
+  // The part of `flops` in matrix products between activations when an op
+  // does them inside (fused attention's q·kᵀ and p·v): the report's activation
+  // matmul FLOPs, the rest of `flops` being its other work.
+  double activation_matmul_flops = 0;
 };
 
 class Builder;

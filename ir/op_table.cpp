@@ -736,9 +736,15 @@ double out_numel(const Graph& g, const Node& n) { return g.value(n.out()).type.n
 OpCost cost_attention(const Graph& g, const Node& n) {
   AttentionDims a = attention_dims(g, n);
   double pairs = a.batch * a.heads * a.pairs;
-  if (n.op == Op::Attention) return {pairs * (4 * a.head_dim + 5), read_all(g, n), written(g, n)};
-  OpCost c{pairs * (8 * a.head_dim + 2) + a.batch * a.heads * a.q_len * 2 * a.head_dim, read_all(g, n), written(g, n)};
-  c.recompute_flops = pairs * (2 * a.head_dim + 3);
+  OpCost c{0, read_all(g, n), written(g, n)};
+  if (n.op == Op::Attention) {
+    c.activation_matmul_flops = pairs * 4 * a.head_dim;
+    c.flops = c.activation_matmul_flops + pairs * 5;
+  } else {
+    c.activation_matmul_flops = pairs * 8 * a.head_dim;
+    c.flops = c.activation_matmul_flops + pairs * 2 + a.batch * a.heads * a.q_len * 2 * a.head_dim;
+    c.recompute_flops = pairs * (2 * a.head_dim + 3);
+  }
   return c;
 }
 

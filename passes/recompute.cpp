@@ -59,15 +59,19 @@ ir::Graph with_recompute(const ir::Graph& original, const std::set<ir::ValueId>&
     b.set_loc(n.loc);
     b.set_scope(n.scope);
     b.set_origin(n.id);
-    ir::ValueId c = b.must(b.add(n.op, inputs, n.attrs));
-    const ir::Value original_value = g.value(v);
-    b.rename_dims(c, original_value.type.dims);
-    if (!original_value.name.empty()) g.value(c).name = original_value.name + ".recomputed";
-    ir::NodeId clone = g.value(c).producer;
+    const ir::ValueId first = b.must(b.add(n.op, inputs, n.attrs));
+    const ir::NodeId clone = g.value(first).producer;
+    const std::vector<ir::ValueId> made = g.node(clone).outputs;
+    // Every output of the node is recomputed with it (attention's o and lse).
+    for (size_t i = 0; i < made.size(); ++i) {
+      const ir::Value original_value = g.value(n.outputs[i]);
+      b.rename_dims(made[i], original_value.type.dims);
+      if (!original_value.name.empty()) g.value(made[i]).name = original_value.name + ".recomputed";
+      clone_of[n.outputs[i]] = made[i];
+    }
     if (ir::op_info(n.op).op_class != ir::OpClass::View) flops_added += node_flops(g, g.node(clone));
     schedule.push_back(clone);
-    clone_of[v] = c;
-    return c;
+    return clone_of.at(v);
   };
   for (ir::NodeId id : backward) {
     std::vector<ir::ValueId> inputs = g.node(id).inputs;

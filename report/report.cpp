@@ -89,7 +89,7 @@ PalmTerms palm_terms(const ir::Graph& g, const analysis::StepCost& c) {
   std::set<std::string> scopes;
   const ir::Node* first = nullptr;
   for (const analysis::OpRow& row : c.rows)
-    if (row.phase == ir::Phase::Forward && row.category == "activation-matmul") {
+    if (row.phase == ir::Phase::Forward && (row.category == "activation-matmul" || row.category == "attention")) {
       const ir::Node& n = g.node(row.node);
       if (!first) first = &n;
       scopes.insert(n.scope);
@@ -97,7 +97,9 @@ PalmTerms palm_terms(const ir::Graph& g, const analysis::StepCost& c) {
   if (!first || c.tokens <= 0) return p;
   p.found = true;
   p.layers = static_cast<double>(scopes.size());
-  p.seq = static_cast<double>(g.value(first->out()).type.dims.back().size);
+  // A fused attention's keys are its k's third axis; an einsum's, its output's last.
+  p.seq = first->op == ir::Op::Attention ? static_cast<double>(g.value(first->in(1)).type.dims[2].size)
+                                         : static_cast<double>(g.value(first->out()).type.dims.back().size);
   p.d = static_cast<double>(g.value(first->in(0)).type.numel()) / c.tokens;
   return p;
 }

@@ -402,6 +402,19 @@ std::map<Op, std::vector<Sample>> sample_table() {
     add(Op::LogSoftmax, fmt::format("[2,3,4] axis {}", axis),
         [axis](Ctx& c) { return c.op(Op::LogSoftmax, {c.param({2, 3, 4})}, {{"axis", axis}}); });
   }
+  // Fused attention: odd lengths, 3 heads, grouped heads, causal with fewer queries than keys.
+  add(Op::Attention, "causal q [1,3,5,4], k v [1,3,5,4]", [](Ctx& c) {
+    return c.op(Op::Attention, {c.param({1, 3, 5, 4}), c.param({1, 3, 5, 4}), c.param({1, 3, 5, 4})},
+                {{"causal", int64_t{1}}, {"scale", 0.5}});
+  });
+  add(Op::Attention, "full, q [2,2,3,3], k v [2,2,4,3]", [](Ctx& c) {
+    return c.op(Op::Attention, {c.param({2, 2, 3, 3}), c.param({2, 2, 4, 3}), c.param({2, 2, 4, 3})},
+                {{"causal", int64_t{0}}, {"scale", 0.7}});
+  });
+  add(Op::Attention, "causal grouped, q [1,4,3,2], k v [1,2,5,2]", [](Ctx& c) {
+    return c.op(Op::Attention, {c.param({1, 4, 3, 2}), c.param({1, 2, 5, 2}), c.param({1, 2, 5, 2})},
+                {{"causal", int64_t{1}}, {"scale", 1.0}});
+  });
   add(Op::LayerNorm, "[2,3,4]", [](Ctx& c) {
     return c.op(Op::LayerNorm, {c.param({2, 3, 4}), c.param({4}), c.param({4})}, {{"eps", 1e-5}});
   });

@@ -120,6 +120,8 @@ std::vector<std::vector<double>> expected_outputs(const CompiledStep& step, cons
 
 // See KernelOutputCheck::precision.
 ir::DType judged_precision(const codegen::Kernel& k, int output) {
+  // Attention's outputs are as exact as its operands: lse is f32 but comes from bf16 q and k.
+  if (k.kind == codegen::KernelKind::Attention) return k.inputs[0].dtype;
   if (!k.fused) return k.output.dtype;
   const codegen::FusedLoop& f = *k.fused;
   const codegen::FusedOp& op = f.ops[f.output_ops[output]];
@@ -154,6 +156,7 @@ void check_each_kernel(CompiledStep& step, const std::function<void(const Kernel
       for (const codegen::Operand& o : k.fused->outputs) outputs.push_back(&o);
     else
       outputs.push_back(&k.output);
+    for (const codegen::Operand& o : k.extra_outputs) outputs.push_back(&o);
     NAPKIN_INTERNAL_CHECK(outputs.size() == expected.size(), "kernel {} stores {} outputs, the interpreter made {}", k.name,
                           outputs.size(), expected.size());
     for (size_t o = 0; o < outputs.size(); ++o)

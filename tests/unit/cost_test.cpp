@@ -72,8 +72,9 @@ TEST_CASE("GPT-2 small has 124,439,808 parameters, 7,087,872 per block") {
   CHECK(block0 == 7087872);
   CHECK(c.params - 1024 * 768 == 123653376);  // without the position embedding
   CHECK(c.tokens == 8 * 1024);
-  // Attention: per layer, scores and mixing are each 2·B·H·T·T·hd FLOPs (full T², not halved).
-  const double attention = 12 * 2 * (2.0 * 8 * 12 * 1024 * 1024 * 64);
+  // Attention (fused, causal): per layer, scores and mixing are each 2·hd FLOPs per visible
+  // (query, key) pair, T(T+1)/2 of them per (batch, head).
+  const double attention = 12 * 2 * (2.0 * 8 * 12 * (1024.0 * 1025 / 2) * 64);
   CHECK(c.phase(ir::Phase::Forward).activation_matmul_flops == attention);
   // Tied embeddings: the logits matmul uses wte, so wte counts as a matmul param.
   CHECK(c.params_in_matmuls == 50257 * 768 + 12 * (768 * 2304 + 768 * 768 + 2 * 768 * 3072));

@@ -1,3 +1,4 @@
+#include <cmath>
 // The kind of each kernel is decided once: every op's table row names the
 // loop it runs as (ir/loop.h), which agrees with the op's class, and the plan
 // stamps each kernel's KernelKind with the loop's parameters from it
@@ -106,9 +107,19 @@ TEST_CASE("kernel plan: a GPT's row kernels carry their variant, axis, centering
       default: FAIL_CHECK("unexpected row op " << ir::op_name(k.op));
     }
   }
-  for (ir::Op op : {ir::Op::Softmax, ir::Op::SoftmaxGrad, ir::Op::LayerNorm, ir::Op::LayerNormGrad, ir::Op::NormGainGrad,
-                    ir::Op::CrossEntropy, ir::Op::CrossEntropyGrad})
+  // Softmax and its gradient are inside the fused attention kernels (passes/fuse_attention.h).
+  for (ir::Op op : {ir::Op::LayerNorm, ir::Op::LayerNormGrad, ir::Op::NormGainGrad, ir::Op::CrossEntropy,
+                    ir::Op::CrossEntropyGrad})
     CHECK_MESSAGE(rows_of[op] > 0, ir::op_name(op));
+  int attention = 0;
+  for (const codegen::Kernel& k : plan.kernels)
+    if (k.kind == KernelKind::Attention) {
+      ++attention;
+      CHECK(k.attention().causal);
+      CHECK(k.attention().scale == doctest::Approx(1 / std::sqrt(double(k.inputs[0].sizes[3]))));
+      CHECK(k.extra_outputs.size() == (k.attention().backward ? 2u : 1u));
+    }
+  CHECK(attention > 0);
 }
 
 }  // namespace

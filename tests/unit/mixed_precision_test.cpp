@@ -203,9 +203,16 @@ TEST_CASE("mixed precision: gpt bf16-mixed follows the rules op by op") {
   // four weights of each of the two blocks get one bf16 copy each.
   for (const auto& [v, count] : casts_of) CHECK(count <= 2);
   CHECK(param_copies == 1 + 4 * 2);
-  // The residual stream stays f32; attention probabilities are f32 (softmax), scores bf16.
-  CHECK(dtype(g, named(g, "blocks.1.att")) == DType::F32);
-  CHECK(dtype(g, named(g, "blocks.1.scores")) == DType::BF16);
+  // The residual stream stays f32; fused attention takes bf16 q, k, v as a matmul does, and gives
+  // its output in bf16 and the log-sum-exp of each row in f32.
+  std::vector<ir::NodeId> attention = nodes_of(g, ir::Op::Attention, ir::Phase::Forward);
+  REQUIRE(attention.size() == 2);
+  for (ir::NodeId id : attention) {
+    const ir::Node& n = g.node(id);
+    for (ValueId v : n.inputs) CHECK(dtype(g, v) == DType::BF16);
+    CHECK(dtype(g, n.out(0)) == DType::BF16);
+    CHECK(dtype(g, n.out(1)) == DType::F32);
+  }
   CHECK(dtype(g, named(g, "logits")) == DType::BF16);
   for (const auto& [label, v] : g.outputs) CHECK(dtype(g, v) == DType::F32);
 }
@@ -257,8 +264,10 @@ TEST_CASE("mixed precision: fp32 overrides keep the selected ops in f32") {
       ++block1;
     }
   }
-  CHECK(block0 == 6);  // qkv, scores, att·v, proj, fc, out
-  CHECK(block1 == 6);
+  CHECK(block0 == 4);  // qkv, proj, fc, out (scores and att·v are the fused attention's)
+  CHECK(block1 == 4);
+  for (ir::NodeId id : nodes_of(gpt, ir::Op::Attention, ir::Phase::Forward))
+    CHECK(dtype(gpt, gpt.node(id).in(0)) == (gpt.node(id).scope == "blocks.0" ? DType::F32 : DType::BF16));
 
   // A pattern that selects nothing is an error at the pattern.
   std::string text = with_precision(napkin::testing::read_source("models/mlp.yaml"),

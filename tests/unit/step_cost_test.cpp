@@ -103,11 +103,12 @@ TEST_CASE("step cost: counted − 6·T·P splits exactly into the report's terms
 TEST_CASE("step cost: GPT's attention matches PaLM's 12·L·d·T per token") {
   ir::Graph g = compile_training(read_model("gpt.yaml"), "models/gpt.yaml");
   analysis::StepCost c = analysis::analyze_step(g, analysis::find_device("h100"));
-  // gpt.yaml: L=4, d=256, T=128, batch 16: forward scores and mixing are
-  // 2·2·B·T·T·d per layer; backward is twice that.
+  // gpt.yaml: L=4, d=256, T=128, batch 16. PaLM counts every (query, key)
+  // pair, 12·L·d·T per token; the fused causal kernel computes T(T+1)/2 of the
+  // T² pairs, so its matmul FLOPs are PaLM's times (T+1)/(2T).
   const double B = 16, T = 128, d = 256, L = 4;
   double attention = c.phase(ir::Phase::Forward).activation_matmul_flops + c.phase(ir::Phase::Backward).activation_matmul_flops;
-  CHECK(attention == 12 * L * d * T * (B * T));
+  CHECK(attention == 12 * L * d * T * (B * T) * (T + 1) / (2 * T));
   auto j = nlohmann::json::parse(report::render_report_json(g, c, analysis::analyze_memory(g), {"gpt", false}));
   CHECK(j["flops"]["palm"]["layers"].get<double>() == L);
   CHECK(j["flops"]["palm"]["d"].get<double>() == d);
