@@ -468,20 +468,23 @@ struct Kernels {
         const float* lse_h = lse + (b * d.heads + h0 + hl) * T;
         for (int64_t i0 = first_block * kQueryBlock; i0 < T; i0 += kQueryBlock) {
           const int64_t rows = std::min(kQueryBlock, T - i0);
+          // Causal: keys past the block's last row's horizon are hidden from
+          // every row of it; the tile stops there (>= 1 key: see first_block).
+          const int64_t tcols = d.causal ? std::min(cols, i0 + rows + offset - j0) : cols;
           const A* qt = load_rows<E>(at(q, d.q, b, h0 + hl, i0), rows, D, d.q.row, sc.q, &ldq);
           const A* dot = load_rows<E>(at(d_o, d.d_o, b, h0 + hl, i0), rows, D, d.d_o.row, sc.d_o, &lddo);
           // P = exp(scale Q Kᵀ - lse), the forward's probabilities.
-          tile_gemm(false, true, rows, cols, D, scale, qt, ldq, kt, ldk, A(0), s, kKeyBlock);
-          if (d.causal && j0 + cols - 1 > i0 + offset) mask_tile(s, kKeyBlock, rows, cols, i0, j0, offset);
-          probabilities(s, kKeyBlock, rows, cols, lse_h + i0);
+          tile_gemm(false, true, rows, tcols, D, scale, qt, ldq, kt, ldk, A(0), s, kKeyBlock);
+          if (d.causal && j0 + tcols - 1 > i0 + offset) mask_tile(s, kKeyBlock, rows, tcols, i0, j0, offset);
+          probabilities(s, kKeyBlock, rows, tcols, lse_h + i0);
           // dV += Pᵀ dO
-          tile_gemm(true, false, cols, D, rows, A(1), s, kKeyBlock, dot, lddo, A(1), dv_acc, D);
+          tile_gemm(true, false, tcols, D, rows, A(1), s, kKeyBlock, dot, lddo, A(1), dv_acc, D);
           // dS = P (dO Vᵀ - D), in place of dP
-          tile_gemm(false, true, rows, cols, D, A(1), dot, lddo, vt, ldv, A(0), dp, kKeyBlock);
-          score_grads(s, dp, kKeyBlock, rows, cols, row_dot + hl * T + i0);
+          tile_gemm(false, true, rows, tcols, D, A(1), dot, lddo, vt, ldv, A(0), dp, kKeyBlock);
+          score_grads(s, dp, kKeyBlock, rows, tcols, row_dot + hl * T + i0);
           // dK += dSᵀ Q, dQ += dS K (both scaled once, on store)
-          tile_gemm(true, false, cols, D, rows, A(1), dp, kKeyBlock, qt, ldq, A(1), dk_acc, D);
-          tile_gemm(false, false, rows, D, cols, A(1), dp, kKeyBlock, kt, ldk, A(1), dq_acc + (hl * T + i0) * D, D);
+          tile_gemm(true, false, tcols, D, rows, A(1), dp, kKeyBlock, qt, ldq, A(1), dk_acc, D);
+          tile_gemm(false, false, rows, D, tcols, A(1), dp, kKeyBlock, kt, ldk, A(1), dq_acc + (hl * T + i0) * D, D);
         }
       }
       E::store(dk_acc, D, cols, D, scale, nullptr, at(dk, d.dk, b, g, j0), d.dk.row);
