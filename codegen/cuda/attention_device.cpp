@@ -85,6 +85,50 @@ NAPKIN_DEVICE void napkin_attn_tile(typename X::St* dst, int ld, typename X::St*
   }
 }
 
+// The same tile load in two halves: fetch (global -> this thread's
+// registers) and put (registers -> shared), so a block fetches the next tile
+// while it computes on the current one (register double buffering: the
+// global loads are in flight during the mma work). THREADS is the block size.
+template <class X, int D, int DP, int ROWS, bool VEC, int THREADS>
+struct napkin_attn_stage {
+  typedef typename X::St St;
+  static constexpr int E = VEC ? 16 / (int)sizeof(St) : 1, CH = DP / E, N = (ROWS * CH + THREADS - 1) / THREADS;
+  uint4 raw[VEC ? N : 1];
+  St val[VEC ? 1 : N];
+  NAPKIN_DEVICE void fetch(const St* __restrict__ src, long long stride, int valid) {
+    NAPKIN_UNROLL
+    for (int n = 0; n < N; ++n) {
+      const int c = (int)threadIdx.x + n * THREADS, r = c / CH, col = (c % CH) * E;
+      const bool in = c < ROWS * CH && r < valid && col < D;
+      if constexpr (VEC) {
+        raw[n] = make_uint4(0u, 0u, 0u, 0u);
+        if (in) raw[n] = *(const uint4*)(src + r * stride + col);
+      } else {
+        val[n] = in ? src[r * stride + col] : St(0);
+      }
+    }
+  }
+  NAPKIN_DEVICE void put(St* dst, int ld, St* dstT, int ldt) const {
+    NAPKIN_UNROLL
+    for (int n = 0; n < N; ++n) {
+      const int c = (int)threadIdx.x + n * THREADS, r = c / CH, col = (c % CH) * E;
+      if (c >= ROWS * CH) continue;
+      const St* v;
+      if constexpr (VEC) {
+        v = (const St*)&raw[n];
+        if (dst) *(uint4*)(dst + r * ld + col) = raw[n];
+      } else {
+        v = &val[n];
+        if (dst) dst[r * ld + col] = val[n];
+      }
+      if (dstT) {
+        NAPKIN_UNROLL
+        for (int e = 0; e < E; ++e) dstT[(col + e) * ldt + r] = v[e];
+      }
+    }
+  }
+};
+
 // Backward, first launch: delta_i = do_i . o_i per query row (b, h, i),
 // into scratch as Acc; one thread per row, d in order.
 template <class C, class X>
@@ -138,11 +182,19 @@ NAPKIN_DEVICE void napkin_attn_fwd_mma(const unsigned short* __restrict__ q, con
   float m[2] = {NEG, NEG}, l[2] = {0.f, 0.f};
   // Keys past the last row's diagonal are never visible: not loaded at all.
   const int kend = C::CAUSAL ? min(C::S, row0 + BM + C::S - C::T) : C::S;
+  napkin_attn_stage<X, C::D, DP, BN, C::K_VEC, 128> kn;
+  napkin_attn_stage<X, C::D, DP, BN, C::V_VEC, 128> vn;
+  kn.fetch(kg, C::K_T, C::S);
+  vn.fetch(vg, C::V_T, C::S);
   for (int key0 = 0; key0 < kend; key0 += BN) {
     __syncthreads();  // the previous tile's readers are done
-    napkin_attn_tile<X, C::D, DP, BN, C::K_VEC>(Ks, LD, nullptr, 0, kg + key0 * C::K_T, C::K_T, C::S - key0);
-    napkin_attn_tile<X, C::D, DP, BN, C::V_VEC>(nullptr, 0, Vt, LDT, vg + key0 * C::V_T, C::V_T, C::S - key0);
+    kn.put(Ks, LD, nullptr, 0);
+    vn.put(nullptr, 0, Vt, LDT);
     __syncthreads();
+    if (key0 + BN < kend) {  // the next tile's loads overlap this tile's products
+      kn.fetch(kg + (key0 + BN) * C::K_T, C::K_T, C::S - key0 - BN);
+      vn.fetch(vg + (key0 + BN) * C::V_T, C::V_T, C::S - key0 - BN);
+    }
     float s[BN / 8][4];
     NAPKIN_UNROLL
     for (int nt = 0; nt < BN / 8; ++nt) {
