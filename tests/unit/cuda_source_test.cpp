@@ -56,6 +56,7 @@ std::set<int64_t> operand_offsets(const Kernel& k) {
   for (const Operand& in : k.inputs) offsets.insert(in.byte_offset);
   if (k.fused)
     for (const Operand& out : k.fused->outputs) offsets.insert(out.byte_offset);
+  for (const Operand& out : k.extra_outputs) offsets.insert(out.byte_offset);
   return offsets;
 }
 
