@@ -52,7 +52,6 @@
 #include "runtime/error.h"
 #include "runtime/float_formats.h"
 
-#include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.h>
 
 namespace napkin::runtime {
@@ -73,20 +72,6 @@ namespace {
 #endif
 constexpr int64_t kQueryBlock = NAPKIN_ATTENTION_QUERY_BLOCK;
 constexpr int64_t kKeyBlock = NAPKIN_ATTENTION_KEY_BLOCK;
-
-// oneDNN runs its own parallel regions on OpenMP; each pool thread calls
-// dnnl_sgemm single-threaded (the same reasoning as runtime/gemm.cpp, whose
-// helper this mirrors): OpenMP's thread count is per thread, set once.
-void make_openmp_serial() {
-  thread_local bool done = false;
-  if (done) return;
-  done = true;
-  using SetFn = void (*)(int);
-  using GetFn = int (*)();
-  static auto set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
-  static auto get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
-  if (set && (!get || get() != 1)) set(1);
-}
 
 // C (m x n) = alpha op(A) op(B) + beta C, row-major, op = transpose when the
 // flag is set. beta is 0 or 1.

@@ -17,13 +17,6 @@
 
 namespace napkin::runtime {
 
-namespace {
-
-// Below this many FLOPs a matmul runs on the calling thread: a hot pool
-// dispatch costs ~0.2-1 µs and one core does 32^3..48^3 (66-221 kFLOP) in
-// 0.6-2 µs (bench/gemm_peak.cpp --pool, "small").
-constexpr double kMinParallelFlops = 2.5e5;
-
 // oneDNN (Debian's build) runs its own parallel regions on OpenMP. napkin's
 // pool threads each call dnnl_sgemm single-threaded: OpenMP's nthreads ICV is
 // per thread, so every thread that calls sgemm sets it to 1 once. libgomp is
@@ -39,6 +32,13 @@ void make_openmp_serial() {
   static auto get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
   if (set && (!get || get() != 1)) set(1);
 }
+
+namespace {
+
+// Below this many FLOPs a matmul runs on the calling thread: a hot pool
+// dispatch costs ~0.2-1 µs and one core does 32^3..48^3 (66-221 kFLOP) in
+// 0.6-2 µs (bench/gemm_peak.cpp --pool, "small").
+constexpr double kMinParallelFlops = 2.5e5;
 
 void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                int64_t ldb, float* c, int64_t ldc) {

@@ -50,6 +50,11 @@
 
 namespace napkin::runtime {
 
+// Sets OpenMP's thread count to 1 on the calling thread, once per thread:
+// each of napkin's pool threads calls oneDNN's sgemm single-threaded
+// (gemm.cpp says why). Gemm and the attention kernel's tile products call it.
+void make_openmp_serial();
+
 // Element types a Gemm takes: A and B share one, C has its own (fp32 or the
 // same as A and B).
 enum class GemmType : uint8_t { F32, F64, BF16, F16 };

@@ -55,6 +55,29 @@ struct napkin_attn_f16 {
 // leading dimension is even).
 NAPKIN_DEVICE unsigned napkin_attn_u32(const unsigned short* p) { return *(const unsigned*)p; }
 
+// The m16n8k16 A fragment of one lane (lane = 4g + t) from a 16-bit tile in
+// shared memory (leading dimension ld), p pointing at the lane's first
+// element, (row g, column 2t) of the 16x16 block: rows g and g + 8, columns
+// 2t, 2t + 1 and 2t + 8, 2t + 9 (PTX ISA, mma.m16n8k16 fragments).
+NAPKIN_DEVICE void napkin_attn_a_frag(unsigned (&a)[4], const unsigned short* p, int ld) {
+  a[0] = napkin_attn_u32(p);
+  a[1] = napkin_attn_u32(p + 8 * ld);
+  a[2] = napkin_attn_u32(p + 8);
+  a[3] = napkin_attn_u32(p + 8 * ld + 8);
+}
+
+// The A fragment of a 16x16 block whose columns 0-7 and 8-15 are two f32
+// accumulator fragments (C layout), rounded to X's 16-bit type: the C layout
+// of an m16n8 tile is one half of the A layout, so P and dS feed the next
+// product without going through shared memory.
+template <class X>
+NAPKIN_DEVICE void napkin_attn_a_from_acc(unsigned (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = X::pack(lo[0], lo[1]);
+  a[1] = X::pack(lo[2], lo[3]);
+  a[2] = X::pack(hi[0], hi[1]);
+  a[3] = X::pack(hi[2], hi[3]);
+}
+
 // Rows [0, ROWS) x columns [0, DP) of a tile whose row r starts at
 // src + r * stride, rows >= valid and columns >= D as zeros (padding must be
 // zero: a padded key's p is masked to 0, and 0 * garbage is not 0), into dst
@@ -170,11 +193,7 @@ NAPKIN_DEVICE void napkin_attn_fwd_mma(const unsigned short* __restrict__ q, con
   unsigned qf[KC][4];
   NAPKIN_UNROLL
   for (int kc = 0; kc < KC; ++kc) {
-    const unsigned short* p = Qs + r * LD + kc * 16 + 2 * t;
-    qf[kc][0] = napkin_attn_u32(p);
-    qf[kc][1] = napkin_attn_u32(p + 8 * LD);
-    qf[kc][2] = napkin_attn_u32(p + 8);
-    qf[kc][3] = napkin_attn_u32(p + 8 * LD + 8);
+    napkin_attn_a_frag(qf[kc], Qs + r * LD + kc * 16 + 2 * t, LD);
   }
   float acc[ND][4];
   NAPKIN_UNROLL
@@ -246,8 +265,8 @@ NAPKIN_DEVICE void napkin_attn_fwd_mma(const unsigned short* __restrict__ q, con
     // exactly the A fragment of rows r, r+8 (C layout = A layout halves).
     NAPKIN_UNROLL
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const unsigned af[4] = {X::pack(s[2 * kk][0], s[2 * kk][1]), X::pack(s[2 * kk][2], s[2 * kk][3]),
-                              X::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), X::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      unsigned af[4];
+      napkin_attn_a_from_acc<X>(af, s[2 * kk], s[2 * kk + 1]);
       NAPKIN_UNROLL
       for (int nd = 0; nd < ND; ++nd) {
         const unsigned short* p = Vt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
@@ -305,14 +324,8 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
   NAPKIN_UNROLL
   for (int kc = 0; kc < KC; ++kc) {
     const int at = r * LD + kc * 16 + 2 * t;
-    kf[kc][0] = napkin_attn_u32(Qs + at);
-    kf[kc][1] = napkin_attn_u32(Qs + at + 8 * LD);
-    kf[kc][2] = napkin_attn_u32(Qs + at + 8);
-    kf[kc][3] = napkin_attn_u32(Qs + at + 8 * LD + 8);
-    vf[kc][0] = napkin_attn_u32(dOs + at);
-    vf[kc][1] = napkin_attn_u32(dOs + at + 8 * LD);
-    vf[kc][2] = napkin_attn_u32(dOs + at + 8);
-    vf[kc][3] = napkin_attn_u32(dOs + at + 8 * LD + 8);
+    napkin_attn_a_frag(kf[kc], Qs + at, LD);
+    napkin_attn_a_frag(vf[kc], dOs + at, LD);
   }
   float dka[ND][4], dva[ND][4];
   NAPKIN_UNROLL
@@ -359,9 +372,8 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
       // dV += P^T dO.
       NAPKIN_UNROLL
       for (int kk = 0; kk < BM / 16; ++kk) {
-        const unsigned af[4] = {X::pack(st[2 * kk][0], st[2 * kk][1]), X::pack(st[2 * kk][2], st[2 * kk][3]),
-                                X::pack(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                                X::pack(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+        unsigned af[4];
+        napkin_attn_a_from_acc<X>(af, st[2 * kk], st[2 * kk + 1]);
         NAPKIN_UNROLL
         for (int nd = 0; nd < ND; ++nd) {
           const unsigned short* p = dOt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
@@ -386,9 +398,8 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
       // dK += dS^T Q (scaled once at the end).
       NAPKIN_UNROLL
       for (int kk = 0; kk < BM / 16; ++kk) {
-        const unsigned af[4] = {X::pack(ds[2 * kk][0], ds[2 * kk][1]), X::pack(ds[2 * kk][2], ds[2 * kk][3]),
-                                X::pack(ds[2 * kk + 1][0], ds[2 * kk + 1][1]),
-                                X::pack(ds[2 * kk + 1][2], ds[2 * kk + 1][3])};
+        unsigned af[4];
+        napkin_attn_a_from_acc<X>(af, ds[2 * kk], ds[2 * kk + 1]);
         NAPKIN_UNROLL
         for (int nd = 0; nd < ND; ++nd) {
           const unsigned short* p = Qt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
@@ -447,14 +458,8 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
   NAPKIN_UNROLL
   for (int kc = 0; kc < KC; ++kc) {
     const int at = r * LD + kc * 16 + 2 * t;
-    qf[kc][0] = napkin_attn_u32(Ks + at);
-    qf[kc][1] = napkin_attn_u32(Ks + at + 8 * LD);
-    qf[kc][2] = napkin_attn_u32(Ks + at + 8);
-    qf[kc][3] = napkin_attn_u32(Ks + at + 8 * LD + 8);
-    df[kc][0] = napkin_attn_u32(Vs + at);
-    df[kc][1] = napkin_attn_u32(Vs + at + 8 * LD);
-    df[kc][2] = napkin_attn_u32(Vs + at + 8);
-    df[kc][3] = napkin_attn_u32(Vs + at + 8 * LD + 8);
+    napkin_attn_a_frag(qf[kc], Ks + at, LD);
+    napkin_attn_a_frag(df[kc], Vs + at, LD);
   }
   float L[2], Dd[2];
   NAPKIN_UNROLL
@@ -500,8 +505,8 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
     // dQ += dS K.
     NAPKIN_UNROLL
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const unsigned af[4] = {X::pack(ds[2 * kk][0], ds[2 * kk][1]), X::pack(ds[2 * kk][2], ds[2 * kk][3]),
-                              X::pack(ds[2 * kk + 1][0], ds[2 * kk + 1][1]), X::pack(ds[2 * kk + 1][2], ds[2 * kk + 1][3])};
+      unsigned af[4];
+      napkin_attn_a_from_acc<X>(af, ds[2 * kk], ds[2 * kk + 1]);
       NAPKIN_UNROLL
       for (int nd = 0; nd < ND; ++nd) {
         const unsigned short* pk = Kt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
