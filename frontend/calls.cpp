@@ -63,6 +63,18 @@ Operand binary(Lowerer& L, Op op, const Operand& x, const Operand& y, const Expr
   return L.build(op, {*a, *b}, {}, call.offset);
 }
 
+// A true/false keyword argument `name` (`what` names it in messages); nullopt
+// after reporting a value that is neither.
+std::optional<bool> bool_arg(Lowerer& L, const Operand& o, const std::string& what, const std::string& name) {
+  auto w = L.need_word(o, what);
+  if (!w) return std::nullopt;
+  if (*w != "true" && *w != "false") {
+    L.error(o.offset, what + " must be true or false", fmt::format("write {0}=true or {0}=false", name));
+    return std::nullopt;
+  }
+  return *w == "true";
+}
+
 // Reduction over `axis` (an int, a list of ints, or absent for all axes).
 Operand reduce_axes(Lowerer& L, Op op, const CallArgs& a, const Expr& call) {
   auto x = tensor_arg(L, a, "x", call);
@@ -87,13 +99,9 @@ Operand reduce_axes(Lowerer& L, Op op, const CallArgs& a, const Expr& call) {
   }
   int64_t keep = 0;
   if (const Operand* k = a.get("keepdims")) {
-    auto w = L.need_word(*k, "keepdims");
-    if (!w) return Operand::invalid();
-    if (*w != "true" && *w != "false") {
-      L.error(k->offset, "keepdims must be true or false", "write keepdims=true or keepdims=false");
-      return Operand::invalid();
-    }
-    keep = *w == "true";
+    auto b = bool_arg(L, *k, "keepdims", "keepdims");
+    if (!b) return Operand::invalid();
+    keep = *b;
   }
   return L.build(op, {*x}, {{"axes", axes}, {"keepdims", keep}}, call.offset);
 }
@@ -433,13 +441,9 @@ const std::vector<CallSpec>& call_table() {
          [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            int64_t causal = 1;
            if (const Operand* c = a.get("causal")) {
-             auto w = L.need_word(*c, "attention: causal");
-             if (!w) return Operand::invalid();
-             if (*w != "true" && *w != "false") {
-               L.error(c->offset, "attention: causal must be true or false", "write causal=true or causal=false");
-               return Operand::invalid();
-             }
-             causal = *w == "true";
+             auto b = bool_arg(L, *c, "attention: causal", "causal");
+             if (!b) return Operand::invalid();
+             causal = *b;
            }
            std::optional<double> scale;
            if (const Operand* sc = a.get("scale")) {

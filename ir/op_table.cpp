@@ -597,22 +597,25 @@ InferResult check_attention_operands(const Inputs& in, const Attrs& a) {
   return {};
 }
 
-InferResult infer_attention(const Inputs& in, const Attrs& a) {
-  if (auto r = check_attention_operands(in, a); !r.ok()) return r;
+// lse: f32 [batch, heads, seq] of q.
+TensorType attention_lse(const TensorType& q) {
   TensorType lse;
   lse.dtype = DType::F32;
-  lse.dims.assign(in[0]->dims.begin(), in[0]->dims.begin() + 3);
+  lse.dims.assign(q.dims.begin(), q.dims.begin() + 3);
+  return lse;
+}
+
+InferResult infer_attention(const Inputs& in, const Attrs& a) {
+  if (auto r = check_attention_operands(in, a); !r.ok()) return r;
   InferResult r = InferResult::of(*in[0]);
-  r.outputs.push_back(lse);
+  r.outputs.push_back(attention_lse(*in[0]));
   return r;
 }
 
 // attention_grad(q, k, v, o, lse, do) -> (dq, dk, dv).
 InferResult infer_attention_grad(const Inputs& in, const Attrs& a) {
   if (auto r = check_attention_operands(in, a); !r.ok()) return r;
-  TensorType lse;
-  lse.dtype = DType::F32;
-  lse.dims.assign(in[0]->dims.begin(), in[0]->dims.begin() + 3);
+  const TensorType lse = attention_lse(*in[0]);
   if (!in[3]->same_shape(*in[0]) || !in[5]->same_shape(*in[0]) || !in[4]->same_shape(lse) ||
       in[4]->dtype != DType::F32 || in[3]->dtype != in[0]->dtype || in[5]->dtype != in[0]->dtype)
     return InferResult::fail("attention_grad: o, lse or do does not match q");

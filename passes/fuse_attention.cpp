@@ -25,6 +25,8 @@ struct Match {
   std::vector<NodeId> chain;    // scales, the mask and the softmax, from scores to softmax
   bool causal = false;
   double scale = 1;
+  int64_t head_dim = -1;   // the axis id q·kᵀ contracts (in the scores einsum's ids)
+  int64_t value_dim = -1;  // v's head_dim axis id (in the mixing einsum's ids)
 };
 
 // The value of a rank-0 constant (through broadcasts of it), if `v` is one.
@@ -45,6 +47,13 @@ std::optional<double> scalar_constant(const ir::Graph& g, ValueId v) {
 // "line 41" of a node, or its op's name when it has no location.
 std::string where(const ir::Node& n) {
   return n.loc.known() ? fmt::format("{} at line {}", ir::op_name(n.op), n.loc.line) : std::string(ir::op_name(n.op));
+}
+
+// Whether a permutation keeps every axis in place.
+bool is_identity(const std::vector<int64_t>& perm) {
+  for (size_t i = 0; i < perm.size(); ++i)
+    if (perm[i] != static_cast<int64_t>(i)) return false;
+  return true;
 }
 
 // The position of `id` in `ids`, -1 if absent.
@@ -220,6 +229,8 @@ class FuseAttention : public Pass {
       return false;
     }
     m.mix = mix->id;
+    m.head_dim = d;
+    m.value_dim = dv;
     return true;
   }
 
@@ -233,18 +244,12 @@ class FuseAttention : public Pass {
     b.set_scope(softmax.scope);
     const auto &lhs = scores.attrs.get_ints("lhs"), &rhs = scores.attrs.get_ints("rhs"), &out = scores.attrs.get_ints("out");
     const auto &al = mix.attrs.get_ints("lhs"), &vr = mix.attrs.get_ints("rhs"), &mo = mix.attrs.get_ints("out");
-    int64_t d = -1, dv = -1;
-    for (int64_t id : lhs)
-      if (position(out, id) < 0) d = id;
-    for (int64_t id : vr)
-      if (id != al[0] && id != al[1] && id != al[3]) dv = id;
+    const int64_t d = m.head_dim, dv = m.value_dim;
     // An operand viewed with its axes in `order` (ids), then contiguous along the last.
     auto arrange = [&](ValueId v, const std::vector<int64_t>& ids, const std::vector<int64_t>& order) {
       std::vector<int64_t> perm;
       for (int64_t id : order) perm.push_back(position(ids, id));
-      bool identity = true;
-      for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
-      if (!identity) v = b.must(b.permute(v, perm));
+      if (!is_identity(perm)) v = b.must(b.permute(v, perm));
       return b.unit_inner_stride(v);
     };
     ValueId q = arrange(scores.in(0), lhs, {out[0], out[1], out[2], d});
@@ -254,11 +259,9 @@ class FuseAttention : public Pass {
     // o is (b, h, i, d) in the mixing einsum's names; its output may order them otherwise.
     std::vector<int64_t> o_ids{al[0], al[1], al[2], dv}, perm;
     for (int64_t id : mo) perm.push_back(position(o_ids, id));
-    bool identity = true;
-    for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
     // A contiguous value of the einsum's own shape and layout, so views of the
     // old result stay valid views of the new one.
-    ValueId result = identity ? o : b.must(b.add(Op::Copy, {b.must(b.permute(o, perm))}));
+    ValueId result = is_identity(perm) ? o : b.must(b.add(Op::Copy, {b.must(b.permute(o, perm))}));
     b.rename_dims(result, g.value(mix.out()).type.dims);
     g.value(result).name = g.value(mix.out()).name;
     g.value(mix.out()).name.clear();

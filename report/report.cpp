@@ -293,11 +293,17 @@ std::string plan_lines(const ir::Graph& g, const analysis::MemoryReport& m) {
   return out;
 }
 
+// The step's fused attention kernels (forward ones: attention nodes).
+int attention_kernels(const ir::Graph& g) {
+  int n = 0;
+  for (ir::NodeId id : g.schedule()) n += g.node(id).op == ir::Op::Attention;
+  return n;
+}
+
 // Each attention site: fused into one kernel, or why not (passes/fuse_attention.h).
 std::string attention_section(const ir::Graph& g, const std::vector<passes::AttentionSite>& sites) {
-  int called = 0, fused = 0;
-  for (ir::NodeId id : g.schedule())
-    if (g.node(id).op == ir::Op::Attention) ++called;
+  const int called = attention_kernels(g);
+  int fused = 0;
   for (const passes::AttentionSite& s : sites) fused += s.fused;
   if (sites.empty() && called == 0) return "";
   std::string out = fmt::format("\nattention ({} fused kernel{}: no [batch, heads, queries, keys] value is stored)\n", called,
@@ -480,9 +486,7 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
     json sites = json::array();
     for (const passes::AttentionSite& s : *options.attention)
       sites.push_back({{"line", s.loc.line}, {"scope", s.scope}, {"fused", s.fused}, {"reason", s.reason}});
-    int kernels = 0;
-    for (ir::NodeId id : g.schedule()) kernels += g.node(id).op == ir::Op::Attention;
-    j["attention"] = {{"fused_kernels", kernels}, {"sites", sites}};
+    j["attention"] = {{"fused_kernels", attention_kernels(g)}, {"sites", sites}};
   }
   if (options.recompute && options.recompute->ran) {
     const passes::RecomputeReport& r = *options.recompute;
