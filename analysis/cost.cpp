@@ -94,9 +94,12 @@ void PhaseCost::add(const OpRow& row) {
   if (row.category == "param-matmul") param_matmul_flops += row.cost.flops;
   else if (row.category == "activation-matmul") activation_matmul_flops += row.cost.flops;
   else {
-    // Fused attention's q·kᵀ and p·v are the activation matmuls it replaced; its softmax is other work.
+    // Fused attention's q·kᵀ and p·v are the activation matmuls it replaced,
+    // the fused classifier's x·wᵀ and its gradients the weight matmuls; their
+    // softmax is other work.
     activation_matmul_flops += row.cost.activation_matmul_flops;
-    other_flops += row.cost.flops - row.cost.activation_matmul_flops;
+    param_matmul_flops += row.cost.param_matmul_flops;
+    other_flops += row.cost.flops - row.cost.activation_matmul_flops - row.cost.param_matmul_flops;
   }
   seconds += row.seconds;
   ++ops;
@@ -117,13 +120,14 @@ StepCost analyze_step(const ir::Graph& g, const Device* device) {
     row.category = category_of(g, n);
     row.copies = n.op == ir::Op::Copy && n.phase == ir::Phase::Forward;
     row.compute_dtype = compute_dtype(g, n);
-    if (is_contraction(n)) {
-      contraction_flops[row.compute_dtype] += row.cost.flops;
+    const bool classifier = info.op_class == ir::OpClass::Classifier;
+    if (is_contraction(n) || classifier) {
+      contraction_flops[row.compute_dtype] += classifier ? row.cost.param_matmul_flops : row.cost.flops;
       if (n.phase == ir::Phase::Forward)
         for (ir::ValueId v : n.inputs)
           if (reads_param(g, v)) matmul_params.insert(param_read(g, v));
     }
-    const bool matmul_like = is_contraction(n) || info.op_class == ir::OpClass::Attention;
+    const bool matmul_like = is_contraction(n) || info.op_class == ir::OpClass::Attention || classifier;
     if (device) {
       double peak = matmul_like ? matmul_peak(*device, row.compute_dtype) : vector_peak(*device, row.compute_dtype);
       if (peak <= 0 && row.cost.flops > 0) {

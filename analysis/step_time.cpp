@@ -39,6 +39,7 @@ KernelClass class_of_node(const ir::Node& n, const OpRow& row) {
     case ir::OpClass::Gather: return KernelClass::Copy;
     case ir::OpClass::Loss: return KernelClass::Loss;
     case ir::OpClass::Attention: return KernelClass::Attention;
+    case ir::OpClass::Classifier: return KernelClass::Matmul;
     case ir::OpClass::Normalization:
       if (n.op == ir::Op::Softmax || n.op == ir::Op::SoftmaxGrad) return KernelClass::Attention;
       if (n.op == ir::Op::CrossEntropyGrad) return KernelClass::Loss;
@@ -85,6 +86,7 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
     double bytes_read = 0, bytes_written = 0;
     bool contraction = false;  // runs at the matmul peak
     bool attention = false;    // ... with exp's on the side
+    bool classifier = false;   // ... likewise
   };
   std::vector<Access> accesses;
   for (int p = 0; p < static_cast<int>(schedule.size()); ++p) {
@@ -127,7 +129,8 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       k.kind = class_of_node(n, row);
       k.lines = yaml_lines(g, {n.id});
       a.attention = ir::op_info(n.op).op_class == ir::OpClass::Attention;
-      a.contraction = ir::op_info(n.op).op_class == ir::OpClass::Contraction || a.attention;
+      a.classifier = ir::op_info(n.op).op_class == ir::OpClass::Classifier;
+      a.contraction = ir::op_info(n.op).op_class == ir::OpClass::Contraction || a.attention || a.classifier;
     }
     k.bytes = a.bytes_read + a.bytes_written;
     t.kernels.push_back(std::move(k));
@@ -155,9 +158,11 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
     KernelTime& k = t.kernels[i];
     const Access& a = accesses[i];
     if (a.contraction) {
-      // Fused attention's products are GEMM tiles whose narrowest dim is head_dim.
-      k.narrowest = a.attention ? ir::attention_dims(g, g.node(k.node)).head_dim
-                                : ir::contraction_dims(g, g.node(k.node)).narrowest();
+      // Fused attention's products are GEMM tiles whose narrowest dim is
+      // head_dim; the classifier's, GEMMs over rows x chunk x d.
+      k.narrowest = a.attention    ? ir::attention_dims(g, g.node(k.node)).head_dim
+                    : a.classifier ? ir::classifier_dims(g, g.node(k.node)).d
+                                   : ir::contraction_dims(g, g.node(k.node)).narrowest();
       k.rate = matmul_peak(device, k.compute_dtype, allow_tf32) * gemm_efficiency(device, k.compute_dtype, k.narrowest);
     } else {
       k.rate = loop_rate > 0 ? loop_rate : vector_peak(device, k.compute_dtype);
@@ -190,9 +195,11 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       ++t.kernels_without_peak;
     } else {
       k.compute_seconds = k.flops > 0 ? k.flops / k.rate : 0;
-      if ((!a.contraction || a.attention) && device.transcendental_rate > 0) k.compute_seconds += k.transcendentals / device.transcendental_rate;
+      if ((!a.contraction || a.attention || a.classifier) && device.transcendental_rate > 0) k.compute_seconds += k.transcendentals / device.transcendental_rate;
       k.memory_seconds = memory;
       k.seconds = std::max(k.compute_seconds, k.memory_seconds) + device.launch_seconds;
+      const double peak_rate = a.contraction ? matmul_peak(device, k.compute_dtype, allow_tf32) : vector_peak(device, k.compute_dtype);
+      t.roofline_seconds += std::max(peak_rate > 0 ? k.flops / peak_rate : 0.0, k.bytes / device.bandwidth_bytes_per_s);
       t.seconds += k.seconds;
       t.launch_seconds += device.launch_seconds;
       t.class_seconds[static_cast<int>(k.kind)] += k.seconds;
@@ -200,6 +207,7 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
   }
   double peak = matmul_peak(device, cost.matmul_dtype, allow_tf32);
   t.mfu = peak > 0 && t.seconds > 0 ? cost.total.flops / (t.seconds * peak) : 0;
+  t.roofline_mfu = peak > 0 && t.roofline_seconds > 0 ? cost.total.flops / (t.roofline_seconds * peak) : 0;
   return t;
 }
 

@@ -34,7 +34,8 @@
 namespace napkin::analysis {
 
 // What a kernel does, for grouping measured and predicted time:
-//   matmul         a contraction that reads a parameter (or is the backward of one)
+//   matmul         a contraction that reads a parameter (or is the backward of
+//                  one), and the fused classifier (its products with w)
 //   attention      a contraction between activations (scores, mixing) and the
 //                  softmax rows (softmax, softmax_grad) that sit between them
 //   elementwise    a fusion group or a single elementwise, reduction or source op
@@ -74,6 +75,13 @@ struct StepTime {
   int kernels_without_peak = 0;
   // MFU the prediction implies: the step's counted FLOPs / (seconds x matmul peak).
   double mfu = 0;
+  // The pure roofline of the same kernels: each at the device's peak rate for
+  // its dtype (the matmul peak for contractions, attention and the
+  // classifier; no GEMM efficiency, no transcendental rate) or at main-memory
+  // bandwidth for all its bytes (no cache), whichever is slower, and no
+  // launch overhead: what fusion alone leaves between the step and the peak.
+  double roofline_seconds = 0;
+  double roofline_mfu = 0;
 };
 
 // The YAML lines of `nodes`: "models/gpt.yaml:39,40" ("" when none is known).

@@ -142,6 +142,7 @@ KernelKind kind_of(const Kernel& k) {
     case ir::LoopKind::Rows: return KernelKind::Rows;
     case ir::LoopKind::Mse: return KernelKind::Mse;
     case ir::LoopKind::Attention: return KernelKind::Attention;
+    case ir::LoopKind::Classifier: return KernelKind::Classifier;
     case ir::LoopKind::View: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a view has no kernel ({})", k.name);
@@ -170,7 +171,8 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       k = fused_kernel(g, arena, groups.groups[group]);
       k.name = fmt::format("k{}_fused_{}", plan.kernels.size(), ir::op_name(k.op));
     } else {
-      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || cls == ir::OpClass::Attention, "a kernel node must have one output");
+      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || cls == ir::OpClass::Attention || cls == ir::OpClass::Classifier,
+                            "a kernel node must have one output");
       k.node = n.id;
       k.op = n.op;
       k.phase = n.phase;

@@ -64,6 +64,7 @@ enum class KernelKind : uint8_t {
   Rows,              // Kernel::rows(): row_loop
   Mse,
   Attention,         // fused attention, forward or backward: Kernel::attention()
+  Classifier,        // the fused classifier, forward or backward: Kernel::classifier()
 };
 
 // An argument of a fused op: the kernel's input `index`, or the result of
@@ -101,7 +102,8 @@ struct Kernel {
   std::vector<Operand> inputs;
   Operand output;
   // The outputs after `output`, for the kinds that write more than one:
-  // Attention's lse (forward) or dk, dv (backward); empty otherwise.
+  // Attention's lse (forward) or dk, dv (backward), the classifier's lse
+  // (forward) or dw (backward); empty otherwise.
   std::vector<Operand> extra_outputs;
   // A contraction (matmul, einsum): every loop axis with its strides in the
   // inputs and the output; empty for other ops.
@@ -117,6 +119,7 @@ struct Kernel {
   const ir::ConcatParams& concat() const { return std::get<ir::ConcatParams>(params); }
   const ir::RowParams& rows() const { return std::get<ir::RowParams>(params); }
   const ir::AttentionParams& attention() const { return std::get<ir::AttentionParams>(params); }
+  const ir::ClassifierParams& classifier() const { return std::get<ir::ClassifierParams>(params); }
 };
 
 struct UpdateCopy {

@@ -55,6 +55,50 @@ json matmul_json(const Kernel& k) {
           {"c_m_stride", m.c_m_stride}};
 }
 
+// How the runtime runs a kernel: a library or runtime call by name, or the
+// generated loop function.
+const char* runtime_kind(KernelKind kind) {
+  switch (kind) {
+    case KernelKind::Gemm: return "matmul";
+    case KernelKind::Attention: return "attention";
+    case KernelKind::Classifier: return "classifier";
+    default: return "loop";
+  }
+}
+
+// A Classifier kernel as runtime/classifier.h's descriptor and its operands'
+// byte offsets (x, w, targets, then lse and dloss backward; the outputs).
+json classifier_json(const Kernel& k) {
+  const Operand &x = k.inputs[0], &w = k.inputs[1], &t = k.inputs[2];
+  const int64_t d = x.sizes.back(), rows = x.numel() / d;
+  // x's rows must be one stride apart: the plan's operand of a contiguous value (the pass makes it one).
+  NAPKIN_INTERNAL_CHECK(x.contiguous() && t.contiguous() && w.sizes.size() == 2,
+                        "classifier operands must be contiguous x and targets and a 2-D w ({})", k.name);
+  const bool backward = k.classifier().backward;
+  json j = {{"backward", backward},
+            {"dtype", std::string(ir::dtype_name(x.dtype))},
+            {"rows", rows},
+            {"vocab", w.sizes[0]},
+            {"d", d},
+            {"x_row_stride", d},
+            {"w_v_stride", w.strides[0]},
+            {"w_d_stride", w.strides[1]},
+            {"targets_i64", t.dtype == ir::DType::I64},
+            {"x", x.byte_offset},
+            {"w", w.byte_offset},
+            {"targets", t.byte_offset}};
+  if (backward) {
+    j["lse"] = k.inputs[3].byte_offset;
+    j["dloss"] = k.inputs[4].byte_offset;
+    j["dx"] = k.output.byte_offset;
+    j["dw"] = k.extra_outputs.at(0).byte_offset;
+  } else {
+    j["loss"] = k.output.byte_offset;
+    j["lse"] = k.extra_outputs.at(0).byte_offset;
+  }
+  return j;
+}
+
 // An Attention kernel as runtime/attention.h's descriptor: each operand's
 // offset and (batch, head, row) strides; head_dim's stride is 1.
 json attention_json(const Kernel& k) {
@@ -175,12 +219,13 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
     json j = {{"name", k.name},
               {"where", k.where},
               {"phase", std::string(ir::phase_name(k.phase))},
-              {"kind", k.kind == KernelKind::Gemm ? "matmul" : k.kind == KernelKind::Attention ? "attention" : "loop"},
+              {"kind", runtime_kind(k.kind)},
               {"extent", launches.at(i).extent},
               {"parallel", launches.at(i).parallel},
               {"out", operand_json(k.output)}};
     if (k.kind == KernelKind::Gemm) j["matmul"] = matmul_json(k);
     if (k.kind == KernelKind::Attention) j["attention"] = attention_json(k);
+    if (k.kind == KernelKind::Classifier) j["classifier"] = classifier_json(k);
     if (auto it = predicted.find(k.node); it != predicted.end()) {
       const analysis::KernelTime& t = *it->second;
       j["class"] = std::string(analysis::kernel_class_name(t.kind));

@@ -91,7 +91,7 @@ void Interpreter::run() {
     }
     std::vector<detail::OutType> outs;
     for (ir::ValueId v : n.outputs) outs.push_back({g_.value(v).type.sizes(), g_.value(v).type.dtype});
-    std::vector<std::vector<double>> results = detail::eval_node(n, args, outs);
+    std::vector<std::vector<double>> results = detail::eval_node(n, args, outs, numerics_ == Numerics::Native);
     NAPKIN_INTERNAL_CHECK(results.size() == n.outputs.size(), "interp: {} (node {}) produced {} outputs, not {}",
                           ir::op_name(n.op), n.id, results.size(), n.outputs.size());
     for (size_t i = 0; i < n.outputs.size(); ++i) {

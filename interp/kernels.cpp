@@ -185,7 +185,8 @@ Data elementwise(const ir::Node& n, const std::vector<Arg>& in, const OutType& o
 
 }  // namespace
 
-std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const std::vector<OutType>& outs) {
+std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const std::vector<OutType>& outs,
+                            bool native) {
   const OutType& out = outs.at(0);
   auto one = [](Data d) {
     std::vector<Data> r;
@@ -217,6 +218,9 @@ std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const
       const auto& p = std::get<ir::AttentionParams>(params);
       return p.backward ? attention_grad(p, in) : attention(p, in);
     }
+    case ir::LoopKind::Classifier:
+      return std::get<ir::ClassifierParams>(params).backward ? linear_cross_entropy_grad(n, in, native)
+                                                            : linear_cross_entropy(n, in, native);
   }
   fail(n, "unknown loop kind");
 }

@@ -30,7 +30,11 @@ using Data = std::vector<double>;
 
 // The outputs of node n, one per output type. Throws std::runtime_error for a
 // data-dependent error (an id out of range, an integer division by zero), naming the op.
-std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const std::vector<OutType>& outs);
+// `native`: the values an op's definition rounds inside (the fused
+// classifier's logits and their gradient, ir/loop.h) are rounded to their
+// dtype; false (Float64 numerics) keeps them exact, as every stored value.
+std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const std::vector<OutType>& outs,
+                            bool native = true);
 
 // A data error in node n: "<op> (node N, file:line): what".
 [[noreturn]] void fail(const ir::Node& n, const std::string& what);
@@ -52,5 +56,10 @@ Data embedding_grad(const ir::Node& n, const Arg& dy, const Arg& ids, int64_t vo
 // once: (q, k, v) -> {o, lse}; (q, k, v, o, lse, do) -> {dq, dk, dv}.
 std::vector<Data> attention(const ir::AttentionParams& p, const std::vector<Arg>& in);
 std::vector<Data> attention_grad(const ir::AttentionParams& p, const std::vector<Arg>& in);
+// The fused classifier by its definition (ir/loop.h), every logit of a row at
+// once: (x, w, targets) -> {loss, lse}; (x, w, targets, lse, dloss) -> {dx, dw}.
+// `native` rounds the logits and their gradient to x's dtype.
+std::vector<Data> linear_cross_entropy(const ir::Node& n, const std::vector<Arg>& in, bool native);
+std::vector<Data> linear_cross_entropy_grad(const ir::Node& n, const std::vector<Arg>& in, bool native);
 
 }  // namespace napkin::interp::detail

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "interp/kernels.h"
+#include "interp/rounding.h"
 
 namespace napkin::interp::detail {
 
@@ -281,6 +282,68 @@ std::vector<Data> attention_grad(const ir::AttentionParams& p, const std::vector
         }
       }
   return {dq, dk, dv};
+}
+
+}  // namespace napkin::interp::detail
+
+namespace napkin::interp::detail {
+
+namespace {
+
+// x [rows, d] and w [V, d] of a classifier node, and the logits l = round(x wᵀ).
+struct Classifier {
+  int64_t rows, vocab, d;
+  Data logits;  // [rows, vocab]
+  Classifier(const std::vector<Arg>& in, bool native)
+      : rows(numel(in[0].shape) / in[0].shape.back()), vocab(in[1].shape[0]), d(in[0].shape.back()) {
+    logits.resize(static_cast<size_t>(rows * vocab));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t v = 0; v < vocab; ++v) {
+        double s = 0;
+        for (int64_t k = 0; k < d; ++k) s += in[0].data[r * d + k] * in[1].data[v * d + k];
+        logits[r * vocab + v] = native ? round_to_dtype(s, in[0].dtype) : s;
+      }
+  }
+  double lse(int64_t r) const {
+    const double* l = logits.data() + r * vocab;
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t v = 0; v < vocab; ++v) m = std::max(m, l[v]);
+    double sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(l[v] - m);
+    return m + std::log(sum);
+  }
+};
+
+}  // namespace
+
+std::vector<Data> linear_cross_entropy(const ir::Node& n, const std::vector<Arg>& in, bool native) {
+  const Classifier c(in, native);
+  Data lse(static_cast<size_t>(c.rows));
+  double loss = 0;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    lse[r] = c.lse(r);
+    loss += lse[r] - c.logits[r * c.vocab + checked_id(n, in[2].data[r], c.vocab, "target class")];
+  }
+  return {{loss / static_cast<double>(c.rows)}, lse};
+}
+
+std::vector<Data> linear_cross_entropy_grad(const ir::Node& n, const std::vector<Arg>& in, bool native) {
+  const Classifier c(in, native);
+  const Data &x = in[0].data, &w = in[1].data, &lse = in[3].data;
+  const double scale = in[4].data[0] / static_cast<double>(c.rows);
+  Data dx(x.size(), 0.0), dw(w.size(), 0.0);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const int64_t t = checked_id(n, in[2].data[r], c.vocab, "target class");
+    for (int64_t v = 0; v < c.vocab; ++v) {
+      double g = (std::exp(c.logits[r * c.vocab + v] - lse[r]) - (v == t ? 1.0 : 0.0)) * scale;
+      if (native) g = round_to_dtype(g, in[0].dtype);
+      for (int64_t k = 0; k < c.d; ++k) {
+        dx[r * c.d + k] += g * w[v * c.d + k];
+        dw[v * c.d + k] += g * x[r * c.d + k];
+      }
+    }
+  }
+  return {dx, dw};
 }
 
 }  // namespace napkin::interp::detail

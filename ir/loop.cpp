@@ -48,6 +48,7 @@ LoopParams loop_params(Op op, const Attrs& a) {
       return ConcatParams{a.get_int("axis"), std::nullopt};
     case LoopKind::Rows: return row_params(op, a);
     case LoopKind::Attention: return AttentionParams{op == Op::AttentionGrad, a.get_int("causal") != 0, a.get_double("scale")};
+    case LoopKind::Classifier: return ClassifierParams{op == Op::LinearCrossEntropyGrad};
   }
   return std::monostate{};
 }

@@ -29,6 +29,7 @@ enum class LoopKind : uint8_t {
   Rows,         // a reduction and elementwise work along one axis, per row (RowParams)
   Mse,          // the mean of squared differences: one scalar
   Attention,    // softmax(scale * q kᵀ, causally masked) v, tile by tile, no T×T value (AttentionParams)
+  Classifier,   // cross_entropy(x wᵀ, targets) over vocabulary chunks, no rows×V value (ClassifierParams)
 };
 
 // What an elementwise op reads of its element's position besides its
@@ -100,9 +101,34 @@ struct AttentionParams {
   double scale = 1;
 };
 
+// The fused classifier: a linear layer and the cross-entropy loss over its
+// outputs as one kernel that never stores the [rows, V] logits (the idea of
+// fused linear cross-entropy kernels). Shapes: x [..., d] (rows = the product
+// of the leading axes, contiguous along d), w [V, d] (any 2-D strides),
+// targets [...] integer class ids in [0, V).
+//   forward   (x, w, targets) -> (loss [], lse [...])
+//   backward  (x, w, targets, lse, dloss) -> (dx in x's dtype, dw in w's)
+// loss and lse are f32 (f64 for f64 operands). With
+//   l_rv = round(x_r · w_v)   (rounded to x's dtype, as the matmul it
+//                              replaces stores its logits; exact for f32/f64)
+//   lse_r = log sum_v exp(l_rv)          loss = mean_r (lse_r - l_r,t_r)
+//   g_rv = round((exp(l_rv - lse_r) - [v == t_r]) * dloss / rows)
+//                             (rounded to x's dtype, as the cast before the
+//                              backward matmuls does)
+//   dx_r = sum_v g_rv w_v     dw_v = sum_r g_rv x_r   (f32 sums, rounded once)
+// The kernels walk the vocabulary in chunks: the forward keeps a running max
+// and sum per row (lse online); the backward recomputes a chunk's logits from
+// x, w and lse, and adds that chunk's share to dx and writes its rows of dw.
+// A chunk's logits live in a workspace the size of rows x chunk that the
+// backends size to stay in cache; the memory plan and the report count no
+// logits (docs/report.md, "Classifier").
+struct ClassifierParams {
+  bool backward = false;
+};
+
 // The parameters of an op's loop kind; monostate for kinds that have none.
 using LoopParams = std::variant<std::monostate, FillParams, ReductionParams, ContractionParams, ConcatParams, RowParams,
-                                AttentionParams>;
+                                AttentionParams, ClassifierParams>;
 
 // The one place that reads an op and its attributes into its loop's parameters.
 LoopParams loop_params(Op op, const Attrs& attrs);

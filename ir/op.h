@@ -39,6 +39,7 @@ enum class OpClass : uint8_t {
   Normalization,  // softmax, layernorm: a reduction and elementwise work along one axis
   Loss,           // reduces to a scalar loss
   Attention,      // softmax(scale q kᵀ) v as one kernel that stores no scores (ir/loop.h)
+  Classifier,     // cross_entropy(x wᵀ, targets) in vocabulary chunks: no logits stored (ir/loop.h)
 };
 std::string_view op_class_name(OpClass c);
 
@@ -107,6 +108,9 @@ struct OpCost {
   // does them inside (fused attention's q·kᵀ and p·v): the report's activation
   // matmul FLOPs, the rest of `flops` being its other work.
   double activation_matmul_flops = 0;
+  // The same for products with a parameter done inside an op (the fused
+  // classifier's x·wᵀ and its gradients): the report's weight-matmul FLOPs.
+  double param_matmul_flops = 0;
 };
 
 class Builder;
@@ -191,6 +195,16 @@ struct AttentionDims {
   bool causal = false;
 };
 AttentionDims attention_dims(const Graph& g, const Node& n);
+
+// A linear_cross_entropy(_grad) node's dims: rows (the product of x's leading
+// axes), vocab and d (the contracted axis).
+struct ClassifierDims {
+  double rows = 1, vocab = 1, d = 1;
+};
+ClassifierDims classifier_dims(const Graph& g, const Node& n);
+// The dtype of the fused classifier's loss and lse for x of dtype `x`: f64
+// for f64, else f32 (the softmax runs in f32 whatever the operands).
+DType classifier_loss_dtype(DType x);
 std::string_view op_name(Op op);
 std::optional<Op> find_op(std::string_view name);
 

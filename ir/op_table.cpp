@@ -624,6 +624,51 @@ InferResult infer_attention_grad(const Inputs& in, const Attrs& a) {
   return r;
 }
 
+// linear_cross_entropy(x [..., d], w [V, d], targets [...]) -> (loss, lse [...]):
+// ir/loop.h's ClassifierParams. The fused-classifier pass builds these nodes
+// from a matmul and a cross_entropy the model wrote, so a mismatch is a compiler bug.
+InferResult check_classifier_operands(const Inputs& in) {
+  const TensorType &x = *in[0], &w = *in[1], &t = *in[2];
+  if (!is_floating(x.dtype) || w.dtype != x.dtype || x.rank() < 1 || w.rank() != 2 || !is_integer(t.dtype) ||
+      t.rank() != x.rank() - 1 || w.dims[1].size != x.dims.back().size)
+    return InferResult::fail(fmt::format("linear_cross_entropy: bad operands x {}, w {}, targets {}", to_string(x),
+                                         to_string(w), to_string(t)),
+                             "the fused-classifier pass builds these nodes; this is a compiler bug");
+  for (int i = 0; i < t.rank(); ++i)
+    if (t.dims[i].size != x.dims[i].size)
+      return InferResult::fail(fmt::format("linear_cross_entropy: targets {} do not match the rows of x {}",
+                                           to_string(t), to_string(x)));
+  return {};
+}
+
+// lse: [...] of the targets' shape, in the loss dtype.
+TensorType classifier_lse(const TensorType& x, const TensorType& targets) {
+  TensorType lse = targets;
+  lse.dtype = classifier_loss_dtype(x.dtype);
+  return lse;
+}
+
+InferResult infer_linear_cross_entropy(const Inputs& in, const Attrs&) {
+  if (auto r = check_classifier_operands(in); !r.ok()) return r;
+  TensorType loss;
+  loss.dtype = classifier_loss_dtype(in[0]->dtype);
+  InferResult r = InferResult::of(loss);
+  r.outputs.push_back(classifier_lse(*in[0], *in[2]));
+  return r;
+}
+
+// linear_cross_entropy_grad(x, w, targets, lse, dloss) -> (dx, dw).
+InferResult infer_linear_cross_entropy_grad(const Inputs& in, const Attrs&) {
+  if (auto r = check_classifier_operands(in); !r.ok()) return r;
+  const TensorType lse = classifier_lse(*in[0], *in[2]);
+  if (in[3]->dtype != lse.dtype || !in[3]->same_shape(lse) || in[4]->dtype != lse.dtype || in[4]->rank() != 0)
+    return InferResult::fail("linear_cross_entropy_grad: lse or dloss does not match x",
+                             "autodiff builds these nodes; this is a compiler bug");
+  InferResult r;
+  r.outputs = {*in[0], *in[1]};
+  return r;
+}
+
 // ---- cost rules --------------------------------------------------------------
 
 // Bytes of the distinct elements a value reads from its buffer: a broadcast
@@ -646,6 +691,10 @@ double transcendentals(const Graph& g, const Node& n) {
     AttentionDims a = attention_dims(g, n);
     return info.transcendentals_per_element * a.batch * a.heads * a.pairs;
   }
+  if (info.op_class == OpClass::Classifier) {  // one exp per logit
+    ClassifierDims c = classifier_dims(g, n);
+    return info.transcendentals_per_element * c.rows * c.vocab;
+  }
   bool rows = info.op_class == OpClass::Normalization || info.op_class == OpClass::Loss;
   double elements = rows ? static_cast<double>(g.value(n.in(0)).type.numel()) : static_cast<double>(g.value(n.out()).type.numel());
   return info.transcendentals_per_element * elements;
@@ -667,6 +716,18 @@ AttentionDims attention_dims(const Graph& g, const Node& n) {
   a.pairs = a.causal ? a.q_len * (a.kv_len - a.q_len + 1) + a.q_len * (a.q_len - 1) / 2 : a.q_len * a.kv_len;
   return a;
 }
+
+ClassifierDims classifier_dims(const Graph& g, const Node& n) {
+  NAPKIN_INTERNAL_CHECK(op_info(n.op).op_class == OpClass::Classifier, "classifier_dims of {}", op_name(n.op));
+  const TensorType& x = g.value(n.in(0)).type;
+  ClassifierDims c;
+  c.d = static_cast<double>(x.dims.back().size);
+  c.rows = static_cast<double>(x.numel()) / c.d;
+  c.vocab = static_cast<double>(g.value(n.in(1)).type.dims[0].size);
+  return c;
+}
+
+DType classifier_loss_dtype(DType x) { return x == DType::F64 ? DType::F64 : DType::F32; }
 
 double ContractionDims::narrowest() const { return std::min({m, n, k}); }
 
@@ -749,6 +810,28 @@ OpCost cost_attention(const Graph& g, const Node& n) {
     c.recompute_flops = pairs * (2 * a.head_dim + 3);
   }
   return c;
+}
+
+// The fused classifier (docs/report.md, "Classifier"): the products with w
+// are weight-matmul FLOPs, 2·rows·V·d forward and 4·rows·V·d backward (dx
+// and dw), as the matmuls it replaced; per logit the forward's online
+// log-sum-exp is 5 (max, sub, exp, sum, rescale), the backward's gradient 4
+// (sub lse, exp, sub the one-hot, scale). The backward recomputes the logits
+// (2·rows·V·d): recompute, as fused attention's scores. Bytes: the operands
+// and results only; a chunk's logits stay in the workspace (ir/loop.h).
+OpCost cost_classifier(const Graph& g, const Node& n) {
+  ClassifierDims c = classifier_dims(g, n);
+  double logits = c.rows * c.vocab;
+  OpCost cost{0, read_all(g, n), written(g, n)};
+  if (n.op == Op::LinearCrossEntropy) {
+    cost.param_matmul_flops = 2 * logits * c.d;
+    cost.flops = cost.param_matmul_flops + 5 * logits;
+  } else {
+    cost.param_matmul_flops = 4 * logits * c.d;
+    cost.flops = cost.param_matmul_flops + 4 * logits;
+    cost.recompute_flops = 2 * logits * c.d;
+  }
+  return cost;
 }
 
 OpCost cost_elementwise(const Graph& g, const Node& n) {
@@ -919,6 +1002,8 @@ const OpInfo kRows[] = {
     ROW(MSE, Mse, infer_mse, cost_per_input_element, 3, 0, Fp32, None),
     // attention: bf16/f16 operands under mixed precision, softmax and sums in f32, as a matmul; see cost_attention.
     ROW(Attention, Attention, infer_attention, cost_attention, 0, 1, Contraction, None),
+    // linear_cross_entropy: built after the precision policy (operands as the matmul had them); see cost_classifier.
+    ROW(LinearCrossEntropy, Classifier, infer_linear_cross_entropy, cost_classifier, 0, 1, AsWritten, None),
     // Backward rules, counted the same way (docs/report.md derives each):
     // softmax_grad: dy*y, row sum, sub, mul.
     BACKWARD_ROW(SoftmaxGrad, Rows, infer_softmax_grad, cost_per_input_element, 4, 0),
@@ -932,6 +1017,7 @@ const OpInfo kRows[] = {
     BACKWARD_ROW(CrossEntropyGrad, Rows, infer_cross_entropy_grad, cost_per_input_element, 6, 1),
     BACKWARD_ROW(EmbeddingGrad, ScatterAdd, infer_embedding_grad, cost_embedding_grad, 1, 0),
     BACKWARD_ROW(AttentionGrad, Attention, infer_attention_grad, cost_attention, 0, 1),
+    BACKWARD_ROW(LinearCrossEntropyGrad, Classifier, infer_linear_cross_entropy_grad, cost_classifier, 0, 1),
 };
 #undef ROW
 #undef ROWI
@@ -993,6 +1079,7 @@ std::string_view op_class_name(OpClass c) {
     case OpClass::Normalization: return "normalization";
     case OpClass::Loss: return "loss";
     case OpClass::Attention: return "attention";
+    case OpClass::Classifier: return "classifier";
   }
   return "?";
 }

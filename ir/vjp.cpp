@@ -446,6 +446,14 @@ Grads vjp_attention(Builder& b, const Node& n, ValueId dy) {
   return {grad.out(0), grad.out(1), grad.out(2)};
 }
 
+// The fused classifier: one linear_cross_entropy_grad node recomputes the
+// logits chunk by chunk from x, w and the saved lse (ir/loop.h) and gives dx and dw.
+Grads vjp_linear_cross_entropy(Builder& b, const Node& n, ValueId dloss) {
+  ValueId dx = b.must(b.add(Op::LinearCrossEntropyGrad, {n.in(0), n.in(1), n.in(2), n.out(1), dloss}, n.attrs));
+  const Node& grad = b.graph().node(b.graph().value(dx).producer);
+  return {grad.out(0), grad.out(1), kNoValue};
+}
+
 // The bias's gradient: dy summed over every axis but the last.
 ValueId sum_rows(Builder& b, ValueId dy) {
   std::vector<int64_t> axes(type_of(b, dy).rank() - 1);
@@ -544,6 +552,7 @@ VjpFn vjp_rule(Op op) {
     case Op::CrossEntropy: return vjp_cross_entropy;
     case Op::MSE: return vjp_mse;
     case Op::Attention: return vjp_attention;
+    case Op::LinearCrossEntropy: return vjp_linear_cross_entropy;
     // Backward-only ops: napkin differentiates once.
     case Op::SoftmaxGrad: return nullptr;
     case Op::LayerNormGrad: return nullptr;
@@ -552,6 +561,7 @@ VjpFn vjp_rule(Op op) {
     case Op::GeluGrad: return nullptr;
     case Op::CrossEntropyGrad: return nullptr;
     case Op::AttentionGrad: return nullptr;
+    case Op::LinearCrossEntropyGrad: return nullptr;
     case Op::EmbeddingGrad: return nullptr;
   }
   return nullptr;

@@ -34,6 +34,10 @@ struct PipelineOptions {
   // (passes/fuse_attention.h); --unfused-attention turns it off to compare.
   bool fuse_attention = true;
   std::vector<AttentionSite>* attention_sites = nullptr;  // filled when not null
+  // Rewrite a matmul feeding cross_entropy into the fused classifier
+  // (passes/fuse_classifier.h); --unfused-classifier turns it off to compare.
+  bool fuse_classifier = true;
+  std::vector<AttentionSite>* classifier_sites = nullptr;  // filled when not null
 };
 
 class PassManager {

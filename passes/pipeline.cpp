@@ -4,6 +4,8 @@
 #include "passes/dce.h"
 #include "passes/fp8_scaling.h"
 #include "passes/fuse_attention.h"
+#include "passes/fuse_classifier.h"
+#include "passes/fold_concat_copy.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/loss_scaling.h"
 #include "passes/mixed_precision.h"
@@ -19,7 +21,9 @@ bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOpt
     pm.add(make_dce_pass());  // drop the scores and probabilities it replaced
   }
   pm.add(make_mixed_precision_pass());  // casts of the precision policy
-  pm.add(make_dce_pass());  // drop the f32 constants the policy remade in the low dtype
+  if (options.fuse_classifier)
+    pm.add(make_fuse_classifier_pass(options.classifier_sites));  // matmul + cross_entropy: no logits stored
+  pm.add(make_dce_pass());  // drop the f32 constants the policy remade in the low dtype, the logits the classifier replaced
   if (!pm.run(g, diag)) return false;
   warn_unused_params(g, diag);
   return true;
@@ -34,8 +38,13 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
     pm.add(make_dce_pass());  // drop the scores and probabilities it replaced
   }
   pm.add(make_mixed_precision_pass());  // casts of the precision policy, differentiated by autodiff
+  if (options.fuse_classifier) {
+    pm.add(make_fuse_classifier_pass(options.classifier_sites));  // matmul + cross_entropy: no logits stored
+    pm.add(make_dce_pass());  // drop the logits it replaced
+  }
   pm.add(make_autodiff_pass());   // d loss / d param for every param: the backward phase
   pm.add(make_dce_pass());        // drop gradients no parameter needs (e.g. of the data)
+  pm.add(make_fold_concat_copy_pass());  // a concat copied to another layout is written there once
   pm.add(make_fp8_scaling_pass());  // fp8-mixed: quantize every bf16 contraction's operands
   pm.add(make_loss_scaling_pass());  // fp16-mixed: scaled backward seed, unscaled gradients
   pm.add(make_optimizer_pass());  // new params and optimizer state: the optimizer phase

@@ -164,7 +164,7 @@ std::string flops_section(const analysis::StepCost& c) {
   out += phase_line("optimizer", c.phase(ir::Phase::Optimizer), f, c.device);
   out += phase_line("total", c.total, f, c.device);
   if (c.total.recompute_flops > 0)
-    out += fmt::format("  recompute            {:>22}  ({}: fused attention's backward recomputes its scores; not in total or MFU)\n",
+    out += fmt::format("  recompute            {:>22}  ({}: fused attention's backward recomputes its scores, the fused classifier's its logits; not in total or MFU)\n",
                        with_commas(c.total.recompute_flops), human_flops(c.total.recompute_flops));
   out += fmt::format("  bytes read           {:>22}  ({})\n", with_commas(c.total.bytes_read), human_bytes(c.total.bytes_read));
   out += fmt::format("  bytes written        {:>22}  ({})\n", with_commas(c.total.bytes_written),
@@ -195,6 +195,10 @@ std::string time_section(const ir::Graph& g, const analysis::StepCost& c) {
   }
   out += fmt::format("  per-op roofline sum  {:>22}  (each op of the table alone at peak rate, before fusion)\n",
                      human_seconds(c.total.seconds));
+  if (peak > 0 && t.roofline_seconds > 0)
+    out += fmt::format("  kernel roofline      {:>22}  (the kernels after fusion at peak FLOP/s or main-memory bandwidth, no "
+                       "launch overhead: MFU {:.1f}%)\n",
+                       human_seconds(t.roofline_seconds), 100 * t.roofline_mfu);
   if (t.kernels_without_peak > 0)
     out += fmt::format("  INCOMPLETE: {} {} in a dtype {} has no peak for; not counted in the time\n", t.kernels_without_peak,
                        t.kernels_without_peak == 1 ? "kernel computes" : "kernels compute", d.name);
@@ -318,6 +322,27 @@ std::string attention_section(const ir::Graph& g, const std::vector<passes::Atte
   return out;
 }
 
+// Each cross_entropy: fused with its matmul into the classifier, or why not
+// (passes/fuse_classifier.h), and the logits the fused ones never store.
+std::string classifier_section(const ir::Graph& g, const std::vector<passes::ClassifierSite>& sites) {
+  if (sites.empty()) return "";
+  std::string out = "\nclassifier (matmul + cross_entropy as one kernel each way: no [rows, classes] logits are stored)\n";
+  for (const passes::ClassifierSite& s : sites)
+    out += fmt::format("  line {:<5} {}\n", s.loc.line, s.fused ? "fused" : "not fused: " + s.reason);
+  for (ir::NodeId id : g.schedule()) {
+    const ir::Node& n = g.node(id);
+    if (n.op != ir::Op::LinearCrossEntropy) continue;
+    const ir::ClassifierDims c = ir::classifier_dims(g, n);
+    const ir::DType dt = g.value(n.in(0)).type.dtype;
+    const double logits = c.rows * c.vocab;
+    out += fmt::format("  logits never stored  {:>22}  ({} rows x {} classes; {} in {} as the matmul wrote them, as much "
+                       "again for their gradient)\n",
+                       with_commas(logits), with_commas(c.rows), with_commas(c.vocab),
+                       human_bytes(logits * ir::dtype_size(dt)), ir::dtype_name(dt));
+  }
+  return out;
+}
+
 std::string recompute_section(const passes::RecomputeReport& r) {
   std::string out = fmt::format("\nrecompute (--memory-budget {}: {})\n", with_commas(static_cast<double>(r.budget)),
                                 human_bytes(static_cast<double>(r.budget)));
@@ -396,6 +421,7 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
   out += memory_section(g, memory);
   if (options.recompute && options.recompute->ran) out += recompute_section(*options.recompute);
   if (options.attention) out += attention_section(g, *options.attention);
+  if (options.classifier) out += classifier_section(g, *options.classifier);
   out += render_amp_audit_text(g, c, memory, options.fp32_step, options.show_ops);
   if (c.has_backward()) out += fusion_section_text(g, summarize_fusion(g));
   if (c.has_backward()) out += step_rule_section(g, c);
@@ -488,6 +514,18 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
       sites.push_back({{"line", s.loc.line}, {"scope", s.scope}, {"fused", s.fused}, {"reason", s.reason}});
     j["attention"] = {{"fused_kernels", attention_kernels(g)}, {"sites", sites}};
   }
+  if (options.classifier) {
+    json sites = json::array();
+    for (const passes::ClassifierSite& s : *options.classifier)
+      sites.push_back({{"line", s.loc.line}, {"scope", s.scope}, {"fused", s.fused}, {"reason", s.reason}});
+    double logits = 0;
+    for (ir::NodeId id : g.schedule())
+      if (g.node(id).op == ir::Op::LinearCrossEntropy) {
+        const ir::ClassifierDims c = ir::classifier_dims(g, g.node(id));
+        logits += c.rows * c.vocab;
+      }
+    j["classifier"] = {{"sites", sites}, {"logits_not_stored", logits}};
+  }
   if (options.recompute && options.recompute->ran) {
     const passes::RecomputeReport& r = *options.recompute;
     json values = json::array();
@@ -515,6 +553,8 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
                  {"class_s", classes},
                  {"kernels_without_peak", t.kernels_without_peak},
                  {"roofline_ops_s", c.total.seconds},
+                 {"roofline_kernels_s", t.roofline_seconds},
+                 {"roofline_mfu", peak > 0 && t.roofline_seconds > 0 ? json(t.roofline_mfu) : json(nullptr)},
                  {"forward_s", f.seconds},
                  {"backward_s", b.seconds},
                  {"optimizer_s", o.seconds},

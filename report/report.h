@@ -8,6 +8,7 @@
 #include "analysis/memory.h"
 #include "ir/graph.h"
 #include "passes/fuse_attention.h"
+#include "passes/fuse_classifier.h"
 #include "passes/recompute.h"
 
 namespace napkin::report {
@@ -20,6 +21,8 @@ struct ReportOptions {
   const ir::Graph* fp32_step = nullptr;
   // What the fused-attention pass did at each attention site (null: no section).
   const std::vector<passes::AttentionSite>* attention = nullptr;
+  // What the fused-classifier pass did at each cross_entropy (null: no section).
+  const std::vector<passes::ClassifierSite>* classifier = nullptr;
 };
 
 std::string render_report_text(const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,

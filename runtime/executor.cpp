@@ -35,6 +35,14 @@ Executor::Executor(const Program& program, const KernelFn* fns, int threads)
   std::memset(arena_, 0, bytes);
   for (const KernelSpec& k : program.kernels) {
     attentions_.push_back(nullptr);
+    classifiers_.push_back(nullptr);
+    if (k.is_classifier) {
+      try {
+        classifiers_.back() = std::make_unique<Classifier>(k.classifier.desc, gemm_type(k.classifier.dtype));
+      } catch (const Error& e) {
+        throw Error("kernel " + k.name + ": " + e.what());
+      }
+    }
     if (k.is_attention) {
       try {
         attentions_.back() = std::make_unique<Attention>(k.attention.desc, gemm_type(k.attention.dtype));
@@ -82,6 +90,19 @@ void Executor::run_kernel(int i) {
                                m + a.dq, m + a.dk, m + a.dv, pool_);
     else
       attentions_[i]->forward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<float*>(m + a.lse), pool_);
+    return;
+  }
+  if (k.is_classifier) {
+    const ClassifierSpec& c = k.classifier;
+    char* m = arena_;
+    try {
+      if (c.backward)
+        classifiers_[i]->backward(m + c.x, m + c.w, m + c.targets, m + c.lse, m + c.dloss, m + c.dx, m + c.dw, pool_);
+      else
+        classifiers_[i]->forward(m + c.x, m + c.w, m + c.targets, m + c.loss, m + c.lse, pool_);
+    } catch (const Error& e) {
+      throw Error("kernel " + k.name + " (" + k.where + "): " + e.what());
+    }
     return;
   }
   LoopCall call{fns_[i], arena_};

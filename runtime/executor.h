@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/attention.h"
+#include "runtime/classifier.h"
 #include "runtime/gemm.h"
 #include "runtime/program.h"
 #include "runtime/tensor_element.h"
@@ -60,6 +61,7 @@ class Executor {
   char* arena_ = nullptr;
   std::vector<std::unique_ptr<Gemm>> gemms_;  // per kernel; null for loops
   std::vector<std::unique_ptr<Attention>> attentions_;  // per kernel; null but for attention kernels
+  std::vector<std::unique_ptr<Classifier>> classifiers_;  // per kernel; null but for classifier kernels
   void run_kernel(int i);
 };
 

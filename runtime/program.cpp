@@ -88,6 +88,7 @@ Program parse_program(const char* text, size_t size) {
       s.phase = k.at("phase");
       s.is_matmul = k.at("kind") == "matmul";
       s.is_attention = k.at("kind") == "attention";
+      s.is_classifier = k.at("kind") == "classifier";
       s.extent = k.at("extent");
       s.parallel = k.at("parallel");
       s.out_offset = k.at("out").at("offset");
@@ -120,6 +121,34 @@ Program parse_program(const char* text, size_t size) {
         d.b_k_stride = m.at("b_k_stride");
         d.b_n_stride = m.at("b_n_stride");
         d.c_m_stride = m.at("c_m_stride");
+      }
+      if (s.is_classifier) {
+        const json& c = k.at("classifier");
+        ClassifierSpec& t = s.classifier;
+        t.backward = c.at("backward");
+        t.dtype = c.at("dtype");
+        t.desc.rows = c.at("rows");
+        t.desc.vocab = c.at("vocab");
+        t.desc.d = c.at("d");
+        t.desc.x_row_stride = c.at("x_row_stride");
+        t.desc.w_v_stride = c.at("w_v_stride");
+        t.desc.w_d_stride = c.at("w_d_stride");
+        t.desc.targets_i64 = c.at("targets_i64");
+        t.x = c.at("x");
+        t.w = c.at("w");
+        t.targets = c.at("targets");
+        t.lse = c.at("lse");
+        if (t.backward) {
+          t.dloss = c.at("dloss");
+          t.dx = c.at("dx");
+          t.dw = c.at("dw");
+        } else {
+          t.loss = c.at("loss");
+        }
+        if (c.contains("cuda")) {
+          const json& g = c.at("cuda");
+          t.cuda = {g.at("chunk"), g.at("chunks"), g.at("logits"), g.at("dx_acc")};
+        }
       }
       if (s.is_attention) {
         const json& a = k.at("attention");

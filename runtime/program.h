@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/attention.h"
+#include "runtime/classifier.h"
 #include "runtime/gemm.h"
 #include "runtime/init.h"
 
@@ -40,6 +41,21 @@ struct AttentionSpec {
   int64_t q = 0, k = 0, v = 0, o = 0, lse = 0, d_o = 0, dq = 0, dk = 0, dv = 0;  // byte offsets
 };
 
+// A fused classifier kernel (runtime/classifier.h): its descriptor and where
+// each operand starts in the arena (loss forward; dloss, dx, dw backward).
+struct ClassifierSpec {
+  bool backward = false;
+  std::string dtype;
+  ClassifierDesc desc;
+  int64_t x = 0, w = 0, targets = 0, loss = 0, lse = 0, dloss = 0, dx = 0, dw = 0;  // byte offsets
+  // Backend "cuda": the vocabulary in `chunks` chunks of `chunk` classes, and
+  // the byte offsets in the scratch buffer of the chunk's logits and of dx's
+  // f32 sums (-1: none; codegen/cuda/kernel_source.h, CudaClassifierLayout).
+  struct Cuda {
+    int64_t chunk = 0, chunks = 0, logits = 0, dx_acc = -1;
+  } cuda;
+};
+
 // One launch of a CUDA kernel function (backend "cuda"; codegen/cuda/kernel_source.h).
 struct CudaLaunchSpec {
   std::string function;
@@ -52,12 +68,14 @@ struct KernelSpec {
   std::string name, where, phase;
   bool is_matmul = false;
   bool is_attention = false;
+  bool is_classifier = false;
   int64_t extent = 1;
   bool parallel = false;
   int64_t out_offset = 0, out_numel = 0;
   std::string out_dtype;
   MatmulSpec matmul;  // is_matmul
   AttentionSpec attention;  // is_attention
+  ClassifierSpec classifier;  // is_classifier
   std::vector<CudaLaunchSpec> cuda_launches;  // backend "cuda", loop kernels: in order
   // The time model's view of the kernel (analysis/step_time.h), when the
   // device is known: its class ("matmul", "attention", ...), work, and

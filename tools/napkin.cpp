@@ -48,6 +48,7 @@
 #include "ir/printer.h"
 #include "ir/quantities.h"
 #include "passes/fuse_attention.h"
+#include "passes/fuse_classifier.h"
 #include "passes/pipeline.h"
 #include "report/graph_dot.h"
 #include "report/report.h"
@@ -67,8 +68,13 @@ constexpr int kInternalError = 2;
 // --unfused-attention (report, ir, graph, check, build, train): keep the
 // spelled-out attention a model writes, to compare with the fused kernel.
 bool g_unfused_attention = false;
+// --unfused-classifier (the same commands): keep the matmul and cross_entropy
+// of a language-model head apart, to compare with the fused classifier.
+bool g_unfused_classifier = false;
 // Where the fused-attention pass says what it fused and why not (the report prints it).
 std::vector<passes::AttentionSite> g_attention_sites;
+// Where the fused-classifier pass says what it fused and why not (the report prints it).
+std::vector<passes::ClassifierSite> g_classifier_sites;
 
 // Loads a model and builds its training step (forward, backward, optimizer);
 // prints diagnostics (warnings too). fp32_step: when given and the model's
@@ -92,16 +98,20 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
   std::optional<ir::Graph> g = frontend::load_model_file(path, diag, load_options);
   passes::PipelineOptions pipeline = options;
   pipeline.fuse_attention = !g_unfused_attention;
+  pipeline.fuse_classifier = !g_unfused_classifier;
   if (g && fp32_step && g->config.precision.policy != ir::PrecisionPolicy::FP32) {
     *fp32_step = *g;
     (*fp32_step)->config.precision = {};
     ir::Diagnostics repeated;
     passes::PipelineOptions baseline;
     baseline.fuse_attention = pipeline.fuse_attention;
+    baseline.fuse_classifier = pipeline.fuse_classifier;
     passes::run_training_pipeline(**fp32_step, repeated, baseline);
   }
   g_attention_sites.clear();
   pipeline.attention_sites = &g_attention_sites;
+  g_classifier_sites.clear();
+  pipeline.classifier_sites = &g_classifier_sites;
   if (g) passes::run_training_pipeline(*g, diag, pipeline, budget);
   std::cerr << diag.render();
   if (diag.has_errors()) return std::nullopt;
@@ -140,7 +150,8 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
   if (!g) return kUserError;
   analysis::StepCost cost = analysis::analyze_step(*g, device);
   analysis::MemoryReport memory = analysis::analyze_memory(*g);
-  report::ReportOptions options{path, !no_ops, &recompute, fp32 ? &*fp32 : nullptr, &g_attention_sites};
+  report::ReportOptions options{path, !no_ops, &recompute, fp32 ? &*fp32 : nullptr, &g_attention_sites,
+                                 &g_classifier_sites};
   std::cout << (json ? report::render_report_json(*g, cost, memory, options)
                      : report::render_report_text(*g, cost, memory, options));
   return 0;
@@ -478,6 +489,7 @@ int main(int argc, char** argv) {
   report->add_flag("--no-ops", no_ops, "omit the per-op table");
   report->add_option("--memory-budget", budget, budget_help);
   report->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
+  report->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget); });
 
   std::vector<std::string> print_after;
@@ -489,6 +501,7 @@ int main(int argc, char** argv) {
   ir_cmd->add_flag("--time-passes", time_passes, "time each pass");
   ir_cmd->add_flag("--no-locations", no_locations, "omit the YAML locations");
   ir_cmd->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
+  ir_cmd->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   ir_cmd->callback([&] { status = cmd_ir(model, dims, print_after, time_passes, no_locations); });
 
   bool dot = false, no_fuse = false;
@@ -500,6 +513,7 @@ int main(int argc, char** argv) {
   graph->add_option("-o,--output", graph_output, "write to this file instead of stdout");
   graph->add_flag("--no-fuse", no_fuse, "draw every node on its own, without fusion groups");
   graph->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
+  graph->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   graph->callback([&] { status = cmd_graph(model, dims, dot, graph_output, no_fuse); });
 
   uint64_t seed = 0;
@@ -512,6 +526,7 @@ int main(int argc, char** argv) {
   check->add_option("--samples", samples, "elements per tensor checked one by one")->capture_default_str()->check(CLI::Range(0, 1000000));
   check->add_flag("--force", force, "run even when the check would take hours");
   check->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
+  check->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   check->callback([&] { status = cmd_check(model, dims, seed, samples, force); });
 
   EstimateArgs est;
@@ -547,6 +562,7 @@ int main(int argc, char** argv) {
   build->add_flag("--quiet", build_args.quiet, "print nothing on success");
   build->add_option("--memory-budget", build_args.memory_budget, budget_help);
   build->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
+  build->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   build->callback([&] { status = cmd_build(build_args); });
 
   std::vector<std::string> trainer_args;
@@ -559,6 +575,7 @@ int main(int argc, char** argv) {
   train->add_option("trainer_args", trainer_args, "flags for the trainer (see TRAINER --help)");
   train->prefix_command(false);
   train->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
+  train->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   train->callback([&] { status = cmd_train(model, dims, budget, train_target, trainer_args); });
 
   std::vector<std::string> encode_inputs;

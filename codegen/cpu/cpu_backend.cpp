@@ -26,7 +26,7 @@ CpuModule emit_module(const KernelPlan& plan, const std::string& name) {
   std::vector<llvm::Constant*> table;
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
-    if (k.kind == KernelKind::Gemm || k.kind == KernelKind::Attention) {  // the runtime's calls
+    if (k.kind == KernelKind::Gemm || k.kind == KernelKind::Attention || k.kind == KernelKind::Classifier) {  // the runtime's calls
       m.loops.push_back({1, false});
       table.push_back(llvm::ConstantPointerNull::get(llvm::PointerType::get(ctx, 0)));
       continue;

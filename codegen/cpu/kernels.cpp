@@ -571,6 +571,8 @@ LoopInfo emit_kernel(LoopEmitter& e, const Kernel& k, int index) {
     case KernelKind::Gemm: NAPKIN_INTERNAL_CHECK(false, "a GEMM kernel ({}) is the library's call, not a loop", k.name);
     case KernelKind::Attention:
       NAPKIN_INTERNAL_CHECK(false, "an attention kernel ({}) is the runtime's call (runtime/attention.h), not a loop", k.name);
+    case KernelKind::Classifier:
+      NAPKIN_INTERNAL_CHECK(false, "a classifier kernel ({}) is the runtime's call (runtime/classifier.h), not a loop", k.name);
   }
   e.b.CreateRetVoid();
   return info;

@@ -436,6 +436,18 @@ std::map<Op, std::vector<Sample>> sample_table() {
     ValueId ce = c.op(Op::CrossEntropy, {c.param({4, 3}), targets});
     return c.op(Op::Mul, {ce, c.param({})});
   });
+  // The fused classifier: rows over two axes, a vocabulary not a multiple of
+  // anything, i64 targets, w read through a transposed view, a scaled loss.
+  add(Op::LinearCrossEntropy, "x [2,3,4], w [5,4], [2,3] targets", [](Ctx& c) {
+    ValueId targets = c.data({2, 3}, DType::I32, {4, 0, 2, 2, 1, 4});
+    return c.op(Op::LinearCrossEntropy, {c.param({2, 3, 4}), c.param({5, 4}), targets});
+  });
+  add(Op::LinearCrossEntropy, "x [4,3], w viewed from [3,7], i64 targets, times p", [](Ctx& c) {
+    ValueId targets = c.data({4}, DType::I64, {6, 0, 3, 6});
+    ValueId w = c.op(Op::Permute, {c.param({3, 7})}, {{"perm", std::vector<int64_t>{1, 0}}});
+    ValueId loss = c.op(Op::LinearCrossEntropy, {c.param({4, 3}), w, targets});
+    return c.op(Op::Mul, {loss, c.param({})});
+  });
   add(Op::MSE, "[3,4], [3,4]", [](Ctx& c) { return c.op(Op::MSE, {c.param({3, 4}), c.param({3, 4})}); });
   add(Op::MSE, "[5] vs itself squared", [](Ctx& c) {
     ValueId p = c.param({5});

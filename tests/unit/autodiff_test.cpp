@@ -131,8 +131,8 @@ TEST_CASE("autodiff: tied weights accumulate with exactly one add") {
   const ir::Node& add = g.node(g.value(wte).producer);
   REQUIRE(add.op == ir::Op::Add);
   // The output projection's gradient (visited first: it comes later in the
-  // forward) plus the embedding's, each straight from its rule.
-  CHECK(producer_through_views(g, add.in(0)).op == ir::Op::Einsum);
+  // forward; the fused classifier's dw) plus the embedding's, each straight from its rule.
+  CHECK(producer_through_views(g, add.in(0)).op == ir::Op::LinearCrossEntropyGrad);
   CHECK(producer_through_views(g, add.in(1)).op == ir::Op::EmbeddingGrad);
   CHECK(count_backward(g, ir::Op::EmbeddingGrad) == 2);  // wte and wpe
   // wpe is used once: its gradient is the embedding_grad itself.

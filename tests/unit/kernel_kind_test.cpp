@@ -30,6 +30,7 @@ TEST_CASE("op table: every op's row names its loop kind, which agrees with its c
       {ir::OpClass::Normalization, {LoopKind::Rows}},
       {ir::OpClass::Loss, {LoopKind::Rows, LoopKind::Mse}},
       {ir::OpClass::Attention, {LoopKind::Attention}},
+      {ir::OpClass::Classifier, {LoopKind::Classifier}},
   };
   for (int i = 0; i < ir::kNumOps; ++i) {
     const ir::OpInfo& info = ir::op_info(static_cast<ir::Op>(i));
@@ -54,6 +55,7 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
       {LoopKind::Rows, {KernelKind::Rows}},
       {LoopKind::Mse, {KernelKind::Mse}},
       {LoopKind::Attention, {KernelKind::Attention}},
+      {LoopKind::Classifier, {KernelKind::Classifier}},
   };
   std::set<KernelKind> seen;
   for (const auto& model : testing::model_files()) {
@@ -107,10 +109,19 @@ TEST_CASE("kernel plan: a GPT's row kernels carry their variant, axis, centering
       default: FAIL_CHECK("unexpected row op " << ir::op_name(k.op));
     }
   }
-  // Softmax and its gradient are inside the fused attention kernels (passes/fuse_attention.h).
-  for (ir::Op op : {ir::Op::LayerNorm, ir::Op::LayerNormGrad, ir::Op::NormGainGrad, ir::Op::CrossEntropy,
-                    ir::Op::CrossEntropyGrad})
+  // Softmax and its gradient are inside the fused attention kernels
+  // (passes/fuse_attention.h), cross_entropy and its gradient inside the
+  // fused classifier's (passes/fuse_classifier.h).
+  for (ir::Op op : {ir::Op::LayerNorm, ir::Op::LayerNormGrad, ir::Op::NormGainGrad})
     CHECK_MESSAGE(rows_of[op] > 0, ir::op_name(op));
+  int classifier = 0;
+  for (const codegen::Kernel& k : plan.kernels)
+    if (k.kind == KernelKind::Classifier) {
+      ++classifier;
+      CHECK(k.classifier().backward == (k.op == ir::Op::LinearCrossEntropyGrad));
+      CHECK(k.extra_outputs.size() == 1u);  // lse forward, dw backward
+    }
+  CHECK(classifier == 2);
   int attention = 0;
   for (const codegen::Kernel& k : plan.kernels)
     if (k.kind == KernelKind::Attention) {

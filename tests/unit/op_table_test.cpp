@@ -85,7 +85,9 @@ TEST_CASE("op table: FLOPs per element are set where the class's cost rule count
       case OpClass::Reduction:
       case OpClass::Gather: break;  // their cost rules count per input element or per row
       case OpClass::Attention:
-        // Its cost rule counts per visible score, and so do its transcendentals (one exp each).
+      case OpClass::Classifier:
+        // Their cost rules count per visible score (per logit), and so do
+        // their transcendentals (one exp each).
         CHECK(info->flops_per_element == 0);
         CHECK(info->transcendentals_per_element == 1);
         continue;

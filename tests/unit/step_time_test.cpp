@@ -88,6 +88,25 @@ TEST_CASE("time model: a contraction runs at peak times the efficiency of its na
   CHECK(analysis::gemm_efficiency(d, ir::DType::F64, 8) == 1.0);  // no f64 curve: the peak itself
 }
 
+TEST_CASE("time model: the kernel roofline takes every kernel at peak rate or main-memory bandwidth, no launch") {
+  ir::Graph g = compile_training(kMlp);
+  analysis::Device d = round_device();
+  analysis::StepCost cost = analysis::analyze_step(g, &d);
+  analysis::StepTime t = analysis::predict_step_time(g, cost, d);
+  double want = 0;
+  for (const analysis::KernelTime& k : t.kernels) {
+    // Matmuls at the fp32 peak (1e12, no GEMM efficiency), loops at the vector peak; bytes at 10 GB/s.
+    const double rate = k.kind == analysis::KernelClass::Matmul ? 1e12 : analysis::vector_peak(d, ir::DType::F32);
+    want += std::max(k.flops / rate, k.bytes / 1e10);
+  }
+  CHECK(t.roofline_seconds == doctest::Approx(want));
+  // The forward x @ w1 alone: 2·64·128·32 FLOPs at 1e12 vs its bytes at 1e10: memory-bound.
+  const double x_w1 = std::max(2.0 * 64 * 128 * 32 / 1e12, 4.0 * (64 * 128 + 128 * 32 + 64 * 32) / 1e10);
+  CHECK(t.roofline_seconds > x_w1);
+  CHECK(t.roofline_seconds < t.seconds - t.launch_seconds + 1e-12);  // no efficiency below 1, no launch
+  CHECK(t.roofline_mfu == doctest::Approx(cost.total.flops / (t.roofline_seconds * 1e12)));
+}
+
 TEST_CASE("time model: a fusion group reads each input once and runs as one loop kernel") {
   ir::Graph g = compile_training(kMlp);
   analysis::Device d = round_device();
@@ -147,8 +166,18 @@ TEST_CASE("time model: GPT's kernels fall in every class, attention included") {
   analysis::StepTime t = analysis::predict_step_time(g, cost, cpu);
   for (int c = 0; c < analysis::kNumKernelClasses; ++c) {
     CAPTURE(analysis::kernel_class_name(static_cast<analysis::KernelClass>(c)));
+    // GPT's loss is inside the fused classifier, a matmul-class kernel (below).
+    if (static_cast<analysis::KernelClass>(c) == analysis::KernelClass::Loss) continue;
     CHECK(t.class_seconds[c] > 0);
   }
+  int classifier_kernels = 0;
+  for (const analysis::KernelTime& k : t.kernels)
+    if (ir::op_info(g.node(k.node).op).op_class == ir::OpClass::Classifier) {
+      ++classifier_kernels;
+      CHECK(k.kind == analysis::KernelClass::Matmul);
+      CHECK(k.narrowest == double(g.value(g.node(k.node).in(0)).type.dims.back().size));  // d
+    }
+  CHECK(classifier_kernels == 2);
   // The fused attention kernels do the attention rows' FLOPs and their recompute.
   double attention_flops = 0, attention_rows = 0;
   for (const analysis::KernelTime& k : t.kernels)

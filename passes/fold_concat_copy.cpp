@@ -1,0 +1,99 @@
+#include "passes/fold_concat_copy.h"
+
+#include <map>
+#include <vector>
+
+#include "ir/builder.h"
+#include "ir/internal_check.h"
+
+namespace napkin::passes {
+
+namespace {
+
+using ir::NodeId;
+using ir::Op;
+using ir::ValueId;
+
+class FoldConcatCopy : public Pass {
+ public:
+  std::string_view name() const override { return "fold_concat_copy"; }
+
+  bool run(ir::Graph& g, ir::Diagnostics&) override {
+    // Per buffer: the non-view nodes that read it (directly or through views),
+    // and whether the step outputs it or updates from it.
+    std::vector<int> readers(g.num_values(), 0);
+    std::vector<bool> escapes(g.num_values(), false);
+    for (NodeId id : g.schedule()) {
+      const ir::Node& n = g.node(id);
+      if (ir::op_info(n.op).op_class == ir::OpClass::View) continue;
+      for (ValueId v : n.inputs) ++readers[g.value(v).storage];
+    }
+    for (const auto& [label, v] : g.outputs) escapes[g.value(v).storage] = true;
+    for (const ir::Graph::Update& u : g.updates) escapes[g.value(u.value).storage] = true;
+
+    const std::vector<NodeId> schedule = g.schedule();
+    std::map<NodeId, std::vector<NodeId>> inserted;  // at a folded copy: the nodes that replace it
+    for (NodeId id : schedule) {
+      const ir::Node& copy = g.node(id);
+      if (copy.op != Op::Copy) continue;
+      const NodeId p = g.value(copy.in(0)).producer;
+      if (p == ir::kNoNode || g.node(p).op != Op::Permute) continue;
+      const ValueId concat_out = g.node(p).in(0);
+      const NodeId c = g.value(concat_out).producer;
+      if (c == ir::kNoNode || g.node(c).op != Op::Concat || g.value(concat_out).is_view()) continue;
+      if (readers[concat_out] != 1 || escapes[concat_out] || g.node(c).phase != copy.phase) continue;
+      const int first_new = g.num_nodes();
+      fold(g, id, p, c);
+      for (int k = first_new; k < g.num_nodes(); ++k) inserted[id].push_back(k);
+    }
+    if (inserted.empty()) return false;
+    std::vector<NodeId> order;
+    for (NodeId id : schedule) {
+      order.push_back(id);
+      if (auto it = inserted.find(id); it != inserted.end()) order.insert(order.end(), it->second.begin(), it->second.end());
+    }
+    g.mutable_schedule() = order;
+    return true;
+  }
+
+ private:
+  static void fold(ir::Graph& g, NodeId copy_id, NodeId permute_id, NodeId concat_id) {
+    const ir::Node copy = g.node(copy_id);  // copies: building nodes may move the node storage
+    const ir::Node concat = g.node(concat_id);
+    const std::vector<int64_t> perm = g.node(permute_id).attrs.get_ints("perm");
+    ir::Builder b(g);
+    b.set_loc(copy.loc);
+    b.set_scope(copy.scope);
+    b.set_phase(copy.phase);
+    b.set_origin(copy.origin);
+    const int64_t axis = concat.attrs.get_int("axis");
+    int64_t moved = -1;
+    for (size_t j = 0; j < perm.size(); ++j)
+      if (perm[j] == axis) moved = static_cast<int64_t>(j);
+    NAPKIN_INTERNAL_CHECK(moved >= 0, "fold_concat_copy: the concat axis is not in the permutation");
+    std::vector<ValueId> inputs;
+    for (ValueId x : concat.inputs) inputs.push_back(b.must(b.permute(x, perm)));
+    ir::Attrs attrs = concat.attrs;
+    attrs.set("axis", moved);
+    const ValueId result = b.must(b.add(Op::Concat, inputs, attrs));
+    b.rename_dims(result, g.value(copy.out()).type.dims);
+    g.value(result).name = g.value(copy.out()).name;
+    g.value(copy.out()).name.clear();
+    const ValueId old = copy.out();
+    for (NodeId id : g.schedule())
+      for (ValueId& in : g.node(id).inputs)
+        if (in == old) in = result;
+    for (auto& [label, value] : g.outputs)
+      if (value == old) value = result;
+    for (ir::Graph::Update& u : g.updates)
+      if (u.value == old) u.value = result;
+    for (int v = 0; v < g.num_values(); ++v)
+      if (g.value(v).storage == old && v != old) g.value(v).storage = result;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_fold_concat_copy_pass() { return std::make_unique<FoldConcatCopy>(); }
+
+}  // namespace napkin::passes
