@@ -7,7 +7,8 @@
 // parameters, ...) share one set of functions, named after the first. Which emitter makes
 // each KernelKind is the switch below (no default: -Werror=switch flags a
 // new kind); the launch and scratch design of each family is described at the
-// top of its file (elementwise.cpp, reductions.cpp, rows.cpp, attention.cpp).
+// top of its file (elementwise.cpp, reductions.cpp, rows.cpp, attention.cpp,
+// classifier.cpp).
 //
 // Index ids out of range (embedding, embedding_grad, cross-entropy targets):
 // the CPU backend calls napkin_rt_bad_index and exits. A CUDA kernel records
@@ -34,7 +35,7 @@ namespace {
 
 using detail::EmittedKernel;
 
-EmittedKernel emit_kernel(const Kernel& k, int index) {
+EmittedKernel emit_kernel(const Kernel& k, int index, const CudaClassifierLayout& classifier) {
   switch (k.kind) {
     case KernelKind::Fill: return detail::emit_fill(k);
     case KernelKind::Elementwise:
@@ -47,6 +48,7 @@ EmittedKernel emit_kernel(const Kernel& k, int index) {
     case KernelKind::Rows: return detail::emit_rows(k, index);
     case KernelKind::Mse: return detail::emit_mse(k);
     case KernelKind::Attention: return detail::emit_attention(k);
+    case KernelKind::Classifier: return detail::emit_classifier(k, index, classifier);
     case KernelKind::Gemm: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a GEMM kernel ({}) is cuBLASLt's call, not CUDA C", k.name);
@@ -107,12 +109,13 @@ struct Group {
 
 }  // namespace
 
-CudaSource emit_cuda_source(const KernelPlan& plan, const std::string& model_name) {
+CudaSource emit_cuda_source(const KernelPlan& plan, const std::string& model_name, const CudaSourceOptions& options) {
   CudaSource src;
   std::vector<Group> groups;
   std::unordered_map<std::string, size_t> group_of;  // parameterized text -> groups index
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
+    src.classifiers.push_back(k.kind == KernelKind::Classifier ? classifier_layout(k, options) : CudaClassifierLayout{});
     if (k.kind == KernelKind::Gemm) {
       src.launches.emplace_back();
       continue;
@@ -121,7 +124,7 @@ CudaSource emit_cuda_source(const KernelPlan& plan, const std::string& model_nam
     // kNameMarker makes the text independent of the name.
     Kernel unnamed = k;
     unnamed.name = detail::kNameMarker;
-    EmittedKernel e = emit_kernel(unnamed, static_cast<int>(i));
+    EmittedKernel e = emit_kernel(unnamed, static_cast<int>(i), src.classifiers.back());
     Parameterized p = parameterize(e.text);
     replace_all(p.text, detail::kSlotCountMarker, std::to_string(p.offsets.size()));
     auto [it, fresh] = group_of.try_emplace(std::move(p.text), groups.size());

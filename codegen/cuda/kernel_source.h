@@ -1,6 +1,7 @@
 // The CUDA backend's kernels: every loop kernel of a plan as CUDA C source,
 // one translation unit that NVRTC compiles (codegen/cuda/nvrtc_compile.h).
-// Gemm kernels are not here: the runtime runs them on cuBLASLt.
+// Gemm kernels are not here: the runtime runs them on cuBLASLt, as it runs
+// the GEMMs of a Classifier kernel between that kernel's launches.
 //
 // Terms:
 //  - launch: one kernel function launched on a 1-D grid of 1-D blocks. A
@@ -69,16 +70,40 @@ struct CudaLaunch {
   std::vector<int64_t> offsets;  // the function's `off`: operand byte offsets, by slot
 };
 
+// How a Classifier plan kernel runs on the GPU (codegen/cuda/classifier.cpp):
+// the vocabulary in `chunks` chunks of `chunk` classes (the last may be
+// shorter), each chunk's GEMMs on cuBLASLt between the launches; where its
+// buffers sit in the scratch buffer (byte offsets): the chunk's logits (then
+// its gradient) [rows, chunk] in x's type, the per-row running state, and
+// (backward, 16-bit x) dx's f32 sums [rows, d] (-1: dx accumulates in place).
+struct CudaClassifierLayout {
+  int64_t rows = 0, vocab = 0, d = 0;
+  int64_t chunk = 0, chunks = 0;
+  int64_t logits = 0, state = 0, dx_acc = -1;
+  int64_t scratch_bytes = 0;
+};
+
+struct CudaSourceOptions {
+  // The most bytes one chunk of a classifier's logits may take: about half
+  // an H100's 50 MB L2, so the GEMM's output is still there when the row
+  // kernel reads it. Tests make it small to get many chunks from a small model.
+  int64_t classifier_logits_bytes = 32ll << 20;
+};
+CudaClassifierLayout classifier_layout(const Kernel& k, const CudaSourceOptions& options);
+
 struct CudaSource {
   std::string text;  // the translation unit: prelude, then every distinct kernel
   // Per plan kernel, in plan order: its launches (empty for Gemm kernels).
   std::vector<std::vector<CudaLaunch>> launches;
+  // Per plan kernel, in plan order: its layout (Classifier kernels; chunks
+  // 0 for the rest).
+  std::vector<CudaClassifierLayout> classifiers;
   int64_t scratch_bytes = 0;  // the largest any plan kernel needs
 };
 
 // The CUDA C source of every loop kernel of `plan`. `model_name` goes into
 // the header comment only.
-CudaSource emit_cuda_source(const KernelPlan& plan, const std::string& model_name);
+CudaSource emit_cuda_source(const KernelPlan& plan, const std::string& model_name, const CudaSourceOptions& options = {});
 
 // The prelude every translation unit starts with: dtype conversions,
 // block-wide reductions, and the host-emulation shims' entry point.

@@ -29,6 +29,11 @@ std::string cuda_program_json(const ir::Graph& g, const KernelPlan& plan, const 
                       {"shared", l.shared_bytes},
                       {"offsets", l.offsets}});
     kernels.at(i)["cuda_launches"] = std::move(list);
+    if (plan.kernels[i].kind == KernelKind::Classifier) {
+      const CudaClassifierLayout& l = source.classifiers.at(i);
+      kernels.at(i).at("classifier")["cuda"] = {
+          {"chunk", l.chunk}, {"chunks", l.chunks}, {"logits", l.logits}, {"dx_acc", l.dx_acc}};
+    }
   }
   program["cuda"] = {{"arch", cuda.arch}, {"scratch_bytes", source.scratch_bytes}, {"tf32", cuda.tf32}};
   return program.dump(1);

@@ -4,6 +4,9 @@
 //   per loop kernel   "cuda_launches": [{"function", "grid", "block", "shared", "offsets"}]
 //                     its launches in order, "offsets" the values of the
 //                     function's `off` parameter (codegen/cuda/kernel_source.h)
+//   classifier kernel "classifier": {..., "cuda": {"chunk", "chunks", "logits", "dx_acc"}}
+//                     how its GEMMs split the vocabulary and where their
+//                     buffers sit in scratch (CudaClassifierLayout)
 //   top level         "cuda": {"arch", "scratch_bytes", "tf32"}
 // Added here, by editing the JSON document, so that codegen/program_json
 // knows nothing of CUDA.

@@ -202,6 +202,13 @@ void LtDescriptors::release() noexcept {
 
 LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel,
                    CUdeviceptr arena, CUdeviceptr a_scale, CUdeviceptr b_scale)
+    : LtMatmul(ctx, spec, tf32, kernel, LtPlacement{arena, arena, arena, false}, a_scale, b_scale) {}
+
+LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel, LtPlacement where)
+    : LtMatmul(ctx, spec, tf32, kernel, where, 0, 0) {}
+
+LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel,
+                   LtPlacement where, CUdeviceptr a_scale, CUdeviceptr b_scale)
     : ctx_(ctx) {
   try {
     shape_ = lt_shape(spec.desc);
@@ -210,9 +217,12 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
   } catch (const Error& e) {
     throw Error("kernel " + kernel + ": " + e.what());
   }
-  a_ = arena + static_cast<CUdeviceptr>(spec.a);
-  b_ = arena + static_cast<CUdeviceptr>(spec.b);
-  c_ = arena + static_cast<CUdeviceptr>(spec.c);
+  a_ = where.a + static_cast<CUdeviceptr>(spec.a);
+  b_ = where.b + static_cast<CUdeviceptr>(spec.b);
+  c_ = where.c + static_cast<CUdeviceptr>(spec.c);
+  accumulate_ = where.accumulate;
+  beta32_ = accumulate_ ? 1.0f : 0.0f;
+  beta64_ = accumulate_ ? 1.0 : 0.0;
   if (shape_.calls.empty() || shape_.k == 0) return;  // nothing to compute, or a zero fill (enqueue)
   if (types_.fp8 && (a_scale == 0 || b_scale == 0))
     throw Error("kernel " + kernel + ": an fp8 matmul on cuBLASLt needs the scales of A and B");
@@ -239,6 +249,7 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
 void LtMatmul::enqueue(CUstream stream) const {
   const LtShape& s = shape_;
   int64_t ea = lt_type_bytes(types_.a), eb = lt_type_bytes(types_.b), ec = lt_type_bytes(types_.c);
+  if (s.k == 0 && accumulate_) return;  // C += 0
   if (s.k == 0) {  // C = 0: each entry's m rows of n elements, c_m apart
     for (const LtCall& call : s.calls)
       for (int64_t i = 0; i < s.batch_count; ++i)

@@ -120,6 +120,14 @@ struct LtContext {
   uint64_t workspace_bytes;
 };
 
+// The device buffers that a MatmulSpec's byte offsets of A, B and C are in
+// (each 256-byte aligned, as cuMemAlloc gives), and whether C accumulates:
+// C = A B + C (beta = 1) instead of C = A B.
+struct LtPlacement {
+  CUdeviceptr a = 0, b = 0, c = 0;
+  bool accumulate = false;
+};
+
 // One matmul kernel, its algorithm chosen once (cublasLtMatmulAlgoGetHeuristic)
 // at construction. enqueue() only launches, so it can be captured in a CUDA
 // graph: cuBLASLt allocates nothing when given the workspace.
@@ -130,9 +138,14 @@ class LtMatmul {
   // pointers to float; the plan has none for CUDA programs yet).
   LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel, CUdeviceptr arena,
            CUdeviceptr a_scale = 0, CUdeviceptr b_scale = 0);
+  // The same with each operand in its own buffer, C accumulating or not
+  // (the fused classifier's GEMMs: runtime/cuda/cuda_classifier.h).
+  LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel, LtPlacement where);
   void enqueue(CUstream stream) const;
 
  private:
+  LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel, LtPlacement where,
+           CUdeviceptr a_scale, CUdeviceptr b_scale);
   LtContext ctx_;
   LtShape shape_;
   LtTypes types_;
@@ -141,6 +154,7 @@ class LtMatmul {
   cublasLtMatmulAlgo_t algo_{};
   float alpha32_ = 1, beta32_ = 0;
   double alpha64_ = 1, beta64_ = 0;
+  bool accumulate_ = false;
 };
 
 }  // namespace napkin::runtime::cuda

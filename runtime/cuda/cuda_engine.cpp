@@ -163,8 +163,8 @@ void CudaEngine::allocate() {
     NAPKIN_CU(d, cuMemcpyHtoDAsync(bad_index_, bad_index_host_, global_bytes, stream_));
   }
 
-  bool any_matmul = false;
-  for (const KernelSpec& k : program_.kernels) any_matmul |= k.is_matmul;
+  bool any_matmul = false;  // the classifier's GEMMs run on cuBLASLt too
+  for (const KernelSpec& k : program_.kernels) any_matmul |= k.is_matmul || k.is_classifier;
   if (any_matmul) {
     lt_ = std::make_unique<CublasLt>();
     NAPKIN_CUBLASLT(*lt_, cublasLtCreate(&lt_handle_));
@@ -193,6 +193,7 @@ void CudaEngine::prepare_kernels() {
   std::unordered_map<CUfunction, int> shared_opted;  // the dynamic shared memory each function was allowed
   launches_.resize(program_.kernels.size());
   matmuls_.resize(program_.kernels.size());
+  classifiers_.resize(program_.kernels.size());
   for (size_t i = 0; i < program_.kernels.size(); ++i) {
     const KernelSpec& k = program_.kernels[i];
     if (k.is_matmul) {
@@ -233,6 +234,14 @@ void CudaEngine::prepare_kernels() {
                               static_cast<unsigned>(l.shared_bytes),
                               std::vector<long long>(l.offsets.begin(), l.offsets.end())});
     }
+    if (k.is_classifier) {
+      if (!scratch_) throw Error(fmt::format("kernel {}: a classifier needs the scratch buffer, and it has 0 bytes", k.name));
+      try {
+        classifiers_[i] = std::make_unique<CudaClassifier>(*lt_context_, k, program_.cuda.tf32, arena_, scratch_);
+      } catch (const Error& e) {
+        throw Error(std::string(e.what()).rfind("kernel ", 0) == 0 ? e.what() : "kernel " + k.name + ": " + e.what());
+      }
+    }
   }
 }
 
@@ -244,6 +253,7 @@ void CudaEngine::release() noexcept {
   for (Phase* p : {&forward_, &rest_})
     if (p->graph) d.cuGraphExecDestroy(p->graph), p->graph = nullptr;
   matmuls_.clear();
+  classifiers_.clear();
   lt_context_.reset();
   if (lt_handle_) lt_->cublasLtDestroy(lt_handle_), lt_handle_ = nullptr;
   if (inspect_host_) d.cuMemFreeHost(inspect_host_), inspect_host_ = nullptr;
@@ -361,11 +371,17 @@ void CudaEngine::enqueue_kernel(int i) {
     matmuls_[i]->enqueue(stream_);
     return;
   }
-  for (Launch& l : launches_[i]) {
+  auto launch = [&](int j) {
+    Launch& l = launches_[i][static_cast<size_t>(j)];
     std::array<void*, 3> params = kernel_params(arena_, scratch_, l.offsets);
     NAPKIN_CU(*driver_, cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_,
                                        params.data(), nullptr));
+  };
+  if (classifiers_[i]) {  // its GEMMs between its launches
+    classifiers_[i]->enqueue(stream_, launch);
+    return;
   }
+  for (size_t j = 0; j < launches_[i].size(); ++j) launch(static_cast<int>(j));
 }
 
 void CudaEngine::run_kernel_alone(int i) {

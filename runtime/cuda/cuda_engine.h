@@ -10,7 +10,8 @@
 //    "NVIDIA A100-SXM4-80GB, sm_80, PTX JIT from sm_90".
 //  - memory: one device arena of program.arena_bytes (zeroed: optimizer
 //    state starts at 0), one scratch buffer of program.cuda.scratch_bytes
-//    that a kernel's launches share, a 32 MiB cuBLASLt workspace that every
+//    that a kernel's launches share (and a classifier's GEMMs: its chunk of
+//    logits), a 32 MiB cuBLASLt workspace that every
 //    matmul shares (one stream: they never overlap), and one pinned host
 //    block holding every named tensor (param, state, input, loss) at its own
 //    64-byte aligned place: host(t).
@@ -44,6 +45,7 @@
 #include <vector>
 
 #include "runtime/cuda/cublaslt_matmul.h"
+#include "runtime/cuda/cuda_classifier.h"
 #include "runtime/cuda/cuda_driver.h"
 #include "runtime/engine.h"
 
@@ -133,6 +135,7 @@ class CudaEngine final : public Engine {
 
   std::vector<std::vector<Launch>> launches_;          // per kernel (loops)
   std::vector<std::unique_ptr<LtMatmul>> matmuls_;     // per kernel (matmuls)
+  std::vector<std::unique_ptr<CudaClassifier>> classifiers_;  // per kernel (classifiers: GEMMs and launches)
   Phase forward_, rest_;
 
   std::function<void(int, const char*)> inspect_;

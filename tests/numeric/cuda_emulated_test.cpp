@@ -28,9 +28,14 @@
 #include <vector>
 
 #include "codegen/cuda/kernel_source.h"
+#include "codegen/cuda/program_cuda.h"
+#include "runtime/gemm.h"
 #include "support/compiled_step.h"
 #include "support/cuda_emulator.h"
 #include "support/test_models.h"
+#ifdef NAPKIN_HAVE_CUDA_RUNTIME
+#include "runtime/cuda/cuda_classifier.h"
+#endif
 
 using namespace napkin;
 
@@ -40,11 +45,16 @@ namespace {
 // them: a plan kernel's launches in order, with their offsets, over the
 // arena and one scratch buffer. The scratch is poisoned with NaN bytes
 // before each plan kernel, so a launch that reads partials nobody wrote shows
-// up as a wrong output.
+// up as a wrong output. A classifier kernel's launches are interleaved with
+// its chunk GEMMs as the engine does (runtime/cuda/cuda_classifier.h: the
+// same GEMM specs, from the CUDA program description), run here by the CPU
+// runtime's Gemm in place of cuBLASLt.
 class EmulatedKernels {
  public:
-  explicit EmulatedKernels(const codegen::cuda::CudaSource& source)
+  // `step`: the compiled step `source` was emitted from.
+  EmulatedKernels(const codegen::cuda::CudaSource& source, const napkin::testing::CompiledStep& step)
       : source_(source),
+        program_(cuda_program(source, step)),
         gpu_(source.text),
         scratch_bytes_(static_cast<size_t>(std::max<int64_t>(64, (source.scratch_bytes + 63) / 64 * 64))),
         scratch_(static_cast<char*>(std::aligned_alloc(64, scratch_bytes_)), &std::free) {}
@@ -52,14 +62,71 @@ class EmulatedKernels {
   // Returns the number of launches.
   int run(int kernel, char* arena) {
     std::memset(scratch_.get(), 0xFF, scratch_bytes_);
-    for (const codegen::cuda::CudaLaunch& l : source_.launches[kernel])
+    const std::vector<codegen::cuda::CudaLaunch>& launches = source_.launches[kernel];
+    auto launch = [&](int j) {
+      const codegen::cuda::CudaLaunch& l = launches[static_cast<size_t>(j)];
       gpu_.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch_.get(), l.offsets);
-    return static_cast<int>(source_.launches[kernel].size());
+    };
+    if (program_.kernels[kernel].is_classifier) {
+      run_classifier(program_.kernels[kernel], arena, launch);
+      return static_cast<int>(launches.size());
+    }
+    for (size_t j = 0; j < launches.size(); ++j) launch(static_cast<int>(j));
+    return static_cast<int>(launches.size());
   }
   const long long* bad_index() { return static_cast<long long*>(gpu_.global("napkin_bad_index")); }
 
  private:
+  template <class Launch>
+  void run_classifier(const runtime::KernelSpec& k, char* arena, const Launch& launch) {
+#ifdef NAPKIN_HAVE_CUDA_RUNTIME
+    const runtime::cuda::ClassifierGemms g = runtime::cuda::classifier_gemms(k);
+    char* scratch = scratch_.get();
+    for (size_t c = 0; c < g.chunks.size(); ++c) {
+      const runtime::cuda::ClassifierGemms::Chunk& ch = g.chunks[c];
+      gemm(ch.logits, arena, arena, scratch, false);
+      launch(static_cast<int>(c));
+      if (!k.classifier.backward) continue;
+      gemm(ch.dw, scratch, arena, arena, false);
+      gemm(ch.dx, scratch, arena, g.dx_in_scratch ? scratch : arena, c > 0);
+    }
+    for (size_t j = g.chunks.size(); j < k.cuda_launches.size(); ++j) launch(static_cast<int>(j));
+#else
+    (void)arena, (void)launch;
+    FAIL("kernel " << k.name << ": a classifier's GEMMs need the CUDA runtime's specs (napkin_runtime_cuda)");
+#endif
+  }
+
+  // The CUDA program description of the step, as a CUDA trainer parses it.
+  static runtime::Program cuda_program(const codegen::cuda::CudaSource& source, const napkin::testing::CompiledStep& step) {
+    const std::string json = codegen::cuda::cuda_program_json(
+        step.g, step.plan, source, codegen::step_facts(step.g, "h100", "emulated", "cuda"), {"sm_90", false});
+    return runtime::parse_program(json.data(), json.size());
+  }
+
+  // C (+)= A B of a spec whose operands' offsets are in the buffers a, b, c.
+  static void gemm(const runtime::MatmulSpec& s, char* a, char* b, char* c, bool accumulate) {
+    runtime::Gemm gm(s.desc, {runtime::gemm_type(s.a_dtype), runtime::gemm_type(s.c_dtype)});
+    if (!accumulate) {
+      gm.run(a + s.a, b + s.b, c + s.c);
+      return;
+    }
+    const bool f64 = s.c_dtype == "f64";
+    REQUIRE((f64 || s.c_dtype == "f32"));  // sums are kept wide (cuda_classifier.h)
+    const int64_t n = s.desc.m * s.desc.c_m_stride;
+    std::vector<double> sum(static_cast<size_t>(n));
+    std::vector<char> part(static_cast<size_t>(n * (f64 ? 8 : 4)));
+    gm.run(a + s.a, b + s.b, part.data());
+    for (int64_t i = 0; i < s.desc.m; ++i)
+      for (int64_t j = 0; j < s.desc.n; ++j) {
+        const int64_t e = i * s.desc.c_m_stride + j;
+        if (f64) reinterpret_cast<double*>(c + s.c)[e] += reinterpret_cast<double*>(part.data())[e];
+        else reinterpret_cast<float*>(c + s.c)[e] += reinterpret_cast<float*>(part.data())[e];
+      }
+  }
+
   const codegen::cuda::CudaSource& source_;
+  const runtime::Program program_;
   napkin::testing::CudaEmulator gpu_;
   size_t scratch_bytes_;
   std::unique_ptr<char, decltype(&std::free)> scratch_;
@@ -67,10 +134,11 @@ class EmulatedKernels {
 
 // One compiled step of model `model`'s loop kernels, emulated, each checked
 // against the interpreter; `label` names it on the verbose line.
-void check_step_emulated(ir::Graph g, const std::string& model, const std::string& label, bool verbose) {
+void check_step_emulated(ir::Graph g, const std::string& model, const std::string& label, bool verbose,
+                         const codegen::cuda::CudaSourceOptions& options = {}) {
   napkin::testing::CompiledStep step(std::move(g));
-  const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(step.plan, model);
-  EmulatedKernels gpu(source);
+  const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(step.plan, model, options);
+  EmulatedKernels gpu(source, step);
   int launches = 0;
   double worst = 0;
   std::string worst_kernel;
@@ -136,6 +204,54 @@ TEST_CASE("numeric: emulated CUDA kernels under fp16-mixed (loss scaling) and fp
   check_emulated({ir::PrecisionPolicy::FP16Mixed, ir::PrecisionPolicy::FP8Mixed}, {"mlp", "gpt"});
 }
 
+TEST_CASE("numeric: the CUDA classifier in many vocabulary chunks, a short last one, emulated, agrees with the interpreter") {
+  // 64 rows x 1000 classes in chunks of 128 (7 full, then 104): the running
+  // max and sum carried across chunks, targets in every chunk, dw written
+  // chunk by chunk and dx summed over chunks (in place for f32, in f32 sums
+  // for bf16); the head stored [vocab, d] and [d, vocab].
+  for (const char* precision : {"fp32", "bf16-mixed"}) {
+    for (const char* head : {"[vocab, d]", "[d, vocab]"}) {
+      CAPTURE(precision);
+      CAPTURE(head);
+      const bool transposed = std::string(head) == "[d, vocab]";
+      const std::string yaml = fmt::format(R"yaml(
+model: head_chunks
+dims: {{batch: 4, seq: 16, d: 32, vocab: 1000}}
+inputs:
+  tokens:  {{shape: [batch, seq], dtype: i32}}
+  targets: {{shape: [batch, seq], dtype: i32}}
+params:
+  emb:  {{shape: [vocab, d], init: normal(0.5)}}
+  head: {{shape: {0}, init: normal(0.5)}}
+forward:
+  - x: tanh(embedding(emb, tokens))
+  - logits: einsum(x, head, "{1}")
+loss: cross_entropy(logits, targets)
+optimizer: sgd(lr=0.1)
+precision: {2}
+)yaml",
+                                           head, transposed ? "b s d, d v -> b s v" : "b s d, v d -> b s v", precision);
+      ir::Graph g = napkin::testing::compile_training(yaml);
+      int classifiers = 0;
+      for (ir::NodeId id : g.schedule()) classifiers += ir::op_info(g.node(id).op).op_class == ir::OpClass::Classifier;
+      REQUIRE(classifiers == 2);  // forward and backward
+      codegen::cuda::CudaSourceOptions options;
+      options.classifier_logits_bytes = 128 * 64 * 2;  // 128 classes of 64 rows in bf16 (and in f32: the 128 minimum)
+      napkin::testing::CompiledStep probe(g);
+      const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(probe.plan, "head_chunks", options);
+      int chunked = 0;
+      for (const codegen::cuda::CudaClassifierLayout& l : source.classifiers)
+        if (l.chunks > 0) {
+          CHECK(l.chunk == 128);
+          CHECK(l.chunks == 8);
+          ++chunked;
+        }
+      CHECK(chunked == 2);
+      check_step_emulated(std::move(g), "head_chunks", fmt::format("head_chunks {} {}", precision, head), false, options);
+    }
+  }
+}
+
 TEST_CASE("numeric: an out-of-range token id in a CUDA kernel is reported through napkin_bad_index, not written") {
   // gpt's embedding reads ids from `tokens`; one of them is made out of range.
   auto model = napkin::testing::model_files();
@@ -153,7 +269,7 @@ TEST_CASE("numeric: an out-of-range token id in a CUDA kernel is reported throug
   char* arena = step.ex->arena();
   int32_t* ids = reinterpret_cast<int32_t*>(arena + k.inputs[1].byte_offset);
   ids[3] = static_cast<int32_t>(vocab + 5);
-  EmulatedKernels gpu(source);
+  EmulatedKernels gpu(source, step);
   gpu.run(embedding, arena);
   const long long* flag = gpu.bad_index();
   CHECK(flag[0] == embedding);
@@ -192,7 +308,7 @@ optimizer: sgd(lr=0.1)
 
   napkin::testing::CompiledStep cuda(napkin::testing::compile_training(yaml));
   const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(cuda.plan, "narrow_reductions");
-  EmulatedKernels gpu(source);
+  EmulatedKernels gpu(source, cuda);
   napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) { gpu.run(kernel, arena); });
 }
 
@@ -219,7 +335,7 @@ optimizer: sgd(lr=0.1)
                                      d, dtype);
       napkin::testing::CompiledStep step(napkin::testing::compile_training(yaml));
       const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(step.plan, "dropout_bits");
-      EmulatedKernels gpu(source);
+      EmulatedKernels gpu(source, step);
       char* emulated = nullptr;
       int compared = 0;
       napkin::testing::check_each_kernel(
