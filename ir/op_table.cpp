@@ -182,6 +182,15 @@ InferResult infer_reduce(const Inputs& in, const Attrs& a) {
   bool keep = a.get_int("keepdims") != 0;
   TensorType t;
   t.dtype = in[0]->dtype;
+  // dtype= (set by passes/sink_casts, not the model language): a wider float
+  // to reduce into, as if the input had been cast to it first.
+  if (a.has("dtype")) {
+    t.dtype = a.get_dtype("dtype");
+    if (!is_floating(in[0]->dtype) || !is_floating(t.dtype) || dtype_size(t.dtype) < dtype_size(in[0]->dtype))
+      return InferResult::fail(fmt::format("{}: cannot reduce {} into {}", op_name(kOp), dtype_name(in[0]->dtype),
+                                           dtype_name(t.dtype)),
+                               "dtype= widens a float input");
+  }
   for (int i = 0; i < in[0]->rank(); ++i) {
     bool reduced = std::find(axes.begin(), axes.end(), i) != axes.end();
     if (!reduced)

@@ -38,6 +38,9 @@ struct PipelineOptions {
   // (passes/fuse_classifier.h); --unfused-classifier turns it off to compare.
   bool fuse_classifier = true;
   std::vector<AttentionSite>* classifier_sites = nullptr;  // filled when not null
+  // Move the precision policy's casts across views and concats to store
+  // fewer bytes (passes/sink_casts.h); off only to compare.
+  bool sink_casts = true;
 };
 
 class PassManager {

@@ -10,6 +10,7 @@
 #include "passes/loss_scaling.h"
 #include "passes/mixed_precision.h"
 #include "passes/optimizer.h"
+#include "passes/sink_casts.h"
 
 namespace napkin::passes {
 
@@ -45,6 +46,11 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   pm.add(make_autodiff_pass());   // d loss / d param for every param: the backward phase
   pm.add(make_dce_pass());        // drop gradients no parameter needs (e.g. of the data)
   pm.add(make_fold_concat_copy_pass());  // a concat copied to another layout is written there once
+  if (options.sink_casts) {
+    pm.add(make_dce_pass());         // drop the concats and copies fold_concat_copy replaced
+    pm.add(make_sink_casts_pass());  // casts where they store the fewest bytes, same bits
+    pm.add(make_dce_pass());         // drop the casts and views it replaced
+  }
   pm.add(make_fp8_scaling_pass());  // fp8-mixed: quantize every bf16 contraction's operands
   pm.add(make_loss_scaling_pass());  // fp16-mixed: scaled backward seed, unscaled gradients
   pm.add(make_optimizer_pass());  // new params and optimizer state: the optimizer phase
