@@ -445,17 +445,31 @@ InferResult check_norm_param(std::string_view op, std::string_view role, const T
   return {};
 }
 
-InferResult infer_layernorm(const Inputs& in, const Attrs&) {
+// A norm's result: x's type, or with dtype= (set by passes/sink_casts, not
+// the model language) stored as another float type: computed as before and
+// rounded once on store, as a cast of the result would round it.
+InferResult norm_result(std::string_view op, const TensorType& x, const Attrs& a) {
+  TensorType t = x;
+  if (a.has("dtype")) {
+    t.dtype = a.get_dtype("dtype");
+    if (!is_floating(t.dtype))
+      return InferResult::fail(fmt::format("{}: cannot store its result as {}", op, dtype_name(t.dtype)),
+                               "dtype= names a float type");
+  }
+  return InferResult::of(t);
+}
+
+InferResult infer_layernorm(const Inputs& in, const Attrs& a) {
   if (auto r = require_float("layernorm", *in[0]); !r.ok()) return r;
   if (auto r = check_norm_param("layernorm", "gain", *in[0], *in[1]); !r.ok()) return r.blaming(1);
   if (auto r = check_norm_param("layernorm", "bias", *in[0], *in[2]); !r.ok()) return r.blaming(2);
-  return InferResult::of(*in[0]);
+  return norm_result("layernorm", *in[0], a);
 }
 
-InferResult infer_rmsnorm(const Inputs& in, const Attrs&) {
+InferResult infer_rmsnorm(const Inputs& in, const Attrs& a) {
   if (auto r = require_float("rmsnorm", *in[0]); !r.ok()) return r;
   if (auto r = check_norm_param("rmsnorm", "gain", *in[0], *in[1]); !r.ok()) return r.blaming(1);
-  return InferResult::of(*in[0]);
+  return norm_result("rmsnorm", *in[0], a);
 }
 
 InferResult infer_cross_entropy(const Inputs& in, const Attrs&) {

@@ -73,6 +73,7 @@ class SinkCasts : public Pass {
     changed |= round(g, &SinkCasts::round_trip);
     changed |= round(g, &SinkCasts::cast_before_views);
     changed |= round(g, &SinkCasts::reduce_wider);
+    changed |= round(g, &SinkCasts::norm_stores_cast);
     return changed;
   }
 
@@ -293,6 +294,30 @@ class SinkCasts : public Pass {
     const ValueId out = at.b.must(at.b.add(reduce.op, {narrow}, attrs));
     at.b.rename_dims(out, g.value(reduce.out()).type.dims);
     replace_uses(g, reduce.out(), out);
+    file(g, at);
+    return true;
+  }
+
+  // Rule 5: cast(norm(x, ...), T), the cast the norm's only reader ->
+  // norm(x, ..., dtype=T): the norm rounds its f32 result to T on store.
+  bool norm_stores_cast(ir::Graph& g, const Readers& r, NodeId id) {
+    const ir::Node& n = g.node(id);
+    if (n.op != Op::Cast) return false;
+    const ValueId x = n.in(0);
+    const NodeId p = g.value(x).producer;
+    if (p == ir::kNoNode || g.value(x).is_view() || !r.single(x)) return false;
+    const Op op = g.node(p).op;
+    if ((op != Op::LayerNorm && op != Op::RMSNorm) || g.node(p).attrs.has("dtype")) return false;
+    const DType to = g.value(n.out()).type.dtype;
+    if (!ir::is_floating(to)) return false;
+    const ir::Node norm = g.node(p);  // a copy: building moves the node storage
+    const ValueId out = n.out();
+    Site at = site(g, p, id);
+    ir::Attrs attrs = norm.attrs;
+    attrs.set("dtype", to);
+    const ValueId stored = at.b.must(at.b.add(norm.op, norm.inputs, attrs));
+    at.b.rename_dims(stored, g.value(out).type.dims);
+    replace_uses(g, out, stored);
     file(g, at);
     return true;
   }

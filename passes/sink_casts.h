@@ -3,7 +3,7 @@
 //
 // A cast is elementwise and data movement (views, concat) only moves
 // elements, so the two commute; and a float widened exactly (bf16 -> f32)
-// and narrowed back is itself. Four rewrites use that:
+// and narrowed back is itself. Five rewrites use that:
 //
 //  1. cast before views: a value v whose every reader is a cast to one dtype
 //     T through views of v,
@@ -28,6 +28,10 @@
 //     read the narrow y and widen each element as they load it (the bias
 //     gradients of a bf16 matmul's output). The cast is left to its other
 //     readers, if any.
+//  5. a norm whose only reader casts it,
+//         cast(layernorm(x, g, b), T)   ->   layernorm(x, g, b, dtype=T)
+//     (rmsnorm too) computes as before and rounds once as it stores, so its
+//     f32 result is never written (the matmul input after each layernorm).
 //
 // Runs after autodiff and fold_concat_copy, before the optimizer pass and
 // fusion; a later dce drops the casts and views it replaced. Numerics are
