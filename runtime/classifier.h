@@ -11,16 +11,19 @@
 // (f64 for f64 operands).
 //
 // Algorithm: the vocabulary in chunks of kChunk classes. Forward: per chunk,
-// the rows (split across the pool in blocks) take their logits tile from one
-// sgemm, round it to the element type, and fold it into a running max and
-// sum per row (online log-sum-exp); the loss is summed over rows in order at
-// the end. Backward: per chunk, each row block recomputes its logits, makes
-// g = (exp(l - lse) - onehot) * dloss / rows rounded to the element type,
-// keeps it in a [rows, chunk] buffer and adds g·w_chunk to its f32 dx rows;
-// then the chunk's dw rows are gᵀ·x over all rows, split across the pool by
-// class. Every sum runs in an order fixed by the shape, so results are
-// bit-identical for any thread count. No [rows, vocab] value exists: the
-// workspace is rows x kChunk plus x widened once (low precision).
+// each block of kRowBlock rows (the work items the pool shares) takes its
+// logits tile from one runtime::Gemm in x's type (for bf16 the oneDNN bf16
+// primitive: f32 sums rounded once, as the logits are defined), and folds it
+// into a running max and sum per row (online log-sum-exp); the loss is
+// summed over rows in order at the end. Backward: per chunk, each row block
+// recomputes its logits, makes g = (exp(l - lse) - onehot) * dloss / rows
+// rounded to x's type in place, and adds g·w_chunk (a Gemm into f32) to its
+// f32 dx rows; then the chunk's dw rows are gᵀ·x over all rows, one Gemm per
+// block of classes. Every product is one work item run on the calling pool
+// thread with a shape fixed by the descriptor, and every sum runs in an
+// order fixed by the shape, so results are bit-identical for any thread
+// count. No [rows, vocab] value exists: the workspace is rows x kChunk in
+// x's type.
 //
 // Types: x, w, dx, dw share one element type (f32, f64, bf16 or f16);
 // arithmetic in f32 (f64 for f64), low precision widened exactly, rounded to
@@ -58,8 +61,9 @@ class Classifier {
   const ClassifierDesc& desc() const { return d_; }
   GemmType type() const { return type_; }
 
+  struct Impl;  // the products and buffers (classifier.cpp)
+
  private:
-  struct Impl;
   ClassifierDesc d_;
   GemmType type_;
   std::unique_ptr<Impl> impl_;
