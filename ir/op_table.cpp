@@ -201,7 +201,23 @@ InferResult infer_reduce(const Inputs& in, const Attrs& a) {
   return InferResult::of(t);
 }
 
-InferResult infer_matmul(const Inputs& in, const Attrs&) {
+// A contraction's result type: its operands' dtype, or with dtype= (set by
+// passes/matmul_epilogues, not the model language) f32 from bf16 or f16
+// operands: the f32 sums stored as they are, without the rounding to the
+// operands' type (the GEMM libraries' mixed output).
+InferResult contraction_result(std::string_view op, TensorType out, DType operands, const Attrs& a) {
+  out.dtype = operands;
+  if (a.has("dtype")) {
+    const DType want = a.get_dtype("dtype");
+    if (want != operands && !(want == DType::F32 && (operands == DType::BF16 || operands == DType::F16)))
+      return InferResult::fail(fmt::format("{}: no {} result from {} operands", op, dtype_name(want), dtype_name(operands)),
+                               "dtype= widens a bf16 or f16 contraction's result to f32");
+    out.dtype = want;
+  }
+  return InferResult::of(out);
+}
+
+InferResult infer_matmul(const Inputs& in, const Attrs& attrs) {
   const TensorType &a = *in[0], &b = *in[1];
   if (a.rank() < 2 || b.rank() < 2)
     return InferResult::fail(
@@ -226,7 +242,7 @@ InferResult infer_matmul(const Inputs& in, const Attrs&) {
   TensorType out = batch.outputs[0];
   out.dims.push_back(a.dims[a.rank() - 2]);
   out.dims.push_back(b.dims.back());
-  return InferResult::of(out);
+  return contraction_result("matmul", out, a.dtype, attrs);
 }
 
 // Einsum attrs: lhs, rhs, out are axis ids; axis_names is a space-separated list
@@ -288,7 +304,7 @@ InferResult infer_einsum(const Inputs& in, const Attrs& a) {
           "every output axis must come from an operand");
     out.dims.push_back(it->second);
   }
-  return InferResult::of(out);
+  return contraction_result("einsum", out, in[0]->dtype, a);
 }
 
 InferResult infer_reshape(const Inputs& in, const Attrs& a) {

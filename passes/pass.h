@@ -41,6 +41,9 @@ struct PipelineOptions {
   // Move the precision policy's casts across views and concats to store
   // fewer bytes (passes/sink_casts.h); off only to compare.
   bool sink_casts = true;
+  // Let contractions do the elementwise work on their results they can
+  // (passes/matmul_epilogues.h); --unfused-epilogues turns it off to compare.
+  bool matmul_epilogues = true;
 };
 
 class PassManager {

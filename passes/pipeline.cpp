@@ -8,6 +8,7 @@
 #include "passes/fold_concat_copy.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/loss_scaling.h"
+#include "passes/matmul_epilogues.h"
 #include "passes/mixed_precision.h"
 #include "passes/optimizer.h"
 #include "passes/sink_casts.h"
@@ -50,6 +51,10 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
     pm.add(make_dce_pass());         // drop the concats and copies fold_concat_copy replaced
     pm.add(make_sink_casts_pass());  // casts where they store the fewest bytes, same bits
     pm.add(make_dce_pass());         // drop the casts and views it replaced
+  }
+  if (options.matmul_epilogues) {
+    pm.add(make_matmul_epilogues_pass());  // a matmul stores its f32 sums for a widening cast
+    pm.add(make_dce_pass());               // drop the casts it replaced
   }
   pm.add(make_fp8_scaling_pass());  // fp8-mixed: quantize every bf16 contraction's operands
   pm.add(make_loss_scaling_pass());  // fp16-mixed: scaled backward seed, unscaled gradients

@@ -71,6 +71,9 @@ bool g_unfused_attention = false;
 // --unfused-classifier (the same commands): keep the matmul and cross_entropy
 // of a language-model head apart, to compare with the fused classifier.
 bool g_unfused_classifier = false;
+// --unfused-epilogues (the same commands): keep a contraction's widening cast
+// a kernel of its own (passes/matmul_epilogues.h), to compare.
+bool g_unfused_epilogues = false;
 // Where the fused-attention pass says what it fused and why not (the report prints it).
 std::vector<passes::AttentionSite> g_attention_sites;
 // Where the fused-classifier pass says what it fused and why not (the report prints it).
@@ -99,6 +102,7 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
   passes::PipelineOptions pipeline = options;
   pipeline.fuse_attention = !g_unfused_attention;
   pipeline.fuse_classifier = !g_unfused_classifier;
+  pipeline.matmul_epilogues = !g_unfused_epilogues;
   if (g && fp32_step && g->config.precision.policy != ir::PrecisionPolicy::FP32) {
     *fp32_step = *g;
     (*fp32_step)->config.precision = {};
@@ -106,6 +110,7 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
     passes::PipelineOptions baseline;
     baseline.fuse_attention = pipeline.fuse_attention;
     baseline.fuse_classifier = pipeline.fuse_classifier;
+    baseline.matmul_epilogues = pipeline.matmul_epilogues;
     passes::run_training_pipeline(**fp32_step, repeated, baseline);
   }
   g_attention_sites.clear();
@@ -490,6 +495,7 @@ int main(int argc, char** argv) {
   report->add_option("--memory-budget", budget, budget_help);
   report->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   report->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
+  report->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
   report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget); });
 
   std::vector<std::string> print_after;
@@ -502,6 +508,7 @@ int main(int argc, char** argv) {
   ir_cmd->add_flag("--no-locations", no_locations, "omit the YAML locations");
   ir_cmd->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   ir_cmd->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
+  ir_cmd->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
   ir_cmd->callback([&] { status = cmd_ir(model, dims, print_after, time_passes, no_locations); });
 
   bool dot = false, no_fuse = false;
@@ -514,6 +521,7 @@ int main(int argc, char** argv) {
   graph->add_flag("--no-fuse", no_fuse, "draw every node on its own, without fusion groups");
   graph->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   graph->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
+  graph->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
   graph->callback([&] { status = cmd_graph(model, dims, dot, graph_output, no_fuse); });
 
   uint64_t seed = 0;
@@ -527,6 +535,7 @@ int main(int argc, char** argv) {
   check->add_flag("--force", force, "run even when the check would take hours");
   check->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   check->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
+  check->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
   check->callback([&] { status = cmd_check(model, dims, seed, samples, force); });
 
   EstimateArgs est;
@@ -563,6 +572,7 @@ int main(int argc, char** argv) {
   build->add_option("--memory-budget", build_args.memory_budget, budget_help);
   build->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   build->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
+  build->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
   build->callback([&] { status = cmd_build(build_args); });
 
   std::vector<std::string> trainer_args;
@@ -576,6 +586,7 @@ int main(int argc, char** argv) {
   train->prefix_command(false);
   train->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   train->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
+  train->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
   train->callback([&] { status = cmd_train(model, dims, budget, train_target, trainer_args); });
 
   std::vector<std::string> encode_inputs;

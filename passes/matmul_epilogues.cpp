@@ -1,0 +1,81 @@
+#include "passes/matmul_epilogues.h"
+
+#include <vector>
+
+#include "ir/builder.h"
+
+namespace napkin::passes {
+
+namespace {
+
+using ir::DType;
+using ir::NodeId;
+using ir::Op;
+using ir::ValueId;
+
+class MatmulEpilogues : public Pass {
+ public:
+  std::string_view name() const override { return "matmul_epilogues"; }
+
+  bool run(ir::Graph& g, ir::Diagnostics&) override {
+    std::vector<std::vector<NodeId>> readers(g.num_values());
+    std::vector<bool> escapes(g.num_values(), false);
+    for (NodeId id : g.schedule())
+      for (ValueId v : g.node(id).inputs) readers[v].push_back(id);
+    for (const auto& [label, v] : g.outputs) escapes[v] = escapes[g.value(v).storage] = true;
+    for (const ir::Graph::Update& u : g.updates) escapes[u.value] = escapes[g.value(u.value).storage] = true;
+
+    bool changed = false;
+    const std::vector<NodeId> schedule = g.schedule();
+    for (NodeId id : schedule) {
+      const ir::Node& cast = g.node(id);
+      if (cast.op != Op::Cast || g.value(cast.out()).type.dtype != DType::F32) continue;
+      const ValueId r = cast.in(0);
+      const NodeId p = g.value(r).producer;
+      if (p == ir::kNoNode || g.value(r).is_view() || escapes[r]) continue;
+      // Besides the cast, only reductions that widen as they load (sink_casts'
+      // dtype=f32) may read the result: they read the f32 sums instead.
+      bool only_cast = true;
+      for (NodeId reader : readers[r]) {
+        const ir::Node& rn = g.node(reader);
+        const bool widening_reduce = ir::op_info(rn.op).op_class == ir::OpClass::Reduction && rn.attrs.has("dtype") &&
+                                     rn.attrs.get_dtype("dtype") == DType::F32;
+        if (reader != id && !widening_reduce) only_cast = false;
+      }
+      if (!only_cast) continue;
+      const ir::Node& mm = g.node(p);
+      if ((mm.op != Op::MatMul && mm.op != Op::Einsum) || mm.attrs.has("dtype")) continue;
+      const DType t = g.value(r).type.dtype;
+      if (t != DType::BF16) continue;  // f16 keeps AMP's rounding, which loss scaling is designed around
+      bool standalone = true;  // fusion would not merge the cast into an elementwise reader
+      for (NodeId reader : readers[cast.out()]) {
+        const ir::Node& rn = g.node(reader);
+        if (ir::op_info(rn.op).op_class == ir::OpClass::Elementwise && rn.phase == cast.phase) standalone = false;
+      }
+      if (!standalone) continue;
+      // The contraction stores f32: retype its result in place and let the
+      // cast's readers read it.
+      g.node(p).attrs.set("dtype", DType::F32);
+      g.value(r).type.dtype = DType::F32;
+      const ValueId old = cast.out();
+      for (NodeId reader : readers[old])
+        for (ValueId& in : g.node(reader).inputs)
+          if (in == old) in = r;
+      for (auto& [label, value] : g.outputs)
+        if (value == old) value = r;
+      for (ir::Graph::Update& u : g.updates)
+        if (u.value == old) u.value = r;
+      for (int v = 0; v < g.num_values(); ++v)
+        if (g.value(v).storage == old && v != old) g.value(v).storage = r;
+      if (g.value(r).name.empty()) std::swap(g.value(r).name, g.value(old).name);
+      changed = true;
+    }
+    return changed;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_matmul_epilogues_pass() { return std::make_unique<MatmulEpilogues>(); }
+
+}  // namespace napkin::passes

@@ -1,0 +1,116 @@
+// passes/matmul_epilogues: under bf16-mixed every weight gradient and each
+// layernorm's input gradient leave their GEMM in f32 (no cast kernel after
+// it), the forward is untouched (its casts fuse into elementwise kernels), and
+// a compiled step's update agrees with the one that rounds those results to
+// bf16 first within bf16's precision.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "frontend/frontend.h"
+#include "passes/pipeline.h"
+#include "runtime/tensor_element.h"
+#include "support/compiled_step.h"
+#include "support/test_models.h"
+
+namespace napkin {
+namespace {
+
+ir::Graph compile(const std::string& model, bool epilogues) {
+  ir::Diagnostics diag;
+  frontend::LoadOptions load;
+  load.dim_overrides = testing::small_dims().at(model);
+  std::optional<ir::Graph> g = frontend::load_model_file(testing::source_path("models/" + model + ".yaml"), diag, load);
+  REQUIRE(g.has_value());
+  g->config.precision.policy = ir::PrecisionPolicy::BF16Mixed;
+  g->config.precision.fp32.clear();
+  passes::PipelineOptions options;
+  options.matmul_epilogues = epilogues;
+  passes::run_training_pipeline(*g, diag, options);
+  INFO(diag.render());
+  REQUIRE_FALSE(diag.has_errors());
+  return std::move(*g);
+}
+
+bool is_contraction(ir::Op op) { return op == ir::Op::MatMul || op == ir::Op::Einsum; }
+
+// Casts to f32 of a contraction's result that are kernels of their own (in no fusion group).
+int widened_contractions(const ir::Graph& g, ir::Phase phase) {
+  int n = 0;
+  for (ir::NodeId id : g.schedule()) {
+    const ir::Node& c = g.node(id);
+    if (c.op != ir::Op::Cast || c.phase != phase || c.group >= 0 || g.value(c.out()).type.dtype != ir::DType::F32) continue;
+    const ir::NodeId p = g.value(c.in(0)).producer;
+    n += p != ir::kNoNode && is_contraction(g.node(p).op);
+  }
+  return n;
+}
+
+TEST_CASE("matmul_epilogues: a bf16-mixed GPT-2's weight gradients and layernorm input gradients leave the GEMM in f32") {
+  const ir::Graph before = compile("gpt2-124m", false), after = compile("gpt2-124m", true);
+  CHECK(widened_contractions(before, ir::Phase::Backward) > 0);
+  CHECK(widened_contractions(after, ir::Phase::Backward) == 0);
+  // The forward's promotions fuse into the bias adds: left as they are.
+  auto fused_promotions = [](const ir::Graph& g) {
+    int n = 0;
+    for (ir::NodeId id : g.schedule()) {
+      const ir::Node& c = g.node(id);
+      n += c.op == ir::Op::Cast && c.phase == ir::Phase::Forward && c.group >= 0 &&
+           g.value(c.out()).type.dtype == ir::DType::F32;
+    }
+    return n;
+  };
+  CHECK(fused_promotions(after) == fused_promotions(before));
+  CHECK(fused_promotions(after) > 0);
+  int f32_weight_grads = 0;
+  for (const auto& [label, v] : after.outputs) {
+    if (label.rfind("grad.", 0) != 0 || label.size() < 2 || label.substr(label.size() - 2) != "_w") continue;
+    const ir::NodeId p = after.value(v).producer;
+    REQUIRE(p != ir::kNoNode);
+    if (!is_contraction(after.node(p).op)) continue;  // the tied embedding's gradient is a sum
+    CHECK(after.value(v).type.dtype == ir::DType::F32);
+    CHECK(after.node(p).attrs.get_dtype("dtype") == ir::DType::F32);
+    ++f32_weight_grads;
+  }
+  CHECK(f32_weight_grads == 8);  // attn, proj, fc, fc_proj of 2 layers
+}
+
+TEST_CASE("matmul_epilogues: one compiled step's loss is the same and its update within bf16 precision of the rounded one") {
+  testing::CompiledStep a(compile("gpt2-124m", false)), b(compile("gpt2-124m", true));
+  CHECK(b.plan.kernels.size() < a.plan.kernels.size());
+  double losses[2];
+  int i = 0;
+  for (testing::CompiledStep* s : {&a, &b}) {
+    s->ex->run_forward();
+    losses[i++] = s->ex->loss();
+    s->ex->run_rest();
+    s->ex->apply_updates();
+  }
+  CHECK(losses[0] == losses[1]);  // the forward is unchanged
+  int compared = 0;
+  for (const codegen::PlannedTensor& ta : a.plan.tensors) {
+    if (ta.role != codegen::TensorRole::State || ta.name.find("adam.m.") != 0) continue;
+    const codegen::PlannedTensor* tb = nullptr;
+    for (const codegen::PlannedTensor& t : b.plan.tensors) tb = t.name == ta.name ? &t : tb;
+    REQUIRE(tb != nullptr);
+    INFO(ta.name);
+    // The first moment after one step is (1 - beta1) times the clipped
+    // gradient: the two differ by the bf16 rounding of the gradient.
+    double scale = 0, diff = 0;
+    const std::string dtype(ir::dtype_name(ta.dtype));
+    for (int64_t e = 0; e < ta.bytes / 4; ++e) {
+      const double x = runtime::read_element(a.ex->arena() + ta.byte_offset, dtype, e);
+      const double y = runtime::read_element(b.ex->arena() + tb->byte_offset, dtype, e);
+      scale = std::max(scale, std::fabs(x));
+      diff = std::max(diff, std::fabs(x - y));
+    }
+    CHECK(diff <= scale * 1e-2);
+    ++compared;
+  }
+  CHECK(compared > 10);
+}
+
+}  // namespace
+}  // namespace napkin
