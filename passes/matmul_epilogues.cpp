@@ -15,6 +15,7 @@ using ir::ValueId;
 
 class MatmulEpilogues : public Pass {
  public:
+  explicit MatmulEpilogues(CastPlacement* placement) : placement_(placement) {}
   std::string_view name() const override { return "matmul_epilogues"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
@@ -69,13 +70,19 @@ class MatmulEpilogues : public Pass {
         if (g.value(v).storage == old && v != old) g.value(v).storage = r;
       if (g.value(r).name.empty()) std::swap(g.value(r).name, g.value(old).name);
       changed = true;
+      if (placement_) ++placement_->epilogues;
     }
     return changed;
   }
+
+ private:
+  CastPlacement* placement_;
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> make_matmul_epilogues_pass() { return std::make_unique<MatmulEpilogues>(); }
+std::unique_ptr<Pass> make_matmul_epilogues_pass(CastPlacement* placement) {
+  return std::make_unique<MatmulEpilogues>(placement);
+}
 
 }  // namespace napkin::passes

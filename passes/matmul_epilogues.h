@@ -27,6 +27,7 @@
 
 namespace napkin::passes {
 
-std::unique_ptr<Pass> make_matmul_epilogues_pass();
+// `placement`, when given, counts the epilogues.
+std::unique_ptr<Pass> make_matmul_epilogues_pass(CastPlacement* placement = nullptr);
 
 }  // namespace napkin::passes

@@ -26,6 +26,18 @@ class Pass {
 
 struct AttentionSite;  // passes/fuse_attention.h
 
+// What the cast passes rewrote, rule by rule (passes/sink_casts.h,
+// passes/matmul_epilogues.h): the report prints it.
+struct CastPlacement {
+  int views = 0;        // a value cast once instead of each view of it
+  int concats = 0;      // a concat of the narrow values, cast after
+  int round_trips = 0;  // a widening cast narrowed back, removed
+  int reductions = 0;   // a reduction reading the narrow value, widening it as it loads
+  int norms = 0;        // a norm storing its cast's dtype
+  int epilogues = 0;    // a bf16 GEMM storing its f32 sums
+  int total() const { return views + concats + round_trips + reductions + norms + epilogues; }
+};
+
 struct PipelineOptions {
   std::vector<std::string> print_after;  // pass names, or "all"
   bool time_passes = false;
@@ -41,6 +53,7 @@ struct PipelineOptions {
   // Move the precision policy's casts across views and concats to store
   // fewer bytes (passes/sink_casts.h); off only to compare.
   bool sink_casts = true;
+  CastPlacement* cast_placement = nullptr;  // what sink_casts and matmul_epilogues did, when not null
   // Let contractions do the elementwise work on their results they can
   // (passes/matmul_epilogues.h); --unfused-epilogues turns it off to compare.
   bool matmul_epilogues = true;

@@ -49,11 +49,11 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   pm.add(make_fold_concat_copy_pass());  // a concat copied to another layout is written there once
   if (options.sink_casts) {
     pm.add(make_dce_pass());         // drop the concats and copies fold_concat_copy replaced
-    pm.add(make_sink_casts_pass());  // casts where they store the fewest bytes, same bits
+    pm.add(make_sink_casts_pass(options.cast_placement));  // casts where they store the fewest bytes, same bits
     pm.add(make_dce_pass());         // drop the casts and views it replaced
   }
   if (options.matmul_epilogues) {
-    pm.add(make_matmul_epilogues_pass());  // a matmul stores its f32 sums for a widening cast
+    pm.add(make_matmul_epilogues_pass(options.cast_placement));  // a matmul stores its f32 sums for a widening cast
     pm.add(make_dce_pass());               // drop the casts it replaced
   }
   pm.add(make_fp8_scaling_pass());  // fp8-mixed: quantize every bf16 contraction's operands

@@ -65,28 +65,33 @@ Chain up_through_views(const ir::Graph& g, const Readers& r, ValueId v) {
 
 class SinkCasts : public Pass {
  public:
+  explicit SinkCasts(CastPlacement* placement) : placement_(placement) {}
   std::string_view name() const override { return "sink_casts"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
     bool changed = false;
-    changed |= round(g, &SinkCasts::cast_after_concat);
-    changed |= round(g, &SinkCasts::round_trip);
-    changed |= round(g, &SinkCasts::cast_before_views);
-    changed |= round(g, &SinkCasts::reduce_wider);
-    changed |= round(g, &SinkCasts::norm_stores_cast);
+    CastPlacement none;
+    CastPlacement& count = placement_ ? *placement_ : none;
+    changed |= round(g, &SinkCasts::cast_after_concat, count.concats);
+    changed |= round(g, &SinkCasts::round_trip, count.round_trips);
+    changed |= round(g, &SinkCasts::cast_before_views, count.views);
+    changed |= round(g, &SinkCasts::reduce_wider, count.reductions);
+    changed |= round(g, &SinkCasts::norm_stores_cast, count.norms);
     return changed;
   }
 
  private:
   using Rule = bool (SinkCasts::*)(ir::Graph&, const Readers&, NodeId);
 
-  // Applies `rule` at every scheduled node, then places the nodes it built.
-  bool round(ir::Graph& g, Rule rule) {
+  // Applies `rule` at every scheduled node, then places the nodes it built;
+  // adds the rewrites to `count`.
+  bool round(ir::Graph& g, Rule rule, int& count) {
     inserted_.clear();
     const Readers readers(g);
     const std::vector<NodeId> schedule = g.schedule();
     bool changed = false;
-    for (NodeId id : schedule) changed |= (this->*rule)(g, readers, id);
+    for (NodeId id : schedule)
+      if ((this->*rule)(g, readers, id)) changed = true, ++count;
     if (!changed) return false;
     std::vector<NodeId> order;
     for (NodeId id : schedule) {
@@ -322,11 +327,12 @@ class SinkCasts : public Pass {
     return true;
   }
 
+  CastPlacement* placement_;
   std::map<NodeId, std::vector<NodeId>> inserted_;  // per anchor: the nodes built to follow it
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> make_sink_casts_pass() { return std::make_unique<SinkCasts>(); }
+std::unique_ptr<Pass> make_sink_casts_pass(CastPlacement* placement) { return std::make_unique<SinkCasts>(placement); }
 
 }  // namespace napkin::passes

@@ -44,6 +44,7 @@
 
 namespace napkin::passes {
 
-std::unique_ptr<Pass> make_sink_casts_pass();
+// `placement`, when given, counts the rewrites by rule.
+std::unique_ptr<Pass> make_sink_casts_pass(CastPlacement* placement = nullptr);
 
 }  // namespace napkin::passes

@@ -94,7 +94,14 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
   return s;
 }
 
-std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s) {
+CastSummary summarize_casts(const FusionSummary& placed, const passes::CastPlacement& rewrites,
+                            const ir::Graph& policy_casts_step) {
+  const FusionSummary policy = summarize_fusion(policy_casts_step);
+  auto total = [](const std::array<int, 3>& k) { return k[0] + k[1] + k[2]; };
+  return {rewrites, total(policy.kernels_after), total(placed.kernels_after), policy.bytes_after, placed.bytes_after};
+}
+
+std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s, const CastSummary* casts) {
   auto change = [](double before, double after) {
     return before > 0 ? fmt::format("{:+.1f}%", 100.0 * (after - before) / before) : std::string("n/a");
   };
@@ -131,11 +138,21 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s) {
     for (const auto& [name, count] : s.composite) parts.push_back(fmt::format("{} x{}", name, count));
     out += fmt::format("  one kernel each already: {}\n", fmt::join(parts, ", "));
   }
-  out += "  not fused: reductions (no prologue), contractions (the CPU GEMM takes no epilogue)\n";
+  if (casts && casts->rewrites.total() > 0) {
+    const passes::CastPlacement& r = casts->rewrites;
+    out += fmt::format("  casts placed       {} cast before views, {} cast after concats, {} round trips removed, {} "
+                       "reductions widen as they load, {} norms store the cast (sink_casts: same bits); {} GEMMs store "
+                       "f32 (matmul_epilogues)\n",
+                       r.views, r.concats, r.round_trips, r.reductions, r.norms, r.epilogues);
+    out += fmt::format("    vs the policy's  {} -> {} kernels, bytes moved {} -> {} ({})\n", casts->kernels_policy,
+                       casts->kernels_placed, ir::human_bytes(casts->bytes_policy), ir::human_bytes(casts->bytes_placed),
+                       change(casts->bytes_policy, casts->bytes_placed));
+  }
+  out += "  not fused: reductions (no prologue but a widening cast), contractions (no epilogue but a widening cast)\n";
   return out;
 }
 
-nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s) {
+nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s, const CastSummary* casts) {
   using nlohmann::json;
   auto phases = [](const std::array<int, 3>& k) {
     return json{{"forward", k[0]}, {"backward", k[1]}, {"optimizer", k[2]}, {"total", k[0] + k[1] + k[2]}};
@@ -151,7 +168,17 @@ nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s) {
   }
   json composite = json::object();
   for (const auto& [name, count] : s.composite) composite[name] = count;
+  json placed = nullptr;
+  if (casts) {
+    const passes::CastPlacement& r = casts->rewrites;
+    placed = {{"cast_before_views", r.views},      {"cast_after_concat", r.concats},
+              {"round_trips_removed", r.round_trips}, {"reductions_widening", r.reductions},
+              {"norms_storing_cast", r.norms},       {"gemms_storing_f32", r.epilogues},
+              {"kernels_policy", casts->kernels_policy}, {"kernels_placed", casts->kernels_placed},
+              {"bytes_policy", casts->bytes_policy}, {"bytes_placed", casts->bytes_placed}};
+  }
   return {{"kernels_before", phases(s.kernels_before)},
+          {"casts", placed},
           {"kernels_after", phases(s.kernels_after)},
           {"bytes_before", s.bytes_before},
           {"bytes_after", s.bytes_after},

@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ir/graph.h"
+#include "passes/pass.h"
 
 namespace napkin::report {
 
@@ -50,8 +51,21 @@ struct FusionSummary {
   std::vector<std::pair<std::string, int>> composite;
 };
 
+// Where the cast passes put the precision policy's casts, against the same
+// step with the casts where the policy put them: rewrites by rule, and the
+// kernels and bytes moved (after fusion) of both.
+struct CastSummary {
+  passes::CastPlacement rewrites;
+  int kernels_policy = 0, kernels_placed = 0;
+  double bytes_policy = 0, bytes_placed = 0;
+};
+
 FusionSummary summarize_fusion(const ir::Graph& g);
-std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s);
-nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s);
+// `policy_casts_step`: g's step with sink_casts and matmul_epilogues off.
+CastSummary summarize_casts(const FusionSummary& placed, const passes::CastPlacement& rewrites,
+                            const ir::Graph& policy_casts_step);
+// `casts`: printed when given and some rule fired.
+std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s, const CastSummary* casts = nullptr);
+nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s, const CastSummary* casts = nullptr);
 
 }  // namespace napkin::report

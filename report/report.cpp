@@ -423,7 +423,12 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
   if (options.attention) out += attention_section(g, *options.attention);
   if (options.classifier) out += classifier_section(g, *options.classifier);
   out += render_amp_audit_text(g, c, memory, options.fp32_step, options.show_ops);
-  if (c.has_backward()) out += fusion_section_text(g, summarize_fusion(g));
+  if (c.has_backward()) {
+    const FusionSummary fusion = summarize_fusion(g);
+    std::optional<CastSummary> casts;
+    if (options.casts && options.policy_casts_step) casts = summarize_casts(fusion, *options.casts, *options.policy_casts_step);
+    out += fusion_section_text(g, fusion, casts ? &*casts : nullptr);
+  }
   if (c.has_backward()) out += step_rule_section(g, c);
   else out += fmt::format("\ntokens per step        {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
   out += forward_rule_section(c);
@@ -590,7 +595,12 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
   }
   if (options.show_ops) j["ops"] = ops;
   add_amp_audit_json(j, g, c, memory, options.fp32_step);
-  if (c.has_backward()) j["fusion"] = fusion_json(g, summarize_fusion(g));
+  if (c.has_backward()) {
+    const FusionSummary fusion = summarize_fusion(g);
+    std::optional<CastSummary> casts;
+    if (options.casts && options.policy_casts_step) casts = summarize_casts(fusion, *options.casts, *options.policy_casts_step);
+    j["fusion"] = fusion_json(g, fusion, casts ? &*casts : nullptr);
+  }
   // Paths come from the command line and may not be UTF-8: replace, never throw.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }

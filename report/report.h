@@ -23,6 +23,11 @@ struct ReportOptions {
   const std::vector<passes::AttentionSite>* attention = nullptr;
   // What the fused-classifier pass did at each cross_entropy (null: no section).
   const std::vector<passes::ClassifierSite>* classifier = nullptr;
+  // What the cast passes rewrote, and the same step with the casts where the
+  // precision policy put them (sink_casts and matmul_epilogues off), for the
+  // fusion section's comparison (null: left out).
+  const passes::CastPlacement* casts = nullptr;
+  const ir::Graph* policy_casts_step = nullptr;
 };
 
 std::string render_report_text(const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,

@@ -84,9 +84,16 @@ std::vector<passes::ClassifierSite> g_classifier_sites;
 // policy is mixed, also the same step built at precision fp32 from the same
 // forward graph (the AMP audit's baseline; its diagnostics repeat the model's
 // and are not printed again).
+// Where sink_casts and matmul_epilogues put the casts in the last step load()
+// built (the report prints it).
+passes::CastPlacement g_cast_placement;
+
+// policy_casts_step: when given and the cast passes rewrote anything, also the
+// same step with them off (the report's comparison).
 std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
                               const passes::PipelineOptions& options = {}, const passes::MemoryBudget& budget = {},
-                              std::optional<ir::Graph>* fp32_step = nullptr) {
+                              std::optional<ir::Graph>* fp32_step = nullptr,
+                              std::optional<ir::Graph>* policy_casts_step = nullptr) {
   frontend::LoadOptions load_options;
   if (!dims.empty()) {
     std::string error;
@@ -117,7 +124,23 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
   pipeline.attention_sites = &g_attention_sites;
   g_classifier_sites.clear();
   pipeline.classifier_sites = &g_classifier_sites;
+  g_cast_placement = {};
+  pipeline.cast_placement = &g_cast_placement;
+  std::optional<ir::Graph> forward = policy_casts_step && g ? g : std::nullopt;
   if (g) passes::run_training_pipeline(*g, diag, pipeline, budget);
+  if (forward && !diag.has_errors() && g_cast_placement.total() > 0) {
+    passes::PipelineOptions policy = pipeline;
+    policy.sink_casts = false;
+    policy.matmul_epilogues = false;
+    policy.attention_sites = nullptr;
+    policy.classifier_sites = nullptr;
+    policy.cast_placement = nullptr;
+    passes::MemoryBudget quiet = budget;
+    quiet.report = nullptr;  // the recompute report is the real step's
+    ir::Diagnostics repeated;
+    passes::run_training_pipeline(*forward, repeated, policy, quiet);
+    *policy_casts_step = std::move(forward);
+  }
   std::cerr << diag.render();
   if (diag.has_errors()) return std::nullopt;
   return g;
@@ -150,13 +173,19 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
                const std::string& budget) {
   const analysis::Device* device = device_or_error(device_name);
   passes::RecomputeReport recompute;
-  std::optional<ir::Graph> fp32;
-  auto g = load(path, dims, {}, memory_budget(budget, &recompute), &fp32);
+  std::optional<ir::Graph> fp32, policy_casts;
+  auto g = load(path, dims, {}, memory_budget(budget, &recompute), &fp32, &policy_casts);
   if (!g) return kUserError;
   analysis::StepCost cost = analysis::analyze_step(*g, device);
   analysis::MemoryReport memory = analysis::analyze_memory(*g);
-  report::ReportOptions options{path, !no_ops, &recompute, fp32 ? &*fp32 : nullptr, &g_attention_sites,
-                                 &g_classifier_sites};
+  report::ReportOptions options{path,
+                                !no_ops,
+                                &recompute,
+                                fp32 ? &*fp32 : nullptr,
+                                &g_attention_sites,
+                                &g_classifier_sites,
+                                &g_cast_placement,
+                                policy_casts ? &*policy_casts : nullptr};
   std::cout << (json ? report::render_report_json(*g, cost, memory, options)
                      : report::render_report_text(*g, cost, memory, options));
   return 0;

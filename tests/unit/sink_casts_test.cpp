@@ -9,8 +9,12 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "frontend/frontend.h"
 #include "passes/pipeline.h"
+#include "report/fusion_report.h"
+#include "support/test_io.h"
 #include "support/compiled_step.h"
 #include "support/test_models.h"
 
@@ -113,6 +117,44 @@ TEST_CASE("sink_casts: one compiled bf16-mixed training step gives the same bits
     }
     CHECK(compared > 10);
   }
+}
+
+}  // namespace
+}  // namespace napkin
+
+namespace napkin {
+namespace {
+
+TEST_CASE("sink_casts: the report counts the rewrites by rule and compares the step with the policy's casts") {
+  const testing::CommandResult r =
+      testing::run_in_source_tree(std::string(NAPKIN_BINARY) + " report models/gpt2-124m.yaml --device h100 --json");
+  REQUIRE(r.status == 0);
+  const nlohmann::json casts = nlohmann::json::parse(r.out).at("fusion").at("casts");
+  REQUIRE(casts.is_object());
+  // One of each per layer (12): q, k, v from one bf16 qkv; dq, dk, dv
+  // concatenated in bf16; that concat handed to the matmuls without a round
+  // trip. Every layernorm (2 per layer and the final one) stores bf16; the
+  // weight gradients (4 per layer) and layernorm input gradients (2 per
+  // layer) leave their GEMMs in f32.
+  CHECK(casts.at("cast_before_views") == 12);
+  CHECK(casts.at("cast_after_concat") == 12);
+  CHECK(casts.at("round_trips_removed") == 12);
+  CHECK(casts.at("norms_storing_cast") == 25);
+  CHECK(casts.at("gemms_storing_f32") == 72);
+  CHECK(casts.at("reductions_widening").get<int>() > 0);
+  // The policy's step is the same model compiled with both passes off.
+  ir::Diagnostics diag;
+  std::optional<ir::Graph> g = frontend::load_model_file(testing::source_path("models/gpt2-124m.yaml"), diag, {});
+  REQUIRE(g.has_value());
+  passes::PipelineOptions off;
+  off.sink_casts = false;
+  off.matmul_epilogues = false;
+  passes::run_training_pipeline(*g, diag, off);
+  const report::FusionSummary policy = report::summarize_fusion(*g);
+  CHECK(casts.at("bytes_policy").get<double>() == policy.bytes_after);
+  CHECK(casts.at("kernels_policy") == policy.kernels_after[0] + policy.kernels_after[1] + policy.kernels_after[2]);
+  CHECK(casts.at("bytes_placed").get<double>() < 0.85 * policy.bytes_after);
+  CHECK(casts.at("kernels_placed").get<int>() < casts.at("kernels_policy").get<int>());
 }
 
 }  // namespace
