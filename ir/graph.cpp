@@ -89,6 +89,30 @@ NodeId Graph::add_node(Op op, std::vector<ValueId> ins, std::vector<TensorType> 
   return nodes_.back().id;
 }
 
+void Graph::replace_uses(ValueId old, ValueId now) {
+  for (NodeId id : schedule_)
+    for (ValueId& in : nodes_[id].inputs)
+      if (in == old) in = now;
+  for (auto& [label, value] : outputs)
+    if (value == old) value = now;
+  for (Update& u : updates)
+    if (u.value == old) u.value = now;
+  for (Value& v : values_)
+    if (v.storage == old && v.id != old) {
+      NAPKIN_INTERNAL_CHECK(!value(now).is_view(), "views of %{} moved onto the view %{}", old, now);
+      v.storage = now;
+    }
+}
+
+void Graph::insert_after(const std::vector<NodeId>& base, const std::map<NodeId, std::vector<NodeId>>& after) {
+  std::vector<NodeId> order;
+  for (NodeId id : base) {
+    order.push_back(id);
+    if (auto it = after.find(id); it != after.end()) order.insert(order.end(), it->second.begin(), it->second.end());
+  }
+  schedule_ = std::move(order);
+}
+
 void Graph::erase_nodes(const std::vector<NodeId>& ids) {
   for (NodeId id : ids) {
     Node& n = node(id);

@@ -112,6 +112,16 @@ class Graph {
   // Tombstones the nodes (their outputs must be unused) and drops them from the
   // schedule in one pass: erasing the dead half of a big graph one by one would be quadratic.
   void erase_nodes(const std::vector<NodeId>& ids);
+  // Every use of `old` (scheduled nodes' inputs, step outputs, updates)
+  // becomes `now`, and views of old's buffer become views of now's with the
+  // same layout: `now` must be laid out as `old` is when such views exist
+  // (both contiguous, one shape). The passes that replace a value use it.
+  void replace_uses(ValueId old, ValueId now);
+  // Sets the schedule to `base` (the schedule before a pass built nodes:
+  // building appends them at the end) with the nodes listed for a node of
+  // base placed right after it, in their order (the passes that build nodes
+  // in place of others).
+  void insert_after(const std::vector<NodeId>& base, const std::map<NodeId, std::vector<NodeId>>& after);
 
   const Value& value(ValueId id) const;
   Value& value(ValueId id);

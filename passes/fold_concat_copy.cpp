@@ -47,12 +47,7 @@ class FoldConcatCopy : public Pass {
       for (int k = first_new; k < g.num_nodes(); ++k) inserted[id].push_back(k);
     }
     if (inserted.empty()) return false;
-    std::vector<NodeId> order;
-    for (NodeId id : schedule) {
-      order.push_back(id);
-      if (auto it = inserted.find(id); it != inserted.end()) order.insert(order.end(), it->second.begin(), it->second.end());
-    }
-    g.mutable_schedule() = order;
+    g.insert_after(schedule, inserted);
     return true;
   }
 
@@ -79,16 +74,7 @@ class FoldConcatCopy : public Pass {
     b.rename_dims(result, g.value(copy.out()).type.dims);
     g.value(result).name = g.value(copy.out()).name;
     g.value(copy.out()).name.clear();
-    const ValueId old = copy.out();
-    for (NodeId id : g.schedule())
-      for (ValueId& in : g.node(id).inputs)
-        if (in == old) in = result;
-    for (auto& [label, value] : g.outputs)
-      if (value == old) value = result;
-    for (ir::Graph::Update& u : g.updates)
-      if (u.value == old) u.value = result;
-    for (int v = 0; v < g.num_values(); ++v)
-      if (g.value(v).storage == old && v != old) g.value(v).storage = result;
+    g.replace_uses(copy.out(), result);
   }
 };
 

@@ -91,12 +91,7 @@ class FuseAttention : public Pass {
     if (inserted.empty()) return false;
     // The new nodes run where the mixing einsum ran: their operands (q, k,
     // v) are defined before it and its readers come after.
-    std::vector<NodeId> order;
-    for (NodeId id : schedule) {
-      order.push_back(id);
-      if (auto it = inserted.find(id); it != inserted.end()) order.insert(order.end(), it->second.begin(), it->second.end());
-    }
-    g.mutable_schedule() = order;
+    g.insert_after(schedule, inserted);
     return true;
   }
 
@@ -265,14 +260,7 @@ class FuseAttention : public Pass {
     b.rename_dims(result, g.value(mix.out()).type.dims);
     g.value(result).name = g.value(mix.out()).name;
     g.value(mix.out()).name.clear();
-    const ValueId old = mix.out();
-    for (NodeId id : g.schedule())
-      for (ValueId& in : g.node(id).inputs)
-        if (in == old) in = result;
-    for (auto& [label, value] : g.outputs)
-      if (value == old) value = result;
-    for (int v = 0; v < g.num_values(); ++v)
-      if (g.value(v).storage == old && v != old) g.value(v).storage = result;
+    g.replace_uses(mix.out(), result);
   }
 };
 

@@ -51,12 +51,7 @@ class FuseClassifier : public Pass {
     if (inserted.empty()) return false;
     // The new nodes run where the cross_entropy ran: x, w and the targets are
     // defined before it and the loss's readers come after.
-    std::vector<NodeId> order;
-    for (NodeId id : schedule) {
-      order.push_back(id);
-      if (auto it = inserted.find(id); it != inserted.end()) order.insert(order.end(), it->second.begin(), it->second.end());
-    }
-    g.mutable_schedule() = order;
+    g.insert_after(schedule, inserted);
     return true;
   }
 
@@ -131,12 +126,7 @@ class FuseClassifier : public Pass {
     ValueId result = b.must(b.add(Op::LinearCrossEntropy, {x, w, loss.in(1)}));
     g.value(result).name = g.value(loss.out()).name;
     g.value(loss.out()).name.clear();
-    const ValueId old = loss.out();
-    for (NodeId id : g.schedule())
-      for (ValueId& in : g.node(id).inputs)
-        if (in == old) in = result;
-    for (auto& [label, value] : g.outputs)
-      if (value == old) value = result;
+    g.replace_uses(loss.out(), result);
   }
 };
 

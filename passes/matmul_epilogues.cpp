@@ -59,15 +59,7 @@ class MatmulEpilogues : public Pass {
       g.node(p).attrs.set("dtype", DType::F32);
       g.value(r).type.dtype = DType::F32;
       const ValueId old = cast.out();
-      for (NodeId reader : readers[old])
-        for (ValueId& in : g.node(reader).inputs)
-          if (in == old) in = r;
-      for (auto& [label, value] : g.outputs)
-        if (value == old) value = r;
-      for (ir::Graph::Update& u : g.updates)
-        if (u.value == old) u.value = r;
-      for (int v = 0; v < g.num_values(); ++v)
-        if (g.value(v).storage == old && v != old) g.value(v).storage = r;
+      g.replace_uses(old, r);
       if (g.value(r).name.empty()) std::swap(g.value(r).name, g.value(old).name);
       changed = true;
       if (placement_) ++placement_->epilogues;

@@ -49,6 +49,17 @@ struct Chain {
   std::vector<NodeId> views;  // outermost last
 };
 
+// Walks up from v through every view producer: the value it views and the views.
+Chain views_above(const ir::Graph& g, ValueId v) {
+  Chain c;
+  for (NodeId p = g.value(v).producer; p != ir::kNoNode && is_view(g.node(p).op); p = g.value(v).producer) {
+    c.views.insert(c.views.begin(), p);
+    v = g.node(p).in(0);
+  }
+  c.base = v;
+  return c;
+}
+
 // Walks up from v through view producers, each view value read once.
 Chain up_through_views(const ir::Graph& g, const Readers& r, ValueId v) {
   Chain c;
@@ -93,12 +104,7 @@ class SinkCasts : public Pass {
     for (NodeId id : schedule)
       if ((this->*rule)(g, readers, id)) changed = true, ++count;
     if (!changed) return false;
-    std::vector<NodeId> order;
-    for (NodeId id : schedule) {
-      order.push_back(id);
-      if (auto it = inserted_.find(id); it != inserted_.end()) order.insert(order.end(), it->second.begin(), it->second.end());
-    }
-    g.mutable_schedule() = order;
+    g.insert_after(schedule, inserted_);
     return true;
   }
 
@@ -132,21 +138,10 @@ class SinkCasts : public Pass {
     return v;
   }
 
-  // Every use of `old` becomes `now`. Views of `old` become views of `now`
-  // with the same layout: `now` must be laid out as `old` (both contiguous).
+  // Every use of `old` becomes `now` (Graph::replace_uses); `now` takes
+  // old's name where it has none.
   static void replace_uses(ir::Graph& g, ValueId old, ValueId now) {
-    for (int v = 0; v < g.num_values(); ++v)
-      if (g.value(v).storage == old && v != old) {
-        NAPKIN_INTERNAL_CHECK(!g.value(now).is_view(), "sink_casts: views of %{} moved onto the view %{}", old, now);
-        g.value(v).storage = now;
-      }
-    for (NodeId id : g.schedule())
-      for (ValueId& in : g.node(id).inputs)
-        if (in == old) in = now;
-    for (auto& [label, value] : g.outputs)
-      if (value == old) value = now;
-    for (ir::Graph::Update& u : g.updates)
-      if (u.value == old) u.value = now;
+    g.replace_uses(old, now);
     if (!g.value(old).name.empty() && g.value(now).name.empty()) std::swap(g.value(old).name, g.value(now).name);
   }
 
@@ -188,14 +183,8 @@ class SinkCasts : public Pass {
     if (n.op != Op::Cast) return false;
     const DType to = g.value(n.out()).type.dtype;
     // Views here may be read by others too: rebuilding them costs nothing.
-    Chain c;
-    ValueId v = n.in(0);
-    while (true) {
-      NodeId p = g.value(v).producer;
-      if (p == ir::kNoNode || !is_view(g.node(p).op)) break;
-      c.views.insert(c.views.begin(), p);
-      v = g.node(p).in(0);
-    }
+    const Chain c = views_above(g, n.in(0));
+    const ValueId v = c.base;
     const NodeId inner = g.value(v).producer;
     if (inner == ir::kNoNode || g.node(inner).op != Op::Cast) return false;
     const ValueId x = g.node(inner).in(0);
@@ -278,14 +267,8 @@ class SinkCasts : public Pass {
     (void)r;
     const ir::Node& n = g.node(id);
     if (ir::op_info(n.op).op_class != ir::OpClass::Reduction || n.inputs.size() != 1 || n.attrs.has("dtype")) return false;
-    Chain c;
-    ValueId v = n.in(0);
-    while (true) {
-      NodeId p = g.value(v).producer;
-      if (p == ir::kNoNode || !is_view(g.node(p).op)) break;
-      c.views.insert(c.views.begin(), p);
-      v = g.node(p).in(0);
-    }
+    const Chain c = views_above(g, n.in(0));
+    const ValueId v = c.base;
     const NodeId cast = g.value(v).producer;
     if (cast == ir::kNoNode || g.node(cast).op != Op::Cast) return false;
     const ValueId y = g.node(cast).in(0);
