@@ -115,6 +115,13 @@ Kernel fused_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const
     k.attrs = n.attrs;
   }
   k.kind = KernelKind::FusedElementwise;
+  if (fg.reduction != ir::kNoNode) {  // the elementwise members are the reduction's prologue
+    const ir::Node& r = g.node(fg.reduction);
+    NAPKIN_INTERNAL_CHECK(fg.outputs.size() == 1 && fg.outputs[0] == r.out(),
+                          "fusion group {} ends with a reduction but stores another value", fg.id);
+    k.kind = KernelKind::Reduction;
+    k.params = ir::loop_params(r.op, r.attrs);
+  }
   for (ir::ValueId out : fg.outputs) {
     f.outputs.push_back(operand(g, arena, out));
     NAPKIN_INTERNAL_CHECK(f.outputs.back().contiguous(), "a fused kernel output must be contiguous");
@@ -273,18 +280,26 @@ int normalize_axis(int64_t axis, size_t rank) {
 }
 
 ReductionLoop reduction_loop(const Kernel& k) {
-  const Operand& x = k.inputs[0];
   const Operand& out = k.output;
-  size_t rank = x.sizes.size();
+  ReductionLoop loop;
+  loop.sizes = k.fused ? k.fused->shape : k.inputs[0].sizes;
+  if (k.fused)
+    for (const Operand& in : k.inputs) loop.inputs.push_back(broadcast_strides(in, loop.sizes));
+  else
+    loop.inputs.push_back(k.inputs[0].strides);
+  size_t rank = loop.sizes.size();
   std::vector<bool> reduced(rank, false);
   for (int64_t a : k.reduction().axes) reduced[normalize_axis(a, rank)] = true;
   bool keepdims = k.reduction().keepdims;
-  ReductionLoop loop{x.sizes, x.strides, std::vector<int64_t>(rank, 0)};
+  loop.out_strides.assign(rank, 0);
   for (size_t d = 0, o = 0; d < rank; ++d) {
     if (!reduced[d]) loop.out_strides[d] = out.strides[o];
     if (!reduced[d] || keepdims) ++o;
   }
-  collapse_dims(loop.sizes, {&loop.in_strides, &loop.out_strides});
+  std::vector<std::vector<int64_t>*> all{&loop.out_strides};
+  for (auto& in : loop.inputs) all.push_back(&in);
+  collapse_dims(loop.sizes, all);
+  loop.in_strides = loop.inputs.empty() ? std::vector<int64_t>(loop.sizes.size(), 0) : loop.inputs[0];
   return loop;
 }
 

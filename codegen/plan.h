@@ -83,6 +83,10 @@ struct FusedOp {
   std::vector<FusedArg> args;
 };
 
+// A fusion group's loop. A group that ends with a reduction is a Reduction
+// kernel whose ops are its elementwise prologue, then the reduction (the last
+// op; its one output is the kernel's): the emitters compute the prologue per
+// element where a plain reduction loads its input.
 struct FusedLoop {
   std::vector<int64_t> shape;    // the iteration shape
   std::vector<FusedOp> ops;      // schedule order
@@ -181,9 +185,12 @@ int normalize_axis(int64_t axis, size_t rank);
 
 // The loop of a reduce_* kernel: the input's dims, collapsed, with the
 // input's strides and the output's (0 along a reduced dim: every element of
-// it lands on one output element).
+// it lands on one output element). A fused reduction (Kernel::fused) loops
+// over its iteration shape: `inputs` holds each kernel input's strides over
+// it (broadcast: 0), in_strides those of input 0; a plain one has one input.
 struct ReductionLoop {
   std::vector<int64_t> sizes, in_strides, out_strides;
+  std::vector<std::vector<int64_t>> inputs;
 };
 ReductionLoop reduction_loop(const Kernel& k);
 

@@ -36,7 +36,13 @@ FusionGroups fusion_groups(const Graph& g) {
     fg.last = p;
     fg.nodes.push_back(n.id);
     r.group_at[p] = n.group;
-    if (n.op != Op::Constant) fg.shape = g.value(n.out()).type.sizes();
+    NAPKIN_INTERNAL_CHECK(fg.reduction == kNoNode, "fusion group {} has a member after its reduction", n.group);
+    if (op_info(n.op).op_class == OpClass::Reduction) {
+      fg.reduction = n.id;
+      fg.shape = g.value(n.in(0)).type.sizes();
+    } else if (n.op != Op::Constant) {
+      fg.shape = g.value(n.out()).type.sizes();
+    }
   }
   for (const FusionGroup& fg : r.groups) NAPKIN_INTERNAL_CHECK(!fg.nodes.empty(), "fusion group ids are not dense");
 

@@ -8,6 +8,11 @@
 //    contiguous in the schedule and share one phase (the verifier checks it).
 //  - iteration shape: the output shape of the group's non-constant members
 //    (all the same); a constant member is a scalar folded in as an immediate.
+//  - reduction: a group may end with one reduction (reduce_sum, _mean, _max,
+//    _min) of a member's result, read directly: the elementwise members are
+//    its prologue, computed per element as the reduction loads it. Its input
+//    shape is the iteration shape, every other member's result is internal,
+//    and its result is the group's one output.
 //  - internal value: made by a member, and every node that reads it (directly
 //    or through a view of its buffer) is a member, and it is not a graph
 //    output nor (the buffer of) an update's value. It lives in a register for
@@ -33,6 +38,7 @@ struct FusionGroup {
   std::vector<ValueId> outputs;   // in the order their producers run
   std::vector<ValueId> internal;  // likewise
   std::vector<int64_t> shape;     // the iteration shape
+  NodeId reduction = kNoNode;     // the last member, when the group ends with a reduction
   int first = 0, last = 0;        // schedule positions of the first and last member
 };
 

@@ -8,6 +8,7 @@ namespace {
 
 // Fusion groups (ir/fusion_group.h): contiguous in the schedule, one phase,
 // members elementwise (or copies, or folded constants) of one output shape,
+// but for a last member that reduces a member's result (of that shape),
 // and no member reads a value of its own group through a view (the kernel
 // holds those in registers, one element at a time).
 template <typename Fail>
@@ -15,6 +16,7 @@ void verify_fusion_groups(const Graph& g, Fail&& fail) {
   std::vector<int> last_position;
   std::vector<Phase> phase;
   std::vector<const TensorType*> shape;
+  std::vector<bool> closed;  // per group: its reduction was seen
   const std::vector<NodeId>& schedule = g.schedule();
   for (int p = 0; p < static_cast<int>(schedule.size()); ++p) {
     if (schedule[p] < 0 || schedule[p] >= g.num_nodes()) continue;
@@ -32,10 +34,19 @@ void verify_fusion_groups(const Graph& g, Fail&& fail) {
     last = p;
     phase[n.group] = n.phase;
     OpClass cls = op_info(n.op).op_class;
+    if (n.group >= static_cast<int>(closed.size())) closed.resize(n.group + 1, false);
+    if (closed[n.group]) fail(where + " comes after the group's reduction");
     if (n.op == Op::Constant) continue;
-    if (cls != OpClass::Elementwise && n.op != Op::Copy) fail(where + " is not elementwise");
+    const bool reduction = cls == OpClass::Reduction;
+    if (cls != OpClass::Elementwise && n.op != Op::Copy && !reduction) fail(where + " is not elementwise");
     if (n.outputs.size() != 1) continue;
-    const TensorType& t = g.value(n.out()).type;
+    if (reduction) {
+      closed[n.group] = true;  // the group's last member; its input has the iteration shape
+      const Value& in = g.value(n.in(0));
+      if (in.is_view() || in.producer == kNoNode || g.node(in.producer).group != n.group)
+        fail(where + " does not reduce a member's result directly");
+    }
+    const TensorType& t = reduction ? g.value(n.in(0)).type : g.value(n.out()).type;
     if (shape[n.group] && !shape[n.group]->same_shape(t)) fail(where + " has another output shape than the group");
     shape[n.group] = &t;
     for (ValueId in : n.inputs) {

@@ -30,9 +30,17 @@
 //    inlines as an immediate; a constant left without readers is erased.
 //  - a group of one node is dissolved (it is a kernel either way); ids are
 //    then renumbered 0 .. n-1 in schedule order.
+//  - a reduction (reduce_sum, _mean, _max, _min) joins the group of the
+//    member whose result it reads directly, as its last member, when it is
+//    that value's only reader, the value is no step output, the group has
+//    the value's shape and phase and no reduction yet, and no member needs
+//    its element's position; nothing joins the group after it. When the walk
+//    is done, a reduction whose group stores another value (a member read
+//    outside it) leaves the group: the kernel of a reduction group stores
+//    only the reduction's result (ir/fusion_group.h).
 // Runs last in the training pipeline: later stages (memory, kernel plan,
 // report) read the groups; a pass that moves or adds nodes after it must keep
-// the invariants of ir/fusion_group.h. Reductions, normalizations, losses and
+// the invariants of ir/fusion_group.h. Normalizations, losses and
 // contractions are never members: softmax, layernorm, rmsnorm and
 // cross-entropy and their gradients are already one kernel each, and the CPU
 // GEMM takes no epilogue (docs/fusion.md).

@@ -148,7 +148,7 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s, cons
                        casts->kernels_placed, ir::human_bytes(casts->bytes_policy), ir::human_bytes(casts->bytes_placed),
                        change(casts->bytes_policy, casts->bytes_placed));
   }
-  out += "  not fused: reductions (no prologue but a widening cast), contractions (no epilogue but a widening cast)\n";
+  out += "  not fused: a reduction whose input is stored anyway, contractions (no epilogue but a widening cast)\n";
   return out;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "codegen/cpu/scalar_ops.h"
@@ -65,6 +66,38 @@ LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
   return loop_info(sizes[0], product(sizes));
 }
 
+// The results of the fused kernel's first `count` ops at one element, each
+// rounded to its IR dtype as storing and loading it would; load(i) gives
+// kernel input i's value there (each input is loaded once).
+std::vector<llvm::Value*> fused_ops_at(LoopEmitter& e, const Kernel& k, size_t count,
+                                       const std::function<llvm::Value*(int)>& load, const ElementAt& at) {
+  const FusedLoop& f = *k.fused;
+  std::vector<llvm::Value*> loaded(k.inputs.size(), nullptr);
+  std::vector<llvm::Value*> result;
+  for (size_t j = 0; j < count; ++j) {
+    const FusedOp& op = f.ops[j];
+    if (op.op == Op::Constant) {
+      result.push_back(e.as_stored(e.constant(op.dtype, op.attrs.get_double("value")), op.dtype));
+      continue;
+    }
+    std::vector<llvm::Value*> args;
+    std::vector<ir::DType> dtypes;
+    for (const FusedArg& a : op.args) {
+      if (!a.input) {
+        args.push_back(result[a.index]);
+        dtypes.push_back(f.ops[a.index].dtype);
+        continue;
+      }
+      if (!loaded[a.index]) loaded[a.index] = load(a.index);
+      args.push_back(loaded[a.index]);
+      dtypes.push_back(k.inputs[a.index].dtype);
+    }
+    ir::DType from = dtypes.empty() ? op.dtype : dtypes[0];
+    result.push_back(e.as_stored(emit_elementwise(e, op.op, op.attrs, from, op.dtype, args, at), op.dtype));
+  }
+  return result;
+}
+
 // A fused loop kernel (codegen/plan.h): one loop over the iteration shape;
 // per element the members run in order on values in registers, and the group
 // outputs are stored after every load, so an output written in place of an
@@ -87,28 +120,8 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
   }
   e.nest(sizes, 0, [&](const Idx& idx) {
     const ElementAt at = element_at(e, idx, sizes, needs_row_col, needs_flat);
-    std::vector<llvm::Value*> loaded(k.inputs.size(), nullptr);
-    std::vector<llvm::Value*> result;
-    for (const FusedOp& op : f.ops) {
-      if (op.op == Op::Constant) {
-        result.push_back(e.as_stored(e.constant(op.dtype, op.attrs.get_double("value")), op.dtype));
-        continue;
-      }
-      std::vector<llvm::Value*> args;
-      std::vector<ir::DType> dtypes;
-      for (const FusedArg& a : op.args) {
-        if (!a.input) {
-          args.push_back(result[a.index]);
-          dtypes.push_back(f.ops[a.index].dtype);
-          continue;
-        }
-        if (!loaded[a.index]) loaded[a.index] = e.load(k.inputs[a.index], e.dot(idx, in_strides[a.index]));
-        args.push_back(loaded[a.index]);
-        dtypes.push_back(k.inputs[a.index].dtype);
-      }
-      ir::DType from = dtypes.empty() ? op.dtype : dtypes[0];
-      result.push_back(e.as_stored(emit_elementwise(e, op.op, op.attrs, from, op.dtype, args, at), op.dtype));
-    }
+    const std::vector<llvm::Value*> result = fused_ops_at(
+        e, k, f.ops.size(), [&](int i) { return e.load(k.inputs[i], e.dot(idx, in_strides[i])); }, at);
     for (size_t o = 0; o < f.outputs.size(); ++o)
       e.store(f.outputs[o], e.dot(idx, out_strides[o]), result[f.output_ops[o]]);
   });
@@ -121,10 +134,94 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
 // kept, or a size-1 dim is put in front when dim 0 is reduced; each dim-0
 // index owns one block of the output: initialize it, accumulate into it,
 // finalize it (mean).
+// A reduction's accumulator identity and combining step, in out's compute type.
+struct Combiner {
+  llvm::Value* identity = nullptr;
+  std::function<llvm::Value*(llvm::Value*, llvm::Value*)> combine;
+};
+Combiner combiner_of(LoopEmitter& e, const Kernel& k) {
+  const Operand& out = k.output;
+  llvm::Type* ct = e.compute_type(out.dtype);
+  const bool fp = ct->isFloatingPointTy();
+  const ir::Combiner which = k.reduction().combiner;
+  Combiner c;
+  switch (which) {
+    case ir::Combiner::Sum: c.identity = e.constant(out.dtype, 0); break;
+    case ir::Combiner::Max:
+      c.identity = fp ? e.constant(out.dtype, -std::numeric_limits<double>::infinity())
+                      : llvm::ConstantInt::get(ct, llvm::APInt::getSignedMinValue(ct->getIntegerBitWidth()));
+      break;
+    case ir::Combiner::Min:
+      c.identity = fp ? e.constant(out.dtype, std::numeric_limits<double>::infinity())
+                      : llvm::ConstantInt::get(ct, llvm::APInt::getSignedMaxValue(ct->getIntegerBitWidth()));
+      break;
+  }
+  c.combine = [&e, fp, which](llvm::Value* acc, llvm::Value* v) -> llvm::Value* {
+    switch (which) {
+      case ir::Combiner::Sum: break;
+      case ir::Combiner::Max: return e.b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::maximum : llvm::Intrinsic::smax, acc, v);
+      case ir::Combiner::Min: return e.b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::minimum : llvm::Intrinsic::smin, acc, v);
+    }
+    return e.add_reassoc(acc, v);
+  };
+  return c;
+}
+
+// A reduction with an elementwise prologue (a fusion group ending in a
+// reduction, codegen/plan.h FusedLoop): each output element is reduced in a
+// register over its summed dims and stored once, the prologue computed per
+// element from the kernel's inputs where a plain reduction loads its input.
+LoopInfo fused_reduction(LoopEmitter& e, const Kernel& k) {
+  const FusedLoop& f = *k.fused;
+  const Operand& out = k.output;
+  ReductionLoop loop = reduction_loop(k);
+  std::vector<int64_t>& sizes = loop.sizes;
+  std::vector<int64_t>& out_strides = loop.out_strides;
+  std::vector<std::vector<int64_t>>& ins = loop.inputs;
+  if (sizes.empty() || (out_strides[0] == 0 && sizes[0] > 1)) {  // dim 0 is summed: one serial block
+    sizes.insert(sizes.begin(), 1);
+    out_strides.insert(out_strides.begin(), 0);
+    for (auto& in : ins) in.insert(in.begin(), 0);
+  }
+  const FusedOp& reduce = f.ops.back();
+  NAPKIN_INTERNAL_CHECK(!reduce.args.empty() && !reduce.args[0].input, "fused reduction {} reduces no member", k.name);
+  const int reduced = reduce.args[0].index;
+  llvm::Type* ct = e.compute_type(out.dtype);
+  const Combiner c = combiner_of(e, k);
+  const double count = static_cast<double>(product(f.shape)) / static_cast<double>(std::max<int64_t>(out.numel(), 1));
+  std::vector<int64_t> kept, kept_out, summed;
+  std::vector<std::vector<int64_t>> kept_in(ins.size()), summed_in(ins.size());
+  for (size_t d = 1; d < sizes.size(); ++d) {
+    const bool keep = out_strides[d] != 0;
+    (keep ? kept : summed).push_back(sizes[d]);
+    if (keep) kept_out.push_back(out_strides[d]);
+    for (size_t i = 0; i < ins.size(); ++i) (keep ? kept_in : summed_in)[i].push_back(ins[i][d]);
+  }
+  e.loop(e.begin, e.end, [&](llvm::Value* i0) {
+    llvm::Value* out_base = e.b.CreateMul(i0, e.i64(out_strides[0]));
+    e.nest(kept, -1, [&](const Idx& idx) {
+      std::vector<llvm::Value*> base;
+      for (size_t i = 0; i < ins.size(); ++i) base.push_back(e.dot(idx, kept_in[i], e.b.CreateMul(i0, e.i64(ins[i][0]))));
+      llvm::Value* acc = e.make_slot(ct, c.identity);
+      e.nest(summed, -1, [&](const Idx& r) {
+        const std::vector<llvm::Value*> result = fused_ops_at(
+            e, k, f.ops.size() - 1, [&](int i) { return e.load(k.inputs[i], e.dot(r, summed_in[i], base[i])); }, {});
+        e.b.CreateStore(c.combine(e.b.CreateLoad(ct, acc), result[reduced]), acc);
+      });
+      llvm::Value* v = e.b.CreateLoad(ct, acc);
+      if (k.reduction().mean) v = e.b.CreateFDiv(v, llvm::ConstantFP::get(ct, count));
+      e.store(out, e.dot(idx, kept_out, out_base), v);
+    });
+  });
+  return loop_info(sizes[0], product(sizes));
+}
+
 LoopInfo reduction(LoopEmitter& e, const Kernel& k) {
+  if (k.fused) return fused_reduction(e, k);
   const Operand& x = k.inputs[0];
   const Operand& out = k.output;
-  auto [sizes, in_strides, out_strides] = reduction_loop(k);
+  const ReductionLoop loop = reduction_loop(k);
+  std::vector<int64_t> sizes = loop.sizes, in_strides = loop.in_strides, out_strides = loop.out_strides;
   if (out_strides[0] == 0 && sizes[0] > 1) {  // dim 0 is summed: one serial block
     sizes.insert(sizes.begin(), 1);
     in_strides.insert(in_strides.begin(), 0);
@@ -134,28 +231,10 @@ LoopInfo reduction(LoopEmitter& e, const Kernel& k) {
   int64_t block = out_numel / sizes[0];
   double count = static_cast<double>(x.numel()) / static_cast<double>(std::max<int64_t>(out_numel, 1));
   llvm::Type* ct = e.compute_type(out.dtype);
-  bool fp = ct->isFloatingPointTy();
   const ir::ReductionParams& p = k.reduction();
-  llvm::Value* identity = nullptr;
-  switch (p.combiner) {
-    case ir::Combiner::Sum: identity = e.constant(out.dtype, 0); break;
-    case ir::Combiner::Max:
-      identity = fp ? e.constant(out.dtype, -std::numeric_limits<double>::infinity())
-                    : llvm::ConstantInt::get(ct, llvm::APInt::getSignedMinValue(ct->getIntegerBitWidth()));
-      break;
-    case ir::Combiner::Min:
-      identity = fp ? e.constant(out.dtype, std::numeric_limits<double>::infinity())
-                    : llvm::ConstantInt::get(ct, llvm::APInt::getSignedMaxValue(ct->getIntegerBitWidth()));
-      break;
-  }
-  auto combine = [&](llvm::Value* acc, llvm::Value* v) -> llvm::Value* {
-    switch (p.combiner) {
-      case ir::Combiner::Sum: break;
-      case ir::Combiner::Max: return e.b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::maximum : llvm::Intrinsic::smax, acc, v);
-      case ir::Combiner::Min: return e.b.CreateBinaryIntrinsic(fp ? llvm::Intrinsic::minimum : llvm::Intrinsic::smin, acc, v);
-    }
-    return e.add_reassoc(acc, v);
-  };
+  const Combiner c = combiner_of(e, k);
+  llvm::Value* identity = c.identity;
+  const auto& combine = c.combine;
   // A bf16/f16/fp8 output is stored in another type than it is computed in:
   // each output element is reduced in a register over all its summed dims and
   // stored once, rounded once (the interpreter's semantics), since a running

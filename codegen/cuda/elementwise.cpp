@@ -256,6 +256,28 @@ EmittedKernel elementwise_kernel(const Kernel& k, ElementwiseLoop& l, const std:
   return out;
 }
 
+// The lines `const T vJ = ...;` computing the fused kernel's ops [0, count)
+// from the inputs' compute values a0, a1, ..., each rounded to its dtype.
+void fused_ops(Src& f, const Kernel& k, size_t count) {
+  const FusedLoop& fl = *k.fused;
+  for (size_t j = 0; j < count; ++j) {
+    const FusedOp& op = fl.ops[j];
+    std::string value;
+    if (op.op == Op::Constant) {
+      value = literal(op.dtype, op.attrs.get_double("value"));
+    } else {
+      std::vector<std::string> args;
+      std::vector<DType> dtypes;
+      for (const FusedArg& a : op.args) {
+        args.push_back(fmt::format("{}{}", a.input ? "a" : "v", a.index));
+        dtypes.push_back(a.input ? k.inputs[a.index].dtype : fl.ops[a.index].dtype);
+      }
+      value = op_expr(f, fmt::format("t{}_", j), op.op, op.attrs, args, dtypes, op.dtype);
+    }
+    f.line("const {} v{} = {};", compute_type(op.dtype), j, as_stored(op.dtype, value));
+  }
+}
+
 // The element function's parameter list.
 std::string elem_params(const ElementwiseLoop& l) {
   std::vector<std::string> p;
@@ -281,22 +303,7 @@ EmittedKernel emit_elementwise(const Kernel& k) {
     l.row_col = std::any_of(fl.ops.begin(), fl.ops.end(), [&](const FusedOp& op) { return needs(op.op, ir::ElementIndex::RowCol); });
     l.flat = std::any_of(fl.ops.begin(), fl.ops.end(), [&](const FusedOp& op) { return needs(op.op, ir::ElementIndex::Flat); });
     f.open("NAPKIN_DEVICE void {}({}) {{", fn, elem_params(l));
-    for (size_t j = 0; j < fl.ops.size(); ++j) {
-      const FusedOp& op = fl.ops[j];
-      std::string value;
-      if (op.op == Op::Constant) {
-        value = literal(op.dtype, op.attrs.get_double("value"));
-      } else {
-        std::vector<std::string> args;
-        std::vector<DType> dtypes;
-        for (const FusedArg& a : op.args) {
-          args.push_back(fmt::format("{}{}", a.input ? "a" : "v", a.index));
-          dtypes.push_back(a.input ? k.inputs[a.index].dtype : fl.ops[a.index].dtype);
-        }
-        value = op_expr(f, fmt::format("t{}_", j), op.op, op.attrs, args, dtypes, op.dtype);
-      }
-      f.line("const {} v{} = {};", compute_type(op.dtype), j, as_stored(op.dtype, value));
-    }
+    fused_ops(f, k, fl.ops.size());
     for (size_t o = 0; o < fl.outputs.size(); ++o) f.line("r{} = v{};", o, fl.output_ops[o]);
     f.close();
   } else {
@@ -321,6 +328,21 @@ EmittedKernel emit_elementwise(const Kernel& k) {
   }
   collapse(l);
   return elementwise_kernel(k, l, f.take(), fn);
+}
+
+std::string fused_prologue(const Kernel& k, const std::string& fn) {
+  const FusedLoop& fl = *k.fused;
+  const FusedOp& reduce = fl.ops.back();
+  NAPKIN_INTERNAL_CHECK(!reduce.args.empty() && !reduce.args[0].input, "fused reduction {} reduces no member", k.name);
+  const int result = reduce.args[0].index;
+  std::vector<std::string> params;
+  for (size_t i = 0; i < k.inputs.size(); ++i) params.push_back(fmt::format("const {} a{}", compute_type(k.inputs[i].dtype), i));
+  Src f;
+  f.open("NAPKIN_DEVICE {} {}({}) {{", compute_type(fl.ops[result].dtype), fn, fmt::join(params, ", "));
+  fused_ops(f, k, fl.ops.size() - 1);
+  f.line("return v{};", result);
+  f.close();
+  return f.take();
 }
 
 EmittedKernel emit_fill(const Kernel& k) {

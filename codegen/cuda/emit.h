@@ -151,7 +151,10 @@ EmittedKernel emit_fill(const Kernel& k);             // constant, arange
 EmittedKernel emit_concat_or_pad(const Kernel& k);
 EmittedKernel emit_embedding(const Kernel& k, int index);
 EmittedKernel emit_contraction(const Kernel& k);      // a contraction the GEMM library cannot take
-EmittedKernel emit_reduction(const Kernel& k);        // reduce_sum/mean/max/min
+EmittedKernel emit_reduction(const Kernel& k);        // reduce_sum/mean/max/min, and fused reductions
+// A fused reduction's prologue (codegen/plan.h FusedLoop) as the device
+// function `T fn(inputs' compute values)` returning the reduced member's value.
+std::string fused_prologue(const Kernel& k, const std::string& fn);
 EmittedKernel emit_mse(const Kernel& k);
 EmittedKernel emit_embedding_grad(const Kernel& k, int index);
 EmittedKernel emit_rows(const Kernel& k, int index);  // softmax, norms, cross-entropy and their gradients

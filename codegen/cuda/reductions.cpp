@@ -53,25 +53,48 @@ Combine combine_of(ir::Combiner c, DType t) {
 }  // namespace
 
 EmittedKernel emit_reduction(const Kernel& k) {
-  const Operand& x = k.inputs[0];
   const Operand& out = k.output;
-  auto [sizes, in_strides, out_strides] = reduction_loop(k);
-  std::vector<int64_t> kept_sizes, kept_in, kept_out, red_sizes, red_in;
+  const ReductionLoop loop = reduction_loop(k);
+  const std::vector<int64_t>& sizes = loop.sizes;
+  const std::vector<int64_t>& out_strides = loop.out_strides;
+  // Per input (a plain reduction has one; a fused one each kernel input):
+  // its strides over the kept and the reduced dims.
+  const size_t n_in = loop.inputs.size();
+  std::vector<int64_t> kept_sizes, kept_out, red_sizes;
+  std::vector<std::vector<int64_t>> kept_in(n_in), red_in(n_in);
   for (size_t d = 0; d < sizes.size(); ++d) {
-    if (out_strides[d] != 0) kept_sizes.push_back(sizes[d]), kept_in.push_back(in_strides[d]), kept_out.push_back(out_strides[d]);
-    else red_sizes.push_back(sizes[d]), red_in.push_back(in_strides[d]);
+    const bool keep = out_strides[d] != 0;
+    (keep ? kept_sizes : red_sizes).push_back(sizes[d]);
+    if (keep) kept_out.push_back(out_strides[d]);
+    for (size_t i = 0; i < n_in; ++i) (keep ? kept_in : red_in)[i].push_back(loop.inputs[i][d]);
   }
-  if (kept_sizes.empty()) kept_sizes = {1}, kept_in = {0}, kept_out = {0};
-  if (red_sizes.empty()) red_sizes = {1}, red_in = {0};
+  if (kept_sizes.empty()) {
+    kept_sizes = {1}, kept_out = {0};
+    for (auto& s : kept_in) s = {0};
+  }
+  if (red_sizes.empty()) {
+    red_sizes = {1};
+    for (auto& s : red_in) s = {0};
+  }
   const int64_t M = product(kept_sizes), R = product(red_sizes);
   const bool row = out_strides.back() == 0 && sizes.back() > 1;
   const char* ct = compute_type(out.dtype);
   const Combine c = combine_of(k.reduction().combiner, out.dtype);
   auto finalize = [&](const std::string& acc) {
     if (!k.reduction().mean) return acc;
-    return fmt::format("({} / {})", acc, literal(out.dtype, static_cast<double>(x.numel()) / static_cast<double>(std::max<int64_t>(M, 1))));
+    return fmt::format("({} / {})", acc, literal(out.dtype, static_cast<double>(product(sizes)) / static_cast<double>(std::max<int64_t>(M, 1))));
   };
-  auto element = [&](const std::string& base) { return convert(load(x, fmt::format("{} + {}", base, dot("r", red_in))), x.dtype, out.dtype); };
+  // The element at the kept index o and reduced index r, in out's compute
+  // type: input 0 loaded, or the fused prologue computed from every input.
+  const std::string prologue = k.name + "_prologue";
+  auto element = [&]() {
+    if (!k.fused) return convert(load(k.inputs[0], fmt::format("base0 + {}", dot("r", red_in[0]))), k.inputs[0].dtype, out.dtype);
+    std::vector<std::string> args;
+    for (size_t i = 0; i < n_in; ++i) args.push_back(load(k.inputs[i], fmt::format("base{} + {}", i, dot("r", red_in[i]))));
+    const FusedOp& reduce = k.fused->ops.back();
+    return convert(fmt::format("{}({})", prologue, fmt::join(args, ", ")), k.fused->ops[reduce.args[0].index].dtype,
+                   out.dtype);
+  };
 
   // Splits: enough work items to fill the GPU, each split at least a few
   // thousand (row) or a few dozen (column) elements long.
@@ -79,11 +102,17 @@ EmittedKernel emit_reduction(const Kernel& k) {
   if (row && M < kSMs * 8) S = std::clamp<int64_t>((kSMs * 4 + M - 1) / M, 1, (R + 2047) / 2048);
   if (!row) S = std::clamp<int64_t>((kFullThreads + M - 1) / M, 1, (R + 31) / 32);
   const int64_t chunk = (R + S - 1) / S;
-  int64_t bound = std::max({M * S + kMaxGrid * 256, x.numel(), out.numel(), max_offset(sizes, in_strides) + 1});
+  int64_t bound = std::max({M * S + kMaxGrid * 256, product(sizes), out.numel()});
+  for (const auto& in : loop.inputs) bound = std::max(bound, max_offset(sizes, in) + 1);
   std::string it = index_type(bound);
 
   EmittedKernel e;
   Src s;
+  if (k.fused) s.line("{}", fused_prologue(k, prologue));
+  // Each input's element index at the kept index o: base0, base1, ...
+  auto declare_bases = [&]() {
+    for (size_t i = 0; i < n_in; ++i) s.line("const {} base{} = {};", it, i, dot("o", kept_in[i]));
+  };
   const std::string partial_ptr = fmt::format("(({}*)scratch)", ct);
   // Writes acc for output o (and split sp when S > 1).
   auto emit_result = [&](const std::string& o, const std::string& sp, const std::string& acc) {
@@ -101,11 +130,11 @@ EmittedKernel emit_reduction(const Kernel& k) {
     begin_kernel(s, k.name, block);
     s.open("for ({0} q = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); q < {2}u; q += ({0})gridDim.x * {1}u) {{", it, warps, M);
     decompose(s, kept_sizes, "q", "o", it);
-    s.line("const {} base = {};", it, dot("o", kept_in));
+    declare_bases();
     s.line("{} acc = {};", ct, c.identity);
     s.open("for ({0} t = threadIdx.x & 31u; t < {1}u; t += 32u) {{", it, R);
     decompose(s, red_sizes, "t", "r", it);
-    s.line("acc = {}(acc, {});", c.op, element("base"));
+    s.line("acc = {}(acc, {});", c.op, element());
     s.close();
     s.line("acc = napkin_warp_reduce(acc, {});", c.op);
     s.line("if ((threadIdx.x & 31u) == 0u) {}", store(out, dot("o", kept_out), finalize("acc")));
@@ -120,12 +149,12 @@ EmittedKernel emit_reduction(const Kernel& k) {
     s.open("for ({0} w = blockIdx.x; w < {1}u; w += gridDim.x) {{", it, M * S);
     s.line("const {} q = w / {}u, sp = w % {}u;", it, S, S);
     decompose(s, kept_sizes, "q", "o", it);
-    s.line("const {} base = {};", it, dot("o", kept_in));
+    declare_bases();
     s.line("{} acc = {};", ct, c.identity);
     s.line("const {} end = sp * {}u + {}u < {}u ? sp * {}u + {}u : {}u;", it, chunk, chunk, R, chunk, chunk, R);
     s.open("for ({} t = sp * {}u + threadIdx.x; t < end; t += {}u) {{", it, chunk, block);
     decompose(s, red_sizes, "t", "r", it);
-    s.line("acc = {}(acc, {});", c.op, element("base"));
+    s.line("acc = {}(acc, {});", c.op, element());
     s.close();
     s.line("acc = napkin_block_reduce(acc, {}, {}, red);", c.op, c.identity);
     s.line("if (threadIdx.x == 0u) {}[q * {}u + sp] = acc;", partial_ptr, S);
@@ -141,12 +170,12 @@ EmittedKernel emit_reduction(const Kernel& k) {
     s.open("for ({0} w = ({0})blockIdx.x * blockDim.x + threadIdx.x; w < {1}u; w += ({0})gridDim.x * blockDim.x) {{", it, items);
     s.line("const {} q = w % {}u, sp = w / {}u;", it, M, M);
     decompose(s, kept_sizes, "q", "o", it);
-    s.line("const {} base = {};", it, dot("o", kept_in));
+    declare_bases();
     s.line("{} acc = {};", ct, c.identity);
     s.line("const {} end = sp * {}u + {}u < {}u ? sp * {}u + {}u : {}u;", it, chunk, chunk, R, chunk, chunk, R);
     s.open("for ({} t = sp * {}u; t < end; ++t) {{", it, chunk);
     decompose(s, red_sizes, "t", "r", it);
-    s.line("acc = {}(acc, {});", c.op, element("base"));
+    s.line("acc = {}(acc, {});", c.op, element());
     s.close();
     emit_result("q", "sp", "acc");
     s.close();

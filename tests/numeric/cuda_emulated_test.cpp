@@ -312,6 +312,50 @@ optimizer: sgd(lr=0.1)
   napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) { gpu.run(kernel, arena); });
 }
 
+TEST_CASE("numeric: fused reductions (an elementwise prologue), CPU and emulated CUDA kernels, agree with the interpreter") {
+  // Every reduction of an elementwise chain nothing else reads becomes one
+  // kernel (passes/fuse_elementwise.h): over the middle, inner, outer and
+  // every axis, keepdims, sum, mean, max and min, inputs broadcast into the
+  // prologue, fp32 and bf16-mixed; and gradient clipping's squares.
+  for (const char* precision : {"fp32", "bf16-mixed"}) {
+    CAPTURE(precision);
+    const std::string yaml = fmt::format(R"yaml(
+model: fused_reductions
+inputs: {{x: {{shape: [6, 40, 24]}}, b: {{shape: [24]}}}}
+params: {{w: {{shape: [24], init: normal(1.0)}}, v: {{shape: [24, 24], init: normal(0.2)}}}}
+forward:
+  - h: x @ v
+  - a: sum(exp(x) - b, axis=1)
+  - c: mean(tanh(x + b), axis=-1)
+  - d: max(x * b, axis=[0, 2])
+  - e: sum(h * h)
+  - f: min(x - b, axis=0, keepdims=true)
+  - t: (sum(a) + sum(c) + sum(d) + sum(f)) * e + sum(h * w)
+loss: t * 0.001
+optimizer: adamw(lr=0.1, grad_clip=1.0)
+precision: {}
+)yaml",
+                                         precision);
+    auto check = [](const napkin::testing::KernelOutputCheck& c) {
+      INFO(c.kernel->name << " at " << c.kernel->where << ", " << ir::dtype_name(c.operand->dtype));
+      CHECK(c.error <= napkin::testing::kernel_tolerance(c.precision));
+    };
+    napkin::testing::CompiledStep cpu(napkin::testing::compile_training(yaml));
+    int fused = 0;
+    for (const codegen::Kernel& k : cpu.plan.kernels) fused += k.kind == codegen::KernelKind::Reduction && k.fused;
+    // a, c, d, f (their prologues read only data: the backward needs none of
+    // them), e (the backward needs h, not h * h) and the clip's squares of w
+    // and v; a prologue the backward reads (exp(h) for its gradient) is stored.
+    CHECK(fused >= 7);
+    napkin::testing::check_each_kernel(cpu, check);
+
+    napkin::testing::CompiledStep cuda(napkin::testing::compile_training(yaml));
+    const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(cuda.plan, "fused_reductions");
+    EmulatedKernels gpu(source, cuda);
+    napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) { gpu.run(kernel, arena); });
+  }
+}
+
 TEST_CASE("numeric: emulated CUDA dropout kernels equal the CPU backend's bit for bit, f32 and bf16") {
   // The same Philox words and keep tests on both backends: every output of a
   // kernel with a dropout in it has the same bits (a mask differing in one

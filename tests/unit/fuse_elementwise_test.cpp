@@ -49,7 +49,7 @@ int position(const ir::Graph& g, ir::NodeId id) {
 
 }  // namespace
 
-TEST_CASE("fuse: an elementwise chain with its constants becomes one group - the reduction stays out") {
+TEST_CASE("fuse: an elementwise chain with its constants becomes one group - the reduction of it ends the group") {
   ir::Graph g = testing::compile(R"yaml(
 model: t
 inputs: {x: {shape: [4, 8]}, b: {shape: [8]}}
@@ -65,24 +65,60 @@ optimizer: sgd(lr=0.1)
   CHECK(g.node(m).group == gid);
   CHECK(g.node(a).group == gid);
   CHECK(g.node(one_node(g, ir::Op::Constant)).group == gid);  // the 2, as an immediate
-  CHECK(g.node(one_node(g, ir::Op::ReduceMean)).group == -1);
+  const ir::NodeId mean = one_node(g, ir::Op::ReduceMean);
+  CHECK(g.node(mean).group == gid);  // h's only reader: the chain is its prologue
   ir::FusionGroups groups = ir::fusion_groups(g);
   REQUIRE(groups.groups.size() == 1);
   const ir::FusionGroup& fg = groups.groups[0];
-  CHECK(fg.nodes.size() == 4);
-  CHECK(fg.shape == std::vector<int64_t>{4, 8});
+  CHECK(fg.nodes.size() == 5);
+  CHECK(fg.nodes.back() == mean);
+  CHECK(fg.reduction == mean);
+  CHECK(fg.shape == std::vector<int64_t>{4, 8});  // the reduction's input shape
   CHECK(fg.inputs.size() == 2);  // x, and b read broadcast
   REQUIRE(fg.outputs.size() == 1);
-  CHECK(fg.outputs[0] == g.node(a).out());  // the mean reads it
+  CHECK(fg.outputs[0] == g.node(mean).out());  // the loss
   CHECK(groups.internal[g.node(e).out()]);
   CHECK(groups.internal[g.node(m).out()]);
+  CHECK(groups.internal[g.node(a).out()]);  // h never reaches memory
   // Internal values own no buffer.
   analysis::MemoryReport memory = analysis::analyze_memory(g);
   for (const analysis::MemoryBuffer& buf : memory.buffers) {
     CHECK(buf.value != g.node(e).out());
     CHECK(buf.value != g.node(m).out());
+    CHECK(buf.value != g.node(a).out());
   }
   CHECK_FALSE(fuse(g));  // a second run changes nothing
+}
+
+TEST_CASE("fuse: a reduction joins only as the last member, of a value nothing else reads, in a group that stores nothing else") {
+  ir::Graph g = testing::compile(R"yaml(
+model: t
+inputs: {x: {shape: [4, 8]}}
+forward:
+  - a: exp(x)
+  - b: a * 2
+  - s: sum(b)
+  - m: mean(a, axis=0)
+  - y: tanh(x)
+loss: s + sum(m) + sum(y) + max(y)
+optimizer: sgd(lr=0.1)
+)yaml");
+  fuse(g);
+  // b's only reader is sum(b), but a is read by mean too: the group {exp, mul}
+  // stores a, so sum(b) stays out of it.
+  const ir::NodeId e = one_node(g, ir::Op::Exp), mul = one_node(g, ir::Op::Mul);
+  CHECK(g.node(e).group >= 0);
+  CHECK(g.node(mul).group == g.node(e).group);
+  ir::FusionGroups groups = ir::fusion_groups(g);
+  CHECK_FALSE(groups.internal[g.node(e).out()]);
+  for (ir::NodeId r : nodes_of(g, ir::Op::ReduceSum)) {
+    if (g.node(r).in(0) == g.node(mul).out()) CHECK(g.node(r).group == -1);
+  }
+  // y is read by two reductions: neither takes tanh as its prologue.
+  const ir::NodeId t = one_node(g, ir::Op::Tanh);
+  CHECK(g.node(t).group == -1);
+  CHECK(g.node(one_node(g, ir::Op::ReduceMax)).group == -1);
+  CHECK_FALSE(fuse(g));
 }
 
 TEST_CASE("fuse: a producer of another shape is not fused - a value read outside the group is stored") {

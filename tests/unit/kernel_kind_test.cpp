@@ -58,14 +58,25 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
       {LoopKind::Classifier, {KernelKind::Classifier}},
   };
   std::set<KernelKind> seen;
+  int fused_reductions = 0;
   for (const auto& model : testing::model_files()) {
     ir::Graph g = testing::compile_small_model(model);
     const codegen::KernelPlan plan = codegen::plan_kernels(g);
     for (const codegen::Kernel& k : plan.kernels) {
       INFO(model.stem().string() << " " << k.name);
       seen.insert(k.kind);
-      CHECK((k.kind == KernelKind::FusedElementwise) == k.fused.has_value());
+      // A fusion group is a fused elementwise kernel, or a reduction with its
+      // prologue (the group's last member, the kernel's op and parameters).
+      const bool fused_kind = k.kind == KernelKind::FusedElementwise || k.kind == KernelKind::Reduction;
+      if (k.fused) CHECK(fused_kind);
+      if (k.kind == KernelKind::FusedElementwise) CHECK(k.fused.has_value());
       CHECK((k.kind == KernelKind::Gemm) == k.matmul.has_value());
+      if (k.fused && k.kind == KernelKind::Reduction) {
+        CHECK(k.fused->ops.back().op == k.op);
+        CHECK(ir::op_info(k.op).loop == ir::LoopKind::Reduction);
+        CHECK(k.params.index() == ir::loop_params(k.op, k.attrs).index());
+        ++fused_reductions;
+      }
       if (k.fused) continue;
       CHECK(kinds.at(ir::op_info(k.op).loop).count(k.kind) == 1);
       CHECK(k.params.index() == ir::loop_params(k.op, k.attrs).index());
@@ -74,6 +85,7 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
   for (KernelKind kind : {KernelKind::Elementwise, KernelKind::FusedElementwise, KernelKind::Reduction, KernelKind::Gemm,
                           KernelKind::Gather, KernelKind::ScatterAdd, KernelKind::Rows, KernelKind::Mse})
     CHECK_MESSAGE(seen.count(kind) == 1, "no built-in model has a kernel of kind " << static_cast<int>(kind));
+  CHECK(fused_reductions > 0);  // gradient clipping's squares and their sums
 }
 
 TEST_CASE("kernel plan: a GPT's row kernels carry their variant, axis, centering and eps") {
