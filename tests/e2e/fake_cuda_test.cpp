@@ -345,6 +345,18 @@ TEST_CASE("fake cuda: gpt bf16-mixed trains on the fake GPU as on the CPU and an
   CHECK(before.size() == losses(dir / "bad-cpu.jsonl").size());
 }
 
+TEST_CASE("fake cuda: lm-gqa (untied [d, vocab] head, grouped heads, SwiGLU, RMSNorm) trains on the fake GPU as on the CPU") {
+  // Its head is stored [d, vocab]: the fused classifier's GEMMs read w
+  // transposed (runtime/cuda/cuda_classifier.h), dx's f32 sums in scratch.
+  TempDir dir("fakecuda-lm-gqa");
+  Trainers t = build_both("models/lm-gqa.yaml", "batch=2,seq=16,vocab=256,d=32,heads=4,kv_heads=2,hidden=48,layers=2", dir);
+  std::string flags = fmt::format("{} {} --steps 4 --quiet", kCommon, kGptData);
+  std::vector<double> cpu = train(t.cpu + " " + flags, dir, "cpu");
+  std::vector<double> cuda = train_cuda(t, flags, dir, "cuda");
+  check_close(cpu, cuda, 2e-2);
+  CHECK(train_cuda(t, flags, dir, "no-graphs", "NAPKIN_CUDA_GRAPHS=0") == cuda);
+}
+
 TEST_CASE("fake cuda: the module loads from the cubin on its architecture or else from the PTX") {
   TempDir data("fakecuda-data");
   write_npy(data / "x.npy", 256, 256, 1);
