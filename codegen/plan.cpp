@@ -178,7 +178,8 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       k = fused_kernel(g, arena, groups.groups[group]);
       k.name = fmt::format("k{}_fused_{}", plan.kernels.size(), ir::op_name(k.op));
     } else {
-      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || cls == ir::OpClass::Attention || cls == ir::OpClass::Classifier,
+      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || cls == ir::OpClass::Attention || cls == ir::OpClass::Classifier ||
+                                n.op == ir::Op::NormGainGrad,
                             "a kernel node must have one output");
       k.node = n.id;
       k.op = n.op;
@@ -325,7 +326,10 @@ RowLoop row_loop(const Kernel& k) {
     case RowVariant::CrossEntropy:
     case RowVariant::CrossEntropyGrad: add(k.inputs[1], RowShape::PerRow); break;
   }
-  if (p.variant == RowVariant::NormGainGrad) add(k.output, RowShape::Vector, false);
+  if (p.variant == RowVariant::NormGainGrad) {
+    add(k.output, RowShape::Vector, false);
+    if (!k.extra_outputs.empty()) add(k.extra_outputs[0], RowShape::Vector, false);  // the bias's gradient
+  }
   else if (p.variant != RowVariant::CrossEntropy) add(k.output, RowShape::Full, false);
 
   for (size_t d = 0; d < x.sizes.size(); ++d)

@@ -145,6 +145,14 @@ Data concat(const ir::ConcatParams& p, const std::vector<Arg>& in, const Shape& 
   return d;
 }
 
+// dy [..., d] summed over every row: [d].
+Data sum_rows(const Arg& dy) {
+  const int64_t d = dy.shape.empty() ? 1 : dy.shape.back();
+  Data out(static_cast<size_t>(d), 0.0);
+  for (size_t i = 0; i < dy.data.size(); ++i) out[i % static_cast<size_t>(d)] += dy.data[i];
+  return out;
+}
+
 Data rows(const ir::Node& n, const ir::RowParams& p, const std::vector<Arg>& in) {
   switch (p.variant) {
     case ir::RowVariant::Softmax: return softmax(in[0], p.axis, false);
@@ -212,7 +220,12 @@ std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const
     case ir::LoopKind::Concat: return one(concat(std::get<ir::ConcatParams>(params), in, out.shape));
     case ir::LoopKind::Gather: return one(embedding(n, in[0], in[1]));
     case ir::LoopKind::ScatterAdd: return one(embedding_grad(n, in[0], in[1], out.shape[0]));
-    case ir::LoopKind::Rows: return one(rows(n, std::get<ir::RowParams>(params), in));
+    case ir::LoopKind::Rows: {
+      const auto& p = std::get<ir::RowParams>(params);
+      std::vector<Data> r = one(rows(n, p, in));
+      if (p.variant == ir::RowVariant::NormGainGrad && outs.size() == 2) r.push_back(sum_rows(in[1]));  // the bias's
+      return r;
+    }
     case ir::LoopKind::Mse: return one(mse(in[0], in[1]));
     case ir::LoopKind::Attention: {
       const auto& p = std::get<ir::AttentionParams>(params);

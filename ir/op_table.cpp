@@ -557,14 +557,18 @@ InferResult infer_norm_grad(const Inputs& in, const Attrs&) {
   return InferResult::of(*in[0]);
 }
 
-InferResult infer_norm_gain_grad(const Inputs& in, const Attrs&) {
+// (x, dy) -> the gain's gradient [d]; with bias=1 (layernorm's VJP) also the
+// bias's, dy summed over the rows, from the same pass over dy.
+InferResult infer_norm_gain_grad(const Inputs& in, const Attrs& a) {
   if (auto r = require_float("norm_gain_grad", *in[0]); !r.ok()) return r;
   if (in[0]->rank() < 1) return InferResult::fail("norm_gain_grad needs at least one axis", "it reduces all but the last axis");
   if (auto r = require_like("norm_gain_grad", *in[1], *in[0]); !r.ok()) return r;
   TensorType t;
   t.dtype = in[0]->dtype;
   t.dims.push_back(in[0]->dims.back());
-  return InferResult::of(t);
+  InferResult r = InferResult::of(t);
+  if (a.has("bias") && a.get_int("bias") != 0) r.outputs.push_back(t);
+  return r;
 }
 
 InferResult infer_gelu_grad(const Inputs& in, const Attrs&) {
@@ -932,6 +936,7 @@ OpCost cost_per_input_element(const Graph& g, const Node& n) {
 // (2): the row's 7 is layernorm's.
 OpCost cost_norm_gain_grad(const Graph& g, const Node& n) {
   double per_element = n.attrs.get_int("centered") != 0 ? op_info(n.op).flops_per_element : 3 + 2;
+  if (n.outputs.size() > 1) per_element += 1;  // the bias's gradient: dy summed
   return {per_element * g.value(n.in(0)).type.numel(), read_all(g, n), written(g, n)};
 }
 

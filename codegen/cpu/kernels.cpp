@@ -360,7 +360,11 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
   bool scalar_out = p.variant == RowVariant::CrossEntropy;
   bool vector_out = p.variant == RowVariant::NormGainGrad;
   const RowOperand& X = ops[0];
-  const RowOperand& out = ops.back();
+  // The output: the last operand, but for norm_gain_grad with the bias's
+  // gradient, which comes after the gain's (row_loop).
+  const size_t out_index = vector_out ? 2 : ops.size() - 1;
+  const RowOperand& out = ops[out_index];
+  const RowOperand* bias = vector_out && ops.size() > 3 ? &ops[3] : nullptr;
   llvm::Type* t = e.compute_type(x.dtype);
   auto& b = e.b;
   int64_t n = rl.n;
@@ -375,11 +379,14 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
   llvm::Value* loss = nullptr;
   if (scalar_out) loss = e.make_slot(b.getDoubleTy(), llvm::ConstantFP::get(b.getDoubleTy(), 0.0));
   if (vector_out)
-    e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) { st(out, e.i64(0), kk, llvm::ConstantFP::get(t, 0.0)); });
+    e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+      st(out, e.i64(0), kk, llvm::ConstantFP::get(t, 0.0));
+      if (bias) st(*bias, e.i64(0), kk, llvm::ConstantFP::get(t, 0.0));
+    });
 
   for_each_row(e, rl.sizes, ops, [&](const std::vector<llvm::Value*>& base) {
     llvm::Value* xb = base[0];
-    llvm::Value* ob = base.back();
+    llvm::Value* ob = base[out_index];
     switch (p.variant) {
       case RowVariant::Softmax:
       case RowVariant::LogSoftmax:
@@ -460,13 +467,18 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
         });
         break;
       }
-      case RowVariant::NormGainGrad: {  // out[k] += dy * x_hat over rows
+      case RowVariant::NormGainGrad: {  // out[k] += dy * x_hat over rows (and bias[k] += dy)
         const RowOperand& dy = ops[1];
         auto [mean, rstd] = row_stats(e, X, xb, n, p.eps, p.centered);
         e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
           llvm::Value* xhat = b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd);
+          llvm::Value* g = ld(dy, base[1], kk);
           llvm::Value* sum_at = at(e, out, ob, kk);
-          e.store(*out.op, sum_at, b.CreateFAdd(e.load(*out.op, sum_at), b.CreateFMul(ld(dy, base[1], kk), xhat)));
+          e.store(*out.op, sum_at, b.CreateFAdd(e.load(*out.op, sum_at), b.CreateFMul(g, xhat)));
+          if (bias) {
+            llvm::Value* bias_at = at(e, *bias, base[3], kk);
+            e.store(*bias->op, bias_at, b.CreateFAdd(e.load(*bias->op, bias_at), g));
+          }
         });
         break;
       }

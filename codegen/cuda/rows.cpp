@@ -19,8 +19,9 @@
 //  - cross_entropy: launch 1 writes each row's loss to scratch, launch 2 (one
 //    block) sums them in row order in double (as the CPU) into the mean.
 //  - norm_gain_grad: launch 1 writes each row's (mean, rstd) to scratch,
-//    launch 2 sums dy * x_hat down splits of the rows for each column
-//    (coalesced over columns), launch 3 adds each column's splits in order.
+//    launch 2 sums dy * x_hat (and dy, for the bias's gradient when the
+//    kernel has it) down splits of the rows for each column (coalesced over
+//    columns), launch 3 adds each column's splits in order.
 #include <algorithm>
 #include <limits>
 
@@ -227,6 +228,7 @@ class RowEmitter {
 };
 
 EmittedKernel norm_gain_grad(const Kernel& k, const std::vector<RowOperand>& ops, const std::vector<int64_t>& sizes, int64_t n) {
+  const bool bias = ops.size() > 3;  // the bias's gradient too: dy summed down the same splits
   EmittedKernel out;
   Src s;
   RowEmitter r(s, ops, sizes, n);
@@ -256,15 +258,18 @@ EmittedKernel norm_gain_grad(const Kernel& k, const std::vector<RowOperand>& ops
   begin_kernel(s, name2, block);
   s.open("for ({0} w = ({0})blockIdx.x * blockDim.x + threadIdx.x; w < {1}u; w += ({0})gridDim.x * blockDim.x) {{", it, items);
   s.line("const {} col = w % {}u, sp = w / {}u;", it, n, n);
-  s.line("{} acc = {};", ct, r.lit(0.0));
+  s.line("{0} acc = {1}, accb = {1};", ct, r.lit(0.0));
   s.line("const {} end = sp * {}u + {}u < {}u ? sp * {}u + {}u : {}u;", it, chunk, chunk, rows, chunk, chunk, rows);
   s.open("for ({} row = sp * {}u; row < end; ++row) {{", it, chunk);
   decompose(s, sizes, "row", "i", it);
   for (int i = 0; i < 2; ++i) s.line("const {} b{} = {};", it, i, dot("i", ops[i].strides));
   s.line("const {} xhat = ({} - {}[2u * row]) * {}[2u * row + 1u];", ct, load(*ops[0].op, r.addr(0, "col")), stats, stats);
-  s.line("acc += {} * xhat;", load(*ops[1].op, r.addr(1, "col")));
+  s.line("const {} g = {};", ct, load(*ops[1].op, r.addr(1, "col")));
+  s.line("acc += g * xhat;");
+  if (bias) s.line("accb += g;");
   s.close();
   s.line("{}[sp * {}u + col] = acc;", partials, n);
+  if (bias) s.line("{}[{}u + sp * {}u + col] = accb;", partials, S * n, n);
   s.close();
   s.close();
   out.launches.push_back({name2, grid, block, 0, {}});
@@ -275,15 +280,24 @@ EmittedKernel norm_gain_grad(const Kernel& k, const std::vector<RowOperand>& ops
   int block3 = static_cast<int>(std::min<int64_t>(256, n * 32));
   begin_kernel(s, name3, block3);
   s.open("for ({0} col = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); col < {2}u; col += ({0})gridDim.x * {1}u) {{", it, block3 / 32, n);
-  s.line("{} acc = {};", ct, r.lit(0.0));
+  s.line("{0} acc = {1}, accb = {1};", ct, r.lit(0.0));
   s.line("for ({} sp = threadIdx.x & 31u; sp < {}u; sp += 32u) acc += {}[sp * {}u + col];", it, S, partials, n);
   s.line("acc = napkin_warp_reduce(acc, napkin_sum_op());");
+  if (bias) {
+    s.line("for ({} sp = threadIdx.x & 31u; sp < {}u; sp += 32u) accb += {}[{}u + sp * {}u + col];", it, S, partials,
+           S * n, n);
+    s.line("accb = napkin_warp_reduce(accb, napkin_sum_op());");
+  }
   s.line("[[maybe_unused]] const {} b2 = 0u;", it);
   s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[2].op, r.addr(2, "col"), "acc"));
+  if (bias) {
+    s.line("[[maybe_unused]] const {} b3 = 0u;", it);
+    s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[3].op, r.addr(3, "col"), "accb"));
+  }
   s.close();
   s.close();
   out.launches.push_back({name3, grid_for(n, block3 / 32), block3, 0, {}});
-  out.scratch_bytes = (2 * rows + S * n) * compute_size(r.xt);
+  out.scratch_bytes = (2 * rows + (bias ? 2 : 1) * S * n) * compute_size(r.xt);
   out.text = s.take();
   return out;
 }
