@@ -47,16 +47,6 @@ void store(GemmType t, void* p, int64_t i, A v) {
   }
 }
 
-size_t type_bytes(GemmType t) {
-  switch (t) {
-    case GemmType::F64: return 8;
-    case GemmType::F32: return 4;
-    case GemmType::BF16:
-    case GemmType::F16: return 2;
-  }
-  return 4;
-}
-
 // The row math in f32, vectorized (runtime/vector_math.h; each clone
 // computes the same bits). A row's logits are first widened into a float
 // buffer, then:
@@ -128,7 +118,7 @@ struct Call {
   Call(const ClassifierDesc& desc, GemmType t, ThreadPool& p, Classifier::Impl& i, const void* x_data,
        const void* target_data)
       : d(desc), type(t), acc(t == GemmType::F64 ? GemmType::F64 : GemmType::F32), pool(p), impl(i),
-        x(static_cast<const char*>(x_data)), es(type_bytes(t)) {
+        x(static_cast<const char*>(x_data)), es(gemm_type_bytes(t)) {
     targets.resize(static_cast<size_t>(d.rows));
     for (int64_t r = 0; r < d.rows; ++r) {
       int64_t id = d.targets_i64 ? static_cast<const int64_t*>(target_data)[r] : static_cast<const int32_t*>(target_data)[r];

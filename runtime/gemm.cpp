@@ -86,16 +86,6 @@ T* scratch(int which, size_t count) {
   return buf[which].data();
 }
 
-size_t type_bytes(GemmType t) {
-  switch (t) {
-    case GemmType::F64: return 8;
-    case GemmType::F32: return 4;
-    case GemmType::BF16:
-    case GemmType::F16: return 2;
-  }
-  return 0;
-}
-
 // Widening is exact: bf16 is the top half of a float32; f16 goes through a
 // table of all 65536 codes (float_formats' decoder, built once).
 float f16_to_float(uint16_t h) {
@@ -135,23 +125,6 @@ dnnl::engine& cpu_engine() {
 
 }  // namespace
 
-GemmType gemm_type(const std::string& dtype) {
-  if (dtype == "f32") return GemmType::F32;
-  if (dtype == "f64") return GemmType::F64;
-  if (dtype == "bf16") return GemmType::BF16;
-  if (dtype == "f16") return GemmType::F16;
-  throw Error("no CPU matmul for " + dtype + " operands");
-}
-
-const char* gemm_type_name(GemmType t) {
-  switch (t) {
-    case GemmType::F32: return "f32";
-    case GemmType::F64: return "f64";
-    case GemmType::BF16: return "bf16";
-    case GemmType::F16: return "f16";
-  }
-  return "?";
-}
 
 // The bf16 primitives of one Gemm, one per distinct panel shape (a split has
 // at most two: the full panel and the last one), for every thread count
@@ -366,7 +339,7 @@ void Gemm::panels_item(const void* A, const void* B, void* C, const Panel& p) co
 }
 
 void Gemm::run_items(const Run& r, int64_t begin, int64_t end) const {
-  const size_t ab = type_bytes(types_.ab), cb = type_bytes(types_.c);
+  const size_t ab = gemm_type_bytes(types_.ab), cb = gemm_type_bytes(types_.c);
   for (int64_t item = begin; item < end; ++item) {
     int64_t bi = item / r.s.parts, p = item % r.s.parts;
     Panel pn = panel_of(r.s, p);

@@ -40,6 +40,7 @@
 // libdnnl-dev, which brings libgomp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -60,6 +61,7 @@ void make_openmp_serial();
 enum class GemmType : uint8_t { F32, F64, BF16, F16 };
 GemmType gemm_type(const std::string& dtype);  // "f32", ...; throws Error for others
 const char* gemm_type_name(GemmType t);
+size_t gemm_type_bytes(GemmType t);  // bytes per element: 8, 4 or 2
 struct GemmTypes {
   GemmType ab = GemmType::F32, c = GemmType::F32;
 };

@@ -5,17 +5,11 @@
 #include <algorithm>
 
 #include "runtime/error.h"
+#include "runtime/gemm.h"
 
 namespace napkin::runtime::cuda {
 
 namespace {
-
-int64_t element_bytes(const std::string& dtype, const std::string& kernel) {
-  if (dtype == "f64") return 8;
-  if (dtype == "f32") return 4;
-  if (dtype == "bf16" || dtype == "f16") return 2;
-  throw Error(fmt::format("kernel {}: no fused classifier on {} operands", kernel, dtype));
-}
 
 MatmulSpec spec(const std::string& a, const std::string& b, const std::string& c, MatmulDesc desc) {
   MatmulSpec s;
@@ -31,7 +25,12 @@ ClassifierGemms classifier_gemms(const KernelSpec& kernel) {
   const ClassifierDesc& d = k.desc;
   const ClassifierSpec::Cuda& l = k.cuda;
   const std::string& t = k.dtype;
-  const int64_t es = element_bytes(t, kernel.name);
+  int64_t es = 0;
+  try {
+    es = static_cast<int64_t>(gemm_type_bytes(gemm_type(t)));
+  } catch (const Error&) {  // gemm_type names the f32, f64, bf16 and f16 the classifier takes
+    throw Error(fmt::format("kernel {}: no fused classifier on {} operands", kernel.name, t));
+  }
   if (l.chunk < 1 || l.chunks != (d.vocab + l.chunk - 1) / l.chunk)
     throw Error(fmt::format("kernel {}: the classifier's CUDA chunks ({} of {}) do not cover its {} classes", kernel.name,
                             l.chunks, l.chunk, d.vocab));

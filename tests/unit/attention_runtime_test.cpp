@@ -17,6 +17,7 @@
 #include "runtime/attention.h"
 #include "runtime/error.h"
 #include "runtime/float_formats.h"
+#include "support/typed_buffer.h"
 #include "runtime/thread_pool.h"
 
 using napkin::runtime::Attention;
@@ -38,35 +39,7 @@ std::string describe(const Shape& s, GemmType t, bool fused) {
          (fused ? " fused-qkv" : "");
 }
 
-size_t elem_bytes(GemmType t) { return t == GemmType::F64 ? 8 : t == GemmType::F32 ? 4 : 2; }
-
-// A buffer of one element type, read and written as double.
-struct Buffer {
-  GemmType type;
-  std::vector<unsigned char> bytes;
-  Buffer(GemmType t, size_t n) : type(t), bytes(n * elem_bytes(t)) {}
-  void* data() { return bytes.data(); }
-  size_t size() const { return bytes.size() / elem_bytes(type); }
-  double get(size_t i) const {
-    switch (type) {
-      case GemmType::F64: { double x; std::memcpy(&x, &bytes[i * 8], 8); return x; }
-      case GemmType::F32: { float x; std::memcpy(&x, &bytes[i * 4], 4); return x; }
-      case GemmType::BF16: { uint16_t x; std::memcpy(&x, &bytes[i * 2], 2); return napkin::runtime::bf16_bits_to_float(x); }
-      case GemmType::F16: { uint16_t x; std::memcpy(&x, &bytes[i * 2], 2); return napkin::runtime::f16_bits_to_float(x); }
-    }
-    return 0;
-  }
-  // Stores x rounded to the type (nearest even) and returns the stored value.
-  double set(size_t i, double x) {
-    switch (type) {
-      case GemmType::F64: std::memcpy(&bytes[i * 8], &x, 8); break;
-      case GemmType::F32: { float f = float(x); std::memcpy(&bytes[i * 4], &f, 4); break; }
-      case GemmType::BF16: { uint16_t h = napkin::runtime::float_to_bf16_bits(float(x)); std::memcpy(&bytes[i * 2], &h, 2); break; }
-      case GemmType::F16: { uint16_t h = napkin::runtime::float_to_f16_bits(float(x)); std::memcpy(&bytes[i * 2], &h, 2); break; }
-    }
-    return get(i);
-  }
-};
+using Buffer = napkin::testing::TypedBuffer;
 
 // Dense float64 tensors [batch, heads, rows, head_dim].
 struct Dense {
@@ -233,8 +206,8 @@ struct Run {
     desc.dq = dqv.st, desc.dk = dkv.st, desc.dv = dvv.st;
   }
 
-  unsigned char* qkv_at(const View& w) { return qkv.bytes.data() + size_t(w.offset) * elem_bytes(type); }
-  unsigned char* dqkv_at(const View& w) { return dqkv.bytes.data() + size_t(w.offset) * elem_bytes(type); }
+  unsigned char* qkv_at(const View& w) { return qkv.bytes.data() + size_t(w.offset) * napkin::runtime::gemm_type_bytes(type); }
+  unsigned char* dqkv_at(const View& w) { return dqkv.bytes.data() + size_t(w.offset) * napkin::runtime::gemm_type_bytes(type); }
 
   void run(ThreadPool& pool) {
     Attention att(desc, type);

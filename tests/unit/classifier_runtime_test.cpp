@@ -19,6 +19,7 @@
 #include "runtime/classifier.h"
 #include "runtime/error.h"
 #include "runtime/float_formats.h"
+#include "support/typed_buffer.h"
 #include "runtime/thread_pool.h"
 
 using napkin::runtime::Classifier;
@@ -28,34 +29,7 @@ using napkin::runtime::ThreadPool;
 
 namespace {
 
-size_t elem_bytes(GemmType t) { return t == GemmType::F64 ? 8 : t == GemmType::F32 ? 4 : 2; }
-
-// A buffer of one element type, read and written as double.
-struct Buffer {
-  GemmType type;
-  std::vector<unsigned char> bytes;
-  Buffer(GemmType t, size_t n) : type(t), bytes(n * elem_bytes(t)) {}
-  void* data() { return bytes.data(); }
-  double get(size_t i) const {
-    switch (type) {
-      case GemmType::F64: { double x; std::memcpy(&x, &bytes[i * 8], 8); return x; }
-      case GemmType::F32: { float x; std::memcpy(&x, &bytes[i * 4], 4); return x; }
-      case GemmType::BF16: { uint16_t x; std::memcpy(&x, &bytes[i * 2], 2); return napkin::runtime::bf16_bits_to_float(x); }
-      case GemmType::F16: { uint16_t x; std::memcpy(&x, &bytes[i * 2], 2); return napkin::runtime::f16_bits_to_float(x); }
-    }
-    return 0;
-  }
-  // Stores x rounded to the type (nearest even) and returns the stored value.
-  double set(size_t i, double x) {
-    switch (type) {
-      case GemmType::F64: std::memcpy(&bytes[i * 8], &x, 8); break;
-      case GemmType::F32: { float f = float(x); std::memcpy(&bytes[i * 4], &f, 4); break; }
-      case GemmType::BF16: { uint16_t h = napkin::runtime::float_to_bf16_bits(float(x)); std::memcpy(&bytes[i * 2], &h, 2); break; }
-      case GemmType::F16: { uint16_t h = napkin::runtime::float_to_f16_bits(float(x)); std::memcpy(&bytes[i * 2], &h, 2); break; }
-    }
-    return get(i);
-  }
-};
+using Buffer = napkin::testing::TypedBuffer;
 
 // x rounded to the type, through a one-element buffer.
 double round_to(GemmType t, double x) {
