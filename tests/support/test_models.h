@@ -90,14 +90,15 @@ inline const std::map<std::string, std::map<std::string, int64_t>>& small_dims()
   return dims;
 }
 
-// A model file through the training pipeline with `options` (dims), with the
-// file's precision policy or `precision` instead.
+// A model file through the training pipeline with `options` (dims) and
+// `pipeline`, with the file's precision policy or `precision` instead.
 inline ir::Graph compile_model_file(const std::filesystem::path& model, const frontend::LoadOptions& options,
-                                    std::optional<ir::PrecisionPolicy> precision = std::nullopt) {
+                                    std::optional<ir::PrecisionPolicy> precision = std::nullopt,
+                                    const passes::PipelineOptions& pipeline = {}) {
   ir::Diagnostics diag;
   std::optional<ir::Graph> g = frontend::load_model_file(model.string(), diag, options);
   if (g && precision) g->config.precision.policy = *precision, g->config.precision.fp32.clear();
-  if (g) passes::run_training_pipeline(*g, diag);
+  if (g) passes::run_training_pipeline(*g, diag, pipeline);
   INFO(diag.render());
   REQUIRE(g.has_value());
   REQUIRE_FALSE(diag.has_errors());
@@ -107,13 +108,14 @@ inline ir::Graph compile_model_file(const std::filesystem::path& model, const fr
 // models/<stem>.yaml at small_dims() through the training pipeline, with the
 // file's precision policy or `precision` instead.
 inline ir::Graph compile_small_model(const std::filesystem::path& model,
-                                     std::optional<ir::PrecisionPolicy> precision = std::nullopt) {
+                                     std::optional<ir::PrecisionPolicy> precision = std::nullopt,
+                                     const passes::PipelineOptions& pipeline = {}) {
   const std::string stem = model.stem().string();
   auto dims = small_dims().find(stem);
   REQUIRE_MESSAGE(dims != small_dims().end(), "add small dims for models/" << stem << ".yaml to small_dims() in tests/support/test_models.h");
   frontend::LoadOptions options;
   options.dim_overrides = dims->second;
-  return compile_model_file(model, options, precision);
+  return compile_model_file(model, options, precision, pipeline);
 }
 
 // autodiff then dce, as the training pipeline runs them (the manager verifies

@@ -18,20 +18,12 @@
 namespace napkin {
 namespace {
 
+// models/<model>.yaml at its small dims under bf16-mixed, matmul_epilogues on or off.
 ir::Graph compile(const std::string& model, bool epilogues) {
-  ir::Diagnostics diag;
-  frontend::LoadOptions load;
-  load.dim_overrides = testing::small_dims().at(model);
-  std::optional<ir::Graph> g = frontend::load_model_file(testing::source_path("models/" + model + ".yaml"), diag, load);
-  REQUIRE(g.has_value());
-  g->config.precision.policy = ir::PrecisionPolicy::BF16Mixed;
-  g->config.precision.fp32.clear();
   passes::PipelineOptions options;
   options.matmul_epilogues = epilogues;
-  passes::run_training_pipeline(*g, diag, options);
-  INFO(diag.render());
-  REQUIRE_FALSE(diag.has_errors());
-  return std::move(*g);
+  return testing::compile_small_model(testing::source_path("models/" + model + ".yaml"), ir::PrecisionPolicy::BF16Mixed,
+                                      options);
 }
 
 bool is_contraction(ir::Op op) { return op == ir::Op::MatMul || op == ir::Op::Einsum; }
