@@ -22,14 +22,12 @@ class FoldConcatCopy : public Pass {
     // Per buffer: the non-view nodes that read it (directly or through views),
     // and whether the step outputs it or updates from it.
     std::vector<int> readers(g.num_values(), 0);
-    std::vector<bool> escapes(g.num_values(), false);
+    const std::vector<bool> escapes = g.escaping_buffers();
     for (NodeId id : g.schedule()) {
       const ir::Node& n = g.node(id);
       if (ir::op_info(n.op).op_class == ir::OpClass::View) continue;
       for (ValueId v : n.inputs) ++readers[g.value(v).storage];
     }
-    for (const auto& [label, v] : g.outputs) escapes[g.value(v).storage] = true;
-    for (const ir::Graph::Update& u : g.updates) escapes[g.value(u.value).storage] = true;
 
     const std::vector<NodeId> schedule = g.schedule();
     std::map<NodeId, std::vector<NodeId>> inserted;  // at a folded copy: the nodes that replace it

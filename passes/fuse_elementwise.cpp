@@ -41,9 +41,7 @@ class Fuser {
     readers_.resize(g.num_values());
     for (NodeId id : schedule_)
       for (ValueId in : g_.node(id).inputs) readers_[in].push_back(id);
-    escapes_.assign(g.num_values(), false);
-    for (const auto& [label, v] : g.outputs) escapes_[g.value(v).storage] = true;
-    for (const ir::Graph::Update& u : g.updates) escapes_[g.value(u.value).storage] = true;
+    escapes_ = g.escaping_buffers();
   }
 
   void form_groups() {

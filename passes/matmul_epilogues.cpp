@@ -20,11 +20,9 @@ class MatmulEpilogues : public Pass {
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
     std::vector<std::vector<NodeId>> readers(g.num_values());
-    std::vector<bool> escapes(g.num_values(), false);
+    const std::vector<bool> escaping = g.escaping_buffers();
     for (NodeId id : g.schedule())
       for (ValueId v : g.node(id).inputs) readers[v].push_back(id);
-    for (const auto& [label, v] : g.outputs) escapes[v] = escapes[g.value(v).storage] = true;
-    for (const ir::Graph::Update& u : g.updates) escapes[u.value] = escapes[g.value(u.value).storage] = true;
 
     bool changed = false;
     const std::vector<NodeId> schedule = g.schedule();
@@ -33,7 +31,7 @@ class MatmulEpilogues : public Pass {
       if (cast.op != Op::Cast || g.value(cast.out()).type.dtype != DType::F32) continue;
       const ValueId r = cast.in(0);
       const NodeId p = g.value(r).producer;
-      if (p == ir::kNoNode || g.value(r).is_view() || escapes[r]) continue;
+      if (p == ir::kNoNode || g.value(r).is_view() || escaping[r]) continue;
       // Besides the cast, only reductions that widen as they load (sink_casts'
       // dtype=f32) may read the result: they read the f32 sums instead.
       bool only_cast = true;

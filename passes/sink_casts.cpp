@@ -30,17 +30,22 @@ bool exact_widening(DType from, DType to) {
 // The graph's readers, rebuilt after each rewrite round.
 struct Readers {
   std::vector<std::vector<NodeId>> of;  // per value: the scheduled nodes reading it
-  std::vector<bool> escapes;            // per value: a step output or an update's source (by value or storage)
 
-  explicit Readers(const ir::Graph& g) : of(g.num_values()), escapes(g.num_values(), false) {
+  explicit Readers(const ir::Graph& g) : of(g.num_values()), escaping_(g.escaping_buffers()), storage_(g.num_values()) {
     for (NodeId id : g.schedule())
       for (ValueId v : g.node(id).inputs) of[v].push_back(id);
-    auto escape = [&](ValueId v) { escapes[v] = escapes[g.value(v).storage] = true; };
-    for (const auto& [label, v] : g.outputs) escape(v);
-    for (const ir::Graph::Update& u : g.updates) escape(u.value);
+    for (ValueId v = 0; v < g.num_values(); ++v) storage_[v] = g.value(v).storage;
   }
+  // v's buffer, as the round began, is a step output's or an update's source
+  // (Graph::escaping_buffers). Rewrites during the round repoint views at new
+  // values: the snapshot keeps the answer for the values the round looks at.
+  bool escapes(ValueId v) const { return escaping_[storage_[v]]; }
   // v is read by exactly one node and is not an output.
-  bool single(ValueId v) const { return of[v].size() == 1 && !escapes[v]; }
+  bool single(ValueId v) const { return of[v].size() == 1 && !escapes(v); }
+
+ private:
+  std::vector<bool> escaping_;
+  std::vector<ValueId> storage_;
 };
 
 // A value seen through views: `base`, then the view nodes that make the value.
@@ -204,7 +209,7 @@ class SinkCasts : public Pass {
     const ir::Node& producer = g.node(id);
     if (is_view(producer.op) || producer.outputs.size() != 1) return false;
     const ValueId v = producer.out();
-    if (r.escapes[v] || !ir::is_floating(g.value(v).type.dtype)) return false;
+    if (r.escapes(v) || !ir::is_floating(g.value(v).type.dtype)) return false;
     struct Reader {
       std::vector<NodeId> views;  // from v to the cast's input
       NodeId cast = ir::kNoNode;
@@ -222,7 +227,7 @@ class SinkCasts : public Pass {
     while (!stack.empty()) {
       const Pending at = stack.back();
       stack.pop_back();
-      if (r.escapes[at.value] || r.of[at.value].empty()) return false;
+      if (r.escapes(at.value) || r.of[at.value].empty()) return false;
       for (NodeId reader : r.of[at.value]) {
         const ir::Node& rn = g.node(reader);
         if (is_view(rn.op)) {
@@ -242,7 +247,7 @@ class SinkCasts : public Pass {
           if (cls != ir::OpClass::Attention && cls != ir::OpClass::Contraction && cls != ir::OpClass::Elementwise)
             return false;
         }
-        if (r.escapes[rn.out()]) return false;
+        if (r.escapes(rn.out())) return false;
         readers.push_back({at.views, reader});
       }
     }
