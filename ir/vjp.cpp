@@ -454,13 +454,6 @@ Grads vjp_linear_cross_entropy(Builder& b, const Node& n, ValueId dloss) {
   return {grad.out(0), grad.out(1), kNoValue};
 }
 
-// The bias's gradient: dy summed over every axis but the last.
-ValueId sum_rows(Builder& b, ValueId dy) {
-  std::vector<int64_t> axes(type_of(b, dy).rank() - 1);
-  std::iota(axes.begin(), axes.end(), 0);
-  return reduce_sum(b, dy, axes, false);
-}
-
 Grads vjp_layernorm(Builder& b, const Node& n, ValueId dy) {
   ValueId x = n.in(0), gain = n.in(1);
   double eps = n.attrs.get_double("eps");
