@@ -199,7 +199,8 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       k.memory_seconds = memory;
       k.seconds = std::max(k.compute_seconds, k.memory_seconds) + device.launch_seconds;
       const double peak_rate = a.contraction ? matmul_peak(device, k.compute_dtype, allow_tf32) : vector_peak(device, k.compute_dtype);
-      t.roofline_seconds += std::max(peak_rate > 0 ? k.flops / peak_rate : 0.0, k.bytes / device.bandwidth_bytes_per_s);
+      k.roofline_seconds = std::max(peak_rate > 0 ? k.flops / peak_rate : 0.0, k.bytes / device.bandwidth_bytes_per_s);
+      t.roofline_seconds += k.roofline_seconds;
       t.seconds += k.seconds;
       t.launch_seconds += device.launch_seconds;
       t.class_seconds[static_cast<int>(k.kind)] += k.seconds;

@@ -60,6 +60,7 @@ struct KernelTime {
   double rate = 0;           // FLOP/s the compute term uses (peak x efficiency, or loop_flops)
   double bandwidth = 0;      // bytes / memory_seconds: the effective bandwidth of its reads and writes
   double compute_seconds = 0, memory_seconds = 0, seconds = 0;
+  double roofline_seconds = 0;  // at the peak rate for its dtype or main-memory bandwidth, no launch (StepTime)
   bool no_peak = false;      // the device has no peak for compute_dtype: time left out
   std::string lines;         // "models/gpt.yaml:39,40" (the YAML lines of its nodes)
   std::string scope;         // "blocks.0" or ""

@@ -115,14 +115,16 @@ Kernel fused_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const
     k.attrs = n.attrs;
   }
   k.kind = KernelKind::FusedElementwise;
+  std::vector<ir::ValueId> outputs = fg.outputs;
   if (fg.reduction != ir::kNoNode) {  // the elementwise members are the reduction's prologue
     const ir::Node& r = g.node(fg.reduction);
-    NAPKIN_INTERNAL_CHECK(fg.outputs.size() == 1 && fg.outputs[0] == r.out(),
-                          "fusion group {} ends with a reduction but stores another value", fg.id);
+    auto at = std::find(outputs.begin(), outputs.end(), r.out());
+    NAPKIN_INTERNAL_CHECK(at != outputs.end(), "fusion group {} ends with a reduction whose result it does not store", fg.id);
+    std::rotate(outputs.begin(), at, at + 1);  // the reduction's result is Kernel::output; the stores follow
     k.kind = KernelKind::Reduction;
     k.params = ir::loop_params(r.op, r.attrs);
   }
-  for (ir::ValueId out : fg.outputs) {
+  for (ir::ValueId out : outputs) {
     f.outputs.push_back(operand(g, arena, out));
     NAPKIN_INTERNAL_CHECK(f.outputs.back().contiguous(), "a fused kernel output must be contiguous");
     f.output_ops.push_back(op_of.at(out));
@@ -284,9 +286,10 @@ ReductionLoop reduction_loop(const Kernel& k) {
   const Operand& out = k.output;
   ReductionLoop loop;
   loop.sizes = k.fused ? k.fused->shape : k.inputs[0].sizes;
-  if (k.fused)
+  if (k.fused) {
     for (const Operand& in : k.inputs) loop.inputs.push_back(broadcast_strides(in, loop.sizes));
-  else
+    for (size_t o = 1; o < k.fused->outputs.size(); ++o) loop.stores.push_back(k.fused->outputs[o].strides);
+  } else
     loop.inputs.push_back(k.inputs[0].strides);
   size_t rank = loop.sizes.size();
   std::vector<bool> reduced(rank, false);
@@ -299,6 +302,7 @@ ReductionLoop reduction_loop(const Kernel& k) {
   }
   std::vector<std::vector<int64_t>*> all{&loop.out_strides};
   for (auto& in : loop.inputs) all.push_back(&in);
+  for (auto& st : loop.stores) all.push_back(&st);
   collapse_dims(loop.sizes, all);
   loop.in_strides = loop.inputs.empty() ? std::vector<int64_t>(loop.sizes.size(), 0) : loop.inputs[0];
   return loop;

@@ -85,8 +85,10 @@ struct FusedOp {
 
 // A fusion group's loop. A group that ends with a reduction is a Reduction
 // kernel whose ops are its elementwise prologue, then the reduction (the last
-// op; its one output is the kernel's): the emitters compute the prologue per
-// element where a plain reduction loads its input.
+// op): the emitters compute the prologue per element where a plain reduction
+// loads its input. Its outputs are the reduction's result (outputs[0]), then
+// the prologue results the group stores, each written as its element is
+// visited (once; the iteration shape is theirs).
 struct FusedLoop {
   std::vector<int64_t> shape;    // the iteration shape
   std::vector<FusedOp> ops;      // schedule order
@@ -148,9 +150,13 @@ struct PlannedTensor {
 // How the runtime launches a loop kernel: the function computes dim-0 indices
 // [begin, end) of its loop, extent is that dim's size, and parallel says
 // whether splitting it across threads is worth it (backends decide).
+// combine: after [0, extent), the runtime calls the function once more with
+// [extent, extent + 1), alone: it combines the partial results the work
+// items left (a fused reduction over its dim 0, codegen/cpu/kernels.cpp).
 struct Launch {
   int64_t extent = 1;
   bool parallel = false;
+  bool combine = false;
 };
 
 struct KernelPlan {
@@ -187,10 +193,13 @@ int normalize_axis(int64_t axis, size_t rank);
 // input's strides and the output's (0 along a reduced dim: every element of
 // it lands on one output element). A fused reduction (Kernel::fused) loops
 // over its iteration shape: `inputs` holds each kernel input's strides over
-// it (broadcast: 0), in_strides those of input 0; a plain one has one input.
+// it (broadcast: 0), in_strides those of input 0, and `stores` the strides
+// of the prologue results it stores; a plain one has one input.
 struct ReductionLoop {
   std::vector<int64_t> sizes, in_strides, out_strides;
   std::vector<std::vector<int64_t>> inputs;
+  // A fused reduction's other outputs (FusedLoop::outputs[1..]): their strides over the loop.
+  std::vector<std::vector<int64_t>> stores;
 };
 ReductionLoop reduction_loop(const Kernel& k);
 

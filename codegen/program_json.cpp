@@ -222,6 +222,7 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
               {"kind", runtime_kind(k.kind)},
               {"extent", launches.at(i).extent},
               {"parallel", launches.at(i).parallel},
+              {"combine", launches.at(i).combine},
               {"out", operand_json(k.output)}};
     if (k.kind == KernelKind::Gemm) j["matmul"] = matmul_json(k);
     if (k.kind == KernelKind::Attention) j["attention"] = attention_json(k);

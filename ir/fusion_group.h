@@ -11,8 +11,9 @@
 //  - reduction: a group may end with one reduction (reduce_sum, _mean, _max,
 //    _min) of a member's result, read directly: the elementwise members are
 //    its prologue, computed per element as the reduction loads it. Its input
-//    shape is the iteration shape, every other member's result is internal,
-//    and its result is the group's one output.
+//    shape is the iteration shape. Its result is a group output; the kernel
+//    stores the other members' results that are group outputs as it visits
+//    each element (once).
 //  - internal value: made by a member, and every node that reads it (directly
 //    or through a view of its buffer) is a member, and it is not a graph
 //    output nor (the buffer of) an update's value. It lives in a register for

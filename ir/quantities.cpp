@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace napkin::ir {
@@ -20,7 +21,8 @@ namespace {
 std::string scaled(double v, const char* const* units, int count, double step, const char* fmt_spec) {
   int i = 0;
   double a = std::fabs(v);
-  while (i + 1 < count && a >= step) {
+  // 999.5 and up would print as "1e+03" in three digits: the next unit reads better.
+  while (i + 1 < count && a >= std::min(step, 999.5)) {
     a /= step;
     v /= step;
     ++i;

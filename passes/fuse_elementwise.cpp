@@ -41,7 +41,6 @@ class Fuser {
     readers_.resize(g.num_values());
     for (NodeId id : schedule_)
       for (ValueId in : g_.node(id).inputs) readers_[in].push_back(id);
-    escapes_ = g.escaping_buffers();
   }
 
   void form_groups() {
@@ -50,10 +49,6 @@ class Fuser {
       count(1);
       node_unit_[id] = units_.insert(units_.end(), Unit{id, -1});
       const ir::Node& n = g_.node(id);
-      if (int c = prologue_group(n); c >= 0) {
-        if (join_node(c, id)) closed_[c] = true;
-        continue;
-      }
       if (!fusible(n)) continue;
       std::vector<int64_t> shape = g_.value(n.out()).type.sizes();
       std::vector<int> candidates;
@@ -62,12 +57,11 @@ class Fuser {
         const ir::Value& v = g_.value(in);
         if (v.producer == ir::kNoNode || v.is_view()) continue;
         int c = group_of(v.producer);
-        if (c < 0 || shape_[c] != shape || phase_[c] != n.phase || closed_[c]) continue;
+        if (c < 0 || shape_[c] != shape || phase_[c] != n.phase) continue;
         if (std::find(candidates.begin(), candidates.end(), c) == candidates.end()) candidates.push_back(c);
       }
       int& scalar_group = last_scalar_group_[static_cast<int>(n.phase)];
-      if (candidates.empty() && shape.empty() && scalar_group >= 0 && !members_[scalar_group].empty() &&
-          !closed_[scalar_group])
+      if (candidates.empty() && shape.empty() && scalar_group >= 0 && !members_[scalar_group].empty())
         candidates.push_back(scalar_group);
       int joined = -1;
       for (int c : candidates) {
@@ -83,7 +77,6 @@ class Fuser {
       if (joined < 0) {
         joined = static_cast<int>(members_.size());
         members_.emplace_back();
-        closed_.push_back(false);
         shape_.push_back(shape);
         phase_.push_back(n.phase);
         parent_.push_back(joined);
@@ -102,51 +95,46 @@ class Fuser {
       else schedule_.insert(schedule_.end(), members_[u.group].begin(), members_[u.group].end());
     }
     count(static_cast<int64_t>(schedule_.size()));
+    count(static_cast<int64_t>(schedule_.size()));
+    attach_reductions();
     index_positions();
-    release_leaky_reductions();  // after the schedule is an array: a released reduction stays where it is
   }
 
-  // The working group whose member's result reduction `n` may take as its
-  // prologue (-1: none): n reduces it directly, is its only reader, it is no
-  // step output, the group has n's input shape and phase and no reduction
-  // yet, and none of its members needs its element's position.
-  int prologue_group(const ir::Node& n) {
-    if (ir::op_info(n.op).op_class != ir::OpClass::Reduction || n.inputs.size() != 1) return -1;
-    const ir::Value& v = g_.value(n.in(0));
-    if (v.producer == ir::kNoNode || v.is_view() || readers_[v.id].size() != 1 || escapes(v.id)) return -1;
-    if (!fusible(g_.node(v.producer))) return -1;
-    const int c = group_of(v.producer);
-    if (c < 0 || closed_[c] || phase_[c] != n.phase || shape_[c] != v.type.sizes()) return -1;
-    for (NodeId m : members_[c]) {
+  // Each reduction that reads a group member's result directly becomes the
+  // last member of that group (see the header), and moves to right after the
+  // group's other members: its one input is ready there, and its readers
+  // came after it already. One reduction per group, the first in schedule order.
+  void attach_reductions() {
+    std::vector<bool> attached(members_.size(), false);  // working group -> it has its reduction
+    std::vector<NodeId> follower(g_.num_nodes(), ir::kNoNode);  // a group's last member -> the reduction placed after it
+    std::vector<bool> moved(g_.num_nodes(), false);
+    for (NodeId id : schedule_) {
       count(1);
-      if (ir::op_info(g_.node(m).op).element_index != ir::ElementIndex::None) return -1;
-    }
-    return c;
-  }
-
-  bool escapes(ValueId v) const { return escapes_[g_.value(v).storage]; }
-
-  // A group's reduction leaves it when another member's result is read
-  // outside the group (the reduction's kernel stores nothing but its result):
-  // the reduction is the group's last member, so the rest stays contiguous.
-  void release_leaky_reductions() {
-    for (size_t gid = 0; gid < members_.size(); ++gid) {
-      if (!closed_[gid] || parent_[gid] != static_cast<int>(gid) || members_[gid].empty()) continue;
-      const NodeId reduction = members_[gid].back();
-      bool leaks = false;
-      for (NodeId m : members_[gid]) {
-        if (m == reduction) continue;
-        for (ValueId out : g_.node(m).outputs) {
-          count(1);
-          if (escapes(out)) leaks = true;
-          for (NodeId r : readers_[out]) leaks = leaks || group_[r] != static_cast<int>(gid);
-        }
+      const ir::Node& n = g_.node(id);
+      if (ir::op_info(n.op).op_class != ir::OpClass::Reduction || n.inputs.size() != 1 || n.outputs.size() != 1) continue;
+      const ir::Value& v = g_.value(n.in(0));
+      if (v.producer == ir::kNoNode || v.is_view() || !fusible(g_.node(v.producer))) continue;
+      const int c = group_[v.producer];
+      if (c < 0 || attached[c] || phase_[c] != n.phase || shape_[c] != v.type.sizes()) continue;
+      bool positional = false;
+      for (NodeId m : members_[c]) {
+        count(1);
+        positional = positional || ir::op_info(g_.node(m).op).element_index != ir::ElementIndex::None;
       }
-      if (!leaks) continue;
-      group_[reduction] = -1;
-      members_[gid].pop_back();
-      closed_[gid] = false;
+      if (positional) continue;
+      attached[c] = true;
+      follower[members_[c].back()] = id;
+      moved[id] = true;
+      add_member(c, id);
     }
+    std::vector<NodeId> schedule;
+    schedule.reserve(schedule_.size());
+    for (NodeId id : schedule_) {
+      if (moved[id]) continue;
+      schedule.push_back(id);
+      if (follower[id] != ir::kNoNode) schedule.push_back(follower[id]);
+    }
+    schedule_ = std::move(schedule);
   }
 
   // Each constant that members read directly folds into their groups (see
@@ -252,7 +240,6 @@ class Fuser {
   std::vector<int> group_;                  // node -> working group (maybe merged away: see group_of), -1 if none
   std::vector<std::deque<NodeId>> members_;  // working group -> nodes, in schedule order
   std::vector<std::vector<int64_t>> shape_;  // working group -> iteration shape
-  std::vector<bool> closed_;                 // working group -> it ends with a reduction: nothing joins it
   std::vector<ir::Phase> phase_;
   std::vector<int> parent_;  // working group -> the group it merged into, itself while it lives
   int last_scalar_group_[3] = {-1, -1, -1};
@@ -260,7 +247,6 @@ class Fuser {
   std::vector<UnitList::iterator> node_unit_;   // node alone -> its unit
   std::vector<UnitList::iterator> group_unit_;  // working group -> its unit
   std::vector<std::vector<NodeId>> readers_;    // value -> the nodes reading it
-  std::vector<bool> escapes_;                   // buffer -> a step output or an update's source
   // Marks of the merge being tried (its stamp): in the span between the set's
   // parts, depends on the set, needed by the set.
   std::vector<int> gap_, after_, needed_;

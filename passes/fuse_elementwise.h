@@ -31,13 +31,14 @@
 //  - a group of one node is dissolved (it is a kernel either way); ids are
 //    then renumbered 0 .. n-1 in schedule order.
 //  - a reduction (reduce_sum, _mean, _max, _min) joins the group of the
-//    member whose result it reads directly, as its last member, when it is
-//    that value's only reader, the value is no step output, the group has
-//    the value's shape and phase and no reduction yet, and no member needs
-//    its element's position; nothing joins the group after it. When the walk
-//    is done, a reduction whose group stores another value (a member read
-//    outside it) leaves the group: the kernel of a reduction group stores
-//    only the reduction's result (ir/fusion_group.h).
+//    member whose result it reads directly, once the walk is done, as its
+//    last member, when the group has the value's shape and phase and no
+//    reduction yet, and no member needs its element's position. It moves to
+//    right after the group's other members. The group still stores every
+//    member result read outside it (a bias gradient is summed in the kernel
+//    that also stores the gradient for the matmuls), and the value reduced is
+//    internal when the reduction was its only reader (gradient clipping's
+//    squares are never stored).
 // Runs last in the training pipeline: later stages (memory, kernel plan,
 // report) read the groups; a pass that moves or adds nodes after it must keep
 // the invariants of ir/fusion_group.h. Normalizations, losses and

@@ -20,7 +20,18 @@ double node_bytes(const ir::Graph& g, const ir::Node& n) {
   return c.bytes_read + c.bytes_written;
 }
 
-std::string pattern_of(const ir::Graph& g, const ir::FusionGroup& fg) {
+
+int op_count(const ir::Graph& g, const ir::FusionGroup& fg) {
+  int n = 0;
+  for (ir::NodeId id : fg.nodes) n += g.node(id).op != ir::Op::Constant;
+  return n;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+}  // namespace
+
+std::string group_pattern(const ir::Graph& g, const ir::FusionGroup& fg) {
   if (fg.phase == ir::Phase::Optimizer) {
     for (const ir::Graph::Update& u : g.updates)
       if (g.value(u.target).kind == ir::ValueKind::Param &&
@@ -33,16 +44,6 @@ std::string pattern_of(const ir::Graph& g, const ir::FusionGroup& fg) {
     if (g.node(id).op != ir::Op::Constant) ops.emplace_back(ir::op_name(g.node(id).op));
   return fmt::format("{}", fmt::join(ops, " > "));
 }
-
-int op_count(const ir::Graph& g, const ir::FusionGroup& fg) {
-  int n = 0;
-  for (ir::NodeId id : fg.nodes) n += g.node(id).op != ir::Op::Constant;
-  return n;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
-
-}  // namespace
 
 FusionSummary summarize_fusion(const ir::Graph& g) {
   FusionSummary s;
@@ -71,8 +72,8 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
     int ops = op_count(g, fg);
     s.fused_ops += ops;
     s.folded_constants += static_cast<int>(fg.nodes.size()) - ops;
-    FusionPattern& pat = patterns[pattern_of(g, fg)];
-    pat.name = pattern_of(g, fg);
+    FusionPattern& pat = patterns[group_pattern(g, fg)];
+    pat.name = group_pattern(g, fg);
     ++pat.groups;
     pat.ops += ops;
     s.largest.push_back(fg.id);
@@ -148,7 +149,7 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s, cons
                        casts->kernels_placed, ir::human_bytes(casts->bytes_policy), ir::human_bytes(casts->bytes_placed),
                        change(casts->bytes_policy, casts->bytes_placed));
   }
-  out += "  not fused: a reduction whose input is stored anyway, contractions (no epilogue but a widening cast)\n";
+  out += "  not fused: a second reduction of a group's values (one per group), contractions (no epilogue but a widening cast)\n";
   return out;
 }
 

@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ir/fusion_group.h"
 #include "ir/graph.h"
 #include "passes/pass.h"
 
@@ -59,6 +60,9 @@ struct CastSummary {
   int kernels_policy = 0, kernels_placed = 0;
   double bytes_policy = 0, bytes_placed = 0;
 };
+
+// The pattern of a fusion group (see "pattern of a group" above).
+std::string group_pattern(const ir::Graph& g, const ir::FusionGroup& group);
 
 FusionSummary summarize_fusion(const ir::Graph& g);
 // `policy_casts_step`: g's step with sink_casts and matmul_epilogues off.

@@ -11,6 +11,7 @@
 #include "ir/quantities.h"
 #include "report/amp_audit.h"
 #include "report/fusion_report.h"
+#include "report/kernel_table.h"
 
 namespace napkin::report {
 
@@ -205,7 +206,7 @@ std::string time_section(const ir::Graph& g, const analysis::StepCost& c) {
   std::string figures = peak > 0 ? fmt::format("  peak: {}\n", d.source_of(analysis::peak_figure_name(d, c.matmul_dtype))) : "";
   figures += fmt::format("  bandwidth: {}\n", d.source_of("bandwidth"));
   if (std::string file = analysis::local_origin(d); !file.empty()) figures += fmt::format("  (row read from the local device file {})\n", file);
-  return out + figures;
+  return out + figures + kernel_table_text(kernel_kinds(g, t), t.seconds);
 }
 
 std::string step_rule_section(const ir::Graph& g, const analysis::StepCost& c) {
@@ -566,7 +567,8 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
                  {"ops_without_peak", c.ops_without_peak},
                  {"mfu", peak > 0 && t.seconds > 0 ? json(t.mfu) : json(nullptr)},
                  {"peak_source", c.device->source_of(analysis::peak_figure_name(*c.device, c.matmul_dtype))},
-                 {"matmul_dtype", std::string(ir::dtype_name(c.matmul_dtype))}};
+                 {"matmul_dtype", std::string(ir::dtype_name(c.matmul_dtype))},
+                 {"kernel_kinds", kernel_table_json(kernel_kinds(g, t))}};
   } else {
     j["device"] = nullptr;
   }

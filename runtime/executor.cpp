@@ -108,6 +108,7 @@ void Executor::run_kernel(int i) {
   LoopCall call{fns_[i], arena_};
   if (k.parallel) pool_.parallel_for(k.extent, run_chunk, &call);
   else call.fn(arena_, 0, k.extent);
+  if (k.combine) call.fn(arena_, k.extent, k.extent + 1);
 }
 
 void Executor::run_kernels(int first, int last) {

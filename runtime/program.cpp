@@ -91,6 +91,7 @@ Program parse_program(const char* text, size_t size) {
       s.is_classifier = k.at("kind") == "classifier";
       s.extent = k.at("extent");
       s.parallel = k.at("parallel");
+      s.combine = k.value("combine", false);
       s.out_offset = k.at("out").at("offset");
       s.out_numel = k.at("out").at("numel");
       s.out_dtype = k.at("out").at("dtype");

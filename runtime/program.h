@@ -71,6 +71,7 @@ struct KernelSpec {
   bool is_classifier = false;
   int64_t extent = 1;
   bool parallel = false;
+  bool combine = false;  // then called once more with [extent, extent + 1) (codegen/plan.h Launch)
   int64_t out_offset = 0, out_numel = 0;
   std::string out_dtype;
   MatmulSpec matmul;  // is_matmul

@@ -167,53 +167,138 @@ Combiner combiner_of(LoopEmitter& e, const Kernel& k) {
   return c;
 }
 
+// Partial results a fused reduction keeps per work item: at most this many
+// work items split a summed dim 0, and at most this many bytes of partials.
+constexpr int64_t kMaxReductionParts = 16;
+constexpr int64_t kMaxPartialBytes = int64_t{256} << 10;
+
 // A reduction with an elementwise prologue (a fusion group ending in a
-// reduction, codegen/plan.h FusedLoop): each output element is reduced in a
-// register over its summed dims and stored once, the prologue computed per
-// element from the kernel's inputs where a plain reduction loads its input.
+// reduction, codegen/plan.h FusedLoop), which may also store prologue
+// results. It visits every element of its loop once, in storage order
+// (outputs are written where they are computed), and accumulates into
+// partial results in the compute type, in a buffer of the module's own:
+//  - work item: dim 0 of the collapsed loop. When dim 0 is kept, item i0
+//    owns its block of the output, reduced into its block of partials and
+//    finished (mean, rounding) there. When dim 0 is summed, it is split into
+//    at most kMaxReductionParts parts, a number fixed by the shape (never by
+//    the thread count: the bits do not depend on it); each part reduces into
+//    its own row of partials, and the runtime's combining call [extent,
+//    extent + 1) adds the rows in order into the output (Launch::combine).
+//  - where the innermost dim is summed, each run along it is reduced in a
+//    register first (a row sum; the whole of a full reduction's part).
 LoopInfo fused_reduction(LoopEmitter& e, const Kernel& k) {
   const FusedLoop& f = *k.fused;
   const Operand& out = k.output;
   ReductionLoop loop = reduction_loop(k);
-  std::vector<int64_t>& sizes = loop.sizes;
-  std::vector<int64_t>& out_strides = loop.out_strides;
-  std::vector<std::vector<int64_t>>& ins = loop.inputs;
-  if (sizes.empty() || (out_strides[0] == 0 && sizes[0] > 1)) {  // dim 0 is summed: one serial block
-    sizes.insert(sizes.begin(), 1);
-    out_strides.insert(out_strides.begin(), 0);
-    for (auto& in : ins) in.insert(in.begin(), 0);
-  }
+  const std::vector<int64_t>& sizes = loop.sizes;
+  const std::vector<int64_t>& out_strides = loop.out_strides;
+  const size_t rank = sizes.size();
   const FusedOp& reduce = f.ops.back();
   NAPKIN_INTERNAL_CHECK(!reduce.args.empty() && !reduce.args[0].input, "fused reduction {} reduces no member", k.name);
+  NAPKIN_INTERNAL_CHECK(out.contiguous(), "fused reduction {} has a strided output", k.name);
   const int reduced = reduce.args[0].index;
   llvm::Type* ct = e.compute_type(out.dtype);
   const Combiner c = combiner_of(e, k);
-  const double count = static_cast<double>(product(f.shape)) / static_cast<double>(std::max<int64_t>(out.numel(), 1));
-  std::vector<int64_t> kept, kept_out, summed;
-  std::vector<std::vector<int64_t>> kept_in(ins.size()), summed_in(ins.size());
-  for (size_t d = 1; d < sizes.size(); ++d) {
-    const bool keep = out_strides[d] != 0;
-    (keep ? kept : summed).push_back(sizes[d]);
-    if (keep) kept_out.push_back(out_strides[d]);
-    for (size_t i = 0; i < ins.size(); ++i) (keep ? kept_in : summed_in)[i].push_back(ins[i][d]);
+  auto& b = e.b;
+  const int64_t out_numel = std::max<int64_t>(out.numel(), 1);
+  const double count = static_cast<double>(product(f.shape)) / static_cast<double>(out_numel);
+  const bool kept0 = out_strides[0] != 0;
+  // Work items and the partials each owns (`block` elements from item * block).
+  int64_t items = sizes[0], per_item = 1, block = out_numel / sizes[0];
+  if (!kept0) {
+    const int64_t element_bytes = static_cast<int64_t>(ct->getPrimitiveSizeInBits() / 8);
+    const int64_t parts = std::clamp<int64_t>(kMaxPartialBytes / (out_numel * element_bytes), 1,
+                                              std::min(kMaxReductionParts, sizes[0]));
+    per_item = (sizes[0] + parts - 1) / parts;
+    items = (sizes[0] + per_item - 1) / per_item;
+    block = out_numel;
   }
-  e.loop(e.begin, e.end, [&](llvm::Value* i0) {
-    llvm::Value* out_base = e.b.CreateMul(i0, e.i64(out_strides[0]));
-    e.nest(kept, -1, [&](const Idx& idx) {
-      std::vector<llvm::Value*> base;
-      for (size_t i = 0; i < ins.size(); ++i) base.push_back(e.dot(idx, kept_in[i], e.b.CreateMul(i0, e.i64(ins[i][0]))));
+  NAPKIN_INTERNAL_CHECK(!kept0 || out_strides[0] == block, "fused reduction {}: dim 0 does not own a block of the output", k.name);
+  const bool combine = !kept0 && items > 1;
+  auto* partial_type = llvm::ArrayType::get(ct, static_cast<uint64_t>(items * block));
+  auto* partials = new llvm::GlobalVariable(e.module, partial_type, false, llvm::GlobalValue::InternalLinkage,
+                                            llvm::ConstantAggregateZero::get(partial_type), k.name + "_partials");
+  partials->setAlignment(llvm::Align(64));
+  auto partial_at = [&](llvm::Value* i) { return b.CreateInBoundsGEP(ct, partials, i); };
+  auto finish = [&](llvm::Value* v) {
+    return k.reduction().mean ? b.CreateFDiv(v, llvm::ConstantFP::get(ct, count)) : v;
+  };
+  // The prologue at the loop index idx: its results, the stores made.
+  auto visit = [&](const Idx& idx) {
+    const std::vector<llvm::Value*> result =
+        fused_ops_at(e, k, f.ops.size() - 1, [&](int i) { return e.load(k.inputs[i], e.dot(idx, loop.inputs[i])); }, {});
+    for (size_t o = 1; o < f.outputs.size(); ++o)
+      e.store(f.outputs[o], e.dot(idx, loop.stores[o - 1]), result[f.output_ops[o]]);
+    return result[reduced];
+  };
+
+  llvm::BasicBlock* work = llvm::BasicBlock::Create(e.ctx, "work", e.fn);
+  llvm::BasicBlock* combining = llvm::BasicBlock::Create(e.ctx, "combine", e.fn);
+  llvm::BasicBlock* done = llvm::BasicBlock::Create(e.ctx, "done", e.fn);
+  b.CreateCondBr(b.CreateICmpSLT(e.begin, e.i64(items)), work, combining);
+
+  b.SetInsertPoint(work);
+  e.loop(e.begin, e.end, [&](llvm::Value* item) {
+    llvm::Value* base = b.CreateMul(item, e.i64(block));  // of its partials
+    e.loop(e.i64(0), e.i64(block), [&](llvm::Value* j) { b.CreateStore(c.identity, partial_at(b.CreateAdd(base, j))); });
+    llvm::Value* lo = b.CreateMul(item, e.i64(per_item));
+    llvm::Value* hi = kept0 ? b.CreateAdd(lo, e.i64(1)) : b.CreateBinaryIntrinsic(llvm::Intrinsic::smin, b.CreateAdd(lo, e.i64(per_item)), e.i64(sizes[0]));
+    // The partial of the element at idx: base + its output offset within the item.
+    std::vector<int64_t> local(out_strides);
+    local[0] = 0;
+    auto accumulate = [&](llvm::Value* at, llvm::Value* v) {
+      llvm::Value* ptr = partial_at(at);
+      b.CreateStore(c.combine(b.CreateLoad(ct, ptr), v), ptr);
+    };
+    const bool inner_summed = rank > 1 && out_strides.back() == 0;
+    if (rank == 1 && !kept0) {  // one summed dim: the part in a register
       llvm::Value* acc = e.make_slot(ct, c.identity);
-      e.nest(summed, -1, [&](const Idx& r) {
-        const std::vector<llvm::Value*> result = fused_ops_at(
-            e, k, f.ops.size() - 1, [&](int i) { return e.load(k.inputs[i], e.dot(r, summed_in[i], base[i])); }, {});
-        e.b.CreateStore(c.combine(e.b.CreateLoad(ct, acc), result[reduced]), acc);
+      e.loop(lo, hi, [&](llvm::Value* i0) { b.CreateStore(c.combine(b.CreateLoad(ct, acc), visit({i0})), acc); });
+      accumulate(base, b.CreateLoad(ct, acc));
+    } else {
+      e.loop(lo, hi, [&](llvm::Value* i0) {
+        std::vector<int64_t> outer(sizes.begin() + 1, sizes.end() - (inner_summed ? 1 : 0));
+        e.nest(outer, -1, [&](const Idx& rest) {
+          Idx idx{i0};
+          idx.insert(idx.end(), rest.begin(), rest.end());
+          if (!inner_summed) {
+            accumulate(b.CreateAdd(base, e.dot(idx, local)), visit(idx));
+            return;
+          }
+          llvm::Value* acc = e.make_slot(ct, c.identity);
+          e.loop(e.i64(0), e.i64(sizes.back()), [&](llvm::Value* t) {
+            Idx full = idx;
+            full.push_back(t);
+            b.CreateStore(c.combine(b.CreateLoad(ct, acc), visit(full)), acc);
+          });
+          idx.push_back(e.i64(0));
+          accumulate(b.CreateAdd(base, e.dot(idx, local)), b.CreateLoad(ct, acc));
+        });
       });
-      llvm::Value* v = e.b.CreateLoad(ct, acc);
-      if (k.reduction().mean) v = e.b.CreateFDiv(v, llvm::ConstantFP::get(ct, count));
-      e.store(out, e.dot(idx, kept_out, out_base), v);
-    });
+    }
+    if (!combine)  // this item's block of the output is complete
+      e.loop(e.i64(0), e.i64(block), [&](llvm::Value* j) {
+        llvm::Value* at = b.CreateAdd(base, j);
+        e.store(out, at, finish(b.CreateLoad(ct, partial_at(at))));
+      });
   });
-  return loop_info(sizes[0], product(sizes));
+  b.CreateBr(done);
+
+  b.SetInsertPoint(combining);
+  if (combine)
+    e.loop(e.i64(0), e.i64(out_numel), [&](llvm::Value* j) {
+      llvm::Value* acc = e.make_slot(ct, c.identity);
+      e.loop(e.i64(0), e.i64(items), [&](llvm::Value* p) {
+        llvm::Value* at = b.CreateAdd(b.CreateMul(p, e.i64(out_numel)), j);
+        b.CreateStore(c.combine(b.CreateLoad(ct, acc), b.CreateLoad(ct, partial_at(at))), acc);
+      });
+      e.store(out, j, finish(b.CreateLoad(ct, acc)));
+    });
+  b.CreateBr(done);
+  b.SetInsertPoint(done);
+  LoopInfo info = loop_info(items, product(sizes));
+  info.combine = combine;
+  return info;
 }
 
 LoopInfo reduction(LoopEmitter& e, const Kernel& k) {

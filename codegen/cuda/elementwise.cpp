@@ -337,9 +337,11 @@ std::string fused_prologue(const Kernel& k, const std::string& fn) {
   const int result = reduce.args[0].index;
   std::vector<std::string> params;
   for (size_t i = 0; i < k.inputs.size(); ++i) params.push_back(fmt::format("const {} a{}", compute_type(k.inputs[i].dtype), i));
+  for (size_t o = 1; o < fl.outputs.size(); ++o) params.push_back(fmt::format("{}& s{}", compute_type(fl.outputs[o].dtype), o - 1));
   Src f;
   f.open("NAPKIN_DEVICE {} {}({}) {{", compute_type(fl.ops[result].dtype), fn, fmt::join(params, ", "));
   fused_ops(f, k, fl.ops.size() - 1);
+  for (size_t o = 1; o < fl.outputs.size(); ++o) f.line("s{} = v{};", o - 1, fl.output_ops[o]);
   f.line("return v{};", result);
   f.close();
   return f.take();

@@ -153,7 +153,9 @@ EmittedKernel emit_embedding(const Kernel& k, int index);
 EmittedKernel emit_contraction(const Kernel& k);      // a contraction the GEMM library cannot take
 EmittedKernel emit_reduction(const Kernel& k);        // reduce_sum/mean/max/min, and fused reductions
 // A fused reduction's prologue (codegen/plan.h FusedLoop) as the device
-// function `T fn(inputs' compute values)` returning the reduced member's value.
+// function `T fn(inputs' compute values, T0& s0, ...)` returning the reduced
+// member's value and setting s0, s1, ... to the results the kernel stores
+// (FusedLoop::outputs[1..]).
 std::string fused_prologue(const Kernel& k, const std::string& fn);
 EmittedKernel emit_mse(const Kernel& k);
 EmittedKernel emit_embedding_grad(const Kernel& k, int index);

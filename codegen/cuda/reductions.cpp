@@ -59,22 +59,26 @@ EmittedKernel emit_reduction(const Kernel& k) {
   const std::vector<int64_t>& out_strides = loop.out_strides;
   // Per input (a plain reduction has one; a fused one each kernel input):
   // its strides over the kept and the reduced dims.
-  const size_t n_in = loop.inputs.size();
+  // Likewise for each prologue result a fused reduction stores.
+  const size_t n_in = loop.inputs.size(), n_st = loop.stores.size();
   std::vector<int64_t> kept_sizes, kept_out, red_sizes;
-  std::vector<std::vector<int64_t>> kept_in(n_in), red_in(n_in);
+  std::vector<std::vector<int64_t>> kept_in(n_in), red_in(n_in), kept_st(n_st), red_st(n_st);
   for (size_t d = 0; d < sizes.size(); ++d) {
     const bool keep = out_strides[d] != 0;
     (keep ? kept_sizes : red_sizes).push_back(sizes[d]);
     if (keep) kept_out.push_back(out_strides[d]);
     for (size_t i = 0; i < n_in; ++i) (keep ? kept_in : red_in)[i].push_back(loop.inputs[i][d]);
+    for (size_t j = 0; j < n_st; ++j) (keep ? kept_st : red_st)[j].push_back(loop.stores[j][d]);
   }
   if (kept_sizes.empty()) {
     kept_sizes = {1}, kept_out = {0};
     for (auto& s : kept_in) s = {0};
+    for (auto& s : kept_st) s = {0};
   }
   if (red_sizes.empty()) {
     red_sizes = {1};
     for (auto& s : red_in) s = {0};
+    for (auto& s : red_st) s = {0};
   }
   const int64_t M = product(kept_sizes), R = product(red_sizes);
   const bool row = out_strides.back() == 0 && sizes.back() > 1;
@@ -85,15 +89,31 @@ EmittedKernel emit_reduction(const Kernel& k) {
     return fmt::format("({} / {})", acc, literal(out.dtype, static_cast<double>(product(sizes)) / static_cast<double>(std::max<int64_t>(M, 1))));
   };
   // The element at the kept index o and reduced index r, in out's compute
-  // type: input 0 loaded, or the fused prologue computed from every input.
+  // type: input 0 loaded, or the fused prologue computed from every input
+  // (its stored results in s0, s1, ...).
   const std::string prologue = k.name + "_prologue";
   auto element = [&]() {
     if (!k.fused) return convert(load(k.inputs[0], fmt::format("base0 + {}", dot("r", red_in[0]))), k.inputs[0].dtype, out.dtype);
     std::vector<std::string> args;
     for (size_t i = 0; i < n_in; ++i) args.push_back(load(k.inputs[i], fmt::format("base{} + {}", i, dot("r", red_in[i]))));
+    for (size_t j = 0; j < n_st; ++j) args.push_back(fmt::format("s{}", j));
     const FusedOp& reduce = k.fused->ops.back();
     return convert(fmt::format("{}({})", prologue, fmt::join(args, ", ")), k.fused->ops[reduce.args[0].index].dtype,
                    out.dtype);
+  };
+  // Folds the element at (o, r) into acc; a fused reduction also stores the
+  // prologue results it keeps there (each element is visited once).
+  auto accumulate = [&](Src& s, const std::string& op) {
+    if (n_st == 0) {
+      s.line("acc = {}(acc, {});", op, element());
+      return;
+    }
+    s.open("{{");
+    for (size_t j = 0; j < n_st; ++j) s.line("{} s{};", compute_type(k.fused->outputs[j + 1].dtype), j);
+    s.line("acc = {}(acc, {});", op, element());
+    for (size_t j = 0; j < n_st; ++j)
+      s.line("{}", store(k.fused->outputs[j + 1], fmt::format("sbase{} + {}", j, dot("r", red_st[j])), fmt::format("s{}", j)));
+    s.close();
   };
 
   // Splits: enough work items to fill the GPU, each split at least a few
@@ -104,6 +124,7 @@ EmittedKernel emit_reduction(const Kernel& k) {
   const int64_t chunk = (R + S - 1) / S;
   int64_t bound = std::max({M * S + kMaxGrid * 256, product(sizes), out.numel()});
   for (const auto& in : loop.inputs) bound = std::max(bound, max_offset(sizes, in) + 1);
+  for (const auto& st : loop.stores) bound = std::max(bound, max_offset(sizes, st) + 1);
   std::string it = index_type(bound);
 
   EmittedKernel e;
@@ -112,6 +133,7 @@ EmittedKernel emit_reduction(const Kernel& k) {
   // Each input's element index at the kept index o: base0, base1, ...
   auto declare_bases = [&]() {
     for (size_t i = 0; i < n_in; ++i) s.line("const {} base{} = {};", it, i, dot("o", kept_in[i]));
+    for (size_t j = 0; j < n_st; ++j) s.line("const {} sbase{} = {};", it, j, dot("o", kept_st[j]));
   };
   const std::string partial_ptr = fmt::format("(({}*)scratch)", ct);
   // Writes acc for output o (and split sp when S > 1).
@@ -134,7 +156,7 @@ EmittedKernel emit_reduction(const Kernel& k) {
     s.line("{} acc = {};", ct, c.identity);
     s.open("for ({0} t = threadIdx.x & 31u; t < {1}u; t += 32u) {{", it, R);
     decompose(s, red_sizes, "t", "r", it);
-    s.line("acc = {}(acc, {});", c.op, element());
+    accumulate(s, c.op);
     s.close();
     s.line("acc = napkin_warp_reduce(acc, {});", c.op);
     s.line("if ((threadIdx.x & 31u) == 0u) {}", store(out, dot("o", kept_out), finalize("acc")));
@@ -154,7 +176,7 @@ EmittedKernel emit_reduction(const Kernel& k) {
     s.line("const {} end = sp * {}u + {}u < {}u ? sp * {}u + {}u : {}u;", it, chunk, chunk, R, chunk, chunk, R);
     s.open("for ({} t = sp * {}u + threadIdx.x; t < end; t += {}u) {{", it, chunk, block);
     decompose(s, red_sizes, "t", "r", it);
-    s.line("acc = {}(acc, {});", c.op, element());
+    accumulate(s, c.op);
     s.close();
     s.line("acc = napkin_block_reduce(acc, {}, {}, red);", c.op, c.identity);
     s.line("if (threadIdx.x == 0u) {}[q * {}u + sp] = acc;", partial_ptr, S);
@@ -175,7 +197,7 @@ EmittedKernel emit_reduction(const Kernel& k) {
     s.line("const {} end = sp * {}u + {}u < {}u ? sp * {}u + {}u : {}u;", it, chunk, chunk, R, chunk, chunk, R);
     s.open("for ({} t = sp * {}u; t < end; ++t) {{", it, chunk);
     decompose(s, red_sizes, "t", "r", it);
-    s.line("acc = {}(acc, {});", c.op, element());
+    accumulate(s, c.op);
     s.close();
     emit_result("q", "sp", "acc");
     s.close();

@@ -356,6 +356,85 @@ precision: {}
   }
 }
 
+namespace {
+
+// Elementwise chains whose results are stored (a matmul reads them) and
+// reduced too, each by one kernel that stores and reduces (passes/
+// fuse_elementwise.h): over the leading dims (a bias gradient: dim 0 summed,
+// split into parts combined afterwards; 185 rows do not divide evenly),
+// the last axis, the middle axis and every axis. The backward adds bias-
+// gradient sums of its own.
+std::string reductions_with_stores_yaml(const char* precision) {
+  return fmt::format(R"yaml(
+model: reductions_with_stores
+inputs: {{x: {{shape: [37, 5, 24]}}, b: {{shape: [24]}}}}
+params: {{w: {{shape: [24], init: normal(1.0)}}, c: {{shape: [24], init: normal(0.5)}}, v: {{shape: [24, 24], init: normal(0.2)}}}}
+forward:
+  - h1: tanh(x * w + c)
+  - s1: sum(h1, axis=[0, 1])
+  - h2: exp(x * 0.1 - b) * w
+  - s2: mean(h2, axis=-1)
+  - h3: x * w - c
+  - s3: max(h3, axis=1)
+  - h4: sigmoid(x + c)
+  - s4: min(h4, keepdims=true)
+  - y: h1 @ v + h2 @ v + h3 @ v + h4 @ v
+  - t: sum(y * y) * 0.001 + sum(s1 * w) + sum(s2) + sum(s3 * c) + sum(s4)
+loss: t
+optimizer: adamw(lr=0.1, grad_clip=1.0)
+precision: {}
+)yaml",
+                     precision);
+}
+
+int reductions_storing(const codegen::KernelPlan& plan) {
+  int n = 0;
+  for (const codegen::Kernel& k : plan.kernels)
+    n += k.kind == codegen::KernelKind::Reduction && k.fused && k.fused->outputs.size() > 1;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("numeric: fused reductions that also store prologue results, CPU and emulated CUDA kernels, agree with the interpreter") {
+  for (const char* precision : {"fp32", "bf16-mixed"}) {
+    CAPTURE(precision);
+    const std::string yaml = reductions_with_stores_yaml(precision);
+    auto check = [](const napkin::testing::KernelOutputCheck& c) {
+      INFO(c.kernel->name << " at " << c.kernel->where << ", output " << c.output << ", " << ir::dtype_name(c.operand->dtype));
+      CHECK(c.error <= napkin::testing::kernel_tolerance(c.precision));
+    };
+    napkin::testing::CompiledStep cpu(napkin::testing::compile_training(yaml));
+    // s1..s4 in the forward, and the backward's sums over rows of gradients it also stores.
+    CHECK(reductions_storing(cpu.plan) >= 5);
+    napkin::testing::check_each_kernel(cpu, check);
+
+    napkin::testing::CompiledStep cuda(napkin::testing::compile_training(yaml));
+    const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(cuda.plan, "reductions_with_stores");
+    EmulatedKernels gpu(source, cuda);
+    napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) { gpu.run(kernel, arena); });
+  }
+}
+
+TEST_CASE("numeric: a CPU fused reduction split into parts gives the same bits on 1, 2 and 3 threads") {
+  // The parts are fixed by the shape and combined in order: the thread count
+  // changes who computes a part, never the sums.
+  std::vector<std::vector<double>> first;
+  for (int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    napkin::testing::CompiledStep step(napkin::testing::compile_training(reductions_with_stores_yaml("bf16-mixed")), threads);
+    step.ex->run_forward();
+    step.ex->run_rest();
+    std::vector<std::vector<double>> got;
+    for (const codegen::Kernel& k : step.plan.kernels)
+      if (k.kind == codegen::KernelKind::Reduction && k.fused)
+        for (const codegen::Operand& o : k.fused->outputs) got.push_back(napkin::testing::read_operand(step.ex->arena(), o));
+    REQUIRE(!got.empty());
+    if (first.empty()) first = got;
+    else CHECK(got == first);
+  }
+}
+
 TEST_CASE("numeric: emulated CUDA dropout kernels equal the CPU backend's bit for bit, f32 and bf16") {
   // The same Philox words and keep tests on both backends: every output of a
   // kernel with a dropout in it has the same bits (a mask differing in one

@@ -90,7 +90,7 @@ optimizer: sgd(lr=0.1)
   CHECK_FALSE(fuse(g));  // a second run changes nothing
 }
 
-TEST_CASE("fuse: a reduction joins only as the last member, of a value nothing else reads, in a group that stores nothing else") {
+TEST_CASE("fuse: one reduction per group joins it as its last member - the group still stores what other kernels read") {
   ir::Graph g = testing::compile(R"yaml(
 model: t
 inputs: {x: {shape: [4, 8]}}
@@ -104,20 +104,35 @@ loss: s + sum(m) + sum(y) + max(y)
 optimizer: sgd(lr=0.1)
 )yaml");
   fuse(g);
-  // b's only reader is sum(b), but a is read by mean too: the group {exp, mul}
-  // stores a, so sum(b) stays out of it.
+  // {exp, mul} takes sum(b), the first reduction of a member's result; mean(a)
+  // reads a from memory: the group stores a, and b never leaves it.
   const ir::NodeId e = one_node(g, ir::Op::Exp), mul = one_node(g, ir::Op::Mul);
+  const ir::NodeId mean = one_node(g, ir::Op::ReduceMean);
+  ir::NodeId sum_b = ir::kNoNode, sum_y = ir::kNoNode;
+  const ir::NodeId t = one_node(g, ir::Op::Tanh);
+  for (ir::NodeId r : nodes_of(g, ir::Op::ReduceSum)) {
+    if (g.node(r).in(0) == g.node(mul).out()) sum_b = r;
+    if (g.node(r).in(0) == g.node(t).out()) sum_y = r;
+  }
+  REQUIRE(sum_b != ir::kNoNode);
+  REQUIRE(sum_y != ir::kNoNode);
   CHECK(g.node(e).group >= 0);
   CHECK(g.node(mul).group == g.node(e).group);
+  CHECK(g.node(sum_b).group == g.node(e).group);
+  CHECK(g.node(mean).group == -1);
   ir::FusionGroups groups = ir::fusion_groups(g);
+  const ir::FusionGroup& ab = groups.groups[g.node(e).group];
+  CHECK(ab.reduction == sum_b);
+  CHECK(ab.nodes.back() == sum_b);
   CHECK_FALSE(groups.internal[g.node(e).out()]);
-  for (ir::NodeId r : nodes_of(g, ir::Op::ReduceSum)) {
-    if (g.node(r).in(0) == g.node(mul).out()) CHECK(g.node(r).group == -1);
-  }
-  // y is read by two reductions: neither takes tanh as its prologue.
-  const ir::NodeId t = one_node(g, ir::Op::Tanh);
-  CHECK(g.node(t).group == -1);
+  CHECK(groups.internal[g.node(mul).out()]);
+  CHECK(ab.outputs == std::vector<ir::ValueId>{g.node(e).out(), g.node(sum_b).out()});
+  // y is read by two reductions: the first joins tanh's group, which stores y for the other.
+  CHECK(g.node(t).group >= 0);
+  CHECK(g.node(sum_y).group == g.node(t).group);
   CHECK(g.node(one_node(g, ir::Op::ReduceMax)).group == -1);
+  CHECK_FALSE(groups.internal[g.node(t).out()]);
+  CHECK(ir::verify(g).empty());
   CHECK_FALSE(fuse(g));
 }
 

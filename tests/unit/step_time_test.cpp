@@ -4,6 +4,7 @@
 // plus the launch cost, contractions at peak x the GEMM efficiency of their
 // narrowest dim, small kernels at the cache level's bandwidth.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "analysis/step_time.h"
 #include "codegen/plan.h"
 #include "ir/fusion_group.h"
+#include "report/kernel_table.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -219,4 +221,35 @@ optimizer: sgd(lr=0.1)
   CHECK(found[1].n == 8);
   CHECK(found[1].k == 16);
   CHECK(found[1].narrowest() == 8);
+}
+
+TEST_CASE("heaviest kernels: each kernel in one row, alike kernels across layers summed, most time first") {
+  ir::Graph g = compile_training(napkin::testing::read_source("models/gpt.yaml"), "models/gpt.yaml");
+  analysis::Device d = round_device();
+  analysis::StepTime t = analysis::predict_step_time(g, analysis::analyze_step(g, &d), d);
+  const std::vector<report::KernelKind> kinds = report::kernel_kinds(g, t);
+  REQUIRE(kinds.size() > 5);
+  int kernels = 0;
+  double seconds = 0, bytes = 0, roofline = 0;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    kernels += kinds[i].count;
+    seconds += kinds[i].seconds;
+    bytes += kinds[i].bytes;
+    roofline += kinds[i].roofline_seconds;
+    if (i > 0) CHECK(kinds[i - 1].seconds >= kinds[i].seconds);
+  }
+  CHECK(kernels == static_cast<int>(t.kernels.size()));
+  CHECK(seconds == doctest::Approx(t.seconds));
+  CHECK(roofline == doctest::Approx(t.roofline_seconds));
+  double step_bytes = 0;
+  for (const analysis::KernelTime& k : t.kernels) step_bytes += k.bytes;
+  CHECK(bytes == doctest::Approx(step_bytes));
+  // gpt has 4 blocks: a kernel each block runs in its forward is one row of 4.
+  bool found_layer_rows = false;
+  for (const report::KernelKind& k : kinds) found_layer_rows = found_layer_rows || (k.phase == "forward" && k.count == 4);
+  CHECK(found_layer_rows);
+  const std::string text = report::kernel_table_text(kinds, t.seconds, 3);
+  CHECK(text.find("heaviest kernels") != std::string::npos);
+  CHECK(text.find(fmt::format("{} other kinds of kernel", kinds.size() - 3)) != std::string::npos);
+  CHECK(report::kernel_table_json(kinds).size() == kinds.size());
 }
