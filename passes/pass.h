@@ -24,7 +24,8 @@ class Pass {
   virtual bool run(ir::Graph& g, ir::Diagnostics& diag) = 0;         // true iff the graph changed
 };
 
-struct AttentionSite;  // passes/fuse_attention.h
+struct AttentionSite;   // passes/fuse_attention.h
+struct Rematerialized;  // passes/rematerialize.h
 
 // What the cast passes rewrote, rule by rule (passes/sink_casts.h,
 // passes/matmul_epilogues.h): the report prints it.
@@ -57,6 +58,11 @@ struct PipelineOptions {
   // Let contractions do the elementwise work on their results they can
   // (passes/matmul_epilogues.h); --unfused-epilogues turns it off to compare.
   bool matmul_epilogues = true;
+  // Recompute saved elementwise values in the backward from narrower inputs
+  // the step keeps anyway (passes/rematerialize.h); --no-rematerialize turns
+  // it off to compare.
+  bool rematerialize = true;
+  Rematerialized* rematerialized = nullptr;  // what it did, when not null
 };
 
 class PassManager {

@@ -11,6 +11,7 @@
 #include "passes/matmul_epilogues.h"
 #include "passes/mixed_precision.h"
 #include "passes/optimizer.h"
+#include "passes/rematerialize.h"
 #include "passes/sink_casts.h"
 
 namespace napkin::passes {
@@ -61,6 +62,7 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   pm.add(make_optimizer_pass());  // new params and optimizer state: the optimizer phase
   pm.add(make_skip_nonfinite_updates_pass());  // fp16-mixed: skip the update on Inf/NaN
   pm.add(make_dce_pass());        // drop scalars the chosen rule did not use (t under a constant lr)
+  if (options.rematerialize) pm.add(make_rematerialize_pass(options.rematerialized));  // recompute cheap values from narrower ones
   if (budget.bytes > 0) pm.add(make_recompute_pass(budget.bytes, budget.report));  // fit the arena to the budget
   pm.add(make_fuse_elementwise_pass());  // elementwise chains become one kernel each: last, it only groups
   if (!pm.run(g, diag)) return false;

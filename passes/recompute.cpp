@@ -30,8 +30,8 @@ double step_flops(const ir::Graph& g) {
   return sum;
 }
 
-// The original graph with the buffers in `recomputed` recomputed in the
-// backward phase (the header's "graph with S"). Also sums the FLOPs added.
+}  // namespace
+
 ir::Graph with_recompute(const ir::Graph& original, const std::set<ir::ValueId>& recomputed, double& flops_added) {
   ir::Graph g = original;
   flops_added = 0;
@@ -86,6 +86,8 @@ ir::Graph with_recompute(const ir::Graph& original, const std::set<ir::ValueId>&
   g.mutable_schedule() = std::move(schedule);
   return g;
 }
+
+namespace {
 
 struct Candidate {
   std::vector<ir::ValueId> closure;

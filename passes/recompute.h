@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -76,6 +77,11 @@ struct MemoryBudget {
   int64_t bytes = 0;
   RecomputeReport* report = nullptr;  // filled when not null
 };
+
+// The graph with the buffers (owning values) in `recomputed` recomputed in
+// the backward phase (the header's "graph with S"); `flops_added` gets the
+// FLOPs of the clones. passes/rematerialize uses it too.
+ir::Graph with_recompute(const ir::Graph& original, const std::set<ir::ValueId>& recomputed, double& flops_added);
 
 // The pass ("recompute"); `report` may be null.
 std::unique_ptr<Pass> make_recompute_pass(int64_t budget, RecomputeReport* report);

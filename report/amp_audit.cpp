@@ -75,9 +75,14 @@ Audit audit(const ir::Graph& g) {
     }
     if (n.op == ir::Op::Cast) {
       DType to = g.value(n.out()).type.dtype;
-      if (n.attrs.has(passes::kAmpCastAttr))
-        a.casts.push_back({n.out(), value_label(g, n.in(0)), dtype, to, n.loc.line, n.scope, n.attrs.get_string(passes::kAmpCastAttr)});
-      else if (n.phase == ir::Phase::Backward) ++a.backward_casts;
+      if (n.attrs.has(passes::kAmpCastAttr)) {
+        // A policy cast in the backward is a forward one recomputed there
+        // (passes/rematerialize, --memory-budget): listed once, as the forward's.
+        if (n.phase == ir::Phase::Forward)
+          a.casts.push_back({n.out(), value_label(g, n.in(0)), dtype, to, n.loc.line, n.scope, n.attrs.get_string(passes::kAmpCastAttr)});
+      } else if (n.phase == ir::Phase::Backward) {
+        ++a.backward_casts;
+      }
     }
     if (ir::op_info(n.op).op_class == ir::OpClass::Contraction)
       ++a.contractions[{n.phase, dtype, ir::dtype_size(dtype) < 4 ? DType::F32 : dtype}];

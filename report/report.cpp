@@ -420,6 +420,13 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
     out += fmt::format("  memory, {:<13}{:>22}  ({})\n", ir::dtype_name(dtype), with_commas(bytes),
                        human_bytes(static_cast<double>(bytes)));
   out += memory_section(g, memory);
+  if (const passes::Rematerialized* r = options.rematerialized; r && r->values > 0)
+    out += fmt::format("  rematerialized       {:>22}  ({} less kept: {} saved values ({}) the backward recomputes from {} it keeps "
+                       "instead, +{}; docs/memory-planning.md)\n",
+                       with_commas(static_cast<double>(r->bytes_before - r->bytes_after)),
+                       human_bytes(static_cast<double>(r->bytes_before - r->bytes_after)), r->values,
+                       human_bytes(static_cast<double>(r->bytes_before)), human_bytes(static_cast<double>(r->bytes_after)),
+                       ir::human_flops(r->flops_added));
   if (options.recompute && options.recompute->ran) out += recompute_section(*options.recompute);
   if (options.attention) out += attention_section(g, *options.attention);
   if (options.classifier) out += classifier_section(g, *options.classifier);
@@ -511,6 +518,11 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
                                {"arena_without_reuse", plan.arena_without_reuse},
                                {"peak_without_reuse", plan.peak_without_reuse}}},
                  {"peak_detail", peak_json(memory.peak)},
+                 {"rematerialized", options.rematerialized ? json{{"values", options.rematerialized->values},
+                                                                  {"bytes_before", options.rematerialized->bytes_before},
+                                                                  {"bytes_after", options.rematerialized->bytes_after},
+                                                                  {"flops_added", options.rematerialized->flops_added}}
+                                                            : json(nullptr)},
                  {"peak_forward", memory.phase_peak(ir::Phase::Forward).bytes},
                  {"peak_backward", memory.phase_peak(ir::Phase::Backward).bytes},
                  {"peak_optimizer", memory.phase_peak(ir::Phase::Optimizer).bytes}};

@@ -10,6 +10,7 @@
 #include "passes/fuse_attention.h"
 #include "passes/fuse_classifier.h"
 #include "passes/recompute.h"
+#include "passes/rematerialize.h"
 
 namespace napkin::report {
 
@@ -28,6 +29,8 @@ struct ReportOptions {
   // fusion section's comparison (null: left out).
   const passes::CastPlacement* casts = nullptr;
   const ir::Graph* policy_casts_step = nullptr;
+  // What rematerialization recomputed (null: no line).
+  const passes::Rematerialized* rematerialized = nullptr;
 };
 
 std::string render_report_text(const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,

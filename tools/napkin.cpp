@@ -74,6 +74,11 @@ bool g_unfused_classifier = false;
 // --unfused-epilogues (the same commands): keep a contraction's widening cast
 // a kernel of its own (passes/matmul_epilogues.h), to compare.
 bool g_unfused_epilogues = false;
+// --no-rematerialize (the same commands): keep every saved activation as the
+// forward made it (passes/rematerialize.h), to compare.
+bool g_no_rematerialize = false;
+// What rematerialization did in the last step load() built (the report prints it).
+passes::Rematerialized g_rematerialized;
 // Where the fused-attention pass says what it fused and why not (the report prints it).
 std::vector<passes::AttentionSite> g_attention_sites;
 // Where the fused-classifier pass says what it fused and why not (the report prints it).
@@ -110,6 +115,7 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
   pipeline.fuse_attention = !g_unfused_attention;
   pipeline.fuse_classifier = !g_unfused_classifier;
   pipeline.matmul_epilogues = !g_unfused_epilogues;
+  pipeline.rematerialize = !g_no_rematerialize;
   if (g && fp32_step && g->config.precision.policy != ir::PrecisionPolicy::FP32) {
     *fp32_step = *g;
     (*fp32_step)->config.precision = {};
@@ -118,6 +124,7 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
     baseline.fuse_attention = pipeline.fuse_attention;
     baseline.fuse_classifier = pipeline.fuse_classifier;
     baseline.matmul_epilogues = pipeline.matmul_epilogues;
+    baseline.rematerialize = pipeline.rematerialize;
     passes::run_training_pipeline(**fp32_step, repeated, baseline);
   }
   g_attention_sites.clear();
@@ -126,6 +133,8 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
   pipeline.classifier_sites = &g_classifier_sites;
   g_cast_placement = {};
   pipeline.cast_placement = &g_cast_placement;
+  g_rematerialized = {};
+  pipeline.rematerialized = &g_rematerialized;
   std::optional<ir::Graph> forward = policy_casts_step && g ? g : std::nullopt;
   if (g) passes::run_training_pipeline(*g, diag, pipeline, budget);
   if (forward && !diag.has_errors() && g_cast_placement.total() > 0) {
@@ -135,6 +144,7 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
     policy.attention_sites = nullptr;
     policy.classifier_sites = nullptr;
     policy.cast_placement = nullptr;
+    policy.rematerialized = nullptr;
     passes::MemoryBudget quiet = budget;
     quiet.report = nullptr;  // the recompute report is the real step's
     ir::Diagnostics repeated;
@@ -185,7 +195,8 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
                                 &g_attention_sites,
                                 &g_classifier_sites,
                                 &g_cast_placement,
-                                policy_casts ? &*policy_casts : nullptr};
+                                policy_casts ? &*policy_casts : nullptr,
+                                &g_rematerialized};
   std::cout << (json ? report::render_report_json(*g, cost, memory, options)
                      : report::render_report_text(*g, cost, memory, options));
   return 0;
@@ -525,6 +536,7 @@ int main(int argc, char** argv) {
   report->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   report->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   report->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  report->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget); });
 
   std::vector<std::string> print_after;
@@ -538,6 +550,7 @@ int main(int argc, char** argv) {
   ir_cmd->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   ir_cmd->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   ir_cmd->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  ir_cmd->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   ir_cmd->callback([&] { status = cmd_ir(model, dims, print_after, time_passes, no_locations); });
 
   bool dot = false, no_fuse = false;
@@ -551,6 +564,7 @@ int main(int argc, char** argv) {
   graph->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   graph->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   graph->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  graph->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   graph->callback([&] { status = cmd_graph(model, dims, dot, graph_output, no_fuse); });
 
   uint64_t seed = 0;
@@ -565,6 +579,7 @@ int main(int argc, char** argv) {
   check->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   check->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   check->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  check->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   check->callback([&] { status = cmd_check(model, dims, seed, samples, force); });
 
   EstimateArgs est;
@@ -602,6 +617,7 @@ int main(int argc, char** argv) {
   build->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   build->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   build->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  build->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   build->callback([&] { status = cmd_build(build_args); });
 
   std::vector<std::string> trainer_args;
@@ -616,6 +632,7 @@ int main(int argc, char** argv) {
   train->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   train->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   train->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  train->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   train->callback([&] { status = cmd_train(model, dims, budget, train_target, trainer_args); });
 
   std::vector<std::string> encode_inputs;

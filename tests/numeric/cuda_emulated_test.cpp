@@ -423,15 +423,26 @@ TEST_CASE("numeric: a CPU fused reduction split into parts gives the same bits o
   for (int threads : {1, 2, 3}) {
     CAPTURE(threads);
     napkin::testing::CompiledStep step(napkin::testing::compile_training(reductions_with_stores_yaml("bf16-mixed")), threads);
+    // Each fused reduction's outputs as it leaves them (later kernels may reuse the buffers).
+    std::vector<std::vector<double>> got;
+    std::vector<std::string> names;
+    step.ex->after_kernel = [&](int i) {
+      const codegen::Kernel& k = step.plan.kernels[static_cast<size_t>(i)];
+      if (k.kind != codegen::KernelKind::Reduction || !k.fused) return;
+      for (const codegen::Operand& o : k.fused->outputs) {
+        got.push_back(napkin::testing::read_operand(step.ex->arena(), o));
+        names.push_back(k.name + " at " + k.where);
+      }
+    };
     step.ex->run_forward();
     step.ex->run_rest();
-    std::vector<std::vector<double>> got;
-    for (const codegen::Kernel& k : step.plan.kernels)
-      if (k.kind == codegen::KernelKind::Reduction && k.fused)
-        for (const codegen::Operand& o : k.fused->outputs) got.push_back(napkin::testing::read_operand(step.ex->arena(), o));
     REQUIRE(!got.empty());
     if (first.empty()) first = got;
-    else CHECK(got == first);
+    REQUIRE(got.size() == first.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO(names[i]);
+      CHECK(got[i] == first[i]);
+    }
   }
 }
 
@@ -477,7 +488,9 @@ optimizer: sgd(lr=0.1)
             emulated = arena;
             gpu.run(kernel, arena);
           });
-      CHECK(compared >= 3);  // two forward dropouts and the backward ones
+      // The forward's kernel and the backward's, which recomputes h and the
+      // second mask from x (passes/rematerialize) and applies both masks' gradients.
+      CHECK(compared >= 2);
     }
   }
 }

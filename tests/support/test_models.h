@@ -35,10 +35,11 @@ inline ir::Graph compile(const std::string& yaml, const std::string& name = "inl
 
 // Lowers `yaml` and runs the training pipeline (autodiff, optimizer); CHECKs
 // that there were no errors.
-inline ir::Graph compile_training(const std::string& yaml, const std::string& name = "inline.yaml") {
+inline ir::Graph compile_training(const std::string& yaml, const std::string& name = "inline.yaml",
+                                   const passes::PipelineOptions& pipeline = {}) {
   ir::Diagnostics diag;
   std::optional<ir::Graph> g = frontend::load_model_text(yaml, name, diag);
-  if (g) passes::run_training_pipeline(*g, diag);
+  if (g) passes::run_training_pipeline(*g, diag, pipeline);
   INFO(diag.render());
   REQUIRE(g.has_value());
   REQUIRE_FALSE(diag.has_errors());
