@@ -94,10 +94,13 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
     int gid = groups.group_at[p];
     if (gid < 0 && ir::op_info(n.op).op_class == ir::OpClass::View) continue;  // free: no kernel
     if (gid >= 0 && groups.groups[gid].nodes.back() != n.id) continue;          // a group is its last member
+    const int batch = gid >= 0 ? groups.batch_of[gid] : -1;
+    if (batch >= 0 && groups.batches[batch].groups.back() != gid) continue;     // a batch is its last group
     KernelTime k;
     Access a;
     k.node = n.id;
     k.group = gid;
+    k.batch = batch;
     k.phase = n.phase;
     const OpRow& row = *rows.at(n.id);
     k.compute_dtype = row.compute_dtype;
@@ -106,19 +109,25 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       for (ir::ValueId v : values) a.reads.emplace_back(g.value(v).storage, ir::distinct_bytes(g, v));
     };
     if (gid >= 0) {
-      const ir::FusionGroup& fg = groups.groups[gid];
-      for (ir::NodeId id : fg.nodes) {
-        k.flops += rows.at(id)->cost.flops;
-        k.transcendentals += ir::transcendentals(g, g.node(id));
-      }
-      add_reads(fg.inputs);
-      for (ir::ValueId v : fg.outputs) {
-        a.writes.push_back(g.value(v).storage);
-        a.bytes_written += static_cast<double>(g.value(v).type.bytes());
+      // A batch's kernel does the work of every group in it.
+      const std::vector<int> members = batch >= 0 ? groups.batches[batch].groups : std::vector<int>{gid};
+      std::vector<ir::NodeId> nodes;
+      for (int member : members) {
+        const ir::FusionGroup& fg = groups.groups[member];
+        for (ir::NodeId id : fg.nodes) {
+          k.flops += rows.at(id)->cost.flops;
+          k.transcendentals += ir::transcendentals(g, g.node(id));
+        }
+        add_reads(fg.inputs);
+        for (ir::ValueId v : fg.outputs) {
+          a.writes.push_back(g.value(v).storage);
+          a.bytes_written += static_cast<double>(g.value(v).type.bytes());
+        }
+        nodes.insert(nodes.end(), fg.nodes.begin(), fg.nodes.end());
       }
       for (const auto& [storage, bytes] : a.reads) a.bytes_read += bytes;
       k.kind = n.phase == ir::Phase::Optimizer ? KernelClass::Optimizer : KernelClass::Elementwise;
-      k.lines = yaml_lines(g, fg.nodes);
+      k.lines = yaml_lines(g, nodes);
     } else {
       k.flops = row.cost.flops + row.cost.recompute_flops;  // the kernel runs both
       k.transcendentals = ir::transcendentals(g, n);

@@ -50,7 +50,8 @@ std::string_view kernel_class_name(KernelClass c);  // "matmul", "attention", ..
 
 struct KernelTime {
   ir::NodeId node = ir::kNoNode;  // the node a backend names the kernel by: a group's last member
-  int group = -1;                 // fusion group id, -1 for an unfused node
+  int group = -1;                 // fusion group id (a batch's last group), -1 for an unfused node
+  int batch = -1;                 // the batch (ir/fusion_group.h) it runs, -1 for none
   ir::Phase phase = ir::Phase::Forward;
   KernelClass kind = KernelClass::Elementwise;
   double flops = 0, bytes = 0;

@@ -175,8 +175,26 @@ KernelPlan plan_kernels(const ir::Graph& g) {
     if (cls == ir::OpClass::View) continue;  // a window on its input's buffer: no work
     int group = groups.group_at[position];
     if (group >= 0 && groups.groups[group].first != position) continue;  // inside the fused kernel below
+    const int batch = group >= 0 ? groups.batch_of[group] : -1;
+    if (batch >= 0 && groups.batches[batch].groups.front() != group) continue;  // inside the batch's kernel
     Kernel k;
-    if (group >= 0) {
+    if (batch >= 0) {
+      // One kernel for the batch: its first group's, with every group's operands in `batch`.
+      std::vector<BatchMember> members;
+      for (int member : groups.batches[batch].groups) {
+        Kernel m = fused_kernel(g, arena, groups.groups[member]);
+        int64_t numel = 1;
+        for (int64_t size : m.fused->shape) numel *= size;
+        std::vector<ir::NodeId> nodes;
+        for (const FusedOp& op : m.fused->ops) nodes.push_back(op.node);
+        members.push_back({m.inputs, m.fused->outputs, numel, std::move(nodes)});
+        if (members.size() == 1) k = std::move(m);
+      }
+      k.batch = std::move(members);
+      // Named by its last node, as the time model names it (analysis/step_time.h).
+      k.node = groups.groups[groups.batches[batch].groups.back()].nodes.back();
+      k.name = fmt::format("k{}_batched_{}_x{}", plan.kernels.size(), ir::op_name(k.op), k.batch.size());
+    } else if (group >= 0) {
       k = fused_kernel(g, arena, groups.groups[group]);
       k.name = fmt::format("k{}_fused_{}", plan.kernels.size(), ir::op_name(k.op));
     } else {

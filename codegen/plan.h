@@ -96,6 +96,15 @@ struct FusedLoop {
   std::vector<int> output_ops;   // the op whose result each output stores
 };
 
+// One group of a batch (ir/fusion_group.h): its operands, in the order of
+// the batch kernel's (Kernel::inputs, FusedLoop::outputs), and its element
+// count. Every operand is 0-d or contiguous with numel elements.
+struct BatchMember {
+  std::vector<Operand> inputs, outputs;
+  int64_t numel = 0;
+  std::vector<ir::NodeId> nodes;  // its group's members, one per FusedLoop::ops entry
+};
+
 struct Kernel {
   KernelKind kind = KernelKind::Elementwise;
   ir::LoopParams params;  // of the op's loop (ir/loop.h); read through the accessors below
@@ -118,6 +127,10 @@ struct Kernel {
   // A fused loop kernel (kind == FusedElementwise): `inputs` are the group
   // inputs, `op` and `node` those of its last member; empty otherwise.
   std::optional<FusedLoop> fused;
+  // A batch's kernel (FusedElementwise or Reduction, `fused` its first
+  // group's): every group's operands, the first group's included; empty for
+  // a kernel of one group. The emitters loop over each member's numel.
+  std::vector<BatchMember> batch;
 
   // The parameters of its kind (an internal error for another kind).
   const ir::FillParams& fill() const { return std::get<ir::FillParams>(params); }

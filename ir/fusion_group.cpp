@@ -1,17 +1,67 @@
 #include "ir/fusion_group.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
 #include "ir/internal_check.h"
 
 namespace napkin::ir {
 
 int FusionGroups::kernel_first(int position) const {
   int gid = group_at.at(position);
-  return gid < 0 ? position : groups[gid].first;
+  if (gid < 0) return position;
+  return batch_of[gid] >= 0 ? batches[batch_of[gid]].first : groups[gid].first;
 }
 
 int FusionGroups::kernel_last(int position) const {
   int gid = group_at.at(position);
-  return gid < 0 ? position : groups[gid].last;
+  if (gid < 0) return position;
+  return batch_of[gid] >= 0 ? batches[batch_of[gid]].last : groups[gid].last;
+}
+
+std::string batch_signature(const Graph& g, const FusionGroup& fg) {
+  if (fg.phase != Phase::Optimizer) return "";
+  std::string sig;
+  std::map<ValueId, int> member_of;  // member result -> its index in the group
+  for (NodeId id : fg.nodes) {
+    const Node& n = g.node(id);
+    if (op_info(n.op).element_index != ElementIndex::None) return "";
+    if (op_info(n.op).op_class == OpClass::Reduction) {
+      const std::vector<int64_t> axes = n.attrs.get_ints("axes");
+      if (static_cast<size_t>(g.value(n.out()).type.rank()) != 0 || axes.size() != fg.shape.size()) return "";
+    }
+    sig += fmt::format("{}{{", op_name(n.op));
+    for (const auto& [key, value] : n.attrs.all()) sig += fmt::format("{}={};", key, to_string(value));
+    sig += fmt::format("}}:{}(", dtype_name(g.value(n.out()).type.dtype));
+    for (ValueId in : n.inputs) {
+      auto m = member_of.find(in);
+      if (m != member_of.end()) {
+        sig += fmt::format("m{},", m->second);
+        continue;
+      }
+      auto at = std::find(fg.inputs.begin(), fg.inputs.end(), in);
+      sig += fmt::format("i{},", at - fg.inputs.begin());
+    }
+    sig += ")";
+    member_of[n.out()] = static_cast<int>(member_of.size());
+  }
+  sig += "|";
+  for (ValueId in : fg.inputs) {
+    const Value& v = g.value(in);
+    const bool scalar = v.type.rank() == 0;
+    const bool full = v.type.sizes() == fg.shape && is_contiguous(v.layout, fg.shape);
+    if (!scalar && !full) return "";
+    sig += fmt::format("{}{},", scalar ? "s" : "f", dtype_name(v.type.dtype));
+  }
+  sig += "|";
+  for (ValueId out : fg.outputs) {
+    const Value& v = g.value(out);
+    if (v.type.rank() != 0 && !(v.type.sizes() == fg.shape && is_contiguous(v.layout, fg.shape))) return "";
+    sig += fmt::format("m{}{},", member_of.at(out), dtype_name(v.type.dtype));
+  }
+  return sig;
 }
 
 FusionGroups fusion_groups(const Graph& g) {
@@ -81,6 +131,36 @@ FusionGroups fusion_groups(const Graph& g) {
         }
       }
     }
+  }
+
+  // Batches: runs of adjacent groups with one signature, each holding at
+  // most kMaxBatchOperands operands (a CUDA kernel takes every member's
+  // offsets as one parameter: 8 bytes each, within the 32 KiB a launch takes).
+  constexpr size_t kMaxBatchOperands = 3000;
+  r.batch_of.assign(r.groups.size(), -1);
+  std::string previous;
+  size_t operands = 0;
+  for (size_t gid = 0; gid < r.groups.size(); ++gid) {
+    const FusionGroup& fg = r.groups[gid];
+    std::string sig = batch_signature(g, fg);
+    // Adjacent: nothing but views (no kernels) between the two groups.
+    bool adjacent = gid > 0;
+    for (int p = gid > 0 ? r.groups[gid - 1].last + 1 : 0; adjacent && p < fg.first; ++p)
+      adjacent = op_info(g.node(schedule[p]).op).op_class == OpClass::View;
+    const size_t own = fg.inputs.size() + fg.outputs.size();
+    const bool extends = !sig.empty() && sig == previous && adjacent && operands + own <= kMaxBatchOperands;
+    operands = extends ? operands + own : own;
+    if (extends) {
+      if (r.batch_of[gid - 1] < 0) {
+        r.batch_of[gid - 1] = static_cast<int>(r.batches.size());
+        r.batches.push_back({{static_cast<int>(gid - 1)}, r.groups[gid - 1].first, r.groups[gid - 1].last});
+      }
+      FusionBatch& b = r.batches[r.batch_of[gid - 1]];
+      b.groups.push_back(static_cast<int>(gid));
+      b.last = fg.last;
+      r.batch_of[gid] = r.batch_of[gid - 1];
+    }
+    previous = std::move(sig);
   }
   return r;
 }

@@ -23,6 +23,12 @@
 //  - group input: a value read by a member and made outside the group
 //    (params, state, data, other kernels' results, views of any of them),
 //    distinct, in order of first use.
+//  - batch (horizontal fusion): consecutive groups of the optimizer phase
+//    with one signature (batch_signature) run as one kernel over a table of
+//    tensors: every parameter's AdamW update in one launch, each
+//    parameter's sum of squares for gradient clipping in another. A batch's
+//    kernel spans its groups' positions. fuse_elementwise schedules groups
+//    of one signature next to each other.
 #pragma once
 
 #include <vector>
@@ -43,13 +49,21 @@ struct FusionGroup {
   int first = 0, last = 0;        // schedule positions of the first and last member
 };
 
+// Groups (ids, schedule order, at least two) that run as one kernel.
+struct FusionBatch {
+  std::vector<int> groups;
+  int first = 0, last = 0;  // schedule positions: the first group's first member, the last group's last
+};
+
 struct FusionGroups {
   std::vector<FusionGroup> groups;  // by id, ids 0 .. n-1 in schedule order
+  std::vector<FusionBatch> batches;
+  std::vector<int> batch_of;        // per group id: its batch, -1 for none
   std::vector<bool> internal;       // per value id
   // The group of the node at each schedule position, -1 for an unfused node.
   std::vector<int> group_at;
-  // The schedule positions a kernel spans: a member's group's [first, last],
-  // or [p, p] for an unfused node at p.
+  // The schedule positions a kernel spans: a member's batch's or group's
+  // [first, last], or [p, p] for an unfused node at p.
   int kernel_first(int position) const;
   int kernel_last(int position) const;
 };
@@ -58,5 +72,13 @@ struct FusionGroups {
 // the annotations break the invariants above (the verifier reports those
 // first).
 FusionGroups fusion_groups(const Graph& g);
+
+// What makes groups batchable together: equal non-empty signatures. Empty
+// when fg cannot be batched: not in the optimizer phase, a member that needs
+// its element's position, an input that is neither 0-d nor a contiguous value
+// of the iteration shape, an output that is not contiguous, or a reduction
+// that does not reduce every axis to a 0-d result. Within a batch every
+// member is then a flat loop over its own element count.
+std::string batch_signature(const Graph& g, const FusionGroup& fg);
 
 }  // namespace napkin::ir

@@ -4,7 +4,10 @@
 #include <deque>
 #include <list>
 #include <map>
+#include <set>
+#include <string>
 
+#include "ir/fusion_group.h"
 #include "ir/internal_check.h"
 
 namespace napkin::passes {
@@ -391,6 +394,86 @@ class Fuser {
   }
 };
 
+// Schedules the optimizer phase's groups of one batch signature
+// (ir/fusion_group.h) next to each other, so that they run as one kernel: a
+// list schedule of its units (a group, or a node alone) that takes, among
+// the units whose inputs are ready, one of the signature it took last if
+// there is one, else a view (no kernel: it may ready one of that signature),
+// else the earliest; ties go to the earlier unit.
+void schedule_batches(ir::Graph& g, int64_t* work) {
+  std::vector<NodeId>& schedule = g.mutable_schedule();
+  size_t start = 0;
+  while (start < schedule.size() && g.node(schedule[start]).phase != ir::Phase::Optimizer) ++start;
+  if (start == schedule.size()) return;
+  const ir::FusionGroups groups = ir::fusion_groups(g);
+  struct Unit {
+    std::vector<NodeId> nodes;
+    std::string signature;
+    bool view = false;           // a view alone: no kernel, no work
+    int waiting = 0;             // inputs made by units not scheduled yet
+    std::vector<int> readers;    // units reading what this one makes
+  };
+  std::vector<Unit> units;
+  std::vector<int> unit_of(g.num_nodes(), -1);
+  for (size_t p = start; p < schedule.size(); ++p) {
+    const NodeId id = schedule[p];
+    const int gid = g.node(id).group;
+    if (gid < 0 || p == start || g.node(schedule[p - 1]).group != gid) {
+      units.push_back({});
+      if (gid >= 0) units.back().signature = ir::batch_signature(g, groups.groups[gid]);
+    }
+    units.back().nodes.push_back(id);
+    units.back().view = gid < 0 && ir::op_info(g.node(id).op).op_class == ir::OpClass::View;
+    unit_of[id] = static_cast<int>(units.size()) - 1;
+  }
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    std::set<int> from;
+    for (NodeId id : units[u].nodes)
+      for (ValueId in : g.node(id).inputs) {
+        if (work) ++*work;
+        for (ValueId v : {in, g.value(in).storage}) {
+          const NodeId p = g.value(v).producer;
+          if (p != ir::kNoNode && unit_of[p] >= 0 && unit_of[p] != u) from.insert(unit_of[p]);
+        }
+      }
+    units[u].waiting = static_cast<int>(from.size());
+    for (int f : from) units[f].readers.push_back(u);
+  }
+  std::set<int> ready;
+  for (int u = 0; u < static_cast<int>(units.size()); ++u)
+    if (units[u].waiting == 0) ready.insert(u);
+  std::vector<NodeId> order(schedule.begin(), schedule.begin() + static_cast<std::ptrdiff_t>(start));
+  std::string last;
+  while (!ready.empty()) {
+    // The signature taken last, else a view (free, and it may ready one), else the earliest.
+    int pick = -1, view = -1;
+    for (int u : ready) {
+      if (work) ++*work;
+      if (!last.empty() && units[u].signature == last) {
+        pick = u;
+        break;
+      }
+      if (view < 0 && units[u].view) view = u;
+    }
+    if (pick < 0) pick = view >= 0 ? view : *ready.begin();
+    ready.erase(pick);
+    if (!units[pick].view) last = units[pick].signature;
+    order.insert(order.end(), units[pick].nodes.begin(), units[pick].nodes.end());
+    for (int r : units[pick].readers)
+      if (--units[r].waiting == 0) ready.insert(r);
+  }
+  NAPKIN_INTERNAL_CHECK(order.size() == schedule.size(), "the optimizer phase has a dependency cycle");
+  schedule = std::move(order);
+  // Group ids follow the schedule again (ir/fusion_group.h).
+  std::map<int, int> renumbered;
+  for (NodeId id : schedule) {
+    ir::Node& n = g.node(id);
+    if (n.group < 0) continue;
+    auto [it, added] = renumbered.emplace(n.group, static_cast<int>(renumbered.size()));
+    n.group = it->second;
+  }
+}
+
 class FuseElementwise : public Pass {
  public:
   explicit FuseElementwise(int64_t* work) : work_(work) {}
@@ -403,6 +486,7 @@ class FuseElementwise : public Pass {
     fuser.form_groups();
     bool copied = fuser.fold_constants();
     fuser.write_groups();
+    schedule_batches(g, work_);
     if (copied || g.schedule() != old_schedule) return true;
     for (size_t p = 0; p < old_schedule.size(); ++p)
       if (g.node(old_schedule[p]).group != old_groups[p]) return true;

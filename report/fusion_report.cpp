@@ -62,8 +62,9 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
     if (gid < 0) {
       ++s.kernels_after[phase];
       s.bytes_after += bytes;
-    } else if (groups.groups[gid].nodes.back() == n.id) {
-      ++s.kernels_after[phase];
+    } else if (groups.groups[gid].nodes.back() == n.id &&
+               (groups.batch_of[gid] < 0 || groups.batches[groups.batch_of[gid]].groups.back() == gid)) {
+      ++s.kernels_after[phase];  // a group's kernel, or a batch's (once)
     }
   }
   std::map<std::string, FusionPattern> patterns;
@@ -76,6 +77,8 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
     pat.name = group_pattern(g, fg);
     ++pat.groups;
     pat.ops += ops;
+    const int batch = groups.batch_of[fg.id];
+    if (batch < 0 || groups.batches[batch].groups.back() == fg.id) ++pat.kernels;
     s.largest.push_back(fg.id);
   }
   s.groups = static_cast<int>(groups.groups.size());
@@ -118,12 +121,14 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s, cons
   out += fmt::format("  memory peak        {} -> {} ({})\n", ir::human_bytes(static_cast<double>(s.peak_before)),
                      ir::human_bytes(static_cast<double>(s.peak_after)),
                      change(static_cast<double>(s.peak_before), static_cast<double>(s.peak_after)));
-  out += fmt::format("  groups             {}: {} ops in {} kernels, {} constants inlined\n", s.groups, s.fused_ops, s.groups,
+  int group_kernels = 0;
+  for (const FusionPattern& p : s.patterns) group_kernels += p.kernels;
+  out += fmt::format("  groups             {}: {} ops in {} kernels, {} constants inlined\n", s.groups, s.fused_ops, group_kernels,
                      s.folded_constants);
   for (const FusionPattern& p : s.patterns) {
     bool update = p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, " update") == 0;
-    out += fmt::format("    {} x {}{}: {} ops -> {} kernel{}\n", p.name, p.groups, update ? " params" : "", p.ops, p.groups,
-                       p.groups > 1 ? "s" : "");
+    out += fmt::format("    {} x {}{}: {} ops -> {} kernel{}{}\n", p.name, p.groups, update ? " params" : "", p.ops, p.kernels,
+                       p.kernels > 1 ? "s" : "", p.kernels < p.groups ? " (batched: a table of tensors each)" : "");
   }
   if (!s.largest.empty()) {
     const ir::FusionGroups groups = ir::fusion_groups(g);
@@ -159,7 +164,7 @@ nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s, const Cas
     return json{{"forward", k[0]}, {"backward", k[1]}, {"optimizer", k[2]}, {"total", k[0] + k[1] + k[2]}};
   };
   json patterns = json::array();
-  for (const FusionPattern& p : s.patterns) patterns.push_back({{"pattern", p.name}, {"groups", p.groups}, {"ops", p.ops}});
+  for (const FusionPattern& p : s.patterns) patterns.push_back({{"pattern", p.name}, {"groups", p.groups}, {"ops", p.ops}, {"kernels", p.kernels}});
   const ir::FusionGroups groups = ir::fusion_groups(g);
   json largest = json::array();
   for (int gid : s.largest) {

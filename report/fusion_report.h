@@ -38,7 +38,8 @@ namespace napkin::report {
 struct FusionPattern {
   std::string name;
   int groups = 0;
-  int ops = 0;  // non-constant members over all those groups
+  int ops = 0;      // non-constant members over all those groups
+  int kernels = 0;  // the groups' kernels: fewer than groups where batches run several as one
 };
 
 struct FusionSummary {

@@ -301,6 +301,135 @@ LoopInfo fused_reduction(LoopEmitter& e, const Kernel& k) {
   return info;
 }
 
+// ------------------------------------------------------------------ batches
+
+// Elements of one member a batch's work item covers.
+constexpr int64_t kBatchChunk = int64_t{1} << 15;
+
+// A batch's kernel (codegen/plan.h Kernel::batch): every member is a flat
+// loop over its numel elements with the same fused ops, on its own operands.
+// The work items are chunks of at most kBatchChunk elements of one member,
+// from tables in the module: each chunk's member and element range, each
+// member's operand offsets (in elements) and, for a batch of reductions
+// (each member reduces all its elements to one value), its first chunk.
+// A reduction's chunks each leave a partial in the module's buffer; the
+// combining call adds each member's partials in chunk order (Launch::combine),
+// so the bits do not depend on the thread count.
+LoopInfo batched(LoopEmitter& e, const Kernel& k) {
+  const FusedLoop& f = *k.fused;
+  auto& b = e.b;
+  const bool reduces = k.kind == KernelKind::Reduction;
+  const size_t n_in = k.inputs.size(), n_out = f.outputs.size(), n_ops = n_in + n_out;
+  std::vector<int64_t> chunk_member, chunk_lo, chunk_hi, first_chunk, bases;
+  for (size_t m = 0; m < k.batch.size(); ++m) {
+    const BatchMember& member = k.batch[m];
+    NAPKIN_INTERNAL_CHECK(member.inputs.size() == n_in && member.outputs.size() == n_out, "batch {}: member {} has other operands",
+                          k.name, m);
+    first_chunk.push_back(static_cast<int64_t>(chunk_member.size()));
+    for (int64_t lo = 0; lo < std::max<int64_t>(member.numel, 1); lo += kBatchChunk) {
+      chunk_member.push_back(static_cast<int64_t>(m));
+      chunk_lo.push_back(lo);
+      chunk_hi.push_back(std::min(member.numel, lo + kBatchChunk));
+    }
+    auto add_base = [&](const Operand& o) {
+      const int64_t size = static_cast<int64_t>(ir::dtype_size(o.dtype));
+      NAPKIN_INTERNAL_CHECK(o.byte_offset % size == 0, "batch {}: an operand at byte {} is not aligned to its element", k.name,
+                            o.byte_offset);
+      bases.push_back(o.byte_offset / size);
+    };
+    for (const Operand& o : member.inputs) add_base(o);
+    for (const Operand& o : member.outputs) add_base(o);
+  }
+  first_chunk.push_back(static_cast<int64_t>(chunk_member.size()));
+  const int64_t chunks = static_cast<int64_t>(chunk_member.size());
+  auto table = [&](const std::vector<int64_t>& values, const std::string& name) {
+    auto* type = llvm::ArrayType::get(b.getInt64Ty(), values.size());
+    std::vector<llvm::Constant*> items;
+    for (int64_t v : values) items.push_back(b.getInt64(static_cast<uint64_t>(v)));
+    auto* global = new llvm::GlobalVariable(e.module, type, true, llvm::GlobalValue::InternalLinkage,
+                                            llvm::ConstantArray::get(type, items), k.name + "_" + name);
+    return [&b, type, global](llvm::Value* i) {
+      return b.CreateLoad(b.getInt64Ty(), b.CreateInBoundsGEP(type, global, {b.getInt64(0), i}));
+    };
+  };
+  auto member_of = table(chunk_member, "member");
+  auto lo_of = table(chunk_lo, "lo");
+  auto hi_of = table(chunk_hi, "hi");
+  auto base_of = table(bases, "bases");
+  auto first_of = table(first_chunk, "first");
+  // An operand's element `index` from its member's base: the operand at byte offset 0.
+  auto at_zero = [](Operand o) {
+    o.byte_offset = 0;
+    return o;
+  };
+  std::vector<Operand> ins, outs;
+  for (const Operand& o : k.inputs) ins.push_back(at_zero(o));
+  for (const Operand& o : f.outputs) outs.push_back(at_zero(o));
+
+  llvm::Type* ct = reduces ? e.compute_type(k.output.dtype) : nullptr;
+  llvm::GlobalVariable* partials = nullptr;
+  if (reduces) {
+    auto* type = llvm::ArrayType::get(ct, static_cast<uint64_t>(chunks));
+    partials = new llvm::GlobalVariable(e.module, type, false, llvm::GlobalValue::InternalLinkage,
+                                        llvm::ConstantAggregateZero::get(type), k.name + "_partials");
+  }
+  auto partial_at = [&](llvm::Value* c) { return b.CreateInBoundsGEP(ct, partials, c); };
+  const Combiner c = reduces ? combiner_of(e, k) : Combiner{};
+  int reduced = -1;
+  if (reduces) {
+    const FusedOp& reduce = f.ops.back();
+    NAPKIN_INTERNAL_CHECK(!reduce.args.empty() && !reduce.args[0].input, "batch {} reduces no member", k.name);
+    reduced = reduce.args[0].index;
+  }
+  const size_t prologue = reduces ? f.ops.size() - 1 : f.ops.size();
+
+  llvm::BasicBlock* work = llvm::BasicBlock::Create(e.ctx, "work", e.fn);
+  llvm::BasicBlock* combining = llvm::BasicBlock::Create(e.ctx, "combine", e.fn);
+  llvm::BasicBlock* done = llvm::BasicBlock::Create(e.ctx, "done", e.fn);
+  b.CreateCondBr(b.CreateICmpSLT(e.begin, e.i64(chunks)), work, combining);
+
+  b.SetInsertPoint(work);
+  e.loop(e.begin, e.end, [&](llvm::Value* chunk) {
+    llvm::Value* m = member_of(chunk);
+    std::vector<llvm::Value*> base;
+    for (size_t j = 0; j < n_ops; ++j) base.push_back(base_of(b.CreateAdd(b.CreateMul(m, e.i64(static_cast<int64_t>(n_ops))), e.i64(static_cast<int64_t>(j)))));
+    llvm::Value* acc = reduces ? e.make_slot(ct, c.identity) : nullptr;
+    e.loop(lo_of(chunk), hi_of(chunk), [&](llvm::Value* i) {
+      auto index = [&](const Operand& o, size_t j) { return o.sizes.empty() ? base[j] : b.CreateAdd(base[j], i); };
+      const std::vector<llvm::Value*> result =
+          fused_ops_at(e, k, prologue, [&](int in) { return e.load(ins[in], index(ins[in], in)); }, {});
+      for (size_t o = reduces ? 1 : 0; o < n_out; ++o) e.store(outs[o], index(outs[o], n_in + o), result[f.output_ops[o]]);
+      if (reduces) b.CreateStore(c.combine(b.CreateLoad(ct, acc), result[reduced]), acc);
+    });
+    if (reduces) b.CreateStore(b.CreateLoad(ct, acc), partial_at(chunk));
+  });
+  b.CreateBr(done);
+
+  b.SetInsertPoint(combining);
+  if (reduces)
+    e.loop(e.i64(0), e.i64(static_cast<int64_t>(k.batch.size())), [&](llvm::Value* m) {
+      llvm::Value* acc = e.make_slot(ct, c.identity);
+      e.loop(first_of(m), first_of(b.CreateAdd(m, e.i64(1))), [&](llvm::Value* chunk) {
+        b.CreateStore(c.combine(b.CreateLoad(ct, acc), b.CreateLoad(ct, partial_at(chunk))), acc);
+      });
+      llvm::Value* v = b.CreateLoad(ct, acc);
+      if (k.reduction().mean) {
+        // Each member's own count: its numel, from the chunk table's last range.
+        llvm::Value* last = b.CreateSub(first_of(b.CreateAdd(m, e.i64(1))), e.i64(1));
+        v = b.CreateFDiv(v, b.CreateSIToFP(hi_of(last), ct));
+      }
+      llvm::Value* out_base = base_of(b.CreateAdd(b.CreateMul(m, e.i64(static_cast<int64_t>(n_ops))), e.i64(static_cast<int64_t>(n_in))));
+      e.store(outs[0], out_base, v);
+    });
+  b.CreateBr(done);
+  b.SetInsertPoint(done);
+  int64_t work_elements = 0;
+  for (const BatchMember& member : k.batch) work_elements += member.numel;
+  LoopInfo info = loop_info(chunks, work_elements);
+  info.combine = reduces;
+  return info;
+}
+
 LoopInfo reduction(LoopEmitter& e, const Kernel& k) {
   if (k.fused) return fused_reduction(e, k);
   const Operand& x = k.inputs[0];
@@ -733,6 +862,11 @@ LoopInfo fill(LoopEmitter& e, const Kernel& k) {
 
 LoopInfo emit_kernel(LoopEmitter& e, const Kernel& k, int index) {
   LoopInfo info;
+  if (!k.batch.empty()) {
+    info = batched(e, k);
+    e.b.CreateRetVoid();
+    return info;
+  }
   switch (k.kind) {
     case KernelKind::Fill: info = fill(e, k); break;
     case KernelKind::Elementwise: info = elementwise(e, k); break;

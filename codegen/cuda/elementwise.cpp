@@ -256,6 +256,18 @@ EmittedKernel elementwise_kernel(const Kernel& k, ElementwiseLoop& l, const std:
   return out;
 }
 
+// The element function's parameter list.
+std::string elem_params(const ElementwiseLoop& l) {
+  std::vector<std::string> p;
+  for (size_t i = 0; i < l.inputs.size(); ++i) p.push_back(fmt::format("const {} a{}", compute_type(l.inputs[i]->dtype), i));
+  if (l.row_col) p.push_back("const long long row"), p.push_back("const long long col");
+  if (l.flat) p.push_back("const unsigned long long flat");
+  for (size_t o = 0; o < l.outputs.size(); ++o) p.push_back(fmt::format("{}& r{}", compute_type(l.outputs[o]->dtype), o));
+  return fmt::format("{}", fmt::join(p, ", "));
+}
+
+}  // namespace
+
 // The lines `const T vJ = ...;` computing the fused kernel's ops [0, count)
 // from the inputs' compute values a0, a1, ..., each rounded to its dtype.
 void fused_ops(Src& f, const Kernel& k, size_t count) {
@@ -277,18 +289,6 @@ void fused_ops(Src& f, const Kernel& k, size_t count) {
     f.line("const {} v{} = {};", compute_type(op.dtype), j, as_stored(op.dtype, value));
   }
 }
-
-// The element function's parameter list.
-std::string elem_params(const ElementwiseLoop& l) {
-  std::vector<std::string> p;
-  for (size_t i = 0; i < l.inputs.size(); ++i) p.push_back(fmt::format("const {} a{}", compute_type(l.inputs[i]->dtype), i));
-  if (l.row_col) p.push_back("const long long row"), p.push_back("const long long col");
-  if (l.flat) p.push_back("const unsigned long long flat");
-  for (size_t o = 0; o < l.outputs.size(); ++o) p.push_back(fmt::format("{}& r{}", compute_type(l.outputs[o]->dtype), o));
-  return fmt::format("{}", fmt::join(p, ", "));
-}
-
-}  // namespace
 
 EmittedKernel emit_elementwise(const Kernel& k) {
   ElementwiseLoop l;

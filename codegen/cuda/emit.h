@@ -147,6 +147,16 @@ int64_t product(const std::vector<int64_t>& v);
 // The per-family emitters (one plan kernel each; `index` is its plan index,
 // which NAPKIN_BAD_INDEX reports).
 EmittedKernel emit_elementwise(const Kernel& k);      // elementwise ops and fused loop kernels
+// A reduction's combining step and identity, in dtype t's compute type.
+struct Combine {
+  std::string op;        // prelude combiner: napkin_sum_op(), napkin_max_op(), napkin_min_op()
+  std::string identity;  // of the accumulator type
+};
+Combine combine_of(ir::Combiner c, ir::DType t);
+EmittedKernel emit_batch(const Kernel& k);            // a batch's kernel: a table of tensors (codegen/cuda/batches.cpp)
+// The lines `const T vJ = ...;` computing a fused kernel's ops [0, count)
+// from its inputs' compute values a0, a1, ..., each rounded to its dtype.
+void fused_ops(Src& f, const Kernel& k, size_t count);
 EmittedKernel emit_fill(const Kernel& k);             // constant, arange
 EmittedKernel emit_concat_or_pad(const Kernel& k);
 EmittedKernel emit_embedding(const Kernel& k, int index);

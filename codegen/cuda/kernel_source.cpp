@@ -36,6 +36,7 @@ namespace {
 using detail::EmittedKernel;
 
 EmittedKernel emit_kernel(const Kernel& k, int index, const CudaClassifierLayout& classifier) {
+  if (!k.batch.empty()) return detail::emit_batch(k);
   switch (k.kind) {
     case KernelKind::Fill: return detail::emit_fill(k);
     case KernelKind::Elementwise:

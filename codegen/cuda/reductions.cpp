@@ -31,10 +31,7 @@ constexpr int64_t kFullThreads = kSMs * 2048;
 // Ids each thread of an embedding-gradient block checks per chunk.
 constexpr int kIdsPerThread = 4;
 
-struct Combine {
-  std::string op;        // prelude combiner
-  std::string identity;  // of the accumulator type
-};
+}  // namespace
 
 Combine combine_of(ir::Combiner c, DType t) {
   bool fp = is_float_compute(t);
@@ -49,8 +46,6 @@ Combine combine_of(ir::Combiner c, DType t) {
   }
   return {"napkin_sum_op()", literal(t, 0.0)};
 }
-
-}  // namespace
 
 EmittedKernel emit_reduction(const Kernel& k) {
   const Operand& out = k.output;

@@ -87,10 +87,12 @@ double kernel_tolerance(ir::DType t) {
 
 namespace {
 
-// The interpreter's outputs of kernel k from its inputs as they are in the arena.
-std::vector<std::vector<double>> expected_outputs(const CompiledStep& step, const codegen::Kernel& k) {
+// The interpreter's outputs of kernel k (of its batch member `member`) from
+// its inputs as they are in the arena.
+std::vector<std::vector<double>> expected_outputs(const CompiledStep& step, const codegen::Kernel& k, size_t member = 0) {
+  const std::vector<codegen::Operand>& operands = k.batch.empty() ? k.inputs : k.batch[member].inputs;
   std::vector<std::vector<double>> inputs;
-  for (const codegen::Operand& in : k.inputs) inputs.push_back(read_operand(step.ex->arena(), in));
+  for (const codegen::Operand& in : operands) inputs.push_back(read_operand(step.ex->arena(), in));
   if (!k.fused) {
     std::vector<interp::detail::Arg> args;
     for (size_t j = 0; j < inputs.size(); ++j) args.push_back({k.inputs[j].sizes, k.inputs[j].dtype, inputs[j]});
@@ -102,20 +104,21 @@ std::vector<std::vector<double>> expected_outputs(const CompiledStep& step, cons
     return out;
   }
   std::vector<std::vector<double>> results;  // per member, in order
-  for (const codegen::FusedOp& op : k.fused->ops) {
-    const ir::Node& n = step.g.node(op.node);
+  for (size_t i = 0; i < k.fused->ops.size(); ++i) {
+    const codegen::FusedOp& op = k.fused->ops[i];
+    const ir::Node& n = step.g.node(k.batch.empty() ? op.node : k.batch[member].nodes.at(i));
     std::vector<interp::detail::Arg> args;
     for (size_t j = 0; j < op.args.size(); ++j) {
       const codegen::FusedArg& a = op.args[j];
-      if (a.input) args.push_back({k.inputs[a.index].sizes, k.inputs[a.index].dtype, inputs[a.index]});
+      if (a.input) args.push_back({operands[a.index].sizes, operands[a.index].dtype, inputs[a.index]});
       else args.push_back({step.g.value(n.in(static_cast<int>(j))).type.sizes(), k.fused->ops[a.index].dtype, results[a.index]});
     }
     results.push_back(interp::detail::eval_node(n, args, {{step.g.value(n.out()).type.sizes(), op.dtype}}).at(0));
     for (double& x : results.back()) x = interp::round_to_dtype(x, op.dtype);
   }
-  std::vector<std::vector<double>> expected;
-  for (int o : k.fused->output_ops) expected.push_back(results[o]);
-  return expected;
+  std::vector<std::vector<double>> outputs;
+  for (int o : k.fused->output_ops) outputs.push_back(results[o]);
+  return outputs;
 }
 
 // See KernelOutputCheck::precision.
@@ -136,14 +139,16 @@ ir::DType judged_precision(const codegen::Kernel& k, int output) {
 
 void check_each_kernel(CompiledStep& step, const std::function<void(const KernelOutputCheck&)>& check,
                        const LoopKernelRunner& run_loop_kernel) {
-  std::vector<std::vector<double>> expected;
+  std::vector<std::vector<std::vector<double>>> expected;  // per batch member (one for other kernels), per output
   // The alternative run's arena: 64-byte aligned like the executor's.
   const size_t arena_bytes = static_cast<size_t>((step.program.arena_bytes + 63) / 64 * 64 + 64);
   std::unique_ptr<char, decltype(&std::free)> copy(
       run_loop_kernel ? static_cast<char*>(std::aligned_alloc(64, arena_bytes)) : nullptr, &std::free);
   auto alternative = [&](int i) { return run_loop_kernel && step.plan.kernels[i].kind != codegen::KernelKind::Gemm; };
   step.ex->before_kernel = [&](int i) {
-    expected = expected_outputs(step, step.plan.kernels[i]);
+    const codegen::Kernel& k = step.plan.kernels[i];
+    expected.clear();
+    for (size_t m = 0; m < std::max<size_t>(k.batch.size(), 1); ++m) expected.push_back(expected_outputs(step, k, m));
     if (!alternative(i)) return;
     std::memcpy(copy.get(), step.ex->arena(), arena_bytes - 64);
     run_loop_kernel(i, copy.get());
@@ -151,17 +156,21 @@ void check_each_kernel(CompiledStep& step, const std::function<void(const Kernel
   step.ex->after_kernel = [&](int i) {
     const codegen::Kernel& k = step.plan.kernels[i];
     const char* arena = alternative(i) ? copy.get() : step.ex->arena();
-    std::vector<const codegen::Operand*> outputs;
-    if (k.fused)
-      for (const codegen::Operand& o : k.fused->outputs) outputs.push_back(&o);
-    else
-      outputs.push_back(&k.output);
-    for (const codegen::Operand& o : k.extra_outputs) outputs.push_back(&o);
-    NAPKIN_INTERNAL_CHECK(outputs.size() == expected.size(), "kernel {} stores {} outputs, the interpreter made {}", k.name,
-                          outputs.size(), expected.size());
-    for (size_t o = 0; o < outputs.size(); ++o)
-      check({&k, static_cast<int>(o), outputs[o], scaled_error(read_operand(arena, *outputs[o]), expected[o]),
-             judged_precision(k, static_cast<int>(o))});
+    for (size_t m = 0; m < expected.size(); ++m) {
+      std::vector<const codegen::Operand*> outputs;
+      if (!k.batch.empty())
+        for (const codegen::Operand& o : k.batch[m].outputs) outputs.push_back(&o);
+      else if (k.fused)
+        for (const codegen::Operand& o : k.fused->outputs) outputs.push_back(&o);
+      else
+        outputs.push_back(&k.output);
+      for (const codegen::Operand& o : k.extra_outputs) outputs.push_back(&o);
+      NAPKIN_INTERNAL_CHECK(outputs.size() == expected[m].size(), "kernel {} stores {} outputs, the interpreter made {}", k.name,
+                            outputs.size(), expected[m].size());
+      for (size_t o = 0; o < outputs.size(); ++o)
+        check({&k, static_cast<int>(o), outputs[o], scaled_error(read_operand(arena, *outputs[o]), expected[m][o]),
+               judged_precision(k, static_cast<int>(o))});
+    }
   };
   step.ex->run_forward();
   step.ex->run_rest();

@@ -51,9 +51,13 @@ size_t offset_slots(const std::string& function) {
   return std::stoul(function.substr(at + std::string("NAPKIN_OFFSETS(").size()));
 }
 
-// The byte offsets of every operand of plan kernel k.
+// The byte offsets of every operand of plan kernel k (of every member of a batch).
 std::set<int64_t> operand_offsets(const Kernel& k) {
   std::set<int64_t> offsets{k.output.byte_offset};
+  for (const napkin::codegen::BatchMember& m : k.batch) {
+    for (const Operand& in : m.inputs) offsets.insert(in.byte_offset);
+    for (const Operand& out : m.outputs) offsets.insert(out.byte_offset);
+  }
   for (const Operand& in : k.inputs) offsets.insert(in.byte_offset);
   if (k.fused)
     for (const Operand& out : k.fused->outputs) offsets.insert(out.byte_offset);

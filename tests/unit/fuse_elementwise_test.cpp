@@ -270,3 +270,35 @@ TEST_CASE("fuse: the work per node stays flat as an elementwise chain grows - a 
       if (large.node(id).op != ir::Op::ReduceMean) CHECK(large.node(id).group == 0);
   }
 }
+
+TEST_CASE("fuse: the optimizer's groups of one signature are scheduled together and run as one batch each") {
+  ir::Graph g = testing::compile_small_model(testing::source_path("models/gpt2-124m.yaml"));
+  const ir::FusionGroups groups = ir::fusion_groups(g);
+  // AdamW with and without weight decay (matrices and embeddings, gains and
+  // biases), and gradient clipping's sums of squares of 2-D and 1-D gradients.
+  REQUIRE(groups.batches.size() == 4);
+  size_t batched = 0;
+  for (const ir::FusionBatch& b : groups.batches) {
+    REQUIRE(b.groups.size() >= 2);
+    batched += b.groups.size();
+    const std::string signature = ir::batch_signature(g, groups.groups[b.groups[0]]);
+    CHECK_FALSE(signature.empty());
+    for (size_t i = 0; i < b.groups.size(); ++i) {
+      const ir::FusionGroup& fg = groups.groups[b.groups[i]];
+      CHECK(fg.phase == ir::Phase::Optimizer);
+      CHECK(ir::batch_signature(g, fg) == signature);
+      CHECK(groups.batch_of[fg.id] == static_cast<int>(&b - groups.batches.data()));
+      // Adjacent: only views between one group and the next.
+      if (i > 0)
+        for (int p = groups.groups[b.groups[i - 1]].last + 1; p < fg.first; ++p)
+          CHECK(ir::op_info(g.node(g.schedule()[p]).op).op_class == ir::OpClass::View);
+    }
+    CHECK(groups.kernel_first(b.first) == b.first);
+    CHECK(groups.kernel_last(b.first) == b.last);
+  }
+  CHECK(batched == 2 * g.params.size());  // every parameter's update and its clipping sum
+  CHECK(ir::verify(g).empty());
+  // A forward or backward group is never batched.
+  for (const ir::FusionGroup& fg : groups.groups)
+    if (fg.phase != ir::Phase::Optimizer) CHECK(ir::batch_signature(g, fg).empty());
+}
