@@ -586,19 +586,31 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
   auto st = [&](const RowOperand& r, llvm::Value* base, llvm::Value* kk, llvm::Value* v) { e.store(*r.op, at(e, r, base, kk), v); };
   llvm::Value* inv_n = llvm::ConstantFP::get(t, 1.0 / static_cast<double>(n));
   int64_t rows_total = product(rl.sizes);
-  bool serial = scalar_out || vector_out;
+  const bool serial = scalar_out;
 
-  // Losses and gain gradients sum over rows: zero the output first. The
-  // function is then called once with [0, extent) (serial).
+  // Losses sum over rows: the function is then called once with [0, extent)
+  // (serial). Gain gradients sum over rows in parts fixed by the shape (at
+  // most kMaxReductionParts, their partials at most kMaxPartialBytes), each
+  // into its own row of partials (gain's, then bias's), whichever thread runs
+  // it; the combining call [parts, parts + 1) adds the parts in order
+  // (Launch::combine), so the bits do not depend on the thread count.
   llvm::Value* loss = nullptr;
   if (scalar_out) loss = e.make_slot(b.getDoubleTy(), llvm::ConstantFP::get(b.getDoubleTy(), 0.0));
-  if (vector_out)
-    e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
-      st(out, e.i64(0), kk, llvm::ConstantFP::get(t, 0.0));
-      if (bias) st(*bias, e.i64(0), kk, llvm::ConstantFP::get(t, 0.0));
-    });
+  int64_t parts = 1, per_part = rl.sizes[0];
+  llvm::GlobalVariable* partials = nullptr;
+  llvm::Value* part = nullptr;  // the part being summed (vector_out)
+  auto partial_at = [&](llvm::Value* i) { return b.CreateInBoundsGEP(t, partials, i); };
+  if (vector_out) {
+    const int64_t row_bytes = 2 * n * static_cast<int64_t>(t->getPrimitiveSizeInBits() / 8);
+    parts = std::clamp<int64_t>(kMaxPartialBytes / row_bytes, 1, std::min(kMaxReductionParts, rl.sizes[0]));
+    per_part = (rl.sizes[0] + parts - 1) / parts;
+    parts = (rl.sizes[0] + per_part - 1) / per_part;
+    auto* type = llvm::ArrayType::get(t, static_cast<uint64_t>(parts * 2 * n));
+    partials = new llvm::GlobalVariable(e.module, type, false, llvm::GlobalValue::InternalLinkage,
+                                        llvm::ConstantAggregateZero::get(type), k.name + "_partials");
+  }
 
-  for_each_row(e, rl.sizes, ops, [&](const std::vector<llvm::Value*>& base) {
+  auto row_body = [&](const std::vector<llvm::Value*>& base) {
     llvm::Value* xb = base[0];
     llvm::Value* ob = base[out_index];
     switch (p.variant) {
@@ -681,26 +693,75 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
         });
         break;
       }
-      case RowVariant::NormGainGrad: {  // out[k] += dy * x_hat over rows (and bias[k] += dy)
+      case RowVariant::NormGainGrad: {  // the part's gain[k] += dy * x_hat over rows (and bias[k] += dy)
         const RowOperand& dy = ops[1];
         auto [mean, rstd] = row_stats(e, X, xb, n, p.eps, p.centered);
+        llvm::Value* row0 = b.CreateMul(part, e.i64(2 * n));
         e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
           llvm::Value* xhat = b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd);
           llvm::Value* g = ld(dy, base[1], kk);
-          llvm::Value* sum_at = at(e, out, ob, kk);
-          e.store(*out.op, sum_at, b.CreateFAdd(e.load(*out.op, sum_at), b.CreateFMul(g, xhat)));
+          llvm::Value* gain_at = partial_at(b.CreateAdd(row0, kk));
+          b.CreateStore(b.CreateFAdd(b.CreateLoad(t, gain_at), b.CreateFMul(g, xhat)), gain_at);
           if (bias) {
-            llvm::Value* bias_at = at(e, *bias, base[3], kk);
-            e.store(*bias->op, bias_at, b.CreateFAdd(e.load(*bias->op, bias_at), g));
+            llvm::Value* bias_at = partial_at(b.CreateAdd(b.CreateAdd(row0, e.i64(n)), kk));
+            b.CreateStore(b.CreateFAdd(b.CreateLoad(t, bias_at), g), bias_at);
           }
         });
         break;
       }
     }
-  });
+  };
+  if (!vector_out) {
+    for_each_row(e, rl.sizes, ops, row_body);
+  } else {
+    llvm::BasicBlock* work = llvm::BasicBlock::Create(e.ctx, "work", e.fn);
+    llvm::BasicBlock* combining = llvm::BasicBlock::Create(e.ctx, "combine", e.fn);
+    llvm::BasicBlock* done = llvm::BasicBlock::Create(e.ctx, "done", e.fn);
+    b.CreateCondBr(b.CreateICmpSLT(e.begin, e.i64(parts)), work, combining);
+    b.SetInsertPoint(work);
+    e.loop(e.begin, e.end, [&](llvm::Value* pp) {
+      part = pp;
+      llvm::Value* row0 = b.CreateMul(pp, e.i64(2 * n));
+      e.loop(e.i64(0), e.i64(2 * n), [&](llvm::Value* j) { b.CreateStore(llvm::ConstantFP::get(t, 0.0), partial_at(b.CreateAdd(row0, j))); });
+      llvm::Value* lo = b.CreateMul(pp, e.i64(per_part));
+      llvm::Value* hi = b.CreateBinaryIntrinsic(llvm::Intrinsic::smin, b.CreateAdd(lo, e.i64(per_part)), e.i64(rl.sizes[0]));
+      const std::vector<int64_t> rest(rl.sizes.begin() + 1, rl.sizes.end());
+      e.loop(lo, hi, [&](llvm::Value* i0) {
+        e.nest(rest, -1, [&](const Idx& r) {
+          Idx idx{i0};
+          idx.insert(idx.end(), r.begin(), r.end());
+          std::vector<llvm::Value*> bases;
+          for (const RowOperand& o : ops) bases.push_back(e.dot(idx, o.strides));
+          row_body(bases);
+        });
+      });
+    });
+    b.CreateBr(done);
+    b.SetInsertPoint(combining);
+    e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+      llvm::Value* gain = e.make_slot(t, llvm::ConstantFP::get(t, 0.0));
+      llvm::Value* bias_sum = e.make_slot(t, llvm::ConstantFP::get(t, 0.0));
+      e.loop(e.i64(0), e.i64(parts), [&](llvm::Value* pp) {
+        llvm::Value* row0 = b.CreateMul(pp, e.i64(2 * n));
+        b.CreateStore(b.CreateFAdd(b.CreateLoad(t, gain), b.CreateLoad(t, partial_at(b.CreateAdd(row0, kk)))), gain);
+        if (bias)
+          b.CreateStore(b.CreateFAdd(b.CreateLoad(t, bias_sum), b.CreateLoad(t, partial_at(b.CreateAdd(b.CreateAdd(row0, e.i64(n)), kk)))),
+                        bias_sum);
+      });
+      st(out, e.i64(0), kk, b.CreateLoad(t, gain));
+      if (bias) st(*bias, e.i64(0), kk, b.CreateLoad(t, bias_sum));
+    });
+    b.CreateBr(done);
+    b.SetInsertPoint(done);
+  }
   if (scalar_out) {
     llvm::Value* mean = b.CreateFDiv(b.CreateLoad(b.getDoubleTy(), loss), llvm::ConstantFP::get(b.getDoubleTy(), static_cast<double>(rows_total)));
     e.store(k.output, e.i64(0), b.CreateFPTrunc(mean, t));
+  }
+  if (vector_out) {
+    LoopInfo info = loop_info(parts, x.numel());
+    info.combine = true;
+    return info;
   }
   return loop_info(rl.sizes[0], x.numel(), !serial);
 }

@@ -416,36 +416,6 @@ TEST_CASE("numeric: fused reductions that also store prologue results, CPU and e
   }
 }
 
-TEST_CASE("numeric: a CPU fused reduction split into parts gives the same bits on 1, 2 and 3 threads") {
-  // The parts are fixed by the shape and combined in order: the thread count
-  // changes who computes a part, never the sums.
-  std::vector<std::vector<double>> first;
-  for (int threads : {1, 2, 3}) {
-    CAPTURE(threads);
-    napkin::testing::CompiledStep step(napkin::testing::compile_training(reductions_with_stores_yaml("bf16-mixed")), threads);
-    // Each fused reduction's outputs as it leaves them (later kernels may reuse the buffers).
-    std::vector<std::vector<double>> got;
-    std::vector<std::string> names;
-    step.ex->after_kernel = [&](int i) {
-      const codegen::Kernel& k = step.plan.kernels[static_cast<size_t>(i)];
-      if (k.kind != codegen::KernelKind::Reduction || !k.fused) return;
-      for (const codegen::Operand& o : k.fused->outputs) {
-        got.push_back(napkin::testing::read_operand(step.ex->arena(), o));
-        names.push_back(k.name + " at " + k.where);
-      }
-    };
-    step.ex->run_forward();
-    step.ex->run_rest();
-    REQUIRE(!got.empty());
-    if (first.empty()) first = got;
-    REQUIRE(got.size() == first.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      INFO(names[i]);
-      CHECK(got[i] == first[i]);
-    }
-  }
-}
-
 TEST_CASE("numeric: emulated CUDA dropout kernels equal the CPU backend's bit for bit, f32 and bf16") {
   // The same Philox words and keep tests on both backends: every output of a
   // kernel with a dropout in it has the same bits (a mask differing in one
