@@ -45,6 +45,61 @@ ElementAt element_at(LoopEmitter& e, const Idx& idx, const std::vector<int64_t>&
   return at;
 }
 
+// Side of the square tiles nest_tiled walks.
+constexpr int64_t kTransposeTile = 32;
+
+// A loop nest over `sizes` whose dim 0 runs over [begin, end), as
+// LoopEmitter::nest(sizes, 0, body) does, but when some operand walks the
+// last two dims transposed (its stride along the last dim is more than one
+// element and more than along the one before), those two dims run in square
+// tiles: the operand's cache lines, one per row of the tile, are reused by
+// the tile's next elements instead of being evicted by a whole row's worth
+// of others (a bf16 [vocab, d] gradient cast into a [d, vocab] parameter's
+// layout ran 30x slower than its bytes).
+void nest_tiled(LoopEmitter& e, const std::vector<int64_t>& sizes, const std::vector<const std::vector<int64_t>*>& strides,
+                const std::function<void(const Idx&)>& body) {
+  const size_t rank = sizes.size();
+  bool transposed = false;
+  for (const std::vector<int64_t>* s : strides)
+    if (rank >= 2 && s->size() == rank) {
+      const int64_t last = std::abs((*s)[rank - 1]), before = std::abs((*s)[rank - 2]);
+      transposed = transposed || (last > 1 && last > before);
+    }
+  if (!transposed || sizes[rank - 1] < 2 * kTransposeTile || sizes[rank - 2] < 2) {
+    e.nest(sizes, 0, body);
+    return;
+  }
+  auto& b = e.b;
+  // Tiles of one dim over [lo, hi): body(first, last) per tile.
+  auto tiles = [&](llvm::Value* lo, llvm::Value* hi, const std::function<void(llvm::Value*, llvm::Value*)>& tile) {
+    llvm::Value* count = b.CreateSDiv(b.CreateAdd(b.CreateSub(hi, lo), e.i64(kTransposeTile - 1)), e.i64(kTransposeTile));
+    e.loop(e.i64(0), count, [&](llvm::Value* t) {
+      llvm::Value* first = b.CreateAdd(lo, b.CreateMul(t, e.i64(kTransposeTile)));
+      tile(first, b.CreateBinaryIntrinsic(llvm::Intrinsic::smin, b.CreateAdd(first, e.i64(kTransposeTile)), hi));
+    });
+  };
+  const std::vector<int64_t> outer(sizes.begin(), sizes.end() - 2);
+  auto last_two = [&](const Idx& prefix, llvm::Value* lo0, llvm::Value* hi0) {
+    tiles(lo0, hi0, [&](llvm::Value* a0, llvm::Value* a1) {
+      tiles(e.i64(0), e.i64(sizes[rank - 1]), [&](llvm::Value* c0, llvm::Value* c1) {
+        e.loop(a0, a1, [&](llvm::Value* a) {
+          e.loop(c0, c1, [&](llvm::Value* c) {
+            Idx idx = prefix;
+            idx.push_back(a);
+            idx.push_back(c);
+            body(idx);
+          });
+        });
+      });
+    });
+  };
+  if (outer.empty()) {
+    last_two({}, e.begin, e.end);  // dim 0 is the tiled rows: the parallel range
+    return;
+  }
+  e.nest(outer, 0, [&](const Idx& prefix) { last_two(prefix, e.i64(0), e.i64(sizes[rank - 2])); });
+}
+
 LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
   std::vector<int64_t> sizes = k.output.sizes;
   std::vector<int64_t> out_strides = k.output.strides;
@@ -56,7 +111,9 @@ LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
     for (auto& s : in_strides) all.push_back(&s);
     collapse_dims(sizes, all);
   }
-  e.nest(sizes, 0, [&](const Idx& idx) {
+  std::vector<const std::vector<int64_t>*> all{&out_strides};
+  for (const auto& s : in_strides) all.push_back(&s);
+  nest_tiled(e, sizes, all, [&](const Idx& idx) {
     std::vector<llvm::Value*> args;
     for (size_t i = 0; i < k.inputs.size(); ++i) args.push_back(e.load(k.inputs[i], e.dot(idx, in_strides[i])));
     ir::DType from = k.inputs.empty() ? k.output.dtype : k.inputs[0].dtype;
@@ -118,7 +175,10 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
     for (auto& s : in_strides) all.push_back(&s);
     collapse_dims(sizes, all);
   }
-  e.nest(sizes, 0, [&](const Idx& idx) {
+  std::vector<const std::vector<int64_t>*> all;
+  for (const auto& s : out_strides) all.push_back(&s);
+  for (const auto& s : in_strides) all.push_back(&s);
+  nest_tiled(e, sizes, all, [&](const Idx& idx) {
     const ElementAt at = element_at(e, idx, sizes, needs_row_col, needs_flat);
     const std::vector<llvm::Value*> result = fused_ops_at(
         e, k, f.ops.size(), [&](int i) { return e.load(k.inputs[i], e.dot(idx, in_strides[i])); }, at);
@@ -309,18 +369,20 @@ constexpr int64_t kBatchChunk = int64_t{1} << 15;
 // A batch's kernel (codegen/plan.h Kernel::batch): every member is a flat
 // loop over its numel elements with the same fused ops, on its own operands.
 // The work items are chunks of at most kBatchChunk elements of one member,
-// from tables in the module: each chunk's member and element range, each
-// member's operand offsets (in elements) and, for a batch of reductions
-// (each member reduces all its elements to one value), its first chunk.
-// A reduction's chunks each leave a partial in the module's buffer; the
-// combining call adds each member's partials in chunk order (Launch::combine),
-// so the bits do not depend on the thread count.
+// from tables in the module (each chunk's member and element range); a
+// switch on the member runs that member's loop, compiled with its operands'
+// offsets as constants, as its own kernel would be (an update written in
+// place of its input is then visibly the same address, and vectorizes). A
+// batch of reductions (each member reduces all its elements to one value)
+// leaves one partial per chunk in the module's buffer; the combining call
+// adds each member's partials in chunk order (Launch::combine), so the bits
+// do not depend on the thread count.
 LoopInfo batched(LoopEmitter& e, const Kernel& k) {
   const FusedLoop& f = *k.fused;
   auto& b = e.b;
   const bool reduces = k.kind == KernelKind::Reduction;
-  const size_t n_in = k.inputs.size(), n_out = f.outputs.size(), n_ops = n_in + n_out;
-  std::vector<int64_t> chunk_member, chunk_lo, chunk_hi, first_chunk, bases;
+  const size_t n_in = k.inputs.size(), n_out = f.outputs.size();
+  std::vector<int64_t> chunk_member, chunk_lo, chunk_hi, first_chunk;
   for (size_t m = 0; m < k.batch.size(); ++m) {
     const BatchMember& member = k.batch[m];
     NAPKIN_INTERNAL_CHECK(member.inputs.size() == n_in && member.outputs.size() == n_out, "batch {}: member {} has other operands",
@@ -331,14 +393,6 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
       chunk_lo.push_back(lo);
       chunk_hi.push_back(std::min(member.numel, lo + kBatchChunk));
     }
-    auto add_base = [&](const Operand& o) {
-      const int64_t size = static_cast<int64_t>(ir::dtype_size(o.dtype));
-      NAPKIN_INTERNAL_CHECK(o.byte_offset % size == 0, "batch {}: an operand at byte {} is not aligned to its element", k.name,
-                            o.byte_offset);
-      bases.push_back(o.byte_offset / size);
-    };
-    for (const Operand& o : member.inputs) add_base(o);
-    for (const Operand& o : member.outputs) add_base(o);
   }
   first_chunk.push_back(static_cast<int64_t>(chunk_member.size()));
   const int64_t chunks = static_cast<int64_t>(chunk_member.size());
@@ -355,16 +409,6 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
   auto member_of = table(chunk_member, "member");
   auto lo_of = table(chunk_lo, "lo");
   auto hi_of = table(chunk_hi, "hi");
-  auto base_of = table(bases, "bases");
-  auto first_of = table(first_chunk, "first");
-  // An operand's element `index` from its member's base: the operand at byte offset 0.
-  auto at_zero = [](Operand o) {
-    o.byte_offset = 0;
-    return o;
-  };
-  std::vector<Operand> ins, outs;
-  for (const Operand& o : k.inputs) ins.push_back(at_zero(o));
-  for (const Operand& o : f.outputs) outs.push_back(at_zero(o));
 
   llvm::Type* ct = reduces ? e.compute_type(k.output.dtype) : nullptr;
   llvm::GlobalVariable* partials = nullptr;
@@ -390,37 +434,42 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
 
   b.SetInsertPoint(work);
   e.loop(e.begin, e.end, [&](llvm::Value* chunk) {
-    llvm::Value* m = member_of(chunk);
-    std::vector<llvm::Value*> base;
-    for (size_t j = 0; j < n_ops; ++j) base.push_back(base_of(b.CreateAdd(b.CreateMul(m, e.i64(static_cast<int64_t>(n_ops))), e.i64(static_cast<int64_t>(j)))));
-    llvm::Value* acc = reduces ? e.make_slot(ct, c.identity) : nullptr;
-    e.loop(lo_of(chunk), hi_of(chunk), [&](llvm::Value* i) {
-      auto index = [&](const Operand& o, size_t j) { return o.sizes.empty() ? base[j] : b.CreateAdd(base[j], i); };
-      const std::vector<llvm::Value*> result =
-          fused_ops_at(e, k, prologue, [&](int in) { return e.load(ins[in], index(ins[in], in)); }, {});
-      for (size_t o = reduces ? 1 : 0; o < n_out; ++o) e.store(outs[o], index(outs[o], n_in + o), result[f.output_ops[o]]);
-      if (reduces) b.CreateStore(c.combine(b.CreateLoad(ct, acc), result[reduced]), acc);
-    });
-    if (reduces) b.CreateStore(b.CreateLoad(ct, acc), partial_at(chunk));
+    llvm::Value* lo = lo_of(chunk);
+    llvm::Value* hi = hi_of(chunk);
+    llvm::BasicBlock* next = llvm::BasicBlock::Create(e.ctx, "member.end", e.fn);
+    llvm::SwitchInst* sw = b.CreateSwitch(member_of(chunk), next, static_cast<unsigned>(k.batch.size()));
+    for (size_t m = 0; m < k.batch.size(); ++m) {
+      const BatchMember& member = k.batch[m];
+      llvm::BasicBlock* body = llvm::BasicBlock::Create(e.ctx, "member", e.fn);
+      sw->addCase(b.getInt64(static_cast<uint64_t>(m)), body);
+      b.SetInsertPoint(body);
+      llvm::Value* acc = reduces ? e.make_slot(ct, c.identity) : nullptr;
+      e.loop(lo, hi, [&](llvm::Value* i) {
+        auto index = [&](const Operand& o) { return o.sizes.empty() ? e.i64(0) : i; };
+        const std::vector<llvm::Value*> result = fused_ops_at(
+            e, k, prologue, [&](int in) { return e.load(member.inputs[in], index(member.inputs[in])); }, {});
+        for (size_t o = reduces ? 1 : 0; o < n_out; ++o)
+          e.store(member.outputs[o], index(member.outputs[o]), result[f.output_ops[o]]);
+        if (reduces) b.CreateStore(c.combine(b.CreateLoad(ct, acc), result[reduced]), acc);
+      });
+      if (reduces) b.CreateStore(b.CreateLoad(ct, acc), partial_at(chunk));
+      b.CreateBr(next);
+    }
+    b.SetInsertPoint(next);
   });
   b.CreateBr(done);
 
   b.SetInsertPoint(combining);
   if (reduces)
-    e.loop(e.i64(0), e.i64(static_cast<int64_t>(k.batch.size())), [&](llvm::Value* m) {
+    for (size_t m = 0; m < k.batch.size(); ++m) {
       llvm::Value* acc = e.make_slot(ct, c.identity);
-      e.loop(first_of(m), first_of(b.CreateAdd(m, e.i64(1))), [&](llvm::Value* chunk) {
+      e.loop(e.i64(first_chunk[m]), e.i64(first_chunk[m + 1]), [&](llvm::Value* chunk) {
         b.CreateStore(c.combine(b.CreateLoad(ct, acc), b.CreateLoad(ct, partial_at(chunk))), acc);
       });
       llvm::Value* v = b.CreateLoad(ct, acc);
-      if (k.reduction().mean) {
-        // Each member's own count: its numel, from the chunk table's last range.
-        llvm::Value* last = b.CreateSub(first_of(b.CreateAdd(m, e.i64(1))), e.i64(1));
-        v = b.CreateFDiv(v, b.CreateSIToFP(hi_of(last), ct));
-      }
-      llvm::Value* out_base = base_of(b.CreateAdd(b.CreateMul(m, e.i64(static_cast<int64_t>(n_ops))), e.i64(static_cast<int64_t>(n_in))));
-      e.store(outs[0], out_base, v);
-    });
+      if (k.reduction().mean) v = b.CreateFDiv(v, llvm::ConstantFP::get(ct, static_cast<double>(std::max<int64_t>(k.batch[m].numel, 1))));
+      e.store(k.batch[m].outputs[0], e.i64(0), v);
+    }
   b.CreateBr(done);
   b.SetInsertPoint(done);
   int64_t work_elements = 0;
