@@ -232,6 +232,25 @@ Combiner combiner_of(LoopEmitter& e, const Kernel& k) {
 constexpr int64_t kMaxReductionParts = 16;
 constexpr int64_t kMaxPartialBytes = int64_t{256} << 10;
 
+// A kernel with a combining call (Launch::combine): `work` emits the body
+// for [begin, end) of its `items` work items, `combine` the body of the
+// runtime's last call [items, items + 1), which combines what they left.
+void work_then_combine(LoopEmitter& e, int64_t items, const std::function<void()>& work,
+                       const std::function<void()>& combine) {
+  auto& b = e.b;
+  llvm::BasicBlock* work_block = llvm::BasicBlock::Create(e.ctx, "work", e.fn);
+  llvm::BasicBlock* combine_block = llvm::BasicBlock::Create(e.ctx, "combine", e.fn);
+  llvm::BasicBlock* done = llvm::BasicBlock::Create(e.ctx, "done", e.fn);
+  b.CreateCondBr(b.CreateICmpSLT(e.begin, e.i64(items)), work_block, combine_block);
+  b.SetInsertPoint(work_block);
+  work();
+  b.CreateBr(done);
+  b.SetInsertPoint(combine_block);
+  combine();
+  b.CreateBr(done);
+  b.SetInsertPoint(done);
+}
+
 // A reduction with an elementwise prologue (a fusion group ending in a
 // reduction, codegen/plan.h FusedLoop), which may also store prologue
 // results. It visits every element of its loop once, in storage order
@@ -292,70 +311,65 @@ LoopInfo fused_reduction(LoopEmitter& e, const Kernel& k) {
     return result[reduced];
   };
 
-  llvm::BasicBlock* work = llvm::BasicBlock::Create(e.ctx, "work", e.fn);
-  llvm::BasicBlock* combining = llvm::BasicBlock::Create(e.ctx, "combine", e.fn);
-  llvm::BasicBlock* done = llvm::BasicBlock::Create(e.ctx, "done", e.fn);
-  b.CreateCondBr(b.CreateICmpSLT(e.begin, e.i64(items)), work, combining);
-
-  b.SetInsertPoint(work);
-  e.loop(e.begin, e.end, [&](llvm::Value* item) {
-    llvm::Value* base = b.CreateMul(item, e.i64(block));  // of its partials
-    e.loop(e.i64(0), e.i64(block), [&](llvm::Value* j) { b.CreateStore(c.identity, partial_at(b.CreateAdd(base, j))); });
-    llvm::Value* lo = b.CreateMul(item, e.i64(per_item));
-    llvm::Value* hi = kept0 ? b.CreateAdd(lo, e.i64(1)) : b.CreateBinaryIntrinsic(llvm::Intrinsic::smin, b.CreateAdd(lo, e.i64(per_item)), e.i64(sizes[0]));
-    // The partial of the element at idx: base + its output offset within the item.
-    std::vector<int64_t> local(out_strides);
-    local[0] = 0;
-    auto accumulate = [&](llvm::Value* at, llvm::Value* v) {
-      llvm::Value* ptr = partial_at(at);
-      b.CreateStore(c.combine(b.CreateLoad(ct, ptr), v), ptr);
-    };
-    const bool inner_summed = rank > 1 && out_strides.back() == 0;
-    if (rank == 1 && !kept0) {  // one summed dim: the part in a register
-      llvm::Value* acc = e.make_slot(ct, c.identity);
-      e.loop(lo, hi, [&](llvm::Value* i0) { b.CreateStore(c.combine(b.CreateLoad(ct, acc), visit({i0})), acc); });
-      accumulate(base, b.CreateLoad(ct, acc));
-    } else {
-      e.loop(lo, hi, [&](llvm::Value* i0) {
-        std::vector<int64_t> outer(sizes.begin() + 1, sizes.end() - (inner_summed ? 1 : 0));
-        e.nest(outer, -1, [&](const Idx& rest) {
-          Idx idx{i0};
-          idx.insert(idx.end(), rest.begin(), rest.end());
-          if (!inner_summed) {
-            accumulate(b.CreateAdd(base, e.dot(idx, local)), visit(idx));
-            return;
+  work_then_combine(
+      e, items,
+      [&] {
+        e.loop(e.begin, e.end, [&](llvm::Value* item) {
+          llvm::Value* base = b.CreateMul(item, e.i64(block));  // of its partials
+          e.loop(e.i64(0), e.i64(block), [&](llvm::Value* j) { b.CreateStore(c.identity, partial_at(b.CreateAdd(base, j))); });
+          llvm::Value* lo = b.CreateMul(item, e.i64(per_item));
+          llvm::Value* hi = kept0 ? b.CreateAdd(lo, e.i64(1)) : b.CreateBinaryIntrinsic(llvm::Intrinsic::smin, b.CreateAdd(lo, e.i64(per_item)), e.i64(sizes[0]));
+          // The partial of the element at idx: base + its output offset within the item.
+          std::vector<int64_t> local(out_strides);
+          local[0] = 0;
+          auto accumulate = [&](llvm::Value* at, llvm::Value* v) {
+            llvm::Value* ptr = partial_at(at);
+            b.CreateStore(c.combine(b.CreateLoad(ct, ptr), v), ptr);
+          };
+          const bool inner_summed = rank > 1 && out_strides.back() == 0;
+          if (rank == 1 && !kept0) {  // one summed dim: the part in a register
+            llvm::Value* acc = e.make_slot(ct, c.identity);
+            e.loop(lo, hi, [&](llvm::Value* i0) { b.CreateStore(c.combine(b.CreateLoad(ct, acc), visit({i0})), acc); });
+            accumulate(base, b.CreateLoad(ct, acc));
+          } else {
+            e.loop(lo, hi, [&](llvm::Value* i0) {
+              std::vector<int64_t> outer(sizes.begin() + 1, sizes.end() - (inner_summed ? 1 : 0));
+              e.nest(outer, -1, [&](const Idx& rest) {
+                Idx idx{i0};
+                idx.insert(idx.end(), rest.begin(), rest.end());
+                if (!inner_summed) {
+                  accumulate(b.CreateAdd(base, e.dot(idx, local)), visit(idx));
+                  return;
+                }
+                llvm::Value* acc = e.make_slot(ct, c.identity);
+                e.loop(e.i64(0), e.i64(sizes.back()), [&](llvm::Value* t) {
+                  Idx full = idx;
+                  full.push_back(t);
+                  b.CreateStore(c.combine(b.CreateLoad(ct, acc), visit(full)), acc);
+                });
+                idx.push_back(e.i64(0));
+                accumulate(b.CreateAdd(base, e.dot(idx, local)), b.CreateLoad(ct, acc));
+              });
+            });
           }
-          llvm::Value* acc = e.make_slot(ct, c.identity);
-          e.loop(e.i64(0), e.i64(sizes.back()), [&](llvm::Value* t) {
-            Idx full = idx;
-            full.push_back(t);
-            b.CreateStore(c.combine(b.CreateLoad(ct, acc), visit(full)), acc);
-          });
-          idx.push_back(e.i64(0));
-          accumulate(b.CreateAdd(base, e.dot(idx, local)), b.CreateLoad(ct, acc));
+          if (!combine)  // this item's block of the output is complete
+            e.loop(e.i64(0), e.i64(block), [&](llvm::Value* j) {
+              llvm::Value* at = b.CreateAdd(base, j);
+              e.store(out, at, finish(b.CreateLoad(ct, partial_at(at))));
+            });
         });
+      },
+      [&] {
+        if (combine)
+          e.loop(e.i64(0), e.i64(out_numel), [&](llvm::Value* j) {
+            llvm::Value* acc = e.make_slot(ct, c.identity);
+            e.loop(e.i64(0), e.i64(items), [&](llvm::Value* p) {
+              llvm::Value* at = b.CreateAdd(b.CreateMul(p, e.i64(out_numel)), j);
+              b.CreateStore(c.combine(b.CreateLoad(ct, acc), b.CreateLoad(ct, partial_at(at))), acc);
+            });
+            e.store(out, j, finish(b.CreateLoad(ct, acc)));
+          });
       });
-    }
-    if (!combine)  // this item's block of the output is complete
-      e.loop(e.i64(0), e.i64(block), [&](llvm::Value* j) {
-        llvm::Value* at = b.CreateAdd(base, j);
-        e.store(out, at, finish(b.CreateLoad(ct, partial_at(at))));
-      });
-  });
-  b.CreateBr(done);
-
-  b.SetInsertPoint(combining);
-  if (combine)
-    e.loop(e.i64(0), e.i64(out_numel), [&](llvm::Value* j) {
-      llvm::Value* acc = e.make_slot(ct, c.identity);
-      e.loop(e.i64(0), e.i64(items), [&](llvm::Value* p) {
-        llvm::Value* at = b.CreateAdd(b.CreateMul(p, e.i64(out_numel)), j);
-        b.CreateStore(c.combine(b.CreateLoad(ct, acc), b.CreateLoad(ct, partial_at(at))), acc);
-      });
-      e.store(out, j, finish(b.CreateLoad(ct, acc)));
-    });
-  b.CreateBr(done);
-  b.SetInsertPoint(done);
   LoopInfo info = loop_info(items, product(sizes));
   info.combine = combine;
   return info;
@@ -427,51 +441,46 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
   }
   const size_t prologue = reduces ? f.ops.size() - 1 : f.ops.size();
 
-  llvm::BasicBlock* work = llvm::BasicBlock::Create(e.ctx, "work", e.fn);
-  llvm::BasicBlock* combining = llvm::BasicBlock::Create(e.ctx, "combine", e.fn);
-  llvm::BasicBlock* done = llvm::BasicBlock::Create(e.ctx, "done", e.fn);
-  b.CreateCondBr(b.CreateICmpSLT(e.begin, e.i64(chunks)), work, combining);
-
-  b.SetInsertPoint(work);
-  e.loop(e.begin, e.end, [&](llvm::Value* chunk) {
-    llvm::Value* lo = lo_of(chunk);
-    llvm::Value* hi = hi_of(chunk);
-    llvm::BasicBlock* next = llvm::BasicBlock::Create(e.ctx, "member.end", e.fn);
-    llvm::SwitchInst* sw = b.CreateSwitch(member_of(chunk), next, static_cast<unsigned>(k.batch.size()));
-    for (size_t m = 0; m < k.batch.size(); ++m) {
-      const BatchMember& member = k.batch[m];
-      llvm::BasicBlock* body = llvm::BasicBlock::Create(e.ctx, "member", e.fn);
-      sw->addCase(b.getInt64(static_cast<uint64_t>(m)), body);
-      b.SetInsertPoint(body);
-      llvm::Value* acc = reduces ? e.make_slot(ct, c.identity) : nullptr;
-      e.loop(lo, hi, [&](llvm::Value* i) {
-        auto index = [&](const Operand& o) { return o.sizes.empty() ? e.i64(0) : i; };
-        const std::vector<llvm::Value*> result = fused_ops_at(
-            e, k, prologue, [&](int in) { return e.load(member.inputs[in], index(member.inputs[in])); }, {});
-        for (size_t o = reduces ? 1 : 0; o < n_out; ++o)
-          e.store(member.outputs[o], index(member.outputs[o]), result[f.output_ops[o]]);
-        if (reduces) b.CreateStore(c.combine(b.CreateLoad(ct, acc), result[reduced]), acc);
+  work_then_combine(
+      e, chunks,
+      [&] {
+        e.loop(e.begin, e.end, [&](llvm::Value* chunk) {
+          llvm::Value* lo = lo_of(chunk);
+          llvm::Value* hi = hi_of(chunk);
+          llvm::BasicBlock* next = llvm::BasicBlock::Create(e.ctx, "member.end", e.fn);
+          llvm::SwitchInst* sw = b.CreateSwitch(member_of(chunk), next, static_cast<unsigned>(k.batch.size()));
+          for (size_t m = 0; m < k.batch.size(); ++m) {
+            const BatchMember& member = k.batch[m];
+            llvm::BasicBlock* body = llvm::BasicBlock::Create(e.ctx, "member", e.fn);
+            sw->addCase(b.getInt64(static_cast<uint64_t>(m)), body);
+            b.SetInsertPoint(body);
+            llvm::Value* acc = reduces ? e.make_slot(ct, c.identity) : nullptr;
+            e.loop(lo, hi, [&](llvm::Value* i) {
+              auto index = [&](const Operand& o) { return o.sizes.empty() ? e.i64(0) : i; };
+              const std::vector<llvm::Value*> result = fused_ops_at(
+                  e, k, prologue, [&](int in) { return e.load(member.inputs[in], index(member.inputs[in])); }, {});
+              for (size_t o = reduces ? 1 : 0; o < n_out; ++o)
+                e.store(member.outputs[o], index(member.outputs[o]), result[f.output_ops[o]]);
+              if (reduces) b.CreateStore(c.combine(b.CreateLoad(ct, acc), result[reduced]), acc);
+            });
+            if (reduces) b.CreateStore(b.CreateLoad(ct, acc), partial_at(chunk));
+            b.CreateBr(next);
+          }
+          b.SetInsertPoint(next);
+        });
+      },
+      [&] {
+        if (reduces)
+          for (size_t m = 0; m < k.batch.size(); ++m) {
+            llvm::Value* acc = e.make_slot(ct, c.identity);
+            e.loop(e.i64(first_chunk[m]), e.i64(first_chunk[m + 1]), [&](llvm::Value* chunk) {
+              b.CreateStore(c.combine(b.CreateLoad(ct, acc), b.CreateLoad(ct, partial_at(chunk))), acc);
+            });
+            llvm::Value* v = b.CreateLoad(ct, acc);
+            if (k.reduction().mean) v = b.CreateFDiv(v, llvm::ConstantFP::get(ct, static_cast<double>(std::max<int64_t>(k.batch[m].numel, 1))));
+            e.store(k.batch[m].outputs[0], e.i64(0), v);
+          }
       });
-      if (reduces) b.CreateStore(b.CreateLoad(ct, acc), partial_at(chunk));
-      b.CreateBr(next);
-    }
-    b.SetInsertPoint(next);
-  });
-  b.CreateBr(done);
-
-  b.SetInsertPoint(combining);
-  if (reduces)
-    for (size_t m = 0; m < k.batch.size(); ++m) {
-      llvm::Value* acc = e.make_slot(ct, c.identity);
-      e.loop(e.i64(first_chunk[m]), e.i64(first_chunk[m + 1]), [&](llvm::Value* chunk) {
-        b.CreateStore(c.combine(b.CreateLoad(ct, acc), b.CreateLoad(ct, partial_at(chunk))), acc);
-      });
-      llvm::Value* v = b.CreateLoad(ct, acc);
-      if (k.reduction().mean) v = b.CreateFDiv(v, llvm::ConstantFP::get(ct, static_cast<double>(std::max<int64_t>(k.batch[m].numel, 1))));
-      e.store(k.batch[m].outputs[0], e.i64(0), v);
-    }
-  b.CreateBr(done);
-  b.SetInsertPoint(done);
   int64_t work_elements = 0;
   for (const BatchMember& member : k.batch) work_elements += member.numel;
   LoopInfo info = loop_info(chunks, work_elements);
@@ -763,45 +772,42 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
   if (!vector_out) {
     for_each_row(e, rl.sizes, ops, row_body);
   } else {
-    llvm::BasicBlock* work = llvm::BasicBlock::Create(e.ctx, "work", e.fn);
-    llvm::BasicBlock* combining = llvm::BasicBlock::Create(e.ctx, "combine", e.fn);
-    llvm::BasicBlock* done = llvm::BasicBlock::Create(e.ctx, "done", e.fn);
-    b.CreateCondBr(b.CreateICmpSLT(e.begin, e.i64(parts)), work, combining);
-    b.SetInsertPoint(work);
-    e.loop(e.begin, e.end, [&](llvm::Value* pp) {
-      part = pp;
-      llvm::Value* row0 = b.CreateMul(pp, e.i64(2 * n));
-      e.loop(e.i64(0), e.i64(2 * n), [&](llvm::Value* j) { b.CreateStore(llvm::ConstantFP::get(t, 0.0), partial_at(b.CreateAdd(row0, j))); });
-      llvm::Value* lo = b.CreateMul(pp, e.i64(per_part));
-      llvm::Value* hi = b.CreateBinaryIntrinsic(llvm::Intrinsic::smin, b.CreateAdd(lo, e.i64(per_part)), e.i64(rl.sizes[0]));
-      const std::vector<int64_t> rest(rl.sizes.begin() + 1, rl.sizes.end());
-      e.loop(lo, hi, [&](llvm::Value* i0) {
-        e.nest(rest, -1, [&](const Idx& r) {
-          Idx idx{i0};
-          idx.insert(idx.end(), r.begin(), r.end());
-          std::vector<llvm::Value*> bases;
-          for (const RowOperand& o : ops) bases.push_back(e.dot(idx, o.strides));
-          row_body(bases);
+    work_then_combine(
+        e, parts,
+        [&] {
+          e.loop(e.begin, e.end, [&](llvm::Value* pp) {
+            part = pp;
+            llvm::Value* row0 = b.CreateMul(pp, e.i64(2 * n));
+            e.loop(e.i64(0), e.i64(2 * n), [&](llvm::Value* j) { b.CreateStore(llvm::ConstantFP::get(t, 0.0), partial_at(b.CreateAdd(row0, j))); });
+            llvm::Value* lo = b.CreateMul(pp, e.i64(per_part));
+            llvm::Value* hi = b.CreateBinaryIntrinsic(llvm::Intrinsic::smin, b.CreateAdd(lo, e.i64(per_part)), e.i64(rl.sizes[0]));
+            const std::vector<int64_t> rest(rl.sizes.begin() + 1, rl.sizes.end());
+            e.loop(lo, hi, [&](llvm::Value* i0) {
+              e.nest(rest, -1, [&](const Idx& r) {
+                Idx idx{i0};
+                idx.insert(idx.end(), r.begin(), r.end());
+                std::vector<llvm::Value*> bases;
+                for (const RowOperand& o : ops) bases.push_back(e.dot(idx, o.strides));
+                row_body(bases);
+              });
+            });
+          });
+        },
+        [&] {
+          e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
+            llvm::Value* gain = e.make_slot(t, llvm::ConstantFP::get(t, 0.0));
+            llvm::Value* bias_sum = e.make_slot(t, llvm::ConstantFP::get(t, 0.0));
+            e.loop(e.i64(0), e.i64(parts), [&](llvm::Value* pp) {
+              llvm::Value* row0 = b.CreateMul(pp, e.i64(2 * n));
+              b.CreateStore(b.CreateFAdd(b.CreateLoad(t, gain), b.CreateLoad(t, partial_at(b.CreateAdd(row0, kk)))), gain);
+              if (bias)
+                b.CreateStore(b.CreateFAdd(b.CreateLoad(t, bias_sum), b.CreateLoad(t, partial_at(b.CreateAdd(b.CreateAdd(row0, e.i64(n)), kk)))),
+                              bias_sum);
+            });
+            st(out, e.i64(0), kk, b.CreateLoad(t, gain));
+            if (bias) st(*bias, e.i64(0), kk, b.CreateLoad(t, bias_sum));
+          });
         });
-      });
-    });
-    b.CreateBr(done);
-    b.SetInsertPoint(combining);
-    e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
-      llvm::Value* gain = e.make_slot(t, llvm::ConstantFP::get(t, 0.0));
-      llvm::Value* bias_sum = e.make_slot(t, llvm::ConstantFP::get(t, 0.0));
-      e.loop(e.i64(0), e.i64(parts), [&](llvm::Value* pp) {
-        llvm::Value* row0 = b.CreateMul(pp, e.i64(2 * n));
-        b.CreateStore(b.CreateFAdd(b.CreateLoad(t, gain), b.CreateLoad(t, partial_at(b.CreateAdd(row0, kk)))), gain);
-        if (bias)
-          b.CreateStore(b.CreateFAdd(b.CreateLoad(t, bias_sum), b.CreateLoad(t, partial_at(b.CreateAdd(b.CreateAdd(row0, e.i64(n)), kk)))),
-                        bias_sum);
-      });
-      st(out, e.i64(0), kk, b.CreateLoad(t, gain));
-      if (bias) st(*bias, e.i64(0), kk, b.CreateLoad(t, bias_sum));
-    });
-    b.CreateBr(done);
-    b.SetInsertPoint(done);
   }
   if (scalar_out) {
     llvm::Value* mean = b.CreateFDiv(b.CreateLoad(b.getDoubleTy(), loss), llvm::ConstantFP::get(b.getDoubleTy(), static_cast<double>(rows_total)));

@@ -1,5 +1,7 @@
 #include "support/compiled_step.h"
 
+#include <doctest/doctest.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -176,6 +178,29 @@ void check_each_kernel(CompiledStep& step, const std::function<void(const Kernel
   step.ex->run_rest();
   step.ex->before_kernel = nullptr;
   step.ex->after_kernel = nullptr;
+}
+
+double run_step(CompiledStep& step) {
+  step.ex->run_forward();
+  const double loss = step.ex->loss();
+  step.ex->run_rest();
+  step.ex->apply_updates();
+  return loss;
+}
+
+int check_same_state_bits(CompiledStep& a, CompiledStep& b) {
+  int compared = 0;
+  for (const codegen::PlannedTensor& ta : a.plan.tensors) {
+    if (ta.role != codegen::TensorRole::Param && ta.role != codegen::TensorRole::State) continue;
+    const codegen::PlannedTensor* tb = nullptr;
+    for (const codegen::PlannedTensor& t : b.plan.tensors) tb = t.name == ta.name ? &t : tb;
+    REQUIRE(tb != nullptr);
+    REQUIRE(tb->bytes == ta.bytes);
+    INFO(ta.name);
+    CHECK(std::memcmp(a.ex->arena() + ta.byte_offset, b.ex->arena() + tb->byte_offset, static_cast<size_t>(ta.bytes)) == 0);
+    ++compared;
+  }
+  return compared;
 }
 
 }  // namespace napkin::testing

@@ -75,6 +75,13 @@ struct KernelOutputCheck {
 // backend's code (the CUDA tests run the kernel's emulated CUDA launches).
 using LoopKernelRunner = std::function<void(int kernel, char* arena)>;
 
+// Runs one training step (forward, backward, the update applied); returns its loss.
+double run_step(CompiledStep& step);
+
+// CHECKs that every parameter and piece of optimizer state of `a` has the
+// same bits in `b` (matched by name, same size); returns how many it compared.
+int check_same_state_bits(CompiledStep& a, CompiledStep& b);
+
 // Runs the step (forward, backward, update) kernel by kernel and calls
 // `check` for every output of every kernel. With `run_loop_kernel`, each loop
 // kernel also runs through it over a copy of the arena as it is before the
