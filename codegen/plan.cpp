@@ -199,7 +199,7 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       k.name = fmt::format("k{}_fused_{}", plan.kernels.size(), ir::op_name(k.op));
     } else {
       NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || cls == ir::OpClass::Attention || cls == ir::OpClass::Classifier ||
-                                n.op == ir::Op::NormGainGrad,
+                                n.op == ir::Op::NormGainGrad || n.op == ir::Op::LayerNormGrad || n.op == ir::Op::RMSNormGrad,
                             "a kernel node must have one output");
       k.node = n.id;
       k.op = n.op;
@@ -353,6 +353,8 @@ RowLoop row_loop(const Kernel& k) {
     if (!k.extra_outputs.empty()) add(k.extra_outputs[0], RowShape::Vector, false);  // the bias's gradient
   }
   else if (p.variant != RowVariant::CrossEntropy) add(k.output, RowShape::Full, false);
+  if (p.variant == RowVariant::NormGrad)  // the gains' gradients (NormGrad with gains)
+    for (const Operand& o : k.extra_outputs) add(o, RowShape::Vector, false);
 
   for (size_t d = 0; d < x.sizes.size(); ++d)
     if (static_cast<int>(d) != loop.axis) loop.sizes.push_back(x.sizes[d]);

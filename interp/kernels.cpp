@@ -224,6 +224,10 @@ std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const
       const auto& p = std::get<ir::RowParams>(params);
       std::vector<Data> r = one(rows(n, p, in));
       if (p.variant == ir::RowVariant::NormGainGrad && outs.size() == 2) r.push_back(sum_rows(in[1]));  // the bias's
+      if (p.variant == ir::RowVariant::NormGrad && p.gains) {
+        r.push_back(norm_gain_grad(in[0], in[2], p.eps, p.centered));
+        if (p.centered) r.push_back(sum_rows(in[2]));
+      }
       return r;
     }
     case ir::LoopKind::Mse: return one(mse(in[0], in[1]));

@@ -16,8 +16,9 @@ RowParams row_params(Op op, const Attrs& a) {
     case Op::CrossEntropyGrad: return {RowVariant::CrossEntropyGrad};
     case Op::LayerNorm: return {RowVariant::Norm, -1, true, a.get_double("eps")};
     case Op::RMSNorm: return {RowVariant::Norm, -1, false, a.get_double("eps")};
-    case Op::LayerNormGrad: return {RowVariant::NormGrad, -1, true, a.get_double("eps")};
-    case Op::RMSNormGrad: return {RowVariant::NormGrad, -1, false, a.get_double("eps")};
+    case Op::LayerNormGrad:
+    case Op::RMSNormGrad:
+      return {RowVariant::NormGrad, -1, op == Op::LayerNormGrad, a.get_double("eps"), a.has("gains") && a.get_int("gains") != 0};
     case Op::NormGainGrad: return {RowVariant::NormGainGrad, -1, a.get_int("centered") != 0, a.get_double("eps")};
     default: NAPKIN_INTERNAL_CHECK(false, "{} has no row variant", op_name(op));
   }

@@ -70,7 +70,8 @@ struct ConcatParams {
 //   CrossEntropy             (logits, targets per row) -> the mean over rows of -log softmax[target]
 //   CrossEntropyGrad         (logits, targets, dloss) -> (softmax - onehot) * dloss / rows
 //   Norm                     (x, gain, bias if centered) -> x_hat * gain (+ bias)
-//   NormGrad                 (x, gain, dy) -> dx
+//   NormGrad                 (x, gain, dy) -> dx; with `gains` also the gain's gradient
+//                            (sum over rows of dy * x_hat) and, centered, the bias's (sum of dy)
 //   NormGainGrad             (x, dy) -> the gain's gradient: sum over rows of dy * x_hat
 // x_hat = (x - mean) * rstd, mean = 0 unless centered (layernorm; rmsnorm is
 // not), rstd = 1 / sqrt(mean((x - mean)^2) + eps).
@@ -80,6 +81,7 @@ struct RowParams {
   int64_t axis = -1;  // the row's axis in input 0 (negative counts from the end)
   bool centered = false;
   double eps = 0;
+  bool gains = false;  // NormGrad: the gains' gradients too
 };
 
 // Fused attention (FlashAttention-2's algorithm). Shapes: q [B, Hq, T, D],

@@ -549,12 +549,22 @@ InferResult infer_softmax_grad(const Inputs& in, const Attrs& a) {
   return InferResult::of(*in[0]);
 }
 
+// (x, gain, dy) -> dx; with gains=1 (the norm's VJP) also the gain's
+// gradient [d], and for layernorm the bias's, from the same pass over the rows.
 template <Op kOp>
-InferResult infer_norm_grad(const Inputs& in, const Attrs&) {
+InferResult infer_norm_grad(const Inputs& in, const Attrs& a) {
   if (auto r = require_float(op_name(kOp), *in[0]); !r.ok()) return r;
   if (auto r = check_norm_param(op_name(kOp), "gain", *in[0], *in[1]); !r.ok()) return r;
   if (auto r = require_like(op_name(kOp), *in[2], *in[0]); !r.ok()) return r;
-  return InferResult::of(*in[0]);
+  InferResult r = InferResult::of(*in[0]);
+  if (a.has("gains") && a.get_int("gains") != 0) {
+    TensorType t;
+    t.dtype = in[0]->dtype;
+    t.dims.push_back(in[0]->dims.back());
+    r.outputs.push_back(t);
+    if (kOp == Op::LayerNormGrad) r.outputs.push_back(t);
+  }
+  return r;
 }
 
 // (x, dy) -> the gain's gradient [d]; with bias=1 (layernorm's VJP) also the
@@ -940,6 +950,16 @@ OpCost cost_norm_gain_grad(const Graph& g, const Node& n) {
   return {per_element * g.value(n.in(0)).type.numel(), read_all(g, n), written(g, n)};
 }
 
+// dx as cost_per_input_element; with the gains' gradients, dy * x_hat
+// summed (2) and, for layernorm, dy summed (1) per element: x_hat is the
+// one dx already computed.
+OpCost cost_norm_grad(const Graph& g, const Node& n) {
+  OpCost c = cost_per_input_element(g, n);
+  const double gains = n.outputs.size() > 1 ? 2 : 0, bias = n.outputs.size() > 2 ? 1 : 0;
+  c.flops += (gains + bias) * g.value(n.in(0)).type.numel();
+  return c;
+}
+
 // gelu'(x)·dy. tanh form: u = √(2/π)(x + 0.044715x³) (4), t = tanh(u) (1),
 // 0.5(1 + t) (2), 1 − t² (2), √(2/π)(1 + 3·0.044715x²) (3), products and sum (3),
 // times dy (1) = 16. Exact form: Φ(x) via erf (3), x·φ(x) via exp(−x²/2) (4),
@@ -1052,9 +1072,9 @@ const OpInfo kRows[] = {
     // softmax_grad: dy*y, row sum, sub, mul.
     BACKWARD_ROW(SoftmaxGrad, Rows, infer_softmax_grad, cost_per_input_element, 4, 0),
     // layernorm_grad: x_hat again (5), g*dy, two row sums (3), combine (4).
-    BACKWARD_ROW(LayerNormGrad, Rows, infer_norm_grad<Op::LayerNormGrad>, cost_per_input_element, 13, 0),
+    BACKWARD_ROW(LayerNormGrad, Rows, infer_norm_grad<Op::LayerNormGrad>, cost_norm_grad, 13, 0),
     // rmsnorm_grad: x_hat again (3), g*dy, one row sum (2), combine (3).
-    BACKWARD_ROW(RMSNormGrad, Rows, infer_norm_grad<Op::RMSNormGrad>, cost_per_input_element, 9, 0),
+    BACKWARD_ROW(RMSNormGrad, Rows, infer_norm_grad<Op::RMSNormGrad>, cost_norm_grad, 9, 0),
     BACKWARD_ROW(NormGainGrad, Rows, infer_norm_gain_grad, cost_norm_gain_grad, 7, 0),  // layernorm form; see cost_norm_gain_grad
     BACKWARD_ROW(GeluGrad, Elementwise, infer_gelu_grad, cost_gelu_grad, 16, 1),  // tanh form; see cost_gelu_grad
     // cross_entropy_grad: softmax (5) and the scale by dloss / rows, per logit.

@@ -457,19 +457,18 @@ Grads vjp_linear_cross_entropy(Builder& b, const Node& n, ValueId dloss) {
 Grads vjp_layernorm(Builder& b, const Node& n, ValueId dy) {
   ValueId x = n.in(0), gain = n.in(1);
   double eps = n.attrs.get_double("eps");
-  ValueId dx = node(b, Op::LayerNormGrad, {x, gain, dy}, {{"eps", eps}});
-  // The gain's and the bias's gradients from one pass over x and dy.
-  ValueId dgain = node(b, Op::NormGainGrad, {x, dy}, {{"eps", eps}, {"centered", int64_t{1}}, {"bias", int64_t{1}}});
-  const Node& grads = b.graph().node(b.graph().value(dgain).producer);
-  return {dx, grads.out(0), grads.out(1)};
+  // dx, the gain's and the bias's gradients from one pass over x and dy.
+  ValueId dx = node(b, Op::LayerNormGrad, {x, gain, dy}, {{"eps", eps}, {"gains", int64_t{1}}});
+  const Node& grads = b.graph().node(b.graph().value(dx).producer);
+  return {dx, grads.out(1), grads.out(2)};
 }
 
 Grads vjp_rmsnorm(Builder& b, const Node& n, ValueId dy) {
   ValueId x = n.in(0), gain = n.in(1);
   double eps = n.attrs.get_double("eps");
-  ValueId dx = node(b, Op::RMSNormGrad, {x, gain, dy}, {{"eps", eps}});
-  ValueId dgain = node(b, Op::NormGainGrad, {x, dy}, {{"eps", eps}, {"centered", int64_t{0}}});
-  return {dx, dgain};
+  ValueId dx = node(b, Op::RMSNormGrad, {x, gain, dy}, {{"eps", eps}, {"gains", int64_t{1}}});
+  const Node& grads = b.graph().node(b.graph().value(dx).producer);
+  return {dx, grads.out(1)};
 }
 
 Grads vjp_cross_entropy(Builder& b, const Node& n, ValueId dy) {

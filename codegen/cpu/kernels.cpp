@@ -630,13 +630,19 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
   const RowLoop rl = row_loop(k);
   const std::vector<RowOperand>& ops = rl.operands;
   bool scalar_out = p.variant == RowVariant::CrossEntropy;
-  bool vector_out = p.variant == RowVariant::NormGainGrad;
+  // Kernels summing over rows into [n] outputs: norm_gain_grad, and a norm's
+  // gradient with its gains' (the gain's, then the bias's, after dx).
+  const bool gain_grad_only = p.variant == RowVariant::NormGainGrad;
+  const bool with_gains = p.variant == RowVariant::NormGrad && p.gains;
+  bool vector_out = gain_grad_only || with_gains;
   const RowOperand& X = ops[0];
   // The output: the last operand, but for norm_gain_grad with the bias's
-  // gradient, which comes after the gain's (row_loop).
-  const size_t out_index = vector_out ? 2 : ops.size() - 1;
+  // gradient, which comes after the gain's, and for dx with the gains' (row_loop).
+  const size_t out_index = gain_grad_only ? 2 : with_gains ? 3 : ops.size() - 1;
   const RowOperand& out = ops[out_index];
-  const RowOperand* bias = vector_out && ops.size() > 3 ? &ops[3] : nullptr;
+  const size_t gain_index = gain_grad_only ? 2 : 4;
+  const RowOperand* gain_out = vector_out ? &ops[gain_index] : nullptr;
+  const RowOperand* bias = vector_out && ops.size() > gain_index + 1 ? &ops[gain_index + 1] : nullptr;
   llvm::Type* t = e.compute_type(x.dtype);
   auto& b = e.b;
   int64_t n = rl.n;
@@ -728,6 +734,18 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
         const RowOperand& g = ops[1];
         const RowOperand& dy = ops[2];
         auto gdy = [&](llvm::Value* kk) { return b.CreateFMul(ld(dy, base[2], kk), ld(g, base[1], kk)); };
+        // With the gains: the part's gain[k] += dy * x_hat (and bias[k] += dy), in dx's loop.
+        auto accumulate_gains = [&](llvm::Value* kk, llvm::Value* xhat) {
+          if (!with_gains) return;
+          llvm::Value* row0 = b.CreateMul(part, e.i64(2 * n));
+          llvm::Value* d = ld(dy, base[2], kk);
+          llvm::Value* gain_at = partial_at(b.CreateAdd(row0, kk));
+          b.CreateStore(b.CreateFAdd(b.CreateLoad(t, gain_at), b.CreateFMul(d, xhat)), gain_at);
+          if (bias) {
+            llvm::Value* bias_at = partial_at(b.CreateAdd(b.CreateAdd(row0, e.i64(n)), kk));
+            b.CreateStore(b.CreateFAdd(b.CreateLoad(t, bias_at), d), bias_at);
+          }
+        };
         if (!p.centered) {
           // dx = rstd * (g_dy - x * rstd^2 * mean(g_dy * x))
           llvm::Value* rstd = row_stats(e, X, xb, n, p.eps, false).second;
@@ -736,6 +754,7 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
           llvm::Value* coef = b.CreateFMul(b.CreateFMul(rstd, rstd), mean_gdy_x);
           e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
             st(out, ob, kk, b.CreateFMul(rstd, b.CreateFSub(gdy(kk), b.CreateFMul(ld(X, xb, kk), coef))));
+            accumulate_gains(kk, b.CreateFMul(ld(X, xb, kk), rstd));
           });
           break;
         }
@@ -746,8 +765,10 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
         llvm::Value* mean_gdy_xhat =
             b.CreateFMul(row_sum(e, t, n, [&](llvm::Value* kk) { return b.CreateFMul(gdy(kk), xhat(kk)); }), inv_n);
         e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
-          llvm::Value* v = b.CreateFSub(b.CreateFSub(gdy(kk), mean_gdy), b.CreateFMul(xhat(kk), mean_gdy_xhat));
+          llvm::Value* xh = xhat(kk);
+          llvm::Value* v = b.CreateFSub(b.CreateFSub(gdy(kk), mean_gdy), b.CreateFMul(xh, mean_gdy_xhat));
           st(out, ob, kk, b.CreateFMul(rstd, v));
+          accumulate_gains(kk, xh);
         });
         break;
       }
@@ -804,7 +825,7 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
                 b.CreateStore(b.CreateFAdd(b.CreateLoad(t, bias_sum), b.CreateLoad(t, partial_at(b.CreateAdd(b.CreateAdd(row0, e.i64(n)), kk)))),
                               bias_sum);
             });
-            st(out, e.i64(0), kk, b.CreateLoad(t, gain));
+            st(*gain_out, e.i64(0), kk, b.CreateLoad(t, gain));
             if (bias) st(*bias, e.i64(0), kk, b.CreateLoad(t, bias_sum));
           });
         });

@@ -92,11 +92,13 @@ class RowEmitter {
     return fmt::format("b{} + ({}) * {}u", i, k, step);
   }
 
-  // The kernel's opening and its row loop (closed by end()).
-  void begin(const std::string& name) {
+  // The kernel's opening and its row loop (closed by end()); `before` emits
+  // lines that run once per thread before the loop.
+  void begin(const std::string& name, const std::function<void()>& before = {}) {
     begin_kernel(s, name, block);
     if (!warp) s.line("__shared__ {} red[32];", ct);
     s.line("const {} tt = threadIdx.x{};", it, warp ? " & 31u" : "");
+    if (before) before();
     if (warp)
       s.open("for ({0} row = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); row < {2}u; row += ({0})gridDim.x * {1}u) {{", it,
              rows_per_block, rows);
@@ -105,8 +107,10 @@ class RowEmitter {
     decompose(s, sizes, "row", "i", it);
     for (size_t i = 0; i < ops.size(); ++i) s.line("[[maybe_unused]] const {} b{} = {};", it, i, dot("i", ops[i].strides));
   }
-  void end() {
+  // Closes the row loop, emits `after` (once per thread, after every row), closes the kernel.
+  void end(const std::function<void()>& after = {}) {
     s.close();
+    if (after) after();
     s.close();
   }
 
@@ -317,10 +321,59 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
   Src s;
   RowEmitter r(s, ops, sizes, n);
   const std::string& ct = r.ct;
-  const int o = static_cast<int>(ops.size()) - 1;  // the output operand (not for CrossEntropy)
+  // A norm's gradient with its gains' (gain, then bias, after dx: row_loop)
+  // sums them over rows: each row group in registers, the groups of a block
+  // in warp order through shared memory, each block's partial to scratch,
+  // then a second launch adds the blocks' partials in block order per column.
+  const bool gains = p.variant == RowVariant::NormGrad && p.gains;
+  const int o = gains ? 3 : static_cast<int>(ops.size()) - 1;  // the output operand (not for CrossEntropy)
   const double eps = p.eps;
   std::string inv_n = r.lit(1.0 / static_cast<double>(n));
-  r.begin(k.name);
+  const int slots = r.K * r.E;
+  if (gains) {
+    NAPKIN_INTERNAL_CHECK(slots <= 64, "{}: a row of {} elements leaves {} gain sums per thread (at most 64)", k.name, n, slots);
+    r.grid = std::min<int64_t>(r.grid, kSMs * 2);  // few blocks: few partials
+  }
+  const std::string partials = fmt::format("(({}*)scratch)", ct);
+  auto declare_gains = [&] {
+    if (!gains) return;
+    s.line("{0} ag[{1}], ab[{1}];", ct, slots);
+    s.line("for (int q = 0; q < {}; ++q) ag[q] = ab[q] = {};", slots, r.lit(0.0));
+  };
+  // Each thread's sums for column col = (tt + j * T) * E + e of slot j * E + e.
+  auto for_each_slot = [&](const std::function<void(const std::string& col, const std::string& slot)>& body) {
+    s.open("for (int j = 0; j < {}; ++j) {{", r.K);
+    s.line("const {} c = tt + ({})j * {}u;", r.it, r.it, r.T);
+    s.open("if (c < {}u) {{", r.chunks);
+    for (int e = 0; e < r.E; ++e) body(fmt::format("(c * {}u + {}u)", r.E, e), fmt::format("j * {} + {}", r.E, e));
+    s.close();
+    s.close();
+  };
+  auto store_gains = [&] {
+    if (!gains) return;
+    if (r.warp) {
+      s.line("__shared__ {} part[{}];", ct, 2 * n);
+      s.line("for ({0} q = threadIdx.x; q < {1}u; q += {2}u) part[q] = {3};", r.it, 2 * n, r.block, r.lit(0.0));
+      s.line("__syncthreads();");
+      s.open("for (int w = 0; w < {}; ++w) {{", r.rows_per_block);
+      s.open("if ((int)(threadIdx.x >> 5) == w) {{");
+      for_each_slot([&](const std::string& col, const std::string& slot) {
+        s.line("part[{}] += ag[{}];", col, slot);
+        s.line("part[{}u + {}] += ab[{}];", n, col, slot);
+      });
+      s.close();
+      s.line("__syncthreads();");
+      s.close();
+      s.line("for ({0} q = threadIdx.x; q < {1}u; q += {2}u) {3}[({0})blockIdx.x * {1}u + q] = part[q];", r.it, 2 * n, r.block,
+             partials);
+    } else {
+      for_each_slot([&](const std::string& col, const std::string& slot) {
+        s.line("{}[({})blockIdx.x * {}u + {}] = ag[{}];", partials, r.it, 2 * n, col, slot);
+        s.line("{}[({})blockIdx.x * {}u + {}u + {}] = ab[{}];", partials, r.it, 2 * n, n, col, slot);
+      });
+    }
+  };
+  r.begin(k.name, declare_gains);
   const bool loss = p.variant == RowVariant::CrossEntropy;
   if (loss || p.variant == RowVariant::CrossEntropyGrad) {
     s.line("const long long tgt = (long long){};", load(*ops[1].op, "b1"));
@@ -379,6 +432,13 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
       break;
     }
     case RowVariant::NormGrad: {
+      // With the gains: each thread sums dy * x_hat (and dy) of its columns
+      // over the rows its group runs, in ag[] (ab[]), declared before the row loop.
+      auto gains = [&](int e, const std::string& xhat) {
+        if (!p.gains) return;
+        s.line("ag[j * {0} + {1}] += {2} * ({3});", r.E, e, r.val(2, e), xhat);
+        if (p.centered) s.line("ab[j * {0} + {1}] += {2};", r.E, e, r.val(2, e));
+      };
       if (!p.centered) {
         // dx = rstd * (g_dy - x * rstd^2 * mean(g_dy * x))
         r.row_stats(eps, false);
@@ -386,6 +446,7 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
         s.line("const {} coef = (rstd * rstd) * (s1 * {});", ct, inv_n);
         r.pass({0, 1, 2}, [&](int e) {
           s.line("ov[{}] = rstd * ({} * {} - {} * coef);", e, r.val(2, e), r.val(1, e), r.val(0, e));
+          gains(e, fmt::format("{} * rstd", r.val(0, e)));
         }, o);
         break;
       }
@@ -407,13 +468,38 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
       r.pass({0, 1, 2}, [&](int e) {
         terms(e);
         s.line("ov[{0}] = rstd * ((gdy{0} - mean_gdy) - xhat{0} * mean_gdy_xhat);", e);
+        gains(e, fmt::format("xhat{}", e));
       }, o);
       break;
     }
     case RowVariant::NormGainGrad: NAPKIN_INTERNAL_CHECK(false, "NormGainGrad has its own launches");
   }
-  r.end();
+  r.end(store_gains);
   out.launches.push_back({k.name, r.grid, r.block, 0, {}});
+  if (gains) {
+    // A warp per column adds the blocks' partials (lanes over blocks, then the butterfly: a fixed order).
+    const std::string name2 = k.name + "_2";
+    const int block2 = static_cast<int>(std::min<int64_t>(256, n * 32));
+    begin_kernel(s, name2, block2);
+    s.open("for ({0} col = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); col < {2}u; col += ({0})gridDim.x * {1}u) {{", r.it,
+           block2 / 32, n);
+    s.line("{0} acc = {1}, accb = {1};", ct, r.lit(0.0));
+    s.line("for ({0} q = threadIdx.x & 31u; q < {1}u; q += 32u) acc += {2}[q * {3}u + col];", r.it, r.grid, partials, 2 * n);
+    s.line("acc = napkin_warp_reduce(acc, napkin_sum_op());");
+    s.line("[[maybe_unused]] const {} b4 = 0u;", r.it);
+    s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[4].op, r.addr(4, "col"), "acc"));
+    if (p.centered) {
+      s.line("for ({0} q = threadIdx.x & 31u; q < {1}u; q += 32u) accb += {2}[q * {3}u + {4}u + col];", r.it, r.grid, partials,
+             2 * n, n);
+      s.line("accb = napkin_warp_reduce(accb, napkin_sum_op());");
+      s.line("[[maybe_unused]] const {} b5 = 0u;", r.it);
+      s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[5].op, r.addr(5, "col"), "accb"));
+    }
+    s.close();
+    s.close();
+    out.launches.push_back({name2, grid_for(n, block2 / 32), block2, 0, {}});
+    out.scratch_bytes = r.grid * 2 * n * compute_size(x.dtype);
+  }
   if (loss) {
     std::string name2 = k.name + "_2";
     begin_kernel(s, name2, 1024);

@@ -1,5 +1,5 @@
 // The CPU kernels that sum across their parallel dim (fused reductions over
-// rows, layernorm's gain and bias gradients, batches of reductions) split it
+// rows, layernorm's dx with its gain and bias gradients, batches of reductions) split it
 // into parts fixed by the shape and combine the parts in order: the thread
 // count changes who computes a part, never the sums. Checked bit for bit on
 // GPT-2's block at 148 rows (which 16 parts do not divide evenly).
@@ -32,8 +32,10 @@ ir::Graph gpt2_block() {
 }
 
 bool sums_across_parts(const codegen::Kernel& k) {
-  return (k.kind == codegen::KernelKind::Reduction && k.fused) ||
-         (k.kind == codegen::KernelKind::Rows && k.rows().variant == ir::RowVariant::NormGainGrad);
+  if (k.kind == codegen::KernelKind::Reduction) return k.fused.has_value();
+  if (k.kind != codegen::KernelKind::Rows) return false;
+  const ir::RowParams& p = k.rows();
+  return p.variant == ir::RowVariant::NormGainGrad || (p.variant == ir::RowVariant::NormGrad && p.gains);
 }
 
 }  // namespace

@@ -111,6 +111,8 @@ TEST_CASE("kernel plan: a GPT's row kernels carry their variant, axis, centering
       case ir::Op::LayerNormGrad:
         CHECK(p.variant == ir::RowVariant::NormGrad);
         CHECK(p.centered);
+        CHECK(p.gains);  // the gain's and bias's gradients from the same pass
+        CHECK(k.extra_outputs.size() == 2u);
         break;
       case ir::Op::NormGainGrad:
         CHECK(p.variant == ir::RowVariant::NormGainGrad);
@@ -123,8 +125,10 @@ TEST_CASE("kernel plan: a GPT's row kernels carry their variant, axis, centering
   }
   // Softmax and its gradient are inside the fused attention kernels
   // (passes/fuse_attention.h), cross_entropy and its gradient inside the
-  // fused classifier's (passes/fuse_classifier.h).
-  for (ir::Op op : {ir::Op::LayerNorm, ir::Op::LayerNormGrad, ir::Op::NormGainGrad})
+  // fused classifier's (passes/fuse_classifier.h); the gains' gradients
+  // inside layernorm_grad's (no norm_gain_grad of its own).
+  CHECK(rows_of[ir::Op::NormGainGrad] == 0);
+  for (ir::Op op : {ir::Op::LayerNorm, ir::Op::LayerNormGrad})
     CHECK_MESSAGE(rows_of[op] > 0, ir::op_name(op));
   int classifier = 0;
   for (const codegen::Kernel& k : plan.kernels)
