@@ -342,7 +342,10 @@ RowLoop row_loop(const Kernel& k) {
       add(k.inputs[1], RowShape::Vector);
       if (p.centered) add(k.inputs[2], RowShape::Vector);
       break;
-    case RowVariant::NormGrad: add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Full); break;
+    case RowVariant::NormGrad:
+      add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Full);
+      if (k.inputs.size() > 3) add(k.inputs[3], RowShape::Full);  // the residual added to dx
+      break;
     case RowVariant::SoftmaxGrad:
     case RowVariant::NormGainGrad: add(k.inputs[1], RowShape::Full); break;
     case RowVariant::CrossEntropy:

@@ -161,8 +161,12 @@ Data rows(const ir::Node& n, const ir::RowParams& p, const std::vector<Arg>& in)
     case ir::RowVariant::CrossEntropy: return cross_entropy(n, in[0], in[1]);
     case ir::RowVariant::CrossEntropyGrad: return cross_entropy_grad(n, in[0], in[1], in[2]);
     case ir::RowVariant::Norm: return p.centered ? layernorm(in[0], in[1], in[2], p.eps) : rmsnorm(in[0], in[1], p.eps);
-    case ir::RowVariant::NormGrad:
-      return p.centered ? layernorm_grad(in[0], in[1], in[2], p.eps) : rmsnorm_grad(in[0], in[1], in[2], p.eps);
+    case ir::RowVariant::NormGrad: {
+      Data dx = p.centered ? layernorm_grad(in[0], in[1], in[2], p.eps) : rmsnorm_grad(in[0], in[1], in[2], p.eps);
+      if (in.size() > 3)  // the residual stream's gradient added as dx is stored
+        for (size_t i = 0; i < dx.size(); ++i) dx[i] += in[3].data[i];
+      return dx;
+    }
     case ir::RowVariant::NormGainGrad: return norm_gain_grad(in[0], in[1], p.eps, p.centered);
   }
   fail(n, "unknown row variant");

@@ -29,6 +29,7 @@ std::string batch_signature(const Graph& g, const FusionGroup& fg) {
     const Node& n = g.node(id);
     if (op_info(n.op).element_index != ElementIndex::None) return "";
     if (op_info(n.op).op_class == OpClass::Reduction) {
+      if (!member_of.count(n.in(0))) return "";  // it reduces a group input: not batched
       const std::vector<int64_t> axes = n.attrs.get_ints("axes");
       if (static_cast<size_t>(g.value(n.out()).type.rank()) != 0 || axes.size() != fg.shape.size()) return "";
     }

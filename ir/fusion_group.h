@@ -9,7 +9,8 @@
 //  - iteration shape: the output shape of the group's non-constant members
 //    (all the same); a constant member is a scalar folded in as an immediate.
 //  - reduction: a group may end with one reduction (reduce_sum, _mean, _max,
-//    _min) of a member's result, read directly: the elementwise members are
+//    _min) of a member's result, or of a value a member reads too, read
+//    directly (not through a view): the elementwise members are
 //    its prologue, computed per element as the reduction loads it. Its input
 //    shape is the iteration shape. Its result is a group output; the kernel
 //    stores the other members' results that are group outputs as it visits

@@ -553,6 +553,11 @@ InferResult infer_softmax_grad(const Inputs& in, const Attrs& a) {
 // gradient [d], and for layernorm the bias's, from the same pass over the rows.
 template <Op kOp>
 InferResult infer_norm_grad(const Inputs& in, const Attrs& a) {
+  if (in.size() != 3 && in.size() != 4)
+    return InferResult::fail(fmt::format("{} takes (x, gain, dy) or (x, gain, dy, residual), got {} inputs", op_name(kOp), in.size()),
+                             "autodiff builds these nodes; this is a compiler bug");
+  if (in.size() == 4)
+    if (auto r = require_like(op_name(kOp), *in[3], *in[0]); !r.ok()) return r;
   if (auto r = require_float(op_name(kOp), *in[0]); !r.ok()) return r;
   if (auto r = check_norm_param(op_name(kOp), "gain", *in[0], *in[1]); !r.ok()) return r;
   if (auto r = require_like(op_name(kOp), *in[2], *in[0]); !r.ok()) return r;
@@ -956,7 +961,8 @@ OpCost cost_norm_gain_grad(const Graph& g, const Node& n) {
 OpCost cost_norm_grad(const Graph& g, const Node& n) {
   OpCost c = cost_per_input_element(g, n);
   const double gains = n.outputs.size() > 1 ? 2 : 0, bias = n.outputs.size() > 2 ? 1 : 0;
-  c.flops += (gains + bias) * g.value(n.in(0)).type.numel();
+  const double residual = n.inputs.size() > 3 ? 1 : 0;  // dx + residual
+  c.flops += (gains + bias + residual) * g.value(n.in(0)).type.numel();
   return c;
 }
 

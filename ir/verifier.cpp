@@ -8,7 +8,8 @@ namespace {
 
 // Fusion groups (ir/fusion_group.h): contiguous in the schedule, one phase,
 // members elementwise (or copies, or folded constants) of one output shape,
-// but for a last member that reduces a member's result (of that shape),
+// but for a last member that reduces a member's result or a value a member
+// reads (of that shape),
 // and no member reads a value of its own group through a view (the kernel
 // holds those in registers, one element at a time).
 template <typename Fail>
@@ -42,9 +43,11 @@ void verify_fusion_groups(const Graph& g, Fail&& fail) {
     if (n.outputs.size() != 1) continue;
     if (reduction) {
       closed[n.group] = true;  // the group's last member; its input has the iteration shape
+      // A member's result, or (not a view) a value of the iteration shape a member reads too.
       const Value& in = g.value(n.in(0));
-      if (in.is_view() || in.producer == kNoNode || g.node(in.producer).group != n.group)
-        fail(where + " does not reduce a member's result directly");
+      const bool member = in.producer != kNoNode && g.node(in.producer).group == n.group;
+      if (in.is_view() || (!member && !shape[n.group]))
+        fail(where + " does not reduce a member's result or one of its group's inputs directly");
     }
     const TensorType& t = reduction ? g.value(n.in(0)).type : g.value(n.out()).type;
     if (shape[n.group] && !shape[n.group]->same_shape(t)) fail(where + " has another output shape than the group");

@@ -116,9 +116,22 @@ class Fuser {
       const ir::Node& n = g_.node(id);
       if (ir::op_info(n.op).op_class != ir::OpClass::Reduction || n.inputs.size() != 1 || n.outputs.size() != 1) continue;
       const ir::Value& v = g_.value(n.in(0));
-      if (v.producer == ir::kNoNode || v.is_view() || !fusible(g_.node(v.producer))) continue;
-      const int c = group_[v.producer];
-      if (c < 0 || attached[c] || phase_[c] != n.phase || shape_[c] != v.type.sizes()) continue;
+      if (v.is_view()) continue;
+      // The group making v, else one whose member reads v directly (a sibling:
+      // the kernel loads v anyway), with v's shape and n's phase.
+      auto fits = [&](int c) { return c >= 0 && !attached[c] && phase_[c] == n.phase && shape_[c] == v.type.sizes(); };
+      int c = v.producer != ir::kNoNode && fusible(g_.node(v.producer)) ? group_[v.producer] : -1;
+      if (!fits(c)) {
+        c = -1;
+        for (NodeId r : readers_[v.id]) {
+          count(1);
+          if (r != id && fits(group_[r]) && fusible(g_.node(r))) {
+            c = group_[r];
+            break;
+          }
+        }
+      }
+      if (c < 0) continue;
       bool positional = false;
       for (NodeId m : members_[c]) {
         count(1);

@@ -31,7 +31,9 @@
 //  - a group of one node is dissolved (it is a kernel either way); ids are
 //    then renumbered 0 .. n-1 in schedule order.
 //  - a reduction (reduce_sum, _mean, _max, _min) joins the group of the
-//    member whose result it reads directly, once the walk is done, as its
+//    member whose result it reads directly (else a group one of whose
+//    members reads the same value directly: the kernel loads it anyway),
+//    once the walk is done, as its
 //    last member, when the group has the value's shape and phase and no
 //    reduction yet, and no member needs its element's position. It moves to
 //    right after the group's other members. The group still stores every

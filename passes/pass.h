@@ -62,6 +62,9 @@ struct PipelineOptions {
   // the step keeps anyway (passes/rematerialize.h); --no-rematerialize turns
   // it off to compare.
   bool rematerialize = true;
+  // Add the residual stream's gradient in the norm's gradient kernel
+  // (passes/norm_grad_residual.h; the same bits); off only to compare.
+  bool norm_grad_residual = true;
   Rematerialized* rematerialized = nullptr;  // what it did, when not null
 };
 

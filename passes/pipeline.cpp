@@ -10,6 +10,7 @@
 #include "passes/loss_scaling.h"
 #include "passes/matmul_epilogues.h"
 #include "passes/mixed_precision.h"
+#include "passes/norm_grad_residual.h"
 #include "passes/optimizer.h"
 #include "passes/rematerialize.h"
 #include "passes/sink_casts.h"
@@ -56,6 +57,10 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   if (options.matmul_epilogues) {
     pm.add(make_matmul_epilogues_pass(options.cast_placement));  // a matmul stores its f32 sums for a widening cast
     pm.add(make_dce_pass());               // drop the casts it replaced
+  }
+  if (options.norm_grad_residual) {
+    pm.add(make_norm_grad_residual_pass());  // a norm's gradient kernel adds the residual's as it stores dx
+    pm.add(make_dce_pass());                 // drop the adds it replaced
   }
   pm.add(make_fp8_scaling_pass());  // fp8-mixed: quantize every bf16 contraction's operands
   pm.add(make_loss_scaling_pass());  // fp16-mixed: scaled backward seed, unscaled gradients

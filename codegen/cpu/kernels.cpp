@@ -273,9 +273,9 @@ LoopInfo fused_reduction(LoopEmitter& e, const Kernel& k) {
   const std::vector<int64_t>& out_strides = loop.out_strides;
   const size_t rank = sizes.size();
   const FusedOp& reduce = f.ops.back();
-  NAPKIN_INTERNAL_CHECK(!reduce.args.empty() && !reduce.args[0].input, "fused reduction {} reduces no member", k.name);
+  NAPKIN_INTERNAL_CHECK(!reduce.args.empty(), "fused reduction {} reduces nothing", k.name);
   NAPKIN_INTERNAL_CHECK(out.contiguous(), "fused reduction {} has a strided output", k.name);
-  const int reduced = reduce.args[0].index;
+  const FusedArg reduced = reduce.args[0];  // a member's result, or a kernel input the members read too
   llvm::Type* ct = e.compute_type(out.dtype);
   const Combiner c = combiner_of(e, k);
   auto& b = e.b;
@@ -308,7 +308,7 @@ LoopInfo fused_reduction(LoopEmitter& e, const Kernel& k) {
         fused_ops_at(e, k, f.ops.size() - 1, [&](int i) { return e.load(k.inputs[i], e.dot(idx, loop.inputs[i])); }, {});
     for (size_t o = 1; o < f.outputs.size(); ++o)
       e.store(f.outputs[o], e.dot(idx, loop.stores[o - 1]), result[f.output_ops[o]]);
-    return result[reduced];
+    return reduced.input ? e.load(k.inputs[reduced.index], e.dot(idx, loop.inputs[reduced.index])) : result[reduced.index];
   };
 
   work_then_combine(
@@ -488,87 +488,19 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
   return info;
 }
 
+// A reduction: as a fused one whose only op is the reduction of input 0
+// (fused_reduction), so every CPU reduction sums in the same order, fused
+// or not, and splits a summed dim 0 into parts run in parallel.
 LoopInfo reduction(LoopEmitter& e, const Kernel& k) {
   if (k.fused) return fused_reduction(e, k);
-  const Operand& x = k.inputs[0];
-  const Operand& out = k.output;
-  const ReductionLoop loop = reduction_loop(k);
-  std::vector<int64_t> sizes = loop.sizes, in_strides = loop.in_strides, out_strides = loop.out_strides;
-  if (out_strides[0] == 0 && sizes[0] > 1) {  // dim 0 is summed: one serial block
-    sizes.insert(sizes.begin(), 1);
-    in_strides.insert(in_strides.begin(), 0);
-    out_strides.insert(out_strides.begin(), 0);
-  }
-  int64_t out_numel = out.numel();
-  int64_t block = out_numel / sizes[0];
-  double count = static_cast<double>(x.numel()) / static_cast<double>(std::max<int64_t>(out_numel, 1));
-  llvm::Type* ct = e.compute_type(out.dtype);
-  const ir::ReductionParams& p = k.reduction();
-  const Combiner c = combiner_of(e, k);
-  llvm::Value* identity = c.identity;
-  const auto& combine = c.combine;
-  // A bf16/f16/fp8 output is stored in another type than it is computed in:
-  // each output element is reduced in a register over all its summed dims and
-  // stored once, rounded once (the interpreter's semantics), since a running
-  // value kept in the output would be rounded at every step.
-  const bool narrow_output = out.dtype == ir::DType::BF16 || out.dtype == ir::DType::F16 ||
-                             out.dtype == ir::DType::F8E4M3 || out.dtype == ir::DType::F8E5M2;
-  if (narrow_output) {
-    std::vector<int64_t> kept, kept_in, kept_out, summed, summed_in;
-    for (size_t d = 1; d < sizes.size(); ++d) {
-      if (out_strides[d] != 0) kept.push_back(sizes[d]), kept_in.push_back(in_strides[d]), kept_out.push_back(out_strides[d]);
-      else summed.push_back(sizes[d]), summed_in.push_back(in_strides[d]);
-    }
-    e.loop(e.begin, e.end, [&](llvm::Value* i0) {
-      llvm::Value* out_base = e.b.CreateMul(i0, e.i64(out_strides[0]));
-      llvm::Value* in_base = e.b.CreateMul(i0, e.i64(in_strides[0]));
-      e.nest(kept, -1, [&](const Idx& idx) {
-        llvm::Value* acc = e.make_slot(ct, identity);
-        llvm::Value* xi = e.dot(idx, kept_in, in_base);
-        e.nest(summed, -1, [&](const Idx& r) {
-          e.b.CreateStore(combine(e.b.CreateLoad(ct, acc), e.load(x, e.dot(r, summed_in, xi))), acc);
-        });
-        llvm::Value* v = e.b.CreateLoad(ct, acc);
-        if (p.mean) v = e.b.CreateFDiv(v, llvm::ConstantFP::get(ct, count));
-        e.store(out, e.dot(idx, kept_out, out_base), v);
-      });
-    });
-    return loop_info(sizes[0], x.numel());
-  }
-  bool inner_reduced = sizes.size() > 1 && out_strides.back() == 0;
-  e.loop(e.begin, e.end, [&](llvm::Value* i0) {
-    llvm::Value* out_base = e.b.CreateMul(i0, e.i64(out_strides[0]));
-    llvm::Value* in_base = e.b.CreateMul(i0, e.i64(in_strides[0]));
-    e.loop(e.i64(0), e.i64(block), [&](llvm::Value* j) {
-      e.b.CreateStore(identity, e.element_ptr(out, e.b.CreateAdd(out_base, j)));
-    });
-    std::vector<int64_t> rest(sizes.begin() + 1, sizes.end() - (inner_reduced ? 1 : 0));
-    std::vector<int64_t> rest_in(in_strides.begin() + 1, in_strides.end() - (inner_reduced ? 1 : 0));
-    std::vector<int64_t> rest_out(out_strides.begin() + 1, out_strides.end() - (inner_reduced ? 1 : 0));
-    e.nest(rest, -1, [&](const Idx& idx) {
-      llvm::Value* o = e.dot(idx, rest_out, out_base);
-      llvm::Value* xi = e.dot(idx, rest_in, in_base);
-      llvm::Value* optr = e.element_ptr(out, o);
-      if (!inner_reduced) {
-        e.b.CreateStore(combine(e.b.CreateLoad(ct, optr), e.load(x, xi)), optr);
-        return;
-      }
-      // The innermost dim is summed: keep the running value in a register.
-      llvm::Value* acc = e.make_slot(ct, e.b.CreateLoad(ct, optr));
-      e.loop(e.i64(0), e.i64(sizes.back()), [&](llvm::Value* t) {
-        llvm::Value* v = e.load(x, e.b.CreateAdd(xi, e.b.CreateMul(t, e.i64(in_strides.back()))));
-        e.b.CreateStore(combine(e.b.CreateLoad(ct, acc), v), acc);
-      });
-      e.b.CreateStore(e.b.CreateLoad(ct, acc), optr);
-    });
-    if (p.mean) {
-      e.loop(e.i64(0), e.i64(block), [&](llvm::Value* j) {
-        llvm::Value* p = e.element_ptr(out, e.b.CreateAdd(out_base, j));
-        e.b.CreateStore(e.b.CreateFDiv(e.b.CreateLoad(ct, p), llvm::ConstantFP::get(ct, count)), p);
-      });
-    }
-  });
-  return loop_info(sizes[0], x.numel());
+  Kernel alone = k;
+  FusedLoop f;
+  f.shape = k.inputs[0].sizes;
+  f.ops.push_back({k.node, k.op, k.attrs, k.output.dtype, {{true, 0}}});
+  f.outputs.push_back(k.output);
+  f.output_ops.push_back(0);
+  alone.fused = std::move(f);
+  return fused_reduction(e, alone);
 }
 
 // ---------------------------------------------------------------- row kernels
@@ -638,9 +570,11 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
   const RowOperand& X = ops[0];
   // The output: the last operand, but for norm_gain_grad with the bias's
   // gradient, which comes after the gain's, and for dx with the gains' (row_loop).
-  const size_t out_index = gain_grad_only ? 2 : with_gains ? 3 : ops.size() - 1;
+  // A norm's gradient may add the residual stream's (operand 3) as it stores dx.
+  const bool residual = p.variant == RowVariant::NormGrad && k.inputs.size() > 3;
+  const size_t out_index = gain_grad_only ? 2 : with_gains ? 3 + residual : ops.size() - 1;
   const RowOperand& out = ops[out_index];
-  const size_t gain_index = gain_grad_only ? 2 : 4;
+  const size_t gain_index = gain_grad_only ? 2 : 4 + residual;
   const RowOperand* gain_out = vector_out ? &ops[gain_index] : nullptr;
   const RowOperand* bias = vector_out && ops.size() > gain_index + 1 ? &ops[gain_index + 1] : nullptr;
   llvm::Type* t = e.compute_type(x.dtype);
@@ -734,6 +668,9 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
         const RowOperand& g = ops[1];
         const RowOperand& dy = ops[2];
         auto gdy = [&](llvm::Value* kk) { return b.CreateFMul(ld(dy, base[2], kk), ld(g, base[1], kk)); };
+        auto plus_residual = [&](llvm::Value* kk, llvm::Value* dx) {
+          return residual ? b.CreateFAdd(dx, ld(ops[3], base[3], kk)) : dx;
+        };
         // With the gains: the part's gain[k] += dy * x_hat (and bias[k] += dy), in dx's loop.
         auto accumulate_gains = [&](llvm::Value* kk, llvm::Value* xhat) {
           if (!with_gains) return;
@@ -753,7 +690,7 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
               b.CreateFMul(row_sum(e, t, n, [&](llvm::Value* kk) { return b.CreateFMul(gdy(kk), ld(X, xb, kk)); }), inv_n);
           llvm::Value* coef = b.CreateFMul(b.CreateFMul(rstd, rstd), mean_gdy_x);
           e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
-            st(out, ob, kk, b.CreateFMul(rstd, b.CreateFSub(gdy(kk), b.CreateFMul(ld(X, xb, kk), coef))));
+            st(out, ob, kk, plus_residual(kk, b.CreateFMul(rstd, b.CreateFSub(gdy(kk), b.CreateFMul(ld(X, xb, kk), coef)))));
             accumulate_gains(kk, b.CreateFMul(ld(X, xb, kk), rstd));
           });
           break;
@@ -767,7 +704,7 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
         e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
           llvm::Value* xh = xhat(kk);
           llvm::Value* v = b.CreateFSub(b.CreateFSub(gdy(kk), mean_gdy), b.CreateFMul(xh, mean_gdy_xhat));
-          st(out, ob, kk, b.CreateFMul(rstd, v));
+          st(out, ob, kk, plus_residual(kk, b.CreateFMul(rstd, v)));
           accumulate_gains(kk, xh);
         });
         break;

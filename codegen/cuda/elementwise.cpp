@@ -333,16 +333,17 @@ EmittedKernel emit_elementwise(const Kernel& k) {
 std::string fused_prologue(const Kernel& k, const std::string& fn) {
   const FusedLoop& fl = *k.fused;
   const FusedOp& reduce = fl.ops.back();
-  NAPKIN_INTERNAL_CHECK(!reduce.args.empty() && !reduce.args[0].input, "fused reduction {} reduces no member", k.name);
-  const int result = reduce.args[0].index;
+  NAPKIN_INTERNAL_CHECK(!reduce.args.empty(), "fused reduction {} reduces nothing", k.name);
+  const FusedArg reduced = reduce.args[0];  // a member's result, or a kernel input the members read too
+  const ir::DType reduced_dtype = reduced.input ? k.inputs[reduced.index].dtype : fl.ops[reduced.index].dtype;
   std::vector<std::string> params;
   for (size_t i = 0; i < k.inputs.size(); ++i) params.push_back(fmt::format("const {} a{}", compute_type(k.inputs[i].dtype), i));
   for (size_t o = 1; o < fl.outputs.size(); ++o) params.push_back(fmt::format("{}& s{}", compute_type(fl.outputs[o].dtype), o - 1));
   Src f;
-  f.open("NAPKIN_DEVICE {} {}({}) {{", compute_type(fl.ops[result].dtype), fn, fmt::join(params, ", "));
+  f.open("NAPKIN_DEVICE {} {}({}) {{", compute_type(reduced_dtype), fn, fmt::join(params, ", "));
   fused_ops(f, k, fl.ops.size() - 1);
   for (size_t o = 1; o < fl.outputs.size(); ++o) f.line("s{} = v{};", o - 1, fl.output_ops[o]);
-  f.line("return v{};", result);
+  f.line("return {}{};", reduced.input ? "a" : "v", reduced.index);
   f.close();
   return f.take();
 }

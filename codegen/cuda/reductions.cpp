@@ -93,7 +93,9 @@ EmittedKernel emit_reduction(const Kernel& k) {
     for (size_t i = 0; i < n_in; ++i) args.push_back(load(k.inputs[i], fmt::format("base{} + {}", i, dot("r", red_in[i]))));
     for (size_t j = 0; j < n_st; ++j) args.push_back(fmt::format("s{}", j));
     const FusedOp& reduce = k.fused->ops.back();
-    return convert(fmt::format("{}({})", prologue, fmt::join(args, ", ")), k.fused->ops[reduce.args[0].index].dtype,
+    const FusedArg reduced = reduce.args[0];
+    return convert(fmt::format("{}({})", prologue, fmt::join(args, ", ")),
+                   reduced.input ? k.inputs[reduced.index].dtype : k.fused->ops[reduced.index].dtype,
                    out.dtype);
   };
   // Folds the element at (o, r) into acc; a fused reduction also stores the

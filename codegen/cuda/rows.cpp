@@ -326,7 +326,10 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
   // in warp order through shared memory, each block's partial to scratch,
   // then a second launch adds the blocks' partials in block order per column.
   const bool gains = p.variant == RowVariant::NormGrad && p.gains;
-  const int o = gains ? 3 : static_cast<int>(ops.size()) - 1;  // the output operand (not for CrossEntropy)
+  // A norm's gradient may add the residual stream's (operand 3) as it stores dx.
+  const int residual = p.variant == RowVariant::NormGrad && k.inputs.size() > 3 ? 1 : 0;
+  const int o = gains ? 3 + residual : static_cast<int>(ops.size()) - 1;  // the output operand (not for CrossEntropy)
+  const int gi = o + 1;  // the gain's gradient (then the bias's), with the gains
   const double eps = p.eps;
   std::string inv_n = r.lit(1.0 / static_cast<double>(n));
   const int slots = r.K * r.E;
@@ -432,6 +435,8 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
       break;
     }
     case RowVariant::NormGrad: {
+      const std::vector<int> dx_needs = residual ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0, 1, 2};
+      auto plus_residual = [&](int e) { return residual ? fmt::format(" + {}", r.val(3, e)) : std::string(); };
       // With the gains: each thread sums dy * x_hat (and dy) of its columns
       // over the rows its group runs, in ag[] (ab[]), declared before the row loop.
       auto gains = [&](int e, const std::string& xhat) {
@@ -444,8 +449,8 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
         r.row_stats(eps, false);
         r.row_sum("s1", {0, 1, 2}, [&](int e) { return fmt::format("({} * {}) * {}", r.val(2, e), r.val(1, e), r.val(0, e)); });
         s.line("const {} coef = (rstd * rstd) * (s1 * {});", ct, inv_n);
-        r.pass({0, 1, 2}, [&](int e) {
-          s.line("ov[{}] = rstd * ({} * {} - {} * coef);", e, r.val(2, e), r.val(1, e), r.val(0, e));
+        r.pass(dx_needs, [&](int e) {
+          s.line("ov[{}] = rstd * ({} * {} - {} * coef){};", e, r.val(2, e), r.val(1, e), r.val(0, e), plus_residual(e));
           gains(e, fmt::format("{} * rstd", r.val(0, e)));
         }, o);
         break;
@@ -465,9 +470,9 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
       r.reduce("s1", "napkin_sum_op()", r.lit(0.0));
       r.reduce("s2", "napkin_sum_op()", r.lit(0.0));
       s.line("const {} mean_gdy = s1 * {}, mean_gdy_xhat = s2 * {};", ct, inv_n, inv_n);
-      r.pass({0, 1, 2}, [&](int e) {
+      r.pass(dx_needs, [&](int e) {
         terms(e);
-        s.line("ov[{0}] = rstd * ((gdy{0} - mean_gdy) - xhat{0} * mean_gdy_xhat);", e);
+        s.line("ov[{0}] = rstd * ((gdy{0} - mean_gdy) - xhat{0} * mean_gdy_xhat){1};", e, plus_residual(e));
         gains(e, fmt::format("xhat{}", e));
       }, o);
       break;
@@ -486,14 +491,14 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
     s.line("{0} acc = {1}, accb = {1};", ct, r.lit(0.0));
     s.line("for ({0} q = threadIdx.x & 31u; q < {1}u; q += 32u) acc += {2}[q * {3}u + col];", r.it, r.grid, partials, 2 * n);
     s.line("acc = napkin_warp_reduce(acc, napkin_sum_op());");
-    s.line("[[maybe_unused]] const {} b4 = 0u;", r.it);
-    s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[4].op, r.addr(4, "col"), "acc"));
+    s.line("[[maybe_unused]] const {} b{} = 0u;", r.it, gi);
+    s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[gi].op, r.addr(gi, "col"), "acc"));
     if (p.centered) {
       s.line("for ({0} q = threadIdx.x & 31u; q < {1}u; q += 32u) accb += {2}[q * {3}u + {4}u + col];", r.it, r.grid, partials,
              2 * n, n);
       s.line("accb = napkin_warp_reduce(accb, napkin_sum_op());");
-      s.line("[[maybe_unused]] const {} b5 = 0u;", r.it);
-      s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[5].op, r.addr(5, "col"), "accb"));
+      s.line("[[maybe_unused]] const {} b{} = 0u;", r.it, gi + 1);
+      s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[gi + 1].op, r.addr(gi + 1, "col"), "accb"));
     }
     s.close();
     s.close();

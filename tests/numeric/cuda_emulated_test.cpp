@@ -362,8 +362,9 @@ namespace {
 // reduced too, each by one kernel that stores and reduces (passes/
 // fuse_elementwise.h): over the leading dims (a bias gradient: dim 0 summed,
 // split into parts combined afterwards; 185 rows do not divide evenly),
-// the last axis, the middle axis and every axis. The backward adds bias-
-// gradient sums of its own.
+// the last axis, the middle axis and every axis, and a sum of an input the
+// kernel loads anyway (s5: a sibling of b * x). The backward adds
+// bias-gradient sums of its own.
 std::string reductions_with_stores_yaml(const char* precision) {
   return fmt::format(R"yaml(
 model: reductions_with_stores
@@ -378,8 +379,10 @@ forward:
   - s3: max(h3, axis=1)
   - h4: sigmoid(x + c)
   - s4: min(h4, keepdims=true)
-  - y: h1 @ v + h2 @ v + h3 @ v + h4 @ v
-  - t: sum(y * y) * 0.001 + sum(s1 * w) + sum(s2) + sum(s3 * c) + sum(s4)
+  - h5: b * x
+  - s5: mean(x, axis=[0, 1])
+  - y: h1 @ v + h2 @ v + h3 @ v + h4 @ v + h5 @ v
+  - t: sum(y * y) * 0.001 + sum(s1 * w) + sum(s2) + sum(s3 * c) + sum(s4) + sum(s5 * w)
 loss: t
 optimizer: adamw(lr=0.1, grad_clip=1.0)
 precision: {}
@@ -405,8 +408,12 @@ TEST_CASE("numeric: fused reductions that also store prologue results, CPU and e
       CHECK(c.error <= napkin::testing::kernel_tolerance(c.precision));
     };
     napkin::testing::CompiledStep cpu(napkin::testing::compile_training(yaml));
-    // s1..s4 in the forward, and the backward's sums over rows of gradients it also stores.
-    CHECK(reductions_storing(cpu.plan) >= 5);
+    // s1..s5 in the forward, and the backward's sums over rows of gradients it also stores.
+    CHECK(reductions_storing(cpu.plan) >= 6);
+    int siblings = 0;  // reductions of a kernel input rather than of a member's result
+    for (const codegen::Kernel& k : cpu.plan.kernels)
+      siblings += k.kind == codegen::KernelKind::Reduction && k.fused && k.fused->ops.back().args[0].input;
+    CHECK(siblings >= 1);
     napkin::testing::check_each_kernel(cpu, check);
 
     napkin::testing::CompiledStep cuda(napkin::testing::compile_training(yaml));
