@@ -111,6 +111,8 @@ class Fuser {
     std::vector<bool> attached(members_.size(), false);  // working group -> it has its reduction
     std::vector<NodeId> follower(g_.num_nodes(), ir::kNoNode);  // a group's last member -> the reduction placed after it
     std::vector<bool> moved(g_.num_nodes(), false);
+    std::vector<int> at(g_.num_nodes(), -1);  // schedule position
+    for (int p = 0; p < static_cast<int>(schedule_.size()); ++p) at[schedule_[p]] = p;
     for (NodeId id : schedule_) {
       count(1);
       const ir::Node& n = g_.node(id);
@@ -119,7 +121,10 @@ class Fuser {
       if (v.is_view()) continue;
       // The group making v, else one whose member reads v directly (a sibling:
       // the kernel loads v anyway), with v's shape and n's phase.
-      auto fits = [&](int c) { return c >= 0 && !attached[c] && phase_[c] == n.phase && shape_[c] == v.type.sizes(); };
+      // The group must end before n: n moves up to right after it, never past its own readers.
+      auto fits = [&](int c) {
+        return c >= 0 && !attached[c] && phase_[c] == n.phase && shape_[c] == v.type.sizes() && at[members_[c].back()] < at[id];
+      };
       int c = v.producer != ir::kNoNode && fusible(g_.node(v.producer)) ? group_[v.producer] : -1;
       if (!fits(c)) {
         c = -1;
