@@ -121,9 +121,16 @@ class Fuser {
       if (v.is_view()) continue;
       // The group making v, else one whose member reads v directly (a sibling:
       // the kernel loads v anyway), with v's shape and n's phase.
-      // The group must end before n: n moves up to right after it, never past its own readers.
+      // n moves to right after the group: when the group ends after n, no
+      // reader of n's result may come before that (a view of it included:
+      // the view is a reader).
       auto fits = [&](int c) {
-        return c >= 0 && !attached[c] && phase_[c] == n.phase && shape_[c] == v.type.sizes() && at[members_[c].back()] < at[id];
+        if (c < 0 || attached[c] || phase_[c] != n.phase || shape_[c] != v.type.sizes()) return false;
+        const int end = at[members_[c].back()];
+        if (end < at[id]) return true;
+        for (NodeId r : readers_[n.out()])
+          if (at[r] <= end) return false;
+        return true;
       };
       int c = v.producer != ir::kNoNode && fusible(g_.node(v.producer)) ? group_[v.producer] : -1;
       if (!fits(c)) {

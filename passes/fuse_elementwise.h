@@ -32,7 +32,9 @@
 //    then renumbered 0 .. n-1 in schedule order.
 //  - a reduction (reduce_sum, _mean, _max, _min) joins the group of the
 //    member whose result it reads directly (else a group one of whose
-//    members reads the same value directly: the kernel loads it anyway),
+//    members reads the same value directly: the kernel loads it anyway; it
+//    may then move later, to after that group, when none of its readers
+//    comes before the group's end),
 //    once the walk is done, as its
 //    last member, when the group has the value's shape and phase and no
 //    reduction yet, and no member needs its element's position. It moves to

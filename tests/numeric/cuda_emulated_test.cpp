@@ -363,7 +363,7 @@ namespace {
 // fuse_elementwise.h): over the leading dims (a bias gradient: dim 0 summed,
 // split into parts combined afterwards; 185 rows do not divide evenly),
 // the last axis, the middle axis and every axis, and a sum of an input the
-// kernel loads anyway (s5: a sibling of b * x). The backward adds
+// kernel loads anyway (s5: a GEMM result tanh's kernel reads). The backward adds
 // bias-gradient sums of its own.
 std::string reductions_with_stores_yaml(const char* precision) {
   return fmt::format(R"yaml(
@@ -379,10 +379,11 @@ forward:
   - s3: max(h3, axis=1)
   - h4: sigmoid(x + c)
   - s4: min(h4, keepdims=true)
-  - h5: b * x
-  - s5: mean(x, axis=[0, 1])
+  - m5: x @ v
+  - h5: tanh(m5)
+  - s5: mean(m5, axis=[0, 1])
   - y: h1 @ v + h2 @ v + h3 @ v + h4 @ v + h5 @ v
-  - t: sum(y * y) * 0.001 + sum(s1 * w) + sum(s2) + sum(s3 * c) + sum(s4) + sum(s5 * w)
+  - t: sum(y * y) * 0.001 + sum(s1 * w) + sum(s2) + sum(s3 * c) + sum(s4) + sum(s5 * s5)
 loss: t
 optimizer: adamw(lr=0.1, grad_clip=1.0)
 precision: {}
