@@ -199,7 +199,7 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       k.name = fmt::format("k{}_fused_{}", plan.kernels.size(), ir::op_name(k.op));
     } else {
       NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || cls == ir::OpClass::Attention || cls == ir::OpClass::Classifier ||
-                                n.op == ir::Op::NormGainGrad || n.op == ir::Op::LayerNormGrad || n.op == ir::Op::RMSNormGrad,
+                                n.op == ir::Op::LayerNormGrad || n.op == ir::Op::RMSNormGrad,
                             "a kernel node must have one output");
       k.node = n.id;
       k.op = n.op;
@@ -346,16 +346,11 @@ RowLoop row_loop(const Kernel& k) {
       add(k.inputs[1], RowShape::Vector), add(k.inputs[2], RowShape::Full);
       if (k.inputs.size() > 3) add(k.inputs[3], RowShape::Full);  // the residual added to dx
       break;
-    case RowVariant::SoftmaxGrad:
-    case RowVariant::NormGainGrad: add(k.inputs[1], RowShape::Full); break;
+    case RowVariant::SoftmaxGrad: add(k.inputs[1], RowShape::Full); break;
     case RowVariant::CrossEntropy:
     case RowVariant::CrossEntropyGrad: add(k.inputs[1], RowShape::PerRow); break;
   }
-  if (p.variant == RowVariant::NormGainGrad) {
-    add(k.output, RowShape::Vector, false);
-    if (!k.extra_outputs.empty()) add(k.extra_outputs[0], RowShape::Vector, false);  // the bias's gradient
-  }
-  else if (p.variant != RowVariant::CrossEntropy) add(k.output, RowShape::Full, false);
+  if (p.variant != RowVariant::CrossEntropy) add(k.output, RowShape::Full, false);
   if (p.variant == RowVariant::NormGrad)  // the gains' gradients (NormGrad with gains)
     for (const Operand& o : k.extra_outputs) add(o, RowShape::Vector, false);
 

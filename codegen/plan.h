@@ -221,10 +221,10 @@ ReductionLoop reduction_loop(const Kernel& k);
 // other dim (collapsed where every operand allows).
 //  - operand shapes: Full operands have input 0's shape; PerRow ones (the
 //    cross-entropy targets) lack the axis; Vector ones (norm gains and
-//    biases, the NormGainGrad output) are only the axis.
+//    biases, and a norm gradient's gain and bias gradients) are only the axis.
 //  - operands, in order: input 0, the variant's other row-shaped inputs,
 //    then the output (none for CrossEntropy, whose scalar output is a sum
-//    over rows).
+//    over rows), then a norm gradient's gain and bias gradients (Vector).
 //    Each has its strides over the loop's dims and its step along the axis,
 //    so element k of a row is at (row base) + k * step.
 enum class RowShape : uint8_t { Full, PerRow, Vector };

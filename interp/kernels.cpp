@@ -167,7 +167,6 @@ Data rows(const ir::Node& n, const ir::RowParams& p, const std::vector<Arg>& in)
         for (size_t i = 0; i < dx.size(); ++i) dx[i] += in[3].data[i];
       return dx;
     }
-    case ir::RowVariant::NormGainGrad: return norm_gain_grad(in[0], in[1], p.eps, p.centered);
   }
   fail(n, "unknown row variant");
 }
@@ -227,7 +226,6 @@ std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const
     case ir::LoopKind::Rows: {
       const auto& p = std::get<ir::RowParams>(params);
       std::vector<Data> r = one(rows(n, p, in));
-      if (p.variant == ir::RowVariant::NormGainGrad && outs.size() == 2) r.push_back(sum_rows(in[1]));  // the bias's
       if (p.variant == ir::RowVariant::NormGrad && p.gains) {
         r.push_back(norm_gain_grad(in[0], in[2], p.eps, p.centered));
         if (p.centered) r.push_back(sum_rows(in[2]));

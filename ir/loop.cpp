@@ -19,7 +19,6 @@ RowParams row_params(Op op, const Attrs& a) {
     case Op::LayerNormGrad:
     case Op::RMSNormGrad:
       return {RowVariant::NormGrad, -1, op == Op::LayerNormGrad, a.get_double("eps"), a.has("gains") && a.get_int("gains") != 0};
-    case Op::NormGainGrad: return {RowVariant::NormGainGrad, -1, a.get_int("centered") != 0, a.get_double("eps")};
     default: NAPKIN_INTERNAL_CHECK(false, "{} has no row variant", op_name(op));
   }
   return {};

@@ -72,10 +72,9 @@ struct ConcatParams {
 //   Norm                     (x, gain, bias if centered) -> x_hat * gain (+ bias)
 //   NormGrad                 (x, gain, dy) -> dx; with `gains` also the gain's gradient
 //                            (sum over rows of dy * x_hat) and, centered, the bias's (sum of dy)
-//   NormGainGrad             (x, dy) -> the gain's gradient: sum over rows of dy * x_hat
 // x_hat = (x - mean) * rstd, mean = 0 unless centered (layernorm; rmsnorm is
 // not), rstd = 1 / sqrt(mean((x - mean)^2) + eps).
-enum class RowVariant : uint8_t { Softmax, LogSoftmax, SoftmaxGrad, CrossEntropy, CrossEntropyGrad, Norm, NormGrad, NormGainGrad };
+enum class RowVariant : uint8_t { Softmax, LogSoftmax, SoftmaxGrad, CrossEntropy, CrossEntropyGrad, Norm, NormGrad };
 struct RowParams {
   RowVariant variant = RowVariant::Softmax;
   int64_t axis = -1;  // the row's axis in input 0 (negative counts from the end)

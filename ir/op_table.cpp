@@ -572,20 +572,6 @@ InferResult infer_norm_grad(const Inputs& in, const Attrs& a) {
   return r;
 }
 
-// (x, dy) -> the gain's gradient [d]; with bias=1 (layernorm's VJP) also the
-// bias's, dy summed over the rows, from the same pass over dy.
-InferResult infer_norm_gain_grad(const Inputs& in, const Attrs& a) {
-  if (auto r = require_float("norm_gain_grad", *in[0]); !r.ok()) return r;
-  if (in[0]->rank() < 1) return InferResult::fail("norm_gain_grad needs at least one axis", "it reduces all but the last axis");
-  if (auto r = require_like("norm_gain_grad", *in[1], *in[0]); !r.ok()) return r;
-  TensorType t;
-  t.dtype = in[0]->dtype;
-  t.dims.push_back(in[0]->dims.back());
-  InferResult r = InferResult::of(t);
-  if (a.has("bias") && a.get_int("bias") != 0) r.outputs.push_back(t);
-  return r;
-}
-
 InferResult infer_gelu_grad(const Inputs& in, const Attrs&) {
   if (auto r = require_float("gelu_grad", *in[0]); !r.ok()) return r;
   if (auto r = require_like("gelu_grad", *in[1], *in[0]); !r.ok()) return r;
@@ -947,14 +933,6 @@ OpCost cost_per_input_element(const Graph& g, const Node& n) {
   return {op_info(n.op).flops_per_element * in, read_all(g, n), written(g, n)};
 }
 
-// x_hat again (layernorm 5 steps, rmsnorm 3), times dy and summed over rows
-// (2): the row's 7 is layernorm's.
-OpCost cost_norm_gain_grad(const Graph& g, const Node& n) {
-  double per_element = n.attrs.get_int("centered") != 0 ? op_info(n.op).flops_per_element : 3 + 2;
-  if (n.outputs.size() > 1) per_element += 1;  // the bias's gradient: dy summed
-  return {per_element * g.value(n.in(0)).type.numel(), read_all(g, n), written(g, n)};
-}
-
 // dx as cost_per_input_element; with the gains' gradients, dy * x_hat
 // summed (2) and, for layernorm, dy summed (1) per element: x_hat is the
 // one dx already computed.
@@ -1081,7 +1059,6 @@ const OpInfo kRows[] = {
     BACKWARD_ROW(LayerNormGrad, Rows, infer_norm_grad<Op::LayerNormGrad>, cost_norm_grad, 13, 0),
     // rmsnorm_grad: x_hat again (3), g*dy, one row sum (2), combine (3).
     BACKWARD_ROW(RMSNormGrad, Rows, infer_norm_grad<Op::RMSNormGrad>, cost_norm_grad, 9, 0),
-    BACKWARD_ROW(NormGainGrad, Rows, infer_norm_gain_grad, cost_norm_gain_grad, 7, 0),  // layernorm form; see cost_norm_gain_grad
     BACKWARD_ROW(GeluGrad, Elementwise, infer_gelu_grad, cost_gelu_grad, 16, 1),  // tanh form; see cost_gelu_grad
     // cross_entropy_grad: softmax (5) and the scale by dloss / rows, per logit.
     BACKWARD_ROW(CrossEntropyGrad, Rows, infer_cross_entropy_grad, cost_per_input_element, 6, 1),

@@ -551,7 +551,6 @@ VjpFn vjp_rule(Op op) {
     case Op::SoftmaxGrad: return nullptr;
     case Op::LayerNormGrad: return nullptr;
     case Op::RMSNormGrad: return nullptr;
-    case Op::NormGainGrad: return nullptr;
     case Op::GeluGrad: return nullptr;
     case Op::CrossEntropyGrad: return nullptr;
     case Op::AttentionGrad: return nullptr;

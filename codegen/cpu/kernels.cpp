@@ -562,19 +562,17 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
   const RowLoop rl = row_loop(k);
   const std::vector<RowOperand>& ops = rl.operands;
   bool scalar_out = p.variant == RowVariant::CrossEntropy;
-  // Kernels summing over rows into [n] outputs: norm_gain_grad, and a norm's
-  // gradient with its gains' (the gain's, then the bias's, after dx).
-  const bool gain_grad_only = p.variant == RowVariant::NormGainGrad;
+  // A norm's gradient with its gains' sums them over rows into [n] outputs
+  // (the gain's, then the bias's, after dx: row_loop), and may add the
+  // residual stream's gradient (operand 3) as it stores dx.
   const bool with_gains = p.variant == RowVariant::NormGrad && p.gains;
-  bool vector_out = gain_grad_only || with_gains;
+  const bool vector_out = with_gains;
   const RowOperand& X = ops[0];
-  // The output: the last operand, but for norm_gain_grad with the bias's
-  // gradient, which comes after the gain's, and for dx with the gains' (row_loop).
-  // A norm's gradient may add the residual stream's (operand 3) as it stores dx.
   const bool residual = p.variant == RowVariant::NormGrad && k.inputs.size() > 3;
-  const size_t out_index = gain_grad_only ? 2 : with_gains ? 3 + residual : ops.size() - 1;
+  // The output: the last operand, but for dx with the gains'.
+  const size_t out_index = with_gains ? 3 + residual : ops.size() - 1;
   const RowOperand& out = ops[out_index];
-  const size_t gain_index = gain_grad_only ? 2 : 4 + residual;
+  const size_t gain_index = out_index + 1;
   const RowOperand* gain_out = vector_out ? &ops[gain_index] : nullptr;
   const RowOperand* bias = vector_out && ops.size() > gain_index + 1 ? &ops[gain_index + 1] : nullptr;
   llvm::Type* t = e.compute_type(x.dtype);
@@ -706,22 +704,6 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
           llvm::Value* v = b.CreateFSub(b.CreateFSub(gdy(kk), mean_gdy), b.CreateFMul(xh, mean_gdy_xhat));
           st(out, ob, kk, plus_residual(kk, b.CreateFMul(rstd, v)));
           accumulate_gains(kk, xh);
-        });
-        break;
-      }
-      case RowVariant::NormGainGrad: {  // the part's gain[k] += dy * x_hat over rows (and bias[k] += dy)
-        const RowOperand& dy = ops[1];
-        auto [mean, rstd] = row_stats(e, X, xb, n, p.eps, p.centered);
-        llvm::Value* row0 = b.CreateMul(part, e.i64(2 * n));
-        e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
-          llvm::Value* xhat = b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd);
-          llvm::Value* g = ld(dy, base[1], kk);
-          llvm::Value* gain_at = partial_at(b.CreateAdd(row0, kk));
-          b.CreateStore(b.CreateFAdd(b.CreateLoad(t, gain_at), b.CreateFMul(g, xhat)), gain_at);
-          if (bias) {
-            llvm::Value* bias_at = partial_at(b.CreateAdd(b.CreateAdd(row0, e.i64(n)), kk));
-            b.CreateStore(b.CreateFAdd(b.CreateLoad(t, bias_at), g), bias_at);
-          }
         });
         break;
       }

@@ -1,5 +1,5 @@
 // Row kernels: softmax, log_softmax, layernorm, rmsnorm, cross-entropy and
-// their gradients, and the norm gain gradient. A row is the elements along
+// their gradients (a norm's with its gain's and bias's). A row is the elements along
 // one axis; the loop runs over every other dim (as codegen/cpu/kernels.cpp
 // `rows`), with the CPU backend's formulas, sums in the compute type.
 //
@@ -18,10 +18,11 @@
 //    gains and biases (one per row element, the same for every row).
 //  - cross_entropy: launch 1 writes each row's loss to scratch, launch 2 (one
 //    block) sums them in row order in double (as the CPU) into the mean.
-//  - norm_gain_grad: launch 1 writes each row's (mean, rstd) to scratch,
-//    launch 2 sums dy * x_hat (and dy, for the bias's gradient when the
-//    kernel has it) down splits of the rows for each column (coalesced over
-//    columns), launch 3 adds each column's splits in order.
+//  - a norm's gradient with its gains': each thread sums dy * x_hat (and dy)
+//    of its columns over its group's rows in registers, the groups of a
+//    block add theirs in warp order through shared memory into the block's
+//    partial in scratch, and a second launch adds the blocks' partials in
+//    block order per column.
 #include <algorithm>
 #include <limits>
 
@@ -231,81 +232,6 @@ class RowEmitter {
   std::vector<bool> cached_;  // by load_cache
 };
 
-EmittedKernel norm_gain_grad(const Kernel& k, const std::vector<RowOperand>& ops, const std::vector<int64_t>& sizes, int64_t n) {
-  const bool bias = ops.size() > 3;  // the bias's gradient too: dy summed down the same splits
-  EmittedKernel out;
-  Src s;
-  RowEmitter r(s, ops, sizes, n);
-  const std::string& ct = r.ct;
-  const std::string stats = fmt::format("(({}*)scratch)", ct);
-  // Launch 1: each row's mean and rstd.
-  r.begin(k.name);
-  r.load_cache({0});
-  r.row_stats(k.rows().eps, k.rows().centered);
-  s.open("if (tt == 0u) {{");
-  s.line("{}[2u * row] = mean;", stats);
-  s.line("{}[2u * row + 1u] = rstd;", stats);
-  s.close();
-  r.end();
-  out.launches.push_back({k.name, r.grid, r.block, 0, {}});
-
-  // Launch 2: thread (split, column) sums its split of the rows.
-  const int64_t rows = r.rows;
-  const int64_t S = std::clamp<int64_t>((kSMs * 2048 + n - 1) / n, 1, (rows + 15) / 16);
-  const int64_t chunk = (rows + S - 1) / S;
-  const int64_t items = S * n;
-  const std::string& it = r.it;
-  const std::string partials = fmt::format("(({}*)scratch + {}u)", ct, 2 * rows);
-  int block = block_for(items);
-  int64_t grid = grid_for(items, block);
-  std::string name2 = k.name + "_2";
-  begin_kernel(s, name2, block);
-  s.open("for ({0} w = ({0})blockIdx.x * blockDim.x + threadIdx.x; w < {1}u; w += ({0})gridDim.x * blockDim.x) {{", it, items);
-  s.line("const {} col = w % {}u, sp = w / {}u;", it, n, n);
-  s.line("{0} acc = {1}, accb = {1};", ct, r.lit(0.0));
-  s.line("const {} end = sp * {}u + {}u < {}u ? sp * {}u + {}u : {}u;", it, chunk, chunk, rows, chunk, chunk, rows);
-  s.open("for ({} row = sp * {}u; row < end; ++row) {{", it, chunk);
-  decompose(s, sizes, "row", "i", it);
-  for (int i = 0; i < 2; ++i) s.line("const {} b{} = {};", it, i, dot("i", ops[i].strides));
-  s.line("const {} xhat = ({} - {}[2u * row]) * {}[2u * row + 1u];", ct, load(*ops[0].op, r.addr(0, "col")), stats, stats);
-  s.line("const {} g = {};", ct, load(*ops[1].op, r.addr(1, "col")));
-  s.line("acc += g * xhat;");
-  if (bias) s.line("accb += g;");
-  s.close();
-  s.line("{}[sp * {}u + col] = acc;", partials, n);
-  if (bias) s.line("{}[{}u + sp * {}u + col] = accb;", partials, S * n, n);
-  s.close();
-  s.close();
-  out.launches.push_back({name2, grid, block, 0, {}});
-
-  // Launch 3: a warp per column adds its splits (lanes over splits, then the
-  // butterfly: a fixed order).
-  std::string name3 = k.name + "_3";
-  int block3 = static_cast<int>(std::min<int64_t>(256, n * 32));
-  begin_kernel(s, name3, block3);
-  s.open("for ({0} col = ({0})blockIdx.x * {1}u + (threadIdx.x >> 5); col < {2}u; col += ({0})gridDim.x * {1}u) {{", it, block3 / 32, n);
-  s.line("{0} acc = {1}, accb = {1};", ct, r.lit(0.0));
-  s.line("for ({} sp = threadIdx.x & 31u; sp < {}u; sp += 32u) acc += {}[sp * {}u + col];", it, S, partials, n);
-  s.line("acc = napkin_warp_reduce(acc, napkin_sum_op());");
-  if (bias) {
-    s.line("for ({} sp = threadIdx.x & 31u; sp < {}u; sp += 32u) accb += {}[{}u + sp * {}u + col];", it, S, partials,
-           S * n, n);
-    s.line("accb = napkin_warp_reduce(accb, napkin_sum_op());");
-  }
-  s.line("[[maybe_unused]] const {} b2 = 0u;", it);
-  s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[2].op, r.addr(2, "col"), "acc"));
-  if (bias) {
-    s.line("[[maybe_unused]] const {} b3 = 0u;", it);
-    s.line("if ((threadIdx.x & 31u) == 0u) {}", store(*ops[3].op, r.addr(3, "col"), "accb"));
-  }
-  s.close();
-  s.close();
-  out.launches.push_back({name3, grid_for(n, block3 / 32), block3, 0, {}});
-  out.scratch_bytes = (2 * rows + (bias ? 2 : 1) * S * n) * compute_size(r.xt);
-  out.text = s.take();
-  return out;
-}
-
 }  // namespace
 
 EmittedKernel emit_rows(const Kernel& k, int index) {
@@ -315,7 +241,6 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
   const std::vector<RowOperand>& ops = loop.operands;
   const std::vector<int64_t>& sizes = loop.sizes;
   const int64_t n = loop.n;
-  if (p.variant == RowVariant::NormGainGrad) return norm_gain_grad(k, ops, sizes, n);
 
   EmittedKernel out;
   Src s;
@@ -477,7 +402,6 @@ EmittedKernel emit_rows(const Kernel& k, int index) {
       }, o);
       break;
     }
-    case RowVariant::NormGainGrad: NAPKIN_INTERNAL_CHECK(false, "NormGainGrad has its own launches");
   }
   r.end(store_gains);
   out.launches.push_back({k.name, r.grid, r.block, 0, {}});

@@ -35,7 +35,7 @@ bool sums_across_parts(const codegen::Kernel& k) {
   if (k.kind == codegen::KernelKind::Reduction) return k.fused.has_value();
   if (k.kind != codegen::KernelKind::Rows) return false;
   const ir::RowParams& p = k.rows();
-  return p.variant == ir::RowVariant::NormGainGrad || (p.variant == ir::RowVariant::NormGrad && p.gains);
+  return p.variant == ir::RowVariant::NormGrad && p.gains;
 }
 
 }  // namespace

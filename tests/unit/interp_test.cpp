@@ -43,7 +43,8 @@ struct Operand {
 };
 
 // Builds inputs -> one `op` node, runs it, returns the output.
-Vec eval(Op op, std::vector<Operand> ins, ir::Attrs attrs = {}, Numerics numerics = Numerics::Float64) {
+// Output `output` of one node of op over `ins`.
+Vec eval(Op op, std::vector<Operand> ins, ir::Attrs attrs = {}, Numerics numerics = Numerics::Float64, int output = 0) {
   ir::Graph g;
   ir::Builder b(g);
   std::vector<ValueId> ids;
@@ -54,7 +55,7 @@ Vec eval(Op op, std::vector<Operand> ins, ir::Attrs attrs = {}, Numerics numeric
   Interpreter it(g, numerics);
   for (size_t i = 0; i < ins.size(); ++i) it.set(ids[i], ins[i].data);
   it.run();
-  return it.get(out.value);
+  return it.get(g.node(g.value(out.value).producer).out(output));
 }
 
 void check_near(const Vec& got, const Vec& want, double tol = 1e-12) {
@@ -386,7 +387,7 @@ TEST_CASE("interp: softmax_grad matches central differences of sum(softmax(x) * 
   }
 }
 
-TEST_CASE("interp: layernorm_grad, rmsnorm_grad and norm_gain_grad match central differences") {
+TEST_CASE("interp: layernorm_grad and rmsnorm_grad, their gain's and bias's gradients too, match central differences") {
   const double eps = 1e-5;
   Net n;
   ValueId x = n.input("x", {3, 5}, randn(15, 20));
@@ -399,8 +400,13 @@ TEST_CASE("interp: layernorm_grad, rmsnorm_grad and norm_gain_grad match central
 
   check_near(eval(Op::LayerNormGrad, {ox, og, ow}, {{"eps", eps}}), n.numeric_grad(ln, x), 1e-8);
   check_near(eval(Op::RMSNormGrad, {ox, og, ow}, {{"eps", eps}}), n.numeric_grad(rms, x), 1e-8);
-  check_near(eval(Op::NormGainGrad, {ox, ow}, {{"eps", eps}, {"centered", int64_t{1}}}), n.numeric_grad(ln, g), 1e-8);
-  check_near(eval(Op::NormGainGrad, {ox, ow}, {{"eps", eps}, {"centered", int64_t{0}}}), n.numeric_grad(rms, g), 1e-8);
+  const ir::Attrs gains{{"eps", eps}, {"gains", int64_t{1}}};
+  const Numerics f64 = Numerics::Float64;
+  check_near(eval(Op::LayerNormGrad, {ox, og, ow}, gains, f64, 0), n.numeric_grad(ln, x), 1e-8);
+  check_near(eval(Op::LayerNormGrad, {ox, og, ow}, gains, f64, 1), n.numeric_grad(ln, g), 1e-8);
+  check_near(eval(Op::LayerNormGrad, {ox, og, ow}, gains, f64, 2), n.numeric_grad(ln, b), 1e-8);
+  check_near(eval(Op::RMSNormGrad, {ox, og, ow}, gains, f64, 0), n.numeric_grad(rms, x), 1e-8);
+  check_near(eval(Op::RMSNormGrad, {ox, og, ow}, gains, f64, 1), n.numeric_grad(rms, g), 1e-8);
 }
 
 TEST_CASE("interp: gelu_grad matches central differences for both forms") {

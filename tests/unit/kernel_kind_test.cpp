@@ -114,10 +114,6 @@ TEST_CASE("kernel plan: a GPT's row kernels carry their variant, axis, centering
         CHECK(p.gains);  // the gain's and bias's gradients from the same pass
         CHECK(k.extra_outputs.size() == 2u);
         break;
-      case ir::Op::NormGainGrad:
-        CHECK(p.variant == ir::RowVariant::NormGainGrad);
-        CHECK(p.centered == (k.attrs.get_int("centered") != 0));
-        break;
       case ir::Op::CrossEntropy: CHECK(p.variant == ir::RowVariant::CrossEntropy); break;
       case ir::Op::CrossEntropyGrad: CHECK(p.variant == ir::RowVariant::CrossEntropyGrad); break;
       default: FAIL_CHECK("unexpected row op " << ir::op_name(k.op));
@@ -126,8 +122,7 @@ TEST_CASE("kernel plan: a GPT's row kernels carry their variant, axis, centering
   // Softmax and its gradient are inside the fused attention kernels
   // (passes/fuse_attention.h), cross_entropy and its gradient inside the
   // fused classifier's (passes/fuse_classifier.h); the gains' gradients
-  // inside layernorm_grad's (no norm_gain_grad of its own).
-  CHECK(rows_of[ir::Op::NormGainGrad] == 0);
+  // inside layernorm_grad's.
   for (ir::Op op : {ir::Op::LayerNorm, ir::Op::LayerNormGrad})
     CHECK_MESSAGE(rows_of[op] > 0, ir::op_name(op));
   int classifier = 0;
