@@ -232,6 +232,21 @@ Combiner combiner_of(LoopEmitter& e, const Kernel& k) {
 constexpr int64_t kMaxReductionParts = 16;
 constexpr int64_t kMaxPartialBytes = int64_t{256} << 10;
 
+// How a summed dim of `extent` indices splits into parts, each summing its
+// own partial of `part_bytes`: at most kMaxReductionParts parts and
+// kMaxPartialBytes of partials, a number fixed by the shape (never by the
+// thread count), every part but the last `per_part` indices long.
+struct Parts {
+  int64_t count = 1, per_part = 1;
+};
+Parts split_into_parts(int64_t extent, int64_t part_bytes) {
+  Parts p;
+  p.count = std::clamp<int64_t>(kMaxPartialBytes / part_bytes, 1, std::min(kMaxReductionParts, extent));
+  p.per_part = (extent + p.count - 1) / p.count;
+  p.count = (extent + p.per_part - 1) / p.per_part;
+  return p;
+}
+
 // A kernel with a combining call (Launch::combine): `work` emits the body
 // for [begin, end) of its `items` work items, `combine` the body of the
 // runtime's last call [items, items + 1), which combines what they left.
@@ -285,11 +300,9 @@ LoopInfo fused_reduction(LoopEmitter& e, const Kernel& k) {
   // Work items and the partials each owns (`block` elements from item * block).
   int64_t items = sizes[0], per_item = 1, block = out_numel / sizes[0];
   if (!kept0) {
-    const int64_t element_bytes = static_cast<int64_t>(ct->getPrimitiveSizeInBits() / 8);
-    const int64_t parts = std::clamp<int64_t>(kMaxPartialBytes / (out_numel * element_bytes), 1,
-                                              std::min(kMaxReductionParts, sizes[0]));
-    per_item = (sizes[0] + parts - 1) / parts;
-    items = (sizes[0] + per_item - 1) / per_item;
+    const Parts parts = split_into_parts(sizes[0], out_numel * static_cast<int64_t>(ct->getPrimitiveSizeInBits() / 8));
+    per_item = parts.per_part;
+    items = parts.count;
     block = out_numel;
   }
   NAPKIN_INTERNAL_CHECK(!kept0 || out_strides[0] == block, "fused reduction {}: dim 0 does not own a block of the output", k.name);
@@ -597,10 +610,9 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
   llvm::Value* part = nullptr;  // the part being summed (vector_out)
   auto partial_at = [&](llvm::Value* i) { return b.CreateInBoundsGEP(t, partials, i); };
   if (vector_out) {
-    const int64_t row_bytes = 2 * n * static_cast<int64_t>(t->getPrimitiveSizeInBits() / 8);
-    parts = std::clamp<int64_t>(kMaxPartialBytes / row_bytes, 1, std::min(kMaxReductionParts, rl.sizes[0]));
-    per_part = (rl.sizes[0] + parts - 1) / parts;
-    parts = (rl.sizes[0] + per_part - 1) / per_part;
+    const Parts split = split_into_parts(rl.sizes[0], 2 * n * static_cast<int64_t>(t->getPrimitiveSizeInBits() / 8));
+    parts = split.count;
+    per_part = split.per_part;
     auto* type = llvm::ArrayType::get(t, static_cast<uint64_t>(parts * 2 * n));
     partials = new llvm::GlobalVariable(e.module, type, false, llvm::GlobalValue::InternalLinkage,
                                         llvm::ConstantAggregateZero::get(type), k.name + "_partials");
