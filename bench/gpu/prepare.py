@@ -7,9 +7,9 @@ napkin cannot run there; its trainers can. For each case below this script
   1. builds the CUDA trainer (`napkin build MODEL --target cuda`) into the
      bundle, and the CPU trainer into a temp dir;
   2. writes the case's data (random npy inputs or u16 tokens, fixed seed);
-  3. runs the CPU trainer STEPS steps with --order sequential and a final
-     checkpoint, and stores its per-step losses (metrics) and, for the small
-     models, the checkpoint, as the reference the GPU run must match.
+  3. runs the CPU trainer STEPS steps with --order sequential and stores its
+     per-step losses (metrics), and, for the small models, one step with a
+     checkpoint, as the references the GPU run must match.
 
 Both trainers initialize the weights from the same seed with the same code
 (runtime/init.cpp runs on the host in both), so the GPU run starts from the
@@ -43,6 +43,14 @@ CASES = [
     ("gpt", "models/gpt.yaml", "d=128,layers=2", "fp32", True),
     ("gpt-bf16", "models/gpt.yaml", "d=128,layers=2", "bf16-mixed", True),
     ("gpt2-small", "models/gpt2-124m.yaml", "layers=2,seq=128,batch=4", "bf16-mixed", False),
+]
+# GPT-2 124M trainers for bench/gpt2_cuda_vs_torch.py: napkin's default, then one fusion undone in each.
+BENCH_VARIANTS = [
+    ("", []),
+    ("-unfused-classifier", ["--unfused-classifier"]),
+    ("-unfused-attention", ["--unfused-attention"]),
+    ("-unfused-epilogues", ["--unfused-epilogues"]),
+    ("-no-rematerialize", ["--no-rematerialize"]),
 ]
 CLASS_INPUTS = {"labels": 10}  # integer (class id) inputs of the npy models and their bound (mlp.yaml: classes)
 
@@ -122,22 +130,24 @@ def main():
             ckpt = os.path.join(a.out, f"{name}-cpu-checkpoint")
             metrics = os.path.join(a.out, f"{name}-cpu.jsonl")
             run([cpu] + flags + ["--metrics", metrics, "--checkpoint-dir", ckpt, "--quiet"], cwd=a.out)
-            if not keep_checkpoint:
-                shutil.rmtree(ckpt)
+            shutil.rmtree(ckpt)  # the weights are compared after one step (verify.py says why), the losses over all
+            if keep_checkpoint:
+                one_step = list(flags)
+                one_step[one_step.index("--steps") + 1] = "1"
+                run([cpu] + one_step + ["--checkpoint-dir", ckpt, "--quiet"], cwd=a.out)
             manifest["cases"].append({"name": name, "precision": precision, "trainer": os.path.basename(cuda),
                                       "flags": flags, "cpu_metrics": os.path.basename(metrics),
                                       "cpu_checkpoint": os.path.basename(ckpt) if keep_checkpoint else None})
             print(f"{name}: CUDA trainer {os.path.getsize(cuda) / 1e6:.1f} MB, CPU reference over {a.steps} steps")
-        # The benchmark: GPT-2 124M as the YAML says (batch 8, seq 1024), random GPT-2 token ids.
-        # Twice: as planned (14.6 GiB arena), and with --memory-budget 8GiB
-        # (activations recomputed: 7.8 GiB, +1.8% FLOPs), since torch's peak
-        # with flash attention is far below the first.
+        # The benchmark: GPT-2 124M as the YAML says (batch 8, seq 1024), random GPT-2 token ids; and the
+        # same model with each fusion decision undone, to measure what each one is worth on the GPU.
         gpt2 = os.path.join(ROOT, "models/gpt2-124m.yaml")
-        run([a.napkin, "build", gpt2, "--target", "cuda", "-o", os.path.join(a.out, "gpt2-124m-cuda"), "--quiet"])
-        run([a.napkin, "build", gpt2, "--target", "cuda", "-o", os.path.join(a.out, "gpt2-124m-cuda-8GiB"), "--quiet",
-             "--memory-budget", "8GiB"])
+        trainers = []
+        for suffix, flags in BENCH_VARIANTS:
+            trainers.append(f"gpt2-124m-cuda{suffix}")
+            run([a.napkin, "build", gpt2, "--target", "cuda", "-o", os.path.join(a.out, trainers[-1]), "--quiet"] + flags)
         rng.integers(0, 50257, 8 * 1025 * 16, dtype=np.uint16).astype("<u2").tofile(os.path.join(a.out, "gpt2.u16"))
-        manifest["bench"] = {"trainers": ["gpt2-124m-cuda", "gpt2-124m-cuda-8GiB"], "data": "gpt2.u16"}
+        manifest["bench"] = {"trainers": trainers, "data": "gpt2.u16"}
     # Trainers link libfmt dynamically; the GPU machine may not have it.
     for lib in ("libfmt.so.9",):
         src = os.path.join("/usr/lib/x86_64-linux-gnu", lib)

@@ -1,17 +1,40 @@
 #!/usr/bin/env bash
 # The whole GPU check in one call on the GPU machine (device time is scarce):
 # the machine's state, the CUDA trainers against the CPU references
-# (verify.py), then GPT-2 124M against PyTorch eager and torch.compile.
-# Expects build/gpu-bundle from bench/gpu/prepare.py (run on a machine with
-# napkin's compiler) and writes logs under $OUT when set.
+# (verify.py), GPT-2 124M's per-kernel profile, GPT-2 124M against PyTorch
+# eager and torch.compile, then compute-sanitizer on the small gpt. Each
+# stage has its own time limit, so one that hangs still leaves the others'
+# logs. Expects build/gpu-bundle from bench/gpu/prepare.py (run on a machine
+# with napkin's compiler) and writes logs under $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp}"
-export LD_LIBRARY_PATH="$PWD/build/gpu-bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$out/gpu-state.txt"
+bundle=build/gpu-bundle
+# cuBLASLt 13: the toolkit's, else the one PyTorch's wheels bring.
+cublas_dir=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+  $(python3 -c 'import nvidia.cublas as m; print(*m.__path__)' 2>/dev/null | sed 's|$|/lib|'); do
+  if [ -e "$d/libcublasLt.so.13" ]; then cublas_dir=$d; break; fi
+done
+export LD_LIBRARY_PATH="$PWD/$bundle/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONUNBUFFERED=1
+echo "cuBLASLt from: ${cublas_dir:-not found}"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used,power.draw,temperature.gpu --format=csv \
+  | tee "$out/gpu-state.txt"
 status=0
-python3 bench/gpu/verify.py --bundle build/gpu-bundle --sanitize 2>&1 | tee "$out/verify.txt" || status=1
-python3 bench/gpt2_cuda_vs_torch.py --trainer build/gpu-bundle/gpt2-124m-cuda \
-  --trainer build/gpu-bundle/gpt2-124m-cuda-8GiB --data build/gpu-bundle/gpt2.u16 \
-  2>&1 | tee "$out/bench.txt" || status=1
+stage() {  # stage NAME SECONDS COMMAND...: runs it under a time limit, its output to $out/NAME.txt
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s)"
+  local t0=$SECONDS
+  timeout -k 5 "$limit" "$@" 2>&1 | tee "$out/$name.txt"
+  local rc=${PIPESTATUS[0]}
+  echo "== $name: exit $rc after $((SECONDS - t0))s"
+  [ "$rc" = 0 ] || status=1
+}
+stage verify 240 python3 bench/gpu/verify.py --bundle "$bundle"
+stage profile 90 "$bundle/gpt2-124m-cuda" --data "$bundle/gpt2.u16" --steps 15 --order sequential \
+  --eval-every 0 --checkpoint-every 0 --log-every 5 --profile
+stage bench 300 python3 bench/gpt2_cuda_vs_torch.py --trainer "$bundle/gpt2-124m-cuda" \
+  --data "$bundle/gpt2.u16" --steps 20 --warmup 5
+stage sanitize 150 python3 bench/gpu/verify.py --bundle "$bundle" --sanitize --no-cases
 exit $status

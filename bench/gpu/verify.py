@@ -3,16 +3,24 @@
 
 Reads the bundle bench/gpu/prepare.py made (manifest.json). For each case it
 runs the CUDA trainer with exactly the flags the CPU reference ran with
-(same seed, so the same initial weights; same data in sequential order; a
-final checkpoint), then compares
+(same seed, so the same initial weights; same data in sequential order), then
+compares
 
   - the loss of every step with the CPU's: |gpu - cpu| <= tol * max(1, |cpu|),
     tol 1e-4 for fp32 (summation order only: cuBLAS vs oneDNN, block
     reductions vs serial loops, a few ulps per op compounding over the steps),
     2e-2 for bf16-mixed (bf16 roundings of values that differ by those ulps
     can flip by one bf16 ulp, 2^-8);
-  - every tensor of the final checkpoint (weights and optimizer state):
-    max |gpu - cpu| over max |cpu| (at least 1e-3) <= 10x the loss tolerance;
+  - every tensor of the checkpoint after one step (weights and optimizer
+    state): each element within 10x the loss tolerance of max |cpu| (at least
+    1e-3). A weight element whose gradient is within rounding of zero (its
+    optimizer state, Adam's m or the square root of AdaGrad's sum, under 1% of
+    the tensor's RMS on the CPU) is excused and counted: Adam's and AdaGrad's
+    first step moves every weight by about lr * sign(gradient), so a gradient
+    of 1e-8 where its neighbours are 1e-4 can take the other sign under
+    another summation order and land 2*lr away. After one step that state
+    still shows it; after five it does not, so later checkpoints are not
+    compared (the losses are);
   - that a second CUDA run gives the same losses bit for bit (no atomics:
     every sum runs in a fixed order).
 
@@ -73,63 +81,87 @@ def losses(path):
     return [json.loads(l)["loss"] for l in open(path) if '"loss"' in l]
 
 
-def run_case(bundle, case, steps, tmp):
+def run_trainer(bundle, case, steps, tmp, name, timeout):
+    """Losses (when steps > 1) or the checkpoint path of one CUDA run."""
     trainer = os.path.join(bundle, case["trainer"])
-    result = {}
-    for attempt in ("a", "b"):
-        metrics = os.path.join(tmp, f"{case['name']}-{attempt}.jsonl")
-        ckpt = os.path.join(tmp, f"{case['name']}-{attempt}-checkpoint")
-        cmd = [trainer] + case["flags"] + ["--metrics", metrics, "--checkpoint-dir", ckpt, "--quiet"]
-        r = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}{r.stderr}")
-        result[attempt] = (losses(metrics), only_checkpoint(ckpt))
-    return result
+    flags = list(case["flags"])
+    flags[flags.index("--steps") + 1] = str(steps)
+    metrics = os.path.join(tmp, f"{case['name']}-{name}.jsonl")
+    ckpt = os.path.join(tmp, f"{case['name']}-{name}-checkpoint")
+    cmd = [trainer] + flags + ["--metrics", metrics, "--checkpoint-dir", ckpt, "--quiet"]
+    r = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}{r.stderr}")
+    return losses(metrics), only_checkpoint(ckpt)
+
+
+GRADIENT_STATE = (("adam.m.", lambda s: s), ("adagrad.sum_sq.", np.sqrt), ("momentum.buf.", lambda s: s))
+
+
+def compare_checkpoints(want, got, tol):
+    """(worst error, its tensor, excused elements, missing or extra tensors) after one step."""
+    worst, worst_name, excused = 0.0, "", 0
+    for tname, w in want.items():
+        if not w.size:
+            continue
+        scale = max(1e-3, np.max(np.abs(w)))
+        diff = np.abs(got[tname] - w)
+        bad = ~(diff <= 10 * tol * scale)  # NaN is bad
+        state = next(((f(want[prefix + tname])) for prefix, f in GRADIENT_STATE if prefix + tname in want), None)
+        if state is not None and bad.any():
+            rms = np.sqrt(np.mean(state ** 2))
+            near_zero = bad & (np.abs(state) < 0.01 * rms) & np.isfinite(diff)
+            excused += int(near_zero.sum())
+            bad &= ~near_zero
+        err = np.max(np.where(bad, np.nan_to_num(diff, nan=np.inf), 0.0)) / scale
+        if err > worst:
+            worst, worst_name = err, tname
+    return worst, worst_name, excused, set(got) ^ set(want)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", default="build/gpu-bundle")
     ap.add_argument("--sanitize", action="store_true", help="also run the gpt case under compute-sanitizer")
+    ap.add_argument("--no-cases", action="store_true", help="skip the comparisons (with --sanitize: only that)")
+    ap.add_argument("--timeout", type=float, default=90, help="seconds one trainer run may take")
     a = ap.parse_args()
+    a.bundle = os.path.abspath(a.bundle)  # trainers run with the bundle as working directory
     manifest = json.load(open(os.path.join(a.bundle, "manifest.json")))
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
-        for case in manifest["cases"]:
+        for case in [] if a.no_cases else manifest["cases"]:
             name, tol = case["name"], TOLERANCE[case["precision"]]
             try:
-                runs = run_case(a.bundle, case, manifest["steps"], tmp)
-            except RuntimeError as e:
+                gpu, _ = run_trainer(a.bundle, case, manifest["steps"], tmp, "a", a.timeout)
+                again, _ = run_trainer(a.bundle, case, manifest["steps"], tmp, "b", a.timeout)
+                one_step = run_trainer(a.bundle, case, 1, tmp, "1", a.timeout)[1] if case["cpu_checkpoint"] else None
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
                 print(f"FAIL {name}: {e}")
                 failed = True
                 continue
-            gpu, gpu_ckpt = runs["a"]
             cpu = losses(os.path.join(a.bundle, case["cpu_metrics"]))
             worst_loss = max(abs(g - c) / max(1.0, abs(c)) for g, c in zip(gpu, cpu))
             ok = len(gpu) == len(cpu) and worst_loss <= tol
-            deterministic = runs["a"][0] == runs["b"][0]
+            deterministic = gpu == again
             line = (f"{name:11} {case['precision']:10} losses gpu {gpu[0]:.5f}..{gpu[-1]:.5f} "
                     f"cpu {cpu[0]:.5f}..{cpu[-1]:.5f} worst step error {worst_loss:.2e} (tol {tol:.0e})")
-            if case["cpu_checkpoint"]:
+            if one_step:
                 want = read_safetensors(only_checkpoint(os.path.join(a.bundle, case["cpu_checkpoint"])))
-                got = read_safetensors(gpu_ckpt)
-                worst_tensor, worst_name = 0.0, ""
-                for tname, w in want.items():
-                    err = np.max(np.abs(got[tname] - w)) / max(1e-3, np.max(np.abs(w))) if w.size else 0.0
-                    if err > worst_tensor:
-                        worst_tensor, worst_name = err, tname
-                ok &= worst_tensor <= 10 * tol and set(got) == set(want)
-                line += f"; checkpoint worst {worst_tensor:.2e} ({worst_name})"
+                worst, worst_name, excused, odd = compare_checkpoints(want, read_safetensors(one_step), tol)
+                ok &= worst == 0.0 and not odd
+                line += (f"; step-1 checkpoint {'worst ' + f'{worst:.2e} ({worst_name})' if worst else 'within tol'}"
+                         f", {excused} near-zero-gradient elements excused" + (f", tensors differ: {odd}" if odd else ""))
             ok &= deterministic
             line += "; rerun identical" if deterministic else "; RERUN DIFFERS"
             print(f"{'PASS' if ok else 'FAIL'} {line}")
             failed |= not ok
         if a.sanitize:
-            failed |= not sanitize(a.bundle, next(c for c in manifest["cases"] if c["name"] == "gpt"), tmp)
+            failed |= not sanitize(a.bundle, next(c for c in manifest["cases"] if c["name"] == "gpt"), tmp, a.timeout)
     return 1 if failed else 0
 
 
-def sanitize(bundle, case, tmp):
+def sanitize(bundle, case, tmp, timeout):
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     flags = [f for f in case["flags"]]
     flags[flags.index("--steps") + 1] = "2"
@@ -137,7 +169,12 @@ def sanitize(bundle, case, tmp):
     for tool in ("memcheck", "racecheck"):
         cmd = [sanitizer, "--tool", tool, "--error-exitcode", "3", os.path.join(bundle, case["trainer"])] + flags + [
             "--quiet", "--checkpoint-dir", os.path.join(tmp, f"sanitize-{tool}")]
-        r = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True)
+        try:
+            r = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"FAIL compute-sanitizer {tool} on {case['name']}: over {timeout:.0f} s")
+            ok = False
+            continue
         summary = [l for l in (r.stdout + r.stderr).splitlines() if "ERROR SUMMARY" in l or "RACECHECK SUMMARY" in l]
         passed = r.returncode == 0
         print(f"{'PASS' if passed else 'FAIL'} compute-sanitizer {tool} on {case['name']}: "
