@@ -24,7 +24,7 @@ compares
   - that a second CUDA run gives the same losses bit for bit (no atomics:
     every sum runs in a fixed order).
 
-With --sanitize, the gpt case also runs 2 steps under compute-sanitizer
+With --sanitize, the gpt cases (fp32 and bf16) also run 2 steps under compute-sanitizer
 (memcheck: out-of-bounds and misaligned accesses, e.g. in the 16-byte vector
 paths; racecheck: shared-memory races in the block reductions), each of which
 must report 0 errors. The host emulation the tests use checks numbers, not
@@ -95,6 +95,9 @@ def run_trainer(bundle, case, steps, tmp, name, timeout):
     return losses(metrics), only_checkpoint(ckpt)
 
 
+# Run under compute-sanitizer with --sanitize: the SIMT (fp32) and tensor-core (bf16: ldmatrix, cp.async) attention.
+SANITIZED = ("gpt", "gpt-bf16")
+
 GRADIENT_STATE = (("adam.m.", lambda s: s), ("adagrad.sum_sq.", np.sqrt), ("momentum.buf.", lambda s: s))
 
 
@@ -122,7 +125,7 @@ def compare_checkpoints(want, got, tol):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", default="build/gpu-bundle")
-    ap.add_argument("--sanitize", action="store_true", help="also run the gpt case under compute-sanitizer")
+    ap.add_argument("--sanitize", action="store_true", help="also run the gpt cases under compute-sanitizer")
     ap.add_argument("--no-cases", action="store_true", help="skip the comparisons (with --sanitize: only that)")
     ap.add_argument("--timeout", type=float, default=90, help="seconds one trainer run may take")
     a = ap.parse_args()
@@ -157,7 +160,9 @@ def main():
             print(f"{'PASS' if ok else 'FAIL'} {line}")
             failed |= not ok
         if a.sanitize:
-            failed |= not sanitize(a.bundle, next(c for c in manifest["cases"] if c["name"] == "gpt"), tmp, a.timeout)
+            for case in manifest["cases"]:
+                if case["name"] in SANITIZED:
+                    failed |= not sanitize(a.bundle, case, tmp, a.timeout)
     return 1 if failed else 0
 
 
@@ -168,7 +173,7 @@ def sanitize(bundle, case, tmp, timeout):
     ok = True
     for tool in ("memcheck", "racecheck"):
         cmd = [sanitizer, "--tool", tool, "--error-exitcode", "3", os.path.join(bundle, case["trainer"])] + flags + [
-            "--quiet", "--checkpoint-dir", os.path.join(tmp, f"sanitize-{tool}")]
+            "--quiet", "--checkpoint-dir", os.path.join(tmp, f"sanitize-{case['name']}-{tool}")]
         try:
             r = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

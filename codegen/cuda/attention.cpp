@@ -9,8 +9,9 @@
 //  forward   NAME     grid B*Hq*ceil(T/64): (o, lse) of a 64-query tile;
 //                     query tiles in reverse, so causal blocks (the
 //                     heaviest) start first.
-//  backward  NAME     grid ceil(B*Hq*T/128), 128 threads: delta_i = do_i . o_i
-//                     per query row into `scratch` (f32; f64 for f64).
+//  backward  NAME     grid ceil(8*B*Hq*T/128), 128 threads: delta_i = do_i . o_i
+//                     per query row (8 threads a row) into `scratch` (f32;
+//                     f64 for f64).
 //            NAME_2   grid B*Hk*ceil(S/64): dk, dv of a 64-key tile, walking
 //                     the query tiles of every query head of the group (head
 //                     order, then tile order) and recomputing P from q, k, lse.
@@ -27,10 +28,12 @@
 //  - A fragments of the warp's own rows (q; k and v; q and do) are loaded once
 //    from shared memory into registers; the other side's tiles pass through
 //    shared memory, row-major [64][DP + 8] (DP = D rounded up to 16, columns
-//    past D zero; the +8 staggers rows across banks and keeps 16-byte rows)
-//    and, where the product runs over the tile's rows (P V, dS^T Q, dS K,
-//    P^T dO), transposed [DP][64 + 8], so every fragment register is two
-//    adjacent 16-bit elements: one 32-bit shared load.
+//    past D zero; the +8 staggers rows across banks and keeps 16-byte rows).
+//    B fragments come from them by ldmatrix.x4 (two 8-column blocks per
+//    instruction); where the product runs over the tile's rows (P V,
+//    dS^T Q, dS K, P^T dO) by ldmatrix.x4.trans, so no tile is stored
+//    transposed (a transposed store of 16-bit elements is 8 scalar stores
+//    per 16-byte load, which on an H100 cost more than the products).
 //  - Fragment layouts (PTX ISA, m16n8k16 .bf16/.f16, g = lane / 4,
 //    c = lane % 4): A register j holds A[g + 8 (j & 1)][2c + 8 (j >> 1) + {0,1}],
 //    B register j holds B[2c + 8j + {0,1}][g], accumulator e is
@@ -40,7 +43,9 @@
 //    shared memory.
 //  - The forward fetches the next K and V tiles into registers (16-byte
 //    loads where aligned) while it computes on the current ones
-//    (napkin_attn_stage); the backward loads tile by tile between barriers.
+//    (napkin_attn_stage); the backward, whose registers are spent on its
+//    accumulators, starts the next tiles' loads with cp.async into a second
+//    pair of shared buffers (16-byte aligned rows; others load at once).
 //    Registers (ptxas, sm_90, D = 64): forward 164, dK/dV 168, dQ 162, no
 //    spills.
 //  - Softmax: a row's scores sit in the 4 lanes of a quad; row max and sum
@@ -48,9 +53,9 @@
 //    bits. Scores are scaled by scale * log2 e and exponentiated with exp2f;
 //    P and dS are rounded to the 16-bit type for their products, as
 //    FlashAttention does; the row sums use the f32 values.
-//  - Shared memory per block (shared_fwd/_kv/_q below): forward and dQ
-//    (2*64 (DP + 8) + DP (64 + 8)) 2 bytes, dK/dV (2*64 (DP + 8) + 2 DP (64 + 8))
-//    2 + 512 bytes; for D = 64: 27 KiB, 36.5 KiB and 27 KiB.
+//  - Shared memory per block (shared_fwd/_kv/_q below): forward 3*64 (DP + 8)
+//    2 bytes, dK/dV 4*64 (DP + 8) 2 + 512 bytes, dQ 4*64 (DP + 8) 2 bytes;
+//    for D = 64: 27 KiB, 36.5 KiB and 36 KiB.
 // SIMT (f32, f64): 64 threads, one query row (NAME, NAME_3) or key row
 // (NAME_2) each, held in registers with its accumulators; the other side's
 // rows in shared memory tiles of TILE rows (64, halved until two tiles fit in
@@ -105,19 +110,23 @@ int simt_tile(const Dims& d, DType t) {
 
 int64_t padded(int64_t d) { return (d + 15) / 16 * 16; }
 
-// Dynamic shared memory of each launch (attention_device.cpp's layouts).
+// Dynamic shared memory of each launch (attention_device.cpp's layouts):
+// tensor cores, 64-row tiles [64][DP + 8] of 16-bit elements: forward q, k,
+// v; dK/dV two (q, do) pairs (the tile computed on and the next) and the
+// tile's lse and delta (f32); dQ two (k, v) pairs.
 int shared_fwd(const Dims& d, DType t) {
   if (!tensor_cores(t)) return 2 * simt_tile(d, t) * static_cast<int>(d.D) * elem_size(t);
-  const int64_t dp = padded(d.D), ld = dp + 8;
-  return static_cast<int>((2 * kRows * ld + dp * (kRows + 8)) * 2);
+  return static_cast<int>(3 * kRows * (padded(d.D) + 8) * 2);
 }
 int shared_kv(const Dims& d, DType t) {
   const int tile = simt_tile(d, t);
   if (!tensor_cores(t)) return (2 * tile * static_cast<int>(d.D) + 2 * tile) * elem_size(t);
-  const int64_t dp = padded(d.D), ld = dp + 8;
-  return static_cast<int>((2 * kRows * ld + 2 * dp * (kRows + 8)) * 2 + 2 * kRows * 4);
+  return static_cast<int>(4 * kRows * (padded(d.D) + 8) * 2 + 2 * kRows * 4);
 }
-int shared_q(const Dims& d, DType t) { return shared_fwd(d, t); }
+int shared_q(const Dims& d, DType t) {
+  if (!tensor_cores(t)) return shared_fwd(d, t);
+  return static_cast<int>(4 * kRows * (padded(d.D) + 8) * 2);
+}
 
 // Rows of o load as 16-byte vectors: 16-bit elements, D a multiple of 8, and
 // the offset and the batch, head and row strides in bytes multiples of 16.
@@ -208,7 +217,7 @@ EmittedKernel emit_attention(const Kernel& k) {
     s.line("napkin_attn_bwd_q_{}<{}, {}>({}, {}, {}, {}, {}, {}, {}, {});", family, cfg, X, P(q, true), P(kk, true),
            P(v, true), P(dout, true), P(lse, true), delta, P(k.output, false), smem);
     s.close();
-    e.launches.push_back({k.name, grid_for(rows, 128, int64_t{1} << 31), 128, 0, {}});
+    e.launches.push_back({k.name, grid_for(rows * 8, 128, int64_t{1} << 31), 128, 0, {}});
     e.launches.push_back({k.name + "_2", d.B * d.HK * k_tiles, block, shared_kv(d, t), {}});
     e.launches.push_back({k.name + "_3", d.B * d.HQ * q_tiles, block, shared_q(d, t), {}});
     e.scratch_bytes = rows * (t == DType::F64 ? 8 : 4);

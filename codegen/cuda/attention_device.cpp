@@ -78,33 +78,64 @@ NAPKIN_DEVICE void napkin_attn_a_from_acc(unsigned (&a)[4], const float (&lo)[4]
   a[3] = X::pack(hi[2], hi[3]);
 }
 
+// B fragments of the m16n8k16 products, two 8-column blocks at once, by
+// ldmatrix from row-major 16-bit tiles in shared memory (leading dimension ld,
+// a multiple of 8 elements whose rows are 16 bytes apart modulo 128, so the
+// 8 rows of a matrix fall in 8 different bank quads):
+//  - napkin_attn_b_rows: B[k][n] = tile[n][k] (S = Q K^T: K's rows are B's
+//    columns), columns n0 .. n0 + 15 over k0 .. k0 + 15;
+//  - napkin_attn_b_cols: B[k][n] = tile[k][n] (O = P V: V itself is B),
+//    rows k0 .. k0 + 15, columns n0 .. n0 + 15, by ldmatrix's transpose.
+// b[0], b[1] are the B fragment of columns n0 .. n0 + 7, b[2], b[3] that of
+// n0 + 8 .. n0 + 15. Lane l gives the address of row l % 8 of matrix l / 8.
+NAPKIN_DEVICE void napkin_attn_b_rows(unsigned (&b)[4], const unsigned short* tile, int ld, int n0, int k0) {
+  const int lane = (int)(threadIdx.x & 31u), m = lane >> 3;
+  napkin_ldmatrix_x4(b, tile + (n0 + (m >> 1) * 8 + (lane & 7)) * ld + k0 + (m & 1) * 8);
+}
+NAPKIN_DEVICE void napkin_attn_b_cols(unsigned (&b)[4], const unsigned short* tile, int ld, int k0, int n0) {
+  const int lane = (int)(threadIdx.x & 31u), m = lane >> 3;
+  napkin_ldmatrix_x4_trans(b, tile + (k0 + (m & 1) * 8 + (lane & 7)) * ld + n0 + (m >> 1) * 8);
+}
+
 // Rows [0, ROWS) x columns [0, DP) of a tile whose row r starts at
 // src + r * stride, rows >= valid and columns >= D as zeros (padding must be
 // zero: a padded key's p is masked to 0, and 0 * garbage is not 0), into dst
-// (row-major, leading dimension ld) when dst is set and into dstT
-// (transposed: dstT[c * ldt + r]) when dstT is set. All threads of the block
-// take part, thread by thread along a row, so global reads coalesce.
+// (row-major, leading dimension ld). All threads of the block take part,
+// thread by thread along a row, so global reads coalesce.
 template <class X, int D, int DP, int ROWS, bool VEC>
-NAPKIN_DEVICE void napkin_attn_tile(typename X::St* dst, int ld, typename X::St* dstT, int ldt,
-                                    const typename X::St* __restrict__ src, long long stride, int valid) {
+NAPKIN_DEVICE void napkin_attn_tile(typename X::St* dst, int ld, const typename X::St* __restrict__ src,
+                                    long long stride, int valid) {
   typedef typename X::St St;
   constexpr int E = VEC ? 16 / (int)sizeof(St) : 1;  // elements per load
   constexpr int CH = DP / E;                         // loads per row
   for (int c = (int)threadIdx.x; c < ROWS * CH; c += (int)blockDim.x) {
     const int r = c / CH, col = (c % CH) * E;
-    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-    St* v = (St*)&raw;
     if constexpr (VEC) {
+      uint4 raw = make_uint4(0u, 0u, 0u, 0u);
       if (r < valid && col < D) raw = *(const uint4*)(src + r * stride + col);
-      if (dst) *(uint4*)(dst + r * ld + col) = raw;
+      *(uint4*)(dst + r * ld + col) = raw;
     } else {
-      v[0] = (r < valid && col < D) ? src[r * stride + col] : St(0);
-      if (dst) dst[r * ld + col] = v[0];
+      dst[r * ld + col] = (r < valid && col < D) ? src[r * stride + col] : St(0);
     }
-    if (dstT) {
-      NAPKIN_UNROLL
-      for (int e = 0; e < E; ++e) dstT[(col + e) * ldt + r] = v[e];
+  }
+}
+
+// napkin_attn_tile's load started without registers when rows load as
+// 16-byte vectors (cp.async; complete after napkin_cp_async_wait and a
+// barrier), else done at once by napkin_attn_tile. Padding rows and columns
+// are zero-filled either way.
+template <class X, int D, int DP, int ROWS, bool VEC>
+NAPKIN_DEVICE void napkin_attn_tile_start(typename X::St* dst, int ld, const typename X::St* __restrict__ src,
+                                          long long stride, int valid) {
+  if constexpr (VEC) {
+    constexpr int E = 16 / (int)sizeof(typename X::St), CH = DP / E;
+    for (int c = (int)threadIdx.x; c < ROWS * CH; c += (int)blockDim.x) {
+      const int r = c / CH, col = (c % CH) * E;
+      const bool in = r < valid && col < D;
+      napkin_cp_async16(dst + r * ld + col, in ? src + r * stride + col : src, in);
     }
+  } else {
+    napkin_attn_tile<X, D, DP, ROWS, false>(dst, ld, src, stride, valid);
   }
 }
 
@@ -131,41 +162,43 @@ struct napkin_attn_stage {
       }
     }
   }
-  NAPKIN_DEVICE void put(St* dst, int ld, St* dstT, int ldt) const {
+  NAPKIN_DEVICE void put(St* dst, int ld) const {
     NAPKIN_UNROLL
     for (int n = 0; n < N; ++n) {
       const int c = (int)threadIdx.x + n * THREADS, r = c / CH, col = (c % CH) * E;
       if (c >= ROWS * CH) continue;
-      const St* v;
       if constexpr (VEC) {
-        v = (const St*)&raw[n];
-        if (dst) *(uint4*)(dst + r * ld + col) = raw[n];
+        *(uint4*)(dst + r * ld + col) = raw[n];
       } else {
-        v = &val[n];
-        if (dst) dst[r * ld + col] = val[n];
-      }
-      if (dstT) {
-        NAPKIN_UNROLL
-        for (int e = 0; e < E; ++e) dstT[(col + e) * ldt + r] = v[e];
+        dst[r * ld + col] = val[n];
       }
     }
   }
 };
 
 // Backward, first launch: delta_i = do_i . o_i per query row (b, h, i),
-// into scratch as Acc; one thread per row, d in order.
+// into scratch as Acc; 8 consecutive threads per row, thread p summing
+// d = p, p + 8, ... in order, the 8 partial sums combined by an xor
+// butterfly (so a warp's loads cover 4 rows' contiguous 16-byte runs, not 32
+// rows' scattered elements). Every lane reaches the shuffles.
 template <class C, class X>
 NAPKIN_DEVICE void napkin_attn_delta(const typename X::St* __restrict__ o, const typename X::St* __restrict__ dout,
                                      typename X::Acc* __restrict__ delta) {
   typedef typename X::Acc A;
-  const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (row >= (long long)C::B * C::HQ * C::T) return;
-  const int i = (int)(row % C::T), h = (int)(row / C::T % C::HQ), b = (int)(row / C::T / C::HQ);
-  const typename X::St* op = o + b * C::O_B + h * C::O_H + i * C::O_T;
-  const typename X::St* dp = dout + b * C::DO_B + h * C::DO_H + i * C::DO_T;
+  const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x, row = tid / 8;
+  const int part = (int)(tid % 8);
+  const bool in = row < (long long)C::B * C::HQ * C::T;
   A s = A(0);
-  for (int d = 0; d < C::D; ++d) s += X::load(op[d]) * X::load(dp[d]);
-  delta[row] = s;
+  if (in) {
+    const int i = (int)(row % C::T), h = (int)(row / C::T % C::HQ), b = (int)(row / C::T / C::HQ);
+    const typename X::St* op = o + b * C::O_B + h * C::O_H + i * C::O_T;
+    const typename X::St* dp = dout + b * C::DO_B + h * C::DO_H + i * C::DO_T;
+    for (int d = part; d < C::D; d += 8) s += X::load(op[d]) * X::load(dp[d]);
+  }
+  s += napkin_shfl_xor(s, 1);
+  s += napkin_shfl_xor(s, 2);
+  s += napkin_shfl_xor(s, 4);
+  if (in && part == 0) delta[row] = s;
 }
 
 // ---- tensor cores (bf16, f16): 4 warps, 16 rows each ----
@@ -175,7 +208,7 @@ template <class C, class X>
 NAPKIN_DEVICE void napkin_attn_fwd_mma(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
                                        const unsigned short* __restrict__ v, unsigned short* __restrict__ o,
                                        float* __restrict__ lse, unsigned short* smem) {
-  constexpr int BM = 64, BN = 64, DP = (C::D + 15) / 16 * 16, LD = DP + 8, LDT = BN + 8, KC = DP / 16, ND = DP / 8;
+  constexpr int BM = 64, BN = 64, DP = (C::D + 15) / 16 * 16, LD = DP + 8, KC = DP / 16, ND = DP / 8;
   constexpr int QB = (C::T + BM - 1) / BM;
   const float SL = (float)C::SCALE_LOG2, NEG = -napkin_inf_f32();
   const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u), g = lane >> 2, t = lane & 3;
@@ -183,10 +216,10 @@ NAPKIN_DEVICE void napkin_attn_fwd_mma(const unsigned short* __restrict__ q, con
   const int h = bh % C::HQ, b = bh / C::HQ, hk = h / (C::HQ / C::HK), row0 = qb * BM;
   unsigned short* Qs = smem;          // [BM][LD]
   unsigned short* Ks = Qs + BM * LD;  // [BN][LD]
-  unsigned short* Vt = Ks + BN * LD;  // [DP][LDT]: V transposed, so a B fragment register is 2 adjacent keys
+  unsigned short* Vs = Ks + BN * LD;  // [BN][LD]
   const unsigned short* kg = k + b * C::K_B + hk * C::K_H;
   const unsigned short* vg = v + b * C::V_B + hk * C::V_H;
-  napkin_attn_tile<X, C::D, DP, BM, C::Q_VEC>(Qs, LD, nullptr, 0, q + b * C::Q_B + h * C::Q_H + row0 * C::Q_T, C::Q_T,
+  napkin_attn_tile<X, C::D, DP, BM, C::Q_VEC>(Qs, LD, q + b * C::Q_B + h * C::Q_H + row0 * C::Q_T, C::Q_T,
                                               C::T - row0);
   __syncthreads();
   const int r = warp * 16 + g;  // this thread's rows of the tile: r and r + 8
@@ -207,8 +240,8 @@ NAPKIN_DEVICE void napkin_attn_fwd_mma(const unsigned short* __restrict__ q, con
   vn.fetch(vg, C::V_T, C::S);
   for (int key0 = 0; key0 < kend; key0 += BN) {
     __syncthreads();  // the previous tile's readers are done
-    kn.put(Ks, LD, nullptr, 0);
-    vn.put(nullptr, 0, Vt, LDT);
+    kn.put(Ks, LD);
+    vn.put(Vs, LD);
     __syncthreads();
     if (key0 + BN < kend) {  // the next tile's loads overlap this tile's products
       kn.fetch(kg + (key0 + BN) * C::K_T, C::K_T, C::S - key0 - BN);
@@ -216,15 +249,16 @@ NAPKIN_DEVICE void napkin_attn_fwd_mma(const unsigned short* __restrict__ q, con
     }
     float s[BN / 8][4];
     NAPKIN_UNROLL
-    for (int nt = 0; nt < BN / 8; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    for (int nt = 0; nt < BN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    NAPKIN_UNROLL
+    for (int nt = 0; nt < BN / 8; nt += 2)
       NAPKIN_UNROLL
       for (int kc = 0; kc < KC; ++kc) {
-        const unsigned short* p = Ks + (nt * 8 + g) * LD + kc * 16 + 2 * t;
-        const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+        unsigned bf[4];
+        napkin_attn_b_rows(bf, Ks, LD, nt * 8, kc * 16);
         X::mma(s[nt], qf[kc], bf);
+        X::mma(s[nt + 1], qf[kc], bf + 2);
       }
-    }
     // Scores in log2 units; only a tile crossing the diagonal or the end of
     // the keys is masked.
     const bool edge = key0 + BN > C::S || (C::CAUSAL && key0 + BN - 1 > row0 + C::S - C::T);
@@ -268,10 +302,11 @@ NAPKIN_DEVICE void napkin_attn_fwd_mma(const unsigned short* __restrict__ q, con
       unsigned af[4];
       napkin_attn_a_from_acc<X>(af, s[2 * kk], s[2 * kk + 1]);
       NAPKIN_UNROLL
-      for (int nd = 0; nd < ND; ++nd) {
-        const unsigned short* p = Vt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
-        const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+      for (int nd = 0; nd < ND; nd += 2) {
+        unsigned bf[4];
+        napkin_attn_b_cols(bf, Vs, LD, kk * 16, nd * 8);
         X::mma(acc[nd], af, bf);
+        X::mma(acc[nd + 1], af, bf + 2);
       }
     }
   }
@@ -302,21 +337,19 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
                                           const float* __restrict__ lse, const float* __restrict__ delta,
                                           unsigned short* __restrict__ dk, unsigned short* __restrict__ dv,
                                           unsigned short* smem) {
-  constexpr int BM = 64, BN = 64, DP = (C::D + 15) / 16 * 16, LD = DP + 8, LDT = BM + 8, KC = DP / 16, ND = DP / 8;
+  constexpr int BM = 64, BN = 64, DP = (C::D + 15) / 16 * 16, LD = DP + 8, KC = DP / 16, ND = DP / 8;
   constexpr int KB = (C::S + BN - 1) / BN, G = C::HQ / C::HK;
   const float SL = (float)C::SCALE_LOG2, INF = napkin_inf_f32();
   const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u), g = lane >> 2, t = lane & 3;
   const int kb = (int)(blockIdx.x % KB), bh = (int)(blockIdx.x / KB), hk = bh % C::HK, b = bh / C::HK, key0 = kb * BN;
-  unsigned short* Qs = smem;            // [BM][LD]
-  unsigned short* Qt = Qs + BM * LD;    // [DP][LDT]
-  unsigned short* dOs = Qt + DP * LDT;  // [BM][LD]
-  unsigned short* dOt = dOs + BM * LD;  // [DP][LDT]
-  float* Ls = (float*)(dOt + DP * LDT);  // [BM]: lse in log2 units (+inf past the rows)
-  float* Dl = Ls + BM;                  // [BM]: delta
+  unsigned short* Qbuf = smem;                 // [2][BM][LD]: the query tile computed on, the next one loading
+  unsigned short* dObuf = Qbuf + 2 * BM * LD;  // [2][BM][LD]
+  float* Ls = (float*)(dObuf + 2 * BM * LD);  // [BM]: lse in log2 units (+inf past the rows)
+  float* Dl = Ls + BM;                        // [BM]: delta
   // K and V fragments (A operands) through the Q and dO tiles' space.
-  napkin_attn_tile<X, C::D, DP, BN, C::K_VEC>(Qs, LD, nullptr, 0, k + b * C::K_B + hk * C::K_H + key0 * C::K_T, C::K_T,
+  napkin_attn_tile<X, C::D, DP, BN, C::K_VEC>(Qbuf, LD, k + b * C::K_B + hk * C::K_H + key0 * C::K_T, C::K_T,
                                               C::S - key0);
-  napkin_attn_tile<X, C::D, DP, BN, C::V_VEC>(dOs, LD, nullptr, 0, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
+  napkin_attn_tile<X, C::D, DP, BN, C::V_VEC>(dObuf, LD, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
                                               C::V_T, C::S - key0);
   __syncthreads();
   const int r = warp * 16 + g;  // this thread's keys of the tile: r and r + 8
@@ -324,8 +357,8 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
   NAPKIN_UNROLL
   for (int kc = 0; kc < KC; ++kc) {
     const int at = r * LD + kc * 16 + 2 * t;
-    napkin_attn_a_frag(kf[kc], Qs + at, LD);
-    napkin_attn_a_frag(vf[kc], dOs + at, LD);
+    napkin_attn_a_frag(kf[kc], Qbuf + at, LD);
+    napkin_attn_a_frag(vf[kc], dObuf + at, LD);
   }
   float dka[ND][4], dva[ND][4];
   NAPKIN_UNROLL
@@ -333,15 +366,34 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
     NAPKIN_UNROLL
     for (int e = 0; e < 4; ++e) dka[nd][e] = dva[nd][e] = 0.f;
   // Query tiles wholly before the first key's diagonal see none of these keys.
+  // The (head, query tile) pairs in order, each tile's q and do loading
+  // while the block computes on the one before (two buffers).
   const int qfirst = C::CAUSAL ? max(0, key0 - (C::S - C::T)) / BM * BM : 0;
-  for (int hh = 0; hh < G; ++hh) {
-    const int h = hk * G + hh;
-    for (int q0 = qfirst; q0 < C::T; q0 += BM) {
-      __syncthreads();  // the previous tile's readers (and the fragment loads) are done
-      napkin_attn_tile<X, C::D, DP, BM, C::Q_VEC>(Qs, LD, Qt, LDT, q + b * C::Q_B + h * C::Q_H + q0 * C::Q_T, C::Q_T,
-                                                  C::T - q0);
-      napkin_attn_tile<X, C::D, DP, BM, C::DO_VEC>(dOs, LD, dOt, LDT, dout + b * C::DO_B + h * C::DO_H + q0 * C::DO_T,
-                                                   C::DO_T, C::T - q0);
+  const int tiles = (C::T - qfirst + BM - 1) / BM, n = G * tiles;
+  auto start = [&](int it) {
+    const int h = hk * G + it / tiles, q0 = qfirst + it % tiles * BM;
+    napkin_attn_tile_start<X, C::D, DP, BM, C::Q_VEC>(Qbuf + (it & 1) * BM * LD, LD,
+                                                      q + b * C::Q_B + h * C::Q_H + q0 * C::Q_T, C::Q_T, C::T - q0);
+    napkin_attn_tile_start<X, C::D, DP, BM, C::DO_VEC>(dObuf + (it & 1) * BM * LD, LD,
+                                                       dout + b * C::DO_B + h * C::DO_H + q0 * C::DO_T, C::DO_T,
+                                                       C::T - q0);
+    napkin_cp_async_commit();
+  };
+  __syncthreads();  // the fragment loads are done before buffer 0 is refilled
+  if (n > 0) start(0);
+  for (int it = 0; it < n; ++it) {
+    {
+      const int h = hk * G + it / tiles, q0 = qfirst + it % tiles * BM;
+      const unsigned short* Qs = Qbuf + (it & 1) * BM * LD;
+      const unsigned short* dOs = dObuf + (it & 1) * BM * LD;
+      // The other buffer's last readers finished at the previous iteration's
+      // closing barrier.
+      if (it + 1 < n) {
+        start(it + 1);
+        napkin_cp_async_wait<1>();
+      } else {
+        napkin_cp_async_wait<0>();
+      }
       for (int i = (int)threadIdx.x; i < BM; i += (int)blockDim.x) {
         const bool in = q0 + i < C::T;
         Ls[i] = in ? lse[b * C::L_B + h * C::L_H + (q0 + i) * C::L_T] * 0x1.715476p+0f : INF;  // * log2 e
@@ -351,15 +403,16 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
       // P^T (keys x queries) = exp2(K Q^T scale log2e - lse log2e).
       float st[BM / 8][4];
       NAPKIN_UNROLL
-      for (int nt = 0; nt < BM / 8; ++nt) {
-        st[nt][0] = st[nt][1] = st[nt][2] = st[nt][3] = 0.f;
+      for (int nt = 0; nt < BM / 8; ++nt) st[nt][0] = st[nt][1] = st[nt][2] = st[nt][3] = 0.f;
+      NAPKIN_UNROLL
+      for (int nt = 0; nt < BM / 8; nt += 2)
         NAPKIN_UNROLL
         for (int kc = 0; kc < KC; ++kc) {
-          const unsigned short* p = Qs + (nt * 8 + g) * LD + kc * 16 + 2 * t;
-          const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+          unsigned bf[4];
+          napkin_attn_b_rows(bf, Qs, LD, nt * 8, kc * 16);
           X::mma(st[nt], kf[kc], bf);
+          X::mma(st[nt + 1], kf[kc], bf + 2);
         }
-      }
       const bool diag = C::CAUSAL && key0 + BN - 1 > q0 + C::S - C::T;
       NAPKIN_UNROLL
       for (int nt = 0; nt < BM / 8; ++nt)
@@ -375,39 +428,45 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
         unsigned af[4];
         napkin_attn_a_from_acc<X>(af, st[2 * kk], st[2 * kk + 1]);
         NAPKIN_UNROLL
-        for (int nd = 0; nd < ND; ++nd) {
-          const unsigned short* p = dOt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
-          const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+        for (int nd = 0; nd < ND; nd += 2) {
+          unsigned bf[4];
+          napkin_attn_b_cols(bf, dOs, LD, kk * 16, nd * 8);
           X::mma(dva[nd], af, bf);
+          X::mma(dva[nd + 1], af, bf + 2);
         }
       }
       // dP^T = V dO^T, then dS^T = P^T (dP^T - delta).
       float ds[BM / 8][4];
       NAPKIN_UNROLL
-      for (int nt = 0; nt < BM / 8; ++nt) {
-        ds[nt][0] = ds[nt][1] = ds[nt][2] = ds[nt][3] = 0.f;
+      for (int nt = 0; nt < BM / 8; ++nt) ds[nt][0] = ds[nt][1] = ds[nt][2] = ds[nt][3] = 0.f;
+      NAPKIN_UNROLL
+      for (int nt = 0; nt < BM / 8; nt += 2)
         NAPKIN_UNROLL
         for (int kc = 0; kc < KC; ++kc) {
-          const unsigned short* p = dOs + (nt * 8 + g) * LD + kc * 16 + 2 * t;
-          const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+          unsigned bf[4];
+          napkin_attn_b_rows(bf, dOs, LD, nt * 8, kc * 16);
           X::mma(ds[nt], vf[kc], bf);
+          X::mma(ds[nt + 1], vf[kc], bf + 2);
         }
+      NAPKIN_UNROLL
+      for (int nt = 0; nt < BM / 8; ++nt)
         NAPKIN_UNROLL
         for (int e = 0; e < 4; ++e) ds[nt][e] = st[nt][e] * (ds[nt][e] - Dl[nt * 8 + 2 * t + (e & 1)]);
-      }
       // dK += dS^T Q (scaled once at the end).
       NAPKIN_UNROLL
       for (int kk = 0; kk < BM / 16; ++kk) {
         unsigned af[4];
         napkin_attn_a_from_acc<X>(af, ds[2 * kk], ds[2 * kk + 1]);
         NAPKIN_UNROLL
-        for (int nd = 0; nd < ND; ++nd) {
-          const unsigned short* p = Qt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
-          const unsigned bf[2] = {napkin_attn_u32(p), napkin_attn_u32(p + 8)};
+        for (int nd = 0; nd < ND; nd += 2) {
+          unsigned bf[4];
+          napkin_attn_b_cols(bf, Qs, LD, kk * 16, nd * 8);
           X::mma(dka[nd], af, bf);
+          X::mma(dka[nd + 1], af, bf + 2);
         }
       }
     }
+    __syncthreads();  // this tile's readers are done: its buffer, Ls and Dl may be refilled
   }
   const float scale = (float)C::SCALE;
   NAPKIN_UNROLL
@@ -436,21 +495,20 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
                                          const unsigned short* __restrict__ v, const unsigned short* __restrict__ dout,
                                          const float* __restrict__ lse, const float* __restrict__ delta,
                                          unsigned short* __restrict__ dq, unsigned short* smem) {
-  constexpr int BM = 64, BN = 64, DP = (C::D + 15) / 16 * 16, LD = DP + 8, LDT = BN + 8, KC = DP / 16, ND = DP / 8;
+  constexpr int BM = 64, BN = 64, DP = (C::D + 15) / 16 * 16, LD = DP + 8, KC = DP / 16, ND = DP / 8;
   constexpr int QB = (C::T + BM - 1) / BM;
   const float SL = (float)C::SCALE_LOG2, INF = napkin_inf_f32();
   const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u), g = lane >> 2, t = lane & 3;
   const int qb = QB - 1 - (int)(blockIdx.x % QB), bh = (int)(blockIdx.x / QB);
   const int h = bh % C::HQ, b = bh / C::HQ, hk = h / (C::HQ / C::HK), row0 = qb * BM;
-  unsigned short* Ks = smem;          // [BN][LD]
-  unsigned short* Kt = Ks + BN * LD;  // [DP][LDT]
-  unsigned short* Vs = Kt + DP * LDT;  // [BN][LD]
+  unsigned short* Kbuf = smem;                // [2][BN][LD]: the key tile computed on, the next one loading
+  unsigned short* Vbuf = Kbuf + 2 * BN * LD;  // [2][BN][LD]
   const unsigned short* kg = k + b * C::K_B + hk * C::K_H;
   const unsigned short* vg = v + b * C::V_B + hk * C::V_H;
   // Q and dO fragments (A operands) through the K and V tiles' space.
-  napkin_attn_tile<X, C::D, DP, BM, C::Q_VEC>(Ks, LD, nullptr, 0, q + b * C::Q_B + h * C::Q_H + row0 * C::Q_T, C::Q_T,
+  napkin_attn_tile<X, C::D, DP, BM, C::Q_VEC>(Kbuf, LD, q + b * C::Q_B + h * C::Q_H + row0 * C::Q_T, C::Q_T,
                                               C::T - row0);
-  napkin_attn_tile<X, C::D, DP, BM, C::DO_VEC>(Vs, LD, nullptr, 0, dout + b * C::DO_B + h * C::DO_H + row0 * C::DO_T,
+  napkin_attn_tile<X, C::D, DP, BM, C::DO_VEC>(Vbuf, LD, dout + b * C::DO_B + h * C::DO_H + row0 * C::DO_T,
                                                C::DO_T, C::T - row0);
   __syncthreads();
   const int r = warp * 16 + g;
@@ -458,8 +516,8 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
   NAPKIN_UNROLL
   for (int kc = 0; kc < KC; ++kc) {
     const int at = r * LD + kc * 16 + 2 * t;
-    napkin_attn_a_frag(qf[kc], Ks + at, LD);
-    napkin_attn_a_frag(df[kc], Vs + at, LD);
+    napkin_attn_a_frag(qf[kc], Kbuf + at, LD);
+    napkin_attn_a_frag(df[kc], Vbuf + at, LD);
   }
   float L[2], Dd[2];
   NAPKIN_UNROLL
@@ -471,27 +529,48 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
   float dqa[ND][4];
   NAPKIN_UNROLL
   for (int nd = 0; nd < ND; ++nd) dqa[nd][0] = dqa[nd][1] = dqa[nd][2] = dqa[nd][3] = 0.f;
+  // The visible key tiles in order, each loading while the block computes on
+  // the one before (two buffers).
   const int kend = C::CAUSAL ? min(C::S, row0 + BM + C::S - C::T) : C::S;
+  auto start = [&](int key0) {
+    const int buf = key0 / BN & 1;
+    napkin_attn_tile_start<X, C::D, DP, BN, C::K_VEC>(Kbuf + buf * BN * LD, LD, kg + key0 * C::K_T, C::K_T,
+                                                      C::S - key0);
+    napkin_attn_tile_start<X, C::D, DP, BN, C::V_VEC>(Vbuf + buf * BN * LD, LD, vg + key0 * C::V_T, C::V_T,
+                                                      C::S - key0);
+    napkin_cp_async_commit();
+  };
+  __syncthreads();  // the fragment loads are done before buffer 0 is refilled
+  if (kend > 0) start(0);
   for (int key0 = 0; key0 < kend; key0 += BN) {
-    __syncthreads();
-    napkin_attn_tile<X, C::D, DP, BN, C::K_VEC>(Ks, LD, Kt, LDT, kg + key0 * C::K_T, C::K_T, C::S - key0);
-    napkin_attn_tile<X, C::D, DP, BN, C::V_VEC>(Vs, LD, nullptr, 0, vg + key0 * C::V_T, C::V_T, C::S - key0);
+    const unsigned short* Ks = Kbuf + (key0 / BN & 1) * BN * LD;
+    const unsigned short* Vs = Vbuf + (key0 / BN & 1) * BN * LD;
+    // The other buffer's last readers finished at the previous iteration's
+    // closing barrier.
+    if (key0 + BN < kend) {
+      start(key0 + BN);
+      napkin_cp_async_wait<1>();
+    } else {
+      napkin_cp_async_wait<0>();
+    }
     __syncthreads();
     float p[BN / 8][4], ds[BN / 8][4];
     NAPKIN_UNROLL
-    for (int nt = 0; nt < BN / 8; ++nt) {
+    for (int nt = 0; nt < BN / 8; ++nt)
       NAPKIN_UNROLL
       for (int e = 0; e < 4; ++e) p[nt][e] = ds[nt][e] = 0.f;
+    NAPKIN_UNROLL
+    for (int nt = 0; nt < BN / 8; nt += 2)
       NAPKIN_UNROLL
       for (int kc = 0; kc < KC; ++kc) {
-        const unsigned short* pk = Ks + (nt * 8 + g) * LD + kc * 16 + 2 * t;
-        const unsigned bk[2] = {napkin_attn_u32(pk), napkin_attn_u32(pk + 8)};
+        unsigned bk[4], bv[4];
+        napkin_attn_b_rows(bk, Ks, LD, nt * 8, kc * 16);
         X::mma(p[nt], qf[kc], bk);
-        const unsigned short* pv = Vs + (nt * 8 + g) * LD + kc * 16 + 2 * t;
-        const unsigned bv[2] = {napkin_attn_u32(pv), napkin_attn_u32(pv + 8)};
+        X::mma(p[nt + 1], qf[kc], bk + 2);
+        napkin_attn_b_rows(bv, Vs, LD, nt * 8, kc * 16);
         X::mma(ds[nt], df[kc], bv);
+        X::mma(ds[nt + 1], df[kc], bv + 2);
       }
-    }
     const bool edge = key0 + BN > C::S || (C::CAUSAL && key0 + BN - 1 > row0 + C::S - C::T);
     NAPKIN_UNROLL
     for (int nt = 0; nt < BN / 8; ++nt)
@@ -508,12 +587,14 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
       unsigned af[4];
       napkin_attn_a_from_acc<X>(af, ds[2 * kk], ds[2 * kk + 1]);
       NAPKIN_UNROLL
-      for (int nd = 0; nd < ND; ++nd) {
-        const unsigned short* pk = Kt + (nd * 8 + g) * LDT + kk * 16 + 2 * t;
-        const unsigned bf[2] = {napkin_attn_u32(pk), napkin_attn_u32(pk + 8)};
+      for (int nd = 0; nd < ND; nd += 2) {
+        unsigned bf[4];
+        napkin_attn_b_cols(bf, Ks, LD, kk * 16, nd * 8);
         X::mma(dqa[nd], af, bf);
+        X::mma(dqa[nd + 1], af, bf + 2);
       }
     }
+    __syncthreads();  // this tile's readers are done: its buffer may be refilled
   }
   const float scale = (float)C::SCALE;
   NAPKIN_UNROLL
@@ -557,9 +638,9 @@ NAPKIN_DEVICE void napkin_attn_fwd_simt(const typename X::St* __restrict__ q, co
   const int kend = C::CAUSAL ? min(C::S, row0 + BM + C::S - C::T) : C::S;
   for (int key0 = 0; key0 < kend; key0 += BN) {
     __syncthreads();
-    napkin_attn_tile<X, C::D, C::D, BN, false>(Ks, C::D, nullptr, 0, k + b * C::K_B + hk * C::K_H + key0 * C::K_T,
+    napkin_attn_tile<X, C::D, C::D, BN, false>(Ks, C::D, k + b * C::K_B + hk * C::K_H + key0 * C::K_T,
                                                C::K_T, C::S - key0);
-    napkin_attn_tile<X, C::D, C::D, BN, false>(Vs, C::D, nullptr, 0, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
+    napkin_attn_tile<X, C::D, C::D, BN, false>(Vs, C::D, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
                                                C::V_T, C::S - key0);
     __syncthreads();
     const int jn = min(BN, visible - key0);
@@ -615,9 +696,9 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_simt(const typename X::St* __restrict__ q,
     const int h = hk * G + hh;
     for (int q0 = qfirst; q0 < C::T; q0 += BM) {
       __syncthreads();
-      napkin_attn_tile<X, C::D, C::D, BM, false>(Qs, C::D, nullptr, 0, q + b * C::Q_B + h * C::Q_H + q0 * C::Q_T,
+      napkin_attn_tile<X, C::D, C::D, BM, false>(Qs, C::D, q + b * C::Q_B + h * C::Q_H + q0 * C::Q_T,
                                                  C::Q_T, C::T - q0);
-      napkin_attn_tile<X, C::D, C::D, BM, false>(dOs, C::D, nullptr, 0,
+      napkin_attn_tile<X, C::D, C::D, BM, false>(dOs, C::D,
                                                  dout + b * C::DO_B + h * C::DO_H + q0 * C::DO_T, C::DO_T, C::T - q0);
       for (int i = (int)threadIdx.x; i < BM; i += (int)blockDim.x) {
         const bool in = q0 + i < C::T;
@@ -675,9 +756,9 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_simt(const typename X::St* __restrict__ q, 
   const int kend = C::CAUSAL ? min(C::S, row0 + BM + C::S - C::T) : C::S;
   for (int key0 = 0; key0 < kend; key0 += BN) {
     __syncthreads();
-    napkin_attn_tile<X, C::D, C::D, BN, false>(Ks, C::D, nullptr, 0, k + b * C::K_B + hk * C::K_H + key0 * C::K_T,
+    napkin_attn_tile<X, C::D, C::D, BN, false>(Ks, C::D, k + b * C::K_B + hk * C::K_H + key0 * C::K_T,
                                                C::K_T, C::S - key0);
-    napkin_attn_tile<X, C::D, C::D, BN, false>(Vs, C::D, nullptr, 0, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
+    napkin_attn_tile<X, C::D, C::D, BN, false>(Vs, C::D, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
                                                C::V_T, C::S - key0);
     __syncthreads();
     const int jn = valid ? min(BN, visible - key0) : 0;

@@ -11,7 +11,8 @@
 //  - device-only: everything under `#ifndef NAPKIN_HOST_EMULATION`. Under host
 //    emulation (tests/support/cuda_host_shim.h, included before the prelude)
 //    the shim defines the CUDA keywords, thread indices, __syncthreads,
-//    __shfl_xor_sync, napkin_emu_mma_m16n8k16 (mma.sync), atomicCAS, uint4 and
+//    __shfl_xor_sync, __shfl_sync, napkin_emu_mma_m16n8k16 (mma.sync),
+//    napkin_emu_ldmatrix_x4 (ldmatrix), atomicCAS, uint4 and
 //    NAPKIN_DYNAMIC_SHARED; the rest of
 //    the prelude (the global napkin_bad_index included) is plain C++17.
 //
@@ -37,8 +38,11 @@
 //  bad index:  NAPKIN_BAD_INDEX(kernel, id, bound): see napkin_bad_index below
 //  offsets:    NapkinOffsets<N>, NAPKIN_OFFSETS(N) (the kernels' third parameter's type)
 //  tensor cores: napkin_mma_m16n8k16_bf16 / _f16 (mma.sync, f32 accumulators; a
-//              warp-collective the shim emulates), napkin_pack_bf16x2 / _f16x2 (two
-//              floats rounded to nearest even into one register)
+//              warp-collective the shim emulates), napkin_ldmatrix_x4 / _x4_trans
+//              (ldmatrix, likewise), napkin_pack_bf16x2 / _f16x2 (two floats rounded
+//              to nearest even into one register)
+//  async copy: napkin_cp_async16, napkin_cp_async_commit, napkin_cp_async_wait<N>
+//              (cp.async: global -> shared without registers)
 //  attention:  the fused attention templates (codegen/cuda/attention_device.cpp),
 //              appended after the rest
 //  misc:       NAPKIN_UNROLL (#pragma unroll on the device), NAPKIN_DYNAMIC_SHARED(type, name)
@@ -324,6 +328,36 @@ NAPKIN_DEVICE void napkin_mma_m16n8k16_f16(float* d, const unsigned* a, const un
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8m .. 8m + 7 give
+// the addresses of rows 0..7 of 8x8 matrix m (16-byte aligned rows in shared
+// memory); r[m] gets this lane's fragment of matrix m, elements
+// (lane / 4, 2 (lane % 4) + {0, 1}), or of its transpose with _trans: the
+// m16n8k16 A and B fragments from row-major tiles, 4 registers in one
+// instruction and no transposed copy.
+NAPKIN_DEVICE void napkin_ldmatrix_x4(unsigned (&r)[4], const unsigned short* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"((unsigned)__cvta_generic_to_shared(row)));
+}
+NAPKIN_DEVICE void napkin_ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"((unsigned)__cvta_generic_to_shared(row)));
+}
+// cp.async.cg.shared.global: 16 bytes from global to shared memory without
+// passing through registers (zeros when !valid: nothing is read), complete
+// for this thread at napkin_cp_async_wait<N>() (all but the N most recently
+// committed groups), for the block after a barrier that follows it.
+NAPKIN_DEVICE void napkin_cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+NAPKIN_DEVICE void napkin_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+NAPKIN_DEVICE void napkin_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 // Two floats rounded to nearest even, lo in the low half (cvt packs its first
 // source into the upper half).
 NAPKIN_DEVICE unsigned napkin_pack_bf16x2(float lo, float hi) {
@@ -360,6 +394,24 @@ NAPKIN_DEVICE void napkin_mma_m16n8k16_f16(float* d, const unsigned* a, const un
     bf[2 * j + 1] = napkin_f16_to_f32((unsigned short)(b[j] >> 16));
   }
   napkin_emu_mma_m16n8k16(d, af, bf);
+}
+NAPKIN_DEVICE void napkin_ldmatrix_x4(unsigned (&r)[4], const unsigned short* row) {
+  napkin_emu_ldmatrix_x4(r, row, false);
+}
+// The copy happens at once: a kernel that reads before it waits and syncs
+// reads the right bytes here but not on a GPU (compute-sanitizer's racecheck
+// and bench/gpu/verify.py are what check that).
+NAPKIN_DEVICE void napkin_cp_async16(void* dst, const void* src, bool valid) {
+  if (valid)
+    __builtin_memcpy(dst, src, 16);
+  else
+    __builtin_memset(dst, 0, 16);
+}
+NAPKIN_DEVICE void napkin_cp_async_commit() {}
+template <int N>
+NAPKIN_DEVICE void napkin_cp_async_wait() {}
+NAPKIN_DEVICE void napkin_ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* row) {
+  napkin_emu_ldmatrix_x4(r, row, true);
 }
 NAPKIN_DEVICE unsigned napkin_pack_bf16x2(float lo, float hi) {
   return (unsigned)napkin_f32_to_bf16(lo) | ((unsigned)napkin_f32_to_bf16(hi) << 16);

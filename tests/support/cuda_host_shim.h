@@ -21,7 +21,8 @@
 //    runnable. Only one coroutine runs at a time, so shared and global memory
 //    need no locks, and atomicCAS is a plain compare-and-store.
 //  - block barrier: __syncthreads(); completes when every thread of the
-//    block has arrived. warp barrier: __syncwarp(), __shfl_xor_sync() and
+//    block has arrived. warp barrier: __syncwarp(), __shfl_xor_sync(),
+//    __shfl_sync() (and ldmatrix, napkin_emu_ldmatrix_x4, made of them) and
 //    the tensor-core mma (napkin_emu_mma_m16n8k16, which needs all 32 lanes);
 //    completes when every lane of the warp has arrived at the same kind of
 //    barrier; a shuffle's values are exchanged, and an mma's product
@@ -148,6 +149,7 @@ struct Launch {
   const char* name = "";
   long long grid = 0;
   int block = 0;
+  int shared_bytes = 0;  // dynamic shared memory of the launch
   long long block_index = 0;
   int next_thread = 0;  // first thread of the block not started
   int returned = 0;     // threads of the block that returned
@@ -462,6 +464,7 @@ inline void run(void (*kernel)(), long long grid, int block, int shared_bytes, c
   launch.name = name;
   launch.grid = grid;
   launch.block = block;
+  launch.shared_bytes = shared_bytes;
   launch.block_index = -1;  // before the first block
   if (grid < 1 || grid > kMaxGrid || block < 1 || block > kMaxBlock || shared_bytes < 0 ||
       shared_bytes > kMaxDynamicShared) {
@@ -535,6 +538,50 @@ inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = 32) {
   T result;
   __builtin_memcpy(&result, &launch.shuffle_result[current->thread], sizeof(T));
   return result;
+}
+
+// CUDA's indexed shuffle (PTX shfl.sync.idx, width 32): every lane reads
+// lane srcLane & 31's value.
+template <typename T>
+inline T __shfl_sync(unsigned mask, T var, int srcLane, int width = 32) {
+  static_assert(std::is_trivially_copyable_v<T> && (sizeof(T) == 4 || sizeof(T) == 8),
+                "__shfl_sync exchanges 4- and 8-byte values");
+  using namespace napkin_emu;
+  int t = current->thread;
+  if (mask != 0xffffffffu) NAPKIN_EMU_FAIL("thread %d: __shfl_sync with mask 0x%x; only the full mask is emulated", t, mask);
+  if (width != 32) NAPKIN_EMU_FAIL("thread %d: __shfl_sync width %d; only 32 is emulated", t, width);
+  launch.shuffle_source[t] = srcLane & 31;
+  launch.shuffle_value[t] = 0;
+  __builtin_memcpy(&launch.shuffle_value[t], &var, sizeof(T));
+  warp_barrier(Wait::kShuffle);
+  T result;
+  __builtin_memcpy(&result, &launch.shuffle_result[current->thread], sizeof(T));
+  return result;
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 as the prelude's
+// napkin_ldmatrix_x4* call it: lanes 8m .. 8m + 7 give the addresses of rows
+// 0..7 of matrix m (8 16-bit elements each, 16-byte aligned, in the block's
+// dynamic shared memory); lane l gets in r[m] elements (l / 4, 2 (l % 4) + {0, 1})
+// of matrix m, or with trans those of its transpose: (2 (l % 4) + {0, 1}, l / 4).
+// The lower column in the low half. Every lane of the warp must call it.
+inline void napkin_emu_ldmatrix_x4(unsigned (&r)[4], const unsigned short* row, bool trans) {
+  using namespace napkin_emu;
+  int t = current->thread, lane = t % 32;
+  const char* p = reinterpret_cast<const char*>(row);
+  if (reinterpret_cast<unsigned long long>(p) % 16 != 0 || p < dynamic_shared || p + 16 > dynamic_shared + launch.shared_bytes)
+    NAPKIN_EMU_FAIL("thread %d: ldmatrix row address %p is not a 16-byte aligned row of the block's dynamic shared memory",
+                    t, static_cast<const void*>(p));
+  for (int m = 0; m < 4; ++m) {
+    if (!trans) {
+      const unsigned short* src = __shfl_sync(0xffffffffu, row, 8 * m + lane / 4);
+      r[m] = static_cast<unsigned>(src[2 * (lane % 4)]) | (static_cast<unsigned>(src[2 * (lane % 4) + 1]) << 16);
+    } else {
+      const unsigned short* lo = __shfl_sync(0xffffffffu, row, 8 * m + 2 * (lane % 4));
+      const unsigned short* hi = __shfl_sync(0xffffffffu, row, 8 * m + 2 * (lane % 4) + 1);
+      r[m] = static_cast<unsigned>(lo[lane / 4]) | (static_cast<unsigned>(hi[lane / 4]) << 16);
+    }
+  }
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 as the
