@@ -26,8 +26,9 @@ compares
 
 With --sanitize, the gpt cases (fp32 and bf16) also run 2 steps under compute-sanitizer
 (memcheck: out-of-bounds and misaligned accesses, e.g. in the 16-byte vector
-paths; racecheck: shared-memory races in the block reductions), each of which
-must report 0 errors. The host emulation the tests use checks numbers, not
+paths; racecheck: shared-memory races in the block reductions, the attention's
+ldmatrix and cp.async buffers), each of which must report 0 errors in napkin's
+own kernels (racecheck's reports inside cuBLASLt's kernels are listed apart). The host emulation the tests use checks numbers, not
 bounds or races.
 
 Prints one line per case and exits 1 if any check fails.
@@ -38,6 +39,7 @@ Usage (on the GPU machine, from the repository root):
 import argparse
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -166,13 +168,28 @@ def main():
     return 1 if failed else 0
 
 
+# "Race reported between Read access at FUNCTION+0x... \n and Write access at FUNCTION+0x... [N hazards]"
+RACE = re.compile(r"Race reported between \w+ access at (\S+?)\+0x[0-9a-f]+\s*=*\s*and \w+ access at (\S+?)\+0x[0-9a-f]+")
+NAPKIN_KERNEL = re.compile(r"^k\d+_")  # napkin names every kernel function k<plan index>_<op>
+
+
 def sanitize(bundle, case, tmp, timeout):
+    """memcheck must report no error; racecheck no hazard in napkin's own kernels.
+
+    racecheck also reports hazards inside cuBLASLt's Hopper GEMM kernels
+    (nvjet_sm90_*, seen on an H100 with CUDA 13.0: the same 9 on napkin builds
+    with and without its own shared-memory changes), whose TMA and mbarrier
+    synchronization it does not follow; those are counted and named, not
+    failed on.
+    """
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     flags = [f for f in case["flags"]]
     flags[flags.index("--steps") + 1] = "2"
     ok = True
     for tool in ("memcheck", "racecheck"):
-        cmd = [sanitizer, "--tool", tool, "--error-exitcode", "3", os.path.join(bundle, case["trainer"])] + flags + [
+        exit_code = ["--error-exitcode", "3"] if tool == "memcheck" else []
+        cmd = [sanitizer, "--tool", tool, "--print-limit", "1000"] + exit_code + [
+            os.path.join(bundle, case["trainer"])] + flags + [
             "--quiet", "--checkpoint-dir", os.path.join(tmp, f"sanitize-{case['name']}-{tool}")]
         try:
             r = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True, timeout=timeout)
@@ -180,10 +197,19 @@ def sanitize(bundle, case, tmp, timeout):
             print(f"FAIL compute-sanitizer {tool} on {case['name']}: over {timeout:.0f} s")
             ok = False
             continue
-        summary = [l for l in (r.stdout + r.stderr).splitlines() if "ERROR SUMMARY" in l or "RACECHECK SUMMARY" in l]
-        passed = r.returncode == 0
-        print(f"{'PASS' if passed else 'FAIL'} compute-sanitizer {tool} on {case['name']}: "
-              f"{summary[-1].strip() if summary else (r.stdout + r.stderr)[-400:]}")
+        text = r.stdout + r.stderr
+        summary = [l for l in text.splitlines() if "ERROR SUMMARY" in l or "RACECHECK SUMMARY" in l]
+        line = summary[-1].replace("=", "").strip() if summary else text[-400:]
+        passed = r.returncode == 0 and bool(summary)
+        if tool == "racecheck":
+            races = RACE.findall(text)
+            ours = sorted({f"{a} / {b}" for a, b in races if NAPKIN_KERNEL.match(a) or NAPKIN_KERNEL.match(b)})
+            library = sorted({a for a, b in races if not (NAPKIN_KERNEL.match(a) or NAPKIN_KERNEL.match(b))})
+            passed &= not ours
+            line += f"; in napkin's kernels: {len(ours)}" + (f" ({', '.join(ours)})" if ours else "")
+            if library:
+                line += f"; in library kernels (not napkin's, not failed on): {', '.join(library)}"
+        print(f"{'PASS' if passed else 'FAIL'} compute-sanitizer {tool} on {case['name']}: {line}")
         ok &= passed
     return ok
 
