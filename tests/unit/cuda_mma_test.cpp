@@ -5,7 +5,8 @@
 // (independently of the shim's code), and D must be the plain matrix product
 // A B + C. A wrong layout in the shim would pass the attention tests and fail
 // on the GPU; this pins it to the documentation. The same source compiles
-// with NVRTC for sm_90, so the inline PTX is valid.
+// with NVRTC for sm_90, so the inline PTX is valid. Likewise ldmatrix (x4 and
+// x4.trans) and cp.async, which the attention kernels load their tiles with.
 #ifdef NAPKIN_HAVE_CUDA
 
 #include <doctest/doctest.h>
@@ -125,6 +126,93 @@ TEST_CASE("nvrtc: the prelude's mma.sync m16n8k16 bf16 and f16 compile for sm_90
     CHECK(r.cubin.size() > 0);
     CHECK(r.ptx.find("mma.sync.aligned.m16n8k16.row.col.f32") != std::string::npos);
   }
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (napkin_ldmatrix_x4 and
+// _x4_trans) and the cp.async copy that fills the tile: a 16x16 tile of
+// 16-bit values, rows 24 elements (48 bytes) apart, copied into shared
+// memory by cp.async; lane l gives the address of row l % 8 of matrix
+// m = l / 8, the 8x8 block at rows 8 (m & 1), columns 8 (m >> 1). PTX ISA,
+// "Warp-level matrix load instruction: ldmatrix": lane l receives in
+// register m the elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of
+// matrix m, the first in the low half; with .trans those of its transpose,
+// (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4). arena: the tile at 0
+// (16 rows x 48 bytes), the registers out at 1024 (32 lanes x 4 x 2 unsigned).
+std::string ldmatrix_source() {
+  return std::string(napkin::codegen::cuda::cuda_prelude()) + R"(
+extern "C" __global__ void __launch_bounds__(32) ldmatrix_test(char* __restrict__ arena, char* __restrict__ scratch) {
+  (void)scratch;
+  NAPKIN_DYNAMIC_SHARED(unsigned short, tile);
+  const int lane = (int)threadIdx.x;
+  for (int c = lane; c < 16 * 3; c += 32)  // 16 rows of three 16-byte chunks
+    napkin_cp_async16(tile + (c / 3) * 24 + (c % 3) * 8, arena + (c / 3) * 48 + (c % 3) * 16, true);
+  napkin_cp_async_commit();
+  napkin_cp_async_wait<0>();
+  __syncthreads();
+  const int m = lane / 8;
+  const unsigned short* row = tile + ((m & 1) * 8 + lane % 8) * 24 + (m >> 1) * 8;
+  unsigned r[4], t[4];
+  napkin_ldmatrix_x4(r, row);
+  napkin_ldmatrix_x4_trans(t, row);
+  unsigned* out = (unsigned*)(arena + 1024) + lane * 8;
+  for (int i = 0; i < 4; ++i) {
+    out[i] = r[i];
+    out[4 + i] = t[i];
+  }
+}
+)";
+}
+
+TEST_CASE("cuda emulator: ldmatrix x4 and x4.trans give the PTX ISA's fragments of a cp.async-filled tile") {
+  napkin::testing::CudaEmulator gpu(ldmatrix_source());
+  std::unique_ptr<char, decltype(&std::free)> arena(static_cast<char*>(std::aligned_alloc(256, 2048)), &std::free);
+  std::memset(arena.get(), 0, 2048);
+  uint16_t* tile = reinterpret_cast<uint16_t*>(arena.get());
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 24; ++c) tile[r * 24 + c] = static_cast<uint16_t>(c < 16 ? 1000 + 16 * r + c : 0xdead);
+  gpu.launch("ldmatrix_test", 1, 32, 16 * 48, arena.get(), nullptr);
+  const unsigned* out = reinterpret_cast<const unsigned*>(arena.get() + 1024);
+  auto element = [&](int m, int i, int j) {  // element (i, j) of 8x8 matrix m
+    return static_cast<unsigned>(tile[((m & 1) * 8 + i) * 24 + (m >> 1) * 8 + j]);
+  };
+  for (int lane = 0; lane < 32; ++lane)
+    for (int m = 0; m < 4; ++m) {
+      INFO("lane " << lane << ", matrix " << m);
+      const int g = lane / 4, c = 2 * (lane % 4);
+      CHECK(out[lane * 8 + m] == (element(m, g, c) | element(m, g, c + 1) << 16));
+      CHECK(out[lane * 8 + 4 + m] == (element(m, c, g) | element(m, c + 1, g) << 16));
+    }
+}
+
+TEST_CASE("cuda emulator: ldmatrix from an address that is not a 16-byte aligned shared row fails clearly") {
+  const std::string src = std::string(napkin::codegen::cuda::cuda_prelude()) + R"(
+extern "C" __global__ void __launch_bounds__(32) bad(char* __restrict__ arena, char* __restrict__ scratch) {
+  (void)scratch;
+  NAPKIN_DYNAMIC_SHARED(unsigned short, tile);
+  unsigned r[4];
+  napkin_ldmatrix_x4(r, tile + 4 + 8 * (int)threadIdx.x);  // 8 bytes past a 16-byte boundary
+  ((unsigned*)arena)[threadIdx.x] = r[0];
+}
+)";
+  napkin::testing::CudaEmulator gpu(src);
+  std::unique_ptr<char, decltype(&std::free)> arena(static_cast<char*>(std::aligned_alloc(256, 2048)), &std::free);
+  std::string error;
+  try {
+    gpu.launch("bad", 1, 32, 1024, arena.get(), nullptr);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  CHECK(error.find("ldmatrix row address") != std::string::npos);
+}
+
+TEST_CASE("nvrtc: the prelude's ldmatrix and cp.async compile for sm_90") {
+  napkin::codegen::cuda::NvrtcOptions options;
+  options.use_cache = false;
+  const auto r = napkin::codegen::cuda::nvrtc_compile(ldmatrix_source(), "ldmatrix_test", options);
+  CHECK(r.cubin.size() > 0);
+  CHECK(r.ptx.find("ldmatrix.sync.aligned.m8n8.x4.shared.b16") != std::string::npos);
+  CHECK(r.ptx.find("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") != std::string::npos);
+  CHECK(r.ptx.find("cp.async.cg.shared.global") != std::string::npos);
 }
 
 #endif  // NAPKIN_HAVE_CUDA
