@@ -324,7 +324,7 @@ inline void complete_warp(int warp) {
     for (int l = 0; l < lanes; ++l) {
       int source = launch.shuffle_source[first + l];
       if (source >= lanes)
-        NAPKIN_EMU_FAIL("thread %d: __shfl_xor_sync reads lane %d, which warp %d of a %d-thread block does not have",
+        NAPKIN_EMU_FAIL("thread %d: a shuffle reads lane %d, which warp %d of a %d-thread block does not have",
              first + l, source, warp, launch.block);
       launch.shuffle_result[first + l] = launch.shuffle_value[first + source];
     }
@@ -515,23 +515,17 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   napkin_emu::warp_barrier(napkin_emu::Wait::kSyncWarp);
 }
 
-// CUDA's butterfly shuffle (PTX shfl.sync.bfly with clamp 31 and segment mask
-// 32 - width): lane l reads lane l ^ (laneMask & 31), or its own value when
-// that lane lies past the end of l's width-lane segment.
+namespace napkin_emu {
+// A shuffle's exchange: this thread reads lane `source` of its warp's value
+// once every lane has arrived (the lane's check against the warp's size is
+// complete_warp's).
 template <typename T>
-inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = 32) {
+inline T shuffle(const char* name, unsigned mask, T var, int source) {
   static_assert(std::is_trivially_copyable_v<T> && (sizeof(T) == 4 || sizeof(T) == 8),
-                "__shfl_xor_sync exchanges 4- and 8-byte values");
-  using namespace napkin_emu;
-  int t = current->thread, lane = t % 32;
-  if (mask != 0xffffffffu)
-    NAPKIN_EMU_FAIL("thread %d: __shfl_xor_sync with mask 0x%x; only the full mask is emulated", t, mask);
-  if (width < 1 || width > 32 || (width & (width - 1)) != 0)
-    NAPKIN_EMU_FAIL("thread %d: __shfl_xor_sync width %d is not a power of two in [1, 32]", t, width);
-  int segment = 32 - width;
-  int max_lane = (lane & segment) | (31 & ~segment);
-  int source = lane ^ (laneMask & 31);
-  launch.shuffle_source[t] = source > max_lane ? lane : source;
+                "a shuffle exchanges 4- and 8-byte values");
+  int t = current->thread;
+  if (mask != 0xffffffffu) NAPKIN_EMU_FAIL("thread %d: %s with mask 0x%x; only the full mask is emulated", t, name, mask);
+  launch.shuffle_source[t] = source;
   launch.shuffle_value[t] = 0;
   __builtin_memcpy(&launch.shuffle_value[t], &var, sizeof(T));
   warp_barrier(Wait::kShuffle);
@@ -539,24 +533,30 @@ inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = 32) {
   __builtin_memcpy(&result, &launch.shuffle_result[current->thread], sizeof(T));
   return result;
 }
+}  // namespace napkin_emu
+
+// CUDA's butterfly shuffle (PTX shfl.sync.bfly with clamp 31 and segment mask
+// 32 - width): lane l reads lane l ^ (laneMask & 31), or its own value when
+// that lane lies past the end of l's width-lane segment.
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = 32) {
+  using namespace napkin_emu;
+  int t = current->thread, lane = t % 32;
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0)
+    NAPKIN_EMU_FAIL("thread %d: __shfl_xor_sync width %d is not a power of two in [1, 32]", t, width);
+  int segment = 32 - width;
+  int max_lane = (lane & segment) | (31 & ~segment);
+  int source = lane ^ (laneMask & 31);
+  return shuffle("__shfl_xor_sync", mask, var, source > max_lane ? lane : source);
+}
 
 // CUDA's indexed shuffle (PTX shfl.sync.idx, width 32): every lane reads
 // lane srcLane & 31's value.
 template <typename T>
 inline T __shfl_sync(unsigned mask, T var, int srcLane, int width = 32) {
-  static_assert(std::is_trivially_copyable_v<T> && (sizeof(T) == 4 || sizeof(T) == 8),
-                "__shfl_sync exchanges 4- and 8-byte values");
   using namespace napkin_emu;
-  int t = current->thread;
-  if (mask != 0xffffffffu) NAPKIN_EMU_FAIL("thread %d: __shfl_sync with mask 0x%x; only the full mask is emulated", t, mask);
-  if (width != 32) NAPKIN_EMU_FAIL("thread %d: __shfl_sync width %d; only 32 is emulated", t, width);
-  launch.shuffle_source[t] = srcLane & 31;
-  launch.shuffle_value[t] = 0;
-  __builtin_memcpy(&launch.shuffle_value[t], &var, sizeof(T));
-  warp_barrier(Wait::kShuffle);
-  T result;
-  __builtin_memcpy(&result, &launch.shuffle_result[current->thread], sizeof(T));
-  return result;
+  if (width != 32) NAPKIN_EMU_FAIL("thread %d: __shfl_sync width %d; only 32 is emulated", current->thread, width);
+  return shuffle("__shfl_sync", mask, var, srcLane & 31);
 }
 
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 as the prelude's
