@@ -386,7 +386,7 @@ int cmd_ops() {
 
 struct BuildArgs {
   std::string model, dims, output, target = "cpu", device, emit_llvm, emit_program, memory_budget;
-  std::string arch, emit_cuda;  // --target cuda
+  std::string arch, emit_cuda, classifier_chunk;  // --target cuda
   bool tf32 = false, no_cache = false, line_info = false;
   bool time_passes = false, quiet = false;
 };
@@ -409,6 +409,16 @@ int cmd_build_cuda(const BuildArgs& a) {
   options.no_cache = a.no_cache;
   options.emit_cuda = a.emit_cuda;
   options.emit_program = a.emit_program;
+  if (!a.classifier_chunk.empty()) {
+    std::string error;
+    std::optional<int64_t> bytes = passes::parse_memory_budget(a.classifier_chunk, error);
+    if (!bytes || *bytes < 1) {
+      std::cerr << fmt::format("error: --classifier-chunk: {}\n    hint: a size such as 32MiB or 64MB\n",
+                               bytes ? fmt::format("'{}' is not positive", a.classifier_chunk) : error);
+      return kUserError;
+    }
+    options.classifier_chunk_bytes = *bytes;
+  }
   auto t0 = std::chrono::steady_clock::now();
   auto built = tools::build_or_report(codegen::cuda::build_cuda_trainer, *g, options);
   if (!built) return kUserError;
@@ -438,8 +448,9 @@ int cmd_build(BuildArgs a) {  // by value: the defaults depend on the target
   }
   bool cuda = a.target == "cuda";
   // A flag of the other target is a mistake worth saying, not ignoring.
-  if (!cuda && (!a.arch.empty() || a.tf32 || a.no_cache || a.line_info || !a.emit_cuda.empty())) {
-    std::cerr << "error: --arch, --tf32, --no-cache, --lineinfo and --emit-cuda are for --target cuda\n";
+  if (!cuda && (!a.arch.empty() || a.tf32 || a.no_cache || a.line_info || !a.emit_cuda.empty() ||
+                !a.classifier_chunk.empty())) {
+    std::cerr << "error: --arch, --tf32, --no-cache, --lineinfo, --emit-cuda and --classifier-chunk are for --target cuda\n";
     return kUserError;
   }
   if (cuda && !a.emit_llvm.empty()) {
@@ -610,6 +621,9 @@ int main(int argc, char** argv) {
   build->add_option("--emit-cuda", build_args.emit_cuda, "also write the kernels' CUDA C source to this file (cuda)");
   build->add_flag("--no-cache", build_args.no_cache, "compile with NVRTC even if the kernel cache has the result (cuda)");
   build->add_flag("--lineinfo", build_args.line_info, "keep source lines in the cubin for profilers (cuda)");
+  build->add_option("--classifier-chunk", build_args.classifier_chunk,
+                    "the most bytes one vocabulary chunk of the fused classifier's logits may take (cuda; default 32MiB, "
+                    "about half an H100's L2)");
   build->add_option("--emit-program", build_args.emit_program, "also write the program description (JSON) to this file");
   build->add_flag("--time-passes", build_args.time_passes, "time each step of the build");
   build->add_flag("--quiet", build_args.quiet, "print nothing on success");

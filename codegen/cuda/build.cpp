@@ -37,7 +37,9 @@ CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& o
   for (const Kernel& k : plan.kernels) result.matmul_kernels += k.kind == KernelKind::Gemm;
   lap("kernel plan");
 
-  CudaSource source = emit_cuda_source(plan, g.name);
+  CudaSourceOptions source_options;
+  source_options.classifier_logits_bytes = options.classifier_chunk_bytes;
+  CudaSource source = emit_cuda_source(plan, g.name, source_options);
   std::set<std::string> functions;
   for (const auto& launches : source.launches) {
     result.launches += static_cast<int>(launches.size());

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "codegen/cuda/kernel_source.h"
 #include "codegen/host/build_result.h"
 #include "ir/graph.h"
 
@@ -30,6 +31,9 @@ struct CudaBuildOptions {
   bool no_cache = false;       // compile with NVRTC even if the kernel cache has the result
   std::string emit_cuda;       // also write the CUDA C source here ("" : no)
   std::string emit_program;    // also write the program JSON here ("" : no)
+  // The most bytes one chunk of a fused classifier's logits may take
+  // (codegen/cuda/kernel_source.h, CudaSourceOptions).
+  int64_t classifier_chunk_bytes = CudaSourceOptions{}.classifier_logits_bytes;
 };
 
 // The CPU build's result (arena, kernel counts, seconds per step) and what

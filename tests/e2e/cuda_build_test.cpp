@@ -182,6 +182,29 @@ TEST_CASE("cuda build: every kernel kind of a transformer compiles with NVRTC") 
   CHECK(p.cuda.arch == "sm_90");
 }
 
+TEST_CASE("cuda build: --classifier-chunk sizes the fused classifier's vocabulary chunks") {
+  TempDir dir("cudabuild"), cache("cudacache");
+  // 2 x 64 rows of bf16 logits: 64 KiB holds 256 classes a chunk; the default 32 MiB the whole vocabulary.
+  for (const auto& [flag, chunk] : {std::pair<std::string, int64_t>{"", 50257}, {"--classifier-chunk 64KiB", 256}}) {
+    CAPTURE(flag);
+    Run r = build(fmt::format("models/gpt2-124m.yaml --dims layers=1,seq=64,batch=2 -o {} --emit-program {} --quiet {}",
+                              dir / "t", dir / "p.json", flag),
+                  cache);
+    REQUIRE(r.status == 0);
+    const std::string text = read_bytes(dir / "p.json");
+    napkin::runtime::Program p = napkin::runtime::parse_program(text.data(), text.size());
+    int classifiers = 0;
+    for (const napkin::runtime::KernelSpec& k : p.kernels) {
+      if (!k.is_classifier) continue;
+      ++classifiers;
+      CHECK(k.classifier.cuda.chunk == chunk);
+      CHECK(k.classifier.cuda.chunks == (50257 + chunk - 1) / chunk);
+      CHECK(static_cast<int64_t>(k.cuda_launches.size()) >= k.classifier.cuda.chunks);
+    }
+    CHECK(classifiers == 2);  // forward and backward
+  }
+}
+
 TEST_CASE("cuda build: the user's mistakes in CUDA flags") {
   TempDir dir("cudabuild"), cache("cudacache");
   Run bad_arch = build(fmt::format("models/linear.yaml -o {} --arch sm_7", dir / "t"), cache);
@@ -191,6 +214,15 @@ TEST_CASE("cuda build: the user's mistakes in CUDA flags") {
   Run llvm = build(fmt::format("models/linear.yaml -o {} --emit-llvm {}", dir / "t", dir / "t.ll"), cache);
   CHECK(llvm.status == 1);
   CHECK(llvm.out.find("--emit-llvm is for --target cpu") != std::string::npos);
+  Run bad_chunk = build(fmt::format("models/linear.yaml -o {} --classifier-chunk 12XB", dir / "t"), cache);
+  CHECK(bad_chunk.status == 1);
+  CHECK(bad_chunk.out.find("error: --classifier-chunk: '12XB': unknown unit") != std::string::npos);
+  Run zero_chunk = build(fmt::format("models/linear.yaml -o {} --classifier-chunk 0", dir / "t"), cache);
+  CHECK(zero_chunk.status == 1);
+  CHECK(zero_chunk.out.find("error: --classifier-chunk") != std::string::npos);
+  Run cpu_chunk = sh(fmt::format("{} build models/linear.yaml -o {} --classifier-chunk 1MiB", NAPKIN_BINARY, dir / "t"));
+  CHECK(cpu_chunk.status == 1);
+  CHECK(cpu_chunk.out.find("are for --target cuda") != std::string::npos);
   Run cpu_arch = sh(fmt::format("{} build models/linear.yaml -o {} --arch sm_90", NAPKIN_BINARY, dir / "t"));
   CHECK(cpu_arch.status == 1);
   CHECK(cpu_arch.out.find("are for --target cuda") != std::string::npos);
