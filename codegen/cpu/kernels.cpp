@@ -468,10 +468,20 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
             sw->addCase(b.getInt64(static_cast<uint64_t>(m)), body);
             b.SetInsertPoint(body);
             llvm::Value* acc = reduces ? e.make_slot(ct, c.identity) : nullptr;
+            // A scalar input (the step's learning rate, clipping scale, bias
+            // corrections) is loaded once, before the loop: loaded in it, a
+            // store to the member's arrays at a run-time index might clobber
+            // it as far as LLVM can tell, which keeps the loop scalar. No
+            // member writes another's input, and chunks run in parallel.
+            std::vector<llvm::Value*> scalar(n_in, nullptr);
+            for (size_t in = 0; in < n_in; ++in)
+              if (member.inputs[in].sizes.empty()) scalar[in] = e.load(member.inputs[in], e.i64(0));
             e.loop(lo, hi, [&](llvm::Value* i) {
               auto index = [&](const Operand& o) { return o.sizes.empty() ? e.i64(0) : i; };
               const std::vector<llvm::Value*> result = fused_ops_at(
-                  e, k, prologue, [&](int in) { return e.load(member.inputs[in], index(member.inputs[in])); }, {});
+                  e, k, prologue,
+                  [&](int in) { return scalar[in] ? scalar[in] : e.load(member.inputs[in], index(member.inputs[in])); },
+                  {});
               for (size_t o = reduces ? 1 : 0; o < n_out; ++o)
                 e.store(member.outputs[o], index(member.outputs[o]), result[f.output_ops[o]]);
               if (reduces) b.CreateStore(c.combine(b.CreateLoad(ct, acc), result[reduced]), acc);

@@ -87,10 +87,18 @@ EmittedKernel emit_batch(const Kernel& k) {
   s.line("const long long start = (c - {0}_first[lo]) * {1}LL;", k.name, kChunk);
   s.line("const long long end = start + {1}LL < {0}_numel[lo] ? start + {1}LL : {0}_numel[lo];", k.name, kChunk);
   if (reduces) s.line("{} acc = {};", ct, c.identity);
+  // Scalar inputs (learning rate, clipping scale, bias corrections) once per
+  // chunk, before the loop: in it, every element would reload them, since a
+  // store through the arena might alias them as far as the compiler knows.
+  for (size_t j = 0; j < n_in; ++j)
+    if (k.inputs[j].sizes.empty())
+      s.line("const {} a{} = {};", compute_type(k.inputs[j].dtype), j,
+             from_storage(k.inputs[j].dtype, element(k.inputs[j].dtype, j, "0")));
   s.open("for (long long i = start + threadIdx.x; i < end; i += {}) {{", kBlock);
   for (size_t j = 0; j < n_in; ++j)
-    s.line("const {} a{} = {};", compute_type(k.inputs[j].dtype), j,
-           from_storage(k.inputs[j].dtype, element(k.inputs[j].dtype, j, k.inputs[j].sizes.empty() ? "0" : "i")));
+    if (!k.inputs[j].sizes.empty())
+      s.line("const {} a{} = {};", compute_type(k.inputs[j].dtype), j,
+             from_storage(k.inputs[j].dtype, element(k.inputs[j].dtype, j, "i")));
   fused_ops(s, k, prologue);
   for (size_t o = reduces ? 1 : 0; o < n_out; ++o) {
     const Operand& out = f.outputs[o];
