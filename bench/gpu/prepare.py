@@ -16,9 +16,11 @@ Both trainers initialize the weights from the same seed with the same code
 CPU run's weights without an --init file. bench/gpu/verify.py, on the GPU
 machine, runs each CUDA trainer with the same flags and compares.
 
-It also builds the GPT-2 124M CUDA trainer and a token file for
+It also builds the GPT-2 124M CUDA trainer, its variants (BENCH_VARIANTS:
+fusions undone, other classifier chunk sizes) and a token file for
 bench/gpt2_cuda_vs_torch.py. The bundle goes to build/gpu-bundle (carry it;
-about 33 MiB, under the device's 64 MiB carry limit), with manifest.json describing every case.
+about 49 MiB, with the repository's files under the device's 64 MiB carry
+limit), with manifest.json describing every case.
 
 Usage: bench/gpu/prepare.py [--napkin build/tools/napkin] [--steps 5] [--out build/gpu-bundle]
 """
