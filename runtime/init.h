@@ -17,8 +17,14 @@ struct ParamInit {
   double value = 0, std = 0, lo = 0, hi = 0;
 };
 
+class ThreadPool;
+
 // The exact double samples (a trainer rounds them to the parameter's dtype).
-// Throws runtime::Error for an unknown kind.
-std::vector<double> init_values(const ParamInit& init, const std::string& name, int64_t numel, uint64_t seed);
+// With a pool, "normal" draws in parallel: element i is the stream's i-th
+// normal, one Philox block each, so the bits do not depend on the split
+// (trunc_normal's rejections make it sequential). Throws runtime::Error for
+// an unknown kind.
+std::vector<double> init_values(const ParamInit& init, const std::string& name, int64_t numel, uint64_t seed,
+                                ThreadPool* pool = nullptr);
 
 }  // namespace napkin::runtime

@@ -33,6 +33,11 @@ std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint
 Rng::Rng(uint64_t seed, uint64_t stream)
     : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}, stream_(stream) {}
 
+void Rng::seek(uint64_t block) {
+  block_ = block;
+  used_ = 4;
+}
+
 uint32_t Rng::next_u32() {
   if (used_ == 4) {
     buf_ = philox4x32_10({static_cast<uint32_t>(block_), static_cast<uint32_t>(block_ >> 32),

@@ -53,6 +53,10 @@ class Rng {
   Rng(uint64_t seed, uint64_t stream);
 
   uint32_t next_u32();
+  // The next word is word 0 of block `block` (the n-th normal() of a stream
+  // starts at block n), so a range of normals can be drawn anywhere, e.g. in
+  // parallel, with the same bits.
+  void seek(uint64_t block);
   // In (0, 1): 52 random bits from two words, see above.
   double uniform01();
   // Standard normal, Box-Muller; four words per call.

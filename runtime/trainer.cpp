@@ -22,6 +22,7 @@
 #include "runtime/init.h"
 #include "runtime/rng_tensor.h"
 #include "runtime/tensor_element.h"
+#include "runtime/thread_pool.h"
 #include "runtime/time_report.h"
 
 namespace napkin::runtime {
@@ -85,10 +86,16 @@ std::vector<TensorRef> tensor_refs(const Program& p, Engine& engine, std::initia
   return refs;
 }
 
-void init_params(const Program& p, Engine& engine, uint64_t seed) {
+// On a pool of `threads` made for it (a CUDA trainer's engine has none; the
+// CPU engine's is the same size and idle now).
+void init_params(const Program& p, Engine& engine, uint64_t seed, int threads) {
+  ThreadPool pool(threads);
   for (const TensorSpec* t : p.with_role("param")) {
-    std::vector<double> v = init_values(t->init, t->name, t->numel(), seed);
-    for (int64_t i = 0; i < t->numel(); ++i) write_element(engine.host(*t), t->dtype, i, v[i]);
+    std::vector<double> v = init_values(t->init, t->name, t->numel(), seed, &pool);
+    auto* host = engine.host(*t);
+    pool.parallel_for(t->numel(), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) write_element(host, t->dtype, i, v[static_cast<size_t>(i)]);
+    });
   }
 }
 
@@ -196,7 +203,7 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
   uint64_t seed = o.seed;
   Lineage lineage{p.hash};
 
-  init_params(p, ex, seed);
+  init_params(p, ex, seed, o.threads);
   if (!o.init.empty()) {
     std::vector<std::string> state_names;
     for (const TensorSpec* t : p.with_role("state")) state_names.push_back(t->name);

@@ -8,7 +8,9 @@
 #include <stdexcept>
 #include <vector>
 
+#include "runtime/init.h"
 #include "runtime/rng.h"
+#include "runtime/thread_pool.h"
 
 using napkin::runtime::philox4x32_10;
 using napkin::runtime::Rng;
@@ -130,4 +132,33 @@ TEST_CASE("rng: FNV-1a 64 stream names, reproducible and distinct") {
   CHECK(wa == wb);
   CHECK(wa != wc);
   CHECK(wa != wd);
+}
+
+TEST_CASE("rng: seek(n) makes the next normal the stream's n-th, also after words already drawn") {
+  Rng walk(11, 4);
+  std::vector<double> normals;
+  for (int i = 0; i < 40; ++i) normals.push_back(walk.normal());
+  Rng jump(11, 4);
+  jump.next_u32();  // mid-block: seek discards the rest of it
+  for (int n : {17, 3, 39, 0}) {
+    jump.seek(static_cast<uint64_t>(n));
+    CHECK(jump.normal() == normals[static_cast<size_t>(n)]);
+  }
+}
+
+TEST_CASE("init: normal weights drawn on a pool are the sequential draw's bits, for any thread count") {
+  napkin::runtime::ParamInit normal;
+  normal.kind = "normal";
+  normal.std = 0.02;
+  const int64_t numel = (int64_t{1} << 16) + 12345;  // over the parallel threshold, not a multiple of any split
+  const std::vector<double> alone = napkin::runtime::init_values(normal, "blocks.3.w", numel, 42);
+  for (int threads : {1, 2, 3, 7}) {
+    CAPTURE(threads);
+    napkin::runtime::ThreadPool pool(threads);
+    CHECK(napkin::runtime::init_values(normal, "blocks.3.w", numel, 42, &pool) == alone);
+  }
+  // The n-th value is the stream's n-th normal times std.
+  Rng r(42, stream_for_name("blocks.3.w"));
+  r.seek(70000);
+  CHECK(alone[70000] == 0.02 * r.normal());
 }
