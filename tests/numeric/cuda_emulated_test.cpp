@@ -22,6 +22,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <set>
@@ -131,6 +132,17 @@ class EmulatedKernels {
   size_t scratch_bytes_;
   std::unique_ptr<char, decltype(&std::free)> scratch_;
 };
+
+// The step of `yaml` compiled afresh, its loop kernels run on the emulator
+// (source named `name`), each output given to `check`: the CUDA half of the
+// tests below that first check the same step's CPU kernels.
+void check_each_kernel_emulated(const std::string& yaml, const std::string& name,
+                                const std::function<void(const napkin::testing::KernelOutputCheck&)>& check) {
+  napkin::testing::CompiledStep cuda(napkin::testing::compile_training(yaml));
+  const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(cuda.plan, name);
+  EmulatedKernels gpu(source, cuda);
+  napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) { gpu.run(kernel, arena); });
+}
 
 // One compiled step of model `model`'s loop kernels, emulated, each checked
 // against the interpreter; `label` names it on the verbose line.
@@ -306,10 +318,7 @@ optimizer: sgd(lr=0.1)
   CHECK(narrow_reductions >= 4);
   napkin::testing::check_each_kernel(cpu, check);
 
-  napkin::testing::CompiledStep cuda(napkin::testing::compile_training(yaml));
-  const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(cuda.plan, "narrow_reductions");
-  EmulatedKernels gpu(source, cuda);
-  napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) { gpu.run(kernel, arena); });
+  check_each_kernel_emulated(yaml, "narrow_reductions", check);
 }
 
 TEST_CASE("numeric: fused reductions (an elementwise prologue), CPU and emulated CUDA kernels, agree with the interpreter") {
@@ -349,10 +358,7 @@ precision: {}
     CHECK(fused >= 7);
     napkin::testing::check_each_kernel(cpu, check);
 
-    napkin::testing::CompiledStep cuda(napkin::testing::compile_training(yaml));
-    const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(cuda.plan, "fused_reductions");
-    EmulatedKernels gpu(source, cuda);
-    napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) { gpu.run(kernel, arena); });
+    check_each_kernel_emulated(yaml, "fused_reductions", check);
   }
 }
 
@@ -417,10 +423,7 @@ TEST_CASE("numeric: fused reductions that also store prologue results, CPU and e
     CHECK(siblings >= 1);
     napkin::testing::check_each_kernel(cpu, check);
 
-    napkin::testing::CompiledStep cuda(napkin::testing::compile_training(yaml));
-    const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(cuda.plan, "reductions_with_stores");
-    EmulatedKernels gpu(source, cuda);
-    napkin::testing::check_each_kernel(cuda, check, [&](int kernel, char* arena) { gpu.run(kernel, arena); });
+    check_each_kernel_emulated(yaml, "reductions_with_stores", check);
   }
 }
 
