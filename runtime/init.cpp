@@ -14,12 +14,12 @@ std::vector<double> init_values(const ParamInit& init, const std::string& name, 
     out.assign(out.size(), init.kind == "ones" ? 1.0 : init.value);
     return out;
   }
-  Rng rng(seed, stream_for_name(name));
+  const uint64_t stream = stream_for_name(name);
   if (init.kind == "normal") {
     // Box-Muller's log and cos cost tens of ns a draw: GPT-2 124M's weights
     // took 7 s of a trainer's start on one thread.
     auto draw = [&](int64_t begin, int64_t end) {
-      Rng r(seed, stream_for_name(name));
+      Rng r(seed, stream);
       r.seek(static_cast<uint64_t>(begin));
       for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i)] = init.std * r.normal();
     };
@@ -28,6 +28,7 @@ std::vector<double> init_values(const ParamInit& init, const std::string& name, 
     else
       draw(0, numel);
   } else if (init.kind == "trunc_normal") {
+    Rng rng(seed, stream);
     for (double& x : out) x = rng.trunc_normal(0.0, init.std, init.lo, init.hi);
   } else {
     throw Error("parameter '" + name + "': unknown init '" + init.kind + "'");
