@@ -87,6 +87,7 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
     bool contraction = false;  // runs at the matmul peak
     bool attention = false;    // ... with exp's on the side
     bool classifier = false;   // ... likewise
+    ir::NodeId head = ir::kNoNode;  // a GEMM epilogue group's contraction
   };
   std::vector<Access> accesses;
   for (int p = 0; p < static_cast<int>(schedule.size()); ++p) {
@@ -128,6 +129,13 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       for (const auto& [storage, bytes] : a.reads) a.bytes_read += bytes;
       k.kind = n.phase == ir::Phase::Optimizer ? KernelClass::Optimizer : KernelClass::Elementwise;
       k.lines = yaml_lines(g, nodes);
+      if (const ir::NodeId head = groups.groups[gid].contraction; head != ir::kNoNode) {
+        // A GEMM with its epilogue: at the matmul rate of the contraction's dtype.
+        k.kind = KernelClass::Matmul;
+        k.compute_dtype = rows.at(head)->compute_dtype;
+        a.contraction = true;
+        a.head = head;
+      }
     } else {
       k.flops = row.cost.flops + row.cost.recompute_flops;  // the kernel runs both
       k.transcendentals = ir::transcendentals(g, n);
@@ -171,7 +179,7 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       // head_dim; the classifier's, GEMMs over rows x chunk x d.
       k.narrowest = a.attention    ? ir::attention_dims(g, g.node(k.node)).head_dim
                     : a.classifier ? ir::classifier_dims(g, g.node(k.node)).d
-                                   : ir::contraction_dims(g, g.node(k.node)).narrowest();
+                                   : ir::contraction_dims(g, g.node(a.head != ir::kNoNode ? a.head : k.node)).narrowest();
       k.rate = matmul_peak(device, k.compute_dtype, allow_tf32) * gemm_efficiency(device, k.compute_dtype, k.narrowest);
     } else {
       k.rate = loop_rate > 0 ? loop_rate : vector_peak(device, k.compute_dtype);

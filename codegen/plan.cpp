@@ -7,6 +7,7 @@
 
 #include "analysis/memory.h"
 #include "ir/fusion_group.h"
+#include "ir/gemm_epilogue.h"
 #include "ir/internal_check.h"
 
 namespace napkin::codegen {
@@ -87,6 +88,35 @@ std::string where(const ir::Node& n) {
   return s;
 }
 
+// A GEMM epilogue group's kernel (ir/gemm_epilogue.h) as a Gemm: the
+// contraction's inputs are A and B, its sums go straight into the epilogue,
+// and D (the group's one output) is C of the lowering, a plain row-major
+// [rows, n] product by the form's conditions.
+void gemm_with_epilogue(const ir::Graph& g, const ir::FusionGroup& fg, Kernel& k) {
+  const ir::Node& c = g.node(fg.contraction);
+  const std::vector<ir::NodeId> steps(fg.nodes.begin() + 1, fg.nodes.end());
+  const std::optional<ir::GemmEpilogue> form = ir::match_gemm_epilogue(g, c.id, c.out(), steps);
+  NAPKIN_INTERNAL_CHECK(form && fg.outputs.size() == 1 && fg.outputs[0] == form->result,
+                        "fusion group {} starts with a contraction but is not a GEMM epilogue", fg.id);
+  auto input_index = [&](ir::ValueId v) {
+    if (v == ir::kNoValue) return -1;
+    return static_cast<int>(std::find(fg.inputs.begin(), fg.inputs.end(), v) - fg.inputs.begin());
+  };
+  NAPKIN_INTERNAL_CHECK(input_index(c.in(0)) == 0 && input_index(c.in(1)) == 1, "a GEMM epilogue's A and B are inputs 0 and 1");
+  k.kind = KernelKind::Gemm;
+  k.params = ir::loop_params(c.op, c.attrs);
+  k.contraction = contraction_axes(std::get<ir::ContractionParams>(k.params), k.inputs[0], k.inputs[1], k.output);
+  NAPKIN_INTERNAL_CHECK(gemm_takes(k.inputs[0].dtype, k.inputs[1].dtype, ir::DType::F32),
+                        "the GEMM library takes no {} x {} product", ir::dtype_name(k.inputs[0].dtype),
+                        ir::dtype_name(k.inputs[1].dtype));
+  k.matmul = lower_to_gemm(k.contraction);
+  const int64_t n = k.output.sizes.back();
+  NAPKIN_INTERNAL_CHECK(k.matmul && k.matmul->batch.empty() && !k.matmul->swap_operands && k.matmul->n == n &&
+                            k.matmul->c_m_stride == n,
+                        "a GEMM epilogue's product is not a plain row-major [rows, n] one (fusion group {})", fg.id);
+  k.epilogue = GemmEpilogueOperands{input_index(form->residual), input_index(form->bias)};
+}
+
 // The kernel of fusion group fg: its inputs and outputs as operands, its
 // members as ops over them.
 Kernel fused_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const ir::FusionGroup& fg) {
@@ -131,6 +161,7 @@ Kernel fused_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const
   }
   NAPKIN_INTERNAL_CHECK(!f.outputs.empty(), "fusion group {} has no output", fg.id);
   k.output = f.outputs[0];
+  if (fg.contraction != ir::kNoNode) gemm_with_epilogue(g, fg, k);
   k.phase = fg.phase;
   k.where = where(g.node(fg.nodes.front()));
   k.fused = std::move(f);
@@ -196,7 +227,8 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       k.name = fmt::format("k{}_batched_{}_x{}", plan.kernels.size(), ir::op_name(k.op), k.batch.size());
     } else if (group >= 0) {
       k = fused_kernel(g, arena, groups.groups[group]);
-      k.name = fmt::format("k{}_fused_{}", plan.kernels.size(), ir::op_name(k.op));
+      k.name = k.epilogue ? fmt::format("k{}_{}_epilogue", plan.kernels.size(), ir::op_name(k.fused->ops[0].op))
+                          : fmt::format("k{}_fused_{}", plan.kernels.size(), ir::op_name(k.op));
     } else {
       NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || cls == ir::OpClass::Attention || cls == ir::OpClass::Classifier ||
                                 n.op == ir::Op::LayerNormGrad || n.op == ir::Op::RMSNormGrad,

@@ -13,7 +13,8 @@
 //    loop kernel, generated code. Backends and the interpreter switch on the
 //    kind (the interpreter on its op's ir::LoopKind) and read the kind's
 //    parameters, never the op.
-//  - fused loop kernel: a FusedElementwise kernel (`fused` set). It loops
+//  - fused loop kernel: a FusedElementwise kernel (`fused` set), or a Gemm
+//    with an epilogue (`fused` and `epilogue` set). It loops
 //    over the group's iteration shape; per element it loads the group inputs
 //    (each read by its own strides, broadcast to the iteration shape),
 //    computes the members in schedule order in registers, each result
@@ -105,6 +106,18 @@ struct BatchMember {
   std::vector<ir::NodeId> nodes;  // its group's members, one per FusedLoop::ops entry
 };
 
+// A GEMM's epilogue (ir/gemm_epilogue.h): the Gemm kernel stores
+//   D = cast(acc + residual + bias)
+// where acc is the f32 sums, never stored, and D the kernel's output. The
+// kernel's `fused` loop holds the same work as ops (ops[0] the contraction,
+// whose result is acc; then the epilogue's adds and cast) for the emitters
+// that run it per element (the CPU's per-panel loop); a GEMM library's
+// epilogue (cuBLASLt) reads the operands below.
+struct GemmEpilogueOperands {
+  int residual = -1;  // index in Kernel::inputs of the value added first (cuBLASLt's C), -1: none
+  int bias = -1;      // index in Kernel::inputs of the [n] vector added second, -1: none
+};
+
 struct Kernel {
   KernelKind kind = KernelKind::Elementwise;
   ir::LoopParams params;  // of the op's loop (ir/loop.h); read through the accessors below
@@ -124,6 +137,9 @@ struct Kernel {
   // inputs and the output; empty for other ops.
   std::vector<ContractionAxis> contraction;
   std::optional<MatmulLowering> matmul;  // kind == Gemm
+  // A Gemm with an epilogue (then `fused` is set too, and A and B are
+  // inputs 0 and 1); empty for a GEMM that stores its sums as they are.
+  std::optional<GemmEpilogueOperands> epilogue;
   // A fused loop kernel (kind == FusedElementwise): `inputs` are the group
   // inputs, `op` and `node` those of its last member; empty otherwise.
   std::optional<FusedLoop> fused;

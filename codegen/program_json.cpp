@@ -31,6 +31,17 @@ json operand_json(const Operand& o) {
   return {{"offset", o.byte_offset}, {"dtype", std::string(ir::dtype_name(o.dtype))}, {"numel", o.numel()}};
 }
 
+// A Gemm's epilogue (codegen/plan.h GemmEpilogueOperands): where D, the
+// residual and the bias are (-1: none), and D's dtype; null without one.
+json epilogue_json(const Kernel& k) {
+  if (!k.epilogue) return nullptr;
+  auto offset = [&](int input) { return input < 0 ? int64_t{-1} : k.inputs[input].byte_offset; };
+  return {{"d", k.output.byte_offset},
+          {"d_dtype", std::string(ir::dtype_name(k.output.dtype))},
+          {"residual", offset(k.epilogue->residual)},
+          {"bias", offset(k.epilogue->bias)}};
+}
+
 json matmul_json(const Kernel& k) {
   const MatmulLowering& m = *k.matmul;
   const Operand& a = k.inputs[m.swap_operands ? 1 : 0];
@@ -40,7 +51,8 @@ json matmul_json(const Kernel& k) {
           {"c", k.output.byte_offset},
           {"a_dtype", std::string(ir::dtype_name(a.dtype))},
           {"b_dtype", std::string(ir::dtype_name(b.dtype))},
-          {"c_dtype", std::string(ir::dtype_name(k.output.dtype))},
+          // With an epilogue the GEMM's C is its f32 sums, which go to the epilogue, not to memory.
+          {"c_dtype", std::string(ir::dtype_name(k.epilogue ? ir::DType::F32 : k.output.dtype))},
           {"batch", m.batch},
           {"a_batch_stride", m.a_batch_stride},
           {"b_batch_stride", m.b_batch_stride},
@@ -52,7 +64,8 @@ json matmul_json(const Kernel& k) {
           {"a_k_stride", m.a_k_stride},
           {"b_k_stride", m.b_k_stride},
           {"b_n_stride", m.b_n_stride},
-          {"c_m_stride", m.c_m_stride}};
+          {"c_m_stride", m.c_m_stride},
+          {"epilogue", epilogue_json(k)}};
 }
 
 // How the runtime runs a kernel: a library or runtime call by name, or the

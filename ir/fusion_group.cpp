@@ -22,7 +22,7 @@ int FusionGroups::kernel_last(int position) const {
 }
 
 std::string batch_signature(const Graph& g, const FusionGroup& fg) {
-  if (fg.phase != Phase::Optimizer) return "";
+  if (fg.phase != Phase::Optimizer || fg.contraction != kNoNode) return "";
   std::string sig;
   std::map<ValueId, int> member_of;  // member result -> its index in the group
   for (NodeId id : fg.nodes) {
@@ -88,6 +88,10 @@ FusionGroups fusion_groups(const Graph& g) {
     fg.nodes.push_back(n.id);
     r.group_at[p] = n.group;
     NAPKIN_INTERNAL_CHECK(fg.reduction == kNoNode, "fusion group {} has a member after its reduction", n.group);
+    if (op_info(n.op).op_class == OpClass::Contraction) {
+      NAPKIN_INTERNAL_CHECK(fg.nodes.size() == 1, "fusion group {} has a contraction after its first member", n.group);
+      fg.contraction = n.id;
+    }
     if (op_info(n.op).op_class == OpClass::Reduction) {
       fg.reduction = n.id;
       fg.shape = g.value(n.in(0)).type.sizes();

@@ -15,6 +15,10 @@
 //    shape is the iteration shape. Its result is a group output; the kernel
 //    stores the other members' results that are group outputs as it visits
 //    each element (once).
+//  - GEMM epilogue: a group may start with a contraction whose result its
+//    other members, the epilogue, read directly (ir/gemm_epilogue.h, made by
+//    passes/fuse_gemm_epilogues): the GEMM library applies them as it stores.
+//    Its result is internal; the iteration shape is its shape.
 //  - internal value: made by a member, and every node that reads it (directly
 //    or through a view of its buffer) is a member, and it is not a graph
 //    output nor (the buffer of) an update's value. It lives in a register for
@@ -47,6 +51,7 @@ struct FusionGroup {
   std::vector<ValueId> internal;  // likewise
   std::vector<int64_t> shape;     // the iteration shape
   NodeId reduction = kNoNode;     // the last member, when the group ends with a reduction
+  NodeId contraction = kNoNode;   // the first member, when the group is a GEMM's epilogue
   int first = 0, last = 0;        // schedule positions of the first and last member
 };
 

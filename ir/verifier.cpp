@@ -30,6 +30,7 @@ void verify_fusion_groups(const Graph& g, Fail&& fail) {
       shape.resize(n.group + 1, nullptr);
     }
     int& last = last_position[n.group];
+    const bool first_member = last < 0;
     if (last >= 0 && last != p - 1) fail(where + " is not contiguous with the group's other nodes");
     if (last >= 0 && phase[n.group] != n.phase) fail(where + " is in another phase than the group");
     last = p;
@@ -39,7 +40,9 @@ void verify_fusion_groups(const Graph& g, Fail&& fail) {
     if (closed[n.group]) fail(where + " comes after the group's reduction");
     if (n.op == Op::Constant) continue;
     const bool reduction = cls == OpClass::Reduction;
-    if (cls != OpClass::Elementwise && n.op != Op::Copy && !reduction) fail(where + " is not elementwise");
+    // A contraction heads a GEMM epilogue group (ir/gemm_epilogue.h): its first member.
+    const bool head = cls == OpClass::Contraction && first_member;
+    if (cls != OpClass::Elementwise && n.op != Op::Copy && !reduction && !head) fail(where + " is not elementwise");
     if (n.outputs.size() != 1) continue;
     if (reduction) {
       closed[n.group] = true;  // the group's last member; its input has the iteration shape

@@ -7,6 +7,7 @@
 #include "passes/fuse_classifier.h"
 #include "passes/fold_concat_copy.h"
 #include "passes/fuse_elementwise.h"
+#include "passes/fuse_gemm_epilogues.h"
 #include "passes/loss_scaling.h"
 #include "passes/matmul_epilogues.h"
 #include "passes/mixed_precision.h"
@@ -69,7 +70,9 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   pm.add(make_dce_pass());        // drop scalars the chosen rule did not use (t under a constant lr)
   if (options.rematerialize) pm.add(make_rematerialize_pass(options.rematerialized));  // recompute cheap values from narrower ones
   if (budget.bytes > 0) pm.add(make_recompute_pass(budget.bytes, budget.report));  // fit the arena to the budget
-  pm.add(make_fuse_elementwise_pass());  // elementwise chains become one kernel each: last, it only groups
+  pm.add(make_fuse_elementwise_pass());  // elementwise chains become one kernel each: it only groups
+  if (options.matmul_epilogues)
+    pm.add(make_fuse_gemm_epilogues_pass());  // a contraction joins the group that is its epilogue (bias, residual, cast)
   if (!pm.run(g, diag)) return false;
   warn_unused_params(g, diag);
   return true;

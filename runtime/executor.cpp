@@ -18,6 +18,14 @@ struct LoopCall {
   char* arena;
 };
 
+// A GEMM epilogue's generated function (codegen/cpu/kernels.cpp): rows
+// [begin, end) of D from their f32 sums, row `begin` first, n floats a row.
+using EpilogueFn = void (*)(char* arena, int64_t begin, int64_t end, const float* sums);
+struct EpilogueCall {
+  EpilogueFn fn;
+  char* arena;
+};
+
 void run_chunk(void* ctx, int64_t begin, int64_t end) {
   auto* call = static_cast<LoopCall*>(ctx);
   call->fn(call->arena, begin, end);
@@ -58,7 +66,8 @@ Executor::Executor(const Program& program, const KernelFn* fns, int threads)
     if (m.a_dtype != m.b_dtype)
       throw Error("kernel " + k.name + ": no CPU matmul of " + m.a_dtype + " by " + m.b_dtype);
     try {
-      gemms_.push_back(std::make_unique<Gemm>(m.desc, GemmTypes{gemm_type(m.a_dtype), gemm_type(m.c_dtype)}));
+      gemms_.push_back(std::make_unique<Gemm>(m.desc, GemmTypes{gemm_type(m.a_dtype), gemm_type(m.c_dtype)},
+                                              LowPrecisionKernel::Auto, m.epilogue.on));
     } catch (const Error& e) {
       throw Error("kernel " + k.name + ": " + e.what());
     }
@@ -76,6 +85,18 @@ Executor::~Executor() {
 
 void Executor::run_kernel(int i) {
   const KernelSpec& k = program_.kernels[i];
+  if (k.is_matmul && k.matmul.epilogue.on) {
+    // The kernel's generated function is its epilogue: rows [r0, r1) of D from their sums.
+    const MatmulSpec& m = k.matmul;
+    EpilogueCall call{reinterpret_cast<EpilogueFn>(fns_[i]), arena_};
+    RowsEpilogue epilogue{[](void* ctx, int64_t r0, int64_t r1, const float* sums) {
+                            auto* c = static_cast<EpilogueCall*>(ctx);
+                            c->fn(c->arena, r0, r1, sums);
+                          },
+                          &call};
+    gemms_[i]->run_with_epilogue(arena_ + m.a, arena_ + m.b, epilogue, pool_);
+    return;
+  }
   if (k.is_matmul) {
     const MatmulSpec& m = k.matmul;
     gemms_[i]->run(static_cast<const void*>(arena_ + m.a), static_cast<const void*>(arena_ + m.b),

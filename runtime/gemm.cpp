@@ -39,6 +39,9 @@ namespace {
 // dispatch costs ~0.2-1 µs and one core does 32^3..48^3 (66-221 kFLOP) in
 // 0.6-2 µs (bench/gemm_peak.cpp --pool, "small").
 constexpr double kMinParallelFlops = 2.5e5;
+// The f32 sums of one panel of an epilogue's GEMM: small enough to stay in
+// a core's L2 until the epilogue reads them.
+constexpr int64_t kEpiloguePanelBytes = 512 * 1024;
 
 void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                int64_t ldb, float* c, int64_t ldc) {
@@ -78,10 +81,10 @@ void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* 
 
 // Per-thread scratch for operands whose strides BLAS cannot take (packed to
 // row-major first) and for low-precision items widened to fp32 (0: A, 1: B,
-// 2: C before narrowing).
+// 2: C before narrowing), and the panel of sums an epilogue reads (3).
 template <class T>
 T* scratch(int which, size_t count) {
-  thread_local std::vector<T> buf[3];
+  thread_local std::vector<T> buf[4];
   if (buf[which].size() < count) buf[which].resize(count);
   return buf[which].data();
 }
@@ -147,10 +150,11 @@ struct Gemm::Run {
   char* c;
   Split s;
   const std::vector<const Primitives::Entry*>* entries = nullptr;
+  const RowsEpilogue* epilogue = nullptr;  // then C is not written: each panel's sums go to it
 };
 
-Gemm::Gemm(MatmulDesc desc, GemmTypes types, LowPrecisionKernel kernel)
-    : d_(std::move(desc)), types_(types), kernel_(kernel) {
+Gemm::Gemm(MatmulDesc desc, GemmTypes types, LowPrecisionKernel kernel, bool epilogue_panels)
+    : d_(std::move(desc)), types_(types), kernel_(kernel), epilogue_panels_(epilogue_panels) {
   auto fail = [&](const std::string& what) { throw Error("matmul " + d_.to_string() + ": " + what); };
   bool low = types_.ab == GemmType::BF16 || types_.ab == GemmType::F16;
   if (types_.c != types_.ab && !(low && types_.c == GemmType::F32))
@@ -186,6 +190,8 @@ Gemm::Gemm(MatmulDesc desc, GemmTypes types, LowPrecisionKernel kernel)
   if (!a_direct_) trans_a_ = false, lda_ = std::max<int64_t>(k, 1);
   if (!b_direct_) trans_b_ = false, ldb_ = std::max<int64_t>(n, 1);
   ldc_ = m <= 1 ? std::max<int64_t>(n, 1) : d_.c_m_stride;
+  if (epilogue_panels_ && (types_.c != GemmType::F32 || batch_count_ != 1 || ldc_ != std::max<int64_t>(n, 1)))
+    fail("an epilogue needs f32 sums of one [m, n] product with rows n apart");
 }
 
 Gemm::~Gemm() = default;
@@ -205,6 +211,15 @@ void Gemm::batch_offsets(int64_t index, int64_t* oa, int64_t* ob, int64_t* oc) c
 Gemm::Split Gemm::split_for(int threads) const {
   Split s;
   int64_t m = d_.m, n = d_.n;
+  if (epilogue_panels_) {
+    // Panels of whole rows whose sums fit in kEpiloguePanelBytes, so the
+    // epilogue reads them from cache; at least one panel per thread.
+    int64_t rows = std::max<int64_t>(16, kEpiloguePanelBytes / (4 * std::max<int64_t>(n, 1)) / 16 * 16);
+    rows = std::min(rows, (m + threads - 1) / threads);
+    s.panel = std::max<int64_t>(rows, 1);
+    s.parts = (m + s.panel - 1) / s.panel;
+    return s;
+  }
   if (threads <= 1 || batch_count_ % threads == 0 || batch_count_ >= 8 * threads) return s;
   s.split_m = m >= n;
   int64_t dim = s.split_m ? m : n;
@@ -281,7 +296,7 @@ bool Gemm::uses_primitive(int threads) const {
 }
 
 template <class T>
-void Gemm::blas_item(const T* A, const T* B, T* C, const Panel& p) const {
+void Gemm::blas_item(const T* A, const T* B, T* Cp, const Panel& p) const {
   const int64_t k = d_.k, mm = p.r1 - p.r0, nn = p.c1 - p.c0;
   const T* Ap;
   if (a_direct_) {
@@ -302,13 +317,13 @@ void Gemm::blas_item(const T* A, const T* B, T* C, const Panel& p) const {
     Bp = buf;
   }
   int64_t ldb = b_direct_ ? ldb_ : std::max<int64_t>(nn, 1);
-  blas_gemm(trans_a_, trans_b_, mm, nn, k, Ap, lda_, Bp, ldb, C + p.r0 * ldc_ + p.c0, ldc_);
+  blas_gemm(trans_a_, trans_b_, mm, nn, k, Ap, lda_, Bp, ldb, Cp, ldc_);
 }
 
 // A low-precision item as fp32: the panel's A rows and B columns widened into
 // scratch, each in the orientation that reads its source with unit stride
 // (handed to sgemm transposed when that is the column-major one).
-void Gemm::panels_item(const void* A, const void* B, void* C, const Panel& p) const {
+void Gemm::panels_item(const void* A, const void* B, void* Cp, const Panel& p) const {
   const int64_t k = d_.k, mm = p.r1 - p.r0, nn = p.c1 - p.c0;
   const GemmType t = types_.ab;
   const uint16_t* a = static_cast<const uint16_t*>(A) + p.r0 * d_.a_m_stride;
@@ -323,13 +338,13 @@ void Gemm::panels_item(const void* A, const void* B, void* C, const Panel& p) co
   else widen(t, b, k, nn, d_.b_k_stride, d_.b_n_stride, bp);
   const int64_t lda = ta ? mm : k, ldb = tb ? k : nn;
   if (types_.c == GemmType::F32) {
-    blas_gemm(ta, tb, mm, nn, k, ap, lda, bp, ldb, static_cast<float*>(C) + p.r0 * ldc_ + p.c0, ldc_);
+    blas_gemm(ta, tb, mm, nn, k, ap, lda, bp, ldb, static_cast<float*>(Cp), ldc_);
     return;
   }
   float* cp = scratch<float>(2, size_t(mm * nn));
   blas_gemm(ta, tb, mm, nn, k, ap, lda, bp, ldb, cp, nn);
   for (int64_t i = 0; i < mm; ++i) {
-    uint16_t* row = static_cast<uint16_t*>(C) + (p.r0 + i) * ldc_ + p.c0;
+    uint16_t* row = static_cast<uint16_t*>(Cp) + i * ldc_;
     const float* src = cp + i * nn;
     if (t == GemmType::BF16)
       for (int64_t j = 0; j < nn; ++j) row[j] = narrow_bf16(src[j]);
@@ -349,47 +364,59 @@ void Gemm::run_items(const Run& r, int64_t begin, int64_t end) const {
     batch_offsets(bi, &oa, &ob, &oc);
     const char* A = r.a + oa * int64_t(ab);
     const char* B = r.b + ob * int64_t(ab);
-    char* C = r.c + oc * int64_t(cb);
-    if (d_.k == 0) {  // all-zero bits are +0 in every type
-      for (int64_t i = pn.r0; i < pn.r1; ++i) std::memset(C + (i * d_.c_m_stride + pn.c0) * int64_t(cb), 0, size_t(nn) * cb);
-      continue;
-    }
-    switch (types_.ab) {
-      case GemmType::F32:
-        blas_item(reinterpret_cast<const float*>(A), reinterpret_cast<const float*>(B), reinterpret_cast<float*>(C), pn);
-        break;
-      case GemmType::F64:
-        blas_item(reinterpret_cast<const double*>(A), reinterpret_cast<const double*>(B), reinterpret_cast<double*>(C),
-                  pn);
-        break;
-      case GemmType::BF16:
-      case GemmType::F16: {
-        const Primitives::Entry* e = r.entries ? (*r.entries)[size_t(p)] : nullptr;
-        if (!e || !e->prim) {
-          panels_item(A, B, C, pn);
-          break;
-        }
-        make_openmp_serial();
-        const dnnl::engine& eng = cpu_engine();
-        thread_local dnnl::stream stream(cpu_engine());
-        thread_local std::vector<char> pad;
-        if (pad.size() < e->scratchpad.get_size()) pad.resize(e->scratchpad.get_size());
-        dnnl::memory am(e->a, eng, const_cast<char*>(A + pn.r0 * d_.a_m_stride * int64_t(ab)));
-        dnnl::memory bm(e->b, eng, const_cast<char*>(B + pn.c0 * d_.b_n_stride * int64_t(ab)));
-        dnnl::memory cm(e->c, eng, C + (pn.r0 * ldc_ + pn.c0) * int64_t(cb));
-        dnnl::memory sm(e->scratchpad, eng, pad.data());
-        e->prim->execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
-        stream.wait();
+    // The panel's first element of C, or of the per-thread panel of sums an epilogue reads.
+    char* Cp = r.epilogue ? reinterpret_cast<char*>(scratch<float>(3, size_t(mm * ldc_)))
+                          : r.c + (oc + pn.r0 * ldc_ + pn.c0) * int64_t(cb);
+    run_panel(r, p, A, B, Cp, pn);
+    if (r.epilogue) r.epilogue->fn(r.epilogue->ctx, pn.r0, pn.r1, reinterpret_cast<const float*>(Cp));
+  }
+}
+
+void Gemm::run_panel(const Run& r, int64_t p, const char* A, const char* B, char* Cp, const Panel& pn) const {
+  const size_t ab = gemm_type_bytes(types_.ab), cb = gemm_type_bytes(types_.c);
+  const int64_t nn = pn.c1 - pn.c0;
+  if (d_.k == 0) {  // all-zero bits are +0 in every type
+    for (int64_t i = 0; i < pn.r1 - pn.r0; ++i) std::memset(Cp + i * ldc_ * int64_t(cb), 0, size_t(nn) * cb);
+    return;
+  }
+  switch (types_.ab) {
+    case GemmType::F32:
+      blas_item(reinterpret_cast<const float*>(A), reinterpret_cast<const float*>(B), reinterpret_cast<float*>(Cp), pn);
+      break;
+    case GemmType::F64:
+      blas_item(reinterpret_cast<const double*>(A), reinterpret_cast<const double*>(B), reinterpret_cast<double*>(Cp),
+                pn);
+      break;
+    case GemmType::BF16:
+    case GemmType::F16: {
+      const Primitives::Entry* e = r.entries ? (*r.entries)[size_t(p)] : nullptr;
+      if (!e || !e->prim) {
+        panels_item(A, B, Cp, pn);
         break;
       }
+      make_openmp_serial();
+      const dnnl::engine& eng = cpu_engine();
+      thread_local dnnl::stream stream(cpu_engine());
+      thread_local std::vector<char> pad;
+      if (pad.size() < e->scratchpad.get_size()) pad.resize(e->scratchpad.get_size());
+      dnnl::memory am(e->a, eng, const_cast<char*>(A + pn.r0 * d_.a_m_stride * int64_t(ab)));
+      dnnl::memory bm(e->b, eng, const_cast<char*>(B + pn.c0 * d_.b_n_stride * int64_t(ab)));
+      dnnl::memory cm(e->c, eng, Cp);
+      dnnl::memory sm(e->scratchpad, eng, pad.data());
+      e->prim->execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
+      stream.wait();
+      break;
     }
   }
 }
 
-void Gemm::run_any(const void* a, const void* b, void* c, ThreadPool* pool) const {
+void Gemm::run_any(const void* a, const void* b, void* c, ThreadPool* pool, const RowsEpilogue* epilogue) const {
   if (batch_count_ == 0 || d_.m == 0 || d_.n == 0) return;
+  if (epilogue_panels_ != (epilogue != nullptr))
+    throw Error("matmul " + d_.to_string() + (epilogue ? ": an epilogue given to a Gemm built without one" : ": built for an epilogue, run without one"));
   int threads = threads_for(pool);
   Run r{static_cast<const char*>(a), static_cast<const char*>(b), static_cast<char*>(c), split_for(threads)};
+  r.epilogue = epilogue;
   if (prims_) {
     prepare(threads);
     std::lock_guard<std::mutex> lock(prims_->mu);
@@ -413,8 +440,11 @@ void Gemm::run_any(const void* a, const void* b, void* c, ThreadPool* pool) cons
       &ctx);
 }
 
-void Gemm::run(const void* a, const void* b, void* c, ThreadPool& pool) const { run_any(a, b, c, &pool); }
-void Gemm::run(const void* a, const void* b, void* c) const { run_any(a, b, c, nullptr); }
+void Gemm::run(const void* a, const void* b, void* c, ThreadPool& pool) const { run_any(a, b, c, &pool, nullptr); }
+void Gemm::run(const void* a, const void* b, void* c) const { run_any(a, b, c, nullptr, nullptr); }
+void Gemm::run_with_epilogue(const void* a, const void* b, const RowsEpilogue& epilogue, ThreadPool& pool) const {
+  run_any(a, b, nullptr, &pool, &epilogue);
+}
 
 namespace {
 void require(GemmTypes have, GemmType want) {
@@ -425,19 +455,19 @@ void require(GemmTypes have, GemmType want) {
 
 void Gemm::run(const float* a, const float* b, float* c, ThreadPool& pool) const {
   require(types_, GemmType::F32);
-  run_any(a, b, c, &pool);
+  run_any(a, b, c, &pool, nullptr);
 }
 void Gemm::run(const double* a, const double* b, double* c, ThreadPool& pool) const {
   require(types_, GemmType::F64);
-  run_any(a, b, c, &pool);
+  run_any(a, b, c, &pool, nullptr);
 }
 void Gemm::run(const float* a, const float* b, float* c) const {
   require(types_, GemmType::F32);
-  run_any(a, b, c, nullptr);
+  run_any(a, b, c, nullptr, nullptr);
 }
 void Gemm::run(const double* a, const double* b, double* c) const {
   require(types_, GemmType::F64);
-  run_any(a, b, c, nullptr);
+  run_any(a, b, c, nullptr, nullptr);
 }
 
 }  // namespace napkin::runtime

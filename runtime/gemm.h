@@ -70,11 +70,23 @@ struct GemmTypes {
 enum class LowPrecisionKernel : uint8_t { Auto, Primitive, F32Panels };
 
 
+// What a Gemm built for an epilogue calls on each panel of rows it has
+// computed: rows [r0, r1) of the product as f32 sums, n floats a row, row r0
+// first, in the calling thread's scratch (valid until the call returns).
+struct RowsEpilogue {
+  void (*fn)(void* ctx, int64_t r0, int64_t r1, const float* sums) = nullptr;
+  void* ctx = nullptr;
+};
+
 class Gemm {
  public:
   // Validates the descriptor and the types (throws runtime::Error naming the
   // problem) and precomputes the BLAS call and the work split.
-  explicit Gemm(MatmulDesc desc, GemmTypes types = {}, LowPrecisionKernel kernel = LowPrecisionKernel::Auto);
+  // epilogue_panels: run only by run_with_epilogue (f32 C, one batch entry,
+  // rows of C n apart): the split is panels of whole rows small enough that
+  // their sums stay in cache for the epilogue.
+  explicit Gemm(MatmulDesc desc, GemmTypes types = {}, LowPrecisionKernel kernel = LowPrecisionKernel::Auto,
+                bool epilogue_panels = false);
   ~Gemm();
   Gemm(Gemm&&) noexcept;
 
@@ -87,6 +99,9 @@ class Gemm {
   // Operands of the constructed types (a, b: GemmTypes::ab; c: GemmTypes::c).
   void run(const void* a, const void* b, void* c, ThreadPool& pool) const;
   void run(const void* a, const void* b, void* c) const;  // on the calling thread only
+  // The product a panel of rows at a time, each panel's sums handed to
+  // `epilogue` (called on the thread that computed them) and never stored.
+  void run_with_epilogue(const void* a, const void* b, const RowsEpilogue& epilogue, ThreadPool& pool) const;
   // Typed shorthands; the Gemm must have been built for that type.
   void run(const float* a, const float* b, float* c, ThreadPool& pool) const;
   void run(const double* a, const double* b, double* c, ThreadPool& pool) const;
@@ -113,19 +128,22 @@ class Gemm {
   struct Primitives;  // oneDNN objects (gemm.cpp)
   struct Run;         // one run's operands and split (gemm.cpp)
 
-  void run_any(const void* a, const void* b, void* c, ThreadPool* pool) const;
+  void run_any(const void* a, const void* b, void* c, ThreadPool* pool, const RowsEpilogue* epilogue) const;
+  void run_panel(const Run& r, int64_t p, const char* A, const char* B, char* Cp, const Panel& pn) const;
   int threads_for(ThreadPool* pool) const;
   Split split_for(int threads) const;
   Panel panel_of(const Split& s, int64_t p) const;
   void run_items(const Run& r, int64_t begin, int64_t end) const;
   template <class T>
-  void blas_item(const T* A, const T* B, T* C, const Panel& p) const;
-  void panels_item(const void* A, const void* B, void* C, const Panel& p) const;
+  void blas_item(const T* A, const T* B, T* Cp, const Panel& p) const;
+  // Cp: the panel's first element of C (or of an epilogue's sums), rows ldc_ apart.
+  void panels_item(const void* A, const void* B, void* Cp, const Panel& p) const;
   void batch_offsets(int64_t index, int64_t* oa, int64_t* ob, int64_t* oc) const;
 
   MatmulDesc d_;
   GemmTypes types_;
   LowPrecisionKernel kernel_ = LowPrecisionKernel::Auto;
+  bool epilogue_panels_ = false;
   std::unique_ptr<Primitives> prims_;  // bf16 only
   std::vector<MatmulDesc::BatchDim> batch_;  // MatmulDesc::merged_batch
   int64_t batch_count_ = 1;

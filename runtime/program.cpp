@@ -122,6 +122,15 @@ Program parse_program(const char* text, size_t size) {
         d.b_k_stride = m.at("b_k_stride");
         d.b_n_stride = m.at("b_n_stride");
         d.c_m_stride = m.at("c_m_stride");
+        if (m.contains("epilogue") && !m.at("epilogue").is_null()) {
+          const json& e = m.at("epilogue");
+          GemmEpilogueSpec& ep = s.matmul.epilogue;
+          ep.on = true;
+          ep.d = e.at("d");
+          ep.d_dtype = e.at("d_dtype");
+          ep.residual = e.at("residual");
+          ep.bias = e.at("bias");
+        }
       }
       if (s.is_classifier) {
         const json& c = k.at("classifier");

@@ -26,10 +26,21 @@ struct TensorSpec {
   int64_t numel() const;
 };
 
+// A GEMM epilogue (codegen/plan.h GemmEpilogueOperands): the product's f32
+// sums are not stored at c; D = cast(sums + residual + bias) is, at d. The
+// CPU runs the kernel's generated loop function on each panel of sums
+// (runtime/executor.h); CUDA, cuBLASLt's bias epilogue and C operand.
+struct GemmEpilogueSpec {
+  bool on = false;
+  int64_t d = 0, residual = -1, bias = -1;  // byte offsets; -1: none (the residual is [rows, n] as D, the bias [n] f32)
+  std::string d_dtype;                       // "f32", "bf16" or "f16"
+};
+
 struct MatmulSpec {
   int64_t a = 0, b = 0, c = 0;  // byte offsets of the operands' first elements
   std::string a_dtype, b_dtype, c_dtype;  // "f32", "f64", "bf16", "f16" (runtime/gemm.h says which mix)
   MatmulDesc desc;
+  GemmEpilogueSpec epilogue;
 };
 
 // A fused attention kernel (runtime/attention.h): its descriptor and where

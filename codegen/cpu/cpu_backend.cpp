@@ -22,18 +22,29 @@ CpuModule emit_module(const KernelPlan& plan, const std::string& name) {
   llvm::IRBuilder<> b(ctx);
   llvm::Type* ptr = b.getPtrTy();
   llvm::FunctionType* kernel_type = llvm::FunctionType::get(b.getVoidTy(), {ptr, b.getInt64Ty(), b.getInt64Ty()}, false);
+  llvm::FunctionType* epilogue_type =
+      llvm::FunctionType::get(b.getVoidTy(), {ptr, b.getInt64Ty(), b.getInt64Ty(), ptr}, false);
 
   std::vector<llvm::Constant*> table;
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
-    if (k.kind == KernelKind::Gemm || k.kind == KernelKind::Attention || k.kind == KernelKind::Classifier) {  // the runtime's calls
+    const bool runtime_call = k.kind == KernelKind::Attention || k.kind == KernelKind::Classifier ||
+                              (k.kind == KernelKind::Gemm && !k.epilogue);
+    if (runtime_call) {
       m.loops.push_back({1, false});
       table.push_back(llvm::ConstantPointerNull::get(llvm::PointerType::get(ctx, 0)));
       continue;
     }
-    llvm::Function* fn = llvm::Function::Create(kernel_type, llvm::Function::InternalLinkage, k.name, *m.module);
+    // A GEMM's epilogue also takes the panel of sums it finishes (runtime/executor.cpp EpilogueFn).
+    llvm::Function* fn = llvm::Function::Create(k.epilogue ? epilogue_type : kernel_type,
+                                                llvm::Function::InternalLinkage, k.name, *m.module);
     fn->addFnAttr(llvm::Attribute::NoUnwind);
     fn->addParamAttr(0, llvm::Attribute::NoCapture);
+    if (k.epilogue) {
+      fn->addParamAttr(3, llvm::Attribute::NoCapture);
+      fn->addParamAttr(3, llvm::Attribute::NoAlias);
+      fn->addParamAttr(3, llvm::Attribute::ReadOnly);
+    }
     LoopEmitter e(fn, b);
     m.loops.push_back(emit_kernel(e, k, static_cast<int>(i)));
     table.push_back(fn);

@@ -126,13 +126,21 @@ LoopInfo elementwise(LoopEmitter& e, const Kernel& k) {
 // The results of the fused kernel's first `count` ops at one element, each
 // rounded to its IR dtype as storing and loading it would; load(i) gives
 // kernel input i's value there (each input is loaded once).
+// A GEMM epilogue's contraction (ops[0]) gives `sums`, the element's f32
+// sum the GEMM computed.
 std::vector<llvm::Value*> fused_ops_at(LoopEmitter& e, const Kernel& k, size_t count,
-                                       const std::function<llvm::Value*(int)>& load, const ElementAt& at) {
+                                       const std::function<llvm::Value*(int)>& load, const ElementAt& at,
+                                       llvm::Value* sums = nullptr) {
   const FusedLoop& f = *k.fused;
   std::vector<llvm::Value*> loaded(k.inputs.size(), nullptr);
   std::vector<llvm::Value*> result;
   for (size_t j = 0; j < count; ++j) {
     const FusedOp& op = f.ops[j];
+    if (ir::op_info(op.op).op_class == ir::OpClass::Contraction) {
+      NAPKIN_INTERNAL_CHECK(sums && j == 0 && op.dtype == ir::DType::F32, "a contraction inside a loop kernel ({})", k.name);
+      result.push_back(sums);
+      continue;
+    }
     if (op.op == Op::Constant) {
       result.push_back(e.as_stored(e.constant(op.dtype, op.attrs.get_double("value")), op.dtype));
       continue;
@@ -186,6 +194,42 @@ LoopInfo fused(LoopEmitter& e, const Kernel& k) {
       e.store(f.outputs[o], e.dot(idx, out_strides[o]), result[f.output_ops[o]]);
   });
   return loop_info(sizes[0], product(sizes));
+}
+
+// A GEMM's epilogue (codegen/plan.h Kernel::epilogue), called by the
+// runtime's Gemm on each panel of rows it computed while the panel's sums
+// are in cache (runtime/gemm.h RowsEpilogue): D viewed as [rows, n], rows
+// [begin, end), the sums from the function's fourth parameter (row `begin`
+// first, n floats a row). Per element the epilogue's ops run as a fused
+// kernel's do, from the sum instead of a load.
+LoopInfo gemm_epilogue(LoopEmitter& e, const Kernel& k) {
+  const FusedLoop& f = *k.fused;
+  const int64_t n = k.output.sizes.back(), rows = k.output.numel() / std::max<int64_t>(n, 1);
+  const std::vector<int64_t> sizes{rows, n};
+  // Each operand's strides over [rows, n]: its leading dims' strides merge
+  // into one (D and the residual are contiguous, the bias broadcasts).
+  auto over_rows = [&](const Operand& o) -> std::vector<int64_t> {
+    const std::vector<int64_t> s = broadcast_strides(o, k.output.sizes);
+    const size_t r = s.size();
+    for (size_t d = 0; d + 2 < r; ++d)
+      NAPKIN_INTERNAL_CHECK(k.output.sizes[d] == 1 || s[d] == s[d + 1] * k.output.sizes[d + 1],
+                            "a GEMM epilogue operand whose rows are not one stride apart ({})", k.name);
+    return {r >= 2 ? s[r - 2] : 0, s[r - 1]};
+  };
+  std::vector<std::vector<int64_t>> in_strides(k.inputs.size()), out_strides;
+  for (size_t i = 2; i < k.inputs.size(); ++i) in_strides[i] = over_rows(k.inputs[i]);  // A and B are the GEMM's
+  for (const Operand& out : f.outputs) out_strides.push_back(over_rows(out));
+  llvm::Value* sums = e.fn->getArg(3);
+  llvm::Type* f32 = e.b.getFloatTy();
+  e.nest(sizes, 0, [&](const Idx& idx) {
+    llvm::Value* at_sum = e.b.CreateAdd(e.b.CreateMul(e.b.CreateSub(idx[0], e.begin), e.i64(n)), idx[1]);
+    llvm::Value* sum = e.b.CreateLoad(f32, e.b.CreateInBoundsGEP(f32, sums, at_sum));
+    const std::vector<llvm::Value*> result = fused_ops_at(
+        e, k, f.ops.size(), [&](int i) { return e.load(k.inputs[i], e.dot(idx, in_strides[i])); }, ElementAt{}, sum);
+    for (size_t o = 0; o < f.outputs.size(); ++o)
+      e.store(f.outputs[o], e.dot(idx, out_strides[o]), result[f.output_ops[o]]);
+  });
+  return {rows, false};  // the Gemm's panels are the work items
 }
 
 // ------------------------------------------------------------------ reductions
@@ -956,7 +1000,10 @@ LoopInfo emit_kernel(LoopEmitter& e, const Kernel& k, int index) {
     case KernelKind::ScatterAdd: info = embedding_grad(e, k, index); break;
     case KernelKind::Rows: info = rows(e, k, index); break;
     case KernelKind::Mse: info = mse(e, k); break;
-    case KernelKind::Gemm: NAPKIN_INTERNAL_CHECK(false, "a GEMM kernel ({}) is the library's call, not a loop", k.name);
+    case KernelKind::Gemm:
+      NAPKIN_INTERNAL_CHECK(k.epilogue.has_value(), "a GEMM kernel ({}) is the library's call, not a loop", k.name);
+      info = gemm_epilogue(e, k);
+      break;
     case KernelKind::Attention:
       NAPKIN_INTERNAL_CHECK(false, "an attention kernel ({}) is the runtime's call (runtime/attention.h), not a loop", k.name);
     case KernelKind::Classifier:

@@ -139,7 +139,7 @@ uint32_t pointer_alignment(const std::vector<int64_t>& byte_offsets) {
 
 LtDescriptors::LtDescriptors(const CublasLt& lt, const LtShape& s, const LtTypes& t, uint64_t workspace_bytes,
                              uint32_t a_align, uint32_t b_align, uint32_t c_align, CUdeviceptr a_scale,
-                             CUdeviceptr b_scale)
+                             CUdeviceptr b_scale, CUdeviceptr bias)
     : lt_(lt) {
   try {
     NAPKIN_CUBLASLT(lt, cublasLtMatmulDescCreate(&op, t.compute, t.scale));
@@ -156,6 +156,15 @@ LtDescriptors::LtDescriptors(const CublasLt& lt, const LtShape& s, const LtTypes
       void* lt_b_scale = reinterpret_cast<void*>(a_scale);
       set_op(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &lt_a_scale, sizeof(lt_a_scale));
       set_op(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &lt_b_scale, sizeof(lt_b_scale));
+    }
+    if (bias) {
+      // napkin's bias runs along n, cuBLASLt's rows of D; f32, as the IR adds it.
+      cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      void* pointer = reinterpret_cast<void*>(bias);
+      cudaDataType_t type = CUDA_R_32F;
+      set_op(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+      set_op(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pointer, sizeof(pointer));
+      set_op(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type));
     }
     auto layout = [&](cublasLtMatrixLayout_t* l, cudaDataType_t type, const LtOperand& o) {
       NAPKIN_CUBLASLT(lt, cublasLtMatrixLayoutCreate(l, type, static_cast<uint64_t>(o.rows),
@@ -210,9 +219,13 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
 LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel,
                    LtPlacement where, CUdeviceptr a_scale, CUdeviceptr b_scale)
     : ctx_(ctx) {
+  const GemmEpilogueSpec& epilogue = spec.epilogue;
   try {
     shape_ = lt_shape(spec.desc);
-    types_ = lt_types(spec.a_dtype, spec.b_dtype, spec.c_dtype, tf32);
+    // With an epilogue cuBLASLt's D is napkin's D, in its dtype; the f32 sums stay in the kernel.
+    types_ = lt_types(spec.a_dtype, spec.b_dtype, epilogue.on ? epilogue.d_dtype : spec.c_dtype, tf32);
+    if (epilogue.on && (shape_.calls.size() != 1 || shape_.batch_count != 1 || spec.c != epilogue.d || types_.fp8))
+      throw Error("an epilogue needs one plain product into D");
     if (types_.fp8) check_fp8_layout(shape_, kernel);
   } catch (const Error& e) {
     throw Error("kernel " + kernel + ": " + e.what());
@@ -220,9 +233,13 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
   a_ = where.a + static_cast<CUdeviceptr>(spec.a);
   b_ = where.b + static_cast<CUdeviceptr>(spec.b);
   c_ = where.c + static_cast<CUdeviceptr>(spec.c);
-  accumulate_ = where.accumulate;
+  // The residual is cuBLASLt's C (beta = 1), read where it is: D = A B + residual + bias.
+  const bool residual = epilogue.on && epilogue.residual >= 0;
+  c_in_ = residual ? where.c + static_cast<CUdeviceptr>(epilogue.residual) : c_;
+  accumulate_ = where.accumulate || residual;
   beta32_ = accumulate_ ? 1.0f : 0.0f;
   beta64_ = accumulate_ ? 1.0 : 0.0;
+  if (epilogue.on && shape_.k == 0) throw Error("kernel " + kernel + ": an epilogue GEMM with k = 0");
   if (shape_.calls.empty() || shape_.k == 0) return;  // nothing to compute, or a zero fill (enqueue)
   if (types_.fp8 && (a_scale == 0 || b_scale == 0))
     throw Error("kernel " + kernel + ": an fp8 matmul on cuBLASLt needs the scales of A and B");
@@ -233,16 +250,22 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
     a_off.push_back(spec.a + call.a * ea);
     b_off.push_back(spec.b + call.b * eb);
     c_off.push_back(spec.c + call.c * ec);
+    if (residual) c_off.push_back(epilogue.residual + call.c * ec);  // C and D share one layout and alignment
   }
+  const CUdeviceptr bias = epilogue.on && epilogue.bias >= 0 ? where.c + static_cast<CUdeviceptr>(epilogue.bias) : 0;
   desc_ = std::make_unique<LtDescriptors>(ctx_.lt, shape_, types_, ctx_.workspace_bytes, pointer_alignment(a_off),
-                                          pointer_alignment(b_off), pointer_alignment(c_off), a_scale, b_scale);
+                                          pointer_alignment(b_off), pointer_alignment(c_off), a_scale, b_scale, bias);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   NAPKIN_CUBLASLT(ctx_.lt, cublasLtMatmulAlgoGetHeuristic(ctx_.handle, desc_->op, desc_->lt_a, desc_->lt_b, desc_->d,
                                                            desc_->d, desc_->preference, 1, &result, &found));
   if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
-    throw Error(fmt::format("kernel {}: cuBLASLt has no algorithm for matmul {} ({} x {} -> {})", kernel,
-                            spec.desc.to_string(), spec.a_dtype, spec.b_dtype, spec.c_dtype));
+    throw Error(fmt::format("kernel {}: cuBLASLt has no algorithm for matmul {} ({} x {} -> {}{})", kernel,
+                            spec.desc.to_string(), spec.a_dtype, spec.b_dtype,
+                            epilogue.on ? epilogue.d_dtype : spec.c_dtype,
+                            epilogue.on ? fmt::format(", epilogue:{}{}", residual ? " + residual" : "",
+                                                      bias ? " + f32 bias" : "")
+                                        : ""));
   algo_ = result.algo;
 }
 
@@ -264,7 +287,8 @@ void LtMatmul::enqueue(CUstream stream) const {
     auto* a = reinterpret_cast<const void*>(a_ + static_cast<CUdeviceptr>(call.a * ea));
     auto* b = reinterpret_cast<const void*>(b_ + static_cast<CUdeviceptr>(call.b * eb));
     auto* c = reinterpret_cast<void*>(c_ + static_cast<CUdeviceptr>(call.c * ec));
-    NAPKIN_CUBLASLT(ctx_.lt, cublasLtMatmul(ctx_.handle, desc_->op, alpha, b, desc_->lt_a, a, desc_->lt_b, beta, c,
+    auto* c_in = reinterpret_cast<const void*>(c_in_ + static_cast<CUdeviceptr>(call.c * ec));
+    NAPKIN_CUBLASLT(ctx_.lt, cublasLtMatmul(ctx_.handle, desc_->op, alpha, b, desc_->lt_a, a, desc_->lt_b, beta, c_in,
                                             desc_->d, c, desc_->d, &algo_, reinterpret_cast<void*>(ctx_.workspace),
                                             ctx_.workspace_bytes, stream));
   }

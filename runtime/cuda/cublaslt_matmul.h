@@ -9,6 +9,12 @@
 // with Lt A = napkin's B, Lt B = napkin's A, D = napkin's C (beta = 0, so C
 // is overwritten, never read).
 //
+// A GEMM epilogue (runtime/program.h GemmEpilogueSpec, D = cast(A B +
+// residual + bias)): D is the epilogue's output in its dtype, the residual
+// is cuBLASLt's C (beta = 1, a separate pointer with D's layout, or D itself
+// when the plan writes D in place of it), the f32 bias is
+// CUBLASLT_EPILOGUE_BIAS's vector (cuBLASLt's rows of D are napkin's n).
+//
 // Terms:
 //  - stored operand: the matrix as cuBLASLt stores it, rows x cols
 //    column-major with leading dimension ld >= rows (columns may not
@@ -96,8 +102,11 @@ class LtDescriptors {
  public:
   // alignments: of napkin's A, B and C pointers, in bytes. fp8: a_scale and
   // b_scale are device pointers to napkin's A and B scales (float).
+  // bias: a device pointer to f32, one per element of napkin's n (cuBLASLt's
+  // rows of D), added by CUBLASLT_EPILOGUE_BIAS; 0 for none.
   LtDescriptors(const CublasLt& lt, const LtShape& s, const LtTypes& t, uint64_t workspace_bytes, uint32_t a_align,
-                uint32_t b_align, uint32_t c_align, CUdeviceptr a_scale = 0, CUdeviceptr b_scale = 0);
+                uint32_t b_align, uint32_t c_align, CUdeviceptr a_scale = 0, CUdeviceptr b_scale = 0,
+                CUdeviceptr bias = 0);
   ~LtDescriptors();
   LtDescriptors(const LtDescriptors&) = delete;
   LtDescriptors& operator=(const LtDescriptors&) = delete;
@@ -150,6 +159,7 @@ class LtMatmul {
   LtShape shape_;
   LtTypes types_;
   CUdeviceptr a_ = 0, b_ = 0, c_ = 0;  // napkin's operands' first elements
+  CUdeviceptr c_in_ = 0;                // what cuBLASLt reads as C: c_, or an epilogue's residual
   std::unique_ptr<LtDescriptors> desc_;
   cublasLtMatmulAlgo_t algo_{};
   float alpha32_ = 1, beta32_ = 0;

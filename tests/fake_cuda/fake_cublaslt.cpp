@@ -20,7 +20,9 @@
 //    stderr: an operand outside device memory, D overlapping A or B (a
 //    kernel reading what it writes). The algorithm's workspace bytes are
 //    overwritten with 0xff by every matmul, as a kernel may use them.
-//  - unsupported here (NOT_SUPPORTED): epilogues, device pointer mode, fp8.
+//  - epilogues: CUBLASLT_EPILOGUE_BIAS (one bias element per row of D, added
+//    after beta C, in D's type or f32 with 32F compute); others, device
+//    pointer mode and fp8 are unsupported here (NOT_SUPPORTED).
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -46,6 +48,8 @@ struct Desc {
   int32_t pointer_mode = CUBLASLT_POINTER_MODE_HOST;
   int32_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N, trans_c = CUBLAS_OP_N;
   uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  int32_t bias_type = -1;  // -1: D's type
 };
 
 struct Layout {
@@ -111,7 +115,12 @@ cublasStatus_t check_problem(const Problem& p) {
   if (ac != br || p.c.rows != ar || p.c.cols != bc || p.d.rows != p.c.rows || p.d.cols != p.c.cols)
     return CUBLAS_STATUS_INVALID_VALUE;
   if (p.op.trans_c != CUBLAS_OP_N) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (p.op.epilogue != CUBLASLT_EPILOGUE_DEFAULT || p.op.pointer_mode != CUBLASLT_POINTER_MODE_HOST)
+  if ((p.op.epilogue != CUBLASLT_EPILOGUE_DEFAULT && p.op.epilogue != CUBLASLT_EPILOGUE_BIAS) ||
+      p.op.pointer_mode != CUBLASLT_POINTER_MODE_HOST)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  // The bias: D's type, or f32 where D is bf16 or f16 with f32 compute.
+  if (p.op.epilogue == CUBLASLT_EPILOGUE_BIAS && p.op.bias_type != -1 && static_cast<uint32_t>(p.op.bias_type) != p.d.type &&
+      !(p.op.bias_type == CUDA_R_32F && p.op.compute == CUBLAS_COMPUTE_32F))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   // The type mixes (cuBLASLt's table of supported combinations) napkin uses.
   uint32_t ab = p.a.type;
@@ -225,6 +234,8 @@ void run(const Problem& p, double alpha, double beta, const char* A, const char*
         }
         double value = alpha * sum;
         if (beta != 0) value += beta * load(C, c0 + i + j * p.c.ld, p.c.type, false);
+        if (p.op.epilogue == CUBLASLT_EPILOGUE_BIAS)  // one element per row of D
+          value += load(static_cast<const char*>(p.op.bias), i, p.op.bias_type == -1 ? p.d.type : p.op.bias_type, false);
         store(D, d0 + i + j * p.d.ld, p.d.type, value);
       }
   }
@@ -309,6 +320,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_TRANSB: return set_value(&x.trans_b, buf, bytes);
     case CUBLASLT_MATMUL_DESC_TRANSC: return set_value(&x.trans_c, buf, bytes);
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_value(&x.epilogue, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_value(&x.bias, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set_value(&x.bias_type, buf, bytes);
     default: return CUBLAS_STATUS_NOT_SUPPORTED;
   }
 }
@@ -464,6 +477,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
     if (overlaps(0) || overlaps(1)) return refuse("D overlaps A or B");
   }
   if (C == D && (p.c.ld != p.d.ld || p.c.stride != p.d.stride)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (p.op.epilogue == CUBLASLT_EPILOGUE_BIAS) {
+    const uint32_t bias_type = p.op.bias_type == -1 ? p.d.type : static_cast<uint32_t>(p.op.bias_type);
+    if (!p.op.bias || !fake.device_region(p.op.bias, static_cast<size_t>(p.m * type_bytes(bias_type))))
+      return refuse("the bias is not inside one device allocation");
+  }
   if (need_workspace > 0 && !fake.device_region(workspace, need_workspace))
     return refuse("the workspace is not inside one device allocation");
   // Host pointer mode: alpha and beta are read now, and a capture records them.

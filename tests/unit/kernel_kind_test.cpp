@@ -58,7 +58,7 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
       {LoopKind::Classifier, {KernelKind::Classifier}},
   };
   std::set<KernelKind> seen;
-  int fused_reductions = 0;
+  int fused_reductions = 0, gemm_epilogues = 0;
   for (const auto& model : testing::model_files()) {
     ir::Graph g = testing::compile_small_model(model);
     const codegen::KernelPlan plan = codegen::plan_kernels(g);
@@ -67,8 +67,16 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
       seen.insert(k.kind);
       // A fusion group is a fused elementwise kernel, or a reduction with its
       // prologue (the group's last member, the kernel's op and parameters).
-      const bool fused_kind = k.kind == KernelKind::FusedElementwise || k.kind == KernelKind::Reduction;
+      // A Gemm with an epilogue (ir/gemm_epilogue.h) has its group's ops too, the contraction first.
+      const bool fused_kind = k.kind == KernelKind::FusedElementwise || k.kind == KernelKind::Reduction ||
+                              (k.kind == KernelKind::Gemm && k.epilogue.has_value());
       if (k.fused) CHECK(fused_kind);
+      if (k.epilogue) {
+        REQUIRE(k.fused.has_value());
+        CHECK(ir::op_info(k.fused->ops.front().op).op_class == ir::OpClass::Contraction);
+        CHECK(k.fused->outputs.size() == 1);
+        ++gemm_epilogues;
+      }
       if (k.kind == KernelKind::FusedElementwise) CHECK(k.fused.has_value());
       CHECK((k.kind == KernelKind::Gemm) == k.matmul.has_value());
       if (k.fused && k.kind == KernelKind::Reduction) {
@@ -86,6 +94,7 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
                           KernelKind::Gather, KernelKind::ScatterAdd, KernelKind::Rows, KernelKind::Mse})
     CHECK_MESSAGE(seen.count(kind) == 1, "no built-in model has a kernel of kind " << static_cast<int>(kind));
   CHECK(fused_reductions > 0);  // gradient clipping's squares and their sums
+  CHECK(gemm_epilogues > 0);    // bias adds and residuals after a matmul
 }
 
 TEST_CASE("kernel plan: a GPT's row kernels carry their variant, axis, centering and eps") {

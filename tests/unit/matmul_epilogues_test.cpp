@@ -1,8 +1,9 @@
-// passes/matmul_epilogues: under bf16-mixed every weight gradient and each
-// layernorm's input gradient leave their GEMM in f32 (no cast kernel after
-// it), the forward is untouched (its casts fuse into elementwise kernels), and
-// a compiled step's update agrees with the one that rounds those results to
-// bf16 first within bf16's precision.
+// passes/matmul_epilogues (and, under the same option, fuse_gemm_epilogues):
+// under bf16-mixed every weight gradient and each layernorm's input gradient
+// leave their GEMM in f32 (no cast kernel after it), the forward's bias and
+// residual adds after a GEMM become its epilogue, and a compiled step's loss
+// and update agree with the ones that round those results to bf16 first
+// within bf16's precision.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -44,7 +45,9 @@ TEST_CASE("matmul_epilogues: a bf16-mixed GPT-2's weight gradients and layernorm
   const ir::Graph before = compile("gpt2-124m", false), after = compile("gpt2-124m", true);
   CHECK(widened_contractions(before, ir::Phase::Backward) > 0);
   CHECK(widened_contractions(after, ir::Phase::Backward) == 0);
-  // The forward's promotions fuse into the bias adds: left as they are.
+  // The forward's promotions fuse into the bias adds; where the add is a GEMM
+  // epilogue (passes/fuse_gemm_epilogues.h) the GEMM accumulates into f32
+  // and the promotion goes; the others (before a gelu) stay.
   auto fused_promotions = [](const ir::Graph& g) {
     int n = 0;
     for (ir::NodeId id : g.schedule()) {
@@ -54,7 +57,7 @@ TEST_CASE("matmul_epilogues: a bf16-mixed GPT-2's weight gradients and layernorm
     }
     return n;
   };
-  CHECK(fused_promotions(after) == fused_promotions(before));
+  CHECK(fused_promotions(after) < fused_promotions(before));
   CHECK(fused_promotions(after) > 0);
   int f32_weight_grads = 0;
   for (const auto& [label, v] : after.outputs) {
@@ -72,7 +75,10 @@ TEST_CASE("matmul_epilogues: a bf16-mixed GPT-2's weight gradients and layernorm
 TEST_CASE("matmul_epilogues: one compiled step's loss is the same and its update within bf16 precision of the rounded one") {
   testing::CompiledStep a(compile("gpt2-124m", false)), b(compile("gpt2-124m", true));
   CHECK(b.plan.kernels.size() < a.plan.kernels.size());
-  CHECK(testing::run_step(a) == testing::run_step(b));  // the forward is unchanged
+  // The forward's epilogues add the bias and residual to unrounded sums: the loss moves by bf16 rounding.
+  const double la = testing::run_step(a), lb = testing::run_step(b);
+  CHECK(std::fabs(la - lb) <= 2e-3 * std::fabs(la));
+  CHECK(la != lb);
   int compared = 0;
   for (const codegen::PlannedTensor& ta : a.plan.tensors) {
     if (ta.role != codegen::TensorRole::State || ta.name.find("adam.m.") != 0) continue;

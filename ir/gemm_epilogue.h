@@ -1,0 +1,52 @@
+// GEMM epilogues: the elementwise work a GEMM library applies to its result
+// as it stores it, so the result never makes a round trip through memory.
+//
+// The form both backends run (cuBLASLt's epilogue and its C operand on
+// CUDA, a per-panel loop on the CPU: codegen/plan.h Kernel::epilogue):
+//
+//     D = cast(acc + residual + bias)
+//
+//  - acc: a contraction's f32 result (matmul or einsum) whose last dim, n,
+//    comes from its second input, a 2-D matrix (a weight), and whose other
+//    dims all come from the first input, in order, in dims of that input that
+//    merge into one (consecutive strides): so the GEMM is one plain
+//    [rows, k] x [k, n] product and D is its [rows, n] result, row-major.
+//  - residual (optional): a value of D's dtype and shape, contiguous,
+//    added first (cuBLASLt adds C before the bias).
+//  - bias (optional): an f32 vector of n elements, contiguous, broadcast over
+//    the rows, added second.
+//  - cast (optional, last): to bf16 or f16, where D is stored narrower than
+//    the accumulator.
+// At least one of them. Each step reads the one before directly (not through
+// a view), in this order; the adds may take acc on either side.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace napkin::ir {
+
+struct GemmEpilogue {
+  NodeId contraction = kNoNode;
+  std::vector<NodeId> steps;      // the epilogue's nodes, in order (the adds, then the cast)
+  ValueId residual = kNoValue;    // the value added as C, or none
+  ValueId bias = kNoValue;        // the [n] vector, or none
+  DType out = DType::F32;         // D's dtype
+  ValueId result = kNoValue;      // D: the last step's result
+};
+
+// Whether `steps` (in order), the first reading `acc`, are the form above
+// on the contraction's sums: acc is the contraction's f32 result, or (for a
+// pass deciding to retype it) a widening cast of it. Checks the nodes only;
+// the caller checks that no node outside them reads what they make (only D
+// leaves the kernel).
+std::optional<GemmEpilogue> match_gemm_epilogue(const Graph& g, NodeId contraction, ValueId acc,
+                                                const std::vector<NodeId>& steps);
+
+// Whether a contraction's result can be the acc of an epilogue (its dims and
+// operands as above), whatever its dtype.
+bool gemm_with_epilogue_shape(const Graph& g, const Node& contraction);
+
+}  // namespace napkin::ir
