@@ -9,6 +9,7 @@
 #include "analysis/memory.h"
 #include "analysis/step_time.h"
 #include "ir/fusion_group.h"
+#include "ir/gemm_epilogue.h"
 #include "ir/quantities.h"
 
 namespace napkin::report {
@@ -82,6 +83,17 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
     s.largest.push_back(fg.id);
   }
   s.groups = static_cast<int>(groups.groups.size());
+  for (const ir::FusionGroup& fg : groups.groups) {
+    if (fg.contraction == ir::kNoNode) continue;
+    const ir::Node& c = g.node(fg.contraction);
+    const auto form = ir::match_gemm_epilogue(g, c.id, c.out(), {fg.nodes.begin() + 1, fg.nodes.end()});
+    if (!form) continue;
+    ++s.epilogues.gemms;
+    s.epilogues.residual += form->residual != ir::kNoValue;
+    s.epilogues.bias += form->bias != ir::kNoValue;
+    s.epilogues.narrowed += form->out != ir::DType::F32;
+    s.epilogues.sums_bytes += static_cast<double>(g.value(c.out()).type.bytes());
+  }
   for (auto& [name, pat] : patterns) s.patterns.push_back(pat);
   std::stable_sort(s.patterns.begin(), s.patterns.end(),
                    [](const FusionPattern& a, const FusionPattern& b) { return a.groups > b.groups; });
@@ -154,7 +166,13 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s, cons
                        casts->kernels_placed, ir::human_bytes(casts->bytes_policy), ir::human_bytes(casts->bytes_placed),
                        change(casts->bytes_policy, casts->bytes_placed));
   }
-  out += "  not fused: a second reduction of a group's values (one per group), contractions (no epilogue but a widening cast)\n";
+  if (s.epilogues.gemms > 0)
+    out += fmt::format("  GEMM epilogues     {} GEMMs store D = cast(sums + residual + bias): {} add a residual, {} a bias, {} "
+                       "store bf16/f16; {} of f32 sums never stored (fuse_gemm_epilogues)\n",
+                       s.epilogues.gemms, s.epilogues.residual, s.epilogues.bias, s.epilogues.narrowed,
+                       ir::human_bytes(s.epilogues.sums_bytes));
+  out += "  not fused: a second reduction of a group's values (one per group), a contraction's result when what reads it "
+         "is not the epilogue form (a gelu, a bias gradient: docs/fusion.md)\n";
   return out;
 }
 
@@ -195,7 +213,13 @@ nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s, const Cas
           {"constants_inlined", s.folded_constants},
           {"patterns", patterns},
           {"largest", largest},
-          {"one_kernel_composites", composite}};
+          {"one_kernel_composites", composite},
+          {"gemm_epilogues",
+           {{"gemms", s.epilogues.gemms},
+            {"residual", s.epilogues.residual},
+            {"bias", s.epilogues.bias},
+            {"narrowed", s.epilogues.narrowed},
+            {"sums_bytes_not_stored", s.epilogues.sums_bytes}}}};
 }
 
 }  // namespace napkin::report

@@ -16,6 +16,8 @@
 //    internal values are never moved.
 //  - memory peak before: analysis/memory on the same schedule with the group
 //    annotations removed (each node its own kernel, every value a buffer).
+//  - GEMM epilogues: groups headed by a contraction (passes/fuse_gemm_epilogues.h),
+//    counted by the parts of the form they use.
 //  - pattern of a group: "<optimizer> update" when it writes an update of a
 //    parameter, "optimizer scalars" for the 0-d optimizer kernel, else its
 //    members' op names in order (constants left out). Groups with the same
@@ -51,6 +53,13 @@ struct FusionSummary {
   std::vector<int> largest;             // group ids, most ops first (at most 3)
   // Composite ops that are one kernel by construction: "softmax" -> count.
   std::vector<std::pair<std::string, int>> composite;
+  // GEMM epilogue groups (ir/gemm_epilogue.h): how many, how many add a
+  // residual, a bias, store D narrower than f32, and the bytes of the f32
+  // sums they never store.
+  struct Epilogues {
+    int gemms = 0, residual = 0, bias = 0, narrowed = 0;
+    double sums_bytes = 0;
+  } epilogues;
 };
 
 // Where the cast passes put the precision policy's casts, against the same

@@ -40,8 +40,8 @@ namespace {
 // 0.6-2 µs (bench/gemm_peak.cpp --pool, "small").
 constexpr double kMinParallelFlops = 2.5e5;
 // The f32 sums of one panel of an epilogue's GEMM: small enough to stay in
-// a core's L2 until the epilogue reads them.
-constexpr int64_t kEpiloguePanelBytes = 512 * 1024;
+// a core's L2 (2 MiB here) beside the A rows and B panel until the epilogue reads them.
+constexpr int64_t kEpiloguePanelBytes = 1024 * 1024;
 
 void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                int64_t ldb, float* c, int64_t ldc) {
@@ -213,10 +213,14 @@ Gemm::Split Gemm::split_for(int threads) const {
   int64_t m = d_.m, n = d_.n;
   if (epilogue_panels_) {
     // Panels of whole rows whose sums fit in kEpiloguePanelBytes, so the
-    // epilogue reads them from cache; at least one panel per thread.
-    int64_t rows = std::max<int64_t>(16, kEpiloguePanelBytes / (4 * std::max<int64_t>(n, 1)) / 16 * 16);
-    rows = std::min(rows, (m + threads - 1) / threads);
-    s.panel = std::max<int64_t>(rows, 1);
+    // epilogue reads them from cache, as many as a multiple of the threads
+    // (each thread gets as many rows), 16-row register blocks where m allows.
+    const int64_t cap = std::max<int64_t>(16, kEpiloguePanelBytes / (4 * std::max<int64_t>(n, 1)));
+    const int64_t t = std::max(threads, 1);
+    int64_t parts = ((m + cap - 1) / cap + t - 1) / t * t;
+    parts = std::max<int64_t>(1, std::min(parts, m));
+    s.panel = (m + parts - 1) / parts;
+    if (m >= 16 * parts) s.panel = (s.panel + 15) / 16 * 16;
     s.parts = (m + s.panel - 1) / s.panel;
     return s;
   }

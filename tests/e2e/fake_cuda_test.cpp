@@ -66,6 +66,26 @@ Trainers build_both(const std::string& model, const std::string& dims, const Tem
   return t;
 }
 
+// The GEMM epilogues of a CUDA trainer's program (runtime/program.h GemmEpilogueSpec).
+struct EpilogueCount {
+  int bias = 0, residual = 0, narrow = 0;
+};
+EpilogueCount epilogues_of(const Trainers& t) {
+  Run program = sh(t.cuda + " --print-program");
+  INFO(program.out);
+  REQUIRE(program.status == 0);
+  EpilogueCount n;
+  const nlohmann::json parsed = nlohmann::json::parse(program.out);
+  for (const auto& k : parsed.at("kernels")) {
+    if (!k.contains("matmul") || k.at("matmul").at("epilogue").is_null()) continue;
+    const auto& e = k.at("matmul").at("epilogue");
+    n.bias += e.at("bias").get<int64_t>() >= 0;
+    n.residual += e.at("residual").get<int64_t>() >= 0;
+    n.narrow += e.at("d_dtype") != "f32";
+  }
+  return n;
+}
+
 // The CUDA trainer on the fake GPU; `env`: more VAR=value assignments.
 Run run_cuda(const Trainers& t, const std::string& flags, const std::string& env = "") {
   return sh(fmt::format("{} NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {}", env, t.cuda_source,
@@ -323,6 +343,9 @@ TEST_CASE("fake cuda: gpt bf16-mixed trains on the fake GPU as on the CPU and an
   check_close(cpu, cuda, 2e-2);
   CHECK(train_cuda(t, flags, dir, "no-graphs", "NAPKIN_CUDA_GRAPHS=0") == cuda);
 
+  // Those losses came through cuBLASLt's epilogues: each block's two residual projections read x as C.
+  CHECK(epilogues_of(t).residual >= 2 * 2);  // kGptDims: 2 layers
+
   // Token 300 in a byte-level model, a few batches in (met by a kernel
   // replayed from a CUDA graph): the CUDA trainer stops where the CPU one
   // does, with the CPU's message.
@@ -343,6 +366,20 @@ TEST_CASE("fake cuda: gpt bf16-mixed trains on the fake GPU as on the CPU and an
   std::vector<double> before = losses(dir / "bad-cuda.jsonl");
   CHECK(before.size() >= 2);  // past the eager first step, into the graphs
   CHECK(before.size() == losses(dir / "bad-cpu.jsonl").size());
+}
+
+TEST_CASE("fake cuda: GPT-2 (biases everywhere, bf16-mixed) trains on the fake GPU as on the CPU through cuBLASLt's bias epilogues") {
+  TempDir dir("fakecuda-gpt2");
+  Trainers t = build_both("models/gpt2-124m.yaml", "vocab=256,d=64,heads=4,layers=2,batch=4,seq=32", dir);
+  // Per block: qkv = bf16(x W + b) (bias, narrowed), x + y W + b and x + m W + b (residual and bias).
+  const EpilogueCount e = epilogues_of(t);
+  CHECK(e.bias >= 3 * 2);
+  CHECK(e.residual >= 2 * 2);
+  CHECK(e.narrow >= 2);
+  std::string flags = fmt::format("{} {} --steps 4 --quiet", kCommon, kGptData);
+  std::vector<double> cpu = train(t.cpu + " " + flags, dir, "cpu");
+  std::vector<double> cuda = train_cuda(t, flags, dir, "cuda");
+  check_close(cpu, cuda, 2e-2);
 }
 
 TEST_CASE("fake cuda: lm-gqa (untied [d, vocab] head, grouped heads, SwiGLU, RMSNorm) trains on the fake GPU as on the CPU") {

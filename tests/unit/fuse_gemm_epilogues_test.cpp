@@ -1,0 +1,137 @@
+// passes/fuse_gemm_epilogues: which contractions take the elementwise work
+// after them as their GEMM's epilogue (ir/gemm_epilogue.h: D = cast(acc +
+// residual + bias)), which do not and why, and that a compiled step with the
+// epilogues computes what the step without them does: the same bits in fp32
+// (the same sums, added in the same order), within bf16 rounding under
+// bf16-mixed (the epilogue adds to unrounded sums).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ir/fusion_group.h"
+#include "ir/gemm_epilogue.h"
+#include "passes/pipeline.h"
+#include "support/compiled_step.h"
+#include "support/test_models.h"
+
+namespace napkin {
+namespace {
+
+ir::Graph compile(const std::string& model, ir::PrecisionPolicy precision, bool epilogues) {
+  passes::PipelineOptions options;
+  options.matmul_epilogues = epilogues;
+  return testing::compile_small_model(testing::source_path("models/" + model + ".yaml"), precision, options);
+}
+
+struct Epilogues {
+  int groups = 0, residual = 0, bias = 0, cast = 0;
+  std::vector<ir::NodeId> contractions;
+};
+
+// Every GEMM epilogue group of g, each checked against the form.
+Epilogues epilogues_of(const ir::Graph& g) {
+  Epilogues e;
+  const ir::FusionGroups groups = ir::fusion_groups(g);
+  for (const ir::FusionGroup& fg : groups.groups) {
+    if (fg.contraction == ir::kNoNode) continue;
+    ++e.groups;
+    e.contractions.push_back(fg.contraction);
+    const ir::Node& c = g.node(fg.contraction);
+    CHECK(fg.nodes.front() == c.id);
+    CHECK(groups.internal[c.out()]);  // the sums are never stored
+    CHECK(g.value(c.out()).type.dtype == ir::DType::F32);
+    const std::vector<ir::NodeId> steps(fg.nodes.begin() + 1, fg.nodes.end());
+    const auto form = ir::match_gemm_epilogue(g, c.id, c.out(), steps);
+    REQUIRE(form.has_value());
+    REQUIRE(fg.outputs.size() == 1);
+    CHECK(fg.outputs[0] == form->result);
+    e.residual += form->residual != ir::kNoValue;
+    e.bias += form->bias != ir::kNoValue;
+    e.cast += form->out != ir::DType::F32;
+  }
+  return e;
+}
+
+TEST_CASE("fuse_gemm_epilogues: GPT-2's qkv bias and both residual projections become epilogues, the gelu'd fc does not") {
+  const ir::Graph g = compile("gpt2-124m", ir::PrecisionPolicy::BF16Mixed, true);
+  const Epilogues e = epilogues_of(g);
+  const int layers = 2;  // small dims
+  // Forward, per layer: qkv = cast(x W + b) (bias, cast), x + y W_proj + b and
+  // x + m W_fc_proj + b (residual, bias). The fc's bias add feeds a gelu,
+  // whose input the backward reads too: not the form.
+  int forward = 0;
+  for (ir::NodeId id : e.contractions) forward += g.node(id).phase == ir::Phase::Forward;
+  CHECK(forward == 3 * layers);
+  CHECK(e.bias >= 3 * layers);
+  CHECK(e.cast >= layers);
+  CHECK(e.residual >= 2 * layers);
+  for (ir::NodeId id : g.schedule()) {
+    const ir::Node& n = g.node(id);
+    if (n.op != ir::Op::Gelu) continue;
+    const ir::NodeId pre = g.value(n.in(0)).producer;  // the bias add, whose input is the fc GEMM's result
+    REQUIRE(pre != ir::kNoNode);
+    for (ir::ValueId in : g.node(pre).inputs) {
+      const ir::NodeId p = g.value(in).producer;
+      if (p != ir::kNoNode && g.node(p).op == ir::Op::Cast) CHECK(g.node(g.value(g.node(p).in(0)).producer).group < 0);
+    }
+  }
+  // Without the option no contraction is in a group.
+  CHECK(epilogues_of(compile("gpt2-124m", ir::PrecisionPolicy::BF16Mixed, false)).groups == 0);
+}
+
+TEST_CASE("fuse_gemm_epilogues: a result read outside the chain, a bias before the residual, a reduction: no epilogue") {
+  auto model = [](const std::string& forward) {
+    return R"(
+dims: {batch: 8, d: 16}
+inputs:
+  x: {shape: [batch, d]}
+params:
+  w: {shape: [d, d], init: normal(0.1)}
+  b: {shape: [d], init: normal(0.1)}
+  c: {shape: [batch, 1], init: normal(0.1)}
+forward:
+)" + forward + R"(
+loss: mean(y @ w)
+optimizer: sgd(lr=0.1)
+)";
+  };
+  auto forward_epilogues = [](const ir::Graph& g) {
+    int n = 0;
+    for (ir::NodeId id : epilogues_of(g).contractions) n += g.node(id).phase == ir::Phase::Forward;
+    return n;
+  };
+  // The form: residual, then bias.
+  CHECK(forward_epilogues(testing::compile_training(model("  - y: x + x @ w + b"))) == 1);
+  // The bias first, then the residual: cuBLASLt adds C before the bias, so the sums would differ.
+  CHECK(forward_epilogues(testing::compile_training(model("  - y: x @ w + b + x"))) == 0);
+  // The product is read again after the add: it would have to be stored.
+  CHECK(forward_epilogues(testing::compile_training(model("  - h: x @ w\n  - y: (h + b) * h"))) == 0);
+  // Work the form does not have (a multiply) after the add.
+  CHECK(forward_epilogues(testing::compile_training(model("  - y: (x @ w + b) * 2"))) == 0);
+  // A bias that broadcasts along the other dim ([batch, 1]) is not the [n] vector.
+  CHECK(forward_epilogues(testing::compile_training(model("  - y: x @ w + c"))) == 0);
+}
+
+TEST_CASE("fuse_gemm_epilogues: a compiled step gives the same bits in fp32 and agrees within bf16 rounding under bf16-mixed") {
+  for (const char* model : {"gpt", "gpt2-124m", "lm-gqa"}) {
+    CAPTURE(model);
+    {
+      testing::CompiledStep a(compile(model, ir::PrecisionPolicy::FP32, false)), b(compile(model, ir::PrecisionPolicy::FP32, true));
+      CHECK(epilogues_of(b.g).groups > 0);
+      CHECK(b.plan.kernels.size() < a.plan.kernels.size());
+      CHECK(testing::run_step(a) == testing::run_step(b));
+      CHECK(testing::check_same_state_bits(a, b) > 0);
+    }
+    {
+      testing::CompiledStep a(compile(model, ir::PrecisionPolicy::BF16Mixed, false)),
+          b(compile(model, ir::PrecisionPolicy::BF16Mixed, true));
+      const double la = testing::run_step(a), lb = testing::run_step(b);
+      CHECK(std::fabs(la - lb) <= 2e-3 * std::fabs(la));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace napkin
