@@ -96,8 +96,12 @@ void gemm_with_epilogue(const ir::Graph& g, const ir::FusionGroup& fg, Kernel& k
   const ir::Node& c = g.node(fg.contraction);
   const std::vector<ir::NodeId> steps(fg.nodes.begin() + 1, fg.nodes.end());
   const std::optional<ir::GemmEpilogue> form = ir::match_gemm_epilogue(g, c.id, c.out(), steps);
-  NAPKIN_INTERNAL_CHECK(form && fg.outputs.size() == 1 && fg.outputs[0] == form->result,
-                        "fusion group {} starts with a contraction but is not a GEMM epilogue", fg.id);
+  NAPKIN_INTERNAL_CHECK(form, "fusion group {} starts with a contraction but is not a GEMM epilogue", fg.id);
+  // The group's outputs: D first (Kernel::output), then a gelu's stored input.
+  const bool stores_aux = form->activation == ir::GemmActivation::Gelu && form->aux != ir::kNoValue;
+  NAPKIN_INTERNAL_CHECK(k.fused->outputs.size() == (stores_aux ? 2u : 1u) && k.fused->outputs[0].value == form->result &&
+                            (!stores_aux || k.fused->outputs[1].value == form->aux),
+                        "GEMM epilogue group {} stores other values than D and its aux", fg.id);
   auto input_index = [&](ir::ValueId v) {
     if (v == ir::kNoValue) return -1;
     return static_cast<int>(std::find(fg.inputs.begin(), fg.inputs.end(), v) - fg.inputs.begin());
@@ -114,7 +118,9 @@ void gemm_with_epilogue(const ir::Graph& g, const ir::FusionGroup& fg, Kernel& k
   NAPKIN_INTERNAL_CHECK(k.matmul && k.matmul->batch.empty() && !k.matmul->swap_operands && k.matmul->n == n &&
                             k.matmul->c_m_stride == n,
                         "a GEMM epilogue's product is not a plain row-major [rows, n] one (fusion group {})", fg.id);
-  k.epilogue = GemmEpilogueOperands{input_index(form->residual), input_index(form->bias)};
+  k.epilogue = GemmEpilogueOperands{input_index(form->residual), input_index(form->bias), form->activation,
+                                    form->activation == ir::GemmActivation::GeluGrad ? input_index(form->aux) : -1,
+                                    stores_aux ? 1 : -1};
 }
 
 // The kernel of fusion group fg: its inputs and outputs as operands, its
@@ -161,10 +167,10 @@ Kernel fused_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const
   }
   NAPKIN_INTERNAL_CHECK(!f.outputs.empty(), "fusion group {} has no output", fg.id);
   k.output = f.outputs[0];
-  if (fg.contraction != ir::kNoNode) gemm_with_epilogue(g, fg, k);
   k.phase = fg.phase;
   k.where = where(g.node(fg.nodes.front()));
   k.fused = std::move(f);
+  if (fg.contraction != ir::kNoNode) gemm_with_epilogue(g, fg, k);
   return k;
 }
 

@@ -35,6 +35,7 @@
 
 #include "analysis/memory_plan.h"
 #include "codegen/contraction.h"
+#include "ir/gemm_epilogue.h"
 #include "ir/graph.h"
 
 namespace napkin::codegen {
@@ -107,7 +108,8 @@ struct BatchMember {
 };
 
 // A GEMM's epilogue (ir/gemm_epilogue.h): the Gemm kernel stores
-//   D = cast(acc + residual + bias)
+//   D = cast(act(acc + residual + bias))    (and, with a gelu, its input as aux)
+//   D = cast(gelu_grad(aux, acc))           (a gelu's gradient)
 // where acc is the f32 sums, never stored, and D the kernel's output. The
 // kernel's `fused` loop holds the same work as ops (ops[0] the contraction,
 // whose result is acc; then the epilogue's adds and cast) for the emitters
@@ -116,6 +118,9 @@ struct BatchMember {
 struct GemmEpilogueOperands {
   int residual = -1;  // index in Kernel::inputs of the value added first (cuBLASLt's C), -1: none
   int bias = -1;      // index in Kernel::inputs of the [n] vector added second, -1: none
+  ir::GemmActivation activation = ir::GemmActivation::None;
+  int aux_input = -1;   // GeluGrad: index in Kernel::inputs of the stored gelu input it reads
+  int aux_output = -1;  // Gelu: index in FusedLoop::outputs of the gelu input it stores (1), -1: none
 };
 
 struct Kernel {

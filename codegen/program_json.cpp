@@ -36,10 +36,18 @@ json operand_json(const Operand& o) {
 json epilogue_json(const Kernel& k) {
   if (!k.epilogue) return nullptr;
   auto offset = [&](int input) { return input < 0 ? int64_t{-1} : k.inputs[input].byte_offset; };
+  const GemmEpilogueOperands& e = *k.epilogue;
+  const char* activation = e.activation == ir::GemmActivation::Gelu       ? "gelu"
+                           : e.activation == ir::GemmActivation::GeluGrad ? "gelu_grad"
+                                                                          : "none";
+  // The gelu's input: stored (gelu) or read (gelu_grad), in D's dtype, n elements a row like D.
+  const int64_t aux = e.aux_output >= 0 ? k.fused->outputs[e.aux_output].byte_offset : offset(e.aux_input);
   return {{"d", k.output.byte_offset},
           {"d_dtype", std::string(ir::dtype_name(k.output.dtype))},
-          {"residual", offset(k.epilogue->residual)},
-          {"bias", offset(k.epilogue->bias)}};
+          {"residual", offset(e.residual)},
+          {"bias", offset(e.bias)},
+          {"activation", activation},
+          {"aux", aux}};
 }
 
 json matmul_json(const Kernel& k) {

@@ -45,35 +45,61 @@ std::optional<GemmEpilogue> match_gemm_epilogue(const Graph& g, NodeId contracti
   if (steps.empty() || !gemm_with_epilogue_shape(g, c)) return std::nullopt;
   const TensorType& acc = g.value(acc_value).type;
   if (acc.dtype != DType::F32 || !acc.same_shape(g.value(c.out()).type)) return std::nullopt;
+  const int64_t n = acc.sizes().back();
   GemmEpilogue e;
   e.contraction = contraction;
   e.steps = steps;
+  auto narrow = [](DType t) { return t == DType::BF16 || t == DType::F16; };
+  auto full = [&](const Value& v) { return v.type.same_shape(acc) && is_contiguous(v.layout, v.type.sizes()); };
+  auto tanh_gelu = [](const Node& s) {
+    return s.attrs.has("approximate") && s.attrs.get_string("approximate") == "tanh";
+  };
   ValueId running = acc_value;
-  // Stage: 0 before the residual, 1 after it, 2 after the bias.
+  ValueId pre_activation = kNoValue;  // what the gelu reads: the aux a forward stores
+  ValueId widened_aux = kNoValue;     // the aux a gelu gradient reads, widened to f32
+  // Stage: 0 before the residual, 1 after it, 2 after the bias, 3 after the
+  // activation, 4 after the final cast.
   int stage = 0;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const Node& s = g.node(steps[i]);
+  for (const NodeId id : steps) {
+    const Node& s = g.node(id);
     if (s.phase != c.phase || s.outputs.size() != 1) return std::nullopt;
     const TensorType& t = g.value(s.out()).type;
     if (!t.same_shape(acc)) return std::nullopt;
-    if (s.op == Op::Cast) {
-      if (i + 1 != steps.size() || s.in(0) != running) return std::nullopt;
-      if (t.dtype != DType::BF16 && t.dtype != DType::F16) return std::nullopt;
-    } else if (s.op == Op::Add && s.inputs.size() == 2 && t.dtype == DType::F32) {
+    if (s.op == Op::Cast && s.in(0) == running && stage < 4 && narrow(t.dtype)) {
+      stage = 4;  // D narrower than the sums
+    } else if (s.op == Op::Cast && pre_activation != kNoValue && s.in(0) == pre_activation && e.aux == kNoValue &&
+               narrow(t.dtype)) {
+      e.aux = s.out();  // the forward stores the gelu's input for its gradient
+      continue;
+    } else if (s.op == Op::Cast && stage == 0 && widened_aux == kNoValue && t.dtype == DType::F32 &&
+               narrow(g.value(s.in(0)).type.dtype) && full(g.value(s.in(0))) && s.in(0) != running) {
+      e.aux = s.in(0);  // the stored gelu input a gradient reads
+      widened_aux = s.out();
+      continue;
+    } else if (s.op == Op::Add && s.inputs.size() == 2 && t.dtype == DType::F32 && stage < 2 && widened_aux == kNoValue) {
       int side = s.in(0) == running ? 1 : s.in(1) == running ? 0 : -1;
       if (side < 0 || s.in(0) == s.in(1)) return std::nullopt;
       const Value& other = g.value(s.in(side));
       if (other.type.dtype != DType::F32) return std::nullopt;
       const std::vector<int64_t> sizes = other.type.sizes();
-      if (other.type.same_shape(acc) && is_contiguous(other.layout, sizes) && stage == 0) {
+      if (full(other) && stage == 0) {
         e.residual = s.in(side);
         stage = 1;
-      } else if (sizes.size() == 1 && sizes[0] == acc.sizes().back() && is_contiguous(other.layout, sizes) && stage < 2) {
+      } else if (sizes.size() == 1 && sizes[0] == n && is_contiguous(other.layout, sizes)) {
         e.bias = s.in(side);
         stage = 2;
       } else {
         return std::nullopt;
       }
+    } else if (s.op == Op::Gelu && s.in(0) == running && stage < 3 && t.dtype == DType::F32 && tanh_gelu(s) &&
+               widened_aux == kNoValue) {
+      e.activation = GemmActivation::Gelu;
+      pre_activation = running;
+      stage = 3;
+    } else if (s.op == Op::GeluGrad && stage == 0 && widened_aux != kNoValue && s.in(0) == widened_aux &&
+               s.in(1) == running && t.dtype == DType::F32 && tanh_gelu(s)) {
+      e.activation = GemmActivation::GeluGrad;
+      stage = 3;
     } else {
       return std::nullopt;
     }
@@ -83,6 +109,10 @@ std::optional<GemmEpilogue> match_gemm_epilogue(const Graph& g, NodeId contracti
   e.out = g.value(running).type.dtype;
   // cuBLASLt's C has D's type: a residual under a narrowing cast is not the form.
   if (e.residual != kNoValue && e.out != DType::F32) return std::nullopt;
+  // A widened aux that no gelu gradient read, or a gradient without its aux: not the form.
+  if ((widened_aux != kNoValue) != (e.activation == GemmActivation::GeluGrad)) return std::nullopt;
+  // cuBLASLt's aux: D's type, and its rows (napkin's n) a multiple of 8 apart.
+  if (e.aux != kNoValue && (g.value(e.aux).type.dtype != e.out || n % 8 != 0)) return std::nullopt;
   return e;
 }
 

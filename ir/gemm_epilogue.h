@@ -17,10 +17,17 @@
 //    the rows, added second.
 //  - cast (optional, last): to bf16 or f16, where D is stored narrower than
 //    the accumulator.
-// At least one of them. Each step reads the one before directly (not through
+//  - gelu (optional, tanh form, after the adds): D = cast(gelu(acc +
+//    residual + bias)), and aux = cast(acc + residual + bias) to D's dtype
+//    may be stored besides (the input its gradient reads: cuBLASLt's
+//    GELU_AUX; n a multiple of 8).
+// Or the gelu's gradient (cuBLASLt's DGELU): D = cast(gelu_grad(f32(aux),
+// acc)), aux that stored input (D's dtype, contiguous).
+// At least one step. Each step reads the one before directly (not through
 // a view), in this order; the adds may take acc on either side.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <vector>
 
@@ -28,11 +35,17 @@
 
 namespace napkin::ir {
 
+enum class GemmActivation : uint8_t { None, Gelu, GeluGrad };
+
 struct GemmEpilogue {
   NodeId contraction = kNoNode;
-  std::vector<NodeId> steps;      // the epilogue's nodes, in order (the adds, then the cast)
+  std::vector<NodeId> steps;      // the epilogue's nodes, in order
   ValueId residual = kNoValue;    // the value added as C, or none
   ValueId bias = kNoValue;        // the [n] vector, or none
+  GemmActivation activation = GemmActivation::None;
+  // Gelu: the stored copy of its input, a second output (none if not
+  // stored); GeluGrad: that stored input, read.
+  ValueId aux = kNoValue;
   DType out = DType::F32;         // D's dtype
   ValueId result = kNoValue;      // D: the last step's result
 };

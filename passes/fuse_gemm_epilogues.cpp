@@ -7,6 +7,7 @@
 
 #include "ir/fusion_group.h"
 #include "ir/gemm_epilogue.h"
+#include "passes/mixed_precision.h"
 
 namespace napkin::passes {
 
@@ -22,6 +23,121 @@ class FuseGemmEpilogues : public Pass {
   std::string_view name() const override { return "fuse_gemm_epilogues"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
+    const bool gelus = store_gelu_inputs(g);
+    return fuse(g) || gelus;
+  }
+
+ private:
+  // The gelu after a GEMM and its gradient before one (GPT's MLP), made the
+  // epilogue form: the forward stores the gelu's input in D's dtype (aux)
+  // where it stored the GEMM's rounded result for the backward to recompute
+  // the input from (passes/rematerialize.h), and the backward reads aux;
+  // the bias gradient that summed the gradient's f32 values in the same
+  // kernel sums its stored bf16 values instead, a kernel of its own (as
+  // PyTorch's autocast and llm.c do): then the gradient GEMM stores
+  // dgelu(sums, aux) directly (cuBLASLt's GELU_AUX_BIAS and DGELU). Only
+  // where every piece is as described; anything else is left as it is.
+  static bool store_gelu_inputs(ir::Graph& g) {
+    const ir::FusionGroups groups = ir::fusion_groups(g);
+    const std::vector<bool> escaping = g.escaping_buffers();
+    std::vector<std::vector<NodeId>> readers(g.num_values());
+    for (NodeId id : g.schedule())
+      for (ValueId v : g.node(id).inputs) readers[g.value(v).storage].push_back(id);
+    auto only_reader = [&](ValueId v, NodeId id) { return readers[v].size() == 1 && readers[v][0] == id; };
+    bool changed = false;
+    std::vector<NodeId> erased;
+    for (const ir::FusionGroup& fg : groups.groups) {
+      // The forward: [cast(mm, f32), add(., b), gelu, cast(., bf16)].
+      if (fg.phase != ir::Phase::Forward || fg.nodes.size() != 4) continue;
+      const ir::Node &c1 = g.node(fg.nodes[0]), &pre = g.node(fg.nodes[1]), &gelu = g.node(fg.nodes[2]),
+                     &m = g.node(fg.nodes[3]);
+      if (c1.op != Op::Cast || pre.op != Op::Add || gelu.op != Op::Gelu || m.op != Op::Cast) continue;
+      const ValueId r = c1.in(0);
+      const NodeId mm = g.value(r).producer;
+      if (mm == ir::kNoNode || g.value(r).is_view() || escaping[r] || g.node(mm).group >= 0) continue;
+      if (g.value(r).type.dtype != DType::BF16 || g.value(c1.out()).type.dtype != DType::F32) continue;
+      if (pre.in(0) != c1.out() || !only_reader(pre.out(), gelu.id) || gelu.in(0) != pre.out()) continue;
+      const ValueId bias = pre.in(1);
+      // The backward's recomputations of the gelu input from r: cast(r, f32) + bias, read by gelu gradients only.
+      std::vector<NodeId> casts, adds;
+      bool recomputed = true;
+      for (NodeId reader : readers[r]) {
+        if (reader == c1.id) continue;
+        const ir::Node& c2 = g.node(reader);
+        if (c2.op != Op::Cast || c2.phase != ir::Phase::Backward || readers[c2.out()].size() != 1) {
+          recomputed = false;
+          break;
+        }
+        const ir::Node& add = g.node(readers[c2.out()][0]);
+        if (add.op != Op::Add || add.in(0) != c2.out() || add.in(1) != bias) recomputed = false;
+        for (NodeId user : readers[add.out()])
+          if (g.node(user).op != Op::GeluGrad || g.node(user).in(0) != add.out()) recomputed = false;
+        casts.push_back(c2.id);
+        adds.push_back(add.id);
+      }
+      if (!recomputed || adds.empty()) continue;
+      // The epilogue the forward becomes must be the form (with the aux it will store).
+      const ir::TensorType aux_type{DType::BF16, g.value(pre.out()).type.dims};
+      if (!ir::gemm_with_epilogue_shape(g, g.node(mm)) || aux_type.sizes().back() % 8 != 0 ||
+          g.value(m.out()).type.dtype != DType::BF16)
+        continue;
+      // add_node may move the nodes: what is needed of them, first.
+      const ValueId pre_out = pre.out();
+      const NodeId pre_origin = pre.origin, last = fg.nodes.back();
+      const ir::SourceLoc pre_loc = pre.loc;
+      const std::string pre_scope = pre.scope;
+      ir::Attrs narrow;
+      narrow.set("dtype", DType::BF16);
+      narrow.set(kAmpCastAttr, std::string(kGeluInputCastReason));  // the AMP audit lists it with its reason
+      const NodeId aux = g.add_node(Op::Cast, {pre_out}, {aux_type}, narrow, pre_loc, pre_scope, ir::Phase::Forward);
+      g.node(aux).group = fg.id;
+      g.node(aux).origin = pre_origin;
+      if (!g.value(pre_out).name.empty()) g.value(g.node(aux).out()).name = g.value(pre_out).name + ".bf16";
+      std::vector<NodeId>& schedule = g.mutable_schedule();
+      schedule.pop_back();
+      schedule.insert(std::find(schedule.begin(), schedule.end(), last) + 1, aux);
+      for (size_t i = 0; i < adds.size(); ++i) {
+        const ir::Node add = g.node(adds[i]);  // a copy: add_node may move the nodes
+        ir::Attrs widen;
+        widen.set("dtype", DType::F32);
+        const NodeId w = g.add_node(Op::Cast, {g.node(aux).out()}, {g.value(add.out()).type}, widen, add.loc, add.scope,
+                                    ir::Phase::Backward);
+        g.node(w).group = add.group;
+        g.node(w).origin = add.origin;
+        std::vector<NodeId>& sched = g.mutable_schedule();
+        sched.pop_back();
+        sched.insert(std::find(sched.begin(), sched.end(), adds[i]), w);
+        g.replace_uses(add.out(), g.node(w).out());
+        erased.push_back(adds[i]);
+        erased.push_back(casts[i]);
+      }
+      changed = true;
+    }
+    g.erase_nodes(erased);
+    if (!changed) return false;
+    // The gradients' groups: [cast(dm, f32), cast(aux, f32), gelu_grad, cast(., bf16), reduce_sum(gelu_grad)].
+    const ir::FusionGroups after = ir::fusion_groups(g);
+    for (const ir::FusionGroup& fg : after.groups) {
+      if (fg.phase != ir::Phase::Backward || fg.reduction == ir::kNoNode || fg.nodes.size() != 5) continue;
+      const ir::Node &c3 = g.node(fg.nodes[0]), &w = g.node(fg.nodes[1]), &gg = g.node(fg.nodes[2]),
+                     &dh = g.node(fg.nodes[3]);
+      ir::Node& sum = g.node(fg.nodes[4]);
+      if (c3.op != Op::Cast || w.op != Op::Cast || gg.op != Op::GeluGrad || dh.op != Op::Cast) continue;
+      if (sum.op != Op::ReduceSum || sum.in(0) != gg.out() || dh.in(0) != gg.out()) continue;
+      const ValueId r = c3.in(0);
+      const NodeId mm = g.value(r).producer;
+      if (mm == ir::kNoNode || g.value(r).is_view() || g.node(mm).group >= 0 || g.value(r).type.dtype != DType::BF16)
+        continue;
+      if (!ir::match_gemm_epilogue(g, mm, c3.out(), {w.id, gg.id, dh.id})) continue;
+      // The bias gradient sums the stored bf16 gradient, widening as it loads, in a kernel of its own.
+      sum.inputs[0] = dh.out();
+      sum.attrs.set("dtype", DType::F32);
+      sum.group = -1;
+    }
+    return true;
+  }
+
+  bool fuse(ir::Graph& g) {
     const ir::FusionGroups groups = ir::fusion_groups(g);
     const std::vector<bool> escaping = g.escaping_buffers();
     // Readers of each buffer, direct or through a view.
@@ -56,23 +172,27 @@ class FuseGemmEpilogues : public Pass {
       std::vector<NodeId> nodes{reader.id};
       if (reader.group >= 0) {
         const ir::FusionGroup& fg = groups.groups[reader.group];
-        if (fg.reduction != ir::kNoNode || groups.batch_of[fg.id] >= 0 || fg.outputs.size() != 1) continue;
+        if (fg.reduction != ir::kNoNode || groups.batch_of[fg.id] >= 0) continue;
         nodes = fg.nodes;
       }
       if (nodes.front() != reader.id) continue;
       const ValueId acc = widened ? reader.out() : r;
       std::vector<NodeId> steps(nodes.begin() + (widened ? 1 : 0), nodes.end());
       if (steps.empty() || !ir::gemm_with_epilogue_shape(g, c)) continue;
-      // Only D leaves the kernel: every step's result but the last is read by the steps alone.
+      // One GEMM per epilogue: where two products meet in an add, the first claims it (the other is its C).
+      if (claimed.count(steps.front())) continue;
+      const std::optional<ir::GemmEpilogue> form = ir::match_gemm_epilogue(g, c.id, acc, steps);
+      if (!form) continue;
+      // Only D (and a gelu's stored input) leave the kernel: every other value the steps make is read by them alone.
       bool closed = true;
-      for (size_t i = 0; i + 1 < nodes.size(); ++i) {
-        const ValueId v = g.node(nodes[i]).out();
+      for (NodeId step : nodes) {
+        const ValueId v = g.node(step).out();
+        if (v == form->result || (form->activation == ir::GemmActivation::Gelu && v == form->aux)) continue;
         if (escaping[v] || read_through_view[v]) closed = false;
         for (NodeId user : readers[v])
           if (std::find(nodes.begin(), nodes.end(), user) == nodes.end()) closed = false;
       }
-      // One GEMM per epilogue: where two products meet in an add, the first claims it (the other is its C).
-      if (!closed || claimed.count(steps.front()) || !ir::match_gemm_epilogue(g, c.id, acc, steps)) continue;
+      if (!closed) continue;
       claimed.insert(steps.front());
       fusions.push_back({c.id, widened ? reader.id : ir::kNoNode, steps.front(),
                          reader.group >= 0 ? reader.group : next_group++});
@@ -102,7 +222,6 @@ class FuseGemmEpilogues : public Pass {
     return true;
   }
 
- private:
   // Group ids 0 .. n-1 in schedule order (ir/fusion_group.h).
   static void renumber_groups(ir::Graph& g) {
     std::map<int, int> renamed;

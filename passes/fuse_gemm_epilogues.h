@@ -29,4 +29,8 @@ namespace napkin::passes {
 
 std::unique_ptr<Pass> make_fuse_gemm_epilogues_pass();
 
+// The reason (passes/mixed_precision.h kAmpCastAttr) on the cast that stores
+// a gelu's input in bf16 for its gradient.
+inline constexpr const char* kGeluInputCastReason = "gelu input for its gradient";
+
 }  // namespace napkin::passes

@@ -92,6 +92,8 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
     s.epilogues.residual += form->residual != ir::kNoValue;
     s.epilogues.bias += form->bias != ir::kNoValue;
     s.epilogues.narrowed += form->out != ir::DType::F32;
+    s.epilogues.gelu += form->activation == ir::GemmActivation::Gelu;
+    s.epilogues.gelu_grad += form->activation == ir::GemmActivation::GeluGrad;
     s.epilogues.sums_bytes += static_cast<double>(g.value(c.out()).type.bytes());
   }
   for (auto& [name, pat] : patterns) s.patterns.push_back(pat);
@@ -167,12 +169,13 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s, cons
                        change(casts->bytes_policy, casts->bytes_placed));
   }
   if (s.epilogues.gemms > 0)
-    out += fmt::format("  GEMM epilogues     {} GEMMs store D = cast(sums + residual + bias): {} add a residual, {} a bias, {} "
-                       "store bf16/f16; {} of f32 sums never stored (fuse_gemm_epilogues)\n",
-                       s.epilogues.gemms, s.epilogues.residual, s.epilogues.bias, s.epilogues.narrowed,
-                       ir::human_bytes(s.epilogues.sums_bytes));
+    out += fmt::format("  GEMM epilogues     {} GEMMs store D = cast(act(sums + residual + bias)) or a gelu's gradient: {} add a "
+                       "residual, {} a bias, {} a gelu, {} a gelu's gradient, {} store bf16/f16; {} of f32 sums never "
+                       "stored (fuse_gemm_epilogues)\n",
+                       s.epilogues.gemms, s.epilogues.residual, s.epilogues.bias, s.epilogues.gelu, s.epilogues.gelu_grad,
+                       s.epilogues.narrowed, ir::human_bytes(s.epilogues.sums_bytes));
   out += "  not fused: a second reduction of a group's values (one per group), a contraction's result when what reads it "
-         "is not the epilogue form (a gelu, a bias gradient: docs/fusion.md)\n";
+         "is not the epilogue form (a gelu whose f32 input is kept, a bias gradient: docs/fusion.md)\n";
   return out;
 }
 
@@ -219,6 +222,8 @@ nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s, const Cas
             {"residual", s.epilogues.residual},
             {"bias", s.epilogues.bias},
             {"narrowed", s.epilogues.narrowed},
+            {"gelu", s.epilogues.gelu},
+            {"gelu_grad", s.epilogues.gelu_grad},
             {"sums_bytes_not_stored", s.epilogues.sums_bytes}}}};
 }
 

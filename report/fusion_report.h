@@ -54,10 +54,10 @@ struct FusionSummary {
   // Composite ops that are one kernel by construction: "softmax" -> count.
   std::vector<std::pair<std::string, int>> composite;
   // GEMM epilogue groups (ir/gemm_epilogue.h): how many, how many add a
-  // residual, a bias, store D narrower than f32, and the bytes of the f32
-  // sums they never store.
+  // residual, a bias, store D narrower than f32, apply a gelu or its
+  // gradient, and the bytes of the f32 sums they never store.
   struct Epilogues {
-    int gemms = 0, residual = 0, bias = 0, narrowed = 0;
+    int gemms = 0, residual = 0, bias = 0, narrowed = 0, gelu = 0, gelu_grad = 0;
     double sums_bytes = 0;
   } epilogues;
 };

@@ -130,6 +130,10 @@ Program parse_program(const char* text, size_t size) {
           ep.d_dtype = e.at("d_dtype");
           ep.residual = e.at("residual");
           ep.bias = e.at("bias");
+          ep.activation = e.value("activation", std::string("none"));
+          ep.aux = e.value("aux", int64_t{-1});
+          if (ep.activation != "none" && ep.activation != "gelu" && ep.activation != "gelu_grad")
+            throw Error("kernel " + s.name + ": unknown GEMM epilogue activation '" + ep.activation + "'");
         }
       }
       if (s.is_classifier) {

@@ -27,13 +27,18 @@ struct TensorSpec {
 };
 
 // A GEMM epilogue (codegen/plan.h GemmEpilogueOperands): the product's f32
-// sums are not stored at c; D = cast(sums + residual + bias) is, at d. The
+// sums are not stored at c; D = cast(act(sums + residual + bias)) is, at d
+// (or D = cast(gelu'(aux) * sums), a gelu's gradient). The
 // CPU runs the kernel's generated loop function on each panel of sums
 // (runtime/executor.h); CUDA, cuBLASLt's bias epilogue and C operand.
 struct GemmEpilogueSpec {
   bool on = false;
   int64_t d = 0, residual = -1, bias = -1;  // byte offsets; -1: none (the residual is [rows, n] as D, the bias [n] f32)
   std::string d_dtype;                       // "f32", "bf16" or "f16"
+  // "none"; "gelu": D = gelu(...), aux (if >= 0) = its input stored in D's
+  // dtype; "gelu_grad": D = gelu'(aux) * sums, aux read.
+  std::string activation = "none";
+  int64_t aux = -1;  // byte offset of the gelu's input ([rows, n] in D's dtype), -1: none
 };
 
 struct MatmulSpec {

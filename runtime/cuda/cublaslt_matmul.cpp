@@ -139,7 +139,7 @@ uint32_t pointer_alignment(const std::vector<int64_t>& byte_offsets) {
 
 LtDescriptors::LtDescriptors(const CublasLt& lt, const LtShape& s, const LtTypes& t, uint64_t workspace_bytes,
                              uint32_t a_align, uint32_t b_align, uint32_t c_align, CUdeviceptr a_scale,
-                             CUdeviceptr b_scale, CUdeviceptr bias)
+                             CUdeviceptr b_scale, const LtEpilogue& epilogue)
     : lt_(lt) {
   try {
     NAPKIN_CUBLASLT(lt, cublasLtMatmulDescCreate(&op, t.compute, t.scale));
@@ -157,14 +157,18 @@ LtDescriptors::LtDescriptors(const CublasLt& lt, const LtShape& s, const LtTypes
       set_op(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &lt_a_scale, sizeof(lt_a_scale));
       set_op(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &lt_b_scale, sizeof(lt_b_scale));
     }
-    if (bias) {
+    if (epilogue.kind != CUBLASLT_EPILOGUE_DEFAULT) set_op(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue.kind, sizeof(epilogue.kind));
+    if (epilogue.bias) {
       // napkin's bias runs along n, cuBLASLt's rows of D; f32, as the IR adds it.
-      cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-      void* pointer = reinterpret_cast<void*>(bias);
+      void* pointer = reinterpret_cast<void*>(epilogue.bias);
       cudaDataType_t type = CUDA_R_32F;
-      set_op(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
       set_op(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pointer, sizeof(pointer));
       set_op(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type));
+    }
+    if (epilogue.aux) {  // the gelu's input, in D's type (cuBLASLt's default aux type)
+      void* pointer = reinterpret_cast<void*>(epilogue.aux);
+      set_op(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &pointer, sizeof(pointer));
+      set_op(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &epilogue.aux_ld, sizeof(epilogue.aux_ld));
     }
     auto layout = [&](cublasLtMatrixLayout_t* l, cudaDataType_t type, const LtOperand& o) {
       NAPKIN_CUBLASLT(lt, cublasLtMatrixLayoutCreate(l, type, static_cast<uint64_t>(o.rows),
@@ -196,6 +200,28 @@ LtDescriptors::LtDescriptors(const CublasLt& lt, const LtShape& s, const LtTypes
     release();
     throw;
   }
+}
+
+LtEpilogue lt_epilogue(const GemmEpilogueSpec& e, int64_t n, CUdeviceptr arena) {
+  LtEpilogue r;
+  if (!e.on) return r;
+  const bool bias = e.bias >= 0, aux = e.aux >= 0;
+  if (bias) r.bias = arena + static_cast<CUdeviceptr>(e.bias);
+  if (aux) {
+    r.aux = arena + static_cast<CUdeviceptr>(e.aux);
+    r.aux_ld = n;  // napkin's rows of D, n apart: cuBLASLt's columns
+  }
+  if (e.activation == "gelu") {
+    r.kind = aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                 : (bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
+  } else if (e.activation == "gelu_grad") {
+    if (!aux || bias || e.residual >= 0) throw Error("a gelu gradient epilogue reads its aux and adds nothing");
+    r.kind = CUBLASLT_EPILOGUE_DGELU;
+  } else {
+    if (aux) throw Error("an aux without a gelu");
+    r.kind = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  }
+  return r;
 }
 
 LtDescriptors::~LtDescriptors() { release(); }
@@ -252,9 +278,15 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
     c_off.push_back(spec.c + call.c * ec);
     if (residual) c_off.push_back(epilogue.residual + call.c * ec);  // C and D share one layout and alignment
   }
-  const CUdeviceptr bias = epilogue.on && epilogue.bias >= 0 ? where.c + static_cast<CUdeviceptr>(epilogue.bias) : 0;
+  LtEpilogue lt_ep;
+  try {
+    lt_ep = lt_epilogue(epilogue, spec.desc.n, where.c);
+  } catch (const Error& e) {
+    throw Error("kernel " + kernel + ": " + e.what());
+  }
+  const bool bias = lt_ep.bias != 0;
   desc_ = std::make_unique<LtDescriptors>(ctx_.lt, shape_, types_, ctx_.workspace_bytes, pointer_alignment(a_off),
-                                          pointer_alignment(b_off), pointer_alignment(c_off), a_scale, b_scale, bias);
+                                          pointer_alignment(b_off), pointer_alignment(c_off), a_scale, b_scale, lt_ep);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   NAPKIN_CUBLASLT(ctx_.lt, cublasLtMatmulAlgoGetHeuristic(ctx_.handle, desc_->op, desc_->lt_a, desc_->lt_b, desc_->d,
@@ -263,8 +295,9 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
     throw Error(fmt::format("kernel {}: cuBLASLt has no algorithm for matmul {} ({} x {} -> {}{})", kernel,
                             spec.desc.to_string(), spec.a_dtype, spec.b_dtype,
                             epilogue.on ? epilogue.d_dtype : spec.c_dtype,
-                            epilogue.on ? fmt::format(", epilogue:{}{}", residual ? " + residual" : "",
-                                                      bias ? " + f32 bias" : "")
+                            epilogue.on ? fmt::format(", epilogue:{}{}{}", residual ? " + residual" : "",
+                                                      bias ? " + f32 bias" : "",
+                                                      epilogue.activation == "none" ? "" : ", " + epilogue.activation)
                                         : ""));
   algo_ = result.algo;
 }

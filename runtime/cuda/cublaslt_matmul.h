@@ -96,17 +96,29 @@ void check_fp8_layout(const LtShape& s, const std::string& kernel);
 // more alignment than the pointers have; cuMemAlloc gives 256).
 uint32_t pointer_alignment(const std::vector<int64_t>& byte_offsets);
 
+// A cuBLASLt epilogue: the kind (CUBLASLT_EPILOGUE_*), the f32 bias (one
+// element per element of napkin's n, cuBLASLt's rows of D; 0: none) and the
+// gelu's input (aux: stored by GELU_AUX, read by DGELU; D's type, aux_ld
+// elements between columns as stored; 0: none).
+struct LtEpilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  CUdeviceptr bias = 0, aux = 0;
+  int64_t aux_ld = 0;
+};
+
+// The epilogue of a MatmulSpec's GemmEpilogueSpec with its pointers in
+// `arena`. Throws Error for a combination cuBLASLt has no epilogue for.
+LtEpilogue lt_epilogue(const GemmEpilogueSpec& e, int64_t n, CUdeviceptr arena);
+
 // The descriptors of one matmul: the operation, the three layouts (C's
 // serves as D too) and the heuristic's preferences. Host objects only.
 class LtDescriptors {
  public:
   // alignments: of napkin's A, B and C pointers, in bytes. fp8: a_scale and
   // b_scale are device pointers to napkin's A and B scales (float).
-  // bias: a device pointer to f32, one per element of napkin's n (cuBLASLt's
-  // rows of D), added by CUBLASLT_EPILOGUE_BIAS; 0 for none.
   LtDescriptors(const CublasLt& lt, const LtShape& s, const LtTypes& t, uint64_t workspace_bytes, uint32_t a_align,
                 uint32_t b_align, uint32_t c_align, CUdeviceptr a_scale = 0, CUdeviceptr b_scale = 0,
-                CUdeviceptr bias = 0);
+                const LtEpilogue& epilogue = {});
   ~LtDescriptors();
   LtDescriptors(const LtDescriptors&) = delete;
   LtDescriptors& operator=(const LtDescriptors&) = delete;

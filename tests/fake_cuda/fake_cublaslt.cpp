@@ -20,9 +20,12 @@
 //    stderr: an operand outside device memory, D overlapping A or B (a
 //    kernel reading what it writes). The algorithm's workspace bytes are
 //    overwritten with 0xff by every matmul, as a kernel may use them.
-//  - epilogues: CUBLASLT_EPILOGUE_BIAS (one bias element per row of D, added
-//    after beta C, in D's type or f32 with 32F compute); others, device
-//    pointer mode and fp8 are unsupported here (NOT_SUPPORTED).
+//  - epilogues: BIAS (one bias element per row of D, added after beta C, in
+//    D's type or f32 with 32F compute), GELU, GELU_BIAS, GELU_AUX and
+//    GELU_AUX_BIAS (tanh GELU after the bias; _AUX stores its input in D's
+//    type at EPILOGUE_AUX_POINTER, EPILOGUE_AUX_LD a multiple of 8 apart)
+//    and DGELU (D = sums * GELU'(aux)); others, device pointer mode and fp8
+//    are unsupported here (NOT_SUPPORTED).
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -50,6 +53,8 @@ struct Desc {
   uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
   int32_t bias_type = -1;  // -1: D's type
+  void* aux = nullptr;     // the gelu's input: stored (GELU_AUX*) or read (DGELU), D's type
+  int64_t aux_ld = 0;
 };
 
 struct Layout {
@@ -104,6 +109,16 @@ struct Problem {
   Layout a, b, c, d;
 };
 
+bool has_bias(const Desc& d) { return (d.epilogue & CUBLASLT_EPILOGUE_BIAS) != 0 && d.epilogue != CUBLASLT_EPILOGUE_DGELU; }
+bool has_aux(const Desc& d) { return (d.epilogue & 128) != 0; }  // GELU_AUX, GELU_AUX_BIAS, DGELU
+
+// GELU, tanh form, and its derivative (what cuBLASLt's GELU epilogues compute).
+double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+double gelu_derivative(double x) {
+  const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x);
+}
+
 cublasStatus_t check_problem(const Problem& p) {
   for (const Layout* l : {&p.a, &p.b, &p.c, &p.d}) {
     if (l->order != CUBLASLT_ORDER_COL) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -115,13 +130,20 @@ cublasStatus_t check_problem(const Problem& p) {
   if (ac != br || p.c.rows != ar || p.c.cols != bc || p.d.rows != p.c.rows || p.d.cols != p.c.cols)
     return CUBLAS_STATUS_INVALID_VALUE;
   if (p.op.trans_c != CUBLAS_OP_N) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if ((p.op.epilogue != CUBLASLT_EPILOGUE_DEFAULT && p.op.epilogue != CUBLASLT_EPILOGUE_BIAS) ||
-      p.op.pointer_mode != CUBLASLT_POINTER_MODE_HOST)
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+  switch (p.op.epilogue) {
+    case CUBLASLT_EPILOGUE_DEFAULT: case CUBLASLT_EPILOGUE_BIAS: case CUBLASLT_EPILOGUE_GELU:
+    case CUBLASLT_EPILOGUE_GELU_BIAS: case CUBLASLT_EPILOGUE_GELU_AUX: case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+    case CUBLASLT_EPILOGUE_DGELU: break;
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (p.op.pointer_mode != CUBLASLT_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
   // The bias: D's type, or f32 where D is bf16 or f16 with f32 compute.
-  if (p.op.epilogue == CUBLASLT_EPILOGUE_BIAS && p.op.bias_type != -1 && static_cast<uint32_t>(p.op.bias_type) != p.d.type &&
+  if (has_bias(p.op) && p.op.bias_type != -1 && static_cast<uint32_t>(p.op.bias_type) != p.d.type &&
       !(p.op.bias_type == CUDA_R_32F && p.op.compute == CUBLAS_COMPUTE_32F))
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  // The gelu's input: a leading dimension of at least D's rows, a multiple of 8.
+  if (has_aux(p.op) && (p.op.aux_ld < static_cast<int64_t>(p.d.rows) || p.op.aux_ld % 8 != 0))
+    return CUBLAS_STATUS_INVALID_VALUE;
   // The type mixes (cuBLASLt's table of supported combinations) napkin uses.
   uint32_t ab = p.a.type;
   if (p.b.type != ab || p.c.type != p.d.type) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -234,8 +256,15 @@ void run(const Problem& p, double alpha, double beta, const char* A, const char*
         }
         double value = alpha * sum;
         if (beta != 0) value += beta * load(C, c0 + i + j * p.c.ld, p.c.type, false);
-        if (p.op.epilogue == CUBLASLT_EPILOGUE_BIAS)  // one element per row of D
+        if (has_bias(p.op))  // one element per row of D
           value += load(static_cast<const char*>(p.op.bias), i, p.op.bias_type == -1 ? p.d.type : p.op.bias_type, false);
+        const int64_t at_aux = d0 + i + j * p.op.aux_ld;
+        if (p.op.epilogue == CUBLASLT_EPILOGUE_DGELU) {
+          value *= gelu_derivative(load(static_cast<const char*>(p.op.aux), at_aux, p.d.type, false));
+        } else if ((p.op.epilogue & CUBLASLT_EPILOGUE_GELU) != 0) {
+          if (has_aux(p.op)) store(static_cast<char*>(p.op.aux), at_aux, p.d.type, value);
+          value = gelu(value);
+        }
         store(D, d0 + i + j * p.d.ld, p.d.type, value);
       }
   }
@@ -322,6 +351,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_value(&x.epilogue, buf, bytes);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_value(&x.bias, buf, bytes);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set_value(&x.bias_type, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return set_value(&x.aux, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return set_value(&x.aux_ld, buf, bytes);
     default: return CUBLAS_STATUS_NOT_SUPPORTED;
   }
 }
@@ -477,10 +508,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
     if (overlaps(0) || overlaps(1)) return refuse("D overlaps A or B");
   }
   if (C == D && (p.c.ld != p.d.ld || p.c.stride != p.d.stride)) return CUBLAS_STATUS_INVALID_VALUE;
-  if (p.op.epilogue == CUBLASLT_EPILOGUE_BIAS) {
+  if (has_bias(p.op)) {
     const uint32_t bias_type = p.op.bias_type == -1 ? p.d.type : static_cast<uint32_t>(p.op.bias_type);
     if (!p.op.bias || !fake.device_region(p.op.bias, static_cast<size_t>(p.m * type_bytes(bias_type))))
       return refuse("the bias is not inside one device allocation");
+  }
+  if (has_aux(p.op)) {
+    Layout aux = p.d;
+    aux.ld = p.op.aux_ld;
+    if (!p.op.aux || !fake.device_region(p.op.aux, static_cast<size_t>(span_bytes(aux))))
+      return refuse("the epilogue's aux is not inside one device allocation");
   }
   if (need_workspace > 0 && !fake.device_region(workspace, need_workspace))
     return refuse("the workspace is not inside one device allocation");

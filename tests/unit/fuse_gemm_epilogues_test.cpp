@@ -26,7 +26,7 @@ ir::Graph compile(const std::string& model, ir::PrecisionPolicy precision, bool 
 }
 
 struct Epilogues {
-  int groups = 0, residual = 0, bias = 0, cast = 0;
+  int groups = 0, residual = 0, bias = 0, cast = 0, gelu = 0, gelu_grad = 0, aux_stored = 0;
   std::vector<ir::NodeId> contractions;
 };
 
@@ -45,38 +45,50 @@ Epilogues epilogues_of(const ir::Graph& g) {
     const std::vector<ir::NodeId> steps(fg.nodes.begin() + 1, fg.nodes.end());
     const auto form = ir::match_gemm_epilogue(g, c.id, c.out(), steps);
     REQUIRE(form.has_value());
-    REQUIRE(fg.outputs.size() == 1);
+    // D leaves the kernel, and a gelu's input stored for its gradient.
+    const bool stores_aux = form->activation == ir::GemmActivation::Gelu && form->aux != ir::kNoValue;
+    REQUIRE(fg.outputs.size() == (stores_aux ? 2u : 1u));
     CHECK(fg.outputs[0] == form->result);
+    if (stores_aux) CHECK(fg.outputs[1] == form->aux);
     e.residual += form->residual != ir::kNoValue;
     e.bias += form->bias != ir::kNoValue;
     e.cast += form->out != ir::DType::F32;
+    e.gelu += form->activation == ir::GemmActivation::Gelu;
+    e.gelu_grad += form->activation == ir::GemmActivation::GeluGrad;
+    e.aux_stored += stores_aux;
   }
   return e;
 }
 
-TEST_CASE("fuse_gemm_epilogues: GPT-2's qkv bias and both residual projections become epilogues, the gelu'd fc does not") {
+TEST_CASE("fuse_gemm_epilogues: GPT-2's qkv, both residual projections, the fc's gelu and its gradient become epilogues") {
   const ir::Graph g = compile("gpt2-124m", ir::PrecisionPolicy::BF16Mixed, true);
   const Epilogues e = epilogues_of(g);
   const int layers = 2;  // small dims
-  // Forward, per layer: qkv = cast(x W + b) (bias, cast), x + y W_proj + b and
-  // x + m W_fc_proj + b (residual, bias). The fc's bias add feeds a gelu,
-  // whose input the backward reads too: not the form.
-  int forward = 0;
-  for (ir::NodeId id : e.contractions) forward += g.node(id).phase == ir::Phase::Forward;
-  CHECK(forward == 3 * layers);
-  CHECK(e.bias >= 3 * layers);
-  CHECK(e.cast >= layers);
-  CHECK(e.residual >= 2 * layers);
-  for (ir::NodeId id : g.schedule()) {
-    const ir::Node& n = g.node(id);
-    if (n.op != ir::Op::Gelu) continue;
-    const ir::NodeId pre = g.value(n.in(0)).producer;  // the bias add, whose input is the fc GEMM's result
-    REQUIRE(pre != ir::kNoNode);
-    for (ir::ValueId in : g.node(pre).inputs) {
-      const ir::NodeId p = g.value(in).producer;
-      if (p != ir::kNoNode && g.node(p).op == ir::Op::Cast) CHECK(g.node(g.value(g.node(p).in(0)).producer).group < 0);
-    }
+  // Forward, per layer: qkv = bf16(x W + b); x + y W_proj + b and x + m W_fc_proj + b
+  // (residual, bias); m = bf16(gelu(x W_fc + b)) storing its input in bf16.
+  // Backward, per layer: the gelu's gradient, bf16(gelu'(input) * (dm W_fc_projᵀ)).
+  int forward = 0, backward = 0;
+  for (ir::NodeId id : e.contractions) (g.node(id).phase == ir::Phase::Forward ? forward : backward) += 1;
+  CHECK(forward == 4 * layers);
+  CHECK(backward == layers);
+  CHECK(e.bias == 4 * layers);
+  CHECK(e.residual == 2 * layers);
+  CHECK(e.gelu == layers);
+  CHECK(e.aux_stored == layers);
+  CHECK(e.gelu_grad == layers);
+  CHECK(e.cast == 3 * layers);  // qkv, m, the gelu's gradient
+  // The fc bias's gradient sums the stored bf16 gradient, widening as it loads, in a kernel of its own.
+  int bias_grads = 0;
+  for (const auto& [label, v] : g.outputs) {
+    if (label.size() < 5 || label.substr(label.size() - 5) != ".fc_b") continue;
+    const ir::Node& sum = g.node(g.value(v).producer);
+    CHECK(sum.op == ir::Op::ReduceSum);
+    CHECK(sum.group < 0);
+    CHECK(g.value(sum.in(0)).type.dtype == ir::DType::BF16);
+    CHECK(sum.attrs.get_dtype("dtype") == ir::DType::F32);
+    ++bias_grads;
   }
+  CHECK(bias_grads == layers);
   // Without the option no contraction is in a group.
   CHECK(epilogues_of(compile("gpt2-124m", ir::PrecisionPolicy::BF16Mixed, false)).groups == 0);
 }

@@ -74,7 +74,7 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
       if (k.epilogue) {
         REQUIRE(k.fused.has_value());
         CHECK(ir::op_info(k.fused->ops.front().op).op_class == ir::OpClass::Contraction);
-        CHECK(k.fused->outputs.size() == 1);
+        CHECK(k.fused->outputs.size() == (k.epilogue->aux_output >= 0 ? 2u : 1u));  // D, and a gelu's input
         ++gemm_epilogues;
       }
       if (k.kind == KernelKind::FusedElementwise) CHECK(k.fused.has_value());

@@ -47,7 +47,7 @@ TEST_CASE("matmul_epilogues: a bf16-mixed GPT-2's weight gradients and layernorm
   CHECK(widened_contractions(after, ir::Phase::Backward) == 0);
   // The forward's promotions fuse into the bias adds; where the add is a GEMM
   // epilogue (passes/fuse_gemm_epilogues.h) the GEMM accumulates into f32
-  // and the promotion goes; the others (before a gelu) stay.
+  // and the promotion goes: in GPT-2 every one (qkv, proj, fc and fc_proj).
   auto fused_promotions = [](const ir::Graph& g) {
     int n = 0;
     for (ir::NodeId id : g.schedule()) {
@@ -57,8 +57,8 @@ TEST_CASE("matmul_epilogues: a bf16-mixed GPT-2's weight gradients and layernorm
     }
     return n;
   };
-  CHECK(fused_promotions(after) < fused_promotions(before));
-  CHECK(fused_promotions(after) > 0);
+  CHECK(fused_promotions(before) > 0);
+  CHECK(fused_promotions(after) == 0);
   int f32_weight_grads = 0;
   for (const auto& [label, v] : after.outputs) {
     if (label.rfind("grad.", 0) != 0 || label.size() < 2 || label.substr(label.size() - 2) != "_w") continue;

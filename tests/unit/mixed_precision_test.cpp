@@ -134,20 +134,21 @@ TEST_CASE("mixed precision: mlp bf16-mixed casts each weight once, matmuls in bf
       CHECK(reason(g, id) == "param low-precision copy");
     }
   }
-  // images, h1 and h2 into the matmuls; the first two matmuls' bf16 results
-  // up to f32 for their bias add and gelu. The logits' matmul adds its bias
-  // as its GEMM's epilogue (passes/fuse_gemm_epilogues.h): it accumulates
-  // into f32 logits directly, no promotion.
+  // images, h1 and h2 into the matmuls. Every matmul's bias add (and gelu)
+  // is its GEMM's epilogue (passes/fuse_gemm_epilogues.h): each accumulates
+  // into f32 directly, no promotion; the two gelus' inputs are stored in
+  // bf16 for their gradients.
   CHECK(param_casts == std::map<std::string, int>{{"w1", 1}, {"w2", 1}, {"w3", 1}});
-  CHECK(reasons == std::map<std::string, int>{{"param low-precision copy", 3}, {"matmul input", 3}, {"promotion", 2}});
+  CHECK(reasons == std::map<std::string, int>{
+                       {"param low-precision copy", 3}, {"matmul input", 3}, {"gelu input for its gradient", 2}});
   std::vector<ir::NodeId> matmuls = nodes_of(g, ir::Op::MatMul, ir::Phase::Forward);
   REQUIRE(matmuls.size() == 3);
   for (ir::NodeId id : matmuls) {
     const ir::Node& n = g.node(id);
     CHECK(dtype(g, n.in(0)) == DType::BF16);
     CHECK(dtype(g, n.in(1)) == DType::BF16);
-    CHECK(dtype(g, n.out()) == (id == matmuls[2] ? DType::F32 : DType::BF16));
-    CHECK((n.group >= 0) == (id == matmuls[2]));
+    CHECK(dtype(g, n.out()) == DType::F32);
+    CHECK(n.group >= 0);
   }
   CHECK(dtype(g, named(g, "logits")) == DType::F32);
   std::vector<ir::NodeId> ce = nodes_of(g, ir::Op::CrossEntropy, ir::Phase::Forward);
@@ -160,7 +161,8 @@ TEST_CASE("mixed precision: mlp bf16-mixed casts each weight once, matmuls in bf
     CHECK((dtype(g, s) == DType::F32 || dtype(g, s) == DType::I64));
   // The backward matmuls (two per forward matmul, less the gradient of the
   // data) run in bf16; the weight gradients' store their f32 sums
-  // (passes/matmul_epilogues.h), the others round to bf16.
+  // (passes/matmul_epilogues.h), as do the gelu gradients' GEMMs for their
+  // epilogue (passes/fuse_gemm_epilogues.h); the others round to bf16.
   int backward = 0;
   for (ir::NodeId id : g.schedule()) {
     const ir::Node& n = g.node(id);
@@ -168,7 +170,7 @@ TEST_CASE("mixed precision: mlp bf16-mixed casts each weight once, matmuls in bf
     ++backward;
     for (ValueId v : n.inputs) CHECK(dtype(g, v) == DType::BF16);
     const bool weight_gradient = g.value(n.out()).name.rfind("grad.", 0) == 0;
-    CHECK(dtype(g, n.out()) == (weight_gradient ? DType::F32 : DType::BF16));
+    CHECK(dtype(g, n.out()) == (weight_gradient || n.group >= 0 ? DType::F32 : DType::BF16));
   }
   CHECK(backward == 5);
 }
@@ -254,9 +256,13 @@ TEST_CASE("mixed precision: fp32 overrides keep the selected ops in f32") {
   ir::Graph g = compile_model("mlp", "{policy: bf16-mixed, fp32: [\"logits\"]}");
   std::vector<ir::NodeId> matmuls = nodes_of(g, ir::Op::MatMul, ir::Phase::Forward);
   REQUIRE(matmuls.size() == 3);
-  CHECK(dtype(g, g.node(matmuls[0]).out()) == DType::BF16);
-  CHECK(dtype(g, g.node(matmuls[1]).out()) == DType::BF16);
+  for (ir::NodeId id : {matmuls[0], matmuls[1]}) {  // bf16 operands; bf16 results, or f32 sums for a GEMM epilogue
+    CHECK(dtype(g, g.node(id).in(0)) == DType::BF16);
+    CHECK(dtype(g, g.node(id).out()) == (g.node(id).group >= 0 ? DType::F32 : DType::BF16));
+  }
+  CHECK(g.node(matmuls[0]).group >= 0);  // gelu(images @ w1 + b1), stored in bf16 for the next matmul
   CHECK(dtype(g, g.node(matmuls[2]).out()) == DType::F32);  // `logits: h2 @ w3 + b3`
+  CHECK(dtype(g, g.node(matmuls[2]).in(0)) == DType::F32);  // selected: f32 operands
   CHECK(dtype(g, g.node(matmuls[2]).in(1)) == DType::F32);  // w3 itself: no copy
   for (ir::NodeId id : nodes_of(g, ir::Op::Cast, ir::Phase::Forward)) CHECK(name_of(g, g.node(id).in(0)) != "w3");
 
@@ -470,7 +476,7 @@ TEST_CASE("AMP audit: one line under fp32 - casts, rules and the fp32 comparison
   analysis::MemoryReport m = analysis::analyze_memory(mixed);
   std::string text = report::render_amp_audit_text(mixed, c, m, &fp32, false);
   INFO(text);
-  CHECK(text.find("casts inserted                            8  (3 matmul input, 3 param low-precision copy, 2 promotion)") !=
+  CHECK(text.find("casts inserted                            8  (2 gelu input for its gradient, 3 matmul input, 3 param low-precision copy)") !=
         std::string::npos);
   CHECK(text.find("f32 ->bf16  w1") != std::string::npos);
   CHECK(text.find("contraction      matmul           bf16        3") != std::string::npos);

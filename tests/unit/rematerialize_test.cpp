@@ -19,9 +19,10 @@ namespace napkin {
 namespace {
 
 ir::Graph compile(const std::string& model, bool rematerialize, ir::PrecisionPolicy precision,
-                  passes::Rematerialized* report = nullptr) {
+                  passes::Rematerialized* report = nullptr, bool epilogues = true) {
   passes::PipelineOptions options;
   options.rematerialize = rematerialize;
+  options.matmul_epilogues = epilogues;
   options.rematerialized = report;
   return testing::compile_small_model(testing::source_path("models/" + model + ".yaml"), precision, options);
 }
@@ -63,7 +64,10 @@ TEST_CASE("rematerialize: one compiled training step gives the same bits with an
       CAPTURE(model);
       CAPTURE(ir::precision_name(precision));
       passes::Rematerialized did;
-      testing::CompiledStep a(compile(model, false, precision)), b(compile(model, true, precision, &did));
+      // GEMM epilogues off on both sides: where the pass leaves a recomputed gelu input, they store it in bf16
+      // instead (a numerics change of their own, tests/unit/fuse_gemm_epilogues_test.cpp).
+      testing::CompiledStep a(compile(model, false, precision, nullptr, false)),
+          b(compile(model, true, precision, &did, false));
       CHECK(testing::run_step(a) == testing::run_step(b));
       const int compared = testing::check_same_state_bits(a, b);
       CHECK(compared > 10);
