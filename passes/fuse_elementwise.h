@@ -43,12 +43,13 @@
 //    that also stores the gradient for the matmuls), and the value reduced is
 //    internal when the reduction was its only reader (gradient clipping's
 //    squares are never stored).
-// Runs last in the training pipeline: later stages (memory, kernel plan,
-// report) read the groups; a pass that moves or adds nodes after it must keep
-// the invariants of ir/fusion_group.h. Normalizations, losses and
-// contractions are never members: softmax, layernorm, rmsnorm and
-// cross-entropy and their gradients are already one kernel each, and the CPU
-// GEMM takes no epilogue (docs/fusion.md).
+// Runs near the end of the training pipeline: later stages (memory, kernel
+// plan, report) read the groups; a pass that moves or adds nodes after it
+// (passes/fuse_gemm_epilogues.h, which adds a contraction to the group that
+// is its GEMM's epilogue) must keep the invariants of ir/fusion_group.h.
+// Normalizations, losses and contractions are never members here: softmax,
+// layernorm, rmsnorm and cross-entropy and their gradients are already one
+// kernel each (docs/fusion.md).
 #pragma once
 
 #include <cstdint>
