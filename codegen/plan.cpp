@@ -197,6 +197,17 @@ KernelKind kind_of(const Kernel& k) {
 
 }  // namespace
 
+Operand attention_output(const Kernel& k) {
+  Operand o = k.output;
+  const ir::AttentionParams& p = k.attention();
+  NAPKIN_INTERNAL_CHECK(!p.backward && o.sizes.size() == 4, "attention_output of {}", k.name);
+  if (p.seq_major_out) {
+    std::swap(o.sizes[1], o.sizes[2]);
+    std::swap(o.strides[1], o.strides[2]);
+  }
+  return o;
+}
+
 KernelPlan plan_kernels(const ir::Graph& g) {
   analysis::MemoryReport memory = analysis::analyze_memory(g);
   analysis::MemoryPlan arena = analysis::plan_memory(memory);

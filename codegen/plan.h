@@ -206,6 +206,11 @@ struct KernelPlan {
 // if the graph has no "loss" output.
 KernelPlan plan_kernels(const ir::Graph& g);
 
+// A forward attention kernel's output o as the backends address it, [batch,
+// heads, seq, head_dim]: Kernel::output, its sizes and strides permuted where
+// the op stores o seq-major (ir/loop.h AttentionParams::seq_major_out).
+Operand attention_output(const Kernel& k);
+
 }  // namespace napkin::codegen
 
 namespace napkin::codegen {

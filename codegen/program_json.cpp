@@ -144,7 +144,7 @@ json attention_json(const Kernel& k) {
             {"k", strides(k.inputs[1])},
             {"v", strides(k.inputs[2])}};
   if (!p.backward) {
-    j["o"] = strides(k.output);
+    j["o"] = strides(attention_output(k));
     j["lse"] = k.extra_outputs.at(0).byte_offset;
   } else {
     j["o"] = strides(k.inputs[3]);

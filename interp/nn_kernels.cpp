@@ -256,7 +256,14 @@ std::vector<Data> attention(const ir::AttentionParams& p, const std::vector<Arg>
           for (int64_t d = 0; d < a.head_dim; ++d) o[qi + d] += pj * v[a.kv_row(b, h, j) + d];
         }
       }
-  return {o, lse};
+  if (!p.seq_major_out) return {o, lse};
+  Data t(o.size());  // [B, T, Hq, D]
+  for (int64_t b = 0; b < a.batch; ++b)
+    for (int64_t h = 0; h < a.heads; ++h)
+      for (int64_t i = 0; i < a.q_len; ++i)
+        for (int64_t d = 0; d < a.head_dim; ++d)
+          t[((b * a.q_len + i) * a.heads + h) * a.head_dim + d] = o[a.q_row(b, h, i) + d];
+  return {t, lse};
 }
 
 std::vector<Data> attention_grad(const ir::AttentionParams& p, const std::vector<Arg>& in) {

@@ -47,7 +47,9 @@ LoopParams loop_params(Op op, const Attrs& a) {
       if (op == Op::Pad) return ConcatParams{a.get_int("axis"), a.get_int("before")};
       return ConcatParams{a.get_int("axis"), std::nullopt};
     case LoopKind::Rows: return row_params(op, a);
-    case LoopKind::Attention: return AttentionParams{op == Op::AttentionGrad, a.get_int("causal") != 0, a.get_double("scale")};
+    case LoopKind::Attention:
+      return AttentionParams{op == Op::AttentionGrad, a.get_int("causal") != 0, a.get_double("scale"),
+                             a.has("seq_major_out") && a.get_int("seq_major_out") != 0};
     case LoopKind::Classifier: return ClassifierParams{op == Op::LinearCrossEntropyGrad};
   }
   return std::monostate{};

@@ -96,10 +96,14 @@ struct RowParams {
 //   dq_i = scale sum_j ds_ij k_j   dk_j = scale sum_i ds_ij q_i   dv_j = sum_i p_ij do_i
 // (dk, dv: also summed over the query heads that share the kv head, in head order).
 // Arithmetic in f32 (f64 for f64 operands); no value of B·Hq·T·S elements is stored.
+// `seq_major_out` (forward, attr of that name): o is stored [B, T, Hq, D],
+// the layout its reader wants when it merges the heads ("b h s hd -> b s (h
+// hd)"), instead of [B, Hq, T, D] (passes/attention_layout.h).
 struct AttentionParams {
   bool backward = false;
   bool causal = true;
   double scale = 1;
+  bool seq_major_out = false;
 };
 
 // The fused classifier: a linear layer and the cross-entropy loss over its

@@ -651,7 +651,9 @@ TensorType attention_lse(const TensorType& q) {
 
 InferResult infer_attention(const Inputs& in, const Attrs& a) {
   if (auto r = check_attention_operands(in, a); !r.ok()) return r;
-  InferResult r = InferResult::of(*in[0]);
+  TensorType o = *in[0];
+  if (a.has("seq_major_out") && a.get_int("seq_major_out") != 0) std::swap(o.dims[1], o.dims[2]);  // [B, T, Hq, D]
+  InferResult r = InferResult::of(o);
   r.outputs.push_back(attention_lse(*in[0]));
   return r;
 }

@@ -1,5 +1,6 @@
 #include "passes/pipeline.h"
 
+#include "passes/attention_layout.h"
 #include "passes/autodiff.h"
 #include "passes/dce.h"
 #include "passes/fp8_scaling.h"
@@ -68,6 +69,8 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   pm.add(make_optimizer_pass());  // new params and optimizer state: the optimizer phase
   pm.add(make_skip_nonfinite_updates_pass());  // fp16-mixed: skip the update on Inf/NaN
   pm.add(make_dce_pass());        // drop scalars the chosen rule did not use (t under a constant lr)
+  if (options.fuse_attention && options.attention_layout)
+    pm.add(make_attention_layout_pass());  // fused attention stores o where the head merge copied it
   if (options.rematerialize) pm.add(make_rematerialize_pass(options.rematerialized));  // recompute cheap values from narrower ones
   if (budget.bytes > 0) pm.add(make_recompute_pass(budget.bytes, budget.report));  // fit the arena to the budget
   pm.add(make_fuse_elementwise_pass());  // elementwise chains become one kernel each: it only groups

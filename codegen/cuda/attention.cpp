@@ -164,9 +164,9 @@ EmittedKernel emit_attention(const Kernel& k) {
                            {"DQ", &k.output},
                            {"DK", &k.extra_outputs[0]},
                            {"DV", &k.extra_outputs[1]}});
-  } else {
-    ops.insert(ops.end(), {{"O", &k.output}, {"L", &k.extra_outputs[0]}});
   }
+  const Operand o = bwd ? Operand{} : attention_output(k);  // [B, HQ, T, D] strides, seq-major or not
+  if (!bwd) ops.insert(ops.end(), {{"O", &o}, {"L", &k.extra_outputs[0]}});
   auto vec = [&](const Operand& o) { return o.sizes.size() == 4 && vector_rows(o, d.D); };
 
   Src s;
@@ -195,7 +195,7 @@ EmittedKernel emit_attention(const Kernel& k) {
     begin_kernel(s, k.name, block);
     s.line("NAPKIN_DYNAMIC_SHARED(uint4, napkin_attn_smem);");
     s.line("napkin_attn_fwd_{}<{}, {}>({}, {}, {}, {}, {}, {});", family, cfg, X, P(q, true), P(kk, true),
-           P(v, true), P(k.output, false), P(k.extra_outputs[0], false), smem);
+           P(v, true), P(o, false), P(k.extra_outputs[0], false), smem);
     s.close();
     e.launches.push_back({k.name, d.B * d.HQ * q_tiles, block, shared_fwd(d, t), {}});
   } else {
