@@ -208,6 +208,27 @@ Operand attention_output(const Kernel& k) {
   return o;
 }
 
+std::vector<Operand> attention_gradients(const Kernel& k) {
+  const ir::AttentionParams& p = k.attention();
+  NAPKIN_INTERNAL_CHECK(p.backward, "attention_gradients of {}", k.name);
+  if (!p.packed_grad) {
+    NAPKIN_INTERNAL_CHECK(k.extra_outputs.size() == 2, "attention_grad kernel {} without dk and dv", k.name);
+    return {k.output, k.extra_outputs[0], k.extra_outputs[1]};
+  }
+  // [B, T, 3, H, D] -> for each of 3: [B, H, T, D] with the packed strides, 3 slots apart along dim 2.
+  const Operand& g = k.output;
+  NAPKIN_INTERNAL_CHECK(g.sizes.size() == 5 && g.sizes[2] == 3, "packed attention gradient of {}", k.name);
+  std::vector<Operand> r;
+  for (int64_t i = 0; i < 3; ++i) {
+    Operand o = g;
+    o.sizes = {g.sizes[0], g.sizes[3], g.sizes[1], g.sizes[4]};
+    o.strides = {g.strides[0], g.strides[3], g.strides[1], g.strides[4]};
+    o.byte_offset = g.byte_offset + i * g.strides[2] * static_cast<int64_t>(ir::dtype_size(g.dtype));
+    r.push_back(o);
+  }
+  return r;
+}
+
 KernelPlan plan_kernels(const ir::Graph& g) {
   analysis::MemoryReport memory = analysis::analyze_memory(g);
   analysis::MemoryPlan arena = analysis::plan_memory(memory);

@@ -210,6 +210,10 @@ KernelPlan plan_kernels(const ir::Graph& g);
 // heads, seq, head_dim]: Kernel::output, its sizes and strides permuted where
 // the op stores o seq-major (ir/loop.h AttentionParams::seq_major_out).
 Operand attention_output(const Kernel& k);
+// A backward attention kernel's dq, dk and dv as the backends address them,
+// [batch, heads, seq, head_dim] each: Kernel::output and extra_outputs, or
+// three strided windows of the one packed output (AttentionParams::packed_grad).
+std::vector<Operand> attention_gradients(const Kernel& k);
 
 }  // namespace napkin::codegen
 

@@ -150,9 +150,10 @@ json attention_json(const Kernel& k) {
     j["o"] = strides(k.inputs[3]);
     j["lse"] = k.inputs[4].byte_offset;
     j["do"] = strides(k.inputs[5]);
-    j["dq"] = strides(k.output);
-    j["dk"] = strides(k.extra_outputs.at(0));
-    j["dv"] = strides(k.extra_outputs.at(1));
+    const std::vector<Operand> grads = attention_gradients(k);
+    j["dq"] = strides(grads[0]);
+    j["dk"] = strides(grads[1]);
+    j["dv"] = strides(grads[2]);
   }
   return j;
 }

@@ -288,7 +288,18 @@ std::vector<Data> attention_grad(const ir::AttentionParams& p, const std::vector
           }
         }
       }
-  return {dq, dk, dv};
+  if (!p.packed_grad) return {dq, dk, dv};
+  Data g(3 * dq.size());  // [B, T, 3, H, D]
+  for (int64_t b = 0; b < a.batch; ++b)
+    for (int64_t h = 0; h < a.heads; ++h)
+      for (int64_t i = 0; i < a.q_len; ++i)
+        for (int64_t d = 0; d < a.head_dim; ++d) {
+          const int64_t at = (((b * a.q_len + i) * 3) * a.heads + h) * a.head_dim + d, from = a.q_row(b, h, i) + d;
+          g[at] = dq[from];
+          g[at + a.heads * a.head_dim] = dk[from];
+          g[at + 2 * a.heads * a.head_dim] = dv[from];
+        }
+  return {g};
 }
 
 }  // namespace napkin::interp::detail

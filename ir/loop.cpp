@@ -49,7 +49,8 @@ LoopParams loop_params(Op op, const Attrs& a) {
     case LoopKind::Rows: return row_params(op, a);
     case LoopKind::Attention:
       return AttentionParams{op == Op::AttentionGrad, a.get_int("causal") != 0, a.get_double("scale"),
-                             a.has("seq_major_out") && a.get_int("seq_major_out") != 0};
+                             a.has("seq_major_out") && a.get_int("seq_major_out") != 0,
+                             a.has("packed_grad") && a.get_int("packed_grad") != 0};
     case LoopKind::Classifier: return ClassifierParams{op == Op::LinearCrossEntropyGrad};
   }
   return std::monostate{};

@@ -98,12 +98,18 @@ struct RowParams {
 // Arithmetic in f32 (f64 for f64 operands); no value of B·Hq·T·S elements is stored.
 // `seq_major_out` (forward, attr of that name): o is stored [B, T, Hq, D],
 // the layout its reader wants when it merges the heads ("b h s hd -> b s (h
-// hd)"), instead of [B, Hq, T, D] (passes/attention_layout.h).
+// hd)"), instead of [B, Hq, T, D] (passes/attention_layout.h; the backends
+// address it through codegen/plan.h attention_output).
+// `packed_grad` (backward, attr of that name, heads == kv_heads): dq, dk and
+// dv are one value [B, T, 3, Hq, D], the layout of the gradient of a fused
+// qkv split by "b s (three h hd) -> three b h s hd", where a concat put them
+// (the backends address them through codegen/plan.h attention_gradients).
 struct AttentionParams {
   bool backward = false;
   bool causal = true;
   double scale = 1;
   bool seq_major_out = false;
+  bool packed_grad = false;
 };
 
 // The fused classifier: a linear layer and the cross-entropy loss over its

@@ -666,6 +666,14 @@ InferResult infer_attention_grad(const Inputs& in, const Attrs& a) {
       in[4]->dtype != DType::F32 || in[3]->dtype != in[0]->dtype || in[5]->dtype != in[0]->dtype)
     return InferResult::fail("attention_grad: o, lse or do does not match q");
   InferResult r;
+  if (a.has("packed_grad") && a.get_int("packed_grad") != 0) {  // [B, T, 3, H, D]
+    if (!in[1]->same_shape(*in[0]))
+      return InferResult::fail("attention_grad: packed gradients need as many kv heads as query heads");
+    TensorType g = *in[0];
+    g.dims = {in[0]->dims[0], in[0]->dims[2], Dim{3, ""}, in[0]->dims[1], in[0]->dims[3]};
+    r.outputs = {g};
+    return r;
+  }
   r.outputs = {*in[0], *in[1], *in[2]};
   return r;
 }

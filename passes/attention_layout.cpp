@@ -65,9 +65,55 @@ class AttentionLayout : public Pass {
       erased.push_back(copy);
       if (grads.empty()) erased.push_back(view);
     }
+    pack_gradients(g, readers, escaping, erased);
     if (erased.empty()) return false;
     g.erase_nodes(erased);
     return true;
+  }
+
+ private:
+  // The gradient of a fused qkv split "b s (three h hd) -> three b h s hd":
+  //   g = concat(permute(reshape(dq, [1, b, h, s, hd]), [1, 3, 0, 2, 4]), ...dk, ...dv, axis=2)   [b, s, 3, h, hd]
+  // attention_grad writes g itself (packed_grad=1) and the concat goes.
+  static void pack_gradients(ir::Graph& g, const std::vector<std::vector<NodeId>>& readers,
+                             const std::vector<bool>& escaping, std::vector<NodeId>& erased) {
+    const std::vector<int64_t> to_rows{1, 3, 0, 2, 4};
+    for (NodeId id : g.schedule()) {
+      const ir::Node& a = g.node(id);
+      if (a.op != Op::AttentionGrad || a.outputs.size() != 3) continue;
+      // Each gradient: one reshape to [1, B, H, T, D], read by one permute to [B, T, 1, H, D], read by one concat.
+      std::vector<NodeId> views;
+      NodeId concat = ir::kNoNode;
+      bool ok = true;
+      for (int i = 0; i < 3 && ok; ++i) {
+        const ValueId d = a.out(i);
+        ok = !escaping[d] && readers[d].size() == 1 && g.value(d).type.same_shape(g.value(a.out(0)).type);
+        if (!ok) break;
+        const ir::Node& r = g.node(readers[d][0]);
+        ok = r.op == Op::Reshape && g.value(r.out()).type.rank() == 5 && g.value(r.out()).type.sizes()[0] == 1 &&
+             readers[r.out()].size() == 1;
+        if (!ok) break;
+        const ir::Node& p = g.node(readers[r.out()][0]);
+        ok = p.op == Op::Permute && p.attrs.get_ints("perm") == to_rows && readers[p.out()].size() == 1;
+        if (!ok) break;
+        const ir::Node& c = g.node(readers[p.out()][0]);
+        ok = c.op == Op::Concat && c.attrs.get_int("axis") == 2 && c.inputs.size() == 3 && c.in(i) == p.out() &&
+             (concat == ir::kNoNode || concat == c.id);
+        concat = c.id;
+        views.push_back(r.id);
+        views.push_back(p.id);
+      }
+      if (!ok || concat == ir::kNoNode || g.node(concat).group >= 0) continue;
+      const ValueId packed = g.node(concat).out();
+      if (!ir::is_contiguous(g.value(packed).layout, g.value(packed).type.sizes())) continue;
+      // attention_grad makes the concat's value: [B, T, 3, H, D].
+      ir::Node& grad = g.node(id);
+      grad.attrs.set("packed_grad", int64_t{1});
+      grad.outputs = {packed};
+      g.value(packed).producer = id;
+      erased.push_back(concat);
+      erased.insert(erased.end(), views.begin(), views.end());
+    }
   }
 };
 

@@ -144,9 +144,10 @@ std::string ptr(const Operand& o, bool vec, bool is_const) {
 EmittedKernel emit_attention(const Kernel& k) {
   const ir::AttentionParams& a = k.attention();
   const bool bwd = a.backward;
-  NAPKIN_INTERNAL_CHECK(k.inputs.size() == (bwd ? 6u : 3u) && k.extra_outputs.size() == (bwd ? 2u : 1u),
+  NAPKIN_INTERNAL_CHECK(k.inputs.size() == (bwd ? 6u : 3u) && (bwd || k.extra_outputs.size() == 1u),
                         "attention kernel {} with {} inputs and {} extra outputs", k.name, k.inputs.size(),
                         k.extra_outputs.size());
+  const std::vector<Operand> grads = bwd ? attention_gradients(k) : std::vector<Operand>{};  // dq, dk, dv
   const Operand &q = k.inputs[0], &kk = k.inputs[1], &v = k.inputs[2];
   const DType t = q.dtype;
   const Dims d{q.sizes[0], q.sizes[1], kk.sizes[1], q.sizes[2], kk.sizes[2], q.sizes[3]};
@@ -161,9 +162,9 @@ EmittedKernel emit_attention(const Kernel& k) {
     ops.insert(ops.end(), {{"O", &k.inputs[3]},
                            {"L", &k.inputs[4]},
                            {"DO", &k.inputs[5]},
-                           {"DQ", &k.output},
-                           {"DK", &k.extra_outputs[0]},
-                           {"DV", &k.extra_outputs[1]}});
+                           {"DQ", &grads[0]},
+                           {"DK", &grads[1]},
+                           {"DV", &grads[2]}});
   }
   const Operand o = bwd ? Operand{} : attention_output(k);  // [B, HQ, T, D] strides, seq-major or not
   if (!bwd) ops.insert(ops.end(), {{"O", &o}, {"L", &k.extra_outputs[0]}});
@@ -209,13 +210,12 @@ EmittedKernel emit_attention(const Kernel& k) {
     begin_kernel(s, k.name + "_2", block);
     s.line("NAPKIN_DYNAMIC_SHARED(uint4, napkin_attn_smem);");
     s.line("napkin_attn_bwd_kv_{}<{}, {}>({}, {}, {}, {}, {}, {}, {}, {}, {});", family, cfg, X, P(q, true),
-           P(kk, true), P(v, true), P(dout, true), P(lse, true), delta, P(k.extra_outputs[0], false),
-           P(k.extra_outputs[1], false), smem);
+           P(kk, true), P(v, true), P(dout, true), P(lse, true), delta, P(grads[1], false), P(grads[2], false), smem);
     s.close();
     begin_kernel(s, k.name + "_3", block);
     s.line("NAPKIN_DYNAMIC_SHARED(uint4, napkin_attn_smem);");
     s.line("napkin_attn_bwd_q_{}<{}, {}>({}, {}, {}, {}, {}, {}, {}, {});", family, cfg, X, P(q, true), P(kk, true),
-           P(v, true), P(dout, true), P(lse, true), delta, P(k.output, false), smem);
+           P(v, true), P(dout, true), P(lse, true), delta, P(grads[0], false), smem);
     s.close();
     e.launches.push_back({k.name, grid_for(rows * 8, 128, int64_t{1} << 31), 128, 0, {}});
     e.launches.push_back({k.name + "_2", d.B * d.HK * k_tiles, block, shared_kv(d, t), {}});

@@ -62,6 +62,9 @@ std::set<int64_t> operand_offsets(const Kernel& k) {
   if (k.fused)
     for (const Operand& out : k.fused->outputs) offsets.insert(out.byte_offset);
   for (const Operand& out : k.extra_outputs) offsets.insert(out.byte_offset);
+  // A packed attention gradient writes dq, dk and dv at their slots of its one output.
+  if (k.kind == KernelKind::Attention && k.attention().backward)
+    for (const Operand& out : napkin::codegen::attention_gradients(k)) offsets.insert(out.byte_offset);
   return offsets;
 }
 

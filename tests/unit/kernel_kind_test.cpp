@@ -148,7 +148,10 @@ TEST_CASE("kernel plan: a GPT's row kernels carry their variant, axis, centering
       ++attention;
       CHECK(k.attention().causal);
       CHECK(k.attention().scale == doctest::Approx(1 / std::sqrt(double(k.inputs[0].sizes[3]))));
-      CHECK(k.extra_outputs.size() == (k.attention().backward ? 2u : 1u));
+      // lse forward; dk and dv backward, unless dq, dk and dv are packed in one output (passes/attention_layout.h).
+      const bool packed = k.attention().backward && k.attention().packed_grad;
+      CHECK(k.extra_outputs.size() == (packed ? 0u : k.attention().backward ? 2u : 1u));
+      if (k.attention().backward) CHECK(codegen::attention_gradients(k).size() == 3u);
     }
   CHECK(attention > 0);
 }
