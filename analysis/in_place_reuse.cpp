@@ -67,7 +67,14 @@ void reuse_buffers_in_place(const ir::Graph& g, const ir::FusionGroups& groups, 
       alone = kernel_reads({r.producer});
     } else {
       auto it = group_reads.find(gid);
-      if (it == group_reads.end()) it = group_reads.emplace(gid, kernel_reads(groups.groups[gid].nodes)).first;
+      if (it == group_reads.end()) {
+        KernelReads group = kernel_reads(groups.groups[gid].nodes);
+        // A GEMM's epilogue runs inside the GEMM library (cuBLASLt documents D in place of C only when C is
+        // the input it reads, not of its aux or bias): no result takes over what such a kernel reads.
+        if (groups.groups[gid].contraction != ir::kNoNode)
+          for (auto& read : group) read.second = false;
+        it = group_reads.emplace(gid, std::move(group)).first;
+      }
       reads = &it->second;
     }
     for (const auto& [buffer, element_for_element] : *reads) {

@@ -22,6 +22,8 @@
 //      D is made by an earlier kernel and last read by R's kernel, D and R
 //      have the same byte size, and the kernel reads D element for element.
 //    D's range then ends at p-1 and R's starts at p: one slot, counted once.
+//    Never for a GEMM epilogue's kernel (ir/gemm_epilogue.h): the GEMM
+//    library's epilogue makes no promise of element order for its aux.
 //    Taken in schedule order, so a chain (add → gelu → mul, each the last
 //    reader of the one before) shares one slot.
 #pragma once

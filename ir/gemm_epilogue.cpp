@@ -8,34 +8,49 @@ namespace napkin::ir {
 
 bool gemm_with_epilogue_shape(const Graph& g, const Node& c) {
   if (c.op != Op::MatMul && c.op != Op::Einsum) return false;
+  if (c.in(0) == c.in(1)) return false;  // A and B are the kernel's inputs 0 and 1
   const Value& a = g.value(c.in(0));
   const Value& b = g.value(c.in(1));
   const std::vector<int64_t> out = g.value(c.out()).type.sizes();
   if (b.type.rank() != 2 || out.size() < 2) return false;
-  // The output dims in the first input: for each, the input dim it is (-1: none).
+  // For each output dim but the last, the dim of A it is; and A's summed dim, B's summed and n dims.
   std::vector<int> from_a;
+  int a_k = -1, b_k = -1, b_n = -1;
   if (c.op == Op::MatMul) {
     if (a.type.rank() != static_cast<int>(out.size())) return false;
     for (size_t d = 0; d + 1 < out.size(); ++d) from_a.push_back(static_cast<int>(d));
+    a_k = a.type.rank() - 1, b_k = 0, b_n = 1;
   } else {
     const auto p = std::get<ContractionParams>(loop_params(c.op, c.attrs));
     auto count = [](const std::vector<int64_t>& ids, int64_t id) { return std::count(ids.begin(), ids.end(), id); };
+    auto at = [](const std::vector<int64_t>& ids, int64_t id) {
+      return static_cast<int>(std::find(ids.begin(), ids.end(), id) - ids.begin());
+    };
     const int64_t n_id = p.out.back();
     if (count(p.rhs, n_id) != 1 || count(p.lhs, n_id) != 0 || count(p.out, n_id) != 1) return false;
     for (size_t d = 0; d + 1 < p.out.size(); ++d) {
       const int64_t id = p.out[d];
       if (count(p.rhs, id) != 0 || count(p.lhs, id) != 1 || count(p.out, id) != 1) return false;
-      from_a.push_back(static_cast<int>(std::find(p.lhs.begin(), p.lhs.end(), id) - p.lhs.begin()));
+      from_a.push_back(at(p.lhs, id));
     }
-    for (int64_t id : p.rhs)  // the other rhs id is summed, with an lhs id
-      if (id != n_id && count(p.lhs, id) != 1) return false;
+    // A is the rows and one summed dim, which B's other dim is.
+    if (p.lhs.size() != from_a.size() + 1) return false;
+    const int64_t k_id = p.rhs[0] == n_id ? p.rhs[1] : p.rhs[0];
+    if (k_id == n_id || count(p.lhs, k_id) != 1 || count(p.out, k_id) != 0) return false;
+    a_k = at(p.lhs, k_id), b_k = at(p.rhs, k_id), b_n = at(p.rhs, n_id);
   }
   // The rows: dims of A in order whose strides merge into one.
+  const std::vector<int64_t> as = a.type.sizes(), bs = b.type.sizes();
   for (size_t d = 0; d + 1 < from_a.size(); ++d) {
     const int x = from_a[d], y = from_a[d + 1];
     if (y != x + 1) return false;
-    if (a.type.sizes()[x] > 1 && a.layout.strides[x] != a.layout.strides[y] * a.type.sizes()[y]) return false;
+    if (as[x] > 1 && a.layout.strides[x] != a.layout.strides[y] * as[y]) return false;
   }
+  // A GEMM library takes A and B each with a unit stride along one of its two dims (a size-1 dim has any).
+  auto unit = [](int64_t size, int64_t stride) { return size <= 1 || stride == 1; };
+  const int a_rows = from_a.back();
+  if (!unit(as[a_k], a.layout.strides[a_k]) && !unit(as[a_rows], a.layout.strides[a_rows])) return false;
+  if (!unit(bs[b_k], b.layout.strides[b_k]) && !unit(bs[b_n], b.layout.strides[b_n])) return false;
   return true;
 }
 
@@ -45,6 +60,7 @@ std::optional<GemmEpilogue> match_gemm_epilogue(const Graph& g, NodeId contracti
   if (steps.empty() || !gemm_with_epilogue_shape(g, c)) return std::nullopt;
   const TensorType& acc = g.value(acc_value).type;
   if (acc.dtype != DType::F32 || !acc.same_shape(g.value(c.out()).type)) return std::nullopt;
+  const DType operands = g.value(c.in(0)).type.dtype;
   const int64_t n = acc.sizes().back();
   GemmEpilogue e;
   e.contraction = contraction;
@@ -57,6 +73,7 @@ std::optional<GemmEpilogue> match_gemm_epilogue(const Graph& g, NodeId contracti
   ValueId running = acc_value;
   ValueId pre_activation = kNoValue;  // what the gelu reads: the aux a forward stores
   ValueId widened_aux = kNoValue;     // the aux a gelu gradient reads, widened to f32
+  bool aux_before_d = false;          // the aux cast came before D's narrowing cast
   // Stage: 0 before the residual, 1 after it, 2 after the bias, 3 after the
   // activation, 4 after the final cast.
   int stage = 0;
@@ -70,6 +87,7 @@ std::optional<GemmEpilogue> match_gemm_epilogue(const Graph& g, NodeId contracti
     } else if (s.op == Op::Cast && pre_activation != kNoValue && s.in(0) == pre_activation && e.aux == kNoValue &&
                narrow(t.dtype)) {
       e.aux = s.out();  // the forward stores the gelu's input for its gradient
+      aux_before_d = stage < 4;
       continue;
     } else if (s.op == Op::Cast && stage == 0 && widened_aux == kNoValue && t.dtype == DType::F32 &&
                narrow(g.value(s.in(0)).type.dtype) && full(g.value(s.in(0))) && s.in(0) != running) {
@@ -107,6 +125,13 @@ std::optional<GemmEpilogue> match_gemm_epilogue(const Graph& g, NodeId contracti
   }
   e.result = running;
   e.out = g.value(running).type.dtype;
+  // D narrower than the sums only in the operands' own type (cuBLASLt: bf16 x bf16 -> bf16, f16 -> f16).
+  if (e.out != DType::F32 && e.out != operands) return std::nullopt;
+  // The epilogue's operands are not the product's (the CPU emitter and cuBLASLt read A and B as the GEMM's only).
+  for (ValueId v : {e.residual, e.bias, e.aux})
+    if (v != kNoValue && (v == c.in(0) || v == c.in(1))) return std::nullopt;
+  // The kernel stores D first, then the aux (codegen/plan.h): a narrowing cast of D after the aux's is not the form.
+  if (aux_before_d && e.out != DType::F32) return std::nullopt;
   // cuBLASLt's C has D's type: a residual under a narrowing cast is not the form.
   if (e.residual != kNoValue && e.out != DType::F32) return std::nullopt;
   // A widened aux that no gelu gradient read, or a gradient without its aux: not the form.

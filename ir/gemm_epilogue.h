@@ -24,7 +24,10 @@
 // Or the gelu's gradient (cuBLASLt's DGELU): D = cast(gelu_grad(f32(aux),
 // acc)), aux that stored input (D's dtype, contiguous).
 // At least one step. Each step reads the one before directly (not through
-// a view), in this order; the adds may take acc on either side.
+// a view), in this order; the adds may take acc on either side. D is
+// narrower than f32 only in A's and B's own dtype (what the GEMM libraries
+// store), the residual, bias and aux are not A or B, and a stored aux comes
+// after D's cast (the kernel stores D first).
 #pragma once
 
 #include <cstdint>

@@ -90,8 +90,9 @@ class AttentionLayout : public Pass {
         ok = !escaping[d] && readers[d].size() == 1 && g.value(d).type.same_shape(g.value(a.out(0)).type);
         if (!ok) break;
         const ir::Node& r = g.node(readers[d][0]);
-        ok = r.op == Op::Reshape && g.value(r.out()).type.rank() == 5 && g.value(r.out()).type.sizes()[0] == 1 &&
-             readers[r.out()].size() == 1;
+        std::vector<int64_t> one_more{1};  // [1, B, H, T, D]
+        for (int64_t size : g.value(d).type.sizes()) one_more.push_back(size);
+        ok = r.op == Op::Reshape && g.value(r.out()).type.sizes() == one_more && readers[r.out()].size() == 1;
         if (!ok) break;
         const ir::Node& p = g.node(readers[r.out()][0]);
         ok = p.op == Op::Permute && p.attrs.get_ints("perm") == to_rows && readers[p.out()].size() == 1;

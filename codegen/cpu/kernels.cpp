@@ -207,14 +207,22 @@ LoopInfo gemm_epilogue(LoopEmitter& e, const Kernel& k) {
   const int64_t n = k.output.sizes.back(), rows = k.output.numel() / std::max<int64_t>(n, 1);
   const std::vector<int64_t> sizes{rows, n};
   // Each operand's strides over [rows, n]: its leading dims' strides merge
-  // into one (D and the residual are contiguous, the bias broadcasts).
+  // into one row stride (D, the residual and an aux are contiguous: n; the
+  // bias broadcasts: 0). Size-1 dims have no meaningful stride: skipped.
+  const std::vector<int64_t>& sizes_d = k.output.sizes;
   auto over_rows = [&](const Operand& o) -> std::vector<int64_t> {
-    const std::vector<int64_t> s = broadcast_strides(o, k.output.sizes);
+    const std::vector<int64_t> s = broadcast_strides(o, sizes_d);
     const size_t r = s.size();
-    for (size_t d = 0; d + 2 < r; ++d)
-      NAPKIN_INTERNAL_CHECK(k.output.sizes[d] == 1 || s[d] == s[d + 1] * k.output.sizes[d + 1],
-                            "a GEMM epilogue operand whose rows are not one stride apart ({})", k.name);
-    return {r >= 2 ? s[r - 2] : 0, s[r - 1]};
+    int64_t row = -1, below = 1;  // the row stride, and the rows of the dims inside the one looked at
+    for (size_t d = r - 1; d-- > 0;) {
+      if (sizes_d[d] > 1) {
+        if (row < 0) row = below == 1 ? s[d] : s[d] / below;
+        NAPKIN_INTERNAL_CHECK(s[d] == row * below, "a GEMM epilogue operand whose rows are not one stride apart ({})",
+                              k.name);
+      }
+      below *= sizes_d[d];
+    }
+    return {row < 0 ? 0 : row, s[r - 1]};
   };
   std::vector<std::vector<int64_t>> in_strides(k.inputs.size()), out_strides;
   for (size_t i = 2; i < k.inputs.size(); ++i) in_strides[i] = over_rows(k.inputs[i]);  // A and B are the GEMM's

@@ -518,6 +518,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
     aux.ld = p.op.aux_ld;
     if (!p.op.aux || !fake.device_region(p.op.aux, static_cast<size_t>(span_bytes(aux))))
       return refuse("the epilogue's aux is not inside one device allocation");
+    // cuBLASLt documents D in place of C, never of the aux.
+    auto x = reinterpret_cast<uintptr_t>(p.op.aux), dx = reinterpret_cast<uintptr_t>(D);
+    if (x < dx + span_bytes(p.d) && dx < x + span_bytes(aux)) return refuse("D overlaps the epilogue's aux");
   }
   if (need_workspace > 0 && !fake.device_region(workspace, need_workspace))
     return refuse("the workspace is not inside one device allocation");

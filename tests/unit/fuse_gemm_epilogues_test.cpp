@@ -103,6 +103,7 @@ params:
   w: {shape: [d, d], init: normal(0.1)}
   b: {shape: [d], init: normal(0.1)}
   c: {shape: [batch, 1], init: normal(0.1)}
+  r: {shape: [batch, d], init: normal(0.1)}
 forward:
 )" + forward + R"(
 loss: mean(y @ w)
@@ -115,15 +116,44 @@ optimizer: sgd(lr=0.1)
     return n;
   };
   // The form: residual, then bias.
-  CHECK(forward_epilogues(testing::compile_training(model("  - y: x + x @ w + b"))) == 1);
+  CHECK(forward_epilogues(testing::compile_training(model("  - y: r + x @ w + b"))) == 1);
   // The bias first, then the residual: cuBLASLt adds C before the bias, so the sums would differ.
-  CHECK(forward_epilogues(testing::compile_training(model("  - y: x @ w + b + x"))) == 0);
+  CHECK(forward_epilogues(testing::compile_training(model("  - y: x @ w + b + r"))) == 0);
+  // The residual is the product's own A: the epilogue reads only what the GEMM does not.
+  CHECK(forward_epilogues(testing::compile_training(model("  - y: x + x @ w + b"))) == 0);
   // The product is read again after the add: it would have to be stored.
   CHECK(forward_epilogues(testing::compile_training(model("  - h: x @ w\n  - y: (h + b) * h"))) == 0);
   // Work the form does not have (a multiply) after the add.
   CHECK(forward_epilogues(testing::compile_training(model("  - y: (x @ w + b) * 2"))) == 0);
   // A bias that broadcasts along the other dim ([batch, 1]) is not the [n] vector.
   CHECK(forward_epilogues(testing::compile_training(model("  - y: x @ w + c"))) == 0);
+}
+
+TEST_CASE("fuse_gemm_epilogues: a product whose rows have a size-1 dim, [batch, 1, n], runs its epilogue on the CPU") {
+  const std::string yaml = R"(
+dims: {batch: 8, one: 1, d: 16}
+inputs:
+  x: {shape: [batch, one, d]}
+params:
+  w: {shape: [d, d], init: normal(0.1)}
+  b: {shape: [d], init: normal(0.1)}
+  r: {shape: [batch, one, d], init: normal(0.1)}
+forward:
+  - y: r + einsum(x, w, "b o d, d e -> b o e") + b
+loss: mean(einsum(y, w, "b o d, d e -> b o e"))
+optimizer: sgd(lr=0.1)
+)";
+  for (bool epilogues : {false, true}) {
+    passes::PipelineOptions options;
+    options.matmul_epilogues = epilogues;
+    ir::Graph g = testing::compile_training(yaml, "inline.yaml", options);
+    CHECK((epilogues_of(g).groups > 0) == epilogues);
+  }
+  passes::PipelineOptions off;
+  off.matmul_epilogues = false;
+  testing::CompiledStep a(testing::compile_training(yaml, "inline.yaml", off)), b(testing::compile_training(yaml));
+  CHECK(testing::run_step(a) == testing::run_step(b));  // fp32: the same sums, added in the same order
+  CHECK(testing::check_same_state_bits(a, b) > 0);
 }
 
 TEST_CASE("fuse_gemm_epilogues: a compiled step gives the same bits in fp32 and agrees within bf16 rounding under bf16-mixed") {
