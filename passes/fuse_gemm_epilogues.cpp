@@ -8,6 +8,7 @@
 #include "ir/fusion_group.h"
 #include "ir/gemm_epilogue.h"
 #include "passes/mixed_precision.h"
+#include "passes/rematerialize.h"
 
 namespace napkin::passes {
 
@@ -22,8 +23,10 @@ class FuseGemmEpilogues : public Pass {
  public:
   std::string_view name() const override { return "fuse_gemm_epilogues"; }
 
+  explicit FuseGemmEpilogues(Rematerialized* rematerialized) : rematerialized_(rematerialized) {}
+
   bool run(ir::Graph& g, ir::Diagnostics&) override {
-    const bool gelus = store_gelu_inputs(g);
+    const bool gelus = store_gelu_inputs(g, rematerialized_);
     return fuse(g) || gelus;
   }
 
@@ -37,7 +40,7 @@ class FuseGemmEpilogues : public Pass {
   // PyTorch's autocast and llm.c do): then the gradient GEMM stores
   // dgelu(sums, aux) directly (cuBLASLt's GELU_AUX_BIAS and DGELU). Only
   // where every piece is as described; anything else is left as it is.
-  static bool store_gelu_inputs(ir::Graph& g) {
+  static bool store_gelu_inputs(ir::Graph& g, Rematerialized* rematerialized) {
     const ir::FusionGroups groups = ir::fusion_groups(g);
     const std::vector<bool> escaping = g.escaping_buffers();
     std::vector<std::vector<NodeId>> readers(g.num_values());
@@ -110,7 +113,10 @@ class FuseGemmEpilogues : public Pass {
         g.replace_uses(add.out(), g.node(w).out());
         erased.push_back(adds[i]);
         erased.push_back(casts[i]);
+        // The recomputation's add is gone (its cast costs no FLOPs).
+        if (rematerialized) rematerialized->flops_added -= ir::op_info(add.op).cost(g, add).flops;
       }
+      if (rematerialized) ++rematerialized->stored_by_epilogues;
       changed = true;
     }
     g.erase_nodes(erased);
@@ -222,6 +228,8 @@ class FuseGemmEpilogues : public Pass {
     return true;
   }
 
+  Rematerialized* rematerialized_;
+
   // Group ids 0 .. n-1 in schedule order (ir/fusion_group.h).
   static void renumber_groups(ir::Graph& g) {
     std::map<int, int> renamed;
@@ -236,6 +244,8 @@ class FuseGemmEpilogues : public Pass {
 
 }  // namespace
 
-std::unique_ptr<Pass> make_fuse_gemm_epilogues_pass() { return std::make_unique<FuseGemmEpilogues>(); }
+std::unique_ptr<Pass> make_fuse_gemm_epilogues_pass(Rematerialized* rematerialized) {
+  return std::make_unique<FuseGemmEpilogues>(rematerialized);
+}
 
 }  // namespace napkin::passes

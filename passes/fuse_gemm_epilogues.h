@@ -27,7 +27,11 @@
 
 namespace napkin::passes {
 
-std::unique_ptr<Pass> make_fuse_gemm_epilogues_pass();
+struct Rematerialized;  // passes/rematerialize.h
+
+// `rematerialized`, when given, is corrected for the recomputations the pass
+// replaces by a stored gelu input (their FLOPs come off, the count goes up).
+std::unique_ptr<Pass> make_fuse_gemm_epilogues_pass(Rematerialized* rematerialized = nullptr);
 
 // The reason (passes/mixed_precision.h kAmpCastAttr) on the cast that stores
 // a gelu's input in bf16 for its gradient.

@@ -75,7 +75,7 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   if (budget.bytes > 0) pm.add(make_recompute_pass(budget.bytes, budget.report));  // fit the arena to the budget
   pm.add(make_fuse_elementwise_pass());  // elementwise chains become one kernel each: it only groups
   if (options.matmul_epilogues)
-    pm.add(make_fuse_gemm_epilogues_pass());  // a contraction joins the group that is its epilogue (bias, residual, cast)
+    pm.add(make_fuse_gemm_epilogues_pass(options.rematerialized));  // a contraction joins the group that is its epilogue (bias, residual, cast)
   if (!pm.run(g, diag)) return false;
   warn_unused_params(g, diag);
   return true;

@@ -41,7 +41,11 @@ struct Rematerialized {
   int values = 0;             // saved values recomputed in the backward
   int64_t bytes_before = 0;   // their bytes: what the step no longer keeps for the backward
   int64_t bytes_after = 0;    // the leaves it keeps instead that it did not keep already
-  double flops_added = 0;     // of the clones
+  double flops_added = 0;     // of the clones (less those a later pass removed, below)
+  // Of the values, those whose recomputation passes/fuse_gemm_epilogues.h
+  // replaced by a bf16 copy its GEMM epilogue stores (a gelu's input): kept
+  // in as many bytes, read instead of recomputed.
+  int stored_by_epilogues = 0;
 };
 
 std::unique_ptr<Pass> make_rematerialize_pass(Rematerialized* report = nullptr);

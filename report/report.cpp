@@ -420,13 +420,20 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
     out += fmt::format("  memory, {:<13}{:>22}  ({})\n", ir::dtype_name(dtype), with_commas(bytes),
                        human_bytes(static_cast<double>(bytes)));
   out += memory_section(g, memory);
-  if (const passes::Rematerialized* r = options.rematerialized; r && r->values > 0)
+  if (const passes::Rematerialized* r = options.rematerialized; r && r->values > 0) {
+    const std::string stored =
+        r->stored_by_epilogues > 0
+            ? fmt::format(" ({} of them not recomputed after all: a gelu's input its GEMM epilogue stores in bf16, "
+                          "docs/fusion.md)",
+                          r->stored_by_epilogues)
+            : "";
     out += fmt::format("  rematerialized       {:>22}  ({} less kept: {} saved values ({}) the backward recomputes from {} it keeps "
-                       "instead, +{}; docs/memory-planning.md)\n",
+                       "instead{}, +{}; docs/memory-planning.md)\n",
                        with_commas(static_cast<double>(r->bytes_before - r->bytes_after)),
                        human_bytes(static_cast<double>(r->bytes_before - r->bytes_after)), r->values,
                        human_bytes(static_cast<double>(r->bytes_before)), human_bytes(static_cast<double>(r->bytes_after)),
-                       ir::human_flops(r->flops_added));
+                       stored, ir::human_flops(r->flops_added));
+  }
   if (options.recompute && options.recompute->ran) out += recompute_section(*options.recompute);
   if (options.attention) out += attention_section(g, *options.attention);
   if (options.classifier) out += classifier_section(g, *options.classifier);
@@ -521,7 +528,9 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
                  {"rematerialized", options.rematerialized ? json{{"values", options.rematerialized->values},
                                                                   {"bytes_before", options.rematerialized->bytes_before},
                                                                   {"bytes_after", options.rematerialized->bytes_after},
-                                                                  {"flops_added", options.rematerialized->flops_added}}
+                                                                  {"flops_added", options.rematerialized->flops_added},
+                                                                  {"stored_by_epilogues",
+                                                                   options.rematerialized->stored_by_epilogues}}
                                                             : json(nullptr)},
                  {"peak_forward", memory.phase_peak(ir::Phase::Forward).bytes},
                  {"peak_backward", memory.phase_peak(ir::Phase::Backward).bytes},

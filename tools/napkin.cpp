@@ -546,7 +546,7 @@ int main(int argc, char** argv) {
   report->add_option("--memory-budget", budget, budget_help);
   report->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   report->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  report->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  report->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
   report->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget); });
 
@@ -560,7 +560,7 @@ int main(int argc, char** argv) {
   ir_cmd->add_flag("--no-locations", no_locations, "omit the YAML locations");
   ir_cmd->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   ir_cmd->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  ir_cmd->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  ir_cmd->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
   ir_cmd->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   ir_cmd->callback([&] { status = cmd_ir(model, dims, print_after, time_passes, no_locations); });
 
@@ -574,7 +574,7 @@ int main(int argc, char** argv) {
   graph->add_flag("--no-fuse", no_fuse, "draw every node on its own, without fusion groups");
   graph->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   graph->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  graph->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  graph->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
   graph->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   graph->callback([&] { status = cmd_graph(model, dims, dot, graph_output, no_fuse); });
 
@@ -589,7 +589,7 @@ int main(int argc, char** argv) {
   check->add_flag("--force", force, "run even when the check would take hours");
   check->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   check->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  check->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  check->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
   check->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   check->callback([&] { status = cmd_check(model, dims, seed, samples, force); });
 
@@ -630,7 +630,7 @@ int main(int argc, char** argv) {
   build->add_option("--memory-budget", build_args.memory_budget, budget_help);
   build->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   build->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  build->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  build->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
   build->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   build->callback([&] { status = cmd_build(build_args); });
 
@@ -645,7 +645,7 @@ int main(int argc, char** argv) {
   train->prefix_command(false);
   train->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   train->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  train->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast a kernel of its own (to compare)");
+  train->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
   train->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   train->callback([&] { status = cmd_train(model, dims, budget, train_target, trainer_args); });
 

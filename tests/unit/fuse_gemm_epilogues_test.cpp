@@ -13,6 +13,7 @@
 #include "ir/fusion_group.h"
 #include "ir/gemm_epilogue.h"
 #include "passes/pipeline.h"
+#include "passes/rematerialize.h"
 #include "support/compiled_step.h"
 #include "support/test_models.h"
 
@@ -91,6 +92,15 @@ TEST_CASE("fuse_gemm_epilogues: GPT-2's qkv, both residual projections, the fc's
   CHECK(bias_grads == layers);
   // Without the option no contraction is in a group.
   CHECK(epilogues_of(compile("gpt2-124m", ir::PrecisionPolicy::BF16Mixed, false)).groups == 0);
+  // What rematerialize reported is corrected: the gelu inputs are stored, not recomputed, so no FLOPs are added.
+  passes::Rematerialized did;
+  passes::PipelineOptions options;
+  options.rematerialized = &did;
+  const ir::Graph with = testing::compile_small_model(testing::source_path("models/gpt2-124m.yaml"),
+                                                      ir::PrecisionPolicy::BF16Mixed, options);
+  CHECK(did.values == layers);
+  CHECK(did.stored_by_epilogues == layers);
+  CHECK(did.flops_added == 0);
 }
 
 TEST_CASE("fuse_gemm_epilogues: a result read outside the chain, a bias before the residual, a reduction: no epilogue") {

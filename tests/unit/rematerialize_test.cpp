@@ -32,9 +32,10 @@ int64_t saved_bytes(const ir::Graph& g) {
 }
 
 TEST_CASE("rematerialize: a bf16-mixed GPT-2 keeps the bf16 GEMM result, not the f32 pre-activation, for gelu's gradient") {
+  // GEMM epilogues off: they store the gelu's input in bf16 instead (tests/unit/fuse_gemm_epilogues_test.cpp).
   passes::Rematerialized did;
-  const ir::Graph before = compile("gpt2-124m", false, ir::PrecisionPolicy::BF16Mixed);
-  const ir::Graph after = compile("gpt2-124m", true, ir::PrecisionPolicy::BF16Mixed, &did);
+  const ir::Graph before = compile("gpt2-124m", false, ir::PrecisionPolicy::BF16Mixed, nullptr, false);
+  const ir::Graph after = compile("gpt2-124m", true, ir::PrecisionPolicy::BF16Mixed, &did, false);
   // gpt2-124m's small dims: batch 2, seq 8, hidden 4·d = 128, 2 layers.
   const int64_t elements = 2 * 8 * 128;
   CHECK(did.values == 2);
