@@ -7,6 +7,7 @@
 
 #include "ir/fusion_group.h"
 #include "ir/gemm_epilogue.h"
+#include "passes/matmul_epilogues.h"
 #include "passes/mixed_precision.h"
 #include "passes/rematerialize.h"
 
@@ -96,9 +97,7 @@ class FuseGemmEpilogues : public Pass {
       g.node(aux).group = fg.id;
       g.node(aux).origin = pre_origin;
       if (!g.value(pre_out).name.empty()) g.value(g.node(aux).out()).name = g.value(pre_out).name + ".bf16";
-      std::vector<NodeId>& schedule = g.mutable_schedule();
-      schedule.pop_back();
-      schedule.insert(std::find(schedule.begin(), schedule.end(), last) + 1, aux);
+      move_in_schedule(g, aux, last, /*after=*/true);
       for (size_t i = 0; i < adds.size(); ++i) {
         const ir::Node add = g.node(adds[i]);  // a copy: add_node may move the nodes
         ir::Attrs widen;
@@ -107,9 +106,7 @@ class FuseGemmEpilogues : public Pass {
                                     ir::Phase::Backward);
         g.node(w).group = add.group;
         g.node(w).origin = add.origin;
-        std::vector<NodeId>& sched = g.mutable_schedule();
-        sched.pop_back();
-        sched.insert(std::find(sched.begin(), sched.end(), adds[i]), w);
+        move_in_schedule(g, w, adds[i], /*after=*/false);
         g.replace_uses(add.out(), g.node(w).out());
         erased.push_back(adds[i]);
         erased.push_back(casts[i]);
@@ -206,22 +203,14 @@ class FuseGemmEpilogues : public Pass {
     if (fusions.empty()) return false;
 
     std::vector<NodeId> erased;
-    std::vector<NodeId>& schedule = g.mutable_schedule();
     for (const Fusion& f : fusions) {
-      ir::Node& c = g.node(f.contraction);
       if (f.widening_cast != ir::kNoNode) {
-        // Accumulate into the f32 result directly; the cast's readers read it.
-        c.attrs.set("dtype", DType::F32);
-        g.value(c.out()).type.dtype = DType::F32;
-        const ValueId old = g.node(f.widening_cast).out();
-        g.replace_uses(old, c.out());
-        if (g.value(c.out()).name.empty()) std::swap(g.value(c.out()).name, g.value(old).name);
+        accumulate_in_f32(g, f.contraction, f.widening_cast);  // the cast's readers read the f32 sums
         erased.push_back(f.widening_cast);
       }
-      c.group = f.group;
+      g.node(f.contraction).group = f.group;
       g.node(f.first_step).group = f.group;
-      schedule.erase(std::find(schedule.begin(), schedule.end(), f.contraction));
-      schedule.insert(std::find(schedule.begin(), schedule.end(), f.first_step), f.contraction);
+      move_in_schedule(g, f.contraction, f.first_step, /*after=*/false);
     }
     g.erase_nodes(erased);
     renumber_groups(g);
@@ -229,6 +218,14 @@ class FuseGemmEpilogues : public Pass {
   }
 
   Rematerialized* rematerialized_;
+
+  // Moves `id` (a node just built, at the schedule's end, or one of the
+  // schedule's) to right before `anchor`, or right after it.
+  static void move_in_schedule(ir::Graph& g, NodeId id, NodeId anchor, bool after) {
+    std::vector<NodeId>& schedule = g.mutable_schedule();
+    schedule.erase(std::find(schedule.begin(), schedule.end(), id));
+    schedule.insert(std::find(schedule.begin(), schedule.end(), anchor) + (after ? 1 : 0), id);
+  }
 
   // Group ids 0 .. n-1 in schedule order (ir/fusion_group.h).
   static void renumber_groups(ir::Graph& g) {

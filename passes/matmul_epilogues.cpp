@@ -52,13 +52,7 @@ class MatmulEpilogues : public Pass {
         if (ir::op_info(rn.op).op_class == ir::OpClass::Elementwise && rn.phase == cast.phase) standalone = false;
       }
       if (!standalone) continue;
-      // The contraction stores f32: retype its result in place and let the
-      // cast's readers read it.
-      g.node(p).attrs.set("dtype", DType::F32);
-      g.value(r).type.dtype = DType::F32;
-      const ValueId old = cast.out();
-      g.replace_uses(old, r);
-      if (g.value(r).name.empty()) std::swap(g.value(r).name, g.value(old).name);
+      accumulate_in_f32(g, p, id);
       changed = true;
       if (placement_) ++placement_->epilogues;
     }
@@ -70,6 +64,14 @@ class MatmulEpilogues : public Pass {
 };
 
 }  // namespace
+
+void accumulate_in_f32(ir::Graph& g, ir::NodeId contraction, ir::NodeId widening_cast) {
+  const ValueId r = g.node(contraction).out(), old = g.node(widening_cast).out();
+  g.node(contraction).attrs.set("dtype", DType::F32);
+  g.value(r).type.dtype = DType::F32;
+  g.replace_uses(old, r);
+  if (g.value(r).name.empty()) std::swap(g.value(r).name, g.value(old).name);
+}
 
 std::unique_ptr<Pass> make_matmul_epilogues_pass(CastPlacement* placement) {
   return std::make_unique<MatmulEpilogues>(placement);

@@ -30,4 +30,11 @@ namespace napkin::passes {
 // `placement`, when given, counts the epilogues.
 std::unique_ptr<Pass> make_matmul_epilogues_pass(CastPlacement* placement = nullptr);
 
+// The rewrite itself, for this pass and passes/fuse_gemm_epilogues.h: the
+// contraction accumulates into its result as f32 (`dtype=f32`) and every use
+// of `widening_cast`, a cast of that result to f32, becomes a use of the
+// result (which takes the cast's name if it had none). The cast is left
+// without readers, for the caller or dce to erase.
+void accumulate_in_f32(ir::Graph& g, ir::NodeId contraction, ir::NodeId widening_cast);
+
 }  // namespace napkin::passes
