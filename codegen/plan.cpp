@@ -174,6 +174,27 @@ Kernel fused_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const
   return k;
 }
 
+// The kernel of one node, named by its position in the plan.
+Kernel node_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const ir::Node& n, size_t index) {
+  Kernel k;
+  k.node = n.id;
+  k.op = n.op;
+  k.phase = n.phase;
+  k.attrs = n.attrs;
+  k.name = fmt::format("k{}_{}", index, ir::op_name(n.op));
+  k.where = where(n);
+  for (ir::ValueId in : n.inputs) k.inputs.push_back(operand(g, arena, in));
+  k.output = operand(g, arena, n.out());
+  for (size_t i = 1; i < n.outputs.size(); ++i) k.extra_outputs.push_back(operand(g, arena, n.out(static_cast<int>(i))));
+  return k;
+}
+
+// Whether fusion group fg is a GEMM and its bias gradient (ir/gemm_epilogue.h GemmBiasGrad).
+bool bias_grad_group(const ir::Graph& g, const ir::FusionGroup& fg) {
+  return fg.contraction != ir::kNoNode && fg.reduction != ir::kNoNode && fg.nodes.size() == 2 &&
+         ir::match_gemm_bias_grad(g, fg.contraction, fg.reduction).has_value();
+}
+
 // The kind of a kernel of one node, from its op's loop kind: a contraction
 // is a Gemm where the GEMM library takes it (then `matmul` is set).
 KernelKind kind_of(const Kernel& k) {
@@ -263,6 +284,13 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       // Named by its last node, as the time model names it (analysis/step_time.h).
       k.node = groups.groups[groups.batches[batch].groups.back()].nodes.back();
       k.name = fmt::format("k{}_batched_{}_x{}", plan.kernels.size(), ir::op_name(k.op), k.batch.size());
+    } else if (group >= 0 && bias_grad_group(g, groups.groups[group])) {
+      // The contraction's own kernel, which stores the bias gradient besides.
+      const ir::FusionGroup& fg = groups.groups[group];
+      k = node_kernel(g, arena, g.node(fg.contraction), plan.kernels.size());
+      k.extra_outputs.push_back(operand(g, arena, g.node(fg.reduction).out()));
+      k.bias_grad = fg.reduction;
+      k.name = fmt::format("k{}_{}_bias_grad", plan.kernels.size(), ir::op_name(k.op));
     } else if (group >= 0) {
       k = fused_kernel(g, arena, groups.groups[group]);
       k.name = k.epilogue ? fmt::format("k{}_{}_epilogue", plan.kernels.size(), ir::op_name(k.fused->ops[0].op))
@@ -271,15 +299,7 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || cls == ir::OpClass::Attention || cls == ir::OpClass::Classifier ||
                                 n.op == ir::Op::LayerNormGrad || n.op == ir::Op::RMSNormGrad,
                             "a kernel node must have one output");
-      k.node = n.id;
-      k.op = n.op;
-      k.phase = n.phase;
-      k.attrs = n.attrs;
-      k.name = fmt::format("k{}_{}", plan.kernels.size(), ir::op_name(n.op));
-      k.where = where(n);
-      for (ir::ValueId in : n.inputs) k.inputs.push_back(operand(g, arena, in));
-      k.output = operand(g, arena, n.out());
-      for (size_t i = 1; i < n.outputs.size(); ++i) k.extra_outputs.push_back(operand(g, arena, n.out(static_cast<int>(i))));
+      k = node_kernel(g, arena, n, plan.kernels.size());
     }
     NAPKIN_INTERNAL_CHECK(k.output.contiguous(), "a kernel output must be contiguous");
     if (!k.fused) {
@@ -290,6 +310,9 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       }
       k.kind = kind_of(k);
     }
+    NAPKIN_INTERNAL_CHECK(k.bias_grad == ir::kNoNode || (k.kind == KernelKind::Gemm && k.matmul->batch.empty() &&
+                                                          !k.matmul->swap_operands),
+                          "a bias gradient's GEMM ({}) is not one plain product", k.name);
     if (k.phase == ir::Phase::Forward) {
       NAPKIN_INTERNAL_CHECK(plan.num_forward_kernels == static_cast<int>(plan.kernels.size()),
                             "forward kernels must come first");

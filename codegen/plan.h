@@ -145,6 +145,11 @@ struct Kernel {
   // A Gemm with an epilogue (then `fused` is set too, and A and B are
   // inputs 0 and 1); empty for a GEMM that stores its sums as they are.
   std::optional<GemmEpilogueOperands> epilogue;
+  // A Gemm that stores its sums and also the sums of B over k, f32 [n], in
+  // extra_outputs[0]: a weight gradient's bias gradient (ir/gemm_epilogue.h
+  // GemmBiasGrad), this reduction node's result; kNoNode otherwise. Its
+  // lowering is one plain product (no batch, operands not swapped).
+  ir::NodeId bias_grad = ir::kNoNode;
   // A fused loop kernel (kind == FusedElementwise): `inputs` are the group
   // inputs, `op` and `node` those of its last member; empty otherwise.
   std::optional<FusedLoop> fused;

@@ -73,7 +73,9 @@ json matmul_json(const Kernel& k) {
           {"b_k_stride", m.b_k_stride},
           {"b_n_stride", m.b_n_stride},
           {"c_m_stride", m.c_m_stride},
-          {"epilogue", epilogue_json(k)}};
+          {"epilogue", epilogue_json(k)},
+          // A weight gradient's GEMM that also sums B over k into the bias gradient (f32 [n]); -1: none.
+          {"bias_grad", k.bias_grad == ir::kNoNode ? int64_t{-1} : k.extra_outputs.at(0).byte_offset}};
 }
 
 // How the runtime runs a kernel: a library or runtime call by name, or the

@@ -94,7 +94,8 @@ FusionGroups fusion_groups(const Graph& g) {
     }
     if (op_info(n.op).op_class == OpClass::Reduction) {
       fg.reduction = n.id;
-      fg.shape = g.value(n.in(0)).type.sizes();
+      // A GEMM's bias gradient sums B (ir/gemm_epilogue.h GemmBiasGrad): the group's shape stays D's.
+      if (fg.contraction == kNoNode) fg.shape = g.value(n.in(0)).type.sizes();
     } else if (n.op != Op::Constant) {
       fg.shape = g.value(n.out()).type.sizes();
     }

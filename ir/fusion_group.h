@@ -18,7 +18,10 @@
 //  - GEMM epilogue: a group may start with a contraction whose result its
 //    other members, the epilogue, read directly (ir/gemm_epilogue.h, made by
 //    passes/fuse_gemm_epilogues): the GEMM library applies them as it stores.
-//    Its result is internal; the iteration shape is its shape.
+//    Its result is internal; the iteration shape is its shape. Or a GEMM's
+//    group is the contraction and a reduction of its B operand, the bias
+//    gradient it stores besides D (ir/gemm_epilogue.h GemmBiasGrad): D is
+//    then a group output, and the iteration shape D's.
 //  - internal value: made by a member, and every node that reads it (directly
 //    or through a view of its buffer) is a member, and it is not a graph
 //    output nor (the buffer of) an update's value. It lives in a register for

@@ -141,4 +141,68 @@ std::optional<GemmEpilogue> match_gemm_epilogue(const Graph& g, NodeId contracti
   return e;
 }
 
+std::optional<GemmBiasGrad> match_gemm_bias_grad(const Graph& g, NodeId contraction, NodeId reduction) {
+  const Node& c = g.node(contraction);
+  const Node& r = g.node(reduction);
+  if ((c.op != Op::MatMul && c.op != Op::Einsum) || r.op != Op::ReduceSum) return std::nullopt;
+  if (c.phase != r.phase || c.outputs.size() != 1 || r.outputs.size() != 1 || r.inputs.size() != 1) return std::nullopt;
+  if (c.in(0) == c.in(1) || r.in(0) != c.in(1)) return std::nullopt;
+  const Value& a = g.value(c.in(0));
+  const Value& b = g.value(c.in(1));
+  const Value& d = g.value(c.out());
+  const std::vector<int64_t> ds = d.type.sizes();
+  if (ds.size() != 2 || d.type.dtype != DType::F32 || !is_contiguous(d.layout, ds)) return std::nullopt;
+  // The axis ids of A, B and D (matmul: [m, k] @ [k, n]).
+  std::vector<int64_t> lhs{0, 2}, rhs{2, 1}, out{0, 1};
+  if (c.op == Op::MatMul) {
+    if (a.type.rank() != 2 || b.type.rank() != 2) return std::nullopt;
+  } else {
+    const auto p = std::get<ContractionParams>(loop_params(c.op, c.attrs));
+    lhs = p.lhs, rhs = p.rhs, out = p.out;
+  }
+  auto count = [](const std::vector<int64_t>& ids, int64_t id) { return std::count(ids.begin(), ids.end(), id); };
+  const int64_t m_id = out[0], n_id = out[1];
+  if (m_id == n_id || count(lhs, m_id) != 1 || count(rhs, m_id) != 0 || count(rhs, n_id) != 1 || count(lhs, n_id) != 0)
+    return std::nullopt;
+  // The k dims: every other dim of A and of B, once each, in one order in both.
+  std::vector<int64_t> ka, kb;
+  std::vector<int> pos_a, pos_b;
+  for (size_t i = 0; i < lhs.size(); ++i)
+    if (lhs[i] != m_id) ka.push_back(lhs[i]), pos_a.push_back(static_cast<int>(i));
+  for (size_t i = 0; i < rhs.size(); ++i)
+    if (rhs[i] != n_id) kb.push_back(rhs[i]), pos_b.push_back(static_cast<int>(i));
+  if (ka.empty() || ka != kb) return std::nullopt;
+  for (int64_t id : ka)
+    if (count(lhs, id) != 1 || count(rhs, id) != 1 || count(out, id) != 0) return std::nullopt;
+  // They merge into one stride in each operand (size-1 dims have any stride),
+  // and the operand has a unit stride along k or along its own dim.
+  auto gemm_operand = [](const Value& v, const std::vector<int>& k_dims, int own) {
+    const std::vector<int64_t> sizes = v.type.sizes();
+    const std::vector<int64_t>& strides = v.layout.strides;
+    std::vector<int> k;
+    for (int dim : k_dims)
+      if (sizes[dim] > 1) k.push_back(dim);
+    for (size_t i = 0; i + 1 < k.size(); ++i)
+      if (strides[k[i + 1]] < 1 || strides[k[i]] != strides[k[i + 1]] * sizes[k[i + 1]]) return false;
+    const bool k_unit = k.empty() || strides[k.back()] == 1;
+    return k_unit || sizes[own] <= 1 || strides[own] == 1;
+  };
+  auto at = [](const std::vector<int64_t>& ids, int64_t id) {
+    return static_cast<int>(std::find(ids.begin(), ids.end(), id) - ids.begin());
+  };
+  if (!gemm_operand(a, pos_a, at(lhs, m_id)) || !gemm_operand(b, pos_b, at(rhs, n_id))) return std::nullopt;
+  // The reduction: B over exactly its k dims, into f32 [n].
+  const auto rp = std::get<ReductionParams>(loop_params(r.op, r.attrs));
+  if (rp.keepdims || rp.mean || rp.combiner != Combiner::Sum) return std::nullopt;
+  std::vector<int> axes;
+  for (int64_t axis : rp.axes) axes.push_back(static_cast<int>(axis < 0 ? axis + b.type.rank() : axis));
+  std::sort(axes.begin(), axes.end());
+  if (axes != pos_b) return std::nullopt;
+  const Value& sums = g.value(r.out());
+  if (sums.type.dtype != DType::F32 || sums.type.sizes() != std::vector<int64_t>{ds[1]} ||
+      !is_contiguous(sums.layout, sums.type.sizes()))
+    return std::nullopt;
+  return GemmBiasGrad{contraction, reduction, c.in(1), r.out()};
+}
+
 }  // namespace napkin::ir

@@ -65,4 +65,27 @@ std::optional<GemmEpilogue> match_gemm_epilogue(const Graph& g, NodeId contracti
 // operands as above), whatever its dtype.
 bool gemm_with_epilogue_shape(const Graph& g, const Node& contraction);
 
+// A weight gradient's GEMM that also stores its bias gradient: the sums of
+// its B operand over k, which the GEMM reads anyway (cuBLASLt's BGRADA; the
+// CPU sums B's rows after the product). For y = x w + b the backward reads
+// dy twice, dw = xᵀ dy and db = sum over the rows of dy; in one kernel dy is
+// read once. The form:
+//
+//     D[m, n] = sum_k A[k.., m] B[k.., n]     (matmul or einsum)
+//     g[n]    = reduce_sum(B, over the k dims)
+//
+//  - D: 2-D, f32, contiguous row-major (cuBLASLt stores the bias gradient
+//    in D's type); m comes from A only, n from B only.
+//  - k: every other dim of A and of B, the same ones in both, merging into
+//    one stride in each (as a GEMM library takes them); A and B each with a
+//    unit stride along one of their two GEMM dims.
+//  - g: reduce_sum of B itself (the very value the contraction reads, a
+//    view included) over exactly the k dims, not kept, into f32 [n].
+struct GemmBiasGrad {
+  NodeId contraction = kNoNode, reduction = kNoNode;
+  ValueId b = kNoValue;       // what both read
+  ValueId result = kNoValue;  // g
+};
+std::optional<GemmBiasGrad> match_gemm_bias_grad(const Graph& g, NodeId contraction, NodeId reduction);
+
 }  // namespace napkin::ir

@@ -9,8 +9,8 @@ namespace {
 // Fusion groups (ir/fusion_group.h): contiguous in the schedule, one phase,
 // members elementwise (or copies, or folded constants) of one output shape,
 // but for a last member that reduces a member's result or a value a member
-// reads (of that shape),
-// and no member reads a value of its own group through a view (the kernel
+// reads (of that shape) or, in a GEMM's group, the contraction's B (its
+// bias gradient: ir/gemm_epilogue.h GemmBiasGrad), and no member reads a value of its own group through a view (the kernel
 // holds those in registers, one element at a time).
 template <typename Fail>
 void verify_fusion_groups(const Graph& g, Fail&& fail) {
@@ -18,6 +18,7 @@ void verify_fusion_groups(const Graph& g, Fail&& fail) {
   std::vector<Phase> phase;
   std::vector<const TensorType*> shape;
   std::vector<bool> closed;  // per group: its reduction was seen
+  std::vector<NodeId> head_of;  // per group: its contraction (a GEMM's group), or none
   const std::vector<NodeId>& schedule = g.schedule();
   for (int p = 0; p < static_cast<int>(schedule.size()); ++p) {
     if (schedule[p] < 0 || schedule[p] >= g.num_nodes()) continue;
@@ -28,6 +29,7 @@ void verify_fusion_groups(const Graph& g, Fail&& fail) {
       last_position.resize(n.group + 1, -1);
       phase.resize(n.group + 1, Phase::Forward);
       shape.resize(n.group + 1, nullptr);
+      head_of.resize(n.group + 1, kNoNode);
     }
     int& last = last_position[n.group];
     const bool first_member = last < 0;
@@ -43,7 +45,14 @@ void verify_fusion_groups(const Graph& g, Fail&& fail) {
     // A contraction heads a GEMM epilogue group (ir/gemm_epilogue.h): its first member.
     const bool head = cls == OpClass::Contraction && first_member;
     if (cls != OpClass::Elementwise && n.op != Op::Copy && !reduction && !head) fail(where + " is not elementwise");
+    if (head) head_of[n.group] = n.id;
     if (n.outputs.size() != 1) continue;
+    const NodeId gemm = head_of[n.group];
+    if (reduction && gemm != kNoNode && !n.inputs.empty() && g.node(gemm).inputs.size() == 2 &&
+        n.in(0) == g.node(gemm).in(1)) {
+      closed[n.group] = true;  // a bias gradient: the GEMM's B summed over k, any view, not of the group's shape
+      continue;
+    }
     if (reduction) {
       closed[n.group] = true;  // the group's last member; its input has the iteration shape
       // A member's result, or (not a view) a value of the iteration shape a member reads too.

@@ -28,7 +28,8 @@ class FuseGemmEpilogues : public Pass {
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
     const bool gelus = store_gelu_inputs(g, rematerialized_);
-    return fuse(g) || gelus;
+    const bool epilogues = fuse(g);
+    return fuse_bias_gradients(g) || epilogues || gelus;
   }
 
  private:
@@ -215,6 +216,64 @@ class FuseGemmEpilogues : public Pass {
     g.erase_nodes(erased);
     renumber_groups(g);
     return true;
+  }
+
+  // A weight gradient's GEMM and the bias gradient that sums the same B
+  // (ir/gemm_epilogue.h GemmBiasGrad) become one kernel: the reduction
+  // joins the contraction in a group of two, right after it, and reads the
+  // very value the contraction reads (a view of the same bytes with the
+  // same layout before). Only where nothing between reads the sums early.
+  static bool fuse_bias_gradients(ir::Graph& g) {
+    std::vector<int> position(g.num_nodes(), -1);
+    auto number = [&] {
+      for (int p = 0; p < static_cast<int>(g.schedule().size()); ++p) position[g.schedule()[p]] = p;
+    };
+    number();
+    std::vector<std::vector<NodeId>> readers(g.num_values());  // of each buffer, direct or through a view
+    std::vector<std::vector<NodeId>> gemms_of_b(g.num_values());  // ungrouped contractions, by their B's buffer
+    for (NodeId id : g.schedule()) {
+      const ir::Node& n = g.node(id);
+      for (ValueId v : n.inputs) readers[g.value(v).storage].push_back(id);
+      if ((n.op == Op::MatMul || n.op == Op::Einsum) && n.group < 0 && n.inputs.size() == 2)
+        gemms_of_b[g.value(n.in(1)).storage].push_back(id);
+    }
+    auto same_view = [&](ValueId x, ValueId y) {
+      const ir::Value &a = g.value(x), &b = g.value(y);
+      return a.storage == b.storage && a.type.dtype == b.type.dtype && a.type.same_shape(b.type) &&
+             a.layout.offset == b.layout.offset &&
+             a.layout.strides == b.layout.strides;
+    };
+    int next_group = 0;
+    for (NodeId id : g.schedule()) next_group = std::max(next_group, g.node(id).group + 1);
+    std::set<NodeId> taken;
+    bool changed = false;
+    const std::vector<NodeId> schedule = g.schedule();
+    for (NodeId rid : schedule) {
+      ir::Node& r = g.node(rid);
+      if (r.op != Op::ReduceSum || r.group >= 0 || r.phase == ir::Phase::Optimizer) continue;
+      const ValueId x = r.in(0);
+      for (NodeId cid : gemms_of_b[g.value(x).storage]) {
+        const ir::Node& c = g.node(cid);
+        if (taken.count(cid) || c.phase != r.phase || !same_view(x, c.in(1))) continue;
+        // The sums move to right after the GEMM: nothing up to there may read them.
+        bool early = false;
+        for (NodeId user : readers[r.out()]) early = early || position[user] <= position[cid];
+        if (early) continue;
+        r.inputs[0] = c.in(1);
+        if (!ir::match_gemm_bias_grad(g, cid, rid)) {
+          r.inputs[0] = x;
+          continue;
+        }
+        taken.insert(cid);
+        g.node(cid).group = r.group = next_group++;
+        move_in_schedule(g, rid, cid, /*after=*/true);
+        number();
+        changed = true;
+        break;
+      }
+    }
+    if (changed) renumber_groups(g);
+    return changed;
   }
 
   Rematerialized* rematerialized_;

@@ -85,6 +85,13 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
   s.groups = static_cast<int>(groups.groups.size());
   for (const ir::FusionGroup& fg : groups.groups) {
     if (fg.contraction == ir::kNoNode) continue;
+    if (fg.reduction != ir::kNoNode) {
+      if (const auto bias_grad = ir::match_gemm_bias_grad(g, fg.contraction, fg.reduction)) {
+        ++s.epilogues.bias_grads;
+        s.epilogues.bias_grad_bytes += ir::distinct_bytes(g, bias_grad->b);
+      }
+      continue;
+    }
     const ir::Node& c = g.node(fg.contraction);
     const auto form = ir::match_gemm_epilogue(g, c.id, c.out(), {fg.nodes.begin() + 1, fg.nodes.end()});
     if (!form) continue;
@@ -174,8 +181,13 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s, cons
                        "stored (fuse_gemm_epilogues)\n",
                        s.epilogues.gemms, s.epilogues.residual, s.epilogues.bias, s.epilogues.gelu, s.epilogues.gelu_grad,
                        s.epilogues.narrowed, ir::human_bytes(s.epilogues.sums_bytes));
+  if (s.epilogues.bias_grads > 0)
+    out += fmt::format("  bias gradients     {} weight gradients' GEMMs also sum their B over k into the bias gradient: {} "
+                       "read once instead of twice (cuBLASLt's BGRADA; fuse_gemm_epilogues)\n",
+                       s.epilogues.bias_grads, ir::human_bytes(s.epilogues.bias_grad_bytes));
   out += "  not fused: a second reduction of a group's values (one per group), a contraction's result when what reads it "
-         "is not the epilogue form (a gelu whose f32 input is kept, a bias gradient: docs/fusion.md)\n";
+         "is not the epilogue form (a gelu whose f32 input is kept), a bias gradient summing another value than its "
+         "weight gradient's GEMM reads (docs/fusion.md)\n";
   return out;
 }
 
@@ -224,7 +236,9 @@ nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s, const Cas
             {"narrowed", s.epilogues.narrowed},
             {"gelu", s.epilogues.gelu},
             {"gelu_grad", s.epilogues.gelu_grad},
-            {"sums_bytes_not_stored", s.epilogues.sums_bytes}}}};
+            {"sums_bytes_not_stored", s.epilogues.sums_bytes},
+            {"bias_grads", s.epilogues.bias_grads},
+            {"bias_grad_bytes_read_once", s.epilogues.bias_grad_bytes}}}};
 }
 
 }  // namespace napkin::report

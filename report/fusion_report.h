@@ -17,7 +17,9 @@
 //  - memory peak before: analysis/memory on the same schedule with the group
 //    annotations removed (each node its own kernel, every value a buffer).
 //  - GEMM epilogues: groups headed by a contraction (passes/fuse_gemm_epilogues.h),
-//    counted by the parts of the form they use.
+//    counted by the parts of the form they use; a weight gradient's GEMM
+//    storing its bias gradient (ir/gemm_epilogue.h GemmBiasGrad) counted
+//    apart, with the bytes of B the sum no longer reads a second time.
 //  - pattern of a group: "<optimizer> update" when it writes an update of a
 //    parameter, "optimizer scalars" for the 0-d optimizer kernel, else its
 //    members' op names in order (constants left out). Groups with the same
@@ -59,6 +61,8 @@ struct FusionSummary {
   struct Epilogues {
     int gemms = 0, residual = 0, bias = 0, narrowed = 0, gelu = 0, gelu_grad = 0;
     double sums_bytes = 0;
+    int bias_grads = 0;           // weight gradients' GEMMs storing a bias gradient
+    double bias_grad_bytes = 0;   // the bytes of their B, read once instead of twice
   } epilogues;
 };
 

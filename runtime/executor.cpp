@@ -101,6 +101,9 @@ void Executor::run_kernel(int i) {
     const MatmulSpec& m = k.matmul;
     gemms_[i]->run(static_cast<const void*>(arena_ + m.a), static_cast<const void*>(arena_ + m.b),
                    static_cast<void*>(arena_ + m.c), pool_);
+    // The weight gradient's bias gradient: B summed over k while it is still in cache.
+    if (m.bias_grad >= 0)
+      sum_b_over_k(m.desc, gemm_type(m.b_dtype), arena_ + m.b, reinterpret_cast<float*>(arena_ + m.bias_grad), pool_);
     return;
   }
   if (k.is_attention) {

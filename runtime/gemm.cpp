@@ -474,4 +474,50 @@ void Gemm::run(const double* a, const double* b, double* c) const {
   run_any(a, b, c, nullptr, nullptr);
 }
 
+namespace {
+
+template <class Load>
+void sum_columns(const MatmulDesc& d, int64_t c0, int64_t c1, float* sums, Load load) {
+  std::vector<double> acc(static_cast<size_t>(c1 - c0), 0.0);
+  if (d.b_n_stride == 1 || d.n <= 1) {  // rows contiguous: the inner loop runs along a row
+    for (int64_t k = 0; k < d.k; ++k) {
+      const int64_t row = k * d.b_k_stride;
+      for (int64_t j = c0; j < c1; ++j) acc[j - c0] += load(row + j);
+    }
+  } else {  // columns contiguous
+    for (int64_t j = c0; j < c1; ++j)
+      for (int64_t k = 0; k < d.k; ++k) acc[j - c0] += load(k * d.b_k_stride + j * d.b_n_stride);
+  }
+  for (int64_t j = c0; j < c1; ++j) sums[j] = static_cast<float>(acc[j - c0]);
+}
+
+}  // namespace
+
+void sum_b_over_k(const MatmulDesc& d, GemmType type, const void* b, float* sums, ThreadPool& pool) {
+  if (type == GemmType::F64) throw Error("a bias gradient of f64 operands is f64, not the f32 sums stored here");
+  constexpr int64_t kColumns = 256;  // per work item
+  const int64_t items = (d.n + kColumns - 1) / kColumns;
+  pool.parallel_for(items, [&](int64_t begin, int64_t end) {
+    const int64_t c0 = begin * kColumns, c1 = std::min(d.n, end * kColumns);
+    switch (type) {
+      case GemmType::F32: {
+        const auto* x = static_cast<const float*>(b);
+        sum_columns(d, c0, c1, sums, [x](int64_t i) { return static_cast<double>(x[i]); });
+        break;
+      }
+      case GemmType::BF16: {
+        const auto* x = static_cast<const uint16_t*>(b);
+        sum_columns(d, c0, c1, sums, [x](int64_t i) { return double(std::bit_cast<float>(uint32_t(x[i]) << 16)); });
+        break;
+      }
+      case GemmType::F64: break;  // refused before the split
+      case GemmType::F16: {
+        const auto* x = static_cast<const uint16_t*>(b);
+        sum_columns(d, c0, c1, sums, [x](int64_t i) { return static_cast<double>(f16_bits_to_float(x[i])); });
+        break;
+      }
+    }
+  });
+}
+
 }  // namespace napkin::runtime

@@ -154,4 +154,12 @@ class Gemm {
   // panel i % parts), cut into the pool's contiguous chunks.
 };
 
+// sums[j] = sum over k of B[k, j], for j in [0, n), with B as `d` describes
+// it (one batch entry; batch strides ignored) in `type` (bf16 and f16 widen
+// exactly as they load), summed in double and rounded to f32 once: the bias
+// gradient a weight gradient's GEMM stores besides C (runtime/program.h
+// MatmulSpec::bias_grad; cuBLASLt's BGRADA on the GPU). The columns are split
+// across the pool, each summed in k order: the same bits for any thread count.
+void sum_b_over_k(const MatmulDesc& d, GemmType type, const void* b, float* sums, ThreadPool& pool);
+
 }  // namespace napkin::runtime

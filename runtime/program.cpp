@@ -135,6 +135,9 @@ Program parse_program(const char* text, size_t size) {
           if (ep.activation != "none" && ep.activation != "gelu" && ep.activation != "gelu_grad")
             throw Error("kernel " + s.name + ": unknown GEMM epilogue activation '" + ep.activation + "'");
         }
+        s.matmul.bias_grad = m.value("bias_grad", int64_t{-1});
+        if (s.matmul.bias_grad >= 0 && (s.matmul.c_dtype != "f32" || !d.batch.empty() || s.matmul.epilogue.on))
+          throw Error("kernel " + s.name + ": a bias gradient needs one plain GEMM storing f32, without an epilogue");
       }
       if (s.is_classifier) {
         const json& c = k.at("classifier");

@@ -46,6 +46,11 @@ struct MatmulSpec {
   std::string a_dtype, b_dtype, c_dtype;  // "f32", "f64", "bf16", "f16" (runtime/gemm.h says which mix)
   MatmulDesc desc;
   GemmEpilogueSpec epilogue;
+  // Byte offset of the f32 [n] sums of B over k, stored besides C (a weight
+  // gradient's GEMM storing its layer's bias gradient: cuBLASLt's BGRADA on
+  // CUDA, runtime/gemm.h sum_b_over_k on the CPU); -1: none. Not with an
+  // epilogue or a batch; C is f32.
+  int64_t bias_grad = -1;
 };
 
 // A fused attention kernel (runtime/attention.h): its descriptor and where

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "runtime/error.h"
@@ -285,12 +287,31 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
     throw Error("kernel " + kernel + ": " + e.what());
   }
   const bool bias = lt_ep.bias != 0;
-  desc_ = std::make_unique<LtDescriptors>(ctx_.lt, shape_, types_, ctx_.workspace_bytes, pointer_alignment(a_off),
-                                          pointer_alignment(b_off), pointer_alignment(c_off), a_scale, b_scale, lt_ep);
+  if (spec.bias_grad >= 0) {
+    // napkin's B summed over k is cuBLASLt's A summed over k, one element per row of D (napkin's n), in D's type (f32).
+    if (epilogue.on || shape_.calls.size() != 1 || shape_.batch_count != 1 || types_.c != CUDA_R_32F)
+      throw Error("kernel " + kernel + ": a bias gradient needs one plain product storing f32, without an epilogue");
+    lt_ep.kind = CUBLASLT_EPILOGUE_BGRADA;
+    lt_ep.bias = where.c + static_cast<CUdeviceptr>(spec.bias_grad);
+  }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  NAPKIN_CUBLASLT(ctx_.lt, cublasLtMatmulAlgoGetHeuristic(ctx_.handle, desc_->op, desc_->lt_a, desc_->lt_b, desc_->d,
-                                                           desc_->d, desc_->preference, 1, &result, &found));
+  auto choose = [&] {
+    desc_ = std::make_unique<LtDescriptors>(ctx_.lt, shape_, types_, ctx_.workspace_bytes, pointer_alignment(a_off),
+                                            pointer_alignment(b_off), pointer_alignment(c_off), a_scale, b_scale, lt_ep);
+    found = 0;
+    NAPKIN_CUBLASLT(ctx_.lt, cublasLtMatmulAlgoGetHeuristic(ctx_.handle, desc_->op, desc_->lt_a, desc_->lt_b, desc_->d,
+                                                             desc_->d, desc_->preference, 1, &result, &found));
+    return found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+  };
+  if (!choose() && spec.bias_grad >= 0) {
+    // No BGRADA kernel for this layout: the product alone, and the bias gradient as ones[1, k] x B after it.
+    std::fprintf(stderr, "napkin: kernel %s: cuBLASLt has no bias-gradient epilogue (BGRADA) for this product; "
+                         "its bias gradient is a second GEMM\n", kernel.c_str());
+    lt_ep = {};
+    add_bias_grad_gemm(spec, tf32, kernel, where);
+    choose();
+  }
   if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
     throw Error(fmt::format("kernel {}: cuBLASLt has no algorithm for matmul {} ({} x {} -> {}{})", kernel,
                             spec.desc.to_string(), spec.a_dtype, spec.b_dtype,
@@ -300,6 +321,34 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
                                                       epilogue.activation == "none" ? "" : ", " + epilogue.activation)
                                         : ""));
   algo_ = result.algo;
+}
+
+LtMatmul::~LtMatmul() {
+  bias_grad_gemm_.reset();
+  if (ones_) ctx_.driver.cuMemFree(ones_);
+}
+
+void LtMatmul::add_bias_grad_gemm(const MatmulSpec& spec, bool tf32, const std::string& kernel, LtPlacement where) {
+  const MatmulDesc& d = spec.desc;
+  const int64_t eb = lt_type_bytes(types_.b);
+  const uint16_t one16 = spec.b_dtype == "bf16" ? 0x3f80 : 0x3c00;  // 1.0 in bf16, f16
+  const float one32 = 1.0f;
+  std::vector<char> ones(static_cast<size_t>(d.k * eb));
+  for (int64_t i = 0; i < d.k; ++i) std::memcpy(ones.data() + i * eb, eb == 2 ? static_cast<const void*>(&one16) : &one32, eb);
+  NAPKIN_CU(ctx_.driver, cuMemAlloc(&ones_, ones.size()));
+  NAPKIN_CU(ctx_.driver, cuMemcpyHtoDAsync(ones_, ones.data(), ones.size(), nullptr));
+  NAPKIN_CU(ctx_.driver, cuStreamSynchronize(nullptr));
+  MatmulSpec sums;  // sums[1, n] = ones[1, k] B[k, n]
+  sums.a = 0;
+  sums.b = spec.b;
+  sums.c = spec.bias_grad;
+  sums.a_dtype = sums.b_dtype = spec.b_dtype;
+  sums.c_dtype = "f32";
+  sums.desc = MatmulDesc::plain(1, d.n, d.k);
+  sums.desc.b_k_stride = d.b_k_stride;
+  sums.desc.b_n_stride = d.b_n_stride;
+  bias_grad_gemm_ = std::make_unique<LtMatmul>(ctx_, sums, tf32, kernel + " (its bias gradient)",
+                                               LtPlacement{ones_, where.b, where.c, false});
 }
 
 void LtMatmul::enqueue(CUstream stream) const {
@@ -325,6 +374,7 @@ void LtMatmul::enqueue(CUstream stream) const {
                                             desc_->d, c, desc_->d, &algo_, reinterpret_cast<void*>(ctx_.workspace),
                                             ctx_.workspace_bytes, stream));
   }
+  if (bias_grad_gemm_) bias_grad_gemm_->enqueue(stream);
 }
 
 }  // namespace napkin::runtime::cuda

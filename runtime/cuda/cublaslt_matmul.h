@@ -9,6 +9,12 @@
 // with Lt A = napkin's B, Lt B = napkin's A, D = napkin's C (beta = 0, so C
 // is overwritten, never read).
 //
+// A weight gradient's GEMM that stores its bias gradient (MatmulSpec::
+// bias_grad, napkin's B summed over k): CUBLASLT_EPILOGUE_BGRADA, which sums
+// Lt A (napkin's B) over k into one f32 element per row of D (napkin's n);
+// where the heuristic has no algorithm for it, the product alone and a second
+// GEMM, ones[1, k] x B, into the same vector (a note on stderr says so).
+//
 // A GEMM epilogue (runtime/program.h GemmEpilogueSpec, D = cast(A B +
 // residual + bias)): D is the epilogue's output in its dtype, the residual
 // is cuBLASLt's C (beta = 1, a separate pointer with D's layout, or D itself
@@ -162,11 +168,19 @@ class LtMatmul {
   // The same with each operand in its own buffer, C accumulating or not
   // (the fused classifier's GEMMs: runtime/cuda/cuda_classifier.h).
   LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel, LtPlacement where);
+  ~LtMatmul();
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
   void enqueue(CUstream stream) const;
 
  private:
   LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel, LtPlacement where,
            CUdeviceptr a_scale, CUdeviceptr b_scale);
+  // The bias gradient as a GEMM of its own, ones[1, k] x B, where cuBLASLt
+  // has no BGRADA algorithm for the product (the same sums, B read twice).
+  void add_bias_grad_gemm(const MatmulSpec& spec, bool tf32, const std::string& kernel, LtPlacement where);
+  std::unique_ptr<LtMatmul> bias_grad_gemm_;
+  CUdeviceptr ones_ = 0;  // owned: k ones in B's type
   LtContext ctx_;
   LtShape shape_;
   LtTypes types_;

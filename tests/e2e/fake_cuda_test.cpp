@@ -69,6 +69,7 @@ Trainers build_both(const std::string& model, const std::string& dims, const Tem
 // The GEMM epilogues of a CUDA trainer's program (runtime/program.h GemmEpilogueSpec).
 struct EpilogueCount {
   int bias = 0, residual = 0, narrow = 0;
+  int bias_grad = 0;  // weight gradients' GEMMs storing their bias gradients (BGRADA)
 };
 EpilogueCount epilogues_of(const Trainers& t) {
   Run program = sh(t.cuda + " --print-program");
@@ -77,6 +78,7 @@ EpilogueCount epilogues_of(const Trainers& t) {
   EpilogueCount n;
   const nlohmann::json parsed = nlohmann::json::parse(program.out);
   for (const auto& k : parsed.at("kernels")) {
+    if (k.contains("matmul")) n.bias_grad += k.at("matmul").value("bias_grad", int64_t{-1}) >= 0;
     if (!k.contains("matmul") || k.at("matmul").at("epilogue").is_null()) continue;
     const auto& e = k.at("matmul").at("epilogue");
     n.bias += e.at("bias").get<int64_t>() >= 0;
@@ -376,10 +378,20 @@ TEST_CASE("fake cuda: GPT-2 (biases everywhere, bf16-mixed) trains on the fake G
   CHECK(e.bias >= 3 * 2);
   CHECK(e.residual >= 2 * 2);
   CHECK(e.narrow >= 2);
+  // Per block, the qkv and fc weight gradients' GEMMs store their biases' gradients (cuBLASLt's BGRADA).
+  CHECK(e.bias_grad == 2 * 2);
   std::string flags = fmt::format("{} {} --steps 4 --quiet", kCommon, kGptData);
   std::vector<double> cpu = train(t.cpu + " " + flags, dir, "cpu");
   std::vector<double> cuda = train_cuda(t, flags, dir, "cuda");
   check_close(cpu, cuda, 2e-2);
+  // Where cuBLASLt has no BGRADA algorithm, a second GEMM (ones x B) sums the same B into the same vector.
+  Run fallback = run_cuda(t, fmt::format("{} --metrics {} --checkpoint-dir {}", flags, dir / "fallback.jsonl",
+                                         dir / "ckpt-fallback"),
+                          "NAPKIN_FAKE_CUBLASLT_NO_BGRAD=1");
+  INFO(fallback.out);
+  REQUIRE(fallback.status == 0);
+  CHECK(fallback.out.find("no bias-gradient epilogue (BGRADA)") != std::string::npos);
+  check_close(cuda, losses(dir / "fallback.jsonl"), 1e-5);
 }
 
 TEST_CASE("fake cuda: lm-gqa (untied [d, vocab] head, grouped heads, SwiGLU, RMSNorm) trains on the fake GPU as on the CPU") {

@@ -24,8 +24,12 @@
 //    D's type or f32 with 32F compute), GELU, GELU_BIAS, GELU_AUX and
 //    GELU_AUX_BIAS (tanh GELU after the bias; _AUX stores its input in D's
 //    type at EPILOGUE_AUX_POINTER, EPILOGUE_AUX_LD a multiple of 8 apart)
-//    and DGELU (D = sums * GELU'(aux)); others, device pointer mode and fp8
-//    are unsupported here (NOT_SUPPORTED).
+//    and DGELU (D = sums * GELU'(aux)), BGRADA (the bias gradient: each
+//    row of op(A) summed over k into BIAS_POINTER, in D's type; one batch
+//    entry); others, device pointer mode and fp8 are unsupported here
+//    (NOT_SUPPORTED). NAPKIN_FAKE_CUBLASLT_NO_BGRAD=1 makes the heuristic
+//    find no algorithm for BGRADA, as a cuBLASLt may for some layouts.
+#include <cstdlib>
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -111,6 +115,7 @@ struct Problem {
 
 bool has_bias(const Desc& d) { return (d.epilogue & CUBLASLT_EPILOGUE_BIAS) != 0 && d.epilogue != CUBLASLT_EPILOGUE_DGELU; }
 bool has_aux(const Desc& d) { return (d.epilogue & 128) != 0; }  // GELU_AUX, GELU_AUX_BIAS, DGELU
+bool has_bias_grad(const Desc& d) { return d.epilogue == CUBLASLT_EPILOGUE_BGRADA; }
 
 // GELU, tanh form, and its derivative (what cuBLASLt's GELU epilogues compute).
 double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
@@ -133,9 +138,12 @@ cublasStatus_t check_problem(const Problem& p) {
   switch (p.op.epilogue) {
     case CUBLASLT_EPILOGUE_DEFAULT: case CUBLASLT_EPILOGUE_BIAS: case CUBLASLT_EPILOGUE_GELU:
     case CUBLASLT_EPILOGUE_GELU_BIAS: case CUBLASLT_EPILOGUE_GELU_AUX: case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
-    case CUBLASLT_EPILOGUE_DGELU: break;
+    case CUBLASLT_EPILOGUE_DGELU: case CUBLASLT_EPILOGUE_BGRADA: break;
     default: return CUBLAS_STATUS_NOT_SUPPORTED;
   }
+  // The bias gradient: in D's type, one matrix.
+  if (has_bias_grad(p.op) && ((p.op.bias_type != -1 && static_cast<uint32_t>(p.op.bias_type) != p.d.type) || p.d.batch != 1))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   if (p.op.pointer_mode != CUBLASLT_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
   // The bias: D's type, or f32 where D is bf16 or f16 with f32 compute.
   if (has_bias(p.op) && p.op.bias_type != -1 && static_cast<uint32_t>(p.op.bias_type) != p.d.type &&
@@ -266,6 +274,12 @@ void run(const Problem& p, double alpha, double beta, const char* A, const char*
           value = gelu(value);
         }
         store(D, d0 + i + j * p.d.ld, p.d.type, value);
+      }
+    if (has_bias_grad(p.op))  // row i of op(A) summed over k
+      for (int64_t i = 0; i < p.m; ++i) {
+        double sum = 0;
+        for (int64_t q = 0; q < p.k; ++q) sum += load(A, a0 + (ta ? q + i * p.a.ld : i + q * p.a.ld), p.a.type, false);
+        store(static_cast<char*>(const_cast<void*>(p.op.bias)), i, p.d.type, sum);
       }
   }
 }
@@ -454,6 +468,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   if (!op || !a || !b || !c || !d || !pref || requested < 1 || !results || !count) return CUBLAS_STATUS_INVALID_VALUE;
   *count = 0;
   if (cublasStatus_t s = check_problem(problem_of(op, a, b, c, d)); s != CUBLAS_STATUS_SUCCESS) return s;
+  if (const char* no = std::getenv("NAPKIN_FAKE_CUBLASLT_NO_BGRAD");
+      no && std::string(no) == "1" && has_bias_grad(*desc(op)))
+    return CUBLAS_STATUS_SUCCESS;  // no algorithm (count 0)
   const Preference& p = *preference(pref);
   cublasLtMatmulHeuristicResult_t& r = results[0];
   std::memset(&r, 0, sizeof r);
@@ -508,6 +525,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
     if (overlaps(0) || overlaps(1)) return refuse("D overlaps A or B");
   }
   if (C == D && (p.c.ld != p.d.ld || p.c.stride != p.d.stride)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (has_bias_grad(p.op)) {
+    if (!p.op.bias || !fake.device_region(p.op.bias, static_cast<size_t>(p.m * type_bytes(p.d.type))))
+      return refuse("the bias gradient is not inside one device allocation");
+    auto x = reinterpret_cast<uintptr_t>(p.op.bias), dx = reinterpret_cast<uintptr_t>(D);
+    if (x < dx + span_bytes(p.d) && dx < x + static_cast<uintptr_t>(p.m * type_bytes(p.d.type)))
+      return refuse("D overlaps the bias gradient");
+  }
   if (has_bias(p.op)) {
     const uint32_t bias_type = p.op.bias_type == -1 ? p.d.type : static_cast<uint32_t>(p.op.bias_type);
     if (!p.op.bias || !fake.device_region(p.op.bias, static_cast<size_t>(p.m * type_bytes(bias_type))))

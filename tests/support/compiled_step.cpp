@@ -100,7 +100,12 @@ std::vector<std::vector<double>> expected_outputs(const CompiledStep& step, cons
     for (size_t j = 0; j < inputs.size(); ++j) args.push_back({k.inputs[j].sizes, k.inputs[j].dtype, inputs[j]});
     std::vector<interp::detail::OutType> outs{{k.output.sizes, k.output.dtype}};
     for (const codegen::Operand& o : k.extra_outputs) outs.push_back({o.sizes, o.dtype});
+    if (k.bias_grad != ir::kNoNode) outs.pop_back();  // the GEMM's bias gradient: its reduction node's, below
     std::vector<std::vector<double>> out = interp::detail::eval_node(step.g.node(k.node), args, outs);
+    if (k.bias_grad != ir::kNoNode) {
+      outs.push_back({k.extra_outputs[0].sizes, k.extra_outputs[0].dtype});
+      out.push_back(interp::detail::eval_node(step.g.node(k.bias_grad), {args[1]}, {outs.back()}).at(0));
+    }
     for (size_t i = 0; i < out.size(); ++i)
       for (double& x : out[i]) x = interp::round_to_dtype(x, outs[i].dtype);
     return out;
@@ -201,6 +206,22 @@ int check_same_state_bits(CompiledStep& a, CompiledStep& b) {
     ++compared;
   }
   return compared;
+}
+
+double worst_state_error(CompiledStep& a, CompiledStep& b) {
+  double worst = 0;
+  for (const codegen::PlannedTensor& ta : a.plan.tensors) {
+    if (ta.role != codegen::TensorRole::Param && ta.role != codegen::TensorRole::State) continue;
+    const codegen::PlannedTensor* tb = nullptr;
+    for (const codegen::PlannedTensor& t : b.plan.tensors) tb = t.name == ta.name ? &t : tb;
+    REQUIRE(tb != nullptr);
+    REQUIRE(tb->bytes == ta.bytes);
+    codegen::Operand oa{ir::kNoValue, ta.dtype, ta.byte_offset, ta.shape, {}}, ob = oa;
+    oa.strides = ob.strides = ir::contiguous_layout(ta.shape).strides;
+    ob.byte_offset = tb->byte_offset;
+    worst = std::max(worst, scaled_error(read_operand(b.ex->arena(), ob), read_operand(a.ex->arena(), oa)));
+  }
+  return worst;
 }
 
 }  // namespace napkin::testing

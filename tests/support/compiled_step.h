@@ -81,6 +81,8 @@ double run_step(CompiledStep& step);
 // CHECKs that every parameter and piece of optimizer state of `a` has the
 // same bits in `b` (matched by name, same size); returns how many it compared.
 int check_same_state_bits(CompiledStep& a, CompiledStep& b);
+// The largest scaled_error of `b`'s parameters and optimizer state against `a`'s (matched by name).
+double worst_state_error(CompiledStep& a, CompiledStep& b);
 
 // Runs the step (forward, backward, update) kernel by kernel and calls
 // `check` for every output of every kernel. With `run_loop_kernel`, each loop

@@ -516,3 +516,49 @@ TEST_CASE("gemm: element types it cannot take are errors") {
   Gemm g(d, {GemmType::BF16, GemmType::F32});
   CHECK_THROWS_AS(g.run(x.data(), x.data(), x.data()), Error);  // typed run of the wrong type
 }
+
+TEST_CASE("gemm: sum_b_over_k sums B's rows (a bias gradient) in f32, bf16 and f16, plain and transposed, any thread count") {
+  // B [k, n] row-major (b_k_stride = n + pad) or transposed (b_n_stride = k + pad); each column's exact sum is
+  // compared, and the bits must not depend on the thread count.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (GemmType type : {GemmType::F32, GemmType::BF16, GemmType::F16})
+    for (bool transposed : {false, true})
+      for (auto [k, n] : {std::pair<int64_t, int64_t>{1, 1}, {37, 5}, {300, 700}, {8, 1}}) {
+        CAPTURE(static_cast<int>(type));
+        CAPTURE(transposed);
+        CAPTURE(k);
+        CAPTURE(n);
+        MatmulDesc d = MatmulDesc::plain(3, n, k);
+        if (transposed) d.b_n_stride = k + 3, d.b_k_stride = 1;
+        else d.b_k_stride = n + 2, d.b_n_stride = 1;
+        const int64_t span = transposed ? (n - 1) * d.b_n_stride + k : (k - 1) * d.b_k_stride + n;
+        std::vector<float> values(static_cast<size_t>(span));
+        std::vector<uint16_t> narrow(values.size());
+        for (size_t i = 0; i < values.size(); ++i) {
+          float x = dist(rng);
+          if (type == GemmType::BF16) narrow[i] = napkin::runtime::float_to_bf16_bits(x), x = napkin::runtime::bf16_bits_to_float(narrow[i]);
+          if (type == GemmType::F16) narrow[i] = napkin::runtime::float_to_f16_bits(x), x = napkin::runtime::f16_bits_to_float(narrow[i]);
+          values[i] = x;
+        }
+        const void* b = type == GemmType::F32 ? static_cast<const void*>(values.data()) : narrow.data();
+        std::vector<float> first;
+        for (int threads : {1, 2, 3}) {
+          ThreadPool pool(threads);
+          std::vector<float> sums(static_cast<size_t>(n), -1.0f);
+          napkin::runtime::sum_b_over_k(d, type, b, sums.data(), pool);
+          for (int64_t j = 0; j < n; ++j) {
+            double want = 0;
+            for (int64_t q = 0; q < k; ++q) want += values[static_cast<size_t>(q * d.b_k_stride + j * d.b_n_stride)];
+            CHECK(sums[j] == static_cast<float>(want));  // summed in double, rounded once
+          }
+          if (first.empty()) first = sums;
+          CHECK(sums == first);
+        }
+      }
+  ThreadPool pool(1);
+  float out = 0;
+  double b = 1;
+  CHECK_THROWS_AS(napkin::runtime::sum_b_over_k(MatmulDesc::plain(1, 1, 1), GemmType::F64, &b, &out, pool),
+                  napkin::runtime::Error);
+}
