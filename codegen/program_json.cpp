@@ -251,7 +251,8 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
     if (k.kind == KernelKind::Gemm) j["matmul"] = matmul_json(k);
     if (k.kind == KernelKind::Attention) j["attention"] = attention_json(k);
     if (k.kind == KernelKind::Classifier) j["classifier"] = classifier_json(k);
-    if (auto it = predicted.find(k.node); it != predicted.end()) {
+    // The time model names a group's kernel by its last member: a bias gradient's GEMM by its reduction.
+    if (auto it = predicted.find(k.bias_grad != ir::kNoNode ? k.bias_grad : k.node); it != predicted.end()) {
       const analysis::KernelTime& t = *it->second;
       j["class"] = std::string(analysis::kernel_class_name(t.kind));
       j["flops"] = t.flops;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "runtime/error.h"
 
@@ -268,6 +269,8 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
   beta32_ = accumulate_ ? 1.0f : 0.0f;
   beta64_ = accumulate_ ? 1.0 : 0.0;
   if (epilogue.on && shape_.k == 0) throw Error("kernel " + kernel + ": an epilogue GEMM with k = 0");
+  if (spec.bias_grad >= 0 && (shape_.k == 0 || shape_.calls.empty()))
+    throw Error("kernel " + kernel + ": a bias gradient of a GEMM with no elements");
   if (shape_.calls.empty() || shape_.k == 0) return;  // nothing to compute, or a zero fill (enqueue)
   if (types_.fp8 && (a_scale == 0 || b_scale == 0))
     throw Error("kernel " + kernel + ": an fp8 matmul on cuBLASLt needs the scales of A and B");
@@ -300,8 +303,11 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
     desc_ = std::make_unique<LtDescriptors>(ctx_.lt, shape_, types_, ctx_.workspace_bytes, pointer_alignment(a_off),
                                             pointer_alignment(b_off), pointer_alignment(c_off), a_scale, b_scale, lt_ep);
     found = 0;
-    NAPKIN_CUBLASLT(ctx_.lt, cublasLtMatmulAlgoGetHeuristic(ctx_.handle, desc_->op, desc_->lt_a, desc_->lt_b, desc_->d,
-                                                             desc_->d, desc_->preference, 1, &result, &found));
+    const cublasStatus_t status = ctx_.lt.cublasLtMatmulAlgoGetHeuristic(
+        ctx_.handle, desc_->op, desc_->lt_a, desc_->lt_b, desc_->d, desc_->d, desc_->preference, 1, &result, &found);
+    // cuBLASLt answers NOT_SUPPORTED where no kernel fits the configuration: for BGRADA, the fallback below.
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED && lt_ep.kind == CUBLASLT_EPILOGUE_BGRADA) return false;
+    check_call(ctx_.lt, status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
     return found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
   };
   if (!choose() && spec.bias_grad >= 0) {
@@ -309,7 +315,7 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
     std::fprintf(stderr, "napkin: kernel %s: cuBLASLt has no bias-gradient epilogue (BGRADA) for this product; "
                          "its bias gradient is a second GEMM\n", kernel.c_str());
     lt_ep = {};
-    add_bias_grad_gemm(spec, tf32, kernel, where);
+    add_bias_grad_gemm(spec, kernel, where);
     choose();
   }
   if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
@@ -323,20 +329,32 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
   algo_ = result.algo;
 }
 
-LtMatmul::~LtMatmul() {
-  bias_grad_gemm_.reset();
-  if (ones_) ctx_.driver.cuMemFree(ones_);
+DeviceBuffer::DeviceBuffer(const CudaDriver& driver, size_t bytes) : driver_(&driver) {
+  NAPKIN_CU(driver, cuMemAlloc(&pointer_, bytes));
 }
 
-void LtMatmul::add_bias_grad_gemm(const MatmulSpec& spec, bool tf32, const std::string& kernel, LtPlacement where) {
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    if (pointer_) driver_->cuMemFree(pointer_);
+    driver_ = other.driver_;
+    pointer_ = std::exchange(other.pointer_, 0);
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (pointer_) driver_->cuMemFree(pointer_);
+}
+
+void LtMatmul::add_bias_grad_gemm(const MatmulSpec& spec, const std::string& kernel, LtPlacement where) {
   const MatmulDesc& d = spec.desc;
   const int64_t eb = lt_type_bytes(types_.b);
   const uint16_t one16 = spec.b_dtype == "bf16" ? 0x3f80 : 0x3c00;  // 1.0 in bf16, f16
   const float one32 = 1.0f;
   std::vector<char> ones(static_cast<size_t>(d.k * eb));
   for (int64_t i = 0; i < d.k; ++i) std::memcpy(ones.data() + i * eb, eb == 2 ? static_cast<const void*>(&one16) : &one32, eb);
-  NAPKIN_CU(ctx_.driver, cuMemAlloc(&ones_, ones.size()));
-  NAPKIN_CU(ctx_.driver, cuMemcpyHtoDAsync(ones_, ones.data(), ones.size(), nullptr));
+  ones_ = DeviceBuffer(ctx_.driver, ones.size());
+  NAPKIN_CU(ctx_.driver, cuMemcpyHtoDAsync(ones_.get(), ones.data(), ones.size(), nullptr));
   NAPKIN_CU(ctx_.driver, cuStreamSynchronize(nullptr));
   MatmulSpec sums;  // sums[1, n] = ones[1, k] B[k, n]
   sums.a = 0;
@@ -347,8 +365,9 @@ void LtMatmul::add_bias_grad_gemm(const MatmulSpec& spec, bool tf32, const std::
   sums.desc = MatmulDesc::plain(1, d.n, d.k);
   sums.desc.b_k_stride = d.b_k_stride;
   sums.desc.b_n_stride = d.b_n_stride;
-  bias_grad_gemm_ = std::make_unique<LtMatmul>(ctx_, sums, tf32, kernel + " (its bias gradient)",
-                                               LtPlacement{ones_, where.b, where.c, false});
+  // Not in TF32: the sums as exact as the f32 accumulation makes them.
+  bias_grad_gemm_ = std::make_unique<LtMatmul>(ctx_, sums, /*tf32=*/false, kernel + " (its bias gradient)",
+                                               LtPlacement{ones_.get(), where.b, where.c, false});
 }
 
 void LtMatmul::enqueue(CUstream stream) const {

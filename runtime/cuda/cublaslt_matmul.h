@@ -53,6 +53,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/cuda/cuda_driver.h"
@@ -155,6 +156,21 @@ struct LtPlacement {
   bool accumulate = false;
 };
 
+// Device memory a matmul owns (cuMemAlloc'd, freed when it goes).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const CudaDriver& driver, size_t bytes);
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  ~DeviceBuffer();
+  CUdeviceptr get() const { return pointer_; }
+
+ private:
+  const CudaDriver* driver_ = nullptr;
+  CUdeviceptr pointer_ = 0;
+};
+
 // One matmul kernel, its algorithm chosen once (cublasLtMatmulAlgoGetHeuristic)
 // at construction. enqueue() only launches, so it can be captured in a CUDA
 // graph: cuBLASLt allocates nothing when given the workspace.
@@ -168,7 +184,6 @@ class LtMatmul {
   // The same with each operand in its own buffer, C accumulating or not
   // (the fused classifier's GEMMs: runtime/cuda/cuda_classifier.h).
   LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel, LtPlacement where);
-  ~LtMatmul();
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;
   void enqueue(CUstream stream) const;
@@ -178,9 +193,9 @@ class LtMatmul {
            CUdeviceptr a_scale, CUdeviceptr b_scale);
   // The bias gradient as a GEMM of its own, ones[1, k] x B, where cuBLASLt
   // has no BGRADA algorithm for the product (the same sums, B read twice).
-  void add_bias_grad_gemm(const MatmulSpec& spec, bool tf32, const std::string& kernel, LtPlacement where);
+  void add_bias_grad_gemm(const MatmulSpec& spec, const std::string& kernel, LtPlacement where);
+  DeviceBuffer ones_;  // k ones in B's type (before the GEMM that reads it: destroyed after it)
   std::unique_ptr<LtMatmul> bias_grad_gemm_;
-  CUdeviceptr ones_ = 0;  // owned: k ones in B's type
   LtContext ctx_;
   LtShape shape_;
   LtTypes types_;

@@ -470,7 +470,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   if (cublasStatus_t s = check_problem(problem_of(op, a, b, c, d)); s != CUBLAS_STATUS_SUCCESS) return s;
   if (const char* no = std::getenv("NAPKIN_FAKE_CUBLASLT_NO_BGRAD");
       no && std::string(no) == "1" && has_bias_grad(*desc(op)))
-    return CUBLAS_STATUS_SUCCESS;  // no algorithm (count 0)
+    return CUBLAS_STATUS_NOT_SUPPORTED;  // what cuBLASLt answers where no kernel fits
   const Preference& p = *preference(pref);
   cublasLtMatmulHeuristicResult_t& r = results[0];
   std::memset(&r, 0, sizeof r);
