@@ -8,8 +8,17 @@
 namespace napkin::analysis {
 
 bool reads_element_for_element(const ir::Graph& g, const ir::Node& node, ir::ValueId buffer) {
-  if (ir::op_info(node.op).op_class != ir::OpClass::Elementwise) return false;
   const ir::Value& owner = g.value(buffer);
+  if (node.op == ir::Op::EmbeddingGrad) {
+    // Its base (input 2), whole and contiguous, is added into as the result (the kernel adds in place when
+    // the result is the base's buffer); dy and ids are read at any row.
+    if (node.inputs.size() != 3) return false;
+    const ir::Value& base = g.value(node.in(2));
+    return base.storage == buffer && g.value(node.in(0)).storage != buffer && g.value(node.in(1)).storage != buffer &&
+           base.type.numel() == owner.type.numel() && base.layout.offset == 0 &&
+           base.layout.strides == ir::contiguous_layout(base.type.sizes()).strides;
+  }
+  if (ir::op_info(node.op).op_class != ir::OpClass::Elementwise) return false;
   const ir::TensorType& out = g.value(node.out()).type;
   bool reads = false;
   for (ir::ValueId in : node.inputs) {

@@ -13,6 +13,9 @@
 //    output may overwrite B. A fusion group (ir/fusion_group.h) reads B element
 //    for element when every member that reads B does: the fused loop loads
 //    every input of element i before it stores any output of element i.
+//    Also the embedding gradient into a base (embedding_grad's third input,
+//    whole and contiguous): its kernel adds dy's rows into the base's, in
+//    place when the result is the base's buffer.
 //  - in-place reuse: a result buffer R whose kernel (its producer, or the
 //    producer's fusion group) starts at position p takes over the memory of an
 //    input buffer D of that kernel (MemoryBuffer::reuses) when

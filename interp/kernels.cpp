@@ -222,7 +222,8 @@ std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const
     }
     case ir::LoopKind::Concat: return one(concat(std::get<ir::ConcatParams>(params), in, out.shape));
     case ir::LoopKind::Gather: return one(embedding(n, in[0], in[1]));
-    case ir::LoopKind::ScatterAdd: return one(embedding_grad(n, in[0], in[1], out.shape[0]));
+    case ir::LoopKind::ScatterAdd:
+      return one(embedding_grad(n, in[0], in[1], out.shape[0], in.size() > 2 ? &in[2] : nullptr));
     case ir::LoopKind::Rows: {
       const auto& p = std::get<ir::RowParams>(params);
       std::vector<Data> r = one(rows(n, p, in));

@@ -51,7 +51,8 @@ Data cross_entropy(const ir::Node& n, const Arg& logits, const Arg& targets);
 Data cross_entropy_grad(const ir::Node& n, const Arg& logits, const Arg& targets, const Arg& dloss);
 Data mse(const Arg& a, const Arg& b);
 Data embedding(const ir::Node& n, const Arg& table, const Arg& ids);
-Data embedding_grad(const ir::Node& n, const Arg& dy, const Arg& ids, int64_t vocab);
+// Into `base` (the same shape as the result) where given, else into zeros.
+Data embedding_grad(const ir::Node& n, const Arg& dy, const Arg& ids, int64_t vocab, const Arg* base = nullptr);
 // Fused attention by its definition (ir/loop.h), every score of a row at
 // once: (q, k, v) -> {o, lse}; (q, k, v, o, lse, do) -> {dq, dk, dv}.
 std::vector<Data> attention(const ir::AttentionParams& p, const std::vector<Arg>& in);

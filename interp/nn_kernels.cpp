@@ -194,10 +194,10 @@ Data embedding(const ir::Node& n, const Arg& table, const Arg& ids) {
   return out;
 }
 
-Data embedding_grad(const ir::Node& n, const Arg& dy, const Arg& ids, int64_t vocab) {
+Data embedding_grad(const ir::Node& n, const Arg& dy, const Arg& ids, int64_t vocab, const Arg* base) {
   int64_t count = static_cast<int64_t>(ids.data.size());
   int64_t row = numel(dy.shape) / count;
-  Data out(vocab * row, 0.0);
+  Data out = base ? base->data : Data(vocab * row, 0.0);
   for (int64_t i = 0; i < count; ++i) {
     int64_t k = checked_id(n, ids.data[i], vocab, "id");
     for (int64_t j = 0; j < row; ++j) out[k * row + j] += dy.data[i * row + j];

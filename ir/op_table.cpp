@@ -587,6 +587,8 @@ InferResult infer_cross_entropy_grad(const Inputs& in, const Attrs& a) {
 }
 
 InferResult infer_embedding_grad(const Inputs& in, const Attrs& a) {
+  if (in.size() != 2 && in.size() != 3)
+    return InferResult::fail("embedding_grad takes (dy, ids) or (dy, ids, base)", "autodiff builds these nodes; this is a compiler bug");
   const TensorType &dy = *in[0], &ids = *in[1];
   int64_t vocab = a.get_int("vocab");
   if (!is_integer(ids.dtype) || dy.rank() < ids.rank() || vocab <= 0)
@@ -601,6 +603,9 @@ InferResult infer_embedding_grad(const Inputs& in, const Attrs& a) {
   t.dtype = dy.dtype;
   t.dims.push_back({vocab, ""});
   t.dims.insert(t.dims.end(), dy.dims.begin() + ids.rank(), dy.dims.end());
+  if (in.size() == 3 && (in[2]->dtype != t.dtype || !in[2]->same_shape(t)))
+    return InferResult::fail(fmt::format("embedding_grad: the base {} is not the gradient's {}", to_string(*in[2]), to_string(t)),
+                             "passes/embedding_grad_into builds these nodes; this is a compiler bug");
   return InferResult::of(t);
 }
 
@@ -964,10 +969,17 @@ OpCost cost_gelu_grad(const Graph& g, const Node& n) {
 }
 
 // Zero the table, then add one row of dy per id: one FLOP per element of dy.
+// The table is zeroed, then each position's row of dy is added to the row
+// its id picks (read and written: at most one row per position). With a
+// base the kernel adds into it in place (passes/embedding_grad_into makes
+// the base a value nothing else reads, so the memory plan hands its buffer
+// over, analysis/in_place_reuse.h): only the rows the ids pick move.
 OpCost cost_embedding_grad(const Graph& g, const Node& n) {
   double dy = g.value(n.in(0)).type.numel();
   double row_bytes = dy * dtype_size(g.value(n.out()).type.dtype);
-  return {op_info(n.op).flops_per_element * dy, read_all(g, n) + row_bytes, written(g, n) + row_bytes};
+  const double flops = op_info(n.op).flops_per_element * dy;
+  if (n.inputs.size() == 3) return {flops, distinct_bytes(g, n.in(0)) + distinct_bytes(g, n.in(1)) + row_bytes, row_bytes};
+  return {flops, read_all(g, n) + row_bytes, written(g, n) + row_bytes};
 }
 
 // A row: the op, the loop it runs as, its shape rule, cost rule, FLOPs per

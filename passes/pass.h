@@ -65,6 +65,9 @@ struct PipelineOptions {
   // Add the residual stream's gradient in the norm's gradient kernel
   // (passes/norm_grad_residual.h; the same bits); off only to compare.
   bool norm_grad_residual = true;
+  // Scatter a tied embedding's lookup gradient into the classifier's in
+  // place (passes/embedding_grad_into.h); off only to compare.
+  bool embedding_grad_into = true;
   // Let a fused attention store its output in the layout the head merge
   // copied it to (passes/attention_layout.h; the same bits); off only to compare.
   bool attention_layout = true;

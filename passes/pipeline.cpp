@@ -3,6 +3,7 @@
 #include "passes/attention_layout.h"
 #include "passes/autodiff.h"
 #include "passes/dce.h"
+#include "passes/embedding_grad_into.h"
 #include "passes/fp8_scaling.h"
 #include "passes/fuse_attention.h"
 #include "passes/fuse_classifier.h"
@@ -63,6 +64,10 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   if (options.norm_grad_residual) {
     pm.add(make_norm_grad_residual_pass());  // a norm's gradient kernel adds the residual's as it stores dx
     pm.add(make_dce_pass());                 // drop the adds it replaced
+  }
+  if (options.embedding_grad_into) {
+    pm.add(make_embedding_grad_into_pass());  // a tied table's lookup gradient scattered into the classifier's
+    pm.add(make_dce_pass());                  // drop the adds it replaced
   }
   pm.add(make_fp8_scaling_pass());  // fp8-mixed: quantize every bf16 contraction's operands
   pm.add(make_loss_scaling_pass());  // fp16-mixed: scaled backward seed, unscaled gradients

@@ -920,7 +920,14 @@ LoopInfo embedding_grad(LoopEmitter& e, const Kernel& k, int index) {
   const Operand& dy = k.inputs[0];
   const Operand& ids = k.inputs[1];
   const Operand& out = k.output;
-  zero_fill(e, out);
+  if (k.inputs.size() == 3) {
+    // Into the base (whole, contiguous, of out's shape): in place where the memory plan gave out its buffer.
+    const Operand& base = k.inputs[2];
+    if (base.byte_offset != out.byte_offset)
+      e.loop(e.i64(0), e.i64(out.numel()), [&](llvm::Value* i) { e.store(out, i, e.load(base, i)); });
+  } else {
+    zero_fill(e, out);
+  }
   const auto [vocab, id_sizes, id_strides, dy_id_strides, row_sizes, row_out, row_dy] = embedding_loop(k);
   e.loop(e.begin, e.end, [&](llvm::Value*) {
     e.nest(id_sizes, -1, [&](const Idx& idx) {

@@ -291,11 +291,17 @@ EmittedKernel emit_embedding_grad(const Kernel& k, int index) {
   s.line("__shared__ {} list_row[{}];", it, block * kIdsPerThread);
   s.line("const {} v0 = ({})blockIdx.x * {}u;", it, it, rows_per_block);
   s.line("const {0} v1 = v0 + {1}u < {2}u ? v0 + {1}u : {2}u;", it, rows_per_block, vocab);
-  s.open("for ({} z = threadIdx.x; z < (v1 - v0) * {}u; z += {}u) {{", it, row_len, block);
-  s.line("const {} row = v0 + z / {}u, c = z % {}u;", it, row_len, row_len);
-  decompose(s, row_sizes, "c", "r", it);
-  s.line("{}", store(out, fmt::format("row * {}u + {}", out.strides[0], dot("r", row_out)), literal(out.dtype, 0.0)));
-  s.close();
+  // The block's rows start as zeros, or as the base's (whole, contiguous, of out's shape); nothing to
+  // do where the memory plan gave out the base's buffer (the rows are added into in place).
+  const Operand* base = k.inputs.size() == 3 ? &k.inputs[2] : nullptr;
+  if (!base || base->byte_offset != out.byte_offset) {
+    s.open("for ({} z = threadIdx.x; z < (v1 - v0) * {}u; z += {}u) {{", it, row_len, block);
+    s.line("const {} row = v0 + z / {}u, c = z % {}u;", it, row_len, row_len);
+    decompose(s, row_sizes, "c", "r", it);
+    const std::string at = fmt::format("row * {}u + {}", out.strides[0], dot("r", row_out));
+    s.line("{}", store(out, at, base ? load(*base, at) : literal(out.dtype, 0.0)));
+    s.close();
+  }
   // A chunk is kIdsPerThread ids per thread: thread t checks positions
   // chunk + kIdsPerThread * t + q, so listing by thread keeps position order.
   const int per_chunk = block * kIdsPerThread;
