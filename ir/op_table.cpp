@@ -560,7 +560,11 @@ InferResult infer_norm_grad(const Inputs& in, const Attrs& a) {
     if (auto r = require_like(op_name(kOp), *in[3], *in[0]); !r.ok()) return r;
   if (auto r = require_float(op_name(kOp), *in[0]); !r.ok()) return r;
   if (auto r = check_norm_param(op_name(kOp), "gain", *in[0], *in[1]); !r.ok()) return r;
-  if (auto r = require_like(op_name(kOp), *in[2], *in[0]); !r.ok()) return r;
+  // dy: x's type, or a narrower float of x's shape that the kernel widens as it loads (passes/sink_casts.h).
+  const bool narrow_dy = in[0]->dtype == DType::F32 && (in[2]->dtype == DType::BF16 || in[2]->dtype == DType::F16) &&
+                         in[2]->same_shape(*in[0]);
+  if (!narrow_dy)
+    if (auto r = require_like(op_name(kOp), *in[2], *in[0]); !r.ok()) return r;
   InferResult r = InferResult::of(*in[0]);
   if (a.has("gains") && a.get_int("gains") != 0) {
     TensorType t;

@@ -35,8 +35,9 @@ struct CastPlacement {
   int round_trips = 0;  // a widening cast narrowed back, removed
   int reductions = 0;   // a reduction reading the narrow value, widening it as it loads
   int norms = 0;        // a norm storing its cast's dtype
+  int norm_grads = 0;   // a norm's gradient reading the narrow dy, widening it as it loads
   int epilogues = 0;    // a bf16 GEMM storing its f32 sums
-  int total() const { return views + concats + round_trips + reductions + norms + epilogues; }
+  int total() const { return views + concats + round_trips + reductions + norms + norm_grads + epilogues; }
 };
 
 struct PipelineOptions {

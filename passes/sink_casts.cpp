@@ -93,6 +93,7 @@ class SinkCasts : public Pass {
     changed |= round(g, &SinkCasts::cast_before_views, count.views);
     changed |= round(g, &SinkCasts::reduce_wider, count.reductions);
     changed |= round(g, &SinkCasts::norm_stores_cast, count.norms);
+    changed |= round(g, &SinkCasts::norm_grad_reads_narrow, count.norm_grads);
     return changed;
   }
 
@@ -312,6 +313,25 @@ class SinkCasts : public Pass {
     at.b.rename_dims(stored, g.value(out).type.dims);
     replace_uses(g, out, stored);
     file(g, at);
+    return true;
+  }
+
+  // Rule 6: norm_grad(x, g, cast(y, f32)[, r]) -> norm_grad(x, g, y[, r]) for
+  // an exact widening of bf16 or f16: the kernel widens dy as it loads it.
+  // The cast is left to its other readers, if any.
+  bool norm_grad_reads_narrow(ir::Graph& g, const Readers& r, NodeId id) {
+    (void)r;
+    ir::Node& n = g.node(id);
+    if ((n.op != Op::LayerNormGrad && n.op != Op::RMSNormGrad) || n.inputs.size() < 3) return false;
+    const ValueId dy = n.in(2);
+    const NodeId cast = g.value(dy).producer;
+    if (cast == ir::kNoNode || g.value(dy).is_view() || g.node(cast).op != Op::Cast) return false;
+    const ValueId y = g.node(cast).in(0);
+    const DType from = g.value(y).type.dtype, to = g.value(dy).type.dtype;
+    if (to != DType::F32 || g.value(n.in(0)).type.dtype != DType::F32 || (from != DType::BF16 && from != DType::F16) ||
+        !g.value(y).type.same_shape(g.value(dy).type))
+      return false;
+    n.inputs[2] = y;
     return true;
   }
 

@@ -3,7 +3,7 @@
 //
 // A cast is elementwise and data movement (views, concat) only moves
 // elements, so the two commute; and a float widened exactly (bf16 -> f32)
-// and narrowed back is itself. Five rewrites use that:
+// and narrowed back is itself. Six rewrites use that:
 //
 //  1. cast before views: a value v whose every reader is a cast to one dtype
 //     T through views of v,
@@ -32,6 +32,13 @@
 //         cast(layernorm(x, g, b), T)   ->   layernorm(x, g, b, dtype=T)
 //     (rmsnorm too) computes as before and rounds once as it stores, so its
 //     f32 result is never written (the matmul input after each layernorm).
+//  6. a norm's gradient of a widened dy,
+//         layernorm_grad(x, g, cast(y, f32))   ->   layernorm_grad(x, g, y)
+//     (rmsnorm_grad too; y bf16 or f16) reads the narrow y and widens each
+//     element as it loads it: the bf16 GEMM result that is the gradient of
+//     the norm's output (the input gradient of the matmul after each norm)
+//     is stored and read in bf16, as the precision policy rounds it, and
+//     matmul_epilogues finds no widening cast to make it store f32.
 //
 // Runs after autodiff and fold_concat_copy, before the optimizer pass and
 // fusion; a later dce drops the casts and views it replaced. Numerics are

@@ -168,9 +168,9 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s, cons
   if (casts && casts->rewrites.total() > 0) {
     const passes::CastPlacement& r = casts->rewrites;
     out += fmt::format("  casts placed       {} cast before views, {} cast after concats, {} round trips removed, {} "
-                       "reductions widen as they load, {} norms store the cast (sink_casts: same bits); {} GEMMs store "
-                       "f32 (matmul_epilogues)\n",
-                       r.views, r.concats, r.round_trips, r.reductions, r.norms, r.epilogues);
+                       "reductions and {} norm gradients widen as they load, {} norms store the cast (sink_casts: same "
+                       "bits); {} GEMMs store f32 (matmul_epilogues)\n",
+                       r.views, r.concats, r.round_trips, r.reductions, r.norm_grads, r.norms, r.epilogues);
     out += fmt::format("    vs the policy's  {} -> {} kernels, bytes moved {} -> {} ({})\n", casts->kernels_policy,
                        casts->kernels_placed, ir::human_bytes(casts->bytes_policy), ir::human_bytes(casts->bytes_placed),
                        change(casts->bytes_policy, casts->bytes_placed));
@@ -212,7 +212,8 @@ nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s, const Cas
     const passes::CastPlacement& r = casts->rewrites;
     placed = {{"cast_before_views", r.views},      {"cast_after_concat", r.concats},
               {"round_trips_removed", r.round_trips}, {"reductions_widening", r.reductions},
-              {"norms_storing_cast", r.norms},       {"gemms_storing_f32", r.epilogues},
+              {"norms_storing_cast", r.norms},       {"norm_grads_widening", r.norm_grads},
+              {"gemms_storing_f32", r.epilogues},
               {"kernels_policy", casts->kernels_policy}, {"kernels_placed", casts->kernels_placed},
               {"bytes_policy", casts->bytes_policy}, {"bytes_placed", casts->bytes_placed}};
   }
