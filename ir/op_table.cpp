@@ -972,8 +972,7 @@ OpCost cost_gelu_grad(const Graph& g, const Node& n) {
   return {per_element * out_numel(g, n), read_all(g, n), written(g, n)};
 }
 
-// Zero the table, then add one row of dy per id: one FLOP per element of dy.
-// The table is zeroed, then each position's row of dy is added to the row
+// One FLOP per element of dy. The table is zeroed, then each position's row of dy is added to the row
 // its id picks (read and written: at most one row per position). With a
 // base the kernel adds into it in place (passes/embedding_grad_into makes
 // the base a value nothing else reads, so the memory plan hands its buffer

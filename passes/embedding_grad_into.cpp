@@ -56,7 +56,10 @@ class EmbeddingGradInto : public Pass {
           move_before(maker.id, scatter_id);
         const std::string name = g.value(add.out()).name;
         g.replace_uses(add.out(), scattered);
-        if (g.value(scattered).name.empty()) g.value(scattered).name = name;  // grad.wte stays grad.wte
+        if (g.value(scattered).name.empty()) {  // grad.wte stays grad.wte (the dead add's value gives it up)
+          g.value(add.out()).name.clear();
+          g.value(scattered).name = name;
+        }
         changed = true;
         break;
       }

@@ -14,8 +14,9 @@
 // bytes written per element instead of 2 + 2 read + 4 written, one kernel
 // less, and the value is the unrounded sum (Megatron's f32 weight-gradient
 // GEMM). Under bf16-mixed that is every weight gradient (the cast of the
-// bf16 parameter copy differentiates into a cast to f32) and each
-// layernorm's input gradient.
+// bf16 parameter copy differentiates into a cast to f32); a layernorm's
+// input gradient is read in bf16 by the norm's gradient instead
+// (passes/sink_casts.h rule 6), so no widening cast is left after its GEMM.
 //
 // Runs after autodiff (it changes values: the interpreter, the report and
 // the backends all read the new dtype), before the optimizer pass.

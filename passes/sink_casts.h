@@ -41,8 +41,11 @@
 //     matmul_epilogues finds no widening cast to make it store f32.
 //
 // Runs after autodiff and fold_concat_copy, before the optimizer pass and
-// fusion; a later dce drops the casts and views it replaced. Numerics are
-// unchanged bit for bit (tests/unit/sink_casts_test.cpp compares steps).
+// fusion; a later dce drops the casts and views it replaced. Every value has
+// the bits the policy's casts give it (tests/unit/sink_casts_test.cpp
+// compares steps with matmul_epilogues off); with matmul_epilogues on, rule 6
+// keeps the policy's bf16 rounding of the dy it reads where that pass would
+// otherwise have made the GEMM store its f32 sums.
 #pragma once
 
 #include <memory>

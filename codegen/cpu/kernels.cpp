@@ -923,6 +923,8 @@ LoopInfo embedding_grad(LoopEmitter& e, const Kernel& k, int index) {
   if (k.inputs.size() == 3) {
     // Into the base (whole, contiguous, of out's shape): in place where the memory plan gave out its buffer.
     const Operand& base = k.inputs[2];
+    NAPKIN_INTERNAL_CHECK(base.contiguous() && out.contiguous() && base.sizes == out.sizes,
+                          "embedding_grad's base ({}) is not a contiguous value of its result's shape", k.name);
     if (base.byte_offset != out.byte_offset)
       e.loop(e.i64(0), e.i64(out.numel()), [&](llvm::Value* i) { e.store(out, i, e.load(base, i)); });
   } else {

@@ -294,6 +294,8 @@ EmittedKernel emit_embedding_grad(const Kernel& k, int index) {
   // The block's rows start as zeros, or as the base's (whole, contiguous, of out's shape); nothing to
   // do where the memory plan gave out the base's buffer (the rows are added into in place).
   const Operand* base = k.inputs.size() == 3 ? &k.inputs[2] : nullptr;
+  NAPKIN_INTERNAL_CHECK(!base || (base->contiguous() && out.contiguous() && base->sizes == out.sizes),
+                        "embedding_grad's base ({}) is not a contiguous value of its result's shape", k.name);
   if (!base || base->byte_offset != out.byte_offset) {
     s.open("for ({} z = threadIdx.x; z < (v1 - v0) * {}u; z += {}u) {{", it, row_len, block);
     s.line("const {} row = v0 + z / {}u, c = z % {}u;", it, row_len, row_len);
