@@ -10,6 +10,7 @@
 #include "analysis/step_time.h"
 #include "ir/quantities.h"
 #include "report/amp_audit.h"
+#include "report/distributed_report.h"
 #include "report/fusion_report.h"
 #include "report/kernel_table.h"
 
@@ -207,6 +208,15 @@ std::string time_section(const ir::Graph& g, const analysis::StepCost& c) {
   figures += fmt::format("  bandwidth: {}\n", d.source_of("bandwidth"));
   if (std::string file = analysis::local_origin(d); !file.empty()) figures += fmt::format("  (row read from the local device file {})\n", file);
   return out + figures + kernel_table_text(kernel_kinds(g, t), t.seconds);
+}
+
+// The distributed step when the options ask for one (ranks on an interconnect, a device, a training step).
+std::optional<analysis::DistributedStep> distributed_step(const ir::Graph& g, const analysis::StepCost& c,
+                                                          const analysis::MemoryReport& memory, const ReportOptions& o) {
+  if (!o.interconnect || !c.device || !c.has_backward()) return std::nullopt;
+  const analysis::StepTime t = analysis::predict_step_time(g, c, *c.device);
+  return analysis::predict_distributed(g, t, memory, c.total.flops, analysis::matmul_peak(*c.device, c.matmul_dtype),
+                                       o.ranks, *o.interconnect);
 }
 
 std::string step_rule_section(const ir::Graph& g, const analysis::StepCost& c) {
@@ -447,6 +457,8 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
   if (c.has_backward()) out += step_rule_section(g, c);
   else out += fmt::format("\ntokens per step        {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
   out += forward_rule_section(c);
+  if (std::optional<analysis::DistributedStep> d = distributed_step(g, c, memory, options))
+    out += distributed_section_text(*d, c.tokens);
   return out;
 }
 
@@ -624,6 +636,8 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
     if (options.casts && options.policy_casts_step) casts = summarize_casts(fusion, *options.casts, *options.policy_casts_step);
     j["fusion"] = fusion_json(g, fusion, casts ? &*casts : nullptr);
   }
+  if (std::optional<analysis::DistributedStep> d = distributed_step(g, c, memory, options))
+    j["distributed"] = distributed_json(*d, c.tokens);
   // Paths come from the command line and may not be UTF-8: replace, never throw.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }

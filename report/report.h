@@ -5,6 +5,7 @@
 #include <string>
 
 #include "analysis/cost.h"
+#include "analysis/distributed.h"
 #include "analysis/memory.h"
 #include "ir/graph.h"
 #include "passes/fuse_attention.h"
@@ -31,6 +32,10 @@ struct ReportOptions {
   const ir::Graph* policy_casts_step = nullptr;
   // What rematerialization recomputed (null: no line).
   const passes::Rematerialized* rematerialized = nullptr;
+  // The distributed step over `ranks` ranks on `interconnect` (analysis/distributed.h), with a device;
+  // null interconnect: no section.
+  int ranks = 1;
+  const analysis::Interconnect* interconnect = nullptr;
 };
 
 std::string render_report_text(const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,

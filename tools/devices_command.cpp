@@ -1,5 +1,7 @@
 #include "tools/devices_command.h"
 
+#include "analysis/distributed.h"
+
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -109,6 +111,10 @@ void print_table() {
     std::cout << fmt::format("{:<6} {}{}\n", d.name, d.source,
                              origin.empty() ? "" : fmt::format(" [local device file {}]", origin));
   }
+  std::cout << "\ninterconnects (napkin report --ranks N --interconnect NAME; per rank, each way)\n";
+  for (const analysis::Interconnect& i : analysis::builtin_interconnects())
+    std::cout << fmt::format("{:<8} {:>8.4g} GB/s {:>6.3g} us a ring step  {}\n    {}\n", i.name, i.bytes_per_s / 1e9,
+                             i.latency_s * 1e6, i.description, i.source);
 }
 
 void print_all_sources() {

@@ -179,9 +179,25 @@ passes::MemoryBudget memory_budget(const std::string& text, passes::RecomputeRep
   return {*bytes, report};
 }
 
+// --ranks and --interconnect: both or neither, with a device; an unknown name is a user error.
+const analysis::Interconnect* interconnect_or_error(const std::string& name, int ranks, const analysis::Device* device) {
+  if (name.empty() && ranks == 1) return nullptr;
+  std::string error;
+  if (ranks < 1) error = fmt::format("--ranks {}: a step runs on at least one rank", ranks);
+  else if (name.empty()) error = "--ranks needs --interconnect, the link between the ranks";
+  else if (!device) error = "--interconnect needs --device: the distributed step starts from one rank's predicted step";
+  else if (!analysis::find_interconnect(name)) error = fmt::format("unknown interconnect '{}'", name);
+  if (error.empty()) return analysis::find_interconnect(name);
+  std::cerr << fmt::format("error: {}\n    hint: e.g. --device h100 --ranks 8 --interconnect nvlink4; interconnects: {} (napkin "
+                           "devices lists them)\n",
+                           error, analysis::known_interconnect_names());
+  throw CLI::RuntimeError(kUserError);
+}
+
 int cmd_report(const std::string& path, const std::string& dims, const std::string& device_name, bool json, bool no_ops,
-               const std::string& budget) {
+               const std::string& budget, int ranks, const std::string& interconnect_name) {
   const analysis::Device* device = device_or_error(device_name);
+  const analysis::Interconnect* interconnect = interconnect_or_error(interconnect_name, ranks, device);
   passes::RecomputeReport recompute;
   std::optional<ir::Graph> fp32, policy_casts;
   auto g = load(path, dims, {}, memory_budget(budget, &recompute), &fp32, &policy_casts);
@@ -196,7 +212,9 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
                                 &g_classifier_sites,
                                 &g_cast_placement,
                                 policy_casts ? &*policy_casts : nullptr,
-                                &g_rematerialized};
+                                &g_rematerialized,
+                                ranks,
+                                interconnect};
   std::cout << (json ? report::render_report_json(*g, cost, memory, options)
                      : report::render_report_text(*g, cost, memory, options));
   return 0;
@@ -548,7 +566,11 @@ int main(int argc, char** argv) {
   report->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   report->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
   report->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
-  report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget); });
+  int ranks = 1;
+  std::string interconnect;
+  report->add_option("--ranks", ranks, "data-parallel ranks: the distributed step per ZeRO stage (with --interconnect)");
+  report->add_option("--interconnect", interconnect, "the link between the ranks: nvlink4, ib-ndr, pcie5, 100gbe");
+  report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget, ranks, interconnect); });
 
   std::vector<std::string> print_after;
   bool time_passes = false, no_locations = false;

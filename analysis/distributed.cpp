@@ -1,0 +1,177 @@
+#include "analysis/distributed.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+
+#include "ir/fusion_group.h"
+
+namespace napkin::analysis {
+
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string r(s);
+  for (char& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
+
+// The latency figure: not measured here; the order of NCCL's small-message
+// latency per ring step on such links, for the model's fixed cost per step.
+constexpr const char* kLatencyNote = "; latency per ring step: a modelling figure of NCCL's order, not a measurement";
+
+}  // namespace
+
+const std::vector<Interconnect>& builtin_interconnects() {
+  static const std::vector<Interconnect> table = {
+      {"nvlink4", "NVLink 4 (H100 SXM5, 18 links, within a node)", 450e9, 3e-6,
+       std::string("NVIDIA H100 datasheet (SXM): NVLink 900 GB/s per GPU, both directions together: 450 GB/s each "
+                   "way") + kLatencyNote},
+      {"ib-ndr", "InfiniBand NDR, one 400 Gb/s port per GPU (across nodes)", 50e9, 5e-6,
+       std::string("NVIDIA ConnectX-7 / Quantum-2 datasheets: 400 Gb/s per port, each way (one NIC per GPU, as in "
+                   "DGX H100)") + kLatencyNote},
+      {"pcie5", "PCIe 5.0 x16 (GPUs without NVLink)", 63e9, 4e-6,
+       std::string("PCI-SIG PCIe 5.0: 32 GT/s x 16 lanes, 128b/130b encoding: 63 GB/s each way") + kLatencyNote},
+      {"100gbe", "100 Gigabit Ethernet, one port per rank", 12.5e9, 30e-6,
+       std::string("IEEE 802.3 100GBASE: 100 Gb/s each way = 12.5 GB/s") + kLatencyNote},
+  };
+  return table;
+}
+
+const Interconnect* find_interconnect(std::string_view name) {
+  const std::string key = lower(name);
+  for (const Interconnect& i : builtin_interconnects())
+    if (i.name == key) return &i;
+  return nullptr;
+}
+
+std::string known_interconnect_names() {
+  std::vector<std::string> names;
+  for (const Interconnect& i : builtin_interconnects()) names.push_back(i.name);
+  std::sort(names.begin(), names.end());
+  std::string r;
+  for (const std::string& n : names) r += (r.empty() ? "" : ", ") + n;
+  return r;
+}
+
+double all_reduce_bytes(double bytes, int ranks) { return ranks <= 1 ? 0 : 2.0 * (ranks - 1) / ranks * bytes; }
+double reduce_scatter_bytes(double bytes, int ranks) { return ranks <= 1 ? 0 : double(ranks - 1) / ranks * bytes; }
+double all_reduce_seconds(double bytes, int ranks, const Interconnect& link) {
+  return ranks <= 1 ? 0 : all_reduce_bytes(bytes, ranks) / link.bytes_per_s + 2.0 * (ranks - 1) * link.latency_s;
+}
+double reduce_scatter_seconds(double bytes, int ranks, const Interconnect& link) {
+  return ranks <= 1 ? 0 : reduce_scatter_bytes(bytes, ranks) / link.bytes_per_s + double(ranks - 1) * link.latency_s;
+}
+
+DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const MemoryReport& memory, double flops,
+                                    double peak, int ranks, const Interconnect& link) {
+  DistributedStep d;
+  d.ranks = ranks;
+  d.link = &link;
+  d.param_bytes = static_cast<double>(memory.category_bytes(MemoryCategory::Parameters));
+  d.grad_bytes = static_cast<double>(memory.category_bytes(MemoryCategory::Gradients));
+  d.state_bytes = static_cast<double>(memory.category_bytes(MemoryCategory::OptimizerState));
+
+  // Each kernel's end on the single-rank timeline, and the kernel of every node it runs.
+  const ir::FusionGroups groups = ir::fusion_groups(g);
+  std::map<ir::NodeId, size_t> kernel_of;
+  std::vector<double> end(t.kernels.size());
+  double clock = 0, forward = 0, backward = 0, optimizer = 0, backward_end = 0;
+  for (size_t i = 0; i < t.kernels.size(); ++i) {
+    const KernelTime& k = t.kernels[i];
+    clock += k.seconds;
+    end[i] = clock;
+    (k.phase == ir::Phase::Forward ? forward : k.phase == ir::Phase::Backward ? backward : optimizer) += k.seconds;
+    if (k.phase == ir::Phase::Backward) backward_end = clock;
+    kernel_of[k.node] = i;
+    std::vector<int> members;
+    if (k.batch >= 0) members = groups.batches[k.batch].groups;
+    else if (k.group >= 0) members = {k.group};
+    for (int gid : members)
+      for (ir::NodeId id : groups.groups[gid].nodes) kernel_of[id] = i;
+  }
+  if (backward_end == 0) backward_end = forward;
+  d.backward_seconds = backward;
+  d.single_rank_seconds = t.seconds;
+
+  // The gradients in the order the backward writes them, and their buckets.
+  std::vector<std::pair<double, double>> ready;  // (time, bytes)
+  for (const MemoryBuffer& b : memory.buffers) {
+    if (b.category != MemoryCategory::Gradients) continue;
+    auto k = b.producer == ir::kNoNode ? kernel_of.end() : kernel_of.find(b.producer);
+    ready.emplace_back(k == kernel_of.end() ? backward_end : end[k->second], static_cast<double>(b.bytes));
+  }
+  std::stable_sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::pair<double, double>> buckets;
+  double filling = 0;
+  for (const auto& [at, bytes] : ready) {
+    filling += bytes;
+    if (filling >= kBucketBytes) buckets.emplace_back(at, filling), filling = 0;
+  }
+  if (filling > 0) buckets.emplace_back(ready.back().first, filling);
+  d.buckets = static_cast<int>(buckets.size());
+
+  // The link from `start`: each bucket's collective once its gradients are written, one at a time.
+  auto stream = [&](double start, bool all_reduce, double* busy) {
+    double f = start;
+    for (const auto& [at, bytes] : buckets) {
+      const double s = all_reduce ? all_reduce_seconds(bytes, ranks, link) : reduce_scatter_seconds(bytes, ranks, link);
+      f = std::max(f, at) + s;
+      *busy += s;
+    }
+    return f;
+  };
+
+  const double backward_start = backward_end - backward;
+  for (int stage = 0; stage < 4; ++stage) {
+    ZeroStage& z = d.stages[stage];
+    z.stage = stage;
+    const double shard = 1.0 / ranks;
+    const double opt = stage >= 1 ? optimizer * shard : optimizer;
+    double busy = 0, exposed = 0;
+    if (stage == 0) {
+      z.bytes_sent = all_reduce_bytes(d.grad_bytes, ranks);
+      exposed = std::max(0.0, stream(backward_start, true, &busy) - backward_end);
+    } else {
+      z.bytes_sent = reduce_scatter_bytes(d.grad_bytes, ranks) + reduce_scatter_bytes(d.param_bytes, ranks);
+      const double gather = reduce_scatter_seconds(d.param_bytes, ranks, link);
+      if (stage < 3) {
+        exposed = std::max(0.0, stream(backward_start, false, &busy) - backward_end) + gather;  // gather: after the update
+        busy += gather;
+      } else {
+        // Gathered before the forward and again before the backward, hidden behind each phase's compute where it fits.
+        z.bytes_sent += reduce_scatter_bytes(d.param_bytes, ranks);
+        exposed = std::max(0.0, gather - forward);
+        busy += 2 * gather;
+        exposed += std::max(0.0, stream(backward_start + gather, false, &busy) - backward_end);
+      }
+    }
+    z.comm_seconds = busy;
+    z.exposed_seconds = std::min(exposed, busy);
+    z.hidden_seconds = busy - z.exposed_seconds;
+    z.step_seconds = t.seconds - optimizer + opt + z.exposed_seconds;
+    z.mfu = peak > 0 && z.step_seconds > 0 ? flops / (z.step_seconds * peak) : 0;
+
+    // Per-rank memory: the single-rank buffers, the sharded ones divided by N, over the same live ranges.
+    auto sharded = [&](MemoryCategory c) {
+      return (c == MemoryCategory::OptimizerState && stage >= 1) || (c == MemoryCategory::Gradients && stage >= 2) ||
+             (c == MemoryCategory::Parameters && stage >= 3);
+    };
+    const size_t positions = std::max<size_t>(memory.live_bytes.size(), 1);
+    std::vector<double> delta(positions + 1, 0.0);
+    for (const MemoryBuffer& b : memory.buffers) {
+      const double bytes = static_cast<double>(b.bytes) * (sharded(b.category) ? shard : 1.0);
+      if (b.category == MemoryCategory::Parameters) z.params += bytes;
+      if (b.category == MemoryCategory::Gradients) z.grads += bytes;
+      if (b.category == MemoryCategory::OptimizerState) z.optimizer_state += bytes;
+      if (b.first > b.last) continue;  // as analyze_memory sweeps them
+      delta[static_cast<size_t>(b.first)] += bytes;
+      delta[std::min(static_cast<size_t>(b.last) + 1, positions)] -= bytes;
+    }
+    double live = 0;
+    for (size_t p = 0; p < positions; ++p) z.peak = std::max(z.peak, live += delta[p]);
+  }
+  return d;
+}
+
+}  // namespace napkin::analysis

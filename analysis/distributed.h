@@ -1,0 +1,99 @@
+// The distributed step, statically: what data parallelism over N ranks costs
+// a training step before any rank starts (`napkin report --ranks N
+// --interconnect NAME`, docs/report.md "Distributed step"). Each rank runs
+// the model's step on its own micro-batch (the model's `batch` dim), so the
+// global batch is N times the model's, and the ranks exchange gradients
+// (and, sharded, parameters) with ring collectives over one interconnect.
+//
+// Terms and conventions:
+//  - interconnect: one link per rank, `bytes_per_s` in each direction, and
+//    `latency_s` per ring step (a modelling figure of NCCL's order for small
+//    messages; the table says so).
+//  - ring collectives over N ranks, per rank (the bytes each rank sends;
+//    receives are the same): all-reduce of B bytes 2(N-1)/N B in 2(N-1)
+//    steps; reduce-scatter and all-gather (N-1)/N B in N-1 steps each. Time:
+//    bytes / bytes_per_s + steps x latency_s.
+//  - ZeRO stages (DeepSpeed's names): 0 plain data parallel (all-reduce the
+//    gradients); 1 optimizer state sharded (reduce-scatter the gradients,
+//    each rank updates its shard, all-gather the parameters); 2 gradients
+//    sharded too (the same traffic); 3 parameters sharded too (all-gather
+//    them before the forward and again before the backward).
+//  - overlap: a gradient's collective starts once its gradient is written
+//    (the time model's cumulative kernel time), in buckets of at least
+//    kBucketBytes in the order the backward writes them (PyTorch DDP's
+//    25 MiB), one bucket at a time on the link; what finishes after the
+//    backward is exposed. The parameter all-gather of stages 1 and 2 runs
+//    after the optimizer (exposed); stage 3's gathers hide behind the phase
+//    they feed as far as its compute time allows.
+//  - per-rank memory: the single-rank step's buffers and live ranges
+//    (analysis/memory.h), each parameter, gradient and optimizer-state
+//    buffer divided by N where the stage shards it; the peak of that sweep.
+//    Not counted: the collectives' staging buffers (a bucket, a gathered
+//    parameter under stage 3).
+//  - the step at N ranks: the single-rank prediction (analysis/step_time.h)
+//    with the optimizer's kernels divided by N where it runs on a shard, plus
+//    the exposed communication. MFU: the rank's counted FLOPs over that time.
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "analysis/cost.h"
+#include "analysis/memory.h"
+#include "analysis/step_time.h"
+#include "ir/graph.h"
+
+namespace napkin::analysis {
+
+struct Interconnect {
+  std::string name;         // lookup key: "nvlink4"
+  std::string description;  // "NVLink 4 (H100 SXM5: 18 links)"
+  double bytes_per_s = 0;   // per rank, each direction
+  double latency_s = 0;     // per ring step
+  std::string source;       // where the bandwidth comes from, and what the latency is
+};
+
+const std::vector<Interconnect>& builtin_interconnects();
+const Interconnect* find_interconnect(std::string_view name);  // case-insensitive; nullptr when unknown
+std::string known_interconnect_names();                        // "100gbe, ib-ndr, nvlink4, pcie5"
+
+// Ring collectives (see above): the bytes one rank sends, and the time.
+double all_reduce_bytes(double bytes, int ranks);
+double reduce_scatter_bytes(double bytes, int ranks);  // all-gather: the same
+double all_reduce_seconds(double bytes, int ranks, const Interconnect& link);
+double reduce_scatter_seconds(double bytes, int ranks, const Interconnect& link);  // all-gather: the same
+
+inline constexpr double kBucketBytes = 25.0 * 1024 * 1024;
+
+struct ZeroStage {
+  int stage = 0;                // 0 .. 3
+  double bytes_sent = 0;        // per rank per step
+  double comm_seconds = 0;      // every collective back to back
+  double hidden_seconds = 0;    // behind the compute
+  double exposed_seconds = 0;   // comm_seconds - hidden_seconds
+  double step_seconds = 0;      // predicted at N ranks
+  double mfu = 0;               // the rank's counted FLOPs / (step_seconds x matmul peak)
+  // Per rank, bytes: each category's buffers summed, and the peak of the sweep.
+  double params = 0, grads = 0, optimizer_state = 0;
+  double peak = 0;
+};
+
+struct DistributedStep {
+  int ranks = 1;
+  const Interconnect* link = nullptr;
+  double param_bytes = 0, grad_bytes = 0, state_bytes = 0;  // the whole model's, one copy
+  int buckets = 0;                    // gradient buckets of the backward
+  double backward_seconds = 0;        // the single-rank prediction's backward phase
+  double single_rank_seconds = 0;     // its whole step
+  std::array<ZeroStage, 4> stages{};  // by stage
+};
+
+// `t`: the single-rank prediction of g's step on the device (its kernels in
+// schedule order), `flops`: the step's counted FLOPs, `peak`: the device's
+// matmul peak the MFU is against.
+DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const MemoryReport& memory, double flops,
+                                    double peak, int ranks, const Interconnect& link);
+
+}  // namespace napkin::analysis

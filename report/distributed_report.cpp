@@ -1,0 +1,77 @@
+#include "report/distributed_report.h"
+
+#include <fmt/format.h>
+
+#include "ir/quantities.h"
+
+namespace napkin::report {
+
+namespace {
+
+const char* stage_name(int stage) {
+  static const char* names[] = {"data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
+  return names[stage];
+}
+
+}  // namespace
+
+std::string distributed_section_text(const analysis::DistributedStep& d, double tokens) {
+  using ir::human_bytes;
+  using ir::human_seconds;
+  std::string out = fmt::format("\ndistributed step: {} ranks over {} ({}; docs/report.md, \"Distributed step\")\n", d.ranks,
+                                d.link->name, d.link->description);
+  out += fmt::format("  global batch         {} x {} tokens = {} tokens a step (the model's batch is each rank's micro-batch)\n",
+                     d.ranks, ir::with_commas(tokens), ir::with_commas(tokens * d.ranks));
+  out += fmt::format("  gradients            {} in {} buckets of at least {} as the backward writes them (backward {})\n",
+                     human_bytes(d.grad_bytes), d.buckets, human_bytes(analysis::kBucketBytes),
+                     human_seconds(d.backward_seconds));
+  out += fmt::format("  {:<14} {:>11} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}\n", "", "sent/rank", "comm",
+                     "hidden", "exposed", "step", "MFU", "params", "grads", "opt state", "peak/rank");
+  for (const analysis::ZeroStage& z : d.stages)
+    out += fmt::format("  {:<14} {:>11} {:>10} {:>10} {:>10} {:>10} {:>6.1f}% {:>10} {:>10} {:>10} {:>10}\n", stage_name(z.stage),
+                       human_bytes(z.bytes_sent), human_seconds(z.comm_seconds), human_seconds(z.hidden_seconds),
+                       human_seconds(z.exposed_seconds), human_seconds(z.step_seconds), 100 * z.mfu, human_bytes(z.params),
+                       human_bytes(z.grads), human_bytes(z.optimizer_state), human_bytes(z.peak));
+  out += fmt::format("  one rank             {} a step; ring collectives: all-reduce sends 2(N-1)/N of the bytes per rank, "
+                     "reduce-scatter and all-gather (N-1)/N\n",
+                     human_seconds(d.single_rank_seconds));
+  out += fmt::format("  link: {:.4g} GB/s each way, {} a ring step: {}\n", d.link->bytes_per_s / 1e9,
+                     human_seconds(d.link->latency_s), d.link->source);
+  return out;
+}
+
+nlohmann::json distributed_json(const analysis::DistributedStep& d, double tokens) {
+  using nlohmann::json;
+  json stages = json::array();
+  for (const analysis::ZeroStage& z : d.stages)
+    stages.push_back({{"stage", z.stage},
+                      {"bytes_sent_per_rank", z.bytes_sent},
+                      {"comm_s", z.comm_seconds},
+                      {"hidden_s", z.hidden_seconds},
+                      {"exposed_s", z.exposed_seconds},
+                      {"step_s", z.step_seconds},
+                      {"mfu", z.mfu},
+                      {"params_bytes", z.params},
+                      {"grads_bytes", z.grads},
+                      {"optimizer_state_bytes", z.optimizer_state},
+                      {"peak_bytes", z.peak}});
+  return {{"ranks", d.ranks},
+          {"interconnect",
+           {{"name", d.link->name},
+            {"description", d.link->description},
+            {"bytes_per_s", d.link->bytes_per_s},
+            {"latency_s", d.link->latency_s},
+            {"source", d.link->source}}},
+          {"tokens_per_rank", tokens},
+          {"global_tokens", tokens * d.ranks},
+          {"param_bytes", d.param_bytes},
+          {"grad_bytes", d.grad_bytes},
+          {"optimizer_state_bytes", d.state_bytes},
+          {"buckets", d.buckets},
+          {"bucket_bytes", analysis::kBucketBytes},
+          {"backward_s", d.backward_seconds},
+          {"single_rank_step_s", d.single_rank_seconds},
+          {"stages", stages}};
+}
+
+}  // namespace napkin::report

@@ -1,0 +1,150 @@
+// analysis/distributed: the distributed step's figures against hand formulas
+// (ring collectives, ZeRO's shards), its invariants (one rank is the
+// single-rank step, the overlap never hides more than the backward), and the
+// report's section and errors.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "analysis/cost.h"
+#include "analysis/devices.h"
+#include "analysis/distributed.h"
+#include "analysis/memory.h"
+#include "analysis/step_time.h"
+#include "support/test_io.h"
+#include "support/test_models.h"
+
+namespace napkin {
+namespace {
+
+using analysis::Interconnect;
+
+TEST_CASE("distributed: ring collectives send 2(N-1)/N of the bytes for an all-reduce, (N-1)/N for the halves") {
+  const Interconnect link{"test", "a test link", 100e9, 1e-5, "none"};
+  for (int n : {1, 2, 3, 4, 8, 64}) {
+    CAPTURE(n);
+    const double b = 1e9;
+    CHECK(analysis::all_reduce_bytes(b, n) == doctest::Approx(2.0 * (n - 1) / n * b));
+    CHECK(analysis::reduce_scatter_bytes(b, n) == doctest::Approx(double(n - 1) / n * b));
+    // An all-reduce is a reduce-scatter then an all-gather: twice the bytes and the steps.
+    CHECK(analysis::all_reduce_seconds(b, n, link) == doctest::Approx(2 * analysis::reduce_scatter_seconds(b, n, link)));
+    if (n > 1)
+      CHECK(analysis::all_reduce_seconds(b, n, link) == doctest::Approx(2.0 * (n - 1) / n * b / 100e9 + 2 * (n - 1) * 1e-5));
+  }
+  CHECK(analysis::all_reduce_seconds(1e9, 1, link) == 0);
+  CHECK(analysis::find_interconnect("NVLink4") != nullptr);
+  CHECK(analysis::find_interconnect("carrier pigeon") == nullptr);
+  CHECK(analysis::known_interconnect_names() == "100gbe, ib-ndr, nvlink4, pcie5");
+}
+
+struct Fixture {
+  ir::Graph g;
+  analysis::StepCost cost;
+  analysis::MemoryReport memory;
+  analysis::StepTime time;
+  double peak = 0;
+  Fixture()
+      : g(testing::compile_small_model(testing::source_path("models/gpt2-124m.yaml"), ir::PrecisionPolicy::BF16Mixed)) {
+    const analysis::Device* h100 = analysis::find_device("h100");
+    REQUIRE(h100 != nullptr);
+    cost = analysis::analyze_step(g, h100);
+    memory = analysis::analyze_memory(g);
+    time = analysis::predict_step_time(g, cost, *h100);
+    peak = analysis::matmul_peak(*h100, cost.matmul_dtype);
+  }
+  analysis::DistributedStep at(int ranks, const Interconnect& link) const {
+    return analysis::predict_distributed(g, time, memory, cost.total.flops, peak, ranks, link);
+  }
+};
+
+TEST_CASE("distributed: GPT-2's bytes per rank and memory per ZeRO stage are the hand formulas") {
+  const Fixture f;
+  const Interconnect& link = *analysis::find_interconnect("ib-ndr");
+  for (int n : {2, 4, 8}) {
+    CAPTURE(n);
+    const analysis::DistributedStep d = f.at(n, link);
+    const double P = d.param_bytes, G = d.grad_bytes, S = d.state_bytes;
+    CHECK(P > 0);
+    CHECK(G == P);  // f32 gradients of f32 master parameters
+    CHECK(S == doctest::Approx(2 * P).epsilon(1e-3));  // AdamW's m and v (and the step counter)
+    const double k = double(n - 1) / n;
+    CHECK(d.stages[0].bytes_sent == doctest::Approx(2 * k * G));          // all-reduce the gradients
+    CHECK(d.stages[1].bytes_sent == doctest::Approx(k * G + k * P));      // reduce-scatter, all-gather the parameters
+    CHECK(d.stages[2].bytes_sent == doctest::Approx(k * G + k * P));      // the same traffic
+    CHECK(d.stages[3].bytes_sent == doctest::Approx(k * G + 2 * k * P));  // gathered for the forward and the backward
+    // Model states per rank: DeepSpeed's memory estimators' shards.
+    CHECK(d.stages[0].params == doctest::Approx(P));
+    CHECK(d.stages[0].optimizer_state == doctest::Approx(S));
+    CHECK(d.stages[1].optimizer_state == doctest::Approx(S / n));
+    CHECK(d.stages[1].grads == doctest::Approx(G));
+    CHECK(d.stages[2].grads == doctest::Approx(G / n));
+    CHECK(d.stages[2].params == doctest::Approx(P));
+    CHECK(d.stages[3].params == doctest::Approx(P / n));
+    // The unsharded sweep is the single-rank peak to the byte; sharding never raises it.
+    CHECK(d.stages[0].peak == static_cast<double>(f.memory.peak.bytes));
+    for (int s = 1; s < 4; ++s) CHECK(d.stages[s].peak <= d.stages[s - 1].peak);
+    CHECK(d.stages[1].peak < d.stages[0].peak);
+    for (const analysis::ZeroStage& z : d.stages) {
+      CHECK(z.hidden_seconds + z.exposed_seconds == doctest::Approx(z.comm_seconds));
+      CHECK(z.exposed_seconds >= 0);
+      CHECK(z.mfu == doctest::Approx(f.cost.total.flops / (z.step_seconds * f.peak)));
+      CHECK(z.mfu < 1);
+    }
+    CHECK(d.buckets >= 1);
+  }
+}
+
+TEST_CASE("distributed: one rank is the single-rank step, a free link hides everything, a slow one hides at most the backward") {
+  const Fixture f;
+  const analysis::DistributedStep one = f.at(1, *analysis::find_interconnect("nvlink4"));
+  for (const analysis::ZeroStage& z : one.stages) CHECK(z.comm_seconds == 0);
+  CHECK(one.stages[0].step_seconds == doctest::Approx(f.time.seconds));
+  CHECK(one.stages[0].peak == static_cast<double>(f.memory.peak.bytes));
+
+  const Interconnect free_link{"free", "instant", 1e30, 0, "none"};
+  const analysis::DistributedStep fast = f.at(8, free_link);
+  CHECK(fast.stages[0].exposed_seconds <= 1e-12);
+  CHECK(fast.stages[0].step_seconds == doctest::Approx(f.time.seconds));
+
+  const Interconnect slow{"slow", "a slow link", 1e6, 0, "none"};
+  const analysis::DistributedStep d = f.at(4, slow);
+  for (const analysis::ZeroStage& z : d.stages) {
+    CHECK(z.comm_seconds > 100 * f.time.seconds);
+    CHECK(z.hidden_seconds <= d.backward_seconds + (z.stage == 3 ? f.time.seconds : 0) + 1e-12);
+  }
+  // Plain data parallel: every byte on the link, one bucket after the other.
+  CHECK(d.stages[0].comm_seconds == doctest::Approx(analysis::all_reduce_bytes(d.grad_bytes, 4) / 1e6));
+}
+
+TEST_CASE("distributed: napkin report --ranks --interconnect prints the section and JSON, and refuses what it cannot do") {
+  const std::string napkin = NAPKIN_BINARY;
+  const std::string model = " models/gpt2-124m.yaml --dims vocab=256,d=64,heads=4,layers=2,batch=4,seq=32 --no-ops";
+  testing::CommandResult text = testing::run_in_source_tree(napkin + " report" + model + " --device h100 --ranks 4 --interconnect ib-ndr");
+  INFO(text.out);
+  REQUIRE(text.status == 0);
+  CHECK(text.out.find("distributed step: 4 ranks over ib-ndr") != std::string::npos);
+  CHECK(text.out.find("ZeRO-3") != std::string::npos);
+  testing::CommandResult json = testing::run_in_source_tree(napkin + " report" + model + " --device h100 --ranks 4 --interconnect ib-ndr --json");
+  REQUIRE(json.status == 0);
+  const nlohmann::json d = nlohmann::json::parse(json.out).at("distributed");
+  CHECK(d.at("ranks") == 4);
+  CHECK(d.at("stages").size() == 4u);
+  CHECK(d.at("global_tokens").get<double>() == 4 * d.at("tokens_per_rank").get<double>());
+  CHECK(d.at("stages")[0].at("bytes_sent_per_rank").get<double>() == doctest::Approx(1.5 * d.at("grad_bytes").get<double>()));
+  // Without the flags: no section.
+  testing::CommandResult plain = testing::run_in_source_tree(napkin + " report" + model + " --device h100 --json");
+  REQUIRE(plain.status == 0);
+  CHECK(!nlohmann::json::parse(plain.out).contains("distributed"));
+  for (const char* bad : {" --device h100 --ranks 4", " --ranks 4 --interconnect nvlink4", " --device h100 --ranks 0 --interconnect nvlink4",
+                          " --device h100 --ranks 4 --interconnect carrier-pigeon"}) {
+    CAPTURE(bad);
+    testing::CommandResult r = testing::run_in_source_tree(napkin + " report" + model + bad);
+    CHECK(r.status == 1);
+    CHECK(r.out.find("interconnects: 100gbe, ib-ndr, nvlink4, pcie5") != std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace napkin
