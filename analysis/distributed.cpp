@@ -174,4 +174,20 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
   return d;
 }
 
+DataParallelEstimate estimate_data_parallel(double params, double batch_tokens, int gpus, double peak, double mfu,
+                                            double grad_bytes_per_param, const Interconnect& link) {
+  DataParallelEstimate e;
+  if (gpus < 1 || peak <= 0 || mfu <= 0) return e;
+  e.compute_seconds = 6 * params * batch_tokens / (gpus * peak * mfu);
+  e.backward_seconds = e.compute_seconds * 4 / 6;
+  const double grads = params * grad_bytes_per_param;
+  e.bytes_sent = all_reduce_bytes(grads, gpus);
+  e.comm_seconds = all_reduce_seconds(grads, gpus, link);
+  e.hidden_seconds = std::min(e.comm_seconds, e.backward_seconds);
+  e.exposed_seconds = e.comm_seconds - e.hidden_seconds;
+  e.step_seconds = e.compute_seconds + e.exposed_seconds;
+  e.mfu = e.step_seconds > 0 ? mfu * e.compute_seconds / e.step_seconds : 0;
+  return e;
+}
+
 }  // namespace napkin::analysis

@@ -96,4 +96,21 @@ struct DistributedStep {
 DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const MemoryReport& memory, double flops,
                                     double peak, int ranks, const Interconnect& link);
 
+// `napkin estimate`'s data-parallel figures, with the same ring all-reduce
+// and interconnect but no step to look into: `params` parameters, each
+// step `batch_tokens` tokens over `gpus` devices at `mfu` of `peak`, the
+// gradients all-reduced once a step (`grad_bytes_per_param` each), hidden
+// at most behind the backward, which is 4 of the 6 FLOPs per parameter and
+// token (the lecture's rule).
+struct DataParallelEstimate {
+  double compute_seconds = 0;  // 6 N T / (gpus peak mfu)
+  double backward_seconds = 0;  // 4/6 of it
+  double bytes_sent = 0;        // per GPU per step
+  double comm_seconds = 0, hidden_seconds = 0, exposed_seconds = 0;
+  double step_seconds = 0;      // compute + exposed
+  double mfu = 0;               // mfu x compute / step
+};
+DataParallelEstimate estimate_data_parallel(double params, double batch_tokens, int gpus, double peak, double mfu,
+                                            double grad_bytes_per_param, const Interconnect& link);
+
 }  // namespace napkin::analysis

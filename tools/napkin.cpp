@@ -41,6 +41,7 @@
 #endif
 #include "analysis/cost.h"
 #include "analysis/devices.h"
+#include "analysis/distributed.h"
 #include "analysis/estimate.h"
 #include "frontend/frontend.h"
 #include "interp/gradient_check.h"
@@ -327,10 +328,26 @@ struct EstimateArgs {
   std::string dtype = "bf16";
   std::string optimizer;
   std::string precision;
+  std::string interconnect;   // with --batch-tokens: the data-parallel step's communication
+  double batch_tokens = 0;    // tokens per optimizer step, over every GPU
 };
 
 int cmd_estimate(const EstimateArgs& a) {
   const analysis::Device* device = device_or_error(a.device);
+  const analysis::Interconnect* link = nullptr;
+  if (!a.interconnect.empty() || a.batch_tokens > 0) {
+    link = analysis::find_interconnect(a.interconnect);
+    std::string error;
+    if (a.interconnect.empty() || a.batch_tokens <= 0 || a.tokens <= 0)
+      error = "the data-parallel step needs --interconnect, --batch-tokens and --tokens";
+    else if (!link) error = fmt::format("unknown interconnect '{}'", a.interconnect);
+    if (!error.empty()) {
+      std::cerr << fmt::format("error: {}\n    hint: e.g. --tokens 10e9 --gpus 8 --interconnect nvlink4 --batch-tokens "
+                               "524288; interconnects: {}\n",
+                               error, analysis::known_interconnect_names());
+      return kUserError;
+    }
+  }
   double params = a.params;
   if (!a.model.empty()) {
     auto g = load(a.model, "");
@@ -364,6 +381,27 @@ int cmd_estimate(const EstimateArgs& a) {
         "time on {} x {} at {} dense peak {:.4g} FLOP/s and MFU {}: {:.4g} s = {:.4g} hours = {:.1f} days\n",
         params, a.tokens, t.value->flops, a.gpus, device->name, ir::dtype_name(*dtype), peak, a.mfu,
         t.value->seconds, t.value->seconds / 3600, t.value->days);
+    if (link) {
+      // The gradients' bytes: the precision's (the lecture's convention: fp32 unless --precision says otherwise).
+      auto b = analysis::bytes_per_param(a.optimizer.empty() ? "adamw" : a.optimizer,
+                                         a.precision.empty() ? "fp32" : a.precision);
+      if (!b) {
+        std::cerr << "error: " << b.error << "\n";
+        return kUserError;
+      }
+      const analysis::DataParallelEstimate e =
+          analysis::estimate_data_parallel(params, a.batch_tokens, a.gpus, peak, a.mfu, b.value->grads, *link);
+      const double steps = a.tokens / a.batch_tokens;
+      std::cout << fmt::format(
+          "data parallel on {} ({:.4g} GB/s each way): {:.4g} steps of {:.4g} tokens; each step computes {} and "
+          "all-reduces {:.4g} bytes of gradients ({} bytes each), {:.4g} bytes sent per GPU in {}, {} of it hidden "
+          "behind the backward (4/6 of the compute), {} exposed\n"
+          "time with the exposed communication: {:.4g} s = {:.4g} hours = {:.1f} days, MFU {:.3g}\n",
+          link->name, link->bytes_per_s / 1e9, steps, a.batch_tokens, ir::human_seconds(e.compute_seconds),
+          params * b.value->grads, b.value->grads, e.bytes_sent, ir::human_seconds(e.comm_seconds),
+          ir::human_seconds(e.hidden_seconds), ir::human_seconds(e.exposed_seconds), steps * e.step_seconds,
+          steps * e.step_seconds / 3600, steps * e.step_seconds / analysis::kSecondsPerDay, e.mfu);
+    }
   }
   if (!a.optimizer.empty() || !a.precision.empty()) {
     // Either flag alone takes the other's default.
@@ -626,6 +664,9 @@ int main(int argc, char** argv) {
   estimate->add_option("--dtype", est.dtype, "compute dtype for the peak")->capture_default_str();
   estimate->add_option("--optimizer", est.optimizer, analysis::known_optimizer_names());
   estimate->add_option("--precision", est.precision, analysis::known_precision_names());
+  estimate->add_option("--interconnect", est.interconnect,
+                       "data parallel over --gpus on this link (with --batch-tokens): nvlink4, ib-ndr, pcie5, 100gbe");
+  estimate->add_option("--batch-tokens", est.batch_tokens, "tokens per optimizer step over every GPU (with --interconnect)");
   estimate->callback([&] { status = cmd_estimate(est); });
 
   BuildArgs build_args;

@@ -4,6 +4,7 @@
 // report's section and errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -144,6 +145,36 @@ TEST_CASE("distributed: napkin report --ranks --interconnect prints the section 
     CHECK(r.status == 1);
     CHECK(r.out.find("interconnects: 100gbe, ib-ndr, nvlink4, pcie5") != std::string::npos);
   }
+}
+
+TEST_CASE("distributed: napkin estimate's data-parallel step is the same all-reduce, hidden at most behind 4/6 of the compute") {
+  const Interconnect link{"test", "a test link", 10e9, 1e-5, "none"};
+  // 1e9 params, 1e6 tokens a step on 8 GPUs of 1e15 FLOP/s at MFU 0.5: 1.5 s of compute, 1 s of backward.
+  const analysis::DataParallelEstimate e = analysis::estimate_data_parallel(1e9, 1e6, 8, 1e15, 0.5, 4, link);
+  CHECK(e.compute_seconds == doctest::Approx(6e15 / (8 * 1e15 * 0.5)));
+  CHECK(e.backward_seconds == doctest::Approx(e.compute_seconds * 4 / 6));
+  CHECK(e.bytes_sent == doctest::Approx(2.0 * 7 / 8 * 4e9));
+  CHECK(e.comm_seconds == doctest::Approx(2.0 * 7 / 8 * 4e9 / 10e9 + 14 * 1e-5));
+  CHECK(e.hidden_seconds == doctest::Approx(std::min(e.comm_seconds, e.backward_seconds)));
+  CHECK(e.exposed_seconds == doctest::Approx(std::max(0.0, e.comm_seconds - e.backward_seconds)));
+  CHECK(e.step_seconds == doctest::Approx(e.compute_seconds + e.exposed_seconds));
+  // A slow link: what the backward cannot hide lowers the MFU in proportion.
+  const Interconnect slow{"slow", "a slow link", 1e9, 0, "none"};
+  const analysis::DataParallelEstimate s = analysis::estimate_data_parallel(1e9, 1e6, 8, 1e15, 0.5, 4, slow);
+  CHECK(s.exposed_seconds == doctest::Approx(2.0 * 7 / 8 * 4e9 / 1e9 - s.backward_seconds));
+  CHECK(s.mfu == doctest::Approx(0.5 * s.compute_seconds / s.step_seconds));
+  CHECK(s.mfu < 0.5);
+
+  const std::string napkin = NAPKIN_BINARY;
+  testing::CommandResult r = testing::run_in_source_tree(
+      napkin + " estimate --params 124e6 --tokens 10e9 --gpus 8 --device h100 --mfu 0.4 --interconnect nvlink4 --batch-tokens 524288");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("data parallel on nvlink4") != std::string::npos);
+  testing::CommandResult bad = testing::run_in_source_tree(napkin + " estimate --params 7e9 --tokens 1e12 --gpus 64 --interconnect 100gbe");
+  CHECK(bad.status == 1);
+  CHECK(bad.out.find("needs --interconnect, --batch-tokens and --tokens") != std::string::npos);
+  CHECK(bad.out.find("training compute") == std::string::npos);  // refused before printing anything
 }
 
 }  // namespace
