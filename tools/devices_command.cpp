@@ -123,6 +123,13 @@ void print_all_sources() {
     std::cout << "\n";
     print_sources(d);
   }
+  for (const analysis::Interconnect& i : analysis::builtin_interconnects()) {
+    std::cout << fmt::format("\n{} (interconnect, built in)\n", i.name);
+    std::cout << fmt::format("  {:<16} {}\n", "description", i.description);
+    std::cout << fmt::format("  {:<16} {:.4g} GB/s each way\n", "bandwidth", i.bytes_per_s / 1e9);
+    std::cout << fmt::format("  {:<16} {:.3g} us a ring step\n", "latency", i.latency_s * 1e6);
+    std::cout << fmt::format("  {:<16} {}\n", "source", i.source);
+  }
 }
 
 std::string read_file(const std::string& path, bool* ok) {

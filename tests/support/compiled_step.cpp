@@ -193,34 +193,42 @@ double run_step(CompiledStep& step) {
   return loss;
 }
 
-int check_same_state_bits(CompiledStep& a, CompiledStep& b) {
-  int compared = 0;
+namespace {
+
+// Calls fn(ta, tb) for every parameter and piece of optimizer state of `a`
+// with its namesake in `b` (REQUIREd, with the same byte size).
+template <class Fn>
+void for_each_state_pair(const CompiledStep& a, const CompiledStep& b, Fn fn) {
   for (const codegen::PlannedTensor& ta : a.plan.tensors) {
     if (ta.role != codegen::TensorRole::Param && ta.role != codegen::TensorRole::State) continue;
     const codegen::PlannedTensor* tb = nullptr;
     for (const codegen::PlannedTensor& t : b.plan.tensors) tb = t.name == ta.name ? &t : tb;
     REQUIRE(tb != nullptr);
     REQUIRE(tb->bytes == ta.bytes);
-    INFO(ta.name);
-    CHECK(std::memcmp(a.ex->arena() + ta.byte_offset, b.ex->arena() + tb->byte_offset, static_cast<size_t>(ta.bytes)) == 0);
-    ++compared;
+    fn(ta, *tb);
   }
+}
+
+}  // namespace
+
+int check_same_state_bits(CompiledStep& a, CompiledStep& b) {
+  int compared = 0;
+  for_each_state_pair(a, b, [&](const codegen::PlannedTensor& ta, const codegen::PlannedTensor& tb) {
+    INFO(ta.name);
+    CHECK(std::memcmp(a.ex->arena() + ta.byte_offset, b.ex->arena() + tb.byte_offset, static_cast<size_t>(ta.bytes)) == 0);
+    ++compared;
+  });
   return compared;
 }
 
 double worst_state_error(CompiledStep& a, CompiledStep& b) {
   double worst = 0;
-  for (const codegen::PlannedTensor& ta : a.plan.tensors) {
-    if (ta.role != codegen::TensorRole::Param && ta.role != codegen::TensorRole::State) continue;
-    const codegen::PlannedTensor* tb = nullptr;
-    for (const codegen::PlannedTensor& t : b.plan.tensors) tb = t.name == ta.name ? &t : tb;
-    REQUIRE(tb != nullptr);
-    REQUIRE(tb->bytes == ta.bytes);
-    codegen::Operand oa{ir::kNoValue, ta.dtype, ta.byte_offset, ta.shape, {}}, ob = oa;
-    oa.strides = ob.strides = ir::contiguous_layout(ta.shape).strides;
-    ob.byte_offset = tb->byte_offset;
+  for_each_state_pair(a, b, [&](const codegen::PlannedTensor& ta, const codegen::PlannedTensor& tb) {
+    codegen::Operand oa{ir::kNoValue, ta.dtype, ta.byte_offset, ta.shape, ir::contiguous_layout(ta.shape).strides};
+    codegen::Operand ob = oa;
+    ob.byte_offset = tb.byte_offset;
     worst = std::max(worst, scaled_error(read_operand(b.ex->arena(), ob), read_operand(a.ex->arena(), oa)));
-  }
+  });
   return worst;
 }
 

@@ -134,6 +134,11 @@ TEST_CASE("distributed: napkin report --ranks --interconnect prints the section 
   CHECK(d.at("stages").size() == 4u);
   CHECK(d.at("global_tokens").get<double>() == 4 * d.at("tokens_per_rank").get<double>());
   CHECK(d.at("stages")[0].at("bytes_sent_per_rank").get<double>() == doctest::Approx(1.5 * d.at("grad_bytes").get<double>()));
+  // The interconnects are in the device table's listing, with their sources.
+  testing::CommandResult devices = testing::run_in_source_tree(napkin + " devices --sources");
+  REQUIRE(devices.status == 0);
+  CHECK(devices.out.find("nvlink4 (interconnect, built in)") != std::string::npos);
+  CHECK(devices.out.find("a modelling figure of NCCL's order, not a measurement") != std::string::npos);
   // Without the flags: no section.
   testing::CommandResult plain = testing::run_in_source_tree(napkin + " report" + model + " --device h100 --json");
   REQUIRE(plain.status == 0);
