@@ -63,11 +63,42 @@ double reduce_scatter_seconds(double bytes, int ranks, const Interconnect& link)
   return ranks <= 1 ? 0 : reduce_scatter_bytes(bytes, ranks) / link.bytes_per_s + double(ranks - 1) * link.latency_s;
 }
 
+Collective all_reduce(double bytes, const Topology& t) {
+  Collective c;
+  if (!t.two_level()) {
+    c.bytes = all_reduce_bytes(bytes, t.ranks);
+    c.seconds = all_reduce_seconds(bytes, t.ranks, *t.link);
+    return c;
+  }
+  const int l = t.ranks_per_node, m = t.nodes();
+  const double inside = reduce_scatter_seconds(bytes, l, *t.link);  // and the all-gather after, the same
+  c.across_bytes = all_reduce_bytes(bytes / l, m);
+  c.bytes = 2 * reduce_scatter_bytes(bytes, l) + c.across_bytes;
+  c.seconds = 2 * inside + all_reduce_seconds(bytes / l, m, *t.across);
+  return c;
+}
+
+Collective reduce_scatter(double bytes, const Topology& t) {
+  Collective c;
+  if (!t.two_level()) {
+    c.bytes = reduce_scatter_bytes(bytes, t.ranks);
+    c.seconds = reduce_scatter_seconds(bytes, t.ranks, *t.link);
+    return c;
+  }
+  const int l = t.ranks_per_node, m = t.nodes();
+  c.across_bytes = reduce_scatter_bytes(bytes / l, m);
+  c.bytes = reduce_scatter_bytes(bytes, l) + c.across_bytes;
+  c.seconds = reduce_scatter_seconds(bytes, l, *t.link) + reduce_scatter_seconds(bytes / l, m, *t.across);
+  return c;
+}
+
 DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const MemoryReport& memory, double flops,
-                                    double peak, int ranks, const Interconnect& link) {
+                                    double peak, const Topology& topology) {
   DistributedStep d;
+  const int ranks = topology.ranks;
+  d.topology = topology;
   d.ranks = ranks;
-  d.link = &link;
+  d.link = topology.link;
   d.param_bytes = static_cast<double>(memory.category_bytes(MemoryCategory::Parameters));
   d.grad_bytes = static_cast<double>(memory.category_bytes(MemoryCategory::Gradients));
   d.state_bytes = static_cast<double>(memory.category_bytes(MemoryCategory::OptimizerState));
@@ -112,10 +143,10 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
   d.buckets = static_cast<int>(buckets.size());
 
   // The link from `start`: each bucket's collective once its gradients are written, one at a time.
-  auto stream = [&](double start, bool all_reduce, double* busy) {
+  auto stream = [&](double start, bool whole, double* busy) {
     double f = start;
     for (const auto& [at, bytes] : buckets) {
-      const double s = all_reduce ? all_reduce_seconds(bytes, ranks, link) : reduce_scatter_seconds(bytes, ranks, link);
+      const double s = (whole ? all_reduce(bytes, topology) : reduce_scatter(bytes, topology)).seconds;
       f = std::max(f, at) + s;
       *busy += s;
     }
@@ -130,17 +161,19 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
     const double opt = stage >= 1 ? optimizer * shard : optimizer;
     double busy = 0, exposed = 0;
     if (stage == 0) {
-      z.bytes_sent = all_reduce_bytes(d.grad_bytes, ranks);
+      const Collective grads = all_reduce(d.grad_bytes, topology);
+      z.bytes_sent = grads.bytes, z.across_bytes = grads.across_bytes;
       exposed = std::max(0.0, stream(backward_start, true, &busy) - backward_end);
     } else {
-      z.bytes_sent = reduce_scatter_bytes(d.grad_bytes, ranks) + reduce_scatter_bytes(d.param_bytes, ranks);
-      const double gather = reduce_scatter_seconds(d.param_bytes, ranks, link);
+      const Collective grads = reduce_scatter(d.grad_bytes, topology), params = reduce_scatter(d.param_bytes, topology);
+      z.bytes_sent = grads.bytes + params.bytes, z.across_bytes = grads.across_bytes + params.across_bytes;
+      const double gather = params.seconds;
       if (stage < 3) {
         exposed = std::max(0.0, stream(backward_start, false, &busy) - backward_end) + gather;  // gather: after the update
         busy += gather;
       } else {
         // Gathered before the forward and again before the backward, hidden behind each phase's compute where it fits.
-        z.bytes_sent += reduce_scatter_bytes(d.param_bytes, ranks);
+        z.bytes_sent += params.bytes, z.across_bytes += params.across_bytes;
         exposed = std::max(0.0, gather - forward);
         busy += 2 * gather;
         exposed += std::max(0.0, stream(backward_start + gather, false, &busy) - backward_end);

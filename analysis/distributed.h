@@ -13,6 +13,11 @@
 //    receives are the same): all-reduce of B bytes 2(N-1)/N B in 2(N-1)
 //    steps; reduce-scatter and all-gather (N-1)/N B in N-1 steps each. Time:
 //    bytes / bytes_per_s + steps x latency_s.
+//  - two levels (Topology::two_level: nodes of L ranks on one link, joined
+//    by another, as NCCL runs a multi-node job): a collective reduce-scatters
+//    inside each node, runs across the M = N / L nodes on each rank's 1/L
+//    share, and all-gathers inside the node; an all-reduce of B sends
+//    2(L-1)/L B inside the node and 2(M-1)/M B/L across.
 //  - ZeRO stages (DeepSpeed's names): 0 plain data parallel (all-reduce the
 //    gradients); 1 optimizer state sharded (reduce-scatter the gradients,
 //    each rank updates its shard, all-gather the parameters); 2 gradients
@@ -59,7 +64,27 @@ const std::vector<Interconnect>& builtin_interconnects();
 const Interconnect* find_interconnect(std::string_view name);  // case-insensitive; nullptr when unknown
 std::string known_interconnect_names();                        // "100gbe, ib-ndr, nvlink4, pcie5"
 
-// Ring collectives (see above): the bytes one rank sends, and the time.
+// Where the ranks sit: `ranks` on one `link`, or (with `across` and
+// `ranks_per_node` dividing `ranks`) nodes of ranks_per_node on `link`,
+// joined by `across`.
+struct Topology {
+  int ranks = 1;
+  const Interconnect* link = nullptr;
+  const Interconnect* across = nullptr;
+  int ranks_per_node = 0;
+  bool two_level() const { return across && ranks_per_node > 0 && ranks > ranks_per_node; }
+  int nodes() const { return two_level() ? ranks / ranks_per_node : 1; }
+};
+
+// One collective of one rank: the bytes it sends (those across nodes among
+// them) and its time.
+struct Collective {
+  double bytes = 0, across_bytes = 0, seconds = 0;
+};
+Collective all_reduce(double bytes, const Topology& t);
+Collective reduce_scatter(double bytes, const Topology& t);  // all-gather: the same
+
+// Ring collectives over one link (see above): the bytes one rank sends, and the time.
 double all_reduce_bytes(double bytes, int ranks);
 double reduce_scatter_bytes(double bytes, int ranks);  // all-gather: the same
 double all_reduce_seconds(double bytes, int ranks, const Interconnect& link);
@@ -70,6 +95,7 @@ inline constexpr double kBucketBytes = 25.0 * 1024 * 1024;
 struct ZeroStage {
   int stage = 0;                // 0 .. 3
   double bytes_sent = 0;        // per rank per step
+  double across_bytes = 0;      // of them, between nodes (two levels)
   double comm_seconds = 0;      // every collective back to back
   double hidden_seconds = 0;    // behind the compute
   double exposed_seconds = 0;   // comm_seconds - hidden_seconds
@@ -81,6 +107,7 @@ struct ZeroStage {
 };
 
 struct DistributedStep {
+  Topology topology;
   int ranks = 1;
   const Interconnect* link = nullptr;
   double param_bytes = 0, grad_bytes = 0, state_bytes = 0;  // the whole model's, one copy
@@ -94,7 +121,7 @@ struct DistributedStep {
 // schedule order), `flops`: the step's counted FLOPs, `peak`: the device's
 // matmul peak the MFU is against.
 DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const MemoryReport& memory, double flops,
-                                    double peak, int ranks, const Interconnect& link);
+                                    double peak, const Topology& topology);
 
 // `napkin estimate`'s data-parallel figures, with the same ring all-reduce
 // and interconnect but no step to look into: `params` parameters, each

@@ -18,8 +18,14 @@ const char* stage_name(int stage) {
 std::string distributed_section_text(const analysis::DistributedStep& d, double tokens) {
   using ir::human_bytes;
   using ir::human_seconds;
-  std::string out = fmt::format("\ndistributed step: {} ranks over {} ({}; docs/report.md, \"Distributed step\")\n", d.ranks,
-                                d.link->name, d.link->description);
+  const analysis::Topology& t = d.topology;
+  std::string out =
+      t.two_level()
+          ? fmt::format("\ndistributed step: {} ranks, {} nodes of {} over {}, {} between nodes (docs/report.md, "
+                        "\"Distributed step\")\n",
+                        d.ranks, t.nodes(), t.ranks_per_node, d.link->name, t.across->name)
+          : fmt::format("\ndistributed step: {} ranks over {} ({}; docs/report.md, \"Distributed step\")\n", d.ranks,
+                        d.link->name, d.link->description);
   out += fmt::format("  global batch         {} x {} tokens = {} tokens a step (the model's batch is each rank's micro-batch)\n",
                      d.ranks, ir::with_commas(tokens), ir::with_commas(tokens * d.ranks));
   out += fmt::format("  gradients            {} in {} buckets of at least {} as the backward writes them (backward {})\n",
@@ -35,8 +41,14 @@ std::string distributed_section_text(const analysis::DistributedStep& d, double 
   out += fmt::format("  one rank             {} a step; ring collectives: all-reduce sends 2(N-1)/N of the bytes per rank, "
                      "reduce-scatter and all-gather (N-1)/N\n",
                      human_seconds(d.single_rank_seconds));
-  out += fmt::format("  link: {:.4g} GB/s each way, {} a ring step: {}\n", d.link->bytes_per_s / 1e9,
-                     human_seconds(d.link->latency_s), d.link->source);
+  for (const analysis::Interconnect* link : {d.link, t.two_level() ? t.across : nullptr})
+    if (link)
+      out += fmt::format("  {}: {:.4g} GB/s each way, {} a ring step: {}\n", link->name, link->bytes_per_s / 1e9,
+                         human_seconds(link->latency_s), link->source);
+  if (t.two_level())
+    out += fmt::format("  two levels: each collective runs inside the nodes on {}, across them on {} for each rank's 1/{} "
+                       "share; between nodes per rank: {}\n",
+                       d.link->name, t.across->name, t.ranks_per_node, human_bytes(d.stages[0].across_bytes));
   return out;
 }
 
@@ -46,6 +58,7 @@ nlohmann::json distributed_json(const analysis::DistributedStep& d, double token
   for (const analysis::ZeroStage& z : d.stages)
     stages.push_back({{"stage", z.stage},
                       {"bytes_sent_per_rank", z.bytes_sent},
+                      {"bytes_across_nodes_per_rank", z.across_bytes},
                       {"comm_s", z.comm_seconds},
                       {"hidden_s", z.hidden_seconds},
                       {"exposed_s", z.exposed_seconds},
@@ -55,7 +68,16 @@ nlohmann::json distributed_json(const analysis::DistributedStep& d, double token
                       {"grads_bytes", z.grads},
                       {"optimizer_state_bytes", z.optimizer_state},
                       {"peak_bytes", z.peak}});
+  json across = nullptr;
+  if (d.topology.two_level())
+    across = {{"name", d.topology.across->name},
+              {"bytes_per_s", d.topology.across->bytes_per_s},
+              {"latency_s", d.topology.across->latency_s},
+              {"source", d.topology.across->source}};
   return {{"ranks", d.ranks},
+          {"nodes", d.topology.nodes()},
+          {"ranks_per_node", d.topology.two_level() ? d.topology.ranks_per_node : d.ranks},
+          {"inter_node", across},
           {"interconnect",
            {{"name", d.link->name},
             {"description", d.link->description},

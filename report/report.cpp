@@ -216,7 +216,7 @@ std::optional<analysis::DistributedStep> distributed_step(const ir::Graph& g, co
   if (!o.interconnect || !c.device || !c.has_backward()) return std::nullopt;
   const analysis::StepTime t = analysis::predict_step_time(g, c, *c.device);
   return analysis::predict_distributed(g, t, memory, c.total.flops, analysis::matmul_peak(*c.device, c.matmul_dtype),
-                                       o.ranks, *o.interconnect);
+                                       {o.ranks, o.interconnect, o.inter_node, o.ranks_per_node});
 }
 
 std::string step_rule_section(const ir::Graph& g, const analysis::StepCost& c) {

@@ -36,6 +36,9 @@ struct ReportOptions {
   // null interconnect: no section.
   int ranks = 1;
   const analysis::Interconnect* interconnect = nullptr;
+  // Two levels: nodes of ranks_per_node ranks on `interconnect`, joined by `inter_node` (null: one level).
+  const analysis::Interconnect* inter_node = nullptr;
+  int ranks_per_node = 0;
 };
 
 std::string render_report_text(const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,

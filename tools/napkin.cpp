@@ -180,25 +180,39 @@ passes::MemoryBudget memory_budget(const std::string& text, passes::RecomputeRep
   return {*bytes, report};
 }
 
-// --ranks and --interconnect: both or neither, with a device; an unknown name is a user error.
-const analysis::Interconnect* interconnect_or_error(const std::string& name, int ranks, const analysis::Device* device) {
-  if (name.empty() && ranks == 1) return nullptr;
+// --ranks and --interconnect: both or neither, with a device; --inter-node and
+// --ranks-per-node: both or neither, nodes that divide the ranks; an unknown
+// name is a user error.
+struct TopologyArgs {
+  int ranks = 1;
+  std::string interconnect, inter_node;
+  int ranks_per_node = 0;
+};
+analysis::Topology topology_or_error(const TopologyArgs& a, const analysis::Device* device) {
+  if (a.interconnect.empty() && a.ranks == 1 && a.inter_node.empty() && a.ranks_per_node == 0) return {};
   std::string error;
-  if (ranks < 1) error = fmt::format("--ranks {}: a step runs on at least one rank", ranks);
-  else if (name.empty()) error = "--ranks needs --interconnect, the link between the ranks";
+  const analysis::Interconnect* link = analysis::find_interconnect(a.interconnect);
+  const analysis::Interconnect* across = analysis::find_interconnect(a.inter_node);
+  if (a.ranks < 1) error = fmt::format("--ranks {}: a step runs on at least one rank", a.ranks);
+  else if (a.interconnect.empty()) error = "--ranks needs --interconnect, the link between the ranks";
   else if (!device) error = "--interconnect needs --device: the distributed step starts from one rank's predicted step";
-  else if (!analysis::find_interconnect(name)) error = fmt::format("unknown interconnect '{}'", name);
-  if (error.empty()) return analysis::find_interconnect(name);
-  std::cerr << fmt::format("error: {}\n    hint: e.g. --device h100 --ranks 8 --interconnect nvlink4; interconnects: {} (napkin "
-                           "devices lists them)\n",
+  else if (!link) error = fmt::format("unknown interconnect '{}'", a.interconnect);
+  else if (a.inter_node.empty() != (a.ranks_per_node == 0))
+    error = "--inter-node and --ranks-per-node go together: nodes of that many ranks, joined by that link";
+  else if (!a.inter_node.empty() && !across) error = fmt::format("unknown interconnect '{}'", a.inter_node);
+  else if (a.ranks_per_node < 0 || (a.ranks_per_node > 0 && a.ranks % a.ranks_per_node != 0))
+    error = fmt::format("--ranks-per-node {} does not divide --ranks {} into whole nodes", a.ranks_per_node, a.ranks);
+  if (error.empty()) return {a.ranks, link, across, a.ranks_per_node};
+  std::cerr << fmt::format("error: {}\n    hint: e.g. --device h100 --ranks 16 --interconnect nvlink4 --ranks-per-node 8 "
+                           "--inter-node ib-ndr; interconnects: {} (napkin devices lists them)\n",
                            error, analysis::known_interconnect_names());
   throw CLI::RuntimeError(kUserError);
 }
 
 int cmd_report(const std::string& path, const std::string& dims, const std::string& device_name, bool json, bool no_ops,
-               const std::string& budget, int ranks, const std::string& interconnect_name) {
+               const std::string& budget, const TopologyArgs& topology_args) {
   const analysis::Device* device = device_or_error(device_name);
-  const analysis::Interconnect* interconnect = interconnect_or_error(interconnect_name, ranks, device);
+  const analysis::Topology topology = topology_or_error(topology_args, device);
   passes::RecomputeReport recompute;
   std::optional<ir::Graph> fp32, policy_casts;
   auto g = load(path, dims, {}, memory_budget(budget, &recompute), &fp32, &policy_casts);
@@ -214,8 +228,10 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
                                 &g_cast_placement,
                                 policy_casts ? &*policy_casts : nullptr,
                                 &g_rematerialized,
-                                ranks,
-                                interconnect};
+                                topology.ranks,
+                                topology.link,
+                                topology.across,
+                                topology.ranks_per_node};
   std::cout << (json ? report::render_report_json(*g, cost, memory, options)
                      : report::render_report_text(*g, cost, memory, options));
   return 0;
@@ -604,11 +620,13 @@ int main(int argc, char** argv) {
   report->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   report->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
   report->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
-  int ranks = 1;
-  std::string interconnect;
-  report->add_option("--ranks", ranks, "data-parallel ranks: the distributed step per ZeRO stage (with --interconnect)");
-  report->add_option("--interconnect", interconnect, "the link between the ranks: nvlink4, ib-ndr, pcie5, 100gbe");
-  report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget, ranks, interconnect); });
+  TopologyArgs topology;
+  report->add_option("--ranks", topology.ranks, "data-parallel ranks: the distributed step per ZeRO stage (with --interconnect)");
+  report->add_option("--interconnect", topology.interconnect,
+                     "the link between the ranks (of a node, with --inter-node): nvlink4, ib-ndr, pcie5, 100gbe");
+  report->add_option("--ranks-per-node", topology.ranks_per_node, "ranks in one node (with --inter-node)");
+  report->add_option("--inter-node", topology.inter_node, "the link between nodes (with --ranks-per-node)");
+  report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget, topology); });
 
   std::vector<std::string> print_after;
   bool time_passes = false, no_locations = false;

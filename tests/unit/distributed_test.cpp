@@ -56,7 +56,10 @@ struct Fixture {
     peak = analysis::matmul_peak(*h100, cost.matmul_dtype);
   }
   analysis::DistributedStep at(int ranks, const Interconnect& link) const {
-    return analysis::predict_distributed(g, time, memory, cost.total.flops, peak, ranks, link);
+    return analysis::predict_distributed(g, time, memory, cost.total.flops, peak, {ranks, &link});
+  }
+  analysis::DistributedStep at(const analysis::Topology& t) const {
+    return analysis::predict_distributed(g, time, memory, cost.total.flops, peak, t);
   }
 };
 
@@ -95,6 +98,34 @@ TEST_CASE("distributed: GPT-2's bytes per rank and memory per ZeRO stage are the
     }
     CHECK(d.buckets >= 1);
   }
+}
+
+TEST_CASE("distributed: two levels send 2(L-1)/L inside a node and 2(M-1)/M of a 1/L share across, in three timed parts") {
+  const Interconnect inside{"inside", "fast", 400e9, 2e-6, "none"}, across{"across", "slow", 50e9, 6e-6, "none"};
+  const double b = 1e9;
+  const analysis::Topology t{16, &inside, &across, 8};  // 2 nodes of 8
+  REQUIRE(t.two_level());
+  CHECK(t.nodes() == 2);
+  const analysis::Collective ar = analysis::all_reduce(b, t);
+  CHECK(ar.across_bytes == doctest::Approx(2.0 * 1 / 2 * b / 8));
+  CHECK(ar.bytes == doctest::Approx(2.0 * 7 / 8 * b + b / 8));
+  CHECK(ar.seconds == doctest::Approx(2 * (7.0 / 8 * b / 400e9 + 7 * 2e-6) + (b / 8 / 50e9 + 2 * 6e-6)));
+  const analysis::Collective rs = analysis::reduce_scatter(b, t);
+  CHECK(rs.across_bytes == doctest::Approx(0.5 * b / 8));
+  CHECK(rs.seconds == doctest::Approx(7.0 / 8 * b / 400e9 + 7 * 2e-6 + 0.5 * b / 8 / 50e9 + 6e-6));
+  // One node, or no second link: the one-level ring.
+  const analysis::Topology one{8, &inside, &across, 8};
+  CHECK(!one.two_level());
+  CHECK(analysis::all_reduce(b, one).seconds == doctest::Approx(analysis::all_reduce_seconds(b, 8, inside)));
+  // GPT-2 across 2 nodes, by bandwidth alone (no latency): cheaper than every rank on the slow link, dearer
+  // than every rank on the fast one. (With latency, fewer ring steps can make two levels the cheapest.)
+  const Fixture f;
+  const Interconnect fast{"fast", "", 400e9, 0, "none"}, slow{"slow", "", 50e9, 0, "none"};
+  const analysis::Topology nodes{16, &fast, &slow, 8};
+  const double two = f.at(nodes).stages[0].comm_seconds;
+  CHECK(two < f.at(16, slow).stages[0].comm_seconds);
+  CHECK(two > f.at(16, fast).stages[0].comm_seconds);
+  CHECK(f.at(nodes).stages[0].across_bytes == doctest::Approx(f.at(nodes).grad_bytes / 8));
 }
 
 TEST_CASE("distributed: one rank is the single-rank step, a free link hides everything, a slow one hides at most the backward") {
@@ -143,8 +174,14 @@ TEST_CASE("distributed: napkin report --ranks --interconnect prints the section 
   testing::CommandResult plain = testing::run_in_source_tree(napkin + " report" + model + " --device h100 --json");
   REQUIRE(plain.status == 0);
   CHECK(!nlohmann::json::parse(plain.out).contains("distributed"));
+  testing::CommandResult nodes = testing::run_in_source_tree(
+      napkin + " report" + model + " --device h100 --ranks 16 --interconnect nvlink4 --ranks-per-node 8 --inter-node ib-ndr");
+  REQUIRE(nodes.status == 0);
+  CHECK(nodes.out.find("16 ranks, 2 nodes of 8 over nvlink4, ib-ndr between nodes") != std::string::npos);
   for (const char* bad : {" --device h100 --ranks 4", " --ranks 4 --interconnect nvlink4", " --device h100 --ranks 0 --interconnect nvlink4",
-                          " --device h100 --ranks 4 --interconnect carrier-pigeon"}) {
+                          " --device h100 --ranks 4 --interconnect carrier-pigeon",
+                          " --device h100 --ranks 12 --interconnect nvlink4 --ranks-per-node 8 --inter-node ib-ndr",
+                          " --device h100 --ranks 16 --interconnect nvlink4 --ranks-per-node 8"}) {
     CAPTURE(bad);
     testing::CommandResult r = testing::run_in_source_tree(napkin + " report" + model + bad);
     CHECK(r.status == 1);
