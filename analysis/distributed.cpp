@@ -99,9 +99,15 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
   d.topology = topology;
   d.ranks = ranks;
   d.link = topology.link;
-  d.param_bytes = static_cast<double>(memory.category_bytes(MemoryCategory::Parameters));
-  d.grad_bytes = static_cast<double>(memory.category_bytes(MemoryCategory::Gradients));
-  d.state_bytes = static_cast<double>(memory.category_bytes(MemoryCategory::OptimizerState));
+  // One copy of each: the resident buffers (an update that could not be written in place has a buffer of its
+  // own in its target's category, analysis/memory.h, which is not a second copy to communicate).
+  for (const MemoryBuffer& b : memory.buffers) {
+    const double bytes = static_cast<double>(b.bytes);
+    if (b.category == MemoryCategory::Gradients) d.grad_bytes += bytes;
+    if (b.update_of != ir::kNoValue) continue;
+    if (b.category == MemoryCategory::Parameters) d.param_bytes += bytes;
+    if (b.category == MemoryCategory::OptimizerState) d.state_bytes += bytes;
+  }
 
   // Each kernel's end on the single-rank timeline, and the kernel of every node it runs.
   const ir::FusionGroups groups = ir::fusion_groups(g);

@@ -72,7 +72,7 @@ struct Topology {
   const Interconnect* link = nullptr;
   const Interconnect* across = nullptr;
   int ranks_per_node = 0;
-  bool two_level() const { return across && ranks_per_node > 0 && ranks > ranks_per_node; }
+  bool two_level() const { return across && ranks_per_node > 0 && ranks > ranks_per_node && ranks % ranks_per_node == 0; }
   int nodes() const { return two_level() ? ranks / ranks_per_node : 1; }
 };
 

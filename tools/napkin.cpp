@@ -180,9 +180,9 @@ passes::MemoryBudget memory_budget(const std::string& text, passes::RecomputeRep
   return {*bytes, report};
 }
 
-// --ranks and --interconnect: both or neither, with a device; --inter-node and
-// --ranks-per-node: both or neither, nodes that divide the ranks; an unknown
-// name is a user error.
+// --ranks (at least 2) and --interconnect: both or neither, with a device;
+// --inter-node and --ranks-per-node: both or neither, with them, nodes that
+// divide the ranks (one node: one level); an unknown name is a user error.
 struct TopologyArgs {
   int ranks = 1;
   std::string interconnect, inter_node;
@@ -193,7 +193,7 @@ analysis::Topology topology_or_error(const TopologyArgs& a, const analysis::Devi
   std::string error;
   const analysis::Interconnect* link = analysis::find_interconnect(a.interconnect);
   const analysis::Interconnect* across = analysis::find_interconnect(a.inter_node);
-  if (a.ranks < 1) error = fmt::format("--ranks {}: a step runs on at least one rank", a.ranks);
+  if (a.ranks < 2) error = fmt::format("--ranks {}: a distributed step runs on at least 2 ranks", a.ranks);
   else if (a.interconnect.empty()) error = "--ranks needs --interconnect, the link between the ranks";
   else if (!device) error = "--interconnect needs --device: the distributed step starts from one rank's predicted step";
   else if (!link) error = fmt::format("unknown interconnect '{}'", a.interconnect);

@@ -71,6 +71,7 @@ TEST_CASE("distributed: GPT-2's bytes per rank and memory per ZeRO stage are the
     const analysis::DistributedStep d = f.at(n, link);
     const double P = d.param_bytes, G = d.grad_bytes, S = d.state_bytes;
     CHECK(P > 0);
+    CHECK(P == doctest::Approx(4 * f.cost.params));  // one f32 copy of each parameter
     CHECK(G == P);  // f32 gradients of f32 master parameters
     CHECK(S == doctest::Approx(2 * P).epsilon(1e-3));  // AdamW's m and v (and the step counter)
     const double k = double(n - 1) / n;
@@ -179,6 +180,7 @@ TEST_CASE("distributed: napkin report --ranks --interconnect prints the section 
   REQUIRE(nodes.status == 0);
   CHECK(nodes.out.find("16 ranks, 2 nodes of 8 over nvlink4, ib-ndr between nodes") != std::string::npos);
   for (const char* bad : {" --device h100 --ranks 4", " --ranks 4 --interconnect nvlink4", " --device h100 --ranks 0 --interconnect nvlink4",
+                          " --device h100 --interconnect nvlink4",
                           " --device h100 --ranks 4 --interconnect carrier-pigeon",
                           " --device h100 --ranks 12 --interconnect nvlink4 --ranks-per-node 8 --inter-node ib-ndr",
                           " --device h100 --ranks 16 --interconnect nvlink4 --ranks-per-node 8"}) {
