@@ -54,28 +54,15 @@ std::string known_interconnect_names() {
   return r;
 }
 
-double all_reduce_bytes(double bytes, int ranks) { return ranks <= 1 ? 0 : 2.0 * (ranks - 1) / ranks * bytes; }
+// An all-reduce is a reduce-scatter then an all-gather of the same size: twice the halves' bytes, steps and time,
+// on one level or two.
 double reduce_scatter_bytes(double bytes, int ranks) { return ranks <= 1 ? 0 : double(ranks - 1) / ranks * bytes; }
-double all_reduce_seconds(double bytes, int ranks, const Interconnect& link) {
-  return ranks <= 1 ? 0 : all_reduce_bytes(bytes, ranks) / link.bytes_per_s + 2.0 * (ranks - 1) * link.latency_s;
-}
+double all_reduce_bytes(double bytes, int ranks) { return 2 * reduce_scatter_bytes(bytes, ranks); }
 double reduce_scatter_seconds(double bytes, int ranks, const Interconnect& link) {
   return ranks <= 1 ? 0 : reduce_scatter_bytes(bytes, ranks) / link.bytes_per_s + double(ranks - 1) * link.latency_s;
 }
-
-Collective all_reduce(double bytes, const Topology& t) {
-  Collective c;
-  if (!t.two_level()) {
-    c.bytes = all_reduce_bytes(bytes, t.ranks);
-    c.seconds = all_reduce_seconds(bytes, t.ranks, *t.link);
-    return c;
-  }
-  const int l = t.ranks_per_node, m = t.nodes();
-  const double inside = reduce_scatter_seconds(bytes, l, *t.link);  // and the all-gather after, the same
-  c.across_bytes = all_reduce_bytes(bytes / l, m);
-  c.bytes = 2 * reduce_scatter_bytes(bytes, l) + c.across_bytes;
-  c.seconds = 2 * inside + all_reduce_seconds(bytes / l, m, *t.across);
-  return c;
+double all_reduce_seconds(double bytes, int ranks, const Interconnect& link) {
+  return 2 * reduce_scatter_seconds(bytes, ranks, link);
 }
 
 Collective reduce_scatter(double bytes, const Topology& t) {
@@ -85,10 +72,17 @@ Collective reduce_scatter(double bytes, const Topology& t) {
     c.seconds = reduce_scatter_seconds(bytes, t.ranks, *t.link);
     return c;
   }
+  // Inside the node, then across the nodes on this rank's 1/L share.
   const int l = t.ranks_per_node, m = t.nodes();
   c.across_bytes = reduce_scatter_bytes(bytes / l, m);
   c.bytes = reduce_scatter_bytes(bytes, l) + c.across_bytes;
   c.seconds = reduce_scatter_seconds(bytes, l, *t.link) + reduce_scatter_seconds(bytes / l, m, *t.across);
+  return c;
+}
+
+Collective all_reduce(double bytes, const Topology& t) {
+  Collective c = reduce_scatter(bytes, t);
+  c.bytes *= 2, c.across_bytes *= 2, c.seconds *= 2;
   return c;
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <optional>
 #include <set>
 #include <nlohmann/json.hpp>
 
@@ -174,10 +175,16 @@ std::string flops_section(const analysis::StepCost& c) {
   return out;
 }
 
-std::string time_section(const ir::Graph& g, const analysis::StepCost& c) {
-  if (!c.device) return "";
+// The step's predicted time on the report's device (none without one): computed once, read by each section.
+std::optional<analysis::StepTime> predicted_time(const ir::Graph& g, const analysis::StepCost& c) {
+  if (!c.device) return std::nullopt;
+  return analysis::predict_step_time(g, c, *c.device);
+}
+
+std::string time_section(const ir::Graph& g, const analysis::StepCost& c, const std::optional<analysis::StepTime>& time) {
+  if (!c.device || !time) return "";
   const analysis::Device& d = *c.device;
-  analysis::StepTime t = analysis::predict_step_time(g, c, d);
+  const analysis::StepTime& t = *time;
   std::string out = fmt::format(
       "\ntime on {} (time model: per kernel after fusion, max(FLOPs/rate, bytes/bandwidth) + launch; docs/report.md)\n",
       d.name);
@@ -212,10 +219,10 @@ std::string time_section(const ir::Graph& g, const analysis::StepCost& c) {
 
 // The distributed step when the options ask for one (ranks on an interconnect, a device, a training step).
 std::optional<analysis::DistributedStep> distributed_step(const ir::Graph& g, const analysis::StepCost& c,
-                                                          const analysis::MemoryReport& memory, const ReportOptions& o) {
-  if (!o.interconnect || !c.device || !c.has_backward()) return std::nullopt;
-  const analysis::StepTime t = analysis::predict_step_time(g, c, *c.device);
-  return analysis::predict_distributed(g, t, memory, c.total.flops, analysis::matmul_peak(*c.device, c.matmul_dtype),
+                                                          const analysis::MemoryReport& memory, const ReportOptions& o,
+                                                          const std::optional<analysis::StepTime>& time) {
+  if (!o.interconnect || !c.device || !time || !c.has_backward()) return std::nullopt;
+  return analysis::predict_distributed(g, *time, memory, c.total.flops, analysis::matmul_peak(*c.device, c.matmul_dtype),
                                        {o.ranks, o.interconnect, o.inter_node, o.ranks_per_node});
 }
 
@@ -423,7 +430,8 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
     out += fmt::format("device {}: {} (device table v{})\n", c.device->name, c.device->description, analysis::kDeviceTableVersion);
   if (options.show_ops) out += ops_table(g, c);
   out += flops_section(c);
-  out += time_section(g, c);
+  const std::optional<analysis::StepTime> time = predicted_time(g, c);
+  out += time_section(g, c, time);
   out += "\nparameters\n";
   out += fmt::format("  count                {:>22}\n", with_commas(c.params));
   for (const auto& [dtype, bytes] : c.param_bytes)
@@ -457,7 +465,7 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
   if (c.has_backward()) out += step_rule_section(g, c);
   else out += fmt::format("\ntokens per step        {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
   out += forward_rule_section(c);
-  if (std::optional<analysis::DistributedStep> d = distributed_step(g, c, memory, options))
+  if (std::optional<analysis::DistributedStep> d = distributed_step(g, c, memory, options, time))
     out += distributed_section_text(*d, c.tokens);
   return out;
 }
@@ -465,6 +473,7 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
 std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, const analysis::MemoryReport& memory,
                                const ReportOptions& options) {
   using nlohmann::json;
+  const std::optional<analysis::StepTime> time = predicted_time(g, c);
   json j;
   j["model"] = g.name;
   j["file"] = options.model_path;
@@ -583,7 +592,7 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
   if (c.device) {
     j["device"] = {{"name", c.device->name}, {"description", c.device->description}};
     double peak = analysis::matmul_peak(*c.device, c.matmul_dtype);
-    analysis::StepTime t = analysis::predict_step_time(g, c, *c.device);
+    const analysis::StepTime& t = *time;
     json classes = json::object();
     for (int k = 0; k < analysis::kNumKernelClasses; ++k) classes[std::string(analysis::kernel_class_name(static_cast<analysis::KernelClass>(k)))] = t.class_seconds[k];
     j["time"] = {{"step_s", t.seconds},
@@ -636,7 +645,7 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
     if (options.casts && options.policy_casts_step) casts = summarize_casts(fusion, *options.casts, *options.policy_casts_step);
     j["fusion"] = fusion_json(g, fusion, casts ? &*casts : nullptr);
   }
-  if (std::optional<analysis::DistributedStep> d = distributed_step(g, c, memory, options))
+  if (std::optional<analysis::DistributedStep> d = distributed_step(g, c, memory, options, time))
     j["distributed"] = distributed_json(*d, c.tokens);
   // Paths come from the command line and may not be UTF-8: replace, never throw.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
