@@ -250,6 +250,28 @@ std::vector<Operand> attention_gradients(const Kernel& k) {
   return r;
 }
 
+// Every "grad.<param>" output, in the params' order, as the region of the
+// arena that holds it. A gradient that is a view covering its whole buffer
+// in another order (a permutation) is that buffer.
+std::vector<PlannedGradient> planned_gradients(const ir::Graph& g, const analysis::MemoryPlan& arena) {
+  std::vector<PlannedGradient> out;
+  for (const ir::Param& p : g.params) {
+    const std::string& name = g.value(p.value).name;
+    ir::ValueId v = g.find_output("grad." + name);
+    if (v == ir::kNoValue) continue;
+    const ir::Value& value = g.value(v);
+    PlannedGradient grad{name, value.type.dtype, arena.offset_of(g, v), value.type.bytes()};
+    if (!ir::is_contiguous(value.layout, value.type.sizes())) {
+      const ir::Value& storage = g.value(value.storage);
+      NAPKIN_INTERNAL_CHECK(storage.type.numel() == value.type.numel() && storage.type.dtype == value.type.dtype,
+                            "the gradient of {} is a view on part of a buffer", name);
+      grad.byte_offset = arena.offset_of(g, value.storage);
+    }
+    out.push_back(grad);
+  }
+  return out;
+}
+
 KernelPlan plan_kernels(const ir::Graph& g) {
   analysis::MemoryReport memory = analysis::analyze_memory(g);
   analysis::MemoryPlan arena = analysis::plan_memory(memory);
@@ -318,8 +340,14 @@ KernelPlan plan_kernels(const ir::Graph& g) {
                             "forward kernels must come first");
       ++plan.num_forward_kernels;
     }
+    if (k.phase != ir::Phase::Optimizer) {
+      NAPKIN_INTERNAL_CHECK(plan.num_gradient_kernels == static_cast<int>(plan.kernels.size()),
+                            "the optimizer's kernels must come last ({})", k.name);
+      ++plan.num_gradient_kernels;
+    }
     plan.kernels.push_back(std::move(k));
   }
+  plan.gradients = planned_gradients(g, arena);
 
   for (const ir::Graph::Update& u : g.updates) {
     int64_t from = arena.offset_of(g, u.value), to = arena.offset_of(g, u.target);

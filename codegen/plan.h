@@ -198,11 +198,29 @@ struct Launch {
   bool combine = false;
 };
 
+// A parameter's gradient where the backward leaves it and the optimizer
+// phase reads it: bytes [byte_offset, byte_offset + bytes) of the arena,
+// dense, in the parameter's element order or a permutation of it (a
+// transposed product's buffer), which is all an elementwise collective
+// (sum, scale, accumulate) needs. Every gradient is a step output, so its
+// buffer is live from the kernel that writes it to the end of the step.
+struct PlannedGradient {
+  std::string param;
+  ir::DType dtype = ir::DType::F32;
+  int64_t byte_offset = 0, bytes = 0;
+};
+
 struct KernelPlan {
   int64_t arena_bytes = 0;
   int64_t liveness_peak = 0;
   std::vector<Kernel> kernels;        // schedule order; forward ones first
   int num_forward_kernels = 0;        // kernels[0 .. n) compute the loss (eval runs only these)
+  // kernels[0 .. n) compute the loss and every gradient; the rest are the
+  // optimizer phase. Between the two, every gradient in `gradients` is
+  // complete and nothing has read it yet: where the runtime accumulates
+  // micro-batches and all-reduces across ranks (docs/distributed.md).
+  int num_gradient_kernels = 0;
+  std::vector<PlannedGradient> gradients;  // the params' order
   std::vector<UpdateCopy> updates;
   std::vector<PlannedTensor> tensors;  // params, state, inputs, the rng tensor (if any), then the loss
 };

@@ -173,6 +173,7 @@ json train_json(const ir::Graph& g) {
             {"split", t.data.split}};
   return {{"steps", t.steps},
           {"seed", t.seed},
+          {"accumulate", t.accumulate},
           {"data", data},
           {"eval_every", t.eval_every},
           {"eval_batches", t.eval_batches},
@@ -208,6 +209,7 @@ ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std
   facts.model_hash = model_hash;
   facts.flops_per_step = cost.total.flops;
   facts.flops_forward = cost.phase(ir::Phase::Forward).flops;
+  facts.flops_optimizer = cost.phase(ir::Phase::Optimizer).flops;
   facts.tokens_per_step = static_cast<int64_t>(cost.tokens);
   facts.device = device;
   facts.peak_flops = d ? analysis::matmul_peak(*d, cost.matmul_dtype, allow_tf32) : 0;
@@ -262,6 +264,12 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
     kernels.push_back(std::move(j));
   }
   json updates = json::array();
+  json gradients = json::array();
+  for (const PlannedGradient& grad : plan.gradients)
+    gradients.push_back({{"param", grad.param},
+                         {"dtype", std::string(ir::dtype_name(grad.dtype))},
+                         {"offset", grad.byte_offset},
+                         {"bytes", grad.bytes}});
   for (const UpdateCopy& u : plan.updates)
     updates.push_back({{"target", u.target}, {"from", u.from}, {"to", u.to}, {"bytes", u.bytes}});
   json program = {{"format", "napkin-program-1"},
@@ -272,6 +280,7 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
                   {"liveness_peak", plan.liveness_peak},
                   {"flops_per_step", facts.flops_per_step},
                   {"flops_forward", facts.flops_forward},
+                  {"flops_optimizer", facts.flops_optimizer},
                   {"tokens_per_step", facts.tokens_per_step},
                   {"device", facts.device},
                   {"peak_flops", facts.peak_flops},
@@ -281,6 +290,8 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
                   {"tensors", tensors},
                   {"kernels", kernels},
                   {"num_forward_kernels", plan.num_forward_kernels},
+                  {"num_gradient_kernels", plan.num_gradient_kernels},
+                  {"gradients", gradients},
                   {"updates", updates},
                   {"train", train_json(g)}};
   return program.dump(1);

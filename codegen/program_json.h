@@ -18,6 +18,7 @@ struct ProgramFacts {
   std::string model_hash;   // identifies model + compiler; checkpoints record it
   double flops_per_step = 0;     // static count (analysis/cost.h), whole step
   double flops_forward = 0;      // forward phase only (eval)
+  double flops_optimizer = 0;    // optimizer phase only (once per step, however many micro-batches)
   int64_t tokens_per_step = 0;
   std::string device = "cpu";    // the peak MFU is measured against
   double peak_flops = 0;         // of that device, in the matmul dtype

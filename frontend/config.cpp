@@ -416,8 +416,11 @@ void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir:
 }  // namespace
 
 void read_train(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir::TrainConfig& out) {
-  if (!ctx.check_keys(node, {"steps", "seed", "data", "eval", "checkpoint", "log", "tokens_per_step"}, "train")) return;
+  if (!ctx.check_keys(node, {"steps", "seed", "data", "eval", "checkpoint", "log", "tokens_per_step", "accumulate"},
+                      "train"))
+    return;
   read_int(node["steps"], ctx, "train.steps", 1, out.steps);
+  read_int(node["accumulate"], ctx, "train.accumulate", 1, out.accumulate);
   if (const YAML::Node& s = node["seed"]) {
     int64_t seed = 0;
     if (read_int(s, ctx, "train.seed", 0, seed)) out.seed = static_cast<uint64_t>(seed);

@@ -98,6 +98,11 @@ struct TrainConfig {
   int64_t log_every = 1;
   std::string metrics_path;  // JSONL; empty: none
   int64_t tokens_per_step = 0;  // 0: derived from the inputs (see docs/report.md)
+  // Micro-batches whose gradients one optimizer step averages (gradient
+  // accumulation): the model's batch dim is one micro-batch, and a step is
+  // accumulate forward+backward passes, then one update. The trainer's
+  // --accumulate overrides it (docs/distributed.md).
+  int64_t accumulate = 1;
 };
 
 struct TrainingConfig {

@@ -21,10 +21,13 @@ class CpuEngine final : public Engine {
 
   void run_forward() override { ex_.run_forward(); }
   double loss() override { return ex_.loss(); }
-  void run_rest() override {
-    ex_.run_rest();
+  void run_backward() override { ex_.run_backward(); }
+  void run_optimizer() override {
+    ex_.run_optimizer();
     ex_.apply_updates();
   }
+  void download_gradients(char* dst) override;
+  void upload_gradients(const char* src) override;
 
   void inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) override;
   void set_profiling(bool on) override { ex_.profile = on; }

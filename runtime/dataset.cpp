@@ -92,14 +92,19 @@ class TokenDataset : public Dataset {
     }
   }
 
-  void fill_train(int64_t step) override {
+  void fill_train(int64_t step, int64_t micro_batch) override {
     check_index("step", step);
+    check_micro_batch(micro_batch);
     Rng rng(spec_.seed, stream_for_name("data.train") + static_cast<uint64_t>(step));
     const int64_t windows = (n_train_ - 1) / seq_;
+    const int64_t first = micro_batch * batch_, rows = rows_per_step();
+    // Random rows are the step's draws in order: skip the earlier micro-batches'.
+    if (spec_.order == "random")
+      for (int64_t r = 0; r < first; ++r) draw(rng, static_cast<uint64_t>(n_train_ - seq_));
     for (int64_t r = 0; r < batch_; ++r) {
       const int64_t start = spec_.order == "random"
                                 ? static_cast<int64_t>(draw(rng, static_cast<uint64_t>(n_train_ - seq_)))
-                                : ((step * batch_ + r) % windows) * seq_;
+                                : ((step * rows + first + r) % windows) * seq_;
       copy_window(r, start);
     }
     file_.check_intact();
@@ -113,6 +118,7 @@ class TokenDataset : public Dataset {
   }
 
   int64_t train_examples() const override { return (n_train_ - 1) / seq_; }
+  int64_t batch_rows() const override { return batch_; }
   int64_t eval_examples() const override { return eval_windows_; }
   std::string eval_problem() const override { return eval_problem_; }
 
@@ -220,10 +226,11 @@ class NpyDataset : public Dataset {
                       with_commas(rows_) + " rows holds out none";
   }
 
-  void fill_train(int64_t step) override {
+  void fill_train(int64_t step, int64_t micro_batch) override {
     check_index("step", step);
+    check_micro_batch(micro_batch);
     for (int64_t r = 0; r < batch_; ++r) {
-      const int64_t p = step * batch_ + r;
+      const int64_t p = step * rows_per_step() + micro_batch * batch_ + r;
       const int64_t i = p % n_train_;
       copy_row(r, spec_.order == "random" ? permutation(p / n_train_)[static_cast<size_t>(i)] : i);
     }
@@ -238,6 +245,7 @@ class NpyDataset : public Dataset {
   }
 
   int64_t train_examples() const override { return n_train_; }
+  int64_t batch_rows() const override { return batch_; }
   int64_t eval_examples() const override { return n_eval_; }
   std::string eval_problem() const override { return eval_problem_; }
 
@@ -369,9 +377,20 @@ std::string with_commas(int64_t n) {
 }
 
 std::unique_ptr<Dataset> Dataset::open(const DataSpec& spec, std::vector<InputSlot> inputs) {
-  if (spec.format == "tokens") return std::make_unique<TokenDataset>(spec, std::move(inputs));
-  if (spec.format == "npy") return std::make_unique<NpyDataset>(spec, std::move(inputs));
-  throw Error("data format '" + spec.format + "' is neither 'tokens' nor 'npy'");
+  if (spec.micro_batches_per_step < 1)
+    throw std::invalid_argument("Dataset: micro_batches_per_step " + std::to_string(spec.micro_batches_per_step));
+  std::unique_ptr<Dataset> data;
+  if (spec.format == "tokens") data = std::make_unique<TokenDataset>(spec, std::move(inputs));
+  else if (spec.format == "npy") data = std::make_unique<NpyDataset>(spec, std::move(inputs));
+  else throw Error("data format '" + spec.format + "' is neither 'tokens' nor 'npy'");
+  data->micro_batches_per_step_ = spec.micro_batches_per_step;
+  return data;
+}
+
+void Dataset::check_micro_batch(int64_t micro_batch) const {
+  if (micro_batch < 0 || micro_batch >= micro_batches_per_step_)
+    throw std::invalid_argument("Dataset: micro-batch " + std::to_string(micro_batch) + " of " +
+                                std::to_string(micro_batches_per_step_));
 }
 
 }  // namespace napkin::runtime

@@ -16,10 +16,16 @@
 //   eval part   tokens [n_train, n)            (needs at least seq + 1 tokens)
 // For a part of m tokens starting at `base`, window p (0-based) starts at
 //   sequential  base + (p mod W) * seq,  W = (m - 1) / seq   (integer division)
-// and training row r of step s is window p = s * batch + r. With order
+// and training row r of step s is window p = s * rows + r. With order
 // "random" training row r of step s instead starts at base + u, u uniform in
 // [0, m - seq - 1] (CS336's get_batch), drawn as below from
 // Rng(seed, stream_for_name("data.train") + s): one draw per row, rows in order.
+//
+// A step's rows: a step of M micro-batches (gradient accumulation times
+// ranks, docs/distributed.md) has rows = M * batch rows, and micro-batch m
+// holds rows [m * batch, (m + 1) * batch) of it. So the rows of a step, the
+// global batch, do not depend on how they are split into micro-batches and
+// ranks, and M = 1 is the plain one-batch step.
 // Eval batches are always sequential: eval batch i, row r is window
 // p = i * batch + r of the eval part, so every evaluation starts at window 0.
 // Token ids are checked against vocab_bound (if nonzero) as batches are read.
@@ -32,7 +38,7 @@
 // rounded to nearest even (numpy has no bf16). Rows:
 //   train rows  [0, n_train), n_train = floor(split * N)
 //   eval rows   [n_train, N); if split is 1, eval reads the train rows
-// Training row r of step s is example p = s * batch + r:
+// Training row r of step s is example p = s * rows + r:
 //   sequential  row p mod n_train
 //   random      row perm_e[p mod n_train], e = p / n_train (the epoch), where
 //               perm_e is a Fisher-Yates shuffle of 0..n_train-1 driven by
@@ -70,6 +76,7 @@ struct DataSpec {
   double split = 1.0;                          // fraction used for training, in (0, 1]
   uint64_t seed = 0;
   int64_t vocab_bound = 0;                     // tokens: ids must be below it (0: unchecked)
+  int64_t micro_batches_per_step = 1;          // M: a step's rows are M batches
 };
 
 class Dataset {
@@ -79,8 +86,10 @@ class Dataset {
   static std::unique_ptr<Dataset> open(const DataSpec& spec, std::vector<InputSlot> inputs);
   virtual ~Dataset() = default;
 
-  // Writes training batch `step` into every input.
-  virtual void fill_train(int64_t step) = 0;
+  // Writes micro-batch `micro_batch` (in [0, M)) of training step `step`
+  // into every input.
+  virtual void fill_train(int64_t step, int64_t micro_batch) = 0;
+  void fill_train(int64_t step) { fill_train(step, 0); }
   // Writes eval batch `index` (0, 1, ... within one evaluation). Throws Error
   // saying why if there is no eval data.
   virtual void fill_eval(int64_t index) = 0;
@@ -90,9 +99,20 @@ class Dataset {
   bool has_eval() const { return eval_examples() > 0; }
   // Why there is no eval data ("" when there is): the trainer warns with it.
   virtual std::string eval_problem() const = 0;
+  int64_t micro_batches_per_step() const { return micro_batches_per_step_; }
+
   // One line for the log, e.g. "data/tiny.u16: 1,234,567 u16 tokens
   // (1,111,110 train / 123,457 eval), random windows of 129".
   virtual std::string describe() const = 0;
+
+ protected:
+  // Rows of one step (M batches of the inputs' batch dim).
+  int64_t rows_per_step() const { return micro_batches_per_step_ * batch_rows(); }
+  virtual int64_t batch_rows() const = 0;
+  void check_micro_batch(int64_t micro_batch) const;
+
+ private:
+  int64_t micro_batches_per_step_ = 1;
 };
 
 // 1234567 -> "1,234,567".

@@ -12,9 +12,13 @@
 //    arena or back. No-ops on the CPU. Inputs and the rng tensor
 //    (runtime/rng_tensor.h) go up by themselves at the start of run_forward;
 //    the loss comes down in loss().
-//  - step: run_forward(), loss(), then run_rest() (backward, optimizer and
-//    the update copies). The trainer looks at the loss in between, so a NaN
-//    stops it before any weight changes.
+//  - step: run_forward(), loss(), run_backward(), then run_optimizer() (the
+//    optimizer phase and the update copies). The trainer looks at the loss
+//    before the optimizer, so a NaN stops it before any weight changes.
+//    Between the backward and the optimizer the gradients are complete
+//    (Program::gradients): a step of several micro-batches or ranks reads
+//    them down, accumulates and all-reduces them, and writes the mean back
+//    (runtime/gradient_stage.h).
 #pragma once
 
 #include <cstdint>
@@ -40,7 +44,13 @@ class Engine {
 
   virtual void run_forward() = 0;
   virtual double loss() = 0;
-  virtual void run_rest() = 0;
+  virtual void run_backward() = 0;
+  virtual void run_optimizer() = 0;
+
+  // Every gradient's bytes (Program::gradients), packed in the program's
+  // order, read from the arena or written into it. Synchronous.
+  virtual void download_gradients(char* dst) = 0;
+  virtual void upload_gradients(const char* src) = 0;
 
   // Debugging and profiling, both slow (every kernel runs on its own):
   // after each kernel, `inspect` gets the kernel's index and its output in

@@ -39,6 +39,9 @@ class Executor {
   // Kernels [first, last) in order.
   void run_kernels(int first, int last);
   void run_forward() { run_kernels(0, program_.num_forward_kernels); }
+  void run_backward() { run_kernels(program_.num_forward_kernels, program_.num_gradient_kernels); }
+  void run_optimizer() { run_kernels(program_.num_gradient_kernels, static_cast<int>(program_.kernels.size())); }
+  // Backward and optimizer: the rest of a one-micro-batch step.
   void run_rest() { run_kernels(program_.num_forward_kernels, static_cast<int>(program_.kernels.size())); }
   // Copies each update whose value was not written in place into its target.
   void apply_updates();

@@ -55,6 +55,7 @@ Program parse_program(const char* text, size_t size) {
     p.liveness_peak = j.at("liveness_peak");
     p.flops_per_step = j.at("flops_per_step");
     p.flops_forward = j.at("flops_forward");
+    p.flops_optimizer = j.at("flops_optimizer");
     p.peak_flops = j.at("peak_flops");
     // Optional: a program written by hand (tests, tools) may leave out the time model.
     p.peak_source = j.value("peak_source", "");
@@ -206,6 +207,9 @@ Program parse_program(const char* text, size_t size) {
       p.kernels.push_back(std::move(s));
     }
     p.num_forward_kernels = j.at("num_forward_kernels");
+    p.num_gradient_kernels = j.at("num_gradient_kernels");
+    for (const json& grad : j.at("gradients"))
+      p.gradients.push_back({grad.at("param"), grad.at("dtype"), grad.at("offset"), grad.at("bytes")});
     if (j.contains("cuda")) {
       const json& c = j.at("cuda");
       p.cuda = {c.at("arch"), c.at("scratch_bytes"), c.at("tf32")};
@@ -215,6 +219,7 @@ Program parse_program(const char* text, size_t size) {
     TrainDefaults& d = p.train;
     d.steps = t.at("steps");
     d.seed = t.at("seed");
+    d.accumulate = t.at("accumulate");
     if (!t.at("data").is_null()) {
       const json& data = t.at("data");
       d.data.format = data.at("format");

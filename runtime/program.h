@@ -114,6 +114,13 @@ struct PredictedStep {
   int kernels_without_peak = 0;
 };
 
+// A parameter's gradient between the backward and the optimizer
+// (codegen/plan.h PlannedGradient): dense bytes [offset, offset + bytes).
+struct GradientSpec {
+  std::string param, dtype;
+  int64_t offset = 0, bytes = 0;
+};
+
 struct UpdateSpec {
   std::string target;
   int64_t from = 0, to = 0, bytes = 0;
@@ -129,6 +136,7 @@ struct DataDefaults {
 struct TrainDefaults {
   int64_t steps = 0;
   uint64_t seed = 0;
+  int64_t accumulate = 1;
   DataDefaults data;
   int64_t eval_every = 0, eval_batches = 1;
   int64_t checkpoint_every = 0, checkpoint_keep = 2;
@@ -151,7 +159,10 @@ struct CudaSpec {
 struct Program {
   std::string model, hash, backend, device;
   int64_t arena_bytes = 0, liveness_peak = 0;
-  double flops_per_step = 0, flops_forward = 0, peak_flops = 0;
+  // One forward + backward + update of one micro-batch; the forward and
+  // the optimizer phase alone (a step of K micro-batches counts
+  // K·(flops_per_step − flops_optimizer) + flops_optimizer).
+  double flops_per_step = 0, flops_forward = 0, flops_optimizer = 0, peak_flops = 0;
   // Where peak_flops comes from (a datasheet, or `napkin devices --measure`
   // on a named host and date), and the local device file it was read from.
   std::string peak_source, device_file;
@@ -160,6 +171,8 @@ struct Program {
   std::vector<TensorSpec> tensors;
   std::vector<KernelSpec> kernels;
   int num_forward_kernels = 0;
+  int num_gradient_kernels = 0;  // kernels [0, n): forward and backward; the rest: the optimizer
+  std::vector<GradientSpec> gradients;
   std::vector<UpdateSpec> updates;
   TrainDefaults train;
   CudaSpec cuda;  // backend "cuda" only

@@ -43,6 +43,29 @@ std::string peak_origin(const Program& p) {
 
 }  // namespace
 
+Program per_step_view(const Program& p, int64_t micro_batches) {
+  Program v = p;
+  if (micro_batches == 1) return v;
+  const double k = static_cast<double>(micro_batches);
+  v.flops_per_step = k * (p.flops_per_step - p.flops_optimizer) + p.flops_optimizer;
+  v.tokens_per_step = micro_batches * p.tokens_per_step;
+  if (p.predicted.known) {
+    double optimizer = 0, launches = 0;
+    for (size_t i = static_cast<size_t>(p.num_gradient_kernels); i < p.kernels.size(); ++i)
+      optimizer += std::max(0.0, p.kernels[i].predicted_seconds);
+    const double share = p.kernels.empty() ? 0 : static_cast<double>(p.kernels.size() - p.num_gradient_kernels) /
+                                                     static_cast<double>(p.kernels.size());
+    launches = p.predicted.launch_seconds;
+    const double kernels = p.predicted.step_seconds - launches;
+    v.predicted.step_seconds = k * (kernels - optimizer) + optimizer + launches * (k * (1 - share) + share);
+    v.predicted.launch_seconds = launches * (k * (1 - share) + share);
+    v.predicted.mfu = v.predicted.step_seconds > 0 && p.peak_flops > 0
+                          ? v.flops_per_step / v.predicted.step_seconds / p.peak_flops
+                          : 0;
+  }
+  return v;
+}
+
 std::string predicted_banner(const Program& p) {
   if (!p.predicted.known) return "";
   std::string line = fmt::format("  predicted  {}/step on {} (time model: docs/report.md", ms(p.predicted.step_seconds), p.device);

@@ -18,6 +18,12 @@
 
 namespace napkin::runtime {
 
+// The program as one rank's step of `micro_batches` micro-batches sees it
+// (gradient accumulation): the forward and backward run that many times, the
+// optimizer once, so flops_per_step, tokens_per_step and the predicted step
+// (and its MFU) are those of the whole step. The same program when 1.
+Program per_step_view(const Program& p, int64_t micro_batches);
+
 // MFU of a rate against a peak: a fraction in [0, 1], or nothing when there is
 // no peak or the rate exceeds it.
 struct Mfu {

@@ -13,9 +13,12 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <cstring>
 #include <optional>
 
 #include "runtime/checkpoint.h"
+#include "runtime/communicator.h"
+#include "runtime/gradient_stage.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/dataset.h"
 #include "runtime/error.h"
@@ -30,7 +33,17 @@ namespace napkin::runtime {
 namespace {
 
 std::atomic<bool> g_interrupted{false};
-extern "C" void on_interrupt(int) { g_interrupted = true; }
+// A rank of a job waiting in a collective when the launcher ends the job
+// (another rank failed, or the user pressed ^C) cannot finish its step: it
+// says where it was and ends now. Otherwise the step finishes and the ranks
+// agree to stop after it (the flag travels with the step's loss).
+extern "C" void on_interrupt(int sig) {
+  g_interrupted = true;
+  if (Communicator::in_collective()) {
+    Communicator::write_stopped_by_signal(sig);
+    std::_Exit(128 + sig);
+  }
+}
 
 struct Options {
   int64_t steps = 0;
@@ -45,6 +58,8 @@ struct Options {
   int64_t log_every = 1;
   std::string metrics;
   int threads = 0;
+  int64_t accumulate = 0;  // 0: the model's train.accumulate
+  double collective_timeout = 300;
   bool debug_nan = false, quiet = false, print_program = false, profile = false;
 };
 
@@ -99,8 +114,9 @@ void init_params(const Program& p, Engine& engine, uint64_t seed, int threads) {
   }
 }
 
-std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Engine& engine) {
+std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Engine& engine, int64_t micro_batches_per_step) {
   DataSpec spec;
+  spec.micro_batches_per_step = micro_batches_per_step;
   const DataDefaults& d = p.train.data;
   spec.format = d.format;
   spec.path = d.path;
@@ -195,10 +211,39 @@ CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef
   }
 }
 
-int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
-  std::unique_ptr<Engine> engine_owner = make_engine(p, o.threads);
+// The micro-batches of one step, and the checkpoint field that records them:
+// a run resumed with another split of the same global batch continues it.
+constexpr const char* kMicroBatchesKey = "micro_batches_per_step";
+
+void check_same_global_batch(const CheckpointHeader& h, int64_t micro_batches, int ranks, int64_t accumulate) {
+  auto it = h.metadata.find(kMicroBatchesKey);
+  if (it == h.metadata.end()) return;  // written before napkin recorded it: one micro-batch per step
+  int64_t then = 0;
+  auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), then);
+  if (ec != std::errc() || end != it->second.data() + it->second.size() || then < 1)
+    throw Error(fmt::format("{}: {} '{}' is not a whole number", h.path, kMicroBatchesKey, printable(it->second)));
+  if (then == micro_batches) return;
+  std::string hint = then % ranks == 0
+                         ? fmt::format("pass --accumulate {} to continue it on {} rank{}", then / ranks, ranks,
+                                       ranks == 1 ? "" : "s")
+                         : fmt::format("run it on a number of ranks that divides {}", then);
+  throw Error(fmt::format("{} was written by a run of {} micro-batches per step (ranks × --accumulate); this run has "
+                          "{} ({} rank{} × {}), a different global batch: {}",
+                          h.path, then, micro_batches, ranks, ranks == 1 ? "" : "s", accumulate, hint));
+}
+
+int run(const Options& o, const Program& program, const EngineFactory& make_engine, Communicator& comm) {
+  const int ranks = comm.size();
+  const bool rank0 = comm.rank() == 0;
+  const bool quiet = o.quiet || !rank0;  // the other ranks print errors only
+  const int64_t accumulate = o.accumulate > 0 ? o.accumulate : std::max<int64_t>(1, program.train.accumulate);
+  const int64_t micro_batches = accumulate * ranks;  // of the global batch
+  // What one rank's step is: `accumulate` forward+backward passes, one update.
+  const Program p = per_step_view(program, accumulate);
+  std::unique_ptr<Engine> engine_owner = make_engine(program, o.threads);
   Engine& ex = *engine_owner;
   ex.set_profiling(o.profile);
+  GradientStage gradients(ex, comm, accumulate);
   int64_t start_step = 0;
   uint64_t seed = o.seed;
   Lineage lineage{p.hash};
@@ -208,14 +253,16 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
     std::vector<std::string> state_names;
     for (const TensorSpec* t : p.with_role("state")) state_names.push_back(t->name);
     std::vector<std::string> ignored = read_weights(o.init, tensor_refs(p, ex, {"param"}), state_names);
-    if (!ignored.empty() && !o.quiet)
+    if (!ignored.empty() && !quiet)
       fmt::print("--init {}: loaded the weights; ignored the optimizer state it holds ({} tensors): --init starts a new "
                  "run from these weights, --resume would continue the run that wrote them\n",
                  o.init, ignored.size());
   }
   ex.upload("param");
   if (!o.resume.empty()) {
+    // Every rank reads the same file: the ranks start from the same state.
     CheckpointHeader h = resume_from(o.resume, tensor_refs(p, ex, {"param", "state"}), p.hash);
+    check_same_global_batch(h, micro_batches, ranks, accumulate);
     start_step = h.step;
     if (h.seed) seed = *h.seed;
     lineage.run = h.run;
@@ -226,52 +273,69 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
     if (start_step > o.steps)
       throw Error(fmt::format("{} is at step {}, past --steps {}: pass --steps N with N > {} to train further", h.path,
                               start_step, o.steps, start_step));
-    if (!o.quiet) fmt::print("resumed from {} at step {}\n", h.path, start_step);
+    if (!quiet) fmt::print("resumed from {} at step {}\n", h.path, start_step);
     if (start_step == o.steps) {
-      fmt::print("already at step {} of {}: nothing to train (pass a larger --steps to go on)\n", start_step, o.steps);
+      if (rank0)
+        fmt::print("already at step {} of {}: nothing to train (pass a larger --steps to go on)\n", start_step, o.steps);
       return 0;
     }
   }
   // A fresh run (or one resumed from a version-1 checkpoint, which has no id)
-  // starts a lineage of its own.
-  if (lineage.run.empty()) lineage.run = new_run_id();
+  // starts a lineage of its own; rank 0's id is the job's.
+  if (lineage.run.empty()) {
+    lineage.run = new_run_id();
+    comm.broadcast(lineage.run.data(), static_cast<int64_t>(lineage.run.size()));
+  }
   Options opts = o;
   opts.seed = seed;
-  std::unique_ptr<Dataset> data = open_data(p, opts, ex);
+  std::unique_ptr<Dataset> data = open_data(p, opts, ex, micro_batches);
 
-  // After the data: a run that cannot start leaves no directory behind.
+  // After the data: a run that cannot start leaves no directory behind. Rank
+  // 0 alone writes checkpoints (every rank holds the same state).
   std::unique_ptr<CheckpointDir> ckpt;
-  if (!o.checkpoint_dir.empty()) {
+  if (!o.checkpoint_dir.empty() && rank0) {
     ckpt = std::make_unique<CheckpointDir>(o.checkpoint_dir, lineage);
-    if (ckpt->temporaries_removed() > 0 && !o.quiet)
+    if (ckpt->temporaries_removed() > 0 && !quiet)
       fmt::print("removed {} temporary file{} that interrupted saves left in {}\n", ckpt->temporaries_removed(),
                  ckpt->temporaries_removed() == 1 ? "" : "s", o.checkpoint_dir);
   }
 
   double peak = p.peak_flops;
-  if (!o.quiet) {
+  if (!quiet) {
     fmt::print("napkin trainer: {} ({}, {})\n", p.model, p.backend, ex.describe());
     fmt::print("  arena      {} ({} bytes, planned; liveness lower bound {} bytes)\n", human_bytes(p.arena_bytes),
                p.arena_bytes, p.liveness_peak);
+    if (gradients.active())
+      fmt::print("  gradients  {} summed over micro-batches and ranks besides the arena\n",
+                 human_bytes(static_cast<double>(gradients.buffer_bytes())));
     int64_t params = 0;
     for (const TensorSpec* t : p.with_role("param")) params += t->numel();
     fmt::print("  params     {} ({}), optimizer {}, lr {}\n", with_commas(params), p.train.precision, p.train.optimizer, p.train.lr);
     fmt::print("  data       {}\n", data->describe());
+    if (micro_batches > 1)
+      fmt::print("  batch      {} micro-batches of {} tokens per step ({} rank{} × {} accumulated): {} tokens\n",
+                 micro_batches, with_commas(program.tokens_per_step), ranks, ranks == 1 ? "" : "s", accumulate,
+                 with_commas(program.tokens_per_step * micro_batches));
+    if (ranks > 1) fmt::print("  ranks      {}\n", comm.describe());
     // A device with no peak for the step's matmul dtype (the cpu has no f16
     // arithmetic) gives no MFU rather than a made-up one.
     std::string mfu_basis = peak > 0 ? fmt::format("MFU against {} peak {:.0f} GFLOP/s", p.device, peak / 1e9)
                                      : fmt::format("no MFU: the {} device has no peak for this precision", p.device);
-    fmt::print("  step       {:.4g} GFLOP (static count), {} tokens; {}\n", p.flops_per_step / 1e9,
+    fmt::print("  step       {:.4g} GFLOP per rank (static count), {} tokens per rank; {}\n", p.flops_per_step / 1e9,
                with_commas(p.tokens_per_step), mfu_basis);
     fmt::print("{}", predicted_banner(p));
+    if (ranks > 1)
+      fmt::print("  (the prediction is one rank's compute; the all-reduce over {} ranks is not in it: `napkin report "
+                 "--ranks {} --interconnect NAME` predicts it)\n",
+                 ranks, ranks);
     if (ckpt) fmt::print("  checkpoints {} (run {}, keep {})\n", ckpt->path(), lineage.run, o.keep > 0 ? std::to_string(o.keep) : "all");
   }
-  if (o.eval_every > 0 && !data->has_eval()) {
+  if (o.eval_every > 0 && !data->has_eval() && rank0) {
     std::fflush(stdout);
     fmt::print(stderr, "warning: --eval-every {} asks for a held-out loss, but there is no eval data: {}\n", o.eval_every,
                data->eval_problem());
   }
-  Metrics metrics(o.metrics, start_step > 0);
+  std::unique_ptr<Metrics> metrics = std::make_unique<Metrics>(rank0 ? o.metrics : std::string(), start_step > 0);
   int64_t current = start_step;
   if (o.debug_nan) watch_for_nan(ex, current);
 
@@ -282,14 +346,18 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
     ex.download("param");
     ex.download("state");
     std::string path = ckpt->save(step, tensor_refs(p, ex, {"param", "state"}),
-                                  {{"model", p.model}, {"seed", std::to_string(seed)}}, o.keep);
-    if (!o.quiet) fmt::print("  saved {}\n", path);
+                                  {{"model", p.model},
+                                   {"seed", std::to_string(seed)},
+                                   {kMicroBatchesKey, std::to_string(micro_batches)}},
+                                  o.keep);
+    if (!quiet) fmt::print("  saved {}\n", path);
     return path;
   };
 
   // --steps 0: nothing to train, but the initial weights (napkin's init, or
   // --init's) are worth having, e.g. to start another framework from them.
   if (o.steps == 0) {
+    if (!rank0) return 0;
     std::string path = save(0);
     fmt::print("--steps 0: saved the initial weights as {}\n", path);
     return 0;
@@ -300,7 +368,8 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
   // of the last finished step intact: save it, so no work is lost.
   auto stop_on_data_error = [&](const Error& e, int64_t finished) {
     std::string note;
-    if (!ckpt) note = "no --checkpoint-dir: nothing saved";
+    if (!rank0) note = "rank 0 holds the checkpoints";
+    else if (!ckpt) note = "no --checkpoint-dir: nothing saved";
     else if (finished > last_saved) {
       try {
         note = fmt::format("saved step {} as {}; fix the data, then --resume {}", finished, save(finished), ckpt->path());
@@ -320,19 +389,36 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
   for (int64_t step = start_step + 1; step <= o.steps; ++step) {
     current = step;
     auto t0 = std::chrono::steady_clock::now();
-    try {
-      data->fill_train(step - 1);
-    } catch (const Error& e) {
-      stop_on_data_error(e, step - 1);
+    double loss_sum = 0;
+    for (int64_t k = 0; k < accumulate; ++k) {
+      // Micro-batch m of the step's global batch: rank r holds m = r·K .. r·K + K − 1.
+      const int64_t m = comm.rank() * accumulate + k;
+      try {
+        data->fill_train(step - 1, m);
+      } catch (const Error& e) {
+        stop_on_data_error(e, step - 1);
+      }
+      set_rng(ex, seed, (step - 1) * micro_batches + m, /*training=*/true);
+      ex.run_forward();
+      loss_sum += ex.loss();
+      ex.run_backward();
+      gradients.add_micro_batch(k);
     }
-    set_rng(ex, seed, step - 1, /*training=*/true);
-    ex.run_forward();
-    double loss = ex.loss();
+    // The step's loss is the mean over every micro-batch of every rank; the
+    // ranks agree on it, and on stopping after this step, before any update.
+    double agreed[2] = {loss_sum, g_interrupted ? 1.0 : 0.0};
+    comm.set_activity(fmt::format("step {}, summing the loss", step));
+    comm.all_reduce_sum(agreed, 2);
+    const double loss = agreed[0] / static_cast<double>(micro_batches);
+    const bool interrupted = agreed[1] > 0;
     if (!std::isfinite(loss))
       throw Error(fmt::format("step {}: the loss is {}; stopped before the update (last checkpoint: step {}). "
                               "Run with --debug-nan to find the first op that produced a NaN",
                               step, loss, last_saved));
-    ex.run_rest();
+    comm.set_activity(fmt::format("step {}, the gradient all-reduce", step));
+    gradients.finish();
+    ex.run_optimizer();
+    comm.set_activity(fmt::format("after step {}", step));
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     window_seconds += seconds;
     ++window_steps;
@@ -343,20 +429,20 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
       double flops = p.flops_per_step / mean;
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
       double eta = elapsed / static_cast<double>(step - start_step) * static_cast<double>(o.steps - step);
+      double tokens_per_s = static_cast<double>(p.tokens_per_step * ranks) / mean;  // the whole job's
       Mfu mfu = mfu_of(flops, peak);
-      if (mfu.exceeded && !warned_peak) {
+      if (mfu.exceeded && !warned_peak && rank0) {
         std::fflush(stdout);
         fmt::print(stderr, "{}", peak_exceeded_warning(p, flops));
         warned_peak = true;
       }
-      if (!o.quiet)
+      if (!quiet)
         fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {}  ETA {}\n",
-                   step, o.steps, loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9,
-                   mfu_text(mfu), human_duration(eta));
+                   step, o.steps, loss, mean * 1e3, tokens_per_s, flops / 1e9, mfu_text(mfu), human_duration(eta));
       std::fflush(stdout);
-      metrics.line(fmt::format(
+      metrics->line(fmt::format(
           R"({{"step": {}, "loss": {:.9g}, "step_ms": {:.4f}, "tokens_per_s": {:.1f}, "gflops": {:.3f}, "mfu": {}, "predicted_step_ms": {}, "predicted_mfu": {}}})",
-          step, loss, mean * 1e3, static_cast<double>(p.tokens_per_step) / mean, flops / 1e9,
+          step, loss, mean * 1e3, tokens_per_s, flops / 1e9,
           mfu.known ? fmt::format("{:.4f}", mfu.fraction) : std::string("null"),
           p.predicted.known ? fmt::format("{:.4f}", p.predicted.step_seconds * 1e3) : std::string("null"),
           p.predicted.known && peak > 0 ? fmt::format("{:.4f}", p.predicted.mfu) : std::string("null")));
@@ -364,8 +450,9 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
       window_steps = 0;
     }
     if (o.eval_every > 0 && step % o.eval_every == 0 && data->has_eval()) {
+      // The eval batches are shared out: rank r takes batches r, r + N, ...
       double sum = 0;
-      for (int64_t b = 0; b < o.eval_batches; ++b) {
+      for (int64_t b = comm.rank(); b < o.eval_batches; b += ranks) {
         try {
           data->fill_eval(b);
         } catch (const Error& e) {
@@ -375,25 +462,49 @@ int run(const Options& o, const Program& p, const EngineFactory& make_engine) {
         ex.run_forward();
         sum += ex.loss();
       }
+      comm.set_activity(fmt::format("step {}, summing the eval loss", step));
+      comm.all_reduce_sum(&sum, 1);
       double eval_loss = sum / static_cast<double>(o.eval_batches);
-      if (!o.quiet) fmt::print("step {:>6}/{}  eval loss {:.4f} ({} batches)\n", step, o.steps, eval_loss, o.eval_batches);
-      metrics.line(fmt::format(R"({{"step": {}, "eval_loss": {:.9g}}})", step, eval_loss));
+      if (!quiet) fmt::print("step {:>6}/{}  eval loss {:.4f} ({} batches)\n", step, o.steps, eval_loss, o.eval_batches);
+      metrics->line(fmt::format(R"({{"step": {}, "eval_loss": {:.9g}}})", step, eval_loss));
     }
     if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
       save(step);
       last_saved = step;
     }
-    if (g_interrupted) {
+    if (interrupted) {
       if (last_saved != step) save(step);
-      fmt::print(stderr, "interrupted after step {}{}\n", step, ckpt ? "; saved" : " (no --checkpoint-dir: nothing saved)");
+      if (rank0)
+        fmt::print(stderr, "interrupted after step {}{}\n", step, ckpt ? "; saved" : " (no --checkpoint-dir: nothing saved)");
+      comm.barrier();  // the others wait for rank 0's checkpoint before the job ends
       return 130;
     }
   }
   if (last_saved != o.steps) save(o.steps);  // a no-op without a checkpoint dir
-  if (!o.quiet) fmt::print("{}", end_of_run_summary(p, step_times));
-  if (step_times.count() > 0) metrics.line(end_of_run_metrics(p, step_times));
-  if (o.profile) fmt::print("{}", profile_report(p, ex.kernel_seconds(), o.steps - start_step));
+  if (!quiet) fmt::print("{}", end_of_run_summary(p, step_times));
+  if (step_times.count() > 0) metrics->line(end_of_run_metrics(p, step_times));
+  if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
+  comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success
   return 0;
+}
+
+// One rank's run: the communicator first (MPI must start before anything
+// else can fail), then run(). A rank of a job that meets an error says so
+// with its rank and ends the whole job: the others would wait for it forever.
+int run_rank(const Options& o, const Program& p, const EngineFactory& make_engine) {
+  std::unique_ptr<Communicator> comm = open_communicator(o.collective_timeout);
+  if (comm->size() == 1) return run(o, p, make_engine, *comm);
+  try {
+    return run(o, p, make_engine, *comm);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    bool user = dynamic_cast<const Error*>(&e) != nullptr;
+    write_stderr_line(fmt::format("{}: rank {} of {}: {}{}", user ? "error" : "internal error", comm->rank(),
+                                  comm->size(), e.what(),
+                                  user ? "" : "\nthis is a bug in napkin's runtime, not in your model or data"));
+    comm->abort(user ? 1 : 2);
+  }
+  return 1;  // not reached: abort ends the job
 }
 
 }  // namespace
@@ -446,6 +557,14 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     app.add_option("--metrics", o.metrics, "append JSON lines of metrics to this file");
     app.add_option("--threads", o.threads, "threads (0, the default: the CPUs this process may use)")
         ->check(whole_number_in(0, kMaxThreads));
+    app.add_option("--accumulate", o.accumulate,
+                   "micro-batches per rank whose gradients one step averages (0, the default: the model's "
+                   "train.accumulate, else 1); a step's global batch is ranks × this × the model's batch")
+        ->check(whole_number_in(0, 1'000'000));
+    app.add_option("--collective-timeout", o.collective_timeout,
+                   "seconds a rank of a job waits in one collective for the others before it ends the job (0: "
+                   "forever)")
+        ->check(CLI::Range(0.0, 1e7))->capture_default_str();
     app.add_flag("--debug-nan", o.debug_nan, "check every op's output; name the first that produces a NaN");
     app.add_flag("--profile", o.profile, "time every kernel and print the slowest");
     app.add_flag("--quiet", o.quiet, "no progress lines");
@@ -479,7 +598,7 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) o.checkpoint_dir = d.checkpoint_dir.empty() ? "checkpoints" : d.checkpoint_dir;
     if (o.steps == 0 && o.checkpoint_dir.empty())
       throw Error("--steps 0 trains nothing; to save the initial weights, add --checkpoint-dir DIR");
-    return run(o, p, make_engine);
+    return run_rank(o, p, make_engine);
   } catch (const Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "error: {}\n", e.what());

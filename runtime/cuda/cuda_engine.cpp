@@ -49,7 +49,8 @@ CudaEngine::CudaEngine(const Program& program, std::string_view cubin, std::stri
   graphs_enabled_ = !(graphs && std::string_view(graphs) == "0");
   kernel_seconds_.assign(program.kernels.size(), 0.0);
   forward_ = {0, program.num_forward_kernels, false};
-  rest_ = {program.num_forward_kernels, static_cast<int>(program.kernels.size()), true};
+  backward_ = {program.num_forward_kernels, program.num_gradient_kernels, false};
+  optimizer_ = {program.num_gradient_kernels, static_cast<int>(program.kernels.size()), true};
   try {
     open_device();
     load_module(cubin, ptx);
@@ -250,7 +251,7 @@ void CudaEngine::release() noexcept {
   CudaDriver& d = *driver_;
   // Pending work may still use what is freed below.
   if (stream_) d.cuStreamSynchronize(stream_);
-  for (Phase* p : {&forward_, &rest_})
+  for (Phase* p : {&forward_, &backward_, &optimizer_})
     if (p->graph) d.cuGraphExecDestroy(p->graph), p->graph = nullptr;
   matmuls_.clear();
   classifiers_.clear();
@@ -305,7 +306,27 @@ double CudaEngine::loss() {
   return read_element(h, l.dtype, 0);
 }
 
-void CudaEngine::run_rest() { run_phase(rest_); }
+void CudaEngine::run_backward() { run_phase(backward_); }
+
+void CudaEngine::run_optimizer() { run_phase(optimizer_); }
+
+void CudaEngine::download_gradients(char* dst) {
+  for (const GradientSpec& g : program_.gradients) {
+    NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(dst, arena_ + static_cast<CUdeviceptr>(g.offset), static_cast<size_t>(g.bytes),
+                                          stream_));
+    dst += g.bytes;
+  }
+  synchronize();
+}
+
+void CudaEngine::upload_gradients(const char* src) {
+  for (const GradientSpec& g : program_.gradients) {
+    NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(g.offset), src, static_cast<size_t>(g.bytes),
+                                          stream_));
+    src += g.bytes;
+  }
+  synchronize();
+}
 
 void CudaEngine::inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) {
   if (!inspect_host_) {

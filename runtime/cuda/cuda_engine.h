@@ -18,11 +18,12 @@
 //  - stream: everything runs in order on one stream. run_forward enqueues
 //    the inputs' copies up (from their pinned buffers) and the forward
 //    kernels; loss() copies the loss down and synchronizes, so once it
-//    returns the host may refill the inputs; run_rest enqueues backward,
-//    optimizer and the update copies without waiting for them: the next
-//    loss(), upload or download does.
+//    returns the host may refill the inputs; run_backward enqueues the
+//    backward, run_optimizer the optimizer and the update copies, without
+//    waiting for them: the next loss(), upload or download does.
 //  - graphs: the forward kernels are captured once into one CUDA graph, the
-//    rest (backward, optimizer, update copies) into another, and replayed;
+//    backward into another, the optimizer and update copies into a third,
+//    and replayed;
 //    each is captured at its second use, the first running eagerly so that
 //    everything loaded lazily (the module's functions, cuBLASLt's kernels)
 //    is loaded before capture, where loading is not allowed. The input
@@ -78,7 +79,13 @@ class CudaEngine final : public Engine {
 
   void run_forward() override;
   double loss() override;
-  void run_rest() override;
+  void run_backward() override;
+  void run_optimizer() override;
+  // Through host memory (each call waits for the stream): what a step of
+  // several micro-batches or ranks costs on a GPU until the stage runs on
+  // the device (docs/distributed.md).
+  void download_gradients(char* dst) override;
+  void upload_gradients(const char* src) override;
 
   void inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) override;
   void set_profiling(bool on) override { profiling_ = on; }
@@ -136,7 +143,7 @@ class CudaEngine final : public Engine {
   std::vector<std::vector<Launch>> launches_;          // per kernel (loops)
   std::vector<std::unique_ptr<LtMatmul>> matmuls_;     // per kernel (matmuls)
   std::vector<std::unique_ptr<CudaClassifier>> classifiers_;  // per kernel (classifiers: GEMMs and launches)
-  Phase forward_, rest_;
+  Phase forward_, backward_, optimizer_;
 
   std::function<void(int, const char*)> inspect_;
   bool profiling_ = false;

@@ -534,7 +534,8 @@ TEST_CASE("cuda runtime: kernelParams carry the arena, the scratch and the offse
 std::string tiny_program_json() {
   nlohmann::json j = {
       {"format", "napkin-program-1"}, {"model", "tiny"}, {"hash", "0"}, {"backend", "cuda"}, {"device", "h100"},
-      {"arena_bytes", 64}, {"liveness_peak", 64}, {"flops_per_step", 8}, {"flops_forward", 4}, {"peak_flops", 0},
+      {"arena_bytes", 64}, {"liveness_peak", 64}, {"flops_per_step", 8}, {"flops_forward", 4}, {"flops_optimizer", 0},
+      {"peak_flops", 0},
       {"tokens_per_step", 1},
       {"tensors",
        {{{"name", "w"}, {"role", "param"}, {"dtype", "f32"}, {"shape", {4}}, {"offset", 0}, {"bytes", 16},
@@ -547,10 +548,12 @@ std::string tiny_program_json() {
          {"cuda_launches",
           {{{"function", "k0_mean"}, {"grid", 1}, {"block", 32}, {"shared", 0}, {"offsets", {0, 16}}}}}}}},
       {"num_forward_kernels", 1},
+      {"num_gradient_kernels", 1},
+      {"gradients", nlohmann::json::array()},
       {"cuda", {{"arch", "sm_90"}, {"scratch_bytes", 0}, {"tf32", false}}},
       {"updates", nlohmann::json::array()},
       {"train",
-       {{"steps", 1}, {"seed", 0}, {"data", nullptr}, {"eval_every", 0}, {"eval_batches", 1}, {"checkpoint_every", 0},
+       {{"steps", 1}, {"seed", 0}, {"accumulate", 1}, {"data", nullptr}, {"eval_every", 0}, {"eval_batches", 1}, {"checkpoint_every", 0},
         {"checkpoint_dir", ""}, {"checkpoint_keep", 1}, {"log_every", 1}, {"metrics", ""}, {"optimizer", "sgd"},
         {"precision", "f32"}, {"lr", 0.1}}}};
   return j.dump();

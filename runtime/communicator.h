@@ -1,0 +1,86 @@
+// How the ranks of a data-parallel job talk: the collectives a trainer needs
+// (sum-all-reduce of gradients and of the step's scalars, a barrier) and who
+// this process is. One process is a communicator of one rank whose
+// collectives do nothing; a job launched by mpirun or srun with more than one
+// rank talks through MPI (runtime/mpi_communicator.cpp), loaded with dlopen
+// so that a trainer starts anywhere without it. docs/distributed.md.
+//
+// Terms:
+//  - rank, size: this process's index in the job and the number of ranks,
+//    as the launcher's environment says (OMPI_COMM_WORLD_RANK/SIZE under
+//    Open MPI's mpirun, PMIX_RANK or SLURM_PROCID/SLURM_NTASKS under srun).
+//  - deterministic: a collective gives every rank the same bits, and the
+//    same bits on every run with the same rank count (MPI reduces in an
+//    order fixed by the communicator and the message size).
+//  - watchdog: a collective that waits longer than the timeout for the other
+//    ranks (one hung or died without the launcher noticing) ends this
+//    process with a message naming its rank and what it was doing (the
+//    trainer sets that: "step 12, the gradient all-reduce"), so the launcher
+//    ends the job.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace napkin::runtime {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "one process" / "Open MPI v4.1.4, 2 ranks on 1 host".
+  virtual std::string describe() const = 0;
+
+  // Sums `count` elements over the ranks, in place, deterministically.
+  virtual void all_reduce_sum(float* data, int64_t count) = 0;
+  virtual void all_reduce_sum(double* data, int64_t count) = 0;
+  // Rank 0's `bytes` bytes at `data` to every rank.
+  virtual void broadcast(void* data, int64_t bytes) = 0;
+  virtual void barrier() = 0;
+  // Ends every rank of the job with `status` (MPI_Abort): what a rank that
+  // met an error does, so that the others do not wait for it forever.
+  [[noreturn]] virtual void abort(int status) = 0;
+
+  // What this rank is doing, for the watchdog's and the launcher-kill
+  // messages ("step 12"); copied, so any string will do.
+  void set_activity(const std::string& activity);
+  // True while this rank waits in a collective (read by signal handlers).
+  static bool in_collective();
+  // For a SIGINT or SIGTERM handler (async-signal-safe): says on stderr
+  // that this rank, at its activity, was stopped by `sig` while waiting for
+  // the others, i.e. the launcher is ending the job.
+  static void write_stopped_by_signal(int sig);
+
+ protected:
+  // RAII marker around each collective: the watchdog times it.
+  class Waiting {
+   public:
+    explicit Waiting(const char* what);
+    ~Waiting();
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+  };
+};
+
+// The communicator for this process: one rank unless the launcher's
+// environment says the job has more, then MPI. timeout_seconds: the
+// watchdog's limit on one collective (0: none). Throws Error when the job has
+// several ranks but MPI cannot be loaded or initialized, saying why.
+std::unique_ptr<Communicator> open_communicator(double timeout_seconds);
+
+// The rank and size the launcher's environment gives this process ({0, 1}
+// when it was not launched by mpirun or srun).
+struct LaunchedRank {
+  int rank = 0, size = 1;
+  std::string launcher;  // "mpirun", "srun" or "" (a single process)
+};
+LaunchedRank launched_rank();
+
+// Writes `line` and a newline to stderr with one write(2): safe in a signal
+// handler, and whole when several ranks share the terminal.
+void write_stderr_line(const std::string& line);
+
+}  // namespace napkin::runtime

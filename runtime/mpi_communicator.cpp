@@ -1,0 +1,198 @@
+// The MPI communicator (runtime/communicator.h): Open MPI's libmpi, opened
+// with dlopen when the launcher says the job has more than one rank, so a
+// trainer neither links MPI nor needs it installed to run alone.
+//
+// Why Open MPI's ABI: MPI standardizes the C API, not the binary one. Open
+// MPI's handles (MPI_COMM_WORLD, MPI_FLOAT, MPI_SUM) are the addresses of
+// exported objects (ompi_mpi_comm_world, ...), which dlsym finds; MPICH's are
+// integer constants of another layout. Debian's MPI, and the one most
+// clusters' mpirun comes from, is Open MPI (libmpi.so.40: versions 3 to 5).
+// NAPKIN_MPI_LIBRARY names another file of the same ABI.
+//
+// RTLD_GLOBAL: Open MPI loads its transports as plugins that resolve
+// symbols of libmpi itself, which a library opened RTLD_LOCAL hides.
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <climits>
+#include <cstdlib>
+#include <string>
+
+#include "runtime/communicator.h"
+#include "runtime/error.h"
+
+namespace napkin::runtime {
+
+namespace {
+
+using Handle = void*;  // MPI_Comm, MPI_Datatype, MPI_Op: pointers in Open MPI
+constexpr int kThreadFunneled = 1;  // MPI_THREAD_FUNNELED: only the main thread calls MPI
+void* const kInPlace = reinterpret_cast<void*>(1);  // MPI_IN_PLACE
+
+struct MpiApi {
+  void* library = nullptr;
+  int (*init_thread)(int*, char***, int, int*) = nullptr;
+  int (*initialized)(int*) = nullptr;
+  int (*finalize)() = nullptr;
+  int (*comm_rank)(Handle, int*) = nullptr;
+  int (*comm_size)(Handle, int*) = nullptr;
+  int (*allreduce)(const void*, void*, int, Handle, Handle, Handle) = nullptr;
+  int (*barrier)(Handle) = nullptr;
+  int (*bcast)(void*, int, Handle, int, Handle) = nullptr;
+  int (*abort)(Handle, int) = nullptr;
+  int (*get_library_version)(char*, int*) = nullptr;
+  int (*get_processor_name)(char*, int*) = nullptr;
+  int (*allgather)(const void*, int, Handle, void*, int, Handle, Handle) = nullptr;
+  Handle comm_world = nullptr, type_float = nullptr, type_double = nullptr, type_char = nullptr, op_sum = nullptr;
+};
+
+template <typename F>
+void bind(MpiApi& api, F& fn, const char* name, const std::string& path) {
+  fn = reinterpret_cast<F>(dlsym(api.library, name));
+  if (fn == nullptr)
+    throw Error(fmt::format("{} has no {}: napkin needs Open MPI's libmpi (ABI of libmpi.so.40)", path, name));
+}
+
+Handle object(MpiApi& api, const char* name, const std::string& path) {
+  Handle h = dlsym(api.library, name);
+  if (h == nullptr)
+    throw Error(fmt::format("{} has no {}: napkin needs Open MPI's libmpi (ABI of libmpi.so.40; MPICH's differs)", path,
+                            name));
+  return h;
+}
+
+MpiApi load(const LaunchedRank& launched) {
+  const char* env = std::getenv("NAPKIN_MPI_LIBRARY");
+  std::string path = env && *env ? env : "libmpi.so.40";
+  MpiApi api;
+  api.library = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (api.library == nullptr) {
+    const char* why = dlerror();
+    throw Error(fmt::format("launched as rank {} of {} by {}, but {} cannot be loaded ({}): install Open MPI "
+                            "(Debian: apt-get install openmpi-bin) or set NAPKIN_MPI_LIBRARY to its libmpi",
+                            launched.rank, launched.size, launched.launcher, path, why ? why : "unknown"));
+  }
+  bind(api, api.init_thread, "MPI_Init_thread", path);
+  bind(api, api.initialized, "MPI_Initialized", path);
+  bind(api, api.finalize, "MPI_Finalize", path);
+  bind(api, api.comm_rank, "MPI_Comm_rank", path);
+  bind(api, api.comm_size, "MPI_Comm_size", path);
+  bind(api, api.allreduce, "MPI_Allreduce", path);
+  bind(api, api.barrier, "MPI_Barrier", path);
+  bind(api, api.bcast, "MPI_Bcast", path);
+  bind(api, api.abort, "MPI_Abort", path);
+  bind(api, api.get_library_version, "MPI_Get_library_version", path);
+  bind(api, api.get_processor_name, "MPI_Get_processor_name", path);
+  bind(api, api.allgather, "MPI_Allgather", path);
+  api.comm_world = object(api, "ompi_mpi_comm_world", path);
+  api.type_float = object(api, "ompi_mpi_float", path);
+  api.type_double = object(api, "ompi_mpi_double", path);
+  api.type_char = object(api, "ompi_mpi_char", path);
+  api.op_sum = object(api, "ompi_mpi_op_sum", path);
+  return api;
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(const LaunchedRank& launched) : api_(load(launched)) {
+    int provided = 0;
+    check(api_.init_thread(nullptr, nullptr, kThreadFunneled, &provided), "MPI_Init_thread");
+    check(api_.comm_rank(api_.comm_world, &rank_), "MPI_Comm_rank");
+    check(api_.comm_size(api_.comm_world, &size_), "MPI_Comm_size");
+    if (rank_ != launched.rank || size_ != launched.size)
+      throw Error(fmt::format("MPI says this is rank {} of {}, the {} environment rank {} of {}: is the trainer run by "
+                              "the mpirun of the MPI it loads?",
+                              rank_, size_, launched.launcher, launched.rank, launched.size));
+    char version[256] = {0};
+    int length = 0;
+    api_.get_library_version(version, &length);
+    std::string v(version, static_cast<size_t>(std::max(0, std::min(length, 255))));
+    if (auto comma = v.find(','); comma != std::string::npos) v.resize(comma);  // "Open MPI v4.1.4, package: ..."
+    while (!v.empty() && (v.back() == '\n' || v.back() == ' ' || v.back() == '\0')) v.pop_back();
+    hosts_ = count_hosts();
+    describe_ = fmt::format("{}, {} ranks on {} host{}", v, size_, hosts_, hosts_ == 1 ? "" : "s");
+  }
+
+  ~MpiCommunicator() override {
+    int on = 0;
+    if (api_.initialized(&on) == 0 && on) api_.finalize();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string describe() const override { return describe_; }
+
+  void all_reduce_sum(float* data, int64_t count) override { reduce(data, count, api_.type_float, sizeof(float)); }
+  void all_reduce_sum(double* data, int64_t count) override { reduce(data, count, api_.type_double, sizeof(double)); }
+
+  void broadcast(void* data, int64_t bytes) override {
+    Waiting waiting("a broadcast");
+    char* p = static_cast<char*>(data);
+    for (int64_t done = 0; done < bytes;) {
+      int n = static_cast<int>(std::min<int64_t>(bytes - done, INT_MAX));
+      check(api_.bcast(p + done, n, api_.type_char, 0, api_.comm_world), "MPI_Bcast");
+      done += n;
+    }
+  }
+
+  void barrier() override {
+    Waiting waiting("a barrier");
+    check(api_.barrier(api_.comm_world), "MPI_Barrier");
+  }
+
+  [[noreturn]] void abort(int status) override {
+    api_.abort(api_.comm_world, status);
+    std::_Exit(status);  // MPI_Abort does not return; if it did, end this rank anyway
+  }
+
+ private:
+  // MPI counts are int: a longer buffer goes in pieces of at most INT_MAX
+  // elements, always cut at the same places, so the sums stay deterministic.
+  void reduce(void* data, int64_t count, Handle type, size_t element) {
+    Waiting waiting("the all-reduce");
+    char* p = static_cast<char*>(data);
+    for (int64_t done = 0; done < count;) {
+      int n = static_cast<int>(std::min<int64_t>(count - done, INT_MAX));
+      check(api_.allreduce(kInPlace, p + static_cast<size_t>(done) * element, n, type, api_.op_sum, api_.comm_world),
+            "MPI_Allreduce");
+      done += n;
+    }
+  }
+
+  // The number of distinct processor names among the ranks.
+  int count_hosts() {
+    constexpr int kName = 256;
+    char mine[kName] = {0};
+    int length = 0;
+    api_.get_processor_name(mine, &length);
+    std::string all(static_cast<size_t>(kName) * static_cast<size_t>(size_), '\0');
+    check(api_.allgather(mine, kName, api_.type_char, all.data(), kName, api_.type_char, api_.comm_world),
+          "MPI_Allgather");
+    int hosts = 0;
+    for (int r = 0; r < size_; ++r) {
+      std::string name(all.data() + static_cast<size_t>(r) * kName);
+      bool seen = false;
+      for (int q = 0; q < r && !seen; ++q) seen = name == std::string(all.data() + static_cast<size_t>(q) * kName);
+      hosts += seen ? 0 : 1;
+    }
+    return hosts;
+  }
+
+  void check(int status, const char* call) {
+    // Open MPI's default error handler aborts the job before returning an
+    // error; with another handler installed, a failure still ends this rank.
+    if (status != 0) throw Error(fmt::format("rank {}: {} failed (MPI error {})", rank_, call, status));
+  }
+
+  MpiApi api_;
+  int rank_ = 0, size_ = 1, hosts_ = 1;
+  std::string describe_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> open_mpi_communicator(const LaunchedRank& launched) {
+  return std::make_unique<MpiCommunicator>(launched);
+}
+
+}  // namespace napkin::runtime

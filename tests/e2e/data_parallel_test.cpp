@@ -1,0 +1,225 @@
+// Data-parallel training on this machine (docs/distributed.md): CPU trainers
+// launched by Open MPI's mpirun on 2 and 4 ranks (oversubscribed, over
+// loopback and shared memory) train as one process with the whole batch,
+// gradient accumulation in one process trains so too, a job is reproducible
+// bit for bit, resumes on another rank count, and ends with a message when a
+// rank dies or hangs, its last checkpoint intact.
+//
+// The reference of every comparison is the same model run as one process
+// with the global batch (batch=4) or its micro-batch (batch=2): the mean of
+// the micro-batches' mean losses is the global batch's mean loss, and its
+// gradient the mean of their gradients, so the losses agree to f32 rounding
+// (the sums are ordered differently).
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runtime/checkpoint.h"
+#include "support/test_io.h"
+#include "support/test_models.h"
+
+namespace {
+
+using napkin::testing::read_bytes;
+using napkin::testing::write_bytes;
+using Run = napkin::testing::CommandResult;
+Run sh(const std::string& command) { return napkin::testing::run_in_source_tree(command); }
+
+const char* kDims = "seq=32,d=32,heads=2,layers=1";
+const char* kData = "--data tests/e2e/data/gpt/tokens.u16 --threads 1 --log-every 1";
+
+// mpirun with what a test machine needs: more ranks than cores, and root
+// (CI runs as root) allowed.
+std::string mpirun(int ranks) {
+  return fmt::format("mpirun --oversubscribe{} -np {}", ::geteuid() == 0 ? " --allow-run-as-root" : "", ranks);
+}
+
+// Two trainers of models/gpt.yaml (its checkpoint line removed: nothing
+// here saves into the source tree): the global batch of 4 and the
+// micro-batch of 2. `optimizer`: another optimizer line. AdamW, the model's,
+// divides the gradient by its own running scale, so a gradient averaged
+// with the wrong divisor would train the same; plain SGD would not.
+struct Fixture {
+  napkin::testing::TempDir tmp{"e2e-dp"};
+  std::string whole = tmp / "gpt-b4", micro = tmp / "gpt-b2";
+  explicit Fixture(const std::string& optimizer = "") {
+    Run which = sh("command -v mpirun");
+    INFO("mpirun (Open MPI) is needed for the data-parallel tests: apt-get install openmpi-bin (tools/setup.sh does)");
+    REQUIRE(which.status == 0);
+    std::string yaml = napkin::testing::read_source("models/gpt.yaml");
+    const size_t at = yaml.find("  checkpoint: {");
+    REQUIRE(at != std::string::npos);
+    yaml.erase(at, yaml.find('\n', at) + 1 - at);
+    if (!optimizer.empty()) {
+      const size_t line = yaml.find("\noptimizer: ");
+      REQUIRE(line != std::string::npos);
+      yaml.replace(line + 1, yaml.find('\n', line + 1) - line - 1, "optimizer: " + optimizer);
+    }
+    write_bytes(tmp / "gpt.yaml", yaml);
+    for (auto [out, batch] : {std::pair{whole, 4}, std::pair{micro, 2}}) {
+      Run r = sh(fmt::format("{} build {} --dims batch={},{} -o {} --quiet", NAPKIN_BINARY, tmp / "gpt.yaml", batch,
+                             kDims, out));
+      INFO(r.out);
+      REQUIRE(r.status == 0);
+    }
+  }
+  // Runs `launcher trainer flags` writing metrics to NAME.jsonl; returns
+  // the run (its output and status).
+  Run train(const std::string& launcher, const std::string& trainer, const std::string& flags,
+            const std::string& name) const {
+    return sh(fmt::format("{} {} {} --metrics {} {}", launcher, trainer, kData, tmp / (name + ".jsonl"), flags));
+  }
+  // The per-step losses a run's metrics file holds, by step.
+  std::vector<std::pair<int64_t, double>> losses(const std::string& name) const {
+    std::vector<std::pair<int64_t, double>> out;
+    std::istringstream lines(read_bytes(tmp / (name + ".jsonl")));
+    for (std::string line; std::getline(lines, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss")) out.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>());
+    }
+    return out;
+  }
+};
+
+// Every step's loss of `got` within `rel` of `want`'s (the same steps).
+void check_losses_agree(const std::vector<std::pair<int64_t, double>>& got,
+                        const std::vector<std::pair<int64_t, double>>& want, double rel) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i].first == want[i].first);
+    worst = std::max(worst, std::fabs(got[i].second - want[i].second) / std::fabs(want[i].second));
+  }
+  INFO("largest relative difference " << worst);
+  CHECK(worst <= rel);
+}
+
+// The tensors' bytes of a checkpoint: the data section after the header
+// (the header holds the run id and the checksum, which differ between runs).
+std::string checkpoint_data(const std::string& path) {
+  std::string bytes = read_bytes(path);
+  REQUIRE(bytes.size() >= 8);
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  return bytes.substr(8 + header);
+}
+
+// f32 arithmetic summed in another order: a few ulps per step, compounding
+// over 20 steps of AdamW.
+constexpr double kF32Agreement = 1e-5;
+
+}  // namespace
+
+TEST_CASE("data parallel: 2 ranks of B/2 and one process accumulating 2 × B/2 train as one process of B") {
+  Fixture f("sgd(lr=0.5, momentum=0.9)");
+  const std::string steps = "--steps 20 --checkpoint-every 0 --quiet";
+  Run whole = f.train("", f.whole, steps, "whole");
+  Run accumulated = f.train("", f.micro, steps + " --accumulate 2", "accumulated");
+  Run ranks = f.train(mpirun(2), f.micro, steps, "ranks2");
+  INFO(whole.out << accumulated.out << ranks.out);
+  REQUIRE(whole.status == 0);
+  REQUIRE(accumulated.status == 0);
+  REQUIRE(ranks.status == 0);
+  REQUIRE(f.losses("whole").size() == 20);
+  check_losses_agree(f.losses("accumulated"), f.losses("whole"), kF32Agreement);
+  check_losses_agree(f.losses("ranks2"), f.losses("whole"), kF32Agreement);
+  // The loss is no constant: the test would see a model that did not train.
+  CHECK(f.losses("whole").back().second < f.losses("whole").front().second - 0.1);
+}
+
+TEST_CASE("data parallel: two 2-rank runs are bit-identical - 4 ranks × B/2 match one process accumulating 4") {
+  Fixture f;
+  Run a = f.train(mpirun(2), f.micro, fmt::format("--steps 12 --quiet --checkpoint-dir {}", f.tmp / "a"), "a");
+  Run b = f.train(mpirun(2), f.micro, fmt::format("--steps 12 --quiet --checkpoint-dir {}", f.tmp / "b"), "b");
+  INFO(a.out << b.out);
+  REQUIRE(a.status == 0);
+  REQUIRE(b.status == 0);
+  CHECK(f.losses("a") == f.losses("b"));
+  CHECK(checkpoint_data(f.tmp / "a/step-000012.safetensors") == checkpoint_data(f.tmp / "b/step-000012.safetensors"));
+  Run four = f.train(mpirun(4), f.micro, "--steps 12 --quiet --checkpoint-every 0", "four");
+  Run one = f.train("", f.micro, "--steps 12 --quiet --checkpoint-every 0 --accumulate 4", "one");
+  INFO(four.out << one.out);
+  REQUIRE(four.status == 0);
+  REQUIRE(one.status == 0);
+  check_losses_agree(f.losses("four"), f.losses("one"), kF32Agreement);
+}
+
+TEST_CASE("data parallel: a 2-rank checkpoint resumes on 4 ranks with the same global batch, and refuses another") {
+  Fixture f;
+  const std::string dir = f.tmp / "ckpt";
+  // 2 ranks × 2 accumulated, then 4 ranks × 1: 4 micro-batches of 2 rows per step throughout.
+  Run uninterrupted = f.train(mpirun(2), f.micro, "--steps 16 --quiet --checkpoint-every 0 --accumulate 2", "straight");
+  Run first = f.train(mpirun(2), f.micro, fmt::format("--steps 8 --quiet --accumulate 2 --checkpoint-dir {}", dir),
+                      "first");
+  INFO(uninterrupted.out << first.out);
+  REQUIRE(uninterrupted.status == 0);
+  REQUIRE(first.status == 0);
+  Run second = f.train(mpirun(4), f.micro, fmt::format("--steps 16 --quiet --resume {}", dir), "second");
+  INFO(second.out);
+  REQUIRE(second.status == 0);
+  std::vector<std::pair<int64_t, double>> resumed = f.losses("first"), tail = f.losses("second");
+  resumed.insert(resumed.end(), tail.begin(), tail.end());
+  check_losses_agree(resumed, f.losses("straight"), kF32Agreement);
+
+  // Another global batch (4 ranks × 2) is another run: refused, with the flag that continues this one.
+  Run other = f.train(mpirun(4), f.micro, fmt::format("--steps 20 --quiet --accumulate 2 --resume {}", dir), "other");
+  INFO(other.out);
+  CHECK(other.status != 0);
+  CHECK(other.out.find("was written by a run of 4 micro-batches per step") != std::string::npos);
+  CHECK(other.out.find("pass --accumulate 1 to continue it on 4 ranks") != std::string::npos);
+  // ... and one process continues it with --accumulate 4.
+  Run alone = f.train("", f.micro, fmt::format("--steps 17 --quiet --accumulate 4 --resume {}", dir), "alone");
+  INFO(alone.out);
+  CHECK(alone.status == 0);
+}
+
+// A job whose rank 1 is killed (kill -9) or stopped (SIGSTOP: a hang the
+// launcher cannot see) after its 4th checkpoint: the job ends within 30 s,
+// with a message naming the rank and step, and the newest checkpoint loads.
+void check_failure_ends_the_job(const char* signal, const char* expected) {
+  Fixture f;
+  const std::string dir = f.tmp / "ckpt", log = f.tmp / "log";
+  // The script prints the seconds from the signal to mpirun's exit, and its status.
+  std::string script = fmt::format(
+      "{} {} {} --steps 1000000 --quiet --checkpoint-every 10 --keep 0 --checkpoint-dir {} --collective-timeout 5 "
+      "> {} 2>&1 &\n"
+      "launcher=$!\n"
+      "for i in $(seq 600); do [ -e {}/step-000040.safetensors ] && break; sleep 0.1; done\n"
+      "victim=''\n"
+      "for p in $(pgrep -P $launcher); do grep -qz '^OMPI_COMM_WORLD_RANK=1$' /proc/$p/environ && victim=$p; done\n"
+      "[ -n \"$victim\" ] || {{ echo 'no rank 1 under mpirun'; kill $launcher; exit 3; }}\n"
+      "start=$(date +%s%N); kill -{} $victim; wait $launcher; status=$?; end=$(date +%s%N)\n"
+      "echo \"status $status seconds $(( (end - start) / 1000000000 ))\"\n",
+      mpirun(2), f.micro, kData, dir, log, dir, signal);
+  Run r = sh(script);
+  std::string out = read_bytes(log);
+  INFO(r.out << out);
+  REQUIRE(r.status == 0);
+  int status = -1, seconds = -1;
+  REQUIRE(std::sscanf(r.out.c_str(), "status %d seconds %d", &status, &seconds) == 2);
+  CHECK(status != 0);
+  CHECK(seconds < 30);
+  CHECK(out.find(expected) != std::string::npos);
+  CHECK(out.find("error: rank 0 of 2, step ") != std::string::npos);
+  // Every checkpoint left is whole: the newest verifies and holds its step.
+  auto all = napkin::runtime::list_checkpoints(dir);
+  REQUIRE(all.size() >= 4);
+  CHECK(napkin::runtime::read_checkpoint_header(all.front().second).step == all.front().first);
+  for (const auto& [step, path] : all) CHECK_NOTHROW(napkin::runtime::verify_checkpoint(path, napkin::runtime::read_checkpoint_header(path).model_hash));
+}
+
+TEST_CASE("data parallel: a killed rank ends the job within 30 s, naming it, the last checkpoint intact") {
+  check_failure_ends_the_job("9", "process rank 1");
+}
+
+TEST_CASE("data parallel: a hung rank ends the job after --collective-timeout, naming the step") {
+  check_failure_ends_the_job("STOP", "(--collective-timeout 5): one of them hung or died");
+}
