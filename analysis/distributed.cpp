@@ -34,6 +34,12 @@ const std::vector<Interconnect>& builtin_interconnects() {
        std::string("PCI-SIG PCIe 5.0: 32 GT/s x 16 lanes, 128b/130b encoding: 63 GB/s each way") + kLatencyNote},
       {"100gbe", "100 Gigabit Ethernet, one port per rank", 12.5e9, 30e-6,
        std::string("IEEE 802.3 100GBASE: 100 Gb/s each way = 12.5 GB/s") + kLatencyNote},
+      // The CPU trainers' link on one host, measured here so that the
+      // prediction can be checked against a run (docs/distributed.md).
+      {"shm", "shared memory between the processes of one host (Open MPI's vader transport)", 7e9, 10e-6,
+       "measured on vm (a 2-core VM), 2026-11-26, by bench/allreduce_mpi.cpp with Open MPI 4.1.4 on 2 ranks: a 16 MiB "
+       "f32 MPI_Allreduce in 2.3-2.4 ms, 7.0-7.3 GB/s bus bandwidth (4 MiB: 7.8; 64 MiB, past the cache: 2.4); "
+       "64 KiB in 20 us, about 10 us a ring step"},
   };
   return table;
 }
@@ -87,8 +93,11 @@ Collective all_reduce(double bytes, const Topology& t) {
 }
 
 DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const MemoryReport& memory, double flops,
-                                    double peak, const Topology& topology) {
+                                    double peak, const Topology& topology, int64_t micro_batches,
+                                    double optimizer_flops) {
   DistributedStep d;
+  d.micro_batches = micro_batches;
+  const double earlier = static_cast<double>(micro_batches - 1);  // micro-batches before the last
   const int ranks = topology.ranks;
   d.topology = topology;
   d.ranks = ranks;
@@ -123,7 +132,8 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
   }
   if (backward_end == 0) backward_end = forward;
   d.backward_seconds = backward;
-  d.single_rank_seconds = t.seconds;
+  d.single_rank_seconds = t.seconds + earlier * (forward + backward);
+  const double step_flops = flops + earlier * (flops - optimizer_flops);
 
   // The gradients in the order the backward writes them, and their buckets.
   std::vector<std::pair<double, double>> ready;  // (time, bytes)
@@ -172,18 +182,22 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
         exposed = std::max(0.0, stream(backward_start, false, &busy) - backward_end) + gather;  // gather: after the update
         busy += gather;
       } else {
-        // Gathered before the forward and again before the backward, hidden behind each phase's compute where it fits.
-        z.bytes_sent += params.bytes, z.across_bytes += params.across_bytes;
+        // Gathered before the forward and again before the backward of every micro-batch, hidden behind each
+        // phase's compute where it fits; the gradients reduce-scattered once, in the last backward.
+        z.bytes_sent += (2 * earlier + 1) * params.bytes, z.across_bytes += (2 * earlier + 1) * params.across_bytes;
         exposed = std::max(0.0, gather - forward);
         busy += 2 * gather;
         exposed += std::max(0.0, stream(backward_start + gather, false, &busy) - backward_end);
+        exposed += earlier * (std::max(0.0, gather - forward) + std::max(0.0, gather - backward));
+        busy += 2 * earlier * gather;
       }
     }
     z.comm_seconds = busy;
     z.exposed_seconds = std::min(exposed, busy);
     z.hidden_seconds = busy - z.exposed_seconds;
-    z.step_seconds = t.seconds - optimizer + opt + z.exposed_seconds;
-    z.mfu = peak > 0 && z.step_seconds > 0 ? flops / (z.step_seconds * peak) : 0;
+    if (z.hidden_seconds < 1e-9 * busy) z.hidden_seconds = 0;  // rounding of busy - exposed, not time
+    z.step_seconds = d.single_rank_seconds - optimizer + opt + z.exposed_seconds;
+    z.mfu = peak > 0 && z.step_seconds > 0 ? step_flops / (z.step_seconds * peak) : 0;
 
     // Per-rank memory: the single-rank buffers, the sharded ones divided by N, over the same live ranges.
     auto sharded = [&](MemoryCategory c) {

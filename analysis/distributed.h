@@ -113,15 +113,21 @@ struct DistributedStep {
   double param_bytes = 0, grad_bytes = 0, state_bytes = 0;  // the whole model's, one copy
   int buckets = 0;                    // gradient buckets of the backward
   double backward_seconds = 0;        // the single-rank prediction's backward phase
-  double single_rank_seconds = 0;     // its whole step
+  double single_rank_seconds = 0;     // its whole step (all its micro-batches)
+  int64_t micro_batches = 1;          // per rank per step (gradient accumulation)
   std::array<ZeroStage, 4> stages{};  // by stage
 };
 
 // `t`: the single-rank prediction of g's step on the device (its kernels in
 // schedule order), `flops`: the step's counted FLOPs, `peak`: the device's
-// matmul peak the MFU is against.
+// matmul peak the MFU is against. micro_batches K > 1 (gradient
+// accumulation): each rank runs the forward and backward K times, then the
+// optimizer once, and the collectives once a step, hidden at most behind
+// the last micro-batch's backward; optimizer_flops: the optimizer phase's
+// FLOPs, counted once.
 DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const MemoryReport& memory, double flops,
-                                    double peak, const Topology& topology);
+                                    double peak, const Topology& topology, int64_t micro_batches = 1,
+                                    double optimizer_flops = 0);
 
 // `napkin estimate`'s data-parallel figures, with the same ring all-reduce
 // and interconnect but no step to look into: `params` parameters, each

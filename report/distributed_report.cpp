@@ -26,8 +26,14 @@ std::string distributed_section_text(const analysis::DistributedStep& d, double 
                         d.ranks, t.nodes(), t.ranks_per_node, d.link->name, t.across->name)
           : fmt::format("\ndistributed step: {} ranks over {} ({}; docs/report.md, \"Distributed step\")\n", d.ranks,
                         d.link->name, d.link->description);
-  out += fmt::format("  global batch         {} x {} tokens = {} tokens a step (the model's batch is each rank's micro-batch)\n",
-                     d.ranks, ir::with_commas(tokens), ir::with_commas(tokens * d.ranks));
+  if (d.micro_batches > 1)
+    out += fmt::format("  global batch         {} ranks x {} micro-batches x {} tokens = {} tokens a step (the model's batch "
+                       "is one micro-batch)\n",
+                       d.ranks, d.micro_batches, ir::with_commas(tokens),
+                       ir::with_commas(tokens * d.ranks * static_cast<double>(d.micro_batches)));
+  else
+    out += fmt::format("  global batch         {} x {} tokens = {} tokens a step (the model's batch is each rank's micro-batch)\n",
+                       d.ranks, ir::with_commas(tokens), ir::with_commas(tokens * d.ranks));
   out += fmt::format("  gradients            {} in {} buckets of at least {} as the backward writes them (backward {})\n",
                      human_bytes(d.grad_bytes), d.buckets, human_bytes(analysis::kBucketBytes),
                      human_seconds(d.backward_seconds));
@@ -85,7 +91,8 @@ nlohmann::json distributed_json(const analysis::DistributedStep& d, double token
             {"latency_s", d.link->latency_s},
             {"source", d.link->source}}},
           {"tokens_per_rank", tokens},
-          {"global_tokens", tokens * d.ranks},
+          {"micro_batches", d.micro_batches},
+          {"global_tokens", tokens * d.ranks * static_cast<double>(d.micro_batches)},
           {"param_bytes", d.param_bytes},
           {"grad_bytes", d.grad_bytes},
           {"optimizer_state_bytes", d.state_bytes},

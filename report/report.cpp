@@ -218,12 +218,70 @@ std::string time_section(const ir::Graph& g, const analysis::StepCost& c, const 
 }
 
 // The distributed step when the options ask for one (ranks on an interconnect, a device, a training step).
+int64_t micro_batches(const ir::Graph& g, const ReportOptions& o) {
+  return o.accumulate > 0 ? o.accumulate : std::max<int64_t>(1, g.config.train.accumulate);
+}
+
 std::optional<analysis::DistributedStep> distributed_step(const ir::Graph& g, const analysis::StepCost& c,
                                                           const analysis::MemoryReport& memory, const ReportOptions& o,
                                                           const std::optional<analysis::StepTime>& time) {
   if (!o.interconnect || !c.device || !time || !c.has_backward()) return std::nullopt;
   return analysis::predict_distributed(g, *time, memory, c.total.flops, analysis::matmul_peak(*c.device, c.matmul_dtype),
-                                       {o.ranks, o.interconnect, o.inter_node, o.ranks_per_node});
+                                       {o.ranks, o.interconnect, o.inter_node, o.ranks_per_node}, micro_batches(g, o),
+                                       c.phase(ir::Phase::Optimizer).flops);
+}
+
+// Gradient accumulation (docs/distributed.md): K forward+backward passes,
+// then one update, and the trainer's f32 sum of the gradients.
+struct Accumulation {
+  int64_t micro_batches = 1;
+  double tokens = 0, flops = 0, forward_backward_flops = 0, optimizer_flops = 0;
+  double gradient_sum_bytes = 0;  // f32, one per gradient element (runtime/gradient_stage.h)
+  bool predicted = false;
+  double step_seconds = 0, mfu = 0;
+};
+
+Accumulation accumulation(const ir::Graph& g, const analysis::StepCost& c, const ReportOptions& o,
+                          const std::optional<analysis::StepTime>& time) {
+  Accumulation a;
+  a.micro_batches = micro_batches(g, o);
+  const double k = static_cast<double>(a.micro_batches);
+  a.optimizer_flops = c.phase(ir::Phase::Optimizer).flops;
+  a.forward_backward_flops = c.total.flops - a.optimizer_flops;
+  a.flops = k * a.forward_backward_flops + a.optimizer_flops;
+  a.tokens = k * c.tokens;
+  for (const auto& [label, v] : g.outputs)
+    if (label.rfind("grad.", 0) == 0) a.gradient_sum_bytes += 4.0 * static_cast<double>(g.value(v).type.numel());
+  if (time && c.device) {
+    double optimizer = 0;
+    for (const analysis::KernelTime& kt : time->kernels)
+      if (kt.phase == ir::Phase::Optimizer) optimizer += kt.seconds;
+    a.predicted = true;
+    a.step_seconds = k * (time->seconds - optimizer) + optimizer;
+    const double peak = analysis::matmul_peak(*c.device, c.matmul_dtype);
+    a.mfu = peak > 0 && a.step_seconds > 0 ? a.flops / (a.step_seconds * peak) : 0;
+  }
+  return a;
+}
+
+std::string accumulation_section(const ir::Graph& g, const analysis::StepCost& c, const ReportOptions& o,
+                                 const std::optional<analysis::StepTime>& time) {
+  const Accumulation a = accumulation(g, c, o, time);
+  if (a.micro_batches <= 1) return "";
+  std::string out = fmt::format("\ngradient accumulation: {} micro-batches per step ({}; docs/distributed.md)\n",
+                                a.micro_batches, o.accumulate > 0 ? "--accumulate" : "train.accumulate");
+  out += fmt::format("  tokens per step      {:>22}  ({} x {} a micro-batch)\n", with_commas(a.tokens), a.micro_batches,
+                     with_commas(c.tokens));
+  out += fmt::format("  FLOPs per step       {:>22}  ({}: {} x forward+backward {} + the optimizer {} once)\n",
+                     with_commas(a.flops), human_flops(a.flops), a.micro_batches, human_flops(a.forward_backward_flops),
+                     human_flops(a.optimizer_flops));
+  if (a.predicted)
+    out += fmt::format("  predicted step       {:>22}  (MFU {:.1f}% on {})\n", ir::human_seconds(a.step_seconds),
+                       100 * a.mfu, c.device->name);
+  out += fmt::format("  gradient sum         {:>22}  ({}: f32, one per gradient element; the trainer's, besides the "
+                     "arena)\n",
+                     with_commas(a.gradient_sum_bytes), human_bytes(a.gradient_sum_bytes));
+  return out;
 }
 
 std::string step_rule_section(const ir::Graph& g, const analysis::StepCost& c) {
@@ -465,6 +523,7 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
   if (c.has_backward()) out += step_rule_section(g, c);
   else out += fmt::format("\ntokens per step        {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
   out += forward_rule_section(c);
+  if (c.has_backward()) out += accumulation_section(g, c, options, time);
   if (std::optional<analysis::DistributedStep> d = distributed_step(g, c, memory, options, time))
     out += distributed_section_text(*d, c.tokens);
   return out;
@@ -644,6 +703,17 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
     std::optional<CastSummary> casts;
     if (options.casts && options.policy_casts_step) casts = summarize_casts(fusion, *options.casts, *options.policy_casts_step);
     j["fusion"] = fusion_json(g, fusion, casts ? &*casts : nullptr);
+  }
+  if (c.has_backward()) {
+    const Accumulation a = accumulation(g, c, options, time);
+    j["accumulation"] = {{"micro_batches", a.micro_batches},
+                         {"tokens", a.tokens},
+                         {"flops", a.flops},
+                         {"forward_backward_flops", a.forward_backward_flops},
+                         {"optimizer_flops", a.optimizer_flops},
+                         {"gradient_sum_bytes", a.micro_batches > 1 ? a.gradient_sum_bytes : 0.0},
+                         {"predicted_step_s", a.predicted ? json(a.step_seconds) : json(nullptr)},
+                         {"predicted_mfu", a.predicted ? json(a.mfu) : json(nullptr)}};
   }
   if (std::optional<analysis::DistributedStep> d = distributed_step(g, c, memory, options, time))
     j["distributed"] = distributed_json(*d, c.tokens);

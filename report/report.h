@@ -39,6 +39,8 @@ struct ReportOptions {
   // Two levels: nodes of ranks_per_node ranks on `interconnect`, joined by `inter_node` (null: one level).
   const analysis::Interconnect* inter_node = nullptr;
   int ranks_per_node = 0;
+  // Micro-batches per rank per step (gradient accumulation); 0: the model's train.accumulate.
+  int64_t accumulate = 0;
 };
 
 std::string render_report_text(const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,

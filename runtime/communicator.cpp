@@ -113,13 +113,14 @@ Communicator::Waiting::~Waiting() { g_in_collective.store(false); }
 LaunchedRank launched_rank() {
   LaunchedRank r;
   if (std::getenv("OMPI_COMM_WORLD_SIZE")) {
-    r = {env_int("OMPI_COMM_WORLD_RANK", 0), env_int("OMPI_COMM_WORLD_SIZE", 1), "mpirun"};
+    r = {env_int("OMPI_COMM_WORLD_RANK", 0), env_int("OMPI_COMM_WORLD_SIZE", 1), 0, "mpirun"};
   } else if (std::getenv("PMIX_RANK") && std::getenv("SLURM_NTASKS")) {
-    r = {env_int("PMIX_RANK", 0), env_int("SLURM_NTASKS", 1), "srun"};
+    r = {env_int("PMIX_RANK", 0), env_int("SLURM_NTASKS", 1), 0, "srun"};
   } else if (std::getenv("SLURM_PROCID") && std::getenv("SLURM_NTASKS") && std::getenv("SLURM_STEP_ID")) {
-    r = {env_int("SLURM_PROCID", 0), env_int("SLURM_NTASKS", 1), "srun"};
+    r = {env_int("SLURM_PROCID", 0), env_int("SLURM_NTASKS", 1), 0, "srun"};
   }
   if (r.size < 1) r.size = 1;
+  r.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("SLURM_LOCALID", 0));
   return r;
 }
 

@@ -75,6 +75,7 @@ std::unique_ptr<Communicator> open_communicator(double timeout_seconds);
 // when it was not launched by mpirun or srun).
 struct LaunchedRank {
   int rank = 0, size = 1;
+  int local_rank = 0;    // among the ranks of this host: which GPU a CUDA trainer takes
   std::string launcher;  // "mpirun", "srun" or "" (a single process)
 };
 LaunchedRank launched_rank();

@@ -1,5 +1,6 @@
 #include "runtime/gradient_stage.h"
 
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 
@@ -70,7 +71,12 @@ void GradientStage::add_micro_batch(int64_t k) {
 
 void GradientStage::finish() {
   if (!active_) return;
-  comm_.all_reduce_sum(sum_.data(), numel_);
+  if (comm_.size() > 1) {
+    const auto start = std::chrono::steady_clock::now();
+    comm_.all_reduce_sum(sum_.data(), numel_);
+    all_reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++all_reduces_;
+  }
   const float scale = static_cast<float>(1.0 / static_cast<double>(micro_batches_ * comm_.size()));
   if (all_f32_) {
     for (float& v : sum_) v *= scale;

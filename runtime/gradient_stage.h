@@ -39,6 +39,12 @@ class GradientStage {
   // After the last micro-batch: all-reduce, average, write back.
   void finish();
 
+  // What the all-reduces took so far: calls, seconds in MPI (the wait for
+  // the slowest rank included), and the bytes each reduced.
+  int64_t all_reduces() const { return all_reduces_; }
+  double all_reduce_seconds() const { return all_reduce_seconds_; }
+  int64_t all_reduce_bytes() const { return numel_ * static_cast<int64_t>(sizeof(float)); }
+
  private:
   Engine& engine_;
   Communicator& comm_;
@@ -47,6 +53,8 @@ class GradientStage {
   int64_t numel_ = 0;
   std::vector<float> sum_;
   std::vector<char> raw_;  // the gradients' own bytes (only when some is not f32)
+  int64_t all_reduces_ = 0;
+  double all_reduce_seconds_ = 0;
 };
 
 }  // namespace napkin::runtime

@@ -316,13 +316,15 @@ int run(const Options& o, const Program& program, const EngineFactory& make_engi
       fmt::print("  batch      {} micro-batches of {} tokens per step ({} rank{} × {} accumulated): {} tokens\n",
                  micro_batches, with_commas(program.tokens_per_step), ranks, ranks == 1 ? "" : "s", accumulate,
                  with_commas(program.tokens_per_step * micro_batches));
-    if (ranks > 1) fmt::print("  ranks      {}\n", comm.describe());
+    if (ranks > 1)
+      fmt::print("  ranks      {}; gradients all-reduced after the backward (not overlapped with it)\n",
+                 comm.describe());
     // A device with no peak for the step's matmul dtype (the cpu has no f16
     // arithmetic) gives no MFU rather than a made-up one.
     std::string mfu_basis = peak > 0 ? fmt::format("MFU against {} peak {:.0f} GFLOP/s", p.device, peak / 1e9)
                                      : fmt::format("no MFU: the {} device has no peak for this precision", p.device);
-    fmt::print("  step       {:.4g} GFLOP per rank (static count), {} tokens per rank; {}\n", p.flops_per_step / 1e9,
-               with_commas(p.tokens_per_step), mfu_basis);
+    fmt::print("  step       {:.4g} GFLOP{} (static count), {} tokens{}; {}\n", p.flops_per_step / 1e9,
+               ranks > 1 ? " per rank" : "", with_commas(p.tokens_per_step), ranks > 1 ? " per rank" : "", mfu_basis);
     fmt::print("{}", predicted_banner(p));
     if (ranks > 1)
       fmt::print("  (the prediction is one rank's compute; the all-reduce over {} ranks is not in it: `napkin report "
@@ -483,6 +485,20 @@ int run(const Options& o, const Program& program, const EngineFactory& make_engi
   if (last_saved != o.steps) save(o.steps);  // a no-op without a checkpoint dir
   if (!quiet) fmt::print("{}", end_of_run_summary(p, step_times));
   if (step_times.count() > 0) metrics->line(end_of_run_metrics(p, step_times));
+  if (gradients.all_reduces() > 0) {
+    // Ring all-reduce bus bandwidth (nccl-tests' convention): 2(N-1)/N of
+    // the bytes cross each rank's link each way; `napkin report --ranks N
+    // --interconnect NAME` predicts the same time from NAME's bandwidth.
+    const double seconds = gradients.all_reduce_seconds() / static_cast<double>(gradients.all_reduces());
+    const double bytes = static_cast<double>(gradients.all_reduce_bytes());
+    const double bus = seconds > 0 ? 2.0 * (ranks - 1) / ranks * bytes / seconds : 0;
+    if (!quiet)
+      fmt::print("all-reduce: {} a step in {:.3f} ms (mean of {}, the wait for the slowest rank included): bus "
+                 "bandwidth {:.3g} GB/s\n",
+                 human_bytes(bytes), seconds * 1e3, gradients.all_reduces(), bus / 1e9);
+    metrics->line(fmt::format(R"({{"all_reduce": true, "ranks": {}, "bytes": {}, "mean_ms": {:.6f}, "bus_gb_per_s": {:.6g}}})",
+                              ranks, gradients.all_reduce_bytes(), seconds * 1e3, bus / 1e9));
+  }
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success
   return 0;

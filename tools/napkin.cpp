@@ -78,6 +78,8 @@ bool g_unfused_epilogues = false;
 // --no-rematerialize (the same commands): keep every saved activation as the
 // forward made it (passes/rematerialize.h), to compare.
 bool g_no_rematerialize = false;
+// napkin report --accumulate K: micro-batches per step instead of the model's train.accumulate.
+int64_t g_accumulate = 0;
 // What rematerialization did in the last step load() built (the report prints it).
 passes::Rematerialized g_rematerialized;
 // Where the fused-attention pass says what it fused and why not (the report prints it).
@@ -231,7 +233,8 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
                                 topology.ranks,
                                 topology.link,
                                 topology.across,
-                                topology.ranks_per_node};
+                                topology.ranks_per_node,
+                                g_accumulate};
   std::cout << (json ? report::render_report_json(*g, cost, memory, options)
                      : report::render_report_text(*g, cost, memory, options));
   return 0;
@@ -623,9 +626,12 @@ int main(int argc, char** argv) {
   TopologyArgs topology;
   report->add_option("--ranks", topology.ranks, "data-parallel ranks: the distributed step per ZeRO stage (with --interconnect)");
   report->add_option("--interconnect", topology.interconnect,
-                     "the link between the ranks (of a node, with --inter-node): nvlink4, ib-ndr, pcie5, 100gbe");
+                     "the link between the ranks (of a node, with --inter-node): nvlink4, ib-ndr, pcie5, 100gbe, shm");
   report->add_option("--ranks-per-node", topology.ranks_per_node, "ranks in one node (with --inter-node)");
   report->add_option("--inter-node", topology.inter_node, "the link between nodes (with --ranks-per-node)");
+  report->add_option("--accumulate", g_accumulate,
+                     "micro-batches per step (gradient accumulation) instead of the model's train.accumulate")
+      ->check(CLI::Range(int64_t{1}, int64_t{1'000'000}));
   report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget, topology); });
 
   std::vector<std::string> print_after;
@@ -683,7 +689,7 @@ int main(int argc, char** argv) {
   estimate->add_option("--optimizer", est.optimizer, analysis::known_optimizer_names());
   estimate->add_option("--precision", est.precision, analysis::known_precision_names());
   estimate->add_option("--interconnect", est.interconnect,
-                       "data parallel over --gpus on this link (with --batch-tokens): nvlink4, ib-ndr, pcie5, 100gbe");
+                       "data parallel over --gpus on this link (with --batch-tokens): nvlink4, ib-ndr, pcie5, 100gbe, shm");
   estimate->add_option("--batch-tokens", est.batch_tokens, "tokens per optimizer step over every GPU (with --interconnect)");
   estimate->callback([&] { status = cmd_estimate(est); });
 

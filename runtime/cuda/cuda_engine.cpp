@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "runtime/communicator.h"
 #include "runtime/error.h"
 #include "runtime/tensor_element.h"
 
@@ -76,7 +77,10 @@ void CudaEngine::open_device() {
   int count = 0;
   NAPKIN_CU(d, cuDeviceGetCount(&count));
   if (count == 0) throw no_gpu("the NVIDIA driver sees no GPU");
-  NAPKIN_CU(d, cuDeviceGet(&device_, 0));
+  // The ranks of a job on one host take one GPU each, by local rank.
+  const LaunchedRank launched = launched_rank();
+  ordinal_ = launched.local_rank % count;
+  NAPKIN_CU(d, cuDeviceGet(&device_, ordinal_));
   NAPKIN_CU(d, cuDevicePrimaryCtxRetain(&context_, device_));
   NAPKIN_CU(d, cuCtxSetCurrent(context_));
   // Non-blocking: never implicitly ordered after the legacy default stream,
@@ -93,7 +97,8 @@ void CudaEngine::load_module(std::string_view cubin, std::string_view ptx) {
   int major = 0, minor = 0;
   NAPKIN_CU(d, cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_));
   NAPKIN_CU(d, cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_));
-  std::string gpu = fmt::format("{}, sm_{}{}", name, major, minor);
+  std::string gpu = ordinal_ > 0 ? fmt::format("GPU {}: {}, sm_{}{}", ordinal_, name, major, minor)
+                                 : fmt::format("{}, sm_{}{}", name, major, minor);
 
   std::string why;
   if (!cubin.empty()) {

@@ -125,6 +125,7 @@ class CudaEngine final : public Engine {
   std::unique_ptr<CublasLt> lt_;
   std::string describe_;
   bool graphs_enabled_ = true;
+  int ordinal_ = 0;  // the GPU's index among the visible ones
 
   CUdevice device_ = 0;
   CUcontext context_ = nullptr;

@@ -37,7 +37,7 @@ TEST_CASE("distributed: ring collectives send 2(N-1)/N of the bytes for an all-r
   CHECK(analysis::all_reduce_seconds(1e9, 1, link) == 0);
   CHECK(analysis::find_interconnect("NVLink4") != nullptr);
   CHECK(analysis::find_interconnect("carrier pigeon") == nullptr);
-  CHECK(analysis::known_interconnect_names() == "100gbe, ib-ndr, nvlink4, pcie5");
+  CHECK(analysis::known_interconnect_names() == "100gbe, ib-ndr, nvlink4, pcie5, shm");
 }
 
 struct Fixture {
@@ -187,7 +187,7 @@ TEST_CASE("distributed: napkin report --ranks --interconnect prints the section 
     CAPTURE(bad);
     testing::CommandResult r = testing::run_in_source_tree(napkin + " report" + model + bad);
     CHECK(r.status == 1);
-    CHECK(r.out.find("interconnects: 100gbe, ib-ndr, nvlink4, pcie5") != std::string::npos);
+    CHECK(r.out.find("interconnects: 100gbe, ib-ndr, nvlink4, pcie5, shm") != std::string::npos);
   }
 }
 
@@ -219,6 +219,85 @@ TEST_CASE("distributed: napkin estimate's data-parallel step is the same all-red
   CHECK(bad.status == 1);
   CHECK(bad.out.find("needs --interconnect, --batch-tokens and --tokens") != std::string::npos);
   CHECK(bad.out.find("training compute") == std::string::npos);  // refused before printing anything
+}
+
+}  // namespace
+}  // namespace napkin
+
+namespace napkin {
+namespace {
+
+TEST_CASE("distributed: K micro-batches run the forward and backward K times, the optimizer and the all-reduce once") {
+  const Fixture f;
+  const Interconnect& link = *analysis::find_interconnect("ib-ndr");
+  double forward = 0, backward = 0;
+  for (const analysis::KernelTime& k : f.time.kernels) {
+    if (k.phase == ir::Phase::Forward) forward += k.seconds;
+    if (k.phase == ir::Phase::Backward) backward += k.seconds;
+  }
+  const double optimizer_flops = f.cost.phase(ir::Phase::Optimizer).flops;
+  const analysis::DistributedStep one = f.at(4, link);
+  const analysis::DistributedStep four =
+      analysis::predict_distributed(f.g, f.time, f.memory, f.cost.total.flops, f.peak, {4, &link}, 4, optimizer_flops);
+  CHECK(four.micro_batches == 4);
+  CHECK(four.single_rank_seconds == doctest::Approx(f.time.seconds + 3 * (forward + backward)));
+  for (int stage = 0; stage < 3; ++stage) {
+    CAPTURE(stage);
+    // The same collectives, hidden behind the same (last) backward: only the compute grows.
+    CHECK(four.stages[stage].bytes_sent == one.stages[stage].bytes_sent);
+    CHECK(four.stages[stage].exposed_seconds == doctest::Approx(one.stages[stage].exposed_seconds));
+    CHECK(four.stages[stage].step_seconds == doctest::Approx(one.stages[stage].step_seconds + 3 * (forward + backward)));
+    const double flops = 4 * (f.cost.total.flops - optimizer_flops) + optimizer_flops;
+    CHECK(four.stages[stage].mfu == doctest::Approx(flops / (four.stages[stage].step_seconds * f.peak)));
+    CHECK(four.stages[stage].peak == one.stages[stage].peak);
+  }
+  // ZeRO-3 gathers the parameters before every micro-batch's forward and backward: 2·4 gathers, not 2.
+  const double gather = analysis::reduce_scatter_bytes(four.param_bytes, 4);
+  CHECK(four.stages[3].bytes_sent - one.stages[3].bytes_sent == doctest::Approx(6 * gather));
+}
+
+TEST_CASE("report: train.accumulate and --accumulate count K micro-batches a step and the f32 gradient sum") {
+  const std::string napkin = NAPKIN_BINARY;
+  const std::string model = " models/gpt2-124m.yaml --dims vocab=256,d=64,heads=4,layers=2,batch=4,seq=32 --no-ops --device h100";
+  testing::CommandResult one = testing::run_in_source_tree(napkin + " report" + model + " --json");
+  testing::CommandResult four = testing::run_in_source_tree(napkin + " report" + model + " --json --accumulate 4");
+  REQUIRE(one.status == 0);
+  REQUIRE(four.status == 0);
+  const nlohmann::json a1 = nlohmann::json::parse(one.out), a4 = nlohmann::json::parse(four.out);
+  const nlohmann::json& acc = a4.at("accumulation");
+  const double step = a1.at("accumulation").at("flops").get<double>();
+  const double optimizer = acc.at("optimizer_flops").get<double>();
+  CHECK(a1.at("accumulation").at("micro_batches") == 1);
+  CHECK(a1.at("accumulation").at("gradient_sum_bytes") == 0.0);
+  CHECK(acc.at("micro_batches") == 4);
+  CHECK(acc.at("tokens").get<double>() == 4 * a4.at("tokens").get<double>());
+  CHECK(acc.at("flops").get<double>() == doctest::Approx(4 * (step - optimizer) + optimizer));
+  CHECK(optimizer > 0);
+  // One f32 per parameter element: every parameter has a gradient here.
+  CHECK(acc.at("gradient_sum_bytes").get<double>() == 4.0 * a4.at("params").get<double>());
+  CHECK(acc.at("predicted_step_s").get<double>() > 3 * a1.at("accumulation").at("predicted_step_s").get<double>());
+  testing::CommandResult text = testing::run_in_source_tree(napkin + " report" + model + " --accumulate 4");
+  REQUIRE(text.status == 0);
+  CHECK(text.out.find("gradient accumulation: 4 micro-batches per step (--accumulate") != std::string::npos);
+  CHECK(testing::run_in_source_tree(napkin + " report" + model + " --accumulate 0").status != 0);
+
+  // The model's own train.accumulate, and a bad one with its line and column.
+  testing::TempDir tmp("accumulate");
+  std::string yaml = testing::read_source("models/gpt.yaml");
+  const size_t train = yaml.find("\ntrain:\n");
+  REQUIRE(train != std::string::npos);
+  testing::write_bytes(tmp / "two.yaml", std::string(yaml).insert(train + 8, "  accumulate: 2\n"));
+  testing::write_bytes(tmp / "zero.yaml", std::string(yaml).insert(train + 8, "  accumulate: 0\n"));
+  testing::CommandResult two = testing::run_in_source_tree(napkin + " report " + tmp / "two.yaml" + " --no-ops");
+  INFO(two.out);
+  CHECK(two.status == 0);
+  CHECK(two.out.find("gradient accumulation: 2 micro-batches per step (train.accumulate") != std::string::npos);
+  testing::CommandResult zero = testing::run_in_source_tree(napkin + " report " + tmp / "zero.yaml" + " --no-ops");
+  INFO(zero.out);
+  CHECK(zero.status == 1);
+  CHECK(zero.out.find("zero.yaml:" + std::to_string(std::count(yaml.begin(), yaml.begin() + train + 1, '\n') + 2) +
+                      ":15") != std::string::npos);
+  CHECK(zero.out.find("train.accumulate") != std::string::npos);
 }
 
 }  // namespace

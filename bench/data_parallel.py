@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Data parallel on this machine: the report's predicted all-reduce against
+what `mpirun -np N` measures (docs/distributed.md, "What it costs").
+
+1. bench/allreduce_mpi.cpp (built with mpicxx) times MPI_Allreduce alone on N
+   ranks: the figure the `shm` interconnect row of the report was set from.
+2. models/gpt.yaml's trainer runs on N ranks (--threads 1 each, so the ranks
+   do not share cores) and prints the mean seconds its gradient all-reduce
+   took (the metrics' "all_reduce" record).
+3. `napkin report models/gpt.yaml --device cpu --ranks N --interconnect shm`
+   predicts that all-reduce (plain data parallel's comm time) and the step.
+
+Prints both and their ratio. Needs Open MPI's mpirun (and mpicxx, from
+libopenmpi-dev, for step 1; without it step 1 is skipped).
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def mpirun(ranks):
+    cmd = ["mpirun", "--oversubscribe", "-np", str(ranks)]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    return cmd
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--napkin", default=os.path.join(ROOT, "build/tools/napkin"))
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    if shutil.which("mpirun") is None:
+        sys.exit("mpirun not found: apt-get install openmpi-bin")
+    tmp = tempfile.mkdtemp(prefix="napkin-dp-bench-")
+
+    if shutil.which("mpicxx"):
+        exe = os.path.join(tmp, "allreduce_mpi")
+        run(["mpicxx", "-O2", "-o", exe, os.path.join(ROOT, "bench/allreduce_mpi.cpp")])
+        print(f"MPI_Allreduce alone, {args.ranks} ranks (bench/allreduce_mpi.cpp):")
+        print(run(mpirun(args.ranks) + [exe]), end="")
+    else:
+        print("mpicxx not found (libopenmpi-dev): skipping the MPI_Allreduce microbenchmark")
+
+    trainer = os.path.join(tmp, "gpt-trainer")
+    run([args.napkin, "build", "models/gpt.yaml", "-o", trainer, "--quiet"])
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    out = run(mpirun(args.ranks) + [trainer, "--threads", "1", "--steps", str(args.steps), "--checkpoint-every", "0",
+                                    "--log-every", str(args.steps), "--metrics", metrics])
+    records = [json.loads(line) for line in open(metrics)]
+    measured = next(r for r in records if r.get("all_reduce"))
+    summary = next(r for r in records if r.get("summary"))
+    print(out.strip().splitlines()[-1])
+
+    report = json.loads(run([args.napkin, "report", "models/gpt.yaml", "--device", "cpu", "--ranks", str(args.ranks),
+                             "--interconnect", "shm", "--json", "--no-ops"]))
+    d = report["distributed"]
+    predicted_ms = d["stages"][0]["comm_s"] * 1e3
+    print()
+    print(f"gpt.yaml, {args.ranks} ranks on shm, {measured['bytes'] / 2**20:.1f} MiB of f32 gradients a step:")
+    print(f"  all-reduce  predicted {predicted_ms:8.3f} ms   measured {measured['mean_ms']:8.3f} ms "
+          f"(mean of {args.steps})   measured/predicted {measured['mean_ms'] / predicted_ms:.2f}")
+    print(f"  step        predicted {d['stages'][0]['step_s'] * 1e3:8.1f} ms   measured {summary['measured_step_ms']:8.1f} ms "
+          f"(median)   measured/predicted {summary['measured_step_ms'] / (d['stages'][0]['step_s'] * 1e3):.2f}")
+    print("  (the trainer all-reduces after the whole backward; the report's step hides what it can behind it)")
+    shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()
