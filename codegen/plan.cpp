@@ -272,6 +272,104 @@ std::vector<PlannedGradient> planned_gradients(const ir::Graph& g, const analysi
   return out;
 }
 
+// The bytes an operand spans: from its first element to its last, whatever
+// its strides.
+std::pair<int64_t, int64_t> span(const Operand& o) {
+  int64_t last = 0;
+  for (size_t d = 0; d < o.sizes.size(); ++d)
+    if (o.sizes[d] > 0) last += (o.sizes[d] - 1) * std::abs(o.strides[d]);
+  const int64_t size = static_cast<int64_t>(ir::dtype_size(o.dtype));
+  return {o.byte_offset, o.byte_offset + (last + 1) * size};
+}
+
+// Each gradient's ready_after: the last kernel with an output overlapping
+// its bytes. A gradient's buffer is live from its first write to the end of
+// the step, so whatever writes there writes that gradient.
+void mark_ready(KernelPlan& plan) {
+  for (int i = 0; i < static_cast<int>(plan.kernels.size()); ++i) {
+    const Kernel& k = plan.kernels[static_cast<size_t>(i)];
+    std::vector<const Operand*> outs{&k.output};
+    for (const Operand& o : k.extra_outputs) outs.push_back(&o);
+    if (k.fused)
+      for (const Operand& o : k.fused->outputs) outs.push_back(&o);
+    for (const BatchMember& m : k.batch)
+      for (const Operand& o : m.outputs) outs.push_back(&o);
+    for (const Operand* o : outs) {
+      const auto [begin, end] = span(*o);
+      for (PlannedGradient& grad : plan.gradients)
+        if (begin < grad.byte_offset + grad.bytes && grad.byte_offset < end) grad.ready_after = i;
+    }
+  }
+}
+
+// The parameter an update target belongs to: itself, or the parameter whose
+// name ends the state's ("adam.m.blocks.0.w" -> "blocks.0.w": the longest
+// such name, passes/optimizer.h's naming); -1 for shared state
+// (optimizer.step).
+int param_of_target(const ir::Graph& g, ir::ValueId target) {
+  for (size_t i = 0; i < g.params.size(); ++i)
+    if (g.params[i].value == target) return static_cast<int>(i);
+  const std::string& name = g.value(target).name;
+  int best = -1;
+  size_t best_length = 0;
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const std::string& p = g.value(g.params[i].value).name;
+    if (name.size() > p.size() && name.compare(name.size() - p.size(), p.size(), p) == 0 &&
+        name[name.size() - p.size() - 1] == '.' && p.size() > best_length)
+      best = static_cast<int>(i), best_length = p.size();
+  }
+  return best;
+}
+
+// Kernel::serves of every optimizer-phase kernel. Each optimizer node serves
+// the parameters whose updates it feeds: those of the updates it computes,
+// and those of every node that reads it (so what a node serves includes
+// what its readers serve, and skipping a kernel that serves none of a
+// rank's parameters starves nothing that rank runs); shared state's update
+// (-1) makes a node shared.
+void mark_served(const ir::Graph& g, KernelPlan& plan) {
+  const size_t n_params = g.params.size();
+  std::map<ir::NodeId, std::vector<bool>> serves;  // per node: a flag per param, then one for "shared"
+  auto of = [&](ir::NodeId id) -> std::vector<bool>& {
+    auto [it, fresh] = serves.try_emplace(id, n_params + 1, false);
+    return it->second;
+  };
+  for (const ir::Graph::Update& u : g.updates) {
+    const ir::NodeId producer = g.value(u.value).producer;
+    if (producer == ir::kNoNode || g.node(producer).phase != ir::Phase::Optimizer) continue;
+    const int p = param_of_target(g, u.target);
+    of(producer)[p < 0 ? n_params : static_cast<size_t>(p)] = true;
+  }
+  const std::vector<ir::NodeId>& schedule = g.schedule();
+  for (auto it = schedule.rbegin(); it != schedule.rend(); ++it) {
+    const ir::Node& reader = g.node(*it);
+    if (reader.phase != ir::Phase::Optimizer) continue;
+    const std::vector<bool> mine = of(*it);
+    for (ir::ValueId in : reader.inputs) {
+      const ir::NodeId producer = g.value(in).producer;
+      if (producer == ir::kNoNode || g.node(producer).phase != ir::Phase::Optimizer) continue;
+      std::vector<bool>& theirs = of(producer);
+      for (size_t i = 0; i <= n_params; ++i) theirs[i] = theirs[i] || mine[i];
+    }
+  }
+  for (Kernel& k : plan.kernels) {
+    if (k.phase != ir::Phase::Optimizer) continue;
+    std::vector<ir::NodeId> nodes{k.node};
+    if (k.fused)
+      for (const FusedOp& op : k.fused->ops) nodes.push_back(op.node);
+    for (const BatchMember& m : k.batch) nodes.insert(nodes.end(), m.nodes.begin(), m.nodes.end());
+    std::vector<bool> all(n_params + 1, false);
+    for (ir::NodeId id : nodes)
+      if (auto it = serves.find(id); it != serves.end())
+        for (size_t i = 0; i <= n_params; ++i) all[i] = all[i] || it->second[i];
+    if (all[n_params]) continue;  // shared: every rank runs it
+    std::vector<int> params;
+    for (size_t i = 0; i < n_params; ++i)
+      if (all[i]) params.push_back(static_cast<int>(i));
+    if (!params.empty()) k.serves = std::move(params);  // serving nothing (a dead value): run it everywhere
+  }
+}
+
 KernelPlan plan_kernels(const ir::Graph& g) {
   analysis::MemoryReport memory = analysis::analyze_memory(g);
   analysis::MemoryPlan arena = analysis::plan_memory(memory);
@@ -348,13 +446,17 @@ KernelPlan plan_kernels(const ir::Graph& g) {
     plan.kernels.push_back(std::move(k));
   }
   plan.gradients = planned_gradients(g, arena);
+  mark_ready(plan);
+  mark_served(g, plan);
 
   for (const ir::Graph::Update& u : g.updates) {
     int64_t from = arena.offset_of(g, u.value), to = arena.offset_of(g, u.target);
     if (from == to) continue;  // written in place
     const ir::Value& v = g.value(u.value);
     NAPKIN_INTERNAL_CHECK(ir::is_contiguous(v.layout, v.type.sizes()), "an update copies a non-contiguous view");
-    plan.updates.push_back({g.value(u.target).name, from, to, v.type.bytes()});
+    const int p = param_of_target(g, u.target);
+    plan.updates.push_back({g.value(u.target).name, from, to, v.type.bytes(),
+                            p < 0 ? std::string() : g.value(g.params[static_cast<size_t>(p)].value).name});
   }
 
   auto add_tensor = [&](ir::ValueId v, TensorRole role) {
@@ -367,6 +469,8 @@ KernelPlan plan_kernels(const ir::Graph& g) {
     t.byte_offset = arena.offset_of(g, v);
     t.bytes = value.type.bytes();
     if (const ir::Param* p = g.find_param(v)) t.init = p->init;
+    if (role == TensorRole::State)
+      if (const int p = param_of_target(g, v); p >= 0) t.param = g.value(g.params[static_cast<size_t>(p)].value).name;
     plan.tensors.push_back(std::move(t));
   };
   for (const ir::Param& p : g.params) add_tensor(p.value, TensorRole::Param);

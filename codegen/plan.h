@@ -157,6 +157,12 @@ struct Kernel {
   // group's): every group's operands, the first group's included; empty for
   // a kernel of one group. The emitters loop over each member's numel.
   std::vector<BatchMember> batch;
+  // An optimizer-phase kernel: the parameters whose update it computes
+  // (indices in the graph's params), or nullopt when every update needs it
+  // (the learning rate, the clip coefficient, the step counter). A rank
+  // that owns none of them may skip it (ZeRO-1, docs/distributed.md): what
+  // it computes feeds only those parameters' updates.
+  std::optional<std::vector<int>> serves;
 
   // The parameters of its kind (an internal error for another kind).
   const ir::FillParams& fill() const { return std::get<ir::FillParams>(params); }
@@ -170,6 +176,7 @@ struct Kernel {
 struct UpdateCopy {
   std::string target;  // the param or state name
   int64_t from = 0, to = 0, bytes = 0;
+  std::string param;   // the parameter whose update it is ("" for shared state: optimizer.step)
 };
 
 // Rng: the rng tensor (ir/rng.h), which the runtime writes before every forward.
@@ -179,6 +186,7 @@ std::string_view tensor_role_name(TensorRole r);  // "param", "state", "input", 
 struct PlannedTensor {
   std::string name;
   TensorRole role = TensorRole::Param;
+  std::string param;  // State: the parameter it belongs to ("adam.m.wte": "wte"), "" when shared
   ir::DType dtype = ir::DType::F32;
   std::vector<int64_t> shape;
   int64_t byte_offset = 0;
@@ -208,6 +216,9 @@ struct PlannedGradient {
   std::string param;
   ir::DType dtype = ir::DType::F32;
   int64_t byte_offset = 0, bytes = 0;
+  // The last kernel that writes into it: after that kernel the gradient is
+  // final and may be all-reduced while the rest of the backward runs.
+  int ready_after = 0;
 };
 
 struct KernelPlan {

@@ -8,6 +8,7 @@
 
 #include "analysis/cost.h"
 #include "analysis/devices.h"
+#include "analysis/distributed.h"
 
 namespace napkin::codegen {
 
@@ -232,6 +233,7 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
               {"shape", t.shape},
               {"offset", t.byte_offset},
               {"bytes", t.bytes}};
+    if (t.role == TensorRole::State) j["param"] = t.param;
     if (t.role == TensorRole::Param)
       j["init"] = {{"kind", init_kind(t.init.kind)}, {"value", t.init.value}, {"std", t.init.std},
                    {"lo", t.init.lo}, {"hi", t.init.hi}};
@@ -250,6 +252,14 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
               {"parallel", launches.at(i).parallel},
               {"combine", launches.at(i).combine},
               {"out", operand_json(k.output)}};
+    if (k.phase == ir::Phase::Optimizer) {
+      json serves = nullptr;  // shared: every rank runs it
+      if (k.serves) {
+        serves = json::array();
+        for (int p : *k.serves) serves.push_back(g.value(g.params[static_cast<size_t>(p)].value).name);
+      }
+      j["serves"] = serves;
+    }
     if (k.kind == KernelKind::Gemm) j["matmul"] = matmul_json(k);
     if (k.kind == KernelKind::Attention) j["attention"] = attention_json(k);
     if (k.kind == KernelKind::Classifier) j["classifier"] = classifier_json(k);
@@ -269,9 +279,10 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
     gradients.push_back({{"param", grad.param},
                          {"dtype", std::string(ir::dtype_name(grad.dtype))},
                          {"offset", grad.byte_offset},
-                         {"bytes", grad.bytes}});
+                         {"bytes", grad.bytes},
+                         {"ready_after", grad.ready_after}});
   for (const UpdateCopy& u : plan.updates)
-    updates.push_back({{"target", u.target}, {"from", u.from}, {"to", u.to}, {"bytes", u.bytes}});
+    updates.push_back({{"target", u.target}, {"from", u.from}, {"to", u.to}, {"bytes", u.bytes}, {"param", u.param}});
   json program = {{"format", "napkin-program-1"},
                   {"model", g.name},
                   {"hash", facts.model_hash},
@@ -292,6 +303,7 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
                   {"num_forward_kernels", plan.num_forward_kernels},
                   {"num_gradient_kernels", plan.num_gradient_kernels},
                   {"gradients", gradients},
+                  {"bucket_bytes", analysis::kBucketBytes},
                   {"updates", updates},
                   {"train", train_json(g)}};
   return program.dump(1);

@@ -38,7 +38,7 @@ class SingleProcess final : public Communicator {
   std::string describe() const override { return "one process"; }
   void all_reduce_sum(float*, int64_t) override {}
   void all_reduce_sum(double*, int64_t) override {}
-  void broadcast(void*, int64_t) override {}
+  void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
   [[noreturn]] void abort(int status) override { std::_Exit(status); }
 };

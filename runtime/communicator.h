@@ -37,8 +37,8 @@ class Communicator {
   // Sums `count` elements over the ranks, in place, deterministically.
   virtual void all_reduce_sum(float* data, int64_t count) = 0;
   virtual void all_reduce_sum(double* data, int64_t count) = 0;
-  // Rank 0's `bytes` bytes at `data` to every rank.
-  virtual void broadcast(void* data, int64_t bytes) = 0;
+  // Rank `root`'s `bytes` bytes at `data` to every rank.
+  virtual void broadcast(void* data, int64_t bytes, int root = 0) = 0;
   virtual void barrier() = 0;
   // Ends every rank of the job with `status` (MPI_Abort): what a rank that
   // met an error does, so that the others do not wait for it forever.
@@ -54,8 +54,8 @@ class Communicator {
   // the others, i.e. the launcher is ending the job.
   static void write_stopped_by_signal(int sig);
 
- protected:
-  // RAII marker around each collective: the watchdog times it.
+  // RAII marker around each wait for the other ranks (a collective, or a
+  // GPU stream running one): the watchdog times it. `what` must outlive it.
   class Waiting {
    public:
     explicit Waiting(const char* what);

@@ -26,6 +26,10 @@ class CpuEngine final : public Engine {
     ex_.run_optimizer();
     ex_.apply_updates();
   }
+  void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates) override {
+    ex_.skip_kernel = kernels;
+    ex_.skip_update = updates;
+  }
   void download_gradients(char* dst) override;
   void upload_gradients(const char* src) override;
 

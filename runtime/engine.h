@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/communicator.h"
 #include "runtime/program.h"
 
 namespace napkin::runtime {
@@ -51,6 +52,25 @@ class Engine {
   // order, read from the arena or written into it. Synchronous.
   virtual void download_gradients(char* dst) = 0;
   virtual void upload_gradients(const char* src) = 0;
+
+  // Collectives on the device, for a job of several ranks: joins `comm`'s
+  // ranks and says what it will use ("NCCL 2.28.3 on the GPU in 13
+  // buckets, ..."), or "" when this engine has none (the CPU) or cannot (no
+  // NCCL: `why` says so). Then run_backward() also averages every gradient
+  // over the ranks in place (in buckets as the backward writes them, where
+  // the engine can), and average_gradients_on_device() waits for it. The
+  // gradient stage falls back to the host when "".
+  virtual std::string join_device_collectives(Communicator& comm, std::string& why) {
+    (void)comm;
+    why.clear();
+    return "";
+  }
+  virtual void average_gradients_on_device() {}
+
+  // ZeRO-1 (runtime/optimizer_shards.h): kernels and update copies this
+  // rank skips, per index in the program (empty: none). Set once, before
+  // the first step.
+  virtual void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates) = 0;
 
   // Debugging and profiling, both slow (every kernel runs on its own):
   // after each kernel, `inspect` gets the kernel's index and its output in

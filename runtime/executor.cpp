@@ -138,6 +138,7 @@ void Executor::run_kernel(int i) {
 void Executor::run_kernels(int first, int last) {
   g_active = &program_;
   for (int i = first; i < last; ++i) {
+    if (!skip_kernel.empty() && skip_kernel[static_cast<size_t>(i)]) continue;
     if (before_kernel) before_kernel(i);
     if (profile) {
       auto t0 = std::chrono::steady_clock::now();
@@ -151,7 +152,11 @@ void Executor::run_kernels(int first, int last) {
 }
 
 void Executor::apply_updates() {
-  for (const UpdateSpec& u : program_.updates) std::memmove(arena_ + u.to, arena_ + u.from, static_cast<size_t>(u.bytes));
+  for (size_t i = 0; i < program_.updates.size(); ++i) {
+    if (!skip_update.empty() && skip_update[i]) continue;
+    const UpdateSpec& u = program_.updates[i];
+    std::memmove(arena_ + u.to, arena_ + u.from, static_cast<size_t>(u.bytes));
+  }
 }
 
 double Executor::loss() const {

@@ -53,6 +53,10 @@ class Executor {
   // reference interpreter; --debug-nan checks each output).
   std::function<void(int kernel)> before_kernel, after_kernel;
 
+  // Kernels and update copies not run (ZeRO-1: another rank's optimizer
+  // work), by index; empty: none.
+  std::vector<bool> skip_kernel, skip_update;
+
   // Seconds spent in each kernel, accumulated while profiling is on.
   bool profile = false;
   std::vector<double> kernel_seconds;

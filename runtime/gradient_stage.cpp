@@ -31,6 +31,10 @@ GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_b
   }
   if (!active_) return;
   if (p.gradients.empty()) throw Error("the program names no gradients: it cannot accumulate or all-reduce them");
+  if (micro_batches == 1 && comm.size() > 1) {
+    device_ = engine.join_device_collectives(comm, why_not_device_);
+    if (!device_.empty()) return;
+  }
   sum_.resize(static_cast<size_t>(numel_));
   int64_t bytes = 0;
   for (const GradientSpec& g : p.gradients) bytes += g.bytes;
@@ -43,7 +47,7 @@ int64_t GradientStage::buffer_bytes() const {
 }
 
 void GradientStage::add_micro_batch(int64_t k) {
-  if (!active_) return;
+  if (!active_ || !device_.empty()) return;
   if (all_f32_) {
     if (k == 0) {
       engine_.download_gradients(reinterpret_cast<char*>(sum_.data()));
@@ -71,6 +75,13 @@ void GradientStage::add_micro_batch(int64_t k) {
 
 void GradientStage::finish() {
   if (!active_) return;
+  if (!device_.empty()) {
+    const auto start = std::chrono::steady_clock::now();
+    engine_.average_gradients_on_device();
+    all_reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++all_reduces_;
+    return;
+  }
   if (comm_.size() > 1) {
     const auto start = std::chrono::steady_clock::now();
     comm_.all_reduce_sum(sum_.data(), numel_);

@@ -10,13 +10,16 @@
 //          K·N micro-batches: the gradient of the global batch's mean loss.
 //
 // With K = N = 1 there is nothing to do and the stage is skipped (no
-// buffer). The sum is in f32 whatever the gradients' dtype (a bf16 gradient
+// buffer). With K = 1 on an engine with device collectives (NCCL on a GPU)
+// the gradients are averaged in place on the device instead, with no host
+// buffer. The sum is in f32 whatever the gradients' dtype (a bf16 gradient
 // is widened as it is added and rounded once at the end), in a fixed order
 // (micro-batches in order, then MPI's), so a run is reproducible bit for bit
 // for a given K and N. docs/distributed.md.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/communicator.h"
@@ -29,6 +32,10 @@ class GradientStage {
   GradientStage(Engine& engine, Communicator& comm, int64_t micro_batches);
 
   bool active() const { return active_; }
+  // The device's collectives the stage uses ("NCCL 2.28.3"), "" for the
+  // host path; and why not, when the engine has some but could not use them.
+  const std::string& device_collectives() const { return device_; }
+  const std::string& why_not_device() const { return why_not_device_; }
   int64_t micro_batches() const { return micro_batches_; }
   // Bytes the stage holds besides the arena (0 when inactive): the f32 sum,
   // and a staging copy when some gradient is not f32.
@@ -50,6 +57,7 @@ class GradientStage {
   Communicator& comm_;
   int64_t micro_batches_ = 1;
   bool active_ = false, all_f32_ = true;
+  std::string device_, why_not_device_;
   int64_t numel_ = 0;
   std::vector<float> sum_;
   std::vector<char> raw_;  // the gradients' own bytes (only when some is not f32)

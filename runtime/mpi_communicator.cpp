@@ -125,12 +125,12 @@ class MpiCommunicator final : public Communicator {
   void all_reduce_sum(float* data, int64_t count) override { reduce(data, count, api_.type_float, sizeof(float)); }
   void all_reduce_sum(double* data, int64_t count) override { reduce(data, count, api_.type_double, sizeof(double)); }
 
-  void broadcast(void* data, int64_t bytes) override {
+  void broadcast(void* data, int64_t bytes, int root) override {
     Waiting waiting("a broadcast");
     char* p = static_cast<char*>(data);
     for (int64_t done = 0; done < bytes;) {
       int n = static_cast<int>(std::min<int64_t>(bytes - done, INT_MAX));
-      check(api_.bcast(p + done, n, api_.type_char, 0, api_.comm_world), "MPI_Bcast");
+      check(api_.bcast(p + done, n, api_.type_char, root, api_.comm_world), "MPI_Bcast");
       done += n;
     }
   }

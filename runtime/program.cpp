@@ -76,6 +76,7 @@ Program parse_program(const char* text, size_t size) {
       s.shape = t.at("shape").get<std::vector<int64_t>>();
       s.offset = t.at("offset");
       s.bytes = t.at("bytes");
+      s.param = t.value("param", "");
       if (t.contains("init")) {
         const json& i = t.at("init");
         s.init = {i.at("kind"), i.at("value"), i.at("std"), i.at("lo"), i.at("hi")};
@@ -200,6 +201,10 @@ Program parse_program(const char* text, size_t size) {
           operand("dv", t.dv, d.dv);
         }
       }
+      if (const json& serves = k.value("serves", json()); !serves.is_null()) {
+        s.serves = serves.get<std::vector<std::string>>();
+        s.shared = false;
+      }
       if (k.contains("cuda_launches"))
         for (const json& l : k.at("cuda_launches"))
           s.cuda_launches.push_back({l.at("function"), l.at("grid"), l.at("block"), l.at("shared"),
@@ -209,12 +214,14 @@ Program parse_program(const char* text, size_t size) {
     p.num_forward_kernels = j.at("num_forward_kernels");
     p.num_gradient_kernels = j.at("num_gradient_kernels");
     for (const json& grad : j.at("gradients"))
-      p.gradients.push_back({grad.at("param"), grad.at("dtype"), grad.at("offset"), grad.at("bytes")});
+      p.gradients.push_back({grad.at("param"), grad.at("dtype"), grad.at("offset"), grad.at("bytes"), grad.at("ready_after")});
+    p.bucket_bytes = j.at("bucket_bytes");
     if (j.contains("cuda")) {
       const json& c = j.at("cuda");
       p.cuda = {c.at("arch"), c.at("scratch_bytes"), c.at("tf32")};
     }
-    for (const json& u : j.at("updates")) p.updates.push_back({u.at("target"), u.at("from"), u.at("to"), u.at("bytes")});
+    for (const json& u : j.at("updates"))
+      p.updates.push_back({u.at("target"), u.at("from"), u.at("to"), u.at("bytes"), u.value("param", "")});
     const json& t = j.at("train");
     TrainDefaults& d = p.train;
     d.steps = t.at("steps");

@@ -23,6 +23,7 @@ struct TensorSpec {
   std::vector<int64_t> shape;
   int64_t offset = 0, bytes = 0;
   ParamInit init;  // params
+  std::string param;  // state: the parameter it belongs to ("" when shared)
   int64_t numel() const;
 };
 
@@ -99,6 +100,10 @@ struct KernelSpec {
   AttentionSpec attention;  // is_attention
   ClassifierSpec classifier;  // is_classifier
   std::vector<CudaLaunchSpec> cuda_launches;  // backend "cuda", loop kernels: in order
+  // Optimizer phase: the parameters whose update the kernel computes; empty
+  // with `shared` when every rank runs it (codegen/plan.h Kernel::serves).
+  std::vector<std::string> serves;
+  bool shared = true;
   // The time model's view of the kernel (analysis/step_time.h), when the
   // device is known: its class ("matmul", "attention", ...), work, and
   // predicted seconds (-1: the device has no peak for its dtype).
@@ -119,11 +124,13 @@ struct PredictedStep {
 struct GradientSpec {
   std::string param, dtype;
   int64_t offset = 0, bytes = 0;
+  int ready_after = 0;  // the last kernel writing it
 };
 
 struct UpdateSpec {
   std::string target;
   int64_t from = 0, to = 0, bytes = 0;
+  std::string param;  // the parameter whose update it is ("" for shared state)
 };
 
 struct DataDefaults {
@@ -173,6 +180,10 @@ struct Program {
   int num_forward_kernels = 0;
   int num_gradient_kernels = 0;  // kernels [0, n): forward and backward; the rest: the optimizer
   std::vector<GradientSpec> gradients;
+  // Gradients are all-reduced in buckets of at least this many bytes, each
+  // as soon as the backward has written it (analysis/distributed.h's
+  // kBucketBytes, which the report's prediction assumes; --bucket-mib).
+  double bucket_bytes = 25.0 * 1024 * 1024;
   std::vector<UpdateSpec> updates;
   TrainDefaults train;
   CudaSpec cuda;  // backend "cuda" only

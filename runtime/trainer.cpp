@@ -19,6 +19,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/communicator.h"
 #include "runtime/gradient_stage.h"
+#include "runtime/optimizer_shards.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/dataset.h"
 #include "runtime/error.h"
@@ -60,6 +61,8 @@ struct Options {
   int threads = 0;
   int64_t accumulate = 0;  // 0: the model's train.accumulate
   double collective_timeout = 300;
+  double bucket_mib = 0;  // 0: the program's bucket size
+  int zero = 0;           // ZeRO stage: 0 or 1
   bool debug_nan = false, quiet = false, print_program = false, profile = false;
 };
 
@@ -232,7 +235,9 @@ void check_same_global_batch(const CheckpointHeader& h, int64_t micro_batches, i
                           h.path, then, micro_batches, ranks, ranks == 1 ? "" : "s", accumulate, hint));
 }
 
-int run(const Options& o, const Program& program, const EngineFactory& make_engine, Communicator& comm) {
+int run(const Options& o, const Program& built, const EngineFactory& make_engine, Communicator& comm) {
+  Program program = built;
+  if (o.bucket_mib > 0) program.bucket_bytes = o.bucket_mib * 1024 * 1024;
   const int ranks = comm.size();
   const bool rank0 = comm.rank() == 0;
   const bool quiet = o.quiet || !rank0;  // the other ranks print errors only
@@ -244,6 +249,12 @@ int run(const Options& o, const Program& program, const EngineFactory& make_engi
   Engine& ex = *engine_owner;
   ex.set_profiling(o.profile);
   GradientStage gradients(ex, comm, accumulate);
+  // ZeRO-1: this rank updates its own parameters only (one rank: all of them).
+  std::unique_ptr<OptimizerShards> shards;
+  if (o.zero == 1 && ranks > 1) {
+    shards = std::make_unique<OptimizerShards>(program, ranks, comm.rank());
+    ex.skip(shards->skip_kernel(), shards->skip_update());
+  }
   int64_t start_step = 0;
   uint64_t seed = o.seed;
   Lineage lineage{p.hash};
@@ -305,9 +316,10 @@ int run(const Options& o, const Program& program, const EngineFactory& make_engi
     fmt::print("napkin trainer: {} ({}, {})\n", p.model, p.backend, ex.describe());
     fmt::print("  arena      {} ({} bytes, planned; liveness lower bound {} bytes)\n", human_bytes(p.arena_bytes),
                p.arena_bytes, p.liveness_peak);
-    if (gradients.active())
-      fmt::print("  gradients  {} summed over micro-batches and ranks besides the arena\n",
-                 human_bytes(static_cast<double>(gradients.buffer_bytes())));
+    if (gradients.active() && gradients.device_collectives().empty())
+      fmt::print("  gradients  {} summed over micro-batches and ranks besides the arena{}\n",
+                 human_bytes(static_cast<double>(gradients.buffer_bytes())),
+                 gradients.why_not_device().empty() ? "" : " (no device collectives: " + gradients.why_not_device() + ")");
     int64_t params = 0;
     for (const TensorSpec* t : p.with_role("param")) params += t->numel();
     fmt::print("  params     {} ({}), optimizer {}, lr {}\n", with_commas(params), p.train.precision, p.train.optimizer, p.train.lr);
@@ -316,9 +328,15 @@ int run(const Options& o, const Program& program, const EngineFactory& make_engi
       fmt::print("  batch      {} micro-batches of {} tokens per step ({} rank{} × {} accumulated): {} tokens\n",
                  micro_batches, with_commas(program.tokens_per_step), ranks, ranks == 1 ? "" : "s", accumulate,
                  with_commas(program.tokens_per_step * micro_batches));
+    if (shards)
+      fmt::print("  ZeRO-1     rank 0 updates {} of {} parameters, {} of {} of optimizer state (each rank its own "
+                 "share; the others' parameters arrive by broadcast after each step)\n",
+                 shards->owned_params(), p.with_role("param").size(), human_bytes(static_cast<double>(shards->owned_state_bytes())),
+                 human_bytes(static_cast<double>(shards->state_bytes())));
     if (ranks > 1)
-      fmt::print("  ranks      {}; gradients all-reduced after the backward (not overlapped with it)\n",
-                 comm.describe());
+      fmt::print("  ranks      {}; gradients all-reduced {}\n", comm.describe(),
+                 gradients.device_collectives().empty() ? "by MPI on the host after the backward (not overlapped with it)"
+                                                        : "by " + gradients.device_collectives());
     // A device with no peak for the step's matmul dtype (the cpu has no f16
     // arithmetic) gives no MFU rather than a made-up one.
     std::string mfu_basis = peak > 0 ? fmt::format("MFU against {} peak {:.0f} GFLOP/s", p.device, peak / 1e9)
@@ -343,7 +361,10 @@ int run(const Options& o, const Program& program, const EngineFactory& make_engi
 
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
+  // Every rank calls it (ZeRO-1 gathers the optimizer state to rank 0 first);
+  // rank 0 writes.
   auto save = [&](int64_t step) -> std::string {
+    if (shards && !o.checkpoint_dir.empty()) shards->gather_state(ex, comm);
     if (!ckpt) return "";
     ex.download("param");
     ex.download("state");
@@ -372,6 +393,8 @@ int run(const Options& o, const Program& program, const EngineFactory& make_engi
     std::string note;
     if (!rank0) note = "rank 0 holds the checkpoints";
     else if (!ckpt) note = "no --checkpoint-dir: nothing saved";
+    else if (shards)  // the other ranks' optimizer state is theirs, and they are not here to send it
+      note = fmt::format("the last checkpoint is step {}; fix the data, then --resume {}", last_saved, ckpt->path());
     else if (finished > last_saved) {
       try {
         note = fmt::format("saved step {} as {}; fix the data, then --resume {}", finished, save(finished), ckpt->path());
@@ -420,6 +443,10 @@ int run(const Options& o, const Program& program, const EngineFactory& make_engi
     comm.set_activity(fmt::format("step {}, the gradient all-reduce", step));
     gradients.finish();
     ex.run_optimizer();
+    if (shards) {
+      comm.set_activity(fmt::format("step {}, gathering the parameters (ZeRO-1)", step));
+      shards->gather_params(ex, comm);
+    }
     comm.set_activity(fmt::format("after step {}", step));
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     window_seconds += seconds;
@@ -581,6 +608,14 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
                    "seconds a rank of a job waits in one collective for the others before it ends the job (0: "
                    "forever)")
         ->check(CLI::Range(0.0, 1e7))->capture_default_str();
+    app.add_option("--zero", o.zero,
+                   "ZeRO stage of a multi-rank job: 1 shards the optimizer's work and state across the ranks (each "
+                   "updates its own parameters); 0, the default: every rank updates everything")
+        ->check(CLI::IsMember({0, 1}));
+    app.add_option("--bucket-mib", o.bucket_mib,
+                   "a GPU job all-reduces its gradients in buckets of at least this many MiB, each as soon as the "
+                   "backward has written it (default: the program's, 25)")
+        ->check(CLI::Range(1e-6, 1e6));
     app.add_flag("--debug-nan", o.debug_nan, "check every op's output; name the first that produces a NaN");
     app.add_flag("--profile", o.profile, "time every kernel and print the slowest");
     app.add_flag("--quiet", o.quiet, "no progress lines");

@@ -64,6 +64,7 @@ namespace napkin::runtime::cuda {
   X(cuEventDestroy)                                                                                            \
   X(cuEventRecord)                                                                                             \
   X(cuEventSynchronize)                                                                                        \
+  X(cuStreamWaitEvent)                                                                                         \
   X(cuEventElapsedTime)                                                                                        \
   X(cuStreamBeginCapture)                                                                                      \
   X(cuStreamEndCapture)                                                                                        \

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <numeric>
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -256,8 +257,16 @@ void CudaEngine::release() noexcept {
   CudaDriver& d = *driver_;
   // Pending work may still use what is freed below.
   if (stream_) d.cuStreamSynchronize(stream_);
+  if (comm_stream_) d.cuStreamSynchronize(comm_stream_);
   for (Phase* p : {&forward_, &backward_, &optimizer_})
     if (p->graph) d.cuGraphExecDestroy(p->graph), p->graph = nullptr;
+  for (Phase& p : segments_)
+    if (p.graph) d.cuGraphExecDestroy(p.graph), p.graph = nullptr;
+  nccl_.reset();
+  for (CUevent& e : segment_done_)
+    if (e) d.cuEventDestroy(e), e = nullptr;
+  if (comm_done_) d.cuEventDestroy(comm_done_), comm_done_ = nullptr;
+  if (comm_stream_) d.cuStreamDestroy(comm_stream_), comm_stream_ = nullptr;
   matmuls_.clear();
   classifiers_.clear();
   lt_context_.reset();
@@ -311,7 +320,21 @@ double CudaEngine::loss() {
   return read_element(h, l.dtype, 0);
 }
 
-void CudaEngine::run_backward() { run_phase(backward_); }
+void CudaEngine::run_backward() {
+  if (!nccl_) {
+    run_phase(backward_);
+    return;
+  }
+  CudaDriver& d = *driver_;
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    run_phase(segments_[s]);
+    NAPKIN_CU(d, cuEventRecord(segment_done_[s], stream_));
+    NAPKIN_CU(d, cuStreamWaitEvent(comm_stream_, segment_done_[s], 0));
+    nccl_->average_gradients(program_, buckets_[s], arena_, comm_stream_);
+  }
+  NAPKIN_CU(d, cuEventRecord(comm_done_, comm_stream_));
+  NAPKIN_CU(d, cuStreamWaitEvent(stream_, comm_done_, 0));  // the optimizer reads the averages
+}
 
 void CudaEngine::run_optimizer() { run_phase(optimizer_); }
 
@@ -321,6 +344,66 @@ void CudaEngine::download_gradients(char* dst) {
                                           stream_));
     dst += g.bytes;
   }
+  synchronize();
+}
+
+std::string CudaEngine::join_device_collectives(Communicator& comm, std::string& why) {
+  why.clear();
+  if (const char* off = std::getenv("NAPKIN_NCCL"); off && std::string_view(off) == "0") {
+    why = "NAPKIN_NCCL=0";
+    return "";
+  }
+  try {
+    nccl_ = std::make_unique<NcclCollectives>(comm);
+  } catch (const Error& e) {
+    why = e.what();
+    return "";
+  }
+  const char* overlap = std::getenv("NAPKIN_CUDA_OVERLAP");
+  plan_buckets(!(overlap && std::string_view(overlap) == "0"));
+  NAPKIN_CU(*driver_, cuStreamCreate(&comm_stream_, CU_STREAM_NON_BLOCKING));
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    CUevent e = nullptr;
+    NAPKIN_CU(*driver_, cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    segment_done_.push_back(e);
+  }
+  NAPKIN_CU(*driver_, cuEventCreate(&comm_done_, CU_EVENT_DISABLE_TIMING));
+  if (segments_.size() == 1) return nccl_->describe() + " on the GPU after the backward (not overlapped with it)";
+  return fmt::format("{} on the GPU in {} buckets, each as soon as the backward has written it (overlapped with the "
+                     "rest of the backward)",
+                     nccl_->describe(), segments_.size());
+}
+
+void CudaEngine::plan_buckets(bool overlap) {
+  const int first = program_.num_forward_kernels, last = program_.num_gradient_kernels;
+  std::vector<int> order(program_.gradients.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return program_.gradients[static_cast<size_t>(a)].ready_after < program_.gradients[static_cast<size_t>(b)].ready_after;
+  });
+  std::vector<int> bucket;
+  double filling = 0;
+  int start = first;
+  for (size_t n = 0; n < order.size(); ++n) {
+    const GradientSpec& g = program_.gradients[static_cast<size_t>(order[n])];
+    bucket.push_back(order[n]);
+    filling += static_cast<double>(g.bytes);
+    const bool full = overlap && filling >= program_.bucket_bytes;
+    if (!full && n + 1 < order.size()) continue;
+    // The segment ends after the kernel that finishes the bucket's last gradient; the last one at the backward's end.
+    const int end = n + 1 == order.size() ? last : std::clamp(g.ready_after + 1, start, last);
+    segments_.push_back({start, end, false});
+    buckets_.push_back(std::move(bucket));
+    bucket.clear();
+    filling = 0;
+    start = end;
+  }
+}
+
+void CudaEngine::average_gradients_on_device() {
+  // Enqueued by run_backward; waited for here, under the watchdog: a dead
+  // peer leaves NCCL spinning.
+  Communicator::Waiting waiting("NCCL's all-reduce");
   synchronize();
 }
 
@@ -347,7 +430,8 @@ void CudaEngine::inspect_each_kernel(std::function<void(int kernel, const char* 
 
 void CudaEngine::run_phase(Phase& phase) {
   if (inspect_ || profiling_) {
-    for (int i = phase.first; i < phase.last; ++i) run_kernel_alone(i);
+    for (int i = phase.first; i < phase.last; ++i)
+      if (!skipped(i)) run_kernel_alone(i);
     if (phase.updates) enqueue_updates();
     return;
   }
@@ -362,16 +446,19 @@ void CudaEngine::run_phase(Phase& phase) {
 }
 
 void CudaEngine::enqueue_phase(const Phase& phase) {
-  for (int i = phase.first; i < phase.last; ++i) enqueue_kernel(i);
+  for (int i = phase.first; i < phase.last; ++i)
+    if (!skipped(i)) enqueue_kernel(i);
   if (phase.updates) enqueue_updates();
 }
 
 void CudaEngine::enqueue_updates() {
-  for (const UpdateSpec& u : program_.updates)
-    if (u.from != u.to && u.bytes > 0)
-      NAPKIN_CU(*driver_, cuMemcpyDtoDAsync(arena_ + static_cast<CUdeviceptr>(u.to),
+  for (size_t i = 0; i < program_.updates.size(); ++i) {
+    const UpdateSpec& u = program_.updates[i];
+    if (u.from == u.to || u.bytes == 0 || (!skip_update_.empty() && skip_update_[i])) continue;
+    NAPKIN_CU(*driver_, cuMemcpyDtoDAsync(arena_ + static_cast<CUdeviceptr>(u.to),
                                           arena_ + static_cast<CUdeviceptr>(u.from), static_cast<size_t>(u.bytes),
                                           stream_));
+  }
 }
 
 void CudaEngine::capture(Phase& phase) {

@@ -31,6 +31,13 @@
 //    to enqueue and keeps the graphs device-only. No graphs while a kernel
 //    is inspected or profiled (each kernel then runs and is waited for on
 //    its own), nor when the environment sets NAPKIN_CUDA_GRAPHS=0.
+//  - data parallel: with NCCL (join_device_collectives), the backward runs
+//    as segments, each its own graph; when a segment has written a bucket
+//    of gradients (Program::bucket_bytes, in the order the backward finishes
+//    them: GradientSpec::ready_after), an event lets a second stream
+//    all-reduce that bucket (ncclAvg, in place) while the next segment
+//    runs; the optimizer waits for the last. NAPKIN_CUDA_OVERLAP=0 makes it
+//    one bucket after the whole backward.
 //  - bad index: kernels that read embedding or class ids set the module's
 //    device global napkin_bad_index ({kernel, id, bound}; element 0 is -1
 //    until one meets an id outside [0, bound)). loss() reads it with the
@@ -48,6 +55,7 @@
 #include "runtime/cuda/cublaslt_matmul.h"
 #include "runtime/cuda/cuda_classifier.h"
 #include "runtime/cuda/cuda_driver.h"
+#include "runtime/cuda/nccl_collectives.h"
 #include "runtime/engine.h"
 
 namespace napkin::runtime::cuda {
@@ -86,6 +94,13 @@ class CudaEngine final : public Engine {
   // the device (docs/distributed.md).
   void download_gradients(char* dst) override;
   void upload_gradients(const char* src) override;
+  // NCCL (runtime/cuda/nccl_collectives.h), unless NAPKIN_NCCL=0.
+  std::string join_device_collectives(Communicator& comm, std::string& why) override;
+  void average_gradients_on_device() override;
+  void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates) override {
+    skip_kernel_ = kernels;
+    skip_update_ = updates;
+  }
 
   void inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) override;
   void set_profiling(bool on) override { profiling_ = on; }
@@ -126,6 +141,19 @@ class CudaEngine final : public Engine {
   std::string describe_;
   bool graphs_enabled_ = true;
   int ordinal_ = 0;  // the GPU's index among the visible ones
+  std::vector<bool> skip_kernel_, skip_update_;  // ZeRO-1: another rank's optimizer work
+  bool skipped(int kernel) const { return !skip_kernel_.empty() && skip_kernel_[static_cast<size_t>(kernel)]; }
+
+  // Data parallel (runtime/gradient_stage.h): NCCL, and the backward cut
+  // into segments, one per bucket of gradients; after each segment the
+  // bucket's all-reduce runs on comm_stream_ while the next segment runs.
+  std::unique_ptr<NcclCollectives> nccl_;
+  CUstream comm_stream_ = nullptr;
+  std::vector<Phase> segments_;
+  std::vector<std::vector<int>> buckets_;  // gradient indices, per segment
+  std::vector<CUevent> segment_done_;
+  CUevent comm_done_ = nullptr;
+  void plan_buckets(bool overlap);
 
   CUdevice device_ = 0;
   CUcontext context_ = nullptr;

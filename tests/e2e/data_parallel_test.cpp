@@ -181,6 +181,36 @@ TEST_CASE("data parallel: a 2-rank checkpoint resumes on 4 ranks with the same g
   CHECK(alone.status == 0);
 }
 
+TEST_CASE("data parallel: ZeRO-1 trains bit for bit as plain data parallel, and its checkpoint holds all the state") {
+  Fixture f;
+  // layers=1 GPT: the matrices' AdamW update is one batched kernel, the vectors' another: two shares.
+  const std::string flags = "--steps 8 --quiet --checkpoint-every 4 --keep 0";
+  for (int ranks : {2, 4}) {
+    CAPTURE(ranks);
+    const std::string plain_dir = f.tmp / fmt::format("plain{}", ranks), zero_dir = f.tmp / fmt::format("zero{}", ranks);
+    Run plain = f.train(mpirun(ranks), f.micro, flags + " --checkpoint-dir " + plain_dir, fmt::format("plain{}", ranks));
+    Run zero = f.train(mpirun(ranks), f.micro, flags + " --zero 1 --checkpoint-dir " + zero_dir, fmt::format("zero{}", ranks));
+    INFO(plain.out << zero.out);
+    REQUIRE(plain.status == 0);
+    REQUIRE(zero.status == 0);
+    CHECK(f.losses(fmt::format("zero{}", ranks)) == f.losses(fmt::format("plain{}", ranks)));
+    // Rank 0 gathered the other ranks' optimizer state before writing: the same tensors, byte for byte.
+    for (const char* step : {"step-000004.safetensors", "step-000008.safetensors"})
+      CHECK(checkpoint_data(zero_dir + "/" + step) == checkpoint_data(plain_dir + "/" + step));
+  }
+  // The banner says what rank 0 owns.
+  Run shown = f.train(mpirun(2), f.micro, "--steps 1 --checkpoint-every 0 --zero 1", "shown");
+  INFO(shown.out);
+  CHECK(shown.out.find("ZeRO-1     rank 0 updates ") != std::string::npos);
+  // A ZeRO-1 checkpoint resumes without ZeRO (and on another rank count), as the same run.
+  Run resumed = f.train(mpirun(4), f.micro, fmt::format("--steps 8 --quiet --accumulate 1 --resume {}/step-000004.safetensors "
+                                                        "--checkpoint-dir {}", f.tmp / "zero4", f.tmp / "resumed"),
+                        "resumed");
+  INFO(resumed.out);
+  REQUIRE(resumed.status == 0);
+  CHECK(checkpoint_data(f.tmp / "resumed/step-000008.safetensors") == checkpoint_data(f.tmp / "plain4/step-000008.safetensors"));
+}
+
 // A job whose rank 1 is killed (kill -9) or stopped (SIGSTOP: a hang the
 // launcher cannot see) after its 4th checkpoint: the job ends within 30 s,
 // with a message naming the rank and step, and the newest checkpoint loads.

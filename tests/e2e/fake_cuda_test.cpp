@@ -473,4 +473,72 @@ TEST_CASE("fake cuda: an mlp with dropout trains and evaluates on the fake GPU a
   check_close(cpu_eval, cuda_eval, 1e-4);
 }
 
+// Data parallel on fake GPUs (docs/distributed.md): 2 ranks under mpirun,
+// each on its own fake GPU, average their gradients through NCCL's calls
+// (the fake's NCCL moves the bytes with MPI), and train as one GPU with the
+// whole batch; with NAPKIN_NCCL=0 the gradients go through the host and MPI;
+// one GPU accumulating two micro-batches trains so too (through the host).
+// SGD, whose update scales with the gradient (AdamW's would hide a wrong
+// divisor).
+TEST_CASE("fake cuda: 2 ranks average gradients through NCCL (or the host) and train as one GPU with the whole batch") {
+  REQUIRE(sh("command -v mpirun").status == 0);
+  TempDir dir("fakecuda-dp");
+  std::string yaml = napkin::testing::read_source("models/gpt.yaml");
+  const size_t line = yaml.find("\noptimizer: ");
+  REQUIRE(line != std::string::npos);
+  yaml.replace(line + 1, yaml.find('\n', line + 1) - line - 1, "optimizer: sgd(lr=0.5, momentum=0.9)");
+  write_bytes(dir / "gpt.yaml", yaml);
+  TempDir whole_dir("fakecuda-dp-b4");
+  const Trainers whole = build_both(dir / "gpt.yaml", "batch=4,seq=32,d=32,heads=2,layers=1", whole_dir);
+  const Trainers micro = build_both(dir / "gpt.yaml", "batch=2,seq=32,d=32,heads=2,layers=1", dir);
+  const std::string flags = fmt::format("{} {} --steps 4", kCommon, kGptData);
+  const std::string mpirun =
+      fmt::format("mpirun --oversubscribe{} -np 2", ::geteuid() == 0 ? " --allow-run-as-root" : "");
+  std::vector<double> one = train_cuda(whole, flags + " --quiet", dir, "one");
+  REQUIRE(one.size() == 4);
+
+  Run nccl = sh(fmt::format("NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} --metrics {} --checkpoint-every 0",
+                            micro.cuda_source, kFakeCudaDir, mpirun, micro.cuda, flags, dir / "nccl.jsonl"));
+  INFO(nccl.out);
+  REQUIRE(nccl.status == 0);
+  CHECK(nccl.out.find("gradients all-reduced by NCCL 2.28.0 on the GPU") != std::string::npos);
+  check_close(one, losses(dir / "nccl.jsonl"), 1e-5);
+
+  Run host = sh(fmt::format(
+      "NAPKIN_NCCL=0 NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} --metrics {} --checkpoint-every 0",
+      micro.cuda_source, kFakeCudaDir, mpirun, micro.cuda, flags, dir / "host.jsonl"));
+  INFO(host.out);
+  REQUIRE(host.status == 0);
+  CHECK(host.out.find("no device collectives: NAPKIN_NCCL=0") != std::string::npos);
+  CHECK(losses(dir / "host.jsonl") == losses(dir / "nccl.jsonl"));  // the same sums: f32, two ranks, then halved
+
+  // Small buckets: the backward in segments, each bucket all-reduced on a second stream while the next segment
+  // runs. The same bits with the work run as late as a GPU may run it (a missing wait for the gradients would
+  // all-reduce stale ones), without graphs, and as one bucket after the backward.
+  for (const std::string env : {"", "NAPKIN_FAKE_CUDA_DEFER=1", "NAPKIN_CUDA_GRAPHS=0", "NAPKIN_CUDA_OVERLAP=0"}) {
+    CAPTURE(env);
+    const std::string metrics = dir / fmt::format("buckets{}.jsonl", env.size());
+    Run r = sh(fmt::format("{} NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} --metrics {} --checkpoint-every 0 "
+                           "--bucket-mib 0.01",
+                           env, micro.cuda_source, kFakeCudaDir, mpirun, micro.cuda, flags, metrics));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    const bool overlap = env != "NAPKIN_CUDA_OVERLAP=0";
+    CHECK(r.out.find(overlap ? "in 4 buckets, each as soon as the backward has written it" : "after the backward") !=
+          std::string::npos);
+    CHECK(losses(metrics) == losses(dir / "nccl.jsonl"));
+  }
+
+  // ZeRO-1: each rank's GPU runs its own share of the optimizer; the same bits.
+  Run zero = sh(fmt::format("NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} --metrics {} --checkpoint-every 0 "
+                            "--zero 1",
+                            micro.cuda_source, kFakeCudaDir, mpirun, micro.cuda, flags, dir / "zero.jsonl"));
+  INFO(zero.out);
+  REQUIRE(zero.status == 0);
+  CHECK(zero.out.find("ZeRO-1     rank 0 updates") != std::string::npos);
+  CHECK(losses(dir / "zero.jsonl") == losses(dir / "nccl.jsonl"));
+
+  check_close(one, train_cuda(micro, flags + " --quiet --accumulate 2", dir, "accumulated"), 1e-5);
+}
+
 #endif  // NAPKIN_HAVE_CUDA_RUNTIME

@@ -655,6 +655,21 @@ CUresult cuEventRecord(CUevent event, CUstream stream) {
   });
 }
 
+// The stream's later work waits for the event: the fake runs the event's
+// stream up to now (its pending work, the record included), so whatever the
+// waiting stream runs later sees it done. Not captured: napkin waits for
+// events between graphs, never inside one.
+CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+  Fake& fake = Fake::get();
+  if (CUresult r = fake.precondition(); r != CUDA_SUCCESS) return r;
+  if (!event) return CUDA_ERROR_INVALID_HANDLE;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (fake.stream(stream).capturing || (event->recorded && fake.stream(event->stream).capturing))
+    return fake.fail(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "cuStreamWaitEvent during a capture (the fake has none)");
+  if (!event->recorded || event->done) return CUDA_SUCCESS;
+  return fake.synchronize(event->stream);
+}
+
 CUresult cuEventSynchronize(CUevent event) {
   Fake& fake = Fake::get();
   if (CUresult r = fake.precondition(); r != CUDA_SUCCESS) return r;

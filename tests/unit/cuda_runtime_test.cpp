@@ -550,6 +550,7 @@ std::string tiny_program_json() {
       {"num_forward_kernels", 1},
       {"num_gradient_kernels", 1},
       {"gradients", nlohmann::json::array()},
+      {"bucket_bytes", 26214400},
       {"cuda", {{"arch", "sm_90"}, {"scratch_bytes", 0}, {"tf32", false}}},
       {"updates", nlohmann::json::array()},
       {"train",

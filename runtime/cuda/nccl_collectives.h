@@ -1,0 +1,51 @@
+// NCCL for a CUDA trainer's ranks: the gradient all-reduce on the GPU,
+// between the backward and the optimizer, in place in the arena.
+// libnccl.so.2 is opened with dlopen (like the driver and cuBLASLt), and
+// the communicator is bootstrapped over MPI as llm.c does: rank 0 makes the
+// unique id, MPI broadcasts it, every rank joins (ncclCommInitRank).
+//
+// Terms:
+//  - average: ncclAllReduce with ncclAvg of every gradient, grouped
+//    (ncclGroupStart/End: NCCL fuses them into few kernels), enqueued on
+//    the engine's stream; each gradient in its own dtype (f32, bf16, f16,
+//    f64).
+//  - failure: an NCCL error is an Error naming the call and NCCL's text; a
+//    rank that died makes the others wait in the stream synchronization,
+//    which the communicator's watchdog times (runtime/communicator.h).
+#pragma once
+
+#include <cuda.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/communicator.h"
+#include "runtime/program.h"
+
+namespace napkin::runtime::cuda {
+
+class NcclCollectives {
+ public:
+  // Joins the job's ranks (comm.size() > 1). Throws Error when libnccl.so.2
+  // cannot be loaded or the communicator cannot be made, saying why.
+  explicit NcclCollectives(Communicator& comm);
+  ~NcclCollectives();
+  NcclCollectives(const NcclCollectives&) = delete;
+  NcclCollectives& operator=(const NcclCollectives&) = delete;
+
+  // "NCCL 2.28.3".
+  const std::string& describe() const { return describe_; }
+
+  // Enqueues the average over the ranks of the gradients `which` (indices in
+  // program.gradients), in place in the arena at `arena`, on `stream`: one
+  // NCCL group.
+  void average_gradients(const Program& program, const std::vector<int>& which, CUdeviceptr arena, CUstream stream);
+
+ private:
+  struct Api;
+  std::unique_ptr<Api> api_;
+  std::string describe_;
+};
+
+}  // namespace napkin::runtime::cuda

@@ -1,0 +1,89 @@
+#include "runtime/optimizer_shards.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "runtime/error.h"
+
+namespace napkin::runtime {
+
+namespace {
+
+int find(std::vector<int>& parent, int i) {
+  while (parent[static_cast<size_t>(i)] != i) i = parent[static_cast<size_t>(i)] = parent[static_cast<size_t>(parent[static_cast<size_t>(i)])];
+  return i;
+}
+
+}  // namespace
+
+OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : program_(program), rank_(rank) {
+  const std::vector<const TensorSpec*> params = program.with_role("param");
+  std::unordered_map<std::string, int> index;
+  for (size_t i = 0; i < params.size(); ++i) index[params[i]->name] = static_cast<int>(i);
+  std::vector<int64_t> bytes(params.size());
+  for (size_t i = 0; i < params.size(); ++i) bytes[i] = params[i]->bytes;
+  for (const TensorSpec* s : program.with_role("state")) {
+    state_bytes_ += s->bytes;
+    if (auto it = index.find(s->param); it != index.end()) bytes[static_cast<size_t>(it->second)] += s->bytes;
+  }
+
+  // Units: parameters that share a kernel.
+  std::vector<int> parent(params.size());
+  std::iota(parent.begin(), parent.end(), 0);
+  for (const KernelSpec& k : program.kernels) {
+    // A kernel serving every parameter (the gradient norm for clipping) runs on every rank that owns any: it
+    // binds none of them together.
+    if (k.shared || k.serves.empty() || k.serves.size() == params.size()) continue;
+    const int first = index.at(k.serves.front());
+    for (const std::string& p : k.serves) parent[static_cast<size_t>(find(parent, index.at(p)))] = find(parent, first);
+  }
+  std::vector<int> roots;
+  std::vector<int64_t> unit_bytes(params.size(), 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int r = find(parent, static_cast<int>(i));
+    if (unit_bytes[static_cast<size_t>(r)] == 0 && r == static_cast<int>(i)) roots.push_back(r);
+    unit_bytes[static_cast<size_t>(r)] += bytes[i];
+  }
+  std::stable_sort(roots.begin(), roots.end(), [&](int a, int b) {
+    return unit_bytes[static_cast<size_t>(a)] > unit_bytes[static_cast<size_t>(b)];
+  });
+  std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
+  std::vector<int> owner_of_root(params.size(), 0);
+  for (int r : roots) {
+    const int least = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner_of_root[static_cast<size_t>(r)] = least;
+    load[static_cast<size_t>(least)] += unit_bytes[static_cast<size_t>(r)];
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int o = owner_of_root[static_cast<size_t>(find(parent, static_cast<int>(i)))];
+    owner_[params[i]->name] = o;
+    if (o == rank_) ++owned_params_;
+  }
+  for (const TensorSpec* s : program.with_role("state"))
+    if (!s->param.empty() && owner_.at(s->param) == rank_) owned_state_bytes_ += s->bytes;
+
+  skip_kernel_.assign(program.kernels.size(), false);
+  for (size_t i = 0; i < program.kernels.size(); ++i) {
+    const KernelSpec& k = program.kernels[i];
+    if (k.shared) continue;
+    skip_kernel_[i] = std::none_of(k.serves.begin(), k.serves.end(), [&](const std::string& p) { return owner_.at(p) == rank_; });
+  }
+  skip_update_.assign(program.updates.size(), false);
+  for (size_t u = 0; u < program.updates.size(); ++u)
+    skip_update_[u] = !program.updates[u].param.empty() && owner_.at(program.updates[u].param) != rank_;
+}
+
+void OptimizerShards::gather_params(Engine& engine, Communicator& comm) const {
+  engine.download("param");
+  for (const TensorSpec* t : program_.with_role("param")) comm.broadcast(engine.host(*t), t->bytes, owner_.at(t->name));
+  engine.upload("param");
+}
+
+void OptimizerShards::gather_state(Engine& engine, Communicator& comm) const {
+  engine.download("state");
+  for (const TensorSpec* t : program_.with_role("state"))
+    if (!t->param.empty()) comm.broadcast(engine.host(*t), t->bytes, owner_.at(t->param));
+  engine.upload("state");
+}
+
+}  // namespace napkin::runtime

@@ -1,0 +1,65 @@
+// ZeRO stage 1 for a data-parallel job (docs/distributed.md): each rank
+// updates only the parameters it owns, with their optimizer state, and then
+// every parameter goes from its owner to the other ranks. The gradients are
+// all-reduced as without it (every rank needs the whole gradient for global
+// clipping and fp16's overflow check), so the update each owner computes is
+// the one every rank would have computed: a ZeRO-1 run is bit-identical to
+// plain data parallelism, and its optimizer state is touched by one rank
+// each.
+//
+// Terms:
+//  - unit: parameters that share an optimizer kernel (codegen/plan.h
+//    Kernel::serves: a batched update of same-shaped parameters), owned
+//    together so that the kernel runs on one rank. A kernel that serves
+//    every parameter (the gradient norm) binds none: each rank that owns
+//    any runs it. So the shares are as even as the batches allow: GPT's
+//    matrices are one batch, its vectors another.
+//  - ownership: units, largest first (parameter and state bytes; ties by the
+//    first parameter's index), each to the rank with the fewest bytes so far
+//    (ties: the lowest rank). A pure function of the program and the rank
+//    count.
+//  - skipped: an optimizer kernel that serves no parameter of this rank, an
+//    update copy of another rank's parameter or state. Shared kernels (the
+//    learning rate, the step counter) run everywhere.
+//  - gather: one broadcast per parameter from its owner, after every step;
+//    before a checkpoint, one per state tensor too, so that rank 0 holds the
+//    whole run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/communicator.h"
+#include "runtime/engine.h"
+
+namespace napkin::runtime {
+
+class OptimizerShards {
+ public:
+  OptimizerShards(const Program& program, int ranks, int rank);
+
+  int owner(const std::string& param) const { return owner_.at(param); }
+  const std::vector<bool>& skip_kernel() const { return skip_kernel_; }
+  const std::vector<bool>& skip_update() const { return skip_update_; }
+  // This rank's share: parameters owned, and their optimizer state bytes of all.
+  int owned_params() const { return owned_params_; }
+  int64_t owned_state_bytes() const { return owned_state_bytes_; }
+  int64_t state_bytes() const { return state_bytes_; }
+
+  // After the optimizer: every parameter from its owner.
+  void gather_params(Engine& engine, Communicator& comm) const;
+  // Before a checkpoint: every parameter's optimizer state from its owner.
+  void gather_state(Engine& engine, Communicator& comm) const;
+
+ private:
+  const Program& program_;
+  int rank_ = 0;
+  std::unordered_map<std::string, int> owner_;  // param -> rank
+  std::vector<bool> skip_kernel_, skip_update_;
+  int owned_params_ = 0;
+  int64_t owned_state_bytes_ = 0, state_bytes_ = 0;
+};
+
+}  // namespace napkin::runtime
