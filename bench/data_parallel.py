@@ -9,6 +9,8 @@ what `mpirun -np N` measures (docs/distributed.md, "What it costs").
    took (the metrics' "all_reduce" record).
 3. `napkin report models/gpt.yaml --device cpu --ranks N --interconnect shm`
    predicts that all-reduce (plain data parallel's comm time) and the step.
+4. The same job with --zero 1: each rank's peak resident memory with and
+   without it, against the report's per-rank ZeRO-1 saving.
 
 Prints both and their ratio. Needs Open MPI's mpirun (and mpicxx, from
 libopenmpi-dev, for step 1; without it step 1 is skipped).
@@ -77,6 +79,22 @@ def main():
     print(f"  step        predicted {d['stages'][0]['step_s'] * 1e3:8.1f} ms   measured {summary['measured_step_ms']:8.1f} ms "
           f"(median)   measured/predicted {summary['measured_step_ms'] / (d['stages'][0]['step_s'] * 1e3):.2f}")
     print("  (the trainer all-reduces after the whole backward; the report's step hides what it can behind it)")
+
+    # ZeRO-1: each rank's peak resident memory with and without it, against the report's per-rank figures.
+    peaks = {}
+    for zero in (0, 1):
+        m = os.path.join(tmp, f"zero{zero}.jsonl")
+        run(mpirun(args.ranks) + [trainer, "--threads", "1", "--steps", "4", "--checkpoint-every", "0", "--quiet",
+                                  "--zero", str(zero), "--metrics", m])
+        peaks[zero] = next(json.loads(line) for line in open(m) if "peak_resident_bytes" in line)["peak_resident_bytes"]
+    stages = d["stages"]
+    predicted = (stages[0]["peak_bytes"] - stages[1]["peak_bytes"]) / 2**20
+    print()
+    print(f"ZeRO-1 on {args.ranks} ranks: peak resident memory per rank (MiB)")
+    print("  plain   " + "  ".join(f"{b / 2**20:7.1f}" for b in peaks[0]))
+    print("  zero 1  " + "  ".join(f"{b / 2**20:7.1f}" for b in peaks[1]))
+    print("  saved   " + "  ".join(f"{(a - b) / 2**20:7.1f}" for a, b in zip(peaks[0], peaks[1])) +
+          f"   (the report: {predicted:.1f} MiB a rank, the optimizer state's (N-1)/N)")
     shutil.rmtree(tmp)
 
 

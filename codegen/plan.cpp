@@ -352,21 +352,30 @@ void mark_served(const ir::Graph& g, KernelPlan& plan) {
       for (size_t i = 0; i <= n_params; ++i) theirs[i] = theirs[i] || mine[i];
     }
   }
+  // What a set of nodes serves together; nullopt when shared (or serving
+  // nothing, a dead value: run it everywhere).
+  auto served_by = [&](const std::vector<ir::NodeId>& nodes) -> std::optional<std::vector<int>> {
+    std::vector<bool> all(n_params + 1, false);
+    for (ir::NodeId id : nodes)
+      if (auto it = serves.find(id); it != serves.end())
+        for (size_t i = 0; i <= n_params; ++i) all[i] = all[i] || it->second[i];
+    if (all[n_params]) return std::nullopt;
+    std::vector<int> params;
+    for (size_t i = 0; i < n_params; ++i)
+      if (all[i]) params.push_back(static_cast<int>(i));
+    if (params.empty()) return std::nullopt;
+    return params;
+  };
   for (Kernel& k : plan.kernels) {
     if (k.phase != ir::Phase::Optimizer) continue;
     std::vector<ir::NodeId> nodes{k.node};
     if (k.fused)
       for (const FusedOp& op : k.fused->ops) nodes.push_back(op.node);
-    for (const BatchMember& m : k.batch) nodes.insert(nodes.end(), m.nodes.begin(), m.nodes.end());
-    std::vector<bool> all(n_params + 1, false);
-    for (ir::NodeId id : nodes)
-      if (auto it = serves.find(id); it != serves.end())
-        for (size_t i = 0; i <= n_params; ++i) all[i] = all[i] || it->second[i];
-    if (all[n_params]) continue;  // shared: every rank runs it
-    std::vector<int> params;
-    for (size_t i = 0; i < n_params; ++i)
-      if (all[i]) params.push_back(static_cast<int>(i));
-    if (!params.empty()) k.serves = std::move(params);  // serving nothing (a dead value): run it everywhere
+    for (const BatchMember& m : k.batch) {
+      nodes.insert(nodes.end(), m.nodes.begin(), m.nodes.end());
+      k.member_serves.push_back(served_by(m.nodes));
+    }
+    k.serves = served_by(nodes);
   }
 }
 

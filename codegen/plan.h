@@ -163,6 +163,9 @@ struct Kernel {
   // that owns none of them may skip it (ZeRO-1, docs/distributed.md): what
   // it computes feeds only those parameters' updates.
   std::optional<std::vector<int>> serves;
+  // A batch kernel in the optimizer phase: what each member serves, as
+  // `serves` (nullopt: shared).
+  std::vector<std::optional<std::vector<int>>> member_serves;
 
   // The parameters of its kind (an internal error for another kind).
   const ir::FillParams& fill() const { return std::get<ir::FillParams>(params); }
@@ -204,6 +207,10 @@ struct Launch {
   int64_t extent = 1;
   bool parallel = false;
   bool combine = false;
+  // A batch kernel whose dim-0 indices are its members' work items, member
+  // after member: how many each has (so a runtime may run some members
+  // only: ZeRO-1, docs/distributed.md); empty otherwise.
+  std::vector<int64_t> member_work;
 };
 
 // A parameter's gradient where the backward leaves it and the optimizer

@@ -253,12 +253,20 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
               {"combine", launches.at(i).combine},
               {"out", operand_json(k.output)}};
     if (k.phase == ir::Phase::Optimizer) {
-      json serves = nullptr;  // shared: every rank runs it
-      if (k.serves) {
-        serves = json::array();
-        for (int p : *k.serves) serves.push_back(g.value(g.params[static_cast<size_t>(p)].value).name);
+      // null: shared, every rank runs it; else the parameters' names.
+      auto names = [&](const std::optional<std::vector<int>>& serves) -> json {
+        if (!serves) return nullptr;
+        json out = json::array();
+        for (int p : *serves) out.push_back(g.value(g.params[static_cast<size_t>(p)].value).name);
+        return out;
+      };
+      j["serves"] = names(k.serves);
+      const std::vector<int64_t>& work = launches.at(i).member_work;
+      if (!work.empty() && work.size() == k.member_serves.size()) {
+        json members = json::array();
+        for (size_t m = 0; m < work.size(); ++m) members.push_back({{"work", work[m]}, {"serves", names(k.member_serves[m])}});
+        j["members"] = members;
       }
-      j["serves"] = serves;
     }
     if (k.kind == KernelKind::Gemm) j["matmul"] = matmul_json(k);
     if (k.kind == KernelKind::Attention) j["attention"] = attention_json(k);

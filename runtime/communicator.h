@@ -39,6 +39,9 @@ class Communicator {
   virtual void all_reduce_sum(double* data, int64_t count) = 0;
   // Rank `root`'s `bytes` bytes at `data` to every rank.
   virtual void broadcast(void* data, int64_t bytes, int root = 0) = 0;
+  // Point to point: `bytes` bytes to rank `to`, or from rank `from`.
+  virtual void send(const void* data, int64_t bytes, int to) = 0;
+  virtual void receive(void* data, int64_t bytes, int from) = 0;
   virtual void barrier() = 0;
   // Ends every rank of the job with `status` (MPI_Abort): what a rank that
   // met an error does, so that the others do not wait for it forever.

@@ -26,9 +26,14 @@ class CpuEngine final : public Engine {
     ex_.run_optimizer();
     ex_.apply_updates();
   }
-  void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates) override {
+  void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates,
+            const std::vector<std::vector<bool>>& members) override {
     ex_.skip_kernel = kernels;
     ex_.skip_update = updates;
+    ex_.run_member = members;
+  }
+  void release(const std::vector<const TensorSpec*>& tensors) override {
+    for (const TensorSpec* t : tensors) ex_.release(t->offset, t->bytes);
   }
   void download_gradients(char* dst) override;
   void upload_gradients(const char* src) override;

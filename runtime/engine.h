@@ -68,9 +68,15 @@ class Engine {
   virtual void average_gradients_on_device() {}
 
   // ZeRO-1 (runtime/optimizer_shards.h): kernels and update copies this
-  // rank skips, per index in the program (empty: none). Set once, before
-  // the first step.
-  virtual void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates) = 0;
+  // rank skips, per index in the program (empty: none), and per batch
+  // kernel the members it runs (empty: all; engines whose batches cannot
+  // be split get none). Set once, before the first step.
+  virtual void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates,
+                    const std::vector<std::vector<bool>>& members) = 0;
+  // ZeRO-1: the memory of these tensors, which this rank never reads, may
+  // be given back (they then read as zero). A no-op where the engine
+  // cannot (a GPU arena is one allocation).
+  virtual void release(const std::vector<const TensorSpec*>& tensors) { (void)tensors; }
 
   // Debugging and profiling, both slow (every kernel runs on its own):
   // after each kernel, `inspect` gets the kernel's index and its output in

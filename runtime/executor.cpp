@@ -1,5 +1,8 @@
 #include "runtime/executor.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +19,7 @@ const Program* g_active = nullptr;
 struct LoopCall {
   KernelFn fn;
   char* arena;
+  int64_t base = 0;  // added to the range: a batch member's first work item
 };
 
 // A GEMM epilogue's generated function (codegen/cpu/kernels.cpp): rows
@@ -28,7 +32,7 @@ struct EpilogueCall {
 
 void run_chunk(void* ctx, int64_t begin, int64_t end) {
   auto* call = static_cast<LoopCall*>(ctx);
-  call->fn(call->arena, begin, end);
+  call->fn(call->arena, call->base + begin, call->base + end);
 }
 
 }  // namespace
@@ -37,10 +41,13 @@ const Program* active_program() { return g_active; }
 
 Executor::Executor(const Program& program, const KernelFn* fns, int threads)
     : program_(program), fns_(fns), pool_(threads) {
-  size_t bytes = static_cast<size_t>((program.arena_bytes + 63) / 64 * 64);
-  arena_ = static_cast<char*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
-  if (!arena_) throw Error("cannot allocate the arena: " + std::to_string(program.arena_bytes) + " bytes");
-  std::memset(arena_, 0, bytes);
+  // An anonymous mapping: zero as the plan wants it, page-aligned, and
+  // backed only where written, so memory a rank never touches (another
+  // rank's optimizer state under ZeRO-1) costs nothing.
+  arena_mapped_ = static_cast<size_t>(std::max<int64_t>(program.arena_bytes, 1));
+  void* p = ::mmap(nullptr, arena_mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw Error("cannot allocate the arena: " + std::to_string(program.arena_bytes) + " bytes");
+  arena_ = static_cast<char*>(p);
   for (const KernelSpec& k : program.kernels) {
     attentions_.push_back(nullptr);
     classifiers_.push_back(nullptr);
@@ -80,7 +87,13 @@ Executor::Executor(const Program& program, const KernelFn* fns, int threads)
 
 Executor::~Executor() {
   if (g_active == &program_) g_active = nullptr;
-  std::free(arena_);
+  ::munmap(arena_, arena_mapped_);
+}
+
+void Executor::release(int64_t offset, int64_t bytes) {
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const int64_t begin = (offset + page - 1) / page * page, end = (offset + bytes) / page * page;
+  if (end > begin) ::madvise(arena_ + begin, static_cast<size_t>(end - begin), MADV_DONTNEED);
 }
 
 void Executor::run_kernel(int i) {
@@ -130,8 +143,22 @@ void Executor::run_kernel(int i) {
     return;
   }
   LoopCall call{fns_[i], arena_};
-  if (k.parallel) pool_.parallel_for(k.extent, run_chunk, &call);
-  else call.fn(arena_, 0, k.extent);
+  if (!run_member.empty() && !run_member[static_cast<size_t>(i)].empty()) {
+    // Some members of a batch only (ZeRO-1): each one's work items.
+    const std::vector<bool>& run = run_member[static_cast<size_t>(i)];
+    for (size_t m = 0; m < k.members.size(); ++m) {
+      const int64_t work = k.members[m].work;
+      if (run[m]) {
+        if (k.parallel) pool_.parallel_for(work, run_chunk, &call);
+        else call.fn(arena_, call.base, call.base + work);
+      }
+      call.base += work;
+    }
+  } else if (k.parallel) {
+    pool_.parallel_for(k.extent, run_chunk, &call);
+  } else {
+    call.fn(arena_, 0, k.extent);
+  }
   if (k.combine) call.fn(arena_, k.extent, k.extent + 1);
 }
 

@@ -1,8 +1,9 @@
 // Runs a program's kernels over its arena: the whole step (forward, backward,
 // optimizer, then the update copies) or the forward kernels alone (eval).
 //
-// The arena is allocated once, 64-byte aligned, with exactly the program's
-// planned size, and zeroed (optimizer state starts at zero). Loop kernels are
+// The arena is allocated once, an anonymous mapping (page-aligned) of
+// exactly the program's planned size, zero (optimizer state starts at zero)
+// and backed by memory only where written. Loop kernels are
 // generated functions; the runtime splits a parallel one's dim-0 range across
 // the thread pool, deterministically (same split every step). Matmul kernels
 // go to runtime/gemm.h.
@@ -56,6 +57,13 @@ class Executor {
   // Kernels and update copies not run (ZeRO-1: another rank's optimizer
   // work), by index; empty: none.
   std::vector<bool> skip_kernel, skip_update;
+  // Per kernel: the batch members to run (empty: all).
+  std::vector<std::vector<bool>> run_member;
+
+  // Gives back the memory of arena bytes [offset, offset + bytes) (the whole
+  // pages inside it), which then reads as zero: another rank's optimizer
+  // state under ZeRO-1.
+  void release(int64_t offset, int64_t bytes);
 
   // Seconds spent in each kernel, accumulated while profiling is on.
   bool profile = false;
@@ -66,6 +74,7 @@ class Executor {
   const KernelFn* fns_;
   ThreadPool pool_;
   char* arena_ = nullptr;
+  size_t arena_mapped_ = 0;
   std::vector<std::unique_ptr<Gemm>> gemms_;  // per kernel; null for loops
   std::vector<std::unique_ptr<Attention>> attentions_;  // per kernel; null but for attention kernels
   std::vector<std::unique_ptr<Classifier>> classifiers_;  // per kernel; null but for classifier kernels

@@ -39,6 +39,8 @@ struct MpiApi {
   int (*allreduce)(const void*, void*, int, Handle, Handle, Handle) = nullptr;
   int (*barrier)(Handle) = nullptr;
   int (*bcast)(void*, int, Handle, int, Handle) = nullptr;
+  int (*send)(const void*, int, Handle, int, int, Handle) = nullptr;
+  int (*recv)(void*, int, Handle, int, int, Handle, void*) = nullptr;
   int (*abort)(Handle, int) = nullptr;
   int (*get_library_version)(char*, int*) = nullptr;
   int (*get_processor_name)(char*, int*) = nullptr;
@@ -80,6 +82,8 @@ MpiApi load(const LaunchedRank& launched) {
   bind(api, api.allreduce, "MPI_Allreduce", path);
   bind(api, api.barrier, "MPI_Barrier", path);
   bind(api, api.bcast, "MPI_Bcast", path);
+  bind(api, api.send, "MPI_Send", path);
+  bind(api, api.recv, "MPI_Recv", path);
   bind(api, api.abort, "MPI_Abort", path);
   bind(api, api.get_library_version, "MPI_Get_library_version", path);
   bind(api, api.get_processor_name, "MPI_Get_processor_name", path);
@@ -131,6 +135,27 @@ class MpiCommunicator final : public Communicator {
     for (int64_t done = 0; done < bytes;) {
       int n = static_cast<int>(std::min<int64_t>(bytes - done, INT_MAX));
       check(api_.bcast(p + done, n, api_.type_char, root, api_.comm_world), "MPI_Bcast");
+      done += n;
+    }
+  }
+
+  void send(const void* data, int64_t bytes, int to) override {
+    Waiting waiting("a send");
+    const char* p = static_cast<const char*>(data);
+    for (int64_t done = 0; done < bytes;) {
+      int n = static_cast<int>(std::min<int64_t>(bytes - done, INT_MAX));
+      check(api_.send(p + done, n, api_.type_char, to, 0, api_.comm_world), "MPI_Send");
+      done += n;
+    }
+  }
+
+  void receive(void* data, int64_t bytes, int from) override {
+    Waiting waiting("a receive");
+    char* p = static_cast<char*>(data);
+    for (int64_t done = 0; done < bytes;) {
+      int n = static_cast<int>(std::min<int64_t>(bytes - done, INT_MAX));
+      // MPI_STATUS_IGNORE is a null pointer in Open MPI.
+      check(api_.recv(p + done, n, api_.type_char, from, 0, api_.comm_world, nullptr), "MPI_Recv");
       done += n;
     }
   }

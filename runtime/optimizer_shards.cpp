@@ -27,15 +27,22 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
     if (auto it = index.find(s->param); it != index.end()) bytes[static_cast<size_t>(it->second)] += s->bytes;
   }
 
-  // Units: parameters that share a kernel.
+  // Units: parameters that share a kernel whose members cannot run apart.
   std::vector<int> parent(params.size());
   std::iota(parent.begin(), parent.end(), 0);
+  auto bind_together = [&](const std::vector<std::string>& serves) {
+    // What every parameter needs (the gradient norm for clipping) runs on every rank that owns any: it binds
+    // none of them together.
+    if (serves.empty() || serves.size() == params.size()) return;
+    const int first = index.at(serves.front());
+    for (const std::string& p : serves) parent[static_cast<size_t>(find(parent, index.at(p)))] = find(parent, first);
+  };
   for (const KernelSpec& k : program.kernels) {
-    // A kernel serving every parameter (the gradient norm for clipping) runs on every rank that owns any: it
-    // binds none of them together.
-    if (k.shared || k.serves.empty() || k.serves.size() == params.size()) continue;
-    const int first = index.at(k.serves.front());
-    for (const std::string& p : k.serves) parent[static_cast<size_t>(find(parent, index.at(p)))] = find(parent, first);
+    if (k.shared) continue;
+    if (k.members.empty()) bind_together(k.serves);
+    else
+      for (const KernelSpec::Member& m : k.members)
+        if (!m.shared) bind_together(m.serves);
   }
   std::vector<int> roots;
   std::vector<int64_t> unit_bytes(params.size(), 0);
@@ -62,12 +69,22 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
   for (const TensorSpec* s : program.with_role("state"))
     if (!s->param.empty() && owner_.at(s->param) == rank_) owned_state_bytes_ += s->bytes;
 
+  auto mine = [&](const std::vector<std::string>& serves) {
+    return std::any_of(serves.begin(), serves.end(), [&](const std::string& p) { return owner_.at(p) == rank_; });
+  };
   skip_kernel_.assign(program.kernels.size(), false);
+  run_member_.assign(program.kernels.size(), {});
   for (size_t i = 0; i < program.kernels.size(); ++i) {
     const KernelSpec& k = program.kernels[i];
     if (k.shared) continue;
-    skip_kernel_[i] = std::none_of(k.serves.begin(), k.serves.end(), [&](const std::string& p) { return owner_.at(p) == rank_; });
+    skip_kernel_[i] = !mine(k.serves);
+    if (skip_kernel_[i] || k.members.empty()) continue;
+    std::vector<bool> run;
+    for (const KernelSpec::Member& m : k.members) run.push_back(m.shared || mine(m.serves));
+    if (std::count(run.begin(), run.end(), true) < static_cast<std::ptrdiff_t>(run.size())) run_member_[i] = run;
   }
+  for (const TensorSpec* s : program.with_role("state"))
+    if (!s->param.empty() && owner_.at(s->param) != rank_) others_state_.push_back(s);
   skip_update_.assign(program.updates.size(), false);
   for (size_t u = 0; u < program.updates.size(); ++u)
     skip_update_[u] = !program.updates[u].param.empty() && owner_.at(program.updates[u].param) != rank_;
@@ -81,9 +98,14 @@ void OptimizerShards::gather_params(Engine& engine, Communicator& comm) const {
 
 void OptimizerShards::gather_state(Engine& engine, Communicator& comm) const {
   engine.download("state");
-  for (const TensorSpec* t : program_.with_role("state"))
-    if (!t->param.empty()) comm.broadcast(engine.host(*t), t->bytes, owner_.at(t->param));
-  engine.upload("state");
+  for (const TensorSpec* t : program_.with_role("state")) {
+    if (t->param.empty()) continue;
+    const int owner = owner_.at(t->param);
+    if (owner == 0) continue;
+    if (rank_ == owner) comm.send(engine.host(*t), t->bytes, 0);
+    if (rank_ == 0) comm.receive(engine.host(*t), t->bytes, owner);
+  }
+  if (rank_ == 0) engine.upload("state");
 }
 
 }  // namespace napkin::runtime

@@ -9,21 +9,25 @@
 //
 // Terms:
 //  - unit: parameters that share an optimizer kernel (codegen/plan.h
-//    Kernel::serves: a batched update of same-shaped parameters), owned
-//    together so that the kernel runs on one rank. A kernel that serves
-//    every parameter (the gradient norm) binds none: each rank that owns
-//    any runs it. So the shares are as even as the batches allow: GPT's
-//    matrices are one batch, its vectors another.
+//    Kernel::serves) whose members cannot run apart, owned together so that
+//    the kernel runs on one rank. The CPU's batches can (each member's work
+//    items are known: Launch::member_work), so there every parameter is a
+//    unit; a CUDA batch (same-shaped parameters' updates in one launch)
+//    cannot. A kernel that serves every parameter (the gradient norm) binds
+//    none: each rank that owns any runs it.
 //  - ownership: units, largest first (parameter and state bytes; ties by the
 //    first parameter's index), each to the rank with the fewest bytes so far
 //    (ties: the lowest rank). A pure function of the program and the rank
 //    count.
-//  - skipped: an optimizer kernel that serves no parameter of this rank, an
-//    update copy of another rank's parameter or state. Shared kernels (the
-//    learning rate, the step counter) run everywhere.
+//  - skipped: an optimizer kernel that serves no parameter of this rank (or
+//    a batch member), an update copy of another rank's parameter or state.
+//    Shared kernels (the learning rate, the step counter) run everywhere.
+//  - memory: the other ranks' optimizer state is never read here; a CPU
+//    rank gives its pages back (runtime/executor.h release), so each rank
+//    holds its own share of the state.
 //  - gather: one broadcast per parameter from its owner, after every step;
-//    before a checkpoint, one per state tensor too, so that rank 0 holds the
-//    whole run.
+//    before a checkpoint, each state tensor from its owner to rank 0, so
+//    that rank 0 holds the whole run while it writes it.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +47,9 @@ class OptimizerShards {
   int owner(const std::string& param) const { return owner_.at(param); }
   const std::vector<bool>& skip_kernel() const { return skip_kernel_; }
   const std::vector<bool>& skip_update() const { return skip_update_; }
+  const std::vector<std::vector<bool>>& run_member() const { return run_member_; }
+  // The optimizer state of the other ranks' parameters: never read here.
+  const std::vector<const TensorSpec*>& others_state() const { return others_state_; }
   // This rank's share: parameters owned, and their optimizer state bytes of all.
   int owned_params() const { return owned_params_; }
   int64_t owned_state_bytes() const { return owned_state_bytes_; }
@@ -50,7 +57,8 @@ class OptimizerShards {
 
   // After the optimizer: every parameter from its owner.
   void gather_params(Engine& engine, Communicator& comm) const;
-  // Before a checkpoint: every parameter's optimizer state from its owner.
+  // Before a checkpoint: every parameter's optimizer state from its owner
+  // to rank 0 (which may then release it again: others_state()).
   void gather_state(Engine& engine, Communicator& comm) const;
 
  private:
@@ -58,6 +66,8 @@ class OptimizerShards {
   int rank_ = 0;
   std::unordered_map<std::string, int> owner_;  // param -> rank
   std::vector<bool> skip_kernel_, skip_update_;
+  std::vector<std::vector<bool>> run_member_;
+  std::vector<const TensorSpec*> others_state_;
   int owned_params_ = 0;
   int64_t owned_state_bytes_ = 0, state_bytes_ = 0;
 };

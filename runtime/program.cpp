@@ -205,6 +205,16 @@ Program parse_program(const char* text, size_t size) {
         s.serves = serves.get<std::vector<std::string>>();
         s.shared = false;
       }
+      if (k.contains("members"))
+        for (const json& m : k.at("members")) {
+          KernelSpec::Member member;
+          member.work = m.at("work");
+          if (!m.at("serves").is_null()) {
+            member.serves = m.at("serves").get<std::vector<std::string>>();
+            member.shared = false;
+          }
+          s.members.push_back(std::move(member));
+        }
       if (k.contains("cuda_launches"))
         for (const json& l : k.at("cuda_launches"))
           s.cuda_launches.push_back({l.at("function"), l.at("grid"), l.at("block"), l.at("shared"),

@@ -104,6 +104,14 @@ struct KernelSpec {
   // with `shared` when every rank runs it (codegen/plan.h Kernel::serves).
   std::vector<std::string> serves;
   bool shared = true;
+  // A CPU batch kernel in the optimizer phase: its members in order, each
+  // with its work items (consecutive dim-0 indices) and what it serves.
+  struct Member {
+    int64_t work = 0;
+    std::vector<std::string> serves;
+    bool shared = true;
+  };
+  std::vector<Member> members;
   // The time model's view of the kernel (analysis/step_time.h), when the
   // device is known: its class ("matmul", "attention", ...), work, and
   // predicted seconds (-1: the device has no peak for its dtype).

@@ -214,6 +214,15 @@ CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef
   }
 }
 
+// This process's peak resident set (VmHWM of /proc/self/status), 0 where
+// there is none.
+int64_t peak_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;  // "VmHWM:   123456 kB"
+  return 0;
+}
+
 // The micro-batches of one step, and the checkpoint field that records them:
 // a run resumed with another split of the same global batch continues it.
 constexpr const char* kMicroBatchesKey = "micro_batches_per_step";
@@ -253,7 +262,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   std::unique_ptr<OptimizerShards> shards;
   if (o.zero == 1 && ranks > 1) {
     shards = std::make_unique<OptimizerShards>(program, ranks, comm.rank());
-    ex.skip(shards->skip_kernel(), shards->skip_update());
+    ex.skip(shards->skip_kernel(), shards->skip_update(), shards->run_member());
   }
   int64_t start_step = 0;
   uint64_t seed = o.seed;
@@ -281,6 +290,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     lineage.adopts_version1 = h.format == 1;
     ex.upload("param");
     ex.upload("state");
+    if (shards) ex.release(shards->others_state());  // read whole; this rank keeps its share
     if (start_step > o.steps)
       throw Error(fmt::format("{} is at step {}, past --steps {}: pass --steps N with N > {} to train further", h.path,
                               start_step, o.steps, start_step));
@@ -373,6 +383,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
                                    {"seed", std::to_string(seed)},
                                    {kMicroBatchesKey, std::to_string(micro_batches)}},
                                   o.keep);
+    if (shards) ex.release(shards->others_state());  // gathered for the file only
     if (!quiet) fmt::print("  saved {}\n", path);
     return path;
   };
@@ -525,6 +536,18 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
                  human_bytes(bytes), seconds * 1e3, gradients.all_reduces(), bus / 1e9);
     metrics->line(fmt::format(R"({{"all_reduce": true, "ranks": {}, "bytes": {}, "mean_ms": {:.6f}, "bus_gb_per_s": {:.6g}}})",
                               ranks, gradients.all_reduce_bytes(), seconds * 1e3, bus / 1e9));
+  }
+  if (ranks > 1) {
+    // Each rank's peak resident memory (what ZeRO-1 saves shows here), to rank 0.
+    std::vector<double> peaks(static_cast<size_t>(ranks), 0.0);
+    peaks[static_cast<size_t>(comm.rank())] = static_cast<double>(peak_resident_bytes());
+    comm.all_reduce_sum(peaks.data(), ranks);
+    std::string list;
+    for (double b : peaks) list += (list.empty() ? "" : ", ") + human_bytes(b);
+    if (!quiet) fmt::print("memory: peak resident per rank {}\n", list);
+    std::string json_list;
+    for (double b : peaks) json_list += (json_list.empty() ? "" : ", ") + fmt::format("{:.0f}", b);
+    metrics->line(fmt::format(R"({{"peak_resident_bytes": [{}], "zero": {}}})", json_list, shards ? 1 : 0));
   }
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success

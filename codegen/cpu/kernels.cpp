@@ -560,6 +560,7 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
   for (const BatchMember& member : k.batch) work_elements += member.numel;
   LoopInfo info = loop_info(chunks, work_elements);
   info.combine = reduces;
+  for (size_t m = 0; m < k.batch.size(); ++m) info.member_work.push_back(first_chunk[m + 1] - first_chunk[m]);
   return info;
 }
 

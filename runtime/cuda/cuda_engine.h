@@ -97,7 +97,9 @@ class CudaEngine final : public Engine {
   // NCCL (runtime/cuda/nccl_collectives.h), unless NAPKIN_NCCL=0.
   std::string join_device_collectives(Communicator& comm, std::string& why) override;
   void average_gradients_on_device() override;
-  void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates) override {
+  // Batch members are not split here (a CUDA batch is one launch).
+  void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates,
+            const std::vector<std::vector<bool>>&) override {
     skip_kernel_ = kernels;
     skip_update_ = updates;
   }

@@ -244,6 +244,12 @@ void check_failure_ends_the_job(const char* signal, const char* expected) {
   REQUIRE(all.size() >= 4);
   CHECK(napkin::runtime::read_checkpoint_header(all.front().second).step == all.front().first);
   for (const auto& [step, path] : all) CHECK_NOTHROW(napkin::runtime::verify_checkpoint(path, napkin::runtime::read_checkpoint_header(path).model_hash));
+  // ... and the job resumes from the newest.
+  Run resumed = sh(fmt::format("{} {} {} --steps {} --quiet --resume {}", mpirun(2), f.micro, kData,
+                               all.front().first + 2, dir));
+  INFO(resumed.out);
+  CHECK(resumed.status == 0);
+  CHECK(napkin::runtime::list_checkpoints(dir).front().first == all.front().first + 2);
 }
 
 TEST_CASE("data parallel: a killed rank ends the job within 30 s, naming it, the last checkpoint intact") {
