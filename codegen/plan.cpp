@@ -282,18 +282,23 @@ std::pair<int64_t, int64_t> span(const Operand& o) {
   return {o.byte_offset, o.byte_offset + (last + 1) * size};
 }
 
-// Each gradient's ready_after: the last kernel with an output overlapping
-// its bytes. A gradient's buffer is live from its first write to the end of
-// the step, so whatever writes there writes that gradient.
+// Each gradient's ready_after: the last kernel before the optimizer that
+// writes or reads its bytes. A gradient's buffer is live from its first
+// write to the end of the step, so whatever writes there writes that
+// gradient; after the last such kernel an all-reduce may change it in
+// place while the rest of the backward runs.
 void mark_ready(KernelPlan& plan) {
-  for (int i = 0; i < static_cast<int>(plan.kernels.size()); ++i) {
+  for (int i = 0; i < plan.num_gradient_kernels; ++i) {
     const Kernel& k = plan.kernels[static_cast<size_t>(i)];
     std::vector<const Operand*> outs{&k.output};
     for (const Operand& o : k.extra_outputs) outs.push_back(&o);
+    for (const Operand& o : k.inputs) outs.push_back(&o);
     if (k.fused)
       for (const Operand& o : k.fused->outputs) outs.push_back(&o);
-    for (const BatchMember& m : k.batch)
+    for (const BatchMember& m : k.batch) {
       for (const Operand& o : m.outputs) outs.push_back(&o);
+      for (const Operand& o : m.inputs) outs.push_back(&o);
+    }
     for (const Operand* o : outs) {
       const auto [begin, end] = span(*o);
       for (PlannedGradient& grad : plan.gradients)
@@ -302,23 +307,15 @@ void mark_ready(KernelPlan& plan) {
   }
 }
 
-// The parameter an update target belongs to: itself, or the parameter whose
-// name ends the state's ("adam.m.blocks.0.w" -> "blocks.0.w": the longest
-// such name, passes/optimizer.h's naming); -1 for shared state
-// (optimizer.step).
+// The parameter an update target belongs to (an index in g.params): itself,
+// or the parameter whose state it is (Graph::state_param); -1 for shared
+// state (the step counter, the loss scale).
 int param_of_target(const ir::Graph& g, ir::ValueId target) {
+  auto it = g.state_param.find(target);
+  const ir::ValueId param = it != g.state_param.end() ? it->second : target;
   for (size_t i = 0; i < g.params.size(); ++i)
-    if (g.params[i].value == target) return static_cast<int>(i);
-  const std::string& name = g.value(target).name;
-  int best = -1;
-  size_t best_length = 0;
-  for (size_t i = 0; i < g.params.size(); ++i) {
-    const std::string& p = g.value(g.params[i].value).name;
-    if (name.size() > p.size() && name.compare(name.size() - p.size(), p.size(), p) == 0 &&
-        name[name.size() - p.size() - 1] == '.' && p.size() > best_length)
-      best = static_cast<int>(i), best_length = p.size();
-  }
-  return best;
+    if (g.params[i].value == param) return static_cast<int>(i);
+  return -1;
 }
 
 // Kernel::serves of every optimizer-phase kernel. Each optimizer node serves

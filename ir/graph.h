@@ -87,6 +87,11 @@ class Graph {
   std::vector<std::pair<std::string, ValueId>> outputs;
   // Optimizer state (ValueKind::State), in creation order.
   std::vector<ValueId> state;
+  // The parameter each per-parameter state value belongs to ("adam.m.wte":
+  // wte), as the optimizer pass made it; state not in it is shared (the
+  // step counter, the loss scale). ZeRO-1 gives a state to its
+  // parameter's owner (codegen/plan.h Kernel::serves).
+  std::map<ValueId, ValueId> state_param;
   // What a step writes back: at the end of the step each target (a param or a
   // state value) takes the value computed for it. Targets are distinct.
   struct Update {

@@ -91,9 +91,13 @@ class LossScaling : public Pass {
     std::vector<ir::NodeId> prelude = e.made;
     e.made.clear();
 
-    // Unscaled gradients and found_inf, after the backward.
+    // Unscaled gradients, after the backward; found_inf in the optimizer
+    // phase, so that it reads the gradients the optimizer reads: after a
+    // step's micro-batches are summed and its ranks' gradients averaged
+    // (runtime/gradient_stage.h), an overflow anywhere skips the update on
+    // every rank.
     ValueId inverse = e.op(Op::Div, {e.constant(1, DType::F32), scale});
-    ValueId nonfinite_sum = ir::kNoValue;
+    std::vector<ValueId> unscaled_grads;
     for (auto& [label, v] : g.outputs) {
       if (label.rfind("grad.", 0) != 0) continue;
       DType t = g.value(v).type.dtype;
@@ -101,6 +105,12 @@ class LossScaling : public Pass {
       g.value(unscaled).name = label;
       g.value(v).name.clear();
       v = unscaled;
+      unscaled_grads.push_back(unscaled);
+    }
+    e.b.set_phase(ir::Phase::Optimizer);
+    ValueId nonfinite_sum = ir::kNoValue;
+    for (ValueId unscaled : unscaled_grads) {
+      DType t = g.value(unscaled).type.dtype;
       ValueId probe = e.cast(e.total(e.mul(unscaled, e.constant(0, t))), DType::F32);
       nonfinite_sum = nonfinite_sum == ir::kNoValue ? probe : e.op(Op::Add, {nonfinite_sum, probe});
     }

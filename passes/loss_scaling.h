@@ -20,6 +20,9 @@
 //    finite x and NaN for ±Inf and NaN, and NaN propagates through the sums.
 //    (Needs IEEE semantics: no fast-math nnan/ninf in a backend.)
 //    Outputs "loss_scale.found_inf" (bool) and "loss_scale.scale" (S).
+//    The unscaling is backward work; found_inf is the optimizer phase's, so
+//    it reads the gradients after a step's micro-batches and ranks are
+//    averaged (runtime/gradient_stage.h): every rank skips together.
 //  - skip: after the optimizer, every update target T <- V becomes
 //    T <- where(found_inf, T, V): on Inf/NaN the parameters, the optimizer
 //    state and its step counter keep their old values.

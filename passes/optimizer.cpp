@@ -109,7 +109,9 @@ class OptimizerPass : public Pass {
       ValueId p = tp.param, grad = grads[i];
       DType dt = u.dtype_of(p);
       auto state = [&](const std::string& label) {
-        return g.add_state(fmt::format("{}.{}", label, tp.name), g.value(p).type, tp.loc);
+        ValueId s = g.add_state(fmt::format("{}.{}", label, tp.name), g.value(p).type, tp.loc);
+        g.state_param[s] = tp.param;
+        return s;
       };
       auto update = [&](ValueId target, ValueId value) { g.updates.push_back({target, value}); };
       if (opt.kind != ir::OptimizerKind::AdamW && wd > 0) grad = u.add(grad, u.scale(p, wd));

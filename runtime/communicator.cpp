@@ -26,7 +26,7 @@ char g_activity[2][256] = {{0}, {0}};
 std::atomic<int> g_activity_current{0};
 std::atomic<bool> g_in_collective{false};
 std::atomic<int64_t> g_collective_since_ns{0};
-const char* g_collective_what = "";
+std::atomic<const char*> g_collective_what{""};
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -58,7 +58,7 @@ void start_watchdog(double timeout) {
       write_stderr_line(fmt::format(
           "error: {}: waited {:.0f} s in {} for the other ranks (--collective-timeout {:.0f}): one of them hung or "
           "died; ending the job. Checkpoints are written whole or not at all: --resume continues from the last one",
-          g_activity[g_activity_current.load()], waited, g_collective_what, timeout));
+          g_activity[g_activity_current.load()], waited, g_collective_what.load(), timeout));
       std::_Exit(1);
     }
   }).detach();
@@ -106,7 +106,7 @@ void Communicator::write_stopped_by_signal(int sig) {
 }
 
 Communicator::Waiting::Waiting(const char* what) {
-  g_collective_what = what;
+  g_collective_what.store(what);
   g_collective_since_ns.store(now_ns());
   g_in_collective.store(true);
 }

@@ -42,6 +42,13 @@ GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_b
   if (!all_f32_ || micro_batches > 1) raw_.resize(static_cast<size_t>(bytes));
 }
 
+int64_t GradientStage::all_reduce_bytes() const {
+  if (device_.empty()) return numel_ * static_cast<int64_t>(sizeof(float));
+  int64_t bytes = 0;
+  for (const GradientSpec& g : engine_.program().gradients) bytes += g.bytes;
+  return bytes;
+}
+
 int64_t GradientStage::buffer_bytes() const {
   return static_cast<int64_t>(sum_.size() * sizeof(float) + raw_.size());
 }

@@ -50,7 +50,10 @@ class GradientStage {
   // the slowest rank included), and the bytes each reduced.
   int64_t all_reduces() const { return all_reduces_; }
   double all_reduce_seconds() const { return all_reduce_seconds_; }
-  int64_t all_reduce_bytes() const { return numel_ * static_cast<int64_t>(sizeof(float)); }
+  // Bytes each all-reduce carries: the f32 sum on the host, the gradients
+  // in their own dtypes on the device. With device collectives the seconds
+  // are the wait after the backward (the rest overlapped with it).
+  int64_t all_reduce_bytes() const;
 
  private:
   Engine& engine_;

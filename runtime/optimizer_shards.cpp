@@ -48,7 +48,7 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
   std::vector<int64_t> unit_bytes(params.size(), 0);
   for (size_t i = 0; i < params.size(); ++i) {
     const int r = find(parent, static_cast<int>(i));
-    if (unit_bytes[static_cast<size_t>(r)] == 0 && r == static_cast<int>(i)) roots.push_back(r);
+    if (r == static_cast<int>(i)) roots.push_back(r);
     unit_bytes[static_cast<size_t>(r)] += bytes[i];
   }
   std::stable_sort(roots.begin(), roots.end(), [&](int a, int b) {

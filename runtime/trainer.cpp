@@ -280,8 +280,20 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   }
   ex.upload("param");
   if (!o.resume.empty()) {
-    // Every rank reads the same file: the ranks start from the same state.
-    CheckpointHeader h = resume_from(o.resume, tensor_refs(p, ex, {"param", "state"}), p.hash);
+    // Every rank reads the same file, the one rank 0 chose from a directory
+    // (another rank's view of it may differ: a file system's cache, a
+    // checkpoint being written): the ranks start from the same state.
+    std::string resume = o.resume;
+    if (ranks > 1) {
+      std::error_code ec;
+      if (rank0 && std::filesystem::is_directory(resume, ec))
+        if (auto all = list_checkpoints(resume); !all.empty()) resume = all.front().second;
+      int64_t length = static_cast<int64_t>(resume.size());
+      comm.broadcast(&length, sizeof length);
+      resume.resize(static_cast<size_t>(length));
+      comm.broadcast(resume.data(), length);
+    }
+    CheckpointHeader h = resume_from(resume, tensor_refs(p, ex, {"param", "state"}), p.hash);
     check_same_global_batch(h, micro_batches, ranks, accumulate);
     start_step = h.step;
     if (h.seed) seed = *h.seed;
@@ -391,9 +403,8 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   // --steps 0: nothing to train, but the initial weights (napkin's init, or
   // --init's) are worth having, e.g. to start another framework from them.
   if (o.steps == 0) {
-    if (!rank0) return 0;
-    std::string path = save(0);
-    fmt::print("--steps 0: saved the initial weights as {}\n", path);
+    std::string path = save(0);  // every rank: ZeRO-1 gathers the (zero) state first
+    if (rank0) fmt::print("--steps 0: saved the initial weights as {}\n", path);
     return 0;
   }
 
@@ -530,10 +541,14 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     const double seconds = gradients.all_reduce_seconds() / static_cast<double>(gradients.all_reduces());
     const double bytes = static_cast<double>(gradients.all_reduce_bytes());
     const double bus = seconds > 0 ? 2.0 * (ranks - 1) / ranks * bytes / seconds : 0;
-    if (!quiet)
+    if (!quiet && gradients.device_collectives().empty())
       fmt::print("all-reduce: {} a step in {:.3f} ms (mean of {}, the wait for the slowest rank included): bus "
                  "bandwidth {:.3g} GB/s\n",
                  human_bytes(bytes), seconds * 1e3, gradients.all_reduces(), bus / 1e9);
+    else if (!quiet)  // overlapped: what the optimizer waited for after the backward, not the all-reduce's time
+      fmt::print("all-reduce: {} a step on the GPU; the optimizer waited {:.3f} ms a step for it after the backward "
+                 "(mean of {})\n",
+                 human_bytes(bytes), seconds * 1e3, gradients.all_reduces());
     metrics->line(fmt::format(R"({{"all_reduce": true, "ranks": {}, "bytes": {}, "mean_ms": {:.6f}, "bus_gb_per_s": {:.6g}}})",
                               ranks, gradients.all_reduce_bytes(), seconds * 1e3, bus / 1e9));
   }

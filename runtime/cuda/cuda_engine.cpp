@@ -349,16 +349,26 @@ void CudaEngine::download_gradients(char* dst) {
 
 std::string CudaEngine::join_device_collectives(Communicator& comm, std::string& why) {
   why.clear();
+  // Every rank takes the same path: NCCL only if every rank can load it.
+  std::unique_ptr<NcclCollectives> nccl;
   if (const char* off = std::getenv("NAPKIN_NCCL"); off && std::string_view(off) == "0") {
     why = "NAPKIN_NCCL=0";
+  } else {
+    try {
+      nccl = std::make_unique<NcclCollectives>();
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  double able = nccl ? 1 : 0;
+  comm.all_reduce_sum(&able, 1);
+  if (able < comm.size()) {
+    if (why.empty())
+      why = fmt::format("{} of {} ranks cannot use NCCL", comm.size() - static_cast<int>(able), comm.size());
     return "";
   }
-  try {
-    nccl_ = std::make_unique<NcclCollectives>(comm);
-  } catch (const Error& e) {
-    why = e.what();
-    return "";
-  }
+  nccl->join(comm);
+  nccl_ = std::move(nccl);
   const char* overlap = std::getenv("NAPKIN_CUDA_OVERLAP");
   plan_buckets(!(overlap && std::string_view(overlap) == "0"));
   NAPKIN_CU(*driver_, cuStreamCreate(&comm_stream_, CU_STREAM_NON_BLOCKING));
@@ -464,7 +474,9 @@ void CudaEngine::enqueue_updates() {
 void CudaEngine::capture(Phase& phase) {
   CudaDriver& d = *driver_;
   NAPKIN_CU(d, cuStreamSynchronize(stream_));  // the eager run is done with everything it loaded
-  NAPKIN_CU(d, cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  // NCCL's own threads may call CUDA while a segment is captured: only this
+  // thread's calls are the capture's business then.
+  NAPKIN_CU(d, cuStreamBeginCapture(stream_, nccl_ ? CU_STREAM_CAPTURE_MODE_THREAD_LOCAL : CU_STREAM_CAPTURE_MODE_GLOBAL));
   CUgraph graph = nullptr;
   try {
     enqueue_phase(phase);

@@ -49,7 +49,7 @@ int64_t dtype_bytes(const std::string& dtype) { return dtype == "f64" ? 8 : dtyp
 
 }  // namespace
 
-NcclCollectives::NcclCollectives(Communicator& comm) : api_(std::make_unique<Api>()) {
+NcclCollectives::NcclCollectives() : api_(std::make_unique<Api>()) {
   const char* env = std::getenv("NAPKIN_NCCL_LIBRARY");
   const std::string path = env && *env ? env : "libnccl.so.2";
   Api& a = *api_;
@@ -72,7 +72,10 @@ NcclCollectives::NcclCollectives(Communicator& comm) : api_(std::make_unique<Api
   // 2.10 (21000) brought ncclAvg; the code is major*10000 + minor*100 + patch since 2.9.
   if (version < 21000) throw Error(fmt::format("{} is NCCL version code {}: napkin needs 2.10 or later", path, version));
   describe_ = fmt::format("NCCL {}.{}.{}", version / 10000, version / 100 % 100, version % 100);
+}
 
+void NcclCollectives::join(Communicator& comm) {
+  Api& a = *api_;
   // The bootstrap: rank 0's unique id to every rank, over MPI.
   ncclUniqueId id{};
   if (comm.rank() == 0) a.check(a.get_unique_id(&id), "ncclGetUniqueId");

@@ -27,15 +27,19 @@ namespace napkin::runtime::cuda {
 
 class NcclCollectives {
  public:
-  // Joins the job's ranks (comm.size() > 1). Throws Error when libnccl.so.2
-  // cannot be loaded or the communicator cannot be made, saying why.
-  explicit NcclCollectives(Communicator& comm);
+  // Loads libnccl.so.2. Throws Error when it cannot be loaded or is too
+  // old, saying why.
+  NcclCollectives();
   ~NcclCollectives();
   NcclCollectives(const NcclCollectives&) = delete;
   NcclCollectives& operator=(const NcclCollectives&) = delete;
 
   // "NCCL 2.28.3".
   const std::string& describe() const { return describe_; }
+
+  // Joins the job's ranks (comm.size() > 1), every rank at once. Throws
+  // Error when the communicator cannot be made.
+  void join(Communicator& comm);
 
   // Enqueues the average over the ranks of the gradients `which` (indices in
   // program.gradients), in place in the arena at `arena`, on `stream`: one

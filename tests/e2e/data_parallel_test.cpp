@@ -50,7 +50,7 @@ std::string mpirun(int ranks) {
 struct Fixture {
   napkin::testing::TempDir tmp{"e2e-dp"};
   std::string whole = tmp / "gpt-b4", micro = tmp / "gpt-b2";
-  explicit Fixture(const std::string& optimizer = "") {
+  explicit Fixture(const std::string& optimizer = "", const std::string& precision = "") {
     Run which = sh("command -v mpirun");
     INFO("mpirun (Open MPI) is needed for the data-parallel tests: apt-get install openmpi-bin (tools/setup.sh does)");
     REQUIRE(which.status == 0);
@@ -58,11 +58,13 @@ struct Fixture {
     const size_t at = yaml.find("  checkpoint: {");
     REQUIRE(at != std::string::npos);
     yaml.erase(at, yaml.find('\n', at) + 1 - at);
-    if (!optimizer.empty()) {
-      const size_t line = yaml.find("\noptimizer: ");
+    auto replace_line = [&](const std::string& key, const std::string& value) {
+      const size_t line = yaml.find("\n" + key + ": ");
       REQUIRE(line != std::string::npos);
-      yaml.replace(line + 1, yaml.find('\n', line + 1) - line - 1, "optimizer: " + optimizer);
-    }
+      yaml.replace(line + 1, yaml.find('\n', line + 1) - line - 1, key + ": " + value);
+    };
+    if (!optimizer.empty()) replace_line("optimizer", optimizer);
+    if (!precision.empty()) replace_line("precision", precision);
     write_bytes(tmp / "gpt.yaml", yaml);
     for (auto [out, batch] : {std::pair{whole, 4}, std::pair{micro, 2}}) {
       Run r = sh(fmt::format("{} build {} --dims batch={},{} -o {} --quiet", NAPKIN_BINARY, tmp / "gpt.yaml", batch,
@@ -133,6 +135,24 @@ TEST_CASE("data parallel: 2 ranks of B/2 and one process accumulating 2 × B/2 t
   check_losses_agree(f.losses("ranks2"), f.losses("whole"), kF32Agreement);
   // The loss is no constant: the test would see a model that did not train.
   CHECK(f.losses("whole").back().second < f.losses("whole").front().second - 0.1);
+}
+
+TEST_CASE("data parallel: fp16-mixed's loss scale skips and backs off together on every rank") {
+  // A scale of 2^20 overflows f16 at first: steps are skipped and the scale halves until it fits. found_inf
+  // reads the averaged gradients, so 2 ranks skip together, exactly as one process accumulating the same two
+  // micro-batches (the same f32 sums). Not as one process with the whole batch: a micro-batch's scaled
+  // gradients are larger per row (the mean over fewer rows), so it overflows at another scale, as
+  // GradScaler's do under DDP.
+  Fixture f("", "{policy: fp16-mixed, loss_scale: {init: 1048576}}");
+  const std::string steps = "--steps 12 --checkpoint-every 0 --quiet";
+  Run ranks = f.train(mpirun(2), f.micro, steps, "ranks16");
+  Run accumulated = f.train("", f.micro, steps + " --accumulate 2", "accumulated16");
+  INFO(ranks.out << accumulated.out);
+  REQUIRE(ranks.status == 0);
+  REQUIRE(accumulated.status == 0);
+  REQUIRE(f.losses("ranks16").size() == 12);
+  CHECK(f.losses("ranks16") == f.losses("accumulated16"));
+  CHECK(f.losses("ranks16").back().second < f.losses("ranks16").front().second);
 }
 
 TEST_CASE("data parallel: two 2-rank runs are bit-identical - 4 ranks × B/2 match one process accumulating 4") {

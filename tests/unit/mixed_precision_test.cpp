@@ -385,6 +385,22 @@ TEST_CASE("loss scaling: a step with an Inf gradient is skipped and the scale ba
   CHECK(it.get(state_named(g, "loss_scale.good_steps"))[0] == 1);
 }
 
+TEST_CASE("loss scaling: found_inf reads the gradients in the optimizer phase, after ranks and micro-batches are summed") {
+  // The gradient stage (runtime/gradient_stage.h) runs between the backward and the optimizer: an overflow in
+  // any micro-batch of any rank must reach found_inf, so found_inf is computed from what the optimizer reads.
+  ir::Graph g = napkin::testing::compile_training(tiny_loss_model("{init: 1024}"));
+  const ValueId found_inf = g.find_output("loss_scale.found_inf");
+  REQUIRE(found_inf != ir::kNoValue);
+  CHECK(g.node(g.value(found_inf).producer).phase == ir::Phase::Optimizer);
+  for (const auto& [label, v] : g.outputs) {
+    if (label.rfind("grad.", 0) != 0) continue;
+    CHECK(g.node(g.value(v).producer).phase == ir::Phase::Backward);  // the unscaling: backward work
+    for (ir::NodeId id : g.schedule())
+      for (ValueId in : g.node(id).inputs)
+        if (in == v) CHECK(g.node(id).phase == ir::Phase::Optimizer);  // nothing in the backward reads it again
+  }
+}
+
 namespace {
 
 const char* kFp8Model = R"(
