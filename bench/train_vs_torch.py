@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Training step time: napkin's generated trainer vs PyTorch 1.13 eager, on this CPU.
+"""Training step time: napkin's generated trainer vs PyTorch (1.13 eager, or 2 with torch.compile), on this CPU.
 
 For each model (cruncher, mlp, gpt at their YAML sizes, fp32 or bf16-mixed) the script
 
@@ -37,13 +37,21 @@ dtype=torch.bfloat16) (backward and optimizer outside it, as the autocast docs
 prescribe), fp32 master weights on both sides. Target: napkin at least as fast
 as torch (>= 1.0x) on every model. --peak stays the fp32 peak.
 
+--compile (PyTorch 2, the venv bench/peers/setup.sh makes: run this script
+with its python): torch.compile (inductor) on the loss function, whose
+backward AOTAutograd compiles too, and on the update (clipping and
+optimizer.step); each row prints the first step's seconds, compilation
+included. Before anything is timed the torch side is checked as
+bench/peers/check.py checks it (a real BLAS, --threads threads) and
+refused otherwise (exit 2).
+
 Exit status: 0 when every target is met; 1 when one is missed or napkin's
 trainer could not be built or run (the reason is printed, and the torch half
 still runs); 2 on a usage error.
 
 Usage: bench/train_vs_torch.py [--napkin build/tools/napkin] [--steps 30] [--warmup 5]
                                [--threads 2] [--rounds 2] [--peak 350] [--only cruncher,mlp,gpt]
-                               [--precision fp32|bf16-mixed] [--torch-only] [--keep]
+                               [--precision fp32|bf16-mixed] [--torch-only] [--compile] [--keep]
 """
 import argparse
 import fnmatch
@@ -238,31 +246,41 @@ def adamw(params, lr, betas, wd, no_decay, foreach):
 TORCH_MODELS = {"cruncher": Cruncher, "mlp": MLP, "gpt": GPT}
 
 
-def time_torch(name, batches, steps, warmup, foreach, precision="fp32"):
+def time_torch(name, batches, steps, warmup, foreach, precision="fp32", compile_=False):
+    """The median step in ms, the losses, and the first step's seconds (torch.compile's compilation in it)."""
     torch.manual_seed(0)
     model = TORCH_MODELS[name]()
     opt, clip = model.optimizer(foreach)
     params = list(model.params.values())
     bf16 = precision == "bf16-mixed"
-    times, losses = [], []
+    loss_fn = model.loss
+
+    def update():
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+
+    if compile_:  # inductor on the forward (and through AOTAutograd the backward), and on the update
+        loss_fn, update = torch.compile(model.loss), torch.compile(update)
+    times, losses, first = [], [], 0.0
     for i in range(warmup + steps):
         t0 = time.perf_counter()
         inputs = batches[i % len(batches)]
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model.loss(*inputs)
+            loss = loss_fn(*inputs)
         loss = loss.float()
         loss.backward()
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, clip)
-        opt.step()
+        update()
         t1 = time.perf_counter()
         losses.append(loss.item())  # after the clock stops: .item() would only add a sync on GPU anyway
+        if i == 0:
+            first = t1 - t0
         if i >= warmup:
             times.append((t1 - t0) * 1e3)
     if not all(math.isfinite(v) for v in losses):
         raise RuntimeError(f"torch {name}: non-finite loss")
-    return statistics.median(times), losses
+    return statistics.median(times), losses, first
 
 
 # ---------------------------------------------------------------------------
@@ -368,6 +386,9 @@ def main():
     ap.add_argument("--precision", choices=["fp32", "bf16-mixed"], default="fp32",
                     help="fp32, or bf16-mixed: napkin's policy vs torch.autocast bf16 (default fp32)")
     ap.add_argument("--torch-only", action="store_true", help="time PyTorch alone (no napkin trainer)")
+    ap.add_argument("--compile", action="store_true",
+                    help="PyTorch 2: torch.compile the loss (forward and backward) and the update (inductor); run "
+                         "with the peers' venv python (bench/peers/setup.sh)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (trainers, data, metrics)")
     args = ap.parse_args()
     only = [s for s in args.only.split(",") if s] or list(MODELS)
@@ -379,6 +400,17 @@ def main():
 
     sys.stdout.reconfigure(line_buffering=True)  # keep stdout and stderr (napkin's errors) in order
     torch.set_num_threads(args.threads)
+    if args.compile and not hasattr(torch, "compile"):
+        ap.error(f"--compile needs PyTorch 2 (this is {torch.__version__}): run with the venv bench/peers/setup.sh makes")
+    # A peer on the reference BLAS or the wrong thread count is refused, not timed (bench/peers/check.py).
+    sys.path.insert(0, os.path.join(ROOT, "bench", "peers"))
+    import check as peer_check
+    what, backend, threads, gflops, problems = peer_check.check_torch(args.threads, 20.0)
+    print(f"peer: {what}, {backend}, {threads} threads, 1024^3 matmul {gflops:.1f} GFLOP/s"
+          f"{', torch.compile (inductor)' if args.compile else ', eager'}")
+    if problems:
+        print("refused: " + "; ".join(problems), file=sys.stderr)
+        return 2
     print(f"torch {torch.__version__} ({sys.executable}), {torch.get_num_threads()} threads; napkin --threads "
           f"{args.threads}; {args.warmup} warmup + {args.steps} timed steps, median, best of {args.rounds} "
           f"alternating rounds; {args.precision}; peak {args.peak:g} GFLOP/s (fp32)")
@@ -430,10 +462,11 @@ def main():
                         print(f"error: {e}", file=sys.stderr)
                         trainer = None
                 for foreach in ((False, True) if r == 0 else (min(variants, key=variants.get),)):
-                    ms, losses = time_torch(name, batches, args.steps, args.warmup, foreach, args.precision)
+                    ms, losses, first = time_torch(name, batches, args.steps, args.warmup, foreach, args.precision,
+                                                   args.compile)
                     variants[foreach] = min(variants.get(foreach, math.inf), ms)
                     print(f"round {r + 1}: torch (foreach={foreach}): median step {ms:.2f} ms "
-                          f"(loss {losses[0]:.4f} -> {losses[-1]:.4f})")
+                          f"(loss {losses[0]:.4f} -> {losses[-1]:.4f}; first step {first:.1f} s)")
             best = min(variants, key=variants.get)
             results.append((name, target, napkin_ms, variants[best], best, flops))
     finally:
