@@ -30,7 +30,6 @@ import json
 import math
 import os
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -48,21 +47,6 @@ import check as peer_check  # noqa: E402
 import train_vs_torch as tvt  # noqa: E402  (the data, the napkin side, the models' dims)
 
 jax.config.update("jax_default_matmul_precision", "highest")  # f32 matmuls in f32, as napkin's
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = t["data_offsets"]
-        dtype = {"F32": np.float32, "I64": np.int64, "F64": np.float64}[t["dtype"]]
-        out[name] = np.frombuffer(data[a:b], dtype=dtype).reshape(t["shape"])
-    return out
 
 
 # ---------------------------------------------------------------- the models
@@ -225,7 +209,7 @@ def main():
         init_dir = os.path.join(mdir, "init")
         tvt.run([trainer, "--steps", "0", "--seed", "0", "--checkpoint-dir", init_dir, *data_flags, "--quiet"],
                 "napkin --steps 0")
-        weights = read_safetensors(os.path.join(init_dir, "step-000000.safetensors"))
+        weights = tvt.read_safetensors(os.path.join(init_dir, "step-000000.safetensors"))
         weights = {k: v for k, v in weights.items() if k in set(MODELS_PARAMS(name, weights))}
         napkin_losses = napkin_first_losses(trainer, name, mdir, data_flags, 2)
         _, jax_losses, _ = time_jax(name, weights, batches, 2, 0)

@@ -19,6 +19,12 @@ For each model (cruncher, mlp, gpt at their YAML sizes, fp32 or bf16-mixed) the 
           it has no F.scaled_dot_product_attention, so attention is
           matmul + masked_fill + softmax).
 
+Before timing, the same computation is checked: the trainer saves its
+initial weights (--steps 0), torch loads them, and torch's first two losses
+(before and after one update) on the same batches must be napkin's within
+1e-4 relative (fp32) or 2e-2 (bf16-mixed); a model that differs is an
+error and is not timed.
+
 The two sides alternate (--rounds, default 2: napkin, torch, napkin, torch)
 so that both see the same background load, and each side's time is its best
 median over the rounds. The script prints the step times, the ratio torch/napkin (> 1: napkin is
@@ -246,10 +252,37 @@ def adamw(params, lr, betas, wd, no_decay, foreach):
 TORCH_MODELS = {"cruncher": Cruncher, "mlp": MLP, "gpt": GPT}
 
 
-def time_torch(name, batches, steps, warmup, foreach, precision="fp32", compile_=False):
-    """The median step in ms, the losses, and the first step's seconds (torch.compile's compilation in it)."""
+def read_safetensors(path):
+    """name -> numpy array of a safetensors file (napkin's checkpoints; its optimizer state too)."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    dtypes = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32}
+    return {name: np.frombuffer(data[t["data_offsets"][0]:t["data_offsets"][1]], dtype=dtypes[t["dtype"]])
+            .reshape(t["shape"]) for name, t in header.items() if name != "__metadata__"}
+
+
+def napkin_start(trainer, name, tmp, data_flags):
+    """napkin's initial weights (the trainer's --steps 0) and its first two losses on the sequential batches."""
+    init = os.path.join(tmp, "init")
+    run([trainer, "--steps", "0", "--seed", "0", "--checkpoint-dir", init, *data_flags, "--quiet"], "napkin --steps 0")
+    metrics = os.path.join(tmp, f"{name}.start.jsonl")
+    run([trainer, "--steps", "2", "--seed", "0", *data_flags, "--order", "sequential", "--log-every", "1",
+         "--metrics", metrics, "--quiet", "--checkpoint-every", "0"], f"napkin trainer for {name}")
+    losses = [json.loads(line)["loss"] for line in open(metrics) if '"loss"' in line]
+    return read_safetensors(os.path.join(init, "step-000000.safetensors")), losses
+
+
+def time_torch(name, batches, steps, warmup, foreach, precision="fp32", compile_=False, weights=None):
+    """The median step in ms, the losses, and the first step's seconds (torch.compile's compilation in it).
+    weights: start from these (napkin's initial weights) instead of torch's own draw."""
     torch.manual_seed(0)
     model = TORCH_MODELS[name]()
+    if weights is not None:
+        with torch.no_grad():
+            for k, v in model.params.items():
+                v.copy_(torch.from_numpy(np.array(weights[k])))
     opt, clip = model.optimizer(foreach)
     params = list(model.params.values())
     bf16 = precision == "bf16-mixed"
@@ -443,6 +476,23 @@ def main():
                     trainer = build_trainer(args.napkin, name, yaml, mdir)
                     if args.precision != "fp32":
                         check_low_precision_matmuls(trainer, args.precision)
+                except NapkinError as e:
+                    trainer = None
+                    errors.append(f"{name}: {e}")
+                    print(f"error: {e}", file=sys.stderr)
+            # The same computation on both sides: from napkin's initial weights, torch's first two losses
+            # (before and after one update) must be napkin's (bf16-mixed: to bf16's precision).
+            if trainer is not None:
+                try:
+                    weights, napkin_losses = napkin_start(trainer, name, mdir, data_flags)
+                    _, torch_losses, _ = time_torch(name, batches, 2, 0, True, args.precision, args.compile, weights)
+                    worst = max(abs(a - b) / abs(a) for a, b in zip(napkin_losses, torch_losses))
+                    tolerance = 1e-4 if args.precision == "fp32" else 2e-2
+                    print(f"first losses from napkin's initial weights: napkin {napkin_losses}, torch "
+                          f"{[round(v, 8) for v in torch_losses]}: relative difference {worst:.2e} (tolerance {tolerance:g})")
+                    if worst > tolerance:
+                        raise NapkinError(f"{name}: torch's first losses are not napkin's ({worst:.2e} apart): "
+                                          "not the same computation, not timed")
                 except NapkinError as e:
                     trainer = None
                     errors.append(f"{name}: {e}")
