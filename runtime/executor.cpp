@@ -48,6 +48,10 @@ Executor::Executor(const Program& program, const KernelFn* fns, int threads)
   void* p = ::mmap(nullptr, arena_mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw Error("cannot allocate the arena: " + std::to_string(program.arena_bytes) + " bytes");
   arena_ = static_cast<char*>(p);
+  // Huge pages where the kernel has them: the memory-bound sweeps (the
+  // optimizer over every parameter and its state, the norms) miss the TLB
+  // far less: gpt.yaml bf16-mixed's optimizer kernels 6.7 -> 3.7 ms a step.
+  ::madvise(arena_, arena_mapped_, MADV_HUGEPAGE);
   for (const KernelSpec& k : program.kernels) {
     attentions_.push_back(nullptr);
     classifiers_.push_back(nullptr);
@@ -93,7 +97,10 @@ Executor::~Executor() {
 void Executor::release(int64_t offset, int64_t bytes) {
   const int64_t page = ::sysconf(_SC_PAGESIZE);
   const int64_t begin = (offset + page - 1) / page * page, end = (offset + bytes) / page * page;
-  if (end > begin) ::madvise(arena_ + begin, static_cast<size_t>(end - begin), MADV_DONTNEED);
+  if (end <= begin) return;
+  // Small pages there first: a huge page around it would back it again.
+  ::madvise(arena_ + begin, static_cast<size_t>(end - begin), MADV_NOHUGEPAGE);
+  ::madvise(arena_ + begin, static_cast<size_t>(end - begin), MADV_DONTNEED);
 }
 
 void Executor::run_kernel(int i) {

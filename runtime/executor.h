@@ -3,7 +3,8 @@
 //
 // The arena is allocated once, an anonymous mapping (page-aligned) of
 // exactly the program's planned size, zero (optimizer state starts at zero)
-// and backed by memory only where written. Loop kernels are
+// and backed by memory only where written, in huge pages where the kernel
+// allows (fewer TLB misses in the memory-bound kernels). Loop kernels are
 // generated functions; the runtime splits a parallel one's dim-0 range across
 // the thread pool, deterministically (same split every step). Matmul kernels
 // go to runtime/gemm.h.

@@ -263,6 +263,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   if (o.zero == 1 && ranks > 1) {
     shards = std::make_unique<OptimizerShards>(program, ranks, comm.rank());
     ex.skip(shards->skip_kernel(), shards->skip_update(), shards->run_member());
+    ex.release(shards->others_state());  // before anything touches it
   }
   int64_t start_step = 0;
   uint64_t seed = o.seed;
