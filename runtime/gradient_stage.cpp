@@ -1,7 +1,6 @@
 #include "runtime/gradient_stage.h"
 
 #include <chrono>
-#include <cstring>
 #include <stdexcept>
 
 #include "runtime/error.h"
@@ -9,24 +8,14 @@
 
 namespace napkin::runtime {
 
-namespace {
-
-int64_t dtype_bytes(const std::string& dtype) {
-  if (dtype == "f64" || dtype == "i64") return 8;
-  if (dtype == "f32" || dtype == "i32") return 4;
-  if (dtype == "bf16" || dtype == "f16") return 2;
-  return 1;
-}
-
-}  // namespace
-
 GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_batches)
     : engine_(engine), comm_(comm), micro_batches_(micro_batches) {
   if (micro_batches < 1) throw std::logic_error("GradientStage: fewer than one micro-batch");
   active_ = micro_batches > 1 || comm.size() > 1;
   const Program& p = engine.program();
   for (const GradientSpec& g : p.gradients) {
-    numel_ += g.bytes / dtype_bytes(g.dtype);
+    numel_ += g.numel();
+    gradient_bytes_ += g.bytes;
     all_f32_ = all_f32_ && g.dtype == "f32";
   }
   if (!active_) return;
@@ -36,17 +25,12 @@ GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_b
     if (!device_.empty()) return;
   }
   sum_.resize(static_cast<size_t>(numel_));
-  int64_t bytes = 0;
-  for (const GradientSpec& g : p.gradients) bytes += g.bytes;
   // f32 gradients are read into `sum_` itself (micro-batch 0) or `raw_`.
-  if (!all_f32_ || micro_batches > 1) raw_.resize(static_cast<size_t>(bytes));
+  if (!all_f32_ || micro_batches > 1) raw_.resize(static_cast<size_t>(gradient_bytes_));
 }
 
 int64_t GradientStage::all_reduce_bytes() const {
-  if (device_.empty()) return numel_ * static_cast<int64_t>(sizeof(float));
-  int64_t bytes = 0;
-  for (const GradientSpec& g : engine_.program().gradients) bytes += g.bytes;
-  return bytes;
+  return device_.empty() ? numel_ * static_cast<int64_t>(sizeof(float)) : gradient_bytes_;
 }
 
 int64_t GradientStage::buffer_bytes() const {
@@ -70,7 +54,7 @@ void GradientStage::add_micro_batch(int64_t k) {
   const char* base = raw_.data();
   int64_t at = 0;
   for (const GradientSpec& g : engine_.program().gradients) {
-    const int64_t n = g.bytes / dtype_bytes(g.dtype);
+    const int64_t n = g.numel();
     for (int64_t i = 0; i < n; ++i) {
       float v = static_cast<float>(read_element(base, g.dtype, i));
       sum_[static_cast<size_t>(at + i)] = k == 0 ? v : sum_[static_cast<size_t>(at + i)] + v;
@@ -82,19 +66,17 @@ void GradientStage::add_micro_batch(int64_t k) {
 
 void GradientStage::finish() {
   if (!active_) return;
-  if (!device_.empty()) {
+  auto timed = [this](auto&& all_reduce) {
     const auto start = std::chrono::steady_clock::now();
-    engine_.average_gradients_on_device();
+    all_reduce();
     all_reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ++all_reduces_;
+  };
+  if (!device_.empty()) {
+    timed([&] { engine_.average_gradients_on_device(); });
     return;
   }
-  if (comm_.size() > 1) {
-    const auto start = std::chrono::steady_clock::now();
-    comm_.all_reduce_sum(sum_.data(), numel_);
-    all_reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ++all_reduces_;
-  }
+  if (comm_.size() > 1) timed([&] { comm_.all_reduce_sum(sum_.data(), numel_); });
   const float scale = static_cast<float>(1.0 / static_cast<double>(micro_batches_ * comm_.size()));
   if (all_f32_) {
     for (float& v : sum_) v *= scale;
@@ -104,7 +86,7 @@ void GradientStage::finish() {
   char* base = raw_.data();
   int64_t at = 0;
   for (const GradientSpec& g : engine_.program().gradients) {
-    const int64_t n = g.bytes / dtype_bytes(g.dtype);
+    const int64_t n = g.numel();
     for (int64_t i = 0; i < n; ++i) write_element(base, g.dtype, i, sum_[static_cast<size_t>(at + i)] * scale);
     base += g.bytes;
     at += n;

@@ -61,7 +61,7 @@ class GradientStage {
   int64_t micro_batches_ = 1;
   bool active_ = false, all_f32_ = true;
   std::string device_, why_not_device_;
-  int64_t numel_ = 0;
+  int64_t numel_ = 0, gradient_bytes_ = 0;  // over every gradient
   std::vector<float> sum_;
   std::vector<char> raw_;  // the gradients' own bytes (only when some is not f32)
   int64_t all_reduces_ = 0;

@@ -131,33 +131,24 @@ class MpiCommunicator final : public Communicator {
 
   void broadcast(void* data, int64_t bytes, int root) override {
     Waiting waiting("a broadcast");
-    char* p = static_cast<char*>(data);
-    for (int64_t done = 0; done < bytes;) {
-      int n = static_cast<int>(std::min<int64_t>(bytes - done, INT_MAX));
-      check(api_.bcast(p + done, n, api_.type_char, root, api_.comm_world), "MPI_Bcast");
-      done += n;
-    }
+    in_pieces(data, bytes, 1, [&](char* p, int n) {
+      check(api_.bcast(p, n, api_.type_char, root, api_.comm_world), "MPI_Bcast");
+    });
   }
 
   void send(const void* data, int64_t bytes, int to) override {
     Waiting waiting("a send");
-    const char* p = static_cast<const char*>(data);
-    for (int64_t done = 0; done < bytes;) {
-      int n = static_cast<int>(std::min<int64_t>(bytes - done, INT_MAX));
-      check(api_.send(p + done, n, api_.type_char, to, 0, api_.comm_world), "MPI_Send");
-      done += n;
-    }
+    in_pieces(const_cast<void*>(data), bytes, 1, [&](char* p, int n) {
+      check(api_.send(p, n, api_.type_char, to, 0, api_.comm_world), "MPI_Send");
+    });
   }
 
   void receive(void* data, int64_t bytes, int from) override {
     Waiting waiting("a receive");
-    char* p = static_cast<char*>(data);
-    for (int64_t done = 0; done < bytes;) {
-      int n = static_cast<int>(std::min<int64_t>(bytes - done, INT_MAX));
+    in_pieces(data, bytes, 1, [&](char* p, int n) {
       // MPI_STATUS_IGNORE is a null pointer in Open MPI.
-      check(api_.recv(p + done, n, api_.type_char, from, 0, api_.comm_world, nullptr), "MPI_Recv");
-      done += n;
-    }
+      check(api_.recv(p, n, api_.type_char, from, 0, api_.comm_world, nullptr), "MPI_Recv");
+    });
   }
 
   void barrier() override {
@@ -173,15 +164,21 @@ class MpiCommunicator final : public Communicator {
  private:
   // MPI counts are int: a longer buffer goes in pieces of at most INT_MAX
   // elements, always cut at the same places, so the sums stay deterministic.
-  void reduce(void* data, int64_t count, Handle type, size_t element) {
-    Waiting waiting("the all-reduce");
+  template <typename Call>
+  static void in_pieces(void* data, int64_t count, size_t element, Call call) {
     char* p = static_cast<char*>(data);
     for (int64_t done = 0; done < count;) {
-      int n = static_cast<int>(std::min<int64_t>(count - done, INT_MAX));
-      check(api_.allreduce(kInPlace, p + static_cast<size_t>(done) * element, n, type, api_.op_sum, api_.comm_world),
-            "MPI_Allreduce");
+      const int n = static_cast<int>(std::min<int64_t>(count - done, INT_MAX));
+      call(p + static_cast<size_t>(done) * element, n);
       done += n;
     }
+  }
+
+  void reduce(void* data, int64_t count, Handle type, size_t element) {
+    Waiting waiting("the all-reduce");
+    in_pieces(data, count, element, [&](char* p, int n) {
+      check(api_.allreduce(kInPlace, p, n, type, api_.op_sum, api_.comm_world), "MPI_Allreduce");
+    });
   }
 
   // The number of distinct processor names among the ranks.

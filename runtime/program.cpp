@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/tensor_element.h"
 
 namespace napkin::runtime {
 
@@ -11,6 +12,8 @@ int64_t TensorSpec::numel() const {
   for (int64_t s : shape) n *= s;
   return n;
 }
+
+int64_t GradientSpec::numel() const { return bytes / element_bytes(dtype); }
 
 const TensorSpec* Program::find(const std::string& name) const {
   for (const TensorSpec& t : tensors)

@@ -133,6 +133,7 @@ struct GradientSpec {
   std::string param, dtype;
   int64_t offset = 0, bytes = 0;
   int ready_after = 0;  // the last kernel writing it
+  int64_t numel() const;
 };
 
 struct UpdateSpec {

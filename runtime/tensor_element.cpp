@@ -31,4 +31,12 @@ void write_element(char* p, const std::string& dtype, int64_t i, double v) {
   else throw Error("cannot write a " + dtype + " element");
 }
 
+int64_t element_bytes(const std::string& dtype) {
+  if (dtype == "f64" || dtype == "i64") return 8;
+  if (dtype == "f32" || dtype == "i32") return 4;
+  if (dtype == "bf16" || dtype == "f16") return 2;
+  if (dtype == "f8e4m3" || dtype == "f8e5m2" || dtype == "bool") return 1;
+  throw Error("unknown dtype " + dtype);
+}
+
 }  // namespace napkin::runtime

@@ -12,5 +12,7 @@ namespace napkin::runtime {
 // even (through float32: exact for the narrow formats only from f32 values).
 double read_element(const char* p, const std::string& dtype, int64_t i);
 void write_element(char* p, const std::string& dtype, int64_t i, double v);
+// Bytes per element of those dtypes; Error for another.
+int64_t element_bytes(const std::string& dtype);
 
 }  // namespace napkin::runtime

@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <cstring>
 #include <optional>
 
 #include "runtime/checkpoint.h"
@@ -378,7 +377,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     fmt::print(stderr, "warning: --eval-every {} asks for a held-out loss, but there is no eval data: {}\n", o.eval_every,
                data->eval_problem());
   }
-  std::unique_ptr<Metrics> metrics = std::make_unique<Metrics>(rank0 ? o.metrics : std::string(), start_step > 0);
+  Metrics metrics(rank0 ? o.metrics : std::string(), start_step > 0);
   int64_t current = start_step;
   if (o.debug_nan) watch_for_nan(ex, current);
 
@@ -492,7 +491,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
         fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {}  ETA {}\n",
                    step, o.steps, loss, mean * 1e3, tokens_per_s, flops / 1e9, mfu_text(mfu), human_duration(eta));
       std::fflush(stdout);
-      metrics->line(fmt::format(
+      metrics.line(fmt::format(
           R"({{"step": {}, "loss": {:.9g}, "step_ms": {:.4f}, "tokens_per_s": {:.1f}, "gflops": {:.3f}, "mfu": {}, "predicted_step_ms": {}, "predicted_mfu": {}}})",
           step, loss, mean * 1e3, tokens_per_s, flops / 1e9,
           mfu.known ? fmt::format("{:.4f}", mfu.fraction) : std::string("null"),
@@ -518,7 +517,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
       comm.all_reduce_sum(&sum, 1);
       double eval_loss = sum / static_cast<double>(o.eval_batches);
       if (!quiet) fmt::print("step {:>6}/{}  eval loss {:.4f} ({} batches)\n", step, o.steps, eval_loss, o.eval_batches);
-      metrics->line(fmt::format(R"({{"step": {}, "eval_loss": {:.9g}}})", step, eval_loss));
+      metrics.line(fmt::format(R"({{"step": {}, "eval_loss": {:.9g}}})", step, eval_loss));
     }
     if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
       save(step);
@@ -534,7 +533,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   }
   if (last_saved != o.steps) save(o.steps);  // a no-op without a checkpoint dir
   if (!quiet) fmt::print("{}", end_of_run_summary(p, step_times));
-  if (step_times.count() > 0) metrics->line(end_of_run_metrics(p, step_times));
+  if (step_times.count() > 0) metrics.line(end_of_run_metrics(p, step_times));
   if (gradients.all_reduces() > 0) {
     // Ring all-reduce bus bandwidth (nccl-tests' convention): 2(N-1)/N of
     // the bytes cross each rank's link each way; `napkin report --ranks N
@@ -550,7 +549,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
       fmt::print("all-reduce: {} a step on the GPU; the optimizer waited {:.3f} ms a step for it after the backward "
                  "(mean of {})\n",
                  human_bytes(bytes), seconds * 1e3, gradients.all_reduces());
-    metrics->line(fmt::format(R"({{"all_reduce": true, "ranks": {}, "bytes": {}, "mean_ms": {:.6f}, "bus_gb_per_s": {:.6g}}})",
+    metrics.line(fmt::format(R"({{"all_reduce": true, "ranks": {}, "bytes": {}, "mean_ms": {:.6f}, "bus_gb_per_s": {:.6g}}})",
                               ranks, gradients.all_reduce_bytes(), seconds * 1e3, bus / 1e9));
   }
   if (ranks > 1) {
@@ -558,12 +557,13 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     std::vector<double> peaks(static_cast<size_t>(ranks), 0.0);
     peaks[static_cast<size_t>(comm.rank())] = static_cast<double>(peak_resident_bytes());
     comm.all_reduce_sum(peaks.data(), ranks);
-    std::string list;
-    for (double b : peaks) list += (list.empty() ? "" : ", ") + human_bytes(b);
+    std::string list, json_list;
+    for (double b : peaks) {
+      list += (list.empty() ? "" : ", ") + human_bytes(b);
+      json_list += (json_list.empty() ? "" : ", ") + fmt::format("{:.0f}", b);
+    }
     if (!quiet) fmt::print("memory: peak resident per rank {}\n", list);
-    std::string json_list;
-    for (double b : peaks) json_list += (json_list.empty() ? "" : ", ") + fmt::format("{:.0f}", b);
-    metrics->line(fmt::format(R"({{"peak_resident_bytes": [{}], "zero": {}}})", json_list, shards ? 1 : 0));
+    metrics.line(fmt::format(R"({{"peak_resident_bytes": [{}], "zero": {}}})", json_list, shards ? 1 : 0));
   }
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success

@@ -22,15 +22,6 @@ constexpr size_t kHostAlign = 64;
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-// Bytes per element of a kernel output's dtype (for --debug-nan's readback).
-int64_t dtype_bytes(const std::string& dtype) {
-  if (dtype == "f64" || dtype == "i64") return 8;
-  if (dtype == "f32" || dtype == "i32") return 4;
-  if (dtype == "bf16" || dtype == "f16") return 2;
-  if (dtype == "f8e4m3" || dtype == "f8e5m2" || dtype == "bool") return 1;
-  throw Error("unknown dtype " + dtype);
-}
-
 bool has_host_buffer(const TensorSpec& t) {
   return t.role == "param" || t.role == "state" || t.role == "input" || t.role == "rng" || t.role == "loss";
 }
@@ -430,7 +421,7 @@ void CudaEngine::inspect_each_kernel(std::function<void(int kernel, const char* 
   if (!inspect_host_) {
     size_t bytes = 1;
     for (const KernelSpec& k : program_.kernels)
-      bytes = std::max(bytes, static_cast<size_t>(k.out_numel * dtype_bytes(k.out_dtype)));
+      bytes = std::max(bytes, static_cast<size_t>(k.out_numel * element_bytes(k.out_dtype)));
     void* p = nullptr;
     NAPKIN_CU(*driver_, cuMemHostAlloc(&p, bytes, 0));
     inspect_host_ = static_cast<char*>(p);
@@ -522,7 +513,7 @@ void CudaEngine::run_kernel_alone(int i) {
   }
   if (inspect_) {
     const KernelSpec& k = program_.kernels[i];
-    size_t bytes = static_cast<size_t>(k.out_numel * dtype_bytes(k.out_dtype));
+    size_t bytes = static_cast<size_t>(k.out_numel * element_bytes(k.out_dtype));
     if (bytes > 0) {
       NAPKIN_CU(d, cuMemcpyDtoHAsync(inspect_host_, arena_ + static_cast<CUdeviceptr>(k.out_offset), bytes, stream_));
       NAPKIN_CU(d, cuStreamSynchronize(stream_));

@@ -45,8 +45,6 @@ ncclDataType_t nccl_type(const std::string& dtype) {
   throw Error("a gradient of dtype " + dtype + " cannot be all-reduced");
 }
 
-int64_t dtype_bytes(const std::string& dtype) { return dtype == "f64" ? 8 : dtype == "f32" ? 4 : 2; }
-
 }  // namespace
 
 NcclCollectives::NcclCollectives() : api_(std::make_unique<Api>()) {
@@ -96,7 +94,7 @@ void NcclCollectives::average_gradients(const Program& program, const std::vecto
   for (int i : which) {
     const GradientSpec& g = program.gradients.at(static_cast<size_t>(i));
     void* p = reinterpret_cast<void*>(arena + static_cast<CUdeviceptr>(g.offset));
-    const size_t count = static_cast<size_t>(g.bytes / dtype_bytes(g.dtype));
+    const size_t count = static_cast<size_t>(g.numel());
     a.check(a.all_reduce(p, p, count, nccl_type(g.dtype), ncclAvg, a.comm, reinterpret_cast<cudaStream_t>(stream)),
             "ncclAllReduce");
   }
