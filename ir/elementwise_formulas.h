@@ -141,26 +141,34 @@ template <class V> V softplus(const V& x) {
 }
 
 // 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2/pi)
+// The tanh form, 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3),
+// computed as x sigmoid(2u) = x / (1 + exp(-2u)) (0.5 (1 + tanh u) is
+// sigmoid(2u) exactly): one exp and one division instead of tanh's exp,
+// division, sign fix-up and small-|u| polynomial, with no cancellation
+// anywhere (exp(-2u) = inf gives -0 for very negative x). The op table's
+// FLOP count stays the tanh form's: it counts the function, not this
+// evaluation of it.
 template <class V> V gelu_tanh(const V& x) {
   const double c = std::sqrt(2.0 / M_PI);
   V x3 = (x * x) * x;
-  V inner = c * (x + 0.044715 * x3);
-  return (0.5 * x) * (1.0 + tanh(inner));
+  V minus_two_u = (-2.0 * c) * (x + 0.044715 * x3);
+  return x / (1.0 + exp(minus_two_u));
 }
 
 // 0.5 x (1 + erf(x / sqrt 2))
 template <class V> V gelu_erf(const V& x) { return (0.5 * x) * (1.0 + erf(x * M_SQRT1_2)); }
 
-// d/dx of gelu_tanh: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
+// d/dx of gelu_tanh: 0.5 (1 + t) + 0.5 x (1 - t^2) u' with t = tanh(u),
+// u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2); with s = sigmoid(2u) = 0.5 (1 + t)
+// and 1 - t^2 = 4 s (1 - s) that is s + 2 x s (1 - s) u'. s (1 - s) is
+// written so, not as e / (1 + e)^2, which would be inf / inf for large -x.
 template <class V> V gelu_tanh_derivative(const V& x) {
   const double c = std::sqrt(2.0 / M_PI);
   V x2 = x * x;
-  V inner = c * (x + 0.044715 * (x2 * x));
-  V t = tanh(inner);
-  V left = 0.5 * (1.0 + t);
-  V sech2 = 1.0 - t * t;
-  V slope = c * (1.0 + (3 * 0.044715) * x2);
-  return left + ((0.5 * x) * sech2) * slope;
+  V minus_two_u = (-2.0 * c) * (x + 0.044715 * (x2 * x));
+  V s = 1.0 / (1.0 + exp(minus_two_u));
+  V slope = (2.0 * c) * (1.0 + (3 * 0.044715) * x2);
+  return s + ((x * slope) * (s * (1.0 - s)));
 }
 
 // d/dx of gelu_erf: Phi(x) + x phi(x)
