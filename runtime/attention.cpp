@@ -49,6 +49,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/amx.h"
+#include "runtime/attention_amx.h"
 #include "runtime/error.h"
 #include "runtime/float_formats.h"
 #include "runtime/vector_math.h"
@@ -471,11 +473,19 @@ Attention::~Attention() = default;
 Attention::Attention(Attention&&) noexcept = default;
 
 void Attention::forward(const void* q, const void* k, const void* v, void* o, float* lse, ThreadPool& pool) const {
+  if (type_ == GemmType::BF16 && amx::available())
+    return attention_amx::forward(d_, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
+                                  static_cast<const uint16_t*>(v), static_cast<uint16_t*>(o), lse, pool);
   with_elem(type_, [&]<class E>() { Kernels<E>::forward(d_, q, k, v, o, lse, pool); });
 }
 
 void Attention::backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
                          const void* d_o, void* dq, void* dk, void* dv, ThreadPool& pool) const {
+  if (type_ == GemmType::BF16 && amx::available())
+    return attention_amx::backward(d_, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
+                                   static_cast<const uint16_t*>(v), static_cast<const uint16_t*>(o), lse,
+                                   static_cast<const uint16_t*>(d_o), static_cast<uint16_t*>(dq),
+                                   static_cast<uint16_t*>(dk), static_cast<uint16_t*>(dv), pool);
   with_elem(type_, [&]<class E>() { Kernels<E>::backward(d_, q, k, v, o, lse, d_o, dq, dk, dv, pool); });
 }
 
