@@ -66,33 +66,44 @@ def cross_entropy(logits, labels):
     return (lse - jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]).mean()
 
 
-def cruncher_loss(p, x, y):
-    for i in range(tvt.DIMS["cruncher"]["layers"]):
-        x = x @ p[f"layers.{i}.w"]
-    return (((x @ p["final"]).reshape(-1) - y) ** 2).mean()
+# The matmuls' precision. fp32: f32 operands, f32 products (matmul precision
+# "highest", set above). bf16-mixed, as torch.autocast and napkin's policy:
+# operands rounded to bf16, the product a bf16 activation; layernorm, softmax
+# and the loss in f32; parameters, gradients and optimizer state f32.
+def mm_fp32(a, b):
+    return a @ b
 
 
-def mlp_loss(p, images, labels):
-    h1 = gelu(images @ p["w1"] + p["b1"])
-    h2 = gelu(h1 @ p["w2"] + p["b2"])
-    return cross_entropy(h2 @ p["w3"] + p["b3"], labels)
+def mm_bf16(a, b):
+    return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16))
 
 
-def gpt_loss(p, tokens, targets):
-    dm = tvt.DIMS["gpt"]
+def cruncher_loss(p, x, y, dm, mm):
+    for i in range(dm["layers"]):
+        x = mm(x, p[f"layers.{i}.w"])
+    return (((mm(x, p["final"]).astype(jnp.float32)).reshape(-1) - y) ** 2).mean()
+
+
+def mlp_loss(p, images, labels, dm, mm):
+    h1 = gelu(mm(images, p["w1"]) + p["b1"])
+    h2 = gelu(mm(h1, p["w2"]) + p["b2"])
+    return cross_entropy((mm(h2, p["w3"]) + p["b3"]).astype(jnp.float32), labels)
+
+
+def gpt_loss(p, tokens, targets, dm, mm):
     B, T, D, H, L = dm["batch"], dm["seq"], dm["d"], dm["heads"], dm["layers"]
     HD = D // H
     x = (p["wte"][tokens] + p["wpe"][jnp.arange(T)]).reshape(B * T, D)
     mask = jnp.triu(jnp.ones((T, T), bool), k=1)
     for i in range(L):
         b = lambda n: p[f"blocks.{i}.{n}"]
-        qkv = layer_norm(x, b("ln1_g"), b("ln1_b")) @ b("w_qkv")
+        qkv = mm(layer_norm(x, b("ln1_g"), b("ln1_b")), b("w_qkv"))
         q, k, v = qkv.reshape(B, T, 3, H, HD).transpose(2, 0, 3, 1, 4)
-        att = jnp.where(mask, -jnp.inf, (q @ k.swapaxes(-1, -2)) / math.sqrt(HD))
-        y = (jax.nn.softmax(att, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(B * T, D)
-        x = x + y @ b("w_proj")
-        x = x + gelu(layer_norm(x, b("ln2_g"), b("ln2_b")) @ b("w_fc")) @ b("w_out")
-    logits = layer_norm(x, p["lnf_g"], p["lnf_b"]) @ p["wte"].T
+        att = jnp.where(mask, -jnp.inf, mm(q, k.swapaxes(-1, -2)).astype(jnp.float32) / math.sqrt(HD))
+        y = mm(jax.nn.softmax(att, axis=-1), v).transpose(0, 2, 1, 3).reshape(B * T, D)
+        x = x + mm(y, b("w_proj"))
+        x = x + mm(gelu(mm(layer_norm(x, b("ln2_g"), b("ln2_b")), b("w_fc"))), b("w_out"))
+    logits = mm(layer_norm(x, p["lnf_g"], p["lnf_b"]), p["wte"].T).astype(jnp.float32)
     return cross_entropy(logits, targets.reshape(-1))
 
 
@@ -143,16 +154,19 @@ def jax_batches(batches):
                   for t in b) for b in batches]
 
 
-def time_jax(name, weights, batches, steps, warmup):
-    loss_fn, (opt_init, opt_update) = MODELS[name]
+def time_jax(name, weights, batches, steps, warmup, precision="fp32"):
+    """The median step in ms, every loss, and the first call's seconds (jit compilation in it).
+    name: a train_vs_torch.DIMS entry (gpt-d512 is a gpt at its dims)."""
+    loss_fn, (opt_init, opt_update) = MODELS[tvt.kind(name)]
+    dm, mm = tvt.DIMS[name], (mm_bf16 if precision == "bf16-mixed" else mm_fp32)
 
     def step(p, s, inputs):
-        loss, g = jax.value_and_grad(loss_fn)(p, *inputs)
+        loss, g = jax.value_and_grad(loss_fn)(p, *inputs, dm, mm)
         p, s = opt_update(p, s, g)
         return p, s, loss
 
     jstep = jax.jit(step, donate_argnums=(0, 1))
-    p = {k: jnp.asarray(v) for k, v in weights.items()}
+    p = {k: jnp.asarray(v) for k, v in weights.items() if k in set(MODELS_PARAMS(name, weights))}
     s = opt_init(p)
     times, losses, first = [], [], 0.0
     for i in range(warmup + steps):
@@ -210,7 +224,6 @@ def main():
         tvt.run([trainer, "--steps", "0", "--seed", "0", "--checkpoint-dir", init_dir, *data_flags, "--quiet"],
                 "napkin --steps 0")
         weights = tvt.read_safetensors(os.path.join(init_dir, "step-000000.safetensors"))
-        weights = {k: v for k, v in weights.items() if k in set(MODELS_PARAMS(name, weights))}
         napkin_losses = napkin_first_losses(trainer, name, mdir, data_flags, 2)
         _, jax_losses, _ = time_jax(name, weights, batches, 2, 0)
         worst = max(abs(a - b) / abs(a) for a, b in zip(napkin_losses, jax_losses[:2]))

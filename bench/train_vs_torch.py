@@ -89,7 +89,22 @@ DIMS = {  # the YAMLs' own dims (no --dims: the trainers are built as the files 
     "cruncher": {"batch": 256, "d": 1024, "layers": 4},
     "mlp": {"batch": 512, "d_in": 784, "hidden": 1024, "classes": 10},
     "gpt": {"batch": 16, "seq": 128, "vocab": 256, "d": 256, "heads": 4, "layers": 4},
+    # gpt.yaml built with --dims (GPT_VARIANTS): wider and longer, head_dim 64 as in GPT-2
+    "gpt-d512": {"batch": 8, "seq": 256, "vocab": 256, "d": 512, "heads": 8, "layers": 4},
 }
+# Variants of a YAML at other sizes: name -> (YAML, napkin --dims). Not in MODELS (this script's default
+# list); bench/train_vs_peers.py times them.
+GPT_VARIANTS = {"gpt-d512": ("models/gpt.yaml", "batch=8,seq=256,d=512,heads=8")}
+
+
+def kind(name):
+    """The model family a name builds: gpt-d512 is a gpt."""
+    return "gpt" if name.startswith("gpt") else name
+
+
+def napkin_dims(name):
+    """napkin's --dims for a variant, or None (the YAML's own sizes)."""
+    return GPT_VARIANTS[name][1] if name in GPT_VARIANTS else None
 TARGETS_BF16 = {"cruncher": 1.0, "mlp": 1.0, "gpt": 1.0}  # --precision bf16-mixed: at least torch's autocast speed
 DATA_BATCHES = 8  # random data: this many batches' worth of rows (sequential order cycles through them)
 
@@ -105,7 +120,7 @@ def glob_match(pattern, name):  # napkin's no_decay glob: '*' any run (dots incl
 def make_data(name, tmp, rng):
     """Writes the data files; returns (trainer flags, torch batches: list of input tuples)."""
     dm = DIMS[name]
-    if name == "cruncher":
+    if kind(name) == "cruncher":
         n = dm["batch"] * DATA_BATCHES
         x = rng.standard_normal((n, dm["d"]), dtype=np.float32)
         y = rng.standard_normal(n, dtype=np.float32)
@@ -116,7 +131,7 @@ def make_data(name, tmp, rng):
         batches = [(torch.from_numpy(x[i * b:(i + 1) * b]), torch.from_numpy(y[i * b:(i + 1) * b]))
                    for i in range(DATA_BATCHES)]
         return flags, batches
-    if name == "mlp":
+    if kind(name) == "mlp":
         n = dm["batch"] * DATA_BATCHES
         images = rng.standard_normal((n, dm["d_in"]), dtype=np.float32)
         labels = rng.integers(0, dm["classes"], n, dtype=np.int32)
@@ -127,7 +142,7 @@ def make_data(name, tmp, rng):
         batches = [(torch.from_numpy(images[i * b:(i + 1) * b]), torch.from_numpy(labels[i * b:(i + 1) * b]).long())
                    for i in range(DATA_BATCHES)]
         return flags, batches
-    if name == "gpt":
+    if kind(name) == "gpt":
         b, t = dm["batch"], dm["seq"]
         # enough tokens that the 0.9 training split holds DATA_BATCHES batches of windows
         n = int(math.ceil((b * t * DATA_BATCHES + t + 1) / 0.9)) + t
@@ -159,8 +174,8 @@ def normal(shape, std):
 
 
 class Cruncher:
-    def __init__(self):
-        dm = DIMS["cruncher"]
+    def __init__(self, name="cruncher"):
+        dm = DIMS[name]
         self.params = {"final": xavier((dm["d"], 1))}
         for i in range(dm["layers"]):
             self.params[f"layers.{i}.w"] = xavier((dm["d"], dm["d"]))
@@ -176,8 +191,8 @@ class Cruncher:
 
 
 class MLP:
-    def __init__(self):
-        dm = DIMS["mlp"]
+    def __init__(self, name="mlp"):
+        dm = DIMS[name]
         I, H, C = dm["d_in"], dm["hidden"], dm["classes"]
         self.params = {"w1": xavier((I, H)), "b1": torch.zeros(H, requires_grad=True),
                        "w2": xavier((H, H)), "b2": torch.zeros(H, requires_grad=True),
@@ -195,8 +210,8 @@ class MLP:
 
 
 class GPT:
-    def __init__(self):
-        dm = DIMS["gpt"]
+    def __init__(self, name="gpt"):
+        dm = DIMS[name]
         self.B, self.T, self.V, self.D, self.H, self.L = (dm[k] for k in ("batch", "seq", "vocab", "d", "heads", "layers"))
         D, T, V, L = self.D, self.T, self.V, self.L
         self.HD = D // self.H
@@ -278,7 +293,7 @@ def time_torch(name, batches, steps, warmup, foreach, precision="fp32", compile_
     """The median step in ms, the losses, and the first step's seconds (torch.compile's compilation in it).
     weights: start from these (napkin's initial weights) instead of torch's own draw."""
     torch.manual_seed(0)
-    model = TORCH_MODELS[name]()
+    model = TORCH_MODELS[kind(name)](name)
     if weights is not None:
         with torch.no_grad():
             for k, v in model.params.items():
@@ -338,8 +353,8 @@ def run(cmd, what, timeout=None):
     return r.stdout
 
 
-def napkin_flops(napkin, yaml):
-    out = run([napkin, "report", yaml, "--json", "--no-ops"], "napkin report")
+def napkin_flops(napkin, yaml, dims=None):
+    out = run([napkin, "report", yaml, "--json", "--no-ops", *(["--dims", dims] if dims else [])], "napkin report")
     return float(json.loads(out)["flops"]["total"])
 
 
@@ -371,10 +386,11 @@ def check_low_precision_matmuls(trainer, precision):
     print(f"napkin: {len(low)} of {len(matmuls)} matmuls in bf16")
 
 
-def build_trainer(napkin, name, yaml, tmp):
+def build_trainer(napkin, name, yaml, tmp, dims=None):
     trainer = os.path.join(tmp, f"{name}-trainer")
     try:
-        run([napkin, "build", yaml, "-o", trainer], f"napkin build {yaml}", timeout=900)
+        run([napkin, "build", yaml, "-o", trainer, *(["--dims", dims] if dims else [])], f"napkin build {yaml}",
+            timeout=900)
     except NapkinError as e:
         raise NapkinError(f"could not build napkin's trainer for {name}: {e}") from e
     if not os.access(trainer, os.X_OK):
