@@ -49,6 +49,17 @@ struct alignas(64) TileConfig {
   }
 };
 
+// The tile instructions as inline assembly (GCC's intrinsics are too; Clang's
+// are builtins that need the AMX target features on the function). Loads and
+// stores name memory, so the compiler keeps the packers' stores before them.
+#define NAPKIN_TILE_LOAD(t, base, stride) \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"(int64_t(stride)) : "memory")
+#define NAPKIN_TILE_STORE(t, base, stride) \
+  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"(int64_t(stride)) : "memory")
+#define NAPKIN_TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
+// c += a b: AT&T order, sources first.
+#define NAPKIN_TILE_DPBF16PS(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+
 // One block of C, TM x TN tiles of 16 x 16 (tiles 0-3), A in tiles 4-5, B in
 // 6-7. Tile numbers are part of the instruction, hence the templates.
 template <int TM, int TN>
@@ -56,32 +67,32 @@ void block(int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t
            bool accumulate) {
   const int64_t sa = lda * 2, sb = ldb * 2, sc = ldc * 4;  // strides in bytes
   if (accumulate) {
-    _tile_loadd(0, c, sc);
-    if constexpr (TN == 2) _tile_loadd(1, c + 16, sc);
-    if constexpr (TM == 2) _tile_loadd(2, c + 16 * ldc, sc);
-    if constexpr (TM == 2 && TN == 2) _tile_loadd(3, c + 16 * ldc + 16, sc);
+    NAPKIN_TILE_LOAD(0, c, sc);
+    if constexpr (TN == 2) NAPKIN_TILE_LOAD(1, c + 16, sc);
+    if constexpr (TM == 2) NAPKIN_TILE_LOAD(2, c + 16 * ldc, sc);
+    if constexpr (TM == 2 && TN == 2) NAPKIN_TILE_LOAD(3, c + 16 * ldc + 16, sc);
   } else {
-    _tile_zero(0);
-    if constexpr (TN == 2) _tile_zero(1);
-    if constexpr (TM == 2) _tile_zero(2);
-    if constexpr (TM == 2 && TN == 2) _tile_zero(3);
+    NAPKIN_TILE_ZERO(0);
+    if constexpr (TN == 2) NAPKIN_TILE_ZERO(1);
+    if constexpr (TM == 2) NAPKIN_TILE_ZERO(2);
+    if constexpr (TM == 2 && TN == 2) NAPKIN_TILE_ZERO(3);
   }
   for (int64_t p = 0; p < k; p += 32) {
-    _tile_loadd(4, a + p, sa);
-    _tile_loadd(6, b + (p / 2) * ldb, sb);
-    if constexpr (TN == 2) _tile_loadd(7, b + (p / 2) * ldb + 32, sb);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (TN == 2) _tile_dpbf16ps(1, 4, 7);
+    NAPKIN_TILE_LOAD(4, a + p, sa);
+    NAPKIN_TILE_LOAD(6, b + (p / 2) * ldb, sb);
+    if constexpr (TN == 2) NAPKIN_TILE_LOAD(7, b + (p / 2) * ldb + 32, sb);
+    NAPKIN_TILE_DPBF16PS(0, 4, 6);
+    if constexpr (TN == 2) NAPKIN_TILE_DPBF16PS(1, 4, 7);
     if constexpr (TM == 2) {
-      _tile_loadd(5, a + 16 * lda + p, sa);
-      _tile_dpbf16ps(2, 5, 6);
-      if constexpr (TN == 2) _tile_dpbf16ps(3, 5, 7);
+      NAPKIN_TILE_LOAD(5, a + 16 * lda + p, sa);
+      NAPKIN_TILE_DPBF16PS(2, 5, 6);
+      if constexpr (TN == 2) NAPKIN_TILE_DPBF16PS(3, 5, 7);
     }
   }
-  _tile_stored(0, c, sc);
-  if constexpr (TN == 2) _tile_stored(1, c + 16, sc);
-  if constexpr (TM == 2) _tile_stored(2, c + 16 * ldc, sc);
-  if constexpr (TM == 2 && TN == 2) _tile_stored(3, c + 16 * ldc + 16, sc);
+  NAPKIN_TILE_STORE(0, c, sc);
+  if constexpr (TN == 2) NAPKIN_TILE_STORE(1, c + 16, sc);
+  if constexpr (TM == 2) NAPKIN_TILE_STORE(2, c + 16 * ldc, sc);
+  if constexpr (TM == 2 && TN == 2) NAPKIN_TILE_STORE(3, c + 16 * ldc + 16, sc);
 }
 
 }  // namespace
@@ -246,7 +257,8 @@ void pack_a_transposed(const uint16_t* src, int64_t rows, int64_t cols, int64_t 
         std::memset(lo + width, 0, size_t(dst_cols - width) * 2);
         std::memset(hi + width, 0, size_t(dst_cols - width) * 2);
       } else {
-        std::memset(lo, 0, size_t(2 * dst_cols) * 2);
+        std::memset(lo, 0, size_t(dst_cols) * 2);
+        if (c + 1 < dst_rows) std::memset(hi, 0, size_t(dst_cols) * 2);
       }
     }
     return;

@@ -59,7 +59,11 @@ T* at(T* base, const AttentionDesc::Strides& st, int64_t b, int64_t h, int64_t r
 // Every CPU with AMX has AVX-512 (F, BW, VL, DQ): the element loops are
 // compiled for it alone, 512 bits wide (GCC's default for AVX-512 targets
 // prefers 256).
+#if defined(__clang__)
+#define NAPKIN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), min_vector_width(512)))
+#else
 #define NAPKIN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")))
+#endif
 
 // Per-thread buffers, grown on first use and kept.
 struct Scratch {

@@ -88,6 +88,19 @@ TEST_CASE("amx packers: each layout holds the source's elements where its defini
   }
 }
 
+TEST_CASE("amx packers: an exact-size transposed A (an odd number of rows, as runtime::Gemm asks) stays inside its buffer") {
+  std::mt19937 rng(7);
+  const int64_t rows = 6, cols = 4, ld = 9;  // dst: cols rows of rows, plus one more zero row
+  const std::vector<uint16_t> src = poisoned(rows, cols, ld, rng);
+  const int64_t dst_rows = cols + 1, dst_cols = rows;
+  std::vector<uint16_t> dst(size_t(dst_rows * dst_cols + 4), kNaN);
+  amx::pack_a_transposed(src.data(), rows, cols, ld, dst.data(), dst_rows, dst_cols);
+  for (int64_t r = 0; r < dst_rows; ++r)
+    for (int64_t c = 0; c < dst_cols; ++c)
+      CHECK(dst[size_t(r * dst_cols + c)] == (r < cols ? src[size_t(c * ld + r)] : 0));
+  for (size_t i = size_t(dst_rows * dst_cols); i < dst.size(); ++i) CHECK(dst[i] == kNaN);  // untouched
+}
+
 TEST_CASE("amx gemm: bf16 tile products equal a float64 product of the same values, set and accumulated") {
   if (!amx::available()) {
     MESSAGE("skipped: this CPU (or NAPKIN_AMX=0) has no AMX; runtime/attention.cpp's f32 tiles serve bf16 here");
