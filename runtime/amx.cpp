@@ -32,6 +32,14 @@ bool detect() {
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   const bool amx_bf16 = edx & (1u << 22), amx_tile = edx & (1u << 24);
   if (!amx_bf16 || !amx_tile) return false;
+  // The packers and attention_amx.cpp's element loops are AVX-512 (F, DQ,
+  // BW, VL): every AMX CPU has it, but a hypervisor may hide it, and the OS
+  // must save the opmask and zmm state (XCR0 bits 5-7).
+  const unsigned avx512 = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);
+  if ((ebx & avx512) != avx512) return false;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 0xE0u) != 0xE0u) return false;
   // Linux (5.16+) hands out the 8 KiB of tile state only on request; the
   // first tile instruction without it is SIGILL.
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;

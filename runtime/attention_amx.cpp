@@ -161,8 +161,13 @@ NAPKIN_AVX512 void grad_block(const float* st, const float* dpt, int64_t keys, i
     uint32_t* pair = dst_b + (j / 2) * kQueryBlock;
     for (int64_t i = 0; i < queries; ++i) {
       const float e0 = exp_poly(s0[i] * scale - lse[i]), e1 = exp_poly(s1[i] * scale - lse[i]);
-      const float q0 = i >= visible0 ? e0 : 0.0f, q1 = i >= visible1 ? e1 : 0.0f;
-      const uint32_t b0 = bf16_high(q0 * (dp0[i] - row_dot[i])), b1 = bf16_high(q1 * (dp1[i] - row_dot[i]));
+      // Selects, not products with 0: a padding row of st and dpt (past the
+      // k16 rows the products wrote) holds an earlier tile's values, which
+      // may be inf or NaN, and 0 * NaN would carry them into dQ.
+      const bool v0 = i >= visible0, v1 = i >= visible1;
+      const float q0 = v0 ? e0 : 0.0f, q1 = v1 ? e1 : 0.0f;
+      const uint32_t b0 = bf16_high(v0 ? q0 * (dp0[i] - row_dot[i]) : 0.0f);
+      const uint32_t b1 = bf16_high(v1 ? q1 * (dp1[i] - row_dot[i]) : 0.0f);
       p0[i] = uint16_t(bf16_high(q0) >> 16), p1[i] = uint16_t(bf16_high(q1) >> 16);
       g0[i] = uint16_t(b0 >> 16), g1[i] = uint16_t(b1 >> 16);
       pair[i] = (b0 >> 16) | b1;

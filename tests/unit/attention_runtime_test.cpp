@@ -291,6 +291,21 @@ TEST_CASE("attention runtime: f16 matches float64 attention on f16 inputs") { ch
 
 TEST_CASE("attention runtime: f64 matches float64 attention to 1e-12") { check_all(GemmType::F64, 1e-12); }
 
+TEST_CASE("attention runtime: an earlier call's NaNs left in a thread's scratch do not reach a later call") {
+  // Per-thread scratch outlives a call. A call whose dO is NaN leaves NaN
+  // scores in it; a later, smaller call on the same thread (T = 48: its
+  // tiles' padding rows are ones the NaN call wrote) must not read them.
+  ThreadPool pool(1);
+  for (GemmType t : {GemmType::F32, GemmType::BF16}) {
+    Run poisoned(Shape{1, 1, 1, 64, 64, 64, true}, t, false, 11);
+    for (size_t i = 0; i < poisoned.d_o.size(); ++i) poisoned.d_o.set(i, std::nan(""));
+    poisoned.run(pool);
+    Run clean(Shape{1, 1, 1, 48, 48, 64, true}, t, false, 12);
+    clean.run(pool);
+    clean.check(t == GemmType::F32 ? 2e-5 : 1.0 / 128);
+  }
+}
+
 TEST_CASE("attention runtime: results are bit-identical for 1, 2 and 3 threads and run to run") {
   for (GemmType t : {GemmType::F32, GemmType::BF16})
     for (const Shape& s : {Shape{2, 6, 2, 130, 130, 40, true}, Shape{3, 3, 3, 70, 100, 64, false}}) {
