@@ -62,10 +62,14 @@ class TokenDataset : public Dataset {
     else if (spec.token_dtype == "i32") token_bytes_ = 4;
     else throw Error(path + ": token dtype '" + spec.token_dtype + "' is neither u16 nor i32");
     check_order(path, spec.order);
-    if (file_.size() % token_bytes_ != 0)
-      throw Error(path + ": " + std::to_string(file_.size()) + " bytes is not a whole number of " + spec.token_dtype +
-                  " tokens");
-    n_ = static_cast<int64_t>(file_.size() / token_bytes_);
+    if (read_llmc_header()) {
+      // The header says what the tokens are.
+    } else {
+      if (file_.size() % token_bytes_ != 0)
+        throw Error(path + ": " + std::to_string(file_.size()) + " bytes is not a whole number of " +
+                    spec.token_dtype + " tokens");
+      n_ = static_cast<int64_t>(file_.size() / token_bytes_);
+    }
 
     std::string names;
     for (const InputSlot& s : inputs) names += (names.empty() ? "" : ", ") + s.name + " " + tensor_type_text(s.dtype, s.shape);
@@ -123,14 +127,52 @@ class TokenDataset : public Dataset {
   std::string eval_problem() const override { return eval_problem_; }
 
   std::string describe() const override {
-    return spec_.path + ": " + with_commas(n_) + " " + spec_.token_dtype + " tokens (" + with_commas(n_train_) +
+    return spec_.path + ": " + with_commas(n_) + " " + (llmc_.empty() ? spec_.token_dtype : llmc_) + " tokens (" +
+           with_commas(n_train_) +
            " train / " + with_commas(n_ - n_train_) + " eval), " + spec_.order + " windows of " +
            std::to_string(seq_ + 1);
   }
 
  private:
+  // llm.c's .bin (dev/data/data_common.py write_datafile): 256 little-endian
+  // int32s, [0] the magic, [1] the version, [2] the token count, the rest 0;
+  // then the tokens, u16 (GPT-2: magic 20240520, version 1) or u32 (Llama 3:
+  // 20240801, version 7). A file that starts with either magic is read as
+  // one, and its header must hold: a raw token file starting so would need
+  // its first two ids to spell a magic number. Returns false for other files.
+  bool read_llmc_header() {
+    constexpr int64_t kHeaderInts = 256, kHeaderBytes = kHeaderInts * 4;
+    constexpr int32_t kGpt2Magic = 20240520, kLlama3Magic = 20240801;
+    const std::string& path = spec_.path;
+    if (file_.size() < 4) return false;
+    int32_t magic;
+    std::memcpy(&magic, file_.data(), 4);
+    if (magic != kGpt2Magic && magic != kLlama3Magic) return false;
+    const std::string kind = magic == kGpt2Magic ? "llm.c .bin (GPT-2, u16 tokens)" : "llm.c .bin (Llama 3, u32 tokens)";
+    if (file_.size() < static_cast<size_t>(kHeaderBytes))
+      throw Error(path + ": starts with " + kind + "'s magic " + std::to_string(magic) + " but is " +
+                  with_commas(static_cast<int64_t>(file_.size())) + " bytes, shorter than its 1,024-byte header");
+    int32_t header[3];
+    std::memcpy(header, file_.data(), sizeof header);
+    const int32_t want_version = magic == kGpt2Magic ? 1 : 7;
+    if (header[1] != want_version)
+      throw Error(path + ": " + kind + " header has version " + std::to_string(header[1]) + ", expected " +
+                  std::to_string(want_version));
+    token_bytes_ = magic == kGpt2Magic ? 2 : 4;
+    const int64_t count = header[2];
+    const int64_t held = (static_cast<int64_t>(file_.size()) - kHeaderBytes) / static_cast<int64_t>(token_bytes_);
+    if (count < 0 || count != held || (static_cast<int64_t>(file_.size()) - kHeaderBytes) % token_bytes_ != 0)
+      throw Error(path + ": " + kind + " header says " + with_commas(count) + " tokens, but the file holds " +
+                  with_commas(static_cast<int64_t>(file_.size()) - kHeaderBytes) + " bytes after the header (" +
+                  with_commas(held) + " tokens): truncated or not written by llm.c");
+    n_ = count;
+    offset_ = kHeaderBytes;
+    llmc_ = kind;
+    return true;
+  }
+
   int64_t token(int64_t i) const {
-    const char* p = file_.data() + i * token_bytes_;
+    const char* p = file_.data() + offset_ + i * token_bytes_;
     if (token_bytes_ == 2) {
       uint16_t t;
       std::memcpy(&t, p, 2);
@@ -158,6 +200,8 @@ class TokenDataset : public Dataset {
   DataSpec spec_;
   MappedFile file_;
   size_t token_bytes_ = 0;
+  int64_t offset_ = 0;  // bytes before the first token: llm.c's header
+  std::string llmc_;    // what an llm.c file is, for describe(); empty for a raw token file
   InputSlot x_, y_;
   int64_t batch_ = 0, seq_ = 0;
   int64_t n_ = 0, n_train_ = 0, eval_windows_ = 0;

@@ -9,7 +9,9 @@
 // Two formats.
 //
 // "tokens": one raw little-endian token file (token_dtype "u16" or "i32"), the
-// usual pre-tokenized LM corpus. The model must have exactly two i32 inputs of
+// usual pre-tokenized LM corpus, or llm.c's .bin (a 1,024-byte header of
+// magic, version and token count, then u16 or u32 tokens as the header says;
+// recognised by its magic, and its header checked). The model must have exactly two i32 inputs of
 // shape [batch, seq]: the first gets window[0:seq], the second window[1:seq+1]
 // (inputs and next-token targets). With n tokens in the file:
 //   train part  tokens [0, n_train), n_train = floor(split * n)

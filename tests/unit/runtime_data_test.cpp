@@ -351,6 +351,62 @@ TEST_CASE("data: i32 token files, and token ids checked against the vocabulary")
   CHECK(error_of([&] { data->fill_train(1); }) == path + ": token 10 at position 4 is not below the vocabulary size 10");
 }
 
+namespace {
+
+// llm.c's .bin as its dev/data/data_common.py write_datafile writes it: 256
+// int32s (magic, version, token count, zeros), then the tokens.
+template <typename T>
+void write_llmc(const std::string& path, int32_t magic, int32_t version, int32_t count, const std::vector<T>& tokens) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = magic, header[1] = version, header[2] = count;
+  std::string bytes(reinterpret_cast<const char*>(header.data()), 1024);
+  bytes.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(T));
+  write_bytes(path, bytes);
+}
+
+}  // namespace
+
+TEST_CASE("data: llm.c's .bin token files (GPT-2 u16 and Llama 3 u32) read as the same tokens raw") {
+  TokenFixture raw(1000, 4, 8, 0.9, "random");
+  auto want = raw.open();
+  std::vector<uint16_t> tokens(1000);
+  for (int i = 0; i < 1000; ++i) tokens[size_t(i)] = uint16_t(i);
+  TokenFixture llmc(1000, 4, 8, 0.9, "random");
+  write_llmc<uint16_t>(llmc.path, 20240520, 1, 1000, tokens);
+  auto got = llmc.open();
+  CHECK(got->describe() == llmc.path + ": 1,000 llm.c .bin (GPT-2, u16 tokens) tokens (900 train / 100 eval), random windows of 9");
+  for (int64_t step : {0, 3, 17}) {
+    want->fill_train(step);
+    got->fill_train(step);
+    CHECK(llmc.x == raw.x);
+    CHECK(llmc.y == raw.y);
+  }
+  got->fill_eval(1);
+  want->fill_eval(1);
+  CHECK(llmc.x == raw.x);
+  // Llama 3's: u32 tokens, whatever dtype the model's data spec names.
+  std::vector<uint32_t> wide(tokens.begin(), tokens.end());
+  write_llmc<uint32_t>(llmc.path, 20240801, 7, 1000, wide);
+  got = llmc.open();
+  got->fill_train(17);
+  want->fill_train(17);
+  CHECK(llmc.x == raw.x);
+}
+
+TEST_CASE("data: a broken llm.c header is an error saying what is wrong") {
+  TokenFixture f(100, 2, 8, 0.9, "random");
+  const std::vector<uint16_t> tokens(100, 3);
+  write_llmc<uint16_t>(f.path, 20240520, 2, 100, tokens);
+  CHECK(error_of([&] { f.open(); }) == f.path + ": llm.c .bin (GPT-2, u16 tokens) header has version 2, expected 1");
+  write_llmc<uint16_t>(f.path, 20240520, 1, 120, tokens);
+  CHECK(error_of([&] { f.open(); }) ==
+        f.path + ": llm.c .bin (GPT-2, u16 tokens) header says 120 tokens, but the file holds 200 bytes after the "
+                 "header (100 tokens): truncated or not written by llm.c");
+  write_bytes(f.path, std::string("\x88\xd8\x34\x01", 4) + std::string(100, '\0'));
+  CHECK(error_of([&] { f.open(); }) == f.path + ": starts with llm.c .bin (GPT-2, u16 tokens)'s magic 20240520 but is "
+                                               "104 bytes, shorter than its 1,024-byte header");
+}
+
 TEST_CASE("data: token file mistakes name the file and what is wrong") {
   TokenFixture f(100, 2, 8, 0.9, "random");
   write_bytes(f.path, std::string(17, 'a'));
