@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "runtime/vector_math.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -178,8 +180,6 @@ void pack_b(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint16_
 
 #if NAPKIN_AMX_COMPILED
 namespace {
-
-#define NAPKIN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
 // dst rows w0 .. w0 + 16 (of `words` rows; row stride dst_ld words), columns
 // n0 .. n0 + 16 = the transpose of the 16 x 16 words of src rows n0 ..

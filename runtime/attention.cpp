@@ -41,7 +41,6 @@
 #include "runtime/attention.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -168,7 +167,7 @@ void score_grads(const double* p, double* dp, int64_t ld, int64_t rows, int64_t 
 // bf16 rows (row stride ld) widened to dense f32 rows of cols.
 NAPKIN_VECTOR_CLONES void widen_bf16(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = std::bit_cast<float>(uint32_t(src[r * ld + c]) << 16);
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = bf16_bits_to_float(src[r * ld + c]);
 }
 
 // dst row r (stride ldd) = src row r (stride lds) * mul / div[r] (div may be
@@ -223,7 +222,7 @@ struct F64Elem {
 struct BF16Elem {
   using Storage = uint16_t;
   using Acc = float;
-  static float widen(uint16_t x) { return std::bit_cast<float>(uint32_t(x) << 16); }  // bf16 is f32's top half
+  static float widen(uint16_t x) { return bf16_bits_to_float(x); }
   static void widen_rows(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
     widen_bf16(src, rows, cols, ld, dst);
   }

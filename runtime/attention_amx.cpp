@@ -23,7 +23,6 @@
 #include "runtime/attention_amx.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -49,21 +48,10 @@ constexpr int64_t kKeyBlock = 128;
 // A visible_end (below) beyond any tile: no key hidden (not causal).
 constexpr int64_t kEveryKey = int64_t(1) << 40;
 
-float widen(uint16_t x) { return std::bit_cast<float>(uint32_t(x) << 16); }
-
 template <class T>
 T* at(T* base, const AttentionDesc::Strides& st, int64_t b, int64_t h, int64_t row) {
   return base + b * st.batch + h * st.head + row * st.row;
 }
-
-// Every CPU with AMX has AVX-512 (F, BW, VL, DQ): the element loops are
-// compiled for it alone, 512 bits wide (GCC's default for AVX-512 targets
-// prefers 256).
-#if defined(__clang__)
-#define NAPKIN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), min_vector_width(512)))
-#else
-#define NAPKIN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")))
-#endif
 
 // Per-thread buffers, grown on first use and kept.
 struct Scratch {
@@ -79,14 +67,6 @@ struct Scratch {
     return v.data();
   }
 };
-
-// The rounded bf16 of x (nearest even; NaN stays a quiet NaN) in the high
-// half of a word, the low half zero: the pair packing below ORs two of them.
-[[gnu::always_inline]] inline uint32_t bf16_high(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  return (u & 0x7FFFFFFFu) > 0x7F800000u ? ((u & 0x80000000u) | 0x7FC00000u) : rounded;
-}
 
 // max over x[0, n) and the sum over x[0, n), 16 lanes at a time (a fixed
 // order: the sums are the same bits run to run).
@@ -126,7 +106,7 @@ NAPKIN_AVX512 void softmax_block(float* s, int64_t rows, int64_t cols, float sca
     for (int64_t c = 0; c < cols; ++c) {
       const float e = c < visible ? exp_poly(sr[c] * scale - m_new) : 0.0f;
       sr[c] = e;
-      pr[c] = uint16_t(bf16_high(e) >> 16);
+      pr[c] = float_to_bf16_bits_inline(e);
     }
     for (int64_t c = cols; c < p_cols; ++c) pr[c] = 0;
     const float alpha = exp_poly(m[r] - m_new);
@@ -166,11 +146,11 @@ NAPKIN_AVX512 void grad_block(const float* st, const float* dpt, int64_t keys, i
       // may be inf or NaN, and 0 * NaN would carry them into dQ.
       const bool v0 = i >= visible0, v1 = i >= visible1;
       const float q0 = v0 ? e0 : 0.0f, q1 = v1 ? e1 : 0.0f;
-      const uint32_t b0 = bf16_high(v0 ? q0 * (dp0[i] - row_dot[i]) : 0.0f);
-      const uint32_t b1 = bf16_high(v1 ? q1 * (dp1[i] - row_dot[i]) : 0.0f);
-      p0[i] = uint16_t(bf16_high(q0) >> 16), p1[i] = uint16_t(bf16_high(q1) >> 16);
-      g0[i] = uint16_t(b0 >> 16), g1[i] = uint16_t(b1 >> 16);
-      pair[i] = (b0 >> 16) | b1;
+      const uint16_t ds0 = float_to_bf16_bits_inline(v0 ? q0 * (dp0[i] - row_dot[i]) : 0.0f);
+      const uint16_t ds1 = float_to_bf16_bits_inline(v1 ? q1 * (dp1[i] - row_dot[i]) : 0.0f);
+      p0[i] = float_to_bf16_bits_inline(q0), p1[i] = float_to_bf16_bits_inline(q1);
+      g0[i] = ds0, g1[i] = ds1;
+      pair[i] = uint32_t(ds0) | uint32_t(ds1) << 16;
     }
     for (int64_t i = queries; i < cols; ++i) p0[i] = p1[i] = g0[i] = g1[i] = 0, pair[i] = 0;
   }
@@ -263,7 +243,7 @@ void backward_group(const AttentionDesc& d, const uint16_t* q, const uint16_t* k
       const uint16_t* dor = at(d_o, d.d_o, b, h, i);
       const uint16_t* orow = at(o, d.o, b, h, i);
       float sum = 0;
-      for (int64_t c = 0; c < D; ++c) sum += widen(dor[c]) * widen(orow[c]);
+      for (int64_t c = 0; c < D; ++c) sum += bf16_bits_to_float(dor[c]) * bf16_bits_to_float(orow[c]);
       row_dot[hl * T + i] = sum;
     }
   }

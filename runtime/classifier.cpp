@@ -2,7 +2,6 @@
 #include "runtime/classifier.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -54,7 +53,7 @@ void store(GemmType t, void* p, int64_t i, A v) {
 //           sum = sum * exp(old max - m) + its sum (online log-sum-exp)
 //   grad    the row becomes (exp(l - lse) - onehot) * scale
 NAPKIN_VECTOR_CLONES void widen_bf16(const uint16_t* bits, int64_t n, float* out) {
-  for (int64_t v = 0; v < n; ++v) out[v] = std::bit_cast<float>(static_cast<uint32_t>(bits[v]) << 16);
+  for (int64_t v = 0; v < n; ++v) out[v] = bf16_bits_to_float(bits[v]);
 }
 NAPKIN_VECTOR_CLONES void narrow_bf16(const float* in, int64_t n, uint16_t* bits) {
   for (int64_t v = 0; v < n; ++v) bits[v] = float_to_bf16_bits_inline(in[v]);

@@ -91,8 +91,6 @@ float decode(const Format& f, uint32_t code) {
 }  // namespace
 
 uint16_t float_to_bf16_bits(float x) { return uint16_t(encode(kBF16, x, false)); }
-// bf16 is the top half of a float32, so widening is a shift.
-float bf16_bits_to_float(uint16_t bits) { return std::bit_cast<float>(uint32_t(bits) << 16); }
 float round_to_bf16(float x) { return bf16_bits_to_float(float_to_bf16_bits(x)); }
 
 uint16_t float_to_f16_bits(float x) { return uint16_t(encode(kF16, x, false)); }

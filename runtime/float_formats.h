@@ -24,7 +24,9 @@
 namespace napkin::runtime {
 
 uint16_t float_to_bf16_bits(float x);
-float bf16_bits_to_float(uint16_t bits);
+// bf16 is the top half of a float32, so widening is a shift (inline: kernels
+// widen whole tiles with it).
+inline float bf16_bits_to_float(uint16_t bits) { return std::bit_cast<float>(uint32_t(bits) << 16); }
 float round_to_bf16(float x);
 // float_to_bf16_bits inline, for kernels that narrow whole tensors element by
 // element (the same bits, NaN included; float_formats_test compares them).

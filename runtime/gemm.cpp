@@ -1,7 +1,6 @@
 #include "runtime/gemm.h"
 
 #include <algorithm>
-#include <bit>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -100,22 +99,13 @@ float f16_to_float(uint16_t h) {
   return table[h];
 }
 
-// float -> bf16, nearest even: the same bits as float_to_bf16_bits (the unit
-// test compares them on every rounding case), inlined because C is narrowed
-// element by element.
-inline uint16_t narrow_bf16(float x) {
-  uint32_t u = std::bit_cast<uint32_t>(x);
-  if ((u & 0x7FFFFFFF) > 0x7F800000) return uint16_t((u >> 16 & 0x8000) | 0x7FC0);
-  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
-
 // dst (rows x cols, row-major fp32) = src (rows x cols at strides rs, cs).
 void widen(GemmType t, const uint16_t* src, int64_t rows, int64_t cols, int64_t rs, int64_t cs, float* dst) {
   for (int64_t i = 0; i < rows; ++i) {
     const uint16_t* s = src + i * rs;
     float* d = dst + i * cols;
     if (t == GemmType::BF16)
-      for (int64_t j = 0; j < cols; ++j) d[j] = std::bit_cast<float>(uint32_t(s[j * cs]) << 16);
+      for (int64_t j = 0; j < cols; ++j) d[j] = bf16_bits_to_float(s[j * cs]);
     else
       for (int64_t j = 0; j < cols; ++j) d[j] = f16_to_float(s[j * cs]);
   }
@@ -351,7 +341,7 @@ void Gemm::panels_item(const void* A, const void* B, void* Cp, const Panel& p) c
     uint16_t* row = static_cast<uint16_t*>(Cp) + i * ldc_;
     const float* src = cp + i * nn;
     if (t == GemmType::BF16)
-      for (int64_t j = 0; j < nn; ++j) row[j] = narrow_bf16(src[j]);
+      for (int64_t j = 0; j < nn; ++j) row[j] = float_to_bf16_bits_inline(src[j]);
     else
       for (int64_t j = 0; j < nn; ++j) row[j] = float_to_f16_bits(src[j]);
   }
@@ -507,7 +497,7 @@ void sum_b_over_k(const MatmulDesc& d, GemmType type, const void* b, float* sums
       }
       case GemmType::BF16: {
         const auto* x = static_cast<const uint16_t*>(b);
-        sum_columns(d, c0, c1, sums, [x](int64_t i) { return double(std::bit_cast<float>(uint32_t(x[i]) << 16)); });
+        sum_columns(d, c0, c1, sums, [x](int64_t i) { return double(bf16_bits_to_float(x[i])); });
         break;
       }
       case GemmType::F64: break;  // refused before the split

@@ -76,4 +76,14 @@ template <class A>
 #define NAPKIN_VECTOR_CLONES
 #endif
 
+// Loops that run only where AMX is (runtime/amx.cpp, attention_amx.cpp):
+// every such CPU has AVX-512 F, BW, VL and DQ (amx::available() checks), so
+// they are compiled for it alone, 512 bits wide (GCC's default tuning for
+// AVX-512 targets prefers 256; Clang spells the width differently).
+#if defined(__clang__)
+#define NAPKIN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), min_vector_width(512)))
+#else
+#define NAPKIN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")))
+#endif
+
 }  // namespace napkin::runtime
