@@ -166,7 +166,8 @@ def time_jax(name, weights, batches, steps, warmup, precision="fp32"):
         return p, s, loss
 
     jstep = jax.jit(step, donate_argnums=(0, 1))
-    p = {k: jnp.asarray(v) for k, v in weights.items() if k in set(MODELS_PARAMS(name, weights))}
+    names = set(MODELS_PARAMS(name, weights))  # napkin's checkpoint also holds its optimizer state
+    p = {k: jnp.asarray(v) for k, v in weights.items() if k in names}
     s = opt_init(p)
     times, losses, first = [], [], 0.0
     for i in range(warmup + steps):

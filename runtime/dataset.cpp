@@ -62,9 +62,7 @@ class TokenDataset : public Dataset {
     else if (spec.token_dtype == "i32") token_bytes_ = 4;
     else throw Error(path + ": token dtype '" + spec.token_dtype + "' is neither u16 nor i32");
     check_order(path, spec.order);
-    if (read_llmc_header()) {
-      // The header says what the tokens are.
-    } else {
+    if (!read_llmc_header()) {  // a raw token file (llm.c's header says what its tokens are)
       if (file_.size() % token_bytes_ != 0)
         throw Error(path + ": " + std::to_string(file_.size()) + " bytes is not a whole number of " +
                     spec.token_dtype + " tokens");
