@@ -54,7 +54,7 @@ struct PhaseCost {
 
 struct StepCost {
   std::vector<OpRow> rows;  // schedule order
-  PhaseCost phases[3];      // indexed by ir::Phase
+  PhaseCost phases[ir::kNumPhases];  // indexed by ir::Phase
   PhaseCost total;          // the whole step
   const PhaseCost& phase(ir::Phase p) const { return phases[static_cast<int>(p)]; }
   bool has_backward() const { return phase(ir::Phase::Backward).ops > 0; }

@@ -113,7 +113,7 @@ struct MemoryReport {
   int64_t resident_bytes = 0;  // params + state + inputs
   std::vector<int64_t> live_bytes;  // per schedule position
   MemoryPeak peak;                  // over the whole step
-  std::array<MemoryPeak, 3> phase_peaks;  // indexed by ir::Phase
+  std::array<MemoryPeak, ir::kNumPhases> phase_peaks;  // indexed by ir::Phase
   std::vector<MemoryUpdate> updates;      // one per Graph::update, same order
   bool has_backward = false;              // some node is in the backward phase
 

@@ -27,6 +27,7 @@ std::string_view tensor_role_name(TensorRole r) {
     case TensorRole::Input: return "input";
     case TensorRole::Rng: return "rng";
     case TensorRole::Loss: return "loss";
+    case TensorRole::Output: return "output";
   }
   return "?";
 }
@@ -210,6 +211,7 @@ KernelKind kind_of(const Kernel& k) {
     case ir::LoopKind::Mse: return KernelKind::Mse;
     case ir::LoopKind::Attention: return KernelKind::Attention;
     case ir::LoopKind::Classifier: return KernelKind::Classifier;
+    case ir::LoopKind::CachedAttention: return KernelKind::CachedAttention;
     case ir::LoopKind::View: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a view has no kernel ({})", k.name);
@@ -484,7 +486,14 @@ KernelPlan plan_kernels(const ir::Graph& g) {
   for (ir::ValueId in : g.inputs) add_tensor(in, TensorRole::Input);
   if (g.rng != ir::kNoValue) add_tensor(g.rng, TensorRole::Rng);
   ir::ValueId loss = g.find_output("loss");
-  NAPKIN_INTERNAL_CHECK(loss != ir::kNoValue, "the training graph has no loss output");
+  if (loss == ir::kNoValue) {  // an inference graph: its named outputs
+    NAPKIN_INTERNAL_CHECK(!g.outputs.empty(), "the graph has neither a loss nor other outputs");
+    for (const auto& [name, v] : g.outputs) {
+      add_tensor(v, TensorRole::Output);
+      plan.tensors.back().name = name;
+    }
+    return plan;
+  }
   add_tensor(loss, TensorRole::Loss);
   plan.tensors.back().name = "loss";
   return plan;

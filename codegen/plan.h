@@ -67,6 +67,7 @@ enum class KernelKind : uint8_t {
   Mse,
   Attention,         // fused attention, forward or backward: Kernel::attention()
   Classifier,        // the fused classifier, forward or backward: Kernel::classifier()
+  CachedAttention,   // attention against a KV cache (inference): Kernel::cached_attention()
 };
 
 // An argument of a fused op: the kernel's input `index`, or the result of
@@ -173,6 +174,7 @@ struct Kernel {
   const ir::ConcatParams& concat() const { return std::get<ir::ConcatParams>(params); }
   const ir::RowParams& rows() const { return std::get<ir::RowParams>(params); }
   const ir::AttentionParams& attention() const { return std::get<ir::AttentionParams>(params); }
+  const ir::CachedAttentionParams& cached_attention() const { return std::get<ir::CachedAttentionParams>(params); }
   const ir::ClassifierParams& classifier() const { return std::get<ir::ClassifierParams>(params); }
 };
 
@@ -183,8 +185,9 @@ struct UpdateCopy {
 };
 
 // Rng: the rng tensor (ir/rng.h), which the runtime writes before every forward.
-enum class TensorRole : uint8_t { Param, State, Input, Rng, Loss };
-std::string_view tensor_role_name(TensorRole r);  // "param", "state", "input", "rng", "loss"
+// Output: an inference graph's named results (passes/derive_inference.h), in place of a loss.
+enum class TensorRole : uint8_t { Param, State, Input, Rng, Loss, Output };
+std::string_view tensor_role_name(TensorRole r);  // "param", "state", "input", "rng", "loss", "output"
 
 struct PlannedTensor {
   std::string name;

@@ -86,6 +86,7 @@ const char* runtime_kind(KernelKind kind) {
     case KernelKind::Gemm: return "matmul";
     case KernelKind::Attention: return "attention";
     case KernelKind::Classifier: return "classifier";
+    case KernelKind::CachedAttention: return "cached_attention";
     default: return "loop";
   }
 }
@@ -159,6 +160,35 @@ json attention_json(const Kernel& k) {
     j["dv"] = strides(grads[2]);
   }
   return j;
+}
+
+// A CachedAttention kernel as runtime/cached_attention.h's descriptor: the
+// attention operands' offsets and strides as attention_json writes them, the
+// caches' too, and where the positions are.
+json cached_attention_json(const Kernel& k) {
+  const Operand &q = k.inputs[0], &kv = k.inputs[1], &cache = k.inputs[3], &positions = k.inputs[5];
+  auto strides = [](const Operand& o) {
+    NAPKIN_INTERNAL_CHECK(o.strides.size() == 4 && (o.strides[3] == 1 || o.sizes[3] == 1),
+                          "a cached attention operand must be 4-D and contiguous along head_dim");
+    return json{o.byte_offset, o.strides[0], o.strides[1], o.strides[2]};
+  };
+  NAPKIN_INTERNAL_CHECK(positions.contiguous(), "cached attention positions must be contiguous ({})", k.name);
+  return {{"scale", k.cached_attention().scale},
+          {"dtype", std::string(ir::dtype_name(q.dtype))},
+          {"batch", q.sizes[0]},
+          {"heads", q.sizes[1]},
+          {"kv_heads", kv.sizes[1]},
+          {"rows", q.sizes[2]},
+          {"context", cache.sizes[2]},
+          {"head_dim", q.sizes[3]},
+          {"q", strides(q)},
+          {"k", strides(kv)},
+          {"v", strides(k.inputs[2])},
+          {"k_cache", strides(cache)},
+          {"v_cache", strides(k.inputs[4])},
+          {"o", strides(k.output)},
+          {"positions", positions.byte_offset},
+          {"positions_i64", positions.dtype == ir::DType::I64}};
 }
 
 json train_json(const ir::Graph& g) {
@@ -271,6 +301,7 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
     if (k.kind == KernelKind::Gemm) j["matmul"] = matmul_json(k);
     if (k.kind == KernelKind::Attention) j["attention"] = attention_json(k);
     if (k.kind == KernelKind::Classifier) j["classifier"] = classifier_json(k);
+    if (k.kind == KernelKind::CachedAttention) j["cached_attention"] = cached_attention_json(k);
     // The time model names a group's kernel by its last member: a bias gradient's GEMM by its reduction.
     if (auto it = predicted.find(k.bias_grad != ir::kNoNode ? k.bias_grad : k.node); it != predicted.end()) {
       const analysis::KernelTime& t = *it->second;

@@ -92,6 +92,12 @@ void Interpreter::run() {
     std::vector<detail::OutType> outs;
     for (ir::ValueId v : n.outputs) outs.push_back({g_.value(v).type.sizes(), g_.value(v).type.dtype});
     std::vector<std::vector<double>> results = detail::eval_node(n, args, outs, numerics_ == Numerics::Native);
+    if (ir::op_info(n.op).loop == ir::LoopKind::CachedAttention) {  // it writes its caches (inputs 3 and 4)
+      NAPKIN_INTERNAL_CHECK(results.size() == 3, "interp: cached_attention returned {} values", results.size());
+      store(n.in(3), std::move(results[1]));
+      store(n.in(4), std::move(results[2]));
+      results.resize(1);
+    }
     NAPKIN_INTERNAL_CHECK(results.size() == n.outputs.size(), "interp: {} (node {}) produced {} outputs, not {}",
                           ir::op_name(n.op), n.id, results.size(), n.outputs.size());
     for (size_t i = 0; i < n.outputs.size(); ++i) {

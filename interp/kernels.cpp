@@ -238,6 +238,8 @@ std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const
       const auto& p = std::get<ir::AttentionParams>(params);
       return p.backward ? attention_grad(p, in) : attention(p, in);
     }
+    case ir::LoopKind::CachedAttention:
+      return cached_attention(n, std::get<ir::CachedAttentionParams>(params), in);
     case ir::LoopKind::Classifier:
       return std::get<ir::ClassifierParams>(params).backward ? linear_cross_entropy_grad(n, in, native)
                                                             : linear_cross_entropy(n, in, native);

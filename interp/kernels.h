@@ -57,6 +57,10 @@ Data embedding_grad(const ir::Node& n, const Arg& dy, const Arg& ids, int64_t vo
 // once: (q, k, v) -> {o, lse}; (q, k, v, o, lse, do) -> {dq, dk, dv}.
 std::vector<Data> attention(const ir::AttentionParams& p, const std::vector<Arg>& in);
 std::vector<Data> attention_grad(const ir::AttentionParams& p, const std::vector<Arg>& in);
+// cached_attention by its definition (ir/loop.h): (q, k, v, k_cache, v_cache,
+// positions) -> {o, the key cache, the value cache}, the caches with the new
+// rows written (the interpreter stores them back into its inputs 3 and 4).
+std::vector<Data> cached_attention(const ir::Node& n, const ir::CachedAttentionParams& p, const std::vector<Arg>& in);
 // The fused classifier by its definition (ir/loop.h), every logit of a row at
 // once: (x, w, targets) -> {loss, lse}; (x, w, targets, lse, dloss) -> {dx, dw}.
 // `native` rounds the logits and their gradient to x's dtype.

@@ -266,6 +266,45 @@ std::vector<Data> attention(const ir::AttentionParams& p, const std::vector<Arg>
   return {t, lse};
 }
 
+std::vector<Data> cached_attention(const ir::Node& n, const ir::CachedAttentionParams& p, const std::vector<Arg>& in) {
+  const int64_t batch = in[0].shape[0], heads = in[0].shape[1], rows = in[0].shape[2], head_dim = in[0].shape[3];
+  const int64_t kv_heads = in[1].shape[1], context = in[3].shape[2], group = heads / kv_heads;
+  Data kc = in[3].data, vc = in[4].data;
+  const Data &q = in[0].data, &k = in[1].data, &v = in[2].data, &pos = in[5].data;
+  for (int64_t i = 0; i < rows; ++i)
+    if (pos[i] < 0 || pos[i] >= static_cast<double>(context))
+      fail(n, fmt::format("position {} of row {} is outside the cache's {} rows", pos[i], i, context));
+  auto cache_row = [&](int64_t b, int64_t h, int64_t j) { return ((b * kv_heads + h) * context + j) * head_dim; };
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < kv_heads; ++h)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const int64_t from = ((b * kv_heads + h) * rows + i) * head_dim + d;
+          kc[cache_row(b, h, static_cast<int64_t>(pos[i])) + d] = k[from];
+          vc[cache_row(b, h, static_cast<int64_t>(pos[i])) + d] = v[from];
+        }
+  Data o(q.size(), 0.0);
+  std::vector<double> s(static_cast<size_t>(context));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t visible = static_cast<int64_t>(pos[i]) + 1, qi = ((b * heads + h) * rows + i) * head_dim;
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < visible; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < head_dim; ++d) dot += q[qi + d] * kc[cache_row(b, h / group, j) + d];
+          m = std::max(m, s[j] = p.scale * dot);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < visible; ++j) sum += std::exp(s[j] - m);
+        for (int64_t j = 0; j < visible; ++j) {
+          const double pj = std::exp(s[j] - m) / sum;
+          for (int64_t d = 0; d < head_dim; ++d) o[qi + d] += pj * vc[cache_row(b, h / group, j) + d];
+        }
+      }
+  return {o, kc, vc};
+}
+
 std::vector<Data> attention_grad(const ir::AttentionParams& p, const std::vector<Arg>& in) {
   const AttentionShape a(in);
   const Data &q = in[0].data, &k = in[1].data, &v = in[2].data, &o = in[3].data, &lse = in[4].data,

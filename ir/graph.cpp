@@ -26,6 +26,7 @@ std::string_view phase_name(Phase p) {
     case Phase::Forward: return "forward";
     case Phase::Backward: return "backward";
     case Phase::Optimizer: return "optimizer";
+    case Phase::Decode: return "decode";
   }
   return "?";
 }

@@ -26,7 +26,10 @@ enum class ValueKind : uint8_t { Input, Param, State, Result };
 
 // Which part of a training step a node belongs to. The schedule runs them in
 // this order: forward, then backward (autodiff), then the optimizer update.
-enum class Phase : uint8_t { Forward, Backward, Optimizer };
+// An inference graph (passes/derive_inference.h) has two: Forward, its
+// prefill of a whole context, and Decode, its step of one new token.
+enum class Phase : uint8_t { Forward, Backward, Optimizer, Decode };
+inline constexpr int kNumPhases = 4;
 std::string_view phase_name(Phase p);
 
 struct Value {

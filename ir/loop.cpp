@@ -52,6 +52,7 @@ LoopParams loop_params(Op op, const Attrs& a) {
                              a.has("seq_major_out") && a.get_int("seq_major_out") != 0,
                              a.has("packed_grad") && a.get_int("packed_grad") != 0};
     case LoopKind::Classifier: return ClassifierParams{op == Op::LinearCrossEntropyGrad};
+    case LoopKind::CachedAttention: return CachedAttentionParams{a.get_double("scale")};
   }
   return std::monostate{};
 }

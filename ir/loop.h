@@ -30,6 +30,7 @@ enum class LoopKind : uint8_t {
   Mse,          // the mean of squared differences: one scalar
   Attention,    // softmax(scale * q kᵀ, causally masked) v, tile by tile, no T×T value (AttentionParams)
   Classifier,   // cross_entropy(x wᵀ, targets) over vocabulary chunks, no rows×V value (ClassifierParams)
+  CachedAttention,  // attention of new rows against a KV cache they are first written into (CachedAttentionParams)
 };
 
 // What an elementwise op reads of its element's position besides its
@@ -137,9 +138,23 @@ struct ClassifierParams {
   bool backward = false;
 };
 
+// Attention against a key/value cache (inference: passes/derive_inference.h).
+// Shapes: q [B, Hq, n, D], k and v [B, Hk, n, D] (the n new rows), k_cache and
+// v_cache [B, Hk, S, D] (State values that persist between calls), positions
+// [n] integers in [0, S):
+//   first   k_cache[b, h, positions[i]] = k[b, h, i], the same for v
+//   then    o_i = sum_{j <= positions[i]} p_ij v_cache_j with
+//           p_ij = softmax_j(scale * q_i · k_cache_j) over j <= positions[i]
+// (query head h reads kv head h / (Hq / Hk)). The only op that writes an
+// input: the caches are State that nothing else reads, so the write is seen
+// by this op's later calls only. Arithmetic in f32 (f64 for f64 operands).
+struct CachedAttentionParams {
+  double scale = 1;
+};
+
 // The parameters of an op's loop kind; monostate for kinds that have none.
 using LoopParams = std::variant<std::monostate, FillParams, ReductionParams, ContractionParams, ConcatParams, RowParams,
-                                AttentionParams, ClassifierParams>;
+                                AttentionParams, ClassifierParams, CachedAttentionParams>;
 
 // The one place that reads an op and its attributes into its loop's parameters.
 LoopParams loop_params(Op op, const Attrs& attrs);

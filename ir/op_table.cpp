@@ -667,6 +667,31 @@ InferResult infer_attention(const Inputs& in, const Attrs& a) {
   return r;
 }
 
+// cached_attention(q [B, Hq, n, D], k [B, Hk, n, D], v, k_cache [B, Hk, S, D],
+// v_cache, positions [n] int) -> o [B, Hq, n, D]: ir/loop.h's
+// CachedAttentionParams. k and v are checked as attention's keys against q
+// (no causal alignment: the positions say what each query sees).
+InferResult infer_cached_attention(const Inputs& in, const Attrs&) {
+  Attrs plain;
+  plain.set("causal", int64_t{0});
+  if (auto r = check_attention_operands(in, plain); !r.ok()) return r;
+  const TensorType &k = *in[1], &kc = *in[3], &vc = *in[4], &pos = *in[5];
+  if (kc.rank() != 4 || !vc.same_shape(kc) || kc.dtype != k.dtype || vc.dtype != k.dtype)
+    return InferResult::fail(fmt::format("cached_attention: the caches {} and {} are not [batch, kv_heads, context, "
+                                         "head_dim] of k's dtype", to_string(kc), to_string(vc))).blaming(3);
+  for (int i : {0, 1, 3})
+    if (kc.dims[i].size != k.dims[i].size)
+      return InferResult::fail(fmt::format("cached_attention: cache {} does not hold k {}", to_string(kc), to_string(k)))
+          .blaming(3);
+  if (k.dims[2].size > kc.dims[2].size)
+    return InferResult::fail(fmt::format("cached_attention: {} new rows do not fit a cache of {}", k.dims[2].size,
+                                         kc.dims[2].size)).blaming(1);
+  if (pos.rank() != 1 || pos.dims[0].size != k.dims[2].size || !is_integer(pos.dtype))
+    return InferResult::fail(fmt::format("cached_attention: positions {} are not one integer per new row",
+                                         to_string(pos))).blaming(5);
+  return InferResult::of(*in[0]);
+}
+
 // attention_grad(q, k, v, o, lse, do) -> (dq, dk, dv).
 InferResult infer_attention_grad(const Inputs& in, const Attrs& a) {
   if (auto r = check_attention_operands(in, a); !r.ok()) return r;
@@ -766,7 +791,10 @@ double transcendentals(const Graph& g, const Node& n) {
 AttentionDims attention_dims(const Graph& g, const Node& n) {
   NAPKIN_INTERNAL_CHECK(op_info(n.op).op_class == OpClass::Attention, "attention_dims of {}", op_name(n.op));
   const TensorType& q = g.value(n.in(0)).type;
-  const TensorType& k = g.value(n.in(1)).type;
+  // cached_attention's keys are its cache's rows, counted at the cache's whole
+  // length: the cost of the query at the last position (docs/report.md, "Inference").
+  const bool cached = n.op == Op::CachedAttention;
+  const TensorType& k = g.value(n.in(cached ? 3 : 1)).type;
   AttentionDims a;
   a.batch = static_cast<double>(q.dims[0].size);
   a.heads = static_cast<double>(q.dims[1].size);
@@ -774,7 +802,7 @@ AttentionDims attention_dims(const Graph& g, const Node& n) {
   a.q_len = static_cast<double>(q.dims[2].size);
   a.kv_len = static_cast<double>(k.dims[2].size);
   a.head_dim = static_cast<double>(q.dims[3].size);
-  a.causal = n.attrs.get_int("causal") != 0;
+  a.causal = !cached && n.attrs.get_int("causal") != 0;
   // Query i sees keys 0 .. i + S - T: (S - T + 1) + ... + S keys over the T rows.
   a.pairs = a.causal ? a.q_len * (a.kv_len - a.q_len + 1) + a.q_len * (a.q_len - 1) / 2 : a.q_len * a.kv_len;
   return a;
@@ -864,7 +892,7 @@ OpCost cost_attention(const Graph& g, const Node& n) {
   AttentionDims a = attention_dims(g, n);
   double pairs = a.batch * a.heads * a.pairs;
   OpCost c{0, read_all(g, n), written(g, n)};
-  if (n.op == Op::Attention) {
+  if (n.op == Op::Attention || n.op == Op::CachedAttention) {
     c.activation_matmul_flops = pairs * 4 * a.head_dim;
     c.flops = c.activation_matmul_flops + pairs * 5;
   } else {
@@ -1090,6 +1118,8 @@ const OpInfo kRows[] = {
     BACKWARD_ROW(EmbeddingGrad, ScatterAdd, infer_embedding_grad, cost_embedding_grad, 1, 0),
     BACKWARD_ROW(AttentionGrad, Attention, infer_attention_grad, cost_attention, 0, 1),
     BACKWARD_ROW(LinearCrossEntropyGrad, Classifier, infer_linear_cross_entropy_grad, cost_classifier, 0, 1),
+    // Inference only (no VJP, not callable): counted as attention's forward over the whole cache.
+    BACKWARD_ROW(CachedAttention, CachedAttention, infer_cached_attention, cost_attention, 0, 1),
 };
 #undef ROW
 #undef ROWI

@@ -555,6 +555,7 @@ VjpFn vjp_rule(Op op) {
     case Op::CrossEntropyGrad: return nullptr;
     case Op::AttentionGrad: return nullptr;
     case Op::LinearCrossEntropyGrad: return nullptr;
+    case Op::CachedAttention: return nullptr;
     case Op::EmbeddingGrad: return nullptr;
   }
   return nullptr;

@@ -3,6 +3,7 @@
 #include "passes/attention_layout.h"
 #include "passes/autodiff.h"
 #include "passes/dce.h"
+#include "passes/derive_inference.h"
 #include "passes/embedding_grad_into.h"
 #include "passes/fp8_scaling.h"
 #include "passes/fuse_attention.h"
@@ -84,6 +85,27 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   if (!pm.run(g, diag)) return false;
   warn_unused_params(g, diag);
   return true;
+}
+
+bool run_inference_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options) {
+  PassManager forward(options);
+  forward.add(make_dce_pass());  // drop the loss's other inputs' producers
+  forward.add(make_fuse_attention_pass(options.attention_sites));  // the attention that becomes cached_attention
+  forward.add(make_dce_pass());
+  forward.add(make_mixed_precision_pass());  // the caches hold k and v in the policy's dtype
+  forward.add(make_dce_pass());
+  if (!forward.run(g, diag)) return false;
+  ir::Graph inference;
+  if (!derive_inference_graph(g, inference, diag)) return false;
+  g = std::move(inference);
+  PassManager fuse(options);
+  fuse.add(make_dce_pass());
+  if (options.sink_casts) {
+    fuse.add(make_sink_casts_pass(options.cast_placement));  // casts where they store the fewest bytes
+    fuse.add(make_dce_pass());
+  }
+  fuse.add(make_fuse_elementwise_pass());  // elementwise chains become one kernel each
+  return fuse.run(g, diag);
 }
 
 }  // namespace napkin::passes

@@ -17,4 +17,10 @@ bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOpt
 bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options = {},
                            const MemoryBudget& budget = {});
 
+// The inference program of a language model (passes/derive_inference.h):
+// the forward graph's attention fused and its precision policy applied, then
+// the prefill and decode phases derived from it, then fused as the training
+// step is. False with errors in diag when the model cannot be sampled.
+bool run_inference_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options = {});
+
 }  // namespace napkin::passes

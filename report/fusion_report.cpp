@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "analysis/memory.h"
@@ -122,7 +123,7 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
 CastSummary summarize_casts(const FusionSummary& placed, const passes::CastPlacement& rewrites,
                             const ir::Graph& policy_casts_step) {
   const FusionSummary policy = summarize_fusion(policy_casts_step);
-  auto total = [](const std::array<int, 3>& k) { return k[0] + k[1] + k[2]; };
+  auto total = [](const std::array<int, ir::kNumPhases>& k) { return std::accumulate(k.begin(), k.end(), 0); };
   return {rewrites, total(policy.kernels_after), total(placed.kernels_after), policy.bytes_after, placed.bytes_after};
 }
 
@@ -130,7 +131,7 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s, cons
   auto change = [](double before, double after) {
     return before > 0 ? fmt::format("{:+.1f}%", 100.0 * (after - before) / before) : std::string("n/a");
   };
-  auto total = [](const std::array<int, 3>& k) { return k[0] + k[1] + k[2]; };
+  auto total = [](const std::array<int, ir::kNumPhases>& k) { return std::accumulate(k.begin(), k.end(), 0); };
   std::string out = "\nfusion (elementwise chains as one kernel each; docs/fusion.md)\n";
   out += fmt::format("  kernels            {:>10} {:>10} {:>10} {:>10}\n", "forward", "backward", "optimizer", "total");
   out += fmt::format("    unfused          {:>10} {:>10} {:>10} {:>10}\n", s.kernels_before[0], s.kernels_before[1],
@@ -193,8 +194,8 @@ std::string fusion_section_text(const ir::Graph& g, const FusionSummary& s, cons
 
 nlohmann::json fusion_json(const ir::Graph& g, const FusionSummary& s, const CastSummary* casts) {
   using nlohmann::json;
-  auto phases = [](const std::array<int, 3>& k) {
-    return json{{"forward", k[0]}, {"backward", k[1]}, {"optimizer", k[2]}, {"total", k[0] + k[1] + k[2]}};
+  auto phases = [](const std::array<int, ir::kNumPhases>& k) {
+    return json{{"forward", k[0]}, {"backward", k[1]}, {"optimizer", k[2]}, {"total", std::accumulate(k.begin(), k.end(), 0)}};
   };
   json patterns = json::array();
   for (const FusionPattern& p : s.patterns) patterns.push_back({{"pattern", p.name}, {"groups", p.groups}, {"ops", p.ops}, {"kernels", p.kernels}});

@@ -47,7 +47,7 @@ struct FusionPattern {
 };
 
 struct FusionSummary {
-  std::array<int, 3> kernels_before{}, kernels_after{};  // indexed by ir::Phase
+  std::array<int, ir::kNumPhases> kernels_before{}, kernels_after{};  // indexed by ir::Phase
   double bytes_before = 0, bytes_after = 0;
   int64_t peak_before = 0, peak_after = 0;
   int groups = 0, fused_ops = 0, folded_constants = 0;

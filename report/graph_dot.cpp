@@ -39,6 +39,7 @@ const char* phase_title(ir::Phase p) {
     case ir::Phase::Forward: return "forward";
     case ir::Phase::Backward: return "backward";
     case ir::Phase::Optimizer: return "update";
+    case ir::Phase::Decode: return "decode";
   }
   return "?";
 }

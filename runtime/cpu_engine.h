@@ -18,10 +18,12 @@ class CpuEngine final : public Engine {
   char* host(const TensorSpec& t) override { return ex_.arena() + t.offset; }
   void upload(const std::string&) override {}
   void download(const std::string&) override {}
+  void download_tensor(const TensorSpec&) override {}
 
   void run_forward() override { ex_.run_forward(); }
   double loss() override { return ex_.loss(); }
   void run_backward() override { ex_.run_backward(); }
+  void run_decode() override { ex_.run_kernels(ex_.program().num_forward_kernels, static_cast<int>(ex_.program().kernels.size())); }
   void run_optimizer() override {
     ex_.run_optimizer();
     ex_.apply_updates();

@@ -42,9 +42,14 @@ class Engine {
   virtual char* host(const TensorSpec& t) = 0;
   virtual void upload(const std::string& role) = 0;
   virtual void download(const std::string& role) = 0;
+  virtual void download_tensor(const TensorSpec& t) = 0;  // one tensor (the sampler's logits)
 
   virtual void run_forward() = 0;
   virtual double loss() = 0;
+  // An inference program's (runtime/sampler.h): run_forward() is its
+  // prefill; run_decode() its one-token step, the kernels after the prefill
+  // (the inputs go up first). download_tensor brings its logits down.
+  virtual void run_decode() = 0;
   virtual void run_backward() = 0;
   virtual void run_optimizer() = 0;
 

@@ -55,6 +55,15 @@ Executor::Executor(const Program& program, const KernelFn* fns, int threads)
   for (const KernelSpec& k : program.kernels) {
     attentions_.push_back(nullptr);
     classifiers_.push_back(nullptr);
+    cached_attentions_.push_back(nullptr);
+    if (k.is_cached_attention) {
+      try {
+        cached_attentions_.back() =
+            std::make_unique<CachedAttention>(k.cached_attention.desc, gemm_type(k.cached_attention.dtype));
+      } catch (const Error& e) {
+        throw Error("kernel " + k.name + ": " + e.what());
+      }
+    }
     if (k.is_classifier) {
       try {
         classifiers_.back() = std::make_unique<Classifier>(k.classifier.desc, gemm_type(k.classifier.dtype));
@@ -134,6 +143,16 @@ void Executor::run_kernel(int i) {
                                m + a.dq, m + a.dk, m + a.dv, pool_);
     else
       attentions_[i]->forward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<float*>(m + a.lse), pool_);
+    return;
+  }
+  if (k.is_cached_attention) {
+    const CachedAttentionSpec& a = k.cached_attention;
+    char* m = arena_;
+    try {
+      cached_attentions_[i]->run(m + a.q, m + a.k, m + a.v, m + a.k_cache, m + a.v_cache, m + a.positions, m + a.o, pool_);
+    } catch (const Error& e) {
+      throw Error("kernel " + k.name + " (" + k.where + "): " + e.what());
+    }
     return;
   }
   if (k.is_classifier) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/attention.h"
+#include "runtime/cached_attention.h"
 #include "runtime/classifier.h"
 #include "runtime/gemm.h"
 #include "runtime/program.h"
@@ -79,6 +80,7 @@ class Executor {
   std::vector<std::unique_ptr<Gemm>> gemms_;  // per kernel; null for loops
   std::vector<std::unique_ptr<Attention>> attentions_;  // per kernel; null but for attention kernels
   std::vector<std::unique_ptr<Classifier>> classifiers_;  // per kernel; null but for classifier kernels
+  std::vector<std::unique_ptr<CachedAttention>> cached_attentions_;  // per kernel; null but for cached attention
   void run_kernel(int i);
 };
 

@@ -94,6 +94,7 @@ Program parse_program(const char* text, size_t size) {
       s.is_matmul = k.at("kind") == "matmul";
       s.is_attention = k.at("kind") == "attention";
       s.is_classifier = k.at("kind") == "classifier";
+      s.is_cached_attention = k.at("kind") == "cached_attention";
       s.extent = k.at("extent");
       s.parallel = k.at("parallel");
       s.combine = k.value("combine", false);
@@ -171,6 +172,32 @@ Program parse_program(const char* text, size_t size) {
           const json& g = c.at("cuda");
           t.cuda = {g.at("chunk"), g.at("chunks"), g.at("logits"), g.at("dx_acc")};
         }
+      }
+      if (s.is_cached_attention) {
+        const json& a = k.at("cached_attention");
+        CachedAttentionSpec& t = s.cached_attention;
+        CachedAttentionDesc& d = t.desc;
+        t.dtype = a.at("dtype");
+        d.scale = a.at("scale");
+        d.batch = a.at("batch");
+        d.heads = a.at("heads");
+        d.kv_heads = a.at("kv_heads");
+        d.rows = a.at("rows");
+        d.context = a.at("context");
+        d.head_dim = a.at("head_dim");
+        d.positions_i64 = a.at("positions_i64");
+        auto operand = [&](const char* name, int64_t& offset, AttentionDesc::Strides& strides) {
+          const json& o = a.at(name);  // [offset, batch stride, head stride, row stride]
+          offset = o.at(0);
+          strides = {o.at(1).get<int64_t>(), o.at(2).get<int64_t>(), o.at(3).get<int64_t>()};
+        };
+        operand("q", t.q, d.q);
+        operand("k", t.k, d.k);
+        operand("v", t.v, d.v);
+        operand("k_cache", t.k_cache, d.k_cache);
+        operand("v_cache", t.v_cache, d.v_cache);
+        operand("o", t.o, d.o);
+        t.positions = a.at("positions");
       }
       if (s.is_attention) {
         const json& a = k.at("attention");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/attention.h"
+#include "runtime/cached_attention.h"
 #include "runtime/classifier.h"
 #include "runtime/gemm.h"
 #include "runtime/init.h"
@@ -63,6 +64,14 @@ struct AttentionSpec {
   int64_t q = 0, k = 0, v = 0, o = 0, lse = 0, d_o = 0, dq = 0, dk = 0, dv = 0;  // byte offsets
 };
 
+// An attention against a KV cache (runtime/cached_attention.h): its
+// descriptor and where each operand starts in the arena.
+struct CachedAttentionSpec {
+  std::string dtype;
+  CachedAttentionDesc desc;
+  int64_t q = 0, k = 0, v = 0, k_cache = 0, v_cache = 0, o = 0, positions = 0;  // byte offsets
+};
+
 // A fused classifier kernel (runtime/classifier.h): its descriptor and where
 // each operand starts in the arena (loss forward; dloss, dx, dw backward).
 struct ClassifierSpec {
@@ -91,6 +100,7 @@ struct KernelSpec {
   bool is_matmul = false;
   bool is_attention = false;
   bool is_classifier = false;
+  bool is_cached_attention = false;
   int64_t extent = 1;
   bool parallel = false;
   bool combine = false;  // then called once more with [extent, extent + 1) (codegen/plan.h Launch)
@@ -99,6 +109,7 @@ struct KernelSpec {
   MatmulSpec matmul;  // is_matmul
   AttentionSpec attention;  // is_attention
   ClassifierSpec classifier;  // is_classifier
+  CachedAttentionSpec cached_attention;  // is_cached_attention
   std::vector<CudaLaunchSpec> cuda_launches;  // backend "cuda", loop kernels: in order
   // Optimizer phase: the parameters whose update the kernel computes; empty
   // with `shared` when every rank runs it (codegen/plan.h Kernel::serves).

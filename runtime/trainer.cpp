@@ -22,8 +22,10 @@
 #include "runtime/checkpoint_dir.h"
 #include "runtime/dataset.h"
 #include "runtime/error.h"
+#include "runtime/flag_checks.h"
 #include "runtime/init.h"
 #include "runtime/rng_tensor.h"
+#include "runtime/sampler.h"
 #include "runtime/tensor_element.h"
 #include "runtime/thread_pool.h"
 #include "runtime/time_report.h"
@@ -79,21 +81,6 @@ std::string human_duration(double s) {
   if (s < 3600) return fmt::format("{}m{:02d}s", t / 60, t % 60);
   if (s < 86400) return fmt::format("{}h{:02d}m", t / 3600, (t / 60) % 60);
   return fmt::format("{}d{:02d}h", t / 86400, (t / 3600) % 24);
-}
-
-// A CLI11 check: a whole decimal number in [lo, hi], so that
-// "99999999999999999999" or "-5" is refused with the range rather than
-// saturated or wrapped by the conversion.
-CLI::Validator whole_number_in(uint64_t lo, uint64_t hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        uint64_t v = 0;
-        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
-          return fmt::format("'{}' is not a whole number from {} to {}", text, lo, hi);
-        return "";
-      },
-      fmt::format("INT in [{}, {}]", lo, hi));
 }
 
 std::vector<TensorRef> tensor_refs(const Program& p, Engine& engine, std::initializer_list<const char*> roles) {
@@ -595,6 +582,8 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
                  const EngineFactory& make_engine) {
   try {
     Program p = parse_program(program_json, program_json_size);
+    // An inference program (napkin sample) is a sampler, not a trainer.
+    if (!p.with_role("output").empty()) return sampler_main(argc, argv, p, make_engine);
     Options o;
     const TrainDefaults& d = p.train;
     o.steps = d.steps;

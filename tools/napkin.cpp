@@ -43,19 +43,23 @@
 #include "analysis/devices.h"
 #include "analysis/distributed.h"
 #include "analysis/estimate.h"
+#include "analysis/inference.h"
 #include "frontend/frontend.h"
 #include "interp/gradient_check.h"
 #include "ir/internal_check.h"
 #include "ir/printer.h"
 #include "ir/quantities.h"
 #include "passes/fuse_attention.h"
+#include "passes/derive_inference.h"
 #include "passes/fuse_classifier.h"
 #include "passes/pipeline.h"
 #include "report/graph_dot.h"
+#include "report/inference_report.h"
 #include "report/report.h"
 #include "tools/byte_tokens.h"
 #include "tools/devices_command.h"
 #include "tools/files.h"
+#include "tools/inference_program.h"
 #include "tools/trainer_build.h"
 #include "tools/trainer_cache.h"
 
@@ -96,6 +100,17 @@ std::vector<passes::ClassifierSite> g_classifier_sites;
 // built (the report prints it).
 passes::CastPlacement g_cast_placement;
 
+// --dims as overrides; a bad value is printed and gives nullopt.
+std::optional<std::map<std::string, int64_t>> dims_or_error(const std::string& text) {
+  if (text.empty()) return std::map<std::string, int64_t>{};
+  std::string error;
+  auto overrides = frontend::parse_dim_overrides(text, error);
+  if (!overrides)
+    std::cerr << fmt::format("error: --dims: {}\n    hint: write --dims name=value,name=value, e.g. --dims d=32,layers=2\n",
+                             error);
+  return overrides;
+}
+
 // policy_casts_step: when given and the cast passes rewrote anything, also the
 // same step with them off (the report's comparison).
 std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
@@ -103,15 +118,9 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
                               std::optional<ir::Graph>* fp32_step = nullptr,
                               std::optional<ir::Graph>* policy_casts_step = nullptr) {
   frontend::LoadOptions load_options;
-  if (!dims.empty()) {
-    std::string error;
-    auto overrides = frontend::parse_dim_overrides(dims, error);
-    if (!overrides) {
-      std::cerr << fmt::format("error: --dims: {}\n    hint: write --dims name=value,name=value, e.g. --dims d=32,layers=2\n", error);
-      return std::nullopt;
-    }
-    load_options.dim_overrides = *overrides;
-  }
+  std::optional<std::map<std::string, int64_t>> overrides = dims_or_error(dims);
+  if (!overrides) return std::nullopt;
+  load_options.dim_overrides = *overrides;
   ir::Diagnostics diag;
   std::optional<ir::Graph> g = frontend::load_model_file(path, diag, load_options);
   passes::PipelineOptions pipeline = options;
@@ -237,6 +246,39 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
                                 g_accumulate};
   std::cout << (json ? report::render_report_json(*g, cost, memory, options)
                      : report::render_report_text(*g, cost, memory, options));
+  return 0;
+}
+
+// napkin report --inference: the inference program's figures (analysis/inference.h).
+int cmd_report_inference(const std::string& path, const std::string& dims_text, const std::string& device_name,
+                         bool json, int64_t batch, int64_t context) {
+  const analysis::Device* device = device_or_error(device_name.empty() ? "cpu" : device_name);
+  std::optional<std::map<std::string, int64_t>> dims = dims_or_error(dims_text);
+  if (!dims) return kUserError;
+  ir::Diagnostics diag;
+  if (context > 0) {  // the model's sequence dim, by name
+    std::optional<ir::Graph> forward = frontend::load_model_file(path, diag);
+    std::string why;
+    std::optional<passes::LanguageModel> lm = forward ? passes::find_language_model(*forward, &why) : std::nullopt;
+    if (!lm) {
+      std::cerr << diag.render();
+      if (forward) std::cerr << fmt::format("error: --context: {} is not a language model: {}\n", path, why);
+      return kUserError;
+    }
+    (*dims)[lm->seq_dim] = context;
+  }
+  std::optional<tools::InferenceProgram> p = tools::inference_program(path, *dims, batch, diag);
+  std::optional<tools::InferenceProgram> doubled;
+  if (p) doubled = tools::inference_program(path, *dims, 2 * batch, diag);
+  std::cerr << diag.render();
+  if (!p || !doubled) return kUserError;
+  const analysis::InferenceCost cost = analysis::analyze_inference(p->graph, doubled->graph, *device);
+  const ir::TensorType& cache = p->graph.value(p->graph.state.at(0)).type;  // [batch, kv_heads, context, head_dim]
+  if (json)
+    std::cout << nlohmann::json{{"model", p->graph.name}, {"inference", report::inference_json(cost)}}.dump(1) << "\n";
+  else
+    std::cout << report::inference_section_text(p->graph.name, cost, cache.dims.at(1).size, cache.dims.at(3).size,
+                                                ir::dtype_size(cache.dtype));
   return 0;
 }
 
@@ -589,6 +631,46 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
   return kUserError;
 }
 
+// napkin sample's flags, passed on to the sampler (runtime/sampler.h) when set.
+struct SampleArgs {
+  std::string model, dims, target = "cpu";
+  int64_t batch = 1;
+  std::vector<std::pair<std::string, std::string>> flags;  // (--name, value) for the sampler
+};
+
+int cmd_sample(const SampleArgs& a) {
+  if (a.target != "cpu" && a.target != "cuda") {
+    std::cerr << fmt::format("error: --target {}: unknown target\n    hint: cpu or cuda\n", a.target);
+    return kUserError;
+  }
+#ifndef NAPKIN_HAVE_CUDA
+  if (a.target == "cuda") {
+    std::cerr << "error: --target cuda: this napkin was built without the CUDA toolkit, so it builds CPU programs only\n";
+    return kUserError;
+  }
+#endif
+  std::optional<std::map<std::string, int64_t>> dims = dims_or_error(a.dims);
+  if (!dims) return kUserError;
+  ir::Diagnostics diag;
+  std::optional<tools::InferenceProgram> p = tools::inference_program(a.model, *dims, a.batch, diag);
+  std::cerr << diag.render();
+  if (!p) return kUserError;
+  // stdout is the text the model writes: the build's progress goes to stderr.
+  std::optional<std::filesystem::path> sampler = tools::cached_trainer(p->graph, a.target, p->model_hash, std::cerr);
+  if (!sampler) return kUserError;
+  std::vector<std::string> args{sampler->string()};
+  for (const auto& [flag, value] : a.flags) {
+    args.push_back(flag);
+    args.push_back(value);
+  }
+  std::vector<char*> argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  execv(argv[0], argv.data());
+  std::cerr << fmt::format("error: cannot run {}: {}\n", sampler->string(), std::strerror(errno));
+  return kUserError;
+}
+
 int cmd_data_encode(const std::vector<std::string>& inputs, const std::string& output) {
   std::string error;
   int64_t tokens = tools::write_byte_tokens(inputs, output, error);
@@ -632,7 +714,19 @@ int main(int argc, char** argv) {
   report->add_option("--accumulate", g_accumulate,
                      "micro-batches per step (gradient accumulation) instead of the model's train.accumulate")
       ->check(CLI::Range(int64_t{1}, int64_t{1'000'000}));
-  report->callback([&] { status = cmd_report(model, dims, device, json, no_ops, budget, topology); });
+  bool inference = false;
+  int64_t inference_batch = 1, inference_context = 0;
+  auto* inference_flag = report->add_flag(
+      "--inference", inference,
+      "the inference program's report instead (napkin sample's prefill and KV-cache decode; device default cpu)");
+  report->add_option("--batch", inference_batch, "--inference: sequences decoded at once")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->needs(inference_flag)->capture_default_str();
+  report->add_option("--context", inference_context, "--inference: the context (the model's seq dim) instead of the model's")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))->needs(inference_flag);
+  report->callback([&] {
+    status = inference ? cmd_report_inference(model, dims, device, json, inference_batch, inference_context)
+                       : cmd_report(model, dims, device, json, no_ops, budget, topology);
+  });
 
   std::vector<std::string> print_after;
   bool time_passes = false, no_locations = false;
@@ -735,6 +829,31 @@ int main(int argc, char** argv) {
   train->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
   train->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
   train->callback([&] { status = cmd_train(model, dims, budget, train_target, trainer_args); });
+
+  SampleArgs sample_args;
+  std::map<std::string, std::string> sample_flags;
+  auto* sample = app.add_subcommand("sample", "generate text from a trained language model: a compiled prefill and "
+                                              "KV-cache decoder (built and cached like trainers)");
+  sample->add_option("model", sample_args.model, "model YAML file")->required();
+  sample->add_option("--dims", sample_args.dims, dims_help);
+  sample->add_option("--target", sample_args.target, "cpu or cuda")->capture_default_str();
+  sample->add_option("--batch", sample_args.batch, "sequences sampled at once (the compiled batch)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))->capture_default_str();
+  for (const auto& [flag, help] : std::vector<std::pair<std::string, std::string>>{
+           {"--checkpoint", "a checkpoint file, or a directory: its newest (default: the model's train.checkpoint.dir)"},
+           {"--prompt", "text to continue (byte-level models; default: a newline)"},
+           {"--prompt-ids", "a file of whitespace-separated token ids to continue"},
+           {"--tokens", "tokens to generate (default 256)"},
+           {"--temperature", "softmax temperature, 0: greedy (default 1)"},
+           {"--top-k", "sample from the k most likely tokens only (default 0: all)"},
+           {"--seed", "seed of the sampling draws (default 0)"},
+           {"--threads", "worker threads (default 0: the CPUs this process may use)"}})
+    sample->add_option(flag, sample_flags[flag], help);
+  sample->callback([&] {
+    for (const auto& [flag, value] : sample_flags)
+      if (sample->count(flag) > 0) sample_args.flags.emplace_back(flag, value);
+    status = cmd_sample(sample_args);
+  });
 
   std::vector<std::string> encode_inputs;
   std::string encode_output;

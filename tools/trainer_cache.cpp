@@ -28,52 +28,55 @@ std::filesystem::path trainer_cache_dir() {
 
 namespace {
 
-std::string cache_key(const ir::Graph& g, const std::string& target) {
+std::string cache_key(const ir::Graph& g, const std::string& target, const std::string& model_hash) {
   std::string runtime = read_file_bytes(codegen::cpu::kRuntimeLibrary);
 #ifdef NAPKIN_HAVE_CUDA
   if (target == "cuda") runtime += read_file_bytes(codegen::cuda::cuda_runtime_library());
 #endif
-  return fnv1a_hex({ir::print_graph(g, {false}), target, read_file_bytes("/proc/self/exe"), runtime,
+  return fnv1a_hex({ir::print_graph(g, {false}), target, model_hash, read_file_bytes("/proc/self/exe"), runtime,
                     analysis::devices_to_json(analysis::known_devices())});
 }
 
 // Builds g's trainer for `target` into `output`; false when the build failed
 // with a message the user can act on (printed).
-bool build_into(const ir::Graph& g, const std::string& target, const std::string& output) {
+bool build_into(const ir::Graph& g, const std::string& target, const std::string& model_hash, const std::string& output) {
 #ifdef NAPKIN_HAVE_CUDA
   if (target == "cuda") {
     codegen::cuda::CudaBuildOptions options;
     options.output = output;
-    options.model_hash = model_hash(g);
+    options.model_hash = model_hash;
     return build_or_report(codegen::cuda::build_cuda_trainer, g, options).has_value();
   }
 #endif
   return build_or_report(codegen::cpu::build_cpu_trainer, g,
-                         codegen::cpu::BuildOptions{output, model_hash(g), "cpu", "", ""})
+                         codegen::cpu::BuildOptions{output, model_hash, "cpu", "", ""})
       .has_value();
 }
 
 }  // namespace
 
-std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const std::string& target) {
-  std::filesystem::path dir = trainer_cache_dir() / cache_key(g, target);
+std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const std::string& target,
+                                                    const std::string& hash, std::ostream& log) {
+  const std::string model_hash = hash.empty() ? tools::model_hash(g) : hash;
+  const char* what = g.find_output("loss") != ir::kNoValue ? "trainer" : "sampler";  // an inference program's
+  std::filesystem::path dir = trainer_cache_dir() / cache_key(g, target, model_hash);
   std::filesystem::path trainer = dir / "trainer";
   std::filesystem::path sum = dir / "trainer.sum";
   bool cached = std::filesystem::exists(trainer);
   if (cached && read_file_bytes(sum.string()) != fnv1a_hex({read_file_bytes(trainer.string())})) {
     // Rebuilt into a temp file and renamed over it: a run that is about to
     // exec the old path never finds it missing.
-    std::cout << fmt::format("napkin: the cached trainer {} is damaged; rebuilding it\n", trainer.string());
+    log << fmt::format("napkin: the cached {} {} is damaged; rebuilding it\n", what, trainer.string());
     cached = false;
   }
   if (cached) {
-    std::cout << fmt::format("napkin: using the cached trainer {}\n", trainer.string());
+    log << fmt::format("napkin: using the cached {} {}\n", what, trainer.string());
     return trainer;
   }
   std::filesystem::create_directories(dir);
   std::string tmp = (dir / fmt::format("trainer.tmp.{}", getpid())).string();
   auto t0 = std::chrono::steady_clock::now();
-  if (!build_into(g, target, tmp)) return std::nullopt;
+  if (!build_into(g, target, model_hash, tmp)) return std::nullopt;
   // The sum goes in place before the trainer, so whoever sees the new
   // trainer also sees its sum.
   std::string sum_tmp = (dir / fmt::format("trainer.sum.tmp.{}", getpid())).string();
@@ -86,7 +89,7 @@ std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const st
   }
   std::filesystem::rename(sum_tmp, sum);
   std::filesystem::rename(tmp, trainer);
-  std::cout << fmt::format("napkin: built {} in {:.2f} s (cached at {})\n", g.name,
+  log << fmt::format("napkin: built {} in {:.2f} s (cached at {})\n", g.name,
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), trainer.string());
   return trainer;
 }

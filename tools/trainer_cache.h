@@ -8,6 +8,7 @@
 #pragma once
 
 #include <filesystem>
+#include <iostream>
 #include <optional>
 #include <string>
 
@@ -21,6 +22,11 @@ std::filesystem::path trainer_cache_dir();
 // The path of g's trainer for `target` ("cpu" or "cuda"), built now (and
 // said so on stdout) when the cache has no sound one. nullopt when building
 // failed with an error the user can act on (printed on stderr).
-std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const std::string& target);
+// The executable of g for `target`, built once per (graph, target, napkin,
+// runtime, device table, model hash) and kept in trainer_cache_dir().
+// model_hash: what checkpoints must match ("": g's own, a trainer's; an
+// inference program's is its training step's). Progress goes to `log`.
+std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const std::string& target,
+                                                    const std::string& model_hash = "", std::ostream& log = std::cout);
 
 }  // namespace napkin::tools

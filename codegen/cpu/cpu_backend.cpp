@@ -29,6 +29,7 @@ CpuModule emit_module(const KernelPlan& plan, const std::string& name) {
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
     const bool runtime_call = k.kind == KernelKind::Attention || k.kind == KernelKind::Classifier ||
+                              k.kind == KernelKind::CachedAttention ||
                               (k.kind == KernelKind::Gemm && !k.epilogue);
     if (runtime_call) {
       m.loops.push_back({1, false});

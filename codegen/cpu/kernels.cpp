@@ -1026,6 +1026,9 @@ LoopInfo emit_kernel(LoopEmitter& e, const Kernel& k, int index) {
       NAPKIN_INTERNAL_CHECK(false, "an attention kernel ({}) is the runtime's call (runtime/attention.h), not a loop", k.name);
     case KernelKind::Classifier:
       NAPKIN_INTERNAL_CHECK(false, "a classifier kernel ({}) is the runtime's call (runtime/classifier.h), not a loop", k.name);
+    case KernelKind::CachedAttention:
+      NAPKIN_INTERNAL_CHECK(false, "a cached attention kernel ({}) is the runtime's call (runtime/cached_attention.h), not a loop",
+                            k.name);
   }
   e.b.CreateRetVoid();
   return info;

@@ -50,6 +50,7 @@ EmittedKernel emit_kernel(const Kernel& k, int index, const CudaClassifierLayout
     case KernelKind::Mse: return detail::emit_mse(k);
     case KernelKind::Attention: return detail::emit_attention(k);
     case KernelKind::Classifier: return detail::emit_classifier(k, index, classifier);
+    case KernelKind::CachedAttention: return detail::emit_cached_attention(k, index);
     case KernelKind::Gemm: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a GEMM kernel ({}) is cuBLASLt's call, not CUDA C", k.name);

@@ -44,6 +44,7 @@ CudaEngine::CudaEngine(const Program& program, std::string_view cubin, std::stri
   forward_ = {0, program.num_forward_kernels, false};
   backward_ = {program.num_forward_kernels, program.num_gradient_kernels, false};
   optimizer_ = {program.num_gradient_kernels, static_cast<int>(program.kernels.size()), true};
+  decode_ = {program.num_forward_kernels, static_cast<int>(program.kernels.size()), false};
   try {
     open_device();
     load_module(cubin, ptx);
@@ -249,7 +250,7 @@ void CudaEngine::release() noexcept {
   // Pending work may still use what is freed below.
   if (stream_) d.cuStreamSynchronize(stream_);
   if (comm_stream_) d.cuStreamSynchronize(comm_stream_);
-  for (Phase* p : {&forward_, &backward_, &optimizer_})
+  for (Phase* p : {&forward_, &backward_, &optimizer_, &decode_})
     if (p->graph) d.cuGraphExecDestroy(p->graph), p->graph = nullptr;
   for (Phase& p : segments_)
     if (p.graph) d.cuGraphExecDestroy(p.graph), p.graph = nullptr;
@@ -294,12 +295,25 @@ void CudaEngine::download(const std::string& role) {
   synchronize();
 }
 
+void CudaEngine::download_tensor(const TensorSpec& t) {
+  NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(host(t), arena_ + static_cast<CUdeviceptr>(t.offset), static_cast<size_t>(t.bytes),
+                                        stream_));
+  synchronize();
+}
+
 void CudaEngine::run_forward() {
   for (const char* role : {"input", "rng"})
     for (const TensorSpec* t : program_.with_role(role))
       NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
                                             static_cast<size_t>(t->bytes), stream_));
   run_phase(forward_);
+}
+
+void CudaEngine::run_decode() {
+  for (const TensorSpec* t : program_.with_role("input"))
+    NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
+                                          static_cast<size_t>(t->bytes), stream_));
+  run_phase(decode_);
 }
 
 double CudaEngine::loss() {

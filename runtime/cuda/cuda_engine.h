@@ -88,6 +88,8 @@ class CudaEngine final : public Engine {
   void run_forward() override;
   double loss() override;
   void run_backward() override;
+  void run_decode() override;
+  void download_tensor(const TensorSpec& t) override;
   void run_optimizer() override;
   // Through host memory (each call waits for the stream): what a step of
   // several micro-batches or ranks costs on a GPU until the stage runs on
@@ -175,6 +177,7 @@ class CudaEngine final : public Engine {
   std::vector<std::unique_ptr<LtMatmul>> matmuls_;     // per kernel (matmuls)
   std::vector<std::unique_ptr<CudaClassifier>> classifiers_;  // per kernel (classifiers: GEMMs and launches)
   Phase forward_, backward_, optimizer_;
+  Phase decode_;  // an inference program's decode step (run_decode)
 
   std::function<void(int, const char*)> inspect_;
   bool profiling_ = false;

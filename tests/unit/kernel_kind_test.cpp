@@ -29,7 +29,7 @@ TEST_CASE("op table: every op's row names its loop kind, which agrees with its c
       {ir::OpClass::Gather, {LoopKind::Gather, LoopKind::ScatterAdd}},
       {ir::OpClass::Normalization, {LoopKind::Rows}},
       {ir::OpClass::Loss, {LoopKind::Rows, LoopKind::Mse}},
-      {ir::OpClass::Attention, {LoopKind::Attention}},
+      {ir::OpClass::Attention, {LoopKind::Attention, LoopKind::CachedAttention}},
       {ir::OpClass::Classifier, {LoopKind::Classifier}},
   };
   for (int i = 0; i < ir::kNumOps; ++i) {
@@ -56,6 +56,7 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
       {LoopKind::Mse, {KernelKind::Mse}},
       {LoopKind::Attention, {KernelKind::Attention}},
       {LoopKind::Classifier, {KernelKind::Classifier}},
+      {LoopKind::CachedAttention, {KernelKind::CachedAttention}},
   };
   std::set<KernelKind> seen;
   int fused_reductions = 0, gemm_epilogues = 0;

@@ -1,0 +1,288 @@
+#include "passes/derive_inference.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <set>
+
+#include "ir/builder.h"
+#include "ir/internal_check.h"
+#include "ir/loop.h"
+#include "ir/op.h"
+
+namespace napkin::passes {
+
+using ir::Op;
+using ir::ValueId;
+
+namespace {
+
+// The loss's cross_entropy node, or null.
+const ir::Node* loss_node(const ir::Graph& g) {
+  ValueId loss = g.find_output("loss");
+  if (loss == ir::kNoValue || g.value(loss).producer == ir::kNoNode) return nullptr;
+  const ir::Node& n = g.node(g.value(loss).producer);
+  return n.op == Op::CrossEntropy ? &n : nullptr;
+}
+
+// The data input that is not the loss's targets: the tokens.
+ValueId tokens_input(const ir::Graph& g, ValueId targets) {
+  for (ValueId in : g.inputs)
+    if (in != targets) return in;
+  return ir::kNoValue;
+}
+
+}  // namespace
+
+std::optional<LanguageModel> find_language_model(const ir::Graph& g, std::string* why) {
+  auto fail = [&](std::string message) -> std::optional<LanguageModel> {
+    if (why) *why = std::move(message);
+    return std::nullopt;
+  };
+  const ir::Node* ce = loss_node(g);
+  if (!ce) return fail("its loss is not cross_entropy(logits, targets)");
+  const ValueId tokens = tokens_input(g, ce->in(1));
+  if (tokens == ir::kNoValue || g.value(tokens).type.rank() != 2 || !ir::is_integer(g.value(tokens).type.dtype))
+    return fail("it has no integer tokens input [batch, seq] besides the targets");
+  const ir::TensorType& t = g.value(tokens).type;
+  const ir::TensorType& logits = g.value(ce->in(0)).type;
+  if (logits.rank() != 3 || logits.dims[0].size != t.dims[0].size || logits.dims[1].size != t.dims[1].size)
+    return fail(fmt::format("its logits {} are not [batch, seq, vocab] of the tokens {}", ir::to_string(logits),
+                            ir::to_string(t)));
+  if (t.dims[1].name.empty()) return fail("the tokens' sequence axis has no dim name");
+  LanguageModel lm;
+  lm.batch_dim = t.dims[0].name;
+  lm.batch = t.dims[0].size;
+  lm.seq_dim = t.dims[1].name;
+  lm.context = t.dims[1].size;
+  lm.vocab = logits.dims[2].size;
+  for (ir::NodeId id : g.schedule()) lm.layers += g.node(id).op == Op::Attention;
+  return lm;
+}
+
+namespace {
+
+// Rebuilds the forward graph's nodes that the logits need into `out`, once
+// per phase, with the sequence axis at the phase's length.
+class Deriver {
+ public:
+  Deriver(const ir::Graph& in, ir::Graph& out, ir::Diagnostics& diag, const LanguageModel& lm, ValueId tokens,
+          ValueId logits)
+      : in_(in), out_(out), diag_(diag), lm_(lm), tokens_(tokens), logits_(logits) {}
+
+  bool run() {
+    out_.name = in_.name;
+    out_.config = in_.config;
+    for (const ir::Param& p : in_.params) {
+      const ir::Value& v = in_.value(p.value);
+      shared_[p.value] = out_.add_param(v.name, v.type, p.init, v.loc);
+    }
+    needed_ = needed_nodes();
+    if (!phase(ir::Phase::Forward, "prefill", lm_.context) || !phase(ir::Phase::Decode, "decode", 1)) return false;
+    // The prefill's values the decode step reads are read again by every
+    // later step: outputs, so the memory plan keeps them to the end.
+    int i = 0;
+    for (ValueId v : kept_) out_.outputs.emplace_back(fmt::format("kept.{}", i++), v);
+    return true;
+  }
+
+ private:
+  const ir::Graph& in_;
+  ir::Graph& out_;
+  ir::Diagnostics& diag_;
+  const LanguageModel& lm_;
+  ValueId tokens_, logits_;
+  std::map<ValueId, ValueId> shared_;         // params, by the forward graph's id
+  std::map<ir::NodeId, ValueId> key_cache_, value_cache_;  // per attention node
+  std::set<ir::NodeId> needed_;
+  // Values computed from parameters alone (a cast of the weights to the
+  // policy's dtype): made once by the prefill and read by every decode step.
+  std::map<ValueId, ValueId> from_params_;  // by the forward graph's id
+  std::set<ValueId> kept_;                 // the prefill's values the decode step reads
+
+  std::set<ir::NodeId> needed_nodes() const {
+    std::set<ir::NodeId> nodes;
+    std::vector<ValueId> work{logits_};
+    std::set<ValueId> seen{logits_};
+    while (!work.empty()) {
+      ValueId v = work.back();
+      work.pop_back();
+      ir::NodeId p = in_.value(v).producer;
+      if (p == ir::kNoNode || !nodes.insert(p).second) continue;
+      for (ValueId x : in_.node(p).inputs)
+        if (seen.insert(x).second) work.push_back(x);
+    }
+    return nodes;
+  }
+
+  // The axes of t that are the sequence: the seq dim's name at its size.
+  std::vector<int> seq_axes(const ir::TensorType& t) const {
+    std::vector<int> axes;
+    for (int i = 0; i < t.rank(); ++i)
+      if (t.dims[i].name == lm_.seq_dim && t.dims[i].size == lm_.context) axes.push_back(i);
+    return axes;
+  }
+
+  bool mixes(const ir::Node& n, const std::string& what) {
+    diag_.error(n.loc,
+                fmt::format("napkin sample: {} ({}) {}; a decoder with a KV cache can only be derived from a model "
+                            "whose ops work position by position, apart from causal attention",
+                            ir::op_name(n.op), n.scope.empty() ? std::string("top level") : n.scope, what),
+                "keep every activation [batch, " + lm_.seq_dim + ", ...] and mix positions only with "
+                "attention(q, k, v) or softmax(causal_mask(scores)) followed by the product with v");
+    return false;
+  }
+
+  bool phase(ir::Phase phase, const std::string& prefix, int64_t length) {
+    ir::Builder b(out_);
+    b.set_phase(phase);
+    const ir::Value& tok = in_.value(tokens_);
+    ir::TensorType tokens_type = tok.type;
+    tokens_type.dims[1].size = length;
+    ir::TensorType positions_type;
+    positions_type.dtype = ir::DType::I32;
+    positions_type.dims = {tokens_type.dims[1]};
+    std::map<ValueId, ValueId> map = shared_;
+    std::set<ValueId> positional;  // values that carry the sequence axis of the tokens
+    map[tokens_] = out_.add_input(prefix + ".tokens", tokens_type, tok.loc);
+    positional.insert(map[tokens_]);
+    const ValueId positions = out_.add_input(prefix + ".positions", positions_type, tok.loc);
+
+    for (ir::NodeId id : in_.schedule()) {
+      if (!needed_.count(id)) continue;
+      const ir::Node& n = in_.node(id);
+      b.set_loc(n.loc);
+      b.set_scope(n.scope);
+      std::vector<ValueId> inputs;
+      bool any_positional = false;
+      for (ValueId x : n.inputs) {
+        auto it = map.find(x);
+        NAPKIN_INTERNAL_CHECK(it != map.end(), "derive_inference: %{} read before it is built", x);
+        inputs.push_back(it->second);
+        any_positional = any_positional || positional.count(it->second);
+      }
+      const ir::OpInfo& info = ir::op_info(n.op);
+      const ir::TensorType& old_out = in_.value(n.out()).type;
+
+      if (n.op == Op::Iota && seq_axes(old_out).size() == 1) {  // arange(seq): the phase's positions
+        ValueId p = positions;
+        if (old_out.dtype != ir::DType::I32) p = b.must(b.add(Op::Cast, {p}, {{"dtype", old_out.dtype}}));
+        map[n.out()] = p;
+        positional.insert(p);
+        continue;
+      }
+      if (!any_positional) {  // position-independent (a parameter's view or cast, a constant)
+        NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "derive_inference: {} has several outputs", ir::op_name(n.op));
+        const bool kernel_on_params = info.op_class != ir::OpClass::View && info.loop != ir::LoopKind::Fill;
+        if (phase == ir::Phase::Decode && kernel_on_params && from_params_.count(n.out())) {
+          map[n.out()] = from_params_.at(n.out());  // the prefill made it
+          kept_.insert(from_params_.at(n.out()));
+          continue;
+        }
+        ValueId v = b.must(b.add(n.op, inputs, n.attrs));
+        b.rename_dims(v, old_out.dims);
+        map[n.out()] = v;
+        if (phase == ir::Phase::Forward && kernel_on_params) from_params_[n.out()] = v;
+        continue;
+      }
+      if (info.element_index == ir::ElementIndex::Flat) {  // dropout: the identity, as in evaluation
+        map[n.out()] = inputs[0];
+        continue;
+      }
+      if (info.element_index == ir::ElementIndex::RowCol) return mixes(n, "reads each element's (row, column)");
+
+      if (n.op == Op::Attention) {
+        if (!derive_attention(b, n, inputs, positions, length, map)) return false;
+        positional.insert(map.at(n.out(0)));
+        continue;
+      }
+      if (info.loop == ir::LoopKind::Attention || info.loop == ir::LoopKind::Classifier ||
+          info.loop == ir::LoopKind::CachedAttention || info.loop == ir::LoopKind::Mse || info.backward_only)
+        return mixes(n, "is not a position-wise op");
+
+      // Position-wise: the output keeps exactly one sequence axis, and a row
+      // op's row is not it.
+      std::vector<int> out_seq = seq_axes(old_out);
+      if (out_seq.size() != 1) return mixes(n, fmt::format("makes {} from the sequence axis '{}'",
+                                                           ir::to_string(old_out), lm_.seq_dim));
+      if (info.loop == ir::LoopKind::Rows) {
+        const ir::RowParams p = std::get<ir::RowParams>(ir::loop_params(n.op, n.attrs));
+        const ir::TensorType& x = in_.value(n.in(0)).type;
+        int64_t axis = p.axis < 0 ? p.axis + x.rank() : p.axis;
+        std::vector<int> x_seq = seq_axes(x);
+        if (x_seq.size() == 1 && axis == x_seq[0]) return mixes(n, "normalizes along the sequence axis");
+      }
+      std::vector<ir::Dim> dims = old_out.dims;
+      dims[static_cast<size_t>(out_seq[0])].size = length;
+      ValueId v;
+      if (n.op == Op::Reshape) {
+        v = b.must(b.reshape(inputs[0], dims));
+      } else {
+        ir::Attrs attrs = n.attrs;
+        if (attrs.has("shape")) {  // broadcast
+          std::vector<int64_t> shape;
+          for (const ir::Dim& d : dims) shape.push_back(d.size);
+          attrs.set("shape", shape);
+        }
+        ir::Built built = b.add(n.op, inputs, attrs);
+        if (!built.ok()) return mixes(n, "cannot be rebuilt at one position: " + built.error);
+        v = built.value;
+      }
+      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "derive_inference: {} has several outputs", ir::op_name(n.op));
+      if (out_.value(v).type.sizes() != ir::TensorType{old_out.dtype, dims}.sizes())
+        return mixes(n, fmt::format("gives {} at length {}, not {}", ir::to_string(out_.value(v).type), length,
+                                    ir::to_string(ir::TensorType{old_out.dtype, dims})));
+      b.rename_dims(v, dims);
+      map[n.out()] = v;
+      positional.insert(v);
+    }
+    ValueId logits = map.at(logits_);
+    out_.outputs.emplace_back(prefix + ".logits", logits);
+    return true;
+  }
+
+  // attention(q, k, v) -> cached_attention(q, k, v, caches, positions).
+  bool derive_attention(ir::Builder& b, const ir::Node& n, const std::vector<ValueId>& inputs, ValueId positions,
+                        int64_t length, std::map<ValueId, ValueId>& map) {
+    const ir::TensorType& q = in_.value(n.in(0)).type;
+    const ir::TensorType& k = in_.value(n.in(1)).type;
+    auto is_seq = [&](const ir::Dim& d) { return d.name == lm_.seq_dim && d.size == lm_.context; };
+    if (n.attrs.get_int("causal") == 0) return mixes(n, "is attention without a causal mask");
+    if (!is_seq(q.dims[2]) || !is_seq(k.dims[2])) return mixes(n, "attends over an axis that is not the sequence");
+    const ir::AttentionParams p = std::get<ir::AttentionParams>(ir::loop_params(n.op, n.attrs));
+    if (p.seq_major_out) return mixes(n, "stores its output sequence-major");
+    if (!key_cache_.count(n.id)) {
+      const int layer = static_cast<int>(key_cache_.size());
+      const std::string where = n.scope.empty() ? fmt::format("{}", layer) : n.scope;
+      key_cache_[n.id] = out_.add_state("kv_cache." + where + ".k", k, n.loc);
+      value_cache_[n.id] = out_.add_state("kv_cache." + where + ".v", k, n.loc);
+    }
+    ValueId o = b.must(b.add(Op::CachedAttention,
+                             {inputs[0], inputs[1], inputs[2], key_cache_[n.id], value_cache_[n.id], positions},
+                             {{"scale", p.scale}}));
+    std::vector<ir::Dim> dims = q.dims;
+    dims[2].size = length;
+    b.rename_dims(o, dims);
+    map[n.out(0)] = o;
+    return true;
+  }
+};
+
+}  // namespace
+
+bool derive_inference_graph(const ir::Graph& forward, ir::Graph& out, ir::Diagnostics& diag) {
+  std::string why;
+  std::optional<LanguageModel> lm = find_language_model(forward, &why);
+  if (!lm) {
+    ValueId loss = forward.find_output("loss");
+    diag.error(loss != ir::kNoValue ? forward.value(loss).loc : ir::SourceLoc{},
+               fmt::format("napkin sample: model '{}' is not a language model: {}", forward.name, why),
+               "sampling needs tokens [batch, seq] in and cross_entropy(logits [batch, seq, vocab], targets) as the loss");
+    return false;
+  }
+  const ir::Node* ce = loss_node(forward);
+  Deriver d(forward, out, diag, *lm, tokens_input(forward, ce->in(1)), ce->in(0));
+  return d.run();
+}
+
+}  // namespace napkin::passes

@@ -1,0 +1,61 @@
+// The inference program of a language model (`napkin sample`): from the
+// forward graph of a model whose loss is cross_entropy(logits, targets) over
+// tokens [batch, seq], a graph of two phases over the same parameters:
+//
+//   Forward (prefill)  prefill.tokens [batch, T], prefill.positions [T]
+//                      -> prefill.logits [batch, T, vocab]
+//   Decode             decode.tokens [batch, 1], decode.positions [1]
+//                      -> decode.logits [batch, 1, vocab]
+//
+// T is the model's context (its seq dim). Each phase is the forward graph
+// with the sequence axis at T or 1: every node is rebuilt with its seq-sized
+// axis (found by the dim's name and size) at the phase's length, arange(seq)
+// becomes the phase's positions, and each fused causal attention becomes a
+// cached_attention (ir/loop.h CachedAttentionParams) over a key and a value
+// cache per layer, State values [batch, kv_heads, T, head_dim] in k's dtype
+// that both phases share: the prefill writes rows 0..T-1, a decode step the
+// row at its position, and each query reads the rows up to its own position.
+// So a prompt shorter than T is padded: rows past the prompt hold the pad's
+// keys until decode steps overwrite them, and no query reads a row past its
+// position. Random ops (dropout) are the identity, as in evaluation. What is
+// computed from the parameters alone (their casts to a mixed-precision
+// policy's dtype) is computed by the prefill only: the decode step reads the
+// prefill's values, named graph outputs kept.0, kept.1, ... so that they
+// outlive the prefill.
+//
+// Only nodes that work position by position can be rebuilt; a node that mixes
+// positions other than causal attention (a reduction, softmax, contraction,
+// slice or concat over the sequence, a causal_mask left unfused, a reshape
+// that merges the sequence with another axis) is an error at its YAML line,
+// as is a model without that loss.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "ir/diagnostics.h"
+#include "ir/graph.h"
+
+namespace napkin::passes {
+
+// What the inference graph is about: the model's sequence dim and its tokens.
+struct LanguageModel {
+  std::string seq_dim;  // the tokens input's axis 1 ("seq")
+  int64_t context = 0;  // its size T
+  std::string batch_dim;  // the tokens input's axis 0 ("batch")
+  int64_t batch = 0;      // its size
+  int64_t vocab = 0;    // the logits' last axis
+  int layers = 0;       // attention sites, one key and one value cache each
+};
+
+// The language model's facts, or nullopt with why not in `why` (no
+// cross_entropy loss over [batch, seq, vocab] logits of an i32 tokens input).
+std::optional<LanguageModel> find_language_model(const ir::Graph& forward, std::string* why);
+
+// Builds the inference graph from `forward`, the forward graph after fusing
+// attention and the precision policy (run_inference_pipeline runs it between
+// them and the fusion passes). False with errors in diag where it cannot.
+bool derive_inference_graph(const ir::Graph& forward, ir::Graph& out, ir::Diagnostics& diag);
+
+}  // namespace napkin::passes

@@ -1,0 +1,139 @@
+#include "runtime/cached_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "runtime/error.h"
+#include "runtime/float_formats.h"
+
+namespace napkin::runtime {
+
+namespace {
+
+// Element i of a tensor of type t, widened to Acc.
+template <typename Acc>
+Acc load(GemmType t, const char* base, int64_t i) {
+  switch (t) {
+    case GemmType::F32: return static_cast<Acc>(reinterpret_cast<const float*>(base)[i]);
+    case GemmType::F64: return static_cast<Acc>(reinterpret_cast<const double*>(base)[i]);
+    case GemmType::BF16: return static_cast<Acc>(bf16_bits_to_float(reinterpret_cast<const uint16_t*>(base)[i]));
+    case GemmType::F16: return static_cast<Acc>(f16_bits_to_float(reinterpret_cast<const uint16_t*>(base)[i]));
+  }
+  return 0;
+}
+
+// v rounded to type t (to nearest even) and stored at element i.
+template <typename Acc>
+void store(GemmType t, char* base, int64_t i, Acc v) {
+  switch (t) {
+    case GemmType::F32: reinterpret_cast<float*>(base)[i] = static_cast<float>(v); return;
+    case GemmType::F64: reinterpret_cast<double*>(base)[i] = static_cast<double>(v); return;
+    case GemmType::BF16: reinterpret_cast<uint16_t*>(base)[i] = float_to_bf16_bits(static_cast<float>(v)); return;
+    case GemmType::F16: reinterpret_cast<uint16_t*>(base)[i] = float_to_f16_bits(static_cast<float>(v)); return;
+  }
+}
+
+int64_t at(const AttentionDesc::Strides& s, int64_t b, int64_t h, int64_t row) {
+  return b * s.batch + h * s.head + row * s.row;
+}
+
+// o for every (batch, head, row) item in [begin, end): the definition, row by row.
+template <typename Acc>
+void decode_rows(const CachedAttentionDesc& d, GemmType t, const char* q, const char* kc, const char* vc,
+                 const int64_t* pos, char* o, int64_t begin, int64_t end) {
+  std::vector<Acc> scores(static_cast<size_t>(d.context)), out(static_cast<size_t>(d.head_dim)), qrow(out.size());
+  const int64_t group = d.heads / d.kv_heads;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t i = item % d.rows, h = (item / d.rows) % d.heads, b = item / (d.rows * d.heads);
+    const int64_t visible = pos[i] + 1, qi = at(d.q, b, h, i);
+    for (int64_t c = 0; c < d.head_dim; ++c) qrow[c] = load<Acc>(t, q, qi + c);
+    Acc m = -std::numeric_limits<Acc>::infinity();
+    for (int64_t j = 0; j < visible; ++j) {
+      const int64_t kj = at(d.k_cache, b, h / group, j);
+      Acc dot = 0;
+      for (int64_t c = 0; c < d.head_dim; ++c) dot += qrow[c] * load<Acc>(t, kc, kj + c);
+      scores[j] = dot * static_cast<Acc>(d.scale);
+      m = std::max(m, scores[j]);
+    }
+    Acc sum = 0;
+    for (int64_t j = 0; j < visible; ++j) sum += scores[j] = std::exp(scores[j] - m);
+    std::fill(out.begin(), out.end(), Acc(0));
+    for (int64_t j = 0; j < visible; ++j) {
+      const int64_t vj = at(d.v_cache, b, h / group, j);
+      const Acc p = scores[j];
+      for (int64_t c = 0; c < d.head_dim; ++c) out[c] += p * load<Acc>(t, vc, vj + c);
+    }
+    const int64_t oi = at(d.o, b, h, i);
+    for (int64_t c = 0; c < d.head_dim; ++c) store<Acc>(t, o, oi + c, out[c] / sum);
+  }
+}
+
+}  // namespace
+
+CachedAttention::CachedAttention(CachedAttentionDesc desc, GemmType type) : d_(desc), type_(type) {
+  const CachedAttentionDesc& d = d_;
+  if (d.batch < 1 || d.heads < 1 || d.kv_heads < 1 || d.rows < 1 || d.context < 1 || d.head_dim < 1)
+    throw Error("cached attention: every size must be at least 1");
+  if (d.heads % d.kv_heads != 0) throw Error("cached attention: query heads do not group evenly over kv heads");
+  if (d.rows > d.context) throw Error("cached attention: more new rows than the cache holds");
+  if (d.rows > 1) {  // a prefill: causal attention over the caches' first `rows` rows
+    AttentionDesc a;
+    a.batch = d.batch;
+    a.heads = d.heads;
+    a.kv_heads = d.kv_heads;
+    a.q_len = a.kv_len = d.rows;
+    a.head_dim = d.head_dim;
+    a.causal = true;
+    a.scale = d.scale;
+    a.q = d.q;
+    a.k = d.k_cache;
+    a.v = d.v_cache;
+    a.o = d.o;
+    prefill_ = std::make_unique<Attention>(a, type);
+    prefill_lse_.resize(static_cast<size_t>(d.batch * d.heads * d.rows));
+  }
+}
+
+CachedAttention::~CachedAttention() = default;
+CachedAttention::CachedAttention(CachedAttention&&) noexcept = default;
+
+void CachedAttention::run(const void* q, const void* k, const void* v, void* k_cache, void* v_cache,
+                          const void* positions, void* o, ThreadPool& pool) const {
+  const CachedAttentionDesc& d = d_;
+  std::vector<int64_t> pos(static_cast<size_t>(d.rows));
+  bool prefix = true;  // positions 0, 1, ..., rows - 1
+  for (int64_t i = 0; i < d.rows; ++i) {
+    pos[i] = d.positions_i64 ? static_cast<const int64_t*>(positions)[i] : static_cast<const int32_t*>(positions)[i];
+    if (pos[i] < 0 || pos[i] >= d.context)
+      throw Error("cached attention: position " + std::to_string(pos[i]) + " of row " + std::to_string(i) +
+                  " is outside the cache's " + std::to_string(d.context) + " rows");
+    prefix = prefix && pos[i] == i;
+  }
+  const size_t row_bytes = static_cast<size_t>(d.head_dim) * gemm_type_bytes(type_);
+  const size_t elem = gemm_type_bytes(type_);
+  auto* kc = static_cast<char*>(k_cache);
+  auto* vc = static_cast<char*>(v_cache);
+  for (int64_t b = 0; b < d.batch; ++b)
+    for (int64_t h = 0; h < d.kv_heads; ++h)
+      for (int64_t i = 0; i < d.rows; ++i) {
+        std::memcpy(kc + at(d.k_cache, b, h, pos[i]) * elem, static_cast<const char*>(k) + at(d.k, b, h, i) * elem, row_bytes);
+        std::memcpy(vc + at(d.v_cache, b, h, pos[i]) * elem, static_cast<const char*>(v) + at(d.v, b, h, i) * elem, row_bytes);
+      }
+  if (prefill_ && prefix) {
+    prefill_->forward(q, k_cache, v_cache, o, prefill_lse_.data(), pool);
+    return;
+  }
+  const auto* qb = static_cast<const char*>(q);
+  auto* ob = static_cast<char*>(o);
+  pool.parallel_for(d.batch * d.heads * d.rows, [&](int64_t begin, int64_t end) {
+    if (type_ == GemmType::F64)
+      decode_rows<double>(d, type_, qb, kc, vc, pos.data(), ob, begin, end);
+    else
+      decode_rows<float>(d, type_, qb, kc, vc, pos.data(), ob, begin, end);
+  });
+}
+
+}  // namespace napkin::runtime

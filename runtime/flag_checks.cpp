@@ -1,0 +1,22 @@
+#include "runtime/flag_checks.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <string>
+
+namespace napkin::runtime {
+
+CLI::Validator whole_number_in(uint64_t lo, uint64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        uint64_t v = 0;
+        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
+          return fmt::format("'{}' is not a whole number from {} to {}", text, lo, hi);
+        return "";
+      },
+      fmt::format("INT in [{}, {}]", lo, hi));
+}
+
+}  // namespace napkin::runtime

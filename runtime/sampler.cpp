@@ -1,0 +1,349 @@
+#include "runtime/sampler.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+#include "runtime/checkpoint.h"
+#include "runtime/error.h"
+#include "runtime/flag_checks.h"
+#include "runtime/safetensors.h"
+#include "runtime/tensor_element.h"
+
+namespace napkin::runtime {
+
+int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k, Rng& rng) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  if (temperature <= 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
+  std::vector<int64_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  // Largest first; equal logits by id, so the kept set does not depend on the sort.
+  auto larger = [&](int64_t a, int64_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  const int64_t keep = top_k > 0 && top_k < vocab ? top_k : vocab;
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), larger);
+  order.resize(static_cast<size_t>(keep));
+  std::sort(order.begin(), order.end());  // draw over the kept ids in id order
+  double top = -std::numeric_limits<double>::infinity();
+  for (int64_t id : order) top = std::max(top, logits[id] / temperature);
+  std::vector<double> weight(order.size());
+  double sum = 0;
+  for (size_t i = 0; i < order.size(); ++i) sum += weight[i] = std::exp(logits[order[i]] / temperature - top);
+  const double u = rng.uniform01() * sum;
+  double acc = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    acc += weight[i];
+    if (u < acc) return order[i];
+  }
+  return order.back();
+}
+
+namespace {
+
+struct Options {
+  std::string checkpoint, prompt, prompt_ids;
+  bool has_prompt = false;
+  int64_t tokens = 256;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+  int threads = 0;
+};
+
+// The tensors of an inference program (passes/derive_inference.h).
+struct Tensors {
+  const TensorSpec *prefill_tokens, *prefill_positions, *prefill_logits;
+  const TensorSpec *decode_tokens, *decode_positions, *decode_logits;
+  explicit Tensors(const Program& p)
+      : prefill_tokens(&need(p, "prefill.tokens")),
+        prefill_positions(&need(p, "prefill.positions")),
+        prefill_logits(&need(p, "prefill.logits")),
+        decode_tokens(&need(p, "decode.tokens")),
+        decode_positions(&need(p, "decode.positions")),
+        decode_logits(&need(p, "decode.logits")) {}
+  static const TensorSpec& need(const Program& p, const char* name) {
+    const TensorSpec* t = p.find(name);
+    if (!t) throw Error(fmt::format("the program of {} is not an inference program: it has no tensor {}", p.model, name));
+    return *t;
+  }
+  int64_t batch() const { return prefill_tokens->shape.at(0); }
+  int64_t context() const { return prefill_tokens->shape.at(1); }
+  int64_t vocab() const { return prefill_logits->shape.back(); }
+};
+
+// The checkpoint file: PATH itself, or the newest checkpoint in the directory PATH.
+std::string checkpoint_file(const std::string& path) {
+  if (!std::filesystem::is_directory(path)) {
+    if (!std::filesystem::exists(path))
+      throw Error(fmt::format("no checkpoint at {}: train the model first (napkin train MODEL.yaml) or pass "
+                              "--checkpoint FILE_OR_DIR", path));
+    return path;
+  }
+  auto files = list_checkpoints(path);
+  if (files.empty()) throw Error(fmt::format("no checkpoint in {}: train the model first (napkin train MODEL.yaml)", path));
+  return files.front().second;
+}
+
+// Loads every parameter from `path`: a napkin checkpoint of this model (its
+// optimizer state skipped) or a safetensors file holding exactly the parameters.
+std::string load_parameters(const Program& p, Engine& engine, const std::string& path) {
+  std::vector<TensorRef> params;
+  for (const TensorSpec* t : p.with_role("param")) params.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
+  std::vector<std::string> optimizer_state;
+  std::string what = path;
+  {
+    SafetensorsFile file(path);
+    if (file.metadata().count("format") && file.metadata().at("format").starts_with("napkin-checkpoint")) {
+      CheckpointHeader h = verify_checkpoint(path, p.hash);  // a checkpoint of another model is an Error
+      what = fmt::format("{} (step {})", path, h.step);
+      for (const SafetensorsFile::Tensor& t : file.tensors())
+        if (!p.find(t.name) || p.find(t.name)->role != "param") optimizer_state.push_back(t.name);
+    }
+  }
+  read_weights(path, params, optimizer_state);
+  engine.upload("param");
+  return what;
+}
+
+// The prompt's token ids: the text's bytes (byte-level models) or the ids in --prompt-ids.
+std::vector<int64_t> prompt_tokens(const Options& o, int64_t vocab, bool byte_level) {
+  std::vector<int64_t> ids;
+  if (!o.prompt_ids.empty()) {
+    std::ifstream in(o.prompt_ids);
+    if (!in) throw Error(fmt::format("--prompt-ids {}: cannot read it", o.prompt_ids));
+    std::string word;
+    while (in >> word) {
+      int64_t id = -1;
+      try {
+        size_t used = 0;
+        id = std::stoll(word, &used);
+        if (used != word.size()) id = -1;
+      } catch (const std::exception&) {
+        id = -1;
+      }
+      if (id < 0 || id >= vocab)
+        throw Error(fmt::format("--prompt-ids {}: token {} ('{}') is not an id of the vocabulary [0, {})", o.prompt_ids,
+                                ids.size(), printable(word, 24), vocab));
+      ids.push_back(id);
+    }
+    if (ids.empty()) throw Error(fmt::format("--prompt-ids {}: no token ids in it", o.prompt_ids));
+    return ids;
+  }
+  if (!byte_level)
+    throw Error(fmt::format("the model's vocabulary has {} tokens, not bytes: give the prompt as token ids with "
+                            "--prompt-ids FILE (whitespace-separated)", vocab));
+  const std::string text = o.has_prompt ? o.prompt : std::string("\n");
+  if (text.empty()) throw Error("--prompt is empty: give at least one byte (the default is a newline)");
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte >= vocab)
+      throw Error(fmt::format("--prompt: byte {} (0x{:02x}) at offset {} is outside the model's vocabulary of {} bytes",
+                              byte, byte, i, vocab));
+    ids.push_back(byte);
+  }
+  return ids;
+}
+
+// Row `row` of batch entry b of a logits tensor [B, rows, V], as doubles.
+std::vector<double> logits_row(Engine& engine, const TensorSpec& t, int64_t b, int64_t row) {
+  const int64_t rows = t.shape.at(1), vocab = t.shape.at(2);
+  const char* base = engine.host(t);
+  std::vector<double> out(static_cast<size_t>(vocab));
+  for (int64_t v = 0; v < vocab; ++v) out[v] = read_element(base, t.dtype, (b * rows + row) * vocab + v);
+  return out;
+}
+
+// Seconds of the decode kernels as napkin's time model predicts them (the
+// program's per-kernel predictions), or -1 where some kernel has none.
+double predicted_decode_seconds(const Program& p) {
+  double s = 0;
+  for (size_t i = static_cast<size_t>(p.num_forward_kernels); i < p.kernels.size(); ++i) {
+    if (p.kernels[i].predicted_seconds < 0) return -1;
+    s += p.kernels[i].predicted_seconds;
+  }
+  return s;
+}
+
+class Sampler {
+ public:
+  Sampler(Engine& engine, const Options& o, bool byte_level)
+      : engine_(engine), t_(engine.program()), o_(o), byte_level_(byte_level) {
+    for (int64_t b = 0; b < t_.batch(); ++b) rngs_.emplace_back(o.seed, static_cast<uint64_t>(b));
+    sequences_.resize(static_cast<size_t>(t_.batch()));
+  }
+
+  // Generates o.tokens tokens after the prompt, printing batch entry 0's as
+  // they come and the other entries' after it.
+  void run(const std::vector<int64_t>& prompt) {
+    for (auto& s : sequences_) s = prompt;
+    for (int64_t id : prompt) print(id);
+    auto t0 = std::chrono::steady_clock::now();
+    prefill_tail(static_cast<int64_t>(prompt.size()));
+    take_next(*t_.prefill_logits, static_cast<int64_t>(prompt.size()) - 1);
+    prefill_seconds_ = seconds_since(t0);
+    for (int64_t n = 1; n < o_.tokens; ++n) {
+      // The token just sampled sits at this position of the window the cache
+      // holds; the cache holds the rows before it.
+      const int64_t position = static_cast<int64_t>(sequences_[0].size()) - 1 - window_start_;
+      if (position >= t_.context()) {  // the cache is full: prefill again over the last half
+        const int64_t keep = std::max<int64_t>(1, t_.context() / 2);
+        prefill_tail(keep);
+        take_next(*t_.prefill_logits, keep - 1);
+        window_start_ = static_cast<int64_t>(sequences_[0].size()) - 1 - keep;
+        ++windows_;
+        continue;
+      }
+      auto t = std::chrono::steady_clock::now();
+      decode(position);
+      take_next(*t_.decode_logits, 0);
+      decode_seconds_ += seconds_since(t);
+      ++decode_steps_;
+    }
+    std::fputc('\n', stdout);
+    for (size_t b = 1; b < sequences_.size(); ++b) {
+      std::fprintf(stdout, "--- sample %zu of %zu ---\n", b + 1, sequences_.size());
+      for (int64_t id : sequences_[b]) print(id);
+      std::fputc('\n', stdout);
+    }
+    std::fflush(stdout);
+  }
+
+  double prefill_seconds() const { return prefill_seconds_; }
+  double decode_seconds() const { return decode_seconds_; }
+  int64_t decode_steps() const { return decode_steps_; }
+  int windows() const { return windows_; }
+  const std::vector<std::vector<int64_t>>& sequences() const { return sequences_; }
+
+ private:
+  Engine& engine_;
+  Tensors t_;
+  const Options& o_;
+  bool byte_level_;
+  std::vector<Rng> rngs_;
+  std::vector<std::vector<int64_t>> sequences_;
+  double prefill_seconds_ = 0, decode_seconds_ = 0;
+  int64_t decode_steps_ = 0;
+  int64_t window_start_ = 0;  // the sequence's index of the cache's position 0
+  int windows_ = 0;
+
+  static double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
+  void print(int64_t id) {
+    if (byte_level_) {
+      std::fputc(static_cast<int>(id), stdout);
+    } else {
+      std::fprintf(stdout, "%lld ", static_cast<long long>(id));
+    }
+    std::fflush(stdout);
+  }
+
+  // The prefill over the first `length` tokens of each sequence's tail.
+  void prefill_tail(int64_t length) {
+    const int64_t T = t_.context();
+    char* tokens = engine_.host(*t_.prefill_tokens);
+    char* positions = engine_.host(*t_.prefill_positions);
+    for (int64_t b = 0; b < t_.batch(); ++b) {
+      const auto& s = sequences_[b];
+      const int64_t start = static_cast<int64_t>(s.size()) - length;
+      for (int64_t i = 0; i < T; ++i)
+        write_element(tokens, t_.prefill_tokens->dtype, b * T + i, static_cast<double>(i < length ? s[start + i] : 0));
+    }
+    for (int64_t i = 0; i < T; ++i) write_element(positions, t_.prefill_positions->dtype, i, static_cast<double>(i));
+    engine_.run_forward();
+    engine_.download_tensor(*t_.prefill_logits);
+  }
+
+  void decode(int64_t position) {
+    char* tokens = engine_.host(*t_.decode_tokens);
+    for (int64_t b = 0; b < t_.batch(); ++b)
+      write_element(tokens, t_.decode_tokens->dtype, b, static_cast<double>(sequences_[b].back()));
+    write_element(engine_.host(*t_.decode_positions), t_.decode_positions->dtype, 0, static_cast<double>(position));
+    engine_.run_decode();
+    engine_.download_tensor(*t_.decode_logits);
+  }
+
+  // Samples each sequence's next token from row `row` of `logits` and prints batch entry 0's.
+  void take_next(const TensorSpec& logits, int64_t row) {
+    for (int64_t b = 0; b < t_.batch(); ++b) {
+      const int64_t id = sample_token(logits_row(engine_, logits, b, row), o_.temperature, o_.top_k, rngs_[b]);
+      sequences_[b].push_back(id);
+      if (b == 0) print(id);
+    }
+  }
+};
+
+}  // namespace
+
+int sampler_main(int argc, char** argv, const Program& program, const EngineFactory& make_engine) {
+  try {
+    Options o;
+    o.checkpoint = program.train.checkpoint_dir;
+    CLI::App app{fmt::format("napkin sampler for {} (generated by napkin sample)", program.model)};
+    app.add_option("--checkpoint", o.checkpoint, "a checkpoint file, or a directory: its newest checkpoint")
+        ->capture_default_str();
+    CLI::Option* prompt = app.add_option("--prompt", o.prompt, "text to continue (byte-level models; default: a newline)");
+    app.add_option("--prompt-ids", o.prompt_ids, "a file of whitespace-separated token ids to continue")->excludes(prompt);
+    app.add_option("--tokens", o.tokens, "tokens to generate")->check(whole_number_in(1, 1'000'000))->capture_default_str();
+    app.add_option("--temperature", o.temperature, "softmax temperature (0: greedy)")
+        ->check(CLI::Range(0.0, 100.0))->capture_default_str();
+    app.add_option("--top-k", o.top_k, "sample from the k most likely tokens only (0: all)")
+        ->check(whole_number_in(0, 1'000'000'000))->capture_default_str();
+    app.add_option("--seed", o.seed, "seed of the sampling draws")->check(whole_number_in(0, UINT64_MAX))->capture_default_str();
+    app.add_option("--threads", o.threads, "worker threads (0: the CPUs this process may use)")
+        ->check(whole_number_in(0, 1024))->capture_default_str();
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
+    o.has_prompt = prompt->count() > 0;
+
+    std::unique_ptr<Engine> engine = make_engine(program, o.threads);
+    const Tensors t(program);
+    const int64_t vocab = t.vocab();
+    const bool byte_level = vocab <= 256;
+    const std::vector<int64_t> prompt_ids = prompt_tokens(o, vocab, byte_level);
+    if (static_cast<int64_t>(prompt_ids.size()) > t.context())
+      throw Error(fmt::format("the prompt has {} tokens, more than the model's context of {}", prompt_ids.size(),
+                              t.context()));
+    const std::string loaded = load_parameters(program, *engine, checkpoint_file(o.checkpoint));
+    std::fprintf(stderr, "napkin sample: %s on %s, weights from %s\n", program.model.c_str(), engine->describe().c_str(),
+                 loaded.c_str());
+    std::fflush(stderr);
+
+    Sampler s(*engine, o, byte_level);
+    s.run(prompt_ids);
+    // Decode speed against the time model's prediction for the same kernels.
+    std::string speed = "no decode steps";
+    if (s.decode_steps() > 0) {
+      const double per_step = s.decode_seconds() / static_cast<double>(s.decode_steps());
+      const double batch = static_cast<double>(t.batch());
+      speed = fmt::format("decode {} steps of batch {} in {:.3f} s, {:.1f} tok/s", s.decode_steps(), t.batch(),
+                          s.decode_seconds(), batch / per_step);
+      if (const double predicted = predicted_decode_seconds(program); predicted > 0)
+        speed += fmt::format(" (napkin's roofline on {}: {:.0f} tok/s; measured {:.0f}% of it; docs/report.md#inference)",
+                             program.device, batch / predicted, 100.0 * predicted / per_step);
+    }
+    if (s.windows() > 0) speed += fmt::format("; the context was full {} times and prefilled again", s.windows());
+    std::fprintf(stderr, "napkin sample: prefill of %lld positions in %.1f ms; %s\n", static_cast<long long>(t.context()),
+                 1e3 * s.prefill_seconds(), speed.c_str());
+    return 0;
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace napkin::runtime

@@ -1,0 +1,92 @@
+// `napkin sample` end to end: a gpt trained for a few steps by its trainer,
+// then sampled by the compiled prefill and KV-cache decoder (built and
+// cached like trainers): the same seed gives the same text, and bad input (a
+// checkpoint of another model, a prompt longer than the context, bytes
+// outside the vocabulary, a model that is not a language model) stops with a
+// clear message and exit status 1.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <string>
+
+#include "support/test_io.h"
+
+namespace {
+
+using napkin::testing::TempDir;
+using Run = napkin::testing::CommandResult;
+Run sh(const std::string& command) { return napkin::testing::run_in_source_tree(command); }
+
+const char* kDims = "batch=2,seq=16,d=32,heads=2,layers=2";
+
+// Trains gpt at `dims` for 3 steps into dir/ckpt; returns the directory.
+std::string trained(const TempDir& dir, const std::string& dims) {
+  const std::string ckpt = dir.path + "/ckpt";
+  Run r = sh(fmt::format("XDG_CACHE_HOME={0}/cache {1} train models/gpt.yaml --dims {2} -- --steps 3 --checkpoint-dir "
+                         "{3} --eval-every 0 --quiet",
+                         dir.path, NAPKIN_BINARY, dims, ckpt));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  return ckpt;
+}
+
+Run sample(const TempDir& dir, const std::string& args, const std::string& dims = kDims) {
+  return sh(fmt::format("XDG_CACHE_HOME={}/cache {} sample models/gpt.yaml --dims {} {} 2>{}/stderr; echo \"[status $?]\"; "
+                        "cat {}/stderr",
+                        dir.path, NAPKIN_BINARY, dims, args, dir.path, dir.path));
+}
+
+// What the sampler printed on stdout (before the status line).
+std::string text_of(const Run& r) { return r.out.substr(0, r.out.find("[status ")); }
+
+}  // namespace
+
+TEST_CASE("sample: napkin sample continues a prompt from a checkpoint, the same seed gives the same text") {
+  TempDir dir("sample");
+  const std::string ckpt = trained(dir, kDims);
+  Run a = sample(dir, fmt::format("--checkpoint {} --prompt 'napkin ' --tokens 40 --seed 7", ckpt));
+  INFO(a.out);
+  REQUIRE(a.out.find("[status 0]") != std::string::npos);
+  CHECK(a.out.find("built gpt-char") != std::string::npos);  // built, then cached below
+  CHECK(text_of(a).rfind("napkin ", 0) == 0);                 // the prompt, then what the model writes
+  CHECK(text_of(a).size() == std::string("napkin ").size() + 40 + 1);  // 40 bytes and a newline
+  CHECK(a.out.find("tok/s") != std::string::npos);
+  CHECK(a.out.find("step 3") != std::string::npos);
+  Run b = sample(dir, fmt::format("--checkpoint {} --prompt 'napkin ' --tokens 40 --seed 7", ckpt));
+  CHECK(b.out.find("using the cached sampler") != std::string::npos);
+  CHECK(text_of(b) == text_of(a));
+  Run c = sample(dir, fmt::format("--checkpoint {} --prompt 'napkin ' --tokens 40 --seed 8", ckpt));
+  CHECK(text_of(c) != text_of(a));
+  // Past the context of 16: the window is prefilled again and decoding goes on.
+  Run longer = sample(dir, fmt::format("--checkpoint {} --tokens 50 --temperature 0", ckpt));
+  INFO(longer.out);
+  CHECK(longer.out.find("[status 0]") != std::string::npos);
+  CHECK(longer.out.find("prefilled again") != std::string::npos);
+}
+
+TEST_CASE("sample: bad input is a clear error with exit status 1") {
+  TempDir dir("sample-errors");
+  const std::string ckpt = trained(dir, kDims);
+  struct Case {
+    std::string args, dims, message;
+  };
+  const Case cases[] = {
+      {"--prompt 'this prompt is longer than sixteen bytes'", kDims, "more than the model's context of 16"},
+      {"--prompt 'Az'", "batch=2,seq=16,d=32,heads=2,layers=2,vocab=100", "byte 122 (0x7a) at offset 1 is outside"},
+      {"--prompt 'a'", "batch=2,seq=16,d=64,heads=2,layers=2", "different model"},
+      {"--prompt 'a' --checkpoint /nonexistent/ckpt", kDims, "no checkpoint at /nonexistent/ckpt"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.args);
+    Run r = sample(dir, (c.args.find("--checkpoint") == std::string::npos ? "--checkpoint " + ckpt + " " : "") + c.args,
+                   c.dims);
+    INFO(r.out);
+    CHECK(r.out.find("[status 1]") != std::string::npos);
+    CHECK(r.out.find(c.message) != std::string::npos);
+  }
+  Run mlp = sh(fmt::format("XDG_CACHE_HOME={}/cache {} sample models/mlp.yaml", dir.path, NAPKIN_BINARY));
+  INFO(mlp.out);
+  CHECK(mlp.status == 1);
+  CHECK(mlp.out.find("is not a language model") != std::string::npos);
+}

@@ -1,0 +1,27 @@
+// The inference program `napkin sample` builds (passes/derive_inference.h),
+// and the hash of the training step whose checkpoints it loads.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "ir/diagnostics.h"
+#include "ir/graph.h"
+
+namespace napkin::tools {
+
+struct InferenceProgram {
+  ir::Graph graph;         // prefill and decode, over the model's parameters
+  std::string model_hash;  // the training step's (tools/trainer_build.h): its checkpoints carry it
+};
+
+// Lowers the model at `dims` for the training step's hash, then with its
+// batch dim at `batch` (0: the model's) for the inference graph, which keeps
+// the training lowering's config (its checkpoint dir, not a --dims variant's
+// of the batch). Errors go to diag.
+std::optional<InferenceProgram> inference_program(const std::string& path, const std::map<std::string, int64_t>& dims,
+                                                  int64_t batch, ir::Diagnostics& diag);
+
+}  // namespace napkin::tools
