@@ -489,6 +489,9 @@ KernelPlan plan_kernels(const ir::Graph& g) {
   if (loss == ir::kNoValue) {  // an inference graph: its named outputs
     NAPKIN_INTERNAL_CHECK(!g.outputs.empty(), "the graph has neither a loss nor other outputs");
     for (const auto& [name, v] : g.outputs) {
+      // The prefill's weight casts a decode step reads (passes/derive_inference.h)
+      // are outputs only so the plan keeps them: nothing outside reads them.
+      if (name.rfind("kept.", 0) == 0) continue;
       add_tensor(v, TensorRole::Output);
       plan.tensors.back().name = name;
     }

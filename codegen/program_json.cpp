@@ -124,16 +124,19 @@ json classifier_json(const Kernel& k) {
   return j;
 }
 
+// An attention operand as runtime/program.cpp reads it: [offset, batch
+// stride, head stride, row stride]; head_dim's stride is 1.
+json attention_operand(const Operand& o) {
+  NAPKIN_INTERNAL_CHECK(o.strides.size() == 4 && (o.strides[3] == 1 || o.sizes[3] == 1),
+                        "an attention operand must be 4-D and contiguous along head_dim");
+  return json{o.byte_offset, o.strides[0], o.strides[1], o.strides[2]};
+}
+
 // An Attention kernel as runtime/attention.h's descriptor: each operand's
 // offset and (batch, head, row) strides; head_dim's stride is 1.
 json attention_json(const Kernel& k) {
   const ir::AttentionParams& p = k.attention();
   const Operand &q = k.inputs[0], &kv = k.inputs[1];
-  auto strides = [](const Operand& o) {
-    NAPKIN_INTERNAL_CHECK(o.strides.size() == 4 && (o.strides[3] == 1 || o.sizes[3] == 1),
-                          "an attention operand must be 4-D and contiguous along head_dim");
-    return json{o.byte_offset, o.strides[0], o.strides[1], o.strides[2]};
-  };
   json j = {{"backward", p.backward},
             {"causal", p.causal},
             {"scale", p.scale},
@@ -144,20 +147,20 @@ json attention_json(const Kernel& k) {
             {"q_len", q.sizes[2]},
             {"kv_len", kv.sizes[2]},
             {"head_dim", q.sizes[3]},
-            {"q", strides(k.inputs[0])},
-            {"k", strides(k.inputs[1])},
-            {"v", strides(k.inputs[2])}};
+            {"q", attention_operand(k.inputs[0])},
+            {"k", attention_operand(k.inputs[1])},
+            {"v", attention_operand(k.inputs[2])}};
   if (!p.backward) {
-    j["o"] = strides(attention_output(k));
+    j["o"] = attention_operand(attention_output(k));
     j["lse"] = k.extra_outputs.at(0).byte_offset;
   } else {
-    j["o"] = strides(k.inputs[3]);
+    j["o"] = attention_operand(k.inputs[3]);
     j["lse"] = k.inputs[4].byte_offset;
-    j["do"] = strides(k.inputs[5]);
+    j["do"] = attention_operand(k.inputs[5]);
     const std::vector<Operand> grads = attention_gradients(k);
-    j["dq"] = strides(grads[0]);
-    j["dk"] = strides(grads[1]);
-    j["dv"] = strides(grads[2]);
+    j["dq"] = attention_operand(grads[0]);
+    j["dk"] = attention_operand(grads[1]);
+    j["dv"] = attention_operand(grads[2]);
   }
   return j;
 }
@@ -167,11 +170,6 @@ json attention_json(const Kernel& k) {
 // caches' too, and where the positions are.
 json cached_attention_json(const Kernel& k) {
   const Operand &q = k.inputs[0], &kv = k.inputs[1], &cache = k.inputs[3], &positions = k.inputs[5];
-  auto strides = [](const Operand& o) {
-    NAPKIN_INTERNAL_CHECK(o.strides.size() == 4 && (o.strides[3] == 1 || o.sizes[3] == 1),
-                          "a cached attention operand must be 4-D and contiguous along head_dim");
-    return json{o.byte_offset, o.strides[0], o.strides[1], o.strides[2]};
-  };
   NAPKIN_INTERNAL_CHECK(positions.contiguous(), "cached attention positions must be contiguous ({})", k.name);
   return {{"scale", k.cached_attention().scale},
           {"dtype", std::string(ir::dtype_name(q.dtype))},
@@ -181,12 +179,12 @@ json cached_attention_json(const Kernel& k) {
           {"rows", q.sizes[2]},
           {"context", cache.sizes[2]},
           {"head_dim", q.sizes[3]},
-          {"q", strides(q)},
-          {"k", strides(kv)},
-          {"v", strides(k.inputs[2])},
-          {"k_cache", strides(cache)},
-          {"v_cache", strides(k.inputs[4])},
-          {"o", strides(k.output)},
+          {"q", attention_operand(q)},
+          {"k", attention_operand(kv)},
+          {"v", attention_operand(k.inputs[2])},
+          {"k_cache", attention_operand(cache)},
+          {"v_cache", attention_operand(k.inputs[4])},
+          {"o", attention_operand(k.output)},
           {"positions", positions.byte_offset},
           {"positions_i64", positions.dtype == ir::DType::I64}};
 }

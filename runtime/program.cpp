@@ -44,6 +44,17 @@ std::string bad_index_message(const Program& program, int64_t kernel, int64_t id
          "); check the data's token ids against the model's vocab";
 }
 
+namespace {
+
+// An attention operand as the program writes it: [offset, batch stride, head
+// stride, row stride] (codegen/program_json.cpp; head_dim's stride is 1).
+void attention_operand(const nlohmann::json& o, int64_t& offset, AttentionDesc::Strides& strides) {
+  offset = o.at(0);
+  strides = {o.at(1).get<int64_t>(), o.at(2).get<int64_t>(), o.at(3).get<int64_t>()};
+}
+
+}  // namespace
+
 Program parse_program(const char* text, size_t size) {
   using nlohmann::json;
   try {
@@ -187,9 +198,7 @@ Program parse_program(const char* text, size_t size) {
         d.head_dim = a.at("head_dim");
         d.positions_i64 = a.at("positions_i64");
         auto operand = [&](const char* name, int64_t& offset, AttentionDesc::Strides& strides) {
-          const json& o = a.at(name);  // [offset, batch stride, head stride, row stride]
-          offset = o.at(0);
-          strides = {o.at(1).get<int64_t>(), o.at(2).get<int64_t>(), o.at(3).get<int64_t>()};
+          attention_operand(a.at(name), offset, strides);
         };
         operand("q", t.q, d.q);
         operand("k", t.k, d.k);
@@ -213,11 +222,8 @@ Program parse_program(const char* text, size_t size) {
         d.q_len = a.at("q_len");
         d.kv_len = a.at("kv_len");
         d.head_dim = a.at("head_dim");
-        // [offset, batch stride, head stride, row stride]
         auto operand = [&](const char* name, int64_t& offset, AttentionDesc::Strides& strides) {
-          const json& o = a.at(name);
-          offset = o.at(0);
-          strides = {o.at(1).get<int64_t>(), o.at(2).get<int64_t>(), o.at(3).get<int64_t>()};
+          attention_operand(a.at(name), offset, strides);
         };
         operand("q", t.q, d.q);
         operand("k", t.k, d.k);

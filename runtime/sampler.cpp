@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -49,13 +50,11 @@ int64_t sample_token(const std::vector<double>& logits, double temperature, int6
 
 namespace {
 
+// The sampler's flags.
 struct Options {
   std::string checkpoint, prompt, prompt_ids;
   bool has_prompt = false;
-  int64_t tokens = 256;
-  double temperature = 1.0;
-  int64_t top_k = 0;
-  uint64_t seed = 0;
+  SampleOptions sample;
   int threads = 0;
 };
 
@@ -173,88 +172,64 @@ double predicted_decode_seconds(const Program& p) {
   return s;
 }
 
-class Sampler {
+// One generation: the state of every batch entry's sequence and the cache's window.
+class Generation {
  public:
-  Sampler(Engine& engine, const Options& o, bool byte_level)
-      : engine_(engine), t_(engine.program()), o_(o), byte_level_(byte_level) {
+  Generation(Engine& engine, const SampleOptions& o, const std::function<void(int64_t)>& on_token)
+      : engine_(engine), t_(engine.program()), o_(o), on_token_(on_token) {
     for (int64_t b = 0; b < t_.batch(); ++b) rngs_.emplace_back(o.seed, static_cast<uint64_t>(b));
-    sequences_.resize(static_cast<size_t>(t_.batch()));
   }
 
-  // Generates o.tokens tokens after the prompt, printing batch entry 0's as
-  // they come and the other entries' after it.
-  void run(const std::vector<int64_t>& prompt) {
-    for (auto& s : sequences_) s = prompt;
-    for (int64_t id : prompt) print(id);
+  Generated run(const std::vector<int64_t>& prompt) {
+    if (prompt.empty() || static_cast<int64_t>(prompt.size()) > t_.context())
+      throw Error(fmt::format("the prompt has {} tokens: it needs 1 to the model's context of {}", prompt.size(),
+                              t_.context()));
+    out_.sequences.assign(static_cast<size_t>(t_.batch()), prompt);
     auto t0 = std::chrono::steady_clock::now();
     prefill_tail(static_cast<int64_t>(prompt.size()));
     take_next(*t_.prefill_logits, static_cast<int64_t>(prompt.size()) - 1);
-    prefill_seconds_ = seconds_since(t0);
+    out_.prefill_seconds = seconds_since(t0);
     for (int64_t n = 1; n < o_.tokens; ++n) {
       // The token just sampled sits at this position of the window the cache
       // holds; the cache holds the rows before it.
-      const int64_t position = static_cast<int64_t>(sequences_[0].size()) - 1 - window_start_;
+      const int64_t position = static_cast<int64_t>(out_.sequences[0].size()) - 1 - window_start_;
       if (position >= t_.context()) {  // the cache is full: prefill again over the last half
         const int64_t keep = std::max<int64_t>(1, t_.context() / 2);
         prefill_tail(keep);
         take_next(*t_.prefill_logits, keep - 1);
-        window_start_ = static_cast<int64_t>(sequences_[0].size()) - 1 - keep;
-        ++windows_;
+        window_start_ = static_cast<int64_t>(out_.sequences[0].size()) - 1 - keep;
+        ++out_.windows;
         continue;
       }
       auto t = std::chrono::steady_clock::now();
       decode(position);
       take_next(*t_.decode_logits, 0);
-      decode_seconds_ += seconds_since(t);
-      ++decode_steps_;
+      out_.decode_seconds += seconds_since(t);
+      ++out_.decode_steps;
     }
-    std::fputc('\n', stdout);
-    for (size_t b = 1; b < sequences_.size(); ++b) {
-      std::fprintf(stdout, "--- sample %zu of %zu ---\n", b + 1, sequences_.size());
-      for (int64_t id : sequences_[b]) print(id);
-      std::fputc('\n', stdout);
-    }
-    std::fflush(stdout);
+    return std::move(out_);
   }
-
-  double prefill_seconds() const { return prefill_seconds_; }
-  double decode_seconds() const { return decode_seconds_; }
-  int64_t decode_steps() const { return decode_steps_; }
-  int windows() const { return windows_; }
-  const std::vector<std::vector<int64_t>>& sequences() const { return sequences_; }
 
  private:
   Engine& engine_;
   Tensors t_;
-  const Options& o_;
-  bool byte_level_;
+  const SampleOptions& o_;
+  const std::function<void(int64_t)>& on_token_;
   std::vector<Rng> rngs_;
-  std::vector<std::vector<int64_t>> sequences_;
-  double prefill_seconds_ = 0, decode_seconds_ = 0;
-  int64_t decode_steps_ = 0;
+  Generated out_;
   int64_t window_start_ = 0;  // the sequence's index of the cache's position 0
-  int windows_ = 0;
 
   static double seconds_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
 
-  void print(int64_t id) {
-    if (byte_level_) {
-      std::fputc(static_cast<int>(id), stdout);
-    } else {
-      std::fprintf(stdout, "%lld ", static_cast<long long>(id));
-    }
-    std::fflush(stdout);
-  }
-
-  // The prefill over the first `length` tokens of each sequence's tail.
+  // The prefill over the last `length` tokens of each sequence.
   void prefill_tail(int64_t length) {
     const int64_t T = t_.context();
     char* tokens = engine_.host(*t_.prefill_tokens);
     char* positions = engine_.host(*t_.prefill_positions);
     for (int64_t b = 0; b < t_.batch(); ++b) {
-      const auto& s = sequences_[b];
+      const auto& s = out_.sequences[b];
       const int64_t start = static_cast<int64_t>(s.size()) - length;
       for (int64_t i = 0; i < T; ++i)
         write_element(tokens, t_.prefill_tokens->dtype, b * T + i, static_cast<double>(i < length ? s[start + i] : 0));
@@ -267,23 +242,63 @@ class Sampler {
   void decode(int64_t position) {
     char* tokens = engine_.host(*t_.decode_tokens);
     for (int64_t b = 0; b < t_.batch(); ++b)
-      write_element(tokens, t_.decode_tokens->dtype, b, static_cast<double>(sequences_[b].back()));
+      write_element(tokens, t_.decode_tokens->dtype, b, static_cast<double>(out_.sequences[b].back()));
     write_element(engine_.host(*t_.decode_positions), t_.decode_positions->dtype, 0, static_cast<double>(position));
     engine_.run_decode();
     engine_.download_tensor(*t_.decode_logits);
   }
 
-  // Samples each sequence's next token from row `row` of `logits` and prints batch entry 0's.
+  // Samples each sequence's next token from row `row` of `logits`.
   void take_next(const TensorSpec& logits, int64_t row) {
     for (int64_t b = 0; b < t_.batch(); ++b) {
       const int64_t id = sample_token(logits_row(engine_, logits, b, row), o_.temperature, o_.top_k, rngs_[b]);
-      sequences_[b].push_back(id);
-      if (b == 0) print(id);
+      out_.sequences[b].push_back(id);
+      if (b == 0 && on_token_) on_token_(id);
     }
   }
 };
 
+// A token on stdout: its byte, or its id and a space.
+void print_token(int64_t id, bool byte_level) {
+  if (byte_level)
+    std::fputc(static_cast<int>(id), stdout);
+  else
+    std::fprintf(stdout, "%lld ", static_cast<long long>(id));
+  std::fflush(stdout);
+}
+
 }  // namespace
+
+Generated generate(Engine& engine, const std::vector<int64_t>& prompt, const SampleOptions& o,
+                   const std::function<void(int64_t)>& on_token) {
+  return Generation(engine, o, on_token).run(prompt);
+}
+
+bool byte_level(const Program& inference) { return Tensors(inference).vocab() <= 256; }
+
+TrainingSamples::TrainingSamples(const char* json, size_t size, const EngineFactory& make_engine, int threads)
+    : program_(parse_program(json, size)), engine_(make_engine(program_, threads)) {}
+
+TrainingSamples::~TrainingSamples() = default;
+
+std::string TrainingSamples::sample(Engine& training, int64_t tokens, uint64_t seed) {
+  training.download("param");
+  for (const TensorSpec* t : program_.with_role("param")) {
+    const TensorSpec* from = training.program().find(t->name);
+    if (!from || from->bytes != t->bytes || from->dtype != t->dtype)
+      throw Error(fmt::format("the trainer's sampler program has a parameter {} the training step does not", t->name));
+    std::memcpy(engine_->host(*t), training.host(*from), static_cast<size_t>(t->bytes));
+  }
+  engine_->upload("param");
+  const bool bytes = byte_level(program_);
+  const Generated g = generate(*engine_, {bytes ? int64_t{'\n'} : int64_t{0}}, {tokens, 1.0, 0, seed});
+  std::string text;
+  for (size_t i = 1; i < g.sequences[0].size(); ++i) {
+    const int64_t id = g.sequences[0][i];
+    text += bytes ? std::string(1, static_cast<char>(id)) : fmt::format("{}{}", i > 1 ? " " : "", id);
+  }
+  return text;
+}
 
 int sampler_main(int argc, char** argv, const Program& program, const EngineFactory& make_engine) {
   try {
@@ -294,12 +309,12 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
         ->capture_default_str();
     CLI::Option* prompt = app.add_option("--prompt", o.prompt, "text to continue (byte-level models; default: a newline)");
     app.add_option("--prompt-ids", o.prompt_ids, "a file of whitespace-separated token ids to continue")->excludes(prompt);
-    app.add_option("--tokens", o.tokens, "tokens to generate")->check(whole_number_in(1, 1'000'000))->capture_default_str();
-    app.add_option("--temperature", o.temperature, "softmax temperature (0: greedy)")
+    app.add_option("--tokens", o.sample.tokens, "tokens to generate")->check(whole_number_in(1, 1'000'000))->capture_default_str();
+    app.add_option("--temperature", o.sample.temperature, "softmax temperature (0: greedy)")
         ->check(CLI::Range(0.0, 100.0))->capture_default_str();
-    app.add_option("--top-k", o.top_k, "sample from the k most likely tokens only (0: all)")
+    app.add_option("--top-k", o.sample.top_k, "sample from the k most likely tokens only (0: all)")
         ->check(whole_number_in(0, 1'000'000'000))->capture_default_str();
-    app.add_option("--seed", o.seed, "seed of the sampling draws")->check(whole_number_in(0, UINT64_MAX))->capture_default_str();
+    app.add_option("--seed", o.sample.seed, "seed of the sampling draws")->check(whole_number_in(0, UINT64_MAX))->capture_default_str();
     app.add_option("--threads", o.threads, "worker threads (0: the CPUs this process may use)")
         ->check(whole_number_in(0, 1024))->capture_default_str();
     try {
@@ -312,7 +327,7 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
     std::unique_ptr<Engine> engine = make_engine(program, o.threads);
     const Tensors t(program);
     const int64_t vocab = t.vocab();
-    const bool byte_level = vocab <= 256;
+    const bool byte_level = runtime::byte_level(program);
     const std::vector<int64_t> prompt_ids = prompt_tokens(o, vocab, byte_level);
     if (static_cast<int64_t>(prompt_ids.size()) > t.context())
       throw Error(fmt::format("the prompt has {} tokens, more than the model's context of {}", prompt_ids.size(),
@@ -322,22 +337,29 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
                  loaded.c_str());
     std::fflush(stderr);
 
-    Sampler s(*engine, o, byte_level);
-    s.run(prompt_ids);
+    for (int64_t id : prompt_ids) print_token(id, byte_level);
+    const Generated s = generate(*engine, prompt_ids, o.sample, [&](int64_t id) { print_token(id, byte_level); });
+    std::fputc('\n', stdout);
+    for (size_t b = 1; b < s.sequences.size(); ++b) {
+      std::fprintf(stdout, "--- sample %zu of %zu ---\n", b + 1, s.sequences.size());
+      for (int64_t id : s.sequences[b]) print_token(id, byte_level);
+      std::fputc('\n', stdout);
+    }
+    std::fflush(stdout);
     // Decode speed against the time model's prediction for the same kernels.
     std::string speed = "no decode steps";
-    if (s.decode_steps() > 0) {
-      const double per_step = s.decode_seconds() / static_cast<double>(s.decode_steps());
+    if (s.decode_steps > 0) {
+      const double per_step = s.decode_seconds / static_cast<double>(s.decode_steps);
       const double batch = static_cast<double>(t.batch());
-      speed = fmt::format("decode {} steps of batch {} in {:.3f} s, {:.1f} tok/s", s.decode_steps(), t.batch(),
-                          s.decode_seconds(), batch / per_step);
+      speed = fmt::format("decode {} steps of batch {} in {:.3f} s, {:.1f} tok/s", s.decode_steps, t.batch(),
+                          s.decode_seconds, batch / per_step);
       if (const double predicted = predicted_decode_seconds(program); predicted > 0)
         speed += fmt::format(" (napkin's roofline on {}: {:.0f} tok/s; measured {:.0f}% of it; docs/report.md#inference)",
                              program.device, batch / predicted, 100.0 * predicted / per_step);
     }
-    if (s.windows() > 0) speed += fmt::format("; the context was full {} times and prefilled again", s.windows());
+    if (s.windows > 0) speed += fmt::format("; the context was full {} times and prefilled again", s.windows);
     std::fprintf(stderr, "napkin sample: prefill of %lld positions in %.1f ms; %s\n", static_cast<long long>(t.context()),
-                 1e3 * s.prefill_seconds(), speed.c_str());
+                 1e3 * s.prefill_seconds, speed.c_str());
     return 0;
   } catch (const Error& e) {
     std::fflush(stdout);

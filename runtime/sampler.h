@@ -23,6 +23,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,46 @@ namespace napkin::runtime {
 
 // The next token from one row of logits (V values as double).
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k, Rng& rng);
+
+struct SampleOptions {
+  int64_t tokens = 256;      // to generate after the prompt
+  double temperature = 1.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: all
+  uint64_t seed = 0;
+};
+
+// What a generation did: every batch entry's sequence (the prompt, then the
+// new tokens) and how long its phases took.
+struct Generated {
+  std::vector<std::vector<int64_t>> sequences;
+  double prefill_seconds = 0, decode_seconds = 0;
+  int64_t decode_steps = 0;
+  int windows = 0;  // times the context was full and prefilled again
+};
+
+// Generates o.tokens tokens after `prompt` (1 to context tokens) with an
+// inference program's engine whose parameters are up. on_token, when set,
+// gets each of batch entry 0's new tokens as it comes.
+Generated generate(Engine& engine, const std::vector<int64_t>& prompt, const SampleOptions& o,
+                   const std::function<void(int64_t)>& on_token = nullptr);
+
+// Whether an inference program's tokens are bytes (its vocabulary has at most 256 entries).
+bool byte_level(const Program& inference);
+
+// The trainer's --sample-every: an inference program's engine, given the
+// training engine's current parameters (by name) before each sample.
+class TrainingSamples {
+ public:
+  TrainingSamples(const char* json, size_t size, const EngineFactory& make_engine, int threads);
+  ~TrainingSamples();
+  // `tokens` sampled (temperature 1, all tokens, `seed`) after a newline
+  // (byte-level models) or token 0: the text, or the ids joined by spaces.
+  std::string sample(Engine& training, int64_t tokens, uint64_t seed);
+
+ private:
+  Program program_;
+  std::unique_ptr<Engine> engine_;
+};
 
 // Runs the sampler; returns the exit status (0, or 1 for a user error: a
 // checkpoint of another model, a prompt longer than the context, a byte

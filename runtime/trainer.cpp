@@ -65,6 +65,7 @@ struct Options {
   double bucket_mib = 0;  // 0: the program's bucket size
   int zero = 0;           // ZeRO stage: 0 or 1
   bool debug_nan = false, quiet = false, print_program = false, profile = false;
+  int64_t sample_every = 0, sample_tokens = 64;  // --sample-every: a sample from the model every K steps
 };
 
 std::string human_bytes(double b) {
@@ -230,7 +231,8 @@ void check_same_global_batch(const CheckpointHeader& h, int64_t micro_batches, i
                           h.path, then, micro_batches, ranks, ranks == 1 ? "" : "s", accumulate, hint));
 }
 
-int run(const Options& o, const Program& built, const EngineFactory& make_engine, Communicator& comm) {
+int run(const Options& o, const Program& built, const EngineFactory& make_engine, const SamplerProgram& sampler_program,
+        Communicator& comm) {
   Program program = built;
   if (o.bucket_mib > 0) program.bucket_bytes = o.bucket_mib * 1024 * 1024;
   const int ranks = comm.size();
@@ -254,6 +256,16 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   int64_t start_step = 0;
   uint64_t seed = o.seed;
   Lineage lineage{p.hash};
+
+  // --sample-every: the model's sampler program (rank 0 prints the samples).
+  std::unique_ptr<TrainingSamples> samples;
+  if (o.sample_every > 0 && rank0) {
+    if (!sampler_program.json)
+      throw Error("--sample-every: this trainer carries no sampler program (a CUDA trainer, or a model napkin sample "
+                  "cannot derive a decoder from: `napkin sample MODEL.yaml` says why)");
+    samples = std::make_unique<TrainingSamples>(sampler_program.json, sampler_program.size, sampler_program.make_engine,
+                                                o.threads);
+  }
 
   init_params(p, ex, seed, o.threads);
   if (!o.init.empty()) {
@@ -506,6 +518,11 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
       if (!quiet) fmt::print("step {:>6}/{}  eval loss {:.4f} ({} batches)\n", step, o.steps, eval_loss, o.eval_batches);
       metrics.line(fmt::format(R"({{"step": {}, "eval_loss": {:.9g}}})", step, eval_loss));
     }
+    if (samples && step % o.sample_every == 0) {
+      const std::string text = samples->sample(ex, o.sample_tokens, seed + static_cast<uint64_t>(step));
+      fmt::print("step {:>6}/{}  sample:\n{}\n", step, o.steps, text);
+      std::fflush(stdout);
+    }
     if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
       save(step);
       last_saved = step;
@@ -560,11 +577,11 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
 // One rank's run: the communicator first (MPI must start before anything
 // else can fail), then run(). A rank of a job that meets an error says so
 // with its rank and ends the whole job: the others would wait for it forever.
-int run_rank(const Options& o, const Program& p, const EngineFactory& make_engine) {
+int run_rank(const Options& o, const Program& p, const EngineFactory& make_engine, const SamplerProgram& sampler) {
   std::unique_ptr<Communicator> comm = open_communicator(o.collective_timeout);
-  if (comm->size() == 1) return run(o, p, make_engine, *comm);
+  if (comm->size() == 1) return run(o, p, make_engine, sampler, *comm);
   try {
-    return run(o, p, make_engine, *comm);
+    return run(o, p, make_engine, sampler, *comm);
   } catch (const std::exception& e) {
     std::fflush(stdout);
     bool user = dynamic_cast<const Error*>(&e) != nullptr;
@@ -579,7 +596,7 @@ int run_rank(const Options& o, const Program& p, const EngineFactory& make_engin
 }  // namespace
 
 int trainer_main(int argc, char** argv, const char* program_json, size_t program_json_size,
-                 const EngineFactory& make_engine) {
+                 const EngineFactory& make_engine, const SamplerProgram& sampler) {
   try {
     Program p = parse_program(program_json, program_json_size);
     // An inference program (napkin sample) is a sampler, not a trainer.
@@ -644,6 +661,11 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
                    "a GPU job all-reduces its gradients in buckets of at least this many MiB, each as soon as the "
                    "backward has written it (default: the program's, 25)")
         ->check(CLI::Range(1e-6, 1e6));
+    app.add_option("--sample-every", o.sample_every,
+                   "print a sample of the model every K steps (0: never; a language model's CPU trainer)")
+        ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
+    app.add_option("--sample-tokens", o.sample_tokens, "tokens in each --sample-every sample")
+        ->check(whole_number_in(1, 100000))->capture_default_str();
     app.add_flag("--debug-nan", o.debug_nan, "check every op's output; name the first that produces a NaN");
     app.add_flag("--profile", o.profile, "time every kernel and print the slowest");
     app.add_flag("--quiet", o.quiet, "no progress lines");
@@ -677,7 +699,7 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) o.checkpoint_dir = d.checkpoint_dir.empty() ? "checkpoints" : d.checkpoint_dir;
     if (o.steps == 0 && o.checkpoint_dir.empty())
       throw Error("--steps 0 trains nothing; to save the initial weights, add --checkpoint-dir DIR");
-    return run_rank(o, p, make_engine);
+    return run_rank(o, p, make_engine, sampler);
   } catch (const Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "error: {}\n", e.what());

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "runtime/engine.h"
 
@@ -16,10 +17,19 @@ namespace napkin::runtime {
 // trainer on a machine without a GPU).
 using EngineFactory = std::function<std::unique_ptr<Engine>(const Program& program, int threads)>;
 
+// The inference program a language model's CPU trainer also carries
+// (codegen/cpu/build.h BuildOptions::sampler), for --sample-every; json
+// null: none.
+struct SamplerProgram {
+  const char* json = nullptr;
+  size_t size = 0;
+  EngineFactory make_engine;
+};
+
 // Runs the trainer with the program description its object file exports;
 // returns the process exit status (0 ok, 1 a user error such as a bad flag,
 // missing data, a NaN loss or no GPU, 130 interrupted after saving).
 int trainer_main(int argc, char** argv, const char* program_json, size_t program_json_size,
-                 const EngineFactory& make_engine);
+                 const EngineFactory& make_engine, const SamplerProgram& sampler = {});
 
 }  // namespace napkin::runtime

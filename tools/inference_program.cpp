@@ -39,4 +39,11 @@ std::optional<InferenceProgram> inference_program(const std::string& path, const
   return out;
 }
 
+std::optional<ir::Graph> trainer_sampler(const std::string& path, const std::map<std::string, int64_t>& dims) {
+  ir::Diagnostics quiet;
+  std::optional<InferenceProgram> p = inference_program(path, dims, 1, quiet);
+  if (!p) return std::nullopt;
+  return std::move(p->graph);
+}
+
 }  // namespace napkin::tools

@@ -24,4 +24,9 @@ struct InferenceProgram {
 std::optional<InferenceProgram> inference_program(const std::string& path, const std::map<std::string, int64_t>& dims,
                                                   int64_t batch, ir::Diagnostics& diag);
 
+// The sampler program a CPU trainer carries for --sample-every: the model's
+// inference graph at batch 1, or nullopt (no message) when napkin sample
+// cannot derive one (not a language model, or ops that mix positions).
+std::optional<ir::Graph> trainer_sampler(const std::string& path, const std::map<std::string, int64_t>& dims);
+
 }  // namespace napkin::tools

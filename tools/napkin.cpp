@@ -506,7 +506,31 @@ struct BuildArgs {
   std::string arch, emit_cuda, classifier_chunk;  // --target cuda
   bool tf32 = false, no_cache = false, line_info = false;
   bool time_passes = false, quiet = false;
+  bool sampler = false;  // --sampler: the inference program (napkin sample's executable) instead of the trainer
+  int64_t batch = 1;     // --sampler --batch
 };
+
+// What `napkin build` compiles: the training step, or with --sampler the
+// model's inference program, with the hash its checkpoints must carry.
+struct BuildGraph {
+  ir::Graph graph;
+  std::string model_hash;
+};
+std::optional<BuildGraph> graph_to_build(const BuildArgs& a) {
+  if (!a.sampler) {
+    auto g = load(a.model, a.dims, {}, memory_budget(a.memory_budget, nullptr));
+    if (!g) return std::nullopt;
+    std::string hash = tools::model_hash(*g);
+    return BuildGraph{std::move(*g), hash};
+  }
+  std::optional<std::map<std::string, int64_t>> dims = dims_or_error(a.dims);
+  if (!dims) return std::nullopt;
+  ir::Diagnostics diag;
+  std::optional<tools::InferenceProgram> p = tools::inference_program(a.model, *dims, a.batch, diag);
+  std::cerr << diag.render();
+  if (!p) return std::nullopt;
+  return BuildGraph{std::move(p->graph), p->model_hash};
+}
 
 void print_build_steps(const std::vector<std::pair<std::string, double>>& seconds) {
   for (const auto& [what, s] : seconds) std::cout << fmt::format("  {:>8.3f} s  {}\n", s, what);
@@ -514,11 +538,12 @@ void print_build_steps(const std::vector<std::pair<std::string, double>>& second
 
 int cmd_build_cuda(const BuildArgs& a) {
 #ifdef NAPKIN_HAVE_CUDA
-  auto g = load(a.model, a.dims, {}, memory_budget(a.memory_budget, nullptr));
-  if (!g) return kUserError;
+  std::optional<BuildGraph> built_graph = graph_to_build(a);
+  if (!built_graph) return kUserError;
+  const ir::Graph* g = &built_graph->graph;
   codegen::cuda::CudaBuildOptions options;
   options.output = a.output;
-  options.model_hash = tools::model_hash(*g);
+  options.model_hash = built_graph->model_hash;
   options.device = a.device;
   options.arch = a.arch;
   options.tf32 = a.tf32;
@@ -589,9 +614,15 @@ int cmd_build(BuildArgs a) {  // by value: the defaults depend on the target
     return kUserError;
   }
   if (cuda) return cmd_build_cuda(a);
-  auto g = load(a.model, a.dims, {}, memory_budget(a.memory_budget, nullptr));
-  if (!g) return kUserError;
-  codegen::cpu::BuildOptions options{a.output, tools::model_hash(*g), a.device, a.emit_llvm, a.emit_program};
+  std::optional<BuildGraph> built_graph = graph_to_build(a);
+  if (!built_graph) return kUserError;
+  const ir::Graph* g = &built_graph->graph;
+  std::optional<ir::Graph> sampler;  // a language model's trainer: its --sample-every program
+  if (!a.sampler)
+    if (std::optional<std::map<std::string, int64_t>> overrides = dims_or_error(a.dims))
+      sampler = tools::trainer_sampler(a.model, *overrides);
+  codegen::cpu::BuildOptions options{a.output,       built_graph->model_hash, a.device, a.emit_llvm,
+                                     a.emit_program, sampler ? &*sampler : nullptr};
   auto t0 = std::chrono::steady_clock::now();
   std::optional<codegen::cpu::BuildResult> built = tools::build_or_report(codegen::cpu::build_cpu_trainer, *g, options);
   if (!built) return kUserError;
@@ -618,7 +649,12 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
 #endif
   auto g = load(model, dims, {}, memory_budget(budget, nullptr));
   if (!g) return kUserError;
-  std::optional<std::filesystem::path> trainer = tools::cached_trainer(*g, target);
+  std::optional<ir::Graph> sampler;  // --sample-every's program, for a language model
+  if (target == "cpu")
+    if (std::optional<std::map<std::string, int64_t>> overrides = dims_or_error(dims))
+      sampler = tools::trainer_sampler(model, *overrides);
+  std::optional<std::filesystem::path> trainer =
+      tools::cached_trainer(*g, target, "", std::cout, sampler ? &*sampler : nullptr);
   if (!trainer) return kUserError;
   std::cout.flush();
   std::vector<std::string> args{trainer->string()};
@@ -813,6 +849,10 @@ int main(int argc, char** argv) {
   build->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
   build->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
   build->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
+  auto* sampler_flag = build->add_flag("--sampler", build_args.sampler,
+                                       "build the model's sampler (napkin sample's inference program) instead of its trainer");
+  build->add_option("--batch", build_args.batch, "--sampler: sequences sampled at once")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))->needs(sampler_flag)->capture_default_str();
   build->callback([&] { status = cmd_build(build_args); });
 
   std::vector<std::string> trainer_args;

@@ -28,18 +28,21 @@ std::filesystem::path trainer_cache_dir() {
 
 namespace {
 
-std::string cache_key(const ir::Graph& g, const std::string& target, const std::string& model_hash) {
+std::string cache_key(const ir::Graph& g, const std::string& target, const std::string& model_hash,
+                      const ir::Graph* sampler) {
   std::string runtime = read_file_bytes(codegen::cpu::kRuntimeLibrary);
 #ifdef NAPKIN_HAVE_CUDA
   if (target == "cuda") runtime += read_file_bytes(codegen::cuda::cuda_runtime_library());
 #endif
-  return fnv1a_hex({ir::print_graph(g, {false}), target, model_hash, read_file_bytes("/proc/self/exe"), runtime,
+  return fnv1a_hex({ir::print_graph(g, {false}), sampler ? ir::print_graph(*sampler, {false}) : "", target, model_hash,
+                    read_file_bytes("/proc/self/exe"), runtime,
                     analysis::devices_to_json(analysis::known_devices())});
 }
 
 // Builds g's trainer for `target` into `output`; false when the build failed
 // with a message the user can act on (printed).
-bool build_into(const ir::Graph& g, const std::string& target, const std::string& model_hash, const std::string& output) {
+bool build_into(const ir::Graph& g, const std::string& target, const std::string& model_hash, const ir::Graph* sampler,
+                const std::string& output) {
 #ifdef NAPKIN_HAVE_CUDA
   if (target == "cuda") {
     codegen::cuda::CudaBuildOptions options;
@@ -49,17 +52,19 @@ bool build_into(const ir::Graph& g, const std::string& target, const std::string
   }
 #endif
   return build_or_report(codegen::cpu::build_cpu_trainer, g,
-                         codegen::cpu::BuildOptions{output, model_hash, "cpu", "", ""})
+                         codegen::cpu::BuildOptions{output, model_hash, "cpu", "", "", sampler})
       .has_value();
 }
 
 }  // namespace
 
 std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const std::string& target,
-                                                    const std::string& hash, std::ostream& log) {
+                                                    const std::string& hash, std::ostream& log,
+                                                    const ir::Graph* sampler) {
   const std::string model_hash = hash.empty() ? tools::model_hash(g) : hash;
   const char* what = g.find_output("loss") != ir::kNoValue ? "trainer" : "sampler";  // an inference program's
-  std::filesystem::path dir = trainer_cache_dir() / cache_key(g, target, model_hash);
+  if (target != "cpu") sampler = nullptr;  // CUDA trainers carry none yet
+  std::filesystem::path dir = trainer_cache_dir() / cache_key(g, target, model_hash, sampler);
   std::filesystem::path trainer = dir / "trainer";
   std::filesystem::path sum = dir / "trainer.sum";
   bool cached = std::filesystem::exists(trainer);
@@ -76,7 +81,7 @@ std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const st
   std::filesystem::create_directories(dir);
   std::string tmp = (dir / fmt::format("trainer.tmp.{}", getpid())).string();
   auto t0 = std::chrono::steady_clock::now();
-  if (!build_into(g, target, model_hash, tmp)) return std::nullopt;
+  if (!build_into(g, target, model_hash, sampler, tmp)) return std::nullopt;
   // The sum goes in place before the trainer, so whoever sees the new
   // trainer also sees its sum.
   std::string sum_tmp = (dir / fmt::format("trainer.sum.tmp.{}", getpid())).string();

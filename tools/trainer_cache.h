@@ -26,7 +26,9 @@ std::filesystem::path trainer_cache_dir();
 // runtime, device table, model hash) and kept in trainer_cache_dir().
 // model_hash: what checkpoints must match ("": g's own, a trainer's; an
 // inference program's is its training step's). Progress goes to `log`.
+// sampler: a CPU trainer's sampler program (tools/inference_program.h), or null.
 std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const std::string& target,
-                                                    const std::string& model_hash = "", std::ostream& log = std::cout);
+                                                    const std::string& model_hash = "", std::ostream& log = std::cout,
+                                                    const ir::Graph* sampler = nullptr);
 
 }  // namespace napkin::tools

@@ -34,6 +34,13 @@ BuildResult build_cpu_trainer(const ir::Graph& g, const BuildOptions& options) {
   ProgramFacts facts = step_facts(g, options.device, options.model_hash, "cpu");
   std::string json = program_json(g, plan, m.loops, facts);
   add_program_json(m, json);
+  if (options.sampler) {  // the same model's checkpoints: the same hash
+    KernelPlan sampler_plan = plan_kernels(*options.sampler);
+    std::vector<LoopInfo> loops = add_program(m, sampler_plan, "napkin_sampler");
+    add_program_json(m, program_json(*options.sampler, sampler_plan, loops,
+                                     step_facts(*options.sampler, options.device, options.model_hash, "cpu")),
+                     "napkin_sampler");
+  }
   if (!options.emit_program.empty()) host::write_file(options.emit_program, json);
   lap("program");
 

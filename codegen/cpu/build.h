@@ -18,6 +18,9 @@ struct BuildOptions {
   std::string device = "cpu";  // MFU is measured against its peak
   std::string emit_llvm;      // also write the optimized LLVM IR here ("" : no)
   std::string emit_program;   // also write the program JSON here ("" : no)
+  // A language model's inference program (passes/derive_inference.h), built
+  // into the same executable for the trainer's --sample-every; null: none.
+  const ir::Graph* sampler = nullptr;
 };
 
 using host::BuildResult;

@@ -14,10 +14,10 @@
 
 namespace napkin::codegen::cpu {
 
-CpuModule emit_module(const KernelPlan& plan, const std::string& name) {
-  CpuModule m;
-  m.context = std::make_unique<llvm::LLVMContext>();
-  m.module = std::make_unique<llvm::Module>(name, *m.context);
+namespace {
+
+// The kernels of `plan` into m's module, their table exported as `table`.
+std::vector<LoopInfo> add_kernels(CpuModule& m, const KernelPlan& plan, const std::string& table_name) {
   llvm::LLVMContext& ctx = *m.context;
   llvm::IRBuilder<> b(ctx);
   llvm::Type* ptr = b.getPtrTy();
@@ -25,6 +25,7 @@ CpuModule emit_module(const KernelPlan& plan, const std::string& name) {
   llvm::FunctionType* epilogue_type =
       llvm::FunctionType::get(b.getVoidTy(), {ptr, b.getInt64Ty(), b.getInt64Ty(), ptr}, false);
 
+  std::vector<LoopInfo> loops;
   std::vector<llvm::Constant*> table;
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
@@ -32,7 +33,7 @@ CpuModule emit_module(const KernelPlan& plan, const std::string& name) {
                               k.kind == KernelKind::CachedAttention ||
                               (k.kind == KernelKind::Gemm && !k.epilogue);
     if (runtime_call) {
-      m.loops.push_back({1, false});
+      loops.push_back({1, false});
       table.push_back(llvm::ConstantPointerNull::get(llvm::PointerType::get(ctx, 0)));
       continue;
     }
@@ -47,21 +48,38 @@ CpuModule emit_module(const KernelPlan& plan, const std::string& name) {
       fn->addParamAttr(3, llvm::Attribute::ReadOnly);
     }
     LoopEmitter e(fn, b);
-    m.loops.push_back(emit_kernel(e, k, static_cast<int>(i)));
+    loops.push_back(emit_kernel(e, k, static_cast<int>(i)));
     table.push_back(fn);
   }
   auto* table_type = llvm::ArrayType::get(ptr, table.size());
   new llvm::GlobalVariable(*m.module, table_type, true, llvm::GlobalValue::ExternalLinkage,
-                           llvm::ConstantArray::get(table_type, table), "napkin_kernel_fns");
+                           llvm::ConstantArray::get(table_type, table), table_name);
+  return loops;
+}
+
+}  // namespace
+
+CpuModule emit_module(const KernelPlan& plan, const std::string& name) {
+  CpuModule m;
+  m.context = std::make_unique<llvm::LLVMContext>();
+  m.module = std::make_unique<llvm::Module>(name, *m.context);
+  m.loops = add_kernels(m, plan, "napkin_kernel_fns");
   return m;
 }
 
-void add_program_json(CpuModule& m, const std::string& json) {
+std::vector<LoopInfo> add_program(CpuModule& m, const KernelPlan& plan, const std::string& prefix) {
+  return add_kernels(m, plan, prefix + "_kernel_fns");
+}
+
+void add_program_json(CpuModule& m, const std::string& json) { add_program_json(m, json, "napkin"); }
+
+void add_program_json(CpuModule& m, const std::string& json, const std::string& prefix) {
   llvm::LLVMContext& ctx = *m.context;
   llvm::Constant* data = llvm::ConstantDataArray::getString(ctx, json, /*AddNull=*/true);
-  new llvm::GlobalVariable(*m.module, data->getType(), true, llvm::GlobalValue::ExternalLinkage, data, "napkin_program_json");
+  new llvm::GlobalVariable(*m.module, data->getType(), true, llvm::GlobalValue::ExternalLinkage, data,
+                           prefix + "_program_json");
   new llvm::GlobalVariable(*m.module, llvm::Type::getInt64Ty(ctx), true, llvm::GlobalValue::ExternalLinkage,
-                           llvm::ConstantInt::get(llvm::Type::getInt64Ty(ctx), json.size()), "napkin_program_json_size");
+                           llvm::ConstantInt::get(llvm::Type::getInt64Ty(ctx), json.size()), prefix + "_program_json_size");
 }
 
 void optimize(CpuModule& m, llvm::TargetMachine& tm) {

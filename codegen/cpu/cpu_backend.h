@@ -8,6 +8,9 @@
 //                            for Gemm kernels (the runtime runs those)
 //   napkin_program_json      the program description (codegen/program_json.h)
 //   napkin_program_json_size its length in bytes (i64)
+// A language model's trainer also carries its sampler program (the trainer's
+// --sample-every, runtime/sampler.h) under the prefix napkin_sampler_:
+// napkin_sampler_kernel_fns, napkin_sampler_program_json(_size).
 // Code is generated for the host CPU (AVX-512 here) and optimized with LLVM's
 // O3 pipeline, with glibc's libmvec as the vector math library.
 #pragma once
@@ -38,6 +41,10 @@ struct CpuModule {
 // program JSON: add it with add_program_json once the loop info is known).
 CpuModule emit_module(const KernelPlan& plan, const std::string& name);
 void add_program_json(CpuModule& m, const std::string& json);
+// A second program in the same module: its kernels, table `<prefix>_kernel_fns`
+// and JSON `<prefix>_program_json(_size)`; returns its loop info.
+std::vector<LoopInfo> add_program(CpuModule& m, const KernelPlan& plan, const std::string& prefix);
+void add_program_json(CpuModule& m, const std::string& json, const std::string& prefix);
 
 // Verifies the module (internal error if invalid) and runs the O3 pipeline.
 void optimize(CpuModule& m, llvm::TargetMachine& tm);

@@ -23,7 +23,8 @@ constexpr size_t kHostAlign = 64;
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 bool has_host_buffer(const TensorSpec& t) {
-  return t.role == "param" || t.role == "state" || t.role == "input" || t.role == "rng" || t.role == "loss";
+  return t.role == "param" || t.role == "state" || t.role == "input" || t.role == "rng" || t.role == "loss" ||
+         t.role == "output";
 }
 
 Error no_gpu(const std::string& why) {

@@ -541,4 +541,38 @@ TEST_CASE("fake cuda: 2 ranks average gradients through NCCL (or the host) and t
   check_close(one, train_cuda(micro, flags + " --quiet --accumulate 2", dir, "accumulated"), 1e-5);
 }
 
+TEST_CASE("fake cuda: napkin sample's decoder (prefill, KV-cache decode steps) writes on the fake GPU what it writes on the CPU") {
+  TempDir dir("fakecuda-sample");
+  // A checkpoint of a few CPU steps, then both samplers from it, greedy.
+  Trainers trainer = build_both("models/gpt.yaml", kGptDims, dir);
+  Run trained = sh(fmt::format("{} {} {} --steps 6 --quiet --checkpoint-dir {}", trainer.cpu, kCommon, kGptData,
+                               dir / "ckpt"));
+  INFO(trained.out);
+  REQUIRE(trained.status == 0);
+  Trainers s{dir / "sampler-cuda", dir / "sampler-cuda.cu", dir / "sampler-cpu"};
+  Run cuda = sh(fmt::format("NAPKIN_CACHE_DIR={} {} build models/gpt.yaml --dims {} --sampler --target cuda -o {} "
+                            "--emit-cuda {} --quiet",
+                            dir / "nvrtc-cache", NAPKIN_BINARY, kGptDims, s.cuda, s.cuda_source));
+  INFO(cuda.out);
+  REQUIRE(cuda.status == 0);
+  Run cpu = sh(fmt::format("{} build models/gpt.yaml --dims {} --sampler -o {} --quiet", NAPKIN_BINARY, kGptDims, s.cpu));
+  INFO(cpu.out);
+  REQUIRE(cpu.status == 0);
+  // 40 tokens after a prompt of 5 in a context of 32: a prefill, decode steps, and a second prefill of the window.
+  const std::string flags = fmt::format("--checkpoint {} --prompt 'napki' --tokens 40 --temperature 0", dir / "ckpt");
+  // stdout alone into a file (the command's own output has stderr too).
+  Run on_cpu = sh(fmt::format("({} {} > {})", s.cpu, flags, dir / "cpu.txt"));
+  Run on_gpu = sh(fmt::format("(NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} > {})", s.cuda_source, kFakeCudaDir,
+                              s.cuda, flags, dir / "gpu.txt"));
+  INFO(on_gpu.out);
+  REQUIRE(on_cpu.status == 0);
+  REQUIRE(on_gpu.status == 0);
+  const std::string cpu_text = read_bytes(dir / "cpu.txt"), gpu_text = read_bytes(dir / "gpu.txt");
+  REQUIRE(cpu_text.size() == 5 + 40 + 1);
+  CHECK(on_gpu.out.find("prefilled again") != std::string::npos);
+  // Greedy choices of fp32 logits summed in other orders (cuBLASLt's fake in
+  // double): the same text unless two logits tie within those roundings.
+  CHECK(gpu_text.substr(0, 25) == cpu_text.substr(0, 25));
+}
+
 #endif  // NAPKIN_HAVE_CUDA_RUNTIME

@@ -90,3 +90,32 @@ TEST_CASE("sample: bad input is a clear error with exit status 1") {
   CHECK(mlp.status == 1);
   CHECK(mlp.out.find("is not a language model") != std::string::npos);
 }
+
+TEST_CASE("sample: a language model's trainer prints a sample every K steps with --sample-every, others refuse it") {
+  TempDir dir("sample-every");
+  Run r = sh(fmt::format("XDG_CACHE_HOME={0}/cache {1} train models/gpt.yaml --dims {2} -- --steps 4 --sample-every 2 "
+                         "--sample-tokens 12 --checkpoint-every 0 --eval-every 0",
+                         dir.path, NAPKIN_BINARY, kDims));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("step      2/4  sample:\n") != std::string::npos);
+  CHECK(r.out.find("step      4/4  sample:\n") != std::string::npos);
+  // The same step's sample twice: the same text (its seed is the run's seed plus the step).
+  Run again = sh(fmt::format("XDG_CACHE_HOME={0}/cache {1} train models/gpt.yaml --dims {2} -- --steps 4 --sample-every 2 "
+                             "--sample-tokens 12 --checkpoint-every 0 --eval-every 0",
+                             dir.path, NAPKIN_BINARY, kDims));
+  const auto sample_at = [](const std::string& out, const char* step) {  // the 12 bytes after the header
+    const std::string header = std::string(step) + "  sample:\n";
+    const size_t at = out.find(header);
+    return at == std::string::npos ? std::string() : out.substr(at + header.size(), 12);
+  };
+  CHECK(sample_at(r.out, "step      4/4").size() == 12);
+  CHECK(sample_at(again.out, "step      4/4") == sample_at(r.out, "step      4/4"));
+
+  Run mlp = sh(fmt::format("XDG_CACHE_HOME={}/cache {} train models/mlp.yaml -- --steps 2 --sample-every 1 "
+                           "--checkpoint-every 0",
+                           dir.path, NAPKIN_BINARY));
+  INFO(mlp.out);
+  CHECK(mlp.status == 1);
+  CHECK(mlp.out.find("carries no sampler program") != std::string::npos);
+}
