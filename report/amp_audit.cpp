@@ -118,9 +118,14 @@ std::string render_amp_audit_text(const ir::Graph& g, const analysis::StepCost& 
   out += fmt::format("  backward casts       {:>22}  (autodiff: the gradient of a cast is the cast back)\n", a.backward_casts);
   if (a.fp8_ops > 0)
     out += fmt::format("  fp8 scaling ops      {:>22}  (amax, scale, quantize, dequantize of contraction operands)\n", a.fp8_ops);
-  for (const CastRow& c : a.casts)
-    out += fmt::format("    {:>6} {:<4}->{:<5} {:<28} line {:<4} {:<10} {}\n", fmt::format("%{}", c.value), ir::dtype_name(c.from),
-                       ir::dtype_name(c.to), c.source, c.line, c.scope.empty() ? "-" : c.scope, c.why);
+  if (show_ops) {
+    for (const CastRow& c : a.casts)
+      out += fmt::format("    {:>6} {:<4}->{:<5} {:<28} line {:<4} {:<10} {}\n", fmt::format("%{}", c.value),
+                         ir::dtype_name(c.from), ir::dtype_name(c.to), c.source, c.line, c.scope.empty() ? "-" : c.scope,
+                         c.why);
+  } else if (!a.casts.empty()) {
+    out += "    (each cast: napkin report --ops; as a table: --html)\n";
+  }
   out += "  forward ops by rule and compute dtype\n";
   for (const auto& [key, n] : a.forward_rules) {
     const auto& [rule, op, dtype] = key;

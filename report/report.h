@@ -17,7 +17,7 @@ namespace napkin::report {
 
 struct ReportOptions {
   std::string model_path;  // as the user gave it, for the header
-  bool show_ops = true;    // the per-op table
+  bool show_ops = true;    // the per-op table, and in the text the AMP audit's every cast
   const passes::RecomputeReport* recompute = nullptr;  // what --memory-budget recomputed, when given
   // The same model compiled with precision fp32, for the AMP audit's comparison (null: left out).
   const ir::Graph* fp32_step = nullptr;

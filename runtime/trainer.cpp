@@ -538,6 +538,8 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   if (last_saved != o.steps) save(o.steps);  // a no-op without a checkpoint dir
   if (!quiet) fmt::print("{}", end_of_run_summary(p, step_times));
   if (step_times.count() > 0) metrics.line(end_of_run_metrics(p, step_times));
+  if (!quiet && !o.metrics.empty())
+    fmt::print("metrics: {} (loss, tokens/s and MFU as charts: napkin plot {})\n", o.metrics, o.metrics);
   if (gradients.all_reduces() > 0) {
     // Ring all-reduce bus bandwidth (nccl-tests' convention): 2(N-1)/N of
     // the bytes cross each rank's link each way; `napkin report --ranks N

@@ -54,12 +54,14 @@
 #include "passes/fuse_classifier.h"
 #include "passes/pipeline.h"
 #include "report/graph_dot.h"
+#include "report/html_report.h"
 #include "report/inference_report.h"
 #include "report/report.h"
 #include "tools/byte_tokens.h"
 #include "tools/devices_command.h"
 #include "tools/files.h"
 #include "tools/inference_program.h"
+#include "tools/plot_command.h"
 #include "tools/trainer_build.h"
 #include "tools/trainer_cache.h"
 
@@ -99,6 +101,8 @@ std::vector<passes::ClassifierSite> g_classifier_sites;
 // Where sink_casts and matmul_epilogues put the casts in the last step load()
 // built (the report prints it).
 passes::CastPlacement g_cast_placement;
+// napkin report --ops: the text report's per-op and per-cast lists.
+bool g_report_ops = false;
 
 // --dims as overrides; a bad value is printed and gives nullopt.
 std::optional<std::map<std::string, int64_t>> dims_or_error(const std::string& text) {
@@ -220,9 +224,15 @@ analysis::Topology topology_or_error(const TopologyArgs& a, const analysis::Devi
   throw CLI::RuntimeError(kUserError);
 }
 
+// --html FILE [--compare OTHER.yaml]: the report as one self-contained page.
+struct HtmlArgs {
+  std::string file, compare;
+};
+
 int cmd_report(const std::string& path, const std::string& dims, const std::string& device_name, bool json, bool no_ops,
-               const std::string& budget, const TopologyArgs& topology_args) {
-  const analysis::Device* device = device_or_error(device_name);
+               const std::string& budget, const TopologyArgs& topology_args, const HtmlArgs& html = {}) {
+  // The page's roofline needs a device: this host's cpu row unless --device says.
+  const analysis::Device* device = device_or_error(device_name.empty() && !html.file.empty() ? "cpu" : device_name);
   const analysis::Topology topology = topology_or_error(topology_args, device);
   passes::RecomputeReport recompute;
   std::optional<ir::Graph> fp32, policy_casts;
@@ -230,8 +240,10 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
   if (!g) return kUserError;
   analysis::StepCost cost = analysis::analyze_step(*g, device);
   analysis::MemoryReport memory = analysis::analyze_memory(*g);
+  // The text lists every op and every cast only when asked (--ops); the
+  // JSON keeps its `ops` unless --no-ops.
   report::ReportOptions options{path,
-                                !no_ops,
+                                json ? !no_ops : g_report_ops,
                                 &recompute,
                                 fp32 ? &*fp32 : nullptr,
                                 &g_attention_sites,
@@ -244,6 +256,43 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
                                 topology.across,
                                 topology.ranks_per_node,
                                 g_accumulate};
+  if (!html.file.empty()) {
+    const analysis::Device& roofline_device = *device;
+    options.show_ops = false;  // the page's tables replace the per-op list (the JSON's `ops`)
+    std::vector<report::HtmlReportInput> inputs{
+        {&*g, &cost, &memory, report::render_report_json(*g, cost, memory, options), path + (dims.empty() ? "" : " --dims " + dims)}};
+    // --compare: the other model through the same pipeline and options.
+    std::optional<ir::Graph> other;
+    std::optional<analysis::StepCost> other_cost;
+    std::optional<analysis::MemoryReport> other_memory;
+    if (!html.compare.empty()) {
+      other = load(html.compare, dims, {}, memory_budget(budget, nullptr));
+      if (!other) return kUserError;
+      other_cost = analysis::analyze_step(*other, device);
+      other_memory = analysis::analyze_memory(*other);
+      report::ReportOptions other_options = options;
+      other_options.model_path = html.compare;
+      other_options.recompute = nullptr;
+      other_options.fp32_step = nullptr;
+      other_options.policy_casts_step = nullptr;
+      inputs.push_back({&*other, &*other_cost, &*other_memory,
+                        report::render_report_json(*other, *other_cost, *other_memory, other_options), html.compare});
+    }
+    if (std::string problem = tools::output_problem("--html", html.file, {path, html.compare}); !problem.empty()) {
+      std::cerr << "error: " << problem << "\n";
+      return kUserError;
+    }
+    std::ofstream out(html.file, std::ios::binary | std::ios::trunc);
+    out << report::render_report_html(inputs, roofline_device);
+    out.close();
+    if (!out) {
+      std::cerr << fmt::format("error: --html {}: cannot write it\n", html.file);
+      return kUserError;
+    }
+    std::cout << fmt::format("wrote {} ({} model{}, roofline on {})\n", html.file, inputs.size(),
+                             inputs.size() == 1 ? "" : "s", roofline_device.name);
+    return 0;
+  }
   std::cout << (json ? report::render_report_json(*g, cost, memory, options)
                      : report::render_report_text(*g, cost, memory, options));
   return 0;
@@ -735,7 +784,8 @@ int main(int argc, char** argv) {
   report->add_option("--dims", dims, dims_help);
   report->add_option("--device", device, "add roofline times for a device (see napkin devices)");
   report->add_flag("--json", json, "print one JSON object");
-  report->add_flag("--no-ops", no_ops, "omit the per-op table");
+  report->add_flag("--ops", g_report_ops, "list every op and every cast in the text report");
+  report->add_flag("--no-ops", no_ops, "omit the per-op list from the JSON (the text omits it unless --ops)");
   report->add_option("--memory-budget", budget, budget_help);
   report->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
   report->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
@@ -759,9 +809,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->needs(inference_flag)->capture_default_str();
   report->add_option("--context", inference_context, "--inference: the context (the model's seq dim) instead of the model's")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))->needs(inference_flag);
+  HtmlArgs html;
+  report->add_option("--html", html.file,
+                     "write the report as one self-contained HTML page: summary, memory timeline, roofline, fusion and "
+                     "AMP tables (roofline device: --device, else cpu)");
+  report->add_option("--compare", html.compare, "--html: another model beside this one (same --dims, --device)");
   report->callback([&] {
     status = inference ? cmd_report_inference(model, dims, device, json, inference_batch, inference_context)
-                       : cmd_report(model, dims, device, json, no_ops, budget, topology);
+                       : cmd_report(model, dims, device, json, no_ops, budget, topology, html);
   });
 
   std::vector<std::string> print_after;
@@ -894,6 +949,13 @@ int main(int argc, char** argv) {
       if (sample->count(flag) > 0) sample_args.flags.emplace_back(flag, value);
     status = cmd_sample(sample_args);
   });
+
+  std::vector<std::string> plot_inputs;
+  std::string plot_output;
+  auto* plot = app.add_subcommand("plot", "charts of training runs' metrics files: loss (train, eval), tokens/s, MFU");
+  plot->add_option("metrics", plot_inputs, "metrics files (.jsonl, a trainer's --metrics)")->required();
+  plot->add_option("-o,--output", plot_output, "FILE.svg or FILE.html (default: the first file's name with .html)");
+  plot->callback([&] { status = tools::plot_command(plot_inputs, plot_output); });
 
   std::vector<std::string> encode_inputs;
   std::string encode_output;

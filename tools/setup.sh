@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ ccache clang libclang-rt-14-dev
           libyaml-cpp-dev doctest-dev libcli11-dev libfmt-dev nlohmann-json3-dev llvm-19-dev libdnnl-dev
-          openmpi-bin)  # mpirun and libmpi for the data-parallel tests; trainers dlopen libmpi only under mpirun
+          openmpi-bin   # mpirun and libmpi for the data-parallel tests; trainers dlopen libmpi only under mpirun
+          chromium)     # headless, for the test that renders `napkin report --html` in a real browser
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

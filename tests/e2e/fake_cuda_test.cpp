@@ -545,8 +545,8 @@ TEST_CASE("fake cuda: napkin sample's decoder (prefill, KV-cache decode steps) w
   TempDir dir("fakecuda-sample");
   // A checkpoint of a few CPU steps, then both samplers from it, greedy.
   Trainers trainer = build_both("models/gpt.yaml", kGptDims, dir);
-  Run trained = sh(fmt::format("{} {} {} --steps 6 --quiet --checkpoint-dir {}", trainer.cpu, kCommon, kGptData,
-                               dir / "ckpt"));
+  Run trained = sh(fmt::format("{} {} {} --steps 6 --quiet --checkpoint-dir {} --metrics {}", trainer.cpu, kCommon,
+                               kGptData, dir / "ckpt", dir / "m.jsonl"));
   INFO(trained.out);
   REQUIRE(trained.status == 0);
   Trainers s{dir / "sampler-cuda", dir / "sampler-cuda.cu", dir / "sampler-cpu"};

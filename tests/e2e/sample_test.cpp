@@ -24,7 +24,7 @@ const char* kDims = "batch=2,seq=16,d=32,heads=2,layers=2";
 std::string trained(const TempDir& dir, const std::string& dims) {
   const std::string ckpt = dir.path + "/ckpt";
   Run r = sh(fmt::format("XDG_CACHE_HOME={0}/cache {1} train models/gpt.yaml --dims {2} -- --steps 3 --checkpoint-dir "
-                         "{3} --eval-every 0 --quiet",
+                         "{3} --eval-every 0 --quiet --metrics {0}/m.jsonl",
                          dir.path, NAPKIN_BINARY, dims, ckpt));
   INFO(r.out);
   REQUIRE(r.status == 0);
@@ -94,7 +94,7 @@ TEST_CASE("sample: bad input is a clear error with exit status 1") {
 TEST_CASE("sample: a language model's trainer prints a sample every K steps with --sample-every, others refuse it") {
   TempDir dir("sample-every");
   Run r = sh(fmt::format("XDG_CACHE_HOME={0}/cache {1} train models/gpt.yaml --dims {2} -- --steps 4 --sample-every 2 "
-                         "--sample-tokens 12 --checkpoint-every 0 --eval-every 0",
+                         "--sample-tokens 12 --checkpoint-every 0 --eval-every 0 --metrics {0}/m.jsonl",
                          dir.path, NAPKIN_BINARY, kDims));
   INFO(r.out);
   REQUIRE(r.status == 0);
@@ -102,7 +102,7 @@ TEST_CASE("sample: a language model's trainer prints a sample every K steps with
   CHECK(r.out.find("step      4/4  sample:\n") != std::string::npos);
   // The same step's sample twice: the same text (its seed is the run's seed plus the step).
   Run again = sh(fmt::format("XDG_CACHE_HOME={0}/cache {1} train models/gpt.yaml --dims {2} -- --steps 4 --sample-every 2 "
-                             "--sample-tokens 12 --checkpoint-every 0 --eval-every 0",
+                             "--sample-tokens 12 --checkpoint-every 0 --eval-every 0 --metrics {0}/m.jsonl",
                              dir.path, NAPKIN_BINARY, kDims));
   const auto sample_at = [](const std::string& out, const char* step) {  // the 12 bytes after the header
     const std::string header = std::string(step) + "  sample:\n";
@@ -112,8 +112,8 @@ TEST_CASE("sample: a language model's trainer prints a sample every K steps with
   CHECK(sample_at(r.out, "step      4/4").size() == 12);
   CHECK(sample_at(again.out, "step      4/4") == sample_at(r.out, "step      4/4"));
 
-  Run mlp = sh(fmt::format("XDG_CACHE_HOME={}/cache {} train models/mlp.yaml -- --steps 2 --sample-every 1 "
-                           "--checkpoint-every 0",
+  Run mlp = sh(fmt::format("XDG_CACHE_HOME={0}/cache {1} train models/mlp.yaml -- --steps 2 --sample-every 1 "
+                           "--checkpoint-every 0 --metrics {0}/m.jsonl",
                            dir.path, NAPKIN_BINARY));
   INFO(mlp.out);
   CHECK(mlp.status == 1);

@@ -1,0 +1,140 @@
+// The HTML report (report/html_report.h) and `napkin plot`'s charts
+// (report/plot.h): the numbers drawn are the report's own, read back from
+// the page's data-* attributes, and the page needs nothing from outside.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "analysis/cost.h"
+#include "analysis/devices.h"
+#include "analysis/memory.h"
+#include "analysis/step_time.h"
+#include "report/html_report.h"
+#include "report/plot.h"
+#include "report/report.h"
+#include "support/test_models.h"
+
+namespace {
+
+using namespace napkin;
+
+// Every value of attribute `name` on elements whose tag is `tag`, in order.
+std::vector<double> attribute_values(const std::string& html, const std::string& tag, const std::string& name) {
+  std::vector<double> out;
+  const std::regex element("<" + tag + "\\b[^>]*>");
+  const std::regex attribute(name + "=\"([^\"]*)\"");
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), element); it != std::sregex_iterator(); ++it) {
+    const std::string e = it->str();
+    std::smatch m;
+    if (std::regex_search(e, m, attribute)) out.push_back(std::stod(m[1].str()));
+  }
+  return out;
+}
+
+struct Page {
+  ir::Graph g;
+  analysis::StepCost cost;
+  analysis::MemoryReport memory;
+  std::string json, html;
+};
+
+Page page(const char* model, const char* device_name) {
+  Page p{testing::compile_small_model(testing::source_path(model)), {}, {}, {}, {}};
+  const analysis::Device* device = analysis::find_device(device_name);
+  REQUIRE(device != nullptr);
+  p.cost = analysis::analyze_step(p.g, device);
+  p.memory = analysis::analyze_memory(p.g);
+  report::ReportOptions options;
+  options.show_ops = false;
+  p.json = report::render_report_json(p.g, p.cost, p.memory, options);
+  p.html = report::render_report_html({{&p.g, &p.cost, &p.memory, p.json, model}}, *device);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("html report: the timeline's peak, each roofline point and the embedded JSON are the report's numbers") {
+  for (const char* model : {"models/gpt.yaml", "models/gpt2-124m.yaml"}) {
+    CAPTURE(model);
+    Page p = page(model, "h100");
+    const nlohmann::json report = nlohmann::json::parse(p.json);
+    // The memory timeline's peak is memory.peak, at the report's position.
+    const std::vector<double> peak = attribute_values(p.html, "div", "data-peak");
+    REQUIRE(peak.size() == 1);
+    CHECK(peak[0] == report.at("memory").at("peak").get<double>());
+    CHECK(peak[0] == static_cast<double>(p.memory.peak.bytes));
+    CHECK(attribute_values(p.html, "div", "data-peak-position").at(0) == p.memory.peak.position);
+    // One point per kernel of the time model, each at flops / bytes; their
+    // FLOPs add up to the step's and their seconds to the predicted step's.
+    const std::vector<double> flops = attribute_values(p.html, "circle", "data-flops");
+    const std::vector<double> bytes = attribute_values(p.html, "circle", "data-bytes");
+    const std::vector<double> intensity = attribute_values(p.html, "circle", "data-intensity");
+    const std::vector<double> seconds = attribute_values(p.html, "circle", "data-seconds");
+    const analysis::StepTime time = analysis::predict_step_time(p.g, p.cost, *analysis::find_device("h100"));
+    size_t drawn = 0;
+    double flops_sum = 0, seconds_sum = 0;
+    for (const analysis::KernelTime& k : time.kernels) drawn += !k.no_peak && k.flops > 0 && k.bytes > 0 && k.seconds > 0;
+    REQUIRE(flops.size() == drawn);
+    REQUIRE(bytes.size() == drawn);
+    REQUIRE(intensity.size() == drawn);
+    for (size_t i = 0; i < drawn; ++i) {
+      CHECK(intensity[i] == flops[i] / bytes[i]);
+      flops_sum += flops[i];
+      seconds_sum += seconds[i];
+    }
+    double counted = 0;  // kernels with no FLOPs (copies) are not drawn on log axes
+    for (const analysis::KernelTime& k : time.kernels) counted += k.flops;
+    CHECK(flops_sum == doctest::Approx(counted).epsilon(1e-12));
+    CHECK(seconds_sum <= report.at("time").at("step_s").get<double>() * (1 + 1e-12));
+    // The JSON report is on the page as it is.
+    CHECK(p.html.find(p.json.substr(0, 200)) != std::string::npos);
+    // Nothing from outside: no scripts, links or images by URL.
+    for (const char* external : {"src=", "href=", "<link", "@import", "url("}) {
+      CAPTURE(external);
+      CHECK(p.html.find(external) == std::string::npos);
+    }
+    CHECK(p.html.size() < 2'000'000);
+  }
+}
+
+TEST_CASE("html report: two models side by side, each with its own sections") {
+  const analysis::Device& device = *analysis::find_device("cpu");
+  Page a = page("models/gpt.yaml", "cpu"), b = page("models/mlp.yaml", "cpu");
+  const std::string html = report::render_report_html(
+      {{&a.g, &a.cost, &a.memory, a.json, "models/gpt.yaml"}, {&b.g, &b.cost, &b.memory, b.json, "models/mlp.yaml"}},
+      device);
+  CHECK(attribute_values(html, "div", "data-peak").size() == 2);
+  CHECK(html.find("data-model=\"gpt-char\"") != std::string::npos);
+  CHECK(html.find("data-model=\"mlp\"") != std::string::npos);
+}
+
+TEST_CASE("plot: metrics lines become one polyline per run and quantity, eval dashed, bad lines named") {
+  const std::string text =
+      "{\"step\": 10, \"loss\": 3.5, \"tokens_per_s\": 1000, \"mfu\": 0.5}\n"
+      "{\"step\": 20, \"loss\": 3.0, \"tokens_per_s\": 1100, \"mfu\": 0.55}\n"
+      "{\"step\": 20, \"eval_loss\": 3.2}\n"
+      "{\"peak_resident_bytes\": [1], \"zero\": 0}\n"
+      "{\"step\": 30, \"loss\": 2.5, \"tokens_per_s\": 1200, \"mfu\": null}\n";
+  std::string error;
+  std::optional<report::MetricsRun> run = report::parse_metrics(text, "a.jsonl", error);
+  REQUIRE(run.has_value());
+  CHECK(run->step == std::vector<double>{10, 20, 30});
+  CHECK(run->loss == std::vector<double>{3.5, 3.0, 2.5});
+  CHECK(run->eval_step == std::vector<double>{20});
+  CHECK(run->tokens_per_s.size() == 3);
+  const std::string svg = report::plot_svg({*run});
+  // loss (train, eval), tokens/s, MFU: four lines; MFU's null is not drawn.
+  CHECK(attribute_values(svg, "polyline", "data-points") == std::vector<double>{3, 1, 3, 3});
+  CHECK(svg.find("stroke-dasharray") != std::string::npos);
+  CHECK(svg.find("a.jsonl eval") != std::string::npos);
+  const std::string html = report::plot_html({*run, *run});
+  CHECK(attribute_values(html, "polyline", "data-points").size() == 8);
+
+  CHECK_FALSE(report::parse_metrics("{\"step\": 1, \"loss\": 2}\n[1, 2\n", "b.jsonl", error).has_value());
+  CHECK(error.rfind("b.jsonl:2: not a JSON line", 0) == 0);
+  CHECK_FALSE(report::parse_metrics("{\"zero\": 0}\n", "c.jsonl", error).has_value());
+  CHECK(error.find("c.jsonl: no step records") == 0);
+}
