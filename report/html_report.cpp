@@ -117,6 +117,9 @@ std::string timeline(const ir::Graph& g, const analysis::MemoryReport& m) {
   if (n == 0) return "<p>no nodes</p>\n";
   const std::vector<std::vector<double>> live = live_by_category(m, n);
   const size_t bucket = (n + kTimelineColumns - 1) / kTimelineColumns;
+  // The axis in MiB or GiB (the page's numbers stay exact in data-peak and the tables).
+  const bool gib = m.peak.bytes >= (int64_t{2} << 30);
+  const double unit = gib ? 1024.0 * 1024 * 1024 : 1024.0 * 1024;
   std::vector<Layer> layers;
   for (analysis::MemoryCategory c : analysis::kMemoryCategories)
     layers.push_back({std::string(analysis::memory_category_name(c)), category_color(c), {}});
@@ -130,7 +133,7 @@ std::string timeline(const ir::Graph& g, const analysis::MemoryReport& m) {
     const ir::Node& node = g.node(schedule[best]);
     text += fmt::format(" at {} ({}, line {})", ir::op_name(node.op), ir::phase_name(node.phase), node.loc.line);
     for (size_t c = 0; c < layers.size(); ++c) {
-      layers[c].values.push_back(live[c][best]);
+      layers[c].values.push_back(live[c][best] / unit);
       if (live[c][best] > 0) text += fmt::format("\n  {} {}", layers[c].name, ir::human_bytes(live[c][best]));
     }
     hover.push_back(text);
@@ -146,14 +149,14 @@ std::string timeline(const ir::Graph& g, const analysis::MemoryReport& m) {
   Axes axes{"Memory over the schedule (live bytes by category)",
             bucket > 1 ? fmt::format("schedule position / {} (each column the largest of its {})", bucket, bucket)
                        : std::string("schedule position"),
-            "bytes", false, false, 900, 320};
+            gib ? "GiB" : "MiB", false, false, 900, 320};
   std::string out = fmt::format("<div class=\"timeline\" data-peak=\"{}\" data-peak-position=\"{}\" data-positions=\"{}\">\n",
                                 m.peak.bytes, peak, n);
   out += stacked_area_chart(axes, layers, marks, hover);
   out += "</div>\n";
   // What is live at the peak.
   Rows live_rows = Rows::array();
-  for (size_t i = 0; i < m.peak.live.size() && i < 25; ++i) {
+  for (size_t i = 0; i < m.peak.live.size() && i < 12; ++i) {
     const analysis::MemoryBuffer& b = m.peak.live[i];
     live_rows.push_back({{"buffer", b.name},
                          {"bytes", ir::with_commas(static_cast<double>(b.bytes))},

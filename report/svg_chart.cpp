@@ -59,12 +59,13 @@ std::pair<double, double> range_of(const std::vector<double>& v, bool log, bool 
 
 std::string tick_label(double v) {
   const double a = std::abs(v);
-  if (a != 0 && (a >= 1e5 || a < 1e-2)) {
+  if (a < 1e-12) return "0";  // and never "-0"
+  if (a >= 1e7 || a < 1e-3) {
     const int e = static_cast<int>(std::floor(std::log10(a)));
     const double m = v / std::pow(10.0, e);
     return std::abs(m - 1) < 1e-9 ? fmt::format("1e{}", e) : fmt::format("{:.3g}e{}", m, e);
   }
-  return fmt::format("{:.4g}", v);
+  return fmt::format("{:.6g}", v);
 }
 
 std::string frame(const Axes& a, const Scale& x, const Scale& y) {

@@ -227,6 +227,7 @@ analysis::Topology topology_or_error(const TopologyArgs& a, const analysis::Devi
 // --html FILE [--compare OTHER.yaml]: the report as one self-contained page.
 struct HtmlArgs {
   std::string file, compare;
+  std::string compare_dims;  // the same model at other dims beside it
 };
 
 int cmd_report(const std::string& path, const std::string& dims, const std::string& device_name, bool json, bool no_ops,
@@ -265,18 +266,25 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
     std::optional<ir::Graph> other;
     std::optional<analysis::StepCost> other_cost;
     std::optional<analysis::MemoryReport> other_memory;
-    if (!html.compare.empty()) {
-      other = load(html.compare, dims, {}, memory_budget(budget, nullptr));
+    if (!html.compare.empty() && !html.compare_dims.empty()) {
+      std::cerr << "error: --compare and --compare-dims: one second model at a time\n";
+      return kUserError;
+    }
+    if (!html.compare.empty() || !html.compare_dims.empty()) {
+      const std::string other_path = html.compare.empty() ? path : html.compare;
+      const std::string other_dims = html.compare_dims.empty() ? dims : html.compare_dims;
+      other = load(other_path, other_dims, {}, memory_budget(budget, nullptr));
       if (!other) return kUserError;
       other_cost = analysis::analyze_step(*other, device);
       other_memory = analysis::analyze_memory(*other);
       report::ReportOptions other_options = options;
-      other_options.model_path = html.compare;
+      other_options.model_path = other_path;
       other_options.recompute = nullptr;
       other_options.fp32_step = nullptr;
       other_options.policy_casts_step = nullptr;
       inputs.push_back({&*other, &*other_cost, &*other_memory,
-                        report::render_report_json(*other, *other_cost, *other_memory, other_options), html.compare});
+                        report::render_report_json(*other, *other_cost, *other_memory, other_options),
+                        other_path + (other_dims.empty() ? "" : " --dims " + other_dims)});
     }
     if (std::string problem = tools::output_problem("--html", html.file, {path, html.compare}); !problem.empty()) {
       std::cerr << "error: " << problem << "\n";
@@ -814,6 +822,7 @@ int main(int argc, char** argv) {
                      "write the report as one self-contained HTML page: summary, memory timeline, roofline, fusion and "
                      "AMP tables (roofline device: --device, else cpu)");
   report->add_option("--compare", html.compare, "--html: another model beside this one (same --dims, --device)");
+  report->add_option("--compare-dims", html.compare_dims, "--html: this model at these dims beside it, e.g. d=512,layers=8");
   report->callback([&] {
     status = inference ? cmd_report_inference(model, dims, device, json, inference_batch, inference_context)
                        : cmd_report(model, dims, device, json, no_ops, budget, topology, html);
