@@ -56,8 +56,7 @@ std::string json_table(const Json& rows, size_t limit = 200) {
   return out + "</table>\n";
 }
 
-std::string summary(const json& r, const analysis::StepCost& cost, const analysis::MemoryReport& memory,
-                    const analysis::Device& device) {
+std::string summary(const json& r, const analysis::MemoryReport& memory, const analysis::Device& device) {
   const json& f = r.at("flops");
   const json& t = r.at("time");
   const double params = r.at("params").get<double>(), tokens = r.at("tokens").get<double>();
@@ -87,7 +86,6 @@ std::string summary(const json& r, const analysis::StepCost& cost, const analysi
                                  ir::human_bytes(r.at("memory").at("arena").get<double>()),
                                  static_cast<double>(memory.peak.bytes) / std::max(1.0, params)),
       "peak");
-  (void)cost;
   return out + "</table>\n";
 }
 
@@ -215,7 +213,7 @@ std::string model_column(const HtmlReportInput& in, const analysis::Device& devi
   std::string out = fmt::format("<section class=\"model\" data-model=\"{}\">\n<h2>{}</h2>\n<p class=\"label\">{}</p>\n",
                                 escape_xml(r.at("model").get<std::string>()), escape_xml(r.at("model").get<std::string>()),
                                 escape_xml(in.label));
-  out += summary(r, *in.cost, *in.memory, device);
+  out += summary(r, *in.memory, device);
   out += "<h3>Memory</h3>\n" + timeline(*in.graph, *in.memory);
   out += "<h3>Time</h3>\n" + roofline(*in.graph, *in.cost, device);
   out += "<h3>Fusion and precision</h3>\n";

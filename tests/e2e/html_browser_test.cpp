@@ -35,6 +35,9 @@ Run browse(const std::string& browser, const TempDir& dir, const std::string& fl
                         dir.path, browser, flags, file));
 }
 
+// Where there is no browser: the test says so and passes.
+void skip() { MESSAGE("skipped: no Chromium here (tools/setup.sh installs Debian's chromium)"); }
+
 // Console messages the page logged (Chromium prints them as CONSOLE lines).
 bool console_errors(const std::string& log) { return log.find(":CONSOLE") != std::string::npos || log.find("Uncaught") != std::string::npos; }
 
@@ -53,10 +56,7 @@ std::pair<int, int> png_size(const std::string& png) {
 
 TEST_CASE("html in a browser: the gpt2-124m report renders without console errors and keeps the JSON report's numbers") {
   const std::string browser = chromium();
-  if (browser.empty()) {
-    MESSAGE("skipped: no Chromium here (tools/setup.sh installs Debian's chromium)");
-    return;
-  }
+  if (browser.empty()) return skip();
   TempDir dir("html");
   const std::string page = dir.path + "/gpt2.html";
   Run made = sh(fmt::format("{} report models/gpt2-124m.yaml --device h100 --html {}", NAPKIN_BINARY, page));
@@ -95,10 +95,7 @@ TEST_CASE("html in a browser: the gpt2-124m report renders without console error
 
 TEST_CASE("html in a browser: napkin plot's page of a trainer's metrics renders without console errors") {
   const std::string browser = chromium();
-  if (browser.empty()) {
-    MESSAGE("skipped: no Chromium here (tools/setup.sh installs Debian's chromium)");
-    return;
-  }
+  if (browser.empty()) return skip();
   TempDir dir("plot");
   Run trained = sh(fmt::format("{} train models/gpt.yaml --dims batch=2,seq=16,d=32,heads=2,layers=1 -- --steps 20 "
                                "--log-every 2 --eval-every 10 --checkpoint-every 0 --metrics {}/m.jsonl",
