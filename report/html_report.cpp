@@ -134,6 +134,17 @@ std::string timeline(const ir::Graph& g, const analysis::MemoryReport& m) {
       layers[c].values.push_back(live[c][best] / unit);
       if (live[c][best] > 0) text += fmt::format("\n  {} {}", layers[c].name, ir::human_bytes(live[c][best]));
     }
+    // The largest buffers made by the step live there, with their YAML lines
+    // (parameters, state and inputs are live everywhere: the peak table has them).
+    std::vector<const analysis::MemoryBuffer*> here;
+    for (const analysis::MemoryBuffer& b : m.buffers)
+      if (!b.resident && b.first <= static_cast<int>(best) && static_cast<int>(best) <= b.last) here.push_back(&b);
+    const size_t shown = std::min<size_t>(here.size(), 3);
+    std::partial_sort(here.begin(), here.begin() + static_cast<std::ptrdiff_t>(shown), here.end(),
+                      [](auto* a, auto* b) { return a->bytes > b->bytes || (a->bytes == b->bytes && a->value < b->value); });
+    for (size_t i = 0; i < shown; ++i)
+      text += fmt::format("\n  {} {} ({}, line {})", here[i]->name, ir::human_bytes(static_cast<double>(here[i]->bytes)),
+                          analysis::memory_category_name(here[i]->category), here[i]->line);
     hover.push_back(text);
   }
   std::vector<Mark> marks;

@@ -102,7 +102,14 @@ std::string load_parameters(const Program& p, Engine& engine, const std::string&
   {
     SafetensorsFile file(path);
     if (file.metadata().count("format") && file.metadata().at("format").starts_with("napkin-checkpoint")) {
-      CheckpointHeader h = verify_checkpoint(path, p.hash);  // a checkpoint of another model is an Error
+      CheckpointHeader h;
+      try {
+        h = verify_checkpoint(path, p.hash);
+      } catch (const Error& e) {  // a checkpoint of another model: say what makes the model
+        throw Error(std::string(e.what()) +
+                    "\n    hint: the sampler is this model at the --dims (and --memory-budget) `napkin sample` was "
+                    "given: the ones the checkpoint's run was trained with");
+      }
       what = fmt::format("{} (step {})", path, h.step);
       for (const SafetensorsFile::Tensor& t : file.tensors())
         if (!p.find(t.name) || p.find(t.name)->role != "param") optimizer_state.push_back(t.name);

@@ -10,14 +10,14 @@
 namespace napkin::tools {
 
 std::optional<InferenceProgram> inference_program(const std::string& path, const std::map<std::string, int64_t>& dims,
-                                                  int64_t batch, ir::Diagnostics& diag) {
+                                                  int64_t batch, ir::Diagnostics& diag, const passes::MemoryBudget& budget) {
   frontend::LoadOptions options;
   options.dim_overrides = dims;
   std::optional<ir::Graph> forward = frontend::load_model_file(path, diag, options);
   if (!forward) return std::nullopt;
   ir::Graph training = *forward;
   // The same pipeline `napkin train` builds its trainer with, so the hashes agree.
-  if (!passes::run_training_pipeline(training, diag)) return std::nullopt;
+  if (!passes::run_training_pipeline(training, diag, {}, budget)) return std::nullopt;
   InferenceProgram out{*forward, model_hash(training)};
 
   std::string why;

@@ -9,6 +9,7 @@
 
 #include "ir/diagnostics.h"
 #include "ir/graph.h"
+#include "passes/recompute.h"
 
 namespace napkin::tools {
 
@@ -17,12 +18,14 @@ struct InferenceProgram {
   std::string model_hash;  // the training step's (tools/trainer_build.h): its checkpoints carry it
 };
 
-// Lowers the model at `dims` for the training step's hash, then with its
-// batch dim at `batch` (0: the model's) for the inference graph, which keeps
-// the training lowering's config (its checkpoint dir, not a --dims variant's
-// of the batch). Errors go to diag.
+// Lowers the model at `dims` for the training step's hash (under `budget`,
+// as `napkin train --memory-budget` built it), then with its batch dim at
+// `batch` (0: the model's) for the inference graph, which keeps the training
+// lowering's config (its checkpoint dir, not a --dims variant's of the
+// batch). Errors go to diag.
 std::optional<InferenceProgram> inference_program(const std::string& path, const std::map<std::string, int64_t>& dims,
-                                                  int64_t batch, ir::Diagnostics& diag);
+                                                  int64_t batch, ir::Diagnostics& diag,
+                                                  const passes::MemoryBudget& budget = {});
 
 // The sampler program a CPU trainer carries for --sample-every: the model's
 // inference graph at batch 1, or nullopt (no message) when napkin sample

@@ -103,6 +103,8 @@ std::vector<passes::ClassifierSite> g_classifier_sites;
 passes::CastPlacement g_cast_placement;
 // napkin report --ops: the text report's per-op and per-cast lists.
 bool g_report_ops = false;
+// The next load()'s precision policy instead of the model's (--compare-precision).
+std::optional<ir::PrecisionPolicy> g_precision_override;
 
 // --dims as overrides; a bad value is printed and gives nullopt.
 std::optional<std::map<std::string, int64_t>> dims_or_error(const std::string& text) {
@@ -127,6 +129,10 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
   load_options.dim_overrides = *overrides;
   ir::Diagnostics diag;
   std::optional<ir::Graph> g = frontend::load_model_file(path, diag, load_options);
+  if (g && g_precision_override) {
+    g->config.precision.policy = *g_precision_override;
+    g->config.precision.fp32.clear();
+  }
   passes::PipelineOptions pipeline = options;
   pipeline.fuse_attention = !g_unfused_attention;
   pipeline.fuse_classifier = !g_unfused_classifier;
@@ -227,7 +233,8 @@ analysis::Topology topology_or_error(const TopologyArgs& a, const analysis::Devi
 // --html FILE [--compare OTHER.yaml]: the report as one self-contained page.
 struct HtmlArgs {
   std::string file, compare;
-  std::string compare_dims;  // the same model at other dims beside it
+  std::string compare_dims;       // the same model at other dims beside it
+  std::string compare_precision;  // the same model under another precision policy beside it
 };
 
 int cmd_report(const std::string& path, const std::string& dims, const std::string& device_name, bool json, bool no_ops,
@@ -266,14 +273,24 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
     std::optional<ir::Graph> other;
     std::optional<analysis::StepCost> other_cost;
     std::optional<analysis::MemoryReport> other_memory;
-    if (!html.compare.empty() && !html.compare_dims.empty()) {
-      std::cerr << "error: --compare and --compare-dims: one second model at a time\n";
+    const int seconds = !html.compare.empty() + !html.compare_dims.empty() + !html.compare_precision.empty();
+    if (seconds > 1) {
+      std::cerr << "error: --compare, --compare-dims and --compare-precision: one second model at a time\n";
       return kUserError;
     }
-    if (!html.compare.empty() || !html.compare_dims.empty()) {
+    if (seconds == 1) {
       const std::string other_path = html.compare.empty() ? path : html.compare;
       const std::string other_dims = html.compare_dims.empty() ? dims : html.compare_dims;
+      if (!html.compare_precision.empty()) {
+        g_precision_override = ir::parse_precision(html.compare_precision);
+        if (!g_precision_override) {
+          std::cerr << fmt::format("error: --compare-precision {}: unknown policy\n    hint: fp32, bf16-mixed, fp16-mixed "
+                                   "or fp8-mixed\n", html.compare_precision);
+          return kUserError;
+        }
+      }
       other = load(other_path, other_dims, {}, memory_budget(budget, nullptr));
+      g_precision_override.reset();
       if (!other) return kUserError;
       other_cost = analysis::analyze_step(*other, device);
       other_memory = analysis::analyze_memory(*other);
@@ -284,7 +301,8 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
       other_options.policy_casts_step = nullptr;
       inputs.push_back({&*other, &*other_cost, &*other_memory,
                         report::render_report_json(*other, *other_cost, *other_memory, other_options),
-                        other_path + (other_dims.empty() ? "" : " --dims " + other_dims)});
+                        other_path + (other_dims.empty() ? "" : " --dims " + other_dims) +
+                            (html.compare_precision.empty() ? "" : " precision " + html.compare_precision)});
     }
     if (std::string problem = tools::output_problem("--html", html.file, {path, html.compare}); !problem.empty()) {
       std::cerr << "error: " << problem << "\n";
@@ -583,7 +601,8 @@ std::optional<BuildGraph> graph_to_build(const BuildArgs& a) {
   std::optional<std::map<std::string, int64_t>> dims = dims_or_error(a.dims);
   if (!dims) return std::nullopt;
   ir::Diagnostics diag;
-  std::optional<tools::InferenceProgram> p = tools::inference_program(a.model, *dims, a.batch, diag);
+  std::optional<tools::InferenceProgram> p =
+      tools::inference_program(a.model, *dims, a.batch, diag, memory_budget(a.memory_budget, nullptr));
   std::cerr << diag.render();
   if (!p) return std::nullopt;
   return BuildGraph{std::move(p->graph), p->model_hash};
@@ -726,7 +745,7 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
 
 // napkin sample's flags, passed on to the sampler (runtime/sampler.h) when set.
 struct SampleArgs {
-  std::string model, dims, target = "cpu";
+  std::string model, dims, target = "cpu", memory_budget;
   int64_t batch = 1;
   std::vector<std::pair<std::string, std::string>> flags;  // (--name, value) for the sampler
 };
@@ -745,7 +764,8 @@ int cmd_sample(const SampleArgs& a) {
   std::optional<std::map<std::string, int64_t>> dims = dims_or_error(a.dims);
   if (!dims) return kUserError;
   ir::Diagnostics diag;
-  std::optional<tools::InferenceProgram> p = tools::inference_program(a.model, *dims, a.batch, diag);
+  std::optional<tools::InferenceProgram> p =
+      tools::inference_program(a.model, *dims, a.batch, diag, memory_budget(a.memory_budget, nullptr));
   std::cerr << diag.render();
   if (!p) return kUserError;
   // stdout is the text the model writes: the build's progress goes to stderr.
@@ -823,6 +843,8 @@ int main(int argc, char** argv) {
                      "AMP tables (roofline device: --device, else cpu)");
   report->add_option("--compare", html.compare, "--html: another model beside this one (same --dims, --device)");
   report->add_option("--compare-dims", html.compare_dims, "--html: this model at these dims beside it, e.g. d=512,layers=8");
+  report->add_option("--compare-precision", html.compare_precision,
+                     "--html: this model under another precision policy beside it (fp32, bf16-mixed, ...)");
   report->callback([&] {
     status = inference ? cmd_report_inference(model, dims, device, json, inference_batch, inference_context)
                        : cmd_report(model, dims, device, json, no_ops, budget, topology, html);
@@ -940,6 +962,8 @@ int main(int argc, char** argv) {
                                               "KV-cache decoder (built and cached like trainers)");
   sample->add_option("model", sample_args.model, "model YAML file")->required();
   sample->add_option("--dims", sample_args.dims, dims_help);
+  sample->add_option("--memory-budget", sample_args.memory_budget,
+                     "the budget the model was trained under (its checkpoints carry that step's hash)");
   sample->add_option("--target", sample_args.target, "cpu or cuda")->capture_default_str();
   sample->add_option("--batch", sample_args.batch, "sequences sampled at once (the compiled batch)")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}))->capture_default_str();

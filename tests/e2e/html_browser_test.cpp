@@ -116,3 +116,22 @@ TEST_CASE("html in a browser: napkin plot's page of a trainer's metrics renders 
     counts.push_back(std::stoi((*it)[1].str()));
   CHECK(counts == std::vector<int>{10, 2, 10, 10});
 }
+
+TEST_CASE("html: --compare-precision puts the model under another policy beside it, --compare another model") {
+  TempDir dir("html-compare");
+  Run r = sh(fmt::format("{} report models/gpt.yaml --html {}/p.html --compare-precision bf16-mixed", NAPKIN_BINARY,
+                         dir.path));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const std::string page = read_bytes(dir.path + "/p.html");
+  CHECK(page.find("<td>fp32, adamw</td>") != std::string::npos);
+  CHECK(page.find("<td>bf16-mixed, adamw</td>") != std::string::npos);
+  Run other = sh(fmt::format("{} report models/gpt.yaml --html {}/o.html --compare models/mlp.yaml", NAPKIN_BINARY,
+                             dir.path));
+  REQUIRE(other.status == 0);
+  CHECK(read_bytes(dir.path + "/o.html").find("data-model=\"mlp\"") != std::string::npos);
+  Run both = sh(fmt::format("{} report models/gpt.yaml --html {}/b.html --compare models/mlp.yaml --compare-dims d=64",
+                            NAPKIN_BINARY, dir.path));
+  CHECK(both.status == 1);
+  CHECK(both.out.find("one second model at a time") != std::string::npos);
+}

@@ -119,3 +119,21 @@ TEST_CASE("sample: a language model's trainer prints a sample every K steps with
   CHECK(mlp.status == 1);
   CHECK(mlp.out.find("carries no sampler program") != std::string::npos);
 }
+
+TEST_CASE("sample: a run trained under --memory-budget is sampled with the same budget, and the error says so") {
+  TempDir dir("sample-budget");
+  const std::string dims = "batch=4,seq=32,d=64,heads=2,layers=2";
+  Run r = sh(fmt::format("XDG_CACHE_HOME={0}/cache {1} train models/gpt.yaml --dims {2} --memory-budget 2500KiB -- "
+                         "--steps 2 --checkpoint-dir {0}/ckpt --eval-every 0 --quiet --metrics {0}/m.jsonl",
+                         dir.path, NAPKIN_BINARY, dims));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  Run without = sample(dir, fmt::format("--checkpoint {}/ckpt --tokens 4", dir.path), dims);
+  INFO(without.out);
+  CHECK(without.out.find("[status 1]") != std::string::npos);
+  CHECK(without.out.find("written by a different model") != std::string::npos);
+  CHECK(without.out.find("--memory-budget") != std::string::npos);
+  Run with = sample(dir, fmt::format("--memory-budget 2500KiB --checkpoint {}/ckpt --tokens 4", dir.path), dims);
+  INFO(with.out);
+  CHECK(with.out.find("[status 0]") != std::string::npos);
+}
