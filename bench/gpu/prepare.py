@@ -16,10 +16,15 @@ Both trainers initialize the weights from the same seed with the same code
 CPU run's weights without an --init file. bench/gpu/verify.py, on the GPU
 machine, runs each CUDA trainer with the same flags and compares.
 
+It also builds napkin sample's CUDA samplers (`napkin build --sampler`): the
+gpt case's, with the CPU sampler's greedy text from the case's one-step
+checkpoint as the reference, and GPT-2 124M's, whose decode speed
+bench/gpu/sample_check.py measures against napkin's prediction.
+
 It also builds the GPT-2 124M CUDA trainer, its variants (BENCH_VARIANTS:
 fusions undone, other classifier chunk sizes) and a token file for
 bench/gpt2_cuda_vs_torch.py. The bundle goes to build/gpu-bundle (carry it;
-about 49 MiB, with the repository's files under the device's 64 MiB carry
+about 56 MiB, with the repository's files under the device's 64 MiB carry
 limit), with manifest.json describing every case.
 
 Usage: bench/gpu/prepare.py [--napkin build/tools/napkin] [--steps 5] [--out build/gpu-bundle]
@@ -144,6 +149,28 @@ def main():
                                       "flags": flags, "cpu_metrics": os.path.basename(metrics),
                                       "cpu_checkpoint": os.path.basename(ckpt) if keep_checkpoint else None})
             print(f"{name}: CUDA trainer {os.path.getsize(cuda) / 1e6:.1f} MB, CPU reference over {a.steps} steps")
+        # napkin sample on the GPU: the gpt case's sampler against the CPU's greedy text from the same
+        # checkpoint, and GPT-2 124M's (weights made on the GPU by its trainer's --steps 0) for speed.
+        gpt_case = next(c for c in CASES if c[0] == "gpt")
+        sample_flags = ["--prompt", "The napkin ", "--tokens", "60", "--temperature", "0"]
+        run([a.napkin, "build", os.path.join(ROOT, gpt_case[1]), "--dims", gpt_case[2], "--sampler", "--target", "cuda",
+             "-o", os.path.join(a.out, "gpt-sampler-cuda"), "--quiet"])
+        cpu_sampler = os.path.join(tmp, "gpt-sampler-cpu")
+        run([a.napkin, "build", os.path.join(ROOT, gpt_case[1]), "--dims", gpt_case[2], "--sampler", "-o", cpu_sampler,
+             "--quiet"])
+        checkpoint = "gpt-cpu-checkpoint"
+        expected = subprocess.run([cpu_sampler, "--checkpoint", checkpoint] + sample_flags, cwd=a.out,
+                                  capture_output=True)
+        if expected.returncode != 0:
+            sys.exit("the CPU sampler failed:\n" + expected.stderr.decode(errors="replace"))
+        with open(os.path.join(a.out, "gpt-sample-cpu.txt"), "wb") as f:
+            f.write(expected.stdout)
+        run([a.napkin, "build", os.path.join(ROOT, "models/gpt2-124m.yaml"), "--sampler", "--target", "cuda", "-o",
+             os.path.join(a.out, "gpt2-124m-sampler-cuda"), "--quiet"])
+        manifest["samplers"] = {"gpt": {"sampler": "gpt-sampler-cuda", "checkpoint": checkpoint, "flags": sample_flags,
+                                        "expected": "gpt-sample-cpu.txt"},
+                                "gpt2": {"sampler": "gpt2-124m-sampler-cuda", "trainer": "gpt2-124m-cuda"}}
+        print("samplers: gpt (CUDA against the CPU's greedy text), gpt2-124m (decode speed)")
         # The benchmark: GPT-2 124M as the YAML says (batch 8, seq 1024), random GPT-2 token ids; and the
         # same model with each fusion decision undone, to measure what each one is worth on the GPU.
         gpt2 = os.path.join(ROOT, "models/gpt2-124m.yaml")

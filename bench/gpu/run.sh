@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU check in one call on the GPU machine (device time is scarce):
 # the machine's state, the CUDA trainers against the CPU references
-# (verify.py), GPT-2 124M's per-kernel profile, GPT-2 124M (and the variants
+# (verify.py), napkin sample's CUDA samplers (sample_check.py: greedy text
+# against the CPU's, GPT-2 124M's decode speed), GPT-2 124M's per-kernel profile, GPT-2 124M (and the variants
 # prepare.py built) against PyTorch eager and torch.compile, then
 # compute-sanitizer on the small gpts; with NAPKIN_GPU_NCU=1, every launch of
 # one GPT-2 step under Nsight Compute (bench/gpu/ncu_summary.py). Each
@@ -34,6 +35,7 @@ stage() {  # stage NAME SECONDS COMMAND...: runs it under a time limit, its outp
   [ "$rc" = 0 ] || status=1
 }
 stage verify 240 python3 bench/gpu/verify.py --bundle "$bundle"
+stage sample 150 python3 bench/gpu/sample_check.py --bundle "$bundle"
 stage profile 90 "$bundle/gpt2-124m-cuda" --data "$bundle/gpt2.u16" --steps 15 --order sequential \
   --eval-every 0 --checkpoint-every 0 --log-every 5 --profile
 # Every GPT-2 trainer of the bundle (napkin's default first, then the variants prepare.py built), with torch.
