@@ -364,7 +364,8 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
         speed += fmt::format(" (napkin's roofline on {}: {:.0f} tok/s; measured {:.0f}% of it; docs/report.md#inference)",
                              program.device, batch / predicted, 100.0 * predicted / per_step);
     }
-    if (s.windows > 0) speed += fmt::format("; the context was full {} times and prefilled again", s.windows);
+    if (s.windows > 0)
+      speed += fmt::format("; the context was full {} time{} and prefilled again", s.windows, s.windows == 1 ? "" : "s");
     std::fprintf(stderr, "napkin sample: prefill of %lld positions in %.1f ms; %s\n", static_cast<long long>(t.context()),
                  1e3 * s.prefill_seconds, speed.c_str());
     return 0;
