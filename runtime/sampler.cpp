@@ -168,15 +168,21 @@ std::vector<double> logits_row(Engine& engine, const TensorSpec& t, int64_t b, i
   return out;
 }
 
-// Seconds of the decode kernels as napkin's time model predicts them (the
+// Seconds of kernels [first, last) as napkin's time model predicts them (the
 // program's per-kernel predictions), or -1 where some kernel has none.
-double predicted_decode_seconds(const Program& p) {
+double predicted_seconds(const Program& p, size_t first, size_t last) {
   double s = 0;
-  for (size_t i = static_cast<size_t>(p.num_forward_kernels); i < p.kernels.size(); ++i) {
+  for (size_t i = first; i < last; ++i) {
     if (p.kernels[i].predicted_seconds < 0) return -1;
     s += p.kernels[i].predicted_seconds;
   }
   return s;
+}
+double predicted_decode_seconds(const Program& p) {
+  return predicted_seconds(p, static_cast<size_t>(p.num_forward_kernels), p.kernels.size());
+}
+double predicted_prefill_seconds(const Program& p) {
+  return predicted_seconds(p, 0, static_cast<size_t>(p.num_forward_kernels));
 }
 
 // One generation: the state of every batch entry's sequence and the cache's window.
@@ -193,23 +199,21 @@ class Generation {
                               t_.context()));
     out_.sequences.assign(static_cast<size_t>(t_.batch()), prompt);
     auto t0 = std::chrono::steady_clock::now();
-    prefill_tail(static_cast<int64_t>(prompt.size()));
-    take_next(*t_.prefill_logits, static_cast<int64_t>(prompt.size()) - 1);
+    out_.prompt_by_steps = ingest(static_cast<int64_t>(prompt.size()));
     out_.prefill_seconds = seconds_since(t0);
     for (int64_t n = 1; n < o_.tokens; ++n) {
       // The token just sampled sits at this position of the window the cache
       // holds; the cache holds the rows before it.
       const int64_t position = static_cast<int64_t>(out_.sequences[0].size()) - 1 - window_start_;
-      if (position >= t_.context()) {  // the cache is full: prefill again over the last half
+      if (position >= t_.context()) {  // the cache is full: its last half in again
         const int64_t keep = std::max<int64_t>(1, t_.context() / 2);
-        prefill_tail(keep);
-        take_next(*t_.prefill_logits, keep - 1);
+        ingest(keep);
         window_start_ = static_cast<int64_t>(out_.sequences[0].size()) - 1 - keep;
         ++out_.windows;
         continue;
       }
       auto t = std::chrono::steady_clock::now();
-      decode(position);
+      decode(position, 0);
       take_next(*t_.decode_logits, 0);
       out_.decode_seconds += seconds_since(t);
       ++out_.decode_steps;
@@ -230,6 +234,25 @@ class Generation {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
 
+  // The last `length` tokens of each sequence into the cache from position
+  // 0, and the next token from their last logits: by the prefill program,
+  // or by `length` decode steps; returns whether by steps.
+  bool ingest(int64_t length) {
+    bool steps = o_.prompt_path == PromptPath::Steps;
+    if (o_.prompt_path == PromptPath::Auto) {
+      const double prefill = predicted_prefill_seconds(engine_.program()), step = predicted_decode_seconds(engine_.program());
+      steps = prefill > 0 && step > 0 && static_cast<double>(length) * step < prefill;
+    }
+    if (!steps) {
+      prefill_tail(length);
+      take_next(*t_.prefill_logits, length - 1);
+      return false;
+    }
+    for (int64_t i = 0; i < length; ++i) decode(i, length - 1 - i);
+    take_next(*t_.decode_logits, 0);
+    return true;
+  }
+
   // The prefill over the last `length` tokens of each sequence.
   void prefill_tail(int64_t length) {
     const int64_t T = t_.context();
@@ -246,10 +269,13 @@ class Generation {
     engine_.download_tensor(*t_.prefill_logits);
   }
 
-  void decode(int64_t position) {
+  // One decode step at `position` of each sequence's token `back` from its end (0: the last).
+  void decode(int64_t position, int64_t back) {
     char* tokens = engine_.host(*t_.decode_tokens);
-    for (int64_t b = 0; b < t_.batch(); ++b)
-      write_element(tokens, t_.decode_tokens->dtype, b, static_cast<double>(out_.sequences[b].back()));
+    for (int64_t b = 0; b < t_.batch(); ++b) {
+      const auto& s = out_.sequences[b];
+      write_element(tokens, t_.decode_tokens->dtype, b, static_cast<double>(s[s.size() - 1 - static_cast<size_t>(back)]));
+    }
     write_element(engine_.host(*t_.decode_positions), t_.decode_positions->dtype, 0, static_cast<double>(position));
     engine_.run_decode();
     engine_.download_tensor(*t_.decode_logits);
@@ -322,6 +348,11 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
     app.add_option("--top-k", o.sample.top_k, "sample from the k most likely tokens only (0: all)")
         ->check(whole_number_in(0, 1'000'000'000))->capture_default_str();
     app.add_option("--seed", o.sample.seed, "seed of the sampling draws")->check(whole_number_in(0, UINT64_MAX))->capture_default_str();
+    std::string prompt_path = "auto";
+    app.add_option("--prompt-path", prompt_path,
+                   "how the prompt enters the KV cache: prefill (the whole-context program), steps (a decode step a "
+                   "token) or auto (whichever napkin's time model predicts faster)")
+        ->check(CLI::IsMember({"auto", "prefill", "steps"}))->capture_default_str();
     app.add_option("--threads", o.threads, "worker threads (0: the CPUs this process may use)")
         ->check(whole_number_in(0, 1024))->capture_default_str();
     try {
@@ -330,6 +361,9 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
       return app.exit(e);
     }
     o.has_prompt = prompt->count() > 0;
+    o.sample.prompt_path = prompt_path == "prefill" ? PromptPath::Prefill
+                           : prompt_path == "steps" ? PromptPath::Steps
+                                                    : PromptPath::Auto;
 
     std::unique_ptr<Engine> engine = make_engine(program, o.threads);
     const Tensors t(program);
@@ -365,9 +399,15 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
                              program.device, batch / predicted, 100.0 * predicted / per_step);
     }
     if (s.windows > 0)
-      speed += fmt::format("; the context was full {} time{} and prefilled again", s.windows, s.windows == 1 ? "" : "s");
-    std::fprintf(stderr, "napkin sample: prefill of %lld positions in %.1f ms; %s\n", static_cast<long long>(t.context()),
-                 1e3 * s.prefill_seconds, speed.c_str());
+      speed += fmt::format("; the context was full {} time{}: its last half went in again", s.windows,
+                           s.windows == 1 ? "" : "s");
+    const std::string prompt_line =
+        s.prompt_by_steps
+            ? fmt::format("the prompt ({} tokens) by {} decode steps in {:.1f} ms", prompt_ids.size(), prompt_ids.size(),
+                          1e3 * s.prefill_seconds)
+            : fmt::format("the prompt ({} tokens) by the prefill of {} positions in {:.1f} ms", prompt_ids.size(),
+                          t.context(), 1e3 * s.prefill_seconds);
+    std::fprintf(stderr, "napkin sample: %s; %s\n", prompt_line.c_str(), speed.c_str());
     return 0;
   } catch (const Error& e) {
     std::fflush(stdout);

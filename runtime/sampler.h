@@ -36,20 +36,28 @@ namespace napkin::runtime {
 // The next token from one row of logits (V values as double).
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k, Rng& rng);
 
+// How a prompt (and a window, when the context is full) enters the cache:
+// the prefill program over the whole context, or one decode step per token.
+// Auto takes whichever napkin's time model predicts faster for its length
+// (a short prompt in a long context: the steps).
+enum class PromptPath : uint8_t { Auto, Prefill, Steps };
+
 struct SampleOptions {
   int64_t tokens = 256;      // to generate after the prompt
   double temperature = 1.0;  // 0: greedy
   int64_t top_k = 0;         // 0: all
   uint64_t seed = 0;
+  PromptPath prompt_path = PromptPath::Auto;
 };
 
 // What a generation did: every batch entry's sequence (the prompt, then the
 // new tokens) and how long its phases took.
 struct Generated {
   std::vector<std::vector<int64_t>> sequences;
-  double prefill_seconds = 0, decode_seconds = 0;
+  double prefill_seconds = 0, decode_seconds = 0;  // the prompt's (either path), the new tokens' decode steps
+  bool prompt_by_steps = false;                    // the prompt went in by decode steps
   int64_t decode_steps = 0;
-  int windows = 0;  // times the context was full and prefilled again
+  int windows = 0;  // times the context was full and its last half went in again
 };
 
 // Generates o.tokens tokens after `prompt` (1 to context tokens) with an

@@ -975,6 +975,8 @@ int main(int argc, char** argv) {
            {"--temperature", "softmax temperature, 0: greedy (default 1)"},
            {"--top-k", "sample from the k most likely tokens only (default 0: all)"},
            {"--seed", "seed of the sampling draws (default 0)"},
+           {"--prompt-path", "how the prompt enters the KV cache: prefill, steps or auto (default: the faster as napkin "
+                             "predicts it)"},
            {"--threads", "worker threads (default 0: the CPUs this process may use)"}})
     sample->add_option(flag, sample_flags[flag], help);
   sample->callback([&] {

@@ -58,11 +58,19 @@ TEST_CASE("sample: napkin sample continues a prompt from a checkpoint, the same 
   CHECK(text_of(b) == text_of(a));
   Run c = sample(dir, fmt::format("--checkpoint {} --prompt 'napkin ' --tokens 40 --seed 8", ckpt));
   CHECK(text_of(c) != text_of(a));
-  // Past the context of 16: the window is prefilled again and decoding goes on.
+  // The prompt by the prefill program or by decode steps: the same cache, so the same greedy text.
+  Run by_prefill = sample(dir, fmt::format("--checkpoint {} --prompt 'napkin ' --tokens 30 --temperature 0 "
+                                           "--prompt-path prefill", ckpt));
+  Run by_steps = sample(dir, fmt::format("--checkpoint {} --prompt 'napkin ' --tokens 30 --temperature 0 "
+                                         "--prompt-path steps", ckpt));
+  CHECK(by_prefill.out.find("by the prefill of 16 positions") != std::string::npos);
+  CHECK(by_steps.out.find("by 7 decode steps") != std::string::npos);
+  CHECK(text_of(by_steps) == text_of(by_prefill));
+  // Past the context of 16: the window goes in again and decoding goes on.
   Run longer = sample(dir, fmt::format("--checkpoint {} --tokens 50 --temperature 0", ckpt));
   INFO(longer.out);
   CHECK(longer.out.find("[status 0]") != std::string::npos);
-  CHECK(longer.out.find("prefilled again") != std::string::npos);
+  CHECK(longer.out.find("went in again") != std::string::npos);
 }
 
 TEST_CASE("sample: bad input is a clear error with exit status 1") {
