@@ -7,34 +7,11 @@
 #include <string>
 
 #include "runtime/error.h"
-#include "runtime/float_formats.h"
+#include "runtime/gemm_element.h"
 
 namespace napkin::runtime {
 
 namespace {
-
-// Element i of a tensor of type t, widened to Acc.
-template <typename Acc>
-Acc load(GemmType t, const char* base, int64_t i) {
-  switch (t) {
-    case GemmType::F32: return static_cast<Acc>(reinterpret_cast<const float*>(base)[i]);
-    case GemmType::F64: return static_cast<Acc>(reinterpret_cast<const double*>(base)[i]);
-    case GemmType::BF16: return static_cast<Acc>(bf16_bits_to_float(reinterpret_cast<const uint16_t*>(base)[i]));
-    case GemmType::F16: return static_cast<Acc>(f16_bits_to_float(reinterpret_cast<const uint16_t*>(base)[i]));
-  }
-  return 0;
-}
-
-// v rounded to type t (to nearest even) and stored at element i.
-template <typename Acc>
-void store(GemmType t, char* base, int64_t i, Acc v) {
-  switch (t) {
-    case GemmType::F32: reinterpret_cast<float*>(base)[i] = static_cast<float>(v); return;
-    case GemmType::F64: reinterpret_cast<double*>(base)[i] = static_cast<double>(v); return;
-    case GemmType::BF16: reinterpret_cast<uint16_t*>(base)[i] = float_to_bf16_bits(static_cast<float>(v)); return;
-    case GemmType::F16: reinterpret_cast<uint16_t*>(base)[i] = float_to_f16_bits(static_cast<float>(v)); return;
-  }
-}
 
 int64_t at(const AttentionDesc::Strides& s, int64_t b, int64_t h, int64_t row) {
   return b * s.batch + h * s.head + row * s.row;
@@ -49,12 +26,12 @@ void decode_rows(const CachedAttentionDesc& d, GemmType t, const char* q, const 
   for (int64_t item = begin; item < end; ++item) {
     const int64_t i = item % d.rows, h = (item / d.rows) % d.heads, b = item / (d.rows * d.heads);
     const int64_t visible = pos[i] + 1, qi = at(d.q, b, h, i);
-    for (int64_t c = 0; c < d.head_dim; ++c) qrow[c] = load<Acc>(t, q, qi + c);
+    for (int64_t c = 0; c < d.head_dim; ++c) qrow[c] = load_element<Acc>(t, q, qi + c);
     Acc m = -std::numeric_limits<Acc>::infinity();
     for (int64_t j = 0; j < visible; ++j) {
       const int64_t kj = at(d.k_cache, b, h / group, j);
       Acc dot = 0;
-      for (int64_t c = 0; c < d.head_dim; ++c) dot += qrow[c] * load<Acc>(t, kc, kj + c);
+      for (int64_t c = 0; c < d.head_dim; ++c) dot += qrow[c] * load_element<Acc>(t, kc, kj + c);
       scores[j] = dot * static_cast<Acc>(d.scale);
       m = std::max(m, scores[j]);
     }
@@ -64,10 +41,10 @@ void decode_rows(const CachedAttentionDesc& d, GemmType t, const char* q, const 
     for (int64_t j = 0; j < visible; ++j) {
       const int64_t vj = at(d.v_cache, b, h / group, j);
       const Acc p = scores[j];
-      for (int64_t c = 0; c < d.head_dim; ++c) out[c] += p * load<Acc>(t, vc, vj + c);
+      for (int64_t c = 0; c < d.head_dim; ++c) out[c] += p * load_element<Acc>(t, vc, vj + c);
     }
     const int64_t oi = at(d.o, b, h, i);
-    for (int64_t c = 0; c < d.head_dim; ++c) store<Acc>(t, o, oi + c, out[c] / sum);
+    for (int64_t c = 0; c < d.head_dim; ++c) store_element<Acc>(t, o, oi + c, out[c] / sum);
   }
 }
 

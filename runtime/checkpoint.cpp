@@ -138,14 +138,29 @@ CheckpointHeader parse_header(const SafetensorsFile& file) {
 }
 
 // The header of a checkpoint that passed every check but the tensors': its
-// fields, its checksum, and that `expected_model_hash` wrote it.
-CheckpointHeader verified_header(const SafetensorsFile& file, const std::string& expected_model_hash) {
+// fields, its checksum, and that `expected_model_hash` wrote it (`hint`, if
+// any, ends the message when another model did).
+CheckpointHeader verified_header(const SafetensorsFile& file, const std::string& expected_model_hash,
+                                 const std::string& hint = "") {
   CheckpointHeader h = parse_header(file);
   verify_checksum(file, h);
   if (h.model_hash != expected_model_hash)
     throw Error(file.path() + ": checkpoint was written by a different model (hash " + h.model_hash +
-                ", this trainer " + expected_model_hash + ")");
+                ", this trainer " + expected_model_hash + ")" + (hint.empty() ? "" : "\n    hint: " + hint));
   return h;
+}
+
+// Whether `file` is a napkin checkpoint (its format metadata says so).
+bool napkin_checkpoint(const SafetensorsFile& file) {
+  return file.metadata().count("format") && file.metadata().at("format").starts_with(kFormatPrefix);
+}
+
+// Another program's safetensors file: its checksum verified when it has one.
+void verify_foreign_checksum(const SafetensorsFile& file) {
+  if (!file.metadata().count("checksum")) return;
+  CheckpointHeader plain;
+  plain.metadata = file.metadata();
+  verify_checksum(file, plain);
 }
 
 void fsync_directory(const std::string& dir) {
@@ -334,14 +349,29 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 std::vector<std::string> read_weights(const std::string& path, const std::vector<TensorRef>& params,
                                       const std::vector<std::string>& ignorable) {
   SafetensorsFile file(path);
-  if (file.metadata().count("format") && file.metadata().at("format").starts_with(kFormatPrefix)) {
+  if (napkin_checkpoint(file))
     verify_checksum(file, parse_header(file));
-  } else if (auto it = file.metadata().find("checksum"); it != file.metadata().end()) {
-    CheckpointHeader plain;
-    plain.metadata = file.metadata();
-    verify_checksum(file, plain);
-  }
+  else
+    verify_foreign_checksum(file);
   return load_tensors(file, params, ignorable);
+}
+
+std::optional<CheckpointHeader> read_model_weights(const std::string& path, const std::vector<TensorRef>& params,
+                                                   const std::string& expected_model_hash, const std::string& hint) {
+  SafetensorsFile file(path);
+  if (!napkin_checkpoint(file)) {
+    verify_foreign_checksum(file);
+    load_tensors(file, params, {});
+    return std::nullopt;
+  }
+  CheckpointHeader h = verified_header(file, expected_model_hash, hint);
+  std::set<std::string> wanted;
+  for (const TensorRef& r : params) wanted.insert(r.name);
+  std::vector<std::string> others;  // the optimizer state
+  for (const SafetensorsFile::Tensor& t : file.tensors())
+    if (!wanted.count(t.name)) others.push_back(t.name);
+  load_tensors(file, params, others);
+  return h;
 }
 
 }  // namespace napkin::runtime

@@ -105,6 +105,15 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 std::vector<std::string> read_weights(const std::string& path, const std::vector<TensorRef>& params,
                                       const std::vector<std::string>& ignorable = {});
 
+// A model's weights without its optimizer (napkin sample): every tensor of
+// `params` from `path`, loaded once. A napkin checkpoint must be one of the
+// model `expected_model_hash` (verify_checkpoint's checks; `hint` ends the
+// message when it is another model's) and its other tensors, the optimizer
+// state, are skipped; returns its header. Another safetensors file must hold
+// exactly `params` (its checksum checked when it has one); returns nullopt.
+std::optional<CheckpointHeader> read_model_weights(const std::string& path, const std::vector<TensorRef>& params,
+                                                   const std::string& expected_model_hash, const std::string& hint = "");
+
 // Model text for a message: control bytes as \xNN, cut to `max_chars`.
 std::string printable(const std::string& text, size_t max_chars = 80);
 

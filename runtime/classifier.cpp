@@ -14,6 +14,7 @@
 
 #include "runtime/error.h"
 #include "runtime/float_formats.h"
+#include "runtime/gemm_element.h"
 #include "runtime/vector_math.h"
 
 namespace napkin::runtime {
@@ -22,29 +23,6 @@ namespace {
 
 constexpr int64_t kRowBlock = 128;   // rows per work item of the logits and dx products
 constexpr int64_t kClassBlock = 64;  // classes per work item of the dw product
-
-// Element i of a tensor of type t, widened exactly to A.
-template <class A>
-A load(GemmType t, const void* p, int64_t i) {
-  switch (t) {
-    case GemmType::F32: return static_cast<const float*>(p)[i];
-    case GemmType::F64: return static_cast<A>(static_cast<const double*>(p)[i]);
-    case GemmType::BF16: return bf16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
-    case GemmType::F16: return f16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0;
-}
-
-// v rounded to nearest even in type t, and stored as element i.
-template <class A>
-void store(GemmType t, void* p, int64_t i, A v) {
-  switch (t) {
-    case GemmType::F32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
-    case GemmType::F64: static_cast<double*>(p)[i] = static_cast<double>(v); return;
-    case GemmType::BF16: static_cast<uint16_t*>(p)[i] = float_to_bf16_bits(static_cast<float>(v)); return;
-    case GemmType::F16: static_cast<uint16_t*>(p)[i] = float_to_f16_bits(static_cast<float>(v)); return;
-  }
-}
 
 // The row math in f32, vectorized (runtime/vector_math.h; each clone
 // computes the same bits). A row's logits are first widened into a float
@@ -170,7 +148,7 @@ struct Call {
     float* out = sized(buf, n);
     if (type == GemmType::BF16) widen_bf16(reinterpret_cast<const uint16_t*>(row), n, out);
     else
-      for (int64_t v = 0; v < n; ++v) out[v] = load<float>(type, row, v);
+      for (int64_t v = 0; v < n; ++v) out[v] = load_element<float>(type, row, v);
     return out;
   }
   // n floats stored into a row of x's type, rounded to nearest even.
@@ -178,7 +156,7 @@ struct Call {
     if (type == GemmType::F32) return;  // computed in place
     if (type == GemmType::BF16) narrow_bf16(l, n, reinterpret_cast<uint16_t*>(row));
     else
-      for (int64_t v = 0; v < n; ++v) store<float>(type, row, v, l[v]);
+      for (int64_t v = 0; v < n; ++v) store_element<float>(type, row, v, l[v]);
   }
 
   // The logits of rows [r0, r1) x classes [c0, c0 + n) into g (rounded to x's type).
@@ -208,14 +186,14 @@ struct Call {
           logits(w, r0, r1, c0, n);
           for (int64_t r = r0; r < r1; ++r) {
             const char* row = g + r * Classifier::kChunk * es;
-            if (targets[r] >= c0 && targets[r] < c0 + n) picked[r] = load<A>(type, row, targets[r] - c0);
+            if (targets[r] >= c0 && targets[r] < c0 + n) picked[r] = load_element<A>(type, row, targets[r] - c0);
             if constexpr (std::is_same_v<A, float>) {
               fold_row(widened(row, n), n, &mx[r], &sum[r]);
             } else {
               A m = mx[r];
-              for (int64_t v = 0; v < n; ++v) m = std::max(m, load<A>(type, row, v));
+              for (int64_t v = 0; v < n; ++v) m = std::max(m, load_element<A>(type, row, v));
               A s = sum[r] * std::exp(mx[r] - m);  // exp(-inf) = 0 on the first chunk
-              for (int64_t v = 0; v < n; ++v) s += std::exp(load<A>(type, row, v) - m);
+              for (int64_t v = 0; v < n; ++v) s += std::exp(load_element<A>(type, row, v) - m);
               mx[r] = m;
               sum[r] = s;
             }
@@ -226,16 +204,16 @@ struct Call {
     double total = 0;  // in row order: the same sum for any thread count
     for (int64_t r = 0; r < d.rows; ++r) {
       const A l = mx[r] + std::log(sum[r]);
-      store<A>(acc, lse, r, l);
+      store_element<A>(acc, lse, r, l);
       total += static_cast<double>(l - picked[r]);
     }
-    store<A>(acc, loss, 0, static_cast<A>(total / static_cast<double>(d.rows)));
+    store_element<A>(acc, loss, 0, static_cast<A>(total / static_cast<double>(d.rows)));
   }
 
   void backward(const void* w, const void* lse_data, const void* dloss, void* dx, void* dw) {
-    const A scale = load<A>(acc, dloss, 0) / static_cast<A>(d.rows);
+    const A scale = load_element<A>(acc, dloss, 0) / static_cast<A>(d.rows);
     A* lse = rows_of(impl.max_f, impl.max_d, d.rows);
-    for (int64_t r = 0; r < d.rows; ++r) lse[r] = load<A>(acc, lse_data, r);
+    for (int64_t r = 0; r < d.rows; ++r) lse[r] = load_element<A>(acc, lse_data, r);
     A* dxa = rows_of(impl.dx_f, impl.dx_d, d.rows * d.d);
     std::fill(dxa, dxa + d.rows * d.d, A(0));
     for (int64_t c0 = 0; c0 < d.vocab; c0 += Classifier::kChunk) {
@@ -256,7 +234,7 @@ struct Call {
             } else {
               for (int64_t v = 0; v < n; ++v) {
                 const A onehot = v == target ? A(1) : A(0);
-                store<A>(type, row, v, (std::exp(load<A>(type, row, v) - lse[r]) - onehot) * scale);
+                store_element<A>(type, row, v, (std::exp(load_element<A>(type, row, v) - lse[r]) - onehot) * scale);
               }
             }
           }
@@ -278,7 +256,7 @@ struct Call {
       });
     }
     pool.parallel_for(d.rows, [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0 * d.d; i < r1 * d.d; ++i) store<A>(type, dx, i, dxa[i]);
+      for (int64_t i = r0 * d.d; i < r1 * d.d; ++i) store_element<A>(type, dx, i, dxa[i]);
     });
   }
 };

@@ -46,9 +46,12 @@ std::string bad_index_message(const Program& program, int64_t kernel, int64_t id
 
 namespace {
 
-// An attention operand as the program writes it: [offset, batch stride, head
-// stride, row stride] (codegen/program_json.cpp; head_dim's stride is 1).
-void attention_operand(const nlohmann::json& o, int64_t& offset, AttentionDesc::Strides& strides) {
+// Attention operand `name` of a kernel's object as the program writes it:
+// [offset, batch stride, head stride, row stride] (codegen/program_json.cpp;
+// head_dim's stride is 1).
+void attention_operand(const nlohmann::json& kernel, const char* name, int64_t& offset,
+                       AttentionDesc::Strides& strides) {
+  const nlohmann::json& o = kernel.at(name);
   offset = o.at(0);
   strides = {o.at(1).get<int64_t>(), o.at(2).get<int64_t>(), o.at(3).get<int64_t>()};
 }
@@ -197,15 +200,12 @@ Program parse_program(const char* text, size_t size) {
         d.context = a.at("context");
         d.head_dim = a.at("head_dim");
         d.positions_i64 = a.at("positions_i64");
-        auto operand = [&](const char* name, int64_t& offset, AttentionDesc::Strides& strides) {
-          attention_operand(a.at(name), offset, strides);
-        };
-        operand("q", t.q, d.q);
-        operand("k", t.k, d.k);
-        operand("v", t.v, d.v);
-        operand("k_cache", t.k_cache, d.k_cache);
-        operand("v_cache", t.v_cache, d.v_cache);
-        operand("o", t.o, d.o);
+        attention_operand(a, "q", t.q, d.q);
+        attention_operand(a, "k", t.k, d.k);
+        attention_operand(a, "v", t.v, d.v);
+        attention_operand(a, "k_cache", t.k_cache, d.k_cache);
+        attention_operand(a, "v_cache", t.v_cache, d.v_cache);
+        attention_operand(a, "o", t.o, d.o);
         t.positions = a.at("positions");
       }
       if (s.is_attention) {
@@ -222,19 +222,16 @@ Program parse_program(const char* text, size_t size) {
         d.q_len = a.at("q_len");
         d.kv_len = a.at("kv_len");
         d.head_dim = a.at("head_dim");
-        auto operand = [&](const char* name, int64_t& offset, AttentionDesc::Strides& strides) {
-          attention_operand(a.at(name), offset, strides);
-        };
-        operand("q", t.q, d.q);
-        operand("k", t.k, d.k);
-        operand("v", t.v, d.v);
-        operand("o", t.o, d.o);
+        attention_operand(a, "q", t.q, d.q);
+        attention_operand(a, "k", t.k, d.k);
+        attention_operand(a, "v", t.v, d.v);
+        attention_operand(a, "o", t.o, d.o);
         t.lse = a.at("lse");
         if (t.backward) {
-          operand("do", t.d_o, d.d_o);
-          operand("dq", t.dq, d.dq);
-          operand("dk", t.dk, d.dk);
-          operand("dv", t.dv, d.dv);
+          attention_operand(a, "do", t.d_o, d.d_o);
+          attention_operand(a, "dq", t.dq, d.dq);
+          attention_operand(a, "dk", t.dk, d.dk);
+          attention_operand(a, "dv", t.dv, d.dv);
         }
       }
       if (const json& serves = k.value("serves", json()); !serves.is_null()) {

@@ -10,15 +10,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <limits>
 #include <numeric>
-#include <sstream>
 
 #include "runtime/checkpoint.h"
 #include "runtime/error.h"
 #include "runtime/flag_checks.h"
-#include "runtime/safetensors.h"
 #include "runtime/tensor_element.h"
 
 namespace napkin::runtime {
@@ -92,32 +89,17 @@ std::string checkpoint_file(const std::string& path) {
   return files.front().second;
 }
 
-// Loads every parameter from `path`: a napkin checkpoint of this model (its
-// optimizer state skipped) or a safetensors file holding exactly the parameters.
+// Loads every parameter from `path` (checkpoint.h read_model_weights) and
+// says where they came from.
 std::string load_parameters(const Program& p, Engine& engine, const std::string& path) {
   std::vector<TensorRef> params;
   for (const TensorSpec* t : p.with_role("param")) params.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
-  std::vector<std::string> optimizer_state;
-  std::string what = path;
-  {
-    SafetensorsFile file(path);
-    if (file.metadata().count("format") && file.metadata().at("format").starts_with("napkin-checkpoint")) {
-      CheckpointHeader h;
-      try {
-        h = verify_checkpoint(path, p.hash);
-      } catch (const Error& e) {  // a checkpoint of another model: say what makes the model
-        throw Error(std::string(e.what()) +
-                    "\n    hint: the sampler is this model at the --dims (and --memory-budget) `napkin sample` was "
-                    "given: the ones the checkpoint's run was trained with");
-      }
-      what = fmt::format("{} (step {})", path, h.step);
-      for (const SafetensorsFile::Tensor& t : file.tensors())
-        if (!p.find(t.name) || p.find(t.name)->role != "param") optimizer_state.push_back(t.name);
-    }
-  }
-  read_weights(path, params, optimizer_state);
+  const std::optional<CheckpointHeader> h = read_model_weights(
+      path, params, p.hash,
+      "the sampler is this model at the --dims (and --memory-budget) `napkin sample` was given: the ones the "
+      "checkpoint's run was trained with");
   engine.upload("param");
-  return what;
+  return h ? fmt::format("{} (step {})", path, h->step) : path;
 }
 
 // The prompt's token ids: the text's bytes (byte-level models) or the ids in --prompt-ids.

@@ -13,16 +13,20 @@
 
 namespace napkin::tools {
 
+// The model's inference graph at `dims` with its batch dim at `batch` (0:
+// the model's). It keeps the lowering at `dims`' config (its checkpoint dir,
+// not a --dims variant's of the batch). Errors go to diag.
+std::optional<ir::Graph> inference_graph(const std::string& path, const std::map<std::string, int64_t>& dims,
+                                         int64_t batch, ir::Diagnostics& diag);
+
 struct InferenceProgram {
   ir::Graph graph;         // prefill and decode, over the model's parameters
   std::string model_hash;  // the training step's (tools/trainer_build.h): its checkpoints carry it
 };
 
-// Lowers the model at `dims` for the training step's hash (under `budget`,
-// as `napkin train --memory-budget` built it), then with its batch dim at
-// `batch` (0: the model's) for the inference graph, which keeps the training
-// lowering's config (its checkpoint dir, not a --dims variant's of the
-// batch). Errors go to diag.
+// inference_graph, and the hash of the training step at `dims` under
+// `budget` (as `napkin train --memory-budget` built it): what a sampler
+// that loads checkpoints needs.
 std::optional<InferenceProgram> inference_program(const std::string& path, const std::map<std::string, int64_t>& dims,
                                                   int64_t batch, ir::Diagnostics& diag,
                                                   const passes::MemoryBudget& budget = {});

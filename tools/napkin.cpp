@@ -342,17 +342,17 @@ int cmd_report_inference(const std::string& path, const std::string& dims_text, 
     }
     (*dims)[lm->seq_dim] = context;
   }
-  std::optional<tools::InferenceProgram> p = tools::inference_program(path, *dims, batch, diag);
-  std::optional<tools::InferenceProgram> doubled;
-  if (p) doubled = tools::inference_program(path, *dims, 2 * batch, diag);
+  std::optional<ir::Graph> g = tools::inference_graph(path, *dims, batch, diag);
+  std::optional<ir::Graph> doubled;
+  if (g) doubled = tools::inference_graph(path, *dims, 2 * batch, diag);
   std::cerr << diag.render();
-  if (!p || !doubled) return kUserError;
-  const analysis::InferenceCost cost = analysis::analyze_inference(p->graph, doubled->graph, *device);
-  const ir::TensorType& cache = p->graph.value(p->graph.state.at(0)).type;  // [batch, kv_heads, context, head_dim]
+  if (!g || !doubled) return kUserError;
+  const analysis::InferenceCost cost = analysis::analyze_inference(*g, *doubled, *device);
+  const ir::TensorType& cache = g->value(g->state.at(0)).type;  // [batch, kv_heads, context, head_dim]
   if (json)
-    std::cout << nlohmann::json{{"model", p->graph.name}, {"inference", report::inference_json(cost)}}.dump(1) << "\n";
+    std::cout << nlohmann::json{{"model", g->name}, {"inference", report::inference_json(cost)}}.dump(1) << "\n";
   else
-    std::cout << report::inference_section_text(p->graph.name, cost, cache.dims.at(1).size, cache.dims.at(3).size,
+    std::cout << report::inference_section_text(g->name, cost, cache.dims.at(1).size, cache.dims.at(3).size,
                                                 ir::dtype_size(cache.dtype));
   return 0;
 }
@@ -711,18 +711,39 @@ int cmd_build(BuildArgs a) {  // by value: the defaults depend on the target
   return 0;
 }
 
-int cmd_train(const std::string& model, const std::string& dims, const std::string& budget, const std::string& target,
-              const std::vector<std::string>& trainer_args) {
+// napkin train's and napkin sample's --target: cpu, or cuda where this napkin
+// has the CUDA toolkit; otherwise the message and false.
+bool target_usable(const std::string& target) {
   if (target != "cpu" && target != "cuda") {
     std::cerr << fmt::format("error: --target {}: unknown target\n    hint: cpu or cuda\n", target);
-    return kUserError;
+    return false;
   }
 #ifndef NAPKIN_HAVE_CUDA
   if (target == "cuda") {
-    std::cerr << "error: --target cuda: this napkin was built without the CUDA toolkit, so it builds CPU trainers only\n";
-    return kUserError;
+    std::cerr << "error: --target cuda: this napkin was built without the CUDA toolkit, so it builds CPU programs only\n";
+    return false;
   }
 #endif
+  return true;
+}
+
+// Runs `program` with `args` in place of this process; returns only when it
+// cannot (the message printed).
+int exec_program(const std::filesystem::path& program, const std::vector<std::string>& args) {
+  std::vector<std::string> all{program.string()};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& s : all) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  execv(argv[0], argv.data());
+  std::cerr << fmt::format("error: cannot run {}: {}\n", program.string(), std::strerror(errno));
+  return kUserError;
+}
+
+int cmd_train(const std::string& model, const std::string& dims, const std::string& budget, const std::string& target,
+              const std::vector<std::string>& trainer_args) {
+  if (!target_usable(target)) return kUserError;
   auto g = load(model, dims, {}, memory_budget(budget, nullptr));
   if (!g) return kUserError;
   std::optional<ir::Graph> sampler;  // --sample-every's program, for a language model
@@ -732,15 +753,7 @@ int cmd_train(const std::string& model, const std::string& dims, const std::stri
   std::optional<std::filesystem::path> trainer =
       tools::cached_trainer(*g, target, "", std::cout, sampler ? &*sampler : nullptr);
   if (!trainer) return kUserError;
-  std::cout.flush();
-  std::vector<std::string> args{trainer->string()};
-  args.insert(args.end(), trainer_args.begin(), trainer_args.end());
-  std::vector<char*> argv;
-  for (std::string& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  execv(argv[0], argv.data());
-  std::cerr << fmt::format("error: cannot run {}: {}\n", trainer->string(), std::strerror(errno));
-  return kUserError;
+  return exec_program(*trainer, trainer_args);
 }
 
 // napkin sample's flags, passed on to the sampler (runtime/sampler.h) when set.
@@ -751,16 +764,7 @@ struct SampleArgs {
 };
 
 int cmd_sample(const SampleArgs& a) {
-  if (a.target != "cpu" && a.target != "cuda") {
-    std::cerr << fmt::format("error: --target {}: unknown target\n    hint: cpu or cuda\n", a.target);
-    return kUserError;
-  }
-#ifndef NAPKIN_HAVE_CUDA
-  if (a.target == "cuda") {
-    std::cerr << "error: --target cuda: this napkin was built without the CUDA toolkit, so it builds CPU programs only\n";
-    return kUserError;
-  }
-#endif
+  if (!target_usable(a.target)) return kUserError;
   std::optional<std::map<std::string, int64_t>> dims = dims_or_error(a.dims);
   if (!dims) return kUserError;
   ir::Diagnostics diag;
@@ -771,17 +775,12 @@ int cmd_sample(const SampleArgs& a) {
   // stdout is the text the model writes: the build's progress goes to stderr.
   std::optional<std::filesystem::path> sampler = tools::cached_trainer(p->graph, a.target, p->model_hash, std::cerr);
   if (!sampler) return kUserError;
-  std::vector<std::string> args{sampler->string()};
+  std::vector<std::string> args;
   for (const auto& [flag, value] : a.flags) {
     args.push_back(flag);
     args.push_back(value);
   }
-  std::vector<char*> argv;
-  for (std::string& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  execv(argv[0], argv.data());
-  std::cerr << fmt::format("error: cannot run {}: {}\n", sampler->string(), std::strerror(errno));
-  return kUserError;
+  return exec_program(*sampler, args);
 }
 
 int cmd_data_encode(const std::vector<std::string>& inputs, const std::string& output) {
