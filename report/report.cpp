@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <set>
@@ -80,30 +81,63 @@ StepGap step_gap_terms(const analysis::StepCost& c) {
 
 // PaLM's model FLOPs per token (Chowdhery et al. 2022, appendix B):
 // 6·N + 12·L·d·T, the second term the attention matmuls (scores and mixing,
-// forward and backward). L, d and T are read off the graph: L = the blocks
-// holding forward activation matmuls, T = the key length (last axis of the
-// first one's output), d = elements of its left operand per token.
+// forward and backward). L, d and T are read off the forward attention sites
+// and nothing else: a fused attention node (q [b, h, T, hd] first, k second),
+// or where attention is left spelled out, the scores contraction that a
+// softmax over the last axis reads through elementwise ops (scale, mask).
+// Other matmuls between activations (RoPE's outer product of positions and
+// frequencies, a mixer's token mixing) are not attention and say nothing of
+// L, d or T. L = the sites, T = the first one's keys, d = the elements of its
+// queries per token.
 struct PalmTerms {
   bool found = false;
   double layers = 0, d = 0, seq = 0;
 };
+
+// The scores contraction a softmax over the last axis reads, through
+// elementwise ops whose operand of the output's shape it follows; null when
+// the chain reaches anything else.
+const ir::Node* scores_contraction(const ir::Graph& g, const ir::Node& softmax) {
+  const ir::TensorType& shape = g.value(softmax.in(0)).type;
+  if (shape.rank() < 2 || softmax.attrs.get_int("axis") != shape.rank() - 1) return nullptr;
+  ir::ValueId x = softmax.in(0);
+  while (true) {
+    const ir::Value& v = g.value(x);
+    if (v.producer == ir::kNoNode) return nullptr;
+    const ir::Node& n = g.node(v.producer);
+    const ir::OpClass kind = ir::op_info(n.op).op_class;
+    if (kind == ir::OpClass::Contraction) return &n;
+    if (kind != ir::OpClass::Elementwise) return nullptr;
+    auto same_shape = std::find_if(n.inputs.begin(), n.inputs.end(),
+                                   [&](ir::ValueId in) { return g.value(in).type.same_shape(shape); });
+    if (same_shape == n.inputs.end()) return nullptr;
+    x = *same_shape;
+  }
+}
+
 PalmTerms palm_terms(const ir::Graph& g, const analysis::StepCost& c) {
   PalmTerms p;
-  std::set<std::string> scopes;
-  const ir::Node* first = nullptr;
-  for (const analysis::OpRow& row : c.rows)
-    if (row.phase == ir::Phase::Forward && (row.category == "activation-matmul" || row.category == "attention")) {
-      const ir::Node& n = g.node(row.node);
-      if (!first) first = &n;
-      scopes.insert(n.scope);
+  if (c.tokens <= 0) return p;
+  for (ir::NodeId id : g.schedule()) {
+    const ir::Node& n = g.node(id);
+    if (n.phase != ir::Phase::Forward) continue;
+    const ir::Node* queries_from = nullptr;  // the node whose first operand is q
+    double keys = 0;
+    if (n.op == ir::Op::Attention || n.op == ir::Op::CachedAttention) {
+      queries_from = &n;
+      keys = static_cast<double>(g.value(n.in(1)).type.dims[2].size);
+    } else if (n.op == ir::Op::Softmax) {
+      queries_from = scores_contraction(g, n);
+      if (queries_from) keys = static_cast<double>(g.value(queries_from->out()).type.dims.back().size);
     }
-  if (!first || c.tokens <= 0) return p;
-  p.found = true;
-  p.layers = static_cast<double>(scopes.size());
-  // A fused attention's keys are its k's third axis; an einsum's, its output's last.
-  p.seq = first->op == ir::Op::Attention ? static_cast<double>(g.value(first->in(1)).type.dims[2].size)
-                                         : static_cast<double>(g.value(first->out()).type.dims.back().size);
-  p.d = static_cast<double>(g.value(first->in(0)).type.numel()) / c.tokens;
+    if (!queries_from) continue;
+    if (!p.found) {
+      p.found = true;
+      p.seq = keys;
+      p.d = static_cast<double>(g.value(queries_from->in(0)).type.numel()) / c.tokens;
+    }
+    ++p.layers;
+  }
   return p;
 }
 
@@ -303,7 +337,9 @@ std::string step_rule_section(const ir::Graph& g, const analysis::StepCost& c) {
   out += fmt::format("    {:>22}  the optimizer update ({} elementwise FLOPs per parameter)\n", signed_commas(gap.optimizer),
                      c.params > 0 ? fmt::format("{:.3g}", gap.optimizer / c.params) : "0");
   PalmTerms palm = palm_terms(g, c);
-  if (palm.found) {
+  if (!palm.found) {
+    out += "  PaLM: no attention in the forward (no attention op, no softmax over scores), so no 12·L·d·T term\n";
+  } else {
     double n = static_cast<double>(c.params_in_matmuls);
     double per_token = 6 * n + 12 * palm.layers * palm.d * palm.seq;
     out += fmt::format("  PaLM: (6·N + 12·L·d·T)·tokens, N = {} params in matmuls, L = {}, d = {}, T = {}\n", with_commas(n),

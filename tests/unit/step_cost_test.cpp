@@ -9,6 +9,7 @@
 
 #include "analysis/cost.h"
 #include "analysis/memory.h"
+#include "passes/pipeline.h"
 #include "report/report.h"
 #include "support/test_models.h"
 
@@ -115,4 +116,35 @@ TEST_CASE("step cost: GPT's attention matches PaLM's 12·L·d·T per token") {
   CHECK(j["flops"]["palm"]["seq"].get<double>() == T);
   CHECK(j["time"]["roofline_ops_s"].get<double>() == doctest::Approx(c.total.seconds));
   CHECK(j["time"]["step_s"].get<double>() > 0);
+}
+
+TEST_CASE("step cost: PaLM's L, d and T come from the attention, not from RoPE's outer product") {
+  // llama-rope computes its rotary angles with einsum(positions, inv_freq,
+  // "s, f -> s f"), a matmul between activations at the top level before any
+  // attention: read as attention it gave L = 3 scopes, d = 0.5, T = 4.
+  ir::Graph g = compile_training(napkin::testing::read_source("tests/models/llama-rope.yaml"), "tests/models/llama-rope.yaml");
+  analysis::StepCost c = analysis::analyze_step(g, analysis::find_device("h100"));
+  auto j = nlohmann::json::parse(report::render_report_json(g, c, analysis::analyze_memory(g), {"llama-rope", false}));
+  CHECK(j["flops"]["palm"]["layers"].get<double>() == 2);  // two layers' attention
+  CHECK(j["flops"]["palm"]["d"].get<double>() == 32);      // heads · head_dim
+  CHECK(j["flops"]["palm"]["seq"].get<double>() == 16);    // the keys
+}
+
+TEST_CASE("step cost: PaLM's terms from spelled-out attention, and a model without attention says it has none") {
+  // gpt.yaml without attention fusion: the scores einsum each softmax reads.
+  passes::PipelineOptions unfused;
+  unfused.fuse_attention = false;
+  ir::Graph gpt = compile_training(read_model("gpt.yaml"), "models/gpt.yaml", unfused);
+  analysis::StepCost c = analysis::analyze_step(gpt, nullptr);
+  auto j = nlohmann::json::parse(report::render_report_json(gpt, c, analysis::analyze_memory(gpt), {"gpt", false}));
+  CHECK(j["flops"]["palm"]["layers"].get<double>() == 4);
+  CHECK(j["flops"]["palm"]["d"].get<double>() == 256);
+  CHECK(j["flops"]["palm"]["seq"].get<double>() == 128);
+
+  ir::Graph mlp = compile_training(read_model("mlp.yaml"), "models/mlp.yaml");
+  analysis::StepCost m = analysis::analyze_step(mlp, nullptr);
+  std::string text = report::render_report_text(mlp, m, analysis::analyze_memory(mlp), {"mlp", false});
+  CHECK(text.find("PaLM: no attention in the forward") != std::string::npos);
+  CHECK(nlohmann::json::parse(report::render_report_json(mlp, m, analysis::analyze_memory(mlp), {"mlp", false}))["flops"]
+            .count("palm") == 0);
 }
