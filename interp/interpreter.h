@@ -16,6 +16,12 @@
 //            interp/rounding.h: f32 by static_cast, bf16/f16/fp8 correctly
 //            rounded from the double). A composite op (layernorm, softmax,
 //            cross_entropy, ...) is one op: its internals are not rounded.
+//   Float64 with rounding noise (perturb_roundings): every floating value an
+//            op computes from floating operands moves one ulp up or down, each
+//            with probability 1/4 (values set from outside, constants, fills
+//            and casts of integers stay as they are). The spread of such runs is
+//            how much float64 rounding moves a result: the gradient check's
+//            estimate of its finite differences' own error (gradient_check.h).
 //   Native with rounding noise (perturb_roundings): as Native, but every
 //            floating value that rounding changes is rounded the other way
 //            (round_other_way in rounding.h) with probability 1/2: random
@@ -75,10 +81,10 @@ class Interpreter {
 
   Numerics numerics() const { return numerics_; }
 
-  // Native only (std::logic_error in Float64): from now on every inexactly
-  // rounded value (set() or run()) gets rounding noise drawn from
-  // runtime::Rng(seed, stream), see the header comment. Same seed and stream,
-  // same noise.
+  // From now on every inexactly rounded value (Native: set() or run();
+  // Float64: every floating value run() computes) gets rounding noise drawn
+  // from runtime::Rng(seed, stream), see the header comment. Same seed and
+  // stream, same noise.
   void perturb_roundings(uint64_t seed, uint64_t stream);
 
  private:
@@ -87,7 +93,8 @@ class Interpreter {
   std::vector<std::vector<double>> values_;
   std::vector<char> has_;
   std::optional<runtime::Rng> noise_;  // set by perturb_roundings
-  void store(ir::ValueId v, std::vector<double> data);
+  // computed: an op's result (or an update), not a value set from outside.
+  void store(ir::ValueId v, std::vector<double> data, bool computed);
 };
 
 // Parameter initial values from each Param's InitSpec: zeros, ones,

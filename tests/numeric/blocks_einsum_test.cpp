@@ -180,7 +180,7 @@ TEST_CASE("numeric: gradients of a shared weight sum over block copies and calls
   REQUIRE(r.tensors.size() == g.params.size());
   for (const interp::TensorCheck& t : r.tensors) {
     CAPTURE(t.name);
-    CAPTURE(t.max_error_f64);
+    CAPTURE(t.error_f64);
     CHECK(t.passed);
   }
   CHECK(r.passed);

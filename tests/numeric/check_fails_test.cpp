@@ -3,9 +3,11 @@
 // is reported, tensor by tensor, while the untouched gradients still pass.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
+#include "frontend/frontend.h"
 #include "interp/gradient_check.h"
 #include "ir/builder.h"
 #include "support/test_models.h"
@@ -73,7 +75,7 @@ TEST_CASE("numeric: check_gradients catches a wrong constant in a rule, even a s
   REQUIRE(ok.tensors.size() == 1);
   CHECK(ok.passed);
   CHECK(ok.tensors[0].elements_checked == 12);
-  CHECK(ok.tensors[0].max_error_f64 < 1e-8);
+  CHECK(ok.tensors[0].error_f64 < 1e-8);
 
   ir::Node* two = nullptr;
   for (ir::NodeId id : m.g.schedule()) {
@@ -86,13 +88,13 @@ TEST_CASE("numeric: check_gradients catches a wrong constant in a rule, even a s
   CHECK_FALSE(wrong.passed);
   REQUIRE(wrong.tensors.size() == 1);
   CHECK_FALSE(wrong.tensors[0].passed);
-  CHECK(wrong.tensors[0].max_error_f64 == doctest::Approx(1.0 / 3.0).epsilon(1e-4));  // off by 2/3
+  CHECK(wrong.tensors[0].error_f64 == doctest::Approx(1.0 / 3.0).epsilon(1e-4));  // off by 2/3
   CHECK(wrong.tensors[0].error_native > wrong.tensors[0].tolerance_native);
 
   two->attrs.set("value", 2.0 * (1 + 1e-4));
   interp::GradCheckResult subtle = check(m.g);
   CHECK_FALSE(subtle.passed);
-  CHECK(subtle.tensors[0].max_error_f64 == doctest::Approx(1e-4).epsilon(1e-2));
+  CHECK(subtle.tensors[0].error_f64 == doctest::Approx(1e-4).epsilon(1e-2));
   // The f32 gradient sees it too: its rounding noise is ~1e-7, its tolerance ~1e-5.
   CHECK(subtle.tensors[0].error_native > subtle.tensors[0].tolerance_native);
   CHECK(subtle.tensors[0].tolerance_native < 2e-5);
@@ -110,7 +112,7 @@ TEST_CASE("numeric: check_gradients catches a rule that reads the wrong operand,
   REQUIRE(r.tensors.size() == 2);
   CHECK(r.tensors[0].name == "a");
   CHECK_FALSE(r.tensors[0].passed);
-  CHECK(r.tensors[0].max_error_f64 > 1e-2);
+  CHECK(r.tensors[0].error_f64 > 1e-2);
   CHECK(r.tensors[1].name == "b");
   CHECK(r.tensors[1].passed);
 }
@@ -126,5 +128,35 @@ TEST_CASE("numeric: check_gradients catches swapped operands of a backward node"
   CHECK_FALSE(r.passed);
   REQUIRE(r.tensors.size() == 2);
   CHECK_FALSE(r.tensors[0].passed);
-  CHECK(r.tensors[0].max_error_f64 > 1e-2);
+  CHECK(r.tensors[0].error_f64 > 1e-2);
+}
+
+TEST_CASE("numeric: a correct Llama whose attention gradients are ill conditioned at init passes the f64 check") {
+  // tests/models/llama-rope.yaml at 4 layers, seed 1: blocks.0.wq's gradient
+  // is so small next to the loss (~5.6) that float64 rounding in L alone puts
+  // its five-point difference ~1.3e-5 off, relative: over the old fixed 1e-5
+  // tolerance, so a correct model failed. The tolerance now follows the
+  // difference's measured error.
+  frontend::LoadOptions options;
+  options.dim_overrides = {{"layers", 4}};
+  ir::Graph g = napkin::testing::compile_model_file(napkin::testing::source_path("tests/models/llama-rope.yaml"), options);
+  interp::GradCheckOptions check_options;
+  check_options.seed = 1;
+  check_options.native = false;
+  interp::GradCheckResult r = interp::check_gradients(g, check_options);
+  CHECK(r.loss_noise > 0);
+  CHECK(r.loss_noise < 1e-13 * r.loss);  // float64: a few ulps of L
+  double worst = 0;
+  for (const interp::TensorCheck& t : r.tensors) {
+    CAPTURE(t.name);
+    CHECK(t.passed);
+    CHECK(t.error_f64 <= t.tolerance_f64);
+    worst = std::max(worst, t.error_f64);
+  }
+  CHECK(r.passed);
+  CHECK(worst > 1e-5);  // what the fixed tolerance failed
+  // ... and the tolerance stays tight where the difference is well
+  // conditioned: the norm gains' entries are judged at about 1e-5.
+  for (const interp::TensorCheck& t : r.tensors)
+    if (t.name == "norm_g") CHECK(t.tolerance_f64 < 1.5e-5);
 }

@@ -52,18 +52,18 @@ double check_models(const Policy& policy, int samples, bool verbose) {
     double worst_f64 = 0, model_ratio = 0;
     for (const interp::TensorCheck& t : r.tensors) {
       CAPTURE(t.name);
-      CAPTURE(t.max_error_f64);
+      CAPTURE(t.error_f64);
       CAPTURE(t.error_native);
       CAPTURE(t.noise_native);
       CHECK(t.elements_checked > 0);
-      CHECK(t.max_error_f64 <= t.tolerance_f64);
+      CHECK(t.error_f64 <= t.tolerance_f64);
       CHECK(t.error_native <= t.tolerance_native);
       CHECK(t.passed);
-      worst_f64 = std::max(worst_f64, t.max_error_f64);
+      worst_f64 = std::max(worst_f64, t.error_f64);
       model_ratio = std::max(model_ratio, t.error_native / t.tolerance_native);
       if (verbose)
         std::cout << fmt::format("  {:<12} {:<11} {:<24} {:>4} elements  f64 {:8.1e}  native {:8.1e} / {:8.1e}\n", stem,
-                                 policy.name, t.name, t.elements_checked, t.max_error_f64, t.error_native,
+                                 policy.name, t.name, t.elements_checked, t.error_f64, t.error_native,
                                  t.tolerance_native);
     }
     CHECK(r.passed);

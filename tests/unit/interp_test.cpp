@@ -620,8 +620,22 @@ TEST_CASE("interp: rounding noise rounds inexact values either way and leaves ex
   }
   CHECK(other_way > 64);  // about half of 4 · 64
   CHECK(other_way < 3 * 64);
-  Interpreter f64(g, Numerics::Float64);
-  CHECK_THROWS_AS(f64.perturb_roundings(1, 0), std::logic_error);
+  // Float64's noise moves computed values by at most an ulp, never what was set.
+  Interpreter f64(g, Numerics::Float64), f64_plain(g, Numerics::Float64);
+  f64_plain.set({{x, xs}, {x2, exact}});
+  f64_plain.run();
+  f64.perturb_roundings(1, 0);
+  f64.set({{x, xs}, {x2, exact}});
+  f64.run();
+  check_near(f64.get(x), xs, 0);
+  int moved = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    double got = f64.get(d)[i], nearest = 2 * f64.get(y)[i];  // y's own noise is already in y
+    CHECK((got == nearest || got == std::nextafter(nearest, INFINITY) || got == std::nextafter(nearest, -INFINITY)));
+    moved += got != nearest;
+  }
+  CHECK(moved > 8);  // about half of 64
+  CHECK(moved < 56);
 }
 
 TEST_CASE("interp: apply_updates writes each target, and the next run sees it") {
