@@ -1,37 +1,21 @@
 #!/usr/bin/env bash
-# Installs what napkin needs from Debian 12 (only what is missing) and builds it
-# in Release under build/. Idempotent and quick when everything is present.
+# Installs what napkin needs from Debian 12 (only what is missing) and builds
+# `napkin` in Release under build/. Idempotent and quick when everything is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake ninja-build g++ ccache clang libclang-rt-14-dev
-          libyaml-cpp-dev doctest-dev libcli11-dev libfmt-dev nlohmann-json3-dev llvm-19-dev libdnnl-dev
-          openmpi-bin)  # mpirun and libmpi for the data-parallel tests; trainers dlopen libmpi only under mpirun
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "napkin setup: installing ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+# What building napkin and running the main job need; doctest because the
+# build is configured with its tests (tools/test.sh installs what only the
+# tests need: clang for the fuzz build, Chromium for the browser test).
+source tools/install_packages.sh
+install_missing_packages cmake ninja-build g++ ccache \
+  libyaml-cpp-dev doctest-dev libcli11-dev libfmt-dev nlohmann-json3-dev llvm-19-dev libdnnl-dev \
+  openmpi-bin  # mpirun and libmpi for data-parallel runs; trainers dlopen libmpi only under mpirun
 
-# Headless Chromium for the test that renders `napkin report --html` in a
-# real browser. Optional: where it cannot be installed, that test says it is
-# skipped and everything else runs.
-if ! command -v chromium >/dev/null 2>&1; then
-  echo "napkin setup: installing chromium (for the HTML report's browser test)"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-      chromium >/dev/null; } || echo "napkin setup: chromium could not be installed; the browser test will be skipped"
-fi
-
+# Only what the main job needs: `napkin` and what a trainer it builds links
+# (the runtime). The test suite is built by tools/test.sh, which needs it.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-ninja -C build -j2 | grep -v '^\[' || true
+ninja -C build -j2 napkin | { grep -v '^\[' || true; }  # grep alone may find nothing; a failed build stops here
 test -x build/tools/napkin
 
 # The built-in GPT's training data (models/gpt.yaml reads data/tiny.u16):

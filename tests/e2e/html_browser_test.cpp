@@ -1,5 +1,5 @@
 // `napkin report --html` and `napkin plot` in a real browser: headless
-// Chromium (Debian's chromium, which tools/setup.sh installs) loads the page,
+// Chromium (Debian's chromium, which tools/test.sh installs) loads the page,
 // must log no console error, and its DOM after loading must still carry the
 // JSON report's numbers; a screenshot is taken. Skipped, with a message,
 // where no Chromium is installed.
@@ -36,7 +36,7 @@ Run browse(const std::string& browser, const TempDir& dir, const std::string& fl
 }
 
 // Where there is no browser: the test says so and passes.
-void skip() { MESSAGE("skipped: no Chromium here (tools/setup.sh installs Debian's chromium)"); }
+void skip() { MESSAGE("skipped: no Chromium here (tools/test.sh installs Debian's chromium)"); }
 
 // Console messages the page logged (Chromium prints them as CONSOLE lines).
 bool console_errors(const std::string& log) { return log.find(":CONSOLE") != std::string::npos || log.find("Uncaught") != std::string::npos; }
