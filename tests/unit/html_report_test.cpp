@@ -138,3 +138,26 @@ TEST_CASE("plot: metrics lines become one polyline per run and quantity, eval da
   CHECK_FALSE(report::parse_metrics("{\"zero\": 0}\n", "c.jsonl", error).has_value());
   CHECK(error.find("c.jsonl: no step records") == 0);
 }
+
+TEST_CASE("html report: a name with <!--<script> or </script> in the embedded JSON cannot end the script or open a comment") {
+  Page p = page("models/gpt.yaml", "cpu");
+  nlohmann::json report = nlohmann::json::parse(p.json);
+  const std::string hostile = "x</script><!--<script>&y\xE2\x80\xA8z\xE2\x80\xA9";
+  report["model"] = hostile;
+  const std::string json = report.dump();
+  const std::string html = report::render_report_html({{&p.g, &p.cost, &p.memory, json, "models/gpt.yaml"}},
+                                                      *analysis::find_device("cpu"));
+  const std::string open = "<script type=\"application/json\" class=\"napkin-report\">";
+  const size_t begin = html.find(open);
+  REQUIRE(begin != std::string::npos);
+  const size_t end = html.find("</script>", begin);
+  REQUIRE(end != std::string::npos);
+  const std::string embedded = html.substr(begin + open.size(), end - begin - open.size());
+  for (const char* raw : {"<", ">", "&", "\xE2\x80\xA8", "\xE2\x80\xA9"}) {
+    CAPTURE(raw);
+    CHECK(embedded.find(raw) == std::string::npos);
+  }
+  // The same JSON, read back; the script ends where the page ends it.
+  CHECK(nlohmann::json::parse(embedded) == report);
+  CHECK(html.compare(end, 20, "</script>\n</section>") == 0);
+}
