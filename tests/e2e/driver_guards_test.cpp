@@ -52,6 +52,28 @@ TEST_CASE("driver: an output that is an input or a directory is refused and noth
   for (const auto& e : fs::directory_iterator(tmp.path)) CHECK(e.path().extension() != ".tmp");
 }
 
+TEST_CASE("driver: build -o X writes only X - X.o, a file or a link to one, is left alone and no build files stay") {
+  napkin::testing::TempDir tmp("driver-build-private");
+  const std::string precious = tmp / "precious.txt", trainer = tmp / "trainer", other = tmp / "other";
+  write_bytes(precious, "keep me");
+  fs::create_symlink(precious, trainer + ".o");
+  write_bytes(other + ".o", "mine too");
+  for (const std::string& output : {trainer, other}) {
+    CAPTURE(output);
+    Run r = sh(fmt::format("{} build models/linear.yaml -o {} --quiet", NAPKIN_BINARY, output));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK(sh(output + " --print-program").status == 0);
+  }
+  CHECK(read_bytes(precious) == "keep me");
+  CHECK(fs::is_symlink(trainer + ".o"));
+  CHECK(read_bytes(other + ".o") == "mine too");
+  for (const auto& e : fs::directory_iterator(tmp.path)) {
+    CAPTURE(e.path().string());
+    CHECK(e.path().filename().string().rfind(".napkin-build-", 0) == std::string::npos);
+  }
+}
+
 TEST_CASE("driver: data encode reads regular files only - a directory - /dev/zero - a FIFO") {
   napkin::testing::TempDir tmp("driver-inputs");
   Run r = sh(fmt::format("{} data encode {} -o {}", NAPKIN_BINARY, tmp.path, tmp / "out.u16"));
