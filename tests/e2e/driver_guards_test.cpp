@@ -52,6 +52,48 @@ TEST_CASE("driver: an output that is an input or a directory is refused and noth
   for (const auto& e : fs::directory_iterator(tmp.path)) CHECK(e.path().extension() != ".tmp");
 }
 
+TEST_CASE("driver: every -o refuses its inputs by file, not name - graph --dot, a link, a hard link, the device file") {
+  napkin::testing::TempDir tmp("driver-same-file");
+  const std::string model = tmp / "m.yaml", devices = tmp / "devices.json", metrics = tmp / "m.jsonl";
+  fs::copy_file(std::string(NAPKIN_SOURCE_DIR) + "/models/linear.yaml", model);
+  const std::string yaml = read_bytes(model);
+  const std::string device_file = "{\"format\": \"napkin-devices-1\", \"devices\": []}\n";
+  write_bytes(devices, device_file);
+  write_bytes(metrics, "{\"step\": 1, \"loss\": 2}\n");
+  fs::create_symlink(model, tmp / "link.yaml");
+  fs::create_hard_link(model, tmp / "hard.yaml");
+  fs::create_symlink(metrics, tmp / "link.svg");
+  const std::string env = "NAPKIN_DEVICES=" + devices + " ";
+
+  for (const std::string& output : {model, std::string("./m.yaml"), tmp / "link.yaml", tmp / "hard.yaml"}) {
+    CAPTURE(output);
+    Run r = sh(fmt::format("cd {} && {}{} graph {} --dot -o {}", tmp.path, env, NAPKIN_BINARY, model, output));
+    CHECK(r.status == 1);
+    CHECK(r.out.find("-o " + output + ": is also an input") != std::string::npos);
+    r = sh(fmt::format("cd {} && {}{} report {} --html {}", tmp.path, env, NAPKIN_BINARY, model, output));
+    CHECK(r.status == 1);
+    CHECK(r.out.find("--html " + output + ": is also an input") != std::string::npos);
+  }
+  CHECK(read_bytes(model) == yaml);
+
+  Run r = sh(fmt::format("{}{} plot {} -o {}", env, NAPKIN_BINARY, metrics, tmp / "link.svg"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("is also an input") != std::string::npos);
+  CHECK(read_bytes(metrics) == "{\"step\": 1, \"loss\": 2}\n");
+
+  // The local device file is an input of every command.
+  r = sh(fmt::format("{}{} graph {} --dot -o {}", env, NAPKIN_BINARY, model, devices));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("is the local device file") != std::string::npos);
+  r = sh(fmt::format("{}{} build {} -o {}", env, NAPKIN_BINARY, model, devices));
+  CHECK(r.status == 1);
+  CHECK(read_bytes(devices) == device_file);
+
+  r = sh(fmt::format("{}{} graph {} --dot -o {}", env, NAPKIN_BINARY, model, tmp / "m.dot"));
+  CHECK(r.status == 0);
+  CHECK(read_bytes(tmp / "m.dot").find("digraph") != std::string::npos);
+}
+
 TEST_CASE("driver: build -o X writes only X - X.o, a file or a link to one, is left alone and no build files stay") {
   napkin::testing::TempDir tmp("driver-build-private");
   const std::string precious = tmp / "precious.txt", trainer = tmp / "trainer", other = tmp / "other";
