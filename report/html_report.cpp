@@ -36,6 +36,27 @@ const char* category_color(analysis::MemoryCategory c) {
 
 std::string num(double v) { return ir::with_commas(v); }
 
+// JSON text as a <script> element's content: every '<', '>' and '&' (which
+// JSON has only inside strings) as its \u escape, so that no string in it
+// ends the script ("</script>") or opens a comment ("<!--<script>", which
+// makes the parser swallow the rest of the page), and U+2028 and U+2029 too
+// (line terminators to a JavaScript parser that reads the text as code). The
+// text parses to the same JSON.
+std::string script_safe_json(const std::string& json) {
+  std::string out;
+  out.reserve(json.size());
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (c == '<') out += "\\u003c";
+    else if (c == '>') out += "\\u003e";
+    else if (c == '&') out += "\\u0026";
+    else if (json.compare(i, 3, "\xE2\x80\xA8") == 0) out += "\\u2028", i += 2;
+    else if (json.compare(i, 3, "\xE2\x80\xA9") == 0) out += "\\u2029", i += 2;
+    else out += c;
+  }
+  return out;
+}
+
 // A table of a JSON array of objects: one column per key of the first.
 template <typename Json>
 std::string json_table(const Json& rows, size_t limit = 200) {
@@ -239,10 +260,7 @@ std::string model_column(const HtmlReportInput& in, const analysis::Device& devi
   out += json_table(amp.at("forward_rules")) + "</details>\n";
   out += fmt::format("<details><summary>AMP audit: every cast ({})</summary>\n", amp.at("casts").size());
   out += json_table(amp.at("casts"), 400) + "</details>\n";
-  // The JSON report itself ("</" escaped so that no string in it ends the script).
-  std::string embedded;
-  for (size_t i = 0; i < in.json.size(); ++i) embedded += in.json.compare(i, 2, "</") == 0 ? "<\\" : std::string(1, in.json[i]);
-  out += fmt::format("<script type=\"application/json\" class=\"napkin-report\">{}</script>\n", embedded);
+  out += fmt::format("<script type=\"application/json\" class=\"napkin-report\">{}</script>\n", script_safe_json(in.json));
   return out + "</section>\n";
 }
 

@@ -14,7 +14,9 @@
 //    with the most predicted time in a table with their YAML lines;
 //  - the fusion groups and the AMP audit as collapsible tables.
 // The JSON report (render_report_json) is embedded as
-// <script type="application/json" id="napkin-report">, so every figure on
+// <script type="application/json" class="napkin-report"> (with '<', '>',
+// '&', U+2028 and U+2029 as \u escapes, so no string in it can end the
+// script or open a comment), so every figure on
 // the page can be checked against it; each mark carries its numbers as
 // data-* attributes (the timeline's data-peak, each kernel's data-flops,
 // data-bytes, data-intensity). docs/report.md#html says what each chart's

@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "report/svg_chart.h"
 
@@ -14,20 +16,28 @@ namespace {
 
 constexpr int kWidth = 720, kHeight = 280;
 
+// A metrics record longer than this is not one (the trainer's are ~200 bytes).
+constexpr size_t kMaxLineBytes = size_t{1} << 20;
+
+// A run's quantity as a line of a chart; `scale` multiplies the values.
+Series series_of(const BucketedSeries& b, const std::string& name, const std::string& color, bool dashed,
+                 double scale = 1) {
+  Series s{name, {}, {}, color, dashed, b.values()};
+  b.points(s.x, s.y);
+  for (double& y : s.y) y *= scale;
+  return s;
+}
+
 // The charts, each a standalone <svg>.
 std::vector<std::string> charts(const std::vector<MetricsRun>& runs) {
   std::vector<Series> loss, speed, mfu;
   for (size_t i = 0; i < runs.size(); ++i) {
     const MetricsRun& r = runs[i];
     const std::string color = palette(i);
-    if (!r.loss.empty()) loss.push_back({r.name + " train", r.step, r.loss, color, false});
-    if (!r.eval_loss.empty()) loss.push_back({r.name + " eval", r.eval_step, r.eval_loss, color, true});
-    if (!r.tokens_per_s.empty()) speed.push_back({r.name, r.step, r.tokens_per_s, color, false});
-    if (!r.mfu.empty()) {
-      std::vector<double> percent;
-      for (double m : r.mfu) percent.push_back(100 * m);
-      mfu.push_back({r.name, r.step, percent, color, false});
-    }
+    if (r.loss.drawable()) loss.push_back(series_of(r.loss, r.name + " train", color, false));
+    if (r.eval_loss.drawable()) loss.push_back(series_of(r.eval_loss, r.name + " eval", color, true));
+    if (r.tokens_per_s.drawable()) speed.push_back(series_of(r.tokens_per_s, r.name, color, false));
+    if (r.mfu.drawable()) mfu.push_back(series_of(r.mfu, r.name, color, false, 100));
   }
   std::vector<std::string> out;
   if (!loss.empty()) out.push_back(line_chart({"Loss (train solid, eval dashed)", "step", "loss", false, false, kWidth, kHeight}, loss));
@@ -38,54 +48,118 @@ std::vector<std::string> charts(const std::vector<MetricsRun>& runs) {
 
 }  // namespace
 
-std::optional<MetricsRun> parse_metrics(const std::string& text, const std::string& path, std::string& error) {
+void BucketedSeries::add(double x, double y) {
+  ++values_;
+  if (!std::isfinite(x) || !std::isfinite(y)) {
+    if (!buckets_.empty()) buckets_.back().gap_after = true;
+    return;
+  }
+  const Point p{values_, x, y};
+  if (buckets_.empty() || buckets_.back().gap_after || buckets_.back().values == width_) {
+    if (buckets_.size() == kMaxBuckets) merge_pairs();
+    buckets_.push_back({p, p, p, p, 1, false});
+    return;
+  }
+  Bucket& b = buckets_.back();
+  ++b.values;
+  if (y < b.low.y) b.low = p;
+  if (y > b.high.y) b.high = p;
+  b.last = p;
+}
+
+void BucketedSeries::merge_pairs() {
+  std::vector<Bucket> merged;
+  merged.reserve(buckets_.size() / 2 + 1);
+  for (size_t i = 0; i < buckets_.size(); i += 2) {
+    if (i + 1 == buckets_.size()) {
+      merged.push_back(buckets_[i]);
+      break;
+    }
+    const Bucket& a = buckets_[i];
+    const Bucket& b = buckets_[i + 1];
+    merged.push_back({a.first, b.low.y < a.low.y ? b.low : a.low, b.high.y > a.high.y ? b.high : a.high, b.last,
+                      a.values + b.values, a.gap_after || b.gap_after});
+  }
+  buckets_ = std::move(merged);
+  width_ *= 2;
+}
+
+void BucketedSeries::points(std::vector<double>& x, std::vector<double>& y) const {
+  for (const Bucket& b : buckets_) {
+    std::array<Point, 4> p{b.first, b.low, b.high, b.last};
+    std::sort(p.begin(), p.end(), [](const Point& l, const Point& r) { return l.index < r.index; });
+    for (size_t i = 0; i < p.size(); ++i)
+      if (i == 0 || p[i].index != p[i - 1].index) x.push_back(p[i].x), y.push_back(p[i].y);
+    if (b.gap_after) x.push_back(std::nan("")), y.push_back(std::nan(""));
+  }
+}
+
+std::optional<MetricsRun> parse_metrics(std::istream& in, const std::string& path, std::string& error) {
   MetricsRun run;
   run.name = path;
-  int line_number = 0;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
+  int64_t line_number = 0, records = 0;
+  // One line into the run; false with `error` set when it is not a record.
+  auto take = [&](const std::string& line) {
     ++line_number;
-    if (line.empty()) continue;
+    if (line.empty()) return true;
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
       error = fmt::format("{}:{}: not a JSON line ({})", path, line_number, e.what());
-      return std::nullopt;
+      return false;
     }
     if (!j.is_object()) {
       error = fmt::format("{}:{}: not a metrics record (a JSON object)", path, line_number);
-      return std::nullopt;
+      return false;
     }
-    // A number, or NaN for a field the record does not have (or has as null).
-    auto number = [&](const char* key) {
-      return j.contains(key) && j[key].is_number() ? j[key].get<double>() : std::nan("");
+    auto step = j.find("step");
+    if (step == j.end() || !step->is_number()) return true;  // the run's other records (peak memory, ...)
+    // A field the record has: its number, or a gap for null (a value that was not finite).
+    auto add = [&](const char* key, BucketedSeries& series) {
+      auto v = j.find(key);
+      if (v == j.end()) return false;
+      series.add(step->get<double>(), v->is_number() ? v->get<double>() : std::nan(""));
+      return true;
     };
-    const double step = number("step");
-    if (std::isnan(step)) continue;  // the run's other records (peak memory, ...)
-    if (double loss = number("loss"); !std::isnan(loss)) {
-      run.step.push_back(step);
-      run.loss.push_back(loss);
-      run.tokens_per_s.push_back(number("tokens_per_s"));
-      run.mfu.push_back(number("mfu"));
+    if (add("loss", run.loss)) {
+      ++records;
+      add("tokens_per_s", run.tokens_per_s);
+      add("mfu", run.mfu);
     }
-    if (double eval = number("eval_loss"); !std::isnan(eval)) {
-      run.eval_step.push_back(step);
-      run.eval_loss.push_back(eval);
+    records += add("eval_loss", run.eval_loss);
+    return true;
+  };
+  // Read in chunks and cut at newlines, so that no line grows past kMaxLineBytes.
+  std::string line;
+  std::array<char, 1 << 16> chunk;
+  while (in.read(chunk.data(), chunk.size()) || in.gcount() > 0) {
+    const char* at = chunk.data();
+    const char* end = at + in.gcount();
+    while (at < end) {
+      const char* newline = static_cast<const char*>(std::memchr(at, '\n', static_cast<size_t>(end - at)));
+      line.append(at, newline ? newline : end);
+      at = newline ? newline + 1 : end;
+      if (line.size() > kMaxLineBytes) {
+        error = fmt::format("{}:{}: a line longer than {} bytes is not a metrics record", path, line_number + 1,
+                            kMaxLineBytes);
+        return std::nullopt;
+      }
+      if (newline) {
+        if (!take(line)) return std::nullopt;
+        line.clear();
+      }
     }
   }
-  if (run.step.empty() && run.eval_step.empty()) {
+  if (in.bad()) {
+    error = fmt::format("{}: cannot read it", path);
+    return std::nullopt;
+  }
+  if (!line.empty() && !take(line)) return std::nullopt;
+  if (records == 0) {
     error = fmt::format("{}: no step records (a trainer's --metrics file has a line per logged step)", path);
     return std::nullopt;
   }
-  // A quantity the run never logged (an MFU without a device peak) is left out.
-  auto all_nan = [](const std::vector<double>& v) {
-    for (double x : v)
-      if (!std::isnan(x)) return false;
-    return true;
-  };
-  if (all_nan(run.tokens_per_s)) run.tokens_per_s.clear();
-  if (all_nan(run.mfu)) run.mfu.clear();
   return run;
 }
 

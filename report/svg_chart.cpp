@@ -15,16 +15,21 @@ namespace {
 
 constexpr int kLeft = 70, kRight = 20, kTop = 30, kBottom = 45;
 
-// A linear or log10 scale from [lo, hi] to pixels [a, b].
+constexpr double kMax = std::numeric_limits<double>::max();
+
+// A linear or log10 scale from [lo, hi] (finite, lo < hi) to pixels [a, b].
+// Halves, not differences, of the values: hi - lo overflows for ±1.7e308.
 struct Scale {
   double lo = 0, hi = 1;
   bool log = false;
   double a = 0, b = 1;
   double operator()(double v) const {
-    const double t = log ? (std::log10(v) - std::log10(lo)) / (std::log10(hi) - std::log10(lo)) : (v - lo) / (hi - lo);
+    const double t = log ? (std::log10(v) - std::log10(lo)) / (std::log10(hi) - std::log10(lo))
+                         : (v / 2 - lo / 2) / (hi / 2 - lo / 2);
     return a + t * (b - a);
   }
-  // Tick values: powers of ten on a log scale, round steps on a linear one.
+  // Tick values: powers of ten on a log scale, round steps on a linear one
+  // (a dozen at most, however the step rounds).
   std::vector<double> ticks() const {
     std::vector<double> out;
     if (log) {
@@ -32,29 +37,39 @@ struct Scale {
         if (double v = std::pow(10.0, p); v >= lo * 0.999 && v <= hi * 1.001) out.push_back(v);
       return out;
     }
-    const double raw = (hi - lo) / 5, mag = std::pow(10.0, std::floor(std::log10(raw > 0 ? raw : 1)));
+    const double raw = (hi / 2 - lo / 2) / 2.5, mag = std::pow(10.0, std::floor(std::log10(raw > 0 ? raw : 1)));
     double step = mag;
     for (double m : {1.0, 2.0, 5.0, 10.0})
       if (raw <= m * mag) {
         step = m * mag;
         break;
       }
-    for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push_back(v);
+    const double first = std::ceil(lo / step) * step;
+    for (int k = 0; k < 12; ++k) {
+      const double v = first + k * step;
+      if (!std::isfinite(v) || v > hi + step * 1e-9 || (!out.empty() && v == out.back())) break;
+      out.push_back(v);
+    }
     return out;
   }
 };
 
-// A range that covers the values (padded, and never empty).
+// A range that covers the values (padded, never empty, and finite).
 std::pair<double, double> range_of(const std::vector<double>& v, bool log, bool from_zero) {
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (double x : v)
     if (std::isfinite(x) && (!log || x > 0)) lo = std::min(lo, x), hi = std::max(hi, x);
   if (!std::isfinite(lo)) return {log ? 1.0 : 0.0, log ? 10.0 : 1.0};
-  if (log) return {std::pow(10.0, std::floor(std::log10(lo))), std::pow(10.0, std::ceil(std::log10(hi) + 1e-12))};
+  if (log)
+    return {std::pow(10.0, std::floor(std::log10(lo))), std::min(kMax, std::pow(10.0, std::ceil(std::log10(hi) + 1e-12)))};
   if (from_zero) lo = std::min(lo, 0.0);
-  if (hi == lo) hi = lo + 1;
-  const double pad = 0.05 * (hi - lo);
-  return {from_zero && lo == 0 ? 0 : lo - pad, hi + pad};
+  if (hi == lo) {  // a width the values can resolve: 1, or a millionth of their size
+    const double width = std::max(1.0, std::abs(lo) * 1e-6);
+    if (lo + width <= kMax) hi = lo + width;
+    else lo = hi - width;
+  }
+  const double pad = 0.05 * hi - 0.05 * lo;
+  return {from_zero && lo == 0 ? 0 : std::max(-kMax, lo - pad), std::min(kMax, hi + pad)};
 }
 
 std::string tick_label(double v) {
@@ -150,13 +165,24 @@ std::string line_chart(const Axes& axes, const std::vector<Series>& series) {
     const Series& s = series[i];
     const std::string color = s.color.empty() ? palette(i) : s.color;
     entries.push_back({s.name, color});
-    std::string points;
-    for (size_t k = 0; k < s.x.size() && k < s.y.size(); ++k)
-      if (std::isfinite(s.y[k]) && (!axes.log_y || s.y[k] > 0))
-        points += fmt::format("{}{:.1f},{:.1f}", points.empty() ? "" : " ", x(s.x[k]), y(s.y[k]));
-    out += fmt::format("<polyline class=\"series\" data-name=\"{}\" data-points=\"{}\" fill=\"none\" stroke=\"{}\" "
-                       "stroke-width=\"1.5\"{} points=\"{}\"><title>{}</title></polyline>\n",
-                       escape_xml(s.name), s.x.size(), color, s.dashed ? " stroke-dasharray=\"5,3\"" : "", points,
+    // One subpath per stretch of drawable points; a lone point is a dot (a
+    // zero-length line with round caps).
+    std::string d;
+    size_t stretch = 0;
+    for (size_t k = 0; k < s.x.size() && k < s.y.size(); ++k) {
+      const double px = s.x[k], py = s.y[k];
+      if (!std::isfinite(px) || !std::isfinite(py) || (axes.log_x && px <= 0) || (axes.log_y && py <= 0)) {
+        if (stretch == 1) d += " h0";
+        stretch = 0;
+        continue;
+      }
+      d += fmt::format("{}{}{:.1f},{:.1f}", d.empty() ? "" : " ", stretch++ ? "L" : "M", x(px), y(py));
+    }
+    if (stretch == 1) d += " h0";
+    out += fmt::format("<path class=\"series\" data-name=\"{}\" data-points=\"{}\" fill=\"none\" stroke=\"{}\" "
+                       "stroke-width=\"1.5\" stroke-linecap=\"round\" stroke-linejoin=\"round\"{} d=\"{}\"><title>{}</title>"
+                       "</path>\n",
+                       escape_xml(s.name), s.values, color, s.dashed ? " stroke-dasharray=\"5,3\"" : "", d,
                        escape_xml(s.name));
   }
   if (series.size() > 1) out += legend(axes, entries);

@@ -5,17 +5,20 @@
 // page exactly what was drawn.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace napkin::report {
 
-// A line of a line chart: points (x, y), drawn in order.
+// A line of a line chart: points (x, y), drawn in order; a point with a
+// non-finite coordinate breaks the line there.
 struct Series {
   std::string name;
   std::vector<double> x, y;
   std::string color;  // "" picks one by index
   bool dashed = false;
+  int64_t values = 0;  // how many values the points stand for (data-points): more when they were bucketed
 };
 
 struct Axes {
@@ -24,7 +27,8 @@ struct Axes {
   int width = 640, height = 300;
 };
 
-// Lines over shared axes, with a legend when there are several.
+// Lines over shared axes, with a legend when there are several. Any finite
+// values, ±1.7e308 included, give finite coordinates.
 std::string line_chart(const Axes& axes, const std::vector<Series>& series);
 
 // A stacked area chart over positions 0 .. n-1: layers[k][i] is layer k's

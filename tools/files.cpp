@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "analysis/devices.h"
+
 namespace napkin::tools {
 
 std::string read_file_bytes(const std::string& path) {
@@ -26,6 +28,17 @@ std::string fnv1a_hex(std::initializer_list<std::string_view> parts) {
   return fmt::format("{:016x}", h);
 }
 
+namespace {
+
+// Whether `a` and `b` name the same file: the same device and inode, so that
+// `./m.yaml`, a symbolic link to it and a hard link to it are all m.yaml.
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+}  // namespace
+
 std::string output_problem(const std::string& flag, const std::string& output, const std::vector<std::string>& inputs) {
   std::error_code ec;
   if (output.empty()) return fmt::format("{}: the output path is empty", flag);
@@ -33,8 +46,12 @@ std::string output_problem(const std::string& flag, const std::string& output, c
     return fmt::format("{} {}: is a directory; name the file to write, e.g. {}/{}", flag, output, output,
                        std::filesystem::path(inputs.empty() ? "out" : inputs.front()).stem().string());
   for (const std::string& in : inputs)
-    if (std::filesystem::equivalent(in, output, ec))
+    if (!in.empty() && same_file(in, output))
       return fmt::format("{} {}: is also an input ({}); writing it would destroy it", flag, output, in);
+  // Every command reads the local device file before it starts.
+  if (const std::string devices = analysis::local_device_file(); !devices.empty() && same_file(devices, output))
+    return fmt::format("{} {}: is the local device file every napkin command reads ({}); writing it would destroy it",
+                       flag, output, devices);
   return "";
 }
 

@@ -18,7 +18,11 @@ std::string fnv1a_hex(std::initializer_list<std::string_view> parts);
 
 // A file napkin writes must not be one it reads, nor a directory: `napkin
 // build M.yaml -o M.yaml` would replace the model with the trainer, and `-o
-// DIR` cannot be written atomically. Returns the error line, or "".
+// DIR` cannot be written atomically. Every command checks each path it
+// writes with this, before it writes anything. The same file is the same
+// device and inode (a link to an input, or `./M.yaml`, is the input), and
+// the local device file (analysis::local_device_file()) is an input of every
+// command. Returns the error line, or "".
 std::string output_problem(const std::string& flag, const std::string& output, const std::vector<std::string>& inputs);
 
 // Text napkin reads as data must be a regular file: /dev/zero would never end

@@ -362,6 +362,11 @@ int cmd_graph(const std::string& path, const std::string& dims, bool dot, const 
     std::cerr << "error: napkin graph needs a format\n    hint: add --dot (Graphviz); render with dot -Tsvg\n";
     return kUserError;
   }
+  if (!output.empty())
+    if (std::string problem = tools::output_problem("-o", output, {path}); !problem.empty()) {
+      std::cerr << "error: " << problem << "\n";
+      return kUserError;
+    }
   auto g = load(path, dims);
   if (!g) return kUserError;
   std::string text = report::graph_dot(*g, {!no_fuse});

@@ -5,20 +5,19 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 
 #include "tools/files.h"
 
 namespace napkin::tools {
 
 std::optional<report::MetricsRun> read_metrics(const std::string& path, std::string& error) {
+  if (error = input_problem(path); !error.empty()) return std::nullopt;  // before opening: opening a FIFO blocks
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     error = fmt::format("{}: cannot read it", path);
     return std::nullopt;
   }
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return report::parse_metrics(text, path, error);
+  return report::parse_metrics(in, path, error);  // a line at a time
 }
 
 int plot_command(const std::vector<std::string>& files, std::string output) {

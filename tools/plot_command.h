@@ -10,8 +10,9 @@
 
 namespace napkin::tools {
 
-// One metrics file's run; nullopt with `error` set ("FILE:LINE: what") when
-// it cannot be read or a line is not a metrics record.
+// One metrics file's run, read a line at a time in bounded memory; nullopt
+// with `error` set ("FILE:LINE: what") when it is not a regular file, cannot
+// be read or a line is not a metrics record.
 std::optional<report::MetricsRun> read_metrics(const std::string& path, std::string& error);
 
 // The command: 0, or 1 after printing the error.

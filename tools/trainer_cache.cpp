@@ -1,10 +1,13 @@
 #include "tools/trainer_cache.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 
@@ -23,10 +26,42 @@ namespace napkin::tools {
 std::filesystem::path trainer_cache_dir() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "napkin";
   if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache" / "napkin";
-  return std::filesystem::temp_directory_path() / "napkin-cache";
+  // A shared temporary directory: one cache per user, which private_directory
+  // refuses when someone else made it first.
+  return std::filesystem::temp_directory_path() / fmt::format("napkin-cache-{}", ::geteuid());
 }
 
 namespace {
+
+// Why a trainer in `dir` could be someone else's program, or "": the cache
+// runs what it finds, so its directories must be this user's and writable by
+// no one else. `dir` is made (mode 0700, its parents as usual) when missing.
+std::string private_directory_problem(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (dir.has_parent_path()) std::filesystem::create_directories(dir.parent_path(), ec);  // a failure fails mkdir
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return fmt::format("{}: cannot create it ({})", dir.string(), std::strerror(errno));
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return fmt::format("{}: cannot read it ({})", dir.string(), std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return fmt::format("{}: is not a directory", dir.string());
+  if (st.st_uid != ::geteuid())
+    return fmt::format("{}: is owned by another user (uid {}), so a program in it could be theirs; napkin runs only "
+                       "programs it built", dir.string(), st.st_uid);
+  if ((st.st_mode & 022) != 0)
+    return fmt::format("{}: can be written by other users (mode {:o}), so a program in it could be theirs; napkin runs "
+                       "only programs it built", dir.string(), st.st_mode & 0777);
+  return "";
+}
+
+// Why the cached program `path` (present) must not be run, or "": it must be
+// a regular file of this user's that no one else can write.
+std::string untrusted_entry(const std::filesystem::path& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "is not a regular file";
+  if (st.st_uid != ::geteuid()) return fmt::format("is owned by another user (uid {})", st.st_uid);
+  if ((st.st_mode & 022) != 0) return fmt::format("can be written by other users (mode {:o})", st.st_mode & 0777);
+  return "";
+}
 
 std::string cache_key(const ir::Graph& g, const std::string& target, const std::string& model_hash,
                       const ir::Graph* sampler) {
@@ -64,13 +99,23 @@ std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const st
   const std::string model_hash = hash.empty() ? tools::model_hash(g) : hash;
   const char* what = g.find_output("loss") != ir::kNoValue ? "trainer" : "sampler";  // an inference program's
   if (target != "cpu") sampler = nullptr;  // CUDA trainers carry none yet
-  std::filesystem::path dir = trainer_cache_dir() / cache_key(g, target, model_hash, sampler);
+  const std::filesystem::path root = trainer_cache_dir();
+  const std::filesystem::path dir = root / cache_key(g, target, model_hash, sampler);
+  for (const std::filesystem::path& d : {root, dir})
+    if (std::string problem = private_directory_problem(d); !problem.empty()) {
+      std::cerr << fmt::format("error: the {} cache {}\n    hint: remove it, or set XDG_CACHE_HOME to a directory of "
+                               "your own that only you can write\n",
+                               what, problem);
+      return std::nullopt;
+    }
   std::filesystem::path trainer = dir / "trainer";
   std::filesystem::path sum = dir / "trainer.sum";
-  bool cached = std::filesystem::exists(trainer);
-  if (cached && read_file_bytes(sum.string()) != fnv1a_hex({read_file_bytes(trainer.string())})) {
-    // Rebuilt into a temp file and renamed over it: a run that is about to
-    // exec the old path never finds it missing.
+  std::error_code ec;
+  bool cached = std::filesystem::exists(trainer, ec);
+  if (std::string why = cached ? untrusted_entry(trainer) : ""; !why.empty()) {
+    log << fmt::format("napkin: the cached {} {} {}; rebuilding it\n", what, trainer.string(), why);
+    cached = false;
+  } else if (cached && read_file_bytes(sum.string()) != fnv1a_hex({read_file_bytes(trainer.string())})) {
     log << fmt::format("napkin: the cached {} {} is damaged; rebuilding it\n", what, trainer.string());
     cached = false;
   }
@@ -78,7 +123,8 @@ std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const st
     log << fmt::format("napkin: using the cached {} {}\n", what, trainer.string());
     return trainer;
   }
-  std::filesystem::create_directories(dir);
+  // Rebuilt into a temp file and renamed over it: a run that is about to
+  // exec the old path never finds it missing.
   std::string tmp = (dir / fmt::format("trainer.tmp.{}", getpid())).string();
   auto t0 = std::chrono::steady_clock::now();
   if (!build_into(g, target, model_hash, sampler, tmp)) return std::nullopt;
@@ -88,12 +134,16 @@ std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const st
   std::ofstream sum_out(sum_tmp, std::ios::binary | std::ios::trunc);
   sum_out << fnv1a_hex({read_file_bytes(tmp)});
   sum_out.close();
-  if (!sum_out) {
-    std::cerr << fmt::format("error: {}: cannot write the trainer cache\n", sum_tmp);
+  std::string error;
+  if (!sum_out) error = "cannot write " + sum_tmp;
+  else if (std::filesystem::rename(sum_tmp, sum, ec); ec) error = ec.message();
+  else if (std::filesystem::rename(tmp, trainer, ec); ec) error = ec.message();
+  if (!error.empty()) {
+    std::cerr << fmt::format("error: {}: cannot write the {} cache ({})\n", dir.string(), what, error);
+    std::filesystem::remove(sum_tmp, ec);
+    std::filesystem::remove(tmp, ec);
     return std::nullopt;
   }
-  std::filesystem::rename(sum_tmp, sum);
-  std::filesystem::rename(tmp, trainer);
   log << fmt::format("napkin: built {} in {:.2f} s (cached at {})\n", g.name,
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), trainer.string());
   return trainer;

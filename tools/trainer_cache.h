@@ -5,6 +5,11 @@
 // file's rows (the trainer carries its device's figures: a `napkin devices
 // --measure` builds afresh). trainer.sum beside it holds the FNV-1a of the
 // trainer's bytes, so a truncated or damaged trainer is rebuilt, not run.
+// Without HOME and XDG_CACHE_HOME the cache is $TMPDIR/napkin-cache-UID.
+// The cache runs what it finds, so it trusts only its own: its directories
+// are made mode 0700, and one owned by another user or writable by others is
+// refused (a user error); a trainer not owned by the user, or writable by
+// others, is rebuilt.
 #pragma once
 
 #include <filesystem>
@@ -21,7 +26,8 @@ std::filesystem::path trainer_cache_dir();
 
 // The path of g's trainer for `target` ("cpu" or "cuda"), built now (and
 // said so on stdout) when the cache has no sound one. nullopt when building
-// failed with an error the user can act on (printed on stderr).
+// failed, or the cache cannot be used, with an error the user can act on
+// (printed on stderr).
 // The executable of g for `target`, built once per (graph, target, napkin,
 // runtime, device table, model hash) and kept in trainer_cache_dir().
 // model_hash: what checkpoints must match ("": g's own, a trainer's; an

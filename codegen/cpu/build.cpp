@@ -50,8 +50,7 @@ BuildResult build_cpu_trainer(const ir::Graph& g, const BuildOptions& options) {
   lap("LLVM O3");
   std::string object = emit_object(m, *tm);
   lap("machine code");
-  link_trainer(object, options.output + ".o", options.output);
-  std::remove((options.output + ".o").c_str());
+  link_trainer(object, options.output);
   lap("link");
   return result;
 }

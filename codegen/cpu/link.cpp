@@ -7,10 +7,10 @@ namespace napkin::codegen::cpu {
 
 const char* kernel_link_flags() { return "-lmvec -lm"; }
 
-void link_trainer(const std::string& object_bytes, const std::string& object_path, const std::string& executable) {
-  host::write_file(object_path, object_bytes);
-  host::link_executable(host::shell_quoted(object_path) + " " + kTrainerMainObject + " " + kRuntimeLibrary + " " +
-                            kRuntimeLinkFlags + " " + kernel_link_flags() + " -lpthread",
+void link_trainer(const std::string& object_bytes, const std::string& executable) {
+  host::link_executable(object_bytes,
+                        std::string(kTrainerMainObject) + " " + kRuntimeLibrary + " " + kRuntimeLinkFlags + " " +
+                            kernel_link_flags() + " -lpthread",
                         executable);
 }
 

@@ -8,9 +8,10 @@
 
 namespace napkin::codegen::cpu {
 
-// Writes the object to `object_path`, links `executable`. Throws
-// std::runtime_error with the linker's output if linking fails.
-void link_trainer(const std::string& object_bytes, const std::string& object_path, const std::string& executable);
+// Links the object (its bytes) into `executable` (host::link_executable:
+// nothing but `executable` is written). Throws std::runtime_error with the
+// linker's output if linking fails.
+void link_trainer(const std::string& object_bytes, const std::string& executable);
 
 // The libraries a generated kernel calls besides the runtime (libmvec for
 // vector exp/log), as linker flags.

@@ -1,7 +1,6 @@
 #include "codegen/cuda/build.h"
 
 #include <chrono>
-#include <cstdio>
 #include <set>
 #include <stdexcept>
 
@@ -67,21 +66,14 @@ CudaBuildResult build_cuda_trainer(const ir::Graph& g, const CudaBuildOptions& o
                                                {"napkin_cuda_cubin", std::move(compiled.cubin)},
                                                {"napkin_cuda_ptx", std::move(compiled.ptx)}},
                                               g.name);
-  std::string object_path = options.output + ".o";
-  host::write_file(object_path, object);
   lap("object");
 
-  try {
-    // --as-needed: the runtime's link flags name oneDNN for the CPU GEMM,
-    // which a CUDA trainer does not use; the GPU machine need not have it.
-    host::link_executable(host::shell_quoted(object_path) + " " + kCudaTrainerMainObject + " " + kCudaRuntimeLibrary +
-                             " " + kRuntimeLibrary + " -Wl,--as-needed " + kRuntimeLinkFlags,
-                         options.output);
-  } catch (...) {
-    std::remove(object_path.c_str());
-    throw;
-  }
-  std::remove(object_path.c_str());
+  // --as-needed: the runtime's link flags name oneDNN for the CPU GEMM,
+  // which a CUDA trainer does not use; the GPU machine need not have it.
+  host::link_executable(object,
+                        std::string(kCudaTrainerMainObject) + " " + kCudaRuntimeLibrary + " " + kRuntimeLibrary +
+                            " -Wl,--as-needed " + kRuntimeLinkFlags,
+                        options.output);
   lap("link");
   return result;
 }

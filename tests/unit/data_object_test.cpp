@@ -22,7 +22,6 @@ TEST_CASE("data object: exported byte arrays and their sizes link and read back 
   std::string json = R"({"format": "x"})";
   std::string object = napkin::codegen::host::emit_data_object(
       {{"napkin_test_json", json}, {"napkin_test_binary", binary}, {"napkin_test_empty", ""}}, "data_test");
-  write_bytes(dir / "data.o", object);
   write_bytes(dir / "main.cpp", R"(
 #include <cstdint>
 #include <cstdio>
@@ -42,7 +41,7 @@ int main(int, char** argv) {
   return std::fclose(f);
 }
 )");
-  napkin::codegen::host::link_executable(dir / "data.o" + " " + dir / "main.cpp", dir / "reader");
+  napkin::codegen::host::link_executable(object, dir / "main.cpp", dir / "reader");
   auto r = napkin::testing::run_in_source_tree(fmt::format("{} {}", dir / "reader", dir / "out"));
   INFO(r.out);
   REQUIRE(r.status == 0);

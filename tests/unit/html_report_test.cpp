@@ -3,8 +3,13 @@
 // the page's data-* attributes, and the page needs nothing from outside.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,6 +45,11 @@ struct Page {
   analysis::MemoryReport memory;
   std::string json, html;
 };
+
+std::optional<report::MetricsRun> parse_text(const std::string& text, const std::string& path, std::string& error) {
+  std::istringstream in(text);
+  return report::parse_metrics(in, path, error);
+}
 
 Page page(const char* model, const char* device_name) {
   Page p{testing::compile_small_model(testing::source_path(model)), {}, {}, {}, {}};
@@ -111,7 +121,7 @@ TEST_CASE("html report: two models side by side, each with its own sections") {
   CHECK(html.find("data-model=\"mlp\"") != std::string::npos);
 }
 
-TEST_CASE("plot: metrics lines become one polyline per run and quantity, eval dashed, bad lines named") {
+TEST_CASE("plot: metrics lines become one line per run and quantity, eval dashed, bad lines named") {
   const std::string text =
       "{\"step\": 10, \"loss\": 3.5, \"tokens_per_s\": 1000, \"mfu\": 0.5}\n"
       "{\"step\": 20, \"loss\": 3.0, \"tokens_per_s\": 1100, \"mfu\": 0.55}\n"
@@ -119,22 +129,94 @@ TEST_CASE("plot: metrics lines become one polyline per run and quantity, eval da
       "{\"peak_resident_bytes\": [1], \"zero\": 0}\n"
       "{\"step\": 30, \"loss\": 2.5, \"tokens_per_s\": 1200, \"mfu\": null}\n";
   std::string error;
-  std::optional<report::MetricsRun> run = report::parse_metrics(text, "a.jsonl", error);
+  std::optional<report::MetricsRun> run = parse_text(text, "a.jsonl", error);
   REQUIRE(run.has_value());
-  CHECK(run->step == std::vector<double>{10, 20, 30});
-  CHECK(run->loss == std::vector<double>{3.5, 3.0, 2.5});
-  CHECK(run->eval_step == std::vector<double>{20});
-  CHECK(run->tokens_per_s.size() == 3);
+  std::vector<double> x, y;
+  run->loss.points(x, y);
+  CHECK(x == std::vector<double>{10, 20, 30});
+  CHECK(y == std::vector<double>{3.5, 3.0, 2.5});
+  CHECK(run->eval_loss.values() == 1);
+  CHECK(run->tokens_per_s.values() == 3);
   const std::string svg = report::plot_svg({*run});
   // loss (train, eval), tokens/s, MFU: four lines; MFU's null is not drawn.
-  CHECK(attribute_values(svg, "polyline", "data-points") == std::vector<double>{3, 1, 3, 3});
+  CHECK(attribute_values(svg, "path", "data-points") == std::vector<double>{3, 1, 3, 3});
   CHECK(svg.find("stroke-dasharray") != std::string::npos);
   CHECK(svg.find("a.jsonl eval") != std::string::npos);
   const std::string html = report::plot_html({*run, *run});
-  CHECK(attribute_values(html, "polyline", "data-points").size() == 8);
+  CHECK(attribute_values(html, "path", "data-points").size() == 8);
 
-  CHECK_FALSE(report::parse_metrics("{\"step\": 1, \"loss\": 2}\n[1, 2\n", "b.jsonl", error).has_value());
+  CHECK_FALSE(parse_text("{\"step\": 1, \"loss\": 2}\n[1, 2\n", "b.jsonl", error).has_value());
   CHECK(error.rfind("b.jsonl:2: not a JSON line", 0) == 0);
-  CHECK_FALSE(report::parse_metrics("{\"zero\": 0}\n", "c.jsonl", error).has_value());
+  CHECK_FALSE(parse_text("{\"zero\": 0}\n", "c.jsonl", error).has_value());
   CHECK(error.find("c.jsonl: no step records") == 0);
+  CHECK_FALSE(parse_text("{\"step\": 1, \"loss\": 2}\n" + std::string(2 << 20, ' ') + "\n", "d.jsonl", error));
+  CHECK(error.rfind("d.jsonl:2: a line longer than 1048576 bytes", 0) == 0);
+}
+
+TEST_CASE("plot: a long metrics file gives a bounded page - huge finite values finite coordinates - null a gap") {
+  // 300,000 steps of loss, tokens/s and MFU; a spike of 1.7e308 and one of
+  // -1.7e308 in the loss; nulls (values that were not finite) in a stretch.
+  std::string text;
+  text.reserve(300'000 * 80);
+  for (int step = 1; step <= 300'000; ++step) {
+    const bool null = step > 1000 && step <= 1010;
+    const std::string loss = step == 77'777 ? "1.7e308" : step == 150'000 ? "-1.7e308" : null ? "null"
+                                                                                               : fmt::format("{}", 3.0 + 1.0 / step);
+    text += fmt::format("{{\"step\": {}, \"loss\": {}, \"tokens_per_s\": {}, \"mfu\": 0.5}}\n", step, loss, 1000 + step % 7);
+  }
+  std::string error;
+  std::optional<report::MetricsRun> run = parse_text(text, "long.jsonl", error);
+  REQUIRE(run.has_value());
+  CHECK(run->loss.values() == 300'000);
+  std::vector<double> x, y;
+  run->loss.points(x, y);
+  CHECK(x.size() <= 4 * report::BucketedSeries::kMaxBuckets + 1);
+  // The spikes survive the bucketing; the nulls leave a break.
+  CHECK(std::count(y.begin(), y.end(), 1.7e308) == 1);
+  CHECK(std::count(y.begin(), y.end(), -1.7e308) == 1);
+  CHECK(std::count_if(y.begin(), y.end(), [](double v) { return std::isnan(v); }) == 1);
+
+  const std::string svg = report::plot_svg({*run});
+  CHECK(svg.size() < 200'000);
+  CHECK(svg.find("nan") == std::string::npos);
+  CHECK(svg.find("inf") == std::string::npos);
+  // Each line (loss, tokens/s, MFU) stands for every value and has a bounded number of vertices.
+  std::vector<std::string> lines;  // each line's d attribute (too long for std::regex)
+  for (size_t at = svg.find("<path class=\"series\""); at != std::string::npos; at = svg.find("<path class=\"series\"", at + 1)) {
+    const size_t tag_end = svg.find('>', at);
+    CHECK(svg.substr(at, tag_end - at).find("data-points=\"300000\"") != std::string::npos);
+    const size_t d = svg.find(" d=\"", at) + 4;
+    lines.push_back(svg.substr(d, svg.find('"', d) - d));
+  }
+  REQUIRE(lines.size() == 3);
+  for (const std::string& d : lines) {
+    const auto vertices = std::count(d.begin(), d.end(), ',');
+    CHECK(vertices <= 4 * static_cast<long>(report::BucketedSeries::kMaxBuckets));
+    CHECK(vertices > 100);
+  }
+  // The loss line breaks at the nulls: two stretches.
+  CHECK(std::count(lines[0].begin(), lines[0].end(), 'M') == 2);
+}
+
+TEST_CASE("html report: a name with <!--<script> or </script> in the embedded JSON cannot end the script or open a comment") {
+  Page p = page("models/gpt.yaml", "cpu");
+  nlohmann::json report = nlohmann::json::parse(p.json);
+  const std::string hostile = "x</script><!--<script>&y\xE2\x80\xA8z\xE2\x80\xA9";
+  report["model"] = hostile;
+  const std::string json = report.dump();
+  const std::string html = report::render_report_html({{&p.g, &p.cost, &p.memory, json, "models/gpt.yaml"}},
+                                                      *analysis::find_device("cpu"));
+  const std::string open = "<script type=\"application/json\" class=\"napkin-report\">";
+  const size_t begin = html.find(open);
+  REQUIRE(begin != std::string::npos);
+  const size_t end = html.find("</script>", begin);
+  REQUIRE(end != std::string::npos);
+  const std::string embedded = html.substr(begin + open.size(), end - begin - open.size());
+  for (const char* raw : {"<", ">", "&", "\xE2\x80\xA8", "\xE2\x80\xA9"}) {
+    CAPTURE(raw);
+    CHECK(embedded.find(raw) == std::string::npos);
+  }
+  // The same JSON, read back; the script ends where the page ends it.
+  CHECK(nlohmann::json::parse(embedded) == report);
+  CHECK(html.compare(end, 20, "</script>\n</section>") == 0);
 }
