@@ -654,7 +654,7 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     app.add_option("--collective-timeout", o.collective_timeout,
                    "seconds a rank of a job waits in one collective for the others before it ends the job (0: "
                    "forever)")
-        ->check(CLI::Range(0.0, 1e7))->capture_default_str();
+        ->check(number_in(0, 1e7))->capture_default_str();
     app.add_option("--zero", o.zero,
                    "ZeRO stage of a multi-rank job: 1 shards the optimizer's work and state across the ranks (each "
                    "updates its own parameters); 0, the default: every rank updates everything")
@@ -662,7 +662,7 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     app.add_option("--bucket-mib", o.bucket_mib,
                    "a GPU job all-reduces its gradients in buckets of at least this many MiB, each as soon as the "
                    "backward has written it (default: the program's, 25)")
-        ->check(CLI::Range(1e-6, 1e6));
+        ->check(number_in(1e-6, 1e6));
     app.add_option("--sample-every", o.sample_every,
                    "print a sample of the model every K steps (0: never; a language model's CPU trainer)")
         ->check(whole_number_in(0, kMaxSteps))->capture_default_str();

@@ -271,3 +271,19 @@ TEST_CASE("trainer: no eval data is a warning - .npy files given with --data-fil
   CHECK(npy.status == 0);
   CHECK(npy.out.find("10 rows (all train, eval on the train rows)") != std::string::npos);
 }
+
+TEST_CASE("trainer: floating-point flags refuse nan, inf and negatives - --collective-timeout nan no longer turns the watchdog off (issue 36 item 5b)") {
+  Fixture f;
+  for (const char* flags : {"--collective-timeout nan", "--collective-timeout inf", "--collective-timeout -1",
+                            "--collective-timeout 1x", "--bucket-mib nan", "--bucket-mib -0.5", "--bucket-mib inf"}) {
+    CAPTURE(flags);
+    Run r = f.train(std::string("--steps 1 ") + flags);
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK(r.out.find(std::string(flags).substr(0, std::string(flags).find(' ')) + ": '") != std::string::npos);
+    CHECK(r.out.find("' is not a number from ") != std::string::npos);
+  }
+  Run fine = f.train("--steps 1 --collective-timeout 2.5 --bucket-mib 0.5");
+  INFO(fine.out);
+  CHECK(fine.status == 0);
+}
