@@ -213,6 +213,9 @@ json train_json(const ir::Graph& g) {
           {"metrics", t.metrics_path},
           {"optimizer", std::string(ir::optimizer_name(o.kind))},
           {"lr", o.lr},
+          // The learning-rate schedule, fixed in the optimizer's kernels
+          // (passes/optimizer.h): its length is train.steps at build time.
+          {"schedule", {{"kind", o.schedule}, {"warmup", o.warmup_steps}, {"steps", t.steps}, {"min_lr", o.min_lr}}},
           {"precision", std::string(ir::precision_name(g.config.precision.policy))}};
 }
 

@@ -14,6 +14,7 @@
 #include "runtime/classifier.h"
 #include "runtime/gemm.h"
 #include "runtime/init.h"
+#include "runtime/lr_schedule.h"
 
 namespace napkin::runtime {
 
@@ -172,6 +173,7 @@ struct TrainDefaults {
   std::string metrics;
   std::string optimizer, precision;
   double lr = 0;
+  LrSchedule schedule;  // a program without one (written by hand): constant lr
 };
 
 // What a CUDA program adds (backend "cuda"): the architecture its cubin was

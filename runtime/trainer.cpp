@@ -344,6 +344,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     int64_t params = 0;
     for (const TensorSpec* t : p.with_role("param")) params += t->numel();
     fmt::print("  params     {} ({}), optimizer {}, lr {}\n", with_commas(params), p.train.precision, p.train.optimizer, p.train.lr);
+    fmt::print("  schedule   {}\n", p.train.schedule.describe());
     fmt::print("  data       {}\n", data->describe());
     if (micro_batches > 1)
       fmt::print("  batch      {} micro-batches of {} tokens per step ({} rank{} × {} accumulated): {} tokens\n",
@@ -370,6 +371,10 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
                  "--ranks {} --interconnect NAME` predicts it)\n",
                  ranks, ranks);
     if (ckpt) fmt::print("  checkpoints {} (run {}, keep {})\n", ckpt->path(), lineage.run, o.keep > 0 ? std::to_string(o.keep) : "all");
+  }
+  if (const std::string why = p.train.schedule.mismatch(o.steps); !why.empty() && rank0) {
+    std::fflush(stdout);
+    fmt::print(stderr, "warning: {}\n", why);
   }
   if (o.eval_every > 0 && !data->has_eval() && rank0) {
     std::fflush(stdout);

@@ -287,3 +287,40 @@ TEST_CASE("trainer: floating-point flags refuse nan, inf and negatives - --colle
   INFO(fine.out);
   CHECK(fine.status == 0);
 }
+
+TEST_CASE("trainer: the banner states the learning-rate schedule built in - a --steps that is not its length is a warning (issue 36 item 7)") {
+  napkin::testing::TempDir tmp("e2e-schedule");
+  std::string yaml = napkin::testing::read_source("models/gpt.yaml");
+  const size_t at = yaml.find("  checkpoint: {");
+  REQUIRE(at != std::string::npos);
+  yaml.erase(at, yaml.find('\n', at) + 1 - at);
+  auto replace_line = [&](const std::string& start, const std::string& line) {
+    const size_t from = yaml.find("\n" + start);
+    REQUIRE(from != std::string::npos);
+    yaml.replace(from + 1, yaml.find('\n', from + 1) - from - 1, line);
+  };
+  replace_line("optimizer: ", "optimizer: adamw(lr=6e-4, schedule=cosine, warmup=700, min_lr=6e-5)");
+  replace_line("  steps: ", "  steps: 19073");
+  write_bytes(tmp / "gpt.yaml", yaml);
+  const std::string trainer = tmp / "trainer";
+  Run built = sh(fmt::format("{} build {} --dims {} -o {} --quiet", NAPKIN_BINARY, tmp / "gpt.yaml", kDims, trainer));
+  INFO(built.out);
+  REQUIRE(built.status == 0);
+
+  Run r = sh(trainer + " --data tests/e2e/data/gpt/tokens.u16 --steps 20 --checkpoint-every 0 --log-every 20");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("  schedule   cosine: warmup 700 steps, then decay to min_lr 6e-05, ending at step 19,073 "
+                   "(train.steps when napkin built this trainer)") != std::string::npos);
+  CHECK(r.out.find("warning: --steps 20 is not the length of this trainer's learning-rate schedule") != std::string::npos);
+  CHECK(r.out.find("the run ends at step 20, inside the warmup, at lr 1.714e-05 of 0.0006") != std::string::npos);
+  CHECK(r.out.find("set train.steps: 20 in the model's YAML and rebuild") != std::string::npos);
+
+  // The model's own schedule (constant, no warmup) fits any --steps: no warning.
+  Fixture f;
+  Run plain = sh(f.trainer + " " + f.data + " --steps 2 --checkpoint-every 0");
+  INFO(plain.out);
+  CHECK(plain.status == 0);
+  CHECK(plain.out.find("  schedule   constant\n") != std::string::npos);
+  CHECK(plain.out.find("warning: --steps") == std::string::npos);
+}
