@@ -94,6 +94,7 @@ Program parse_program(const char* text, size_t size) {
       s.offset = t.at("offset");
       s.bytes = t.at("bytes");
       s.param = t.value("param", "");
+      s.index_bound = t.value("index_bound", int64_t{0});
       if (t.contains("init")) {
         const json& i = t.at("init");
         s.init = {i.at("kind"), i.at("value"), i.at("std"), i.at("lo"), i.at("hi")};

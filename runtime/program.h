@@ -26,6 +26,9 @@ struct TensorSpec {
   int64_t offset = 0, bytes = 0;
   ParamInit init;  // params
   std::string param;  // state: the parameter it belongs to ("" when shared)
+  // An input whose values are ids (tokens, targets): they must be below it
+  // (an embedding's rows, a cross-entropy's classes); 0: not ids.
+  int64_t index_bound = 0;
   int64_t numel() const;
 };
 

@@ -133,7 +133,12 @@ std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Engine& e
   if (spec.format.empty())
     throw Error("the model names no training data (train.data in its YAML); pass --data FILE or --data-file NAME=FILE.npy");
   std::vector<InputSlot> slots;
-  for (const TensorSpec* t : p.with_role("input")) slots.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
+  for (const TensorSpec* t : p.with_role("input")) {
+    slots.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
+    // A token file feeds the tokens and the targets: its ids must fit both.
+    if (t->index_bound > 0 && (spec.vocab_bound == 0 || t->index_bound < spec.vocab_bound))
+      spec.vocab_bound = t->index_bound;
+  }
   return Dataset::open(spec, std::move(slots));
 }
 

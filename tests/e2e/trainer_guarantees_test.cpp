@@ -288,6 +288,28 @@ TEST_CASE("trainer: floating-point flags refuse nan, inf and negatives - --colle
   CHECK(fine.status == 0);
 }
 
+TEST_CASE("trainer: a token id at or above the vocabulary is a data error naming the file and position, the last step saved (issue 36 item 13)") {
+  Fixture f;
+  // The model's vocab is 256 (bytes): id 256 at position 1,000 is in window 31 (tokens 992 to 1,024), which the
+  // sequential order reads as row 3 of step 8 (batch 4).
+  std::string tokens = read_bytes(napkin::testing::source_path("tests/e2e/data/gpt/tokens.u16"));
+  tokens[2000] = 0, tokens[2001] = 1;  // little-endian 256
+  const std::string data = f.dir("bad.u16"), d = f.dir("ckpt");
+  write_bytes(data, tokens);
+  Run r = sh(fmt::format("{} --data {} --order sequential --quiet --steps 20 --checkpoint-every 100 --checkpoint-dir {}",
+                         f.trainer, data, d));
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(data + ": token 256 at position 1,000 is not below the vocabulary size 256") != std::string::npos);
+  CHECK(r.out.find("stopped after step 7: saved step 7 as " + d + "/step-000007.safetensors") != std::string::npos);
+  CHECK(checkpoints_in(d) == std::vector<std::string>{"step-000007.safetensors"});
+  // The program says which inputs are ids, and their bound.
+  Run program = sh(f.trainer + " --print-program");
+  REQUIRE(program.status == 0);
+  for (const auto& t : nlohmann::json::parse(program.out)["tensors"])
+    if (t["role"] == "input") CHECK(t["index_bound"] == 256);
+}
+
 TEST_CASE("trainer: the banner states the learning-rate schedule built in - a --steps that is not its length is a warning (issue 36 item 7)") {
   napkin::testing::TempDir tmp("e2e-schedule");
   std::string yaml = napkin::testing::read_source("models/gpt.yaml");
