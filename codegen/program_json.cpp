@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <map>
 
 #include "analysis/cost.h"
@@ -213,7 +214,44 @@ json train_json(const ir::Graph& g) {
           {"metrics", t.metrics_path},
           {"optimizer", std::string(ir::optimizer_name(o.kind))},
           {"lr", o.lr},
+          // The learning-rate schedule, fixed in the optimizer's kernels
+          // (passes/optimizer.h): its length is train.steps at build time.
+          {"schedule", {{"kind", o.schedule}, {"warmup", o.warmup_steps}, {"steps", t.steps}, {"min_lr", o.min_lr}}},
           {"precision", std::string(ir::precision_name(g.config.precision.policy))}};
+}
+
+// Per graph input whose values index something, the count its ids must stay
+// below: the rows of an embedding's table, the classes of a cross-entropy's
+// logits. The trainer's data loader checks every id against it, so an id out
+// of range is an error naming the file and the position, not a kernel's.
+// Views (a reshape of the targets) index through their storage.
+std::map<std::string, int64_t> index_bounds(const ir::Graph& g) {
+  std::map<ir::ValueId, int64_t> by_value;
+  for (ir::NodeId id : g.schedule()) {
+    const ir::Node& n = g.node(id);
+    int ids = -1;
+    int64_t bound = 0;
+    switch (n.op) {
+      case ir::Op::Embedding:  // (table [V, ...], ids)
+        ids = 1, bound = g.value(n.in(0)).type.sizes().at(0);
+        break;
+      case ir::Op::CrossEntropy:  // (logits [..., V], targets)
+        ids = 1, bound = g.value(n.in(0)).type.sizes().back();
+        break;
+      case ir::Op::LinearCrossEntropy:  // (x [..., d], w [V, d], targets)
+        ids = 2, bound = g.value(n.in(1)).type.sizes().at(0);
+        break;
+      default:
+        continue;
+    }
+    const ir::ValueId storage = g.value(n.in(ids)).storage;
+    auto [it, fresh] = by_value.emplace(storage, bound);
+    if (!fresh) it->second = std::min(it->second, bound);
+  }
+  std::map<std::string, int64_t> bounds;
+  for (ir::ValueId in : g.inputs)
+    if (auto it = by_value.find(in); it != by_value.end()) bounds[g.value(in).name] = it->second;
+  return bounds;
 }
 
 json predicted_json(const analysis::StepTime& t) {
@@ -253,6 +291,7 @@ ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std
 
 std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::vector<Launch>& launches,
                          const ProgramFacts& facts) {
+  const std::map<std::string, int64_t> bounds = index_bounds(g);
   json tensors = json::array();
   for (const PlannedTensor& t : plan.tensors) {
     json j = {{"name", t.name},
@@ -262,6 +301,7 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
               {"offset", t.byte_offset},
               {"bytes", t.bytes}};
     if (t.role == TensorRole::State) j["param"] = t.param;
+    if (auto b = bounds.find(t.name); t.role == TensorRole::Input && b != bounds.end()) j["index_bound"] = b->second;
     if (t.role == TensorRole::Param)
       j["init"] = {{"kind", init_kind(t.init.kind)}, {"value", t.init.value}, {"std", t.init.std},
                    {"lo", t.init.lo}, {"hi", t.init.hi}};

@@ -100,7 +100,7 @@ void CheckpointDir::check_and_clean() {
   ::close(fd);
   ::unlink(probe.c_str());
 
-  std::vector<std::string> foreign, newer;
+  std::vector<std::string> foreign, newer, not_files;
   std::string first_reason;
   fs::directory_iterator it(dir_, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
@@ -112,7 +112,13 @@ void CheckpointDir::check_and_clean() {
     }
     std::error_code kind_ec;
     std::optional<int64_t> step = checkpoint_step(name);
-    if (!step || !entry.is_regular_file(kind_ec)) continue;
+    if (!step) continue;
+    // A directory (or a FIFO, a socket) with a checkpoint's name would make
+    // that step's save fail, hours into the run.
+    if (!entry.is_regular_file(kind_ec)) {
+      not_files.push_back(entry.path().string());
+      continue;
+    }
     std::string why = foreign_reason(entry.path().string());
     if (why.empty()) {
       if (lineage_.resumed_step >= 0 && *step > lineage_.resumed_step) newer.push_back(name);
@@ -122,6 +128,15 @@ void CheckpointDir::check_and_clean() {
     if (first_reason.empty()) first_reason = why;
   }
   if (ec) throw Error(dir_ + ": cannot list the checkpoint directory: " + ec.message());
+  if (!not_files.empty()) {
+    std::sort(not_files.begin(), not_files.end());
+    std::string list;
+    for (const std::string& path : not_files) list += "\n    " + path;
+    throw Error(dir_ + ": holds " + std::to_string(not_files.size()) + " entr" + (not_files.size() == 1 ? "y" : "ies") +
+                " named like a checkpoint that " + (not_files.size() == 1 ? "is" : "are") +
+                " not a regular file (a directory?); the save of that step would fail on it:" + list +
+                "\n  move " + (not_files.size() == 1 ? "it" : "them") + " away, or pick another --checkpoint-dir");
+  }
   if (!foreign.empty()) {
     std::sort(foreign.begin(), foreign.end());
     throw Error(dir_ + ": holds " + std::to_string(foreign.size()) + " checkpoint" + (foreign.size() == 1 ? "" : "s") +

@@ -8,6 +8,9 @@
 // - A directory is checked at start-up, not at the first save: it is created,
 //   locked, and a probe file is written and removed, so an unwritable DIR is
 //   an Error before step 1.
+// - Anything named like a checkpoint that is not a regular file (a
+//   directory step-000100.safetensors) stops the run at start-up, named:
+//   the save of that step would fail on it.
 // - Temporaries that killed saves left (.tmp-step-*.safetensors-XXXXXX) are
 //   removed at start-up, under the lock, so no other writer can own them.
 // - A run writes only into a directory that is empty or holds checkpoints of

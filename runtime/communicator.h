@@ -37,6 +37,9 @@ class Communicator {
   // Sums `count` elements over the ranks, in place, deterministically.
   virtual void all_reduce_sum(float* data, int64_t count) = 0;
   virtual void all_reduce_sum(double* data, int64_t count) = 0;
+  // Every rank's `bytes` bytes at `mine`, in rank order, to every rank:
+  // `all` holds size() × bytes.
+  virtual void all_gather(const void* mine, int64_t bytes, void* all) = 0;
   // Rank `root`'s `bytes` bytes at `data` to every rank.
   virtual void broadcast(void* data, int64_t bytes, int root = 0) = 0;
   // Point to point: `bytes` bytes to rank `to`, or from rank `from`.

@@ -119,6 +119,7 @@ class TokenDataset : public Dataset {
     file_.check_intact();
   }
 
+  std::vector<std::string> files() const override { return {spec_.path}; }
   int64_t train_examples() const override { return (n_train_ - 1) / seq_; }
   int64_t batch_rows() const override { return batch_; }
   int64_t eval_examples() const override { return eval_windows_; }
@@ -286,6 +287,11 @@ class NpyDataset : public Dataset {
     check_intact();
   }
 
+  std::vector<std::string> files() const override {
+    std::vector<std::string> paths;
+    for (const Column& c : columns_) paths.push_back(c.array.path());
+    return paths;
+  }
   int64_t train_examples() const override { return n_train_; }
   int64_t batch_rows() const override { return batch_; }
   int64_t eval_examples() const override { return n_eval_; }

@@ -103,6 +103,10 @@ class Dataset {
   virtual std::string eval_problem() const = 0;
   int64_t micro_batches_per_step() const { return micro_batches_per_step_; }
 
+  // The files it reads, in the inputs' order (the ranks of a job compare
+  // them, runtime/rank_agreement.h).
+  virtual std::vector<std::string> files() const = 0;
+
   // One line for the log, e.g. "data/tiny.u16: 1,234,567 u16 tokens
   // (1,111,110 train / 123,457 eval), random windows of 129".
   virtual std::string describe() const = 0;

@@ -16,6 +16,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "runtime/communicator.h"
@@ -128,6 +129,14 @@ class MpiCommunicator final : public Communicator {
 
   void all_reduce_sum(float* data, int64_t count) override { reduce(data, count, api_.type_float, sizeof(float)); }
   void all_reduce_sum(double* data, int64_t count) override { reduce(data, count, api_.type_double, sizeof(double)); }
+
+  void all_gather(const void* mine, int64_t bytes, void* all) override {
+    // A small record (the ranks' agreement): one call, no pieces.
+    if (bytes > INT_MAX) throw std::logic_error("MpiCommunicator::all_gather: more than INT_MAX bytes");
+    Waiting waiting("an all-gather");
+    const int n = static_cast<int>(bytes);
+    check(api_.allgather(mine, n, api_.type_char, all, n, api_.type_char, api_.comm_world), "MPI_Allgather");
+  }
 
   void broadcast(void* data, int64_t bytes, int root) override {
     Waiting waiting("a broadcast");

@@ -94,6 +94,7 @@ Program parse_program(const char* text, size_t size) {
       s.offset = t.at("offset");
       s.bytes = t.at("bytes");
       s.param = t.value("param", "");
+      s.index_bound = t.value("index_bound", int64_t{0});
       if (t.contains("init")) {
         const json& i = t.at("init");
         s.init = {i.at("kind"), i.at("value"), i.at("std"), i.at("lo"), i.at("hi")};
@@ -289,6 +290,13 @@ Program parse_program(const char* text, size_t size) {
     d.optimizer = t.at("optimizer");
     d.precision = t.at("precision");
     d.lr = t.at("lr");
+    d.schedule.lr = d.lr;
+    if (const json& sch = t.value("schedule", json()); !sch.is_null()) {
+      d.schedule.kind = sch.at("kind");
+      d.schedule.warmup = sch.at("warmup");
+      d.schedule.steps = sch.at("steps");
+      d.schedule.min_lr = sch.at("min_lr");
+    }
     return p;
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("the trainer's program description is corrupt: ") + e.what());

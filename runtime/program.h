@@ -14,6 +14,7 @@
 #include "runtime/classifier.h"
 #include "runtime/gemm.h"
 #include "runtime/init.h"
+#include "runtime/lr_schedule.h"
 
 namespace napkin::runtime {
 
@@ -25,6 +26,9 @@ struct TensorSpec {
   int64_t offset = 0, bytes = 0;
   ParamInit init;  // params
   std::string param;  // state: the parameter it belongs to ("" when shared)
+  // An input whose values are ids (tokens, targets): they must be below it
+  // (an embedding's rows, a cross-entropy's classes); 0: not ids.
+  int64_t index_bound = 0;
   int64_t numel() const;
 };
 
@@ -172,6 +176,7 @@ struct TrainDefaults {
   std::string metrics;
   std::string optimizer, precision;
   double lr = 0;
+  LrSchedule schedule;  // a program without one (written by hand): constant lr
 };
 
 // What a CUDA program adds (backend "cuda"): the architecture its cubin was

@@ -19,6 +19,7 @@
 #include "runtime/communicator.h"
 #include "runtime/gradient_stage.h"
 #include "runtime/optimizer_shards.h"
+#include "runtime/rank_agreement.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/dataset.h"
 #include "runtime/error.h"
@@ -133,7 +134,12 @@ std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Engine& e
   if (spec.format.empty())
     throw Error("the model names no training data (train.data in its YAML); pass --data FILE or --data-file NAME=FILE.npy");
   std::vector<InputSlot> slots;
-  for (const TensorSpec* t : p.with_role("input")) slots.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
+  for (const TensorSpec* t : p.with_role("input")) {
+    slots.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
+    // A token file feeds the tokens and the targets: its ids must fit both.
+    if (t->index_bound > 0 && (spec.vocab_bound == 0 || t->index_bound < spec.vocab_bound))
+      spec.vocab_bound = t->index_bound;
+  }
   return Dataset::open(spec, std::move(slots));
 }
 
@@ -245,7 +251,6 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   std::unique_ptr<Engine> engine_owner = make_engine(program, o.threads);
   Engine& ex = *engine_owner;
   ex.set_profiling(o.profile);
-  GradientStage gradients(ex, comm, accumulate);
   // ZeRO-1: this rank updates its own parameters only (one rank: all of them).
   std::unique_ptr<OptimizerShards> shards;
   if (o.zero == 1 && ranks > 1) {
@@ -278,49 +283,77 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
                  o.init, ignored.size());
   }
   ex.upload("param");
-  if (!o.resume.empty()) {
-    // Every rank reads the same file, the one rank 0 chose from a directory
-    // (another rank's view of it may differ: a file system's cache, a
-    // checkpoint being written): the ranks start from the same state.
-    std::string resume = o.resume;
-    if (ranks > 1) {
-      std::error_code ec;
-      if (rank0 && std::filesystem::is_directory(resume, ec))
-        if (auto all = list_checkpoints(resume); !all.empty()) resume = all.front().second;
-      int64_t length = static_cast<int64_t>(resume.size());
-      comm.broadcast(&length, sizeof length);
-      resume.resize(static_cast<size_t>(length));
-      comm.broadcast(resume.data(), length);
-    }
-    CheckpointHeader h = resume_from(resume, tensor_refs(p, ex, {"param", "state"}), p.hash);
-    check_same_global_batch(h, micro_batches, ranks, accumulate);
-    start_step = h.step;
-    if (h.seed) seed = *h.seed;
-    lineage.run = h.run;
-    lineage.resumed_step = h.step;
-    lineage.adopts_version1 = h.format == 1;
+  // Every rank reads the same checkpoint, the one rank 0 chose from a
+  // directory (another rank's view of it may differ: a file system's cache,
+  // a checkpoint being written): the ranks start from the same state. A rank
+  // given no --resume learns rank 0's choice too, and the ranks' agreement
+  // below stops the job.
+  std::string resume = o.resume;
+  if (ranks > 1) {
+    std::error_code ec;
+    if (rank0 && std::filesystem::is_directory(resume, ec))
+      if (auto all = list_checkpoints(resume); !all.empty()) resume = all.front().second;
+    int64_t length = static_cast<int64_t>(resume.size());
+    comm.broadcast(&length, sizeof length);
+    resume.resize(static_cast<size_t>(length));
+    comm.broadcast(resume.data(), length);
+  }
+  std::optional<CheckpointHeader> resumed;
+  if (!resume.empty()) {
+    resumed = resume_from(resume, tensor_refs(p, ex, {"param", "state"}), p.hash);
+    start_step = resumed->step;
+    if (resumed->seed) seed = *resumed->seed;
+    lineage.run = resumed->run;
+    lineage.resumed_step = resumed->step;
+    lineage.adopts_version1 = resumed->format == 1;
     ex.upload("param");
     ex.upload("state");
     if (shards) ex.release(shards->others_state());  // read whole; this rank keeps its share
+  }
+  Options opts = o;
+  opts.seed = seed;
+  std::unique_ptr<Dataset> data = open_data(p, opts, ex, micro_batches);
+
+  // Before any collective whose count depends on them (docs/distributed.md).
+  std::string data_identity;
+  for (const std::string& file : data->files())
+    data_identity += (data_identity.empty() ? "" : "; ") + file_identity(file);
+  check_ranks_agree(
+      comm, {{"the model (its hash: the training step and its schedule)", p.hash},
+             {"--seed", std::to_string(seed)},
+             {"--steps", std::to_string(o.steps)},
+             {"--accumulate", std::to_string(accumulate)},
+             {"--zero", std::to_string(o.zero)},
+             {"--resume", o.resume.empty() ? std::string("not given")
+                          : resumed  ? fmt::format("step {}", resumed->step)
+                                     : std::string("given")},
+             {"the data", data_identity},
+             {"--order", o.order.empty() ? p.train.data.order : o.order},
+             {"--init", o.init.empty() ? std::string("none") : file_identity(o.init)},
+             {"--eval-every", std::to_string(o.eval_every)},
+             {"--eval-batches", std::to_string(o.eval_batches)},
+             {"--checkpoint-every", o.checkpoint_dir.empty() ? std::string("no checkpoints") : std::to_string(o.checkpoint_every)},
+             {"--bucket-mib", fmt::format("{:g}", program.bucket_bytes / (1024.0 * 1024.0))}});
+
+  if (resumed) {
+    check_same_global_batch(*resumed, micro_batches, ranks, accumulate);
     if (start_step > o.steps)
-      throw Error(fmt::format("{} is at step {}, past --steps {}: pass --steps N with N > {} to train further", h.path,
-                              start_step, o.steps, start_step));
-    if (!quiet) fmt::print("resumed from {} at step {}\n", h.path, start_step);
+      throw Error(fmt::format("{} is at step {}, past --steps {}: pass --steps N with N > {} to train further",
+                              resumed->path, start_step, o.steps, start_step));
+    if (!quiet) fmt::print("resumed from {} at step {}\n", resumed->path, start_step);
     if (start_step == o.steps) {
       if (rank0)
         fmt::print("already at step {} of {}: nothing to train (pass a larger --steps to go on)\n", start_step, o.steps);
       return 0;
     }
   }
+  GradientStage gradients(ex, comm, accumulate);
   // A fresh run (or one resumed from a version-1 checkpoint, which has no id)
   // starts a lineage of its own; rank 0's id is the job's.
   if (lineage.run.empty()) {
     lineage.run = new_run_id();
     comm.broadcast(lineage.run.data(), static_cast<int64_t>(lineage.run.size()));
   }
-  Options opts = o;
-  opts.seed = seed;
-  std::unique_ptr<Dataset> data = open_data(p, opts, ex, micro_batches);
 
   // After the data: a run that cannot start leaves no directory behind. Rank
   // 0 alone writes checkpoints (every rank holds the same state).
@@ -344,6 +377,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     int64_t params = 0;
     for (const TensorSpec* t : p.with_role("param")) params += t->numel();
     fmt::print("  params     {} ({}), optimizer {}, lr {}\n", with_commas(params), p.train.precision, p.train.optimizer, p.train.lr);
+    fmt::print("  schedule   {}\n", p.train.schedule.describe());
     fmt::print("  data       {}\n", data->describe());
     if (micro_batches > 1)
       fmt::print("  batch      {} micro-batches of {} tokens per step ({} rank{} × {} accumulated): {} tokens\n",
@@ -370,6 +404,10 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
                  "--ranks {} --interconnect NAME` predicts it)\n",
                  ranks, ranks);
     if (ckpt) fmt::print("  checkpoints {} (run {}, keep {})\n", ckpt->path(), lineage.run, o.keep > 0 ? std::to_string(o.keep) : "all");
+  }
+  if (const std::string why = p.train.schedule.mismatch(o.steps); !why.empty() && rank0) {
+    std::fflush(stdout);
+    fmt::print(stderr, "warning: {}\n", why);
   }
   if (o.eval_every > 0 && !data->has_eval() && rank0) {
     std::fflush(stdout);
@@ -584,6 +622,12 @@ int run_rank(const Options& o, const Program& p, const EngineFactory& make_engin
   if (comm->size() == 1) return run(o, p, make_engine, sampler, *comm);
   try {
     return run(o, p, make_engine, sampler, *comm);
+  } catch (const RanksDisagree& e) {
+    // Every rank found the same differences: rank 0 says them, and they all
+    // end (MPI finalized) with status 1, none waiting for another.
+    std::fflush(stdout);
+    if (comm->rank() == 0) write_stderr_line(fmt::format("error: {}", e.what()));
+    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     bool user = dynamic_cast<const Error*>(&e) != nullptr;
@@ -654,7 +698,7 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     app.add_option("--collective-timeout", o.collective_timeout,
                    "seconds a rank of a job waits in one collective for the others before it ends the job (0: "
                    "forever)")
-        ->check(CLI::Range(0.0, 1e7))->capture_default_str();
+        ->check(number_in(0, 1e7))->capture_default_str();
     app.add_option("--zero", o.zero,
                    "ZeRO stage of a multi-rank job: 1 shards the optimizer's work and state across the ranks (each "
                    "updates its own parameters); 0, the default: every rank updates everything")
@@ -662,7 +706,7 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     app.add_option("--bucket-mib", o.bucket_mib,
                    "a GPU job all-reduces its gradients in buckets of at least this many MiB, each as soon as the "
                    "backward has written it (default: the program's, 25)")
-        ->check(CLI::Range(1e-6, 1e6));
+        ->check(number_in(1e-6, 1e6));
     app.add_option("--sample-every", o.sample_every,
                    "print a sample of the model every K steps (0: never; a language model's CPU trainer)")
         ->check(whole_number_in(0, kMaxSteps))->capture_default_str();

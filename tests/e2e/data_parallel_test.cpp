@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -38,9 +39,10 @@ const char* kData = "--data tests/e2e/data/gpt/tokens.u16 --threads 1 --log-ever
 
 // mpirun with what a test machine needs: more ranks than cores, and root
 // (CI runs as root) allowed.
-std::string mpirun(int ranks) {
-  return fmt::format("mpirun --oversubscribe{} -np {}", ::geteuid() == 0 ? " --allow-run-as-root" : "", ranks);
+std::string mpirun_launcher() {
+  return fmt::format("mpirun --oversubscribe{}", ::geteuid() == 0 ? " --allow-run-as-root" : "");
 }
+std::string mpirun(int ranks) { return fmt::format("{} -np {}", mpirun_launcher(), ranks); }
 
 // Two trainers of models/gpt.yaml (its checkpoint line removed: nothing
 // here saves into the source tree): the global batch of 4 and the
@@ -229,6 +231,35 @@ TEST_CASE("data parallel: ZeRO-1 trains bit for bit as plain data parallel, and 
   INFO(resumed.out);
   REQUIRE(resumed.status == 0);
   CHECK(checkpoint_data(f.tmp / "resumed/step-000008.safetensors") == checkpoint_data(f.tmp / "plain4/step-000008.safetensors"));
+}
+
+TEST_CASE("data parallel: ranks that disagree on --seed, --accumulate or their data stop before step 1, naming the rank and the setting (issue 36 item 2)") {
+  Fixture f;
+  // 20,000 bytes of the token file: a shorter copy on rank 1's host.
+  const std::string shorter = f.tmp / "short.u16";
+  write_bytes(shorter, read_bytes(napkin::testing::source_path("tests/e2e/data/gpt/tokens.u16")).substr(0, 20000));
+  const std::string common = "--threads 1 --steps 3 --checkpoint-every 0";
+  struct Case {
+    std::string rank0, rank1, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--seed 1", "--seed 2", "rank 1 disagrees with rank 0 on --seed: 2 vs 1"},
+           {"--accumulate 1", "--accumulate 2", "rank 1 disagrees with rank 0 on --accumulate: 2 vs 1"},
+           {"", "", "rank 1 disagrees with rank 0 on the data: 20,000 bytes, CRC-32C "},
+       }) {
+    CAPTURE(c.says);
+    const std::string data1 = c.says.find("the data") != std::string::npos ? shorter : "tests/e2e/data/gpt/tokens.u16";
+    // mpirun's MPMD form: one rank with each command line.
+    Run r = sh(fmt::format("{} -np 1 {} --data tests/e2e/data/gpt/tokens.u16 {} --metrics {} {} : -np 1 {} --data {} {} {}",
+                           mpirun_launcher(), f.micro, common, f.tmp / "m.jsonl", c.rank0, f.micro, data1, common,
+                           c.rank1));
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK(r.out.find("error: " + c.says) != std::string::npos);
+    CHECK(r.out.find("error: " + c.says, r.out.find("error: " + c.says) + 1) == std::string::npos);  // rank 0 alone says it
+    CHECK(r.out.find("step      1/3") == std::string::npos);
+    CHECK(!std::filesystem::exists(f.tmp / "m.jsonl"));  // nothing trained, no metrics
+  }
 }
 
 // A job whose rank 1 is killed (kill -9) or stopped (SIGSTOP: a hang the

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "runtime/cuda/cuda_driver.h"
+#include "runtime/npy.h"
 #include "runtime/safetensors.h"
 #include "support/checkpoint_content.h"
 #include "support/test_io.h"
@@ -348,15 +349,22 @@ TEST_CASE("fake cuda: gpt bf16-mixed trains on the fake GPU as on the CPU and an
   // Those losses came through cuBLASLt's epilogues: each block's two residual projections read x as C.
   CHECK(epilogues_of(t).residual >= 2 * 2);  // kGptDims: 2 layers
 
-  // Token 300 in a byte-level model, a few batches in (met by a kernel
+  // Id 300 in a byte-level model, a few batches in (met by a kernel
   // replayed from a CUDA graph): the CUDA trainer stops where the CPU one
-  // does, with the CPU's message.
-  std::string tokens = read_bytes(std::string(NAPKIN_SOURCE_DIR) + "/tests/e2e/data/gpt/tokens.u16");
-  tokens[2 * 400] = static_cast<char>(300 & 0xff);
-  tokens[2 * 400 + 1] = static_cast<char>(300 >> 8);
-  write_bytes(dir / "bad.u16", tokens);
-  std::string bad_flags = fmt::format("{} --data {} --steps 4 --quiet --checkpoint-dir {}", kCommon, dir / "bad.u16",
-                                      dir / "ckpt-bad");
+  // does, with the CPU's message. From .npy files: a token file's ids never
+  // reach a kernel, the data loader checks them (trainer_guarantees_test).
+  const std::string tokens = read_bytes(std::string(NAPKIN_SOURCE_DIR) + "/tests/e2e/data/gpt/tokens.u16");
+  std::vector<int32_t> x(16 * 32), y(16 * 32);  // 16 rows of seq 32: windows of the token file
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<unsigned char>(tokens[2 * i]) | static_cast<unsigned char>(tokens[2 * i + 1]) << 8;
+    y[i] = static_cast<unsigned char>(tokens[2 * i + 2]) | static_cast<unsigned char>(tokens[2 * i + 3]) << 8;
+  }
+  x[8 * 32 + 5] = 300;  // row 8: step 3 of sequential batches of 4
+  napkin::runtime::write_npy(dir / "x.npy", "<i4", {16, 32}, x.data(), x.size() * 4);
+  napkin::runtime::write_npy(dir / "y.npy", "<i4", {16, 32}, y.data(), y.size() * 4);
+  std::string bad_flags = fmt::format("{} --data-file tokens={} --data-file targets={} --steps 4 --quiet "
+                                      "--checkpoint-dir {}",
+                                      kCommon, dir / "x.npy", dir / "y.npy", dir / "ckpt-bad");
   Run bad_cpu = sh(fmt::format("{} {} --metrics {}", t.cpu, bad_flags, dir / "bad-cpu.jsonl"));
   Run bad = run_cuda(t, fmt::format("{} --metrics {}", bad_flags, dir / "bad-cuda.jsonl"));
   INFO(bad_cpu.out);

@@ -271,3 +271,78 @@ TEST_CASE("trainer: no eval data is a warning - .npy files given with --data-fil
   CHECK(npy.status == 0);
   CHECK(npy.out.find("10 rows (all train, eval on the train rows)") != std::string::npos);
 }
+
+TEST_CASE("trainer: floating-point flags refuse nan, inf and negatives - --collective-timeout nan no longer turns the watchdog off (issue 36 item 5b)") {
+  Fixture f;
+  for (const char* flags : {"--collective-timeout nan", "--collective-timeout inf", "--collective-timeout -1",
+                            "--collective-timeout 1x", "--bucket-mib nan", "--bucket-mib -0.5", "--bucket-mib inf"}) {
+    CAPTURE(flags);
+    Run r = f.train(std::string("--steps 1 ") + flags);
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK(r.out.find(std::string(flags).substr(0, std::string(flags).find(' ')) + ": '") != std::string::npos);
+    CHECK(r.out.find("' is not a number from ") != std::string::npos);
+  }
+  Run fine = f.train("--steps 1 --collective-timeout 2.5 --bucket-mib 0.5");
+  INFO(fine.out);
+  CHECK(fine.status == 0);
+}
+
+TEST_CASE("trainer: a token id at or above the vocabulary is a data error naming the file and position, the last step saved (issue 36 item 13)") {
+  Fixture f;
+  // The model's vocab is 256 (bytes): id 256 at position 1,000 is in window 31 (tokens 992 to 1,024), which the
+  // sequential order reads as row 3 of step 8 (batch 4).
+  std::string tokens = read_bytes(napkin::testing::source_path("tests/e2e/data/gpt/tokens.u16"));
+  tokens[2000] = 0, tokens[2001] = 1;  // little-endian 256
+  const std::string data = f.dir("bad.u16"), d = f.dir("ckpt");
+  write_bytes(data, tokens);
+  Run r = sh(fmt::format("{} --data {} --order sequential --quiet --steps 20 --checkpoint-every 100 --checkpoint-dir {}",
+                         f.trainer, data, d));
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(data + ": token 256 at position 1,000 is not below the vocabulary size 256") != std::string::npos);
+  CHECK(r.out.find("stopped after step 7: saved step 7 as " + d + "/step-000007.safetensors") != std::string::npos);
+  CHECK(checkpoints_in(d) == std::vector<std::string>{"step-000007.safetensors"});
+  // The program says which inputs are ids, and their bound.
+  Run program = sh(f.trainer + " --print-program");
+  REQUIRE(program.status == 0);
+  for (const auto& t : nlohmann::json::parse(program.out)["tensors"])
+    if (t["role"] == "input") CHECK(t["index_bound"] == 256);
+}
+
+TEST_CASE("trainer: the banner states the learning-rate schedule built in - a --steps that is not its length is a warning (issue 36 item 7)") {
+  napkin::testing::TempDir tmp("e2e-schedule");
+  std::string yaml = napkin::testing::read_source("models/gpt.yaml");
+  const size_t at = yaml.find("  checkpoint: {");
+  REQUIRE(at != std::string::npos);
+  yaml.erase(at, yaml.find('\n', at) + 1 - at);
+  auto replace_line = [&](const std::string& start, const std::string& line) {
+    const size_t from = yaml.find("\n" + start);
+    REQUIRE(from != std::string::npos);
+    yaml.replace(from + 1, yaml.find('\n', from + 1) - from - 1, line);
+  };
+  replace_line("optimizer: ", "optimizer: adamw(lr=6e-4, schedule=cosine, warmup=700, min_lr=6e-5)");
+  replace_line("  steps: ", "  steps: 19073");
+  write_bytes(tmp / "gpt.yaml", yaml);
+  const std::string trainer = tmp / "trainer";
+  Run built = sh(fmt::format("{} build {} --dims {} -o {} --quiet", NAPKIN_BINARY, tmp / "gpt.yaml", kDims, trainer));
+  INFO(built.out);
+  REQUIRE(built.status == 0);
+
+  Run r = sh(trainer + " --data tests/e2e/data/gpt/tokens.u16 --steps 20 --checkpoint-every 0 --log-every 20");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("  schedule   cosine: warmup 700 steps, then decay to min_lr 6e-05, ending at step 19,073 "
+                   "(train.steps when napkin built this trainer)") != std::string::npos);
+  CHECK(r.out.find("warning: --steps 20 is not the length of this trainer's learning-rate schedule") != std::string::npos);
+  CHECK(r.out.find("the run ends at step 20, inside the warmup, at lr 1.714e-05 of 0.0006") != std::string::npos);
+  CHECK(r.out.find("set train.steps: 20 in the model's YAML and rebuild") != std::string::npos);
+
+  // The model's own schedule (constant, no warmup) fits any --steps: no warning.
+  Fixture f;
+  Run plain = sh(f.trainer + " " + f.data + " --steps 2 --checkpoint-every 0");
+  INFO(plain.out);
+  CHECK(plain.status == 0);
+  CHECK(plain.out.find("  schedule   constant\n") != std::string::npos);
+  CHECK(plain.out.find("warning: --steps") == std::string::npos);
+}

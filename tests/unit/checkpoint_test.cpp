@@ -557,6 +557,15 @@ TEST_CASE("checkpoint dir: start-up locks the dir - checks it is writable - remo
             .starts_with(dir / "file/sub: cannot create the checkpoint directory: "));
 }
 
+TEST_CASE("checkpoint dir: a directory named like a checkpoint is refused at start-up, named (issue 36 item 14)") {
+  TempDir dir;
+  fs::create_directory(dir / "step-000100.safetensors");
+  const std::string e = error_of([&] { rt::CheckpointDir run(dir.path, {"h", kRun}); });
+  CHECK(e.starts_with(dir.path + ": holds 1 entry named like a checkpoint that is not a regular file"));
+  CHECK(e.find("\n    " + dir / "step-000100.safetensors") != std::string::npos);
+  CHECK(fs::is_directory(dir / "step-000100.safetensors"));  // untouched
+}
+
 TEST_CASE("checkpoint: a failed write leaves the previous checkpoint intact and no temp file") {
   TempDir dir;
   Model first(1), second(2);
