@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -38,9 +39,17 @@ std::vector<std::string> charts(const std::vector<MetricsRun>& runs) {
 
 }  // namespace
 
-std::optional<MetricsRun> parse_metrics(const std::string& text, const std::string& path, std::string& error) {
-  MetricsRun run;
-  run.name = path;
+std::optional<std::vector<MetricsRun>> parse_metrics(const std::string& text, const std::string& path,
+                                                     std::string& error) {
+  // One part per run in the file; `id` is "" for records before any run
+  // record (a file written before trainers wrote them).
+  struct Part {
+    MetricsRun run;
+    std::string id;
+    double start_step = 0;
+  };
+  std::vector<Part> parts(1);
+  double last_step = -1;  // the current part's
   int line_number = 0;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
@@ -61,8 +70,22 @@ std::optional<MetricsRun> parse_metrics(const std::string& text, const std::stri
     auto number = [&](const char* key) {
       return j.contains(key) && j[key].is_number() ? j[key].get<double>() : std::nan("");
     };
+    if (j.contains("run") && j["run"].is_string()) {
+      const std::string id = j["run"].get<std::string>();
+      const double start = std::isnan(number("start_step")) ? 0 : number("start_step");
+      const MetricsRun& current = parts.back().run;
+      const bool empty = current.step.empty() && current.eval_step.empty();
+      // A resumed run carries on the line of the run it resumed.
+      if (!empty && id == parts.back().id && start >= last_step) continue;
+      if (!empty) parts.emplace_back(), last_step = -1;
+      parts.back().id = id;
+      parts.back().start_step = start;
+      continue;
+    }
     const double step = number("step");
     if (std::isnan(step)) continue;  // the run's other records (peak memory, ...)
+    last_step = std::max(last_step, step);
+    MetricsRun& run = parts.back().run;
     if (double loss = number("loss"); !std::isnan(loss)) {
       run.step.push_back(step);
       run.loss.push_back(loss);
@@ -74,7 +97,8 @@ std::optional<MetricsRun> parse_metrics(const std::string& text, const std::stri
       run.eval_loss.push_back(eval);
     }
   }
-  if (run.step.empty() && run.eval_step.empty()) {
+  std::erase_if(parts, [](const Part& p) { return p.run.step.empty() && p.run.eval_step.empty(); });
+  if (parts.empty()) {
     error = fmt::format("{}: no step records (a trainer's --metrics file has a line per logged step)", path);
     return std::nullopt;
   }
@@ -84,9 +108,23 @@ std::optional<MetricsRun> parse_metrics(const std::string& text, const std::stri
       if (!std::isnan(x)) return false;
     return true;
   };
-  if (all_nan(run.tokens_per_s)) run.tokens_per_s.clear();
-  if (all_nan(run.mfu)) run.mfu.clear();
-  return run;
+  std::vector<MetricsRun> runs;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    MetricsRun& run = parts[i].run;
+    run.name = path;
+    if (parts.size() > 1 && !parts[i].id.empty()) {
+      run.name += ", run " + parts[i].id;
+      for (size_t k = 0; k < i; ++k)
+        if (parts[k].id == parts[i].id) {
+          run.name += fmt::format(", from step {}", parts[i].start_step);
+          break;
+        }
+    }
+    if (all_nan(run.tokens_per_s)) run.tokens_per_s.clear();
+    if (all_nan(run.mfu)) run.mfu.clear();
+    runs.push_back(std::move(run));
+  }
+  return runs;
 }
 
 std::string plot_svg(const std::vector<MetricsRun>& runs) {

@@ -24,6 +24,7 @@
 #include "runtime/error.h"
 #include "runtime/flag_checks.h"
 #include "runtime/init.h"
+#include "runtime/metrics_file.h"
 #include "runtime/rng_tensor.h"
 #include "runtime/sampler.h"
 #include "runtime/tensor_element.h"
@@ -151,26 +152,6 @@ void watch_for_nan(Engine& engine, const int64_t& step) {
     }
   });
 }
-
-class Metrics {
- public:
-  Metrics(const std::string& path, bool append) {
-    if (path.empty()) return;
-    std::filesystem::path parent = std::filesystem::path(path).parent_path();
-    std::error_code ec;
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    file_.open(path, append ? std::ios::app : std::ios::trunc);
-    if (!file_) throw Error(path + ": cannot open the metrics file for writing");
-  }
-  void line(const std::string& json) {
-    if (!file_.is_open()) return;
-    file_ << json << '\n';
-    file_.flush();
-  }
-
- private:
-  std::ofstream file_;
-};
 
 // --resume ARG: ARG is a checkpoint file or a directory (its newest file).
 // When the newest file of a directory cannot be used, the message lists the
@@ -376,7 +357,8 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     fmt::print(stderr, "warning: --eval-every {} asks for a held-out loss, but there is no eval data: {}\n", o.eval_every,
                data->eval_problem());
   }
-  Metrics metrics(rank0 ? o.metrics : std::string(), start_step > 0);
+  MetricsFile metrics(rank0 ? o.metrics : std::string());
+  metrics.write(MetricsRecord().text("run", lineage.run).integer("start_step", start_step));
   int64_t current = start_step;
   if (o.debug_nan) watch_for_nan(ex, current);
 
@@ -490,12 +472,15 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
         fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {}  ETA {}\n",
                    step, o.steps, loss, mean * 1e3, tokens_per_s, flops / 1e9, mfu_text(mfu), human_duration(eta));
       std::fflush(stdout);
-      metrics.line(fmt::format(
-          R"({{"step": {}, "loss": {:.9g}, "step_ms": {:.4f}, "tokens_per_s": {:.1f}, "gflops": {:.3f}, "mfu": {}, "predicted_step_ms": {}, "predicted_mfu": {}}})",
-          step, loss, mean * 1e3, tokens_per_s, flops / 1e9,
-          mfu.known ? fmt::format("{:.4f}", mfu.fraction) : std::string("null"),
-          p.predicted.known ? fmt::format("{:.4f}", p.predicted.step_seconds * 1e3) : std::string("null"),
-          p.predicted.known && peak > 0 ? fmt::format("{:.4f}", p.predicted.mfu) : std::string("null")));
+      metrics.write(MetricsRecord()
+                        .integer("step", step)
+                        .general("loss", loss, 9)
+                        .fixed("step_ms", mean * 1e3, 4)
+                        .fixed("tokens_per_s", tokens_per_s, 1)
+                        .fixed("gflops", flops / 1e9, 3)
+                        .fixed("mfu", mfu.known ? mfu.fraction : kUnknown, 4)
+                        .fixed("predicted_step_ms", p.predicted.known ? p.predicted.step_seconds * 1e3 : kUnknown, 4)
+                        .fixed("predicted_mfu", p.predicted.known && peak > 0 ? p.predicted.mfu : kUnknown, 4));
       window_seconds = 0;
       window_steps = 0;
     }
@@ -516,7 +501,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
       comm.all_reduce_sum(&sum, 1);
       double eval_loss = sum / static_cast<double>(o.eval_batches);
       if (!quiet) fmt::print("step {:>6}/{}  eval loss {:.4f} ({} batches)\n", step, o.steps, eval_loss, o.eval_batches);
-      metrics.line(fmt::format(R"({{"step": {}, "eval_loss": {:.9g}}})", step, eval_loss));
+      metrics.write(MetricsRecord().integer("step", step).general("eval_loss", eval_loss, 9));
     }
     if (samples && step % o.sample_every == 0) {
       const std::string text = samples->sample(ex, o.sample_tokens, seed + static_cast<uint64_t>(step));
@@ -537,7 +522,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   }
   if (last_saved != o.steps) save(o.steps);  // a no-op without a checkpoint dir
   if (!quiet) fmt::print("{}", end_of_run_summary(p, step_times));
-  if (step_times.count() > 0) metrics.line(end_of_run_metrics(p, step_times));
+  if (step_times.count() > 0) metrics.write(end_of_run_metrics(p, step_times));
   if (!quiet && !o.metrics.empty())
     fmt::print("metrics: {} (loss, tokens/s and MFU as charts: napkin plot {})\n", o.metrics, o.metrics);
   if (gradients.all_reduces() > 0) {
@@ -555,21 +540,22 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
       fmt::print("all-reduce: {} a step on the GPU; the optimizer waited {:.3f} ms a step for it after the backward "
                  "(mean of {})\n",
                  human_bytes(bytes), seconds * 1e3, gradients.all_reduces());
-    metrics.line(fmt::format(R"({{"all_reduce": true, "ranks": {}, "bytes": {}, "mean_ms": {:.6f}, "bus_gb_per_s": {:.6g}}})",
-                              ranks, gradients.all_reduce_bytes(), seconds * 1e3, bus / 1e9));
+    metrics.write(MetricsRecord()
+                      .boolean("all_reduce", true)
+                      .integer("ranks", ranks)
+                      .integer("bytes", gradients.all_reduce_bytes())
+                      .fixed("mean_ms", seconds * 1e3, 6)
+                      .general("bus_gb_per_s", bus / 1e9, 6));
   }
   if (ranks > 1) {
     // Each rank's peak resident memory (what ZeRO-1 saves shows here), to rank 0.
     std::vector<double> peaks(static_cast<size_t>(ranks), 0.0);
     peaks[static_cast<size_t>(comm.rank())] = static_cast<double>(peak_resident_bytes());
     comm.all_reduce_sum(peaks.data(), ranks);
-    std::string list, json_list;
-    for (double b : peaks) {
-      list += (list.empty() ? "" : ", ") + human_bytes(b);
-      json_list += (json_list.empty() ? "" : ", ") + fmt::format("{:.0f}", b);
-    }
+    std::string list;
+    for (double b : peaks) list += (list.empty() ? "" : ", ") + human_bytes(b);
     if (!quiet) fmt::print("memory: peak resident per rank {}\n", list);
-    metrics.line(fmt::format(R"({{"peak_resident_bytes": [{}], "zero": {}}})", json_list, shards ? 1 : 0));
+    metrics.write(MetricsRecord().fixed_list("peak_resident_bytes", peaks, 0).integer("zero", shards ? 1 : 0));
   }
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success

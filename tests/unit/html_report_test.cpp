@@ -119,8 +119,11 @@ TEST_CASE("plot: metrics lines become one polyline per run and quantity, eval da
       "{\"peak_resident_bytes\": [1], \"zero\": 0}\n"
       "{\"step\": 30, \"loss\": 2.5, \"tokens_per_s\": 1200, \"mfu\": null}\n";
   std::string error;
-  std::optional<report::MetricsRun> run = report::parse_metrics(text, "a.jsonl", error);
-  REQUIRE(run.has_value());
+  std::optional<std::vector<report::MetricsRun>> runs = report::parse_metrics(text, "a.jsonl", error);
+  REQUIRE(runs.has_value());
+  REQUIRE(runs->size() == 1);
+  const report::MetricsRun* run = &runs->front();
+  CHECK(run->name == "a.jsonl");
   CHECK(run->step == std::vector<double>{10, 20, 30});
   CHECK(run->loss == std::vector<double>{3.5, 3.0, 2.5});
   CHECK(run->eval_step == std::vector<double>{20});
@@ -137,4 +140,31 @@ TEST_CASE("plot: metrics lines become one polyline per run and quantity, eval da
   CHECK(error.rfind("b.jsonl:2: not a JSON line", 0) == 0);
   CHECK_FALSE(report::parse_metrics("{\"zero\": 0}\n", "c.jsonl", error).has_value());
   CHECK(error.find("c.jsonl: no step records") == 0);
+}
+
+TEST_CASE("plot: the runs a trainer appended to one metrics file are lines of their own - a resumed run continues its line - null points are left out") {
+  const std::string text =
+      "{\"run\": \"aaaa\", \"start_step\": 0}\n"
+      "{\"step\": 1, \"loss\": 3.0}\n"
+      "{\"step\": 2, \"loss\": 2.5}\n"
+      "{\"step\": 2, \"eval_loss\": null}\n"
+      "{\"run\": \"aaaa\", \"start_step\": 2}\n"  // resumed from step 2: the same line
+      "{\"step\": 3, \"loss\": 2.0}\n"
+      "{\"run\": \"bbbb\", \"start_step\": 0}\n"  // a fresh run into the same file
+      "{\"step\": 1, \"loss\": 3.1}\n"
+      "{\"run\": \"aaaa\", \"start_step\": 1}\n"  // a branch of the first from its step 1
+      "{\"step\": 2, \"loss\": 2.4}\n"
+      "{\"run\": \"cccc\", \"start_step\": 0}\n";  // a run that logged no step
+  std::string error;
+  std::optional<std::vector<report::MetricsRun>> runs = report::parse_metrics(text, "m.jsonl", error);
+  INFO(error);
+  REQUIRE(runs.has_value());
+  REQUIRE(runs->size() == 3);
+  CHECK((*runs)[0].name == "m.jsonl, run aaaa");
+  CHECK((*runs)[0].step == std::vector<double>{1, 2, 3});
+  CHECK((*runs)[0].eval_step.empty());
+  CHECK((*runs)[1].name == "m.jsonl, run bbbb");
+  CHECK((*runs)[1].loss == std::vector<double>{3.1});
+  CHECK((*runs)[2].name == "m.jsonl, run aaaa, from step 1");
+  CHECK((*runs)[2].step == std::vector<double>{2});
 }
