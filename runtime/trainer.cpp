@@ -8,7 +8,6 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
@@ -27,6 +26,7 @@
 #include "runtime/metrics_file.h"
 #include "runtime/rng_tensor.h"
 #include "runtime/sampler.h"
+#include "runtime/stop_signals.h"
 #include "runtime/tensor_element.h"
 #include "runtime/thread_pool.h"
 #include "runtime/time_report.h"
@@ -36,11 +36,14 @@ namespace napkin::runtime {
 namespace {
 
 std::atomic<bool> g_interrupted{false};
-// A rank of a job waiting in a collective when the launcher ends the job
-// (another rank failed, or the user pressed ^C) cannot finish its step: it
-// says where it was and ends now. Otherwise the step finishes and the ranks
-// agree to stop after it (the flag travels with the step's loss).
-extern "C" void on_interrupt(int sig) {
+// Each SIGINT or SIGTERM once training began, on the signal thread
+// (runtime/stop_signals.h). A rank of a job waiting in a collective when the
+// launcher ends the job (another rank failed, or the user pressed ^C) cannot
+// finish its step: it says where it was and ends now. Otherwise the step
+// finishes and the ranks agree to stop after it (the flag travels with the
+// step's loss); a second signal changes nothing, so the save is never cut
+// short.
+void on_interrupt(int sig) {
   g_interrupted = true;
   if (Communicator::in_collective()) {
     Communicator::write_stopped_by_signal(sig);
@@ -362,8 +365,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   int64_t current = start_step;
   if (o.debug_nan) watch_for_nan(ex, current);
 
-  std::signal(SIGINT, on_interrupt);
-  std::signal(SIGTERM, on_interrupt);
+  catch_stop_signals(on_interrupt);
   // Every rank calls it (ZeRO-1 gathers the optimizer state to rank 0 first);
   // rank 0 writes.
   auto save = [&](int64_t step) -> std::string {
@@ -588,7 +590,13 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
   try {
     Program p = parse_program(program_json, program_json_size);
     // An inference program (napkin sample) is a sampler, not a trainer.
-    if (!p.with_role("output").empty()) return sampler_main(argc, argv, p, make_engine);
+    // main() blocked SIGINT and SIGTERM: a sampler takes their default action
+    // (no thread exists yet to inherit the mask), a trainer its signal thread.
+    if (!p.with_role("output").empty()) {
+      unblock_stop_signals();
+      return sampler_main(argc, argv, p, make_engine);
+    }
+    start_stop_signal_thread();
     Options o;
     const TrainDefaults& d = p.train;
     o.steps = d.steps;
