@@ -42,12 +42,16 @@ struct Fixture {
   std::string trainer = tmp / "trainer";
   std::string data = "--data tests/e2e/data/gpt/tokens.u16";
   Fixture() {
-    // models/gpt.yaml without its train.checkpoint line: no run here may save
-    // into the source tree's checkpoints/ unless a test names the directory.
+    // models/gpt.yaml without its train.checkpoint line and its log.metrics:
+    // no run here may save into the source tree's checkpoints/ or append to
+    // its metrics/ unless a test names the directory or file.
     std::string yaml = napkin::testing::read_source("models/gpt.yaml");
     const size_t at = yaml.find("  checkpoint: {");
     REQUIRE(at != std::string::npos);
     yaml.erase(at, yaml.find('\n', at) + 1 - at);
+    const std::string metrics = ", metrics: metrics/gpt.jsonl";
+    REQUIRE(yaml.find(metrics) != std::string::npos);
+    yaml.erase(yaml.find(metrics), metrics.size());
     write_bytes(tmp / "gpt.yaml", yaml);
     Run r = sh(fmt::format("{} build {} --dims {} -o {} --quiet", NAPKIN_BINARY, tmp / "gpt.yaml", kDims, trainer));
     INFO(r.out);
