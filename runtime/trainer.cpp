@@ -638,7 +638,9 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
         ->check(whole_number_in(1, kMaxSteps))->capture_default_str();
     app.add_option("--log-every", o.log_every, "progress line every K steps (0: only the last)")
         ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
-    app.add_option("--metrics", o.metrics, "append JSON lines of metrics to this file");
+    app.add_option("--metrics", o.metrics, "append JSON lines of metrics to this file (never truncated; the default "
+                                           "is the model's train.log.metrics, a --dims build's with @dims)")
+        ->capture_default_str();
     app.add_option("--threads", o.threads, "threads (0, the default: the CPUs this process may use)")
         ->check(whole_number_in(0, kMaxThreads));
     app.add_option("--accumulate", o.accumulate,
