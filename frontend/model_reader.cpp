@@ -2,6 +2,8 @@
 // (dims, inputs, params, blocks, forward, loss, then the training settings).
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include "frontend/config.h"
 #include "frontend/dims.h"
 #include "frontend/frontend.h"
@@ -134,16 +136,22 @@ std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, i
   }
   if (const YAML::Node& n = root["precision"]) read_precision(n, ctx, g.config.precision);
   if (const YAML::Node& n = root["train"]) read_train(n, ctx, g, g.config.train);
-  // Each model, and each --dims variant of one, gets a checkpoint directory of
-  // its own by default (checkpoints/gpt, checkpoints/gpt@d=64,layers=2), so
-  // two of them never meet in one directory by accident.
+  // Each model, and each --dims variant of one, gets a checkpoint directory
+  // and a metrics file of its own by default (checkpoints/gpt,
+  // checkpoints/gpt@d=64,layers=2; metrics/gpt.jsonl, metrics/gpt@d=64,layers=2.jsonl),
+  // so two of them never meet in one directory or file by accident.
   std::string& ckpt_dir = g.config.train.checkpoint_dir;
+  std::string& metrics = g.config.train.metrics_path;
   if (ckpt_dir.empty()) ckpt_dir = "checkpoints/" + g.name;
   if (!options.dim_overrides.empty()) {
-    while (ckpt_dir.size() > 1 && ckpt_dir.back() == '/') ckpt_dir.pop_back();
     std::string variant;
     for (const auto& [name, value] : options.dim_overrides) variant += (variant.empty() ? "@" : ",") + name + "=" + std::to_string(value);
+    while (ckpt_dir.size() > 1 && ckpt_dir.back() == '/') ckpt_dir.pop_back();
     ckpt_dir += variant;
+    if (!metrics.empty()) {
+      const std::filesystem::path file(metrics);
+      metrics = (file.parent_path() / (file.stem().string() + variant + file.extension().string())).string();
+    }
   }
   if (diag.has_errors()) return std::nullopt;
   return g;

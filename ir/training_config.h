@@ -96,7 +96,7 @@ struct TrainConfig {
   std::string checkpoint_dir;     // "" until the frontend sets it: checkpoints/<model> by default
   int64_t checkpoint_keep = 2;
   int64_t log_every = 1;
-  std::string metrics_path;  // JSONL; empty: none
+  std::string metrics_path;  // JSONL; empty: none. A --dims variant's gets @dims before the extension
   int64_t tokens_per_step = 0;  // 0: derived from the inputs (see docs/report.md)
   // Micro-batches whose gradients one optimizer step averages (gradient
   // accumulation): the model's batch dim is one micro-batch, and a step is

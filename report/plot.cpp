@@ -94,11 +94,19 @@ void BucketedSeries::points(std::vector<double>& x, std::vector<double>& y) cons
   }
 }
 
-std::optional<MetricsRun> parse_metrics(std::istream& in, const std::string& path, std::string& error) {
-  MetricsRun run;
-  run.name = path;
-  int64_t line_number = 0, records = 0;
-  // One line into the run; false with `error` set when it is not a record.
+std::optional<std::vector<MetricsRun>> parse_metrics(std::istream& in, const std::string& path, std::string& error) {
+  // One part per run in the file; `id` is "" for records before any run
+  // record (a file written before trainers wrote them).
+  struct Part {
+    MetricsRun run;
+    std::string id;
+    double start_step = 0;
+    int64_t records = 0;
+  };
+  std::vector<Part> parts(1);
+  double last_step = -1;  // the current part's
+  int64_t line_number = 0;
+  // One line into the runs; false with `error` set when it is not a record.
   auto take = [&](const std::string& line) {
     ++line_number;
     if (line.empty()) return true;
@@ -113,8 +121,21 @@ std::optional<MetricsRun> parse_metrics(std::istream& in, const std::string& pat
       error = fmt::format("{}:{}: not a metrics record (a JSON object)", path, line_number);
       return false;
     }
+    if (auto run = j.find("run"); run != j.end() && run->is_string()) {
+      const std::string id = run->get<std::string>();
+      auto start_field = j.find("start_step");
+      const double start = start_field != j.end() && start_field->is_number() ? start_field->get<double>() : 0;
+      // A resumed run carries on the line of the run it resumed.
+      if (parts.back().records > 0 && id == parts.back().id && start >= last_step) return true;
+      if (parts.back().records > 0) parts.emplace_back(), last_step = -1;
+      parts.back().id = id;
+      parts.back().start_step = start;
+      return true;
+    }
     auto step = j.find("step");
     if (step == j.end() || !step->is_number()) return true;  // the run's other records (peak memory, ...)
+    last_step = std::max(last_step, step->get<double>());
+    Part& part = parts.back();
     // A field the record has: its number, or a gap for null (a value that was not finite).
     auto add = [&](const char* key, BucketedSeries& series) {
       auto v = j.find(key);
@@ -122,12 +143,12 @@ std::optional<MetricsRun> parse_metrics(std::istream& in, const std::string& pat
       series.add(step->get<double>(), v->is_number() ? v->get<double>() : std::nan(""));
       return true;
     };
-    if (add("loss", run.loss)) {
-      ++records;
-      add("tokens_per_s", run.tokens_per_s);
-      add("mfu", run.mfu);
+    if (add("loss", part.run.loss)) {
+      ++part.records;
+      add("tokens_per_s", part.run.tokens_per_s);
+      add("mfu", part.run.mfu);
     }
-    records += add("eval_loss", run.eval_loss);
+    part.records += add("eval_loss", part.run.eval_loss);
     return true;
   };
   // Read in chunks and cut at newlines, so that no line grows past kMaxLineBytes.
@@ -156,11 +177,26 @@ std::optional<MetricsRun> parse_metrics(std::istream& in, const std::string& pat
     return std::nullopt;
   }
   if (!line.empty() && !take(line)) return std::nullopt;
-  if (records == 0) {
+  std::erase_if(parts, [](const Part& p) { return p.records == 0; });
+  if (parts.empty()) {
     error = fmt::format("{}: no step records (a trainer's --metrics file has a line per logged step)", path);
     return std::nullopt;
   }
-  return run;
+  std::vector<MetricsRun> runs;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    MetricsRun& run = parts[i].run;
+    run.name = path;
+    if (parts.size() > 1 && !parts[i].id.empty()) {
+      run.name += ", run " + parts[i].id;
+      for (size_t k = 0; k < i; ++k)
+        if (parts[k].id == parts[i].id) {
+          run.name += fmt::format(", from step {}", parts[i].start_step);
+          break;
+        }
+    }
+    runs.push_back(std::move(run));
+  }
+  return runs;
 }
 
 std::string plot_svg(const std::vector<MetricsRun>& runs) {

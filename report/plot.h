@@ -53,18 +53,23 @@ class BucketedSeries {
 
 // One run's metrics: each quantity over steps.
 struct MetricsRun {
-  std::string name;  // the file, for the legend
+  std::string name;  // the file (and the run, when the file holds several), for the legend
   BucketedSeries loss, tokens_per_s, mfu;  // the progress lines
   BucketedSeries eval_loss;                // the eval lines
 };
 
-// A metrics file's lines, read one at a time (`path` names it in errors and
-// the legend); nullopt with `error` set ("FILE:LINE: what") when a line is
-// not a JSON object (or is longer than any record, 1 MiB) or no line is a
-// step's record. Lines without a step (the run's peak memory) are skipped; a
-// field that is null (a value that was not finite) is a gap in its line; a
-// quantity the run never logged is left out.
-std::optional<MetricsRun> parse_metrics(std::istream& in, const std::string& path, std::string& error);
+// A metrics file's runs, its lines read one at a time (`path` names them in
+// errors and the legend); nullopt with `error` set ("FILE:LINE: what") when a
+// line is not a JSON object (or is longer than any record, 1 MiB) or no line
+// is a step's record. A trainer appends to its file, so one file may hold
+// several runs: each run's first record is {"run": ID, "start_step": N}, and
+// a run record that does not continue the one before (another run id, or a
+// start before that run's last step: a branch from an older checkpoint)
+// starts a new line, named "FILE, run ID" (", from step N" when the id
+// repeats). Lines without a step (the run's peak memory) are skipped; a field
+// that is null (a value that was not finite, or unknown) is a gap in its
+// line; a quantity a run never logged is left out.
+std::optional<std::vector<MetricsRun>> parse_metrics(std::istream& in, const std::string& path, std::string& error);
 
 // The charts as one SVG (the charts stacked) or one HTML page (the same
 // SVGs, with a title). A quantity no run logged is left out.

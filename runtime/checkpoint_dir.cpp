@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,26 @@ Error unwritable(const std::string& dir, int err) {
                " (checked at start-up; pick another --checkpoint-dir)");
 }
 
+// DIR/.lock, opened (created if absent) for the lock and the holder's pid.
+// Never through a symbolic link (the pid would land in its target, and a
+// dangling one would create its target), and only a regular file of this
+// user's with no other name: anything else is refused, not written.
+int open_lock_file(const std::string& lock_path, const std::string& dir) {
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 && errno != ELOOP && errno != EISDIR) throw unwritable(dir, errno);
+  struct stat st {};
+  std::string problem;
+  if (fd < 0) problem = errno == ELOOP ? "is a symbolic link" : "is a directory";
+  else if (::fstat(fd, &st) != 0) problem = std::string("cannot stat it: ") + std::strerror(errno);
+  else if (!S_ISREG(st.st_mode)) problem = "is not a regular file";
+  else if (st.st_uid != ::geteuid()) problem = "belongs to another user (uid " + std::to_string(st.st_uid) + ")";
+  else if (st.st_nlink != 1) problem = "has other names (hard links), which the pid written into it would change";
+  if (problem.empty()) return fd;
+  if (fd >= 0) ::close(fd);
+  throw Error(lock_path + ": " + problem + "; napkin's lock file must be a regular file of yours: remove it or pick "
+              "another --checkpoint-dir");
+}
+
 }  // namespace
 
 std::string new_run_id() {
@@ -57,9 +78,7 @@ CheckpointDir::CheckpointDir(std::string dir, Lineage lineage) : dir_(std::move(
   if (ec) throw Error(dir_ + ": cannot create the checkpoint directory: " + ec.message());
   if (!fs::is_directory(dir_, ec)) throw Error(dir_ + ": the checkpoint directory is not a directory");
 
-  const std::string lock_path = dir_ + "/" + kLockName;
-  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd_ < 0) throw unwritable(dir_, errno);
+  lock_fd_ = open_lock_file(dir_ + "/" + kLockName, dir_);
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     char pid[32] = {};
     ssize_t n = ::pread(lock_fd_, pid, sizeof pid - 1, 0);

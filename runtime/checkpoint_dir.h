@@ -4,7 +4,9 @@
 // - One run per directory at a time: DIR/.lock is held with flock(2) for the
 //   whole run, so a second trainer pointed at DIR stops at start-up. The kernel
 //   drops the lock when the process ends, however it ends (kill -9 included),
-//   so a stale lock never blocks the next run.
+//   so a stale lock never blocks the next run. DIR/.lock is never followed
+//   through a symbolic link, and one that is not a regular file of this user's
+//   (with no other hard link) stops the run at start-up, untouched.
 // - A directory is checked at start-up, not at the first save: it is created,
 //   locked, and a probe file is written and removed, so an unwritable DIR is
 //   an Error before step 1.

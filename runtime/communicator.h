@@ -53,9 +53,10 @@ class Communicator {
   // What this rank is doing, for the watchdog's and the launcher-kill
   // messages ("step 12"); copied, so any string will do.
   void set_activity(const std::string& activity);
-  // True while this rank waits in a collective (read by signal handlers).
+  // True while this rank waits in a collective (read by the trainer's signal
+  // thread, runtime/stop_signals.h).
   static bool in_collective();
-  // For a SIGINT or SIGTERM handler (async-signal-safe): says on stderr
+  // On a SIGINT or SIGTERM (async-signal-safe): says on stderr
   // that this rank, at its activity, was stopped by `sig` while waiting for
   // the others, i.e. the launcher is ending the job.
   static void write_stopped_by_signal(int sig);

@@ -111,15 +111,17 @@ std::string end_of_run_summary(const Program& p, const StepTimes& steps) {
   return out + "\n";
 }
 
-std::string end_of_run_metrics(const Program& p, const StepTimes& steps) {
+MetricsRecord end_of_run_metrics(const Program& p, const StepTimes& steps) {
   double measured = steps.median();
   Mfu m = mfu_of(measured > 0 ? p.flops_per_step / measured : 0, p.peak_flops);
-  auto number_or_null = [](bool known, double v) { return known ? fmt::format("{:.6g}", v) : std::string("null"); };
-  return fmt::format(
-      R"({{"summary": true, "steps": {}, "measured_step_ms": {:.4f}, "predicted_step_ms": {}, "measured_mfu": {}, "predicted_mfu": {}, "peak_exceeded": {}}})",
-      steps.count(), measured * 1e3, number_or_null(p.predicted.known, p.predicted.step_seconds * 1e3),
-      number_or_null(m.known, m.fraction), number_or_null(p.predicted.known && p.peak_flops > 0, p.predicted.mfu),
-      m.exceeded ? "true" : "false");
+  return MetricsRecord()
+      .boolean("summary", true)
+      .integer("steps", static_cast<long long>(steps.count()))
+      .fixed("measured_step_ms", measured * 1e3, 4)
+      .general("predicted_step_ms", p.predicted.known ? p.predicted.step_seconds * 1e3 : kUnknown, 6)
+      .general("measured_mfu", m.known ? m.fraction : kUnknown, 6)
+      .general("predicted_mfu", p.predicted.known && p.peak_flops > 0 ? p.predicted.mfu : kUnknown, 6)
+      .boolean("peak_exceeded", m.exceeded);
 }
 
 std::string profile_report(const Program& p, const std::vector<double>& kernel_seconds, int64_t steps) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/metrics_file.h"
 #include "runtime/program.h"
 
 namespace napkin::runtime {
@@ -57,8 +58,8 @@ class StepTimes {
 // "time: predicted 238 ms/step, measured 245 ms/step (median of 50 steps):
 // measured/predicted 1.03; MFU predicted 86.2%, measured 83.7%".
 std::string end_of_run_summary(const Program& p, const StepTimes& steps);
-// The same as one metrics JSON line (a "summary" record).
-std::string end_of_run_metrics(const Program& p, const StepTimes& steps);
+// The same as one metrics record (a "summary" record).
+MetricsRecord end_of_run_metrics(const Program& p, const StepTimes& steps);
 
 // --profile: measured seconds per kernel over `steps` steps against the
 // prediction, by kernel class (sorted by the gap, the largest first), then

@@ -8,7 +8,6 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
@@ -25,8 +24,10 @@
 #include "runtime/error.h"
 #include "runtime/flag_checks.h"
 #include "runtime/init.h"
+#include "runtime/metrics_file.h"
 #include "runtime/rng_tensor.h"
 #include "runtime/sampler.h"
+#include "runtime/stop_signals.h"
 #include "runtime/tensor_element.h"
 #include "runtime/thread_pool.h"
 #include "runtime/time_report.h"
@@ -36,11 +37,14 @@ namespace napkin::runtime {
 namespace {
 
 std::atomic<bool> g_interrupted{false};
-// A rank of a job waiting in a collective when the launcher ends the job
-// (another rank failed, or the user pressed ^C) cannot finish its step: it
-// says where it was and ends now. Otherwise the step finishes and the ranks
-// agree to stop after it (the flag travels with the step's loss).
-extern "C" void on_interrupt(int sig) {
+// Each SIGINT or SIGTERM once training began, on the signal thread
+// (runtime/stop_signals.h). A rank of a job waiting in a collective when the
+// launcher ends the job (another rank failed, or the user pressed ^C) cannot
+// finish its step: it says where it was and ends now. Otherwise the step
+// finishes and the ranks agree to stop after it (the flag travels with the
+// step's loss); a second signal changes nothing, so the save is never cut
+// short.
+void on_interrupt(int sig) {
   g_interrupted = true;
   if (Communicator::in_collective()) {
     Communicator::write_stopped_by_signal(sig);
@@ -157,26 +161,6 @@ void watch_for_nan(Engine& engine, const int64_t& step) {
     }
   });
 }
-
-class Metrics {
- public:
-  Metrics(const std::string& path, bool append) {
-    if (path.empty()) return;
-    std::filesystem::path parent = std::filesystem::path(path).parent_path();
-    std::error_code ec;
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    file_.open(path, append ? std::ios::app : std::ios::trunc);
-    if (!file_) throw Error(path + ": cannot open the metrics file for writing");
-  }
-  void line(const std::string& json) {
-    if (!file_.is_open()) return;
-    file_ << json << '\n';
-    file_.flush();
-  }
-
- private:
-  std::ofstream file_;
-};
 
 // --resume ARG: ARG is a checkpoint file or a directory (its newest file).
 // When the newest file of a directory cannot be used, the message lists the
@@ -414,12 +398,12 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     fmt::print(stderr, "warning: --eval-every {} asks for a held-out loss, but there is no eval data: {}\n", o.eval_every,
                data->eval_problem());
   }
-  Metrics metrics(rank0 ? o.metrics : std::string(), start_step > 0);
+  MetricsFile metrics(rank0 ? o.metrics : std::string());
+  metrics.write(MetricsRecord().text("run", lineage.run).integer("start_step", start_step));
   int64_t current = start_step;
   if (o.debug_nan) watch_for_nan(ex, current);
 
-  std::signal(SIGINT, on_interrupt);
-  std::signal(SIGTERM, on_interrupt);
+  catch_stop_signals(on_interrupt);
   // Every rank calls it (ZeRO-1 gathers the optimizer state to rank 0 first);
   // rank 0 writes.
   auto save = [&](int64_t step) -> std::string {
@@ -528,12 +512,15 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
         fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {}  ETA {}\n",
                    step, o.steps, loss, mean * 1e3, tokens_per_s, flops / 1e9, mfu_text(mfu), human_duration(eta));
       std::fflush(stdout);
-      metrics.line(fmt::format(
-          R"({{"step": {}, "loss": {:.9g}, "step_ms": {:.4f}, "tokens_per_s": {:.1f}, "gflops": {:.3f}, "mfu": {}, "predicted_step_ms": {}, "predicted_mfu": {}}})",
-          step, loss, mean * 1e3, tokens_per_s, flops / 1e9,
-          mfu.known ? fmt::format("{:.4f}", mfu.fraction) : std::string("null"),
-          p.predicted.known ? fmt::format("{:.4f}", p.predicted.step_seconds * 1e3) : std::string("null"),
-          p.predicted.known && peak > 0 ? fmt::format("{:.4f}", p.predicted.mfu) : std::string("null")));
+      metrics.write(MetricsRecord()
+                        .integer("step", step)
+                        .general("loss", loss, 9)
+                        .fixed("step_ms", mean * 1e3, 4)
+                        .fixed("tokens_per_s", tokens_per_s, 1)
+                        .fixed("gflops", flops / 1e9, 3)
+                        .fixed("mfu", mfu.known ? mfu.fraction : kUnknown, 4)
+                        .fixed("predicted_step_ms", p.predicted.known ? p.predicted.step_seconds * 1e3 : kUnknown, 4)
+                        .fixed("predicted_mfu", p.predicted.known && peak > 0 ? p.predicted.mfu : kUnknown, 4));
       window_seconds = 0;
       window_steps = 0;
     }
@@ -554,7 +541,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
       comm.all_reduce_sum(&sum, 1);
       double eval_loss = sum / static_cast<double>(o.eval_batches);
       if (!quiet) fmt::print("step {:>6}/{}  eval loss {:.4f} ({} batches)\n", step, o.steps, eval_loss, o.eval_batches);
-      metrics.line(fmt::format(R"({{"step": {}, "eval_loss": {:.9g}}})", step, eval_loss));
+      metrics.write(MetricsRecord().integer("step", step).general("eval_loss", eval_loss, 9));
     }
     if (samples && step % o.sample_every == 0) {
       const std::string text = samples->sample(ex, o.sample_tokens, seed + static_cast<uint64_t>(step));
@@ -575,7 +562,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   }
   if (last_saved != o.steps) save(o.steps);  // a no-op without a checkpoint dir
   if (!quiet) fmt::print("{}", end_of_run_summary(p, step_times));
-  if (step_times.count() > 0) metrics.line(end_of_run_metrics(p, step_times));
+  if (step_times.count() > 0) metrics.write(end_of_run_metrics(p, step_times));
   if (!quiet && !o.metrics.empty())
     fmt::print("metrics: {} (loss, tokens/s and MFU as charts: napkin plot {})\n", o.metrics, o.metrics);
   if (gradients.all_reduces() > 0) {
@@ -593,21 +580,22 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
       fmt::print("all-reduce: {} a step on the GPU; the optimizer waited {:.3f} ms a step for it after the backward "
                  "(mean of {})\n",
                  human_bytes(bytes), seconds * 1e3, gradients.all_reduces());
-    metrics.line(fmt::format(R"({{"all_reduce": true, "ranks": {}, "bytes": {}, "mean_ms": {:.6f}, "bus_gb_per_s": {:.6g}}})",
-                              ranks, gradients.all_reduce_bytes(), seconds * 1e3, bus / 1e9));
+    metrics.write(MetricsRecord()
+                      .boolean("all_reduce", true)
+                      .integer("ranks", ranks)
+                      .integer("bytes", gradients.all_reduce_bytes())
+                      .fixed("mean_ms", seconds * 1e3, 6)
+                      .general("bus_gb_per_s", bus / 1e9, 6));
   }
   if (ranks > 1) {
     // Each rank's peak resident memory (what ZeRO-1 saves shows here), to rank 0.
     std::vector<double> peaks(static_cast<size_t>(ranks), 0.0);
     peaks[static_cast<size_t>(comm.rank())] = static_cast<double>(peak_resident_bytes());
     comm.all_reduce_sum(peaks.data(), ranks);
-    std::string list, json_list;
-    for (double b : peaks) {
-      list += (list.empty() ? "" : ", ") + human_bytes(b);
-      json_list += (json_list.empty() ? "" : ", ") + fmt::format("{:.0f}", b);
-    }
+    std::string list;
+    for (double b : peaks) list += (list.empty() ? "" : ", ") + human_bytes(b);
     if (!quiet) fmt::print("memory: peak resident per rank {}\n", list);
-    metrics.line(fmt::format(R"({{"peak_resident_bytes": [{}], "zero": {}}})", json_list, shards ? 1 : 0));
+    metrics.write(MetricsRecord().fixed_list("peak_resident_bytes", peaks, 0).integer("zero", shards ? 1 : 0));
   }
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success
@@ -646,7 +634,13 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
   try {
     Program p = parse_program(program_json, program_json_size);
     // An inference program (napkin sample) is a sampler, not a trainer.
-    if (!p.with_role("output").empty()) return sampler_main(argc, argv, p, make_engine);
+    // main() blocked SIGINT and SIGTERM: a sampler takes their default action
+    // (no thread exists yet to inherit the mask), a trainer its signal thread.
+    if (!p.with_role("output").empty()) {
+      unblock_stop_signals();
+      return sampler_main(argc, argv, p, make_engine);
+    }
+    start_stop_signal_thread();
     Options o;
     const TrainDefaults& d = p.train;
     o.steps = d.steps;
@@ -688,7 +682,9 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
         ->check(whole_number_in(1, kMaxSteps))->capture_default_str();
     app.add_option("--log-every", o.log_every, "progress line every K steps (0: only the last)")
         ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
-    app.add_option("--metrics", o.metrics, "append JSON lines of metrics to this file");
+    app.add_option("--metrics", o.metrics, "append JSON lines of metrics to this file (never truncated; the default "
+                                           "is the model's train.log.metrics, a --dims build's with @dims)")
+        ->capture_default_str();
     app.add_option("--threads", o.threads, "threads (0, the default: the CPUs this process may use)")
         ->check(whole_number_in(0, kMaxThreads));
     app.add_option("--accumulate", o.accumulate,

@@ -28,7 +28,9 @@ struct SamplerProgram {
 
 // Runs the trainer with the program description its object file exports;
 // returns the process exit status (0 ok, 1 a user error such as a bad flag,
-// missing data, a NaN loss or no GPU, 130 interrupted after saving).
+// missing data, a NaN loss or no GPU, 130 interrupted after saving). main()
+// calls block_stop_signals() (runtime/stop_signals.h) before it, before any
+// thread exists: the trainer takes SIGINT and SIGTERM on a thread of its own.
 int trainer_main(int argc, char** argv, const char* program_json, size_t program_json_size,
                  const EngineFactory& make_engine, const SamplerProgram& sampler = {});
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "runtime/cpu_engine.h"
+#include "runtime/stop_signals.h"
 #include "runtime/trainer.h"
 
 extern "C" {
@@ -27,6 +28,7 @@ napkin::runtime::EngineFactory cpu_engine(const napkin::runtime::KernelFn* fns) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  napkin::runtime::block_stop_signals();  // before any thread exists: every thread inherits the mask
   napkin::runtime::SamplerProgram sampler;
   if (&napkin_sampler_program_json_size != nullptr)
     sampler = {napkin_sampler_program_json, static_cast<size_t>(napkin_sampler_program_json_size),

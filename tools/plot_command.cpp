@@ -10,7 +10,7 @@
 
 namespace napkin::tools {
 
-std::optional<report::MetricsRun> read_metrics(const std::string& path, std::string& error) {
+std::optional<std::vector<report::MetricsRun>> read_metrics(const std::string& path, std::string& error) {
   if (error = input_problem(path); !error.empty()) return std::nullopt;  // before opening: opening a FIFO blocks
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -24,12 +24,12 @@ int plot_command(const std::vector<std::string>& files, std::string output) {
   std::vector<report::MetricsRun> runs;
   for (const std::string& f : files) {
     std::string error;
-    std::optional<report::MetricsRun> run = read_metrics(f, error);
-    if (!run) {
+    std::optional<std::vector<report::MetricsRun>> file_runs = read_metrics(f, error);
+    if (!file_runs) {
       std::cerr << "error: " << error << "\n";
       return 1;
     }
-    runs.push_back(std::move(*run));
+    runs.insert(runs.end(), file_runs->begin(), file_runs->end());
   }
   if (output.empty()) output = std::filesystem::path(files.front()).replace_extension(".html").string();
   const std::string extension = std::filesystem::path(output).extension().string();

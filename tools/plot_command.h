@@ -10,10 +10,10 @@
 
 namespace napkin::tools {
 
-// One metrics file's run, read a line at a time in bounded memory; nullopt
-// with `error` set ("FILE:LINE: what") when it is not a regular file, cannot
-// be read or a line is not a metrics record.
-std::optional<report::MetricsRun> read_metrics(const std::string& path, std::string& error);
+// One metrics file's runs (a trainer appends: report/plot.h), read a line at
+// a time in bounded memory; nullopt with `error` set ("FILE:LINE: what") when
+// it is not a regular file, cannot be read or a line is not a metrics record.
+std::optional<std::vector<report::MetricsRun>> read_metrics(const std::string& path, std::string& error);
 
 // The command: 0, or 1 after printing the error.
 int plot_command(const std::vector<std::string>& files, std::string output);

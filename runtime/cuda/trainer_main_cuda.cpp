@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "runtime/cuda/cuda_engine.h"
+#include "runtime/stop_signals.h"
 #include "runtime/trainer.h"
 
 extern "C" {
@@ -18,6 +19,7 @@ extern const int64_t napkin_cuda_ptx_size;
 }
 
 int main(int argc, char** argv) {
+  napkin::runtime::block_stop_signals();  // before any thread exists: every thread inherits the mask
   return napkin::runtime::trainer_main(
       argc, argv, napkin_program_json, static_cast<size_t>(napkin_program_json_size),
       [](const napkin::runtime::Program& program, int /*threads: the GPU's own*/) {

@@ -2,17 +2,20 @@
 // a run prunes and overwrites only its own checkpoints, checks its checkpoint
 // directory before step 1, cleans what killed saves left, resumes from a
 // file or names the good checkpoints when the newest is damaged, survives a
-// data file truncated under it with the last state saved, and refuses every
-// flag value it cannot honour with exit 1 and a message (docs/runtime.md,
+// data file truncated under it with the last state saved, refuses every
+// flag value it cannot honour with exit 1 and a message, and appends valid
+// JSON lines to its metrics file, never truncating it (docs/runtime.md,
 // "Checkpoints" and "Flags").
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -39,12 +42,16 @@ struct Fixture {
   std::string trainer = tmp / "trainer";
   std::string data = "--data tests/e2e/data/gpt/tokens.u16";
   Fixture() {
-    // models/gpt.yaml without its train.checkpoint line: no run here may save
-    // into the source tree's checkpoints/ unless a test names the directory.
+    // models/gpt.yaml without its train.checkpoint line and its log.metrics:
+    // no run here may save into the source tree's checkpoints/ or append to
+    // its metrics/ unless a test names the directory or file.
     std::string yaml = napkin::testing::read_source("models/gpt.yaml");
     const size_t at = yaml.find("  checkpoint: {");
     REQUIRE(at != std::string::npos);
     yaml.erase(at, yaml.find('\n', at) + 1 - at);
+    const std::string metrics = ", metrics: metrics/gpt.jsonl";
+    REQUIRE(yaml.find(metrics) != std::string::npos);
+    yaml.erase(yaml.find(metrics), metrics.size());
     write_bytes(tmp / "gpt.yaml", yaml);
     Run r = sh(fmt::format("{} build {} --dims {} -o {} --quiet", NAPKIN_BINARY, tmp / "gpt.yaml", kDims, trainer));
     INFO(r.out);
@@ -87,20 +94,24 @@ TEST_CASE("trainer: a run never prunes or overwrites another run's checkpoints")
   CHECK(checkpoints_in(d) == std::vector<std::string>{"step-000007.safetensors", "step-000008.safetensors"});
 }
 
-TEST_CASE("trainer: --dims variants of one model get their own default checkpoint dirs - --checkpoint-every 0 turns them off") {
+TEST_CASE("trainer: --dims variants of one model get their own default checkpoint dirs and metrics files - --checkpoint-every 0 turns checkpoints off") {
   napkin::testing::TempDir tmp("e2e-variants");
   std::string a = tmp / "a", b = tmp / "b";
   REQUIRE(sh(fmt::format("{} build models/gpt.yaml --dims {} -o {} --quiet", NAPKIN_BINARY, kDims, a)).status == 0);
   REQUIRE(sh(fmt::format("{} build models/gpt.yaml --dims d=64,layers=1 -o {} --quiet", NAPKIN_BINARY, b)).status == 0);
   REQUIRE(sh(fmt::format("{} build models/gpt.yaml -o {} --quiet", NAPKIN_BINARY, tmp / "c")).status == 0);
-  auto dir_of = [](const std::string& trainer) {
+  auto train_default = [](const std::string& trainer, const char* key) {
     Run r = sh(trainer + " --print-program");
     REQUIRE(r.status == 0);
-    return nlohmann::json::parse(r.out)["train"]["checkpoint_dir"].get<std::string>();
+    return nlohmann::json::parse(r.out)["train"][key].get<std::string>();
   };
-  CHECK(dir_of(a) == "checkpoints/gpt@batch=4,d=32,heads=2,layers=1,seq=32");
-  CHECK(dir_of(b) == "checkpoints/gpt@d=64,layers=1");
-  CHECK(dir_of(tmp / "c") == "checkpoints/gpt");
+  CHECK(train_default(a, "checkpoint_dir") == "checkpoints/gpt@batch=4,d=32,heads=2,layers=1,seq=32");
+  CHECK(train_default(b, "checkpoint_dir") == "checkpoints/gpt@d=64,layers=1");
+  CHECK(train_default(tmp / "c", "checkpoint_dir") == "checkpoints/gpt");
+  // A variant's run no longer lands in (and, appending, mixes into) the main run's metrics.
+  CHECK(train_default(a, "metrics") == "metrics/gpt@batch=4,d=32,heads=2,layers=1,seq=32.jsonl");
+  CHECK(train_default(b, "metrics") == "metrics/gpt@d=64,layers=1.jsonl");
+  CHECK(train_default(tmp / "c", "metrics") == "metrics/gpt.jsonl");
 
   // Run from a scratch directory: the model's default dir is relative to it.
   const std::string data = napkin::testing::source_path("tests/e2e/data/gpt/tokens.u16");
@@ -345,4 +356,79 @@ TEST_CASE("trainer: the banner states the learning-rate schedule built in - a --
   CHECK(plain.status == 0);
   CHECK(plain.out.find("  schedule   constant\n") != std::string::npos);
   CHECK(plain.out.find("warning: --steps") == std::string::npos);
+}
+
+TEST_CASE("trainer: --metrics appends, never truncates - napkin train's YAML log.metrics too - napkin plot draws each run") {
+  napkin::testing::TempDir tmp("e2e-metrics-append");
+  const std::string data = napkin::testing::source_path("tests/e2e/data/gpt/tokens.u16");
+  // Twice through napkin train, from a scratch directory: the model's
+  // log.metrics (a variant's own file) gets both runs.
+  for (int run = 0; run < 2; ++run) {
+    Run r = sh(fmt::format("cd {} && {} train {} --dims {} -- --data {} --steps 2 --log-every 1 --checkpoint-every 0 --quiet",
+                           tmp.path, NAPKIN_BINARY, napkin::testing::source_path("models/gpt.yaml"), kDims, data));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+  }
+  const std::string metrics = tmp / "metrics/gpt@batch=4,d=32,heads=2,layers=1,seq=32.jsonl";
+  const std::string text = read_bytes(metrics);
+  INFO(text);
+  std::vector<std::string> runs;
+  int steps = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("run")) runs.push_back(j["run"]);
+    if (j.contains("loss")) ++steps;
+  }
+  CHECK(runs.size() == 2);
+  CHECK(steps == 4);
+  Run plot = sh(fmt::format("{} plot {} -o {}", NAPKIN_BINARY, metrics, tmp / "plot.svg"));
+  INFO(plot.out);
+  CHECK(plot.status == 0);
+  CHECK(plot.out.find("(2 runs)") != std::string::npos);
+}
+
+TEST_CASE("trainer: a NaN eval loss is written as null (valid JSON) - napkin plot reads the file") {
+  napkin::testing::TempDir tmp("e2e-nan-eval");
+  // Finite on the training half of the data (targets 5: log 4), NaN on the
+  // held-out half (targets 0: log -1).
+  write_bytes(tmp / "nan-eval.yaml", R"(model: nan-eval
+dims: {batch: 2, seq: 4, vocab: 8}
+inputs:
+  tokens: {shape: [batch, seq], dtype: i32}
+  targets: {shape: [batch, seq], dtype: i32}
+params:
+  w: {shape: [vocab, 1], init: zeros}
+forward:
+  - e: embedding(w, tokens)
+loss: mean(e) + mean(log(cast(targets, f32) - 1))
+optimizer: sgd(lr=0.01)
+precision: fp32
+train:
+  steps: 2
+  data: {format: tokens, path: tokens.u16, dtype: u16, order: sequential, split: 0.5}
+)");
+  std::vector<uint16_t> tokens(40, 5);
+  std::fill(tokens.begin() + 20, tokens.end(), 0);
+  write_bytes(tmp / "tokens.u16", std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2));
+  REQUIRE(sh(fmt::format("{} build {} -o {} --quiet", NAPKIN_BINARY, tmp / "nan-eval.yaml", tmp / "trainer")).status == 0);
+  const std::string metrics = tmp / "m.jsonl";
+  Run r = sh(fmt::format("{} --data {} --steps 2 --eval-every 1 --metrics {}", tmp / "trainer", tmp / "tokens.u16", metrics));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const std::string text = read_bytes(metrics);
+  INFO(text);
+  int evals = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);  // throws on "-nan"
+    if (j.contains("eval_loss")) {
+      ++evals;
+      CHECK(j["eval_loss"].is_null());
+    }
+  }
+  CHECK(evals == 2);
+  Run plot = sh(fmt::format("{} plot {} -o {}", NAPKIN_BINARY, metrics, tmp / "plot.svg"));
+  INFO(plot.out);
+  CHECK(plot.status == 0);
 }

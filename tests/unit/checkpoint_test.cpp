@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -564,6 +565,49 @@ TEST_CASE("checkpoint dir: a directory named like a checkpoint is refused at sta
   CHECK(e.starts_with(dir.path + ": holds 1 entry named like a checkpoint that is not a regular file"));
   CHECK(e.find("\n    " + dir / "step-000100.safetensors") != std::string::npos);
   CHECK(fs::is_directory(dir / "step-000100.safetensors"));  // untouched
+}
+
+TEST_CASE("checkpoint dir: .lock is never followed through a symlink - anything but a regular file of yours is refused") {
+  TempDir dir;
+  const std::string lock = dir / ".lock";
+  auto refused = [&](const std::string& why) {
+    const std::string e = error_of([&] { rt::CheckpointDir run(dir.path, {"h", kRun}); });
+    INFO(e);
+    CHECK(e == lock + ": " + why + "; napkin's lock file must be a regular file of yours: remove it or pick another "
+                                   "--checkpoint-dir");
+  };
+  SUBCASE("a link to a file: the file keeps its content") {
+    write_bytes(dir / "precious.txt", "mine");
+    fs::create_symlink(dir / "precious.txt", lock);
+    refused("is a symbolic link");
+    CHECK(read_bytes(dir / "precious.txt") == "mine");
+  }
+  SUBCASE("a dangling link: its target is not created") {
+    fs::create_symlink(dir / "nowhere", lock);
+    refused("is a symbolic link");
+    CHECK(!fs::exists(dir / "nowhere"));
+  }
+  SUBCASE("a hard link: the other name's file keeps its content") {
+    write_bytes(dir / "precious.txt", "mine");
+    fs::create_hard_link(dir / "precious.txt", lock);
+    refused("has other names (hard links), which the pid written into it would change");
+    CHECK(read_bytes(dir / "precious.txt") == "mine");
+  }
+  SUBCASE("a directory, a FIFO") {
+    fs::create_directory(lock);
+    refused("is a directory");
+    fs::remove(lock);
+    REQUIRE(::mkfifo(lock.c_str(), 0644) == 0);
+    refused("is not a regular file");
+  }
+  SUBCASE("another user's file (checked when the test runs as root, who may make one)") {
+    write_bytes(lock, "");
+    if (::geteuid() == 0) {
+      REQUIRE(::chown(lock.c_str(), 65534, 65534) == 0);
+      refused("belongs to another user (uid 65534)");
+    }
+  }
+  CHECK(rt::list_checkpoints(dir.path).empty());
 }
 
 TEST_CASE("checkpoint: a failed write leaves the previous checkpoint intact and no temp file") {

@@ -46,7 +46,8 @@ struct Page {
   std::string json, html;
 };
 
-std::optional<report::MetricsRun> parse_text(const std::string& text, const std::string& path, std::string& error) {
+std::optional<std::vector<report::MetricsRun>> parse_text(const std::string& text, const std::string& path,
+                                                         std::string& error) {
   std::istringstream in(text);
   return report::parse_metrics(in, path, error);
 }
@@ -129,8 +130,11 @@ TEST_CASE("plot: metrics lines become one line per run and quantity, eval dashed
       "{\"peak_resident_bytes\": [1], \"zero\": 0}\n"
       "{\"step\": 30, \"loss\": 2.5, \"tokens_per_s\": 1200, \"mfu\": null}\n";
   std::string error;
-  std::optional<report::MetricsRun> run = parse_text(text, "a.jsonl", error);
-  REQUIRE(run.has_value());
+  std::optional<std::vector<report::MetricsRun>> runs = parse_text(text, "a.jsonl", error);
+  REQUIRE(runs.has_value());
+  REQUIRE(runs->size() == 1);
+  const report::MetricsRun* run = &runs->front();
+  CHECK(run->name == "a.jsonl");
   std::vector<double> x, y;
   run->loss.points(x, y);
   CHECK(x == std::vector<double>{10, 20, 30});
@@ -165,8 +169,10 @@ TEST_CASE("plot: a long metrics file gives a bounded page - huge finite values f
     text += fmt::format("{{\"step\": {}, \"loss\": {}, \"tokens_per_s\": {}, \"mfu\": 0.5}}\n", step, loss, 1000 + step % 7);
   }
   std::string error;
-  std::optional<report::MetricsRun> run = parse_text(text, "long.jsonl", error);
-  REQUIRE(run.has_value());
+  std::optional<std::vector<report::MetricsRun>> runs = parse_text(text, "long.jsonl", error);
+  REQUIRE(runs.has_value());
+  REQUIRE(runs->size() == 1);
+  const report::MetricsRun* run = &runs->front();
   CHECK(run->loss.values() == 300'000);
   std::vector<double> x, y;
   run->loss.points(x, y);
@@ -219,4 +225,37 @@ TEST_CASE("html report: a name with <!--<script> or </script> in the embedded JS
   // The same JSON, read back; the script ends where the page ends it.
   CHECK(nlohmann::json::parse(embedded) == report);
   CHECK(html.compare(end, 20, "</script>\n</section>") == 0);
+}
+
+TEST_CASE("plot: the runs a trainer appended to one metrics file are lines of their own - a resumed run continues its line - null is a gap") {
+  const std::string text =
+      "{\"run\": \"aaaa\", \"start_step\": 0}\n"
+      "{\"step\": 1, \"loss\": 3.0}\n"
+      "{\"step\": 2, \"loss\": 2.5}\n"
+      "{\"step\": 2, \"eval_loss\": null}\n"
+      "{\"run\": \"aaaa\", \"start_step\": 2}\n"  // resumed from step 2: the same line
+      "{\"step\": 3, \"loss\": 2.0}\n"
+      "{\"run\": \"bbbb\", \"start_step\": 0}\n"  // a fresh run into the same file
+      "{\"step\": 1, \"loss\": 3.1}\n"
+      "{\"run\": \"aaaa\", \"start_step\": 1}\n"  // a branch of the first from its step 1
+      "{\"step\": 2, \"loss\": 2.4}\n"
+      "{\"run\": \"cccc\", \"start_step\": 0}\n";  // a run that logged no step
+  std::string error;
+  std::optional<std::vector<report::MetricsRun>> runs = parse_text(text, "m.jsonl", error);
+  INFO(error);
+  REQUIRE(runs.has_value());
+  REQUIRE(runs->size() == 3);
+  auto loss_points = [](const report::MetricsRun& run) {
+    std::vector<double> x, y;
+    run.loss.points(x, y);
+    return std::pair{x, y};
+  };
+  CHECK((*runs)[0].name == "m.jsonl, run aaaa");
+  CHECK(loss_points((*runs)[0]).first == std::vector<double>{1, 2, 3});
+  CHECK((*runs)[0].eval_loss.values() == 1);  // the null: counted, not drawn
+  CHECK_FALSE((*runs)[0].eval_loss.drawable());
+  CHECK((*runs)[1].name == "m.jsonl, run bbbb");
+  CHECK(loss_points((*runs)[1]).second == std::vector<double>{3.1});
+  CHECK((*runs)[2].name == "m.jsonl, run aaaa, from step 1");
+  CHECK(loss_points((*runs)[2]).first == std::vector<double>{2});
 }
