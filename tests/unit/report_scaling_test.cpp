@@ -73,17 +73,16 @@ TEST_CASE("report scaling: fuse-elementwise's work per node stays flat as parame
   CHECK(large < 1.2 * small);
 }
 
-// How much longer step(prepare(g)) takes on the model with 4x the
-// parameters, g its training graph: about 4 when linear (a little more as
-// the data outgrow the caches), 16 when quadratic.
-template <typename Prepare, typename Step>
-double growth(int params, Prepare&& prepare, Step&& step) {
+// How much longer step(make_input(n)) takes for n = 4 * params than for n =
+// params: about 4 when linear (a little more as the data outgrow the
+// caches), 16 when quadratic.
+template <typename MakeInput, typename Step>
+double growth(int params, MakeInput&& make_input, Step&& step) {
   // Repeated until the smaller model takes 20 ms or more: shorter times are
   // mostly noise.
   int repeat = 1;
   auto seconds = [&](int n, bool calibrate) {
-    const ir::Graph g = testing::compile_training(many_params_model(n));
-    const auto input = prepare(g);
+    const auto input = make_input(n);
     double t = best_of_three(repeat, [&] { step(input); });
     while (calibrate && t < 0.02) t = best_of_three(repeat *= 2, [&] { step(input); });
     return t;
@@ -92,28 +91,32 @@ double growth(int params, Prepare&& prepare, Step&& step) {
   return large / small;
 }
 
-const ir::Graph* graph(const ir::Graph& g) { return &g; }
+ir::Graph training_graph(int params) { return testing::compile_training(many_params_model(params)); }
 
 // analyze_memory scanned the whole kernel of each update to see whether it
 // reads the target elsewhere: an optimizer batch spans up to 750 sgd updates
 // (old: 10.6x here).
 TEST_CASE("report scaling: the memory analysis takes linear time in the parameters") {
-  CHECK(growth(180, graph, [](const ir::Graph* g) { analysis::analyze_memory(*g); }) < 8);
+  CHECK(growth(180, training_graph, [](const ir::Graph& g) { analysis::analyze_memory(g); }) < 8);
 }
 
 // plan_memory compared each buffer with every one placed before it (N params
 // and N gradients live together; old: 14.5x here).
 TEST_CASE("report scaling: the memory plan takes linear time in the parameters") {
   CHECK(growth(
-            1000, [](const ir::Graph& g) { return analysis::analyze_memory(g); },
+            1000, [](int params) { return analysis::analyze_memory(training_graph(params)); },
             [](const analysis::MemoryReport& m) { analysis::plan_memory(m); }) < 8);
 }
 
 // The fusion report's pattern of each group scanned every update (is it a
 // parameter's update?) for each optimizer group.
 TEST_CASE("report scaling: the fusion groups' patterns take linear time in the parameters") {
-  CHECK(growth(1000, [](const ir::Graph& g) { return std::make_pair(&g, ir::fusion_groups(g)); },
-               [](const std::pair<const ir::Graph*, ir::FusionGroups>& in) {
-                 report::group_patterns(*in.first, in.second);
-               }) < 8);
+  CHECK(growth(1000,
+               [](int params) {
+                 ir::Graph g = training_graph(params);
+                 ir::FusionGroups groups = ir::fusion_groups(g);
+                 return std::make_pair(std::move(g), std::move(groups));
+               },
+               [](const std::pair<ir::Graph, ir::FusionGroups>& in) { report::group_patterns(in.first, in.second); }) <
+        8);
 }
