@@ -43,13 +43,15 @@ MemoryBuffer make_buffer(const ir::Graph& g, ir::ValueId v, MemoryCategory categ
 // kernel reads T (the step's end neither: last_read), and every node of the
 // kernel that reads T is elementwise and reads T itself with T's shape, so
 // that each output element overwrites only the element it was computed from.
-bool may_overwrite(const ir::Graph& g, const ir::FusionGroups& groups, const std::vector<int>& last_read, int at,
-                   ir::ValueId target) {
+// readers: the positions of the nodes that read T, ascending (a kernel may
+// span a whole batch of updates: scanning its positions made N updates N^2).
+bool may_overwrite(const ir::Graph& g, const ir::FusionGroups& groups, const std::vector<int>& last_read,
+                   const std::vector<int>& readers, int at, ir::ValueId target) {
   int first = groups.kernel_first(at), last = groups.kernel_last(at);
   if (last_read[target] > last) return false;
   const std::vector<ir::NodeId>& schedule = g.schedule();
-  for (int p = first; p <= last; ++p) {
-    const ir::Node& n = g.node(schedule[p]);
+  for (auto p = std::lower_bound(readers.begin(), readers.end(), first); p != readers.end() && *p <= last; ++p) {
+    const ir::Node& n = g.node(schedule[*p]);
     for (ir::ValueId in : n.inputs) {
       if (g.value(in).storage != target) continue;
       if (in != target || ir::op_info(n.op).op_class != ir::OpClass::Elementwise ||
@@ -93,6 +95,9 @@ MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
   std::vector<int> last_read(g.num_values(), -1);
   std::vector<int> produced_at(g.num_values(), -1);
   std::vector<bool> read_by_backward(g.num_values(), false);
+  std::vector<std::vector<int>> update_target_readers(g.num_values());  // positions, for may_overwrite
+  std::vector<bool> update_target(g.num_values(), false);
+  for (const ir::Graph::Update& u : g.updates) update_target[u.target] = true;
   for (int p = 0; p < n; ++p) {
     const ir::Node& node = g.node(schedule[p]);
     if (node.phase == ir::Phase::Backward) r.has_backward = true;
@@ -100,6 +105,8 @@ MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
       ir::ValueId s = g.value(in).storage;
       last_read[s] = std::max(last_read[s], groups.kernel_last(p));
       if (node.phase == ir::Phase::Backward) read_by_backward[s] = true;
+      std::vector<int>& readers = update_target_readers[s];
+      if (update_target[s] && (readers.empty() || readers.back() != p)) readers.push_back(p);
     }
     for (ir::ValueId out : node.outputs) produced_at[out] = p;
   }
@@ -135,7 +142,8 @@ MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
                             u.target, u.value);
       claimed[buffer.id] = true;
       int at = produced_at[buffer.id];
-      m.in_place = buffer.type.bytes() == target.type.bytes() && may_overwrite(g, groups, last_read, at, u.target);
+      m.in_place = buffer.type.bytes() == target.type.bytes() &&
+                   may_overwrite(g, groups, last_read, update_target_readers[u.target], at, u.target);
       if (!m.in_place) {
         separate_update_of[buffer.id] = u.target;
         to_end[buffer.id] = true;  // copied into the target at the end of the step

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <set>
 
 #include "ir/internal_check.h"
 
@@ -35,12 +34,87 @@ struct Item {
   bool resident = false;
 };
 
-struct Slot {
-  int64_t offset, size;
-  int first, last;
+// Arena bytes [begin, end) in use.
+struct Span {
+  int64_t begin, end;
 };
 
-bool conflict(const Item& item, const Slot& s) { return item.first <= s.last && s.first <= item.last; }
+// Disjoint spans sorted by offset; touching ones are merged (a gap of 0 bytes
+// fits nothing, so the merged set has the same gaps).
+class SpanSet {
+ public:
+  void insert(Span s) {
+    auto first = std::lower_bound(spans_.begin(), spans_.end(), s.begin,
+                                  [](const Span& x, int64_t begin) { return x.end < begin; });
+    auto last = first;
+    while (last != spans_.end() && last->begin <= s.end) {
+      s.begin = std::min(s.begin, last->begin);
+      s.end = std::max(s.end, last->end);
+      ++last;
+    }
+    spans_.insert(spans_.erase(first, last), s);
+  }
+  const std::vector<Span>& spans() const { return spans_; }
+
+ private:
+  std::vector<Span> spans_;
+};
+
+// The arena bytes in use by placed slots, by schedule position: a segment
+// tree over positions [0, n) in which a slot live over [first, last] is
+// recorded at the O(log n) nodes whose ranges tile [first, last] (`own`),
+// and in `below` of those nodes and all their ancestors. The bytes used by
+// the slots live at some position of [first, last] are then the union of
+// `below` of the nodes tiling it and `own` of their ancestors: O(log n) sets,
+// each merged into few spans, instead of a scan of every slot placed (which
+// made a model of N long-lived buffers N^2).
+class ArenaUse {
+ public:
+  explicit ArenaUse(int positions) : n_(positions), own_(std::max(0, 2 * positions - 1)), below_(own_.size()) {}
+
+  void add(int first, int last, Span bytes) {
+    if (first <= last) add(0, 0, n_ - 1, first, last, bytes);
+  }
+
+  // The bytes used at some position of [first, last], sorted, disjoint.
+  std::vector<Span> used(int first, int last) const {
+    std::vector<Span> all;
+    if (first <= last) collect(0, 0, n_ - 1, first, last, all);
+    std::sort(all.begin(), all.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+    std::vector<Span> merged;
+    for (const Span& s : all) {
+      if (!merged.empty() && s.begin <= merged.back().end) merged.back().end = std::max(merged.back().end, s.end);
+      else merged.push_back(s);
+    }
+    return merged;
+  }
+
+ private:
+  // Node `node` covers positions [lo, hi]; its children are node + 1
+  // ([lo, mid]) and node + 2 * (mid - lo + 1) ([mid + 1, hi]): 2n - 1 nodes.
+  void add(int node, int lo, int hi, int first, int last, Span bytes) {
+    below_[node].insert(bytes);
+    if (first <= lo && hi <= last) {
+      own_[node].insert(bytes);
+      return;
+    }
+    int mid = lo + (hi - lo) / 2;
+    if (first <= mid) add(node + 1, lo, mid, first, last, bytes);
+    if (last > mid) add(node + 2 * (mid - lo + 1), mid + 1, hi, first, last, bytes);
+  }
+
+  void collect(int node, int lo, int hi, int first, int last, std::vector<Span>& out) const {
+    const SpanSet& set = first <= lo && hi <= last ? below_[node] : own_[node];
+    out.insert(out.end(), set.spans().begin(), set.spans().end());
+    if (first <= lo && hi <= last) return;
+    int mid = lo + (hi - lo) / 2;
+    if (first <= mid) collect(node + 1, lo, mid, first, last, out);
+    if (last > mid) collect(node + 2 * (mid - lo + 1), mid + 1, hi, first, last, out);
+  }
+
+  int n_;
+  std::vector<SpanSet> own_, below_;
+};
 
 std::vector<Item> chains(const MemoryReport& memory) {
   std::map<ir::ValueId, size_t> item_of;  // buffer -> its chain
@@ -63,18 +137,18 @@ std::vector<Item> chains(const MemoryReport& memory) {
   return items;
 }
 
-// The offset where `size` bytes go among the conflicting slots `busy` (sorted
-// by offset; they may overlap each other).
-int64_t choose_offset(const std::vector<const Slot*>& busy, int64_t size, Placement placement) {
-  int64_t end = 0;  // the end of the slots seen so far
+// The offset where `size` bytes go among the bytes in use `busy` (sorted,
+// disjoint).
+int64_t choose_offset(const std::vector<Span>& busy, int64_t size, Placement placement) {
+  int64_t end = 0;  // the end of the spans seen so far
   int64_t best = -1, best_gap = std::numeric_limits<int64_t>::max();
-  for (const Slot* s : busy) {
-    int64_t gap = s->offset - end;
+  for (const Span& s : busy) {
+    int64_t gap = s.begin - end;
     if (gap >= size) {
       if (placement == Placement::LowestFit) return end;
       if (gap < best_gap) best = end, best_gap = gap;
     }
-    end = std::max(end, s->offset + s->size);
+    end = std::max(end, s.end);
   }
   return best >= 0 ? best : end;
 }
@@ -95,18 +169,12 @@ MemoryPlan plan_memory(const MemoryReport& memory, Placement placement) {
     return a.members[0] < b.members[0];
   });
 
-  // Kept sorted by offset, so the conflicting slots come out in offset order
-  // without a sort per item (which made many long-lived buffers N^2 log N).
-  std::vector<Slot> placed;
+  int positions = 0;
+  for (const Item& item : items) positions = std::max(positions, item.last + 1);
+  ArenaUse use(positions);
   for (const Item& item : items) {
-    std::vector<const Slot*> busy;
-    for (const Slot& s : placed)
-      if (conflict(item, s)) busy.push_back(&s);
-    int64_t offset = choose_offset(busy, item.size, placement);
-    Slot slot{offset, item.size, item.first, item.last};
-    placed.insert(std::upper_bound(placed.begin(), placed.end(), slot,
-                                   [](const Slot& x, const Slot& y) { return x.offset < y.offset; }),
-                  slot);
+    int64_t offset = choose_offset(use.used(item.first, item.last), item.size, placement);
+    use.add(item.first, item.last, {offset, offset + item.size});
     for (ir::ValueId v : item.members) plan.storage_offset[v] = offset;
     plan.arena_bytes = std::max(plan.arena_bytes, offset + item.size);
   }

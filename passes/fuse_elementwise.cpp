@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <unordered_map>
 
 #include "ir/fusion_group.h"
 #include "ir/internal_check.h"
@@ -135,9 +136,10 @@ class Fuser {
       int c = v.producer != ir::kNoNode && fusible(g_.node(v.producer)) ? group_[v.producer] : -1;
       if (!fits(c)) {
         c = -1;
-        for (NodeId r : readers_[v.id]) {
+        std::vector<NodeId>& candidates = siblings(v.id, attached);
+        for (NodeId r : candidates) {
           count(1);
-          if (r != id && fits(group_[r]) && fusible(g_.node(r))) {
+          if (r != id && fits(group_[r])) {
             c = group_[r];
             break;
           }
@@ -155,6 +157,7 @@ class Fuser {
       moved[id] = true;
       add_member(c, id);
     }
+    sibling_candidates_.clear();
     std::vector<NodeId> schedule;
     schedule.reserve(schedule_.size());
     for (NodeId id : schedule_) {
@@ -163,6 +166,25 @@ class Fuser {
       if (follower[id] != ir::kNoNode) schedule.push_back(follower[id]);
     }
     schedule_ = std::move(schedule);
+  }
+
+  // The readers of v that attach_reductions may still fuse a reduction of v
+  // with: fusible members of a group of v's shape that has no reduction yet,
+  // in readers_ order. A reader that fails this fails it for good (a group
+  // never loses its reduction), so it leaves the list: N reductions of one
+  // value (each parameter's bias gradient summing one dy) scanned all of
+  // v's readers each, N^2.
+  std::vector<NodeId>& siblings(ValueId v, const std::vector<bool>& attached) {
+    auto [it, added] = sibling_candidates_.try_emplace(v);
+    std::vector<NodeId>& candidates = it->second;
+    if (added)
+      for (NodeId r : readers_[v]) {
+        count(1);
+        const int c = group_[r];
+        if (fusible(g_.node(r)) && c >= 0 && shape_[c] == g_.value(v).type.sizes()) candidates.push_back(r);
+      }
+    std::erase_if(candidates, [&](NodeId r) { return attached[group_[r]]; });
+    return candidates;
   }
 
   // Each constant that members read directly folds into their groups (see
@@ -184,11 +206,21 @@ class Fuser {
     bool copied = false;
     for (auto& [c, nodes] : readers) {
       ValueId value = g_.node(c).out();
+      // The groups reading c, each with its members that do: a constant read
+      // by N groups (the learning rate of N parameters' updates) made a
+      // search of the groups, and a scan of every reader per copy, N^2.
       std::vector<int> groups;
+      std::unordered_map<int, std::vector<NodeId>> group_readers;
       bool unfused_reader = read_at_end[value];
       for (NodeId r : nodes) {
-        if (group_[r] < 0) unfused_reader = true;
-        else if (std::find(groups.begin(), groups.end(), group_[r]) == groups.end()) groups.push_back(group_[r]);
+        count(1);
+        if (group_[r] < 0) {
+          unfused_reader = true;
+          continue;
+        }
+        std::vector<NodeId>& in_group = group_readers[group_[r]];
+        if (in_group.empty()) groups.push_back(group_[r]);
+        in_group.push_back(r);
       }
       std::sort(groups.begin(), groups.end(), [&](int a, int b) { return first[a] < first[b]; });
       for (size_t i = 0; i < groups.size(); ++i) {
@@ -203,9 +235,8 @@ class Fuser {
           group_.push_back(-1);
           copied = true;
           ValueId copy = g_.node(member).out();
-          for (NodeId r : nodes) {  // the group's members that read the constant
+          for (NodeId r : group_readers[gid]) {  // the group's members that read the constant
             count(1);
-            if (group_[r] != gid) continue;
             for (ValueId& in : g_.node(r).inputs)
               if (in == value) in = copy;
           }
@@ -275,6 +306,7 @@ class Fuser {
   std::vector<UnitList::iterator> node_unit_;   // node alone -> its unit
   std::vector<UnitList::iterator> group_unit_;  // working group -> its unit
   std::vector<std::vector<NodeId>> readers_;    // value -> the nodes reading it
+  std::unordered_map<ValueId, std::vector<NodeId>> sibling_candidates_;  // attach_reductions' siblings()
   // Marks of the merge being tried (its stamp): in the span between the set's
   // parts, depends on the set, needed by the set.
   std::vector<int> gap_, after_, needed_;

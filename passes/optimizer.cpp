@@ -6,6 +6,7 @@
 #include <map>
 #include <numbers>
 #include <numeric>
+#include <unordered_map>
 
 #include "ir/builder.h"
 #include "ir/internal_check.h"
@@ -70,11 +71,15 @@ class OptimizerPass : public Pass {
   std::string_view name() const override { return "optimizer"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
+    // The outputs by label, the first of each (Graph::find_output's), once:
+    // a search per param made N params N^2.
+    std::unordered_map<std::string, ValueId> output;
+    for (const auto& [label, v] : g.outputs) output.emplace(label, v);
     std::vector<Trained> trained;
     for (const ir::Param& p : g.params) {
       const ir::Value& v = g.value(p.value);
-      ValueId grad = g.find_output("grad." + v.name);
-      if (grad != ir::kNoValue) trained.push_back({p.value, grad, v.name, v.loc});
+      if (auto grad = output.find("grad." + v.name); grad != output.end())
+        trained.push_back({p.value, grad->second, v.name, v.loc});
     }
     if (trained.empty()) return false;
     const ir::OptimizerConfig& opt = g.config.optimizer;

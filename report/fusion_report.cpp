@@ -33,18 +33,32 @@ std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("
 
 }  // namespace
 
-std::string group_pattern(const ir::Graph& g, const ir::FusionGroup& fg) {
-  if (fg.phase == ir::Phase::Optimizer) {
-    for (const ir::Graph::Update& u : g.updates)
-      if (g.value(u.target).kind == ir::ValueKind::Param &&
-          std::find(fg.outputs.begin(), fg.outputs.end(), g.value(u.value).storage) != fg.outputs.end())
-        return fmt::format("{} update", ir::optimizer_name(g.config.optimizer.kind));
-    if (fg.shape.empty()) return "optimizer scalars";
+std::vector<std::string> group_patterns(const ir::Graph& g, const ir::FusionGroups& groups) {
+  // The buffers of params' new values, found once: per group, a scan of the
+  // updates made N param updates N^2.
+  std::vector<bool> param_update(g.num_values(), false);
+  for (const ir::Graph::Update& u : g.updates)
+    if (g.value(u.target).kind == ir::ValueKind::Param) param_update[g.value(u.value).storage] = true;
+  const std::string update = fmt::format("{} update", ir::optimizer_name(g.config.optimizer.kind));
+  std::vector<std::string> patterns;
+  patterns.reserve(groups.groups.size());
+  for (const ir::FusionGroup& fg : groups.groups) {
+    if (fg.phase == ir::Phase::Optimizer) {
+      if (std::any_of(fg.outputs.begin(), fg.outputs.end(), [&](ir::ValueId v) { return param_update[v]; })) {
+        patterns.push_back(update);
+        continue;
+      }
+      if (fg.shape.empty()) {
+        patterns.push_back("optimizer scalars");
+        continue;
+      }
+    }
+    std::vector<std::string> ops;
+    for (ir::NodeId id : fg.nodes)
+      if (g.node(id).op != ir::Op::Constant) ops.emplace_back(ir::op_name(g.node(id).op));
+    patterns.push_back(fmt::format("{}", fmt::join(ops, " > ")));
   }
-  std::vector<std::string> ops;
-  for (ir::NodeId id : fg.nodes)
-    if (g.node(id).op != ir::Op::Constant) ops.emplace_back(ir::op_name(g.node(id).op));
-  return fmt::format("{}", fmt::join(ops, " > "));
+  return patterns;
 }
 
 FusionSummary summarize_fusion(const ir::Graph& g) {
@@ -70,13 +84,14 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
     }
   }
   std::map<std::string, FusionPattern> patterns;
+  const std::vector<std::string> pattern_of = group_patterns(g, groups);
   for (const ir::FusionGroup& fg : groups.groups) {
     s.bytes_after += analysis::group_bytes(g, fg);
     int ops = op_count(g, fg);
     s.fused_ops += ops;
     s.folded_constants += static_cast<int>(fg.nodes.size()) - ops;
-    FusionPattern& pat = patterns[group_pattern(g, fg)];
-    pat.name = group_pattern(g, fg);
+    FusionPattern& pat = patterns[pattern_of[fg.id]];
+    pat.name = pattern_of[fg.id];
     ++pat.groups;
     pat.ops += ops;
     const int batch = groups.batch_of[fg.id];

@@ -75,8 +75,9 @@ struct CastSummary {
   double bytes_policy = 0, bytes_placed = 0;
 };
 
-// The pattern of a fusion group (see "pattern of a group" above).
-std::string group_pattern(const ir::Graph& g, const ir::FusionGroup& group);
+// The pattern of every fusion group of `groups` (g's), by group id (see
+// "pattern of a group" above).
+std::vector<std::string> group_patterns(const ir::Graph& g, const ir::FusionGroups& groups);
 
 FusionSummary summarize_fusion(const ir::Graph& g);
 // `policy_casts_step`: g's step with sink_casts and matmul_epilogues off.

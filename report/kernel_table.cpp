@@ -14,10 +14,11 @@ namespace napkin::report {
 
 std::vector<KernelKind> kernel_kinds(const ir::Graph& g, const analysis::StepTime& t) {
   const ir::FusionGroups groups = ir::fusion_groups(g);
+  const std::vector<std::string> pattern_of = group_patterns(g, groups);
   std::map<std::tuple<std::string, std::string, std::string, std::string>, KernelKind> kinds;
   for (const analysis::KernelTime& k : t.kernels) {
     if (k.no_peak) continue;  // not in the step's time either
-    std::string what = k.group >= 0 ? group_pattern(g, groups.groups[k.group]) : std::string(ir::op_name(g.node(k.node).op));
+    std::string what = k.group >= 0 ? pattern_of[k.group] : std::string(ir::op_name(g.node(k.node).op));
     std::string phase(ir::phase_name(k.phase));
     std::string kind(analysis::kernel_class_name(k.kind));
     KernelKind& row = kinds[{phase, kind, what, k.lines}];

@@ -1,19 +1,16 @@
 #include "tools/trainer_cache.h"
 
 #include <fmt/format.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 
 #include "analysis/devices.h"
 #include "codegen/cpu/build.h"
 #include "codegen/cpu/link_config.h"
+#include "codegen/host/private_cache.h"
 #ifdef NAPKIN_HAVE_CUDA
 #include "codegen/cuda/build.h"
 #endif
@@ -23,45 +20,9 @@
 
 namespace napkin::tools {
 
-std::filesystem::path trainer_cache_dir() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "napkin";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache" / "napkin";
-  // A shared temporary directory: one cache per user, which private_directory
-  // refuses when someone else made it first.
-  return std::filesystem::temp_directory_path() / fmt::format("napkin-cache-{}", ::geteuid());
-}
+std::filesystem::path trainer_cache_dir() { return codegen::host::user_cache_root(); }
 
 namespace {
-
-// Why a trainer in `dir` could be someone else's program, or "": the cache
-// runs what it finds, so its directories must be this user's and writable by
-// no one else. `dir` is made (mode 0700, its parents as usual) when missing.
-std::string private_directory_problem(const std::filesystem::path& dir) {
-  std::error_code ec;
-  if (dir.has_parent_path()) std::filesystem::create_directories(dir.parent_path(), ec);  // a failure fails mkdir
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    return fmt::format("{}: cannot create it ({})", dir.string(), std::strerror(errno));
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) return fmt::format("{}: cannot read it ({})", dir.string(), std::strerror(errno));
-  if (!S_ISDIR(st.st_mode)) return fmt::format("{}: is not a directory", dir.string());
-  if (st.st_uid != ::geteuid())
-    return fmt::format("{}: is owned by another user (uid {}), so a program in it could be theirs; napkin runs only "
-                       "programs it built", dir.string(), st.st_uid);
-  if ((st.st_mode & 022) != 0)
-    return fmt::format("{}: can be written by other users (mode {:o}), so a program in it could be theirs; napkin runs "
-                       "only programs it built", dir.string(), st.st_mode & 0777);
-  return "";
-}
-
-// Why the cached program `path` (present) must not be run, or "": it must be
-// a regular file of this user's that no one else can write.
-std::string untrusted_entry(const std::filesystem::path& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "is not a regular file";
-  if (st.st_uid != ::geteuid()) return fmt::format("is owned by another user (uid {})", st.st_uid);
-  if ((st.st_mode & 022) != 0) return fmt::format("can be written by other users (mode {:o})", st.st_mode & 0777);
-  return "";
-}
 
 std::string cache_key(const ir::Graph& g, const std::string& target, const std::string& model_hash,
                       const ir::Graph* sampler) {
@@ -102,7 +63,7 @@ std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const st
   const std::filesystem::path root = trainer_cache_dir();
   const std::filesystem::path dir = root / cache_key(g, target, model_hash, sampler);
   for (const std::filesystem::path& d : {root, dir})
-    if (std::string problem = private_directory_problem(d); !problem.empty()) {
+    if (std::string problem = codegen::host::private_directory_problem(d); !problem.empty()) {
       std::cerr << fmt::format("error: the {} cache {}\n    hint: remove it, or set XDG_CACHE_HOME to a directory of "
                                "your own that only you can write\n",
                                what, problem);
@@ -112,7 +73,7 @@ std::optional<std::filesystem::path> cached_trainer(const ir::Graph& g, const st
   std::filesystem::path sum = dir / "trainer.sum";
   std::error_code ec;
   bool cached = std::filesystem::exists(trainer, ec);
-  if (std::string why = cached ? untrusted_entry(trainer) : ""; !why.empty()) {
+  if (std::string why = cached ? codegen::host::untrusted_entry(trainer) : ""; !why.empty()) {
     log << fmt::format("napkin: the cached {} {} {}; rebuilding it\n", what, trainer.string(), why);
     cached = false;
   } else if (cached && read_file_bytes(sum.string()) != fnv1a_hex({read_file_bytes(trainer.string())})) {

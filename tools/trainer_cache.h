@@ -6,10 +6,10 @@
 // --measure` builds afresh). trainer.sum beside it holds the FNV-1a of the
 // trainer's bytes, so a truncated or damaged trainer is rebuilt, not run.
 // Without HOME and XDG_CACHE_HOME the cache is $TMPDIR/napkin-cache-UID.
-// The cache runs what it finds, so it trusts only its own: its directories
-// are made mode 0700, and one owned by another user or writable by others is
-// refused (a user error); a trainer not owned by the user, or writable by
-// others, is rebuilt.
+// The cache runs what it finds, so it trusts only its own
+// (codegen/host/private_cache.h): its directories are made mode 0700, and one
+// owned by another user or writable by others is refused (a user error); a
+// trainer not owned by the user, or writable by others, is rebuilt.
 #pragma once
 
 #include <filesystem>

@@ -1,5 +1,6 @@
 #include "codegen/cuda/kernel_cache.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,10 +11,13 @@
 #include <iostream>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "codegen/cuda/sha256.h"
+#include "codegen/host/private_cache.h"
 
 namespace napkin::codegen::cuda {
 
@@ -53,14 +57,29 @@ void warn_once(const std::string& message) {
 
 std::filesystem::path default_kernel_cache_dir() {
   if (const char* d = std::getenv("NAPKIN_CACHE_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "napkin" / "cuda";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache" / "napkin" / "cuda";
-  return std::filesystem::temp_directory_path() / "napkin-cache" / "cuda";
+  return host::user_cache_root() / "cuda";
+}
+
+void KernelCache::require_private_directory() const {
+  if (private_) return;
+  // In the user's cache root, the root first, as the trainer cache checks it:
+  // a private cuda/ inside a directory others can write could be swapped.
+  std::vector<std::filesystem::path> dirs;
+  if (dir_ == host::user_cache_root() / "cuda") dirs.push_back(dir_.parent_path());
+  dirs.push_back(dir_);
+  for (const std::filesystem::path& d : dirs)
+    if (std::string problem = host::private_directory_problem(d); !problem.empty())
+      throw std::runtime_error(fmt::format("the CUDA kernel cache {}\n    hint: remove it, or set NAPKIN_CACHE_DIR "
+                                           "to a directory of your own that only you can write (or --no-cache)",
+                                           problem));
+  private_ = true;
 }
 
 std::filesystem::path KernelCache::entry_path(const CacheKey& key) const { return dir_ / (hex(key) + ".nvrtc"); }
 
 std::optional<CachedKernels> KernelCache::load(const CacheKey& key) const {
+  require_private_directory();
+  if (!host::untrusted_entry(entry_path(key)).empty()) return std::nullopt;  // absent, or not the user's own
   std::ifstream in(entry_path(key), std::ios::binary);
   if (!in) return std::nullopt;
   std::stringstream ss;
@@ -78,12 +97,8 @@ std::optional<CachedKernels> KernelCache::load(const CacheKey& key) const {
 }
 
 bool KernelCache::store(const CacheKey& key, const CachedKernels& kernels) const {
+  require_private_directory();
   std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) {
-    warn_once("cannot create the CUDA kernel cache " + dir_.string() + ": " + ec.message());
-    return false;
-  }
   std::string header(kMagic);
   header += bytes_of(key);
   put_u64(header, kernels.cubin.size());

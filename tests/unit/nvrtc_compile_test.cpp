@@ -7,8 +7,12 @@
 #ifdef NAPKIN_HAVE_CUDA
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -16,6 +20,7 @@
 #include "codegen/cuda/kernel_cache.h"
 #include "codegen/cuda/nvrtc_compile.h"
 #include "codegen/cuda/sha256.h"
+#include "codegen/host/private_cache.h"
 #include "ir/internal_check.h"
 #include "support/test_io.h"
 
@@ -64,6 +69,25 @@ std::vector<fs::path> entries(const TempDir& dir) {
   for (const auto& e : fs::directory_iterator(dir.path)) files.push_back(e.path());
   return files;
 }
+
+// Sets (or, with nullopt, unsets) an environment variable for the scope of a
+// test, restoring what it was.
+class EnvVar {
+ public:
+  EnvVar(const char* name, const std::optional<std::string>& value) : name_(name) {
+    if (const char* v = std::getenv(name)) saved_ = v;
+    set(value);
+  }
+  ~EnvVar() { set(saved_); }
+  void set(const std::optional<std::string>& value) {
+    if (value) setenv(name_, value->c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
 
 uint16_t elf_machine(const std::string& elf) {
   uint16_t machine = 0;
@@ -189,34 +213,92 @@ TEST_CASE("nvrtc: a truncated or corrupt cache entry is detected and rebuilt") {
   SUBCASE("a longer file") { damaged_then_rebuilt(whole + "x"); }
 }
 
-TEST_CASE("nvrtc: an unusable cache directory warns and compiles anyway") {
+TEST_CASE("nvrtc: a kernel cache directory that cannot be made is the user's error, naming it") {
   TempDir dir("nvrtc");
   write_bytes(dir / "file", "in the way");
   NvrtcOptions o;
   o.cache_dir = dir / "file/cache";
-  NvrtcResult r = nvrtc_compile(kSource, "k.cu", o);
-  CHECK(!r.cache_hit);
-  CHECK(elf_machine(r.cubin) == 190);
-  CHECK(!nvrtc_compile(kSource, "k.cu", o).cache_hit);
+  CHECK_THROWS_WITH_AS(nvrtc_compile(kSource, "k.cu", o),
+                       doctest::Contains(("the CUDA kernel cache " + (dir / "file/cache") + ": cannot create it").c_str()),
+                       std::runtime_error);
+  o.use_cache = false;  // --no-cache does not touch it
+  CHECK(elf_machine(nvrtc_compile(kSource, "k.cu", o).cubin) == 190);
 }
 
-TEST_CASE("nvrtc: the cache directory comes from NAPKIN_CACHE_DIR, then XDG_CACHE_HOME, then HOME") {
-  auto saved = [](const char* name) { const char* v = std::getenv(name); return v ? std::optional<std::string>(v) : std::nullopt; };
-  auto napkin_dir = saved("NAPKIN_CACHE_DIR"), xdg = saved("XDG_CACHE_HOME"), home = saved("HOME");
-  setenv("NAPKIN_CACHE_DIR", "/a/napkin", 1);
-  setenv("XDG_CACHE_HOME", "/b/xdg", 1);
-  setenv("HOME", "/c/home", 1);
+TEST_CASE("nvrtc: the cache directory comes from NAPKIN_CACHE_DIR, then XDG_CACHE_HOME, then HOME, then TMPDIR") {
+  TempDir temp("nvrtc");  // temp_directory_path() wants TMPDIR to exist
+  EnvVar napkin_dir("NAPKIN_CACHE_DIR", "/a/napkin"), xdg("XDG_CACHE_HOME", "/b/xdg"), home("HOME", "/c/home"),
+      tmp("TMPDIR", temp.path);
   CHECK(default_kernel_cache_dir() == "/a/napkin");
-  unsetenv("NAPKIN_CACHE_DIR");
+  napkin_dir.set(std::nullopt);
   CHECK(default_kernel_cache_dir() == "/b/xdg/napkin/cuda");
-  unsetenv("XDG_CACHE_HOME");
+  xdg.set(std::nullopt);
   CHECK(default_kernel_cache_dir() == "/c/home/.cache/napkin/cuda");
-  auto restore = [](const char* name, const std::optional<std::string>& v) {
-    if (v) setenv(name, v->c_str(), 1); else unsetenv(name);
-  };
-  restore("NAPKIN_CACHE_DIR", napkin_dir);
-  restore("XDG_CACHE_HOME", xdg);
-  restore("HOME", home);
+  home.set(std::nullopt);
+  CHECK(default_kernel_cache_dir() == fs::path(temp / fmt::format("napkin-cache-{}/cuda", ::geteuid())));  // one per user
+}
+
+// The kernel cache once fell back to a shared /tmp/napkin-cache/cuda and
+// loaded any entry whose checksum matched: anyone could plant a cubin for
+// another user's trainer. Now it follows codegen/host/private_cache.h, as
+// the trainer cache does (tests/e2e/driver_guards_test.cpp).
+TEST_CASE("nvrtc: the kernel cache loads only the user's own - 0700 in TMPDIR without HOME, planted cubins not loaded") {
+  TempDir tmp("nvrtc-trust");
+  EnvVar napkin_dir("NAPKIN_CACHE_DIR", std::nullopt), xdg("XDG_CACHE_HOME", std::nullopt), home("HOME", std::nullopt),
+      tmpdir("TMPDIR", tmp.path);
+  const NvrtcResult good = nvrtc_compile(kSource, "k.cu", NvrtcOptions{});
+  const fs::path root = tmp / fmt::format("napkin-cache-{}", ::geteuid()), cache = root / "cuda";
+  REQUIRE(fs::is_directory(cache));
+  for (const fs::path& d : {root, cache}) {
+    CAPTURE(d);
+    struct stat st {};
+    REQUIRE(::stat(d.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0700);
+  }
+  REQUIRE(std::distance(fs::directory_iterator(cache), fs::directory_iterator()) == 1);
+  const fs::path entry = fs::directory_iterator(cache)->path();
+  const std::string whole = read_bytes(entry);
+  CHECK(nvrtc_compile(kSource, "k.cu", NvrtcOptions{}).cache_hit);
+
+  // An entry for this key with a valid header and checksum but someone
+  // else's cubin, writable by others: a miss, compiled again and replaced.
+  CachedKernels theirs{"PLANTED", good.ptx};
+  Sha256 sum;
+  sum.update(theirs.cubin);
+  sum.update(theirs.ptx);
+  const std::array<uint8_t, 32> digest = sum.finish();
+  std::string planted = whole.substr(0, 40);  // magic and key
+  for (uint64_t size : {uint64_t{theirs.cubin.size()}, uint64_t{theirs.ptx.size()}})
+    for (int i = 0; i < 8; ++i) planted += static_cast<char>(size >> (8 * i));
+  planted += std::string(reinterpret_cast<const char*>(digest.data()), digest.size()) + theirs.cubin + theirs.ptx;
+  write_bytes(entry, planted);
+  REQUIRE(::chmod(entry.c_str(), 0666) == 0);
+  NvrtcResult rebuilt = nvrtc_compile(kSource, "k.cu", NvrtcOptions{});
+  CHECK(!rebuilt.cache_hit);
+  CHECK(rebuilt.cubin == good.cubin);
+  CHECK(read_bytes(entry) == whole);
+  CHECK(napkin::codegen::host::untrusted_entry(entry).empty());
+  // The same planted entry, mode 0644 but owned by another user (needs root to make): not loaded either.
+  if (::geteuid() == 0) {
+    write_bytes(entry, planted);
+    REQUIRE(::chmod(entry.c_str(), 0644) == 0);
+    REQUIRE(::chown(entry.c_str(), 4242, 4242) == 0);
+    CHECK(!nvrtc_compile(kSource, "k.cu", NvrtcOptions{}).cache_hit);
+    CHECK(read_bytes(entry) == whole);
+  }
+
+  // A cache directory others can write is not trusted at all: an error naming it.
+  REQUIRE(::chmod(root.c_str(), 0777) == 0);
+  CHECK_THROWS_WITH_AS(nvrtc_compile(kSource, "k.cu", NvrtcOptions{}),
+                       doctest::Contains(("the CUDA kernel cache " + root.string() + ": can be written by other users").c_str()),
+                       std::runtime_error);
+  REQUIRE(::chmod(root.c_str(), 0700) == 0);
+  REQUIRE(::chmod(cache.c_str(), 0770) == 0);
+  CHECK_THROWS_WITH_AS(nvrtc_compile(kSource, "k.cu", NvrtcOptions{}),
+                       doctest::Contains(("the CUDA kernel cache " + cache.string() + ": can be written by other users").c_str()),
+                       std::runtime_error);
+  REQUIRE(::chmod(cache.c_str(), 0700) == 0);
+  CHECK(nvrtc_compile(kSource, "k.cu", NvrtcOptions{}).cache_hit);
 }
 
 TEST_CASE("nvrtc: an unknown architecture is the user's error, listing the supported ones") {
