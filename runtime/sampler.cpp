@@ -164,7 +164,7 @@ double predicted_decode_seconds(const Program& p) {
   return predicted_seconds(p, static_cast<size_t>(p.num_forward_kernels), p.kernels.size());
 }
 double predicted_prefill_seconds(const Program& p) {
-  return predicted_seconds(p, 0, static_cast<size_t>(p.num_forward_kernels));
+  return predicted_seconds(p, static_cast<size_t>(p.num_setup_kernels), static_cast<size_t>(p.num_forward_kernels));
 }
 
 // One generation: the state of every batch entry's sequence and the cache's window.
@@ -180,6 +180,9 @@ class Generation {
       throw Error(fmt::format("the prompt has {} tokens: it needs 1 to the model's context of {}", prompt.size(),
                               t_.context()));
     out_.sequences.assign(static_cast<size_t>(t_.batch()), prompt);
+    // What the parameters and constants alone give, which both the prefill
+    // and a decode step read: once, for the weights that are up now.
+    engine_.run_setup();
     auto t0 = std::chrono::steady_clock::now();
     out_.prompt_by_steps = ingest(static_cast<int64_t>(prompt.size()));
     out_.prefill_seconds = seconds_since(t0);

@@ -61,7 +61,8 @@ struct Generated {
 };
 
 // Generates o.tokens tokens after `prompt` (1 to context tokens) with an
-// inference program's engine whose parameters are up. on_token, when set,
+// inference program's engine whose parameters are up (its setup runs first,
+// for those parameters). on_token, when set,
 // gets each of batch entry 0's new tokens as it comes.
 Generated generate(Engine& engine, const std::vector<int64_t>& prompt, const SampleOptions& o,
                    const std::function<void(int64_t)>& on_token = nullptr);

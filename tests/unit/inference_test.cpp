@@ -16,6 +16,7 @@
 #include "interp/interpreter.h"
 #include "passes/derive_inference.h"
 #include "passes/pipeline.h"
+#include "runtime/cpu_engine.h"
 #include "runtime/sampler.h"
 #include "runtime/tensor_element.h"
 #include "support/compiled_step.h"
@@ -54,6 +55,7 @@ struct Decoder {
     INFO(diag.render());
     REQUIRE_FALSE(diag.has_errors());
     step = std::make_unique<testing::CompiledStep>(std::move(inference));
+    step->ex->run_setup();  // the parameters are in: what they alone give, once
     const runtime::TensorSpec* tokens = step->program.find("prefill.tokens");
     REQUIRE(tokens != nullptr);
     batch = tokens->shape[0];
@@ -89,6 +91,16 @@ struct Decoder {
     std::vector<double> out(static_cast<size_t>(vocab));
     for (int64_t v = 0; v < vocab; ++v) out[v] = get("decode.logits", b * vocab + v);
     return out;
+  }
+
+  // A CPU engine of the same program with the same parameters: what
+  // `napkin sample` runs (runtime::generate).
+  std::unique_ptr<runtime::Engine> engine() {
+    auto* fns = static_cast<const runtime::KernelFn*>(step->jit->lookup("napkin_kernel_fns"));
+    auto e = std::make_unique<runtime::CpuEngine>(step->program, fns, 2);
+    for (const runtime::TensorSpec* t : step->program.with_role("param"))
+      std::copy_n(step->ex->arena() + t->offset, t->bytes, e->host(*t));
+    return e;
   }
 
   // The interpreter's logits of the whole (padded) sequences, in float64,
@@ -202,6 +214,104 @@ TEST_CASE("inference: greedy decoding with the KV cache picks the interpreter's 
       ++compared;
     }
   CHECK(compared >= 14);
+}
+
+namespace {
+
+// A Llama-style language model whose rotary frequencies are computed in the
+// forward graph, not stored: exp(arange(half) · −2·log(θ)/head_dim), their
+// angles at each position, whose cosines and sines rotate q and k.
+const char* kRotaryModel = R"yaml(model: rotary
+dims: {batch: 2, seq: 12, vocab: 40, d: 16, heads: 2, head_dim: d / heads, half: head_dim / 2}
+inputs:
+  tokens:  {shape: [batch, seq], dtype: i32}
+  targets: {shape: [batch, seq], dtype: i32}
+params:
+  wte:    {shape: [vocab, d], init: normal(0.5)}
+  attn_g: {shape: [d], init: ones}
+  wqkv:   {shape: [d, 3 * d], init: normal(0.4)}
+  wo:     {shape: [d, d], init: normal(0.4)}
+  norm_g: {shape: [d], init: ones}
+forward:
+  - inv_freq: exp(cast(arange(half), f32) * (-2 * log(10000) / head_dim))
+  - angles: rearrange(cast(arange(seq), f32), "s -> s 1") * rearrange(inv_freq, "h -> 1 h")
+  - cos_a: cos(angles)
+  - sin_a: sin(angles)
+  - x: embedding(wte, tokens)
+  - q, k, v: rearrange(einsum(rmsnorm(x, attn_g), wqkv, "b s d, d e -> b s e"), "b s (three h hd) -> three b h s hd", three=3, h=heads)
+  - q1, q2: split(q, 2, axis=-1)
+  - k1, k2: split(k, 2, axis=-1)
+  - q: concat(q1 * cos_a - q2 * sin_a, q2 * cos_a + q1 * sin_a, axis=-1)
+  - k: concat(k1 * cos_a - k2 * sin_a, k2 * cos_a + k1 * sin_a, axis=-1)
+  - y: rearrange(attention(q, k, v), "b h s hd -> b s (h hd)")
+  - x: x + einsum(y, wo, "b s e, e d -> b s d")
+  - logits: einsum(rmsnorm(x, norm_g), wte, "b s d, v d -> b s v")
+loss: cross_entropy(logits, targets)
+optimizer: sgd(lr=0.1)
+)yaml";
+
+// Greedy text by `napkin sample`'s generation (runtime::generate) on a fresh
+// engine, the prompt entering the cache by `path`, up to the end of the
+// context; batch entry 0's sequence.
+std::vector<int64_t> greedy_text(Decoder& d, const std::vector<int64_t>& prompt, runtime::PromptPath path) {
+  std::unique_ptr<runtime::Engine> engine = d.engine();
+  runtime::SampleOptions o;
+  o.tokens = d.context - static_cast<int64_t>(prompt.size());  // no window: the interpreter sees it all
+  o.temperature = 0;
+  o.prompt_path = path;
+  const runtime::Generated g = runtime::generate(*engine, prompt, o);
+  if (path != runtime::PromptPath::Auto) CHECK(g.prompt_by_steps == (path == runtime::PromptPath::Steps));
+  CHECK(g.windows == 0);
+  return g.sequences[0];
+}
+
+// How many of `text`'s generated tokens are the interpreter's argmax of the
+// whole text at the position before (all of them are, the CHECKs say),
+// leaving out positions whose top two logits are within `tie`.
+int interpreter_agrees(Decoder& d, const std::vector<int64_t>& text, size_t prompt, double tie) {
+  const std::vector<double> logits = d.oracle_logits(std::vector<std::vector<int64_t>>(d.batch, text));
+  int compared = 0;
+  for (size_t i = prompt - 1; i + 1 < text.size(); ++i) {
+    std::vector<double> row(logits.begin() + static_cast<int64_t>(i) * d.vocab,
+                            logits.begin() + static_cast<int64_t>(i + 1) * d.vocab);
+    std::vector<double> sorted = row;
+    std::sort(sorted.rbegin(), sorted.rend());
+    if (sorted[0] - sorted[1] < tie) continue;
+    CAPTURE(i);
+    CHECK(argmax(row) == text[i + 1]);
+    ++compared;
+  }
+  return compared;
+}
+
+}  // namespace
+
+TEST_CASE("inference: computed rotary positions give the interpreter's greedy text on every prompt path (prefill, steps, auto)") {
+  ir::Diagnostics diag;
+  std::optional<ir::Graph> g = frontend::load_model_text(kRotaryModel, "rotary.yaml", diag);
+  INFO(diag.render());
+  REQUIRE(g.has_value());
+  Decoder d(*g);
+  const std::vector<int64_t> prompt = {7, 3, 12};
+  const std::vector<int64_t> by_prefill = greedy_text(d, prompt, runtime::PromptPath::Prefill);
+  const std::vector<int64_t> by_steps = greedy_text(d, prompt, runtime::PromptPath::Steps);
+  const std::vector<int64_t> by_auto = greedy_text(d, prompt, runtime::PromptPath::Auto);
+  CHECK(by_steps == by_prefill);
+  CHECK(by_auto == by_prefill);
+  CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 1e-4) >= 6);
+}
+
+TEST_CASE("inference: a mixed-precision model's weight casts are computed before a prompt that goes in by decode steps") {
+  // lm-gqa is bf16-mixed: its decode step reads the weights cast to bf16
+  // once, by the program's setup, not by each step nor only by the prefill.
+  Decoder d(lowered("models/lm-gqa.yaml", {{"batch", 2}, {"seq", 9}, {"d", 24}, {"heads", 4}, {"kv_heads", 2},
+                                           {"hidden", 40}, {"layers", 2}, {"vocab", 61}}));
+  const std::vector<int64_t> prompt = {5, 17};
+  for (runtime::PromptPath path : {runtime::PromptPath::Prefill, runtime::PromptPath::Steps}) {
+    CAPTURE(static_cast<int>(path));
+    // bf16 logits: a rounding of 2^-7 at |1| apart, so near ties are left out.
+    CHECK(interpreter_agrees(d, greedy_text(d, prompt, path), prompt.size(), 4.0 / 128) >= 3);
+  }
 }
 
 TEST_CASE("inference: sample_token is greedy at temperature 0 and with top-k 1, repeatable by seed, and draws by the softmax") {
