@@ -2,6 +2,8 @@
 // (dims, inputs, params, blocks, forward, loss, then the training settings).
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "frontend/config.h"
 #include "frontend/dims.h"
 #include "frontend/frontend.h"
@@ -136,9 +138,16 @@ std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, i
   if (const YAML::Node& n = root["train"]) read_train(n, ctx, g, g.config.train);
   // Each model, and each --dims variant of one, gets a checkpoint directory of
   // its own by default (checkpoints/gpt, checkpoints/gpt@d=64,layers=2), so
-  // two of them never meet in one directory by accident.
+  // two of them never meet in one directory by accident. The name is one
+  // directory inside checkpoints/: its slashes become '_', and a name "." or
+  // ".." (which would name checkpoints/ or its parent) is spelled in '_' too.
   std::string& ckpt_dir = g.config.train.checkpoint_dir;
-  if (ckpt_dir.empty()) ckpt_dir = "checkpoints/" + g.name;
+  if (ckpt_dir.empty()) {
+    std::string entry = g.name;
+    std::replace(entry.begin(), entry.end(), '/', '_');
+    if (entry == "." || entry == "..") entry.assign(entry.size(), '_');
+    ckpt_dir = "checkpoints/" + entry;
+  }
   if (!options.dim_overrides.empty()) {
     while (ckpt_dir.size() > 1 && ckpt_dir.back() == '/') ckpt_dir.pop_back();
     std::string variant;
