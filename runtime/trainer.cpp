@@ -457,10 +457,16 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     comm.all_reduce_sum(agreed, 2);
     const double loss = agreed[0] / static_cast<double>(micro_batches);
     const bool interrupted = agreed[1] > 0;
-    if (!std::isfinite(loss))
-      throw Error(fmt::format("step {}: the loss is {}; stopped before the update (last checkpoint: step {}). "
+    if (!std::isfinite(loss)) {
+      // A checkpoint to go back to: the one resumed from, or one this run saved.
+      const bool saved = !o.resume.empty() || (ckpt && last_saved > start_step);
+      throw Error(fmt::format("step {}: the loss is {}; stopped before the update ({}). "
                               "Run with --debug-nan to find the first op that produced a NaN",
-                              step, loss, last_saved));
+                              step, loss,
+                              saved  ? fmt::format("last checkpoint: step {}", last_saved)
+                              : ckpt ? std::string("no checkpoint saved yet")
+                                     : std::string("no --checkpoint-dir: nothing saved")));
+    }
     comm.set_activity(fmt::format("step {}, the gradient all-reduce", step));
     gradients.finish();
     ex.run_optimizer();
