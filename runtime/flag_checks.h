@@ -11,4 +11,8 @@ namespace napkin::runtime {
 // is refused with the range rather than saturated or wrapped by the conversion.
 CLI::Validator whole_number_in(uint64_t lo, uint64_t hi);
 
+// A finite decimal number in [lo, hi]: "nan" and "inf" are refused by name
+// (CLI::Range lets NaN through, since no comparison with it is true).
+CLI::Validator finite_number_in(double lo, double hi);
+
 }  // namespace napkin::runtime

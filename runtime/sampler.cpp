@@ -31,11 +31,15 @@ int64_t sample_token(const std::vector<double>& logits, double temperature, int6
   std::partial_sort(order.begin(), order.begin() + keep, order.end(), larger);
   order.resize(static_cast<size_t>(keep));
   std::sort(order.begin(), order.end());  // draw over the kept ids in id order
+  // Weights exp((logit - top) / T), top the largest kept logit: no exponent
+  // is above 0 and none is computed as a difference of overflowed quotients,
+  // so any temperature > 0 works; a tiny one leaves the largest logits alone
+  // with weight 1 (greedy, ties drawn uniformly).
   double top = -std::numeric_limits<double>::infinity();
-  for (int64_t id : order) top = std::max(top, logits[id] / temperature);
+  for (int64_t id : order) top = std::max(top, logits[id]);
   std::vector<double> weight(order.size());
   double sum = 0;
-  for (size_t i = 0; i < order.size(); ++i) sum += weight[i] = std::exp(logits[order[i]] / temperature - top);
+  for (size_t i = 0; i < order.size(); ++i) sum += weight[i] = std::exp((logits[order[i]] - top) / temperature);
   const double u = rng.uniform01() * sum;
   double acc = 0;
   for (size_t i = 0; i < order.size(); ++i) {
@@ -329,7 +333,7 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
     app.add_option("--prompt-ids", o.prompt_ids, "a file of whitespace-separated token ids to continue")->excludes(prompt);
     app.add_option("--tokens", o.sample.tokens, "tokens to generate")->check(whole_number_in(1, 1'000'000))->capture_default_str();
     app.add_option("--temperature", o.sample.temperature, "softmax temperature (0: greedy)")
-        ->check(CLI::Range(0.0, 100.0))->capture_default_str();
+        ->check(finite_number_in(0.0, 100.0))->capture_default_str();
     app.add_option("--top-k", o.sample.top_k, "sample from the k most likely tokens only (0: all)")
         ->check(whole_number_in(0, 1'000'000'000))->capture_default_str();
     app.add_option("--seed", o.sample.seed, "seed of the sampling draws")->check(whole_number_in(0, UINT64_MAX))->capture_default_str();

@@ -345,6 +345,20 @@ TEST_CASE("inference: sample_token is greedy at temperature 0 and with top-k 1, 
   CHECK(counts[2] == 0);
 }
 
+TEST_CASE("inference: sample_token at a tiny temperature (1e-310, 1e-320) draws among the largest logits, never overflows") {
+  const std::vector<double> one_largest = {0.5, 2.0, -1.0, 1.9, 1.0};
+  const std::vector<double> two_largest = {0.5, 2.0, -1.0, 2.0, 1.0};
+  for (double t : {1e-300, 1e-310, 1e-320, 4.9e-324}) {
+    CAPTURE(t);
+    runtime::Rng r(4, 0);
+    for (int i = 0; i < 20; ++i) {
+      CHECK(runtime::sample_token(one_largest, t, 0, r) == 1);
+      const int64_t tied = runtime::sample_token(two_largest, t, 0, r);
+      CHECK((tied == 1 || tied == 3));
+    }
+  }
+}
+
 TEST_CASE("inference: a model that is not a language model, or mixes positions otherwise than by attention, is refused at its line") {
   ir::Diagnostics diag;
   ir::Graph mlp = lowered("models/mlp.yaml", {});
