@@ -346,6 +346,19 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return found;
 }
 
+std::vector<std::string> older_usable_checkpoints(const std::vector<std::pair<int64_t, std::string>>& all,
+                                                  const std::string& expected_model_hash) {
+  std::vector<std::string> good;
+  for (size_t i = 1; i < all.size(); ++i) {
+    try {
+      verify_checkpoint(all[i].second, expected_model_hash);
+      good.push_back(all[i].second);
+    } catch (const Error&) {
+    }
+  }
+  return good;
+}
+
 std::vector<std::string> read_weights(const std::string& path, const std::vector<TensorRef>& params,
                                       const std::vector<std::string>& ignorable) {
   SafetensorsFile file(path);

@@ -97,6 +97,12 @@ CheckpointHeader read_checkpoint(const std::string& path, const std::vector<Tens
 // if there is no such directory. Temporaries and other files are ignored.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
 
+// The files of `all` (list_checkpoints' order) after the newest that
+// verify_checkpoint accepts for `expected_model_hash`, newest first: what a
+// run can go on from when the newest checkpoint of a directory cannot be used.
+std::vector<std::string> older_usable_checkpoints(const std::vector<std::pair<int64_t, std::string>>& all,
+                                                  const std::string& expected_model_hash);
+
 // --init FILE.safetensors: loads weights from any safetensors file (from
 // napkin or from PyTorch): every param must be present with its dtype and
 // shape. Tensors named in `ignorable` (a full checkpoint's optimizer state)

@@ -184,14 +184,7 @@ CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef
   try {
     return read_checkpoint(all.front().second, into, hash);
   } catch (const Error& e) {
-    std::vector<std::string> good;
-    for (size_t i = 1; i < all.size(); ++i) {
-      try {
-        verify_checkpoint(all[i].second, hash);
-        good.push_back(all[i].second);
-      } catch (const Error&) {
-      }
-    }
+    const std::vector<std::string> good = older_usable_checkpoints(all, hash);
     std::string message = std::string(e.what()) + "\n  the newest checkpoint in " + arg + " cannot be used; ";
     if (good.empty()) throw Error(message + "no older one there loads either");
     message += "older ones that load:";
