@@ -325,9 +325,9 @@ CheckpointHeader verify_checkpoint(const std::string& path, const std::string& e
 }
 
 CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
-                                 const std::string& expected_model_hash) {
+                                 const std::string& expected_model_hash, const std::string& hint) {
   SafetensorsFile file(path);
-  CheckpointHeader h = verified_header(file, expected_model_hash);
+  CheckpointHeader h = verified_header(file, expected_model_hash, hint);
   load_tensors(file, into, {});
   return h;
 }

@@ -89,9 +89,10 @@ CheckpointHeader verify_checkpoint(const std::string& path, const std::string& e
 
 // Loads a checkpoint into `into`: verify_checkpoint, then checks that the file
 // holds exactly the tensors of `into` with their dtypes and shapes (every
-// problem listed in one Error), and only then copies.
+// problem listed in one Error), and only then copies. `hint`, if any, ends
+// the message when another model wrote the file.
 CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
-                                 const std::string& expected_model_hash);
+                                 const std::string& expected_model_hash, const std::string& hint = "");
 
 // (step, path) of every step-N.safetensors file in `dir`, newest first; empty
 // if there is no such directory. Temporaries and other files are ignored.

@@ -176,13 +176,18 @@ class Metrics {
 // When the newest file of a directory cannot be used, the message lists the
 // older ones that can and how to resume from one.
 CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef>& into, const std::string& hash) {
+  // The step's hash covers what --dims and --memory-budget (the activations
+  // it recomputes) make of the model, so either can differ from the run's.
+  const std::string hint = "this trainer is the model at the --dims and --memory-budget `napkin train` was given: "
+                           "resume under the ones the checkpoint's run was trained with (a run trained under "
+                           "--memory-budget resumes under the same budget)";
   std::error_code ec;
   if (!std::filesystem::exists(arg, ec)) throw Error(arg + ": --resume: no such checkpoint file or directory");
-  if (!std::filesystem::is_directory(arg, ec)) return read_checkpoint(arg, into, hash);
+  if (!std::filesystem::is_directory(arg, ec)) return read_checkpoint(arg, into, hash, hint);
   auto all = list_checkpoints(arg);
   if (all.empty()) throw Error(arg + ": --resume: no checkpoints in this directory (files named step-N.safetensors)");
   try {
-    return read_checkpoint(all.front().second, into, hash);
+    return read_checkpoint(all.front().second, into, hash, hint);
   } catch (const Error& e) {
     const std::vector<std::string> good = older_usable_checkpoints(all, hash);
     std::string message = std::string(e.what()) + "\n  the newest checkpoint in " + arg + " cannot be used; ";
