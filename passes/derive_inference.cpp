@@ -113,8 +113,11 @@ class Deriver {
       work.pop_back();
       ir::NodeId p = in_.value(v).producer;
       if (p == ir::kNoNode || !nodes.insert(p).second) continue;
-      for (ValueId x : in_.node(p).inputs)
-        if (seen.insert(x).second) work.push_back(x);
+      const ir::Node& n = in_.node(p);
+      // Dropout is the identity here: its rng words are not read.
+      const size_t reads = n.op == Op::Dropout ? 1 : n.inputs.size();
+      for (size_t i = 0; i < reads; ++i)
+        if (seen.insert(n.inputs[i]).second) work.push_back(n.inputs[i]);
     }
     return nodes;
   }
@@ -143,6 +146,10 @@ class Deriver {
     for (ir::NodeId id : in_.schedule()) {
       const ir::Node& n = in_.node(id);
       if (!needed_.count(id) || positional_.count(n.out())) continue;
+      if (n.op == Op::Dropout) {  // the identity, as in evaluation
+        setup_[n.out()] = setup_.at(n.in(0));
+        continue;
+      }
       NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "derive_inference: {} has several outputs", ir::op_name(n.op));
       b.set_loc(n.loc);
       b.set_scope(n.scope);
@@ -194,6 +201,10 @@ class Deriver {
       const ir::Node& n = in_.node(id);
       b.set_loc(n.loc);
       b.set_scope(n.scope);
+      if (n.op == Op::Dropout) {  // the identity, as in evaluation
+        map[n.out()] = map.at(n.in(0));
+        continue;
+      }
       const ir::OpInfo& info = ir::op_info(n.op);
       if (!positional_.count(n.out()) && info.op_class != ir::OpClass::View && info.loop != ir::LoopKind::Fill) {
         map[n.out()] = setup_.at(n.out());  // a kernel on parameters and constants: the setup made it
@@ -219,10 +230,6 @@ class Deriver {
         ValueId v = b.must(b.add(n.op, inputs, n.attrs));
         b.rename_dims(v, old_out.dims);
         map[n.out()] = v;
-        continue;
-      }
-      if (info.element_index == ir::ElementIndex::Flat) {  // dropout: the identity, as in evaluation
-        map[n.out()] = inputs[0];
         continue;
       }
       if (info.element_index == ir::ElementIndex::RowCol) return mixes(n, "reads each element's (row, column)");

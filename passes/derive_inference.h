@@ -27,7 +27,8 @@
 // row at its position, and each query reads the rows up to its own position.
 // So a prompt shorter than T is padded: rows past the prompt hold the pad's
 // keys until decode steps overwrite them, and no query reads a row past its
-// position. Random ops (dropout) are the identity, as in evaluation.
+// position. Random ops (dropout) are the identity, as in evaluation: their
+// rng words are not read, so the program has no rng tensor.
 //
 // Only nodes that work position by position can be rebuilt; a node that mixes
 // positions other than causal attention (a reduction, softmax, contraction,

@@ -314,6 +314,32 @@ TEST_CASE("inference: a mixed-precision model's weight casts are computed before
   }
 }
 
+TEST_CASE("inference: a language model with dropout derives its sampler (dropout is the identity, its rng words unread)") {
+  // gpt.yaml with dropout on each block's MLP output: napkin train derives
+  // this program for --sample-every, napkin sample for itself.
+  std::string yaml = testing::read_source("models/gpt.yaml");
+  const std::string mlp = R"(- x: x + einsum(h, w_out, "b s f, f d -> b s d"))";
+  REQUIRE(yaml.find(mlp) != std::string::npos);
+  yaml.replace(yaml.find(mlp), mlp.size(), R"(- x: x + dropout(einsum(h, w_out, "b s f, f d -> b s d"), 0.1))");
+  ir::Diagnostics diag;
+  frontend::LoadOptions options;
+  options.dim_overrides = kOddGpt;
+  std::optional<ir::Graph> g = frontend::load_model_text(yaml, "gpt-dropout.yaml", diag, options);
+  INFO(diag.render());
+  REQUIRE(g.has_value());
+  Decoder d(*g);
+  // The prefill of whole sequences against decode steps from position 0.
+  std::vector<std::vector<int64_t>> seqs = {{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5}, {2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4}};
+  d.prefill(seqs);
+  std::vector<std::vector<double>> rows;
+  for (int64_t i = 0; i < d.context; ++i) rows.push_back(d.prefill_row(0, i));
+  for (int64_t pos = 0; pos < d.context; ++pos) {
+    CAPTURE(pos);
+    d.decode({seqs[0][pos], seqs[1][pos]}, pos);
+    CHECK(max_abs_diff(d.decode_row(0), rows[pos]) < 1e-5);
+  }
+}
+
 TEST_CASE("inference: sample_token is greedy at temperature 0 and with top-k 1, repeatable by seed, and draws by the softmax") {
   const std::vector<double> logits = {0.5, 2.0, -1.0, 2.0, 1.0};
   runtime::Rng g(1, 0);
