@@ -84,6 +84,32 @@ TEST_CASE("sample: napkin sample continues a prompt from a checkpoint, the same 
   CHECK(longer.out.find("went in again") != std::string::npos);
 }
 
+TEST_CASE("sample: a model with computed rotary positions writes the same greedy text by prefill, by steps and by auto") {
+  // tests/e2e/data/rotary.yaml computes its RoPE frequencies in the graph:
+  // the sampler's setup computes them before either path reads them.
+  TempDir dir("sample-rotary");
+  Run r = sh(fmt::format("XDG_CACHE_HOME={0}/cache {1} train tests/e2e/data/rotary.yaml -- --steps 0 --checkpoint-dir "
+                         "{0}/ckpt --data tests/e2e/data/gpt/tokens.u16 --quiet",
+                         dir.path, NAPKIN_BINARY));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  auto greedy = [&](const char* path) {
+    return sh(fmt::format("XDG_CACHE_HOME={0}/cache {1} sample tests/e2e/data/rotary.yaml --checkpoint {0}/ckpt "
+                          "--prompt 'ab' --tokens 14 --temperature 0 --prompt-path {2} 2>{0}/stderr; echo \"[status "
+                          "$?]\"; cat {0}/stderr",
+                          dir.path, NAPKIN_BINARY, path));
+  };
+  Run by_prefill = greedy("prefill"), by_steps = greedy("steps"), by_auto = greedy("auto");
+  INFO(by_prefill.out);
+  INFO(by_steps.out);
+  REQUIRE(by_prefill.out.find("[status 0]") != std::string::npos);
+  CHECK(by_prefill.out.find("by the prefill of 16 positions") != std::string::npos);
+  CHECK(by_steps.out.find("by 2 decode steps") != std::string::npos);
+  CHECK(text_of(by_prefill).size() == 2 + 14 + 1);
+  CHECK(text_of(by_steps) == text_of(by_prefill));
+  CHECK(text_of(by_auto) == text_of(by_prefill));
+}
+
 TEST_CASE("sample: bad input is a clear error with exit status 1") {
   TempDir dir("sample-errors");
   const std::string ckpt = trained(dir, kDims);

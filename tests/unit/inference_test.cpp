@@ -218,37 +218,6 @@ TEST_CASE("inference: greedy decoding with the KV cache picks the interpreter's 
 
 namespace {
 
-// A Llama-style language model whose rotary frequencies are computed in the
-// forward graph, not stored: exp(arange(half) · −2·log(θ)/head_dim), their
-// angles at each position, whose cosines and sines rotate q and k.
-const char* kRotaryModel = R"yaml(model: rotary
-dims: {batch: 2, seq: 12, vocab: 40, d: 16, heads: 2, head_dim: d / heads, half: head_dim / 2}
-inputs:
-  tokens:  {shape: [batch, seq], dtype: i32}
-  targets: {shape: [batch, seq], dtype: i32}
-params:
-  wte:    {shape: [vocab, d], init: normal(0.5)}
-  attn_g: {shape: [d], init: ones}
-  wqkv:   {shape: [d, 3 * d], init: normal(0.4)}
-  wo:     {shape: [d, d], init: normal(0.4)}
-  norm_g: {shape: [d], init: ones}
-forward:
-  - inv_freq: exp(cast(arange(half), f32) * (-2 * log(10000) / head_dim))
-  - angles: rearrange(cast(arange(seq), f32), "s -> s 1") * rearrange(inv_freq, "h -> 1 h")
-  - cos_a: cos(angles)
-  - sin_a: sin(angles)
-  - x: embedding(wte, tokens)
-  - q, k, v: rearrange(einsum(rmsnorm(x, attn_g), wqkv, "b s d, d e -> b s e"), "b s (three h hd) -> three b h s hd", three=3, h=heads)
-  - q1, q2: split(q, 2, axis=-1)
-  - k1, k2: split(k, 2, axis=-1)
-  - q: concat(q1 * cos_a - q2 * sin_a, q2 * cos_a + q1 * sin_a, axis=-1)
-  - k: concat(k1 * cos_a - k2 * sin_a, k2 * cos_a + k1 * sin_a, axis=-1)
-  - y: rearrange(attention(q, k, v), "b h s hd -> b s (h hd)")
-  - x: x + einsum(y, wo, "b s e, e d -> b s d")
-  - logits: einsum(rmsnorm(x, norm_g), wte, "b s d, v d -> b s v")
-loss: cross_entropy(logits, targets)
-optimizer: sgd(lr=0.1)
-)yaml";
 
 // Greedy text by `napkin sample`'s generation (runtime::generate) on a fresh
 // engine, the prompt entering the cache by `path`, up to the end of the
@@ -287,11 +256,8 @@ int interpreter_agrees(Decoder& d, const std::vector<int64_t>& text, size_t prom
 }  // namespace
 
 TEST_CASE("inference: computed rotary positions give the interpreter's greedy text on every prompt path (prefill, steps, auto)") {
-  ir::Diagnostics diag;
-  std::optional<ir::Graph> g = frontend::load_model_text(kRotaryModel, "rotary.yaml", diag);
-  INFO(diag.render());
-  REQUIRE(g.has_value());
-  Decoder d(*g);
+  // tests/e2e/data/rotary.yaml: rotary frequencies computed in the graph (Llama's RoPE).
+  Decoder d(lowered("tests/e2e/data/rotary.yaml", {{"batch", 2}, {"seq", 12}, {"vocab", 40}}));
   const std::vector<int64_t> prompt = {7, 3, 12};
   const std::vector<int64_t> by_prefill = greedy_text(d, prompt, runtime::PromptPath::Prefill);
   const std::vector<int64_t> by_steps = greedy_text(d, prompt, runtime::PromptPath::Steps);
