@@ -11,8 +11,9 @@ namespace napkin::runtime {
 // is refused with the range rather than saturated or wrapped by the conversion.
 CLI::Validator whole_number_in(uint64_t lo, uint64_t hi);
 
-// A finite decimal number in [lo, hi]: "nan" and "inf" are refused by name
-// (CLI::Range lets NaN through, since no comparison with it is true).
-CLI::Validator finite_number_in(double lo, double hi);
+// A finite decimal number in [lo, hi]: "nan", "inf" and "-1" are refused
+// with the range. (CLI::Range lets NaN through: every comparison with it is
+// false, so `--collective-timeout nan` turned the watchdog off silently.)
+CLI::Validator number_in(double lo, double hi);
 
 }  // namespace napkin::runtime

@@ -363,7 +363,7 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
     app.add_option("--prompt-ids", o.prompt_ids, "a file of whitespace-separated token ids to continue")->excludes(prompt);
     app.add_option("--tokens", o.sample.tokens, "tokens to generate")->check(whole_number_in(1, 1'000'000))->capture_default_str();
     app.add_option("--temperature", o.sample.temperature, "softmax temperature (0: greedy)")
-        ->check(finite_number_in(0.0, 100.0))->capture_default_str();
+        ->check(number_in(0, 100))->capture_default_str();
     app.add_option("--top-k", o.sample.top_k, "sample from the k most likely tokens only (0: all)")
         ->check(whole_number_in(0, 1'000'000'000))->capture_default_str();
     app.add_option("--seed", o.sample.seed, "seed of the sampling draws")->check(whole_number_in(0, UINT64_MAX))->capture_default_str();
