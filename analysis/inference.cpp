@@ -17,13 +17,16 @@ const ir::Value& named_input(const ir::Graph& g, const std::string& name) {
   return g.value(g.inputs.at(0));
 }
 
-// The two phases' FLOPs, bytes and predicted seconds on `device`.
+// The two phases' FLOPs, bytes and predicted seconds on `device`. The
+// setup's kernels (what the parameters and constants alone give, run once
+// after the weights load) belong to neither.
 void phases(const ir::Graph& g, const Device& device, InferencePhase& prefill, InferencePhase& decode,
             ir::DType* matmul_dtype = nullptr) {
   const StepCost cost = analyze_step(g, &device);
   const StepTime time = predict_step_time(g, cost, device);
   if (matmul_dtype) *matmul_dtype = cost.matmul_dtype;
   for (const KernelTime& k : time.kernels) {
+    if (k.phase == ir::Phase::Setup) continue;
     InferencePhase& p = k.phase == ir::Phase::Decode ? decode : prefill;
     p.flops += k.flops;
     p.bytes += k.bytes;

@@ -209,7 +209,7 @@ MemoryReport analyze_memory(const ir::Graph& g, const MemoryOptions& options) {
 
   // Peaks: the first position with the most live bytes, overall and per phase.
   int best = -1;
-  std::array<int, ir::kNumPhases> best_in_phase{-1, -1, -1, -1};
+  std::array<int, ir::kNumPhases> best_in_phase{-1, -1, -1, -1, -1};
   for (int p = 0; p < n; ++p) {
     if (best < 0 || r.live_bytes[p] > r.live_bytes[best]) best = p;
     int& phase_best = best_in_phase[static_cast<int>(g.node(schedule[p]).phase)];

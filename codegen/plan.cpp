@@ -441,9 +441,15 @@ KernelPlan plan_kernels(const ir::Graph& g) {
     NAPKIN_INTERNAL_CHECK(k.bias_grad == ir::kNoNode || (k.kind == KernelKind::Gemm && k.matmul->batch.empty() &&
                                                           !k.matmul->swap_operands),
                           "a bias gradient's GEMM ({}) is not one plain product", k.name);
+    if (k.phase == ir::Phase::Setup) {
+      NAPKIN_INTERNAL_CHECK(plan.num_setup_kernels == static_cast<int>(plan.kernels.size()),
+                            "setup kernels must come first ({})", k.name);
+      ++plan.num_setup_kernels;
+      ++plan.num_forward_kernels;  // the forward's range ends past the setup's
+    }
     if (k.phase == ir::Phase::Forward) {
       NAPKIN_INTERNAL_CHECK(plan.num_forward_kernels == static_cast<int>(plan.kernels.size()),
-                            "forward kernels must come first");
+                            "forward kernels must come first, after the setup's");
       ++plan.num_forward_kernels;
     }
     if (k.phase != ir::Phase::Optimizer) {
@@ -489,9 +495,10 @@ KernelPlan plan_kernels(const ir::Graph& g) {
   if (loss == ir::kNoValue) {  // an inference graph: its named outputs
     NAPKIN_INTERNAL_CHECK(!g.outputs.empty(), "the graph has neither a loss nor other outputs");
     for (const auto& [name, v] : g.outputs) {
-      // The prefill's weight casts a decode step reads (passes/derive_inference.h)
-      // are outputs only so the plan keeps them: nothing outside reads them.
-      if (name.rfind("kept.", 0) == 0) continue;
+      // The setup's values the prefill and the decode step read
+      // (passes/derive_inference.h) are outputs only so the plan keeps them:
+      // nothing outside reads them.
+      if (name.rfind("setup.", 0) == 0) continue;
       add_tensor(v, TensorRole::Output);
       plan.tensors.back().name = name;
     }

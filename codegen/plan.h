@@ -234,8 +234,11 @@ struct PlannedGradient {
 struct KernelPlan {
   int64_t arena_bytes = 0;
   int64_t liveness_peak = 0;
-  std::vector<Kernel> kernels;        // schedule order; forward ones first
-  int num_forward_kernels = 0;        // kernels[0 .. n) compute the loss (eval runs only these)
+  std::vector<Kernel> kernels;        // schedule order; setup and forward ones first
+  // kernels[0 .. n): an inference program's setup (ir::Phase::Setup), run
+  // once after the parameters load; none in a training step.
+  int num_setup_kernels = 0;
+  int num_forward_kernels = 0;        // kernels[num_setup_kernels .. n) compute the loss (eval runs only these)
   // kernels[0 .. n) compute the loss and every gradient; the rest are the
   // optimizer phase. Between the two, every gradient in `gradients` is
   // complete and nothing has read it yet: where the runtime accumulates

@@ -377,6 +377,7 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
                   {"predicted", predicted_json(facts.predicted)},
                   {"tensors", tensors},
                   {"kernels", kernels},
+                  {"num_setup_kernels", plan.num_setup_kernels},
                   {"num_forward_kernels", plan.num_forward_kernels},
                   {"num_gradient_kernels", plan.num_gradient_kernels},
                   {"gradients", gradients},

@@ -2,6 +2,7 @@
 // (dims, inputs, params, blocks, forward, loss, then the training settings).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "frontend/config.h"
@@ -139,10 +140,18 @@ std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, i
   // Each model, and each --dims variant of one, gets a checkpoint directory
   // and a metrics file of its own by default (checkpoints/gpt,
   // checkpoints/gpt@d=64,layers=2; metrics/gpt.jsonl, metrics/gpt@d=64,layers=2.jsonl),
-  // so two of them never meet in one directory or file by accident.
+  // so two of them never meet in one directory or file by accident. The
+  // checkpoint directory is one directory inside checkpoints/: the name's
+  // slashes become '_', and a name "." or ".." (which would name checkpoints/
+  // or its parent) is spelled in '_' too.
   std::string& ckpt_dir = g.config.train.checkpoint_dir;
   std::string& metrics = g.config.train.metrics_path;
-  if (ckpt_dir.empty()) ckpt_dir = "checkpoints/" + g.name;
+  if (ckpt_dir.empty()) {
+    std::string entry = g.name;
+    std::replace(entry.begin(), entry.end(), '/', '_');
+    if (entry == "." || entry == "..") entry.assign(entry.size(), '_');
+    ckpt_dir = "checkpoints/" + entry;
+  }
   if (!options.dim_overrides.empty()) {
     std::string variant;
     for (const auto& [name, value] : options.dim_overrides) variant += (variant.empty() ? "@" : ",") + name + "=" + std::to_string(value);

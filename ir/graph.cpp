@@ -27,9 +27,12 @@ std::string_view phase_name(Phase p) {
     case Phase::Backward: return "backward";
     case Phase::Optimizer: return "optimizer";
     case Phase::Decode: return "decode";
+    case Phase::Setup: return "setup";
   }
   return "?";
 }
+
+int schedule_rank(Phase p) { return p == Phase::Setup ? -1 : static_cast<int>(p); }
 
 ValueId Graph::new_value(std::string name, ValueKind kind, TensorType type, SourceLoc loc) {
   Value v;

@@ -26,11 +26,15 @@ enum class ValueKind : uint8_t { Input, Param, State, Result };
 
 // Which part of a training step a node belongs to. The schedule runs them in
 // this order: forward, then backward (autodiff), then the optimizer update.
-// An inference graph (passes/derive_inference.h) has two: Forward, its
-// prefill of a whole context, and Decode, its step of one new token.
-enum class Phase : uint8_t { Forward, Backward, Optimizer, Decode };
-inline constexpr int kNumPhases = 4;
+// An inference graph (passes/derive_inference.h) has three: Setup, what is
+// computed from the parameters and constants alone (once, before the other
+// two), Forward, its prefill of a whole context, and Decode, its step of one
+// new token. The values index per-phase tables; schedule_rank is the order.
+enum class Phase : uint8_t { Forward, Backward, Optimizer, Decode, Setup };
+inline constexpr int kNumPhases = 5;
 std::string_view phase_name(Phase p);
+// A phase's place in the schedule: Setup, Forward, Backward, Optimizer, Decode.
+int schedule_rank(Phase p);
 
 struct Value {
   ValueId id = kNoValue;

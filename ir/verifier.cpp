@@ -99,7 +99,7 @@ std::vector<std::string> verify(const Graph& g) {
     defined[v] = true;
   }
   std::vector<int> scheduled(g.num_nodes(), 0);
-  Phase last_phase = Phase::Forward;
+  Phase last_phase = Phase::Setup;
   for (NodeId id : g.schedule()) {
     if (id < 0 || id >= g.num_nodes()) {
       fail(fmt::format("schedule names node {} which does not exist", id));
@@ -109,7 +109,7 @@ std::vector<std::string> verify(const Graph& g) {
     std::string where = fmt::format("node {} ({})", id, op_name(n.op));
     if (n.erased) fail(where + " is erased but scheduled");
     if (++scheduled[id] > 1) fail(where + " is scheduled twice");
-    if (n.phase < last_phase)
+    if (schedule_rank(n.phase) < schedule_rank(last_phase))
       fail(fmt::format("{} is in the {} phase but follows a {} node", where, phase_name(n.phase), phase_name(last_phase)));
     last_phase = n.phase;
     const OpInfo& info = op_info(n.op);

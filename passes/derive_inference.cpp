@@ -78,11 +78,13 @@ class Deriver {
       shared_[p.value] = out_.add_param(v.name, v.type, p.init, v.loc);
     }
     needed_ = needed_nodes();
+    positional_ = positional_values();
+    setup();
     if (!phase(ir::Phase::Forward, "prefill", lm_.context) || !phase(ir::Phase::Decode, "decode", 1)) return false;
-    // The prefill's values the decode step reads are read again by every
-    // later step: outputs, so the memory plan keeps them to the end.
+    // The setup's values the phases read are read again by every prefill
+    // and decode step: outputs, so the memory plan keeps them to the end.
     int i = 0;
-    for (ValueId v : kept_) out_.outputs.emplace_back(fmt::format("kept.{}", i++), v);
+    for (ValueId v : kept_) out_.outputs.emplace_back(fmt::format("setup.{}", i++), v);
     return true;
   }
 
@@ -95,10 +97,12 @@ class Deriver {
   std::map<ValueId, ValueId> shared_;         // params, by the forward graph's id
   std::map<ir::NodeId, ValueId> key_cache_, value_cache_;  // per attention node
   std::set<ir::NodeId> needed_;
-  // Values computed from parameters alone (a cast of the weights to the
-  // policy's dtype): made once by the prefill and read by every decode step.
-  std::map<ValueId, ValueId> from_params_;  // by the forward graph's id
-  std::set<ValueId> kept_;                 // the prefill's values the decode step reads
+  std::set<ValueId> positional_;  // the forward graph's values that carry the tokens' sequence axis
+  // The setup's values (computed from parameters and constants alone: a
+  // weight's cast to the policy's dtype, rotary frequencies, ALiBi slopes),
+  // by the forward graph's id, and those the two phases read.
+  std::map<ValueId, ValueId> setup_;
+  std::set<ValueId> kept_;
 
   std::set<ir::NodeId> needed_nodes() const {
     std::set<ir::NodeId> nodes;
@@ -109,10 +113,56 @@ class Deriver {
       work.pop_back();
       ir::NodeId p = in_.value(v).producer;
       if (p == ir::kNoNode || !nodes.insert(p).second) continue;
-      for (ValueId x : in_.node(p).inputs)
-        if (seen.insert(x).second) work.push_back(x);
+      const ir::Node& n = in_.node(p);
+      // Dropout is the identity here: its rng words are not read.
+      const size_t reads = n.op == Op::Dropout ? 1 : n.inputs.size();
+      for (size_t i = 0; i < reads; ++i)
+        if (seen.insert(n.inputs[i]).second) work.push_back(n.inputs[i]);
     }
     return nodes;
+  }
+
+  // The forward graph's values that depend on the tokens or on arange(seq):
+  // the only ones a phase computes itself (views and fills aside).
+  std::set<ValueId> positional_values() const {
+    std::set<ValueId> out{tokens_};
+    for (ir::NodeId id : in_.schedule()) {
+      if (!needed_.count(id)) continue;
+      const ir::Node& n = in_.node(id);
+      bool positional = n.op == Op::Iota && seq_axes(in_.value(n.out()).type).size() == 1;
+      for (ValueId x : n.inputs) positional = positional || out.count(x);
+      if (positional) out.insert(n.outputs.begin(), n.outputs.end());
+    }
+    return out;
+  }
+
+  // Builds every needed node that is not positional once, in the setup
+  // phase, which runs before any prefill or decode step: whichever way a
+  // prompt enters the cache, what the phases read from it is computed.
+  void setup() {
+    ir::Builder b(out_);
+    b.set_phase(ir::Phase::Setup);
+    setup_ = shared_;
+    for (ir::NodeId id : in_.schedule()) {
+      const ir::Node& n = in_.node(id);
+      if (!needed_.count(id) || positional_.count(n.out())) continue;
+      if (n.op == Op::Dropout) {  // the identity, as in evaluation
+        setup_[n.out()] = setup_.at(n.in(0));
+        continue;
+      }
+      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "derive_inference: {} has several outputs", ir::op_name(n.op));
+      b.set_loc(n.loc);
+      b.set_scope(n.scope);
+      std::vector<ValueId> inputs;
+      for (ValueId x : n.inputs) {
+        auto it = setup_.find(x);
+        NAPKIN_INTERNAL_CHECK(it != setup_.end(), "derive_inference: %{} read before it is built", x);
+        inputs.push_back(it->second);
+      }
+      ValueId v = b.must(b.add(n.op, inputs, n.attrs));
+      b.rename_dims(v, in_.value(n.out()).type.dims);
+      setup_[n.out()] = v;
+    }
   }
 
   // The axes of t that are the sequence: the seq dim's name at its size.
@@ -143,9 +193,7 @@ class Deriver {
     positions_type.dtype = ir::DType::I32;
     positions_type.dims = {tokens_type.dims[1]};
     std::map<ValueId, ValueId> map = shared_;
-    std::set<ValueId> positional;  // values that carry the sequence axis of the tokens
     map[tokens_] = out_.add_input(prefix + ".tokens", tokens_type, tok.loc);
-    positional.insert(map[tokens_]);
     const ValueId positions = out_.add_input(prefix + ".positions", positions_type, tok.loc);
 
     for (ir::NodeId id : in_.schedule()) {
@@ -153,47 +201,41 @@ class Deriver {
       const ir::Node& n = in_.node(id);
       b.set_loc(n.loc);
       b.set_scope(n.scope);
+      if (n.op == Op::Dropout) {  // the identity, as in evaluation
+        map[n.out()] = map.at(n.in(0));
+        continue;
+      }
+      const ir::OpInfo& info = ir::op_info(n.op);
+      if (!positional_.count(n.out()) && info.op_class != ir::OpClass::View && info.loop != ir::LoopKind::Fill) {
+        map[n.out()] = setup_.at(n.out());  // a kernel on parameters and constants: the setup made it
+        continue;
+      }
       std::vector<ValueId> inputs;
-      bool any_positional = false;
       for (ValueId x : n.inputs) {
         auto it = map.find(x);
         NAPKIN_INTERNAL_CHECK(it != map.end(), "derive_inference: %{} read before it is built", x);
         inputs.push_back(it->second);
-        any_positional = any_positional || positional.count(it->second);
+        const ir::NodeId producer = out_.value(it->second).producer;
+        if (producer != ir::kNoNode && out_.node(producer).phase == ir::Phase::Setup) kept_.insert(it->second);
       }
-      const ir::OpInfo& info = ir::op_info(n.op);
       const ir::TensorType& old_out = in_.value(n.out()).type;
 
       if (n.op == Op::Iota && seq_axes(old_out).size() == 1) {  // arange(seq): the phase's positions
         ValueId p = positions;
         if (old_out.dtype != ir::DType::I32) p = b.must(b.add(Op::Cast, {p}, {{"dtype", old_out.dtype}}));
         map[n.out()] = p;
-        positional.insert(p);
         continue;
       }
-      if (!any_positional) {  // position-independent (a parameter's view or cast, a constant)
-        NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "derive_inference: {} has several outputs", ir::op_name(n.op));
-        const bool kernel_on_params = info.op_class != ir::OpClass::View && info.loop != ir::LoopKind::Fill;
-        if (phase == ir::Phase::Decode && kernel_on_params && from_params_.count(n.out())) {
-          map[n.out()] = from_params_.at(n.out());  // the prefill made it
-          kept_.insert(from_params_.at(n.out()));
-          continue;
-        }
+      if (!positional_.count(n.out())) {  // a view or a fill: free or cheap, made again where it is read
         ValueId v = b.must(b.add(n.op, inputs, n.attrs));
         b.rename_dims(v, old_out.dims);
         map[n.out()] = v;
-        if (phase == ir::Phase::Forward && kernel_on_params) from_params_[n.out()] = v;
-        continue;
-      }
-      if (info.element_index == ir::ElementIndex::Flat) {  // dropout: the identity, as in evaluation
-        map[n.out()] = inputs[0];
         continue;
       }
       if (info.element_index == ir::ElementIndex::RowCol) return mixes(n, "reads each element's (row, column)");
 
       if (n.op == Op::Attention) {
         if (!derive_attention(b, n, inputs, positions, length, map)) return false;
-        positional.insert(map.at(n.out(0)));
         continue;
       }
       if (info.loop == ir::LoopKind::Attention || info.loop == ir::LoopKind::Classifier ||
@@ -234,7 +276,6 @@ class Deriver {
                                     ir::to_string(ir::TensorType{old_out.dtype, dims})));
       b.rename_dims(v, dims);
       map[n.out()] = v;
-      positional.insert(v);
     }
     ValueId logits = map.at(logits_);
     out_.outputs.emplace_back(prefix + ".logits", logits);

@@ -7,6 +7,16 @@
 //   Decode             decode.tokens [batch, 1], decode.positions [1]
 //                      -> decode.logits [batch, 1, vocab]
 //
+// and before both a Setup phase (ir::Phase::Setup), run once after the
+// parameters load: every kernel that depends on the parameters and
+// constants alone (a mixed-precision policy's casts of the weights, rotary
+// frequencies, ALiBi slopes, any constant subgraph) runs there, once, and
+// both phases read its values, whichever of them runs first: a prompt may
+// enter the cache by decode steps alone. The values they read are named
+// graph outputs setup.0, setup.1, ... so that they outlive the setup. Views
+// and fills (free, or cheaper to make again than to keep) each phase makes
+// itself.
+//
 // T is the model's context (its seq dim). Each phase is the forward graph
 // with the sequence axis at T or 1: every node is rebuilt with its seq-sized
 // axis (found by the dim's name and size) at the phase's length, arange(seq)
@@ -17,11 +27,8 @@
 // row at its position, and each query reads the rows up to its own position.
 // So a prompt shorter than T is padded: rows past the prompt hold the pad's
 // keys until decode steps overwrite them, and no query reads a row past its
-// position. Random ops (dropout) are the identity, as in evaluation. What is
-// computed from the parameters alone (their casts to a mixed-precision
-// policy's dtype) is computed by the prefill only: the decode step reads the
-// prefill's values, named graph outputs kept.0, kept.1, ... so that they
-// outlive the prefill.
+// position. Random ops (dropout) are the identity, as in evaluation: their
+// rng words are not read, so the program has no rng tensor.
 //
 // Only nodes that work position by position can be rebuilt; a node that mixes
 // positions other than causal attention (a reduction, softmax, contraction,

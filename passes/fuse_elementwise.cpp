@@ -301,7 +301,7 @@ class Fuser {
   std::vector<std::vector<int64_t>> shape_;  // working group -> iteration shape
   std::vector<ir::Phase> phase_;
   std::vector<int> parent_;  // working group -> the group it merged into, itself while it lives
-  int last_scalar_group_[ir::kNumPhases] = {-1, -1, -1, -1};
+  int last_scalar_group_[ir::kNumPhases] = {-1, -1, -1, -1, -1};
   UnitList units_;  // the nodes visited so far, in schedule order
   std::vector<UnitList::iterator> node_unit_;   // node alone -> its unit
   std::vector<UnitList::iterator> group_unit_;  // working group -> its unit

@@ -39,6 +39,7 @@ ir::Graph with_recompute(const ir::Graph& original, const std::set<ir::ValueId>&
   std::vector<ir::NodeId> schedule, backward, optimizer;
   for (ir::NodeId id : original.schedule()) {
     switch (original.node(id).phase) {
+      case ir::Phase::Setup:
       case ir::Phase::Forward:
       case ir::Phase::Decode: schedule.push_back(id); break;
       case ir::Phase::Backward: backward.push_back(id); break;

@@ -40,6 +40,7 @@ const char* phase_title(ir::Phase p) {
     case ir::Phase::Backward: return "backward";
     case ir::Phase::Optimizer: return "update";
     case ir::Phase::Decode: return "decode";
+    case ir::Phase::Setup: return "setup";
   }
   return "?";
 }

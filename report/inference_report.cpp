@@ -33,7 +33,7 @@ std::string inference_section_text(const std::string& model, const analysis::Inf
   out += fmt::format("  batch {}, context {} tokens, vocab {}, {} attention layers; device {}\n", c.batch, c.context,
                      c.vocab, c.layers, c.device ? c.device->name : std::string("none"));
   out += fmt::format("  parameters   {} ({} as stored; a mixed-precision policy's casts of them are made once, by the "
-                     "prefill)\n",
+                     "setup, before any prefill or decode step)\n",
                      ir::with_commas(static_cast<double>(c.params)), ir::human_bytes(c.param_bytes));
   out += fmt::format("  KV cache     {} per sequence = 2 (k, v) x {} layers x {} tokens x {} (kv_heads {} x head_dim {}) "
                      "x {} bytes; {} per token; {} for the batch\n",

@@ -325,9 +325,9 @@ CheckpointHeader verify_checkpoint(const std::string& path, const std::string& e
 }
 
 CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
-                                 const std::string& expected_model_hash) {
+                                 const std::string& expected_model_hash, const std::string& hint) {
   SafetensorsFile file(path);
-  CheckpointHeader h = verified_header(file, expected_model_hash);
+  CheckpointHeader h = verified_header(file, expected_model_hash, hint);
   load_tensors(file, into, {});
   return h;
 }
@@ -344,6 +344,19 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   }
   std::sort(found.begin(), found.end(), std::greater<>());
   return found;
+}
+
+std::vector<std::string> older_usable_checkpoints(const std::vector<std::pair<int64_t, std::string>>& all,
+                                                  const std::string& expected_model_hash) {
+  std::vector<std::string> good;
+  for (size_t i = 1; i < all.size(); ++i) {
+    try {
+      verify_checkpoint(all[i].second, expected_model_hash);
+      good.push_back(all[i].second);
+    } catch (const Error&) {
+    }
+  }
+  return good;
 }
 
 std::vector<std::string> read_weights(const std::string& path, const std::vector<TensorRef>& params,

@@ -89,13 +89,20 @@ CheckpointHeader verify_checkpoint(const std::string& path, const std::string& e
 
 // Loads a checkpoint into `into`: verify_checkpoint, then checks that the file
 // holds exactly the tensors of `into` with their dtypes and shapes (every
-// problem listed in one Error), and only then copies.
+// problem listed in one Error), and only then copies. `hint`, if any, ends
+// the message when another model wrote the file.
 CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
-                                 const std::string& expected_model_hash);
+                                 const std::string& expected_model_hash, const std::string& hint = "");
 
 // (step, path) of every step-N.safetensors file in `dir`, newest first; empty
 // if there is no such directory. Temporaries and other files are ignored.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
+
+// The files of `all` (list_checkpoints' order) after the newest that
+// verify_checkpoint accepts for `expected_model_hash`, newest first: what a
+// run can go on from when the newest checkpoint of a directory cannot be used.
+std::vector<std::string> older_usable_checkpoints(const std::vector<std::pair<int64_t, std::string>>& all,
+                                                  const std::string& expected_model_hash);
 
 // --init FILE.safetensors: loads weights from any safetensors file (from
 // napkin or from PyTorch): every param must be present with its dtype and

@@ -20,6 +20,7 @@ class CpuEngine final : public Engine {
   void download(const std::string&) override {}
   void download_tensor(const TensorSpec&) override {}
 
+  void run_setup() override { ex_.run_setup(); }
   void run_forward() override { ex_.run_forward(); }
   double loss() override { return ex_.loss(); }
   void run_backward() override { ex_.run_backward(); }

@@ -46,9 +46,13 @@ class Engine {
 
   virtual void run_forward() = 0;
   virtual double loss() = 0;
-  // An inference program's (runtime/sampler.h): run_forward() is its
-  // prefill; run_decode() its one-token step, the kernels after the prefill
-  // (the inputs go up first). download_tensor brings its logits down.
+  // An inference program's (runtime/sampler.h): run_setup() computes what
+  // its parameters and constants alone give (Program::num_setup_kernels),
+  // once after the parameters are up and before any prefill or decode step,
+  // which both read it; run_forward() is its prefill; run_decode() its
+  // one-token step, the kernels after the prefill (the inputs go up first).
+  // download_tensor brings its logits down.
+  virtual void run_setup() = 0;
   virtual void run_decode() = 0;
   virtual void run_backward() = 0;
   virtual void run_optimizer() = 0;

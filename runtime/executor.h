@@ -41,7 +41,8 @@ class Executor {
 
   // Kernels [first, last) in order.
   void run_kernels(int first, int last);
-  void run_forward() { run_kernels(0, program_.num_forward_kernels); }
+  void run_setup() { run_kernels(0, program_.num_setup_kernels); }
+  void run_forward() { run_kernels(program_.num_setup_kernels, program_.num_forward_kernels); }
   void run_backward() { run_kernels(program_.num_forward_kernels, program_.num_gradient_kernels); }
   void run_optimizer() { run_kernels(program_.num_gradient_kernels, static_cast<int>(program_.kernels.size())); }
   // Backward and optimizer: the rest of a one-micro-batch step.

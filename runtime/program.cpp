@@ -255,6 +255,7 @@ Program parse_program(const char* text, size_t size) {
                                     l.at("offsets").get<std::vector<int64_t>>()});
       p.kernels.push_back(std::move(s));
     }
+    p.num_setup_kernels = j.value("num_setup_kernels", 0);
     p.num_forward_kernels = j.at("num_forward_kernels");
     p.num_gradient_kernels = j.at("num_gradient_kernels");
     for (const json& grad : j.at("gradients"))

@@ -202,6 +202,10 @@ struct Program {
   int64_t tokens_per_step = 0;
   std::vector<TensorSpec> tensors;
   std::vector<KernelSpec> kernels;
+  // kernels [0, num_setup_kernels): an inference program's setup (what its
+  // parameters and constants alone give, run once after they load); then
+  // [num_setup_kernels, num_forward_kernels): the forward (a prefill).
+  int num_setup_kernels = 0;
   int num_forward_kernels = 0;
   int num_gradient_kernels = 0;  // kernels [0, n): forward and backward; the rest: the optimizer
   std::vector<GradientSpec> gradients;

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <limits>
 #include <numeric>
 
@@ -31,11 +33,15 @@ int64_t sample_token(const std::vector<double>& logits, double temperature, int6
   std::partial_sort(order.begin(), order.begin() + keep, order.end(), larger);
   order.resize(static_cast<size_t>(keep));
   std::sort(order.begin(), order.end());  // draw over the kept ids in id order
+  // Weights exp((logit - top) / T), top the largest kept logit: no exponent
+  // is above 0 and none is computed as a difference of overflowed quotients,
+  // so any temperature > 0 works; a tiny one leaves the largest logits alone
+  // with weight 1 (greedy, ties drawn uniformly).
   double top = -std::numeric_limits<double>::infinity();
-  for (int64_t id : order) top = std::max(top, logits[id] / temperature);
+  for (int64_t id : order) top = std::max(top, logits[id]);
   std::vector<double> weight(order.size());
   double sum = 0;
-  for (size_t i = 0; i < order.size(); ++i) sum += weight[i] = std::exp(logits[order[i]] / temperature - top);
+  for (size_t i = 0; i < order.size(); ++i) sum += weight[i] = std::exp((logits[order[i]] - top) / temperature);
   const double u = rng.uniform01() * sum;
   double acc = 0;
   for (size_t i = 0; i < order.size(); ++i) {
@@ -76,19 +82,6 @@ struct Tensors {
   int64_t vocab() const { return prefill_logits->shape.back(); }
 };
 
-// The checkpoint file: PATH itself, or the newest checkpoint in the directory PATH.
-std::string checkpoint_file(const std::string& path) {
-  if (!std::filesystem::is_directory(path)) {
-    if (!std::filesystem::exists(path))
-      throw Error(fmt::format("no checkpoint at {}: train the model first (napkin train MODEL.yaml) or pass "
-                              "--checkpoint FILE_OR_DIR", path));
-    return path;
-  }
-  auto files = list_checkpoints(path);
-  if (files.empty()) throw Error(fmt::format("no checkpoint in {}: train the model first (napkin train MODEL.yaml)", path));
-  return files.front().second;
-}
-
 // Loads every parameter from `path` (checkpoint.h read_model_weights) and
 // says where they came from.
 std::string load_parameters(const Program& p, Engine& engine, const std::string& path) {
@@ -102,14 +95,52 @@ std::string load_parameters(const Program& p, Engine& engine, const std::string&
   return h ? fmt::format("{} (step {})", path, h->step) : path;
 }
 
-// The prompt's token ids: the text's bytes (byte-level models) or the ids in --prompt-ids.
-std::vector<int64_t> prompt_tokens(const Options& o, int64_t vocab, bool byte_level) {
+// --checkpoint PATH: the file PATH, or the newest checkpoint in the
+// directory PATH, loaded. When that newest one cannot be used, the message
+// lists the older ones there that can.
+std::string load_checkpoint(const Program& p, Engine& engine, const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (status.type() == std::filesystem::file_type::not_found)
+    throw Error(fmt::format("no checkpoint at {}: train the model first (napkin train MODEL.yaml) or pass "
+                            "--checkpoint FILE_OR_DIR", path));
+  if (ec)  // a loop of symbolic links, a directory on the way it may not search
+    throw Error(fmt::format("--checkpoint {}: {}", path, ec.message()));
+  if (!std::filesystem::is_directory(status)) return load_parameters(p, engine, path);
+  const auto all = list_checkpoints(path);
+  if (all.empty()) throw Error(fmt::format("no checkpoint in {}: train the model first (napkin train MODEL.yaml)", path));
+  try {
+    return load_parameters(p, engine, all.front().second);
+  } catch (const Error& e) {
+    const std::vector<std::string> good = older_usable_checkpoints(all, p.hash);
+    std::string message = fmt::format("{}\n  the newest checkpoint in {} cannot be used; ", e.what(), path);
+    if (good.empty()) throw Error(message + "no older one there loads either");
+    message += "older ones that load:";
+    for (const std::string& g : good) message += "\n    " + g;
+    throw Error(message + "\n  to sample from the newest good one: --checkpoint " + good.front());
+  }
+}
+
+// The prompt's token ids: the text's bytes (byte-level models) or the ids in
+// --prompt-ids, a regular file read no further than `context` ids.
+std::vector<int64_t> prompt_tokens(const Options& o, int64_t vocab, int64_t context, bool byte_level) {
   std::vector<int64_t> ids;
   if (!o.prompt_ids.empty()) {
+    std::error_code ec;
+    const std::filesystem::file_status status = std::filesystem::status(o.prompt_ids, ec);
+    if (std::filesystem::is_directory(status))
+      throw Error(fmt::format("--prompt-ids {}: is a directory: give a file of whitespace-separated token ids",
+                              o.prompt_ids));
+    if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))  // /dev/zero, a pipe: no end
+      throw Error(fmt::format("--prompt-ids {}: is not a regular file: give a file of whitespace-separated token ids",
+                              o.prompt_ids));
     std::ifstream in(o.prompt_ids);
-    if (!in) throw Error(fmt::format("--prompt-ids {}: cannot read it", o.prompt_ids));
+    if (!in) throw Error(fmt::format("--prompt-ids {}: cannot read it ({})", o.prompt_ids, std::strerror(errno)));
+    // A token id has at most 19 digits: a longer word is read in parts, the
+    // first of which is refused, so no word grows without bound.
+    constexpr int kLongestId = 24;
     std::string word;
-    while (in >> word) {
+    while (in >> std::setw(kLongestId) >> word) {
       int64_t id = -1;
       try {
         size_t used = 0;
@@ -120,7 +151,10 @@ std::vector<int64_t> prompt_tokens(const Options& o, int64_t vocab, bool byte_le
       }
       if (id < 0 || id >= vocab)
         throw Error(fmt::format("--prompt-ids {}: token {} ('{}') is not an id of the vocabulary [0, {})", o.prompt_ids,
-                                ids.size(), printable(word, 24), vocab));
+                                ids.size(), printable(word, kLongestId), vocab));
+      if (static_cast<int64_t>(ids.size()) == context)
+        throw Error(fmt::format("--prompt-ids {}: the prompt has more than {} tokens, more than the model's context "
+                                "of {}: give at most {}", o.prompt_ids, context, context, context));
       ids.push_back(id);
     }
     if (ids.empty()) throw Error(fmt::format("--prompt-ids {}: no token ids in it", o.prompt_ids));
@@ -164,7 +198,7 @@ double predicted_decode_seconds(const Program& p) {
   return predicted_seconds(p, static_cast<size_t>(p.num_forward_kernels), p.kernels.size());
 }
 double predicted_prefill_seconds(const Program& p) {
-  return predicted_seconds(p, 0, static_cast<size_t>(p.num_forward_kernels));
+  return predicted_seconds(p, static_cast<size_t>(p.num_setup_kernels), static_cast<size_t>(p.num_forward_kernels));
 }
 
 // One generation: the state of every batch entry's sequence and the cache's window.
@@ -180,6 +214,9 @@ class Generation {
       throw Error(fmt::format("the prompt has {} tokens: it needs 1 to the model's context of {}", prompt.size(),
                               t_.context()));
     out_.sequences.assign(static_cast<size_t>(t_.batch()), prompt);
+    // What the parameters and constants alone give, which both the prefill
+    // and a decode step read: once, for the weights that are up now.
+    engine_.run_setup();
     auto t0 = std::chrono::steady_clock::now();
     out_.prompt_by_steps = ingest(static_cast<int64_t>(prompt.size()));
     out_.prefill_seconds = seconds_since(t0);
@@ -340,7 +377,9 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-      return app.exit(e);
+      // --help is a success; every mistake in the flags is a user error (1),
+      // whatever code CLI11 gives its kind of error, as the trainer's.
+      return app.exit(e) == 0 ? 0 : 1;
     }
     o.has_prompt = prompt->count() > 0;
     o.sample.prompt_path = prompt_path == "prefill" ? PromptPath::Prefill
@@ -351,11 +390,11 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
     const Tensors t(program);
     const int64_t vocab = t.vocab();
     const bool byte_level = runtime::byte_level(program);
-    const std::vector<int64_t> prompt_ids = prompt_tokens(o, vocab, byte_level);
+    const std::vector<int64_t> prompt_ids = prompt_tokens(o, vocab, t.context(), byte_level);
     if (static_cast<int64_t>(prompt_ids.size()) > t.context())
       throw Error(fmt::format("the prompt has {} tokens, more than the model's context of {}", prompt_ids.size(),
                               t.context()));
-    const std::string loaded = load_parameters(program, *engine, checkpoint_file(o.checkpoint));
+    const std::string loaded = load_checkpoint(program, *engine, o.checkpoint);
     std::fprintf(stderr, "napkin sample: %s on %s, weights from %s\n", program.model.c_str(), engine->describe().c_str(),
                  loaded.c_str());
     std::fflush(stderr);

@@ -16,10 +16,13 @@
 // over its last T / 2 tokens (a window: the model never saw positions past
 // T) and decoding goes on from there.
 //
-// Sampling: logits / temperature, the top-k kept (0: all), softmax in
-// double, then one uniform draw of runtime/rng.h's generator Rng(seed, row)
-// per token; --temperature 0 is greedy (the first largest logit). The same
-// seed gives the same tokens, on any thread count.
+// Sampling: the top-k kept (0: all), softmax of (logit - the largest) /
+// temperature in double, which no temperature overflows (a tiny one leaves
+// the largest logits alone: greedy, ties drawn), then one uniform draw of
+// runtime/rng.h's generator Rng(seed, row) per token; --temperature 0 is
+// greedy (the first largest logit); a temperature that is not a finite
+// number from 0 to 100 is refused. The same seed gives the same tokens, on
+// any thread count.
 #pragma once
 
 #include <cstdint>
@@ -61,7 +64,8 @@ struct Generated {
 };
 
 // Generates o.tokens tokens after `prompt` (1 to context tokens) with an
-// inference program's engine whose parameters are up. on_token, when set,
+// inference program's engine whose parameters are up (its setup runs first,
+// for those parameters). on_token, when set,
 // gets each of batch entry 0's new tokens as it comes.
 Generated generate(Engine& engine, const std::vector<int64_t>& prompt, const SampleOptions& o,
                    const std::function<void(int64_t)>& on_token = nullptr);

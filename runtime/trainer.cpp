@@ -166,22 +166,20 @@ void watch_for_nan(Engine& engine, const int64_t& step) {
 // When the newest file of a directory cannot be used, the message lists the
 // older ones that can and how to resume from one.
 CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef>& into, const std::string& hash) {
+  // The step's hash covers what --dims and --memory-budget (the activations
+  // it recomputes) make of the model, so either can differ from the run's.
+  const std::string hint = "this trainer is the model at the --dims and --memory-budget `napkin train` was given: "
+                           "resume under the ones the checkpoint's run was trained with (a run trained under "
+                           "--memory-budget resumes under the same budget)";
   std::error_code ec;
   if (!std::filesystem::exists(arg, ec)) throw Error(arg + ": --resume: no such checkpoint file or directory");
-  if (!std::filesystem::is_directory(arg, ec)) return read_checkpoint(arg, into, hash);
+  if (!std::filesystem::is_directory(arg, ec)) return read_checkpoint(arg, into, hash, hint);
   auto all = list_checkpoints(arg);
   if (all.empty()) throw Error(arg + ": --resume: no checkpoints in this directory (files named step-N.safetensors)");
   try {
-    return read_checkpoint(all.front().second, into, hash);
+    return read_checkpoint(all.front().second, into, hash, hint);
   } catch (const Error& e) {
-    std::vector<std::string> good;
-    for (size_t i = 1; i < all.size(); ++i) {
-      try {
-        verify_checkpoint(all[i].second, hash);
-        good.push_back(all[i].second);
-      } catch (const Error&) {
-      }
-    }
+    const std::vector<std::string> good = older_usable_checkpoints(all, hash);
     std::string message = std::string(e.what()) + "\n  the newest checkpoint in " + arg + " cannot be used; ";
     if (good.empty()) throw Error(message + "no older one there loads either");
     message += "older ones that load:";
@@ -479,10 +477,16 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     comm.all_reduce_sum(agreed, 2);
     const double loss = agreed[0] / static_cast<double>(micro_batches);
     const bool interrupted = agreed[1] > 0;
-    if (!std::isfinite(loss))
-      throw Error(fmt::format("step {}: the loss is {}; stopped before the update (last checkpoint: step {}). "
+    if (!std::isfinite(loss)) {
+      // A checkpoint to go back to: the one resumed from, or one this run saved.
+      const bool saved = !o.resume.empty() || (ckpt && last_saved > start_step);
+      throw Error(fmt::format("step {}: the loss is {}; stopped before the update ({}). "
                               "Run with --debug-nan to find the first op that produced a NaN",
-                              step, loss, last_saved));
+                              step, loss,
+                              saved  ? fmt::format("last checkpoint: step {}", last_saved)
+                              : ckpt ? std::string("no checkpoint saved yet")
+                                     : std::string("no --checkpoint-dir: nothing saved")));
+    }
     comm.set_activity(fmt::format("step {}, the gradient all-reduce", step));
     gradients.finish();
     ex.run_optimizer();

@@ -42,7 +42,8 @@ CudaEngine::CudaEngine(const Program& program, std::string_view cubin, std::stri
   const char* graphs = std::getenv("NAPKIN_CUDA_GRAPHS");
   graphs_enabled_ = !(graphs && std::string_view(graphs) == "0");
   kernel_seconds_.assign(program.kernels.size(), 0.0);
-  forward_ = {0, program.num_forward_kernels, false};
+  setup_ = {0, program.num_setup_kernels, false};
+  forward_ = {program.num_setup_kernels, program.num_forward_kernels, false};
   backward_ = {program.num_forward_kernels, program.num_gradient_kernels, false};
   optimizer_ = {program.num_gradient_kernels, static_cast<int>(program.kernels.size()), true};
   decode_ = {program.num_forward_kernels, static_cast<int>(program.kernels.size()), false};
@@ -251,7 +252,7 @@ void CudaEngine::release() noexcept {
   // Pending work may still use what is freed below.
   if (stream_) d.cuStreamSynchronize(stream_);
   if (comm_stream_) d.cuStreamSynchronize(comm_stream_);
-  for (Phase* p : {&forward_, &backward_, &optimizer_, &decode_})
+  for (Phase* p : {&setup_, &forward_, &backward_, &optimizer_, &decode_})
     if (p->graph) d.cuGraphExecDestroy(p->graph), p->graph = nullptr;
   for (Phase& p : segments_)
     if (p.graph) d.cuGraphExecDestroy(p.graph), p.graph = nullptr;
@@ -309,6 +310,8 @@ void CudaEngine::run_forward() {
                                             static_cast<size_t>(t->bytes), stream_));
   run_phase(forward_);
 }
+
+void CudaEngine::run_setup() { run_phase(setup_); }
 
 void CudaEngine::run_decode() {
   for (const TensorSpec* t : program_.with_role("input"))

@@ -88,6 +88,7 @@ class CudaEngine final : public Engine {
   void run_forward() override;
   double loss() override;
   void run_backward() override;
+  void run_setup() override;
   void run_decode() override;
   void download_tensor(const TensorSpec& t) override;
   void run_optimizer() override;
@@ -177,7 +178,7 @@ class CudaEngine final : public Engine {
   std::vector<std::unique_ptr<LtMatmul>> matmuls_;     // per kernel (matmuls)
   std::vector<std::unique_ptr<CudaClassifier>> classifiers_;  // per kernel (classifiers: GEMMs and launches)
   Phase forward_, backward_, optimizer_;
-  Phase decode_;  // an inference program's decode step (run_decode)
+  Phase setup_, decode_;  // an inference program's setup (run_setup) and decode step (run_decode)
 
   std::function<void(int, const char*)> inspect_;
   bool profiling_ = false;

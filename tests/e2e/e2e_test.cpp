@@ -135,7 +135,7 @@ TEST_CASE("e2e: a corrupt, truncated or foreign checkpoint is refused and nothin
   }
 }
 
-TEST_CASE("e2e: --init names missing and mis-shaped weights - a NaN stops training and --debug-nan names the op") {
+TEST_CASE("e2e: --init names missing and mis-shaped weights - a NaN stops training (claiming no checkpoint it has not) and --debug-nan names the op") {
   napkin::testing::TempDir tmp("e2e-init");
   fs::path dir = tmp.path;
   std::string trainer = build("models/mlp.yaml", "batch=16,d_in=64,hidden=32", dir);
@@ -176,6 +176,13 @@ TEST_CASE("e2e: --init names missing and mis-shaped weights - a NaN stops traini
   CHECK(r.status == 1);
   CHECK(r.out.find("step 1: the loss is nan") != std::string::npos);
   CHECK_FALSE(fs::exists(dir / "ckpt" / "step-000001.safetensors"));
+  // No checkpoint to go back to, and the message claims none.
+  CHECK(r.out.find("(no checkpoint saved yet)") != std::string::npos);
+  CHECK(r.out.find("last checkpoint") == std::string::npos);
+  r = sh(fmt::format("{} {} --quiet --steps 3 --init {}", trainer, data, (dir / "nan.safetensors").string()));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("(no --checkpoint-dir: nothing saved)") != std::string::npos);
+  CHECK(r.out.find("last checkpoint") == std::string::npos);
   r = sh(fmt::format("{} {} --quiet --steps 3 --init {} --debug-nan", trainer, data, (dir / "nan.safetensors").string()));
   CHECK(r.status == 1);
   CHECK(r.out.find("produced the first NaN") != std::string::npos);

@@ -161,6 +161,26 @@ TEST_CASE("trainer: --resume takes a file - a damaged newest checkpoint names th
   CHECK(missing.out.find("no such checkpoint file or directory") != std::string::npos);
 }
 
+TEST_CASE("trainer: resuming a run trained under --memory-budget without it says the budget may differ") {
+  Fixture f;
+  // The same model under a budget that recomputes activations: another step, another hash.
+  const std::string budgeted = f.dir("trainer-600KiB");
+  Run built = sh(fmt::format("{} build {} --dims {} --memory-budget 600KiB -o {} --quiet", NAPKIN_BINARY,
+                             f.dir("gpt.yaml"), kDims, budgeted));
+  INFO(built.out);
+  REQUIRE(built.status == 0);
+  const std::string d = f.dir("ckpt");
+  REQUIRE(sh(fmt::format("{} {} --quiet --steps 2 --checkpoint-dir {}", budgeted, f.data, d)).status == 0);
+  for (const std::string& from : {d, d + "/step-000002.safetensors"}) {
+    CAPTURE(from);
+    Run r = f.train(fmt::format("--steps 3 --resume {}", from));
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK(r.out.find("checkpoint was written by a different model") != std::string::npos);
+    CHECK(r.out.find("hint: this trainer is the model at the --dims and --memory-budget") != std::string::npos);
+  }
+}
+
 TEST_CASE("trainer: a data file truncated mid-run stops with a message and the last step saved") {
   Fixture f;
   const std::string data = f.dir("tokens.u16"), d = f.dir("ckpt"), metrics = f.dir("m.jsonl");

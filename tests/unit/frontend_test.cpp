@@ -1,6 +1,7 @@
 // The model language: dims, params and init, blocks with per-layer names,
 // einops lowering to views, multiple assignment, and error collection.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <map>
@@ -220,6 +221,23 @@ train: {steps: 20, seed: 7, checkpoint: {every: 5, dir: ck}, eval: {every: 10}}
   CHECK(c.train.checkpoint_every == 5);
   CHECK(c.train.checkpoint_dir == "ck");
   CHECK(c.train.eval_every == 10);
+}
+
+TEST_CASE("a model name with ../ or / keeps its default checkpoint dir one directory inside checkpoints/") {
+  const std::pair<const char*, const char*> cases[] = {
+      {"../escape", "checkpoints/.._escape"}, {"..", "checkpoints/__"}, {".", "checkpoints/_"},
+      {"a/../../b", "checkpoints/a_.._.._b"}, {"gpt-char", "checkpoints/gpt-char"}};
+  for (const auto& [name, dir] : cases) {
+    CAPTURE(name);
+    ir::Graph g = compile(fmt::format(R"yaml(
+model: "{}"
+inputs: {{x: {{shape: [4]}}}}
+params: {{w: {{shape: [4], init: zeros}}}}
+loss: mean(x + w)
+optimizer: sgd(lr=0.1)
+)yaml", name));
+    CHECK(g.config.train.checkpoint_dir == dir);
+  }
 }
 
 TEST_CASE("every op the language names lowers (a model using all of them compiles)") {

@@ -16,6 +16,7 @@
 #include "interp/interpreter.h"
 #include "passes/derive_inference.h"
 #include "passes/pipeline.h"
+#include "runtime/cpu_engine.h"
 #include "runtime/sampler.h"
 #include "runtime/tensor_element.h"
 #include "support/compiled_step.h"
@@ -54,6 +55,7 @@ struct Decoder {
     INFO(diag.render());
     REQUIRE_FALSE(diag.has_errors());
     step = std::make_unique<testing::CompiledStep>(std::move(inference));
+    step->ex->run_setup();  // the parameters are in: what they alone give, once
     const runtime::TensorSpec* tokens = step->program.find("prefill.tokens");
     REQUIRE(tokens != nullptr);
     batch = tokens->shape[0];
@@ -89,6 +91,16 @@ struct Decoder {
     std::vector<double> out(static_cast<size_t>(vocab));
     for (int64_t v = 0; v < vocab; ++v) out[v] = get("decode.logits", b * vocab + v);
     return out;
+  }
+
+  // A CPU engine of the same program with the same parameters: what
+  // `napkin sample` runs (runtime::generate).
+  std::unique_ptr<runtime::Engine> engine() {
+    auto* fns = static_cast<const runtime::KernelFn*>(step->jit->lookup("napkin_kernel_fns"));
+    auto e = std::make_unique<runtime::CpuEngine>(step->program, fns, 2);
+    for (const runtime::TensorSpec* t : step->program.with_role("param"))
+      std::copy_n(step->ex->arena() + t->offset, t->bytes, e->host(*t));
+    return e;
   }
 
   // The interpreter's logits of the whole (padded) sequences, in float64,
@@ -204,6 +216,96 @@ TEST_CASE("inference: greedy decoding with the KV cache picks the interpreter's 
   CHECK(compared >= 14);
 }
 
+namespace {
+
+
+// Greedy text by `napkin sample`'s generation (runtime::generate) on a fresh
+// engine, the prompt entering the cache by `path`, up to the end of the
+// context; batch entry 0's sequence.
+std::vector<int64_t> greedy_text(Decoder& d, const std::vector<int64_t>& prompt, runtime::PromptPath path) {
+  std::unique_ptr<runtime::Engine> engine = d.engine();
+  runtime::SampleOptions o;
+  o.tokens = d.context - static_cast<int64_t>(prompt.size());  // no window: the interpreter sees it all
+  o.temperature = 0;
+  o.prompt_path = path;
+  const runtime::Generated g = runtime::generate(*engine, prompt, o);
+  if (path != runtime::PromptPath::Auto) CHECK(g.prompt_by_steps == (path == runtime::PromptPath::Steps));
+  CHECK(g.windows == 0);
+  return g.sequences[0];
+}
+
+// How many of `text`'s generated tokens are the interpreter's argmax of the
+// whole text at the position before (all of them are, the CHECKs say),
+// leaving out positions whose top two logits are within `tie`.
+int interpreter_agrees(Decoder& d, const std::vector<int64_t>& text, size_t prompt, double tie) {
+  const std::vector<double> logits = d.oracle_logits(std::vector<std::vector<int64_t>>(d.batch, text));
+  int compared = 0;
+  for (size_t i = prompt - 1; i + 1 < text.size(); ++i) {
+    std::vector<double> row(logits.begin() + static_cast<int64_t>(i) * d.vocab,
+                            logits.begin() + static_cast<int64_t>(i + 1) * d.vocab);
+    std::vector<double> sorted = row;
+    std::sort(sorted.rbegin(), sorted.rend());
+    if (sorted[0] - sorted[1] < tie) continue;
+    CAPTURE(i);
+    CHECK(argmax(row) == text[i + 1]);
+    ++compared;
+  }
+  return compared;
+}
+
+}  // namespace
+
+TEST_CASE("inference: computed rotary positions give the interpreter's greedy text on every prompt path (prefill, steps, auto)") {
+  // tests/e2e/data/rotary.yaml: rotary frequencies computed in the graph (Llama's RoPE).
+  Decoder d(lowered("tests/e2e/data/rotary.yaml", {{"batch", 2}, {"seq", 12}, {"vocab", 40}}));
+  const std::vector<int64_t> prompt = {7, 3, 12};
+  const std::vector<int64_t> by_prefill = greedy_text(d, prompt, runtime::PromptPath::Prefill);
+  const std::vector<int64_t> by_steps = greedy_text(d, prompt, runtime::PromptPath::Steps);
+  const std::vector<int64_t> by_auto = greedy_text(d, prompt, runtime::PromptPath::Auto);
+  CHECK(by_steps == by_prefill);
+  CHECK(by_auto == by_prefill);
+  CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 1e-4) >= 6);
+}
+
+TEST_CASE("inference: a mixed-precision model's weight casts are computed before a prompt that goes in by decode steps") {
+  // lm-gqa is bf16-mixed: its decode step reads the weights cast to bf16
+  // once, by the program's setup, not by each step nor only by the prefill.
+  Decoder d(lowered("models/lm-gqa.yaml", {{"batch", 2}, {"seq", 9}, {"d", 24}, {"heads", 4}, {"kv_heads", 2},
+                                           {"hidden", 40}, {"layers", 2}, {"vocab", 61}}));
+  const std::vector<int64_t> prompt = {5, 17};
+  for (runtime::PromptPath path : {runtime::PromptPath::Prefill, runtime::PromptPath::Steps}) {
+    CAPTURE(static_cast<int>(path));
+    // bf16 logits: a rounding of 2^-7 at |1| apart, so near ties are left out.
+    CHECK(interpreter_agrees(d, greedy_text(d, prompt, path), prompt.size(), 4.0 / 128) >= 3);
+  }
+}
+
+TEST_CASE("inference: a language model with dropout derives its sampler (dropout is the identity, its rng words unread)") {
+  // gpt.yaml with dropout on each block's MLP output: napkin train derives
+  // this program for --sample-every, napkin sample for itself.
+  std::string yaml = testing::read_source("models/gpt.yaml");
+  const std::string mlp = R"(- x: x + einsum(h, w_out, "b s f, f d -> b s d"))";
+  REQUIRE(yaml.find(mlp) != std::string::npos);
+  yaml.replace(yaml.find(mlp), mlp.size(), R"(- x: x + dropout(einsum(h, w_out, "b s f, f d -> b s d"), 0.1))");
+  ir::Diagnostics diag;
+  frontend::LoadOptions options;
+  options.dim_overrides = kOddGpt;
+  std::optional<ir::Graph> g = frontend::load_model_text(yaml, "gpt-dropout.yaml", diag, options);
+  INFO(diag.render());
+  REQUIRE(g.has_value());
+  Decoder d(*g);
+  // The prefill of whole sequences against decode steps from position 0.
+  std::vector<std::vector<int64_t>> seqs = {{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5}, {2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4}};
+  d.prefill(seqs);
+  std::vector<std::vector<double>> rows;
+  for (int64_t i = 0; i < d.context; ++i) rows.push_back(d.prefill_row(0, i));
+  for (int64_t pos = 0; pos < d.context; ++pos) {
+    CAPTURE(pos);
+    d.decode({seqs[0][pos], seqs[1][pos]}, pos);
+    CHECK(max_abs_diff(d.decode_row(0), rows[pos]) < 1e-5);
+  }
+}
+
 TEST_CASE("inference: sample_token is greedy at temperature 0 and with top-k 1, repeatable by seed, and draws by the softmax") {
   const std::vector<double> logits = {0.5, 2.0, -1.0, 2.0, 1.0};
   runtime::Rng g(1, 0);
@@ -233,6 +335,20 @@ TEST_CASE("inference: sample_token is greedy at temperature 0 and with top-k 1, 
   }
   CHECK(counts[0] == 0);
   CHECK(counts[2] == 0);
+}
+
+TEST_CASE("inference: sample_token at a tiny temperature (1e-310, 1e-320) draws among the largest logits, never overflows") {
+  const std::vector<double> one_largest = {0.5, 2.0, -1.0, 1.9, 1.0};
+  const std::vector<double> two_largest = {0.5, 2.0, -1.0, 2.0, 1.0};
+  for (double t : {1e-300, 1e-310, 1e-320, 4.9e-324}) {
+    CAPTURE(t);
+    runtime::Rng r(4, 0);
+    for (int i = 0; i < 20; ++i) {
+      CHECK(runtime::sample_token(one_largest, t, 0, r) == 1);
+      const int64_t tied = runtime::sample_token(two_largest, t, 0, r);
+      CHECK((tied == 1 || tied == 3));
+    }
+  }
 }
 
 TEST_CASE("inference: a model that is not a language model, or mixes positions otherwise than by attention, is refused at its line") {
