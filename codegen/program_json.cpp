@@ -387,4 +387,6 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
   return program.dump(1);
 }
 
+std::string training_settings_json(const ir::Graph& g) { return train_json(g).dump(); }
+
 }  // namespace napkin::codegen

@@ -38,6 +38,11 @@ struct ProgramFacts {
 ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std::string& model_hash,
                         const std::string& backend, bool allow_tf32 = false);
 
+// The training settings the program carries (its "train" object: steps,
+// seed, data, checkpointing, logging, the schedule ...), which the graph's
+// text does not show: a cache of built trainers keys on them too.
+std::string training_settings_json(const ir::Graph& g);
+
 std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::vector<Launch>& launches,
                          const ProgramFacts& facts);
 

@@ -11,6 +11,7 @@
 #include "codegen/cpu/build.h"
 #include "codegen/cpu/link_config.h"
 #include "codegen/host/private_cache.h"
+#include "codegen/program_json.h"
 #ifdef NAPKIN_HAVE_CUDA
 #include "codegen/cuda/build.h"
 #endif
@@ -30,7 +31,10 @@ std::string cache_key(const ir::Graph& g, const std::string& target, const std::
 #ifdef NAPKIN_HAVE_CUDA
   if (target == "cuda") runtime += read_file_bytes(codegen::cuda::cuda_runtime_library());
 #endif
-  return fnv1a_hex({ir::print_graph(g, {false}), sampler ? ir::print_graph(*sampler, {false}) : "", target, model_hash,
+  // The graph's text, and the training settings it does not show (train.steps
+  // sets the default --steps and the schedule's length): editing them builds anew.
+  return fnv1a_hex({ir::print_graph(g, {false}), codegen::training_settings_json(g),
+                    sampler ? ir::print_graph(*sampler, {false}) : "", target, model_hash,
                     read_file_bytes("/proc/self/exe"), runtime,
                     analysis::devices_to_json(analysis::known_devices())});
 }

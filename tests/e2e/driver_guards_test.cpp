@@ -7,9 +7,11 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "support/test_io.h"
+#include "support/test_models.h"
 
 namespace fs = std::filesystem;
 
@@ -226,4 +228,30 @@ TEST_CASE("driver: the trainer cache runs only the user's own - 0700 in TMPDIR w
   INFO(fourth.out);
   CHECK(fourth.status == 1);
   CHECK(fourth.out.find("error: the trainer cache " + tmp / "file/napkin: cannot create it") != std::string::npos);
+}
+
+TEST_CASE("driver: the trainer cache keys on the training settings - editing train.steps builds anew") {
+  // The graph's text does not show train.steps (the default --steps and the
+  // schedule's length): the cache once ran the trainer of the old value.
+  napkin::testing::TempDir tmp("driver-cache-settings");
+  std::string yaml = napkin::testing::read_source("models/linear.yaml");
+  const std::string steps = "steps: 200";
+  REQUIRE(yaml.find(steps) != std::string::npos);
+  auto train = [&](int n) {
+    std::string edited = yaml;
+    edited.replace(edited.find(steps), steps.size(), fmt::format("steps: {}", n));
+    std::ofstream(tmp / "m.yaml") << edited;
+    return sh(fmt::format("XDG_CACHE_HOME={} {} train {} -- --print-program", tmp.path, NAPKIN_BINARY, tmp / "m.yaml"));
+  };
+  Run first = train(7);
+  INFO(first.out);
+  REQUIRE(first.status == 0);
+  CHECK(first.out.find("\"steps\": 7") != std::string::npos);
+  Run second = train(9);
+  INFO(second.out);
+  REQUIRE(second.status == 0);
+  CHECK(second.out.find("using the cached trainer") == std::string::npos);
+  CHECK(second.out.find("\"steps\": 9") != std::string::npos);
+  Run third = train(9);
+  CHECK(third.out.find("using the cached trainer") != std::string::npos);
 }
