@@ -217,7 +217,9 @@ json train_json(const ir::Graph& g) {
           // The learning-rate schedule, fixed in the optimizer's kernels
           // (passes/optimizer.h): its length is train.steps at build time.
           {"schedule", {{"kind", o.schedule}, {"warmup", o.warmup_steps}, {"steps", t.steps}, {"min_lr", o.min_lr}}},
-          {"precision", std::string(ir::precision_name(g.config.precision.policy))}};
+          {"precision", std::string(ir::precision_name(g.config.precision.policy))},
+          {"dims", t.dims},
+          {"memory_budget", t.memory_budget}};
 }
 
 // Per graph input whose values index something, the count its ids must stay

@@ -155,6 +155,7 @@ std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, i
   if (!options.dim_overrides.empty()) {
     std::string variant;
     for (const auto& [name, value] : options.dim_overrides) variant += (variant.empty() ? "@" : ",") + name + "=" + std::to_string(value);
+    g.config.train.dims = variant.substr(1);
     while (ckpt_dir.size() > 1 && ckpt_dir.back() == '/') ckpt_dir.pop_back();
     ckpt_dir += variant;
     if (!metrics.empty()) {

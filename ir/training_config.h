@@ -103,6 +103,12 @@ struct TrainConfig {
   // accumulate forward+backward passes, then one update. The trainer's
   // --accumulate overrides it (docs/distributed.md).
   int64_t accumulate = 1;
+  // How the step was built, for checkpoints to record and a resume under
+  // other settings to name: the --dims it was lowered at ("d=64,layers=2";
+  // "" for the file's own) and the --memory-budget its activations were
+  // recomputed to fit (bytes; 0: none). Both change the step's hash.
+  std::string dims;
+  int64_t memory_budget = 0;
 };
 
 struct TrainingConfig {

@@ -39,6 +39,7 @@ bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOpt
 
 bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options,
                            const MemoryBudget& budget) {
+  g.config.train.memory_budget = budget.bytes;  // the checkpoints record it (ir/training_config.h)
   PassManager pm(options);
   pm.add(make_dce_pass());        // drop forward values the loss does not need
   if (options.fuse_attention) {

@@ -1,5 +1,6 @@
 #include "runtime/checkpoint.h"
 
+#include <fmt/format.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -140,13 +142,43 @@ CheckpointHeader parse_header(const SafetensorsFile& file) {
 // The header of a checkpoint that passed every check but the tensors': its
 // fields, its checksum, and that `expected_model_hash` wrote it (`hint`, if
 // any, ends the message when another model did).
+// What the checkpoint's run was built with that `built` was not (its
+// --dims, its --memory-budget), "" where it records the same or nothing (a
+// checkpoint of an older napkin).
+std::string build_difference(const CheckpointHeader& h, const StepBuild& built) {
+  auto recorded = [&](const char* key) -> std::optional<std::string> {
+    auto it = h.metadata.find(key);
+    if (it == h.metadata.end()) return std::nullopt;
+    return it->second;
+  };
+  std::vector<std::string> differences;
+  if (auto dims = recorded(kDimsKey); dims && *dims != built.dims)
+    differences.push_back(fmt::format("its run was built at {}, this one at {}",
+                                      dims->empty() ? "the model file's own dims" : "--dims " + printable(*dims, 200),
+                                      built.dims.empty() ? "the model file's own dims" : "--dims " + built.dims));
+  if (auto budget = recorded(kMemoryBudgetKey); budget && *budget != std::to_string(built.memory_budget)) {
+    auto said = [](const std::string& bytes) {
+      return bytes == "0" ? std::string("no --memory-budget") : "--memory-budget " + printable(bytes, 40) + " bytes";
+    };
+    differences.push_back(fmt::format("its run was trained under {}, this one is built under {}", said(*budget),
+                                      said(std::to_string(built.memory_budget))));
+  }
+  std::string out;
+  for (const std::string& d : differences) out += (out.empty() ? "" : "; ") + d;
+  return out;
+}
+
 CheckpointHeader verified_header(const SafetensorsFile& file, const std::string& expected_model_hash,
-                                 const std::string& hint = "") {
+                                 const std::string& hint = "", const StepBuild* built = nullptr) {
   CheckpointHeader h = parse_header(file);
   verify_checksum(file, h);
-  if (h.model_hash != expected_model_hash)
+  if (h.model_hash != expected_model_hash) {
+    std::string difference = built ? build_difference(h, *built) : "";
     throw Error(file.path() + ": checkpoint was written by a different model (hash " + h.model_hash +
-                ", this trainer " + expected_model_hash + ")" + (hint.empty() ? "" : "\n    hint: " + hint));
+                ", this trainer " + expected_model_hash + ")" +
+                (difference.empty() ? "" : "\n    the settings differ: " + difference) +
+                (hint.empty() ? "" : "\n    hint: " + hint));
+  }
   return h;
 }
 
@@ -325,9 +357,10 @@ CheckpointHeader verify_checkpoint(const std::string& path, const std::string& e
 }
 
 CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
-                                 const std::string& expected_model_hash, const std::string& hint) {
+                                 const std::string& expected_model_hash, const std::string& hint,
+                                 const StepBuild* built) {
   SafetensorsFile file(path);
-  CheckpointHeader h = verified_header(file, expected_model_hash, hint);
+  CheckpointHeader h = verified_header(file, expected_model_hash, hint, built);
   load_tensors(file, into, {});
   return h;
 }
@@ -344,6 +377,10 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   }
   std::sort(found.begin(), found.end(), std::greater<>());
   return found;
+}
+
+std::map<std::string, std::string> build_metadata(const StepBuild& build) {
+  return {{kDimsKey, build.dims}, {kMemoryBudgetKey, std::to_string(build.memory_budget)}};
 }
 
 std::vector<std::string> older_usable_checkpoints(const std::vector<std::pair<int64_t, std::string>>& all,
@@ -370,14 +407,15 @@ std::vector<std::string> read_weights(const std::string& path, const std::vector
 }
 
 std::optional<CheckpointHeader> read_model_weights(const std::string& path, const std::vector<TensorRef>& params,
-                                                   const std::string& expected_model_hash, const std::string& hint) {
+                                                   const std::string& expected_model_hash, const std::string& hint,
+                                 const StepBuild* built) {
   SafetensorsFile file(path);
   if (!napkin_checkpoint(file)) {
     verify_foreign_checksum(file);
     load_tensors(file, params, {});
     return std::nullopt;
   }
-  CheckpointHeader h = verified_header(file, expected_model_hash, hint);
+  CheckpointHeader h = verified_header(file, expected_model_hash, hint, built);
   std::set<std::string> wanted;
   for (const TensorRef& r : params) wanted.insert(r.name);
   std::vector<std::string> others;  // the optimizer state

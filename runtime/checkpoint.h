@@ -63,6 +63,18 @@ std::optional<int64_t> checkpoint_step(const std::string& filename);
 bool is_checkpoint_temporary(const std::string& filename);
 
 // The validated metadata of a checkpoint.
+// How a trainer's step was built (ir/training_config.h), which its checkpoints
+// record under these keys: when a checkpoint's model hash is not the
+// program's, a difference here is the likely reason, and the message names it.
+struct StepBuild {
+  std::string dims;           // --dims, "" for the model file's own
+  int64_t memory_budget = 0;  // --memory-budget in bytes, 0 for none
+};
+inline constexpr const char* kDimsKey = "dims";
+inline constexpr const char* kMemoryBudgetKey = "memory_budget";
+// The metadata entries that record `build`.
+std::map<std::string, std::string> build_metadata(const StepBuild& build);
+
 struct CheckpointHeader {
   std::string path;
   int format = 0;                 // 1 or 2
@@ -92,7 +104,8 @@ CheckpointHeader verify_checkpoint(const std::string& path, const std::string& e
 // problem listed in one Error), and only then copies. `hint`, if any, ends
 // the message when another model wrote the file.
 CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
-                                 const std::string& expected_model_hash, const std::string& hint = "");
+                                 const std::string& expected_model_hash, const std::string& hint = "",
+                                 const StepBuild* built = nullptr);
 
 // (step, path) of every step-N.safetensors file in `dir`, newest first; empty
 // if there is no such directory. Temporaries and other files are ignored.
@@ -119,7 +132,8 @@ std::vector<std::string> read_weights(const std::string& path, const std::vector
 // state, are skipped; returns its header. Another safetensors file must hold
 // exactly `params` (its checksum checked when it has one); returns nullopt.
 std::optional<CheckpointHeader> read_model_weights(const std::string& path, const std::vector<TensorRef>& params,
-                                                   const std::string& expected_model_hash, const std::string& hint = "");
+                                                   const std::string& expected_model_hash, const std::string& hint = "",
+                                 const StepBuild* built = nullptr);
 
 // Model text for a message: control bytes as \xNN, cut to `max_chars`.
 std::string printable(const std::string& text, size_t max_chars = 80);

@@ -290,6 +290,8 @@ Program parse_program(const char* text, size_t size) {
     d.metrics = t.at("metrics");
     d.optimizer = t.at("optimizer");
     d.precision = t.at("precision");
+    d.dims = t.value("dims", std::string());
+    d.memory_budget = t.value("memory_budget", int64_t{0});
     d.lr = t.at("lr");
     d.schedule.lr = d.lr;
     if (const json& sch = t.value("schedule", json()); !sch.is_null()) {

@@ -177,6 +177,10 @@ struct TrainDefaults {
   std::string optimizer, precision;
   double lr = 0;
   LrSchedule schedule;  // a program without one (written by hand): constant lr
+  // How napkin built the step (ir/training_config.h): the --dims ("" for the
+  // model file's own) and the --memory-budget in bytes (0: none).
+  std::string dims;
+  int64_t memory_budget = 0;
 };
 
 // What a CUDA program adds (backend "cuda"): the architecture its cubin was

@@ -87,10 +87,12 @@ struct Tensors {
 std::string load_parameters(const Program& p, Engine& engine, const std::string& path) {
   std::vector<TensorRef> params;
   for (const TensorSpec* t : p.with_role("param")) params.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
+  const StepBuild built{p.train.dims, p.train.memory_budget};
   const std::optional<CheckpointHeader> h = read_model_weights(
       path, params, p.hash,
       "the sampler is this model at the --dims (and --memory-budget) `napkin sample` was given: the ones the "
-      "checkpoint's run was trained with");
+      "checkpoint's run was trained with",
+      &built);
   engine.upload("param");
   return h ? fmt::format("{} (step {})", path, h->step) : path;
 }

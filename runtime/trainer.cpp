@@ -165,7 +165,8 @@ void watch_for_nan(Engine& engine, const int64_t& step) {
 // --resume ARG: ARG is a checkpoint file or a directory (its newest file).
 // When the newest file of a directory cannot be used, the message lists the
 // older ones that can and how to resume from one.
-CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef>& into, const std::string& hash) {
+CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef>& into, const std::string& hash,
+                             const StepBuild& built) {
   // The step's hash covers what --dims and --memory-budget (the activations
   // it recomputes) make of the model, so either can differ from the run's.
   const std::string hint = "this trainer is the model at the --dims and --memory-budget `napkin train` was given: "
@@ -173,11 +174,11 @@ CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef
                            "--memory-budget resumes under the same budget)";
   std::error_code ec;
   if (!std::filesystem::exists(arg, ec)) throw Error(arg + ": --resume: no such checkpoint file or directory");
-  if (!std::filesystem::is_directory(arg, ec)) return read_checkpoint(arg, into, hash, hint);
+  if (!std::filesystem::is_directory(arg, ec)) return read_checkpoint(arg, into, hash, hint, &built);
   auto all = list_checkpoints(arg);
   if (all.empty()) throw Error(arg + ": --resume: no checkpoints in this directory (files named step-N.safetensors)");
   try {
-    return read_checkpoint(all.front().second, into, hash, hint);
+    return read_checkpoint(all.front().second, into, hash, hint, &built);
   } catch (const Error& e) {
     const std::vector<std::string> good = older_usable_checkpoints(all, hash);
     std::string message = std::string(e.what()) + "\n  the newest checkpoint in " + arg + " cannot be used; ";
@@ -282,7 +283,7 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   }
   std::optional<CheckpointHeader> resumed;
   if (!resume.empty()) {
-    resumed = resume_from(resume, tensor_refs(p, ex, {"param", "state"}), p.hash);
+    resumed = resume_from(resume, tensor_refs(p, ex, {"param", "state"}), p.hash, {p.train.dims, p.train.memory_budget});
     start_step = resumed->step;
     if (resumed->seed) seed = *resumed->seed;
     lineage.run = resumed->run;
@@ -409,11 +410,9 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     if (!ckpt) return "";
     ex.download("param");
     ex.download("state");
-    std::string path = ckpt->save(step, tensor_refs(p, ex, {"param", "state"}),
-                                  {{"model", p.model},
-                                   {"seed", std::to_string(seed)},
-                                   {kMicroBatchesKey, std::to_string(micro_batches)}},
-                                  o.keep);
+    std::map<std::string, std::string> metadata = build_metadata({p.train.dims, p.train.memory_budget});
+    metadata.insert({{"model", p.model}, {"seed", std::to_string(seed)}, {kMicroBatchesKey, std::to_string(micro_batches)}});
+    std::string path = ckpt->save(step, tensor_refs(p, ex, {"param", "state"}), metadata, o.keep);
     if (shards) ex.release(shards->others_state());  // gathered for the file only
     if (!quiet) fmt::print("  saved {}\n", path);
     return path;

@@ -43,6 +43,7 @@ std::optional<InferenceProgram> inference_program(const std::string& path, const
   std::optional<ir::Graph> training = frontend::load_model_file(path, diag, options);
   // The same pipeline `napkin train` builds its trainer with, so the hashes agree.
   if (!training || !passes::run_training_pipeline(*training, diag, {}, budget)) return std::nullopt;
+  g->config.train.memory_budget = budget.bytes;  // what the checkpoints' hash was built under, to name it
   return InferenceProgram{std::move(*g), model_hash(*training)};
 }
 

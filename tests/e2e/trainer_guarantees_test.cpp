@@ -161,7 +161,7 @@ TEST_CASE("trainer: --resume takes a file - a damaged newest checkpoint names th
   CHECK(missing.out.find("no such checkpoint file or directory") != std::string::npos);
 }
 
-TEST_CASE("trainer: resuming a run trained under --memory-budget without it says the budget may differ") {
+TEST_CASE("trainer: resuming a run trained under --memory-budget without it says the budget differs, and by how much") {
   Fixture f;
   // The same model under a budget that recomputes activations: another step, another hash.
   const std::string budgeted = f.dir("trainer-600KiB");
@@ -177,8 +177,17 @@ TEST_CASE("trainer: resuming a run trained under --memory-budget without it says
     INFO(r.out);
     CHECK(r.status == 1);
     CHECK(r.out.find("checkpoint was written by a different model") != std::string::npos);
+    // The checkpoint records the budget (600 KiB) its step was built under.
+    CHECK(r.out.find("the settings differ: its run was trained under --memory-budget 614400 bytes, this one is built "
+                     "under no --memory-budget") != std::string::npos);
     CHECK(r.out.find("hint: this trainer is the model at the --dims and --memory-budget") != std::string::npos);
   }
+  // napkin sample of the same checkpoints without the budget names it too.
+  Run sample = sh(fmt::format("XDG_CACHE_HOME={} {} sample {} --dims {} --checkpoint {} --prompt a --tokens 1",
+                              f.dir("cache"), NAPKIN_BINARY, f.dir("gpt.yaml"), kDims, d));
+  INFO(sample.out);
+  CHECK(sample.status == 1);
+  CHECK(sample.out.find("its run was trained under --memory-budget 614400 bytes") != std::string::npos);
 }
 
 TEST_CASE("trainer: a data file truncated mid-run stops with a message and the last step saved") {
