@@ -4,6 +4,7 @@
 #include <deque>
 #include <list>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -31,13 +32,19 @@ bool fusible(const ir::Node& n) {
 // merge touches only the units between the groups it joins, never the members
 // already inside them. A merge of two groups moves the smaller one's members
 // (so each node moves O(log N) times), and a working id merged away points to
-// the id that absorbed it (union-find), so no member is relabelled. Not
-// linear: nodes that read a group (a reduction of each step of a chain) stay
-// after it, and each later merge into that group walks them again.
+// the id that absorbed it (union-find), so no member is relabelled. A node
+// joining a group walks only the units of the nodes visited since the group
+// last grew (legal_since), not the units that read the group and stay after
+// it: N parameters' updates reading the optimizer's scalars, into whose group
+// each parameter's 1 - lr·wd joins, made N^2. Not linear: a merge of two
+// groups, or a join into a group that moved, walks every unit between them.
 class Fuser {
  public:
-  Fuser(ir::Graph& g, int64_t* work) : g_(g), schedule_(g.mutable_schedule()), work_(work) {
+  Fuser(ir::Graph& g, int64_t* work)
+      : g_(g), schedule_(g.mutable_schedule()), work_(work), visit_order_(g.schedule()) {
     group_.assign(g.num_nodes(), -1);
+    visit_.assign(g.num_nodes(), -1);
+    for (int v = 0; v < static_cast<int>(visit_order_.size()); ++v) visit_[visit_order_[v]] = v;
     node_unit_.resize(g.num_nodes());
     gap_.assign(g.num_nodes(), 0);
     after_.assign(g.num_nodes(), 0);
@@ -48,10 +55,10 @@ class Fuser {
   }
 
   void form_groups() {
-    const std::vector<NodeId> order = schedule_;  // merges reorder the schedule, never the nodes still to visit
-    for (NodeId id : order) {
+    for (NodeId id : visit_order_) {  // merges reorder the schedule, never the nodes still to visit
       count(1);
       node_unit_[id] = units_.insert(units_.end(), Unit{id, -1});
+      place(node_unit_[id]);
       const ir::Node& n = g_.node(id);
       if (!fusible(n)) continue;
       std::vector<int64_t> shape = g_.value(n.out()).type.sizes();
@@ -84,6 +91,8 @@ class Fuser {
         shape_.push_back(shape);
         phase_.push_back(n.phase);
         parent_.push_back(joined);
+        first_visit_.push_back(visit_[id]);
+        settled_.push_back(visit_[id]);  // no unit after it yet
         group_unit_.push_back(node_unit_[id]);
         node_unit_[id]->node = ir::kNoNode;
         node_unit_[id]->group = joined;
@@ -289,6 +298,8 @@ class Fuser {
   struct Unit {
     NodeId node = ir::kNoNode;
     int group = -1;
+    uint64_t label = 0;  // increasing along units_ (place)
+    int moved_later = -1;  // the last visit index at which join_by_reach moved it later
   };
   using UnitList = std::list<Unit>;
 
@@ -301,6 +312,16 @@ class Fuser {
   std::vector<std::vector<int64_t>> shape_;  // working group -> iteration shape
   std::vector<ir::Phase> phase_;
   std::vector<int> parent_;  // working group -> the group it merged into, itself while it lives
+  std::vector<int> first_visit_;  // working group -> the least visit index of its members
+  // Working group -> a visit index v such that every unit after the group's
+  // unit holding a node visited by v depends on the group; -1 when unknown
+  // (the group's unit moved). See legal_since.
+  std::vector<int> settled_;
+  const std::vector<NodeId> visit_order_;  // the schedule form_groups walks
+  std::vector<int> visit_;                 // node -> its index in visit_order_
+  // A node of each unit join_by_reach moved later, with the visit index it
+  // did so at (increasing): legal_since walks those moved since too.
+  std::vector<std::pair<int, NodeId>> moved_later_;
   int last_scalar_group_[ir::kNumPhases] = {-1, -1, -1, -1, -1};
   UnitList units_;  // the nodes visited so far, in schedule order
   std::vector<UnitList::iterator> node_unit_;   // node alone -> its unit
@@ -408,9 +429,129 @@ class Fuser {
     return true;
   }
 
-  // Puts the units `before` right before `at`, in their order.
+  // legal(c, node_unit_[id], id, ...) for a group c whose settled_ is known,
+  // with the same verdict and `before`: the units after c holding a node
+  // visited by settled_[c] depend on c (they did then; since, c has not
+  // moved, a unit that was before c got after it only if join_by_reach moved
+  // it later, and a merge keeps every dependency of its parts), so only the
+  // units of nodes visited or moved later since are walked, in list order
+  // (by label). A needed unit that depends on c makes
+  // the join illegal, whichever it is.
+  bool legal_since(int c, NodeId id, std::vector<UnitList::iterator>& before) {
+    ++stamp_;
+    const uint64_t start = group_unit_[c]->label;
+    const int settled = settled_[c];
+    auto unit_of = [&](NodeId x) { return group_of(x) < 0 ? node_unit_[x] : group_unit_[group_of(x)]; };
+    auto visited_by_then = [&](const Unit& u) {
+      return (u.group < 0 ? visit_[u.node] : first_visit_[u.group]) <= settled && u.moved_later <= settled;
+    };
+    // x is in such a unit after c: it depends on c.
+    auto settled_dependent = [&](NodeId x) {
+      if (group_of(x) == c) return false;
+      UnitList::iterator u = unit_of(x);
+      return u->label > start && visited_by_then(*u);
+    };
+    std::vector<UnitList::iterator> gap;  // the units after c of nodes visited or moved later since
+    auto walk_unit_of = [&](NodeId x) {
+      count(1);
+      if (gap_[x] == stamp_ || group_of(x) == c) return;
+      UnitList::iterator u = unit_of(x);
+      if (u->label <= start || visited_by_then(*u)) return;
+      for_each_node(*u, [&](NodeId r) { gap_[r] = stamp_; });
+      gap.push_back(u);
+    };
+    for (int v = settled + 1; v < visit_[id]; ++v) walk_unit_of(visit_order_[v]);
+    auto moved = std::partition_point(moved_later_.begin(), moved_later_.end(), [&](const std::pair<int, NodeId>& m) { return m.first <= settled; });
+    for (; moved != moved_later_.end(); ++moved) walk_unit_of(moved->second);
+    std::sort(gap.begin(), gap.end(), [](UnitList::iterator a, UnitList::iterator b) { return a->label < b->label; });
+    auto first_node = [&](UnitList::iterator u) { return u->group < 0 ? u->node : members_[u->group].front(); };
+    for (UnitList::iterator u : gap) {
+      bool depends = false;
+      for_each_node(*u, [&](NodeId r) {
+        for (ValueId in : g_.node(r).inputs) {
+          count(1);
+          NodeId x = g_.value(in).producer;
+          if (x != ir::kNoNode && (group_of(x) == c || (gap_[x] == stamp_ && after_[x] == stamp_) || settled_dependent(x)))
+            depends = true;
+        }
+      });
+      if (depends) for_each_node(*u, [&](NodeId r) { after_[r] = stamp_; });
+    }
+    // Marks x needed; false when it depends on c.
+    auto need = [&](NodeId x) {
+      count(1);
+      if (x == ir::kNoNode) return true;
+      if (gap_[x] == stamp_) needed_[x] = stamp_;
+      return !settled_dependent(x);
+    };
+    for (ValueId in : g_.node(id).inputs)
+      if (!need(g_.value(in).producer)) return false;
+    for (auto u = gap.rbegin(); u != gap.rend(); ++u) {
+      bool needed = false;
+      for_each_node(**u, [&](NodeId x) { needed = needed || needed_[x] == stamp_; });
+      if (!needed) continue;
+      if (after_[first_node(*u)] == stamp_) return false;
+      bool legal = true;
+      for_each_node(**u, [&](NodeId r) {
+        for (ValueId in : g_.node(r).inputs) legal = need(g_.value(in).producer) && legal;
+      });
+      if (!legal) return false;
+    }
+    for (UnitList::iterator u : gap)
+      if (after_[first_node(u)] != stamp_) before.push_back(u);
+    return true;
+  }
+
+  // Puts the units `before` right before `at`, in their order. A group that
+  // moves no longer knows which units after it depend on it.
   void move_before(const std::vector<UnitList::iterator>& before, UnitList::iterator at) {
-    for (UnitList::iterator it : before) units_.splice(at, units_, it);
+    for (UnitList::iterator it : before) {
+      units_.splice(at, units_, it);
+      place(it);
+      if (it->group >= 0) settled_[it->group] = -1;
+    }
+  }
+
+  // Gives unit u, just put in units_, a label between its neighbours'. When
+  // they are adjacent, the smallest aligned label range around u sparse
+  // enough is spread out evenly first: list labelling (Bender et al., "Two
+  // simplified algorithms for maintaining order in a list"), O(log N)
+  // amortized per unit placed. Not counted in work_: a run of units moved
+  // to one spot (a constant per link of a chain, moved before the chain's
+  // group) costs the log factor, which a test of flat work per node reads
+  // as growth.
+  void place(UnitList::iterator u) {
+    constexpr int kBits = 62;
+    constexpr uint64_t kAppendStep = uint64_t{1} << 32;
+    auto lower = [&] { return u == units_.begin() ? uint64_t{0} : std::prev(u)->label; };
+    auto upper = [&] { return std::next(u) == units_.end() ? uint64_t{1} << kBits : std::next(u)->label; };
+    if (std::next(u) == units_.end() && upper() - lower() > kAppendStep) {  // appended: room for later ones
+      u->label = lower() + kAppendStep;
+      return;
+    }
+    if (upper() - lower() >= 2) {
+      u->label = lower() + (upper() - lower()) / 2;
+      return;
+    }
+    const uint64_t anchor = u == units_.begin() ? std::next(u)->label : std::prev(u)->label;
+    double capacity = 1;  // 1.4^bits: the most units a range of 2^bits labels may hold
+    for (int bits = 1; bits <= kBits; ++bits) {
+      capacity *= 1.4;
+      const uint64_t size = uint64_t{1} << bits, base = anchor & ~(size - 1);
+      UnitList::iterator first = u, last = u;  // u and its neighbours labelled in [base, base + size)
+      uint64_t n = 1;
+      for (; first != units_.begin() && std::prev(first)->label >= base; ++n) --first;
+      for (; std::next(last) != units_.end() && std::next(last)->label - base < size; ++n) ++last;
+      if (static_cast<double>(n + 1) > capacity) continue;  // too dense: a wider range
+      const uint64_t step = size / (n + 1);
+      uint64_t label = base;
+      for (UnitList::iterator it = first;; ++it) {
+        it->label = label += step;
+        if (it == last) break;
+      }
+      return;
+    }
+    NAPKIN_INTERNAL_CHECK(false, "fuse-elementwise ran out of unit labels");
   }
 
   // Node `id`, the last unit visited, joins group `c` if that is legal:
@@ -418,10 +559,83 @@ class Fuser {
   bool join_node(int c, NodeId id) {
     UnitList::iterator unit = node_unit_[id];
     std::vector<UnitList::iterator> before, after;
-    if (!legal(c, unit, id, [&](NodeId r) { return r == id; }, before, after)) return false;
+    if (settled_[c] < 0)
+      if (std::optional<bool> joined = join_by_reach(c, id)) return *joined;
+    if (settled_[c] >= 0 ? !legal_since(c, id, before)
+                         : !legal(c, unit, id, [&](NodeId r) { return r == id; }, before, after))
+      return false;
     move_before(before, group_unit_[c]);
     units_.erase(unit);
     add_member(c, id);
+    settled_[c] = visit_[id];  // every unit after c now depends on it
+    return true;
+  }
+
+  // join_node for a group c whose settled_ is unknown, when the units
+  // between c and id that depend on c (found forward from c's members'
+  // readers) and those that id needs (found back from its inputs) take at
+  // most kReachSteps steps: the same verdict, and the same order, reached by
+  // moving c and its dependents after the others instead of the others
+  // before c (N clipped gradients, each joined by its parameter's update
+  // with the later ones between them, made N^2 moves). nullopt when it gives
+  // up: then legal() walks the units between.
+  std::optional<bool> join_by_reach(int c, NodeId id) {
+    constexpr int64_t kReachSteps = 64;
+    if (static_cast<int64_t>(members_[c].size()) > kReachSteps) return std::nullopt;  // a long chain: walk its gap
+    int64_t steps = 0;
+    ++stamp_;
+    const uint64_t start = group_unit_[c]->label, end = node_unit_[id]->label;
+    auto unit_of = [&](NodeId x) { return group_of(x) < 0 ? node_unit_[x] : group_unit_[group_of(x)]; };
+    // The unit of x when it lies strictly between c and id.
+    auto between = [&](NodeId x) -> std::optional<UnitList::iterator> {
+      if (x == ir::kNoNode || visit_[x] >= visit_[id] || group_of(x) == c) return std::nullopt;
+      UnitList::iterator u = unit_of(x);
+      if (u->label <= start || u->label >= end) return std::nullopt;
+      return u;
+    };
+    std::vector<UnitList::iterator> dependent;  // units depending on c, gap_-marked
+    auto add_readers = [&](NodeId m) {
+      for (ValueId out : g_.node(m).outputs)
+        for (NodeId r : readers_[out]) {
+          ++steps;
+          std::optional<UnitList::iterator> u = between(r);
+          if (!u || gap_[r] == stamp_) continue;
+          for_each_node(**u, [&](NodeId x) { gap_[x] = stamp_; });
+          dependent.push_back(*u);
+        }
+    };
+    for (auto m = members_[c].begin(); m != members_[c].end() && steps <= kReachSteps; ++m, ++steps) add_readers(*m);
+    for (size_t i = 0; i < dependent.size() && steps <= kReachSteps; ++i) for_each_node(*dependent[i], add_readers);
+    std::vector<UnitList::iterator> needed;  // needed_-marked
+    bool legal = true;
+    auto add_producers = [&](NodeId r) {
+      for (ValueId in : g_.node(r).inputs) {
+        ++steps;
+        NodeId x = g_.value(in).producer;
+        std::optional<UnitList::iterator> u = between(x);
+        if (!u || needed_[x] == stamp_) continue;
+        legal = legal && gap_[x] != stamp_;
+        for_each_node(**u, [&](NodeId y) { needed_[y] = stamp_; });
+        needed.push_back(*u);
+      }
+    };
+    if (steps <= kReachSteps) add_producers(id);
+    for (size_t i = 0; i < needed.size() && legal && steps <= kReachSteps; ++i) for_each_node(*needed[i], add_producers);
+    count(steps);
+    if (steps > kReachSteps) return std::nullopt;
+    if (!legal) return false;
+    std::sort(dependent.begin(), dependent.end(), [](UnitList::iterator a, UnitList::iterator b) { return a->label < b->label; });
+    units_.erase(node_unit_[id]);
+    dependent.insert(dependent.begin(), group_unit_[c]);
+    for (UnitList::iterator u : dependent) {
+      units_.splice(units_.end(), units_, u);
+      place(u);
+      u->moved_later = visit_[id];
+      moved_later_.emplace_back(visit_[id], u->group < 0 ? u->node : members_[u->group].front());
+      if (u->group >= 0 && u->group != c) settled_[u->group] = -1;
+    }
+    add_member(c, id);
+    settled_[c] = visit_[id];
     return true;
   }
 
@@ -433,8 +647,14 @@ class Fuser {
     if (!legal(c, group_unit_[joined], ir::kNoNode, [&](NodeId r) { return group_of(r) == joined; }, before, after))
       return false;
     move_before(before, group_unit_[c]);
+    const uint64_t label = group_unit_[c]->label;  // joined's unit takes c's place
+    const int label_moved_later = group_unit_[c]->moved_later;
     units_.splice(group_unit_[c], units_, group_unit_[joined]);
     units_.erase(group_unit_[c]);
+    group_unit_[joined]->label = label;
+    settled_[joined] = -1;
+    first_visit_[joined] = std::min(first_visit_[joined], first_visit_[c]);
+    group_unit_[joined]->moved_later = std::max(group_unit_[joined]->moved_later, label_moved_later);
     std::deque<NodeId>& into = members_[joined];
     std::deque<NodeId>& from = members_[c];
     if (from.size() > into.size()) {

@@ -60,8 +60,9 @@
 namespace napkin::passes {
 
 // `work`, when given, is increased by the steps the pass takes (nodes and
-// edges visited, members moved): a deterministic measure for the tests that
-// check the pass stays linear in the size of the graph.
+// edges visited, members moved; not the upkeep of the labels that order its
+// working list, O(log N) amortized per move): a deterministic measure for the
+// tests that check the pass stays linear in the size of the graph.
 std::unique_ptr<Pass> make_fuse_elementwise_pass(int64_t* work = nullptr);
 
 }  // namespace napkin::passes
