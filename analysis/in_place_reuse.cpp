@@ -1,7 +1,11 @@
 #include "analysis/in_place_reuse.h"
 
 #include <algorithm>
+#include <deque>
+#include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "ir/internal_check.h"
 
@@ -62,41 +66,58 @@ void reuse_buffers_in_place(const ir::Graph& g, const ir::FusionGroups& groups, 
     }
     return reads;
   };
-  std::map<int, KernelReads> group_reads;
-  std::set<ir::ValueId> taken;
+  std::vector<bool> taken(buffers.size(), false);  // by index in `buffers`
+  // A kernel's donors: the buffers it reads that a result of it may take over
+  // (every condition but the size and not being taken already), by byte
+  // size, each size's in order of first read. R takes the first of its size
+  // not taken. What disqualifies a buffer for a kernel stays true (its range
+  // changes only when it is taken), so a buffer passed over once is dropped:
+  // a kernel with many results and many inputs (AdamW's scalar group reads
+  // every parameter's squared-gradient sum and makes every 1 - lr·wd) was
+  // quadratic when each result scanned the inputs its siblings had taken.
+  using Donors = std::map<int64_t, std::deque<size_t>>;
+  auto donors_of = [&](const KernelReads& reads, int p, int last) {
+    Donors donors;
+    for (const auto& [buffer, element_for_element] : reads) {
+      const size_t i = index.at(buffer);
+      const MemoryBuffer& d = buffers[i];
+      // d.first < p: made by an earlier kernel (an output of R's own kernel is written alongside R).
+      if (d.resident || d.update_of != ir::kNoValue || read_after_step.count(d.value) || taken[i] || d.first >= p ||
+          d.last != last || !element_for_element)
+        continue;
+      donors[d.bytes].push_back(i);
+    }
+    return donors;
+  };
+  // Per kernel: a fusion group by its id, a node alone by its id.
+  std::map<std::pair<int, ir::NodeId>, Donors> kernel_donors;
   for (MemoryBuffer& r : buffers) {
     if (r.resident || r.update_of != ir::kNoValue) continue;
     // R's kernel: its producer's fusion group, spanning positions [p, last], or the producer alone.
     const int p = r.first;
     const int last = groups.kernel_last(p);
     const int gid = groups.group_at[p];
-    KernelReads alone;
-    const KernelReads* reads = &alone;
-    if (gid < 0) {
-      alone = kernel_reads({r.producer});
-    } else {
-      auto it = group_reads.find(gid);
-      if (it == group_reads.end()) {
-        KernelReads group = kernel_reads(groups.groups[gid].nodes);
-        // A GEMM's epilogue runs inside the GEMM library (cuBLASLt documents D in place of C only when C is
-        // the input it reads, not of its aux or bias): no result takes over what such a kernel reads.
-        if (groups.groups[gid].contraction != ir::kNoNode)
-          for (auto& read : group) read.second = false;
-        it = group_reads.emplace(gid, std::move(group)).first;
-      }
-      reads = &it->second;
+    const std::pair<int, ir::NodeId> kernel{gid, gid < 0 ? r.producer : ir::kNoNode};
+    auto it = kernel_donors.find(kernel);
+    if (it == kernel_donors.end()) {
+      KernelReads reads = kernel_reads(gid < 0 ? std::vector<ir::NodeId>{r.producer} : groups.groups[gid].nodes);
+      // A GEMM's epilogue runs inside the GEMM library (cuBLASLt documents D in place of C only when C is
+      // the input it reads, not of its aux or bias): no result takes over what such a kernel reads.
+      if (gid >= 0 && groups.groups[gid].contraction != ir::kNoNode)
+        for (auto& read : reads) read.second = false;
+      it = kernel_donors.emplace(kernel, donors_of(reads, p, last)).first;
     }
-    for (const auto& [buffer, element_for_element] : *reads) {
-      MemoryBuffer& d = buffers[index.at(buffer)];
-      // d.first < p: made by an earlier kernel (an output of R's own kernel is written alongside R).
-      if (d.resident || d.update_of != ir::kNoValue || read_after_step.count(d.value) || taken.count(d.value) ||
-          d.first >= p || d.last != last || d.bytes != r.bytes || !element_for_element)
-        continue;
-      taken.insert(d.value);
-      d.last = p - 1;
-      r.reuses = d.value;
-      break;
-    }
+    auto same_size = it->second.find(r.bytes);
+    if (same_size == it->second.end()) continue;
+    std::deque<size_t>& candidates = same_size->second;
+    while (!candidates.empty() && taken[candidates.front()]) candidates.pop_front();
+    if (candidates.empty()) continue;
+    const size_t i = candidates.front();
+    candidates.pop_front();
+    taken[i] = true;
+    MemoryBuffer& d = buffers[i];
+    d.last = p - 1;
+    r.reuses = d.value;
   }
 }
 
