@@ -12,6 +12,7 @@
 #include "ir/fusion_group.h"
 #include "ir/verifier.h"
 #include "passes/fuse_elementwise.h"
+#include "support/fuse_work.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -241,15 +242,6 @@ std::string chain_model(int lines, const std::string& line) {
   return yaml + "loss: mean(h)\noptimizer: sgd(lr=0.1)\n";
 }
 
-// The pass's steps on g per node of g (passes/fuse_elementwise.h).
-double work_per_node(ir::Graph& g) {
-  int64_t work = 0;
-  ir::Diagnostics diag;
-  passes::make_fuse_elementwise_pass(&work)->run(g, diag);
-  REQUIRE(ir::verify(g).empty());
-  return static_cast<double>(work) / g.num_nodes();
-}
-
 }  // namespace
 
 // The pass once spent time proportional to a group's size on each node that
@@ -262,7 +254,7 @@ TEST_CASE("fuse: the work per node stays flat as an elementwise chain grows - a 
     INFO(line);
     ir::Graph small = testing::compile(chain_model(250, line));
     ir::Graph large = testing::compile(chain_model(1000, line));
-    double small_work = work_per_node(small), large_work = work_per_node(large);
+    double small_work = testing::fuse_work_per_node(small), large_work = testing::fuse_work_per_node(large);
     INFO(small_work << " vs " << large_work << " steps per node");
     CHECK(large_work < 1.2 * small_work);
     // Still one kernel: the adds (and exps), all in group 0.

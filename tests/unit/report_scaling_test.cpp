@@ -20,12 +20,11 @@
 #include "analysis/memory_plan.h"
 #include "ir/fusion_group.h"
 #include "frontend/frontend.h"
-#include "ir/verifier.h"
 #include "passes/dce.h"
-#include "passes/fuse_elementwise.h"
 #include "passes/optimizer.h"
 #include "passes/pipeline.h"
 #include "report/fusion_report.h"
+#include "support/fuse_work.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -62,23 +61,15 @@ double best_of_three(int repeat, F&& f) {
   return best;
 }
 
-// fuse-elementwise's counted steps (passes/fuse_elementwise.h) per node of g.
-double fuse_work_per_node(ir::Graph g) {
-  int64_t work = 0;
-  ir::Diagnostics diag;
-  passes::make_fuse_elementwise_pass(&work)->run(g, diag);
-  REQUIRE(ir::verify(g).empty());
-  return static_cast<double>(work) / g.num_nodes();
-}
-
 }  // namespace
 
 // attach_reductions looked through all of dy's readers (N reductions) for
 // each reduction of dy; fold_constants scanned every reader of the learning
 // rate's constant for each of the N update groups that got a copy of it.
 TEST_CASE("report scaling: fuse-elementwise's work per node stays flat as parameters sharing one gradient grow") {
-  double small = fuse_work_per_node(testing::compile_training(many_params_model(250))),
-         large = fuse_work_per_node(testing::compile_training(many_params_model(1000)));
+  ir::Graph small_graph = testing::compile_training(many_params_model(250)),
+            large_graph = testing::compile_training(many_params_model(1000));
+  double small = testing::fuse_work_per_node(small_graph), large = testing::fuse_work_per_node(large_graph);
   INFO(small << " vs " << large << " steps per node");
   CHECK(large < 1.2 * small);
 }
@@ -105,7 +96,8 @@ TEST_CASE("report scaling: fuse-elementwise's work per node stays flat as parame
     REQUIRE(pm.run(*g, diag));
     return std::move(*g);
   };
-  double small = fuse_work_per_node(unfused(250)), large = fuse_work_per_node(unfused(1000));
+  ir::Graph small_graph = unfused(250), large_graph = unfused(1000);
+  double small = testing::fuse_work_per_node(small_graph), large = testing::fuse_work_per_node(large_graph);
   INFO(small << " vs " << large << " steps per node");
   CHECK(large < 1.2 * small);
 }
