@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "interp/kernels.h"
+#include "interp/node_error.h"
 #include "interp/rounding.h"
 #include "runtime/rng.h"
 

@@ -17,12 +17,6 @@ namespace napkin::interp::detail {
 using ir::DType;
 using ir::Op;
 
-void fail(const ir::Node& n, const std::string& what) {
-  std::string where = fmt::format("node {}", n.id);
-  if (n.loc.known()) where += fmt::format(", {}:{}", *n.loc.file, n.loc.line);
-  throw std::runtime_error(fmt::format("{} ({}): {}", ir::op_name(n.op), where, what));
-}
-
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "interp/node_error.h"
 #include "interp/shape.h"
 #include "ir/graph.h"
 
@@ -35,9 +36,6 @@ using Data = std::vector<double>;
 // dtype; false (Float64 numerics) keeps them exact, as every stored value.
 std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const std::vector<OutType>& outs,
                             bool native = true);
-
-// A data error in node n: "<op> (node N, file:line): what".
-[[noreturn]] void fail(const ir::Node& n, const std::string& what);
 
 // Normalization, losses and their backward rules (nn_kernels.cpp).
 Data softmax(const Arg& x, int64_t axis, bool log);

@@ -1,7 +1,7 @@
 // The op's loop kind: the shape of the loop an op runs as, a column of its op
-// table row (OpInfo::loop), with the loop's parameters (loop_params). The
-// interpreter evaluates a node by it; the kernel plan turns it into each
-// kernel's KernelKind (codegen/plan.h), which may differ: a fused group of
+// table row (OpInfo::loop), with the loop's parameters (ir/op.h
+// loop_params). The interpreter evaluates a node by it; the kernel plan turns
+// it into each kernel's KernelKind (codegen/plan.h), which may differ: a fused group of
 // elementwise ops is one kernel, a contraction runs as a GEMM or as loops.
 // An op's own arithmetic (the elementwise formulas, the row formulas) stays
 // with the kind's emitter; the loop kind only says which emitter it is.
@@ -13,9 +13,6 @@
 #include <vector>
 
 namespace napkin::ir {
-
-enum class Op : uint16_t;
-class Attrs;
 
 enum class LoopKind : uint8_t {
   View,         // no loop: new strides over the input's buffer
@@ -155,8 +152,5 @@ struct CachedAttentionParams {
 // The parameters of an op's loop kind; monostate for kinds that have none.
 using LoopParams = std::variant<std::monostate, FillParams, ReductionParams, ContractionParams, ConcatParams, RowParams,
                                 AttentionParams, ClassifierParams, CachedAttentionParams>;
-
-// The one place that reads an op and its attributes into its loop's parameters.
-LoopParams loop_params(Op op, const Attrs& attrs);
 
 }  // namespace napkin::ir

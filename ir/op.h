@@ -168,6 +168,9 @@ struct OpInfo {
 
 const OpInfo& op_info(Op op);
 
+// The one place that reads an op and its attributes into its loop's parameters.
+LoopParams loop_params(Op op, const Attrs& attrs);
+
 // Transcendental function evaluations of node `n`: its row's count per
 // element times its elements (an input row's for normalization and loss ops).
 double transcendentals(const Graph& g, const Node& n);

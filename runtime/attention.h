@@ -27,20 +27,11 @@
 #include <cstdint>
 #include <memory>
 
+#include "runtime/attention_desc.h"
 #include "runtime/gemm.h"
 #include "runtime/thread_pool.h"
 
 namespace napkin::runtime {
-
-struct AttentionDesc {
-  int64_t batch = 1, heads = 1, kv_heads = 1, q_len = 1, kv_len = 1, head_dim = 1;
-  bool causal = true;  // key j visible to query i iff j <= i + kv_len - q_len (needs q_len <= kv_len)
-  double scale = 1;
-  struct Strides {
-    int64_t batch = 0, head = 0, row = 0;
-  };
-  Strides q, k, v, o, d_o, dq, dk, dv;  // forward uses q, k, v, o
-};
 
 class Attention {
  public:

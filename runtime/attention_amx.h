@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "runtime/attention.h"
+#include "runtime/attention_desc.h"
 #include "runtime/thread_pool.h"
 
 namespace napkin::runtime::attention_amx {

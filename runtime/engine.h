@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -95,5 +96,10 @@ class Engine {
   virtual void set_profiling(bool on) = 0;
   virtual const std::vector<double>& kernel_seconds() const = 0;
 };
+
+// Makes the engine a trainer or a sampler runs on, for its parsed program
+// and --threads (0: the CPUs this process may use). Throws Error when it
+// cannot (a CUDA trainer on a machine without a GPU).
+using EngineFactory = std::function<std::unique_ptr<Engine>(const Program& program, int threads)>;
 
 }  // namespace napkin::runtime

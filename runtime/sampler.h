@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/engine.h"
 #include "runtime/rng.h"
-#include "runtime/trainer.h"
 
 namespace napkin::runtime {
 

@@ -220,10 +220,43 @@ void check_same_global_batch(const CheckpointHeader& h, int64_t micro_batches, i
                           h.path, then, micro_batches, ranks, ranks == 1 ? "" : "s", accumulate, hint));
 }
 
-int run(const Options& o, const Program& built, const EngineFactory& make_engine, const SamplerProgram& sampler_program,
-        Communicator& comm) {
-  Program program = built;
-  if (o.bucket_mib > 0) program.bucket_bytes = o.bucket_mib * 1024 * 1024;
+// One rank's training run, in the order run() takes it: setup() brings up
+// the engine, the weights (napkin's init, --init or --resume), the data, the
+// ranks' agreement and the checkpoint directory; banner() says what will
+// run; loop() trains the steps (each: train_step, then progress, eval,
+// sample, checkpoint); finish() saves the last step and says how it went.
+// The members are the state more than one of them reads.
+class TrainingRun {
+ public:
+  // The engine keeps a reference to the program: made here, from the member.
+  TrainingRun(const Options& o, Program program, const EngineFactory& make_engine, Communicator& comm)
+      : o(o), comm(comm), program(std::move(program)), engine_owner(make_engine(this->program, o.threads)) {}
+
+  // A run that ends before its first step: its exit status.
+  std::optional<int> setup(const SamplerProgram& sampler_program);
+  void banner();
+  std::optional<int> loop();
+  int finish();
+
+ private:
+  void start_engine(const SamplerProgram& sampler_program);
+  void load_weights();
+  void agree_with_other_ranks();
+  // Every rank calls it (ZeRO-1 gathers the optimizer state to rank 0 first);
+  // rank 0 writes.
+  std::string save(int64_t step);
+  // A data file that fails mid-run (truncated, a bad token) leaves the state
+  // of the last finished step intact: save it, so no work is lost.
+  [[noreturn]] void stop_on_data_error(const Error& e, int64_t finished);
+  // One step's forward, backward and update: its loss as the ranks agree on
+  // it, and whether any rank was interrupted during it.
+  std::pair<double, bool> train_step(int64_t step);
+  void report_progress(int64_t step, double loss);
+  void evaluate(int64_t step);
+
+  const Options& o;
+  Communicator& comm;
+  const Program program;
   const int ranks = comm.size();
   const bool rank0 = comm.rank() == 0;
   const bool quiet = o.quiet || !rank0;  // the other ranks print errors only
@@ -231,22 +264,77 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   const int64_t micro_batches = accumulate * ranks;  // of the global batch
   // What one rank's step is: `accumulate` forward+backward passes, one update.
   const Program p = per_step_view(program, accumulate);
-  std::unique_ptr<Engine> engine_owner = make_engine(program, o.threads);
+  std::unique_ptr<Engine> engine_owner;
   Engine& ex = *engine_owner;
-  ex.set_profiling(o.profile);
   // ZeRO-1: this rank updates its own parameters only (one rank: all of them).
   std::unique_ptr<OptimizerShards> shards;
+  int64_t start_step = 0;
+  uint64_t seed = o.seed;
+  Lineage lineage{p.hash};
+  std::unique_ptr<TrainingSamples> samples;
+  std::optional<CheckpointHeader> resumed;
+  std::unique_ptr<Dataset> data;
+  std::optional<GradientStage> gradients;
+  std::unique_ptr<CheckpointDir> ckpt;
+  const double peak = p.peak_flops;
+  MetricsFile metrics{std::string()};  // opened by loop(): a run that cannot start leaves no file
+  int64_t current = 0;                 // the step --debug-nan names
+  int64_t last_saved = 0;
+  std::chrono::steady_clock::time_point run_start;
+  StepTimes step_times;
+  bool warned_peak = false;
+  double window_seconds = 0;
+  int64_t window_steps = 0;
+};
+
+std::optional<int> TrainingRun::setup(const SamplerProgram& sampler_program) {
+  start_engine(sampler_program);
+  load_weights();
+  Options opts = o;
+  opts.seed = seed;
+  data = open_data(p, opts, ex, micro_batches);
+  agree_with_other_ranks();
+
+  if (resumed) {
+    check_same_global_batch(*resumed, micro_batches, ranks, accumulate);
+    if (start_step > o.steps)
+      throw Error(fmt::format("{} is at step {}, past --steps {}: pass --steps N with N > {} to train further",
+                              resumed->path, start_step, o.steps, start_step));
+    if (!quiet) fmt::print("resumed from {} at step {}\n", resumed->path, start_step);
+    if (start_step == o.steps) {
+      if (rank0)
+        fmt::print("already at step {} of {}: nothing to train (pass a larger --steps to go on)\n", start_step, o.steps);
+      return 0;
+    }
+  }
+  gradients.emplace(ex, comm, accumulate);
+  // A fresh run (or one resumed from a version-1 checkpoint, which has no id)
+  // starts a lineage of its own; rank 0's id is the job's.
+  if (lineage.run.empty()) {
+    lineage.run = new_run_id();
+    comm.broadcast(lineage.run.data(), static_cast<int64_t>(lineage.run.size()));
+  }
+
+  // After the data: a run that cannot start leaves no directory behind. Rank
+  // 0 alone writes checkpoints (every rank holds the same state).
+  if (!o.checkpoint_dir.empty() && rank0) {
+    ckpt = std::make_unique<CheckpointDir>(o.checkpoint_dir, lineage);
+    if (ckpt->temporaries_removed() > 0 && !quiet)
+      fmt::print("removed {} temporary file{} that interrupted saves left in {}\n", ckpt->temporaries_removed(),
+                 ckpt->temporaries_removed() == 1 ? "" : "s", o.checkpoint_dir);
+  }
+  return std::nullopt;
+}
+
+void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
+  ex.set_profiling(o.profile);
   if (o.zero == 1 && ranks > 1) {
     shards = std::make_unique<OptimizerShards>(program, ranks, comm.rank());
     ex.skip(shards->skip_kernel(), shards->skip_update(), shards->run_member());
     ex.release(shards->others_state());  // before anything touches it
   }
-  int64_t start_step = 0;
-  uint64_t seed = o.seed;
-  Lineage lineage{p.hash};
 
   // --sample-every: the model's sampler program (rank 0 prints the samples).
-  std::unique_ptr<TrainingSamples> samples;
   if (o.sample_every > 0 && rank0) {
     if (!sampler_program.json)
       throw Error("--sample-every: this trainer carries no sampler program (a CUDA trainer, or a model napkin sample "
@@ -254,7 +342,9 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     samples = std::make_unique<TrainingSamples>(sampler_program.json, sampler_program.size, sampler_program.make_engine,
                                                 o.threads);
   }
+}
 
+void TrainingRun::load_weights() {
   init_params(p, ex, seed, o.threads);
   if (!o.init.empty()) {
     std::vector<std::string> state_names;
@@ -281,7 +371,6 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     resume.resize(static_cast<size_t>(length));
     comm.broadcast(resume.data(), length);
   }
-  std::optional<CheckpointHeader> resumed;
   if (!resume.empty()) {
     resumed = resume_from(resume, tensor_refs(p, ex, {"param", "state"}), p.hash, {p.train.dims, p.train.memory_budget});
     start_step = resumed->step;
@@ -293,11 +382,10 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     ex.upload("state");
     if (shards) ex.release(shards->others_state());  // read whole; this rank keeps its share
   }
-  Options opts = o;
-  opts.seed = seed;
-  std::unique_ptr<Dataset> data = open_data(p, opts, ex, micro_batches);
+}
 
-  // Before any collective whose count depends on them (docs/distributed.md).
+// Before any collective whose count depends on them (docs/distributed.md).
+void TrainingRun::agree_with_other_ranks() {
   std::string data_identity;
   for (const std::string& file : data->files())
     data_identity += (data_identity.empty() ? "" : "; ") + file_identity(file);
@@ -317,46 +405,17 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
              {"--eval-batches", std::to_string(o.eval_batches)},
              {"--checkpoint-every", o.checkpoint_dir.empty() ? std::string("no checkpoints") : std::to_string(o.checkpoint_every)},
              {"--bucket-mib", fmt::format("{:g}", program.bucket_bytes / (1024.0 * 1024.0))}});
+}
 
-  if (resumed) {
-    check_same_global_batch(*resumed, micro_batches, ranks, accumulate);
-    if (start_step > o.steps)
-      throw Error(fmt::format("{} is at step {}, past --steps {}: pass --steps N with N > {} to train further",
-                              resumed->path, start_step, o.steps, start_step));
-    if (!quiet) fmt::print("resumed from {} at step {}\n", resumed->path, start_step);
-    if (start_step == o.steps) {
-      if (rank0)
-        fmt::print("already at step {} of {}: nothing to train (pass a larger --steps to go on)\n", start_step, o.steps);
-      return 0;
-    }
-  }
-  GradientStage gradients(ex, comm, accumulate);
-  // A fresh run (or one resumed from a version-1 checkpoint, which has no id)
-  // starts a lineage of its own; rank 0's id is the job's.
-  if (lineage.run.empty()) {
-    lineage.run = new_run_id();
-    comm.broadcast(lineage.run.data(), static_cast<int64_t>(lineage.run.size()));
-  }
-
-  // After the data: a run that cannot start leaves no directory behind. Rank
-  // 0 alone writes checkpoints (every rank holds the same state).
-  std::unique_ptr<CheckpointDir> ckpt;
-  if (!o.checkpoint_dir.empty() && rank0) {
-    ckpt = std::make_unique<CheckpointDir>(o.checkpoint_dir, lineage);
-    if (ckpt->temporaries_removed() > 0 && !quiet)
-      fmt::print("removed {} temporary file{} that interrupted saves left in {}\n", ckpt->temporaries_removed(),
-                 ckpt->temporaries_removed() == 1 ? "" : "s", o.checkpoint_dir);
-  }
-
-  double peak = p.peak_flops;
+void TrainingRun::banner() {
   if (!quiet) {
     fmt::print("napkin trainer: {} ({}, {})\n", p.model, p.backend, ex.describe());
     fmt::print("  arena      {} ({} bytes, planned; liveness lower bound {} bytes)\n", human_bytes(p.arena_bytes),
                p.arena_bytes, p.liveness_peak);
-    if (gradients.active() && gradients.device_collectives().empty())
+    if (gradients->active() && gradients->device_collectives().empty())
       fmt::print("  gradients  {} summed over micro-batches and ranks besides the arena{}\n",
-                 human_bytes(static_cast<double>(gradients.buffer_bytes())),
-                 gradients.why_not_device().empty() ? "" : " (no device collectives: " + gradients.why_not_device() + ")");
+                 human_bytes(static_cast<double>(gradients->buffer_bytes())),
+                 gradients->why_not_device().empty() ? "" : " (no device collectives: " + gradients->why_not_device() + ")");
     int64_t params = 0;
     for (const TensorSpec* t : p.with_role("param")) params += t->numel();
     fmt::print("  params     {} ({}), optimizer {}, lr {}\n", with_commas(params), p.train.precision, p.train.optimizer, p.train.lr);
@@ -373,8 +432,8 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
                  human_bytes(static_cast<double>(shards->state_bytes())));
     if (ranks > 1)
       fmt::print("  ranks      {}; gradients all-reduced {}\n", comm.describe(),
-                 gradients.device_collectives().empty() ? "by MPI on the host after the backward (not overlapped with it)"
-                                                        : "by " + gradients.device_collectives());
+                 gradients->device_collectives().empty() ? "by MPI on the host after the backward (not overlapped with it)"
+                                                        : "by " + gradients->device_collectives());
     // A device with no peak for the step's matmul dtype (the cpu has no f16
     // arithmetic) gives no MFU rather than a made-up one.
     std::string mfu_basis = peak > 0 ? fmt::format("MFU against {} peak {:.0f} GFLOP/s", p.device, peak / 1e9)
@@ -397,26 +456,45 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     fmt::print(stderr, "warning: --eval-every {} asks for a held-out loss, but there is no eval data: {}\n", o.eval_every,
                data->eval_problem());
   }
-  MetricsFile metrics(rank0 ? o.metrics : std::string());
+}
+
+std::string TrainingRun::save(int64_t step) {
+  if (shards && !o.checkpoint_dir.empty()) shards->gather_state(ex, comm);
+  if (!ckpt) return "";
+  ex.download("param");
+  ex.download("state");
+  std::map<std::string, std::string> metadata = build_metadata({p.train.dims, p.train.memory_budget});
+  metadata.insert({{"model", p.model}, {"seed", std::to_string(seed)}, {kMicroBatchesKey, std::to_string(micro_batches)}});
+  std::string path = ckpt->save(step, tensor_refs(p, ex, {"param", "state"}), metadata, o.keep);
+  if (shards) ex.release(shards->others_state());  // gathered for the file only
+  if (!quiet) fmt::print("  saved {}\n", path);
+  return path;
+}
+
+void TrainingRun::stop_on_data_error(const Error& e, int64_t finished) {
+  std::string note;
+  if (!rank0) note = "rank 0 holds the checkpoints";
+  else if (!ckpt) note = "no --checkpoint-dir: nothing saved";
+  else if (shards)  // the other ranks' optimizer state is theirs, and they are not here to send it
+    note = fmt::format("the last checkpoint is step {}; fix the data, then --resume {}", last_saved, ckpt->path());
+  else if (finished > last_saved) {
+    try {
+      note = fmt::format("saved step {} as {}; fix the data, then --resume {}", finished, save(finished), ckpt->path());
+    } catch (const Error& save_error) {
+      note = fmt::format("and saving step {} failed too: {}", finished, save_error.what());
+    }
+  }
+  else note = fmt::format("the last checkpoint is step {}; fix the data, then --resume {}", last_saved, ckpt->path());
+  throw Error(fmt::format("{}\n  stopped after step {}: {}", e.what(), finished, note));
+}
+
+std::optional<int> TrainingRun::loop() {
+  metrics = MetricsFile(rank0 ? o.metrics : std::string());
   metrics.write(MetricsRecord().text("run", lineage.run).integer("start_step", start_step));
-  int64_t current = start_step;
+  current = start_step;
   if (o.debug_nan) watch_for_nan(ex, current);
 
   catch_stop_signals(on_interrupt);
-  // Every rank calls it (ZeRO-1 gathers the optimizer state to rank 0 first);
-  // rank 0 writes.
-  auto save = [&](int64_t step) -> std::string {
-    if (shards && !o.checkpoint_dir.empty()) shards->gather_state(ex, comm);
-    if (!ckpt) return "";
-    ex.download("param");
-    ex.download("state");
-    std::map<std::string, std::string> metadata = build_metadata({p.train.dims, p.train.memory_budget});
-    metadata.insert({{"model", p.model}, {"seed", std::to_string(seed)}, {kMicroBatchesKey, std::to_string(micro_batches)}});
-    std::string path = ckpt->save(step, tensor_refs(p, ex, {"param", "state"}), metadata, o.keep);
-    if (shards) ex.release(shards->others_state());  // gathered for the file only
-    if (!quiet) fmt::print("  saved {}\n", path);
-    return path;
-  };
 
   // --steps 0: nothing to train, but the initial weights (napkin's init, or
   // --init's) are worth having, e.g. to start another framework from them.
@@ -426,126 +504,19 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
     return 0;
   }
 
-  int64_t last_saved = start_step;
-  // A data file that fails mid-run (truncated, a bad token) leaves the state
-  // of the last finished step intact: save it, so no work is lost.
-  auto stop_on_data_error = [&](const Error& e, int64_t finished) {
-    std::string note;
-    if (!rank0) note = "rank 0 holds the checkpoints";
-    else if (!ckpt) note = "no --checkpoint-dir: nothing saved";
-    else if (shards)  // the other ranks' optimizer state is theirs, and they are not here to send it
-      note = fmt::format("the last checkpoint is step {}; fix the data, then --resume {}", last_saved, ckpt->path());
-    else if (finished > last_saved) {
-      try {
-        note = fmt::format("saved step {} as {}; fix the data, then --resume {}", finished, save(finished), ckpt->path());
-      } catch (const Error& save_error) {
-        note = fmt::format("and saving step {} failed too: {}", finished, save_error.what());
-      }
-    }
-    else note = fmt::format("the last checkpoint is step {}; fix the data, then --resume {}", last_saved, ckpt->path());
-    throw Error(fmt::format("{}\n  stopped after step {}: {}", e.what(), finished, note));
-  };
-
-  auto run_start = std::chrono::steady_clock::now();
-  StepTimes step_times;
-  bool warned_peak = false;
-  double window_seconds = 0;
-  int64_t window_steps = 0;
+  last_saved = start_step;
+  run_start = std::chrono::steady_clock::now();
   for (int64_t step = start_step + 1; step <= o.steps; ++step) {
     current = step;
     auto t0 = std::chrono::steady_clock::now();
-    double loss_sum = 0;
-    for (int64_t k = 0; k < accumulate; ++k) {
-      // Micro-batch m of the step's global batch: rank r holds m = r·K .. r·K + K − 1.
-      const int64_t m = comm.rank() * accumulate + k;
-      try {
-        data->fill_train(step - 1, m);
-      } catch (const Error& e) {
-        stop_on_data_error(e, step - 1);
-      }
-      set_rng(ex, seed, (step - 1) * micro_batches + m, /*training=*/true);
-      ex.run_forward();
-      loss_sum += ex.loss();
-      ex.run_backward();
-      gradients.add_micro_batch(k);
-    }
-    // The step's loss is the mean over every micro-batch of every rank; the
-    // ranks agree on it, and on stopping after this step, before any update.
-    double agreed[2] = {loss_sum, g_interrupted ? 1.0 : 0.0};
-    comm.set_activity(fmt::format("step {}, summing the loss", step));
-    comm.all_reduce_sum(agreed, 2);
-    const double loss = agreed[0] / static_cast<double>(micro_batches);
-    const bool interrupted = agreed[1] > 0;
-    if (!std::isfinite(loss)) {
-      // A checkpoint to go back to: the one resumed from, or one this run saved.
-      const bool saved = !o.resume.empty() || (ckpt && last_saved > start_step);
-      throw Error(fmt::format("step {}: the loss is {}; stopped before the update ({}). "
-                              "Run with --debug-nan to find the first op that produced a NaN",
-                              step, loss,
-                              saved  ? fmt::format("last checkpoint: step {}", last_saved)
-                              : ckpt ? std::string("no checkpoint saved yet")
-                                     : std::string("no --checkpoint-dir: nothing saved")));
-    }
-    comm.set_activity(fmt::format("step {}, the gradient all-reduce", step));
-    gradients.finish();
-    ex.run_optimizer();
-    if (shards) {
-      comm.set_activity(fmt::format("step {}, gathering the parameters (ZeRO-1)", step));
-      shards->gather_params(ex, comm);
-    }
-    comm.set_activity(fmt::format("after step {}", step));
+    const auto [loss, interrupted] = train_step(step);
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     window_seconds += seconds;
     ++window_steps;
     step_times.add(seconds);
 
-    if ((o.log_every > 0 && step % o.log_every == 0) || step == o.steps) {
-      double mean = window_seconds / static_cast<double>(window_steps);
-      double flops = p.flops_per_step / mean;
-      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-      double eta = elapsed / static_cast<double>(step - start_step) * static_cast<double>(o.steps - step);
-      double tokens_per_s = static_cast<double>(p.tokens_per_step * ranks) / mean;  // the whole job's
-      Mfu mfu = mfu_of(flops, peak);
-      if (mfu.exceeded && !warned_peak && rank0) {
-        std::fflush(stdout);
-        fmt::print(stderr, "{}", peak_exceeded_warning(p, flops));
-        warned_peak = true;
-      }
-      if (!quiet)
-        fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {}  ETA {}\n",
-                   step, o.steps, loss, mean * 1e3, tokens_per_s, flops / 1e9, mfu_text(mfu), human_duration(eta));
-      std::fflush(stdout);
-      metrics.write(MetricsRecord()
-                        .integer("step", step)
-                        .general("loss", loss, 9)
-                        .fixed("step_ms", mean * 1e3, 4)
-                        .fixed("tokens_per_s", tokens_per_s, 1)
-                        .fixed("gflops", flops / 1e9, 3)
-                        .fixed("mfu", mfu.known ? mfu.fraction : kUnknown, 4)
-                        .fixed("predicted_step_ms", p.predicted.known ? p.predicted.step_seconds * 1e3 : kUnknown, 4)
-                        .fixed("predicted_mfu", p.predicted.known && peak > 0 ? p.predicted.mfu : kUnknown, 4));
-      window_seconds = 0;
-      window_steps = 0;
-    }
-    if (o.eval_every > 0 && step % o.eval_every == 0 && data->has_eval()) {
-      // The eval batches are shared out: rank r takes batches r, r + N, ...
-      double sum = 0;
-      for (int64_t b = comm.rank(); b < o.eval_batches; b += ranks) {
-        try {
-          data->fill_eval(b);
-        } catch (const Error& e) {
-          stop_on_data_error(e, step);
-        }
-        set_rng(ex, seed, step - 1, /*training=*/false);  // dropout off
-        ex.run_forward();
-        sum += ex.loss();
-      }
-      comm.set_activity(fmt::format("step {}, summing the eval loss", step));
-      comm.all_reduce_sum(&sum, 1);
-      double eval_loss = sum / static_cast<double>(o.eval_batches);
-      if (!quiet) fmt::print("step {:>6}/{}  eval loss {:.4f} ({} batches)\n", step, o.steps, eval_loss, o.eval_batches);
-      metrics.write(MetricsRecord().integer("step", step).general("eval_loss", eval_loss, 9));
-    }
+    if ((o.log_every > 0 && step % o.log_every == 0) || step == o.steps) report_progress(step, loss);
+    if (o.eval_every > 0 && step % o.eval_every == 0 && data->has_eval()) evaluate(step);
     if (samples && step % o.sample_every == 0) {
       const std::string text = samples->sample(ex, o.sample_tokens, seed + static_cast<uint64_t>(step));
       fmt::print("step {:>6}/{}  sample:\n{}\n", step, o.steps, text);
@@ -563,30 +534,127 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
       return 130;
     }
   }
+  return std::nullopt;
+}
+
+std::pair<double, bool> TrainingRun::train_step(int64_t step) {
+  double loss_sum = 0;
+  for (int64_t k = 0; k < accumulate; ++k) {
+    // Micro-batch m of the step's global batch: rank r holds m = r·K .. r·K + K − 1.
+    const int64_t m = comm.rank() * accumulate + k;
+    try {
+      data->fill_train(step - 1, m);
+    } catch (const Error& e) {
+      stop_on_data_error(e, step - 1);
+    }
+    set_rng(ex, seed, (step - 1) * micro_batches + m, /*training=*/true);
+    ex.run_forward();
+    loss_sum += ex.loss();
+    ex.run_backward();
+    gradients->add_micro_batch(k);
+  }
+  // The step's loss is the mean over every micro-batch of every rank; the
+  // ranks agree on it, and on stopping after this step, before any update.
+  double agreed[2] = {loss_sum, g_interrupted ? 1.0 : 0.0};
+  comm.set_activity(fmt::format("step {}, summing the loss", step));
+  comm.all_reduce_sum(agreed, 2);
+  const double loss = agreed[0] / static_cast<double>(micro_batches);
+  const bool interrupted = agreed[1] > 0;
+  if (!std::isfinite(loss)) {
+    // A checkpoint to go back to: the one resumed from, or one this run saved.
+    const bool saved = !o.resume.empty() || (ckpt && last_saved > start_step);
+    throw Error(fmt::format("step {}: the loss is {}; stopped before the update ({}). "
+                            "Run with --debug-nan to find the first op that produced a NaN",
+                            step, loss,
+                            saved  ? fmt::format("last checkpoint: step {}", last_saved)
+                            : ckpt ? std::string("no checkpoint saved yet")
+                                   : std::string("no --checkpoint-dir: nothing saved")));
+  }
+  comm.set_activity(fmt::format("step {}, the gradient all-reduce", step));
+  gradients->finish();
+  ex.run_optimizer();
+  if (shards) {
+    comm.set_activity(fmt::format("step {}, gathering the parameters (ZeRO-1)", step));
+    shards->gather_params(ex, comm);
+  }
+  comm.set_activity(fmt::format("after step {}", step));
+  return {loss, interrupted};
+}
+
+void TrainingRun::report_progress(int64_t step, double loss) {
+  double mean = window_seconds / static_cast<double>(window_steps);
+  double flops = p.flops_per_step / mean;
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  double eta = elapsed / static_cast<double>(step - start_step) * static_cast<double>(o.steps - step);
+  double tokens_per_s = static_cast<double>(p.tokens_per_step * ranks) / mean;  // the whole job's
+  Mfu mfu = mfu_of(flops, peak);
+  if (mfu.exceeded && !warned_peak && rank0) {
+    std::fflush(stdout);
+    fmt::print(stderr, "{}", peak_exceeded_warning(p, flops));
+    warned_peak = true;
+  }
+  if (!quiet)
+    fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {}  ETA {}\n",
+               step, o.steps, loss, mean * 1e3, tokens_per_s, flops / 1e9, mfu_text(mfu), human_duration(eta));
+  std::fflush(stdout);
+  metrics.write(MetricsRecord()
+                    .integer("step", step)
+                    .general("loss", loss, 9)
+                    .fixed("step_ms", mean * 1e3, 4)
+                    .fixed("tokens_per_s", tokens_per_s, 1)
+                    .fixed("gflops", flops / 1e9, 3)
+                    .fixed("mfu", mfu.known ? mfu.fraction : kUnknown, 4)
+                    .fixed("predicted_step_ms", p.predicted.known ? p.predicted.step_seconds * 1e3 : kUnknown, 4)
+                    .fixed("predicted_mfu", p.predicted.known && peak > 0 ? p.predicted.mfu : kUnknown, 4));
+  window_seconds = 0;
+  window_steps = 0;
+}
+
+void TrainingRun::evaluate(int64_t step) {
+  // The eval batches are shared out: rank r takes batches r, r + N, ...
+  double sum = 0;
+  for (int64_t b = comm.rank(); b < o.eval_batches; b += ranks) {
+    try {
+      data->fill_eval(b);
+    } catch (const Error& e) {
+      stop_on_data_error(e, step);
+    }
+    set_rng(ex, seed, step - 1, /*training=*/false);  // dropout off
+    ex.run_forward();
+    sum += ex.loss();
+  }
+  comm.set_activity(fmt::format("step {}, summing the eval loss", step));
+  comm.all_reduce_sum(&sum, 1);
+  double eval_loss = sum / static_cast<double>(o.eval_batches);
+  if (!quiet) fmt::print("step {:>6}/{}  eval loss {:.4f} ({} batches)\n", step, o.steps, eval_loss, o.eval_batches);
+  metrics.write(MetricsRecord().integer("step", step).general("eval_loss", eval_loss, 9));
+}
+
+int TrainingRun::finish() {
   if (last_saved != o.steps) save(o.steps);  // a no-op without a checkpoint dir
   if (!quiet) fmt::print("{}", end_of_run_summary(p, step_times));
   if (step_times.count() > 0) metrics.write(end_of_run_metrics(p, step_times));
   if (!quiet && !o.metrics.empty())
     fmt::print("metrics: {} (loss, tokens/s and MFU as charts: napkin plot {})\n", o.metrics, o.metrics);
-  if (gradients.all_reduces() > 0) {
+  if (gradients->all_reduces() > 0) {
     // Ring all-reduce bus bandwidth (nccl-tests' convention): 2(N-1)/N of
     // the bytes cross each rank's link each way; `napkin report --ranks N
     // --interconnect NAME` predicts the same time from NAME's bandwidth.
-    const double seconds = gradients.all_reduce_seconds() / static_cast<double>(gradients.all_reduces());
-    const double bytes = static_cast<double>(gradients.all_reduce_bytes());
+    const double seconds = gradients->all_reduce_seconds() / static_cast<double>(gradients->all_reduces());
+    const double bytes = static_cast<double>(gradients->all_reduce_bytes());
     const double bus = seconds > 0 ? 2.0 * (ranks - 1) / ranks * bytes / seconds : 0;
-    if (!quiet && gradients.device_collectives().empty())
+    if (!quiet && gradients->device_collectives().empty())
       fmt::print("all-reduce: {} a step in {:.3f} ms (mean of {}, the wait for the slowest rank included): bus "
                  "bandwidth {:.3g} GB/s\n",
-                 human_bytes(bytes), seconds * 1e3, gradients.all_reduces(), bus / 1e9);
+                 human_bytes(bytes), seconds * 1e3, gradients->all_reduces(), bus / 1e9);
     else if (!quiet)  // overlapped: what the optimizer waited for after the backward, not the all-reduce's time
       fmt::print("all-reduce: {} a step on the GPU; the optimizer waited {:.3f} ms a step for it after the backward "
                  "(mean of {})\n",
-                 human_bytes(bytes), seconds * 1e3, gradients.all_reduces());
+                 human_bytes(bytes), seconds * 1e3, gradients->all_reduces());
     metrics.write(MetricsRecord()
                       .boolean("all_reduce", true)
                       .integer("ranks", ranks)
-                      .integer("bytes", gradients.all_reduce_bytes())
+                      .integer("bytes", gradients->all_reduce_bytes())
                       .fixed("mean_ms", seconds * 1e3, 6)
                       .general("bus_gb_per_s", bus / 1e9, 6));
   }
@@ -603,6 +671,17 @@ int run(const Options& o, const Program& built, const EngineFactory& make_engine
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success
   return 0;
+}
+
+int run(const Options& o, const Program& built, const EngineFactory& make_engine, const SamplerProgram& sampler_program,
+        Communicator& comm) {
+  Program program = built;
+  if (o.bucket_mib > 0) program.bucket_bytes = o.bucket_mib * 1024 * 1024;
+  TrainingRun training(o, std::move(program), make_engine, comm);
+  if (std::optional<int> status = training.setup(sampler_program)) return *status;
+  training.banner();
+  if (std::optional<int> status = training.loop()) return *status;
+  return training.finish();
 }
 
 // One rank's run: the communicator first (MPI must start before anything

@@ -4,18 +4,10 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
-#include <memory>
-#include <string>
 
 #include "runtime/engine.h"
 
 namespace napkin::runtime {
-
-// Makes the engine a trainer runs on, for its parsed program and --threads
-// (0: the CPUs this process may use). Throws Error when it cannot (a CUDA
-// trainer on a machine without a GPU).
-using EngineFactory = std::function<std::unique_ptr<Engine>(const Program& program, int threads)>;
 
 // The inference program a language model's CPU trainer also carries
 // (codegen/cpu/build.h BuildOptions::sampler), for --sample-every; json

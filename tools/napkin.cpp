@@ -72,40 +72,6 @@ using namespace napkin;
 constexpr int kUserError = 1;
 constexpr int kInternalError = 2;
 
-// --unfused-attention (report, ir, graph, check, build, train): keep the
-// spelled-out attention a model writes, to compare with the fused kernel.
-bool g_unfused_attention = false;
-// --unfused-classifier (the same commands): keep the matmul and cross_entropy
-// of a language-model head apart, to compare with the fused classifier.
-bool g_unfused_classifier = false;
-// --unfused-epilogues (the same commands): keep a contraction's widening cast
-// a kernel of its own (passes/matmul_epilogues.h), to compare.
-bool g_unfused_epilogues = false;
-// --no-rematerialize (the same commands): keep every saved activation as the
-// forward made it (passes/rematerialize.h), to compare.
-bool g_no_rematerialize = false;
-// napkin report --accumulate K: micro-batches per step instead of the model's train.accumulate.
-int64_t g_accumulate = 0;
-// What rematerialization did in the last step load() built (the report prints it).
-passes::Rematerialized g_rematerialized;
-// Where the fused-attention pass says what it fused and why not (the report prints it).
-std::vector<passes::AttentionSite> g_attention_sites;
-// Where the fused-classifier pass says what it fused and why not (the report prints it).
-std::vector<passes::ClassifierSite> g_classifier_sites;
-
-// Loads a model and builds its training step (forward, backward, optimizer);
-// prints diagnostics (warnings too). fp32_step: when given and the model's
-// policy is mixed, also the same step built at precision fp32 from the same
-// forward graph (the AMP audit's baseline; its diagnostics repeat the model's
-// and are not printed again).
-// Where sink_casts and matmul_epilogues put the casts in the last step load()
-// built (the report prints it).
-passes::CastPlacement g_cast_placement;
-// napkin report --ops: the text report's per-op and per-cast lists.
-bool g_report_ops = false;
-// The next load()'s precision policy instead of the model's (--compare-precision).
-std::optional<ir::PrecisionPolicy> g_precision_override;
-
 // --dims as overrides; a bad value is printed and gives nullopt.
 std::optional<std::map<std::string, int64_t>> dims_or_error(const std::string& text) {
   if (text.empty()) return std::map<std::string, int64_t>{};
@@ -117,66 +83,113 @@ std::optional<std::map<std::string, int64_t>> dims_or_error(const std::string& t
   return overrides;
 }
 
-// policy_casts_step: when given and the cast passes rewrote anything, also the
-// same step with them off (the report's comparison).
-std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
-                              const passes::PipelineOptions& options = {}, const passes::MemoryBudget& budget = {},
-                              std::optional<ir::Graph>* fp32_step = nullptr,
-                              std::optional<ir::Graph>* policy_casts_step = nullptr) {
-  frontend::LoadOptions load_options;
-  std::optional<std::map<std::string, int64_t>> overrides = dims_or_error(dims);
-  if (!overrides) return std::nullopt;
-  load_options.dim_overrides = *overrides;
-  ir::Diagnostics diag;
-  std::optional<ir::Graph> g = frontend::load_model_file(path, diag, load_options);
-  if (g && g_precision_override) {
-    g->config.precision.policy = *g_precision_override;
-    g->config.precision.fp32.clear();
+// The flags of every command that builds the training step (report, ir,
+// graph, check, build, train): passes to leave out, to compare the step
+// with and without them.
+struct PipelineFlags {
+  bool unfused_attention = false;   // keep the spelled-out attention a model writes
+  bool unfused_classifier = false;  // keep a language-model head's matmul and cross_entropy apart
+  bool unfused_epilogues = false;   // keep a contraction's widening cast a kernel of its own (passes/matmul_epilogues.h)
+  bool no_rematerialize = false;    // keep every saved activation as the forward made it (passes/rematerialize.h)
+
+  passes::PipelineOptions apply(passes::PipelineOptions options) const {
+    options.fuse_attention = !unfused_attention;
+    options.fuse_classifier = !unfused_classifier;
+    options.matmul_epilogues = !unfused_epilogues;
+    options.rematerialize = !no_rematerialize;
+    return options;
   }
-  passes::PipelineOptions pipeline = options;
-  pipeline.fuse_attention = !g_unfused_attention;
-  pipeline.fuse_classifier = !g_unfused_classifier;
-  pipeline.matmul_epilogues = !g_unfused_epilogues;
-  pipeline.rematerialize = !g_no_rematerialize;
-  if (g && fp32_step && g->config.precision.policy != ir::PrecisionPolicy::FP32) {
-    *fp32_step = *g;
-    (*fp32_step)->config.precision = {};
-    ir::Diagnostics repeated;
-    passes::PipelineOptions baseline;
-    baseline.fuse_attention = pipeline.fuse_attention;
-    baseline.fuse_classifier = pipeline.fuse_classifier;
-    baseline.matmul_epilogues = pipeline.matmul_epilogues;
-    baseline.rematerialize = pipeline.rematerialize;
-    passes::run_training_pipeline(**fp32_step, repeated, baseline);
-  }
-  g_attention_sites.clear();
-  pipeline.attention_sites = &g_attention_sites;
-  g_classifier_sites.clear();
-  pipeline.classifier_sites = &g_classifier_sites;
-  g_cast_placement = {};
-  pipeline.cast_placement = &g_cast_placement;
-  g_rematerialized = {};
-  pipeline.rematerialized = &g_rematerialized;
-  std::optional<ir::Graph> forward = policy_casts_step && g ? g : std::nullopt;
-  if (g) passes::run_training_pipeline(*g, diag, pipeline, budget);
-  if (forward && !diag.has_errors() && g_cast_placement.total() > 0) {
-    passes::PipelineOptions policy = pipeline;
-    policy.sink_casts = false;
-    policy.matmul_epilogues = false;
-    policy.attention_sites = nullptr;
-    policy.classifier_sites = nullptr;
-    policy.cast_placement = nullptr;
-    policy.rematerialized = nullptr;
-    passes::MemoryBudget quiet = budget;
-    quiet.report = nullptr;  // the recompute report is the real step's
-    ir::Diagnostics repeated;
-    passes::run_training_pipeline(*forward, repeated, policy, quiet);
-    *policy_casts_step = std::move(forward);
-  }
-  std::cerr << diag.render();
-  if (diag.has_errors()) return std::nullopt;
-  return g;
+};
+
+void add_pipeline_flags(CLI::App* command, PipelineFlags& flags) {
+  command->add_flag("--unfused-attention", flags.unfused_attention, "keep spelled-out attention unfused (to compare)");
+  command->add_flag("--unfused-classifier", flags.unfused_classifier,
+                    "keep the language-model head's matmul and cross_entropy apart (to compare)");
+  command->add_flag("--unfused-epilogues", flags.unfused_epilogues,
+                    "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to "
+                    "compare)");
+  command->add_flag("--no-rematerialize", flags.no_rematerialize,
+                    "keep every saved activation as the forward made it (to compare)");
 }
+
+// A training step and what its passes said about it (the report prints them).
+struct LoadedStep {
+  ir::Graph graph;
+  std::vector<passes::AttentionSite> attention_sites;  // what the fused-attention pass fused and why not
+  std::vector<passes::ClassifierSite> classifier_sites;  // what the fused-classifier pass fused and why not
+  passes::CastPlacement cast_placement;  // where sink_casts and matmul_epilogues put the casts
+  passes::Rematerialized rematerialized;
+  // With baselines: the same step built at precision fp32 from the same
+  // forward graph when the model's policy is mixed (the AMP audit's
+  // baseline), and the same step with the cast passes off when they
+  // rewrote anything (the report's comparison).
+  std::optional<ir::Graph> fp32_step, policy_casts_step;
+};
+
+// What every command's handler gets from main() besides its own arguments.
+struct CommandContext {
+  PipelineFlags pipeline;
+
+  // Loads a model and builds its training step (forward, backward,
+  // optimizer); prints diagnostics (warnings too; a baseline's repeat the
+  // model's and are not printed again). precision: the policy instead of the
+  // model's (--compare-precision).
+  std::optional<LoadedStep> load_step(const std::string& path, const std::string& dims,
+                                      const passes::MemoryBudget& budget = {}, const passes::PipelineOptions& options = {},
+                                      bool baselines = false,
+                                      std::optional<ir::PrecisionPolicy> precision = std::nullopt) const {
+    frontend::LoadOptions load_options;
+    std::optional<std::map<std::string, int64_t>> overrides = dims_or_error(dims);
+    if (!overrides) return std::nullopt;
+    load_options.dim_overrides = *overrides;
+    ir::Diagnostics diag;
+    std::optional<ir::Graph> g = frontend::load_model_file(path, diag, load_options);
+    if (!g) {
+      std::cerr << diag.render();
+      return std::nullopt;
+    }
+    if (precision) {
+      g->config.precision.policy = *precision;
+      g->config.precision.fp32.clear();
+    }
+    LoadedStep step;
+    if (baselines && g->config.precision.policy != ir::PrecisionPolicy::FP32) {
+      step.fp32_step = *g;
+      step.fp32_step->config.precision = {};
+      ir::Diagnostics repeated;
+      passes::run_training_pipeline(*step.fp32_step, repeated, pipeline.apply({}));
+    }
+    passes::PipelineOptions with_reports = pipeline.apply(options);
+    with_reports.attention_sites = &step.attention_sites;
+    with_reports.classifier_sites = &step.classifier_sites;
+    with_reports.cast_placement = &step.cast_placement;
+    with_reports.rematerialized = &step.rematerialized;
+    std::optional<ir::Graph> forward = baselines ? g : std::nullopt;
+    passes::run_training_pipeline(*g, diag, with_reports, budget);
+    if (forward && !diag.has_errors() && step.cast_placement.total() > 0) {
+      passes::PipelineOptions policy = pipeline.apply(options);
+      policy.sink_casts = false;
+      policy.matmul_epilogues = false;
+      passes::MemoryBudget quiet = budget;
+      quiet.report = nullptr;  // the recompute report is the real step's
+      ir::Diagnostics repeated;
+      passes::run_training_pipeline(*forward, repeated, policy, quiet);
+      step.policy_casts_step = std::move(forward);
+    }
+    std::cerr << diag.render();
+    if (diag.has_errors()) return std::nullopt;
+    step.graph = std::move(*g);
+    return step;
+  }
+
+  // The step alone, for the commands that need nothing else.
+  std::optional<ir::Graph> load(const std::string& path, const std::string& dims, const passes::MemoryBudget& budget = {},
+                                const passes::PipelineOptions& options = {}) const {
+    std::optional<LoadedStep> step = load_step(path, dims, budget, options);
+    if (!step) return std::nullopt;
+    return std::move(step->graph);
+  }
+};
 
 const analysis::Device* device_or_error(const std::string& name) {
   if (name.empty()) return nullptr;
@@ -237,40 +250,53 @@ struct HtmlArgs {
   std::string compare_precision;  // the same model under another precision policy beside it
 };
 
-int cmd_report(const std::string& path, const std::string& dims, const std::string& device_name, bool json, bool no_ops,
-               const std::string& budget, const TopologyArgs& topology_args, const HtmlArgs& html = {}) {
+// napkin report's flags.
+struct ReportArgs {
+  std::string model, dims, device, budget;
+  bool json = false, ops = false, no_ops = false;
+  int64_t accumulate = 0;  // micro-batches per step instead of the model's train.accumulate
+  TopologyArgs topology;
+  HtmlArgs html;
+  bool inference = false;  // the inference program's report instead (cmd_report_inference)
+  int64_t inference_batch = 1, inference_context = 0;
+};
+
+int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
+  const std::string& path = a.model;
+  const std::string& dims = a.dims;
+  const HtmlArgs& html = a.html;
   // The page's roofline needs a device: this host's cpu row unless --device says.
-  const analysis::Device* device = device_or_error(device_name.empty() && !html.file.empty() ? "cpu" : device_name);
-  const analysis::Topology topology = topology_or_error(topology_args, device);
+  const analysis::Device* device = device_or_error(a.device.empty() && !html.file.empty() ? "cpu" : a.device);
+  const analysis::Topology topology = topology_or_error(a.topology, device);
   passes::RecomputeReport recompute;
-  std::optional<ir::Graph> fp32, policy_casts;
-  auto g = load(path, dims, {}, memory_budget(budget, &recompute), &fp32, &policy_casts);
-  if (!g) return kUserError;
+  std::optional<LoadedStep> step = ctx.load_step(path, dims, memory_budget(a.budget, &recompute), {}, true);
+  if (!step) return kUserError;
+  const ir::Graph* g = &step->graph;
   analysis::StepCost cost = analysis::analyze_step(*g, device);
   analysis::MemoryReport memory = analysis::analyze_memory(*g);
   // The text lists every op and every cast only when asked (--ops); the
   // JSON keeps its `ops` unless --no-ops.
   report::ReportOptions options{path,
-                                json ? !no_ops : g_report_ops,
+                                a.json ? !a.no_ops : a.ops,
                                 &recompute,
-                                fp32 ? &*fp32 : nullptr,
-                                &g_attention_sites,
-                                &g_classifier_sites,
-                                &g_cast_placement,
-                                policy_casts ? &*policy_casts : nullptr,
-                                &g_rematerialized,
+                                step->fp32_step ? &*step->fp32_step : nullptr,
+                                &step->attention_sites,
+                                &step->classifier_sites,
+                                &step->cast_placement,
+                                step->policy_casts_step ? &*step->policy_casts_step : nullptr,
+                                &step->rematerialized,
                                 topology.ranks,
                                 topology.link,
                                 topology.across,
                                 topology.ranks_per_node,
-                                g_accumulate};
+                                a.accumulate};
   if (!html.file.empty()) {
     const analysis::Device& roofline_device = *device;
     options.show_ops = false;  // the page's tables replace the per-op list (the JSON's `ops`)
     std::vector<report::HtmlReportInput> inputs{
-        {&*g, &cost, &memory, report::render_report_json(*g, cost, memory, options), path + (dims.empty() ? "" : " --dims " + dims)}};
+        {g, &cost, &memory, report::render_report_json(*g, cost, memory, options), path + (dims.empty() ? "" : " --dims " + dims)}};
     // --compare: the other model through the same pipeline and options.
-    std::optional<ir::Graph> other;
+    std::optional<LoadedStep> other;
     std::optional<analysis::StepCost> other_cost;
     std::optional<analysis::MemoryReport> other_memory;
     const int seconds = !html.compare.empty() + !html.compare_dims.empty() + !html.compare_precision.empty();
@@ -281,26 +307,30 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
     if (seconds == 1) {
       const std::string other_path = html.compare.empty() ? path : html.compare;
       const std::string other_dims = html.compare_dims.empty() ? dims : html.compare_dims;
+      std::optional<ir::PrecisionPolicy> precision;
       if (!html.compare_precision.empty()) {
-        g_precision_override = ir::parse_precision(html.compare_precision);
-        if (!g_precision_override) {
+        precision = ir::parse_precision(html.compare_precision);
+        if (!precision) {
           std::cerr << fmt::format("error: --compare-precision {}: unknown policy\n    hint: fp32, bf16-mixed, fp16-mixed "
                                    "or fp8-mixed\n", html.compare_precision);
           return kUserError;
         }
       }
-      other = load(other_path, other_dims, {}, memory_budget(budget, nullptr));
-      g_precision_override.reset();
+      other = ctx.load_step(other_path, other_dims, memory_budget(a.budget, nullptr), {}, false, precision);
       if (!other) return kUserError;
-      other_cost = analysis::analyze_step(*other, device);
-      other_memory = analysis::analyze_memory(*other);
+      other_cost = analysis::analyze_step(other->graph, device);
+      other_memory = analysis::analyze_memory(other->graph);
       report::ReportOptions other_options = options;
       other_options.model_path = other_path;
       other_options.recompute = nullptr;
       other_options.fp32_step = nullptr;
+      other_options.attention = &other->attention_sites;
+      other_options.classifier = &other->classifier_sites;
+      other_options.casts = &other->cast_placement;
       other_options.policy_casts_step = nullptr;
-      inputs.push_back({&*other, &*other_cost, &*other_memory,
-                        report::render_report_json(*other, *other_cost, *other_memory, other_options),
+      other_options.rematerialized = &other->rematerialized;
+      inputs.push_back({&other->graph, &*other_cost, &*other_memory,
+                        report::render_report_json(other->graph, *other_cost, *other_memory, other_options),
                         other_path + (other_dims.empty() ? "" : " --dims " + other_dims) +
                             (html.compare_precision.empty() ? "" : " precision " + html.compare_precision)});
     }
@@ -319,16 +349,17 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
                              inputs.size() == 1 ? "" : "s", roofline_device.name);
     return 0;
   }
-  std::cout << (json ? report::render_report_json(*g, cost, memory, options)
-                     : report::render_report_text(*g, cost, memory, options));
+  std::cout << (a.json ? report::render_report_json(*g, cost, memory, options)
+                       : report::render_report_text(*g, cost, memory, options));
   return 0;
 }
 
 // napkin report --inference: the inference program's figures (analysis/inference.h).
-int cmd_report_inference(const std::string& path, const std::string& dims_text, const std::string& device_name,
-                         bool json, int64_t batch, int64_t context) {
-  const analysis::Device* device = device_or_error(device_name.empty() ? "cpu" : device_name);
-  std::optional<std::map<std::string, int64_t>> dims = dims_or_error(dims_text);
+int cmd_report_inference(const ReportArgs& a) {
+  const std::string& path = a.model;
+  const int64_t batch = a.inference_batch, context = a.inference_context;
+  const analysis::Device* device = device_or_error(a.device.empty() ? "cpu" : a.device);
+  std::optional<std::map<std::string, int64_t>> dims = dims_or_error(a.dims);
   if (!dims) return kUserError;
   ir::Diagnostics diag;
   if (context > 0) {  // the model's sequence dim, by name
@@ -349,7 +380,7 @@ int cmd_report_inference(const std::string& path, const std::string& dims_text, 
   if (!g || !doubled) return kUserError;
   const analysis::InferenceCost cost = analysis::analyze_inference(*g, *doubled, *device);
   const ir::TensorType& cache = g->value(g->state.at(0)).type;  // [batch, kv_heads, context, head_dim]
-  if (json)
+  if (a.json)
     std::cout << nlohmann::json{{"model", g->name}, {"inference", report::inference_json(cost)}}.dump(1) << "\n";
   else
     std::cout << report::inference_section_text(g->name, cost, cache.dims.at(1).size, cache.dims.at(3).size,
@@ -357,7 +388,7 @@ int cmd_report_inference(const std::string& path, const std::string& dims_text, 
   return 0;
 }
 
-int cmd_graph(const std::string& path, const std::string& dims, bool dot, const std::string& output, bool no_fuse) {
+int cmd_graph(const CommandContext& ctx, const std::string& path, const std::string& dims, bool dot, const std::string& output, bool no_fuse) {
   if (!dot) {
     std::cerr << "error: napkin graph needs a format\n    hint: add --dot (Graphviz); render with dot -Tsvg\n";
     return kUserError;
@@ -367,7 +398,7 @@ int cmd_graph(const std::string& path, const std::string& dims, bool dot, const 
       std::cerr << "error: " << problem << "\n";
       return kUserError;
     }
-  auto g = load(path, dims);
+  auto g = ctx.load(path, dims);
   if (!g) return kUserError;
   std::string text = report::graph_dot(*g, {!no_fuse});
   if (output.empty()) {
@@ -383,10 +414,10 @@ int cmd_graph(const std::string& path, const std::string& dims, bool dot, const 
   return 0;
 }
 
-int cmd_ir(const std::string& path, const std::string& dims, const std::vector<std::string>& print_after, bool time_passes,
+int cmd_ir(const CommandContext& ctx, const std::string& path, const std::string& dims, const std::vector<std::string>& print_after, bool time_passes,
            bool no_locations) {
   passes::PipelineOptions options{print_after, time_passes, &std::cout};
-  auto g = load(path, dims, options);
+  auto g = ctx.load(path, dims, {}, options);
   if (!g) return kUserError;
   if (print_after.empty()) std::cout << ir::print_graph(*g, {!no_locations});
   return 0;
@@ -397,8 +428,8 @@ int cmd_ir(const std::string& path, const std::string& dims, const std::vector<s
 // running for hours.
 constexpr double kCheckFlopBudget = 2e10;
 
-int cmd_check(const std::string& path, const std::string& dims, uint64_t seed, int samples, bool force) {
-  auto g = load(path, dims);
+int cmd_check(const CommandContext& ctx, const std::string& path, const std::string& dims, uint64_t seed, int samples, bool force) {
+  auto g = ctx.load(path, dims);
   if (!g) return kUserError;
   analysis::StepCost cost = analysis::analyze_step(*g, nullptr);
   double forward = cost.phase(ir::Phase::Forward).flops;
@@ -474,7 +505,7 @@ struct EstimateArgs {
   double batch_tokens = 0;    // tokens per optimizer step, over every GPU
 };
 
-int cmd_estimate(const EstimateArgs& a) {
+int cmd_estimate(const CommandContext& ctx, const EstimateArgs& a) {
   const analysis::Device* device = device_or_error(a.device);
   const analysis::Interconnect* link = nullptr;
   if (!a.interconnect.empty() || a.batch_tokens > 0) {
@@ -492,7 +523,7 @@ int cmd_estimate(const EstimateArgs& a) {
   }
   double params = a.params;
   if (!a.model.empty()) {
-    auto g = load(a.model, "");
+    auto g = ctx.load(a.model, "");
     if (!g) return kUserError;
     params = static_cast<double>(g->param_count());
     std::cout << fmt::format("model {}: {} parameters\n", a.model, ir::with_commas(g->param_count()));
@@ -597,9 +628,9 @@ struct BuildGraph {
   ir::Graph graph;
   std::string model_hash;
 };
-std::optional<BuildGraph> graph_to_build(const BuildArgs& a) {
+std::optional<BuildGraph> graph_to_build(const CommandContext& ctx, const BuildArgs& a) {
   if (!a.sampler) {
-    auto g = load(a.model, a.dims, {}, memory_budget(a.memory_budget, nullptr));
+    auto g = ctx.load(a.model, a.dims, memory_budget(a.memory_budget, nullptr));
     if (!g) return std::nullopt;
     std::string hash = tools::model_hash(*g);
     return BuildGraph{std::move(*g), hash};
@@ -618,9 +649,9 @@ void print_build_steps(const std::vector<std::pair<std::string, double>>& second
   for (const auto& [what, s] : seconds) std::cout << fmt::format("  {:>8.3f} s  {}\n", s, what);
 }
 
-int cmd_build_cuda(const BuildArgs& a) {
+int cmd_build_cuda(const CommandContext& ctx, const BuildArgs& a) {
 #ifdef NAPKIN_HAVE_CUDA
-  std::optional<BuildGraph> built_graph = graph_to_build(a);
+  std::optional<BuildGraph> built_graph = graph_to_build(ctx, a);
   if (!built_graph) return kUserError;
   const ir::Graph* g = &built_graph->graph;
   codegen::cuda::CudaBuildOptions options;
@@ -658,14 +689,14 @@ int cmd_build_cuda(const BuildArgs& a) {
   if (a.time_passes) print_build_steps(r.seconds);
   return 0;
 #else
-  (void)a;
+  (void)ctx, (void)a;
   std::cerr << "error: --target cuda: this napkin was built without the CUDA toolkit, so it builds CPU trainers only\n"
                "    hint: install the CUDA toolkit (with NVRTC) and reconfigure napkin with CMake\n";
   return kUserError;
 #endif
 }
 
-int cmd_build(BuildArgs a) {  // by value: the defaults depend on the target
+int cmd_build(const CommandContext& ctx, BuildArgs a) {  // by value: the defaults depend on the target
   if (a.target != "cpu" && a.target != "cuda") {
     std::cerr << fmt::format("error: --target {}: unknown target\n    hint: cpu or cuda\n", a.target);
     return kUserError;
@@ -695,8 +726,8 @@ int cmd_build(BuildArgs a) {  // by value: the defaults depend on the target
     std::cerr << fmt::format("error: unknown device '{}'\n    hint: known devices: {}\n", a.device, analysis::known_device_names());
     return kUserError;
   }
-  if (cuda) return cmd_build_cuda(a);
-  std::optional<BuildGraph> built_graph = graph_to_build(a);
+  if (cuda) return cmd_build_cuda(ctx, a);
+  std::optional<BuildGraph> built_graph = graph_to_build(ctx, a);
   if (!built_graph) return kUserError;
   const ir::Graph* g = &built_graph->graph;
   std::optional<ir::Graph> sampler;  // a language model's trainer: its --sample-every program
@@ -747,10 +778,10 @@ int exec_program(const std::filesystem::path& program, const std::vector<std::st
   return kUserError;
 }
 
-int cmd_train(const std::string& model, const std::string& dims, const std::string& budget, const std::string& target,
-              const std::vector<std::string>& trainer_args) {
+int cmd_train(const CommandContext& ctx, const std::string& model, const std::string& dims, const std::string& budget,
+              const std::string& target, const std::vector<std::string>& trainer_args) {
   if (!target_usable(target)) return kUserError;
-  auto g = load(model, dims, {}, memory_budget(budget, nullptr));
+  auto g = ctx.load(model, dims, memory_budget(budget, nullptr));
   if (!g) return kUserError;
   std::optional<ir::Graph> sampler;  // --sample-every's program, for a language model
   if (target == "cpu")
@@ -807,42 +838,38 @@ int main(int argc, char** argv) {
   CLI::App app{"napkin: a static graph compiler for training, with exact resource accounting"};
   app.require_subcommand(1);
   int status = 0;
+  CommandContext ctx;
 
-  std::string model, device, dims, budget;
+  std::string model, dims, budget;
   const char* budget_help = "recompute activations so the planned arena fits, e.g. 64MiB or 1.5GB";
   const char* dims_help = "override dims of the model, e.g. d=32,layers=2";
-  bool json = false, no_ops = false;
+  ReportArgs report_args;
   auto* report = app.add_subcommand("report", "print the static resource report of a training step");
-  report->add_option("model", model, "model YAML file")->required();
-  report->add_option("--dims", dims, dims_help);
-  report->add_option("--device", device, "add roofline times for a device (see napkin devices)");
-  report->add_flag("--json", json, "print one JSON object");
-  report->add_flag("--ops", g_report_ops, "list every op and every cast in the text report");
-  report->add_flag("--no-ops", no_ops, "omit the per-op list from the JSON (the text omits it unless --ops)");
-  report->add_option("--memory-budget", budget, budget_help);
-  report->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
-  report->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  report->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
-  report->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
-  TopologyArgs topology;
+  report->add_option("model", report_args.model, "model YAML file")->required();
+  report->add_option("--dims", report_args.dims, dims_help);
+  report->add_option("--device", report_args.device, "add roofline times for a device (see napkin devices)");
+  report->add_flag("--json", report_args.json, "print one JSON object");
+  report->add_flag("--ops", report_args.ops, "list every op and every cast in the text report");
+  report->add_flag("--no-ops", report_args.no_ops, "omit the per-op list from the JSON (the text omits it unless --ops)");
+  report->add_option("--memory-budget", report_args.budget, budget_help);
+  add_pipeline_flags(report, ctx.pipeline);
+  TopologyArgs& topology = report_args.topology;
   report->add_option("--ranks", topology.ranks, "data-parallel ranks: the distributed step per ZeRO stage (with --interconnect)");
   report->add_option("--interconnect", topology.interconnect,
                      "the link between the ranks (of a node, with --inter-node): nvlink4, ib-ndr, pcie5, 100gbe, shm");
   report->add_option("--ranks-per-node", topology.ranks_per_node, "ranks in one node (with --inter-node)");
   report->add_option("--inter-node", topology.inter_node, "the link between nodes (with --ranks-per-node)");
-  report->add_option("--accumulate", g_accumulate,
+  report->add_option("--accumulate", report_args.accumulate,
                      "micro-batches per step (gradient accumulation) instead of the model's train.accumulate")
       ->check(CLI::Range(int64_t{1}, int64_t{1'000'000}));
-  bool inference = false;
-  int64_t inference_batch = 1, inference_context = 0;
   auto* inference_flag = report->add_flag(
-      "--inference", inference,
+      "--inference", report_args.inference,
       "the inference program's report instead (napkin sample's prefill and KV-cache decode; device default cpu)");
-  report->add_option("--batch", inference_batch, "--inference: sequences decoded at once")
+  report->add_option("--batch", report_args.inference_batch, "--inference: sequences decoded at once")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->needs(inference_flag)->capture_default_str();
-  report->add_option("--context", inference_context, "--inference: the context (the model's seq dim) instead of the model's")
+  report->add_option("--context", report_args.inference_context, "--inference: the context (the model's seq dim) instead of the model's")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))->needs(inference_flag);
-  HtmlArgs html;
+  HtmlArgs& html = report_args.html;
   report->add_option("--html", html.file,
                      "write the report as one self-contained HTML page: summary, memory timeline, roofline, fusion and "
                      "AMP tables (roofline device: --device, else cpu)");
@@ -850,10 +877,8 @@ int main(int argc, char** argv) {
   report->add_option("--compare-dims", html.compare_dims, "--html: this model at these dims beside it, e.g. d=512,layers=8");
   report->add_option("--compare-precision", html.compare_precision,
                      "--html: this model under another precision policy beside it (fp32, bf16-mixed, ...)");
-  report->callback([&] {
-    status = inference ? cmd_report_inference(model, dims, device, json, inference_batch, inference_context)
-                       : cmd_report(model, dims, device, json, no_ops, budget, topology, html);
-  });
+  report->callback(
+      [&] { status = report_args.inference ? cmd_report_inference(report_args) : cmd_report(ctx, report_args); });
 
   std::vector<std::string> print_after;
   bool time_passes = false, no_locations = false;
@@ -863,11 +888,8 @@ int main(int argc, char** argv) {
   ir_cmd->add_option("--print-after", print_after, "print the IR after these passes ('all' for every pass)");
   ir_cmd->add_flag("--time-passes", time_passes, "time each pass");
   ir_cmd->add_flag("--no-locations", no_locations, "omit the YAML locations");
-  ir_cmd->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
-  ir_cmd->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  ir_cmd->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
-  ir_cmd->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
-  ir_cmd->callback([&] { status = cmd_ir(model, dims, print_after, time_passes, no_locations); });
+  add_pipeline_flags(ir_cmd, ctx.pipeline);
+  ir_cmd->callback([&] { status = cmd_ir(ctx, model, dims, print_after, time_passes, no_locations); });
 
   bool dot = false, no_fuse = false;
   std::string graph_output;
@@ -877,11 +899,8 @@ int main(int argc, char** argv) {
   graph->add_flag("--dot", dot, "Graphviz DOT (render with dot -Tsvg)");
   graph->add_option("-o,--output", graph_output, "write to this file instead of stdout");
   graph->add_flag("--no-fuse", no_fuse, "draw every node on its own, without fusion groups");
-  graph->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
-  graph->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  graph->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
-  graph->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
-  graph->callback([&] { status = cmd_graph(model, dims, dot, graph_output, no_fuse); });
+  add_pipeline_flags(graph, ctx.pipeline);
+  graph->callback([&] { status = cmd_graph(ctx, model, dims, dot, graph_output, no_fuse); });
 
   uint64_t seed = 0;
   int samples = 4;
@@ -892,11 +911,8 @@ int main(int argc, char** argv) {
   check->add_option("--seed", seed, "seed of the random inputs and parameters")->capture_default_str();
   check->add_option("--samples", samples, "elements per tensor checked one by one")->capture_default_str()->check(CLI::Range(0, 1000000));
   check->add_flag("--force", force, "run even when the check would take hours");
-  check->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
-  check->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  check->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
-  check->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
-  check->callback([&] { status = cmd_check(model, dims, seed, samples, force); });
+  add_pipeline_flags(check, ctx.pipeline);
+  check->callback([&] { status = cmd_check(ctx, model, dims, seed, samples, force); });
 
   EstimateArgs est;
   auto* estimate = app.add_subcommand("estimate", "napkin math: training compute, time and memory");
@@ -912,7 +928,7 @@ int main(int argc, char** argv) {
   estimate->add_option("--interconnect", est.interconnect,
                        "data parallel over --gpus on this link (with --batch-tokens): nvlink4, ib-ndr, pcie5, 100gbe, shm");
   estimate->add_option("--batch-tokens", est.batch_tokens, "tokens per optimizer step over every GPU (with --interconnect)");
-  estimate->callback([&] { status = cmd_estimate(est); });
+  estimate->callback([&] { status = cmd_estimate(ctx, est); });
 
   BuildArgs build_args;
   auto* build = app.add_subcommand("build", "compile a model into a standalone trainer executable");
@@ -936,15 +952,12 @@ int main(int argc, char** argv) {
   build->add_flag("--time-passes", build_args.time_passes, "time each step of the build");
   build->add_flag("--quiet", build_args.quiet, "print nothing on success");
   build->add_option("--memory-budget", build_args.memory_budget, budget_help);
-  build->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
-  build->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  build->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
-  build->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
+  add_pipeline_flags(build, ctx.pipeline);
   auto* sampler_flag = build->add_flag("--sampler", build_args.sampler,
                                        "build the model's sampler (napkin sample's inference program) instead of its trainer");
   build->add_option("--batch", build_args.batch, "--sampler: sequences sampled at once")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}))->needs(sampler_flag)->capture_default_str();
-  build->callback([&] { status = cmd_build(build_args); });
+  build->callback([&] { status = cmd_build(ctx, build_args); });
 
   std::vector<std::string> trainer_args;
   auto* train = app.add_subcommand("train", "build the trainer (cached) and run it; flags after -- go to the trainer");
@@ -955,11 +968,8 @@ int main(int argc, char** argv) {
   train->add_option("--target", train_target, "cpu or cuda (sm_90, the h100's peak for MFU)")->capture_default_str();
   train->add_option("trainer_args", trainer_args, "flags for the trainer (see TRAINER --help)");
   train->prefix_command(false);
-  train->add_flag("--unfused-attention", g_unfused_attention, "keep spelled-out attention unfused (to compare)");
-  train->add_flag("--unfused-classifier", g_unfused_classifier, "keep the language-model head's matmul and cross_entropy apart (to compare)");
-  train->add_flag("--unfused-epilogues", g_unfused_epilogues, "keep a matmul's widening cast, bias, residual and gelu kernels of their own: no GEMM epilogues (to compare)");
-  train->add_flag("--no-rematerialize", g_no_rematerialize, "keep every saved activation as the forward made it (to compare)");
-  train->callback([&] { status = cmd_train(model, dims, budget, train_target, trainer_args); });
+  add_pipeline_flags(train, ctx.pipeline);
+  train->callback([&] { status = cmd_train(ctx, model, dims, budget, train_target, trainer_args); });
 
   SampleArgs sample_args;
   std::map<std::string, std::string> sample_flags;

@@ -32,6 +32,7 @@
 #include <algorithm>
 
 #include "codegen/cuda/emit.h"
+#include "codegen/cuda/kernel_source.h"
 #include "ir/internal_check.h"
 
 namespace napkin::codegen::cuda {

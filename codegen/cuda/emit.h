@@ -36,7 +36,8 @@
 #include <string>
 #include <vector>
 
-#include "codegen/cuda/kernel_source.h"
+#include "codegen/cuda/launch.h"
+#include "codegen/plan.h"
 
 namespace napkin::codegen::cuda::detail {
 

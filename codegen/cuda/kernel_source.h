@@ -58,30 +58,10 @@
 #include <string_view>
 #include <vector>
 
+#include "codegen/cuda/launch.h"
 #include "codegen/plan.h"
 
 namespace napkin::codegen::cuda {
-
-struct CudaLaunch {
-  std::string function;  // the extern "C" __global__ function
-  int64_t grid = 1;      // blocks
-  int block = 1;         // threads per block
-  int shared_bytes = 0;  // dynamic shared memory per block
-  std::vector<int64_t> offsets;  // the function's `off`: operand byte offsets, by slot
-};
-
-// How a Classifier plan kernel runs on the GPU (codegen/cuda/classifier.cpp):
-// the vocabulary in `chunks` chunks of `chunk` classes (the last may be
-// shorter), each chunk's GEMMs on cuBLASLt between the launches; where its
-// buffers sit in the scratch buffer (byte offsets): the chunk's logits (then
-// its gradient) [rows, chunk] in x's type, the per-row running state, and
-// (backward, 16-bit x) dx's f32 sums [rows, d] (-1: dx accumulates in place).
-struct CudaClassifierLayout {
-  int64_t rows = 0, vocab = 0, d = 0;
-  int64_t chunk = 0, chunks = 0;
-  int64_t logits = 0, state = 0, dx_acc = -1;
-  int64_t scratch_bytes = 0;
-};
 
 struct CudaSourceOptions {
   // The most bytes one chunk of a classifier's logits may take: about half

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <set>
@@ -63,37 +64,82 @@ std::string folder_of(const std::string& path) {
   return top;
 }
 
-// "file:line: includes X (folder Y may not)" for every include that breaks the table.
-std::vector<std::string> layering_violations(const fs::path& root) {
-  std::vector<std::string> out;
+// A source file (path relative to the root) and its quoted includes, by line.
+struct Source {
+  std::string path;
+  std::vector<std::pair<int, std::string>> includes;
+};
+
+// Every source file: tests and benchmarks may use any layer; build trees and hidden folders are not sources.
+std::vector<Source> sources(const fs::path& root) {
+  std::vector<Source> out;
   static const std::regex include_line(R"re(^\s*#\s*include\s+"([^"]+)")re");
   for (const auto& dir : fs::directory_iterator(root)) {
     std::string top = dir.path().filename().string();
-    // Tests and benchmarks may use any layer; build trees and hidden folders are not sources.
     if (!dir.is_directory() || top == "tests" || top == "bench" || top.rfind("build", 0) == 0 || top[0] == '.') continue;
     for (const auto& entry : fs::recursive_directory_iterator(dir.path())) {
       std::string ext = entry.path().extension().string();
       if (!entry.is_regular_file() || (ext != ".cpp" && ext != ".h" && ext != ".def")) continue;
-      std::string rel = fs::relative(entry.path(), root).generic_string();
-      std::string from = folder_of(rel);
-      auto rule = allowed_includes().find(from);
-      if (rule == allowed_includes().end()) {
-        out.push_back(fmt::format("{}: folder {} has no row in the layering table", rel, from));
-        continue;
-      }
+      out.push_back({fs::relative(entry.path(), root).generic_string(), {}});
       std::ifstream in(entry.path());
       std::string line;
-      for (int number = 1; std::getline(in, line); ++number) {
-        std::smatch m;
-        if (!std::regex_search(line, m, include_line)) continue;
-        std::string target = folder_of(m[1].str());
-        if (target.empty() || target == from || rule->second.count(target)) continue;
-        // Generated headers (link_config.h, host_config.h) sit beside their folder's sources.
-        if (!fs::exists(root / m[1].str()) && !allowed_includes().count(target)) continue;
-        out.push_back(fmt::format("{}:{}: includes {} ({} may not include {})", rel, number, m[1].str(), from, target));
-      }
+      std::smatch m;
+      for (int number = 1; std::getline(in, line); ++number)
+        if (std::regex_search(line, m, include_line)) out.back().includes.emplace_back(number, m[1].str());
     }
   }
+  return out;
+}
+
+// "file:line: includes X (folder Y may not)" for every include that breaks the table.
+std::vector<std::string> layering_violations(const fs::path& root) {
+  std::vector<std::string> out;
+  for (const Source& source : sources(root)) {
+    std::string from = folder_of(source.path);
+    auto rule = allowed_includes().find(from);
+    if (rule == allowed_includes().end()) {
+      out.push_back(fmt::format("{}: folder {} has no row in the layering table", source.path, from));
+      continue;
+    }
+    for (const auto& [number, include] : source.includes) {
+      std::string target = folder_of(include);
+      if (target.empty() || target == from || rule->second.count(target)) continue;
+      // Generated headers (link_config.h, host_config.h) sit beside their folder's sources.
+      if (!fs::exists(root / include) && !allowed_includes().count(target)) continue;
+      out.push_back(fmt::format("{}:{}: includes {} ({} may not include {})", source.path, number, include, from, target));
+    }
+  }
+  return out;
+}
+
+// Inside a folder, a unit is a header with its sources (runtime/attention.h
+// and runtime/attention.cpp: runtime/attention); a unit uses another when
+// any of its files includes the other's header. "a -> b -> a" for each cycle
+// of uses among the units of one folder (each back edge of a depth-first
+// search): one of them has a declaration that belongs below both.
+std::vector<std::string> include_cycles(const fs::path& root) {
+  auto unit_of = [](const std::string& path) { return path.substr(0, path.rfind('.')); };
+  std::map<std::string, std::set<std::string>> uses;
+  for (const Source& source : sources(root))
+    for (const auto& [number, include] : source.includes)
+      if (folder_of(include) == folder_of(source.path) && unit_of(include) != unit_of(source.path))
+        uses[unit_of(source.path)].insert(unit_of(include));
+  std::vector<std::string> out;
+  std::map<std::string, int> state;  // 1 on the search's path, 2 done
+  std::vector<std::string> path;
+  std::function<void(const std::string&)> visit = [&](const std::string& unit) {
+    state[unit] = 1;
+    path.push_back(unit);
+    for (const std::string& next : uses[unit]) {
+      if (state[next] == 1)
+        out.push_back(fmt::format("{} -> {}", fmt::join(std::find(path.begin(), path.end(), next), path.end(), " -> "), next));
+      else if (state[next] == 0) visit(next);
+    }
+    path.pop_back();
+    state[unit] = 2;
+  };
+  for (const auto& [unit, _] : uses)
+    if (state[unit] == 0) visit(unit);
   return out;
 }
 
@@ -127,5 +173,22 @@ TEST_CASE("layering: the check finds an upward include and a folder without a ro
   found = layering_violations(root);
   CHECK(std::find(found.begin(), found.end(), "kernels/attention.cpp: folder kernels has no row in the layering table") !=
         found.end());
+  fs::remove_all(root);
+}
+
+TEST_CASE("layering: no file of a folder includes a file that includes it back") {
+  std::vector<std::string> cycles = include_cycles(NAPKIN_SOURCE_DIR);
+  CHECK_MESSAGE(cycles.empty(), fmt::format("{}", fmt::join(cycles, "\n")));
+}
+
+TEST_CASE("layering: the check finds a unit that includes itself through another") {
+  fs::path root = fs::temp_directory_path() / fmt::format("napkin-cycles-{}", ::getpid());
+  fs::remove_all(root);
+  fs::create_directories(root / "runtime");
+  std::ofstream(root / "runtime" / "attention.h") << "#pragma once\n";
+  std::ofstream(root / "runtime" / "attention.cpp") << "#include \"runtime/attention.h\"\n#include \"runtime/amx.h\"\n";
+  std::ofstream(root / "runtime" / "amx.h") << "#include \"runtime/attention.h\"\n";
+  std::ofstream(root / "runtime" / "gemm.cpp") << "#include \"runtime/amx.h\"\n";
+  CHECK(include_cycles(root) == std::vector<std::string>{"runtime/amx -> runtime/attention -> runtime/amx"});
   fs::remove_all(root);
 }

@@ -1,0 +1,21 @@
+// The shapes and strides of one fused attention (runtime/attention.h has the
+// tensors' layout), apart from the kernel so that the kernels' variants
+// (runtime/attention_amx.h) read it without including the kernel that picks
+// them.
+#pragma once
+
+#include <cstdint>
+
+namespace napkin::runtime {
+
+struct AttentionDesc {
+  int64_t batch = 1, heads = 1, kv_heads = 1, q_len = 1, kv_len = 1, head_dim = 1;
+  bool causal = true;  // key j visible to query i iff j <= i + kv_len - q_len (needs q_len <= kv_len)
+  double scale = 1;
+  struct Strides {
+    int64_t batch = 0, head = 0, row = 0;
+  };
+  Strides q, k, v, o, d_o, dq, dk, dv;  // forward uses q, k, v, o
+};
+
+}  // namespace napkin::runtime
