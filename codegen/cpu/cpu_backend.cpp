@@ -92,14 +92,15 @@ std::vector<LoopInfo> add_kernels(CpuModule& m, const KernelPlan& plan, const st
     }
     llvm::Function* fn = llvm::Function::Create(kernel_type, llvm::Function::InternalLinkage, k.name, *m.module);
     fn->addFnAttr(llvm::Attribute::NoUnwind);
-    const std::vector<int64_t> offsets = e.slot_offsets();
-    auto* offsets_type = llvm::ArrayType::get(i64, offsets.size());
-    std::vector<llvm::Constant*> items;
-    for (int64_t o : offsets) items.push_back(b.getInt64(static_cast<uint64_t>(o)));
+    // A call has nothing to optimize: optnone spares O3 and instruction
+    // selection most of their work on the thousand of them a deep model has.
+    fn->addFnAttr(llvm::Attribute::NoInline);
+    fn->addFnAttr(llvm::Attribute::OptimizeNone);
+    llvm::Constant* offsets = llvm::ConstantDataArray::get(ctx, llvm::ArrayRef<int64_t>(e.slot_offsets()));
     std::vector<llvm::Value*> args;
     for (llvm::Argument& a : fn->args()) args.push_back(&a);
-    args.push_back(new llvm::GlobalVariable(*m.module, offsets_type, true, llvm::GlobalValue::InternalLinkage,
-                                            llvm::ConstantArray::get(offsets_type, items), k.name + "_offsets"));
+    args.push_back(new llvm::GlobalVariable(*m.module, offsets->getType(), true, llvm::GlobalValue::InternalLinkage, offsets,
+                                            k.name + "_offsets"));
     b.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", fn));
     b.CreateCall(shared->second, args)->setTailCall();
     b.CreateRetVoid();

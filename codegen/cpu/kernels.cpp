@@ -1,11 +1,13 @@
 #include "codegen/cpu/kernels.h"
 
+#include <fmt/format.h>
 #include <llvm/IR/Intrinsics.h>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 
 #include "codegen/cpu/scalar_ops.h"
 #include "ir/internal_check.h"
@@ -466,7 +468,7 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
   auto operand = [&](size_t m, size_t j) -> const Operand& {
     return j < n_in ? k.batch[m].inputs[j] : k.batch[m].outputs[j - n_in];
   };
-  std::vector<int64_t> chunk_member, chunk_lo, chunk_hi, first_chunk, offsets;
+  std::vector<int64_t> chunk_member, chunk_lo, chunk_hi, first_chunk, numel, offsets;
   std::vector<size_t> column(width);  // of each operand: the first one at its offset in every member
   for (size_t j = 0; j < width; ++j) column[j] = j;
   for (size_t m = 0; m < k.batch.size(); ++m) {
@@ -479,6 +481,7 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
       offsets.push_back(operand(m, j).byte_offset);
     }
     first_chunk.push_back(static_cast<int64_t>(chunk_member.size()));
+    numel.push_back(std::max<int64_t>(member.numel, 1));
     for (int64_t lo = 0; lo < std::max<int64_t>(member.numel, 1); lo += kBatchChunk) {
       chunk_member.push_back(static_cast<int64_t>(m));
       chunk_lo.push_back(lo);
@@ -507,6 +510,8 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
   auto member_of = table(chunk_member, "member");
   auto lo_of = table(chunk_lo, "lo");
   auto hi_of = table(chunk_hi, "hi");
+  auto first_chunk_of = table(first_chunk, "first_chunk");
+  auto numel_of = table(numel, "numel");
   auto offset_of = table(offsets, "offsets");
   // Member m's operand j: the arena at its column's offset.
   auto base = [&](llvm::Value* m, size_t j) {
@@ -561,19 +566,27 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
         });
       },
       [&] {
-        // Each member's own loop: its bounds constants, LLVM sums its
-        // partials as a loop of that length (unrolled when short), the
-        // order every step.
-        if (reduces)
-          for (size_t m = 0; m < k.batch.size(); ++m) {
+        // The members with the same number of chunks share a loop over
+        // them; their partials are summed by an inner loop of that constant
+        // length, which LLVM unrolls or vectorizes by it alone (as it did
+        // when each member had a loop of its own: the same bits).
+        if (!reduces) return;
+        std::map<int64_t, std::vector<int64_t>> members_by_chunks;
+        for (size_t m = 0; m < k.batch.size(); ++m) members_by_chunks[first_chunk[m + 1] - first_chunk[m]].push_back(int64_t(m));
+        for (const auto& [count, members] : members_by_chunks) {
+          auto member_at = table(members, fmt::format("members_of_{}_chunks", count));
+          e.loop(e.i64(0), e.i64(static_cast<int64_t>(members.size())), [&](llvm::Value* j) {
+            llvm::Value* m = member_at(j);
+            llvm::Value* first = first_chunk_of(m);
             llvm::Value* acc = e.make_slot(ct, c.identity);
-            e.loop(e.i64(first_chunk[m]), e.i64(first_chunk[m + 1]), [&](llvm::Value* chunk) {
-              b.CreateStore(c.combine(b.CreateLoad(ct, acc), b.CreateLoad(ct, partial_at(chunk))), acc);
+            e.loop(e.i64(0), e.i64(count), [&](llvm::Value* chunk) {
+              b.CreateStore(c.combine(b.CreateLoad(ct, acc), b.CreateLoad(ct, partial_at(b.CreateAdd(first, chunk)))), acc);
             });
             llvm::Value* v = b.CreateLoad(ct, acc);
-            if (k.reduction().mean) v = b.CreateFDiv(v, llvm::ConstantFP::get(ct, static_cast<double>(std::max<int64_t>(k.batch[m].numel, 1))));
-            e.store(k.batch[m].outputs[0], e.i64(0), v);
-          }
+            if (k.reduction().mean) v = b.CreateFDiv(v, b.CreateSIToFP(numel_of(m), ct));
+            e.store(operand(0, n_in), e.i64(0), v, base(m, n_in));
+          });
+        }
       });
   int64_t work_elements = 0;
   for (const BatchMember& member : k.batch) work_elements += member.numel;
