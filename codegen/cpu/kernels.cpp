@@ -469,8 +469,6 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
     return j < n_in ? k.batch[m].inputs[j] : k.batch[m].outputs[j - n_in];
   };
   std::vector<int64_t> chunk_member, chunk_lo, chunk_hi, first_chunk, numel, offsets;
-  std::vector<size_t> column(width);  // of each operand: the first one at its offset in every member
-  for (size_t j = 0; j < width; ++j) column[j] = j;
   for (size_t m = 0; m < k.batch.size(); ++m) {
     const BatchMember& member = k.batch[m];
     NAPKIN_INTERNAL_CHECK(member.inputs.size() == n_in && member.outputs.size() == n_out, "batch {}: member {} has other operands",
@@ -488,13 +486,17 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
       chunk_hi.push_back(std::min(member.numel, lo + kBatchChunk));
     }
   }
-  for (size_t j = 0; j < width; ++j)
+  auto same_offsets = [&](size_t i, size_t j) {
+    for (size_t m = 0; m < k.batch.size(); ++m)
+      if (operand(m, i).byte_offset != operand(m, j).byte_offset) return false;
+    return true;
+  };
+  std::vector<size_t> column(width);  // of each operand: the first one at its offset in every member
+  for (size_t j = 0; j < width; ++j) {
+    column[j] = j;
     for (size_t i = 0; i < j && column[j] == j; ++i)
-      if (std::all_of(k.batch.begin(), k.batch.end(), [&](const BatchMember& member) {
-            const size_t m = static_cast<size_t>(&member - k.batch.data());
-            return operand(m, i).byte_offset == operand(m, j).byte_offset;
-          }))
-        column[j] = i;
+      if (same_offsets(i, j)) column[j] = i;
+  }
   first_chunk.push_back(static_cast<int64_t>(chunk_member.size()));
   const int64_t chunks = static_cast<int64_t>(chunk_member.size());
   auto table = [&](const std::vector<int64_t>& values, const std::string& name) {
