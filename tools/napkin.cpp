@@ -742,8 +742,8 @@ int cmd_build(const CommandContext& ctx, BuildArgs a) {  // by value: the defaul
   const codegen::cpu::BuildResult& r = *built;
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!a.quiet)
-    std::cout << fmt::format("built {} ({}: {} kernels, {} on the GEMM library; arena {} bytes) in {:.2f} s\n", a.output,
-                             g->name, r.kernels, r.matmul_kernels, r.arena_bytes, seconds);
+    std::cout << fmt::format("built {} ({}: {} kernels, {} on the GEMM library, loops in {} functions; arena {} bytes) in {:.2f} s\n",
+                             a.output, g->name, r.kernels, r.matmul_kernels, r.functions, r.arena_bytes, seconds);
   if (a.time_passes) print_build_steps(r.seconds);
   return 0;
 }

@@ -29,6 +29,7 @@ BuildResult build_cpu_trainer(const ir::Graph& g, const BuildOptions& options) {
   lap("kernel plan");
 
   CpuModule m = emit_module(plan, g.name);
+  result.functions = static_cast<int>(m.bodies.size());
   lap("LLVM IR");
 
   ProgramFacts facts = step_facts(g, options.device, options.model_hash, "cpu");

@@ -16,15 +16,41 @@ namespace napkin::codegen::cpu {
 
 namespace {
 
+// Moves the definitions of `from` (a kernel's body and its globals) into
+// `into`, both in one context: its declarations become `into`'s own, and
+// names already taken there get a suffix.
+llvm::Function* move_body(llvm::Module& from, llvm::Module& into) {
+  llvm::Function* body = nullptr;
+  for (llvm::Function& f : llvm::make_early_inc_range(from)) {
+    if (f.isDeclaration()) {
+      f.replaceAllUsesWith(into.getOrInsertFunction(f.getName(), f.getFunctionType(), f.getAttributes()).getCallee());
+      continue;
+    }
+    f.removeFromParent();
+    into.getFunctionList().push_back(&f);
+    body = &f;
+  }
+  for (llvm::GlobalVariable& g : llvm::make_early_inc_range(from.globals())) {
+    g.removeFromParent();
+    into.insertGlobalVariable(&g);
+  }
+  return body;
+}
+
 // The kernels of `plan` into m's module, their table exported as `table`.
+// Each loop kernel is a function of the runtime's type that calls its body
+// with a constant array of its operands' byte offsets (LoopEmitter). A body
+// is emitted into a module of its own, named after nothing of the kernel's:
+// that module's text is the body's key, and a kernel whose key an earlier
+// kernel's body has calls that body. The body is never inlined, so it is
+// optimized and compiled once however many kernels call it; with one caller,
+// LLVM propagates the constant offsets into it. Kernels sharing a body share
+// its partials buffer: the runtime runs one kernel at a time.
 std::vector<LoopInfo> add_kernels(CpuModule& m, const KernelPlan& plan, const std::string& table_name) {
   llvm::LLVMContext& ctx = *m.context;
   llvm::IRBuilder<> b(ctx);
   llvm::Type* ptr = b.getPtrTy();
-  llvm::FunctionType* kernel_type = llvm::FunctionType::get(b.getVoidTy(), {ptr, b.getInt64Ty(), b.getInt64Ty()}, false);
-  llvm::FunctionType* epilogue_type =
-      llvm::FunctionType::get(b.getVoidTy(), {ptr, b.getInt64Ty(), b.getInt64Ty(), ptr}, false);
-
+  llvm::Type* i64 = b.getInt64Ty();
   std::vector<LoopInfo> loops;
   std::vector<llvm::Constant*> table;
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
@@ -38,17 +64,46 @@ std::vector<LoopInfo> add_kernels(CpuModule& m, const KernelPlan& plan, const st
       continue;
     }
     // A GEMM's epilogue also takes the panel of sums it finishes (runtime/executor.cpp EpilogueFn).
-    llvm::Function* fn = llvm::Function::Create(k.epilogue ? epilogue_type : kernel_type,
-                                                llvm::Function::InternalLinkage, k.name, *m.module);
-    fn->addFnAttr(llvm::Attribute::NoUnwind);
-    fn->addParamAttr(0, llvm::Attribute::NoCapture);
-    if (k.epilogue) {
-      fn->addParamAttr(3, llvm::Attribute::NoCapture);
-      fn->addParamAttr(3, llvm::Attribute::NoAlias);
-      fn->addParamAttr(3, llvm::Attribute::ReadOnly);
+    std::vector<llvm::Type*> params{ptr, i64, i64};
+    if (k.epilogue) params.push_back(ptr);
+    auto* kernel_type = llvm::FunctionType::get(b.getVoidTy(), params, false);
+    params.push_back(ptr);  // the body's operand offsets
+    llvm::Module own("kernel", ctx);
+    llvm::Function* body =
+        llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), params, false), llvm::Function::InternalLinkage, "body", own);
+    body->addFnAttr(llvm::Attribute::NoUnwind);
+    body->addFnAttr(llvm::Attribute::NoInline);
+    body->addParamAttr(0, llvm::Attribute::NoCapture);
+    for (unsigned p = 3; p < params.size(); ++p) {  // the epilogue's panel, the offsets
+      body->addParamAttr(p, llvm::Attribute::NoCapture);
+      body->addParamAttr(p, llvm::Attribute::NoAlias);
+      body->addParamAttr(p, llvm::Attribute::ReadOnly);
     }
-    LoopEmitter e(fn, b);
+    LoopEmitter e(body, b);
     loops.push_back(emit_kernel(e, k, static_cast<int>(i)));
+    e.mark_disjoint_slots();
+    std::string key;
+    llvm::raw_string_ostream(key) << own;
+    auto [shared, fresh] = m.bodies.try_emplace(std::move(key), nullptr);
+    if (fresh) {
+      body->setName(k.name + "_body");
+      for (llvm::GlobalVariable& g : own.globals()) g.setName(k.name + "_" + g.getName());
+      shared->second = move_body(own, *m.module);
+    }
+    llvm::Function* fn = llvm::Function::Create(kernel_type, llvm::Function::InternalLinkage, k.name, *m.module);
+    fn->addFnAttr(llvm::Attribute::NoUnwind);
+    // A call has nothing to optimize: optnone spares O3 and instruction
+    // selection most of their work on the thousand of them a deep model has.
+    fn->addFnAttr(llvm::Attribute::NoInline);
+    fn->addFnAttr(llvm::Attribute::OptimizeNone);
+    llvm::Constant* offsets = llvm::ConstantDataArray::get(ctx, llvm::ArrayRef<int64_t>(e.slot_offsets()));
+    std::vector<llvm::Value*> args;
+    for (llvm::Argument& a : fn->args()) args.push_back(&a);
+    args.push_back(new llvm::GlobalVariable(*m.module, offsets->getType(), true, llvm::GlobalValue::InternalLinkage, offsets,
+                                            k.name + "_offsets"));
+    b.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", fn));
+    b.CreateCall(shared->second, args)->setTailCall();
+    b.CreateRetVoid();
     table.push_back(fn);
   }
   auto* table_type = llvm::ArrayType::get(ptr, table.size());

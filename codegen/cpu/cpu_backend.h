@@ -2,8 +2,11 @@
 // either as an object file (linked into a standalone trainer by
 // codegen/cpu/link.h) or JIT-compiled in process (tests).
 //
-// The module holds one function per loop kernel (codegen/cpu/kernels.h) and
-// three exported tables the runtime reads (runtime/program.h):
+// The module holds each distinct loop kernel's code once (codegen/cpu/kernels.h;
+// kernels that differ only in their operands' byte offsets, as a
+// transformer's layers do, share it: cpu_backend.cpp), a function per loop
+// kernel that calls it with that kernel's offsets, and three exported tables
+// the runtime reads (runtime/program.h):
 //   napkin_kernel_fns        [kernels] ptr: each loop kernel's function, null
 //                            for Gemm kernels (the runtime runs those)
 //   napkin_program_json      the program description (codegen/program_json.h)
@@ -20,6 +23,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "codegen/cpu/kernels.h"
@@ -35,6 +39,8 @@ struct CpuModule {
   std::unique_ptr<llvm::LLVMContext> context;
   std::unique_ptr<llvm::Module> module;
   std::vector<LoopInfo> loops;  // per kernel; {1, false} for Gemm kernels
+  // The loop kernels' code, each once (its key: cpu_backend.cpp), of every program in the module.
+  std::unordered_map<std::string, llvm::Function*> bodies;
 };
 
 // The kernels of `plan` as an unoptimized module (the tables still lack the

@@ -1,11 +1,13 @@
 #include "codegen/cpu/kernels.h"
 
+#include <fmt/format.h>
 #include <llvm/IR/Intrinsics.h>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 
 #include "codegen/cpu/scalar_ops.h"
 #include "ir/internal_check.h"
@@ -361,7 +363,7 @@ LoopInfo fused_reduction(LoopEmitter& e, const Kernel& k) {
   const bool combine = !kept0 && items > 1;
   auto* partial_type = llvm::ArrayType::get(ct, static_cast<uint64_t>(items * block));
   auto* partials = new llvm::GlobalVariable(e.module, partial_type, false, llvm::GlobalValue::InternalLinkage,
-                                            llvm::ConstantAggregateZero::get(partial_type), k.name + "_partials");
+                                            llvm::ConstantAggregateZero::get(partial_type), "partials");
   partials->setAlignment(llvm::Align(64));
   auto partial_at = [&](llvm::Value* i) { return b.CreateInBoundsGEP(ct, partials, i); };
   auto finish = [&](llvm::Value* v) {
@@ -448,30 +450,52 @@ constexpr int64_t kBatchChunk = int64_t{1} << 15;
 // A batch's kernel (codegen/plan.h Kernel::batch): every member is a flat
 // loop over its numel elements with the same fused ops, on its own operands.
 // The work items are chunks of at most kBatchChunk elements of one member,
-// from tables in the module (each chunk's member and element range); a
-// switch on the member runs that member's loop, compiled with its operands'
-// offsets as constants, as its own kernel would be (an update written in
-// place of its input is then visibly the same address, and vectorizes). A
-// batch of reductions (each member reduces all its elements to one value)
-// leaves one partial per chunk in the module's buffer; the combining call
-// adds each member's partials in chunk order (Launch::combine), so the bits
-// do not depend on the thread count.
+// from tables in the module (each chunk's member and element range); one
+// loop serves every member, its operands' byte offsets from a table (one row
+// per member, one column per operand: inputs, then outputs), so the code does
+// not grow with the members. An output at its input's offset in every member
+// (an update written in place) uses that input's column: visibly the same
+// address, it vectorizes. A batch of reductions (each member reduces all its
+// elements to one value) leaves one partial per chunk in the module's buffer;
+// the combining call adds each member's partials in chunk order
+// (Launch::combine), so the bits do not depend on the thread count.
 LoopInfo batched(LoopEmitter& e, const Kernel& k) {
   const FusedLoop& f = *k.fused;
   auto& b = e.b;
   const bool reduces = k.kind == KernelKind::Reduction;
-  const size_t n_in = k.inputs.size(), n_out = f.outputs.size();
-  std::vector<int64_t> chunk_member, chunk_lo, chunk_hi, first_chunk;
+  const size_t n_in = k.inputs.size(), n_out = f.outputs.size(), width = n_in + n_out;
+  // Each member's operands; the first member's dtypes and shapes (0-d or not) are every member's.
+  auto operand = [&](size_t m, size_t j) -> const Operand& {
+    return j < n_in ? k.batch[m].inputs[j] : k.batch[m].outputs[j - n_in];
+  };
+  std::vector<int64_t> chunk_member, chunk_lo, chunk_hi, first_chunk, numel, offsets;
   for (size_t m = 0; m < k.batch.size(); ++m) {
     const BatchMember& member = k.batch[m];
     NAPKIN_INTERNAL_CHECK(member.inputs.size() == n_in && member.outputs.size() == n_out, "batch {}: member {} has other operands",
                           k.name, m);
+    for (size_t j = 0; j < width; ++j) {
+      NAPKIN_INTERNAL_CHECK(operand(m, j).dtype == operand(0, j).dtype && operand(m, j).sizes.empty() == operand(0, j).sizes.empty(),
+                            "batch {}: member {}'s operand {} differs from member 0's", k.name, m, j);
+      offsets.push_back(operand(m, j).byte_offset);
+    }
     first_chunk.push_back(static_cast<int64_t>(chunk_member.size()));
+    numel.push_back(std::max<int64_t>(member.numel, 1));
     for (int64_t lo = 0; lo < std::max<int64_t>(member.numel, 1); lo += kBatchChunk) {
       chunk_member.push_back(static_cast<int64_t>(m));
       chunk_lo.push_back(lo);
       chunk_hi.push_back(std::min(member.numel, lo + kBatchChunk));
     }
+  }
+  auto same_offsets = [&](size_t i, size_t j) {
+    for (size_t m = 0; m < k.batch.size(); ++m)
+      if (operand(m, i).byte_offset != operand(m, j).byte_offset) return false;
+    return true;
+  };
+  std::vector<size_t> column(width);  // of each operand: the first one at its offset in every member
+  for (size_t j = 0; j < width; ++j) {
+    column[j] = j;
+    for (size_t i = 0; i < j && column[j] == j; ++i)
+      if (same_offsets(i, j)) column[j] = i;
   }
   first_chunk.push_back(static_cast<int64_t>(chunk_member.size()));
   const int64_t chunks = static_cast<int64_t>(chunk_member.size());
@@ -480,7 +504,7 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
     std::vector<llvm::Constant*> items;
     for (int64_t v : values) items.push_back(b.getInt64(static_cast<uint64_t>(v)));
     auto* global = new llvm::GlobalVariable(e.module, type, true, llvm::GlobalValue::InternalLinkage,
-                                            llvm::ConstantArray::get(type, items), k.name + "_" + name);
+                                            llvm::ConstantArray::get(type, items), name);
     return [&b, type, global](llvm::Value* i) {
       return b.CreateLoad(b.getInt64Ty(), b.CreateInBoundsGEP(type, global, {b.getInt64(0), i}));
     };
@@ -488,13 +512,20 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
   auto member_of = table(chunk_member, "member");
   auto lo_of = table(chunk_lo, "lo");
   auto hi_of = table(chunk_hi, "hi");
+  auto first_chunk_of = table(first_chunk, "first_chunk");
+  auto numel_of = table(numel, "numel");
+  auto offset_of = table(offsets, "offsets");
+  // Member m's operand j: the arena at its column's offset.
+  auto base = [&](llvm::Value* m, size_t j) {
+    return b.CreateInBoundsGEP(b.getInt8Ty(), e.arena, offset_of(b.CreateAdd(b.CreateMul(m, e.i64(width)), e.i64(column[j]))));
+  };
 
   llvm::Type* ct = reduces ? e.compute_type(k.output.dtype) : nullptr;
   llvm::GlobalVariable* partials = nullptr;
   if (reduces) {
     auto* type = llvm::ArrayType::get(ct, static_cast<uint64_t>(chunks));
     partials = new llvm::GlobalVariable(e.module, type, false, llvm::GlobalValue::InternalLinkage,
-                                        llvm::ConstantAggregateZero::get(type), k.name + "_partials");
+                                        llvm::ConstantAggregateZero::get(type), "partials");
   }
   auto partial_at = [&](llvm::Value* c) { return b.CreateInBoundsGEP(ct, partials, c); };
   const Combiner c = reduces ? combiner_of(e, k) : Combiner{};
@@ -512,49 +543,52 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
         e.loop(e.begin, e.end, [&](llvm::Value* chunk) {
           llvm::Value* lo = lo_of(chunk);
           llvm::Value* hi = hi_of(chunk);
-          llvm::BasicBlock* next = llvm::BasicBlock::Create(e.ctx, "member.end", e.fn);
-          llvm::SwitchInst* sw = b.CreateSwitch(member_of(chunk), next, static_cast<unsigned>(k.batch.size()));
-          for (size_t m = 0; m < k.batch.size(); ++m) {
-            const BatchMember& member = k.batch[m];
-            llvm::BasicBlock* body = llvm::BasicBlock::Create(e.ctx, "member", e.fn);
-            sw->addCase(b.getInt64(static_cast<uint64_t>(m)), body);
-            b.SetInsertPoint(body);
-            llvm::Value* acc = reduces ? e.make_slot(ct, c.identity) : nullptr;
-            // A scalar input (the step's learning rate, clipping scale, bias
-            // corrections) is loaded once, before the loop: loaded in it, a
-            // store to the member's arrays at a run-time index might clobber
-            // it as far as LLVM can tell, which keeps the loop scalar. No
-            // member writes another's input, and chunks run in parallel.
-            std::vector<llvm::Value*> scalar(n_in, nullptr);
-            for (size_t in = 0; in < n_in; ++in)
-              if (member.inputs[in].sizes.empty()) scalar[in] = e.load(member.inputs[in], e.i64(0));
-            e.loop(lo, hi, [&](llvm::Value* i) {
-              auto index = [&](const Operand& o) { return o.sizes.empty() ? e.i64(0) : i; };
-              const std::vector<llvm::Value*> result = fused_ops_at(
-                  e, k, prologue,
-                  [&](int in) { return scalar[in] ? scalar[in] : e.load(member.inputs[in], index(member.inputs[in])); },
-                  {});
-              for (size_t o = reduces ? 1 : 0; o < n_out; ++o)
-                e.store(member.outputs[o], index(member.outputs[o]), result[f.output_ops[o]]);
-              if (reduces) b.CreateStore(c.combine(b.CreateLoad(ct, acc), result[reduced]), acc);
-            });
-            if (reduces) b.CreateStore(b.CreateLoad(ct, acc), partial_at(chunk));
-            b.CreateBr(next);
-          }
-          b.SetInsertPoint(next);
+          llvm::Value* m = member_of(chunk);
+          std::vector<llvm::Value*> bases(width);
+          for (size_t j = 0; j < width; ++j) bases[j] = column[j] == j ? base(m, j) : bases[column[j]];
+          llvm::Value* acc = reduces ? e.make_slot(ct, c.identity) : nullptr;
+          // A scalar input (the step's learning rate, clipping scale, bias
+          // corrections) is loaded once, before the loop: loaded in it, a
+          // store to the member's arrays at a run-time index might clobber
+          // it as far as LLVM can tell, which keeps the loop scalar. No
+          // member writes another's input, and chunks run in parallel.
+          std::vector<llvm::Value*> scalar(n_in, nullptr);
+          for (size_t in = 0; in < n_in; ++in)
+            if (operand(0, in).sizes.empty()) scalar[in] = e.load(operand(0, in), e.i64(0), bases[in]);
+          e.loop(lo, hi, [&](llvm::Value* i) {
+            auto index = [&](const Operand& o) { return o.sizes.empty() ? e.i64(0) : i; };
+            const std::vector<llvm::Value*> result = fused_ops_at(
+                e, k, prologue,
+                [&](int in) { return scalar[in] ? scalar[in] : e.load(operand(0, in), index(operand(0, in)), bases[in]); }, {});
+            for (size_t o = reduces ? 1 : 0; o < n_out; ++o)
+              e.store(operand(0, n_in + o), index(operand(0, n_in + o)), result[f.output_ops[o]], bases[n_in + o]);
+            if (reduces) b.CreateStore(c.combine(b.CreateLoad(ct, acc), result[reduced]), acc);
+          });
+          if (reduces) b.CreateStore(b.CreateLoad(ct, acc), partial_at(chunk));
         });
       },
       [&] {
-        if (reduces)
-          for (size_t m = 0; m < k.batch.size(); ++m) {
+        // The members with the same number of chunks share a loop over
+        // them; their partials are summed by an inner loop of that constant
+        // length, which LLVM unrolls or vectorizes by it alone (as it did
+        // when each member had a loop of its own: the same bits).
+        if (!reduces) return;
+        std::map<int64_t, std::vector<int64_t>> members_by_chunks;
+        for (size_t m = 0; m < k.batch.size(); ++m) members_by_chunks[first_chunk[m + 1] - first_chunk[m]].push_back(int64_t(m));
+        for (const auto& [count, members] : members_by_chunks) {
+          auto member_at = table(members, fmt::format("members_of_{}_chunks", count));
+          e.loop(e.i64(0), e.i64(static_cast<int64_t>(members.size())), [&](llvm::Value* j) {
+            llvm::Value* m = member_at(j);
+            llvm::Value* first = first_chunk_of(m);
             llvm::Value* acc = e.make_slot(ct, c.identity);
-            e.loop(e.i64(first_chunk[m]), e.i64(first_chunk[m + 1]), [&](llvm::Value* chunk) {
-              b.CreateStore(c.combine(b.CreateLoad(ct, acc), b.CreateLoad(ct, partial_at(chunk))), acc);
+            e.loop(e.i64(0), e.i64(count), [&](llvm::Value* chunk) {
+              b.CreateStore(c.combine(b.CreateLoad(ct, acc), b.CreateLoad(ct, partial_at(b.CreateAdd(first, chunk)))), acc);
             });
             llvm::Value* v = b.CreateLoad(ct, acc);
-            if (k.reduction().mean) v = b.CreateFDiv(v, llvm::ConstantFP::get(ct, static_cast<double>(std::max<int64_t>(k.batch[m].numel, 1))));
-            e.store(k.batch[m].outputs[0], e.i64(0), v);
-          }
+            if (k.reduction().mean) v = b.CreateFDiv(v, b.CreateSIToFP(numel_of(m), ct));
+            e.store(operand(0, n_in), e.i64(0), v, base(m, n_in));
+          });
+        }
       });
   int64_t work_elements = 0;
   for (const BatchMember& member : k.batch) work_elements += member.numel;
@@ -678,7 +712,7 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
     per_part = split.per_part;
     auto* type = llvm::ArrayType::get(t, static_cast<uint64_t>(parts * 2 * n));
     partials = new llvm::GlobalVariable(e.module, type, false, llvm::GlobalValue::InternalLinkage,
-                                        llvm::ConstantAggregateZero::get(type), k.name + "_partials");
+                                        llvm::ConstantAggregateZero::get(type), "partials");
   }
 
   auto row_body = [&](const std::vector<llvm::Value*>& base) {

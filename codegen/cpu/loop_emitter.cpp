@@ -1,9 +1,13 @@
 #include "codegen/cpu/loop_emitter.h"
 
+#include <llvm/IR/Instructions.h>
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/MDBuilder.h>
 #include <llvm/IR/Module.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "ir/internal_check.h"
 
@@ -17,6 +21,7 @@ LoopEmitter::LoopEmitter(llvm::Function* f, llvm::IRBuilder<>& builder)
   arena = &*args++;
   begin = &*args++;
   end = &*args;
+  offsets_ = fn->getArg(fn->arg_size() - 1);
 }
 
 llvm::Type* LoopEmitter::compute_type(ir::DType t) {
@@ -202,9 +207,60 @@ llvm::Value* encode_f8(llvm::IRBuilder<>& b, const F8Format& f, llvm::Value* x) 
 
 }  // namespace
 
-llvm::Value* LoopEmitter::element_ptr(const Operand& o, llvm::Value* index) {
-  llvm::Value* base = b.CreateInBoundsGEP(b.getInt8Ty(), arena, i64(o.byte_offset));
-  return b.CreateInBoundsGEP(storage_type(b, o.dtype), base, index);
+llvm::Value* LoopEmitter::element_ptr(const Operand& o, llvm::Value* index, llvm::Value* base) {
+  if (base) return b.CreateInBoundsGEP(storage_type(b, o.dtype), base, index);
+  int64_t first = 0, last = 0;  // elements from element 0
+  for (size_t d = 0; d < o.sizes.size(); ++d) {
+    const int64_t span = std::max<int64_t>(o.sizes[d] - 1, 0) * o.strides[d];
+    (span < 0 ? first : last) += span;
+  }
+  const int64_t size = ir::dtype_size(o.dtype);
+  const int64_t first_byte = o.byte_offset + first * size, end_byte = o.byte_offset + (last + 1) * size;
+  auto slot = std::find_if(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.offset == o.byte_offset; });
+  if (slot == slots_.end()) {
+    llvm::IRBuilder<> at_entry(entry_, entry_->begin());
+    llvm::Value* offset = at_entry.CreateLoad(b.getInt64Ty(), at_entry.CreateConstInBoundsGEP1_64(b.getInt64Ty(), offsets_, slots_.size()));
+    slots_.push_back({o.byte_offset, first_byte, end_byte, at_entry.CreateInBoundsGEP(b.getInt8Ty(), arena, offset)});
+    slot = slots_.end() - 1;
+  }
+  slot->first_byte = std::min(slot->first_byte, first_byte);
+  slot->end_byte = std::max(slot->end_byte, end_byte);
+  return b.CreateInBoundsGEP(storage_type(b, o.dtype), slot->base, index);
+}
+
+std::vector<int64_t> LoopEmitter::slot_offsets() const {
+  std::vector<int64_t> offsets;
+  for (const Slot& s : slots_) offsets.push_back(s.offset);
+  return offsets;
+}
+
+void LoopEmitter::mark_disjoint_slots() {
+  llvm::MDBuilder md(ctx);
+  llvm::MDNode* domain = md.createAnonymousAliasScopeDomain("operands");
+  std::vector<llvm::Metadata*> scopes;  // of the disjoint slots
+  std::map<llvm::Value*, llvm::MDNode*> scope_of;  // slot base -> its scope, null where it meets another slot
+  for (const Slot& s : slots_) {
+    const bool disjoint = std::all_of(slots_.begin(), slots_.end(), [&](const Slot& t) {
+      return &t == &s || s.end_byte <= t.first_byte || t.end_byte <= s.first_byte;
+    });
+    scope_of[s.base] = disjoint ? md.createAnonymousAliasScope(domain) : nullptr;
+    if (disjoint) scopes.push_back(scope_of[s.base]);
+  }
+  for (llvm::BasicBlock& block : *fn)
+    for (llvm::Instruction& access : block) {
+      llvm::Value* ptr = llvm::getLoadStorePointerOperand(&access);
+      while (ptr && !scope_of.count(ptr)) {  // element_ptr's GEPs down to the slot's base
+        auto* gep = llvm::dyn_cast<llvm::GetElementPtrInst>(ptr);
+        ptr = gep ? gep->getPointerOperand() : nullptr;
+      }
+      if (!ptr) continue;  // not an operand (a partials buffer, an accumulator)
+      llvm::MDNode* own = scope_of[ptr];
+      std::vector<llvm::Metadata*> others;
+      for (llvm::Metadata* scope : scopes)
+        if (scope != own) others.push_back(scope);
+      if (own) access.setMetadata(llvm::LLVMContext::MD_alias_scope, llvm::MDNode::get(ctx, {own}));
+      if (!others.empty()) access.setMetadata(llvm::LLVMContext::MD_noalias, llvm::MDNode::get(ctx, others));
+    }
 }
 
 llvm::Value* LoopEmitter::from_storage(llvm::Value* v, ir::DType t) {
@@ -230,12 +286,12 @@ llvm::Value* LoopEmitter::to_storage(llvm::Value* v, ir::DType t) {
   }
 }
 
-llvm::Value* LoopEmitter::load(const Operand& o, llvm::Value* index) {
-  return from_storage(b.CreateLoad(storage_type(b, o.dtype), element_ptr(o, index)), o.dtype);
+llvm::Value* LoopEmitter::load(const Operand& o, llvm::Value* index, llvm::Value* base) {
+  return from_storage(b.CreateLoad(storage_type(b, o.dtype), element_ptr(o, index, base)), o.dtype);
 }
 
-void LoopEmitter::store(const Operand& o, llvm::Value* index, llvm::Value* v) {
-  b.CreateStore(to_storage(v, o.dtype), element_ptr(o, index));
+void LoopEmitter::store(const Operand& o, llvm::Value* index, llvm::Value* v, llvm::Value* base) {
+  b.CreateStore(to_storage(v, o.dtype), element_ptr(o, index, base));
 }
 
 llvm::Value* LoopEmitter::as_stored(llvm::Value* v, ir::DType t) {

@@ -1,9 +1,15 @@
 // The building blocks of a CPU kernel in LLVM IR: counted loops, loop nests
 // over a shape, and loads/stores of arena operands with dtype conversion.
 //
-// Every kernel is `void kN(ptr arena, i64 begin, i64 end)`: the runtime passes
-// its arena and the part [begin, end) of the kernel's parallel dim that this
-// thread computes (codegen/cpu/kernels.h says which dim that is).
+// Every kernel's code is `void body(ptr arena, i64 begin, i64 end, ptr offsets)`:
+// the runtime's arena, the part [begin, end) of the kernel's parallel dim
+// that this thread computes (codegen/cpu/kernels.h says which dim that is),
+// and where its operands are: a slot per distinct operand byte offset,
+// numbered by first use, offsets[slot] (i64) its bytes from the arena. The
+// offsets being a parameter, kernels that differ only in where their
+// operands live (a transformer's layers) are the same code
+// (codegen/cpu/cpu_backend.h). A GEMM epilogue takes its panel of sums
+// before `offsets`.
 //
 // Values are computed in a "compute type": f32 for f32, f16, bf16 and the
 // 8-bit floats (converted on load, exactly; rounded to nearest even on store,
@@ -47,10 +53,19 @@ class LoopEmitter {
   // sum idx[d] * strides[d] (+ base), folding zero strides away.
   llvm::Value* dot(const std::vector<llvm::Value*>& idx, const std::vector<int64_t>& strides, llvm::Value* base = nullptr);
 
-  // Element `index` (elements from the operand's first element) of o.
-  llvm::Value* element_ptr(const Operand& o, llvm::Value* index);
-  llvm::Value* load(const Operand& o, llvm::Value* index);           // in o's compute type
-  void store(const Operand& o, llvm::Value* index, llvm::Value* v);  // v in o's compute type
+  // Element `index` (elements from the operand's first element) of o, from
+  // its slot or, where given, from `base` (a batch member's operand, whose
+  // offset the kernel reads from a table of its own: codegen/cpu/kernels.cpp).
+  llvm::Value* element_ptr(const Operand& o, llvm::Value* index, llvm::Value* base = nullptr);
+  // Per slot, the byte offset the kernel's operands have there.
+  std::vector<int64_t> slot_offsets() const;
+  // Constant offsets let LLVM prove that operands do not overlap; slots do
+  // not. After the body is emitted, this tells it so: the accesses through a
+  // slot whose bytes meet no other slot's get scoped noalias metadata against
+  // every other slot's (what inlining a noalias argument gives).
+  void mark_disjoint_slots();
+  llvm::Value* load(const Operand& o, llvm::Value* index, llvm::Value* base = nullptr);           // in o's compute type
+  void store(const Operand& o, llvm::Value* index, llvm::Value* v, llvm::Value* base = nullptr);  // v in o's compute type
   // v (in t's compute type) as storing it as t and loading it back gives it,
   // bit for bit: a fused kernel rounds each member's result so.
   llvm::Value* as_stored(llvm::Value* v, ir::DType t);
@@ -71,6 +86,12 @@ class LoopEmitter {
 
  private:
   llvm::BasicBlock* entry_;
+  llvm::Value* offsets_;
+  struct Slot {
+    int64_t offset, first_byte, end_byte;  // the bytes its operands span
+    llvm::Value* base;                     // arena + offsets[slot], at entry
+  };
+  std::vector<Slot> slots_;
 };
 
 }  // namespace napkin::codegen::cpu

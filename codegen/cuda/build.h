@@ -39,8 +39,7 @@ struct CudaBuildOptions {
 // The CPU build's result (arena, kernel counts, seconds per step) and what
 // the CUDA build adds.
 struct CudaBuildResult : host::BuildResult {
-  int launches = 0;   // CUDA kernel launches per step (cuBLASLt matmuls not counted)
-  int functions = 0;  // the distinct kernel functions they launch
+  int launches = 0;  // CUDA kernel launches per step (cuBLASLt matmuls not counted), of `functions`
   std::string arch, nvrtc_version;
   int64_t cubin_bytes = 0, ptx_bytes = 0;
   double nvrtc_seconds = 0;  // the compile, or the cache lookup on a hit

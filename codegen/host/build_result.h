@@ -12,6 +12,7 @@ namespace napkin::codegen::host {
 struct BuildResult {
   int64_t arena_bytes = 0;
   int kernels = 0, matmul_kernels = 0;
+  int functions = 0;  // the distinct functions of generated code the step's kernels run
   std::vector<std::pair<std::string, double>> seconds;  // per step of the build
 };
 

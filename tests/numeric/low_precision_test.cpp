@@ -37,15 +37,15 @@ struct Compiled : napkin::testing::CompiledStep {
   explicit Compiled(const std::string& yaml) : CompiledStep(napkin::testing::compile_training(yaml)) {}
 };
 
-// Runs `void convert(arena, 0, n)`: dst[i] = src[i], loaded as `from` and
-// stored as `to` (both of compute type f32), compiled like a kernel. Returns
-// dst's bytes.
+// Runs `void convert(arena, 0, n, offsets)`: dst[i] = src[i], loaded as
+// `from` and stored as `to` (both of compute type f32), compiled like a
+// kernel's code. Returns dst's bytes.
 std::vector<uint8_t> jit_convert(ir::DType from, ir::DType to, const std::vector<uint8_t>& src, int64_t n) {
   codegen::cpu::CpuModule m;
   m.context = std::make_unique<llvm::LLVMContext>();
   m.module = std::make_unique<llvm::Module>("convert", *m.context);
   llvm::IRBuilder<> b(*m.context);
-  auto* type = llvm::FunctionType::get(b.getVoidTy(), {b.getPtrTy(), b.getInt64Ty(), b.getInt64Ty()}, false);
+  auto* type = llvm::FunctionType::get(b.getVoidTy(), {b.getPtrTy(), b.getInt64Ty(), b.getInt64Ty(), b.getPtrTy()}, false);
   llvm::Function* fn = llvm::Function::Create(type, llvm::Function::ExternalLinkage, "convert", *m.module);
   const int64_t in_bytes = ir::dtype_size(from), out_bytes = ir::dtype_size(to);
   codegen::Operand in, out;
@@ -54,11 +54,12 @@ std::vector<uint8_t> jit_convert(ir::DType from, ir::DType to, const std::vector
   codegen::cpu::LoopEmitter e(fn, b);
   e.nest({n}, 0, [&](const std::vector<llvm::Value*>& i) { e.store(out, i[0], e.convert(e.load(in, i[0]), from, to)); });
   b.CreateRetVoid();
+  const std::vector<int64_t> offsets = e.slot_offsets();
   codegen::cpu::JitModule jit(std::move(m), {});
-  auto* run = reinterpret_cast<void (*)(char*, int64_t, int64_t)>(jit.lookup("convert"));
+  auto* run = reinterpret_cast<void (*)(char*, int64_t, int64_t, const int64_t*)>(jit.lookup("convert"));
   std::vector<char> arena(size_t(out.byte_offset + n * out_bytes));
   std::memcpy(arena.data(), src.data(), src.size());
-  run(arena.data(), 0, n);
+  run(arena.data(), 0, n, offsets.data());
   return std::vector<uint8_t>(arena.begin() + out.byte_offset, arena.end());
 }
 
