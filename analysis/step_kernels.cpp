@@ -54,25 +54,21 @@ std::vector<StepKernel> step_kernels(const ir::Graph& g, const ir::FusionGroups&
   for (int position = 0; position < static_cast<int>(schedule.size()); ++position) {
     const ir::Node& n = g.node(schedule[position]);
     if (ir::op_info(n.op).op_class == ir::OpClass::View) continue;
-    StepKernel k;
-    k.group = groups.group_at[position];
     const size_t index = kernels.size();
-    if (k.group < 0) {
-      k.kind = node_kind(g, n);
-      k.phase = n.phase;
-      k.name = fmt::format("k{}_{}", index, ir::op_name(n.op));
-      k.nodes = {n.id};
-      kernels.push_back(std::move(k));
+    const int group = groups.group_at[position];
+    if (group < 0) {
+      kernels.push_back({node_kind(g, n), n.phase, fmt::format("k{}_{}", index, ir::op_name(n.op)), {n.id}});
       continue;
     }
-    const ir::FusionGroup& fg = groups.groups[k.group];
-    k.batch = groups.batch_of[k.group];
-    if (fg.first != position || (k.batch >= 0 && groups.batches[k.batch].groups.front() != k.group)) continue;
-    k.phase = fg.phase;
+    const ir::FusionGroup& fg = groups.groups[group];
+    StepKernel k;
+    k.phase = fg.phase, k.group = group, k.batch = groups.batch_of[group];
+    // Listed at its first member (a batch's: its first group's), which runs it whole.
+    if (fg.first != position || (k.batch >= 0 && groups.batches[k.batch].groups.front() != group)) continue;
     k.kind = fg.contraction != ir::kNoNode ? KernelKind::Gemm
              : fg.reduction != ir::kNoNode ? KernelKind::Reduction
                                            : KernelKind::FusedElementwise;
-    const std::vector<int> members = k.batch >= 0 ? groups.batches[k.batch].groups : std::vector<int>{k.group};
+    const std::vector<int> members = k.batch >= 0 ? groups.batches[k.batch].groups : std::vector<int>{group};
     for (int member : members) k.nodes.insert(k.nodes.end(), groups.groups[member].nodes.begin(), groups.groups[member].nodes.end());
     if (k.batch >= 0) k.name = fmt::format("k{}_batched_{}_x{}", index, op_of(g, fg.nodes.back()), members.size());
     else if (fg.contraction == ir::kNoNode) k.name = fmt::format("k{}_fused_{}", index, op_of(g, fg.nodes.back()));
