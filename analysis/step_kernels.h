@@ -12,7 +12,6 @@
 //    one, or a Gemm when it starts with a contraction (with its epilogue or
 //    bias gradient: ir/gemm_epilogue.h); and a contraction is a Gemm where
 //    the GEMM library takes it (analysis/contraction.h), else ContractionLoops.
-//  - class (KernelClass): what it does, for grouping time; a function of the kind.
 #pragma once
 
 #include <cstdint>
@@ -43,18 +42,8 @@ enum class KernelKind : uint8_t {
   CachedAttention,   // attention against a KV cache (inference): Kernel::cached_attention()
 };
 
-// What a kernel does, for grouping measured and predicted time:
-//   matmul         a contraction that is a weight matmul (analysis/cost.h), a
-//                  GEMM with its epilogue, and the fused classifier (its
-//                  products with w)
-//   attention      a contraction between activations (scores, mixing), fused
-//                  attention and the softmax rows (softmax, softmax_grad)
-//   elementwise    a fusion group or a single elementwise, reduction or fill
-//   normalization  layernorm, rmsnorm, log_softmax and their gradients
-//   loss           cross_entropy, mse and cross_entropy_grad
-//   optimizer      every kernel of the optimizer phase
-//   copy           copies the einops lowering needed, concat, pad, embedding
-//                  gathers and their gradient
+// What a kernel does, for grouping measured and predicted time (docs/report.md,
+// "Kernel classes"): kernel_class below, a function of the kernel's kind.
 enum class KernelClass : uint8_t { Matmul, Attention, Elementwise, Normalization, Loss, Optimizer, Copy };
 inline constexpr int kNumKernelClasses = 7;
 std::string_view kernel_class_name(KernelClass c);  // "matmul", "attention", ...
