@@ -39,19 +39,6 @@ bool reads_any_param(const ir::Graph& g, const ir::Node& n) {
   return std::any_of(n.inputs.begin(), n.inputs.end(), [&](ir::ValueId v) { return reads_param(g, v); });
 }
 
-// A backward contraction is a weight matmul iff the forward one it came from
-// is: dW = xᵀ·dy reads no parameter but is the weight matmul's backward.
-std::string category_of(const ir::Graph& g, const ir::Node& n) {
-  const ir::OpInfo& info = ir::op_info(n.op);
-  if (is_contraction(n)) {
-    const ir::Node* forward = &n;
-    if (n.phase != ir::Phase::Forward && n.origin != ir::kNoNode && is_contraction(g.node(n.origin)))
-      forward = &g.node(n.origin);
-    return reads_any_param(g, *forward) ? "param-matmul" : "activation-matmul";
-  }
-  return std::string(ir::op_class_name(info.op_class));
-}
-
 // Tokens per step: the config's tokens_per_step, else the ids of the first
 // integer input (token ids), else the leading axis of the first input (examples).
 void derive_tokens(const ir::Graph& g, StepCost& c) {
@@ -86,13 +73,22 @@ ir::DType compute_dtype(const ir::Graph& g, const ir::Node& n) {
 
 }  // namespace
 
+// A backward contraction is a weight matmul iff the forward one it came from
+// is: dW = xᵀ·dy reads no parameter but is the weight matmul's backward.
+MatmulRole matmul_role(const ir::Graph& g, const ir::Node& n) {
+  if (!is_contraction(n)) return MatmulRole::None;
+  const ir::Node* forward = &n;
+  if (n.phase != ir::Phase::Forward && n.origin != ir::kNoNode && is_contraction(g.node(n.origin))) forward = &g.node(n.origin);
+  return reads_any_param(g, *forward) ? MatmulRole::Weight : MatmulRole::Activation;
+}
+
 void PhaseCost::add(const OpRow& row) {
   flops += row.cost.flops;
   bytes_read += row.cost.bytes_read;
   bytes_written += row.cost.bytes_written;
   recompute_flops += row.cost.recompute_flops;
-  if (row.category == "param-matmul") param_matmul_flops += row.cost.flops;
-  else if (row.category == "activation-matmul") activation_matmul_flops += row.cost.flops;
+  if (row.matmul == MatmulRole::Weight) param_matmul_flops += row.cost.flops;
+  else if (row.matmul == MatmulRole::Activation) activation_matmul_flops += row.cost.flops;
   else {
     // Fused attention's q·kᵀ and p·v are the activation matmuls it replaced,
     // the fused classifier's x·wᵀ and its gradients the weight matmuls; their
@@ -117,7 +113,10 @@ StepCost analyze_step(const ir::Graph& g, const Device* device) {
     row.node = id;
     row.phase = n.phase;
     row.cost = info.cost(g, n);
-    row.category = category_of(g, n);
+    row.matmul = matmul_role(g, n);
+    row.category = row.matmul == MatmulRole::Weight       ? "param-matmul"
+                   : row.matmul == MatmulRole::Activation ? "activation-matmul"
+                                                          : std::string(ir::op_class_name(info.op_class));
     row.copies = n.op == ir::Op::Copy && n.phase == ir::Phase::Forward;
     row.compute_dtype = compute_dtype(g, n);
     const bool classifier = info.op_class == ir::OpClass::Classifier;

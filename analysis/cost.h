@@ -25,11 +25,18 @@
 
 namespace napkin::analysis {
 
+// Which matmul a contraction is (Terms above); None for every other op.
+enum class MatmulRole : uint8_t { None, Weight, Activation };
+MatmulRole matmul_role(const ir::Graph& g, const ir::Node& n);
+
 struct OpRow {
   ir::NodeId node = ir::kNoNode;
   ir::Phase phase = ir::Phase::Forward;
   ir::OpCost cost;
-  std::string category;  // "param-matmul", "activation-matmul", "elementwise", "view", ...
+  MatmulRole matmul = MatmulRole::None;
+  // How the report names its work: "param-matmul", "activation-matmul" (by
+  // `matmul`), else its op class's name ("elementwise", "view", ...).
+  std::string category;
   bool copies = false;   // a Copy the einops lowering needed (a rearrange that is not a view)
   ir::DType compute_dtype = ir::DType::F32;  // the dtype whose device peak bounds the op
   bool no_peak = false;  // the device has no peak for compute_dtype: no time is guessed

@@ -113,7 +113,7 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
   }
 
   // Each kernel's end on the single-rank timeline, and the kernel of every node it runs.
-  const ir::FusionGroups groups = ir::fusion_groups(g);
+  const std::vector<StepKernel> steps = step_kernels(g, ir::fusion_groups(g));  // t.kernels[i] is steps[i]'s
   std::map<ir::NodeId, size_t> kernel_of;
   std::vector<double> end(t.kernels.size());
   double clock = 0, forward = 0, backward = 0, optimizer = 0, backward_end = 0;
@@ -123,12 +123,7 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
     end[i] = clock;
     (k.phase == ir::Phase::Forward ? forward : k.phase == ir::Phase::Backward ? backward : optimizer) += k.seconds;
     if (k.phase == ir::Phase::Backward) backward_end = clock;
-    kernel_of[k.node] = i;
-    std::vector<int> members;
-    if (k.batch >= 0) members = groups.batches[k.batch].groups;
-    else if (k.group >= 0) members = {k.group};
-    for (int gid : members)
-      for (ir::NodeId id : groups.groups[gid].nodes) kernel_of[id] = i;
+    for (ir::NodeId id : steps[i].nodes) kernel_of[id] = i;
   }
   if (backward_end == 0) backward_end = forward;
   d.backward_seconds = backward;

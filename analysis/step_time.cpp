@@ -8,51 +8,12 @@
 
 namespace napkin::analysis {
 
-std::string_view kernel_class_name(KernelClass c) {
-  switch (c) {
-    case KernelClass::Matmul: return "matmul";
-    case KernelClass::Attention: return "attention";
-    case KernelClass::Elementwise: return "elementwise";
-    case KernelClass::Normalization: return "normalization";
-    case KernelClass::Loss: return "loss";
-    case KernelClass::Optimizer: return "optimizer";
-    case KernelClass::Copy: return "copy";
-  }
-  return "?";
-}
-
 double group_bytes(const ir::Graph& g, const ir::FusionGroup& group) {
   double bytes = 0;
   for (ir::ValueId in : group.inputs) bytes += ir::distinct_bytes(g, in);
   for (ir::ValueId out : group.outputs) bytes += static_cast<double>(g.value(out).type.bytes());
   return bytes;
 }
-
-namespace {
-
-KernelClass class_of_node(const ir::Node& n, const OpRow& row) {
-  if (n.phase == ir::Phase::Optimizer) return KernelClass::Optimizer;
-  switch (ir::op_info(n.op).op_class) {
-    case ir::OpClass::Contraction:
-      return row.category == "param-matmul" ? KernelClass::Matmul : KernelClass::Attention;
-    case ir::OpClass::Copy:
-    case ir::OpClass::Gather: return KernelClass::Copy;
-    case ir::OpClass::Loss: return KernelClass::Loss;
-    case ir::OpClass::Attention: return KernelClass::Attention;
-    case ir::OpClass::Classifier: return KernelClass::Matmul;
-    case ir::OpClass::Normalization:
-      if (n.op == ir::Op::Softmax || n.op == ir::Op::SoftmaxGrad) return KernelClass::Attention;
-      if (n.op == ir::Op::CrossEntropyGrad) return KernelClass::Loss;
-      return KernelClass::Normalization;
-    case ir::OpClass::Source:
-    case ir::OpClass::Elementwise:
-    case ir::OpClass::Reduction:
-    case ir::OpClass::View: return KernelClass::Elementwise;
-  }
-  return KernelClass::Elementwise;
-}
-
-}  // namespace
 
 // "models/gpt.yaml:39,40" from the nodes' source locations.
 std::string yaml_lines(const ir::Graph& g, const std::vector<ir::NodeId>& nodes) {
@@ -74,7 +35,6 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
   std::map<ir::NodeId, const OpRow*> rows;
   for (const OpRow& row : cost.rows) rows[row.node] = &row;
   const ir::FusionGroups groups = ir::fusion_groups(g);
-  const std::vector<ir::NodeId>& schedule = g.schedule();
 
   const double loop_rate = device.loop_flops > 0 ? device.loop_flops : 0;
   const bool cache_modelled = device.cache_bytes > 0 && device.cache_bandwidth_bytes_per_s > 0;
@@ -85,69 +45,54 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
     std::vector<ir::ValueId> writes;
     double bytes_read = 0, bytes_written = 0;
     bool contraction = false;  // runs at the matmul peak
-    bool attention = false;    // ... with exp's on the side
-    bool classifier = false;   // ... likewise
-    ir::NodeId head = ir::kNoNode;  // a GEMM epilogue group's contraction
+    bool gemm = false;         // ... with no exp's on the side (attention's and the classifier's have them)
   };
   std::vector<Access> accesses;
-  for (int p = 0; p < static_cast<int>(schedule.size()); ++p) {
-    const ir::Node& n = g.node(schedule[p]);
-    int gid = groups.group_at[p];
-    if (gid < 0 && ir::op_info(n.op).op_class == ir::OpClass::View) continue;  // free: no kernel
-    if (gid >= 0 && groups.groups[gid].nodes.back() != n.id) continue;          // a group is its last member
-    const int batch = gid >= 0 ? groups.batch_of[gid] : -1;
-    if (batch >= 0 && groups.batches[batch].groups.back() != gid) continue;     // a batch is its last group
-    KernelTime k;
+  for (const StepKernel& step : step_kernels(g, groups)) {
+    const ir::Node& n = g.node(step.nodes.back());
+    KernelTime k{.node = n.id, .group = step.group, .batch = step.batch, .phase = step.phase,
+                 .kind = kernel_class(g, step), .lines = yaml_lines(g, step.nodes), .scope = n.scope};
     Access a;
-    k.node = n.id;
-    k.group = gid;
-    k.batch = batch;
-    k.phase = n.phase;
-    const OpRow& row = *rows.at(n.id);
-    k.compute_dtype = row.compute_dtype;
-    k.scope = n.scope;
+    const bool attention = step.kind == KernelKind::Attention || step.kind == KernelKind::CachedAttention;
+    const bool classifier = step.kind == KernelKind::Classifier;
+    a.gemm = step.kind == KernelKind::Gemm || step.kind == KernelKind::ContractionLoops;
+    a.contraction = a.gemm || attention || classifier;
+    // Its product's node: a GEMM epilogue group's first member is its contraction.
+    const ir::Node& head = g.node(step.nodes.front());
+    k.compute_dtype = rows.at(a.contraction ? head.id : n.id)->compute_dtype;
+    if (a.contraction) {
+      // Fused attention's products are GEMM tiles whose narrowest dim is
+      // head_dim; the classifier's, GEMMs over rows x chunk x d.
+      k.narrowest = attention    ? ir::attention_dims(g, head).head_dim
+                    : classifier ? ir::classifier_dims(g, head).d
+                                 : ir::contraction_dims(g, head).narrowest();
+      k.rate = matmul_peak(device, k.compute_dtype, allow_tf32) * gemm_efficiency(device, k.compute_dtype, k.narrowest);
+    } else {
+      k.rate = loop_rate > 0 ? loop_rate : vector_peak(device, k.compute_dtype);
+    }
     auto add_reads = [&](const std::vector<ir::ValueId>& values) {
       for (ir::ValueId v : values) a.reads.emplace_back(g.value(v).storage, ir::distinct_bytes(g, v));
     };
-    if (gid >= 0) {
-      // A batch's kernel does the work of every group in it.
-      const std::vector<int> members = batch >= 0 ? groups.batches[batch].groups : std::vector<int>{gid};
-      std::vector<ir::NodeId> nodes;
-      for (int member : members) {
+    for (ir::NodeId id : step.nodes) {  // a batch's kernel does the work of every group in it
+      k.flops += rows.at(id)->cost.flops + rows.at(id)->cost.recompute_flops;  // the kernel runs both
+      k.transcendentals += ir::transcendentals(g, g.node(id));
+    }
+    if (step.group >= 0) {
+      for (int member : step.batch >= 0 ? groups.batches[step.batch].groups : std::vector<int>{step.group}) {
         const ir::FusionGroup& fg = groups.groups[member];
-        for (ir::NodeId id : fg.nodes) {
-          k.flops += rows.at(id)->cost.flops;
-          k.transcendentals += ir::transcendentals(g, g.node(id));
-        }
         add_reads(fg.inputs);
         for (ir::ValueId v : fg.outputs) {
           a.writes.push_back(g.value(v).storage);
           a.bytes_written += static_cast<double>(g.value(v).type.bytes());
         }
-        nodes.insert(nodes.end(), fg.nodes.begin(), fg.nodes.end());
       }
       for (const auto& [storage, bytes] : a.reads) a.bytes_read += bytes;
-      k.kind = n.phase == ir::Phase::Optimizer ? KernelClass::Optimizer : KernelClass::Elementwise;
-      k.lines = yaml_lines(g, nodes);
-      if (const ir::NodeId head = groups.groups[gid].contraction; head != ir::kNoNode) {
-        // A GEMM with its epilogue: at the matmul rate of the contraction's dtype.
-        k.kind = KernelClass::Matmul;
-        k.compute_dtype = rows.at(head)->compute_dtype;
-        a.contraction = true;
-        a.head = head;
-      }
     } else {
-      k.flops = row.cost.flops + row.cost.recompute_flops;  // the kernel runs both
-      k.transcendentals = ir::transcendentals(g, n);
+      const OpRow& row = *rows.at(n.id);
       add_reads(n.inputs);
       for (ir::ValueId v : n.outputs) a.writes.push_back(g.value(v).storage);
       a.bytes_read = row.cost.bytes_read;
       a.bytes_written = row.cost.bytes_written;
-      k.kind = class_of_node(n, row);
-      k.lines = yaml_lines(g, {n.id});
-      a.attention = ir::op_info(n.op).op_class == ir::OpClass::Attention;
-      a.classifier = ir::op_info(n.op).op_class == ir::OpClass::Classifier;
-      a.contraction = ir::op_info(n.op).op_class == ir::OpClass::Contraction || a.attention || a.classifier;
     }
     k.bytes = a.bytes_read + a.bytes_written;
     t.kernels.push_back(std::move(k));
@@ -174,16 +119,6 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
   for (size_t i = 0; i < t.kernels.size(); ++i) {
     KernelTime& k = t.kernels[i];
     const Access& a = accesses[i];
-    if (a.contraction) {
-      // Fused attention's products are GEMM tiles whose narrowest dim is
-      // head_dim; the classifier's, GEMMs over rows x chunk x d.
-      k.narrowest = a.attention    ? ir::attention_dims(g, g.node(k.node)).head_dim
-                    : a.classifier ? ir::classifier_dims(g, g.node(k.node)).d
-                                   : ir::contraction_dims(g, g.node(a.head != ir::kNoNode ? a.head : k.node)).narrowest();
-      k.rate = matmul_peak(device, k.compute_dtype, allow_tf32) * gemm_efficiency(device, k.compute_dtype, k.narrowest);
-    } else {
-      k.rate = loop_rate > 0 ? loop_rate : vector_peak(device, k.compute_dtype);
-    }
     double memory = 0;
     if (cache_modelled) {
       double cached = 0, counted = 0;
@@ -212,7 +147,7 @@ StepTime predict_step_time(const ir::Graph& g, const StepCost& cost, const Devic
       ++t.kernels_without_peak;
     } else {
       k.compute_seconds = k.flops > 0 ? k.flops / k.rate : 0;
-      if ((!a.contraction || a.attention || a.classifier) && device.transcendental_rate > 0) k.compute_seconds += k.transcendentals / device.transcendental_rate;
+      if (!a.gemm && device.transcendental_rate > 0) k.compute_seconds += k.transcendentals / device.transcendental_rate;
       k.memory_seconds = memory;
       k.seconds = std::max(k.compute_seconds, k.memory_seconds) + device.launch_seconds;
       const double peak_rate = a.contraction ? matmul_peak(device, k.compute_dtype, allow_tf32) : vector_peak(device, k.compute_dtype);

@@ -1,6 +1,6 @@
 // The time model: the predicted time of one training step on a device, kernel
-// by kernel after fusion, the same kernels the backends run (codegen/plan.h:
-// one fusion group or one non-view node each). `napkin report --device`, the
+// by kernel after fusion: the step's kernels (analysis/step_kernels.h), which
+// the backends run, in their order. `napkin report --device`, the
 // trainer's banner, its end-of-run line, `--profile` and the metrics file all
 // print this one prediction (docs/report.md, "time model").
 //
@@ -28,30 +28,16 @@
 
 #include "analysis/cost.h"
 #include "analysis/devices.h"
+#include "analysis/step_kernels.h"
 #include "ir/fusion_group.h"
 #include "ir/graph.h"
 
 namespace napkin::analysis {
 
-// What a kernel does, for grouping measured and predicted time:
-//   matmul         a contraction that reads a parameter (or is the backward of
-//                  one), and the fused classifier (its products with w)
-//   attention      a contraction between activations (scores, mixing) and the
-//                  softmax rows (softmax, softmax_grad) that sit between them
-//   elementwise    a fusion group or a single elementwise, reduction or source op
-//   normalization  layernorm, rmsnorm, log_softmax and their gradients
-//   loss           cross_entropy, mse and cross_entropy_grad
-//   optimizer      every kernel of the optimizer phase
-//   copy           copies the einops lowering needed, concat, pad, embedding
-//                  gathers and their gradient
-enum class KernelClass : uint8_t { Matmul, Attention, Elementwise, Normalization, Loss, Optimizer, Copy };
-inline constexpr int kNumKernelClasses = 7;
-std::string_view kernel_class_name(KernelClass c);  // "matmul", "attention", ...
-
 struct KernelTime {
-  ir::NodeId node = ir::kNoNode;  // the node a backend names the kernel by: a group's last member
-  int group = -1;                 // fusion group id (a batch's last group), -1 for an unfused node
-  int batch = -1;                 // the batch (ir/fusion_group.h) it runs, -1 for none
+  // Of its step kernel (analysis/step_kernels.h): the last node, group, batch, phase and kernel_class.
+  ir::NodeId node = ir::kNoNode;
+  int group = -1, batch = -1;
   ir::Phase phase = ir::Phase::Forward;
   KernelClass kind = KernelClass::Elementwise;
   double flops = 0, bytes = 0;
@@ -70,7 +56,7 @@ struct KernelTime {
 
 struct StepTime {
   const Device* device = nullptr;
-  std::vector<KernelTime> kernels;  // schedule order
+  std::vector<KernelTime> kernels;  // one per step kernel (analysis/step_kernels.h), in its order
   double seconds = 0;               // sum over kernels (those without a peak left out)
   double launch_seconds = 0;        // the part of `seconds` that is launch overhead
   std::array<double, kNumKernelClasses> class_seconds{};

@@ -45,43 +45,6 @@ Operand operand(const ir::Graph& g, const analysis::MemoryPlan& arena, ir::Value
   return o;
 }
 
-// The axes of a contraction (see contraction.h), from its operands.
-std::vector<ContractionAxis> contraction_axes(const ir::ContractionParams& p, const Operand& a, const Operand& b,
-                                              const Operand& c) {
-  std::vector<ContractionAxis> axes;
-  if (p.einsum) {
-    const auto& lhs = p.lhs;
-    const auto& rhs = p.rhs;
-    const auto& out = p.out;
-    int64_t max_id = 0;
-    for (const auto* ids : {&lhs, &rhs, &out})
-      for (int64_t id : *ids) max_id = std::max(max_id, id);
-    axes.resize(max_id + 1);
-    // An id repeated within one operand (a diagonal) adds its strides.
-    for (size_t i = 0; i < lhs.size(); ++i) axes[lhs[i]].size = a.sizes[i], axes[lhs[i]].a += a.strides[i];
-    for (size_t i = 0; i < rhs.size(); ++i) axes[rhs[i]].size = b.sizes[i], axes[rhs[i]].b += b.strides[i];
-    for (size_t i = 0; i < out.size(); ++i) axes[out[i]].size = c.sizes[i], axes[out[i]].c += c.strides[i];
-    return axes;
-  }
-  // matmul: (..., m, k) @ (..., k, n) -> (..., m, n); batch dims broadcast
-  // (aligned from the right; a missing or size-1 dim has stride 0).
-  int ra = static_cast<int>(a.sizes.size()), rb = static_cast<int>(b.sizes.size()), rc = static_cast<int>(c.sizes.size());
-  NAPKIN_INTERNAL_CHECK(ra >= 2 && rb >= 2, "matmul operands below rank 2");
-  for (int d = 0; d < rc - 2; ++d) {
-    ContractionAxis ax;
-    ax.size = c.sizes[d];
-    ax.c = c.strides[d];
-    int da = d - (rc - ra), db = d - (rc - rb);
-    if (da >= 0 && a.sizes[da] == ax.size) ax.a = a.strides[da];
-    if (db >= 0 && b.sizes[db] == ax.size) ax.b = b.strides[db];
-    axes.push_back(ax);
-  }
-  axes.push_back({c.sizes[rc - 2], a.strides[ra - 2], 0, c.strides[rc - 2]});  // m
-  axes.push_back({c.sizes[rc - 1], 0, b.strides[rb - 1], c.strides[rc - 1]});  // n
-  axes.push_back({a.sizes[ra - 1], a.strides[ra - 1], b.strides[rb - 2], 0});  // k
-  return axes;
-}
-
 std::string where(const ir::Node& n) {
   if (!n.loc.known()) return n.scope;
   std::string s = fmt::format("{}:{}:{}", *n.loc.file, n.loc.line, n.loc.col);
@@ -108,13 +71,12 @@ void gemm_with_epilogue(const ir::Graph& g, const ir::FusionGroup& fg, Kernel& k
     return static_cast<int>(std::find(fg.inputs.begin(), fg.inputs.end(), v) - fg.inputs.begin());
   };
   NAPKIN_INTERNAL_CHECK(input_index(c.in(0)) == 0 && input_index(c.in(1)) == 1, "a GEMM epilogue's A and B are inputs 0 and 1");
-  k.kind = KernelKind::Gemm;
   k.params = ir::loop_params(c.op, c.attrs);
-  k.contraction = contraction_axes(std::get<ir::ContractionParams>(k.params), k.inputs[0], k.inputs[1], k.output);
-  NAPKIN_INTERNAL_CHECK(gemm_takes(k.inputs[0].dtype, k.inputs[1].dtype, ir::DType::F32),
+  k.contraction = analysis::contraction_axes(g, c, form->result);
+  NAPKIN_INTERNAL_CHECK(analysis::gemm_takes(k.inputs[0].dtype, k.inputs[1].dtype, ir::DType::F32),
                         "the GEMM library takes no {} x {} product", ir::dtype_name(k.inputs[0].dtype),
                         ir::dtype_name(k.inputs[1].dtype));
-  k.matmul = lower_to_gemm(k.contraction);
+  k.matmul = analysis::lower_to_gemm(k.contraction);
   const int64_t n = k.output.sizes.back();
   NAPKIN_INTERNAL_CHECK(k.matmul && k.matmul->batch.empty() && !k.matmul->swap_operands && k.matmul->n == n &&
                             k.matmul->c_m_stride == n,
@@ -151,14 +113,12 @@ Kernel fused_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const
     k.op = n.op;
     k.attrs = n.attrs;
   }
-  k.kind = KernelKind::FusedElementwise;
   std::vector<ir::ValueId> outputs = fg.outputs;
   if (fg.reduction != ir::kNoNode) {  // the elementwise members are the reduction's prologue
     const ir::Node& r = g.node(fg.reduction);
     auto at = std::find(outputs.begin(), outputs.end(), r.out());
     NAPKIN_INTERNAL_CHECK(at != outputs.end(), "fusion group {} ends with a reduction whose result it does not store", fg.id);
     std::rotate(outputs.begin(), at, at + 1);  // the reduction's result is Kernel::output; the stores follow
-    k.kind = KernelKind::Reduction;
     k.params = ir::loop_params(r.op, r.attrs);
   }
   for (ir::ValueId out : outputs) {
@@ -175,47 +135,18 @@ Kernel fused_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const
   return k;
 }
 
-// The kernel of one node, named by its position in the plan.
-Kernel node_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const ir::Node& n, size_t index) {
+// The kernel of one node.
+Kernel node_kernel(const ir::Graph& g, const analysis::MemoryPlan& arena, const ir::Node& n) {
   Kernel k;
   k.node = n.id;
   k.op = n.op;
   k.phase = n.phase;
   k.attrs = n.attrs;
-  k.name = fmt::format("k{}_{}", index, ir::op_name(n.op));
   k.where = where(n);
   for (ir::ValueId in : n.inputs) k.inputs.push_back(operand(g, arena, in));
   k.output = operand(g, arena, n.out());
   for (size_t i = 1; i < n.outputs.size(); ++i) k.extra_outputs.push_back(operand(g, arena, n.out(static_cast<int>(i))));
   return k;
-}
-
-// Whether fusion group fg is a GEMM and its bias gradient (ir/gemm_epilogue.h GemmBiasGrad).
-bool bias_grad_group(const ir::Graph& g, const ir::FusionGroup& fg) {
-  return fg.contraction != ir::kNoNode && fg.reduction != ir::kNoNode && fg.nodes.size() == 2 &&
-         ir::match_gemm_bias_grad(g, fg.contraction, fg.reduction).has_value();
-}
-
-// The kind of a kernel of one node, from its op's loop kind: a contraction
-// is a Gemm where the GEMM library takes it (then `matmul` is set).
-KernelKind kind_of(const Kernel& k) {
-  switch (ir::op_info(k.op).loop) {
-    case ir::LoopKind::Fill: return KernelKind::Fill;
-    case ir::LoopKind::Elementwise: return KernelKind::Elementwise;
-    case ir::LoopKind::Reduction: return KernelKind::Reduction;
-    case ir::LoopKind::Contraction: return k.matmul ? KernelKind::Gemm : KernelKind::ContractionLoops;
-    case ir::LoopKind::Concat: return KernelKind::Concat;
-    case ir::LoopKind::Gather: return KernelKind::Gather;
-    case ir::LoopKind::ScatterAdd: return KernelKind::ScatterAdd;
-    case ir::LoopKind::Rows: return KernelKind::Rows;
-    case ir::LoopKind::Mse: return KernelKind::Mse;
-    case ir::LoopKind::Attention: return KernelKind::Attention;
-    case ir::LoopKind::Classifier: return KernelKind::Classifier;
-    case ir::LoopKind::CachedAttention: return KernelKind::CachedAttention;
-    case ir::LoopKind::View: break;
-  }
-  NAPKIN_INTERNAL_CHECK(false, "a view has no kernel ({})", k.name);
-  return KernelKind::Elementwise;
 }
 
 }  // namespace
@@ -326,7 +257,7 @@ int param_of_target(const ir::Graph& g, ir::ValueId target) {
 // what its readers serve, and skipping a kernel that serves none of a
 // rank's parameters starves nothing that rank runs); shared state's update
 // (-1) makes a node shared.
-void mark_served(const ir::Graph& g, KernelPlan& plan) {
+void mark_served(const ir::Graph& g, const std::vector<analysis::StepKernel>& steps, KernelPlan& plan) {
   const size_t n_params = g.params.size();
   std::map<ir::NodeId, std::vector<bool>> serves;  // per node: a flag per param, then one for "shared"
   auto of = [&](ir::NodeId id) -> std::vector<bool>& {
@@ -365,16 +296,11 @@ void mark_served(const ir::Graph& g, KernelPlan& plan) {
     if (params.empty()) return std::nullopt;
     return params;
   };
-  for (Kernel& k : plan.kernels) {
+  for (size_t i = 0; i < plan.kernels.size(); ++i) {
+    Kernel& k = plan.kernels[i];
     if (k.phase != ir::Phase::Optimizer) continue;
-    std::vector<ir::NodeId> nodes{k.node};
-    if (k.fused)
-      for (const FusedOp& op : k.fused->ops) nodes.push_back(op.node);
-    for (const BatchMember& m : k.batch) {
-      nodes.insert(nodes.end(), m.nodes.begin(), m.nodes.end());
-      k.member_serves.push_back(served_by(m.nodes));
-    }
-    k.serves = served_by(nodes);
+    for (const BatchMember& m : k.batch) k.member_serves.push_back(served_by(m.nodes));
+    k.serves = served_by(steps[i].nodes);
   }
 }
 
@@ -386,20 +312,15 @@ KernelPlan plan_kernels(const ir::Graph& g) {
   plan.liveness_peak = arena.liveness_peak;
 
   const ir::FusionGroups groups = ir::fusion_groups(g);
-  const std::vector<ir::NodeId>& schedule = g.schedule();
-  for (int position = 0; position < static_cast<int>(schedule.size()); ++position) {
-    const ir::Node& n = g.node(schedule[position]);
-    ir::OpClass cls = ir::op_info(n.op).op_class;
-    if (cls == ir::OpClass::View) continue;  // a window on its input's buffer: no work
-    int group = groups.group_at[position];
-    if (group >= 0 && groups.groups[group].first != position) continue;  // inside the fused kernel below
-    const int batch = group >= 0 ? groups.batch_of[group] : -1;
-    if (batch >= 0 && groups.batches[batch].groups.front() != group) continue;  // inside the batch's kernel
+  const std::vector<analysis::StepKernel> steps = analysis::step_kernels(g, groups);
+  for (const analysis::StepKernel& step : steps) {
+    const ir::Node& n = g.node(step.nodes.front());
+    const ir::FusionGroup* fg = step.group >= 0 ? &groups.groups[step.group] : nullptr;
     Kernel k;
-    if (batch >= 0) {
+    if (step.batch >= 0) {
       // One kernel for the batch: its first group's, with every group's operands in `batch`.
       std::vector<BatchMember> members;
-      for (int member : groups.batches[batch].groups) {
+      for (int member : groups.batches[step.batch].groups) {
         Kernel m = fused_kernel(g, arena, groups.groups[member]);
         int64_t numel = 1;
         for (int64_t size : m.fused->shape) numel *= size;
@@ -409,34 +330,29 @@ KernelPlan plan_kernels(const ir::Graph& g) {
         if (members.size() == 1) k = std::move(m);
       }
       k.batch = std::move(members);
-      // Named by its last node, as the time model names it (analysis/step_time.h).
-      k.node = groups.groups[groups.batches[batch].groups.back()].nodes.back();
-      k.name = fmt::format("k{}_batched_{}_x{}", plan.kernels.size(), ir::op_name(k.op), k.batch.size());
-    } else if (group >= 0 && bias_grad_group(g, groups.groups[group])) {
-      // The contraction's own kernel, which stores the bias gradient besides.
-      const ir::FusionGroup& fg = groups.groups[group];
-      k = node_kernel(g, arena, g.node(fg.contraction), plan.kernels.size());
-      k.extra_outputs.push_back(operand(g, arena, g.node(fg.reduction).out()));
-      k.bias_grad = fg.reduction;
-      k.name = fmt::format("k{}_{}_bias_grad", plan.kernels.size(), ir::op_name(k.op));
-    } else if (group >= 0) {
-      k = fused_kernel(g, arena, groups.groups[group]);
-      k.name = k.epilogue ? fmt::format("k{}_{}_epilogue", plan.kernels.size(), ir::op_name(k.fused->ops[0].op))
-                          : fmt::format("k{}_fused_{}", plan.kernels.size(), ir::op_name(k.op));
+      k.node = step.nodes.back();  // the node the time model keys a kernel by (analysis/step_time.h)
+    } else if (fg && fg->contraction != ir::kNoNode && fg->reduction != ir::kNoNode) {
+      // The contraction's own kernel, which stores the bias gradient (ir/gemm_epilogue.h GemmBiasGrad) besides.
+      NAPKIN_INTERNAL_CHECK(fg->nodes.size() == 2 && ir::match_gemm_bias_grad(g, fg->contraction, fg->reduction),
+                            "fusion group {} is a GEMM but neither its epilogue nor its bias gradient", fg->id);
+      k = node_kernel(g, arena, n);
+      k.extra_outputs.push_back(operand(g, arena, g.node(fg->reduction).out()));
+      k.bias_grad = fg->reduction;
+    } else if (fg) {
+      k = fused_kernel(g, arena, *fg);
     } else {
-      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || cls == ir::OpClass::Attention || cls == ir::OpClass::Classifier ||
+      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || step.kind == KernelKind::Attention || step.kind == KernelKind::Classifier ||
                                 n.op == ir::Op::LayerNormGrad || n.op == ir::Op::RMSNormGrad,
                             "a kernel node must have one output");
-      k = node_kernel(g, arena, n, plan.kernels.size());
+      k = node_kernel(g, arena, n);
     }
+    k.kind = step.kind;
+    k.name = step.name;
     NAPKIN_INTERNAL_CHECK(k.output.contiguous(), "a kernel output must be contiguous");
     if (!k.fused) {
       k.params = ir::loop_params(k.op, k.attrs);
-      if (const auto* c = std::get_if<ir::ContractionParams>(&k.params)) {
-        k.contraction = contraction_axes(*c, k.inputs[0], k.inputs[1], k.output);
-        if (gemm_takes(k.inputs[0].dtype, k.inputs[1].dtype, k.output.dtype)) k.matmul = lower_to_gemm(k.contraction);
-      }
-      k.kind = kind_of(k);
+      if (k.kind == KernelKind::Gemm || k.kind == KernelKind::ContractionLoops) k.contraction = analysis::contraction_axes(g, n, n.out());
+      if (k.kind == KernelKind::Gemm) k.matmul = analysis::lower_to_gemm(k.contraction);
     }
     NAPKIN_INTERNAL_CHECK(k.bias_grad == ir::kNoNode || (k.kind == KernelKind::Gemm && k.matmul->batch.empty() &&
                                                           !k.matmul->swap_operands),
@@ -461,7 +377,7 @@ KernelPlan plan_kernels(const ir::Graph& g) {
   }
   plan.gradients = planned_gradients(g, arena);
   mark_ready(plan);
-  mark_served(g, plan);
+  mark_served(g, steps, plan);
 
   for (const ir::Graph::Update& u : g.updates) {
     int64_t from = arena.offset_of(g, u.value), to = arena.offset_of(g, u.target);

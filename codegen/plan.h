@@ -6,13 +6,13 @@
 //  - operand: where a kernel reads or writes one tensor: a byte offset into
 //    the arena (analysis/memory_plan.h) plus sizes and element strides, so a view
 //    (transpose, broadcast, slice) is read in place, never copied.
-//  - kernel: one non-view node of the schedule, or one fusion group
-//    (ir/fusion_group.h), in schedule order. Its kind (KernelKind), stamped
-//    here once, says which emitter makes it: a Gemm kernel is a contraction
-//    the GEMM library runs (codegen/contraction.h); every other kind is a
-//    loop kernel, generated code. Backends and the interpreter switch on the
-//    kind (the interpreter on its op's ir::LoopKind) and read the kind's
-//    parameters, never the op.
+//  - kernel: one of the step's kernels (analysis/step_kernels.h: a non-view
+//    node, a fusion group or a batch of groups), in their order, with the
+//    kind and name listed there. Its kind (KernelKind) says which emitter
+//    makes it: a Gemm kernel is a contraction the GEMM library runs
+//    (analysis/contraction.h); every other kind is a loop kernel, generated
+//    code. Backends and the interpreter switch on the kind (the interpreter
+//    on its op's ir::LoopKind) and read the kind's parameters, never the op.
 //  - fused loop kernel: a FusedElementwise kernel (`fused` set), or a Gemm
 //    with an epilogue (`fused` and `epilogue` set). It loops
 //    over the group's iteration shape; per element it loads the group inputs
@@ -33,8 +33,9 @@
 #include <variant>
 #include <vector>
 
+#include "analysis/contraction.h"
 #include "analysis/memory_plan.h"
-#include "codegen/contraction.h"
+#include "analysis/step_kernels.h"
 #include "ir/gemm_epilogue.h"
 #include "ir/graph.h"
 
@@ -50,25 +51,10 @@ struct Operand {
   bool contiguous() const;
 };
 
-// What a kernel runs as: its op's ir::LoopKind (ir/loop.h), except that a
-// fusion group is one FusedElementwise kernel and a contraction is a Gemm or,
-// where the GEMM library cannot take it, ContractionLoops.
-enum class KernelKind : uint8_t {
-  Fill,              // constant, arange: Kernel::fill()
-  Elementwise,       // one elementwise op
-  FusedElementwise,  // a fusion group: Kernel::fused
-  Reduction,         // Kernel::reduction()
-  Gemm,              // Kernel::matmul: the GEMM library's call
-  ContractionLoops,  // Kernel::contraction as generated loops
-  Concat,            // concat, pad: Kernel::concat()
-  Gather,            // embedding: embedding_loop
-  ScatterAdd,        // the embedding gradient: embedding_loop
-  Rows,              // Kernel::rows(): row_loop
-  Mse,
-  Attention,         // fused attention, forward or backward: Kernel::attention()
-  Classifier,        // the fused classifier, forward or backward: Kernel::classifier()
-  CachedAttention,   // attention against a KV cache (inference): Kernel::cached_attention()
-};
+// The step's kernels' kinds (analysis/step_kernels.h) and the GEMM lowering (analysis/contraction.h).
+using analysis::ContractionAxis;
+using analysis::KernelKind;
+using analysis::MatmulLowering;
 
 // An argument of a fused op: the kernel's input `index`, or the result of
 // the fused kernel's op `index` (an earlier one).

@@ -309,8 +309,10 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
                    {"lo", t.init.lo}, {"hi", t.init.hi}};
     tensors.push_back(std::move(j));
   }
-  std::map<ir::NodeId, const analysis::KernelTime*> predicted;
-  for (const analysis::KernelTime& k : facts.predicted.kernels) predicted[k.node] = &k;
+  // The time model's kernels are the plan's (analysis/step_kernels.h), one for one.
+  const std::vector<analysis::KernelTime>& predicted = facts.predicted.kernels;
+  NAPKIN_INTERNAL_CHECK(predicted.empty() || predicted.size() == plan.kernels.size(),
+                        "the time model has {} kernels, the plan {}", predicted.size(), plan.kernels.size());
   json kernels = json::array();
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
@@ -342,9 +344,8 @@ std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::
     if (k.kind == KernelKind::Attention) j["attention"] = attention_json(k);
     if (k.kind == KernelKind::Classifier) j["classifier"] = classifier_json(k);
     if (k.kind == KernelKind::CachedAttention) j["cached_attention"] = cached_attention_json(k);
-    // The time model names a group's kernel by its last member: a bias gradient's GEMM by its reduction.
-    if (auto it = predicted.find(k.bias_grad != ir::kNoNode ? k.bias_grad : k.node); it != predicted.end()) {
-      const analysis::KernelTime& t = *it->second;
+    if (!predicted.empty()) {
+      const analysis::KernelTime& t = predicted[i];
       j["class"] = std::string(analysis::kernel_class_name(t.kind));
       j["flops"] = t.flops;
       j["bytes"] = t.bytes;

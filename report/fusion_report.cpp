@@ -8,6 +8,7 @@
 #include <set>
 
 #include "analysis/memory.h"
+#include "analysis/step_kernels.h"
 #include "analysis/step_time.h"
 #include "ir/fusion_group.h"
 #include "ir/gemm_epilogue.h"
@@ -75,14 +76,9 @@ FusionSummary summarize_fusion(const ir::Graph& g) {
     ++s.kernels_before[phase];
     s.bytes_before += bytes;
     if (cls == ir::OpClass::Normalization || cls == ir::OpClass::Loss) ++composite[std::string(ir::op_name(n.op))];
-    if (gid < 0) {
-      ++s.kernels_after[phase];
-      s.bytes_after += bytes;
-    } else if (groups.groups[gid].nodes.back() == n.id &&
-               (groups.batch_of[gid] < 0 || groups.batches[groups.batch_of[gid]].groups.back() == gid)) {
-      ++s.kernels_after[phase];  // a group's kernel, or a batch's (once)
-    }
+    if (gid < 0) s.bytes_after += bytes;
   }
+  for (const analysis::StepKernel& k : analysis::step_kernels(g, groups)) ++s.kernels_after[static_cast<int>(k.phase)];
   std::map<std::string, FusionPattern> patterns;
   const std::vector<std::string> pattern_of = group_patterns(g, groups);
   for (const ir::FusionGroup& fg : groups.groups) {

@@ -1,11 +1,12 @@
-#include "codegen/contraction.h"
+#include "analysis/contraction.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "ir/internal_check.h"
+#include "ir/loop.h"
 
-namespace napkin::codegen {
+namespace napkin::analysis {
 
 namespace {
 
@@ -48,6 +49,42 @@ bool unit_or_trivial(int64_t stride_1, int64_t size_1, int64_t stride_2, int64_t
 }
 
 }  // namespace
+
+std::vector<ContractionAxis> contraction_axes(const ir::Graph& g, const ir::Node& n, ir::ValueId out) {
+  const ir::ContractionParams p = std::get<ir::ContractionParams>(ir::loop_params(n.op, n.attrs));
+  const ir::Value &a = g.value(n.in(0)), &b = g.value(n.in(1)), &c = g.value(out);
+  const std::vector<int64_t> as = a.type.sizes(), bs = b.type.sizes(), cs = c.type.sizes();
+  const std::vector<int64_t> &at = a.layout.strides, &bt = b.layout.strides, &ct = c.layout.strides;
+  std::vector<ContractionAxis> axes;
+  if (p.einsum) {
+    int64_t max_id = 0;
+    for (const auto* ids : {&p.lhs, &p.rhs, &p.out})
+      for (int64_t id : *ids) max_id = std::max(max_id, id);
+    axes.resize(max_id + 1);
+    // An id repeated within one operand (a diagonal) adds its strides.
+    for (size_t i = 0; i < p.lhs.size(); ++i) axes[p.lhs[i]].size = as[i], axes[p.lhs[i]].a += at[i];
+    for (size_t i = 0; i < p.rhs.size(); ++i) axes[p.rhs[i]].size = bs[i], axes[p.rhs[i]].b += bt[i];
+    for (size_t i = 0; i < p.out.size(); ++i) axes[p.out[i]].size = cs[i], axes[p.out[i]].c += ct[i];
+    return axes;
+  }
+  // matmul: (..., m, k) @ (..., k, n) -> (..., m, n); batch dims broadcast
+  // (aligned from the right; a missing or size-1 dim has stride 0).
+  const int ra = static_cast<int>(as.size()), rb = static_cast<int>(bs.size()), rc = static_cast<int>(cs.size());
+  NAPKIN_INTERNAL_CHECK(ra >= 2 && rb >= 2, "matmul operands below rank 2");
+  for (int d = 0; d < rc - 2; ++d) {
+    ContractionAxis ax;
+    ax.size = cs[d];
+    ax.c = ct[d];
+    const int da = d - (rc - ra), db = d - (rc - rb);
+    if (da >= 0 && as[da] == ax.size) ax.a = at[da];
+    if (db >= 0 && bs[db] == ax.size) ax.b = bt[db];
+    axes.push_back(ax);
+  }
+  axes.push_back({cs[rc - 2], at[ra - 2], 0, ct[rc - 2]});  // m
+  axes.push_back({cs[rc - 1], 0, bt[rb - 1], ct[rc - 1]});  // n
+  axes.push_back({as[ra - 1], at[ra - 1], bt[rb - 2], 0});  // k
+  return axes;
+}
 
 std::optional<MatmulLowering> lower_to_gemm(const std::vector<ContractionAxis>& all_axes) {
   std::vector<ContractionAxis> batch, m_axes, n_axes, k_axes;
@@ -107,10 +144,6 @@ std::optional<MatmulLowering> lower_to_gemm(const std::vector<ContractionAxis>& 
   return g;
 }
 
-}  // namespace napkin::codegen
-
-namespace napkin::codegen {
-
 bool gemm_takes(ir::DType a, ir::DType b, ir::DType c) {
   using ir::DType;
   auto gemm_float = [](DType t) { return t == DType::F32 || t == DType::F64 || t == DType::BF16 || t == DType::F16; };
@@ -120,4 +153,4 @@ bool gemm_takes(ir::DType a, ir::DType b, ir::DType c) {
   return c == a || ((a == DType::BF16 || a == DType::F16) && c == DType::F32);
 }
 
-}  // namespace napkin::codegen
+}  // namespace napkin::analysis

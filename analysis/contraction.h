@@ -1,4 +1,5 @@
-// Contractions (matmul, einsum) as GEMM calls.
+// Contractions (matmul, einsum) as GEMM calls: whether the GEMM library
+// takes one (which makes its kernel a Gemm, analysis/step_kernels.h) and how.
 //
 // Every contraction is a loop over axis ids; each id has a size and a stride
 // in A, B and the output C (0 where it does not occur). An id in A, B and C is
@@ -20,11 +21,12 @@
 #include <vector>
 
 #include "ir/dtype.h"
+#include "ir/graph.h"
 
-namespace napkin::codegen {
+namespace napkin::analysis {
 
 // The same fields as runtime::MatmulDesc (runtime/gemm.h): the runtime knows
-// nothing of the compiler, so the plan carries its own copy.
+// nothing of the compiler, so the kernel plan carries its own copy.
 struct MatmulLowering {
   bool swap_operands = false;  // A is the node's second input
   std::vector<int64_t> batch;
@@ -41,6 +43,11 @@ struct ContractionAxis {
   int64_t a = 0, b = 0, c = 0;
 };
 
+// The axes of contraction n storing its result in `out`: n's output, or the
+// value a GEMM epilogue stores (ir/gemm_epilogue.h), of the same shape.
+// Each operand is read with its layout's strides.
+std::vector<ContractionAxis> contraction_axes(const ir::Graph& g, const ir::Node& n, ir::ValueId out);
+
 // The GEMM form of the contraction, or nullopt when it has none (see above).
 std::optional<MatmulLowering> lower_to_gemm(const std::vector<ContractionAxis>& axes);
 
@@ -51,4 +58,4 @@ std::optional<MatmulLowering> lower_to_gemm(const std::vector<ContractionAxis>& 
 // inputs of a contraction to one dtype (mixed precision included).
 bool gemm_takes(ir::DType a, ir::DType b, ir::DType c);
 
-}  // namespace napkin::codegen
+}  // namespace napkin::analysis
