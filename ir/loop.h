@@ -1,7 +1,7 @@
 // The op's loop kind: the shape of the loop an op runs as, a column of its op
 // table row (OpInfo::loop), with the loop's parameters (ir/op.h
-// loop_params). The interpreter evaluates a node by it; the kernel plan turns
-// it into each kernel's KernelKind (codegen/plan.h), which may differ: a fused group of
+// loop_params). The interpreter evaluates a node by it; the step's kernels turn
+// it into each kernel's KernelKind (analysis/step_kernels.h), which may differ: a fused group of
 // elementwise ops is one kernel, a contraction runs as a GEMM or as loops.
 // An op's own arithmetic (the elementwise formulas, the row formulas) stays
 // with the kind's emitter; the loop kind only says which emitter it is.

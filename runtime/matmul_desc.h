@@ -1,6 +1,6 @@
 // One matmul as both GEMM back ends take it: row-major semantics,
 // C[batch.., m, n] = sum_k A[batch.., m, k] B[batch.., k, n], with element
-// strides for every dim (codegen/contraction.h lowers contractions to it).
+// strides for every dim (analysis/contraction.h lowers contractions to it).
 // Its own file so that a CUDA trainer, which runs matmuls on cuBLASLt
 // (runtime/cuda/cublaslt_matmul.h), does not link the CPU GEMM and oneDNN.
 #pragma once

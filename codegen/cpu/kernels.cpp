@@ -981,7 +981,7 @@ LoopInfo embedding_grad(LoopEmitter& e, const Kernel& k, int index) {
   return {1, false};
 }
 
-// A contraction the GEMM library cannot take (see codegen/contraction.h):
+// A contraction the GEMM library cannot take (see analysis/contraction.h):
 // out = 0, then out[c] += a[..] * b[..] over every axis. Correct, not fast.
 LoopInfo contraction_loops(LoopEmitter& e, const Kernel& k) {
   const Operand& a = k.inputs[0];
