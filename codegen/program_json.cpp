@@ -32,8 +32,7 @@ runtime::DType runtime_dtype(ir::DType t) { return runtime::parse_dtype(ir::dtyp
 // are, -1: none) and its bias gradient.
 runtime::MatmulSpec matmul_spec(const Kernel& k, const Launch& launch) {
   const MatmulLowering& m = *k.matmul;
-  const Operand& a = k.inputs[m.swap_operands ? 1 : 0];
-  const Operand& b = k.inputs[m.swap_operands ? 0 : 1];
+  const Operand &a = k.inputs[m.swap_operands ? 1 : 0], &b = k.inputs[m.swap_operands ? 0 : 1];
   runtime::MatmulSpec s;
   s.a = a.byte_offset, s.b = b.byte_offset, s.c = k.output.byte_offset;
   s.a_dtype = runtime_dtype(a.dtype), s.b_dtype = runtime_dtype(b.dtype);
@@ -68,8 +67,7 @@ runtime::ClassifierSpec classifier_spec(const Kernel& k) {
   NAPKIN_INTERNAL_CHECK(x.contiguous() && t.contiguous() && w.sizes.size() == 2,
                         "classifier operands must be contiguous x and targets and a 2-D w ({})", k.name);
   runtime::ClassifierSpec s;
-  s.backward = k.classifier().backward;
-  s.dtype = runtime_dtype(x.dtype);
+  s.backward = k.classifier().backward, s.dtype = runtime_dtype(x.dtype);
   s.desc = {rows, w.sizes[0], d, d, w.strides[0], w.strides[1], t.dtype == ir::DType::I64};
   s.x = x.byte_offset, s.w = w.byte_offset, s.targets = t.byte_offset;
   if (s.backward) {
@@ -95,26 +93,19 @@ runtime::AttentionSpec attention_spec(const Kernel& k) {
   const Operand &q = k.inputs[0], &kv = k.inputs[1];
   runtime::AttentionSpec s;
   runtime::AttentionDesc& d = s.desc;
-  s.backward = p.backward;
-  s.dtype = runtime_dtype(q.dtype);
+  s.backward = p.backward, s.dtype = runtime_dtype(q.dtype);
   d.causal = p.causal, d.scale = p.scale;
   d.batch = q.sizes[0], d.heads = q.sizes[1], d.kv_heads = kv.sizes[1];
   d.q_len = q.sizes[2], d.kv_len = kv.sizes[2], d.head_dim = q.sizes[3];
-  s.q = attention_operand(k.inputs[0], d.q);
-  s.k = attention_operand(k.inputs[1], d.k);
-  s.v = attention_operand(k.inputs[2], d.v);
+  s.q = attention_operand(q, d.q), s.k = attention_operand(kv, d.k), s.v = attention_operand(k.inputs[2], d.v);
   if (!p.backward) {
-    s.o = attention_operand(attention_output(k), d.o);
-    s.lse = k.extra_outputs.at(0).byte_offset;
+    s.o = attention_operand(attention_output(k), d.o), s.lse = k.extra_outputs.at(0).byte_offset;
     return s;
   }
-  s.o = attention_operand(k.inputs[3], d.o);
-  s.lse = k.inputs[4].byte_offset;
-  s.d_o = attention_operand(k.inputs[5], d.d_o);
+  s.o = attention_operand(k.inputs[3], d.o), s.lse = k.inputs[4].byte_offset;
   const std::vector<Operand> grads = attention_gradients(k);
-  s.dq = attention_operand(grads[0], d.dq);
-  s.dk = attention_operand(grads[1], d.dk);
-  s.dv = attention_operand(grads[2], d.dv);
+  s.d_o = attention_operand(k.inputs[5], d.d_o), s.dq = attention_operand(grads[0], d.dq);
+  s.dk = attention_operand(grads[1], d.dk), s.dv = attention_operand(grads[2], d.dv);
   return s;
 }
 
@@ -125,18 +116,13 @@ runtime::CachedAttentionSpec cached_attention_spec(const Kernel& k) {
   NAPKIN_INTERNAL_CHECK(positions.contiguous(), "cached attention positions must be contiguous ({})", k.name);
   runtime::CachedAttentionSpec s;
   runtime::CachedAttentionDesc& d = s.desc;
-  s.dtype = runtime_dtype(q.dtype);
-  d.scale = k.cached_attention().scale;
+  s.dtype = runtime_dtype(q.dtype), d.scale = k.cached_attention().scale;
   d.batch = q.sizes[0], d.heads = q.sizes[1], d.kv_heads = kv.sizes[1];
   d.rows = q.sizes[2], d.context = cache.sizes[2], d.head_dim = q.sizes[3];
   d.positions_i64 = positions.dtype == ir::DType::I64;
-  s.q = attention_operand(q, d.q);
-  s.k = attention_operand(kv, d.k);
-  s.v = attention_operand(k.inputs[2], d.v);
-  s.k_cache = attention_operand(cache, d.k_cache);
-  s.v_cache = attention_operand(k.inputs[4], d.v_cache);
-  s.o = attention_operand(k.output, d.o);
-  s.positions = positions.byte_offset;
+  s.q = attention_operand(q, d.q), s.k = attention_operand(kv, d.k), s.v = attention_operand(k.inputs[2], d.v);
+  s.k_cache = attention_operand(cache, d.k_cache), s.v_cache = attention_operand(k.inputs[4], d.v_cache);
+  s.o = attention_operand(k.output, d.o), s.positions = positions.byte_offset;
   return s;
 }
 
@@ -302,8 +288,7 @@ runtime::Program describe_program(const ir::Graph& g, const KernelPlan& plan, co
       s.predicted_seconds = t.no_peak ? -1 : t.seconds;
     }
   }
-  p.num_setup_kernels = plan.num_setup_kernels;
-  p.num_forward_kernels = plan.num_forward_kernels;
+  p.num_setup_kernels = plan.num_setup_kernels, p.num_forward_kernels = plan.num_forward_kernels;
   p.num_gradient_kernels = plan.num_gradient_kernels;
   for (const PlannedGradient& grad : plan.gradients)
     p.gradients.push_back({grad.param, runtime_dtype(grad.dtype), grad.byte_offset, grad.bytes, grad.ready_after});

@@ -72,12 +72,11 @@ void Executor::release(int64_t offset, int64_t bytes) {
 }
 
 void Executor::prepare() {
-  for (size_t i = 0; i < program_.kernels.size(); ++i) {
-    const KernelSpec& k = program_.kernels[i];
+  for (const KernelSpec& k : program_.kernels) {
     try {
       runners_.push_back(std::visit(
           overloaded{
-              [&](const LoopSpec& s) -> Runner { return LoopRunner{s, fns_[i]}; },
+              [](const LoopSpec&) -> Runner { return std::monostate(); },
               [&](const MatmulSpec& s) -> Runner {
                 if (s.a_dtype != s.b_dtype)
                   throw Error("no CPU matmul of " + std::string(dtype_name(s.a_dtype)) + " by " +
@@ -86,18 +85,13 @@ void Executor::prepare() {
                                                    LowPrecisionKernel::Auto, s.epilogue.has_value());
                 // oneDNN primitives (bf16) are created now, not in the first step.
                 gemm->prepare(pool_.num_threads());
-                return GemmRunner{s, std::move(gemm), fns_[i]};
+                return gemm;
               },
-              [&](const AttentionSpec& s) -> Runner {
-                return CallRunner<AttentionSpec, Attention>{s, std::make_unique<Attention>(s.desc, gemm_type(s.dtype))};
+              [](const AttentionSpec& s) -> Runner { return std::make_unique<Attention>(s.desc, gemm_type(s.dtype)); },
+              [](const CachedAttentionSpec& s) -> Runner {
+                return std::make_unique<CachedAttention>(s.desc, gemm_type(s.dtype));
               },
-              [&](const CachedAttentionSpec& s) -> Runner {
-                return CallRunner<CachedAttentionSpec, CachedAttention>{
-                    s, std::make_unique<CachedAttention>(s.desc, gemm_type(s.dtype))};
-              },
-              [&](const ClassifierSpec& s) -> Runner {
-                return CallRunner<ClassifierSpec, Classifier>{s, std::make_unique<Classifier>(s.desc, gemm_type(s.dtype))};
-              },
+              [](const ClassifierSpec& s) -> Runner { return std::make_unique<Classifier>(s.desc, gemm_type(s.dtype)); },
           },
           k.payload));
     } catch (const Error& e) {
@@ -109,58 +103,58 @@ void Executor::prepare() {
 void Executor::run_kernel(int i) {
   char* m = arena_;
   const KernelSpec& k = program_.kernels[i];
+  Runner& runner = runners_[static_cast<size_t>(i)];
   try {
     std::visit(
         overloaded{
-            [&](const LoopRunner& r) { run_loop(i, r); },
-            [&](const GemmRunner& r) {
-              const MatmulSpec& s = r.spec;
+            [&](const LoopSpec& s) { run_loop(i, s); },
+            [&](const MatmulSpec& s) {
+              Gemm& gemm = *std::get<std::unique_ptr<Gemm>>(runner);
               if (s.epilogue) {
                 // The kernel's generated function is its epilogue: rows [r0, r1) of D from their sums.
-                EpilogueCall call{reinterpret_cast<EpilogueFn>(r.epilogue), m};
+                EpilogueCall call{reinterpret_cast<EpilogueFn>(fns_[i]), m};
                 RowsEpilogue epilogue{[](void* ctx, int64_t r0, int64_t r1, const float* sums) {
                                         auto* c = static_cast<EpilogueCall*>(ctx);
                                         c->fn(c->arena, r0, r1, sums);
                                       },
                                       &call};
-                r.gemm->run_with_epilogue(m + s.a, m + s.b, epilogue, pool_);
+                gemm.run_with_epilogue(m + s.a, m + s.b, epilogue, pool_);
                 return;
               }
-              r.gemm->run(static_cast<const void*>(m + s.a), static_cast<const void*>(m + s.b),
-                          static_cast<void*>(m + s.c), pool_);
+              gemm.run(static_cast<const void*>(m + s.a), static_cast<const void*>(m + s.b),
+                       static_cast<void*>(m + s.c), pool_);
               // The weight gradient's bias gradient: B summed over k while it is still in cache.
               if (s.bias_grad >= 0)
                 sum_b_over_k(s.desc, gemm_type(s.b_dtype), m + s.b, reinterpret_cast<float*>(m + s.bias_grad), pool_);
             },
-            [&](const CallRunner<AttentionSpec, Attention>& r) {
-              const AttentionSpec& a = r.spec;
+            [&](const AttentionSpec& a) {
+              const Attention& attention = *std::get<std::unique_ptr<Attention>>(runner);
               if (a.backward)
-                r.kernel->backward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<const float*>(m + a.lse),
+                attention.backward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<const float*>(m + a.lse),
                                    m + a.d_o, m + a.dq, m + a.dk, m + a.dv, pool_);
               else
-                r.kernel->forward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<float*>(m + a.lse), pool_);
+                attention.forward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<float*>(m + a.lse), pool_);
             },
-            [&](const CallRunner<CachedAttentionSpec, CachedAttention>& r) {
-              const CachedAttentionSpec& a = r.spec;
-              r.kernel->run(m + a.q, m + a.k, m + a.v, m + a.k_cache, m + a.v_cache, m + a.positions, m + a.o, pool_);
+            [&](const CachedAttentionSpec& a) {
+              std::get<std::unique_ptr<CachedAttention>>(runner)->run(m + a.q, m + a.k, m + a.v, m + a.k_cache,
+                                                                      m + a.v_cache, m + a.positions, m + a.o, pool_);
             },
-            [&](const CallRunner<ClassifierSpec, Classifier>& r) {
-              const ClassifierSpec& c = r.spec;
+            [&](const ClassifierSpec& c) {
+              const Classifier& classifier = *std::get<std::unique_ptr<Classifier>>(runner);
               if (c.backward)
-                r.kernel->backward(m + c.x, m + c.w, m + c.targets, m + c.lse, m + c.dloss, m + c.dx, m + c.dw, pool_);
+                classifier.backward(m + c.x, m + c.w, m + c.targets, m + c.lse, m + c.dloss, m + c.dx, m + c.dw, pool_);
               else
-                r.kernel->forward(m + c.x, m + c.w, m + c.targets, m + c.loss, m + c.lse, pool_);
+                classifier.forward(m + c.x, m + c.w, m + c.targets, m + c.loss, m + c.lse, pool_);
             },
         },
-        runners_[static_cast<size_t>(i)]);
+        k.payload);
   } catch (const Error& e) {
     throw Error("kernel " + k.name + " (" + k.where + "): " + e.what());
   }
 }
 
-void Executor::run_loop(int i, const LoopRunner& r) {
-  const LoopSpec& s = r.spec;
-  LoopCall call{r.fn, arena_};
+void Executor::run_loop(int i, const LoopSpec& s) {
+  LoopCall call{fns_[i], arena_};
   if (!run_member.empty() && !run_member[static_cast<size_t>(i)].empty()) {
     // Some members of a batch only (ZeRO-1): each one's work items.
     const std::vector<bool>& run = run_member[static_cast<size_t>(i)];

@@ -80,28 +80,14 @@ class Executor {
   ThreadPool pool_;
   char* arena_ = nullptr;
   size_t arena_mapped_ = 0;
-  // One runner per kernel, by its payload's kind: the spec and what
-  // prepare() built for it once (a GEMM plan, an attention's buffers).
-  struct LoopRunner {
-    const LoopSpec& spec;
-    KernelFn fn;
-  };
-  struct GemmRunner {
-    const MatmulSpec& spec;
-    std::unique_ptr<Gemm> gemm;
-    KernelFn epilogue;  // the epilogue's generated function (EpilogueFn), with one
-  };
-  template <class Spec, class Kernel>
-  struct CallRunner {
-    const Spec& spec;
-    std::unique_ptr<Kernel> kernel;
-  };
-  using Runner = std::variant<LoopRunner, GemmRunner, CallRunner<AttentionSpec, Attention>,
-                              CallRunner<CachedAttentionSpec, CachedAttention>, CallRunner<ClassifierSpec, Classifier>>;
+  // One runner per kernel, built by prepare() from its payload's kind: what
+  // it needs besides its spec and fns_ (a GEMM's plan, an attention's buffers).
+  using Runner = std::variant<std::monostate, std::unique_ptr<Gemm>, std::unique_ptr<Attention>,
+                              std::unique_ptr<CachedAttention>, std::unique_ptr<Classifier>>;
   std::vector<Runner> runners_;
   void prepare();
   void run_kernel(int i);
-  void run_loop(int i, const LoopRunner& r);
+  void run_loop(int i, const LoopSpec& s);
 };
 
 // The executor running generated code now: napkin_rt_bad_index (called by a

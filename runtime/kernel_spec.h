@@ -18,8 +18,8 @@
 #include "runtime/attention.h"
 #include "runtime/cached_attention.h"
 #include "runtime/classifier.h"
-#include "runtime/tensor_types.h"
 #include "runtime/matmul_desc.h"
+#include "runtime/tensor_types.h"
 
 namespace napkin::runtime {
 

@@ -68,52 +68,34 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CachedAttentionDesc, scale, batch, heads, kv_
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ClassifierDesc, rows, vocab, d, x_row_stride, w_v_stride, w_d_stride, targets_i64)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ClassifierSpec::Cuda, chunk, chunks, logits, dx_acc)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GradientSpec, param, dtype, offset, bytes, ready_after)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataDefaults, format, path, dtype, files, order, split)
+// The learning-rate schedule, fixed in the optimizer's kernels
+// (passes/optimizer.h): its length is train.steps at build time; its lr is train.lr.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LrSchedule, kind, warmup, steps, min_lr)
+// null: the model names no data.
+void to_json(json& j, const DataDefaults& d) {
+  if (d.format.empty()) j = nullptr;
+  else j = {{"format", d.format}, {"path", d.path}, {"dtype", d.dtype}, {"files", d.files}, {"order", d.order}, {"split", d.split}};
+}
+void from_json(const json& j, DataDefaults& d) {
+  if (!j.is_null())
+    d = {j.at("format"), j.at("path"), j.at("dtype"), j.at("order"),
+         j.at("files").get<std::map<std::string, std::string>>(), j.at("split")};
+}
+// A program written by hand (tests, tools) may leave out any of these.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainDefaults, steps, seed, accumulate, data, eval_every, eval_batches,
+                                                checkpoint_every, checkpoint_keep, checkpoint_dir, log_every, metrics,
+                                                optimizer, precision, lr, schedule, dims, memory_budget)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CudaSpec, arch, scratch_bytes, tf32)
 
 namespace {
 
-// An attention kernel's operands: each as [offset, batch stride, head
-// stride, row stride] under its name (head_dim's stride is 1).
-template <class Spec, class Desc>
-struct Operand {
-  const char* name;
-  int64_t Spec::*offset;
-  AttentionDesc::Strides Desc::*strides;
-};
-template <class Spec, class Desc>
-using Operands = std::vector<Operand<Spec, Desc>>;
-
-template <class Spec, class Desc>
-void write_operands(json& j, const Spec& s, const Desc& d, const Operands<Spec, Desc>& operands) {
-  for (const auto& [name, offset, strides] : operands)
-    j[name] = {s.*offset, (d.*strides).batch, (d.*strides).head, (d.*strides).row};
+// An attention kernel's operand as [offset, batch stride, head stride, row
+// stride] (head_dim's stride is 1).
+json operand(int64_t offset, const AttentionDesc::Strides& s) { return {offset, s.batch, s.head, s.row}; }
+void read_operand(const json& j, const char* name, int64_t& offset, AttentionDesc::Strides& s) {
+  const json& o = j.at(name);
+  offset = o.at(0), s = {o.at(1).get<int64_t>(), o.at(2).get<int64_t>(), o.at(3).get<int64_t>()};
 }
-template <class Spec, class Desc>
-void read_operands(const json& j, Spec& s, Desc& d, const Operands<Spec, Desc>& operands) {
-  for (const auto& [name, offset, strides] : operands) {
-    const json& o = j.at(name);
-    s.*offset = o.at(0);
-    d.*strides = {o.at(1).get<int64_t>(), o.at(2).get<int64_t>(), o.at(3).get<int64_t>()};
-  }
-}
-
-using AttentionOperands = Operands<AttentionSpec, AttentionDesc>;
-const AttentionOperands kAttentionOperands = {{"q", &AttentionSpec::q, &AttentionDesc::q},
-                                              {"k", &AttentionSpec::k, &AttentionDesc::k},
-                                              {"v", &AttentionSpec::v, &AttentionDesc::v},
-                                              {"o", &AttentionSpec::o, &AttentionDesc::o}};
-const AttentionOperands kAttentionGradients = {{"do", &AttentionSpec::d_o, &AttentionDesc::d_o},
-                                               {"dq", &AttentionSpec::dq, &AttentionDesc::dq},
-                                               {"dk", &AttentionSpec::dk, &AttentionDesc::dk},
-                                               {"dv", &AttentionSpec::dv, &AttentionDesc::dv}};
-const Operands<CachedAttentionSpec, CachedAttentionDesc> kCachedAttentionOperands = {
-    {"q", &CachedAttentionSpec::q, &CachedAttentionDesc::q},
-    {"k", &CachedAttentionSpec::k, &CachedAttentionDesc::k},
-    {"v", &CachedAttentionSpec::v, &CachedAttentionDesc::v},
-    {"k_cache", &CachedAttentionSpec::k_cache, &CachedAttentionDesc::k_cache},
-    {"v_cache", &CachedAttentionSpec::v_cache, &CachedAttentionDesc::v_cache},
-    {"o", &CachedAttentionSpec::o, &CachedAttentionDesc::o}};
 
 // "serves" of an optimizer kernel or batch member: null when shared.
 json serves_json(bool shared, const std::vector<std::string>& serves) { return shared ? json(nullptr) : json(serves); }
@@ -123,26 +105,22 @@ void read_serves(const json& j, bool& shared, std::vector<std::string>& serves) 
 }
 
 // Each payload writes itself into its kernel's object (a loop at the top
-// level, every other kind under its own key, with a launch of one item) and
-// reads itself back.
+// level, every other kind under its own key) and reads itself back.
 void write(json& kernel, const LoopSpec& s) {
   kernel.update({{"extent", s.extent}, {"parallel", s.parallel}, {"combine", s.combine}});
   for (const LoopSpec::Member& m : s.members)
     kernel["members"].push_back({{"work", m.work}, {"serves", serves_json(m.shared, m.serves)}});
 }
 void read(const json& kernel, const std::string&, LoopSpec& s) {
-  s.extent = kernel.at("extent");
-  s.parallel = kernel.at("parallel");
-  s.combine = kernel.value("combine", false);
+  s.extent = kernel.at("extent"), s.parallel = kernel.at("parallel"), s.combine = kernel.value("combine", false);
   for (const json& m : kernel.value("members", json::array())) {
-    LoopSpec::Member& member = s.members.emplace_back();
-    member.work = m.at("work");
+    LoopSpec::Member& member = s.members.emplace_back(LoopSpec::Member{m.at("work")});
     read_serves(m.at("serves"), member.shared, member.serves);
   }
 }
 
 void write(json& kernel, const MatmulSpec& s) {
-  kernel.update({{"extent", s.epilogue ? s.epilogue->rows : 1}, {"parallel", false}, {"combine", false}});
+  if (s.epilogue) kernel["extent"] = s.epilogue->rows;
   json& m = kernel["matmul"] = s.desc;
   m.update({{"a", s.a}, {"b", s.b}, {"c", s.c}, {"a_dtype", s.a_dtype}, {"b_dtype", s.b_dtype}, {"c_dtype", s.c_dtype},
             {"epilogue", s.epilogue ? json(*s.epilogue) : json(nullptr)}, {"bias_grad", s.bias_grad}});
@@ -165,35 +143,42 @@ void read(const json& kernel, const std::string& name, MatmulSpec& s) {
 }
 
 void write(json& kernel, const AttentionSpec& s) {
-  kernel.update({{"extent", 1}, {"parallel", false}, {"combine", false}});
-  json& j = kernel["attention"] = s.desc;
-  j.update({{"backward", s.backward}, {"dtype", s.dtype}, {"lse", s.lse}});
-  write_operands(j, s, s.desc, kAttentionOperands);
-  if (s.backward) write_operands(j, s, s.desc, kAttentionGradients);
+  const AttentionDesc& d = s.desc;
+  json& j = kernel["attention"] = d;
+  j.update({{"backward", s.backward}, {"dtype", s.dtype}, {"lse", s.lse}, {"q", operand(s.q, d.q)},
+            {"k", operand(s.k, d.k)}, {"v", operand(s.v, d.v)}, {"o", operand(s.o, d.o)}});
+  if (s.backward)
+    j.update({{"do", operand(s.d_o, d.d_o)}, {"dq", operand(s.dq, d.dq)}, {"dk", operand(s.dk, d.dk)},
+              {"dv", operand(s.dv, d.dv)}});
 }
 void read(const json& kernel, const std::string&, AttentionSpec& s) {
   const json& j = kernel.at("attention");
-  s.desc = j;
+  AttentionDesc& d = s.desc = j;
   s.backward = j.at("backward"), s.dtype = j.at("dtype"), s.lse = j.at("lse");
-  read_operands(j, s, s.desc, kAttentionOperands);
-  if (s.backward) read_operands(j, s, s.desc, kAttentionGradients);
+  read_operand(j, "q", s.q, d.q), read_operand(j, "k", s.k, d.k), read_operand(j, "v", s.v, d.v);
+  read_operand(j, "o", s.o, d.o);
+  if (s.backward)
+    read_operand(j, "do", s.d_o, d.d_o), read_operand(j, "dq", s.dq, d.dq), read_operand(j, "dk", s.dk, d.dk),
+        read_operand(j, "dv", s.dv, d.dv);
 }
 
 void write(json& kernel, const CachedAttentionSpec& s) {
-  kernel.update({{"extent", 1}, {"parallel", false}, {"combine", false}});
-  json& j = kernel["cached_attention"] = s.desc;
-  j.update({{"dtype", s.dtype}, {"positions", s.positions}});
-  write_operands(j, s, s.desc, kCachedAttentionOperands);
+  const CachedAttentionDesc& d = s.desc;
+  json& j = kernel["cached_attention"] = d;
+  j.update({{"dtype", s.dtype}, {"positions", s.positions}, {"q", operand(s.q, d.q)}, {"k", operand(s.k, d.k)},
+            {"v", operand(s.v, d.v)}, {"k_cache", operand(s.k_cache, d.k_cache)},
+            {"v_cache", operand(s.v_cache, d.v_cache)}, {"o", operand(s.o, d.o)}});
 }
 void read(const json& kernel, const std::string&, CachedAttentionSpec& s) {
   const json& j = kernel.at("cached_attention");
-  s.desc = j;
+  CachedAttentionDesc& d = s.desc = j;
   s.dtype = j.at("dtype"), s.positions = j.at("positions");
-  read_operands(j, s, s.desc, kCachedAttentionOperands);
+  read_operand(j, "q", s.q, d.q), read_operand(j, "k", s.k, d.k), read_operand(j, "v", s.v, d.v);
+  read_operand(j, "k_cache", s.k_cache, d.k_cache), read_operand(j, "v_cache", s.v_cache, d.v_cache);
+  read_operand(j, "o", s.o, d.o);
 }
 
 void write(json& kernel, const ClassifierSpec& s) {
-  kernel.update({{"extent", 1}, {"parallel", false}, {"combine", false}});
   json& j = kernel["classifier"] = s.desc;
   j.update({{"backward", s.backward}, {"dtype", s.dtype}, {"x", s.x}, {"w", s.w}, {"targets", s.targets}, {"lse", s.lse}});
   if (s.backward) j.update({{"dloss", s.dloss}, {"dx", s.dx}, {"dw", s.dw}});
@@ -251,6 +236,8 @@ void from_json(const json& j, CudaLaunchSpec& l) {
 void to_json(json& j, const KernelSpec& k) {
   j = {{"name", k.name}, {"where", k.where}, {"phase", k.phase},
        {"out", {{"offset", k.out_offset}, {"dtype", k.out_dtype}, {"numel", k.out_numel}}}};
+  // A launch of one item unless the payload says otherwise (a loop, a GEMM's epilogue).
+  j.update({{"extent", 1}, {"parallel", false}, {"combine", false}});
   std::visit(
       [&](const auto& spec) {
         j["kind"] = spec.kind;
@@ -284,33 +271,6 @@ void to_json(json& j, const UpdateSpec& u) {
 }
 void from_json(const json& j, UpdateSpec& u) {
   u = {j.at("target"), j.at("from"), j.at("to"), j.at("bytes"), j.value("param", "")};
-}
-
-void to_json(json& j, const TrainDefaults& t) {
-  j = {{"steps", t.steps}, {"seed", t.seed}, {"accumulate", t.accumulate},
-       {"data", t.data.format.empty() ? json(nullptr) : json(t.data)},
-       {"eval_every", t.eval_every}, {"eval_batches", t.eval_batches}, {"checkpoint_every", t.checkpoint_every},
-       {"checkpoint_dir", t.checkpoint_dir}, {"checkpoint_keep", t.checkpoint_keep}, {"log_every", t.log_every},
-       {"metrics", t.metrics}, {"optimizer", t.optimizer}, {"lr", t.lr},
-       // The learning-rate schedule, fixed in the optimizer's kernels
-       // (passes/optimizer.h): its length is train.steps at build time.
-       {"schedule", {{"kind", t.schedule.kind}, {"warmup", t.schedule.warmup}, {"steps", t.schedule.steps},
-                     {"min_lr", t.schedule.min_lr}}},
-       {"precision", t.precision}, {"dims", t.dims}, {"memory_budget", t.memory_budget}};
-}
-void from_json(const json& j, TrainDefaults& t) {
-  t.steps = j.at("steps"), t.seed = j.at("seed"), t.accumulate = j.at("accumulate");
-  if (const json& data = j.at("data"); !data.is_null()) t.data = data;
-  t.eval_every = j.at("eval_every"), t.eval_batches = j.at("eval_batches");
-  t.checkpoint_every = j.at("checkpoint_every"), t.checkpoint_dir = j.at("checkpoint_dir");
-  t.checkpoint_keep = j.at("checkpoint_keep");
-  t.log_every = j.at("log_every"), t.metrics = j.at("metrics");
-  t.optimizer = j.at("optimizer"), t.precision = j.at("precision");
-  t.dims = j.value("dims", std::string()), t.memory_budget = j.value("memory_budget", int64_t{0});
-  t.lr = t.schedule.lr = j.at("lr");
-  if (const json& s = j.value("schedule", json()); !s.is_null())
-    t.schedule.kind = s.at("kind"), t.schedule.warmup = s.at("warmup"), t.schedule.steps = s.at("steps"),
-    t.schedule.min_lr = s.at("min_lr");
 }
 
 void to_json(json& j, const Program& p) {
@@ -349,6 +309,7 @@ void from_json(const json& j, Program& p) {
   if (const json& c = j.value("cuda", json()); !c.is_null()) p.cuda = c;
   p.updates = j.at("updates").get<std::vector<UpdateSpec>>();
   p.train = j.at("train");
+  p.train.schedule.lr = p.train.lr;
 }
 
 std::string program_json(const Program& program) { return json(program).dump(1); }

@@ -180,21 +180,60 @@ void CudaEngine::prepare_kernels() {
     NAPKIN_CU(d, cuDeviceGetAttribute(&v, a, device_));
     return v;
   };
-  const LaunchLimits limits{attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
-                            attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
-                            attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)};
+  int max_shared = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  int max_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+  int max_grid = attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
+  std::unordered_map<std::string, CUfunction> functions;
+  std::unordered_map<CUfunction, int> shared_opted;  // the dynamic shared memory each function was allowed
+  auto load_launches = [&](const KernelSpec& k) {
+    if (k.cuda_launches.empty()) throw Error(fmt::format("kernel {}: the program gives it no CUDA launches", k.name));
+    Launches launches;
+    for (const CudaLaunchSpec& l : k.cuda_launches) {
+      if (l.grid < 1 || l.grid > max_grid || l.block < 1 || l.block > max_block || l.shared_bytes < 0 ||
+          l.shared_bytes > max_shared)
+        throw Error(fmt::format("kernel {}: launch of {} ({} blocks of {} threads, {} bytes of shared memory) does "
+                                "not fit this GPU (at most {} blocks of {} threads, {} bytes)",
+                                k.name, l.function, l.grid, l.block, l.shared_bytes, max_grid, max_block, max_shared));
+      auto [it, fresh] = functions.try_emplace(l.function, nullptr);
+      if (fresh) {
+        CUresult r = d.cuModuleGetFunction(&it->second, module_, l.function.c_str());
+        if (r != CUDA_SUCCESS)
+          throw Error(call_failed_message(__FILE__, __LINE__, "cuModuleGetFunction", d.error_text(r)) + " for " +
+                      l.function);
+      }
+      CUfunction f = it->second;
+      // The offsets are the function's by-value NapkinOffsets<N>: the driver
+      // copies as many bytes as the cubin says the parameter has.
+      size_t param_offset = 0, param_bytes = 0;
+      NAPKIN_CU(d, cuFuncGetParamInfo(f, 2, &param_offset, &param_bytes));
+      if (l.offsets.empty() || param_bytes != l.offsets.size() * sizeof(long long))
+        throw Error(fmt::format("kernel {}: {} takes {} bytes of operand offsets, and the program gives {} offsets", k.name,
+                                l.function, param_bytes, l.offsets.size()));
+      for (int64_t o : l.offsets)
+        if (o < 0 || o >= std::max<int64_t>(program_.arena_bytes, 1))
+          throw Error(fmt::format("kernel {}: operand offset {} of {} is outside the arena ({} bytes)", k.name, o,
+                                  l.function, program_.arena_bytes));
+      if (l.shared_bytes > kDefaultSharedBytes && l.shared_bytes > shared_opted[f]) {
+        NAPKIN_CU(d, cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, l.shared_bytes));
+        shared_opted[f] = l.shared_bytes;
+      }
+      launches.push_back({f, static_cast<unsigned>(l.grid), static_cast<unsigned>(l.block),
+                          static_cast<unsigned>(l.shared_bytes), std::vector<long long>(l.offsets.begin(), l.offsets.end())});
+    }
+    return launches;
+  };
   for (const KernelSpec& k : program_.kernels) {
     try {
       runners_.push_back(std::visit(
           overloaded{
-              [&](const LoopSpec&) -> Runner { return load_launches(k, limits); },
-              [&](const AttentionSpec&) -> Runner { return load_launches(k, limits); },
-              [&](const CachedAttentionSpec&) -> Runner { return load_launches(k, limits); },
+              [&](const LoopSpec&) -> Runner { return load_launches(k); },
+              [&](const AttentionSpec&) -> Runner { return load_launches(k); },
+              [&](const CachedAttentionSpec&) -> Runner { return load_launches(k); },
               [&](const MatmulSpec& s) -> Runner {
                 return std::make_unique<LtMatmul>(*lt_context_, s, program_.cuda.tf32, k.name, arena_);
               },
               [&](const ClassifierSpec&) -> Runner {
-                Launches l = load_launches(k, limits);
+                Launches l = load_launches(k);
                 if (!scratch_) throw Error("a classifier needs the scratch buffer, and it has 0 bytes");
                 return ClassifierRunner{std::move(l), std::make_unique<CudaClassifier>(*lt_context_, k, program_.cuda.tf32,
                                                                                       arena_, scratch_)};
@@ -205,46 +244,6 @@ void CudaEngine::prepare_kernels() {
       throw Error(std::string(e.what()).rfind("kernel ", 0) == 0 ? e.what() : "kernel " + k.name + ": " + e.what());
     }
   }
-}
-
-CudaEngine::Launches CudaEngine::load_launches(const KernelSpec& k, const LaunchLimits& limits) {
-  CudaDriver& d = *driver_;
-  const auto [max_shared, max_block, max_grid] = limits;
-  if (k.cuda_launches.empty()) throw Error(fmt::format("kernel {}: the program gives it no CUDA launches", k.name));
-  Launches launches;
-  for (const CudaLaunchSpec& l : k.cuda_launches) {
-    if (l.grid < 1 || l.grid > max_grid || l.block < 1 || l.block > max_block || l.shared_bytes < 0 ||
-        l.shared_bytes > max_shared)
-      throw Error(fmt::format("kernel {}: launch of {} ({} blocks of {} threads, {} bytes of shared memory) does "
-                              "not fit this GPU (at most {} blocks of {} threads, {} bytes)",
-                              k.name, l.function, l.grid, l.block, l.shared_bytes, max_grid, max_block, max_shared));
-    auto [it, fresh] = functions_.try_emplace(l.function, nullptr);
-    if (fresh) {
-      CUresult r = d.cuModuleGetFunction(&it->second, module_, l.function.c_str());
-      if (r != CUDA_SUCCESS)
-        throw Error(call_failed_message(__FILE__, __LINE__, "cuModuleGetFunction", d.error_text(r)) + " for " +
-                    l.function + " (kernel " + k.name + ")");
-    }
-    CUfunction f = it->second;
-    // The offsets are the function's by-value NapkinOffsets<N>: the driver
-    // copies as many bytes as the cubin says the parameter has.
-    size_t param_offset = 0, param_bytes = 0;
-    NAPKIN_CU(d, cuFuncGetParamInfo(f, 2, &param_offset, &param_bytes));
-    if (l.offsets.empty() || param_bytes != l.offsets.size() * sizeof(long long))
-      throw Error(fmt::format("kernel {}: {} takes {} bytes of operand offsets, and the program gives {} offsets", k.name,
-                              l.function, param_bytes, l.offsets.size()));
-    for (int64_t o : l.offsets)
-      if (o < 0 || o >= std::max<int64_t>(program_.arena_bytes, 1))
-        throw Error(fmt::format("kernel {}: operand offset {} of {} is outside the arena ({} bytes)", k.name, o,
-                                l.function, program_.arena_bytes));
-    if (l.shared_bytes > kDefaultSharedBytes && l.shared_bytes > shared_opted_[f]) {
-      NAPKIN_CU(d, cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, l.shared_bytes));
-      shared_opted_[f] = l.shared_bytes;
-    }
-    launches.push_back({f, static_cast<unsigned>(l.grid), static_cast<unsigned>(l.block),
-                        static_cast<unsigned>(l.shared_bytes), std::vector<long long>(l.offsets.begin(), l.offsets.end())});
-  }
-  return launches;
 }
 
 void CudaEngine::release() noexcept {

@@ -185,12 +185,6 @@ class CudaEngine final : public Engine {
   };
   using Runner = std::variant<Launches, std::unique_ptr<LtMatmul>, ClassifierRunner>;
   std::vector<Runner> runners_;
-  struct LaunchLimits {
-    int shared_bytes, block, grid;  // this GPU's largest
-  };
-  Launches load_launches(const KernelSpec& k, const LaunchLimits& limits);
-  std::unordered_map<std::string, CUfunction> functions_;  // by name, loaded once
-  std::unordered_map<CUfunction, int> shared_opted_;  // the dynamic shared memory each function was allowed
   Phase forward_, backward_, optimizer_;
   Phase setup_, decode_;  // an inference program's setup (run_setup) and decode step (run_decode)
 
