@@ -20,18 +20,6 @@ int64_t Operand::numel() const {
 
 bool Operand::contiguous() const { return ir::is_contiguous(ir::Layout{strides, 0}, sizes); }
 
-std::string_view tensor_role_name(TensorRole r) {
-  switch (r) {
-    case TensorRole::Param: return "param";
-    case TensorRole::State: return "state";
-    case TensorRole::Input: return "input";
-    case TensorRole::Rng: return "rng";
-    case TensorRole::Loss: return "loss";
-    case TensorRole::Output: return "output";
-  }
-  return "?";
-}
-
 namespace {
 
 Operand operand(const ir::Graph& g, const analysis::MemoryPlan& arena, ir::ValueId v) {

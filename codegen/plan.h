@@ -38,6 +38,7 @@
 #include "analysis/step_kernels.h"
 #include "ir/gemm_epilogue.h"
 #include "ir/graph.h"
+#include "runtime/kernel_spec.h"
 
 namespace napkin::codegen {
 
@@ -170,10 +171,10 @@ struct UpdateCopy {
   std::string param;   // the parameter whose update it is ("" for shared state: optimizer.step)
 };
 
-// Rng: the rng tensor (ir/rng.h), which the runtime writes before every forward.
-// Output: an inference graph's named results (passes/derive_inference.h), in place of a loss.
-enum class TensorRole : uint8_t { Param, State, Input, Rng, Loss, Output };
-std::string_view tensor_role_name(TensorRole r);  // "param", "state", "input", "rng", "loss", "output"
+// The runtime's roles (runtime/kernel_spec.h). Rng: the rng tensor
+// (ir/rng.h), which the runtime writes before every forward. Output: an
+// inference graph's named results (passes/derive_inference.h), in place of a loss.
+using runtime::TensorRole;
 
 struct PlannedTensor {
   std::string name;

@@ -2,8 +2,6 @@
 
 #include "ir/internal_check.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <map>
 
@@ -14,8 +12,6 @@
 namespace napkin::codegen {
 
 namespace {
-
-using nlohmann::json;
 
 const char* init_kind(ir::InitSpec::Kind k) {
   switch (k) {
@@ -29,197 +25,165 @@ const char* init_kind(ir::InitSpec::Kind k) {
   return "?";
 }
 
-json operand_json(const Operand& o) {
-  return {{"offset", o.byte_offset}, {"dtype", std::string(ir::dtype_name(o.dtype))}, {"numel", o.numel()}};
-}
+runtime::DType runtime_dtype(ir::DType t) { return runtime::parse_dtype(ir::dtype_name(t)); }
 
-// A Gemm's epilogue (codegen/plan.h GemmEpilogueOperands): where D, the
-// residual and the bias are (-1: none), and D's dtype; null without one.
-json epilogue_json(const Kernel& k) {
-  if (!k.epilogue) return nullptr;
-  auto offset = [&](int input) { return input < 0 ? int64_t{-1} : k.inputs[input].byte_offset; };
-  const GemmEpilogueOperands& e = *k.epilogue;
-  const char* activation = e.activation == ir::GemmActivation::Gelu       ? "gelu"
-                           : e.activation == ir::GemmActivation::GeluGrad ? "gelu_grad"
-                                                                          : "none";
-  // The gelu's input: stored (gelu) or read (gelu_grad), in D's dtype, n elements a row like D.
-  const int64_t aux = e.aux_output >= 0 ? k.fused->outputs[e.aux_output].byte_offset : offset(e.aux_input);
-  return {{"d", k.output.byte_offset},
-          {"d_dtype", std::string(ir::dtype_name(k.output.dtype))},
-          {"residual", offset(e.residual)},
-          {"bias", offset(e.bias)},
-          {"activation", activation},
-          {"aux", aux}};
-}
-
-json matmul_json(const Kernel& k) {
+// A Gemm kernel as runtime/gemm.h runs it, with its epilogue
+// (codegen/plan.h GemmEpilogueOperands: where D, the residual and the bias
+// are, -1: none) and its bias gradient.
+runtime::MatmulSpec matmul_spec(const Kernel& k, const Launch& launch) {
   const MatmulLowering& m = *k.matmul;
-  const Operand& a = k.inputs[m.swap_operands ? 1 : 0];
-  const Operand& b = k.inputs[m.swap_operands ? 0 : 1];
-  return {{"a", a.byte_offset},
-          {"b", b.byte_offset},
-          {"c", k.output.byte_offset},
-          {"a_dtype", std::string(ir::dtype_name(a.dtype))},
-          {"b_dtype", std::string(ir::dtype_name(b.dtype))},
-          // With an epilogue the GEMM's C is its f32 sums, which go to the epilogue, not to memory.
-          {"c_dtype", std::string(ir::dtype_name(k.epilogue ? ir::DType::F32 : k.output.dtype))},
-          {"batch", m.batch},
-          {"a_batch_stride", m.a_batch_stride},
-          {"b_batch_stride", m.b_batch_stride},
-          {"c_batch_stride", m.c_batch_stride},
-          {"m", m.m},
-          {"n", m.n},
-          {"k", m.k},
-          {"a_m_stride", m.a_m_stride},
-          {"a_k_stride", m.a_k_stride},
-          {"b_k_stride", m.b_k_stride},
-          {"b_n_stride", m.b_n_stride},
-          {"c_m_stride", m.c_m_stride},
-          {"epilogue", epilogue_json(k)},
-          // A weight gradient's GEMM that also sums B over k into the bias gradient (f32 [n]); -1: none.
-          {"bias_grad", k.bias_grad == ir::kNoNode ? int64_t{-1} : k.extra_outputs.at(0).byte_offset}};
-}
-
-// How the runtime runs a kernel: a library or runtime call by name, or the
-// generated loop function.
-const char* runtime_kind(KernelKind kind) {
-  switch (kind) {
-    case KernelKind::Gemm: return "matmul";
-    case KernelKind::Attention: return "attention";
-    case KernelKind::Classifier: return "classifier";
-    case KernelKind::CachedAttention: return "cached_attention";
-    default: return "loop";
+  const Operand &a = k.inputs[m.swap_operands ? 1 : 0], &b = k.inputs[m.swap_operands ? 0 : 1];
+  runtime::MatmulSpec s;
+  s.a = a.byte_offset, s.b = b.byte_offset, s.c = k.output.byte_offset;
+  s.a_dtype = runtime_dtype(a.dtype), s.b_dtype = runtime_dtype(b.dtype);
+  // With an epilogue the GEMM's C is its f32 sums, which go to the epilogue, not to memory.
+  s.c_dtype = runtime_dtype(k.epilogue ? ir::DType::F32 : k.output.dtype);
+  s.desc = {m.batch, m.a_batch_stride, m.b_batch_stride, m.c_batch_stride, m.m, m.n, m.k,
+            m.a_m_stride, m.a_k_stride, m.b_k_stride, m.b_n_stride, m.c_m_stride};
+  if (k.epilogue) {
+    auto offset = [&](int input) { return input < 0 ? int64_t{-1} : k.inputs[input].byte_offset; };
+    const GemmEpilogueOperands& e = *k.epilogue;
+    runtime::GemmEpilogueSpec& ep = s.epilogue.emplace();
+    ep.d = k.output.byte_offset, ep.d_dtype = runtime_dtype(k.output.dtype);
+    ep.residual = offset(e.residual), ep.bias = offset(e.bias);
+    ep.activation = e.activation == ir::GemmActivation::Gelu       ? "gelu"
+                    : e.activation == ir::GemmActivation::GeluGrad ? "gelu_grad"
+                                                                   : "none";
+    // The gelu's input: stored (gelu) or read (gelu_grad), in D's dtype, n elements a row like D.
+    ep.aux = e.aux_output >= 0 ? k.fused->outputs[e.aux_output].byte_offset : offset(e.aux_input);
+    ep.rows = launch.extent;
   }
+  // A weight gradient's GEMM that also sums B over k into the bias gradient (f32 [n]).
+  if (k.bias_grad != ir::kNoNode) s.bias_grad = k.extra_outputs.at(0).byte_offset;
+  return s;
 }
 
 // A Classifier kernel as runtime/classifier.h's descriptor and its operands'
 // byte offsets (x, w, targets, then lse and dloss backward; the outputs).
-json classifier_json(const Kernel& k) {
+runtime::ClassifierSpec classifier_spec(const Kernel& k) {
   const Operand &x = k.inputs[0], &w = k.inputs[1], &t = k.inputs[2];
   const int64_t d = x.sizes.back(), rows = x.numel() / d;
   // x's rows must be one stride apart: the plan's operand of a contiguous value (the pass makes it one).
   NAPKIN_INTERNAL_CHECK(x.contiguous() && t.contiguous() && w.sizes.size() == 2,
                         "classifier operands must be contiguous x and targets and a 2-D w ({})", k.name);
-  const bool backward = k.classifier().backward;
-  json j = {{"backward", backward},
-            {"dtype", std::string(ir::dtype_name(x.dtype))},
-            {"rows", rows},
-            {"vocab", w.sizes[0]},
-            {"d", d},
-            {"x_row_stride", d},
-            {"w_v_stride", w.strides[0]},
-            {"w_d_stride", w.strides[1]},
-            {"targets_i64", t.dtype == ir::DType::I64},
-            {"x", x.byte_offset},
-            {"w", w.byte_offset},
-            {"targets", t.byte_offset}};
-  if (backward) {
-    j["lse"] = k.inputs[3].byte_offset;
-    j["dloss"] = k.inputs[4].byte_offset;
-    j["dx"] = k.output.byte_offset;
-    j["dw"] = k.extra_outputs.at(0).byte_offset;
+  runtime::ClassifierSpec s;
+  s.backward = k.classifier().backward, s.dtype = runtime_dtype(x.dtype);
+  s.desc = {rows, w.sizes[0], d, d, w.strides[0], w.strides[1], t.dtype == ir::DType::I64};
+  s.x = x.byte_offset, s.w = w.byte_offset, s.targets = t.byte_offset;
+  if (s.backward) {
+    s.lse = k.inputs[3].byte_offset, s.dloss = k.inputs[4].byte_offset;
+    s.dx = k.output.byte_offset, s.dw = k.extra_outputs.at(0).byte_offset;
   } else {
-    j["loss"] = k.output.byte_offset;
-    j["lse"] = k.extra_outputs.at(0).byte_offset;
+    s.loss = k.output.byte_offset, s.lse = k.extra_outputs.at(0).byte_offset;
   }
-  return j;
+  return s;
 }
 
-// An attention operand as runtime/program.cpp reads it: [offset, batch
-// stride, head stride, row stride]; head_dim's stride is 1.
-json attention_operand(const Operand& o) {
+// An attention operand's offset and (batch, head, row) strides; head_dim's stride is 1.
+int64_t attention_operand(const Operand& o, runtime::AttentionDesc::Strides& strides) {
   NAPKIN_INTERNAL_CHECK(o.strides.size() == 4 && (o.strides[3] == 1 || o.sizes[3] == 1),
                         "an attention operand must be 4-D and contiguous along head_dim");
-  return json{o.byte_offset, o.strides[0], o.strides[1], o.strides[2]};
+  strides = {o.strides[0], o.strides[1], o.strides[2]};
+  return o.byte_offset;
 }
 
-// An Attention kernel as runtime/attention.h's descriptor: each operand's
-// offset and (batch, head, row) strides; head_dim's stride is 1.
-json attention_json(const Kernel& k) {
+// An Attention kernel as runtime/attention.h's descriptor and its operands.
+runtime::AttentionSpec attention_spec(const Kernel& k) {
   const ir::AttentionParams& p = k.attention();
   const Operand &q = k.inputs[0], &kv = k.inputs[1];
-  json j = {{"backward", p.backward},
-            {"causal", p.causal},
-            {"scale", p.scale},
-            {"dtype", std::string(ir::dtype_name(q.dtype))},
-            {"batch", q.sizes[0]},
-            {"heads", q.sizes[1]},
-            {"kv_heads", kv.sizes[1]},
-            {"q_len", q.sizes[2]},
-            {"kv_len", kv.sizes[2]},
-            {"head_dim", q.sizes[3]},
-            {"q", attention_operand(k.inputs[0])},
-            {"k", attention_operand(k.inputs[1])},
-            {"v", attention_operand(k.inputs[2])}};
+  runtime::AttentionSpec s;
+  runtime::AttentionDesc& d = s.desc;
+  s.backward = p.backward, s.dtype = runtime_dtype(q.dtype);
+  d.causal = p.causal, d.scale = p.scale;
+  d.batch = q.sizes[0], d.heads = q.sizes[1], d.kv_heads = kv.sizes[1];
+  d.q_len = q.sizes[2], d.kv_len = kv.sizes[2], d.head_dim = q.sizes[3];
+  s.q = attention_operand(q, d.q), s.k = attention_operand(kv, d.k), s.v = attention_operand(k.inputs[2], d.v);
   if (!p.backward) {
-    j["o"] = attention_operand(attention_output(k));
-    j["lse"] = k.extra_outputs.at(0).byte_offset;
-  } else {
-    j["o"] = attention_operand(k.inputs[3]);
-    j["lse"] = k.inputs[4].byte_offset;
-    j["do"] = attention_operand(k.inputs[5]);
-    const std::vector<Operand> grads = attention_gradients(k);
-    j["dq"] = attention_operand(grads[0]);
-    j["dk"] = attention_operand(grads[1]);
-    j["dv"] = attention_operand(grads[2]);
+    s.o = attention_operand(attention_output(k), d.o), s.lse = k.extra_outputs.at(0).byte_offset;
+    return s;
   }
-  return j;
+  s.o = attention_operand(k.inputs[3], d.o), s.lse = k.inputs[4].byte_offset;
+  const std::vector<Operand> grads = attention_gradients(k);
+  s.d_o = attention_operand(k.inputs[5], d.d_o), s.dq = attention_operand(grads[0], d.dq);
+  s.dk = attention_operand(grads[1], d.dk), s.dv = attention_operand(grads[2], d.dv);
+  return s;
 }
 
 // A CachedAttention kernel as runtime/cached_attention.h's descriptor: the
-// attention operands' offsets and strides as attention_json writes them, the
-// caches' too, and where the positions are.
-json cached_attention_json(const Kernel& k) {
+// attention operands, the caches and where the positions are.
+runtime::CachedAttentionSpec cached_attention_spec(const Kernel& k) {
   const Operand &q = k.inputs[0], &kv = k.inputs[1], &cache = k.inputs[3], &positions = k.inputs[5];
   NAPKIN_INTERNAL_CHECK(positions.contiguous(), "cached attention positions must be contiguous ({})", k.name);
-  return {{"scale", k.cached_attention().scale},
-          {"dtype", std::string(ir::dtype_name(q.dtype))},
-          {"batch", q.sizes[0]},
-          {"heads", q.sizes[1]},
-          {"kv_heads", kv.sizes[1]},
-          {"rows", q.sizes[2]},
-          {"context", cache.sizes[2]},
-          {"head_dim", q.sizes[3]},
-          {"q", attention_operand(q)},
-          {"k", attention_operand(kv)},
-          {"v", attention_operand(k.inputs[2])},
-          {"k_cache", attention_operand(cache)},
-          {"v_cache", attention_operand(k.inputs[4])},
-          {"o", attention_operand(k.output)},
-          {"positions", positions.byte_offset},
-          {"positions_i64", positions.dtype == ir::DType::I64}};
+  runtime::CachedAttentionSpec s;
+  runtime::CachedAttentionDesc& d = s.desc;
+  s.dtype = runtime_dtype(q.dtype), d.scale = k.cached_attention().scale;
+  d.batch = q.sizes[0], d.heads = q.sizes[1], d.kv_heads = kv.sizes[1];
+  d.rows = q.sizes[2], d.context = cache.sizes[2], d.head_dim = q.sizes[3];
+  d.positions_i64 = positions.dtype == ir::DType::I64;
+  s.q = attention_operand(q, d.q), s.k = attention_operand(kv, d.k), s.v = attention_operand(k.inputs[2], d.v);
+  s.k_cache = attention_operand(cache, d.k_cache), s.v_cache = attention_operand(k.inputs[4], d.v_cache);
+  s.o = attention_operand(k.output, d.o), s.positions = positions.byte_offset;
+  return s;
 }
 
-json train_json(const ir::Graph& g) {
+// The names of parameters by their index in g.params.
+std::vector<std::string> param_names(const ir::Graph& g, const std::vector<int>& params) {
+  std::vector<std::string> out;
+  for (int i : params) out.push_back(g.value(g.params[static_cast<size_t>(i)].value).name);
+  return out;
+}
+
+// A generated loop function's launch; in the optimizer phase, a batch's
+// members with their work and what each serves.
+runtime::LoopSpec loop_spec(const ir::Graph& g, const Kernel& k, const Launch& launch) {
+  runtime::LoopSpec s{.extent = launch.extent, .parallel = launch.parallel, .combine = launch.combine};
+  const std::vector<int64_t>& work = launch.member_work;
+  if (k.phase != ir::Phase::Optimizer || work.empty() || work.size() != k.member_serves.size()) return s;
+  for (size_t m = 0; m < work.size(); ++m) {
+    const std::optional<std::vector<int>>& serves = k.member_serves[m];
+    s.members.push_back({work[m], serves ? param_names(g, *serves) : std::vector<std::string>(), !serves});
+  }
+  return s;
+}
+
+// The kernel's payload: what the runtime runs it as (a library or runtime
+// call, or the generated loop function).
+runtime::KernelPayload payload(const ir::Graph& g, const Kernel& k, const Launch& launch) {
+  switch (k.kind) {
+    case KernelKind::Gemm: return matmul_spec(k, launch);
+    case KernelKind::Attention: return attention_spec(k);
+    case KernelKind::Classifier: return classifier_spec(k);
+    case KernelKind::CachedAttention: return cached_attention_spec(k);
+    case KernelKind::Fill:
+    case KernelKind::Elementwise:
+    case KernelKind::FusedElementwise:
+    case KernelKind::Reduction:
+    case KernelKind::ContractionLoops:
+    case KernelKind::Concat:
+    case KernelKind::Gather:
+    case KernelKind::ScatterAdd:
+    case KernelKind::Rows:
+    case KernelKind::Mse: return loop_spec(g, k, launch);
+  }
+  NAPKIN_INTERNAL_CHECK(false, "kernel {} has no payload", k.name);
+  return {};
+}
+
+runtime::TrainDefaults train_defaults(const ir::Graph& g) {
   const ir::TrainConfig& t = g.config.train;
   const ir::OptimizerConfig& o = g.config.optimizer;
-  json data = nullptr;
+  runtime::TrainDefaults d;
+  d.steps = t.steps, d.seed = t.seed, d.accumulate = t.accumulate;
   if (t.has_data)
-    data = {{"format", t.data.format},
-            {"path", t.data.path},
-            {"dtype", t.data.token_dtype},
-            {"files", t.data.files},
-            {"order", t.data.order},
-            {"split", t.data.split}};
-  return {{"steps", t.steps},
-          {"seed", t.seed},
-          {"accumulate", t.accumulate},
-          {"data", data},
-          {"eval_every", t.eval_every},
-          {"eval_batches", t.eval_batches},
-          {"checkpoint_every", t.checkpoint_every},
-          {"checkpoint_dir", t.checkpoint_dir},
-          {"checkpoint_keep", t.checkpoint_keep},
-          {"log_every", t.log_every},
-          {"metrics", t.metrics_path},
-          {"optimizer", std::string(ir::optimizer_name(o.kind))},
-          {"lr", o.lr},
-          // The learning-rate schedule, fixed in the optimizer's kernels
-          // (passes/optimizer.h): its length is train.steps at build time.
-          {"schedule", {{"kind", o.schedule}, {"warmup", o.warmup_steps}, {"steps", t.steps}, {"min_lr", o.min_lr}}},
-          {"precision", std::string(ir::precision_name(g.config.precision.policy))},
-          {"dims", t.dims},
-          {"memory_budget", t.memory_budget}};
+    d.data = {t.data.format, t.data.path, t.data.token_dtype, t.data.order, t.data.files, t.data.split};
+  d.eval_every = t.eval_every, d.eval_batches = t.eval_batches;
+  d.checkpoint_every = t.checkpoint_every, d.checkpoint_keep = t.checkpoint_keep, d.checkpoint_dir = t.checkpoint_dir;
+  d.log_every = t.log_every, d.metrics = t.metrics_path;
+  d.optimizer = ir::optimizer_name(o.kind), d.precision = ir::precision_name(g.config.precision.policy);
+  d.lr = o.lr;
+  d.schedule = {o.schedule, o.warmup_steps, t.steps, o.lr, o.min_lr};
+  d.dims = t.dims, d.memory_budget = t.memory_budget;
+  return d;
 }
 
 // Per graph input whose values index something, the count its ids must stay
@@ -256,16 +220,12 @@ std::map<std::string, int64_t> index_bounds(const ir::Graph& g) {
   return bounds;
 }
 
-json predicted_json(const analysis::StepTime& t) {
-  if (!t.device) return nullptr;
-  json classes = json::object();
+runtime::PredictedStep predicted_step(const analysis::StepTime& t) {
+  if (!t.device) return {};
+  runtime::PredictedStep p{true, t.seconds, t.launch_seconds, t.mfu, t.kernels_without_peak, {}};
   for (int c = 0; c < analysis::kNumKernelClasses; ++c)
-    classes[std::string(analysis::kernel_class_name(static_cast<analysis::KernelClass>(c)))] = t.class_seconds[c];
-  return {{"step_s", t.seconds},
-          {"launch_s", t.launch_seconds},
-          {"mfu", t.mfu},
-          {"kernels_without_peak", t.kernels_without_peak},
-          {"class_s", classes}};
+    p.class_seconds[std::string(analysis::kernel_class_name(static_cast<analysis::KernelClass>(c)))] = t.class_seconds[c];
+  return p;
 }
 
 }  // namespace
@@ -291,105 +251,59 @@ ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std
   return facts;
 }
 
-std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::vector<Launch>& launches,
-                         const ProgramFacts& facts) {
+runtime::Program describe_program(const ir::Graph& g, const KernelPlan& plan, const std::vector<Launch>& launches,
+                                  const ProgramFacts& facts) {
+  runtime::Program p;
+  p.model = g.name, p.hash = facts.model_hash, p.backend = facts.backend, p.device = facts.device;
+  p.arena_bytes = plan.arena_bytes, p.liveness_peak = plan.liveness_peak;
+  p.flops_per_step = facts.flops_per_step, p.flops_forward = facts.flops_forward;
+  p.flops_optimizer = facts.flops_optimizer, p.peak_flops = facts.peak_flops;
+  p.peak_source = facts.peak_source, p.device_file = facts.device_file;
+  p.predicted = predicted_step(facts.predicted);
+  p.tokens_per_step = facts.tokens_per_step;
   const std::map<std::string, int64_t> bounds = index_bounds(g);
-  json tensors = json::array();
   for (const PlannedTensor& t : plan.tensors) {
-    json j = {{"name", t.name},
-              {"role", std::string(tensor_role_name(t.role))},
-              {"dtype", std::string(ir::dtype_name(t.dtype))},
-              {"shape", t.shape},
-              {"offset", t.byte_offset},
-              {"bytes", t.bytes}};
-    if (t.role == TensorRole::State) j["param"] = t.param;
-    if (auto b = bounds.find(t.name); t.role == TensorRole::Input && b != bounds.end()) j["index_bound"] = b->second;
-    if (t.role == TensorRole::Param)
-      j["init"] = {{"kind", init_kind(t.init.kind)}, {"value", t.init.value}, {"std", t.init.std},
-                   {"lo", t.init.lo}, {"hi", t.init.hi}};
-    tensors.push_back(std::move(j));
+    runtime::TensorSpec& s = p.tensors.emplace_back();
+    s.name = t.name, s.role = t.role, s.dtype = runtime_dtype(t.dtype), s.shape = t.shape;
+    s.offset = t.byte_offset, s.bytes = t.bytes;
+    if (t.role == TensorRole::State) s.param = t.param;
+    if (auto b = bounds.find(t.name); t.role == TensorRole::Input && b != bounds.end()) s.index_bound = b->second;
+    if (t.role == TensorRole::Param) s.init = {init_kind(t.init.kind), t.init.value, t.init.std, t.init.lo, t.init.hi};
   }
   // The time model's kernels are the plan's (analysis/step_kernels.h), one for one.
   const std::vector<analysis::KernelTime>& predicted = facts.predicted.kernels;
   NAPKIN_INTERNAL_CHECK(predicted.empty() || predicted.size() == plan.kernels.size(),
                         "the time model has {} kernels, the plan {}", predicted.size(), plan.kernels.size());
-  json kernels = json::array();
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
-    json j = {{"name", k.name},
-              {"where", k.where},
-              {"phase", std::string(ir::phase_name(k.phase))},
-              {"kind", runtime_kind(k.kind)},
-              {"extent", launches.at(i).extent},
-              {"parallel", launches.at(i).parallel},
-              {"combine", launches.at(i).combine},
-              {"out", operand_json(k.output)}};
-    if (k.phase == ir::Phase::Optimizer) {
-      // null: shared, every rank runs it; else the parameters' names.
-      auto names = [&](const std::optional<std::vector<int>>& serves) -> json {
-        if (!serves) return nullptr;
-        json out = json::array();
-        for (int p : *serves) out.push_back(g.value(g.params[static_cast<size_t>(p)].value).name);
-        return out;
-      };
-      j["serves"] = names(k.serves);
-      const std::vector<int64_t>& work = launches.at(i).member_work;
-      if (!work.empty() && work.size() == k.member_serves.size()) {
-        json members = json::array();
-        for (size_t m = 0; m < work.size(); ++m) members.push_back({{"work", work[m]}, {"serves", names(k.member_serves[m])}});
-        j["members"] = members;
-      }
-    }
-    if (k.kind == KernelKind::Gemm) j["matmul"] = matmul_json(k);
-    if (k.kind == KernelKind::Attention) j["attention"] = attention_json(k);
-    if (k.kind == KernelKind::Classifier) j["classifier"] = classifier_json(k);
-    if (k.kind == KernelKind::CachedAttention) j["cached_attention"] = cached_attention_json(k);
+    runtime::KernelSpec& s = p.kernels.emplace_back();
+    s.name = k.name, s.where = k.where, s.phase = ir::phase_name(k.phase);
+    s.payload = payload(g, k, launches.at(i));
+    s.out_offset = k.output.byte_offset, s.out_numel = k.output.numel(), s.out_dtype = runtime_dtype(k.output.dtype);
+    // In the optimizer phase, a kernel serves the parameters it names; none: shared, every rank runs it.
+    if (k.phase == ir::Phase::Optimizer && k.serves) s.serves = param_names(g, *k.serves), s.shared = false;
     if (!predicted.empty()) {
       const analysis::KernelTime& t = predicted[i];
-      j["class"] = std::string(analysis::kernel_class_name(t.kind));
-      j["flops"] = t.flops;
-      j["bytes"] = t.bytes;
-      j["predicted_s"] = t.no_peak ? json(nullptr) : json(t.seconds);
+      s.kernel_class = analysis::kernel_class_name(t.kind);
+      s.flops = t.flops, s.bytes = t.bytes;
+      s.predicted_seconds = t.no_peak ? -1 : t.seconds;
     }
-    kernels.push_back(std::move(j));
   }
-  json updates = json::array();
-  json gradients = json::array();
+  p.num_setup_kernels = plan.num_setup_kernels, p.num_forward_kernels = plan.num_forward_kernels;
+  p.num_gradient_kernels = plan.num_gradient_kernels;
   for (const PlannedGradient& grad : plan.gradients)
-    gradients.push_back({{"param", grad.param},
-                         {"dtype", std::string(ir::dtype_name(grad.dtype))},
-                         {"offset", grad.byte_offset},
-                         {"bytes", grad.bytes},
-                         {"ready_after", grad.ready_after}});
-  for (const UpdateCopy& u : plan.updates)
-    updates.push_back({{"target", u.target}, {"from", u.from}, {"to", u.to}, {"bytes", u.bytes}, {"param", u.param}});
-  json program = {{"format", "napkin-program-1"},
-                  {"model", g.name},
-                  {"hash", facts.model_hash},
-                  {"backend", facts.backend},
-                  {"arena_bytes", plan.arena_bytes},
-                  {"liveness_peak", plan.liveness_peak},
-                  {"flops_per_step", facts.flops_per_step},
-                  {"flops_forward", facts.flops_forward},
-                  {"flops_optimizer", facts.flops_optimizer},
-                  {"tokens_per_step", facts.tokens_per_step},
-                  {"device", facts.device},
-                  {"peak_flops", facts.peak_flops},
-                  {"peak_source", facts.peak_source},
-                  {"device_file", facts.device_file},
-                  {"predicted", predicted_json(facts.predicted)},
-                  {"tensors", tensors},
-                  {"kernels", kernels},
-                  {"num_setup_kernels", plan.num_setup_kernels},
-                  {"num_forward_kernels", plan.num_forward_kernels},
-                  {"num_gradient_kernels", plan.num_gradient_kernels},
-                  {"gradients", gradients},
-                  {"bucket_bytes", analysis::kBucketBytes},
-                  {"updates", updates},
-                  {"train", train_json(g)}};
-  return program.dump(1);
+    p.gradients.push_back({grad.param, runtime_dtype(grad.dtype), grad.byte_offset, grad.bytes, grad.ready_after});
+  p.bucket_bytes = analysis::kBucketBytes;
+  for (const UpdateCopy& u : plan.updates) p.updates.push_back({u.target, u.from, u.to, u.bytes, u.param});
+  p.train = train_defaults(g);
+  return p;
 }
 
-std::string training_settings_json(const ir::Graph& g) { return train_json(g).dump(); }
+std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::vector<Launch>& launches,
+                         const ProgramFacts& facts) {
+  return runtime::program_json(describe_program(g, plan, launches, facts));
+}
+
+std::string training_settings_json(const ir::Graph& g) { return runtime::train_defaults_json(train_defaults(g)); }
 
 }  // namespace napkin::codegen

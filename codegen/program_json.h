@@ -1,6 +1,7 @@
 // The program description a generated trainer carries: everything the
-// runtime needs besides the kernels' code, as one JSON document (parsed by
-// runtime/program.cpp; docs/runtime.md lists the fields). JSON because it is
+// runtime needs besides the kernels' code: the typed runtime::Program,
+// written and read as one JSON document by runtime/program.cpp
+// (docs/runtime.md lists the fields). JSON because it is
 // also what `napkin build --emit-program` prints for a person to read.
 #pragma once
 
@@ -10,6 +11,7 @@
 #include "analysis/step_time.h"
 #include "codegen/plan.h"
 #include "ir/graph.h"
+#include "runtime/program.h"
 
 namespace napkin::codegen {
 
@@ -43,6 +45,11 @@ ProgramFacts step_facts(const ir::Graph& g, const std::string& device, const std
 // text does not show: a cache of built trainers keys on them too.
 std::string training_settings_json(const ir::Graph& g);
 
+// The typed program (runtime/program.h) of `plan`, run with `launches`
+// (the CPU backend's; one per kernel), and its JSON (runtime::program_json,
+// the one writer).
+runtime::Program describe_program(const ir::Graph& g, const KernelPlan& plan, const std::vector<Launch>& launches,
+                                  const ProgramFacts& facts);
 std::string program_json(const ir::Graph& g, const KernelPlan& plan, const std::vector<Launch>& launches,
                          const ProgramFacts& facts);
 

@@ -14,8 +14,10 @@ struct AttentionDesc {
   double scale = 1;
   struct Strides {
     int64_t batch = 0, head = 0, row = 0;
+    bool operator==(const Strides&) const = default;
   };
   Strides q, k, v, o, d_o, dq, dk, dv;  // forward uses q, k, v, o
+  bool operator==(const AttentionDesc&) const = default;
 };
 
 }  // namespace napkin::runtime

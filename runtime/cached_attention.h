@@ -34,6 +34,7 @@ struct CachedAttentionDesc {
   double scale = 1;
   bool positions_i64 = false;
   AttentionDesc::Strides q, k, v, k_cache, v_cache, o;
+  bool operator==(const CachedAttentionDesc&) const = default;
 };
 
 class CachedAttention {

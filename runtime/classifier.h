@@ -43,6 +43,7 @@ struct ClassifierDesc {
   int64_t x_row_stride = 0;              // elements between rows of x (d stride is 1)
   int64_t w_v_stride = 0, w_d_stride = 1;  // w's strides over [vocab, d]
   bool targets_i64 = false;
+  bool operator==(const ClassifierDesc&) const = default;
 };
 
 class Classifier {

@@ -16,8 +16,8 @@ class CpuEngine final : public Engine {
   std::string describe() const override;
 
   char* host(const TensorSpec& t) override { return ex_.arena() + t.offset; }
-  void upload(const std::string&) override {}
-  void download(const std::string&) override {}
+  void upload(TensorRole) override {}
+  void download(TensorRole) override {}
   void download_tensor(const TensorSpec&) override {}
 
   void run_setup() override { ex_.run_setup(); }

@@ -41,8 +41,8 @@ class Engine {
   virtual std::string describe() const = 0;
 
   virtual char* host(const TensorSpec& t) = 0;
-  virtual void upload(const std::string& role) = 0;
-  virtual void download(const std::string& role) = 0;
+  virtual void upload(TensorRole role) = 0;
+  virtual void download(TensorRole role) = 0;
   virtual void download_tensor(const TensorSpec& t) = 0;  // one tensor (the sampler's logits)
 
   virtual void run_forward() = 0;

@@ -52,48 +52,7 @@ Executor::Executor(const Program& program, const KernelFn* fns, int threads)
   // optimizer over every parameter and its state, the norms) miss the TLB
   // far less: gpt.yaml bf16-mixed's optimizer kernels 6.7 -> 3.7 ms a step.
   ::madvise(arena_, arena_mapped_, MADV_HUGEPAGE);
-  for (const KernelSpec& k : program.kernels) {
-    attentions_.push_back(nullptr);
-    classifiers_.push_back(nullptr);
-    cached_attentions_.push_back(nullptr);
-    if (k.is_cached_attention) {
-      try {
-        cached_attentions_.back() =
-            std::make_unique<CachedAttention>(k.cached_attention.desc, gemm_type(k.cached_attention.dtype));
-      } catch (const Error& e) {
-        throw Error("kernel " + k.name + ": " + e.what());
-      }
-    }
-    if (k.is_classifier) {
-      try {
-        classifiers_.back() = std::make_unique<Classifier>(k.classifier.desc, gemm_type(k.classifier.dtype));
-      } catch (const Error& e) {
-        throw Error("kernel " + k.name + ": " + e.what());
-      }
-    }
-    if (k.is_attention) {
-      try {
-        attentions_.back() = std::make_unique<Attention>(k.attention.desc, gemm_type(k.attention.dtype));
-      } catch (const Error& e) {
-        throw Error("kernel " + k.name + ": " + e.what());
-      }
-    }
-    if (!k.is_matmul) {
-      gemms_.push_back(nullptr);
-      continue;
-    }
-    const MatmulSpec& m = k.matmul;
-    if (m.a_dtype != m.b_dtype)
-      throw Error("kernel " + k.name + ": no CPU matmul of " + m.a_dtype + " by " + m.b_dtype);
-    try {
-      gemms_.push_back(std::make_unique<Gemm>(m.desc, GemmTypes{gemm_type(m.a_dtype), gemm_type(m.c_dtype)},
-                                              LowPrecisionKernel::Auto, m.epilogue.on));
-    } catch (const Error& e) {
-      throw Error("kernel " + k.name + ": " + e.what());
-    }
-    // oneDNN primitives (bf16) are created now, not in the first step.
-    gemms_.back()->prepare(pool_.num_threads());
-  }
+  prepare();
   kernel_seconds.assign(program.kernels.size(), 0.0);
   g_active = &program_;
 }
@@ -112,80 +71,107 @@ void Executor::release(int64_t offset, int64_t bytes) {
   ::madvise(arena_ + begin, static_cast<size_t>(end - begin), MADV_DONTNEED);
 }
 
+void Executor::prepare() {
+  for (const KernelSpec& k : program_.kernels) {
+    try {
+      runners_.push_back(std::visit(
+          overloaded{
+              [](const LoopSpec&) -> Runner { return std::monostate(); },
+              [&](const MatmulSpec& s) -> Runner {
+                if (s.a_dtype != s.b_dtype)
+                  throw Error("no CPU matmul of " + std::string(dtype_name(s.a_dtype)) + " by " +
+                              std::string(dtype_name(s.b_dtype)));
+                auto gemm = std::make_unique<Gemm>(s.desc, GemmTypes{gemm_type(s.a_dtype), gemm_type(s.c_dtype)},
+                                                   LowPrecisionKernel::Auto, s.epilogue.has_value());
+                // oneDNN primitives (bf16) are created now, not in the first step.
+                gemm->prepare(pool_.num_threads());
+                return gemm;
+              },
+              [](const AttentionSpec& s) -> Runner { return std::make_unique<Attention>(s.desc, gemm_type(s.dtype)); },
+              [](const CachedAttentionSpec& s) -> Runner {
+                return std::make_unique<CachedAttention>(s.desc, gemm_type(s.dtype));
+              },
+              [](const ClassifierSpec& s) -> Runner { return std::make_unique<Classifier>(s.desc, gemm_type(s.dtype)); },
+          },
+          k.payload));
+    } catch (const Error& e) {
+      throw Error("kernel " + k.name + ": " + e.what());
+    }
+  }
+}
+
 void Executor::run_kernel(int i) {
+  char* m = arena_;
   const KernelSpec& k = program_.kernels[i];
-  if (k.is_matmul && k.matmul.epilogue.on) {
-    // The kernel's generated function is its epilogue: rows [r0, r1) of D from their sums.
-    const MatmulSpec& m = k.matmul;
-    EpilogueCall call{reinterpret_cast<EpilogueFn>(fns_[i]), arena_};
-    RowsEpilogue epilogue{[](void* ctx, int64_t r0, int64_t r1, const float* sums) {
-                            auto* c = static_cast<EpilogueCall*>(ctx);
-                            c->fn(c->arena, r0, r1, sums);
-                          },
-                          &call};
-    gemms_[i]->run_with_epilogue(arena_ + m.a, arena_ + m.b, epilogue, pool_);
-    return;
+  Runner& runner = runners_[static_cast<size_t>(i)];
+  try {
+    std::visit(
+        overloaded{
+            [&](const LoopSpec& s) { run_loop(i, s); },
+            [&](const MatmulSpec& s) {
+              Gemm& gemm = *std::get<std::unique_ptr<Gemm>>(runner);
+              if (s.epilogue) {
+                // The kernel's generated function is its epilogue: rows [r0, r1) of D from their sums.
+                EpilogueCall call{reinterpret_cast<EpilogueFn>(fns_[i]), m};
+                RowsEpilogue epilogue{[](void* ctx, int64_t r0, int64_t r1, const float* sums) {
+                                        auto* c = static_cast<EpilogueCall*>(ctx);
+                                        c->fn(c->arena, r0, r1, sums);
+                                      },
+                                      &call};
+                gemm.run_with_epilogue(m + s.a, m + s.b, epilogue, pool_);
+                return;
+              }
+              gemm.run(static_cast<const void*>(m + s.a), static_cast<const void*>(m + s.b),
+                       static_cast<void*>(m + s.c), pool_);
+              // The weight gradient's bias gradient: B summed over k while it is still in cache.
+              if (s.bias_grad >= 0)
+                sum_b_over_k(s.desc, gemm_type(s.b_dtype), m + s.b, reinterpret_cast<float*>(m + s.bias_grad), pool_);
+            },
+            [&](const AttentionSpec& a) {
+              const Attention& attention = *std::get<std::unique_ptr<Attention>>(runner);
+              if (a.backward)
+                attention.backward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<const float*>(m + a.lse),
+                                   m + a.d_o, m + a.dq, m + a.dk, m + a.dv, pool_);
+              else
+                attention.forward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<float*>(m + a.lse), pool_);
+            },
+            [&](const CachedAttentionSpec& a) {
+              std::get<std::unique_ptr<CachedAttention>>(runner)->run(m + a.q, m + a.k, m + a.v, m + a.k_cache,
+                                                                      m + a.v_cache, m + a.positions, m + a.o, pool_);
+            },
+            [&](const ClassifierSpec& c) {
+              const Classifier& classifier = *std::get<std::unique_ptr<Classifier>>(runner);
+              if (c.backward)
+                classifier.backward(m + c.x, m + c.w, m + c.targets, m + c.lse, m + c.dloss, m + c.dx, m + c.dw, pool_);
+              else
+                classifier.forward(m + c.x, m + c.w, m + c.targets, m + c.loss, m + c.lse, pool_);
+            },
+        },
+        k.payload);
+  } catch (const Error& e) {
+    throw Error("kernel " + k.name + " (" + k.where + "): " + e.what());
   }
-  if (k.is_matmul) {
-    const MatmulSpec& m = k.matmul;
-    gemms_[i]->run(static_cast<const void*>(arena_ + m.a), static_cast<const void*>(arena_ + m.b),
-                   static_cast<void*>(arena_ + m.c), pool_);
-    // The weight gradient's bias gradient: B summed over k while it is still in cache.
-    if (m.bias_grad >= 0)
-      sum_b_over_k(m.desc, gemm_type(m.b_dtype), arena_ + m.b, reinterpret_cast<float*>(arena_ + m.bias_grad), pool_);
-    return;
-  }
-  if (k.is_attention) {
-    const AttentionSpec& a = k.attention;
-    char* m = arena_;
-    if (a.backward)
-      attentions_[i]->backward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<const float*>(m + a.lse), m + a.d_o,
-                               m + a.dq, m + a.dk, m + a.dv, pool_);
-    else
-      attentions_[i]->forward(m + a.q, m + a.k, m + a.v, m + a.o, reinterpret_cast<float*>(m + a.lse), pool_);
-    return;
-  }
-  if (k.is_cached_attention) {
-    const CachedAttentionSpec& a = k.cached_attention;
-    char* m = arena_;
-    try {
-      cached_attentions_[i]->run(m + a.q, m + a.k, m + a.v, m + a.k_cache, m + a.v_cache, m + a.positions, m + a.o, pool_);
-    } catch (const Error& e) {
-      throw Error("kernel " + k.name + " (" + k.where + "): " + e.what());
-    }
-    return;
-  }
-  if (k.is_classifier) {
-    const ClassifierSpec& c = k.classifier;
-    char* m = arena_;
-    try {
-      if (c.backward)
-        classifiers_[i]->backward(m + c.x, m + c.w, m + c.targets, m + c.lse, m + c.dloss, m + c.dx, m + c.dw, pool_);
-      else
-        classifiers_[i]->forward(m + c.x, m + c.w, m + c.targets, m + c.loss, m + c.lse, pool_);
-    } catch (const Error& e) {
-      throw Error("kernel " + k.name + " (" + k.where + "): " + e.what());
-    }
-    return;
-  }
+}
+
+void Executor::run_loop(int i, const LoopSpec& s) {
   LoopCall call{fns_[i], arena_};
   if (!run_member.empty() && !run_member[static_cast<size_t>(i)].empty()) {
     // Some members of a batch only (ZeRO-1): each one's work items.
     const std::vector<bool>& run = run_member[static_cast<size_t>(i)];
-    for (size_t m = 0; m < k.members.size(); ++m) {
-      const int64_t work = k.members[m].work;
+    for (size_t m = 0; m < s.members.size(); ++m) {
+      const int64_t work = s.members[m].work;
       if (run[m]) {
-        if (k.parallel) pool_.parallel_for(work, run_chunk, &call);
+        if (s.parallel) pool_.parallel_for(work, run_chunk, &call);
         else call.fn(arena_, call.base, call.base + work);
       }
       call.base += work;
     }
-  } else if (k.parallel) {
-    pool_.parallel_for(k.extent, run_chunk, &call);
+  } else if (s.parallel) {
+    pool_.parallel_for(s.extent, run_chunk, &call);
   } else {
-    call.fn(arena_, 0, k.extent);
+    call.fn(arena_, 0, s.extent);
   }
-  if (k.combine) call.fn(arena_, k.extent, k.extent + 1);
+  if (s.combine) call.fn(arena_, s.extent, s.extent + 1);
 }
 
 void Executor::run_kernels(int first, int last) {

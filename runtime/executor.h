@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <variant>
 #include <vector>
 
 #include "runtime/attention.h"
@@ -29,7 +30,8 @@ using KernelFn = void (*)(char* arena, int64_t begin, int64_t end);
 
 class Executor {
  public:
-  // fns: the program's kernel table (null entries for matmul kernels).
+  // fns: the program's kernel table (a loop's function, a GEMM's epilogue,
+  // null for the other kinds).
   Executor(const Program& program, const KernelFn* fns, int threads);
   ~Executor();
   Executor(const Executor&) = delete;
@@ -78,11 +80,14 @@ class Executor {
   ThreadPool pool_;
   char* arena_ = nullptr;
   size_t arena_mapped_ = 0;
-  std::vector<std::unique_ptr<Gemm>> gemms_;  // per kernel; null for loops
-  std::vector<std::unique_ptr<Attention>> attentions_;  // per kernel; null but for attention kernels
-  std::vector<std::unique_ptr<Classifier>> classifiers_;  // per kernel; null but for classifier kernels
-  std::vector<std::unique_ptr<CachedAttention>> cached_attentions_;  // per kernel; null but for cached attention
+  // One runner per kernel, built by prepare() from its payload's kind: what
+  // it needs besides its spec and fns_ (a GEMM's plan, an attention's buffers).
+  using Runner = std::variant<std::monostate, std::unique_ptr<Gemm>, std::unique_ptr<Attention>,
+                              std::unique_ptr<CachedAttention>, std::unique_ptr<Classifier>>;
+  std::vector<Runner> runners_;
+  void prepare();
   void run_kernel(int i);
+  void run_loop(int i, const LoopSpec& s);
 };
 
 // The executor running generated code now: napkin_rt_bad_index (called by a

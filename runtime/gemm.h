@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/tensor_types.h"
 #include "runtime/matmul_desc.h"
 #include "runtime/thread_pool.h"
 
@@ -59,7 +60,7 @@ void make_openmp_serial();
 // Element types a Gemm takes: A and B share one, C has its own (fp32 or the
 // same as A and B).
 enum class GemmType : uint8_t { F32, F64, BF16, F16 };
-GemmType gemm_type(const std::string& dtype);  // "f32", ...; throws Error for others
+GemmType gemm_type(DType dtype);  // f32, f64, bf16, f16; throws Error for others
 const char* gemm_type_name(GemmType t);
 size_t gemm_type_bytes(GemmType t);  // bytes per element: 8, 4 or 2
 struct GemmTypes {

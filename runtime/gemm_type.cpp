@@ -8,12 +8,12 @@
 
 namespace napkin::runtime {
 
-GemmType gemm_type(const std::string& dtype) {
-  if (dtype == "f32") return GemmType::F32;
-  if (dtype == "f64") return GemmType::F64;
-  if (dtype == "bf16") return GemmType::BF16;
-  if (dtype == "f16") return GemmType::F16;
-  throw Error("no CPU matmul for " + dtype + " operands");
+GemmType gemm_type(DType dtype) {
+  if (dtype == DType::F32) return GemmType::F32;
+  if (dtype == DType::F64) return GemmType::F64;
+  if (dtype == DType::BF16) return GemmType::BF16;
+  if (dtype == DType::F16) return GemmType::F16;
+  throw Error("no CPU matmul for " + std::string(dtype_name(dtype)) + " operands");
 }
 
 size_t gemm_type_bytes(GemmType t) {

@@ -16,7 +16,7 @@ GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_b
   for (const GradientSpec& g : p.gradients) {
     numel_ += g.numel();
     gradient_bytes_ += g.bytes;
-    all_f32_ = all_f32_ && g.dtype == "f32";
+    all_f32_ = all_f32_ && g.dtype == DType::F32;
   }
   if (!active_) return;
   if (p.gradients.empty()) throw Error("the program names no gradients: it cannot accumulate or all-reduce them");

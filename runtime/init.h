@@ -15,6 +15,7 @@ struct ParamInit {
   // "trunc_normal" (mean 0, std, resampled into [lo, hi]; xavier is one).
   std::string kind = "zeros";
   double value = 0, std = 0, lo = 0, hi = 0;
+  bool operator==(const ParamInit&) const = default;
 };
 
 class ThreadPool;

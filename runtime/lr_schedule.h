@@ -27,6 +27,7 @@ struct LrSchedule {
   // (it stops inside it, or a cosine decay ended long before), with the fix;
   // "" when it does.
   std::string mismatch(int64_t run_steps) const;
+  bool operator==(const LrSchedule&) const = default;
 };
 
 }  // namespace napkin::runtime

@@ -36,6 +36,7 @@ struct MatmulDesc {
   // three strides allow (the outer stride is the inner stride times the inner
   // size), outermost first: the fewest loops over the batch entries.
   std::vector<BatchDim> merged_batch() const;
+  bool operator==(const MatmulDesc&) const = default;
 };
 
 }  // namespace napkin::runtime

@@ -17,12 +17,12 @@ int find(std::vector<int>& parent, int i) {
 }  // namespace
 
 OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : program_(program), rank_(rank) {
-  const std::vector<const TensorSpec*> params = program.with_role("param");
+  const std::vector<const TensorSpec*> params = program.with_role(TensorRole::Param);
   std::unordered_map<std::string, int> index;
   for (size_t i = 0; i < params.size(); ++i) index[params[i]->name] = static_cast<int>(i);
   std::vector<int64_t> bytes(params.size());
   for (size_t i = 0; i < params.size(); ++i) bytes[i] = params[i]->bytes;
-  for (const TensorSpec* s : program.with_role("state")) {
+  for (const TensorSpec* s : program.with_role(TensorRole::State)) {
     state_bytes_ += s->bytes;
     if (auto it = index.find(s->param); it != index.end()) bytes[static_cast<size_t>(it->second)] += s->bytes;
   }
@@ -39,9 +39,10 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
   };
   for (const KernelSpec& k : program.kernels) {
     if (k.shared) continue;
-    if (k.members.empty()) bind_together(k.serves);
+    const LoopSpec* batch = k.as<LoopSpec>();
+    if (!batch || batch->members.empty()) bind_together(k.serves);
     else
-      for (const KernelSpec::Member& m : k.members)
+      for (const LoopSpec::Member& m : batch->members)
         if (!m.shared) bind_together(m.serves);
   }
   std::vector<int> roots;
@@ -66,7 +67,7 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
     owner_[params[i]->name] = o;
     if (o == rank_) ++owned_params_;
   }
-  for (const TensorSpec* s : program.with_role("state"))
+  for (const TensorSpec* s : program.with_role(TensorRole::State))
     if (!s->param.empty() && owner_.at(s->param) == rank_) owned_state_bytes_ += s->bytes;
 
   auto mine = [&](const std::vector<std::string>& serves) {
@@ -78,12 +79,13 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
     const KernelSpec& k = program.kernels[i];
     if (k.shared) continue;
     skip_kernel_[i] = !mine(k.serves);
-    if (skip_kernel_[i] || k.members.empty()) continue;
+    const LoopSpec* batch = k.as<LoopSpec>();
+    if (skip_kernel_[i] || !batch || batch->members.empty()) continue;
     std::vector<bool> run;
-    for (const KernelSpec::Member& m : k.members) run.push_back(m.shared || mine(m.serves));
+    for (const LoopSpec::Member& m : batch->members) run.push_back(m.shared || mine(m.serves));
     if (std::count(run.begin(), run.end(), true) < static_cast<std::ptrdiff_t>(run.size())) run_member_[i] = run;
   }
-  for (const TensorSpec* s : program.with_role("state"))
+  for (const TensorSpec* s : program.with_role(TensorRole::State))
     if (!s->param.empty() && owner_.at(s->param) != rank_) others_state_.push_back(s);
   skip_update_.assign(program.updates.size(), false);
   for (size_t u = 0; u < program.updates.size(); ++u)
@@ -91,21 +93,21 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
 }
 
 void OptimizerShards::gather_params(Engine& engine, Communicator& comm) const {
-  engine.download("param");
-  for (const TensorSpec* t : program_.with_role("param")) comm.broadcast(engine.host(*t), t->bytes, owner_.at(t->name));
-  engine.upload("param");
+  engine.download(TensorRole::Param);
+  for (const TensorSpec* t : program_.with_role(TensorRole::Param)) comm.broadcast(engine.host(*t), t->bytes, owner_.at(t->name));
+  engine.upload(TensorRole::Param);
 }
 
 void OptimizerShards::gather_state(Engine& engine, Communicator& comm) const {
-  engine.download("state");
-  for (const TensorSpec* t : program_.with_role("state")) {
+  engine.download(TensorRole::State);
+  for (const TensorSpec* t : program_.with_role(TensorRole::State)) {
     if (t->param.empty()) continue;
     const int owner = owner_.at(t->param);
     if (owner == 0) continue;
     if (rank_ == owner) comm.send(engine.host(*t), t->bytes, 0);
     if (rank_ == 0) comm.receive(engine.host(*t), t->bytes, owner);
   }
-  if (rank_ == 0) engine.upload("state");
+  if (rank_ == 0) engine.upload(TensorRole::State);
 }
 
 }  // namespace napkin::runtime

@@ -3,7 +3,6 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
-#include "runtime/tensor_element.h"
 
 namespace napkin::runtime {
 
@@ -23,11 +22,11 @@ const TensorSpec* Program::find(const std::string& name) const {
 
 const TensorSpec& Program::loss() const {
   for (const TensorSpec& t : tensors)
-    if (t.role == "loss") return t;
+    if (t.role == TensorRole::Loss) return t;
   throw Error("the program has no loss tensor");
 }
 
-std::vector<const TensorSpec*> Program::with_role(const std::string& role) const {
+std::vector<const TensorSpec*> Program::with_role(TensorRole role) const {
   std::vector<const TensorSpec*> out;
   for (const TensorSpec& t : tensors)
     if (t.role == role) out.push_back(&t);
@@ -44,264 +43,283 @@ std::string bad_index_message(const Program& program, int64_t kernel, int64_t id
          "); check the data's token ids against the model's vocab";
 }
 
+
+// The program's JSON, both ways: one to_json and one from_json per struct
+// (nlohmann finds them by argument-dependent lookup). docs/runtime.md lists
+// the fields. Optional fields are read with a default: a program written by
+// hand (tests, tools) may leave them out.
+
+using nlohmann::json;
+
+void to_json(json& j, DType t) { j = std::string(dtype_name(t)); }
+void from_json(const json& j, DType& t) { t = parse_dtype(j.get<std::string>()); }
+void to_json(json& j, TensorRole r) { j = std::string(tensor_role_name(r)); }
+void from_json(const json& j, TensorRole& r) { r = parse_tensor_role(j.get<std::string>()); }
+
+// The structs whose keys are their fields' names. A descriptor's scalars
+// share their kernel's object with the spec's operands.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParamInit, kind, value, std, lo, hi)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MatmulDesc, batch, a_batch_stride, b_batch_stride, c_batch_stride, m, n, k,
+                                   a_m_stride, a_k_stride, b_k_stride, b_n_stride, c_m_stride)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GemmEpilogueSpec, d, d_dtype, residual, bias, activation, aux)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(AttentionDesc, causal, scale, batch, heads, kv_heads, q_len, kv_len, head_dim)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CachedAttentionDesc, scale, batch, heads, kv_heads, rows, context, head_dim,
+                                   positions_i64)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ClassifierDesc, rows, vocab, d, x_row_stride, w_v_stride, w_d_stride, targets_i64)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ClassifierSpec::Cuda, chunk, chunks, logits, dx_acc)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GradientSpec, param, dtype, offset, bytes, ready_after)
+// The learning-rate schedule, fixed in the optimizer's kernels
+// (passes/optimizer.h): its length is train.steps at build time; its lr is train.lr.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LrSchedule, kind, warmup, steps, min_lr)
+// null: the model names no data.
+void to_json(json& j, const DataDefaults& d) {
+  if (d.format.empty()) j = nullptr;
+  else j = {{"format", d.format}, {"path", d.path}, {"dtype", d.dtype}, {"files", d.files}, {"order", d.order}, {"split", d.split}};
+}
+void from_json(const json& j, DataDefaults& d) {
+  if (!j.is_null())
+    d = {j.at("format"), j.at("path"), j.at("dtype"), j.at("order"),
+         j.at("files").get<std::map<std::string, std::string>>(), j.at("split")};
+}
+// A program written by hand (tests, tools) may leave out any of these.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainDefaults, steps, seed, accumulate, data, eval_every, eval_batches,
+                                                checkpoint_every, checkpoint_keep, checkpoint_dir, log_every, metrics,
+                                                optimizer, precision, lr, schedule, dims, memory_budget)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CudaSpec, arch, scratch_bytes, tf32)
+
 namespace {
 
-// Attention operand `name` of a kernel's object as the program writes it:
-// [offset, batch stride, head stride, row stride] (codegen/program_json.cpp;
-// head_dim's stride is 1).
-void attention_operand(const nlohmann::json& kernel, const char* name, int64_t& offset,
-                       AttentionDesc::Strides& strides) {
-  const nlohmann::json& o = kernel.at(name);
-  offset = o.at(0);
-  strides = {o.at(1).get<int64_t>(), o.at(2).get<int64_t>(), o.at(3).get<int64_t>()};
+// An attention kernel's operand as [offset, batch stride, head stride, row
+// stride] (head_dim's stride is 1).
+json operand(int64_t offset, const AttentionDesc::Strides& s) { return {offset, s.batch, s.head, s.row}; }
+void read_operand(const json& j, const char* name, int64_t& offset, AttentionDesc::Strides& s) {
+  const json& o = j.at(name);
+  offset = o.at(0), s = {o.at(1).get<int64_t>(), o.at(2).get<int64_t>(), o.at(3).get<int64_t>()};
+}
+
+// "serves" of an optimizer kernel or batch member: null when shared.
+json serves_json(bool shared, const std::vector<std::string>& serves) { return shared ? json(nullptr) : json(serves); }
+void read_serves(const json& j, bool& shared, std::vector<std::string>& serves) {
+  shared = j.is_null();
+  if (!shared) serves = j.get<std::vector<std::string>>();
+}
+
+// Each payload writes itself into its kernel's object (a loop at the top
+// level, every other kind under its own key) and reads itself back.
+void write(json& kernel, const LoopSpec& s) {
+  kernel.update({{"extent", s.extent}, {"parallel", s.parallel}, {"combine", s.combine}});
+  for (const LoopSpec::Member& m : s.members)
+    kernel["members"].push_back({{"work", m.work}, {"serves", serves_json(m.shared, m.serves)}});
+}
+void read(const json& kernel, const std::string&, LoopSpec& s) {
+  s.extent = kernel.at("extent"), s.parallel = kernel.at("parallel"), s.combine = kernel.value("combine", false);
+  for (const json& m : kernel.value("members", json::array())) {
+    LoopSpec::Member& member = s.members.emplace_back(LoopSpec::Member{m.at("work")});
+    read_serves(m.at("serves"), member.shared, member.serves);
+  }
+}
+
+void write(json& kernel, const MatmulSpec& s) {
+  if (s.epilogue) kernel["extent"] = s.epilogue->rows;
+  json& m = kernel["matmul"] = s.desc;
+  m.update({{"a", s.a}, {"b", s.b}, {"c", s.c}, {"a_dtype", s.a_dtype}, {"b_dtype", s.b_dtype}, {"c_dtype", s.c_dtype},
+            {"epilogue", s.epilogue ? json(*s.epilogue) : json(nullptr)}, {"bias_grad", s.bias_grad}});
+}
+void read(const json& kernel, const std::string& name, MatmulSpec& s) {
+  const json& m = kernel.at("matmul");
+  s.desc = m;
+  s.a = m.at("a"), s.b = m.at("b"), s.c = m.at("c");
+  s.a_dtype = m.at("a_dtype"), s.b_dtype = m.at("b_dtype"), s.c_dtype = m.at("c_dtype");
+  if (const json& e = m.value("epilogue", json()); !e.is_null()) {
+    s.epilogue = e.get<GemmEpilogueSpec>();
+    s.epilogue->rows = kernel.at("extent");
+    const std::string& activation = s.epilogue->activation;
+    if (activation != "none" && activation != "gelu" && activation != "gelu_grad")
+      throw Error("kernel " + name + ": unknown GEMM epilogue activation '" + activation + "'");
+  }
+  s.bias_grad = m.value("bias_grad", int64_t{-1});
+  if (s.bias_grad >= 0 && (s.c_dtype != DType::F32 || !s.desc.batch.empty() || s.epilogue))
+    throw Error("kernel " + name + ": a bias gradient needs one plain GEMM storing f32, without an epilogue");
+}
+
+void write(json& kernel, const AttentionSpec& s) {
+  const AttentionDesc& d = s.desc;
+  json& j = kernel["attention"] = d;
+  j.update({{"backward", s.backward}, {"dtype", s.dtype}, {"lse", s.lse}, {"q", operand(s.q, d.q)},
+            {"k", operand(s.k, d.k)}, {"v", operand(s.v, d.v)}, {"o", operand(s.o, d.o)}});
+  if (s.backward)
+    j.update({{"do", operand(s.d_o, d.d_o)}, {"dq", operand(s.dq, d.dq)}, {"dk", operand(s.dk, d.dk)},
+              {"dv", operand(s.dv, d.dv)}});
+}
+void read(const json& kernel, const std::string&, AttentionSpec& s) {
+  const json& j = kernel.at("attention");
+  AttentionDesc& d = s.desc = j;
+  s.backward = j.at("backward"), s.dtype = j.at("dtype"), s.lse = j.at("lse");
+  read_operand(j, "q", s.q, d.q), read_operand(j, "k", s.k, d.k), read_operand(j, "v", s.v, d.v);
+  read_operand(j, "o", s.o, d.o);
+  if (s.backward)
+    read_operand(j, "do", s.d_o, d.d_o), read_operand(j, "dq", s.dq, d.dq), read_operand(j, "dk", s.dk, d.dk),
+        read_operand(j, "dv", s.dv, d.dv);
+}
+
+void write(json& kernel, const CachedAttentionSpec& s) {
+  const CachedAttentionDesc& d = s.desc;
+  json& j = kernel["cached_attention"] = d;
+  j.update({{"dtype", s.dtype}, {"positions", s.positions}, {"q", operand(s.q, d.q)}, {"k", operand(s.k, d.k)},
+            {"v", operand(s.v, d.v)}, {"k_cache", operand(s.k_cache, d.k_cache)},
+            {"v_cache", operand(s.v_cache, d.v_cache)}, {"o", operand(s.o, d.o)}});
+}
+void read(const json& kernel, const std::string&, CachedAttentionSpec& s) {
+  const json& j = kernel.at("cached_attention");
+  CachedAttentionDesc& d = s.desc = j;
+  s.dtype = j.at("dtype"), s.positions = j.at("positions");
+  read_operand(j, "q", s.q, d.q), read_operand(j, "k", s.k, d.k), read_operand(j, "v", s.v, d.v);
+  read_operand(j, "k_cache", s.k_cache, d.k_cache), read_operand(j, "v_cache", s.v_cache, d.v_cache);
+  read_operand(j, "o", s.o, d.o);
+}
+
+void write(json& kernel, const ClassifierSpec& s) {
+  json& j = kernel["classifier"] = s.desc;
+  j.update({{"backward", s.backward}, {"dtype", s.dtype}, {"x", s.x}, {"w", s.w}, {"targets", s.targets}, {"lse", s.lse}});
+  if (s.backward) j.update({{"dloss", s.dloss}, {"dx", s.dx}, {"dw", s.dw}});
+  else j["loss"] = s.loss;
+  if (s.cuda) j["cuda"] = *s.cuda;
+}
+void read(const json& kernel, const std::string&, ClassifierSpec& s) {
+  const json& j = kernel.at("classifier");
+  s.desc = j;
+  s.backward = j.at("backward"), s.dtype = j.at("dtype");
+  s.x = j.at("x"), s.w = j.at("w"), s.targets = j.at("targets"), s.lse = j.at("lse");
+  if (s.backward) s.dloss = j.at("dloss"), s.dx = j.at("dx"), s.dw = j.at("dw");
+  else s.loss = j.at("loss");
+  if (j.contains("cuda")) s.cuda = j.at("cuda").get<ClassifierSpec::Cuda>();
+}
+
+// The payload whose kind the kernel's "kind" names.
+template <size_t I = 0>
+KernelPayload read_payload(const json& kernel, const std::string& name) {
+  if constexpr (I == std::variant_size_v<KernelPayload>) {
+    throw Error("kernel " + name + ": unknown kind " + kernel.at("kind").dump());
+  } else {
+    using Spec = std::variant_alternative_t<I, KernelPayload>;
+    if (kernel.at("kind") != Spec::kind) return read_payload<I + 1>(kernel, name);
+    Spec spec;
+    read(kernel, name, spec);
+    return spec;
+  }
 }
 
 }  // namespace
 
+void to_json(json& j, const TensorSpec& t) {
+  j = {{"name", t.name}, {"role", t.role}, {"dtype", t.dtype}, {"shape", t.shape}, {"offset", t.offset},
+       {"bytes", t.bytes}};
+  if (t.role == TensorRole::State) j["param"] = t.param;
+  if (t.index_bound != 0) j["index_bound"] = t.index_bound;
+  if (t.role == TensorRole::Param) j["init"] = t.init;
+}
+void from_json(const json& j, TensorSpec& t) {
+  t.name = j.at("name"), t.role = j.at("role"), t.dtype = j.at("dtype");
+  t.shape = j.at("shape").get<std::vector<int64_t>>();
+  t.offset = j.at("offset"), t.bytes = j.at("bytes");
+  t.param = j.value("param", ""), t.index_bound = j.value("index_bound", int64_t{0});
+  if (const json& i = j.value("init", json()); !i.is_null()) t.init = i;
+}
+
+void to_json(json& j, const CudaLaunchSpec& l) {
+  j = {{"function", l.function}, {"grid", l.grid}, {"block", l.block}, {"shared", l.shared_bytes}, {"offsets", l.offsets}};
+}
+void from_json(const json& j, CudaLaunchSpec& l) {
+  l = {j.at("function"), j.at("grid"), j.at("block"), j.at("shared"), j.at("offsets").get<std::vector<int64_t>>()};
+}
+
+void to_json(json& j, const KernelSpec& k) {
+  j = {{"name", k.name}, {"where", k.where}, {"phase", k.phase},
+       {"out", {{"offset", k.out_offset}, {"dtype", k.out_dtype}, {"numel", k.out_numel}}}};
+  // A launch of one item unless the payload says otherwise (a loop, a GEMM's epilogue).
+  j.update({{"extent", 1}, {"parallel", false}, {"combine", false}});
+  std::visit(
+      [&](const auto& spec) {
+        j["kind"] = spec.kind;
+        write(j, spec);
+      },
+      k.payload);
+  if (k.phase == "optimizer") j["serves"] = serves_json(k.shared, k.serves);
+  if (!k.kernel_class.empty()) {
+    j["class"] = k.kernel_class;
+    j["flops"] = k.flops;
+    j["bytes"] = k.bytes;
+    j["predicted_s"] = k.predicted_seconds < 0 ? json(nullptr) : json(k.predicted_seconds);
+  }
+  if (!k.cuda_launches.empty()) j["cuda_launches"] = k.cuda_launches;
+}
+void from_json(const json& j, KernelSpec& k) {
+  k.name = j.at("name"), k.where = j.at("where"), k.phase = j.at("phase");
+  k.payload = read_payload(j, k.name);
+  const json& out = j.at("out");
+  k.out_offset = out.at("offset"), k.out_numel = out.at("numel"), k.out_dtype = out.at("dtype");
+  if (j.contains("class")) {
+    k.kernel_class = j.at("class"), k.flops = j.at("flops"), k.bytes = j.at("bytes");
+    k.predicted_seconds = j.at("predicted_s").is_null() ? -1.0 : j.at("predicted_s").get<double>();
+  }
+  read_serves(j.value("serves", json()), k.shared, k.serves);
+  k.cuda_launches = j.value("cuda_launches", std::vector<CudaLaunchSpec>());
+}
+
+void to_json(json& j, const UpdateSpec& u) {
+  j = {{"target", u.target}, {"from", u.from}, {"to", u.to}, {"bytes", u.bytes}, {"param", u.param}};
+}
+void from_json(const json& j, UpdateSpec& u) {
+  u = {j.at("target"), j.at("from"), j.at("to"), j.at("bytes"), j.value("param", "")};
+}
+
+void to_json(json& j, const Program& p) {
+  json predicted = nullptr;
+  if (p.predicted.known)
+    predicted = {{"step_s", p.predicted.step_seconds}, {"launch_s", p.predicted.launch_seconds},
+                 {"mfu", p.predicted.mfu}, {"kernels_without_peak", p.predicted.kernels_without_peak},
+                 {"class_s", p.predicted.class_seconds}};
+  j = {{"format", "napkin-program-1"}, {"model", p.model}, {"hash", p.hash}, {"backend", p.backend},
+       {"arena_bytes", p.arena_bytes}, {"liveness_peak", p.liveness_peak}, {"flops_per_step", p.flops_per_step},
+       {"flops_forward", p.flops_forward}, {"flops_optimizer", p.flops_optimizer},
+       {"tokens_per_step", p.tokens_per_step}, {"device", p.device}, {"peak_flops", p.peak_flops},
+       {"peak_source", p.peak_source}, {"device_file", p.device_file}, {"predicted", predicted},
+       {"tensors", p.tensors}, {"kernels", p.kernels}, {"num_setup_kernels", p.num_setup_kernels},
+       {"num_forward_kernels", p.num_forward_kernels}, {"num_gradient_kernels", p.num_gradient_kernels},
+       {"gradients", p.gradients}, {"bucket_bytes", p.bucket_bytes}, {"updates", p.updates}, {"train", p.train}};
+  if (p.backend == "cuda") j["cuda"] = p.cuda;
+}
+void from_json(const json& j, Program& p) {
+  if (j.at("format") != "napkin-program-1") throw Error("unknown program format " + j.at("format").dump());
+  p.model = j.at("model"), p.hash = j.at("hash"), p.backend = j.at("backend"), p.device = j.at("device");
+  p.arena_bytes = j.at("arena_bytes"), p.liveness_peak = j.at("liveness_peak");
+  p.flops_per_step = j.at("flops_per_step"), p.flops_forward = j.at("flops_forward");
+  p.flops_optimizer = j.at("flops_optimizer"), p.peak_flops = j.at("peak_flops");
+  p.peak_source = j.value("peak_source", ""), p.device_file = j.value("device_file", "");
+  if (const json& t = j.value("predicted", json()); !t.is_null())
+    p.predicted = {true, t.at("step_s"), t.at("launch_s"), t.at("mfu"), t.at("kernels_without_peak"),
+                   t.value("class_s", std::map<std::string, double>())};
+  p.tokens_per_step = j.at("tokens_per_step");
+  p.tensors = j.at("tensors").get<std::vector<TensorSpec>>();
+  p.kernels = j.at("kernels").get<std::vector<KernelSpec>>();
+  p.num_setup_kernels = j.value("num_setup_kernels", 0);
+  p.num_forward_kernels = j.at("num_forward_kernels"), p.num_gradient_kernels = j.at("num_gradient_kernels");
+  p.gradients = j.at("gradients").get<std::vector<GradientSpec>>();
+  p.bucket_bytes = j.at("bucket_bytes");
+  if (const json& c = j.value("cuda", json()); !c.is_null()) p.cuda = c;
+  p.updates = j.at("updates").get<std::vector<UpdateSpec>>();
+  p.train = j.at("train");
+  p.train.schedule.lr = p.train.lr;
+}
+
+std::string program_json(const Program& program) { return json(program).dump(1); }
+
+std::string train_defaults_json(const TrainDefaults& train) { return json(train).dump(); }
+
 Program parse_program(const char* text, size_t size) {
-  using nlohmann::json;
   try {
-    json j = json::parse(text, text + size);
-    if (j.at("format") != "napkin-program-1") throw Error("unknown program format " + j.at("format").dump());
-    Program p;
-    p.model = j.at("model");
-    p.hash = j.at("hash");
-    p.backend = j.at("backend");
-    p.device = j.at("device");
-    p.arena_bytes = j.at("arena_bytes");
-    p.liveness_peak = j.at("liveness_peak");
-    p.flops_per_step = j.at("flops_per_step");
-    p.flops_forward = j.at("flops_forward");
-    p.flops_optimizer = j.at("flops_optimizer");
-    p.peak_flops = j.at("peak_flops");
-    // Optional: a program written by hand (tests, tools) may leave out the time model.
-    p.peak_source = j.value("peak_source", "");
-    p.device_file = j.value("device_file", "");
-    if (const json& t = j.value("predicted", json()); !t.is_null()) {
-      p.predicted.known = true;
-      p.predicted.step_seconds = t.at("step_s");
-      p.predicted.launch_seconds = t.at("launch_s");
-      p.predicted.mfu = t.at("mfu");
-      p.predicted.kernels_without_peak = t.at("kernels_without_peak");
-    }
-    p.tokens_per_step = j.at("tokens_per_step");
-    for (const json& t : j.at("tensors")) {
-      TensorSpec s;
-      s.name = t.at("name");
-      s.role = t.at("role");
-      s.dtype = t.at("dtype");
-      s.shape = t.at("shape").get<std::vector<int64_t>>();
-      s.offset = t.at("offset");
-      s.bytes = t.at("bytes");
-      s.param = t.value("param", "");
-      s.index_bound = t.value("index_bound", int64_t{0});
-      if (t.contains("init")) {
-        const json& i = t.at("init");
-        s.init = {i.at("kind"), i.at("value"), i.at("std"), i.at("lo"), i.at("hi")};
-      }
-      p.tensors.push_back(std::move(s));
-    }
-    for (const json& k : j.at("kernels")) {
-      KernelSpec s;
-      s.name = k.at("name");
-      s.where = k.at("where");
-      s.phase = k.at("phase");
-      s.is_matmul = k.at("kind") == "matmul";
-      s.is_attention = k.at("kind") == "attention";
-      s.is_classifier = k.at("kind") == "classifier";
-      s.is_cached_attention = k.at("kind") == "cached_attention";
-      s.extent = k.at("extent");
-      s.parallel = k.at("parallel");
-      s.combine = k.value("combine", false);
-      s.out_offset = k.at("out").at("offset");
-      s.out_numel = k.at("out").at("numel");
-      s.out_dtype = k.at("out").at("dtype");
-      if (k.contains("class")) {
-        s.kernel_class = k.at("class");
-        s.flops = k.at("flops");
-        s.bytes = k.at("bytes");
-        s.predicted_seconds = k.at("predicted_s").is_null() ? -1.0 : k.at("predicted_s").get<double>();
-      }
-      if (s.is_matmul) {
-        const json& m = k.at("matmul");
-        s.matmul.a = m.at("a");
-        s.matmul.b = m.at("b");
-        s.matmul.c = m.at("c");
-        s.matmul.a_dtype = m.at("a_dtype");
-        s.matmul.b_dtype = m.at("b_dtype");
-        s.matmul.c_dtype = m.at("c_dtype");
-        MatmulDesc& d = s.matmul.desc;
-        d.batch = m.at("batch").get<std::vector<int64_t>>();
-        d.a_batch_stride = m.at("a_batch_stride").get<std::vector<int64_t>>();
-        d.b_batch_stride = m.at("b_batch_stride").get<std::vector<int64_t>>();
-        d.c_batch_stride = m.at("c_batch_stride").get<std::vector<int64_t>>();
-        d.m = m.at("m");
-        d.n = m.at("n");
-        d.k = m.at("k");
-        d.a_m_stride = m.at("a_m_stride");
-        d.a_k_stride = m.at("a_k_stride");
-        d.b_k_stride = m.at("b_k_stride");
-        d.b_n_stride = m.at("b_n_stride");
-        d.c_m_stride = m.at("c_m_stride");
-        if (m.contains("epilogue") && !m.at("epilogue").is_null()) {
-          const json& e = m.at("epilogue");
-          GemmEpilogueSpec& ep = s.matmul.epilogue;
-          ep.on = true;
-          ep.d = e.at("d");
-          ep.d_dtype = e.at("d_dtype");
-          ep.residual = e.at("residual");
-          ep.bias = e.at("bias");
-          ep.activation = e.value("activation", std::string("none"));
-          ep.aux = e.value("aux", int64_t{-1});
-          if (ep.activation != "none" && ep.activation != "gelu" && ep.activation != "gelu_grad")
-            throw Error("kernel " + s.name + ": unknown GEMM epilogue activation '" + ep.activation + "'");
-        }
-        s.matmul.bias_grad = m.value("bias_grad", int64_t{-1});
-        if (s.matmul.bias_grad >= 0 && (s.matmul.c_dtype != "f32" || !d.batch.empty() || s.matmul.epilogue.on))
-          throw Error("kernel " + s.name + ": a bias gradient needs one plain GEMM storing f32, without an epilogue");
-      }
-      if (s.is_classifier) {
-        const json& c = k.at("classifier");
-        ClassifierSpec& t = s.classifier;
-        t.backward = c.at("backward");
-        t.dtype = c.at("dtype");
-        t.desc.rows = c.at("rows");
-        t.desc.vocab = c.at("vocab");
-        t.desc.d = c.at("d");
-        t.desc.x_row_stride = c.at("x_row_stride");
-        t.desc.w_v_stride = c.at("w_v_stride");
-        t.desc.w_d_stride = c.at("w_d_stride");
-        t.desc.targets_i64 = c.at("targets_i64");
-        t.x = c.at("x");
-        t.w = c.at("w");
-        t.targets = c.at("targets");
-        t.lse = c.at("lse");
-        if (t.backward) {
-          t.dloss = c.at("dloss");
-          t.dx = c.at("dx");
-          t.dw = c.at("dw");
-        } else {
-          t.loss = c.at("loss");
-        }
-        if (c.contains("cuda")) {
-          const json& g = c.at("cuda");
-          t.cuda = {g.at("chunk"), g.at("chunks"), g.at("logits"), g.at("dx_acc")};
-        }
-      }
-      if (s.is_cached_attention) {
-        const json& a = k.at("cached_attention");
-        CachedAttentionSpec& t = s.cached_attention;
-        CachedAttentionDesc& d = t.desc;
-        t.dtype = a.at("dtype");
-        d.scale = a.at("scale");
-        d.batch = a.at("batch");
-        d.heads = a.at("heads");
-        d.kv_heads = a.at("kv_heads");
-        d.rows = a.at("rows");
-        d.context = a.at("context");
-        d.head_dim = a.at("head_dim");
-        d.positions_i64 = a.at("positions_i64");
-        attention_operand(a, "q", t.q, d.q);
-        attention_operand(a, "k", t.k, d.k);
-        attention_operand(a, "v", t.v, d.v);
-        attention_operand(a, "k_cache", t.k_cache, d.k_cache);
-        attention_operand(a, "v_cache", t.v_cache, d.v_cache);
-        attention_operand(a, "o", t.o, d.o);
-        t.positions = a.at("positions");
-      }
-      if (s.is_attention) {
-        const json& a = k.at("attention");
-        AttentionSpec& t = s.attention;
-        t.backward = a.at("backward");
-        t.dtype = a.at("dtype");
-        AttentionDesc& d = t.desc;
-        d.causal = a.at("causal");
-        d.scale = a.at("scale");
-        d.batch = a.at("batch");
-        d.heads = a.at("heads");
-        d.kv_heads = a.at("kv_heads");
-        d.q_len = a.at("q_len");
-        d.kv_len = a.at("kv_len");
-        d.head_dim = a.at("head_dim");
-        attention_operand(a, "q", t.q, d.q);
-        attention_operand(a, "k", t.k, d.k);
-        attention_operand(a, "v", t.v, d.v);
-        attention_operand(a, "o", t.o, d.o);
-        t.lse = a.at("lse");
-        if (t.backward) {
-          attention_operand(a, "do", t.d_o, d.d_o);
-          attention_operand(a, "dq", t.dq, d.dq);
-          attention_operand(a, "dk", t.dk, d.dk);
-          attention_operand(a, "dv", t.dv, d.dv);
-        }
-      }
-      if (const json& serves = k.value("serves", json()); !serves.is_null()) {
-        s.serves = serves.get<std::vector<std::string>>();
-        s.shared = false;
-      }
-      if (k.contains("members"))
-        for (const json& m : k.at("members")) {
-          KernelSpec::Member member;
-          member.work = m.at("work");
-          if (!m.at("serves").is_null()) {
-            member.serves = m.at("serves").get<std::vector<std::string>>();
-            member.shared = false;
-          }
-          s.members.push_back(std::move(member));
-        }
-      if (k.contains("cuda_launches"))
-        for (const json& l : k.at("cuda_launches"))
-          s.cuda_launches.push_back({l.at("function"), l.at("grid"), l.at("block"), l.at("shared"),
-                                    l.at("offsets").get<std::vector<int64_t>>()});
-      p.kernels.push_back(std::move(s));
-    }
-    p.num_setup_kernels = j.value("num_setup_kernels", 0);
-    p.num_forward_kernels = j.at("num_forward_kernels");
-    p.num_gradient_kernels = j.at("num_gradient_kernels");
-    for (const json& grad : j.at("gradients"))
-      p.gradients.push_back({grad.at("param"), grad.at("dtype"), grad.at("offset"), grad.at("bytes"), grad.at("ready_after")});
-    p.bucket_bytes = j.at("bucket_bytes");
-    if (j.contains("cuda")) {
-      const json& c = j.at("cuda");
-      p.cuda = {c.at("arch"), c.at("scratch_bytes"), c.at("tf32")};
-    }
-    for (const json& u : j.at("updates"))
-      p.updates.push_back({u.at("target"), u.at("from"), u.at("to"), u.at("bytes"), u.value("param", "")});
-    const json& t = j.at("train");
-    TrainDefaults& d = p.train;
-    d.steps = t.at("steps");
-    d.seed = t.at("seed");
-    d.accumulate = t.at("accumulate");
-    if (!t.at("data").is_null()) {
-      const json& data = t.at("data");
-      d.data.format = data.at("format");
-      d.data.path = data.at("path");
-      d.data.dtype = data.at("dtype");
-      d.data.files = data.at("files").get<std::map<std::string, std::string>>();
-      d.data.order = data.at("order");
-      d.data.split = data.at("split");
-    }
-    d.eval_every = t.at("eval_every");
-    d.eval_batches = t.at("eval_batches");
-    d.checkpoint_every = t.at("checkpoint_every");
-    d.checkpoint_dir = t.at("checkpoint_dir");
-    d.checkpoint_keep = t.at("checkpoint_keep");
-    d.log_every = t.at("log_every");
-    d.metrics = t.at("metrics");
-    d.optimizer = t.at("optimizer");
-    d.precision = t.at("precision");
-    d.dims = t.value("dims", std::string());
-    d.memory_budget = t.value("memory_budget", int64_t{0});
-    d.lr = t.at("lr");
-    d.schedule.lr = d.lr;
-    if (const json& sch = t.value("schedule", json()); !sch.is_null()) {
-      d.schedule.kind = sch.at("kind");
-      d.schedule.warmup = sch.at("warmup");
-      d.schedule.steps = sch.at("steps");
-      d.schedule.min_lr = sch.at("min_lr");
-    }
-    return p;
-  } catch (const nlohmann::json::exception& e) {
+    return json::parse(text, text + size).get<Program>();
+  } catch (const json::exception& e) {
     throw Error(std::string("the trainer's program description is corrupt: ") + e.what());
   }
 }

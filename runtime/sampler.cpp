@@ -86,14 +86,14 @@ struct Tensors {
 // says where they came from.
 std::string load_parameters(const Program& p, Engine& engine, const std::string& path) {
   std::vector<TensorRef> params;
-  for (const TensorSpec* t : p.with_role("param")) params.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
+  for (const TensorSpec* t : p.with_role(TensorRole::Param)) params.push_back({t->name, std::string(dtype_name(t->dtype)), t->shape, engine.host(*t)});
   const StepBuild built{p.train.dims, p.train.memory_budget};
   const std::optional<CheckpointHeader> h = read_model_weights(
       path, params, p.hash,
       "the sampler is this model at the --dims (and --memory-budget) `napkin sample` was given: the ones the "
       "checkpoint's run was trained with",
       &built);
-  engine.upload("param");
+  engine.upload(TensorRole::Param);
   return h ? fmt::format("{} (step {})", path, h->step) : path;
 }
 
@@ -336,14 +336,14 @@ TrainingSamples::TrainingSamples(const char* json, size_t size, const EngineFact
 TrainingSamples::~TrainingSamples() = default;
 
 std::string TrainingSamples::sample(Engine& training, int64_t tokens, uint64_t seed) {
-  training.download("param");
-  for (const TensorSpec* t : program_.with_role("param")) {
+  training.download(TensorRole::Param);
+  for (const TensorSpec* t : program_.with_role(TensorRole::Param)) {
     const TensorSpec* from = training.program().find(t->name);
     if (!from || from->bytes != t->bytes || from->dtype != t->dtype)
       throw Error(fmt::format("the trainer's sampler program has a parameter {} the training step does not", t->name));
     std::memcpy(engine_->host(*t), training.host(*from), static_cast<size_t>(t->bytes));
   }
-  engine_->upload("param");
+  engine_->upload(TensorRole::Param);
   const bool bytes = byte_level(program_);
   const Generated g = generate(*engine_, {bytes ? int64_t{'\n'} : int64_t{0}}, {tokens, 1.0, 0, seed});
   std::string text;

@@ -89,10 +89,10 @@ std::string human_duration(double s) {
   return fmt::format("{}d{:02d}h", t / 86400, (t / 3600) % 24);
 }
 
-std::vector<TensorRef> tensor_refs(const Program& p, Engine& engine, std::initializer_list<const char*> roles) {
+std::vector<TensorRef> tensor_refs(const Program& p, Engine& engine, std::initializer_list<TensorRole> roles) {
   std::vector<TensorRef> refs;
-  for (const char* role : roles)
-    for (const TensorSpec* t : p.with_role(role)) refs.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
+  for (TensorRole role : roles)
+    for (const TensorSpec* t : p.with_role(role)) refs.push_back({t->name, std::string(dtype_name(t->dtype)), t->shape, engine.host(*t)});
   return refs;
 }
 
@@ -100,7 +100,7 @@ std::vector<TensorRef> tensor_refs(const Program& p, Engine& engine, std::initia
 // CPU engine's is the same size and idle now).
 void init_params(const Program& p, Engine& engine, uint64_t seed, int threads) {
   ThreadPool pool(threads);
-  for (const TensorSpec* t : p.with_role("param")) {
+  for (const TensorSpec* t : p.with_role(TensorRole::Param)) {
     std::vector<double> v = init_values(t->init, t->name, t->numel(), seed, &pool);
     auto* host = engine.host(*t);
     pool.parallel_for(t->numel(), [&](int64_t begin, int64_t end) {
@@ -138,8 +138,8 @@ std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Engine& e
   if (spec.format.empty())
     throw Error("the model names no training data (train.data in its YAML); pass --data FILE or --data-file NAME=FILE.npy");
   std::vector<InputSlot> slots;
-  for (const TensorSpec* t : p.with_role("input")) {
-    slots.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
+  for (const TensorSpec* t : p.with_role(TensorRole::Input)) {
+    slots.push_back({t->name, std::string(dtype_name(t->dtype)), t->shape, engine.host(*t)});
     // A token file feeds the tokens and the targets: its ids must fit both.
     if (t->index_bound > 0 && (spec.vocab_bound == 0 || t->index_bound < spec.vocab_bound))
       spec.vocab_bound = t->index_bound;
@@ -152,7 +152,8 @@ std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Engine& e
 void watch_for_nan(Engine& engine, const int64_t& step) {
   engine.inspect_each_kernel([&engine, &step](int i, const char* out) {
     const KernelSpec& k = engine.program().kernels[i];
-    if (k.out_dtype != "f32" && k.out_dtype != "f64" && k.out_dtype != "bf16" && k.out_dtype != "f16") return;
+    if (k.out_dtype != DType::F32 && k.out_dtype != DType::F64 && k.out_dtype != DType::BF16 && k.out_dtype != DType::F16)
+      return;
     for (int64_t e = 0; e < k.out_numel; ++e) {
       double v = read_element(out, k.out_dtype, e);
       if (std::isnan(v))
@@ -348,14 +349,14 @@ void TrainingRun::load_weights() {
   init_params(p, ex, seed, o.threads);
   if (!o.init.empty()) {
     std::vector<std::string> state_names;
-    for (const TensorSpec* t : p.with_role("state")) state_names.push_back(t->name);
-    std::vector<std::string> ignored = read_weights(o.init, tensor_refs(p, ex, {"param"}), state_names);
+    for (const TensorSpec* t : p.with_role(TensorRole::State)) state_names.push_back(t->name);
+    std::vector<std::string> ignored = read_weights(o.init, tensor_refs(p, ex, {TensorRole::Param}), state_names);
     if (!ignored.empty() && !quiet)
       fmt::print("--init {}: loaded the weights; ignored the optimizer state it holds ({} tensors): --init starts a new "
                  "run from these weights, --resume would continue the run that wrote them\n",
                  o.init, ignored.size());
   }
-  ex.upload("param");
+  ex.upload(TensorRole::Param);
   // Every rank reads the same checkpoint, the one rank 0 chose from a
   // directory (another rank's view of it may differ: a file system's cache,
   // a checkpoint being written): the ranks start from the same state. A rank
@@ -372,14 +373,14 @@ void TrainingRun::load_weights() {
     comm.broadcast(resume.data(), length);
   }
   if (!resume.empty()) {
-    resumed = resume_from(resume, tensor_refs(p, ex, {"param", "state"}), p.hash, {p.train.dims, p.train.memory_budget});
+    resumed = resume_from(resume, tensor_refs(p, ex, {TensorRole::Param, TensorRole::State}), p.hash, {p.train.dims, p.train.memory_budget});
     start_step = resumed->step;
     if (resumed->seed) seed = *resumed->seed;
     lineage.run = resumed->run;
     lineage.resumed_step = resumed->step;
     lineage.adopts_version1 = resumed->format == 1;
-    ex.upload("param");
-    ex.upload("state");
+    ex.upload(TensorRole::Param);
+    ex.upload(TensorRole::State);
     if (shards) ex.release(shards->others_state());  // read whole; this rank keeps its share
   }
 }
@@ -417,7 +418,7 @@ void TrainingRun::banner() {
                  human_bytes(static_cast<double>(gradients->buffer_bytes())),
                  gradients->why_not_device().empty() ? "" : " (no device collectives: " + gradients->why_not_device() + ")");
     int64_t params = 0;
-    for (const TensorSpec* t : p.with_role("param")) params += t->numel();
+    for (const TensorSpec* t : p.with_role(TensorRole::Param)) params += t->numel();
     fmt::print("  params     {} ({}), optimizer {}, lr {}\n", with_commas(params), p.train.precision, p.train.optimizer, p.train.lr);
     fmt::print("  schedule   {}\n", p.train.schedule.describe());
     fmt::print("  data       {}\n", data->describe());
@@ -428,7 +429,7 @@ void TrainingRun::banner() {
     if (shards)
       fmt::print("  ZeRO-1     rank 0 updates {} of {} parameters, {} of {} of optimizer state (each rank its own "
                  "share; the others' parameters arrive by broadcast after each step)\n",
-                 shards->owned_params(), p.with_role("param").size(), human_bytes(static_cast<double>(shards->owned_state_bytes())),
+                 shards->owned_params(), p.with_role(TensorRole::Param).size(), human_bytes(static_cast<double>(shards->owned_state_bytes())),
                  human_bytes(static_cast<double>(shards->state_bytes())));
     if (ranks > 1)
       fmt::print("  ranks      {}; gradients all-reduced {}\n", comm.describe(),
@@ -461,11 +462,11 @@ void TrainingRun::banner() {
 std::string TrainingRun::save(int64_t step) {
   if (shards && !o.checkpoint_dir.empty()) shards->gather_state(ex, comm);
   if (!ckpt) return "";
-  ex.download("param");
-  ex.download("state");
+  ex.download(TensorRole::Param);
+  ex.download(TensorRole::State);
   std::map<std::string, std::string> metadata = build_metadata({p.train.dims, p.train.memory_budget});
   metadata.insert({{"model", p.model}, {"seed", std::to_string(seed)}, {kMicroBatchesKey, std::to_string(micro_batches)}});
-  std::string path = ckpt->save(step, tensor_refs(p, ex, {"param", "state"}), metadata, o.keep);
+  std::string path = ckpt->save(step, tensor_refs(p, ex, {TensorRole::Param, TensorRole::State}), metadata, o.keep);
   if (shards) ex.release(shards->others_state());  // gathered for the file only
   if (!quiet) fmt::print("  saved {}\n", path);
   return path;
@@ -718,7 +719,7 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     // An inference program (napkin sample) is a sampler, not a trainer.
     // main() blocked SIGINT and SIGTERM: a sampler takes their default action
     // (no thread exists yet to inherit the mask), a trainer its signal thread.
-    if (!p.with_role("output").empty()) {
+    if (!p.with_role(TensorRole::Output).empty()) {
       unblock_stop_signals();
       return sampler_main(argc, argv, p, make_engine);
     }

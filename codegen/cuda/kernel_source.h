@@ -60,6 +60,7 @@
 
 #include "codegen/cuda/launch.h"
 #include "codegen/plan.h"
+#include "runtime/kernel_spec.h"
 
 namespace napkin::codegen::cuda {
 

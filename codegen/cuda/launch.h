@@ -5,18 +5,14 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-#include <vector>
+
+#include "runtime/kernel_spec.h"
 
 namespace napkin::codegen::cuda {
 
-struct CudaLaunch {
-  std::string function;  // the extern "C" __global__ function
-  int64_t grid = 1;      // blocks
-  int block = 1;         // threads per block
-  int shared_bytes = 0;  // dynamic shared memory per block
-  std::vector<int64_t> offsets;  // the function's `off`: operand byte offsets, by slot
-};
+// One launch of an extern "C" __global__ function (blocks, threads per
+// block, dynamic shared memory, the `off` values): what the program carries.
+using CudaLaunch = runtime::CudaLaunchSpec;
 
 // How a Classifier plan kernel runs on the GPU (codegen/cuda/classifier.cpp):
 // the vocabulary in `chunks` chunks of `chunk` classes (the last may be

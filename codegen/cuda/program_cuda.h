@@ -8,8 +8,8 @@
 //                     how its GEMMs split the vocabulary and where their
 //                     buffers sit in scratch (CudaClassifierLayout)
 //   top level         "cuda": {"arch", "scratch_bytes", "tf32"}
-// Added here, by editing the JSON document, so that codegen/program_json
-// knows nothing of CUDA.
+// Added here, to the typed program, so that codegen/program_json knows
+// nothing of CUDA.
 #pragma once
 
 #include <string>

@@ -85,24 +85,27 @@ LtShape lt_shape(const MatmulDesc& d) {
   return s;
 }
 
-LtTypes lt_types(const std::string& a, const std::string& b, const std::string& c, bool tf32) {
-  auto fail = [&] { throw Error(fmt::format("no cuBLASLt matmul of {} by {} into {}", a, b, c)); };
-  auto fp8 = [](const std::string& t) { return t == "f8e4m3" || t == "f8e5m2"; };
-  auto low = [](const std::string& t) -> cudaDataType_t { return t == "bf16" ? CUDA_R_16BF : CUDA_R_16F; };
+LtTypes lt_types(DType a, DType b, DType c, bool tf32) {
+  auto fail = [&] {
+    throw Error(fmt::format("no cuBLASLt matmul of {} by {} into {}", dtype_name(a), dtype_name(b), dtype_name(c)));
+  };
+  auto fp8 = [](DType t) { return t == DType::F8E4M3 || t == DType::F8E5M2; };
+  auto low = [](DType t) -> cudaDataType_t { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F; };
   LtTypes t;
-  if (a == "f32" && b == "f32" && c == "f32") {
+  if (a == DType::F32 && b == DType::F32 && c == DType::F32) {
     t.compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  } else if (a == "f64" && b == "f64" && c == "f64") {
+  } else if (a == DType::F64 && b == DType::F64 && c == DType::F64) {
     t.a = t.b = t.c = CUDA_R_64F;
     t.compute = CUBLAS_COMPUTE_64F;
     t.scale = CUDA_R_64F;
-  } else if ((a == "bf16" || a == "f16") && b == a && (c == a || c == "f32")) {
+  } else if ((a == DType::BF16 || a == DType::F16) && b == a && (c == a || c == DType::F32)) {
     t.a = t.b = low(a);
-    t.c = c == "f32" ? CUDA_R_32F : low(c);
-  } else if (fp8(a) && fp8(b) && !(a == "f8e5m2" && b == "f8e5m2") && (c == "bf16" || c == "f16" || c == "f32")) {
-    t.a = a == "f8e4m3" ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
-    t.b = b == "f8e4m3" ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
-    t.c = c == "f32" ? CUDA_R_32F : low(c);
+    t.c = c == DType::F32 ? CUDA_R_32F : low(c);
+  } else if (fp8(a) && fp8(b) && !(a == DType::F8E5M2 && b == DType::F8E5M2) &&
+             (c == DType::BF16 || c == DType::F16 || c == DType::F32)) {
+    t.a = a == DType::F8E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+    t.b = b == DType::F8E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+    t.c = c == DType::F32 ? CUDA_R_32F : low(c);
     t.fp8 = true;
   } else {
     fail();
@@ -207,7 +210,6 @@ LtDescriptors::LtDescriptors(const CublasLt& lt, const LtShape& s, const LtTypes
 
 LtEpilogue lt_epilogue(const GemmEpilogueSpec& e, int64_t n, CUdeviceptr arena) {
   LtEpilogue r;
-  if (!e.on) return r;
   const bool bias = e.bias >= 0, aux = e.aux >= 0;
   if (bias) r.bias = arena + static_cast<CUdeviceptr>(e.bias);
   if (aux) {
@@ -248,12 +250,12 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
 LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, const std::string& kernel,
                    LtPlacement where, CUdeviceptr a_scale, CUdeviceptr b_scale)
     : ctx_(ctx) {
-  const GemmEpilogueSpec& epilogue = spec.epilogue;
+  const std::optional<GemmEpilogueSpec>& epilogue = spec.epilogue;
   try {
     shape_ = lt_shape(spec.desc);
     // With an epilogue cuBLASLt's D is napkin's D, in its dtype; the f32 sums stay in the kernel.
-    types_ = lt_types(spec.a_dtype, spec.b_dtype, epilogue.on ? epilogue.d_dtype : spec.c_dtype, tf32);
-    if (epilogue.on && (shape_.calls.size() != 1 || shape_.batch_count != 1 || spec.c != epilogue.d || types_.fp8))
+    types_ = lt_types(spec.a_dtype, spec.b_dtype, epilogue ? epilogue->d_dtype : spec.c_dtype, tf32);
+    if (epilogue && (shape_.calls.size() != 1 || shape_.batch_count != 1 || spec.c != epilogue->d || types_.fp8))
       throw Error("an epilogue needs one plain product into D");
     if (types_.fp8) check_fp8_layout(shape_, kernel);
   } catch (const Error& e) {
@@ -263,12 +265,12 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
   b_ = where.b + static_cast<CUdeviceptr>(spec.b);
   c_ = where.c + static_cast<CUdeviceptr>(spec.c);
   // The residual is cuBLASLt's C (beta = 1), read where it is: D = A B + residual + bias.
-  const bool residual = epilogue.on && epilogue.residual >= 0;
-  c_in_ = residual ? where.c + static_cast<CUdeviceptr>(epilogue.residual) : c_;
+  const bool residual = epilogue && epilogue->residual >= 0;
+  c_in_ = residual ? where.c + static_cast<CUdeviceptr>(epilogue->residual) : c_;
   accumulate_ = where.accumulate || residual;
   beta32_ = accumulate_ ? 1.0f : 0.0f;
   beta64_ = accumulate_ ? 1.0 : 0.0;
-  if (epilogue.on && shape_.k == 0) throw Error("kernel " + kernel + ": an epilogue GEMM with k = 0");
+  if (epilogue && shape_.k == 0) throw Error("kernel " + kernel + ": an epilogue GEMM with k = 0");
   if (spec.bias_grad >= 0 && (shape_.k == 0 || shape_.calls.empty()))
     throw Error("kernel " + kernel + ": a bias gradient of a GEMM with no elements");
   if (shape_.calls.empty() || shape_.k == 0) return;  // nothing to compute, or a zero fill (enqueue)
@@ -281,18 +283,18 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
     a_off.push_back(spec.a + call.a * ea);
     b_off.push_back(spec.b + call.b * eb);
     c_off.push_back(spec.c + call.c * ec);
-    if (residual) c_off.push_back(epilogue.residual + call.c * ec);  // C and D share one layout and alignment
+    if (residual) c_off.push_back(epilogue->residual + call.c * ec);  // C and D share one layout and alignment
   }
   LtEpilogue lt_ep;
   try {
-    lt_ep = lt_epilogue(epilogue, spec.desc.n, where.c);
+    if (epilogue) lt_ep = lt_epilogue(*epilogue, spec.desc.n, where.c);
   } catch (const Error& e) {
     throw Error("kernel " + kernel + ": " + e.what());
   }
   const bool bias = lt_ep.bias != 0;
   if (spec.bias_grad >= 0) {
     // napkin's B summed over k is cuBLASLt's A summed over k, one element per row of D (napkin's n), in D's type (f32).
-    if (epilogue.on || shape_.calls.size() != 1 || shape_.batch_count != 1 || types_.c != CUDA_R_32F)
+    if (epilogue || shape_.calls.size() != 1 || shape_.batch_count != 1 || types_.c != CUDA_R_32F)
       throw Error("kernel " + kernel + ": a bias gradient needs one plain product storing f32, without an epilogue");
     lt_ep.kind = CUBLASLT_EPILOGUE_BGRADA;
     lt_ep.bias = where.c + static_cast<CUdeviceptr>(spec.bias_grad);
@@ -320,11 +322,11 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
   }
   if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
     throw Error(fmt::format("kernel {}: cuBLASLt has no algorithm for matmul {} ({} x {} -> {}{})", kernel,
-                            spec.desc.to_string(), spec.a_dtype, spec.b_dtype,
-                            epilogue.on ? epilogue.d_dtype : spec.c_dtype,
-                            epilogue.on ? fmt::format(", epilogue:{}{}{}", residual ? " + residual" : "",
+                            spec.desc.to_string(), dtype_name(spec.a_dtype), dtype_name(spec.b_dtype),
+                            dtype_name(epilogue ? epilogue->d_dtype : spec.c_dtype),
+                            epilogue ? fmt::format(", epilogue:{}{}{}", residual ? " + residual" : "",
                                                       bias ? " + f32 bias" : "",
-                                                      epilogue.activation == "none" ? "" : ", " + epilogue.activation)
+                                                      epilogue->activation == "none" ? "" : ", " + epilogue->activation)
                                         : ""));
   algo_ = result.algo;
 }
@@ -349,7 +351,7 @@ DeviceBuffer::~DeviceBuffer() {
 void LtMatmul::add_bias_grad_gemm(const MatmulSpec& spec, const std::string& kernel, LtPlacement where) {
   const MatmulDesc& d = spec.desc;
   const int64_t eb = lt_type_bytes(types_.b);
-  const uint16_t one16 = spec.b_dtype == "bf16" ? 0x3f80 : 0x3c00;  // 1.0 in bf16, f16
+  const uint16_t one16 = spec.b_dtype == DType::BF16 ? 0x3f80 : 0x3c00;  // 1.0 in bf16, f16
   const float one32 = 1.0f;
   std::vector<char> ones(static_cast<size_t>(d.k * eb));
   for (int64_t i = 0; i < d.k; ++i) std::memcpy(ones.data() + i * eb, eb == 2 ? static_cast<const void*>(&one16) : &one32, eb);
@@ -361,7 +363,7 @@ void LtMatmul::add_bias_grad_gemm(const MatmulSpec& spec, const std::string& ker
   sums.b = spec.b;
   sums.c = spec.bias_grad;
   sums.a_dtype = sums.b_dtype = spec.b_dtype;
-  sums.c_dtype = "f32";
+  sums.c_dtype = DType::F32;
   sums.desc = MatmulDesc::plain(1, d.n, d.k);
   sums.desc.b_k_stride = d.b_k_stride;
   sums.desc.b_n_stride = d.b_n_stride;

@@ -91,7 +91,7 @@ struct LtTypes {
 };
 
 // Throws Error("no cuBLASLt matmul of A by B into C") for other mixes.
-LtTypes lt_types(const std::string& a_dtype, const std::string& b_dtype, const std::string& c_dtype, bool tf32);
+LtTypes lt_types(DType a_dtype, DType b_dtype, DType c_dtype, bool tf32);
 int64_t lt_type_bytes(cudaDataType_t t);
 
 // Throws Error naming `kernel` when an fp8 matmul is not in the TN layout

@@ -11,7 +11,7 @@ namespace napkin::runtime::cuda {
 
 namespace {
 
-MatmulSpec spec(const std::string& a, const std::string& b, const std::string& c, MatmulDesc desc) {
+MatmulSpec spec(DType a, DType b, DType c, MatmulDesc desc) {
   MatmulSpec s;
   s.a_dtype = a, s.b_dtype = b, s.c_dtype = c;
   s.desc = std::move(desc);
@@ -21,15 +21,15 @@ MatmulSpec spec(const std::string& a, const std::string& b, const std::string& c
 }  // namespace
 
 ClassifierGemms classifier_gemms(const KernelSpec& kernel) {
-  const ClassifierSpec& k = kernel.classifier;
+  const ClassifierSpec& k = std::get<ClassifierSpec>(kernel.payload);
   const ClassifierDesc& d = k.desc;
-  const ClassifierSpec::Cuda& l = k.cuda;
-  const std::string& t = k.dtype;
+  const ClassifierSpec::Cuda l = k.cuda.value_or(ClassifierSpec::Cuda{});
+  const DType t = k.dtype;
   int64_t es = 0;
   try {
     es = static_cast<int64_t>(gemm_type_bytes(gemm_type(t)));
   } catch (const Error&) {  // gemm_type names the f32, f64, bf16 and f16 the classifier takes
-    throw Error(fmt::format("kernel {}: no fused classifier on {} operands", kernel.name, t));
+    throw Error(fmt::format("kernel {}: no fused classifier on {} operands", kernel.name, dtype_name(t)));
   }
   if (l.chunk < 1 || l.chunks != (d.vocab + l.chunk - 1) / l.chunk)
     throw Error(fmt::format("kernel {}: the classifier's CUDA chunks ({} of {}) do not cover its {} classes", kernel.name,
@@ -64,7 +64,7 @@ ClassifierGemms classifier_gemms(const KernelSpec& kernel) {
       x.a_m_stride = l.chunk, x.a_k_stride = 1;
       x.b_k_stride = d.w_v_stride, x.b_n_stride = d.w_d_stride;
       x.c_m_stride = d.d;
-      ch.dx = spec(t, t, g.dx_in_scratch ? "f32" : t, x);
+      ch.dx = spec(t, t, g.dx_in_scratch ? DType::F32 : t, x);
       ch.dx.a = l.logits, ch.dx.b = w_chunk, ch.dx.c = g.dx_in_scratch ? l.dx_acc : k.dx;
     }
     g.chunks.push_back(std::move(ch));
@@ -80,7 +80,7 @@ CudaClassifier::CudaClassifier(const LtContext& ctx, const KernelSpec& kernel, b
     const ClassifierGemms::Chunk& s = g.chunks[c];
     Chunk ch;
     ch.logits = std::make_unique<LtMatmul>(ctx, s.logits, tf32, kernel.name, LtPlacement{arena, arena, scratch, false});
-    if (kernel.classifier.backward) {
+    if (std::get<ClassifierSpec>(kernel.payload).backward) {
       ch.dw = std::make_unique<LtMatmul>(ctx, s.dw, tf32, kernel.name, LtPlacement{scratch, arena, arena, false});
       ch.dx = std::make_unique<LtMatmul>(ctx, s.dx, tf32, kernel.name,
                                          LtPlacement{scratch, arena, g.dx_in_scratch ? scratch : arena, c > 0});

@@ -22,11 +22,6 @@ constexpr size_t kHostAlign = 64;
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-bool has_host_buffer(const TensorSpec& t) {
-  return t.role == "param" || t.role == "state" || t.role == "input" || t.role == "rng" || t.role == "loss" ||
-         t.role == "output";
-}
-
 Error no_gpu(const std::string& why) {
   return Error("this trainer runs its step on an NVIDIA GPU, and " + why +
                "; build with `napkin build --target cpu` to train on this machine");
@@ -139,7 +134,6 @@ void CudaEngine::allocate() {
   size_t bytes = 0;
   std::vector<std::pair<const TensorSpec*, size_t>> places;
   for (const TensorSpec& t : program_.tensors) {
-    if (!has_host_buffer(t)) continue;
     places.push_back({&t, bytes});
     bytes = align_up(bytes + static_cast<size_t>(t.bytes), kHostAlign);
   }
@@ -165,7 +159,7 @@ void CudaEngine::allocate() {
   }
 
   bool any_matmul = false;  // the classifier's GEMMs run on cuBLASLt too
-  for (const KernelSpec& k : program_.kernels) any_matmul |= k.is_matmul || k.is_classifier;
+  for (const KernelSpec& k : program_.kernels) any_matmul |= k.as<MatmulSpec>() || k.as<ClassifierSpec>();
   if (any_matmul) {
     lt_ = std::make_unique<CublasLt>();
     NAPKIN_CUBLASLT(*lt_, cublasLtCreate(&lt_handle_));
@@ -175,12 +169,12 @@ void CudaEngine::allocate() {
 }
 
 void CudaEngine::prepare_kernels() {
-  CudaDriver& d = *driver_;
   // The CPU runtime moves updates with memmove; a device copy must not overlap.
   for (const UpdateSpec& u : program_.updates)
     if (u.from != u.to && u.from < u.to + u.bytes && u.to < u.from + u.bytes)
       throw Error(fmt::format("the update of {} copies between overlapping bytes [{}, +{}) and [{}, +{})", u.target,
                               u.from, u.bytes, u.to, u.bytes));
+  CudaDriver& d = *driver_;
   auto attribute = [&](CUdevice_attribute a) {
     int v = 0;
     NAPKIN_CU(d, cuDeviceGetAttribute(&v, a, device_));
@@ -189,19 +183,11 @@ void CudaEngine::prepare_kernels() {
   int max_shared = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
   int max_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
   int max_grid = attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
-
   std::unordered_map<std::string, CUfunction> functions;
   std::unordered_map<CUfunction, int> shared_opted;  // the dynamic shared memory each function was allowed
-  launches_.resize(program_.kernels.size());
-  matmuls_.resize(program_.kernels.size());
-  classifiers_.resize(program_.kernels.size());
-  for (size_t i = 0; i < program_.kernels.size(); ++i) {
-    const KernelSpec& k = program_.kernels[i];
-    if (k.is_matmul) {
-      matmuls_[i] = std::make_unique<LtMatmul>(*lt_context_, k.matmul, program_.cuda.tf32, k.name, arena_);
-      continue;
-    }
+  auto load_launches = [&](const KernelSpec& k) {
     if (k.cuda_launches.empty()) throw Error(fmt::format("kernel {}: the program gives it no CUDA launches", k.name));
+    Launches launches;
     for (const CudaLaunchSpec& l : k.cuda_launches) {
       if (l.grid < 1 || l.grid > max_grid || l.block < 1 || l.block > max_block || l.shared_bytes < 0 ||
           l.shared_bytes > max_shared)
@@ -213,7 +199,7 @@ void CudaEngine::prepare_kernels() {
         CUresult r = d.cuModuleGetFunction(&it->second, module_, l.function.c_str());
         if (r != CUDA_SUCCESS)
           throw Error(call_failed_message(__FILE__, __LINE__, "cuModuleGetFunction", d.error_text(r)) + " for " +
-                      l.function + " (kernel " + k.name + ")");
+                      l.function);
       }
       CUfunction f = it->second;
       // The offsets are the function's by-value NapkinOffsets<N>: the driver
@@ -231,17 +217,31 @@ void CudaEngine::prepare_kernels() {
         NAPKIN_CU(d, cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, l.shared_bytes));
         shared_opted[f] = l.shared_bytes;
       }
-      launches_[i].push_back({f, static_cast<unsigned>(l.grid), static_cast<unsigned>(l.block),
-                              static_cast<unsigned>(l.shared_bytes),
-                              std::vector<long long>(l.offsets.begin(), l.offsets.end())});
+      launches.push_back({f, static_cast<unsigned>(l.grid), static_cast<unsigned>(l.block),
+                          static_cast<unsigned>(l.shared_bytes), std::vector<long long>(l.offsets.begin(), l.offsets.end())});
     }
-    if (k.is_classifier) {
-      if (!scratch_) throw Error(fmt::format("kernel {}: a classifier needs the scratch buffer, and it has 0 bytes", k.name));
-      try {
-        classifiers_[i] = std::make_unique<CudaClassifier>(*lt_context_, k, program_.cuda.tf32, arena_, scratch_);
-      } catch (const Error& e) {
-        throw Error(std::string(e.what()).rfind("kernel ", 0) == 0 ? e.what() : "kernel " + k.name + ": " + e.what());
-      }
+    return launches;
+  };
+  for (const KernelSpec& k : program_.kernels) {
+    try {
+      runners_.push_back(std::visit(
+          overloaded{
+              [&](const LoopSpec&) -> Runner { return load_launches(k); },
+              [&](const AttentionSpec&) -> Runner { return load_launches(k); },
+              [&](const CachedAttentionSpec&) -> Runner { return load_launches(k); },
+              [&](const MatmulSpec& s) -> Runner {
+                return std::make_unique<LtMatmul>(*lt_context_, s, program_.cuda.tf32, k.name, arena_);
+              },
+              [&](const ClassifierSpec&) -> Runner {
+                Launches l = load_launches(k);
+                if (!scratch_) throw Error("a classifier needs the scratch buffer, and it has 0 bytes");
+                return ClassifierRunner{std::move(l), std::make_unique<CudaClassifier>(*lt_context_, k, program_.cuda.tf32,
+                                                                                      arena_, scratch_)};
+              },
+          },
+          k.payload));
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()).rfind("kernel ", 0) == 0 ? e.what() : "kernel " + k.name + ": " + e.what());
     }
   }
 }
@@ -261,8 +261,7 @@ void CudaEngine::release() noexcept {
     if (e) d.cuEventDestroy(e), e = nullptr;
   if (comm_done_) d.cuEventDestroy(comm_done_), comm_done_ = nullptr;
   if (comm_stream_) d.cuStreamDestroy(comm_stream_), comm_stream_ = nullptr;
-  matmuls_.clear();
-  classifiers_.clear();
+  runners_.clear();
   lt_context_.reset();
   if (lt_handle_) lt_->cublasLtDestroy(lt_handle_), lt_handle_ = nullptr;
   if (inspect_host_) d.cuMemFreeHost(inspect_host_), inspect_host_ = nullptr;
@@ -279,18 +278,18 @@ void CudaEngine::release() noexcept {
 
 char* CudaEngine::host(const TensorSpec& t) {
   auto it = host_.find(t.name);
-  if (it == host_.end()) throw Error(fmt::format("{} ({}) has no host buffer", t.name, t.role));
+  if (it == host_.end()) throw Error(fmt::format("{} ({}) has no host buffer", t.name, tensor_role_name(t.role)));
   return it->second;
 }
 
-void CudaEngine::upload(const std::string& role) {
+void CudaEngine::upload(TensorRole role) {
   for (const TensorSpec* t : program_.with_role(role))
     NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
                                           static_cast<size_t>(t->bytes), stream_));
   synchronize();
 }
 
-void CudaEngine::download(const std::string& role) {
+void CudaEngine::download(TensorRole role) {
   for (const TensorSpec* t : program_.with_role(role))
     NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(host(*t), arena_ + static_cast<CUdeviceptr>(t->offset),
                                           static_cast<size_t>(t->bytes), stream_));
@@ -304,7 +303,7 @@ void CudaEngine::download_tensor(const TensorSpec& t) {
 }
 
 void CudaEngine::run_forward() {
-  for (const char* role : {"input", "rng"})
+  for (TensorRole role : {TensorRole::Input, TensorRole::Rng})
     for (const TensorSpec* t : program_.with_role(role))
       NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
                                             static_cast<size_t>(t->bytes), stream_));
@@ -314,7 +313,7 @@ void CudaEngine::run_forward() {
 void CudaEngine::run_setup() { run_phase(setup_); }
 
 void CudaEngine::run_decode() {
-  for (const TensorSpec* t : program_.with_role("input"))
+  for (const TensorSpec* t : program_.with_role(TensorRole::Input))
     NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
                                           static_cast<size_t>(t->bytes), stream_));
   run_phase(decode_);
@@ -501,21 +500,21 @@ void CudaEngine::capture(Phase& phase) {
 }
 
 void CudaEngine::enqueue_kernel(int i) {
-  if (matmuls_[i]) {
-    matmuls_[i]->enqueue(stream_);
-    return;
-  }
-  auto launch = [&](int j) {
-    Launch& l = launches_[i][static_cast<size_t>(j)];
+  auto launch = [&](Launch& l) {
     std::array<void*, 3> params = kernel_params(arena_, scratch_, l.offsets);
     NAPKIN_CU(*driver_, cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_,
                                        params.data(), nullptr));
   };
-  if (classifiers_[i]) {  // its GEMMs between its launches
-    classifiers_[i]->enqueue(stream_, launch);
-    return;
-  }
-  for (size_t j = 0; j < launches_[i].size(); ++j) launch(static_cast<int>(j));
+  std::visit(overloaded{
+                 [&](Launches& launches) {
+                   for (Launch& l : launches) launch(l);
+                 },
+                 [&](std::unique_ptr<LtMatmul>& matmul) { matmul->enqueue(stream_); },
+                 [&](ClassifierRunner& c) {  // its GEMMs between its launches
+                   c.gemms->enqueue(stream_, [&](int j) { launch(c.launches[static_cast<size_t>(j)]); });
+                 },
+             },
+             runners_[static_cast<size_t>(i)]);
 }
 
 void CudaEngine::run_kernel_alone(int i) {

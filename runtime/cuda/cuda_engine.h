@@ -50,6 +50,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "runtime/cuda/cublaslt_matmul.h"
@@ -82,8 +83,8 @@ class CudaEngine final : public Engine {
   std::string describe() const override { return describe_; }
 
   char* host(const TensorSpec& t) override;
-  void upload(const std::string& role) override;
-  void download(const std::string& role) override;
+  void upload(TensorRole role) override;
+  void download(TensorRole role) override;
 
   void run_forward() override;
   double loss() override;
@@ -174,9 +175,16 @@ class CudaEngine final : public Engine {
   long long* bad_index_host_ = nullptr;          // 3 elements
   char* inspect_host_ = nullptr;
 
-  std::vector<std::vector<Launch>> launches_;          // per kernel (loops)
-  std::vector<std::unique_ptr<LtMatmul>> matmuls_;     // per kernel (matmuls)
-  std::vector<std::unique_ptr<CudaClassifier>> classifiers_;  // per kernel (classifiers: GEMMs and launches)
+  // One runner per kernel, by its payload's kind (prepare_kernels): its
+  // launches (a loop, an attention), a GEMM on cuBLASLt, or a classifier's
+  // GEMMs between its launches.
+  using Launches = std::vector<Launch>;
+  struct ClassifierRunner {
+    Launches launches;
+    std::unique_ptr<CudaClassifier> gemms;
+  };
+  using Runner = std::variant<Launches, std::unique_ptr<LtMatmul>, ClassifierRunner>;
+  std::vector<Runner> runners_;
   Phase forward_, backward_, optimizer_;
   Phase setup_, decode_;  // an inference program's setup (run_setup) and decode step (run_decode)
 

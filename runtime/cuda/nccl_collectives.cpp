@@ -37,12 +37,12 @@ void bind(void* library, F& fn, const char* name, const std::string& path) {
   if (fn == nullptr) throw Error(fmt::format("{} has no {}: napkin needs NCCL 2.10 or later", path, name));
 }
 
-ncclDataType_t nccl_type(const std::string& dtype) {
-  if (dtype == "f32") return ncclFloat32;
-  if (dtype == "bf16") return ncclBfloat16;
-  if (dtype == "f16") return ncclFloat16;
-  if (dtype == "f64") return ncclFloat64;
-  throw Error("a gradient of dtype " + dtype + " cannot be all-reduced");
+ncclDataType_t nccl_type(DType dtype) {
+  if (dtype == DType::F32) return ncclFloat32;
+  if (dtype == DType::BF16) return ncclBfloat16;
+  if (dtype == DType::F16) return ncclFloat16;
+  if (dtype == DType::F64) return ncclFloat64;
+  throw Error("a gradient of dtype " + std::string(dtype_name(dtype)) + " cannot be all-reduced");
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ void check_launches(const napkin::runtime::Program& p, const std::string& cuda_s
   REQUIRE(!defined.empty());
   for (const napkin::runtime::KernelSpec& k : p.kernels) {
     CAPTURE(k.name);
-    CHECK(k.is_matmul == k.cuda_launches.empty());
+    CHECK((k.as<napkin::runtime::MatmulSpec>() != nullptr) == k.cuda_launches.empty());
     for (const napkin::runtime::CudaLaunchSpec& l : k.cuda_launches) {
       CAPTURE(l.function);
       CHECK(defined.count(l.function) == 1);
@@ -195,11 +195,13 @@ TEST_CASE("cuda build: --classifier-chunk sizes the fused classifier's vocabular
     napkin::runtime::Program p = napkin::runtime::parse_program(text.data(), text.size());
     int classifiers = 0;
     for (const napkin::runtime::KernelSpec& k : p.kernels) {
-      if (!k.is_classifier) continue;
+      const auto* classifier = k.as<napkin::runtime::ClassifierSpec>();
+      if (!classifier) continue;
       ++classifiers;
-      CHECK(k.classifier.cuda.chunk == chunk);
-      CHECK(k.classifier.cuda.chunks == (50257 + chunk - 1) / chunk);
-      CHECK(static_cast<int64_t>(k.cuda_launches.size()) >= k.classifier.cuda.chunks);
+      REQUIRE(classifier->cuda);
+      CHECK(classifier->cuda->chunk == chunk);
+      CHECK(classifier->cuda->chunks == (50257 + chunk - 1) / chunk);
+      CHECK(static_cast<int64_t>(k.cuda_launches.size()) >= classifier->cuda->chunks);
     }
     CHECK(classifiers == 2);  // forward and backward
   }

@@ -70,7 +70,7 @@ class EmulatedKernels {
       const codegen::cuda::CudaLaunch& l = launches[static_cast<size_t>(j)];
       gpu_.launch(l.function, l.grid, l.block, l.shared_bytes, arena, scratch_.get(), l.offsets);
     };
-    if (program_.kernels[kernel].is_classifier) {
+    if (program_.kernels[kernel].as<runtime::ClassifierSpec>()) {
       run_classifier(program_.kernels[kernel], arena, launch);
       return static_cast<int>(launches.size());
     }
@@ -89,7 +89,7 @@ class EmulatedKernels {
       const runtime::cuda::ClassifierGemms::Chunk& ch = g.chunks[c];
       gemm(ch.logits, arena, arena, scratch, false);
       launch(static_cast<int>(c));
-      if (!k.classifier.backward) continue;
+      if (!std::get<runtime::ClassifierSpec>(k.payload).backward) continue;
       gemm(ch.dw, scratch, arena, arena, false);
       gemm(ch.dx, scratch, arena, g.dx_in_scratch ? scratch : arena, c > 0);
     }
@@ -114,8 +114,8 @@ class EmulatedKernels {
       gm.run(a + s.a, b + s.b, c + s.c);
       return;
     }
-    const bool f64 = s.c_dtype == "f64";
-    REQUIRE((f64 || s.c_dtype == "f32"));  // sums are kept wide (cuda_classifier.h)
+    const bool f64 = s.c_dtype == runtime::DType::F64;
+    REQUIRE((f64 || s.c_dtype == runtime::DType::F32));  // sums are kept wide (cuda_classifier.h)
     const int64_t n = s.desc.m * s.desc.c_m_stride;
     std::vector<double> sum(static_cast<size_t>(n));
     std::vector<char> part(static_cast<size_t>(n * (f64 ? 8 : 4)));

@@ -244,9 +244,11 @@ TEST_CASE("compiled bf16 contractions agree with the interpreter kernel by kerne
   // (the weight gradients: passes/matmul_epilogues.h).
   int bf16_matmuls = 0, f32_results = 0;
   for (const runtime::KernelSpec& k : c.program.kernels) {
-    if (!k.is_matmul || k.matmul.a_dtype != "bf16" || k.matmul.b_dtype != "bf16") continue;
-    bf16_matmuls += k.matmul.c_dtype == "bf16" || k.matmul.c_dtype == "f32";
-    f32_results += k.matmul.c_dtype == "f32";
+    using runtime::DType;
+    const auto* m = k.as<runtime::MatmulSpec>();
+    if (!m || m->a_dtype != DType::BF16 || m->b_dtype != DType::BF16) continue;
+    bf16_matmuls += m->c_dtype == DType::BF16 || m->c_dtype == DType::F32;
+    f32_results += m->c_dtype == DType::F32;
   }
   CHECK(bf16_matmuls == gemms);
   CHECK(f32_results >= 2);

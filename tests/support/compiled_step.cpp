@@ -40,7 +40,7 @@ CompiledStep::CompiledStep(ir::Graph graph, int threads) : g(std::move(graph)) {
     if (t.role == codegen::TensorRole::Rng) v = g.rng;
     if (v == ir::kNoValue) continue;
     for (size_t i = 0; i < values[v].size(); ++i)
-      runtime::write_element(ex->arena() + t.byte_offset, std::string(ir::dtype_name(t.dtype)), static_cast<int64_t>(i),
+      runtime::write_element(ex->arena() + t.byte_offset, runtime::parse_dtype(ir::dtype_name(t.dtype)), static_cast<int64_t>(i),
                              values[v][i]);
   }
 }
@@ -48,7 +48,7 @@ CompiledStep::CompiledStep(ir::Graph graph, int threads) : g(std::move(graph)) {
 std::vector<double> read_operand(const char* arena, const codegen::Operand& o) {
   std::vector<double> out;
   out.reserve(o.numel());
-  std::string dtype(ir::dtype_name(o.dtype));
+  const runtime::DType dtype = runtime::parse_dtype(ir::dtype_name(o.dtype));
   std::vector<int64_t> idx(o.sizes.size(), 0);
   for (int64_t n = 0; n < o.numel(); ++n) {
     int64_t e = 0;

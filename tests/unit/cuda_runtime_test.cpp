@@ -317,7 +317,9 @@ TEST_CASE("cuda runtime: matmuls cuBLASLt cannot take are errors that say why") 
 // ---- types, fp8, alignment ----
 
 TEST_CASE("cuda runtime: dtypes map to cuBLASLt's types and compute types") {
-  using runtime::cuda::lt_types;
+  auto lt_types = [](const char* a, const char* b, const char* c, bool tf32) {
+    return runtime::cuda::lt_types(runtime::parse_dtype(a), runtime::parse_dtype(b), runtime::parse_dtype(c), tf32);
+  };
   auto t = lt_types("f32", "f32", "f32", false);
   CHECK(t.compute == CUBLAS_COMPUTE_32F);
   CHECK(t.scale == CUDA_R_32F);
@@ -400,7 +402,7 @@ TEST_CASE("cuda runtime: cuBLASLt's descriptors hold the mapped layouts (built b
   MatmulDesc d = MatmulDesc::plain(32, 24, 16, false, true);
   d.batch = {4}, d.a_batch_stride = {32 * 16}, d.b_batch_stride = {0}, d.c_batch_stride = {32 * 24};
   LtShape s = runtime::cuda::lt_shape(d);
-  auto types = runtime::cuda::lt_types("bf16", "bf16", "f32", false);
+  auto types = runtime::cuda::lt_types(runtime::DType::BF16, runtime::DType::BF16, runtime::DType::F32, false);
   runtime::cuda::LtDescriptors desc(*lt, s, types, 32 << 20, 64, 128, 256);
 
   auto layout = [&](cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, auto value) {
@@ -441,7 +443,7 @@ TEST_CASE("cuda runtime: cuBLASLt's descriptors hold the mapped layouts (built b
   // fp8: the scales follow their operands through the swap.
   MatmulDesc f = MatmulDesc::plain(32, 48, 64, false, true);
   LtShape fs = runtime::cuda::lt_shape(f);
-  runtime::cuda::LtDescriptors fp8(*lt, fs, runtime::cuda::lt_types("f8e4m3", "f8e4m3", "bf16", false), 32 << 20, 256,
+  runtime::cuda::LtDescriptors fp8(*lt, fs, runtime::cuda::lt_types(runtime::DType::F8E4M3, runtime::DType::F8E4M3, runtime::DType::BF16, false), 32 << 20, 256,
                                    256, 256, /*a_scale=*/0x1000, /*b_scale=*/0x2000);
   auto scale = [&](cublasLtMatmulDescAttributes_t attr) {
     void* got = nullptr;

@@ -69,18 +69,20 @@ runtime::Program toy_program() {
   const std::map<std::string, int64_t> bytes = {{"a", 400}, {"b", 300}, {"c", 200}, {"d", 100}, {"e", 100}};
   for (const auto& [name, b] : bytes) {
     runtime::TensorSpec t;
-    t.name = name, t.role = "param", t.dtype = "f32", t.bytes = b;
+    t.name = name, t.role = runtime::TensorRole::Param, t.dtype = runtime::DType::F32, t.bytes = b;
     p.tensors.push_back(t);
-    t.name = "adam.m." + name, t.role = "state", t.param = name;
+    t.name = "adam.m." + name, t.role = runtime::TensorRole::State, t.param = name;
     p.tensors.push_back(t);
   }
   runtime::TensorSpec step;
-  step.name = "optimizer.step", step.role = "state", step.dtype = "i64", step.bytes = 8;
+  step.name = "optimizer.step", step.role = runtime::TensorRole::State, step.dtype = runtime::DType::I64, step.bytes = 8;
   p.tensors.push_back(step);
   runtime::KernelSpec shared, batch, pair, norm;
   shared.name = "lr";
   batch.name = "batch", batch.shared = false, batch.serves = {"a", "b", "c"};
-  for (const char* m : {"a", "b", "c"}) batch.members.push_back({10, {m}, false});
+  runtime::LoopSpec members;
+  for (const char* m : {"a", "b", "c"}) members.members.push_back({10, {m}, false});
+  batch.payload = members;
   pair.name = "pair", pair.shared = false, pair.serves = {"d", "e"};
   norm.name = "norm", norm.shared = false, norm.serves = {"a", "b", "c", "d", "e"};
   p.kernels = {shared, batch, pair, norm};

@@ -511,7 +511,7 @@ TEST_CASE("gemm: element types it cannot take are errors") {
   CHECK_THROWS_AS(Gemm(d, {GemmType::F32, GemmType::BF16}), Error);
   CHECK_THROWS_AS(Gemm(d, {GemmType::BF16, GemmType::F16}), Error);
   CHECK_THROWS_AS(Gemm(d, {GemmType::F64, GemmType::F32}), Error);
-  CHECK_THROWS_AS(napkin::runtime::gemm_type("i32"), Error);
+  CHECK_THROWS_AS(napkin::runtime::gemm_type(napkin::runtime::DType::I32), Error);
   std::vector<double> x(16);
   Gemm g(d, {GemmType::BF16, GemmType::F32});
   CHECK_THROWS_AS(g.run(x.data(), x.data(), x.data()), Error);  // typed run of the wrong type

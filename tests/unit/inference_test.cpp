@@ -64,7 +64,7 @@ struct Decoder {
   }
 
   char* at(const char* name) { return step->ex->arena() + step->program.find(name)->offset; }
-  const std::string& dtype(const char* name) { return step->program.find(name)->dtype; }
+  runtime::DType dtype(const char* name) { return step->program.find(name)->dtype; }
   void put(const char* name, int64_t i, double v) { runtime::write_element(at(name), dtype(name), i, v); }
   double get(const char* name, int64_t i) { return runtime::read_element(at(name), dtype(name), i); }
 
@@ -98,7 +98,7 @@ struct Decoder {
   std::unique_ptr<runtime::Engine> engine() {
     auto* fns = static_cast<const runtime::KernelFn*>(step->jit->lookup("napkin_kernel_fns"));
     auto e = std::make_unique<runtime::CpuEngine>(step->program, fns, 2);
-    for (const runtime::TensorSpec* t : step->program.with_role("param"))
+    for (const runtime::TensorSpec* t : step->program.with_role(runtime::TensorRole::Param))
       std::copy_n(step->ex->arena() + t->offset, t->bytes, e->host(*t));
     return e;
   }

@@ -90,7 +90,7 @@ TEST_CASE("matmul_epilogues: one compiled step's loss is the same and its update
     // The first moment after one step is (1 - beta1) times the clipped
     // gradient: the two differ by the bf16 rounding of the gradient.
     double scale = 0, diff = 0;
-    const std::string dtype(ir::dtype_name(ta.dtype));
+    const runtime::DType dtype = runtime::parse_dtype(ir::dtype_name(ta.dtype));
     for (int64_t e = 0; e < ta.bytes / 4; ++e) {
       const double x = runtime::read_element(a.ex->arena() + ta.byte_offset, dtype, e);
       const double y = runtime::read_element(b.ex->arena() + tb->byte_offset, dtype, e);
