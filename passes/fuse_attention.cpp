@@ -65,7 +65,7 @@ int position(const std::vector<int64_t>& ids, int64_t id) {
 
 class FuseAttention : public Pass {
  public:
-  explicit FuseAttention(std::vector<AttentionSite>* sites) : sites_(sites) {}
+  explicit FuseAttention(std::vector<AttentionSite>& sites) : sites_(sites) {}
   std::string_view name() const override { return "fuse_attention"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
@@ -87,7 +87,7 @@ class FuseAttention : public Pass {
       } else {
         site.reason = reason;
       }
-      if (sites_) sites_->push_back(site);
+      sites_.push_back(site);
     }
     if (inserted.empty()) return false;
     // The new nodes run where the mixing einsum ran: their operands (q, k,
@@ -97,7 +97,7 @@ class FuseAttention : public Pass {
   }
 
  private:
-  std::vector<AttentionSite>* sites_;
+  std::vector<AttentionSite>& sites_;
 
   // Walks from a softmax back through a causal mask and scalar scales to an
   // einsum; false when there is none (then the softmax is no site).
@@ -257,7 +257,7 @@ class FuseAttention : public Pass {
 
 }  // namespace
 
-std::unique_ptr<Pass> make_fuse_attention_pass(std::vector<AttentionSite>* sites) {
+std::unique_ptr<Pass> make_fuse_attention_pass(std::vector<AttentionSite>& sites) {
   return std::make_unique<FuseAttention>(sites);
 }
 

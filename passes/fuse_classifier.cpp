@@ -28,7 +28,7 @@ struct Match {
 
 class FuseClassifier : public Pass {
  public:
-  explicit FuseClassifier(std::vector<ClassifierSite>* sites) : sites_(sites) {}
+  explicit FuseClassifier(std::vector<ClassifierSite>& sites) : sites_(sites) {}
   std::string_view name() const override { return "fuse_classifier"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
@@ -47,7 +47,7 @@ class FuseClassifier : public Pass {
         for (int k = first_new; k < g.num_nodes(); ++k) inserted[id].push_back(k);
         site.fused = true;
       }
-      if (sites_) sites_->push_back(site);
+      sites_.push_back(site);
     }
     if (inserted.empty()) return false;
     // The new nodes run where the cross_entropy ran: x, w and the targets are
@@ -57,7 +57,7 @@ class FuseClassifier : public Pass {
   }
 
  private:
-  std::vector<ClassifierSite>* sites_;
+  std::vector<ClassifierSite>& sites_;
 
   // "" when the site fuses; otherwise why not, for the report.
   static std::string check(const ir::Graph& g, const ir::UseList& uses, const ir::Node& loss, Match& m) {
@@ -125,7 +125,7 @@ class FuseClassifier : public Pass {
 
 }  // namespace
 
-std::unique_ptr<Pass> make_fuse_classifier_pass(std::vector<ClassifierSite>* sites) {
+std::unique_ptr<Pass> make_fuse_classifier_pass(std::vector<ClassifierSite>& sites) {
   return std::make_unique<FuseClassifier>(sites);
 }
 

@@ -25,7 +25,7 @@ class FuseGemmEpilogues : public Pass {
  public:
   std::string_view name() const override { return "fuse_gemm_epilogues"; }
 
-  explicit FuseGemmEpilogues(Rematerialized* rematerialized) : rematerialized_(rematerialized) {}
+  explicit FuseGemmEpilogues(Rematerialized& rematerialized) : rematerialized_(rematerialized) {}
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
     const bool gelus = store_gelu_inputs(g, rematerialized_);
@@ -43,7 +43,7 @@ class FuseGemmEpilogues : public Pass {
   // PyTorch's autocast and llm.c do): then the gradient GEMM stores
   // dgelu(sums, aux) directly (cuBLASLt's GELU_AUX_BIAS and DGELU). Only
   // where every piece is as described; anything else is left as it is.
-  static bool store_gelu_inputs(ir::Graph& g, Rematerialized* rematerialized) {
+  static bool store_gelu_inputs(ir::Graph& g, Rematerialized& rematerialized) {
     const ir::FusionGroups groups = ir::fusion_groups(g);
     const ir::UseList uses(g);
     auto only_reader = [&](ValueId v, NodeId id) {
@@ -112,9 +112,9 @@ class FuseGemmEpilogues : public Pass {
         erased.push_back(adds[i]);
         erased.push_back(casts[i]);
         // The recomputation's add is gone (its cast costs no FLOPs).
-        if (rematerialized) rematerialized->flops_added -= ir::op_info(add.op).cost(g, add).flops;
+        rematerialized.flops_added -= ir::op_info(add.op).cost(g, add).flops;
       }
-      if (rematerialized) ++rematerialized->stored_by_epilogues;
+      ++rematerialized.stored_by_epilogues;
       changed = true;
     }
     g.erase_nodes(erased);
@@ -267,7 +267,7 @@ class FuseGemmEpilogues : public Pass {
     return changed;
   }
 
-  Rematerialized* rematerialized_;
+  Rematerialized& rematerialized_;
 
   // Moves `id` (a node just built, at the schedule's end, or one of the
   // schedule's) to right before `anchor`, or right after it.
@@ -291,7 +291,7 @@ class FuseGemmEpilogues : public Pass {
 
 }  // namespace
 
-std::unique_ptr<Pass> make_fuse_gemm_epilogues_pass(Rematerialized* rematerialized) {
+std::unique_ptr<Pass> make_fuse_gemm_epilogues_pass(Rematerialized& rematerialized) {
   return std::make_unique<FuseGemmEpilogues>(rematerialized);
 }
 

@@ -16,7 +16,7 @@ using ir::ValueId;
 
 class MatmulEpilogues : public Pass {
  public:
-  explicit MatmulEpilogues(CastPlacement* placement) : placement_(placement) {}
+  explicit MatmulEpilogues(CastPlacement& placement) : placement_(placement) {}
   std::string_view name() const override { return "matmul_epilogues"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
@@ -51,13 +51,13 @@ class MatmulEpilogues : public Pass {
       if (!standalone) continue;
       accumulate_in_f32(g, p, id);
       changed = true;
-      if (placement_) ++placement_->epilogues;
+      ++placement_.epilogues;
     }
     return changed;
   }
 
  private:
-  CastPlacement* placement_;
+  CastPlacement& placement_;
 };
 
 }  // namespace
@@ -70,7 +70,7 @@ void accumulate_in_f32(ir::Graph& g, ir::NodeId contraction, ir::NodeId widening
   if (g.value(r).name.empty()) std::swap(g.value(r).name, g.value(old).name);
 }
 
-std::unique_ptr<Pass> make_matmul_epilogues_pass(CastPlacement* placement) {
+std::unique_ptr<Pass> make_matmul_epilogues_pass(CastPlacement& placement) {
   return std::make_unique<MatmulEpilogues>(placement);
 }
 

@@ -24,7 +24,7 @@ bool elementwise(const ir::Node& n) {
 
 class Rematerialize : public Pass {
  public:
-  explicit Rematerialize(Rematerialized* report) : report_(report) {}
+  explicit Rematerialize(Rematerialized& report) : report_(report) {}
   std::string_view name() const override { return "rematerialize"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
@@ -91,19 +91,19 @@ class Rematerialize : public Pass {
       did.bytes_before += bytes;
       did.bytes_after += added;
     }
-    if (report_) *report_ = did;
+    report_ = did;
     if (recomputed.empty()) return false;
     g = with_recompute(g, recomputed, did.flops_added);
-    if (report_) report_->flops_added = did.flops_added;
+    report_.flops_added = did.flops_added;
     return true;
   }
 
  private:
-  Rematerialized* report_;
+  Rematerialized& report_;
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> make_rematerialize_pass(Rematerialized* report) { return std::make_unique<Rematerialize>(report); }
+std::unique_ptr<Pass> make_rematerialize_pass(Rematerialized& report) { return std::make_unique<Rematerialize>(report); }
 
 }  // namespace napkin::passes

@@ -61,19 +61,17 @@ Chain up_through_views(const ir::Graph& g, const ir::UseList& r, ValueId v) {
 
 class SinkCasts : public Pass {
  public:
-  explicit SinkCasts(CastPlacement* placement) : placement_(placement) {}
+  explicit SinkCasts(CastPlacement& placement) : count_(placement) {}
   std::string_view name() const override { return "sink_casts"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
     bool changed = false;
-    CastPlacement none;
-    CastPlacement& count = placement_ ? *placement_ : none;
-    changed |= round(g, &SinkCasts::cast_after_concat, count.concats);
-    changed |= round(g, &SinkCasts::round_trip, count.round_trips);
-    changed |= round(g, &SinkCasts::cast_before_views, count.views);
-    changed |= round(g, &SinkCasts::reduce_wider, count.reductions);
-    changed |= round(g, &SinkCasts::norm_stores_cast, count.norms);
-    changed |= round(g, &SinkCasts::norm_grad_reads_narrow, count.norm_grads);
+    changed |= round(g, &SinkCasts::cast_after_concat, count_.concats);
+    changed |= round(g, &SinkCasts::round_trip, count_.round_trips);
+    changed |= round(g, &SinkCasts::cast_before_views, count_.views);
+    changed |= round(g, &SinkCasts::reduce_wider, count_.reductions);
+    changed |= round(g, &SinkCasts::norm_stores_cast, count_.norms);
+    changed |= round(g, &SinkCasts::norm_grad_reads_narrow, count_.norm_grads);
     return changed;
   }
 
@@ -315,12 +313,12 @@ class SinkCasts : public Pass {
     return true;
   }
 
-  CastPlacement* placement_;
+  CastPlacement& count_;
   std::map<NodeId, std::vector<NodeId>> inserted_;  // per anchor: the nodes built to follow it
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> make_sink_casts_pass(CastPlacement* placement) { return std::make_unique<SinkCasts>(placement); }
+std::unique_ptr<Pass> make_sink_casts_pass(CastPlacement& placement) { return std::make_unique<SinkCasts>(placement); }
 
 }  // namespace napkin::passes

@@ -86,21 +86,9 @@ bool g_unfused_epilogues = false;
 bool g_no_rematerialize = false;
 // napkin report --accumulate K: micro-batches per step instead of the model's train.accumulate.
 int64_t g_accumulate = 0;
-// What rematerialization did in the last step load() built (the report prints it).
-passes::Rematerialized g_rematerialized;
-// Where the fused-attention pass says what it fused and why not (the report prints it).
-std::vector<passes::AttentionSite> g_attention_sites;
-// Where the fused-classifier pass says what it fused and why not (the report prints it).
-std::vector<passes::ClassifierSite> g_classifier_sites;
-
-// Loads a model and builds its training step (forward, backward, optimizer);
-// prints diagnostics (warnings too). fp32_step: when given and the model's
-// policy is mixed, also the same step built at precision fp32 from the same
-// forward graph (the AMP audit's baseline; its diagnostics repeat the model's
-// and are not printed again).
-// Where sink_casts and matmul_epilogues put the casts in the last step load()
-// built (the report prints it).
-passes::CastPlacement g_cast_placement;
+// What the passes did in the last step load() built: attention and classifier
+// sites, cast placement, rematerialization, recomputation (the report prints it).
+passes::PipelineResult g_pipeline;
 // napkin report --ops: the text report's per-op and per-cast lists.
 bool g_report_ops = false;
 // The next load()'s precision policy instead of the model's (--compare-precision).
@@ -117,6 +105,11 @@ std::optional<std::map<std::string, int64_t>> dims_or_error(const std::string& t
   return overrides;
 }
 
+// Loads a model and builds its training step (forward, backward, optimizer);
+// prints diagnostics (warnings too). fp32_step: when given and the model's
+// policy is mixed, also the same step built at precision fp32 from the same
+// forward graph (the AMP audit's baseline; its diagnostics repeat the model's
+// and are not printed again).
 // policy_casts_step: when given and the cast passes rewrote anything, also the
 // same step with them off (the report's comparison).
 std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
@@ -149,28 +142,15 @@ std::optional<ir::Graph> load(const std::string& path, const std::string& dims,
     baseline.rematerialize = pipeline.rematerialize;
     passes::run_training_pipeline(**fp32_step, repeated, baseline);
   }
-  g_attention_sites.clear();
-  pipeline.attention_sites = &g_attention_sites;
-  g_classifier_sites.clear();
-  pipeline.classifier_sites = &g_classifier_sites;
-  g_cast_placement = {};
-  pipeline.cast_placement = &g_cast_placement;
-  g_rematerialized = {};
-  pipeline.rematerialized = &g_rematerialized;
   std::optional<ir::Graph> forward = policy_casts_step && g ? g : std::nullopt;
-  if (g) passes::run_training_pipeline(*g, diag, pipeline, budget);
-  if (forward && !diag.has_errors() && g_cast_placement.total() > 0) {
+  std::optional<passes::PipelineResult> result = g ? passes::run_training_pipeline(*g, diag, pipeline, budget) : std::nullopt;
+  g_pipeline = result.value_or(passes::PipelineResult{});
+  if (forward && result && result->cast_placement.total() > 0) {
     passes::PipelineOptions policy = pipeline;
     policy.sink_casts = false;
     policy.matmul_epilogues = false;
-    policy.attention_sites = nullptr;
-    policy.classifier_sites = nullptr;
-    policy.cast_placement = nullptr;
-    policy.rematerialized = nullptr;
-    passes::MemoryBudget quiet = budget;
-    quiet.report = nullptr;  // the recompute report is the real step's
     ir::Diagnostics repeated;
-    passes::run_training_pipeline(*forward, repeated, policy, quiet);
+    passes::run_training_pipeline(*forward, repeated, policy, budget);
     *policy_casts_step = std::move(forward);
   }
   std::cerr << diag.render();
@@ -190,7 +170,7 @@ const analysis::Device* device_or_error(const std::string& name) {
 }
 
 // --memory-budget as bytes (0: none); a bad value is a user error.
-passes::MemoryBudget memory_budget(const std::string& text, passes::RecomputeReport* report) {
+passes::MemoryBudget memory_budget(const std::string& text) {
   if (text.empty()) return {};
   std::string error;
   std::optional<int64_t> bytes = passes::parse_memory_budget(text, error);
@@ -198,7 +178,7 @@ passes::MemoryBudget memory_budget(const std::string& text, passes::RecomputeRep
     std::cerr << fmt::format("error: --memory-budget: {}\n    hint: e.g. --memory-budget 64MiB or 1.5GB\n", error);
     throw CLI::RuntimeError(kUserError);
   }
-  return {*bytes, report};
+  return {*bytes};
 }
 
 // --ranks (at least 2) and --interconnect: both or neither, with a device;
@@ -242,9 +222,8 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
   // The page's roofline needs a device: this host's cpu row unless --device says.
   const analysis::Device* device = device_or_error(device_name.empty() && !html.file.empty() ? "cpu" : device_name);
   const analysis::Topology topology = topology_or_error(topology_args, device);
-  passes::RecomputeReport recompute;
   std::optional<ir::Graph> fp32, policy_casts;
-  auto g = load(path, dims, {}, memory_budget(budget, &recompute), &fp32, &policy_casts);
+  auto g = load(path, dims, {}, memory_budget(budget), &fp32, &policy_casts);
   if (!g) return kUserError;
   analysis::StepCost cost = analysis::analyze_step(*g, device);
   analysis::MemoryReport memory = analysis::analyze_memory(*g);
@@ -252,13 +231,10 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
   // JSON keeps its `ops` unless --no-ops.
   report::ReportOptions options{path,
                                 json ? !no_ops : g_report_ops,
-                                &recompute,
+                                &g_pipeline.recompute,
                                 fp32 ? &*fp32 : nullptr,
-                                &g_attention_sites,
-                                &g_classifier_sites,
-                                &g_cast_placement,
+                                &g_pipeline,
                                 policy_casts ? &*policy_casts : nullptr,
-                                &g_rematerialized,
                                 topology.ranks,
                                 topology.link,
                                 topology.across,
@@ -289,7 +265,7 @@ int cmd_report(const std::string& path, const std::string& dims, const std::stri
           return kUserError;
         }
       }
-      other = load(other_path, other_dims, {}, memory_budget(budget, nullptr));
+      other = load(other_path, other_dims, {}, memory_budget(budget));
       g_precision_override.reset();
       if (!other) return kUserError;
       other_cost = analysis::analyze_step(*other, device);
@@ -599,7 +575,7 @@ struct BuildGraph {
 };
 std::optional<BuildGraph> graph_to_build(const BuildArgs& a) {
   if (!a.sampler) {
-    auto g = load(a.model, a.dims, {}, memory_budget(a.memory_budget, nullptr));
+    auto g = load(a.model, a.dims, {}, memory_budget(a.memory_budget));
     if (!g) return std::nullopt;
     std::string hash = tools::model_hash(*g);
     return BuildGraph{std::move(*g), hash};
@@ -608,7 +584,7 @@ std::optional<BuildGraph> graph_to_build(const BuildArgs& a) {
   if (!dims) return std::nullopt;
   ir::Diagnostics diag;
   std::optional<tools::InferenceProgram> p =
-      tools::inference_program(a.model, *dims, a.batch, diag, memory_budget(a.memory_budget, nullptr));
+      tools::inference_program(a.model, *dims, a.batch, diag, memory_budget(a.memory_budget));
   std::cerr << diag.render();
   if (!p) return std::nullopt;
   return BuildGraph{std::move(p->graph), p->model_hash};
@@ -750,7 +726,7 @@ int exec_program(const std::filesystem::path& program, const std::vector<std::st
 int cmd_train(const std::string& model, const std::string& dims, const std::string& budget, const std::string& target,
               const std::vector<std::string>& trainer_args) {
   if (!target_usable(target)) return kUserError;
-  auto g = load(model, dims, {}, memory_budget(budget, nullptr));
+  auto g = load(model, dims, {}, memory_budget(budget));
   if (!g) return kUserError;
   std::optional<ir::Graph> sampler;  // --sample-every's program, for a language model
   if (target == "cpu")
@@ -775,7 +751,7 @@ int cmd_sample(const SampleArgs& a) {
   if (!dims) return kUserError;
   ir::Diagnostics diag;
   std::optional<tools::InferenceProgram> p =
-      tools::inference_program(a.model, *dims, a.batch, diag, memory_budget(a.memory_budget, nullptr));
+      tools::inference_program(a.model, *dims, a.batch, diag, memory_budget(a.memory_budget));
   std::cerr << diag.render();
   if (!p) return kUserError;
   // stdout is the text the model writes: the build's progress goes to stderr.
