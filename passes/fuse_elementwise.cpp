@@ -732,14 +732,7 @@ void schedule_batches(ir::Graph& g, int64_t* work) {
   }
   NAPKIN_INTERNAL_CHECK(order.size() == schedule.size(), "the optimizer phase has a dependency cycle");
   schedule = std::move(order);
-  // Group ids follow the schedule again (ir/fusion_group.h).
-  std::map<int, int> renumbered;
-  for (NodeId id : schedule) {
-    ir::Node& n = g.node(id);
-    if (n.group < 0) continue;
-    auto [it, added] = renumbered.emplace(n.group, static_cast<int>(renumbered.size()));
-    n.group = it->second;
-  }
+  renumber_groups(g);
 }
 
 class FuseElementwise : public Pass {
@@ -768,5 +761,15 @@ class FuseElementwise : public Pass {
 }  // namespace
 
 std::unique_ptr<Pass> make_fuse_elementwise_pass(int64_t* work) { return std::make_unique<FuseElementwise>(work); }
+
+void renumber_groups(ir::Graph& g) {
+  std::map<int, int> renumbered;
+  for (NodeId id : g.schedule()) {
+    ir::Node& n = g.node(id);
+    if (n.group < 0) continue;
+    auto [it, added] = renumbered.emplace(n.group, static_cast<int>(renumbered.size()));
+    n.group = it->second;
+  }
+}
 
 }  // namespace napkin::passes

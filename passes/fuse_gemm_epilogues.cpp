@@ -1,13 +1,13 @@
 #include "passes/fuse_gemm_epilogues.h"
 
 #include <algorithm>
-#include <map>
 #include <set>
 #include <vector>
 
 #include "ir/fusion_group.h"
 #include "ir/gemm_epilogue.h"
 #include "ir/use_list.h"
+#include "passes/fuse_elementwise.h"
 #include "passes/matmul_epilogues.h"
 #include "passes/mixed_precision.h"
 #include "passes/rematerialize.h"
@@ -275,17 +275,6 @@ class FuseGemmEpilogues : public Pass {
     std::vector<NodeId>& schedule = g.mutable_schedule();
     schedule.erase(std::find(schedule.begin(), schedule.end(), id));
     schedule.insert(std::find(schedule.begin(), schedule.end(), anchor) + (after ? 1 : 0), id);
-  }
-
-  // Group ids 0 .. n-1 in schedule order (ir/fusion_group.h).
-  static void renumber_groups(ir::Graph& g) {
-    std::map<int, int> renamed;
-    for (NodeId id : g.schedule()) {
-      ir::Node& n = g.node(id);
-      if (n.group < 0) continue;
-      auto [it, added] = renamed.emplace(n.group, static_cast<int>(renamed.size()));
-      n.group = it->second;
-    }
   }
 };
 
