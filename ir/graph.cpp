@@ -117,13 +117,6 @@ void Graph::insert_after(const std::vector<NodeId>& base, const std::map<NodeId,
   schedule_ = std::move(order);
 }
 
-std::vector<bool> Graph::escaping_buffers() const {
-  std::vector<bool> escaping(values_.size(), false);
-  for (const auto& [label, v] : outputs) escaping[value(v).storage] = true;
-  for (const Update& u : updates) escaping[value(u.value).storage] = true;
-  return escaping;
-}
-
 void Graph::erase_nodes(const std::vector<NodeId>& ids) {
   for (NodeId id : ids) {
     Node& n = node(id);

@@ -134,10 +134,6 @@ class Graph {
   // base placed right after it, in their order (the passes that build nodes
   // in place of others).
   void insert_after(const std::vector<NodeId>& base, const std::map<NodeId, std::vector<NodeId>>& after);
-  // Per value id: true for the buffers (storage values) that outlive the
-  // step's kernels: a step output's, or the source of an update. A pass that
-  // would stop storing a value asks its buffer here.
-  std::vector<bool> escaping_buffers() const;
 
   const Value& value(ValueId id) const;
   Value& value(ValueId id);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "ir/use_list.h"
+
 namespace napkin::passes {
 
 namespace {
@@ -16,21 +18,18 @@ class AttentionLayout : public Pass {
   std::string_view name() const override { return "attention_layout"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
-    std::vector<std::vector<NodeId>> readers(g.num_values());
-    for (NodeId id : g.schedule())
-      for (ValueId v : g.node(id).inputs) readers[v].push_back(id);
-    const std::vector<bool> escaping = g.escaping_buffers();
+    const ir::UseList uses(g);
     const std::vector<int64_t> heads_first{0, 2, 1, 3};
     std::vector<NodeId> erased;
     for (NodeId id : g.schedule()) {
       const ir::Node& a = g.node(id);
       if (a.op != Op::Attention || (a.attrs.has("seq_major_out") && a.attrs.get_int("seq_major_out") != 0)) continue;
       const ValueId o = a.out(0);
-      if (escaping[o]) continue;
+      if (uses.escapes(o)) continue;
       NodeId view = ir::kNoNode, copy = ir::kNoNode;
       std::vector<NodeId> grads;
       bool only = true;
-      for (NodeId r : readers[o]) {
+      for (NodeId r : uses.readers(o)) {
         const ir::Node& n = g.node(r);
         if (n.op == Op::AttentionGrad && n.in(3) == o && std::count(n.inputs.begin(), n.inputs.end(), o) == 1) {
           grads.push_back(r);
@@ -43,10 +42,10 @@ class AttentionLayout : public Pass {
       if (!only || view == ir::kNoNode) continue;
       // Any other view of o's buffer (through the permute view too) would see the new layout.
       const ValueId p = g.node(view).out();
-      if (readers[p].size() != 1 || g.node(readers[p][0]).op != Op::Copy || escaping[p]) continue;
-      copy = readers[p][0];
+      if (!uses.single(p) || g.node(uses.readers(p)[0]).op != Op::Copy) continue;
+      copy = uses.readers(p)[0];
       const ValueId y = g.node(copy).out();
-      if (g.node(copy).group >= 0 || escaping[y] || !ir::is_contiguous(g.value(y).layout, g.value(y).type.sizes()))
+      if (g.node(copy).group >= 0 || uses.escapes(y) || !ir::is_contiguous(g.value(y).layout, g.value(y).type.sizes()))
         continue;
       // o becomes [B, T, H, D], contiguous; the permute view of it is [B, H, T, D] again, for the gradients.
       ir::Value& ov = g.value(o);
@@ -65,7 +64,7 @@ class AttentionLayout : public Pass {
       erased.push_back(copy);
       if (grads.empty()) erased.push_back(view);
     }
-    pack_gradients(g, readers, escaping, erased);
+    pack_gradients(g, uses, erased);
     if (erased.empty()) return false;
     g.erase_nodes(erased);
     return true;
@@ -75,8 +74,7 @@ class AttentionLayout : public Pass {
   // The gradient of a fused qkv split "b s (three h hd) -> three b h s hd":
   //   g = concat(permute(reshape(dq, [1, b, h, s, hd]), [1, 3, 0, 2, 4]), ...dk, ...dv, axis=2)   [b, s, 3, h, hd]
   // attention_grad writes g itself (packed_grad=1) and the concat goes.
-  static void pack_gradients(ir::Graph& g, const std::vector<std::vector<NodeId>>& readers,
-                             const std::vector<bool>& escaping, std::vector<NodeId>& erased) {
+  static void pack_gradients(ir::Graph& g, const ir::UseList& uses, std::vector<NodeId>& erased) {
     const std::vector<int64_t> to_rows{1, 3, 0, 2, 4};
     for (NodeId id : g.schedule()) {
       const ir::Node& a = g.node(id);
@@ -87,17 +85,18 @@ class AttentionLayout : public Pass {
       bool ok = true;
       for (int i = 0; i < 3 && ok; ++i) {
         const ValueId d = a.out(i);
-        ok = !escaping[d] && readers[d].size() == 1 && g.value(d).type.same_shape(g.value(a.out(0)).type);
+        ok = uses.single(d) && g.value(d).type.same_shape(g.value(a.out(0)).type);
         if (!ok) break;
-        const ir::Node& r = g.node(readers[d][0]);
+        const ir::Node& r = g.node(uses.readers(d)[0]);
         std::vector<int64_t> one_more{1};  // [1, B, H, T, D]
         for (int64_t size : g.value(d).type.sizes()) one_more.push_back(size);
-        ok = r.op == Op::Reshape && g.value(r.out()).type.sizes() == one_more && readers[r.out()].size() == 1;
+        ok = r.op == Op::Reshape && g.value(r.out()).type.sizes() == one_more &&
+             uses.readers(r.out()).size() == 1;
         if (!ok) break;
-        const ir::Node& p = g.node(readers[r.out()][0]);
-        ok = p.op == Op::Permute && p.attrs.get_ints("perm") == to_rows && readers[p.out()].size() == 1;
+        const ir::Node& p = g.node(uses.readers(r.out())[0]);
+        ok = p.op == Op::Permute && p.attrs.get_ints("perm") == to_rows && uses.readers(p.out()).size() == 1;
         if (!ok) break;
-        const ir::Node& c = g.node(readers[p.out()][0]);
+        const ir::Node& c = g.node(uses.readers(p.out())[0]);
         ok = c.op == Op::Concat && c.attrs.get_int("axis") == 2 && c.inputs.size() == 3 && c.in(i) == p.out() &&
              (concat == ir::kNoNode || concat == c.id);
         concat = c.id;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "ir/use_list.h"
+
 namespace napkin::passes {
 
 namespace {
@@ -36,11 +38,9 @@ class DeadCodeElimination : public Pass {
 std::unique_ptr<Pass> make_dce_pass() { return std::make_unique<DeadCodeElimination>(); }
 
 void warn_unused_params(const ir::Graph& g, ir::Diagnostics& diag) {
-  std::vector<bool> read(g.num_values(), false);
-  for (ir::NodeId id : g.schedule())
-    for (ir::ValueId v : g.node(id).inputs) read[g.value(v).storage] = true;
+  const ir::UseList uses(g);
   for (const ir::Param& p : g.params)
-    if (!read[p.value])
+    if (uses.buffer_readers(p.value).empty())
       diag.warning(g.value(p.value).loc, fmt::format("parameter '{}' does not affect the loss", g.value(p.value).name),
                    "remove it, or use it in a computation the loss depends on");
 }

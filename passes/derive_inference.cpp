@@ -309,21 +309,31 @@ class Deriver {
   }
 };
 
+class DeriveInference : public Pass {
+ public:
+  std::string_view name() const override { return "derive_inference"; }
+
+  bool run(ir::Graph& g, ir::Diagnostics& diag) override {
+    std::string why;
+    std::optional<LanguageModel> lm = find_language_model(g, &why);
+    if (!lm) {
+      ValueId loss = g.find_output("loss");
+      diag.error(loss != ir::kNoValue ? g.value(loss).loc : ir::SourceLoc{},
+                 fmt::format("napkin sample: model '{}' is not a language model: {}", g.name, why),
+                 "sampling needs tokens [batch, seq] in and cross_entropy(logits [batch, seq, vocab], targets) as the loss");
+      return false;
+    }
+    const ir::Node* ce = loss_node(g);
+    ir::Graph inference;
+    Deriver d(g, inference, diag, *lm, tokens_input(g, ce->in(1)), ce->in(0));
+    if (!d.run()) return false;  // with the error in diag: the pass manager stops
+    g = std::move(inference);
+    return true;
+  }
+};
+
 }  // namespace
 
-bool derive_inference_graph(const ir::Graph& forward, ir::Graph& out, ir::Diagnostics& diag) {
-  std::string why;
-  std::optional<LanguageModel> lm = find_language_model(forward, &why);
-  if (!lm) {
-    ValueId loss = forward.find_output("loss");
-    diag.error(loss != ir::kNoValue ? forward.value(loss).loc : ir::SourceLoc{},
-               fmt::format("napkin sample: model '{}' is not a language model: {}", forward.name, why),
-               "sampling needs tokens [batch, seq] in and cross_entropy(logits [batch, seq, vocab], targets) as the loss");
-    return false;
-  }
-  const ir::Node* ce = loss_node(forward);
-  Deriver d(forward, out, diag, *lm, tokens_input(forward, ce->in(1)), ce->in(0));
-  return d.run();
-}
+std::unique_ptr<Pass> make_derive_inference_pass() { return std::make_unique<DeriveInference>(); }
 
 }  // namespace napkin::passes

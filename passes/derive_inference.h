@@ -38,11 +38,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
-#include "ir/diagnostics.h"
 #include "ir/graph.h"
+#include "passes/pass.h"
 
 namespace napkin::passes {
 
@@ -60,9 +61,9 @@ struct LanguageModel {
 // cross_entropy loss over [batch, seq, vocab] logits of an i32 tokens input).
 std::optional<LanguageModel> find_language_model(const ir::Graph& forward, std::string* why);
 
-// Builds the inference graph from `forward`, the forward graph after fusing
-// attention and the precision policy (run_inference_pipeline runs it between
-// them and the fusion passes). False with errors in diag where it cannot.
-bool derive_inference_graph(const ir::Graph& forward, ir::Graph& out, ir::Diagnostics& diag);
+// The pass ("derive_inference"): the forward graph, its attention fused and
+// its precision policy applied, becomes its inference graph (run_inference_pipeline
+// runs it between the forward passes and the fusion passes); an error where it cannot.
+std::unique_ptr<Pass> make_derive_inference_pass();
 
 }  // namespace napkin::passes

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "ir/use_list.h"
+
 namespace napkin::passes {
 
 namespace {
@@ -17,10 +19,7 @@ class EmbeddingGradInto : public Pass {
   std::string_view name() const override { return "embedding_grad_into"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
-    std::vector<int> readers(g.num_values(), 0);
-    const std::vector<bool> escaping = g.escaping_buffers();
-    for (NodeId id : g.schedule())
-      for (ValueId v : g.node(id).inputs) ++readers[g.value(v).storage];
+    const ir::UseList uses(g);
     bool changed = false;
     const std::vector<NodeId> schedule = g.schedule();
     for (NodeId id : schedule) {
@@ -29,12 +28,12 @@ class EmbeddingGradInto : public Pass {
       for (int side = 0; side < 2; ++side) {
         const ValueId scattered = add.in(side), base = add.in(1 - side);
         const ir::Value &s = g.value(scattered), &b = g.value(base);
-        if (s.producer == ir::kNoNode || s.is_view() || readers[scattered] != 1 || escaping[scattered]) continue;
+        if (s.producer == ir::kNoNode || s.is_view() || !uses.single_buffer(scattered)) continue;
         const ir::Node& scatter = g.node(s.producer);
         if (scatter.op != Op::EmbeddingGrad || scatter.inputs.size() != 2 || scatter.phase != ir::Phase::Backward) continue;
         // The base: made by the backward, read by the add alone, not a view, the scatter's type.
         if (b.producer == ir::kNoNode || g.node(b.producer).phase != ir::Phase::Backward || b.is_view() ||
-            readers[base] != 1 || escaping[base] || base == scattered)
+            !uses.single_buffer(base) || base == scattered)
           continue;
         auto same = [&](const ir::TensorType& t) { return t.dtype == s.type.dtype && t.same_shape(s.type); };
         if (!same(b.type) || !same(g.value(add.out()).type)) continue;

@@ -1,10 +1,12 @@
 #include "passes/fold_concat_copy.h"
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
 #include "ir/builder.h"
 #include "ir/internal_check.h"
+#include "ir/use_list.h"
 
 namespace napkin::passes {
 
@@ -19,15 +21,12 @@ class FoldConcatCopy : public Pass {
   std::string_view name() const override { return "fold_concat_copy"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
-    // Per buffer: the non-view nodes that read it (directly or through views),
-    // and whether the step outputs it or updates from it.
-    std::vector<int> readers(g.num_values(), 0);
-    const std::vector<bool> escapes = g.escaping_buffers();
-    for (NodeId id : g.schedule()) {
-      const ir::Node& n = g.node(id);
-      if (ir::op_info(n.op).op_class == ir::OpClass::View) continue;
-      for (ValueId v : n.inputs) ++readers[g.value(v).storage];
-    }
+    const ir::UseList uses(g);
+    // The nodes that read v's buffer, directly or through views, not counting the views.
+    auto non_view_readers = [&](ValueId v) {
+      return std::ranges::count_if(uses.buffer_readers(v),
+                                   [&](NodeId r) { return ir::op_info(g.node(r).op).op_class != ir::OpClass::View; });
+    };
 
     const std::vector<NodeId> schedule = g.schedule();
     std::map<NodeId, std::vector<NodeId>> inserted;  // at a folded copy: the nodes that replace it
@@ -39,7 +38,7 @@ class FoldConcatCopy : public Pass {
       const ValueId concat_out = g.node(p).in(0);
       const NodeId c = g.value(concat_out).producer;
       if (c == ir::kNoNode || g.node(c).op != Op::Concat || g.value(concat_out).is_view()) continue;
-      if (readers[concat_out] != 1 || escapes[concat_out] || g.node(c).phase != copy.phase) continue;
+      if (non_view_readers(concat_out) != 1 || uses.escapes(concat_out) || g.node(c).phase != copy.phase) continue;
       const int first_new = g.num_nodes();
       fold(g, id, p, c);
       for (int k = first_new; k < g.num_nodes(); ++k) inserted[id].push_back(k);

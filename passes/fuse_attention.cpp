@@ -8,6 +8,7 @@
 
 #include "ir/builder.h"
 #include "ir/internal_check.h"
+#include "ir/use_list.h"
 
 namespace napkin::passes {
 
@@ -64,11 +65,11 @@ int position(const std::vector<int64_t>& ids, int64_t id) {
 
 class FuseAttention : public Pass {
  public:
-  explicit FuseAttention(std::vector<AttentionSite>* sites) : sites_(sites) {}
+  explicit FuseAttention(std::vector<AttentionSite>& sites) : sites_(sites) {}
   std::string_view name() const override { return "fuse_attention"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
-    count_users(g);
+    const ir::UseList uses(g);
     const std::vector<NodeId> schedule = g.schedule();
     std::map<NodeId, std::vector<NodeId>> inserted;  // at a mixing einsum: the nodes that replace it
     for (NodeId id : schedule) {
@@ -78,7 +79,7 @@ class FuseAttention : public Pass {
       std::string reason;
       if (!find_site(g, n, m)) continue;  // not attention-shaped: no site
       AttentionSite site{n.loc, n.scope, false, ""};
-      if (check(g, n, m, reason)) {
+      if (check(g, uses, n, m, reason)) {
         const int first_new = g.num_nodes();
         fuse(g, m);
         for (int k = first_new; k < g.num_nodes(); ++k) inserted[m.mix].push_back(k);
@@ -86,7 +87,7 @@ class FuseAttention : public Pass {
       } else {
         site.reason = reason;
       }
-      if (sites_) sites_->push_back(site);
+      sites_.push_back(site);
     }
     if (inserted.empty()) return false;
     // The new nodes run where the mixing einsum ran: their operands (q, k,
@@ -96,15 +97,7 @@ class FuseAttention : public Pass {
   }
 
  private:
-  std::vector<AttentionSite>* sites_;
-  std::vector<int> users_;  // per value: scheduled nodes reading it, plus graph outputs
-
-  void count_users(const ir::Graph& g) {
-    users_.assign(g.num_values(), 0);
-    for (NodeId id : g.schedule())
-      for (ValueId v : g.node(id).inputs) ++users_[v];
-    for (const auto& [label, v] : g.outputs) ++users_[v];
-  }
+  std::vector<AttentionSite>& sites_;
 
   // Walks from a softmax back through a causal mask and scalar scales to an
   // einsum; false when there is none (then the softmax is no site).
@@ -145,7 +138,7 @@ class FuseAttention : public Pass {
   }
 
   // Whether the site can be fused; `reason` says why not.
-  bool check(const ir::Graph& g, const ir::Node& softmax, Match& m, std::string& reason) const {
+  static bool check(const ir::Graph& g, const ir::UseList& uses, const ir::Node& softmax, Match& m, std::string& reason) {
     const ir::Node& scores = g.node(m.scores);
     const ir::TensorType& st = g.value(scores.out()).type;
     if (st.rank() != 4) {
@@ -174,21 +167,19 @@ class FuseAttention : public Pass {
     std::vector<ValueId> inner{scores.out()};
     for (NodeId c : m.chain) inner.push_back(g.node(c).out());
     for (size_t i = 0; i + 1 < inner.size(); ++i)
-      if (users_[inner[i]] != 1) {
+      if (!uses.single(inner[i])) {
         reason = fmt::format("the scores ({}) are also read elsewhere: the fused kernel never stores them",
                              where(g.node(g.value(inner[i]).producer)));
         return false;
       }
     ValueId att = inner.back();
-    if (users_[att] != 1) {
+    const std::vector<NodeId>& readers = uses.readers(att);
+    if (readers.size() + uses.escapes(att) != 1) {
       reason = "the probabilities are read by more than one op: the fused kernel never stores them";
       return false;
     }
     // The one reader: einsum(att, v) -> (b, h, i, dv).
-    const ir::Node* mix = nullptr;
-    for (NodeId id : g.schedule())
-      for (ValueId v : g.node(id).inputs)
-        if (v == att) mix = &g.node(id);
+    const ir::Node* mix = readers.empty() ? nullptr : &g.node(readers[0]);
     if (!mix || mix->op != Op::Einsum || mix->in(0) != att) {
       reason = fmt::format("the probabilities go to {}, not einsum(att, v)", mix ? where(*mix) : "a graph output");
       return false;
@@ -266,7 +257,7 @@ class FuseAttention : public Pass {
 
 }  // namespace
 
-std::unique_ptr<Pass> make_fuse_attention_pass(std::vector<AttentionSite>* sites) {
+std::unique_ptr<Pass> make_fuse_attention_pass(std::vector<AttentionSite>& sites) {
   return std::make_unique<FuseAttention>(sites);
 }
 

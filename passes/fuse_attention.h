@@ -31,7 +31,7 @@ struct AttentionSite {
   std::string reason;  // why not, when not fused
 };
 
-// `sites` (may be null) gets one entry per site, in schedule order.
-std::unique_ptr<Pass> make_fuse_attention_pass(std::vector<AttentionSite>* sites);
+// `sites` gets one entry per site, in schedule order.
+std::unique_ptr<Pass> make_fuse_attention_pass(std::vector<AttentionSite>& sites);
 
 }  // namespace napkin::passes

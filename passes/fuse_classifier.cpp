@@ -7,6 +7,7 @@
 
 #include "ir/builder.h"
 #include "ir/internal_check.h"
+#include "ir/use_list.h"
 
 namespace napkin::passes {
 
@@ -27,11 +28,11 @@ struct Match {
 
 class FuseClassifier : public Pass {
  public:
-  explicit FuseClassifier(std::vector<ClassifierSite>* sites) : sites_(sites) {}
+  explicit FuseClassifier(std::vector<ClassifierSite>& sites) : sites_(sites) {}
   std::string_view name() const override { return "fuse_classifier"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
-    count_users(g);
+    const ir::UseList uses(g);
     const std::vector<NodeId> schedule = g.schedule();
     std::map<NodeId, std::vector<NodeId>> inserted;  // at a cross_entropy: the nodes that replace it
     for (NodeId id : schedule) {
@@ -39,14 +40,14 @@ class FuseClassifier : public Pass {
       if (n.op != Op::CrossEntropy || n.phase != ir::Phase::Forward) continue;
       ClassifierSite site{n.loc, n.scope, false, ""};
       Match m;
-      site.reason = check(g, n, m);
+      site.reason = check(g, uses, n, m);
       if (site.reason.empty()) {
         const int first_new = g.num_nodes();
         fuse(g, n.id, m);
         for (int k = first_new; k < g.num_nodes(); ++k) inserted[id].push_back(k);
         site.fused = true;
       }
-      if (sites_) sites_->push_back(site);
+      sites_.push_back(site);
     }
     if (inserted.empty()) return false;
     // The new nodes run where the cross_entropy ran: x, w and the targets are
@@ -56,23 +57,15 @@ class FuseClassifier : public Pass {
   }
 
  private:
-  std::vector<ClassifierSite>* sites_;
-  std::vector<int> users_;  // per value: scheduled nodes reading it, plus graph outputs
-
-  void count_users(const ir::Graph& g) {
-    users_.assign(g.num_values(), 0);
-    for (NodeId id : g.schedule())
-      for (ValueId v : g.node(id).inputs) ++users_[g.value(v).storage];
-    for (const auto& [label, v] : g.outputs) ++users_[g.value(v).storage];
-  }
+  std::vector<ClassifierSite>& sites_;
 
   // "" when the site fuses; otherwise why not, for the report.
-  std::string check(const ir::Graph& g, const ir::Node& loss, Match& m) const {
+  static std::string check(const ir::Graph& g, const ir::UseList& uses, const ir::Node& loss, Match& m) {
     ValueId logits = loss.in(0);
     if (g.value(logits).is_view()) return "the logits are a view of another value";
     NodeId p = g.value(logits).producer;
     if (p != ir::kNoNode && g.node(p).op == Op::Cast) {
-      if (users_[logits] != 1) return "the logits are read by another op";
+      if (!uses.single_buffer(logits)) return "the logits are read by another op";
       m.cast = p;
       logits = g.node(p).in(0);
       if (g.value(logits).is_view()) return "the logits are a view of another value";
@@ -80,7 +73,7 @@ class FuseClassifier : public Pass {
     }
     if (p == ir::kNoNode || (g.node(p).op != Op::Einsum && g.node(p).op != Op::MatMul))
       return "the logits are not made by a matmul or einsum";
-    if (users_[logits] != 1) return "the logits are read by another op";
+    if (!uses.single_buffer(logits)) return "the logits are read by another op";
     m.matmul = p;
     const ir::Node& mm = g.node(p);
     const ir::TensorType& out = g.value(logits).type;
@@ -132,7 +125,7 @@ class FuseClassifier : public Pass {
 
 }  // namespace
 
-std::unique_ptr<Pass> make_fuse_classifier_pass(std::vector<ClassifierSite>* sites) {
+std::unique_ptr<Pass> make_fuse_classifier_pass(std::vector<ClassifierSite>& sites) {
   return std::make_unique<FuseClassifier>(sites);
 }
 

@@ -27,7 +27,7 @@ namespace napkin::passes {
 // Where the rewrite happened or why not; the same fields as an attention site.
 using ClassifierSite = AttentionSite;
 
-// `sites` (may be null) gets one entry per cross_entropy, in schedule order.
-std::unique_ptr<Pass> make_fuse_classifier_pass(std::vector<ClassifierSite>* sites);
+// `sites` gets one entry per cross_entropy, in schedule order.
+std::unique_ptr<Pass> make_fuse_classifier_pass(std::vector<ClassifierSite>& sites);
 
 }  // namespace napkin::passes

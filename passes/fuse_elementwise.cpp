@@ -11,6 +11,7 @@
 
 #include "ir/fusion_group.h"
 #include "ir/internal_check.h"
+#include "ir/use_list.h"
 
 namespace napkin::passes {
 
@@ -41,7 +42,7 @@ bool fusible(const ir::Node& n) {
 class Fuser {
  public:
   Fuser(ir::Graph& g, int64_t* work)
-      : g_(g), schedule_(g.mutable_schedule()), work_(work), visit_order_(g.schedule()) {
+      : g_(g), schedule_(g.mutable_schedule()), work_(work), visit_order_(g.schedule()), uses_(g) {
     group_.assign(g.num_nodes(), -1);
     visit_.assign(g.num_nodes(), -1);
     for (int v = 0; v < static_cast<int>(visit_order_.size()); ++v) visit_[visit_order_[v]] = v;
@@ -49,9 +50,6 @@ class Fuser {
     gap_.assign(g.num_nodes(), 0);
     after_.assign(g.num_nodes(), 0);
     needed_.assign(g.num_nodes(), 0);
-    readers_.resize(g.num_values());
-    for (NodeId id : schedule_)
-      for (ValueId in : g_.node(id).inputs) readers_[in].push_back(id);
   }
 
   void form_groups() {
@@ -138,7 +136,7 @@ class Fuser {
         if (c < 0 || attached[c] || phase_[c] != n.phase || shape_[c] != v.type.sizes()) return false;
         const int end = at[members_[c].back()];
         if (end < at[id]) return true;
-        for (NodeId r : readers_[n.out()])
+        for (NodeId r : uses_.readers(n.out()))
           if (at[r] <= end) return false;
         return true;
       };
@@ -179,7 +177,7 @@ class Fuser {
 
   // The readers of v that attach_reductions may still fuse a reduction of v
   // with: fusible members of a group of v's shape that has no reduction yet,
-  // in readers_ order. A reader that fails this fails it for good (a group
+  // in uses_ order. A reader that fails this fails it for good (a group
   // never loses its reduction), so it leaves the list: N reductions of one
   // value (each parameter's bias gradient summing one dy) scanned all of
   // v's readers each, N^2.
@@ -187,7 +185,7 @@ class Fuser {
     auto [it, added] = sibling_candidates_.try_emplace(v);
     std::vector<NodeId>& candidates = it->second;
     if (added)
-      for (NodeId r : readers_[v]) {
+      for (NodeId r : uses_.readers(v)) {
         count(1);
         const int c = group_[r];
         if (fusible(g_.node(r)) && c >= 0 && shape_[c] == g_.value(v).type.sizes()) candidates.push_back(r);
@@ -199,28 +197,21 @@ class Fuser {
   // Each constant that members read directly folds into their groups (see
   // the header); returns whether it made copies.
   bool fold_constants() {
-    std::map<NodeId, std::vector<NodeId>> readers;  // constant -> the nodes reading it directly
-    for (NodeId id : schedule_)
-      for (ValueId in : g_.node(id).inputs) {
-        NodeId p = g_.value(in).producer;
-        if (p != ir::kNoNode && g_.node(p).op == ir::Op::Constant) readers[p].push_back(id);
-      }
-    std::vector<bool> read_at_end(g_.num_values(), false);
-    for (const auto& [label, v] : g_.outputs) read_at_end[g_.value(v).storage] = true;
-    for (const ir::Graph::Update& u : g_.updates) read_at_end[g_.value(u.value).storage] = true;
-
     std::vector<int> first(members_.size());  // before copies join: they have no position yet
     for (size_t gid = 0; gid < members_.size(); ++gid) first[gid] = first_position(static_cast<int>(gid));
     std::map<int, std::vector<NodeId>> lead_in;  // group -> constants scheduled right before its first member
     bool copied = false;
-    for (auto& [c, nodes] : readers) {
+    const NodeId built = g_.num_nodes();  // the copies made below are no constants to fold
+    for (NodeId c = 0; c < built; ++c) {
+      if (g_.node(c).op != ir::Op::Constant) continue;
       ValueId value = g_.node(c).out();
+      const std::vector<NodeId>& nodes = uses_.readers(value);
       // The groups reading c, each with its members that do: a constant read
       // by N groups (the learning rate of N parameters' updates) made a
       // search of the groups, and a scan of every reader per copy, N^2.
       std::vector<int> groups;
       std::unordered_map<int, std::vector<NodeId>> group_readers;
-      bool unfused_reader = read_at_end[value];
+      bool unfused_reader = uses_.escapes(value);
       for (NodeId r : nodes) {
         count(1);
         if (group_[r] < 0) {
@@ -326,7 +317,7 @@ class Fuser {
   UnitList units_;  // the nodes visited so far, in schedule order
   std::vector<UnitList::iterator> node_unit_;   // node alone -> its unit
   std::vector<UnitList::iterator> group_unit_;  // working group -> its unit
-  std::vector<std::vector<NodeId>> readers_;    // value -> the nodes reading it
+  const ir::UseList uses_;                      // of the schedule form_groups walks
   std::unordered_map<ValueId, std::vector<NodeId>> sibling_candidates_;  // attach_reductions' siblings()
   // Marks of the merge being tried (its stamp): in the span between the set's
   // parts, depends on the set, needed by the set.
@@ -407,7 +398,7 @@ class Fuser {
         needed = needed || needed_[x] == stamp_;
         if (later_node != ir::kNoNode) return;
         for (ValueId out : g_.node(x).outputs)
-          for (NodeId r : readers_[out]) {
+          for (NodeId r : uses_.readers(out)) {
             count(1);
             needed = needed || is_later(r);
           }
@@ -596,7 +587,7 @@ class Fuser {
     std::vector<UnitList::iterator> dependent;  // units depending on c, gap_-marked
     auto add_readers = [&](NodeId m) {
       for (ValueId out : g_.node(m).outputs)
-        for (NodeId r : readers_[out]) {
+        for (NodeId r : uses_.readers(out)) {
           ++steps;
           std::optional<UnitList::iterator> u = between(r);
           if (!u || gap_[r] == stamp_) continue;
@@ -741,14 +732,7 @@ void schedule_batches(ir::Graph& g, int64_t* work) {
   }
   NAPKIN_INTERNAL_CHECK(order.size() == schedule.size(), "the optimizer phase has a dependency cycle");
   schedule = std::move(order);
-  // Group ids follow the schedule again (ir/fusion_group.h).
-  std::map<int, int> renumbered;
-  for (NodeId id : schedule) {
-    ir::Node& n = g.node(id);
-    if (n.group < 0) continue;
-    auto [it, added] = renumbered.emplace(n.group, static_cast<int>(renumbered.size()));
-    n.group = it->second;
-  }
+  renumber_groups(g);
 }
 
 class FuseElementwise : public Pass {
@@ -777,5 +761,15 @@ class FuseElementwise : public Pass {
 }  // namespace
 
 std::unique_ptr<Pass> make_fuse_elementwise_pass(int64_t* work) { return std::make_unique<FuseElementwise>(work); }
+
+void renumber_groups(ir::Graph& g) {
+  std::map<int, int> renumbered;
+  for (NodeId id : g.schedule()) {
+    ir::Node& n = g.node(id);
+    if (n.group < 0) continue;
+    auto [it, added] = renumbered.emplace(n.group, static_cast<int>(renumbered.size()));
+    n.group = it->second;
+  }
+}
 
 }  // namespace napkin::passes

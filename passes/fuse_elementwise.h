@@ -65,4 +65,8 @@ namespace napkin::passes {
 // tests that check the pass stays linear in the size of the graph.
 std::unique_ptr<Pass> make_fuse_elementwise_pass(int64_t* work = nullptr);
 
+// Group ids 0 .. n-1 in schedule order again (ir/fusion_group.h), after a
+// pass that moved groups or made new ones.
+void renumber_groups(ir::Graph& g);
+
 }  // namespace napkin::passes

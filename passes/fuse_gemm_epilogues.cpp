@@ -1,12 +1,13 @@
 #include "passes/fuse_gemm_epilogues.h"
 
 #include <algorithm>
-#include <map>
 #include <set>
 #include <vector>
 
 #include "ir/fusion_group.h"
 #include "ir/gemm_epilogue.h"
+#include "ir/use_list.h"
+#include "passes/fuse_elementwise.h"
 #include "passes/matmul_epilogues.h"
 #include "passes/mixed_precision.h"
 #include "passes/rematerialize.h"
@@ -24,7 +25,7 @@ class FuseGemmEpilogues : public Pass {
  public:
   std::string_view name() const override { return "fuse_gemm_epilogues"; }
 
-  explicit FuseGemmEpilogues(Rematerialized* rematerialized) : rematerialized_(rematerialized) {}
+  explicit FuseGemmEpilogues(Rematerialized& rematerialized) : rematerialized_(rematerialized) {}
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
     const bool gelus = store_gelu_inputs(g, rematerialized_);
@@ -42,13 +43,12 @@ class FuseGemmEpilogues : public Pass {
   // PyTorch's autocast and llm.c do): then the gradient GEMM stores
   // dgelu(sums, aux) directly (cuBLASLt's GELU_AUX_BIAS and DGELU). Only
   // where every piece is as described; anything else is left as it is.
-  static bool store_gelu_inputs(ir::Graph& g, Rematerialized* rematerialized) {
+  static bool store_gelu_inputs(ir::Graph& g, Rematerialized& rematerialized) {
     const ir::FusionGroups groups = ir::fusion_groups(g);
-    const std::vector<bool> escaping = g.escaping_buffers();
-    std::vector<std::vector<NodeId>> readers(g.num_values());
-    for (NodeId id : g.schedule())
-      for (ValueId v : g.node(id).inputs) readers[g.value(v).storage].push_back(id);
-    auto only_reader = [&](ValueId v, NodeId id) { return readers[v].size() == 1 && readers[v][0] == id; };
+    const ir::UseList uses(g);
+    auto only_reader = [&](ValueId v, NodeId id) {
+      return uses.buffer_readers(v).size() == 1 && uses.buffer_readers(v)[0] == id;
+    };
     bool changed = false;
     std::vector<NodeId> erased;
     for (const ir::FusionGroup& fg : groups.groups) {
@@ -59,23 +59,23 @@ class FuseGemmEpilogues : public Pass {
       if (c1.op != Op::Cast || pre.op != Op::Add || gelu.op != Op::Gelu || m.op != Op::Cast) continue;
       const ValueId r = c1.in(0);
       const NodeId mm = g.value(r).producer;
-      if (mm == ir::kNoNode || g.value(r).is_view() || escaping[r] || g.node(mm).group >= 0) continue;
+      if (mm == ir::kNoNode || g.value(r).is_view() || uses.escapes(r) || g.node(mm).group >= 0) continue;
       if (g.value(r).type.dtype != DType::BF16 || g.value(c1.out()).type.dtype != DType::F32) continue;
       if (pre.in(0) != c1.out() || !only_reader(pre.out(), gelu.id) || gelu.in(0) != pre.out()) continue;
       const ValueId bias = pre.in(1);
       // The backward's recomputations of the gelu input from r: cast(r, f32) + bias, read by gelu gradients only.
       std::vector<NodeId> casts, adds;
       bool recomputed = true;
-      for (NodeId reader : readers[r]) {
+      for (NodeId reader : uses.buffer_readers(r)) {
         if (reader == c1.id) continue;
         const ir::Node& c2 = g.node(reader);
-        if (c2.op != Op::Cast || c2.phase != ir::Phase::Backward || readers[c2.out()].size() != 1) {
+        if (c2.op != Op::Cast || c2.phase != ir::Phase::Backward || uses.buffer_readers(c2.out()).size() != 1) {
           recomputed = false;
           break;
         }
-        const ir::Node& add = g.node(readers[c2.out()][0]);
+        const ir::Node& add = g.node(uses.buffer_readers(c2.out())[0]);
         if (add.op != Op::Add || add.in(0) != c2.out() || add.in(1) != bias) recomputed = false;
-        for (NodeId user : readers[add.out()])
+        for (NodeId user : uses.buffer_readers(add.out()))
           if (g.node(user).op != Op::GeluGrad || g.node(user).in(0) != add.out()) recomputed = false;
         casts.push_back(c2.id);
         adds.push_back(add.id);
@@ -112,9 +112,9 @@ class FuseGemmEpilogues : public Pass {
         erased.push_back(adds[i]);
         erased.push_back(casts[i]);
         // The recomputation's add is gone (its cast costs no FLOPs).
-        if (rematerialized) rematerialized->flops_added -= ir::op_info(add.op).cost(g, add).flops;
+        rematerialized.flops_added -= ir::op_info(add.op).cost(g, add).flops;
       }
-      if (rematerialized) ++rematerialized->stored_by_epilogues;
+      ++rematerialized.stored_by_epilogues;
       changed = true;
     }
     g.erase_nodes(erased);
@@ -143,15 +143,7 @@ class FuseGemmEpilogues : public Pass {
 
   bool fuse(ir::Graph& g) {
     const ir::FusionGroups groups = ir::fusion_groups(g);
-    const std::vector<bool> escaping = g.escaping_buffers();
-    // Readers of each buffer, direct or through a view.
-    std::vector<std::vector<NodeId>> readers(g.num_values());
-    std::vector<bool> read_through_view(g.num_values(), false);
-    for (NodeId id : g.schedule())
-      for (ValueId v : g.node(id).inputs) {
-        readers[g.value(v).storage].push_back(id);
-        if (g.value(v).is_view()) read_through_view[g.value(v).storage] = true;
-      }
+    const ir::UseList uses(g);
     int next_group = static_cast<int>(groups.groups.size());
 
     struct Fusion {
@@ -164,8 +156,8 @@ class FuseGemmEpilogues : public Pass {
       const ir::Node& c = g.node(id);
       if ((c.op != Op::MatMul && c.op != Op::Einsum) || c.phase == ir::Phase::Optimizer || c.group >= 0) continue;
       const ValueId r = c.out();
-      if (escaping[r] || read_through_view[r] || readers[r].size() != 1) continue;
-      const ir::Node& reader = g.node(readers[r].front());
+      if (uses.escapes(r) || uses.read_through_view(r) || uses.buffer_readers(r).size() != 1) continue;
+      const ir::Node& reader = g.node(uses.buffer_readers(r).front());
       const DType t = g.value(r).type.dtype;
       // Under bf16-mixed the result is widened first (f16 keeps AMP's rounding:
       // passes/matmul_epilogues.h says why).
@@ -192,8 +184,8 @@ class FuseGemmEpilogues : public Pass {
       for (NodeId step : nodes) {
         const ValueId v = g.node(step).out();
         if (v == form->result || (form->activation == ir::GemmActivation::Gelu && v == form->aux)) continue;
-        if (escaping[v] || read_through_view[v]) closed = false;
-        for (NodeId user : readers[v])
+        if (uses.escapes(v) || uses.read_through_view(v)) closed = false;
+        for (NodeId user : uses.buffer_readers(v))
           if (std::find(nodes.begin(), nodes.end(), user) == nodes.end()) closed = false;
       }
       if (!closed) continue;
@@ -229,11 +221,10 @@ class FuseGemmEpilogues : public Pass {
       for (int p = 0; p < static_cast<int>(g.schedule().size()); ++p) position[g.schedule()[p]] = p;
     };
     number();
-    std::vector<std::vector<NodeId>> readers(g.num_values());  // of each buffer, direct or through a view
+    const ir::UseList uses(g);
     std::vector<std::vector<NodeId>> gemms_of_b(g.num_values());  // ungrouped contractions, by their B's buffer
     for (NodeId id : g.schedule()) {
       const ir::Node& n = g.node(id);
-      for (ValueId v : n.inputs) readers[g.value(v).storage].push_back(id);
       if ((n.op == Op::MatMul || n.op == Op::Einsum) && n.group < 0 && n.inputs.size() == 2)
         gemms_of_b[g.value(n.in(1)).storage].push_back(id);
     }
@@ -257,7 +248,7 @@ class FuseGemmEpilogues : public Pass {
         if (taken.count(cid) || c.phase != r.phase || !same_view(x, c.in(1))) continue;
         // The sums move to right after the GEMM: nothing up to there may read them.
         bool early = false;
-        for (NodeId user : readers[r.out()]) early = early || position[user] <= position[cid];
+        for (NodeId user : uses.buffer_readers(r.out())) early = early || position[user] <= position[cid];
         if (early) continue;
         r.inputs[0] = c.in(1);
         if (!ir::match_gemm_bias_grad(g, cid, rid)) {
@@ -276,7 +267,7 @@ class FuseGemmEpilogues : public Pass {
     return changed;
   }
 
-  Rematerialized* rematerialized_;
+  Rematerialized& rematerialized_;
 
   // Moves `id` (a node just built, at the schedule's end, or one of the
   // schedule's) to right before `anchor`, or right after it.
@@ -285,22 +276,11 @@ class FuseGemmEpilogues : public Pass {
     schedule.erase(std::find(schedule.begin(), schedule.end(), id));
     schedule.insert(std::find(schedule.begin(), schedule.end(), anchor) + (after ? 1 : 0), id);
   }
-
-  // Group ids 0 .. n-1 in schedule order (ir/fusion_group.h).
-  static void renumber_groups(ir::Graph& g) {
-    std::map<int, int> renamed;
-    for (NodeId id : g.schedule()) {
-      ir::Node& n = g.node(id);
-      if (n.group < 0) continue;
-      auto [it, added] = renamed.emplace(n.group, static_cast<int>(renamed.size()));
-      n.group = it->second;
-    }
-  }
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> make_fuse_gemm_epilogues_pass(Rematerialized* rematerialized) {
+std::unique_ptr<Pass> make_fuse_gemm_epilogues_pass(Rematerialized& rematerialized) {
   return std::make_unique<FuseGemmEpilogues>(rematerialized);
 }
 

@@ -29,9 +29,10 @@ namespace napkin::passes {
 
 struct Rematerialized;  // passes/rematerialize.h
 
-// `rematerialized`, when given, is corrected for the recomputations the pass
-// replaces by a stored gelu input (their FLOPs come off, the count goes up).
-std::unique_ptr<Pass> make_fuse_gemm_epilogues_pass(Rematerialized* rematerialized = nullptr);
+// `rematerialized`, what passes/rematerialize.h did, is corrected for the
+// recomputations the pass replaces by a stored gelu input (their FLOPs come
+// off, the count goes up).
+std::unique_ptr<Pass> make_fuse_gemm_epilogues_pass(Rematerialized& rematerialized);
 
 // The reason (passes/mixed_precision.h kAmpCastAttr) on the cast that stores
 // a gelu's input in bf16 for its gradient.

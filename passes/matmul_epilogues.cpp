@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "ir/builder.h"
+#include "ir/use_list.h"
 
 namespace napkin::passes {
 
@@ -15,15 +16,11 @@ using ir::ValueId;
 
 class MatmulEpilogues : public Pass {
  public:
-  explicit MatmulEpilogues(CastPlacement* placement) : placement_(placement) {}
+  explicit MatmulEpilogues(CastPlacement& placement) : placement_(placement) {}
   std::string_view name() const override { return "matmul_epilogues"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
-    std::vector<std::vector<NodeId>> readers(g.num_values());
-    const std::vector<bool> escaping = g.escaping_buffers();
-    for (NodeId id : g.schedule())
-      for (ValueId v : g.node(id).inputs) readers[v].push_back(id);
-
+    const ir::UseList uses(g);
     bool changed = false;
     const std::vector<NodeId> schedule = g.schedule();
     for (NodeId id : schedule) {
@@ -31,11 +28,11 @@ class MatmulEpilogues : public Pass {
       if (cast.op != Op::Cast || g.value(cast.out()).type.dtype != DType::F32) continue;
       const ValueId r = cast.in(0);
       const NodeId p = g.value(r).producer;
-      if (p == ir::kNoNode || g.value(r).is_view() || escaping[r]) continue;
+      if (p == ir::kNoNode || g.value(r).is_view() || uses.escapes(r)) continue;
       // Besides the cast, only reductions that widen as they load (sink_casts'
       // dtype=f32) may read the result: they read the f32 sums instead.
       bool only_cast = true;
-      for (NodeId reader : readers[r]) {
+      for (NodeId reader : uses.readers(r)) {
         const ir::Node& rn = g.node(reader);
         const bool widening_reduce = ir::op_info(rn.op).op_class == ir::OpClass::Reduction && rn.attrs.has("dtype") &&
                                      rn.attrs.get_dtype("dtype") == DType::F32;
@@ -47,20 +44,20 @@ class MatmulEpilogues : public Pass {
       const DType t = g.value(r).type.dtype;
       if (t != DType::BF16) continue;  // f16 keeps AMP's rounding, which loss scaling is designed around
       bool standalone = true;  // fusion would not merge the cast into an elementwise reader
-      for (NodeId reader : readers[cast.out()]) {
+      for (NodeId reader : uses.readers(cast.out())) {
         const ir::Node& rn = g.node(reader);
         if (ir::op_info(rn.op).op_class == ir::OpClass::Elementwise && rn.phase == cast.phase) standalone = false;
       }
       if (!standalone) continue;
       accumulate_in_f32(g, p, id);
       changed = true;
-      if (placement_) ++placement_->epilogues;
+      ++placement_.epilogues;
     }
     return changed;
   }
 
  private:
-  CastPlacement* placement_;
+  CastPlacement& placement_;
 };
 
 }  // namespace
@@ -73,7 +70,7 @@ void accumulate_in_f32(ir::Graph& g, ir::NodeId contraction, ir::NodeId widening
   if (g.value(r).name.empty()) std::swap(g.value(r).name, g.value(old).name);
 }
 
-std::unique_ptr<Pass> make_matmul_epilogues_pass(CastPlacement* placement) {
+std::unique_ptr<Pass> make_matmul_epilogues_pass(CastPlacement& placement) {
   return std::make_unique<MatmulEpilogues>(placement);
 }
 

@@ -28,8 +28,8 @@
 
 namespace napkin::passes {
 
-// `placement`, when given, counts the epilogues.
-std::unique_ptr<Pass> make_matmul_epilogues_pass(CastPlacement* placement = nullptr);
+// `placement` counts the epilogues.
+std::unique_ptr<Pass> make_matmul_epilogues_pass(CastPlacement& placement);
 
 // The rewrite itself, for this pass and passes/fuse_gemm_epilogues.h: the
 // contraction accumulates into its result as f32 (`dtype=f32`) and every use

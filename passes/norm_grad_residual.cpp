@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "ir/use_list.h"
+
 namespace napkin::passes {
 
 namespace {
@@ -16,13 +18,10 @@ class NormGradResidual : public Pass {
   std::string_view name() const override { return "norm_grad_residual"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
-    std::vector<int> readers(g.num_values(), 0), position(g.num_nodes(), -1);
-    const std::vector<bool> escaping = g.escaping_buffers();
+    const ir::UseList uses(g);
+    std::vector<int> position(g.num_nodes(), -1);
     const std::vector<NodeId> schedule = g.schedule();
-    for (int p = 0; p < static_cast<int>(schedule.size()); ++p) {
-      position[schedule[p]] = p;
-      for (ValueId v : g.node(schedule[p]).inputs) ++readers[g.value(v).storage];
-    }
+    for (int p = 0; p < static_cast<int>(schedule.size()); ++p) position[schedule[p]] = p;
     // Where v can be read: its producer's position (the buffer's, and the view's), -1 for params, data, state.
     auto ready_at = [&](ValueId v) {
       int at = -1;
@@ -37,7 +36,7 @@ class NormGradResidual : public Pass {
       for (int side = 0; side < 2; ++side) {
         const ValueId dx = add.in(side), r = add.in(1 - side);
         const ir::Value& d = g.value(dx);
-        if (d.producer == ir::kNoNode || d.is_view() || readers[dx] != 1 || escaping[dx]) continue;
+        if (d.producer == ir::kNoNode || d.is_view() || !uses.single_buffer(dx)) continue;
         const ir::Node& norm = g.node(d.producer);
         if ((norm.op != Op::LayerNormGrad && norm.op != Op::RMSNormGrad) || norm.inputs.size() != 3 || norm.out(0) != dx) continue;
         const ir::TensorType& t = d.type;

@@ -24,9 +24,6 @@ class Pass {
   virtual bool run(ir::Graph& g, ir::Diagnostics& diag) = 0;         // true iff the graph changed
 };
 
-struct AttentionSite;   // passes/fuse_attention.h
-struct Rematerialized;  // passes/rematerialize.h
-
 // What the cast passes rewrote, rule by rule (passes/sink_casts.h,
 // passes/matmul_epilogues.h): the report prints it.
 struct CastPlacement {
@@ -47,15 +44,12 @@ struct PipelineOptions {
   // Rewrite spelled-out attention into the fused attention op
   // (passes/fuse_attention.h); --unfused-attention turns it off to compare.
   bool fuse_attention = true;
-  std::vector<AttentionSite>* attention_sites = nullptr;  // filled when not null
   // Rewrite a matmul feeding cross_entropy into the fused classifier
   // (passes/fuse_classifier.h); --unfused-classifier turns it off to compare.
   bool fuse_classifier = true;
-  std::vector<AttentionSite>* classifier_sites = nullptr;  // filled when not null
   // Move the precision policy's casts across views and concats to store
   // fewer bytes (passes/sink_casts.h); off only to compare.
   bool sink_casts = true;
-  CastPlacement* cast_placement = nullptr;  // what sink_casts and matmul_epilogues did, when not null
   // Let contractions do the elementwise work on their results they can
   // (passes/matmul_epilogues.h); --unfused-epilogues turns it off to compare.
   bool matmul_epilogues = true;
@@ -72,7 +66,6 @@ struct PipelineOptions {
   // Let a fused attention store its output in the layout the head merge
   // copied it to (passes/attention_layout.h; the same bits); off only to compare.
   bool attention_layout = true;
-  Rematerialized* rematerialized = nullptr;  // what it did, when not null
 };
 
 class PassManager {

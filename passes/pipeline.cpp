@@ -6,8 +6,6 @@
 #include "passes/derive_inference.h"
 #include "passes/embedding_grad_into.h"
 #include "passes/fp8_scaling.h"
-#include "passes/fuse_attention.h"
-#include "passes/fuse_classifier.h"
 #include "passes/fold_concat_copy.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/fuse_gemm_epilogues.h"
@@ -16,51 +14,53 @@
 #include "passes/mixed_precision.h"
 #include "passes/norm_grad_residual.h"
 #include "passes/optimizer.h"
-#include "passes/rematerialize.h"
 #include "passes/sink_casts.h"
 
 namespace napkin::passes {
 
-bool run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options) {
-  PassManager pm(options);
+namespace {
+
+// The forward passes, the first of every pipeline: what training
+// differentiates and inference derives its phases from.
+void add_forward_passes(PassManager& pm, const PipelineOptions& options, PipelineResult& result) {
   pm.add(make_dce_pass());  // drop forward values the loss does not need
   if (options.fuse_attention) {
-    pm.add(make_fuse_attention_pass(options.attention_sites));  // spelled-out attention becomes one op
-    pm.add(make_dce_pass());  // drop the scores and probabilities it replaced
-  }
-  pm.add(make_mixed_precision_pass());  // casts of the precision policy
-  if (options.fuse_classifier)
-    pm.add(make_fuse_classifier_pass(options.classifier_sites));  // matmul + cross_entropy: no logits stored
-  pm.add(make_dce_pass());  // drop the f32 constants the policy remade in the low dtype, the logits the classifier replaced
-  if (!pm.run(g, diag)) return false;
-  warn_unused_params(g, diag);
-  return true;
-}
-
-bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options,
-                           const MemoryBudget& budget) {
-  g.config.train.memory_budget = budget.bytes;  // the checkpoints record it (ir/training_config.h)
-  PassManager pm(options);
-  pm.add(make_dce_pass());        // drop forward values the loss does not need
-  if (options.fuse_attention) {
-    pm.add(make_fuse_attention_pass(options.attention_sites));  // spelled-out attention becomes one op
+    pm.add(make_fuse_attention_pass(result.attention_sites));  // spelled-out attention becomes one op
     pm.add(make_dce_pass());  // drop the scores and probabilities it replaced
   }
   pm.add(make_mixed_precision_pass());  // casts of the precision policy, differentiated by autodiff
-  if (options.fuse_classifier) {
-    pm.add(make_fuse_classifier_pass(options.classifier_sites));  // matmul + cross_entropy: no logits stored
-    pm.add(make_dce_pass());  // drop the logits it replaced
-  }
+  if (options.fuse_classifier)
+    pm.add(make_fuse_classifier_pass(result.classifier_sites));  // matmul + cross_entropy: no logits stored
+  pm.add(make_dce_pass());  // drop the f32 constants the policy remade in the low dtype, the logits the classifier replaced
+}
+
+}  // namespace
+
+std::optional<PipelineResult> run_forward_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options) {
+  PipelineResult result;
+  PassManager pm(options);
+  add_forward_passes(pm, options, result);
+  if (!pm.run(g, diag)) return std::nullopt;
+  warn_unused_params(g, diag);
+  return result;
+}
+
+std::optional<PipelineResult> run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options,
+                                                    const MemoryBudget& budget) {
+  g.config.train.memory_budget = budget.bytes;  // the checkpoints record it (ir/training_config.h)
+  PipelineResult result;
+  PassManager pm(options);
+  add_forward_passes(pm, options, result);
   pm.add(make_autodiff_pass());   // d loss / d param for every param: the backward phase
   pm.add(make_dce_pass());        // drop gradients no parameter needs (e.g. of the data)
   pm.add(make_fold_concat_copy_pass());  // a concat copied to another layout is written there once
   if (options.sink_casts) {
     pm.add(make_dce_pass());         // drop the concats and copies fold_concat_copy replaced
-    pm.add(make_sink_casts_pass(options.cast_placement));  // casts where they store the fewest bytes, same bits
+    pm.add(make_sink_casts_pass(result.cast_placement));  // casts where they store the fewest bytes, same bits
     pm.add(make_dce_pass());         // drop the casts and views it replaced
   }
   if (options.matmul_epilogues) {
-    pm.add(make_matmul_epilogues_pass(options.cast_placement));  // a matmul stores its f32 sums for a widening cast
+    pm.add(make_matmul_epilogues_pass(result.cast_placement));  // a matmul stores its f32 sums for a widening cast
     pm.add(make_dce_pass());               // drop the casts it replaced
   }
   if (options.norm_grad_residual) {
@@ -78,35 +78,33 @@ bool run_training_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOp
   pm.add(make_dce_pass());        // drop scalars the chosen rule did not use (t under a constant lr)
   if (options.fuse_attention && options.attention_layout)
     pm.add(make_attention_layout_pass());  // fused attention stores o where the head merge copied it
-  if (options.rematerialize) pm.add(make_rematerialize_pass(options.rematerialized));  // recompute cheap values from narrower ones
-  if (budget.bytes > 0) pm.add(make_recompute_pass(budget.bytes, budget.report));  // fit the arena to the budget
+  if (options.rematerialize) pm.add(make_rematerialize_pass(result.rematerialized));  // recompute cheap values from narrower ones
+  if (budget.bytes > 0) pm.add(make_recompute_pass(budget.bytes, result.recompute));  // fit the arena to the budget
   pm.add(make_fuse_elementwise_pass());  // elementwise chains become one kernel each: it only groups
   if (options.matmul_epilogues)
-    pm.add(make_fuse_gemm_epilogues_pass(options.rematerialized));  // a contraction joins the group that is its epilogue (bias, residual, cast)
-  if (!pm.run(g, diag)) return false;
+    pm.add(make_fuse_gemm_epilogues_pass(result.rematerialized));  // a contraction joins the group that is its epilogue (bias, residual, cast)
+  if (!pm.run(g, diag)) return std::nullopt;
   warn_unused_params(g, diag);
-  return true;
+  return result;
 }
 
-bool run_inference_pipeline(ir::Graph& g, ir::Diagnostics& diag, const PipelineOptions& options) {
-  PassManager forward(options);
-  forward.add(make_dce_pass());  // drop the loss's other inputs' producers
-  forward.add(make_fuse_attention_pass(options.attention_sites));  // the attention that becomes cached_attention
-  forward.add(make_dce_pass());
-  forward.add(make_mixed_precision_pass());  // the caches hold k and v in the policy's dtype
-  forward.add(make_dce_pass());
-  if (!forward.run(g, diag)) return false;
-  ir::Graph inference;
-  if (!derive_inference_graph(g, inference, diag)) return false;
-  g = std::move(inference);
-  PassManager fuse(options);
-  fuse.add(make_dce_pass());
+std::optional<PipelineResult> run_inference_pipeline(ir::Graph& g, ir::Diagnostics& diag,
+                                                     const PipelineOptions& options) {
+  PipelineOptions forward = options;
+  forward.fuse_attention = true;    // the attention that becomes cached_attention
+  forward.fuse_classifier = false;  // derive_inference finds the logits as the cross_entropy's operand
+  PipelineResult result;
+  PassManager pm(options);
+  add_forward_passes(pm, forward, result);
+  pm.add(make_derive_inference_pass());  // a new graph: the prefill and decode phases
+  pm.add(make_dce_pass());
   if (options.sink_casts) {
-    fuse.add(make_sink_casts_pass(options.cast_placement));  // casts where they store the fewest bytes
-    fuse.add(make_dce_pass());
+    pm.add(make_sink_casts_pass(result.cast_placement));  // casts where they store the fewest bytes
+    pm.add(make_dce_pass());
   }
-  fuse.add(make_fuse_elementwise_pass());  // elementwise chains become one kernel each
-  return fuse.run(g, diag);
+  pm.add(make_fuse_elementwise_pass());  // elementwise chains become one kernel each
+  if (!pm.run(g, diag)) return std::nullopt;
+  return result;
 }
 
 }  // namespace napkin::passes

@@ -197,7 +197,7 @@ std::string peak_breakdown(const analysis::MemoryPeak& peak) {
 
 class Recompute : public Pass {
  public:
-  Recompute(int64_t budget, RecomputeReport* report) : budget_(budget), report_(report) {}
+  Recompute(int64_t budget, RecomputeReport& report) : budget_(budget), report_(report) {}
   std::string_view name() const override { return "recompute"; }
 
   bool run(ir::Graph& g, ir::Diagnostics& diag) override {
@@ -223,22 +223,20 @@ class Recompute : public Pass {
       current = plan_with(original, recomputed);
       if (current.arena < smallest) smallest = current.arena, smallest_peak = current.memory.peak;
     }
-    if (report_) {
-      report_->ran = true;
-      report_->budget = budget_;
-      report_->arena_before = arena_before;
-      report_->peak_before = peak_before;
-      report_->arena_after = current.arena;
-      report_->peak_after = current.peak;
-      report_->step_flops = step_flops(original);
-      report_->flops_added = current.flops_added;
-      for (ir::NodeId id : original.schedule()) {
-        const ir::Node& n = original.node(id);
-        if (n.phase != ir::Phase::Forward || !recomputed.count(n.out())) continue;
-        const ir::Value& v = original.value(n.out());
-        report_->values.push_back({v.name.empty() ? fmt::format("%{}", v.id) : v.name, std::string(ir::op_name(n.op)),
-                                   n.loc.known() ? n.loc.line : 0, v.type.bytes(), node_flops(original, n)});
-      }
+    report_.ran = true;
+    report_.budget = budget_;
+    report_.arena_before = arena_before;
+    report_.peak_before = peak_before;
+    report_.arena_after = current.arena;
+    report_.peak_after = current.peak;
+    report_.step_flops = step_flops(original);
+    report_.flops_added = current.flops_added;
+    for (ir::NodeId id : original.schedule()) {
+      const ir::Node& n = original.node(id);
+      if (n.phase != ir::Phase::Forward || !recomputed.count(n.out())) continue;
+      const ir::Value& v = original.value(n.out());
+      report_.values.push_back({v.name.empty() ? fmt::format("%{}", v.id) : v.name, std::string(ir::op_name(n.op)),
+                                 n.loc.known() ? n.loc.line : 0, v.type.bytes(), node_flops(original, n)});
     }
     if (recomputed.empty()) return false;
     g = std::move(current.g);
@@ -247,12 +245,12 @@ class Recompute : public Pass {
 
  private:
   int64_t budget_;
-  RecomputeReport* report_;
+  RecomputeReport& report_;
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> make_recompute_pass(int64_t budget, RecomputeReport* report) {
+std::unique_ptr<Pass> make_recompute_pass(int64_t budget, RecomputeReport& report) {
   return std::make_unique<Recompute>(budget, report);
 }
 

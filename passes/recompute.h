@@ -75,7 +75,6 @@ struct RecomputeReport {
 // `--memory-budget`: 0 for none. The pipeline runs the pass when bytes > 0.
 struct MemoryBudget {
   int64_t bytes = 0;
-  RecomputeReport* report = nullptr;  // filled when not null
 };
 
 // The graph with the buffers (owning values) in `recomputed` recomputed in
@@ -83,8 +82,8 @@ struct MemoryBudget {
 // FLOPs of the clones. passes/rematerialize uses it too.
 ir::Graph with_recompute(const ir::Graph& original, const std::set<ir::ValueId>& recomputed, double& flops_added);
 
-// The pass ("recompute"); `report` may be null.
-std::unique_ptr<Pass> make_recompute_pass(int64_t budget, RecomputeReport* report);
+// The pass ("recompute"); it says what it did in `report`.
+std::unique_ptr<Pass> make_recompute_pass(int64_t budget, RecomputeReport& report);
 
 // "64MiB", "1.5GB", "1000000", "2 GiB": a positive byte count. Units: B, kB/KB,
 // MB, GB, TB (powers of 1000) and KiB, MiB, GiB, TiB (powers of 1024).

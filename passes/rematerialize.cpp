@@ -4,6 +4,7 @@
 #include <set>
 #include <vector>
 
+#include "ir/use_list.h"
 #include "passes/recompute.h"
 
 namespace napkin::passes {
@@ -23,11 +24,11 @@ bool elementwise(const ir::Node& n) {
 
 class Rematerialize : public Pass {
  public:
-  explicit Rematerialize(Rematerialized* report) : report_(report) {}
+  explicit Rematerialize(Rematerialized& report) : report_(report) {}
   std::string_view name() const override { return "rematerialize"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
-    const std::vector<bool> escapes = g.escaping_buffers();
+    const ir::UseList uses(g);
     // Per buffer: read by a backward node (saved), and whether every such
     // read could take the recomputation into its kernel.
     std::vector<bool> saved(g.num_values(), false), fusible_reads(g.num_values(), true), read_late(g.num_values(), false);
@@ -54,7 +55,7 @@ class Rematerialize : public Pass {
       const ir::Node& p = g.node(id);
       if (p.phase != ir::Phase::Forward || !elementwise(p)) continue;
       const ValueId v = p.out();
-      if (!saved[v] || !fusible_reads[v] || escapes[v] || read_late[v] || g.value(v).storage != v) continue;
+      if (!saved[v] || !fusible_reads[v] || uses.escapes(v) || read_late[v] || g.value(v).storage != v) continue;
       std::set<ValueId> chain{v}, leaves;
       bool too_long = false;
       std::function<void(const ir::Node&)> walk = [&](const ir::Node& n) {
@@ -63,7 +64,7 @@ class Rematerialize : public Pass {
           if (x.kind != ir::ValueKind::Result) continue;  // params, data, state: resident
           const ir::Node& q = g.node(x.producer);
           if (q.op == ir::Op::Constant) continue;  // a scalar the kernel inlines (fuse_elementwise)
-          const bool joins = !x.is_view() && q.phase == ir::Phase::Forward && elementwise(q) && !saved[in] && !escapes[in];
+          const bool joins = !x.is_view() && q.phase == ir::Phase::Forward && elementwise(q) && !saved[in] && !uses.escapes(in);
           if (!joins) {
             leaves.insert(x.storage);
             continue;
@@ -90,19 +91,19 @@ class Rematerialize : public Pass {
       did.bytes_before += bytes;
       did.bytes_after += added;
     }
-    if (report_) *report_ = did;
+    report_ = did;
     if (recomputed.empty()) return false;
     g = with_recompute(g, recomputed, did.flops_added);
-    if (report_) report_->flops_added = did.flops_added;
+    report_.flops_added = did.flops_added;
     return true;
   }
 
  private:
-  Rematerialized* report_;
+  Rematerialized& report_;
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> make_rematerialize_pass(Rematerialized* report) { return std::make_unique<Rematerialize>(report); }
+std::unique_ptr<Pass> make_rematerialize_pass(Rematerialized& report) { return std::make_unique<Rematerialize>(report); }
 
 }  // namespace napkin::passes

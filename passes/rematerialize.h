@@ -48,6 +48,7 @@ struct Rematerialized {
   int stored_by_epilogues = 0;
 };
 
-std::unique_ptr<Pass> make_rematerialize_pass(Rematerialized* report = nullptr);
+// The pass; it says what it did in `report`.
+std::unique_ptr<Pass> make_rematerialize_pass(Rematerialized& report);
 
 }  // namespace napkin::passes

@@ -6,6 +6,7 @@
 #include "ir/builder.h"
 #include "ir/dtype.h"
 #include "ir/internal_check.h"
+#include "ir/use_list.h"
 
 namespace napkin::passes {
 
@@ -27,27 +28,6 @@ bool exact_widening(DType from, DType to) {
          t.smallest_subnormal <= f.smallest_subnormal;
 }
 
-// The graph's readers, rebuilt after each rewrite round.
-struct Readers {
-  std::vector<std::vector<NodeId>> of;  // per value: the scheduled nodes reading it
-
-  explicit Readers(const ir::Graph& g) : of(g.num_values()), escaping_(g.escaping_buffers()), storage_(g.num_values()) {
-    for (NodeId id : g.schedule())
-      for (ValueId v : g.node(id).inputs) of[v].push_back(id);
-    for (ValueId v = 0; v < g.num_values(); ++v) storage_[v] = g.value(v).storage;
-  }
-  // v's buffer, as the round began, is a step output's or an update's source
-  // (Graph::escaping_buffers). Rewrites during the round repoint views at new
-  // values: the snapshot keeps the answer for the values the round looks at.
-  bool escapes(ValueId v) const { return escaping_[storage_[v]]; }
-  // v is read by exactly one node and is not an output.
-  bool single(ValueId v) const { return of[v].size() == 1 && !escapes(v); }
-
- private:
-  std::vector<bool> escaping_;
-  std::vector<ValueId> storage_;
-};
-
 // A value seen through views: `base`, then the view nodes that make the value.
 struct Chain {
   ValueId base = ir::kNoValue;
@@ -66,7 +46,7 @@ Chain views_above(const ir::Graph& g, ValueId v) {
 }
 
 // Walks up from v through view producers, each view value read once.
-Chain up_through_views(const ir::Graph& g, const Readers& r, ValueId v) {
+Chain up_through_views(const ir::Graph& g, const ir::UseList& r, ValueId v) {
   Chain c;
   while (true) {
     NodeId p = g.value(v).producer;
@@ -81,34 +61,32 @@ Chain up_through_views(const ir::Graph& g, const Readers& r, ValueId v) {
 
 class SinkCasts : public Pass {
  public:
-  explicit SinkCasts(CastPlacement* placement) : placement_(placement) {}
+  explicit SinkCasts(CastPlacement& placement) : count_(placement) {}
   std::string_view name() const override { return "sink_casts"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
     bool changed = false;
-    CastPlacement none;
-    CastPlacement& count = placement_ ? *placement_ : none;
-    changed |= round(g, &SinkCasts::cast_after_concat, count.concats);
-    changed |= round(g, &SinkCasts::round_trip, count.round_trips);
-    changed |= round(g, &SinkCasts::cast_before_views, count.views);
-    changed |= round(g, &SinkCasts::reduce_wider, count.reductions);
-    changed |= round(g, &SinkCasts::norm_stores_cast, count.norms);
-    changed |= round(g, &SinkCasts::norm_grad_reads_narrow, count.norm_grads);
+    changed |= round(g, &SinkCasts::cast_after_concat, count_.concats);
+    changed |= round(g, &SinkCasts::round_trip, count_.round_trips);
+    changed |= round(g, &SinkCasts::cast_before_views, count_.views);
+    changed |= round(g, &SinkCasts::reduce_wider, count_.reductions);
+    changed |= round(g, &SinkCasts::norm_stores_cast, count_.norms);
+    changed |= round(g, &SinkCasts::norm_grad_reads_narrow, count_.norm_grads);
     return changed;
   }
 
  private:
-  using Rule = bool (SinkCasts::*)(ir::Graph&, const Readers&, NodeId);
+  using Rule = bool (SinkCasts::*)(ir::Graph&, const ir::UseList&, NodeId);
 
   // Applies `rule` at every scheduled node, then places the nodes it built;
   // adds the rewrites to `count`.
   bool round(ir::Graph& g, Rule rule, int& count) {
     inserted_.clear();
-    const Readers readers(g);
+    const ir::UseList uses(g);  // rebuilt each round: a round reads the uses the last one left
     const std::vector<NodeId> schedule = g.schedule();
     bool changed = false;
     for (NodeId id : schedule)
-      if ((this->*rule)(g, readers, id)) changed = true, ++count;
+      if ((this->*rule)(g, uses, id)) changed = true, ++count;
     if (!changed) return false;
     g.insert_after(schedule, inserted_);
     return true;
@@ -152,7 +130,7 @@ class SinkCasts : public Pass {
   }
 
   // Rule 2: concat(view_i(cast(a_i, T))) -> cast(concat(view_i(a_i)), T).
-  bool cast_after_concat(ir::Graph& g, const Readers& r, NodeId id) {
+  bool cast_after_concat(ir::Graph& g, const ir::UseList& r, NodeId id) {
     const ir::Node& n = g.node(id);
     if (n.op != Op::Concat || n.inputs.empty()) return false;
     const DType t = g.value(n.out()).type.dtype;
@@ -184,7 +162,7 @@ class SinkCasts : public Pass {
   }
 
   // Rule 3: cast(view(cast(x, T)), dtype(x)) -> view(x) for an exact widening.
-  bool round_trip(ir::Graph& g, const Readers& r, NodeId id) {
+  bool round_trip(ir::Graph& g, const ir::UseList& r, NodeId id) {
     const ir::Node& n = g.node(id);
     if (n.op != Op::Cast) return false;
     const DType to = g.value(n.out()).type.dtype;
@@ -195,7 +173,7 @@ class SinkCasts : public Pass {
     if (inner == ir::kNoNode || g.node(inner).op != Op::Cast) return false;
     const ValueId x = g.node(inner).in(0);
     if (g.value(x).type.dtype != to || !exact_widening(to, g.value(v).type.dtype)) return false;
-    for (NodeId reader : r.of[n.out()])  // x seen through the views is a view: nothing may view the cast
+    for (NodeId reader : r.readers(n.out()))  // x seen through the views is a view: nothing may view the cast
       if (is_view(g.node(reader).op)) return false;
     const ValueId out = n.out();
     Site at = site(g, id, id);
@@ -206,7 +184,7 @@ class SinkCasts : public Pass {
   }
 
   // Rule 1: every reader of v is cast(view_i(v), T) -> c = cast(v, T); view_i(c).
-  bool cast_before_views(ir::Graph& g, const Readers& r, NodeId id) {
+  bool cast_before_views(ir::Graph& g, const ir::UseList& r, NodeId id) {
     const ir::Node& producer = g.node(id);
     if (is_view(producer.op) || producer.outputs.size() != 1) return false;
     const ValueId v = producer.out();
@@ -228,8 +206,8 @@ class SinkCasts : public Pass {
     while (!stack.empty()) {
       const Pending at = stack.back();
       stack.pop_back();
-      if (r.escapes(at.value) || r.of[at.value].empty()) return false;
-      for (NodeId reader : r.of[at.value]) {
+      if (r.escapes(at.value) || r.readers(at.value).empty()) return false;
+      for (NodeId reader : r.readers(at.value)) {
         const ir::Node& rn = g.node(reader);
         if (is_view(rn.op)) {
           Pending next{at.views, rn.out()};
@@ -243,7 +221,7 @@ class SinkCasts : public Pass {
         if (first_cast == ir::kNoNode) t = to, first_cast = reader;
         if (to != t || to == g.value(v).type.dtype) return false;
         // What reads the cast must take strided operands.
-        for (NodeId user : r.of[rn.out()]) {
+        for (NodeId user : r.readers(rn.out())) {
           const ir::OpClass cls = ir::op_info(g.node(user).op).op_class;
           if (cls != ir::OpClass::Attention && cls != ir::OpClass::Contraction && cls != ir::OpClass::Elementwise)
             return false;
@@ -269,7 +247,7 @@ class SinkCasts : public Pass {
   // Rule 4: reduce(view(cast(y, T))) -> reduce(view(y), dtype=T) for an
   // exact widening into a type computed in the same registers (bf16, f16,
   // fp8 into f32): the reduction widens each element as it loads it.
-  bool reduce_wider(ir::Graph& g, const Readers& r, NodeId id) {
+  bool reduce_wider(ir::Graph& g, const ir::UseList& r, NodeId id) {
     (void)r;
     const ir::Node& n = g.node(id);
     if (ir::op_info(n.op).op_class != ir::OpClass::Reduction || n.inputs.size() != 1 || n.attrs.has("dtype")) return false;
@@ -294,7 +272,7 @@ class SinkCasts : public Pass {
 
   // Rule 5: cast(norm(x, ...), T), the cast the norm's only reader ->
   // norm(x, ..., dtype=T): the norm rounds its f32 result to T on store.
-  bool norm_stores_cast(ir::Graph& g, const Readers& r, NodeId id) {
+  bool norm_stores_cast(ir::Graph& g, const ir::UseList& r, NodeId id) {
     const ir::Node& n = g.node(id);
     if (n.op != Op::Cast) return false;
     const ValueId x = n.in(0);
@@ -319,7 +297,7 @@ class SinkCasts : public Pass {
   // Rule 6: norm_grad(x, g, cast(y, f32)[, r]) -> norm_grad(x, g, y[, r]) for
   // an exact widening of bf16 or f16: the kernel widens dy as it loads it.
   // The cast is left to its other readers, if any.
-  bool norm_grad_reads_narrow(ir::Graph& g, const Readers& r, NodeId id) {
+  bool norm_grad_reads_narrow(ir::Graph& g, const ir::UseList& r, NodeId id) {
     (void)r;
     ir::Node& n = g.node(id);
     if ((n.op != Op::LayerNormGrad && n.op != Op::RMSNormGrad) || n.inputs.size() < 3) return false;
@@ -335,12 +313,12 @@ class SinkCasts : public Pass {
     return true;
   }
 
-  CastPlacement* placement_;
+  CastPlacement& count_;
   std::map<NodeId, std::vector<NodeId>> inserted_;  // per anchor: the nodes built to follow it
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> make_sink_casts_pass(CastPlacement* placement) { return std::make_unique<SinkCasts>(placement); }
+std::unique_ptr<Pass> make_sink_casts_pass(CastPlacement& placement) { return std::make_unique<SinkCasts>(placement); }
 
 }  // namespace napkin::passes

@@ -54,7 +54,7 @@
 
 namespace napkin::passes {
 
-// `placement`, when given, counts the rewrites by rule.
-std::unique_ptr<Pass> make_sink_casts_pass(CastPlacement* placement = nullptr);
+// `placement` counts the rewrites by rule.
+std::unique_ptr<Pass> make_sink_casts_pass(CastPlacement& placement);
 
 }  // namespace napkin::passes

@@ -532,7 +532,7 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
     out += fmt::format("  memory, {:<13}{:>22}  ({})\n", ir::dtype_name(dtype), with_commas(bytes),
                        human_bytes(static_cast<double>(bytes)));
   out += memory_section(g, memory);
-  if (const passes::Rematerialized* r = options.rematerialized; r && r->values > 0) {
+  if (const passes::Rematerialized* r = options.pipeline ? &options.pipeline->rematerialized : nullptr; r && r->values > 0) {
     const std::string stored =
         r->stored_by_epilogues > 0
             ? fmt::format(" ({} of them not recomputed after all: a gelu's input its GEMM epilogue stores in bf16, "
@@ -547,13 +547,14 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
                        stored, ir::human_flops(r->flops_added));
   }
   if (options.recompute && options.recompute->ran) out += recompute_section(*options.recompute);
-  if (options.attention) out += attention_section(g, *options.attention);
-  if (options.classifier) out += classifier_section(g, *options.classifier);
+  if (options.pipeline) out += attention_section(g, options.pipeline->attention_sites);
+  if (options.pipeline) out += classifier_section(g, options.pipeline->classifier_sites);
   out += render_amp_audit_text(g, c, memory, options.fp32_step, options.show_ops);
   if (c.has_backward()) {
     const FusionSummary fusion = summarize_fusion(g);
     std::optional<CastSummary> casts;
-    if (options.casts && options.policy_casts_step) casts = summarize_casts(fusion, *options.casts, *options.policy_casts_step);
+    if (options.pipeline && options.policy_casts_step)
+      casts = summarize_casts(fusion, options.pipeline->cast_placement, *options.policy_casts_step);
     out += fusion_section_text(g, fusion, casts ? &*casts : nullptr);
   }
   if (c.has_backward()) out += step_rule_section(g, c);
@@ -624,6 +625,7 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
                 {"live", live}};
   };
   PlanNumbers plan = plan_numbers(g, memory);
+  const passes::Rematerialized remat = options.pipeline ? options.pipeline->rematerialized : passes::Rematerialized{};
   j["memory"] = {{"params", param_bytes},
                  {"params_by_dtype", by_dtype},
                  {"grads", cat(analysis::MemoryCategory::Gradients)},
@@ -641,25 +643,24 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
                                {"arena_without_reuse", plan.arena_without_reuse},
                                {"peak_without_reuse", plan.peak_without_reuse}}},
                  {"peak_detail", peak_json(memory.peak)},
-                 {"rematerialized", options.rematerialized ? json{{"values", options.rematerialized->values},
-                                                                  {"bytes_before", options.rematerialized->bytes_before},
-                                                                  {"bytes_after", options.rematerialized->bytes_after},
-                                                                  {"flops_added", options.rematerialized->flops_added},
-                                                                  {"stored_by_epilogues",
-                                                                   options.rematerialized->stored_by_epilogues}}
-                                                            : json(nullptr)},
+                 {"rematerialized", options.pipeline ? json{{"values", remat.values},
+                                                             {"bytes_before", remat.bytes_before},
+                                                             {"bytes_after", remat.bytes_after},
+                                                             {"flops_added", remat.flops_added},
+                                                             {"stored_by_epilogues", remat.stored_by_epilogues}}
+                                                       : json(nullptr)},
                  {"peak_forward", memory.phase_peak(ir::Phase::Forward).bytes},
                  {"peak_backward", memory.phase_peak(ir::Phase::Backward).bytes},
                  {"peak_optimizer", memory.phase_peak(ir::Phase::Optimizer).bytes}};
-  if (options.attention) {
+  if (options.pipeline) {
     json sites = json::array();
-    for (const passes::AttentionSite& s : *options.attention)
+    for (const passes::AttentionSite& s : options.pipeline->attention_sites)
       sites.push_back({{"line", s.loc.line}, {"scope", s.scope}, {"fused", s.fused}, {"reason", s.reason}});
     j["attention"] = {{"fused_kernels", attention_kernels(g)}, {"sites", sites}};
   }
-  if (options.classifier) {
+  if (options.pipeline) {
     json sites = json::array();
-    for (const passes::ClassifierSite& s : *options.classifier)
+    for (const passes::ClassifierSite& s : options.pipeline->classifier_sites)
       sites.push_back({{"line", s.loc.line}, {"scope", s.scope}, {"fused", s.fused}, {"reason", s.reason}});
     double logits = 0;
     for (ir::NodeId id : g.schedule())
@@ -737,7 +738,8 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
   if (c.has_backward()) {
     const FusionSummary fusion = summarize_fusion(g);
     std::optional<CastSummary> casts;
-    if (options.casts && options.policy_casts_step) casts = summarize_casts(fusion, *options.casts, *options.policy_casts_step);
+    if (options.pipeline && options.policy_casts_step)
+      casts = summarize_casts(fusion, options.pipeline->cast_placement, *options.policy_casts_step);
     j["fusion"] = fusion_json(g, fusion, casts ? &*casts : nullptr);
   }
   if (c.has_backward()) {

@@ -8,10 +8,7 @@
 #include "analysis/distributed.h"
 #include "analysis/memory.h"
 #include "ir/graph.h"
-#include "passes/fuse_attention.h"
-#include "passes/fuse_classifier.h"
-#include "passes/recompute.h"
-#include "passes/rematerialize.h"
+#include "passes/pipeline.h"
 
 namespace napkin::report {
 
@@ -21,17 +18,14 @@ struct ReportOptions {
   const passes::RecomputeReport* recompute = nullptr;  // what --memory-budget recomputed, when given
   // The same model compiled with precision fp32, for the AMP audit's comparison (null: left out).
   const ir::Graph* fp32_step = nullptr;
-  // What the fused-attention pass did at each attention site (null: no section).
-  const std::vector<passes::AttentionSite>* attention = nullptr;
-  // What the fused-classifier pass did at each cross_entropy (null: no section).
-  const std::vector<passes::ClassifierSite>* classifier = nullptr;
-  // What the cast passes rewrote, and the same step with the casts where the
-  // precision policy put them (sink_casts and matmul_epilogues off), for the
-  // fusion section's comparison (null: left out).
-  const passes::CastPlacement* casts = nullptr;
+  // What the pipeline's passes did (passes/pipeline.h): the fused-attention
+  // and fused-classifier sections, what rematerialization recomputed, and what
+  // the cast passes rewrote (null: none of these).
+  const passes::PipelineResult* pipeline = nullptr;
+  // The same step with the casts where the precision policy put them
+  // (sink_casts and matmul_epilogues off), for the fusion section's
+  // comparison with the pipeline's cast placement (null: left out).
   const ir::Graph* policy_casts_step = nullptr;
-  // What rematerialization recomputed (null: no line).
-  const passes::Rematerialized* rematerialized = nullptr;
   // The distributed step over `ranks` ranks on `interconnect` (analysis/distributed.h), with a device;
   // null interconnect: no section.
   int ranks = 1;

@@ -115,10 +115,7 @@ void add_pipeline_flags(CLI::App* command, PipelineFlags& flags) {
 // A training step and what its passes said about it (the report prints them).
 struct LoadedStep {
   ir::Graph graph;
-  std::vector<passes::AttentionSite> attention_sites;  // what the fused-attention pass fused and why not
-  std::vector<passes::ClassifierSite> classifier_sites;  // what the fused-classifier pass fused and why not
-  passes::CastPlacement cast_placement;  // where sink_casts and matmul_epilogues put the casts
-  passes::Rematerialized rematerialized;
+  passes::PipelineResult passes;  // sites, cast placement, rematerialization, recomputation
   // With baselines: the same step built at precision fp32 from the same
   // forward graph when the model's policy is mixed (the AMP audit's
   // baseline), and the same step with the cast passes off when they
@@ -159,25 +156,19 @@ struct CommandContext {
       ir::Diagnostics repeated;
       passes::run_training_pipeline(*step.fp32_step, repeated, pipeline.apply({}));
     }
-    passes::PipelineOptions with_reports = pipeline.apply(options);
-    with_reports.attention_sites = &step.attention_sites;
-    with_reports.classifier_sites = &step.classifier_sites;
-    with_reports.cast_placement = &step.cast_placement;
-    with_reports.rematerialized = &step.rematerialized;
     std::optional<ir::Graph> forward = baselines ? g : std::nullopt;
-    passes::run_training_pipeline(*g, diag, with_reports, budget);
-    if (forward && !diag.has_errors() && step.cast_placement.total() > 0) {
+    std::optional<passes::PipelineResult> result = passes::run_training_pipeline(*g, diag, pipeline.apply(options), budget);
+    if (forward && result && result->cast_placement.total() > 0) {
       passes::PipelineOptions policy = pipeline.apply(options);
       policy.sink_casts = false;
       policy.matmul_epilogues = false;
-      passes::MemoryBudget quiet = budget;
-      quiet.report = nullptr;  // the recompute report is the real step's
       ir::Diagnostics repeated;
-      passes::run_training_pipeline(*forward, repeated, policy, quiet);
+      passes::run_training_pipeline(*forward, repeated, policy, budget);
       step.policy_casts_step = std::move(forward);
     }
     std::cerr << diag.render();
-    if (diag.has_errors()) return std::nullopt;
+    if (!result || diag.has_errors()) return std::nullopt;
+    step.passes = std::move(*result);
     step.graph = std::move(*g);
     return step;
   }
@@ -203,7 +194,7 @@ const analysis::Device* device_or_error(const std::string& name) {
 }
 
 // --memory-budget as bytes (0: none); a bad value is a user error.
-passes::MemoryBudget memory_budget(const std::string& text, passes::RecomputeReport* report) {
+passes::MemoryBudget memory_budget(const std::string& text) {
   if (text.empty()) return {};
   std::string error;
   std::optional<int64_t> bytes = passes::parse_memory_budget(text, error);
@@ -211,7 +202,7 @@ passes::MemoryBudget memory_budget(const std::string& text, passes::RecomputeRep
     std::cerr << fmt::format("error: --memory-budget: {}\n    hint: e.g. --memory-budget 64MiB or 1.5GB\n", error);
     throw CLI::RuntimeError(kUserError);
   }
-  return {*bytes, report};
+  return {*bytes};
 }
 
 // --ranks (at least 2) and --interconnect: both or neither, with a device;
@@ -268,8 +259,7 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
   // The page's roofline needs a device: this host's cpu row unless --device says.
   const analysis::Device* device = device_or_error(a.device.empty() && !html.file.empty() ? "cpu" : a.device);
   const analysis::Topology topology = topology_or_error(a.topology, device);
-  passes::RecomputeReport recompute;
-  std::optional<LoadedStep> step = ctx.load_step(path, dims, memory_budget(a.budget, &recompute), {}, true);
+  std::optional<LoadedStep> step = ctx.load_step(path, dims, memory_budget(a.budget), {}, true);
   if (!step) return kUserError;
   const ir::Graph* g = &step->graph;
   analysis::StepCost cost = analysis::analyze_step(*g, device);
@@ -278,13 +268,10 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
   // JSON keeps its `ops` unless --no-ops.
   report::ReportOptions options{path,
                                 a.json ? !a.no_ops : a.ops,
-                                &recompute,
+                                &step->passes.recompute,
                                 step->fp32_step ? &*step->fp32_step : nullptr,
-                                &step->attention_sites,
-                                &step->classifier_sites,
-                                &step->cast_placement,
+                                &step->passes,
                                 step->policy_casts_step ? &*step->policy_casts_step : nullptr,
-                                &step->rematerialized,
                                 topology.ranks,
                                 topology.link,
                                 topology.across,
@@ -316,7 +303,7 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
           return kUserError;
         }
       }
-      other = ctx.load_step(other_path, other_dims, memory_budget(a.budget, nullptr), {}, false, precision);
+      other = ctx.load_step(other_path, other_dims, memory_budget(a.budget), {}, false, precision);
       if (!other) return kUserError;
       other_cost = analysis::analyze_step(other->graph, device);
       other_memory = analysis::analyze_memory(other->graph);
@@ -324,11 +311,8 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
       other_options.model_path = other_path;
       other_options.recompute = nullptr;
       other_options.fp32_step = nullptr;
-      other_options.attention = &other->attention_sites;
-      other_options.classifier = &other->classifier_sites;
-      other_options.casts = &other->cast_placement;
+      other_options.pipeline = &other->passes;
       other_options.policy_casts_step = nullptr;
-      other_options.rematerialized = &other->rematerialized;
       inputs.push_back({&other->graph, &*other_cost, &*other_memory,
                         report::render_report_json(other->graph, *other_cost, *other_memory, other_options),
                         other_path + (other_dims.empty() ? "" : " --dims " + other_dims) +
@@ -630,7 +614,7 @@ struct BuildGraph {
 };
 std::optional<BuildGraph> graph_to_build(const CommandContext& ctx, const BuildArgs& a) {
   if (!a.sampler) {
-    auto g = ctx.load(a.model, a.dims, memory_budget(a.memory_budget, nullptr));
+    auto g = ctx.load(a.model, a.dims, memory_budget(a.memory_budget));
     if (!g) return std::nullopt;
     std::string hash = tools::model_hash(*g);
     return BuildGraph{std::move(*g), hash};
@@ -639,7 +623,7 @@ std::optional<BuildGraph> graph_to_build(const CommandContext& ctx, const BuildA
   if (!dims) return std::nullopt;
   ir::Diagnostics diag;
   std::optional<tools::InferenceProgram> p =
-      tools::inference_program(a.model, *dims, a.batch, diag, memory_budget(a.memory_budget, nullptr));
+      tools::inference_program(a.model, *dims, a.batch, diag, memory_budget(a.memory_budget));
   std::cerr << diag.render();
   if (!p) return std::nullopt;
   return BuildGraph{std::move(p->graph), p->model_hash};
@@ -781,7 +765,7 @@ int exec_program(const std::filesystem::path& program, const std::vector<std::st
 int cmd_train(const CommandContext& ctx, const std::string& model, const std::string& dims, const std::string& budget,
               const std::string& target, const std::vector<std::string>& trainer_args) {
   if (!target_usable(target)) return kUserError;
-  auto g = ctx.load(model, dims, memory_budget(budget, nullptr));
+  auto g = ctx.load(model, dims, memory_budget(budget));
   if (!g) return kUserError;
   std::optional<ir::Graph> sampler;  // --sample-every's program, for a language model
   if (target == "cpu")
@@ -806,7 +790,7 @@ int cmd_sample(const SampleArgs& a) {
   if (!dims) return kUserError;
   ir::Diagnostics diag;
   std::optional<tools::InferenceProgram> p =
-      tools::inference_program(a.model, *dims, a.batch, diag, memory_budget(a.memory_budget, nullptr));
+      tools::inference_program(a.model, *dims, a.batch, diag, memory_budget(a.memory_budget));
   std::cerr << diag.render();
   if (!p) return kUserError;
   // stdout is the text the model writes: the build's progress goes to stderr.

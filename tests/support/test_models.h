@@ -33,16 +33,25 @@ inline ir::Graph compile(const std::string& yaml, const std::string& name = "inl
   return std::move(*g);
 }
 
-// Lowers `yaml` and runs the training pipeline (autodiff, optimizer); CHECKs
-// that there were no errors.
-inline ir::Graph compile_training(const std::string& yaml, const std::string& name = "inline.yaml",
-                                   const passes::PipelineOptions& pipeline = {}) {
-  ir::Diagnostics diag;
-  std::optional<ir::Graph> g = frontend::load_model_text(yaml, name, diag);
-  if (g) passes::run_training_pipeline(*g, diag, pipeline);
+// Runs the training pipeline with `pipeline` on a loaded model; REQUIREs that
+// it loaded and compiled. `pipeline_result`, when given, gets what the passes did.
+inline void require_training_pipeline(std::optional<ir::Graph>& g, ir::Diagnostics& diag,
+                                      const passes::PipelineOptions& pipeline, passes::PipelineResult* pipeline_result) {
+  std::optional<passes::PipelineResult> result = g ? passes::run_training_pipeline(*g, diag, pipeline) : std::nullopt;
   INFO(diag.render());
   REQUIRE(g.has_value());
   REQUIRE_FALSE(diag.has_errors());
+  if (pipeline_result) *pipeline_result = std::move(*result);
+}
+
+// Lowers `yaml` and runs the training pipeline (autodiff, optimizer); CHECKs
+// that there were no errors. `pipeline_result`, when given, gets what the passes did.
+inline ir::Graph compile_training(const std::string& yaml, const std::string& name = "inline.yaml",
+                                   const passes::PipelineOptions& pipeline = {},
+                                   passes::PipelineResult* pipeline_result = nullptr) {
+  ir::Diagnostics diag;
+  std::optional<ir::Graph> g = frontend::load_model_text(yaml, name, diag);
+  require_training_pipeline(g, diag, pipeline, pipeline_result);
   return std::move(*g);
 }
 
@@ -92,17 +101,16 @@ inline const std::map<std::string, std::map<std::string, int64_t>>& small_dims()
 }
 
 // A model file through the training pipeline with `options` (dims) and
-// `pipeline`, with the file's precision policy or `precision` instead.
+// `pipeline`, with the file's precision policy or `precision` instead;
+// `pipeline_result`, when given, gets what the passes did.
 inline ir::Graph compile_model_file(const std::filesystem::path& model, const frontend::LoadOptions& options,
                                     std::optional<ir::PrecisionPolicy> precision = std::nullopt,
-                                    const passes::PipelineOptions& pipeline = {}) {
+                                    const passes::PipelineOptions& pipeline = {},
+                                    passes::PipelineResult* pipeline_result = nullptr) {
   ir::Diagnostics diag;
   std::optional<ir::Graph> g = frontend::load_model_file(model.string(), diag, options);
   if (g && precision) g->config.precision.policy = *precision, g->config.precision.fp32.clear();
-  if (g) passes::run_training_pipeline(*g, diag, pipeline);
-  INFO(diag.render());
-  REQUIRE(g.has_value());
-  REQUIRE_FALSE(diag.has_errors());
+  require_training_pipeline(g, diag, pipeline, pipeline_result);
   return std::move(*g);
 }
 
@@ -110,13 +118,14 @@ inline ir::Graph compile_model_file(const std::filesystem::path& model, const fr
 // file's precision policy or `precision` instead.
 inline ir::Graph compile_small_model(const std::filesystem::path& model,
                                      std::optional<ir::PrecisionPolicy> precision = std::nullopt,
-                                     const passes::PipelineOptions& pipeline = {}) {
+                                     const passes::PipelineOptions& pipeline = {},
+                                     passes::PipelineResult* pipeline_result = nullptr) {
   const std::string stem = model.stem().string();
   auto dims = small_dims().find(stem);
   REQUIRE_MESSAGE(dims != small_dims().end(), "add small dims for models/" << stem << ".yaml to small_dims() in tests/support/test_models.h");
   frontend::LoadOptions options;
   options.dim_overrides = dims->second;
-  return compile_model_file(model, options, precision, pipeline);
+  return compile_model_file(model, options, precision, pipeline, pipeline_result);
 }
 
 // autodiff then dce, as the training pipeline runs them (the manager verifies

@@ -109,11 +109,10 @@ TEST_CASE("fuse_gemm_epilogues: GPT-2's qkv, both residual projections, the fc's
   // Without the option no contraction is in a group.
   CHECK(epilogues_of(compile("gpt2-124m", ir::PrecisionPolicy::BF16Mixed, false)).groups == 0);
   // What rematerialize reported is corrected: the gelu inputs are stored, not recomputed, so no FLOPs are added.
-  passes::Rematerialized did;
-  passes::PipelineOptions options;
-  options.rematerialized = &did;
+  passes::PipelineResult result;
   const ir::Graph with = testing::compile_small_model(testing::source_path("models/gpt2-124m.yaml"),
-                                                      ir::PrecisionPolicy::BF16Mixed, options);
+                                                      ir::PrecisionPolicy::BF16Mixed, {}, &result);
+  const passes::Rematerialized& did = result.rematerialized;
   CHECK(did.values == layers);
   CHECK(did.stored_by_epilogues == layers);
   CHECK(did.flops_added == 0);

@@ -49,9 +49,9 @@ Compiled compile_with_budget(const std::string& stem, int64_t budget) {
   std::optional<ir::Graph> g = frontend::load_model_file(napkin::testing::source_path("models/" + stem + ".yaml"), diag, options);
   REQUIRE(g.has_value());
   Compiled c;
-  bool ok = passes::run_training_pipeline(*g, diag, {}, {budget, &c.report});
+  std::optional<passes::PipelineResult> result = passes::run_training_pipeline(*g, diag, {}, {budget});
   c.errors = diag.render();
-  if (ok) c.g = std::move(g);
+  if (result) c.g = std::move(g), c.report = result->recompute;
   return c;
 }
 

@@ -19,12 +19,11 @@ namespace napkin {
 namespace {
 
 ir::Graph compile(const std::string& model, bool rematerialize, ir::PrecisionPolicy precision,
-                  passes::Rematerialized* report = nullptr, bool epilogues = true) {
+                  passes::PipelineResult* result = nullptr, bool epilogues = true) {
   passes::PipelineOptions options;
   options.rematerialize = rematerialize;
   options.matmul_epilogues = epilogues;
-  options.rematerialized = report;
-  return testing::compile_small_model(testing::source_path("models/" + model + ".yaml"), precision, options);
+  return testing::compile_small_model(testing::source_path("models/" + model + ".yaml"), precision, options, result);
 }
 
 int64_t saved_bytes(const ir::Graph& g) {
@@ -33,9 +32,10 @@ int64_t saved_bytes(const ir::Graph& g) {
 
 TEST_CASE("rematerialize: a bf16-mixed GPT-2 keeps the bf16 GEMM result, not the f32 pre-activation, for gelu's gradient") {
   // GEMM epilogues off: they store the gelu's input in bf16 instead (tests/unit/fuse_gemm_epilogues_test.cpp).
-  passes::Rematerialized did;
+  passes::PipelineResult result;
+  const passes::Rematerialized& did = result.rematerialized;
   const ir::Graph before = compile("gpt2-124m", false, ir::PrecisionPolicy::BF16Mixed, nullptr, false);
-  const ir::Graph after = compile("gpt2-124m", true, ir::PrecisionPolicy::BF16Mixed, &did, false);
+  const ir::Graph after = compile("gpt2-124m", true, ir::PrecisionPolicy::BF16Mixed, &result, false);
   // gpt2-124m's small dims: batch 2, seq 8, hidden 4·d = 128, 2 layers.
   const int64_t elements = 2 * 8 * 128;
   CHECK(did.values == 2);
@@ -64,11 +64,10 @@ TEST_CASE("rematerialize: one compiled training step gives the same bits with an
     for (const char* model : {"gpt", "lm-gqa", "gpt2-124m"}) {
       CAPTURE(model);
       CAPTURE(ir::precision_name(precision));
-      passes::Rematerialized did;
       // GEMM epilogues off on both sides: where the pass leaves a recomputed gelu input, they store it in bf16
       // instead (a numerics change of their own, tests/unit/fuse_gemm_epilogues_test.cpp).
       testing::CompiledStep a(compile(model, false, precision, nullptr, false)),
-          b(compile(model, true, precision, &did, false));
+          b(compile(model, true, precision, nullptr, false));
       CHECK(testing::run_step(a) == testing::run_step(b));
       const int compared = testing::check_same_state_bits(a, b);
       CHECK(compared > 10);
@@ -97,9 +96,9 @@ TEST_CASE("rematerialize: a value a GEMM reads in the backward, or one made from
   // (twice its bytes). Both stay saved. y = h @ v + cast(e, f32), which
   // y * y's gradient reads, is recomputed from the GEMM result and e (saved
   // anyway): as many bytes kept, and the forward's loss kernel stores no y.
-  passes::Rematerialized did;
-  passes::PipelineOptions options, off;
-  options.rematerialized = &did;
+  passes::PipelineResult result;
+  const passes::Rematerialized& did = result.rematerialized;
+  passes::PipelineOptions off;
   off.rematerialize = false;
   const std::string wide = R"yaml(
 model: t
@@ -112,7 +111,7 @@ forward:
 loss: mean(y * y)
 optimizer: sgd(lr=0.1)
 )yaml";
-  const ir::Graph g = testing::compile_training(wide, "inline.yaml", options);
+  const ir::Graph g = testing::compile_training(wide, "inline.yaml", {}, &result);
   CHECK(did.values == 1);
   CHECK(did.bytes_before == 16 * 32 * 4);  // y
   CHECK(did.bytes_after == 16 * 32 * 4);   // h @ v
@@ -128,7 +127,7 @@ forward:
 loss: mean(y)
 optimizer: sgd(lr=0.1)
 )yaml";
-  const ir::Graph h = testing::compile_training(narrow, "inline.yaml", options);
+  const ir::Graph h = testing::compile_training(narrow, "inline.yaml", {}, &result);
   CHECK(did.values == 1);
   CHECK(did.bytes_before == 16 * 32 * 2);
   CHECK(did.bytes_after == 16 * 32 * 2);  // the bf16 GEMM result, kept for the backward now
