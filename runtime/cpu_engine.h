@@ -10,7 +10,7 @@ namespace napkin::runtime {
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(const Program& program, const KernelFn* kernels, int threads) : ex_(program, kernels, threads) {}
+  CpuEngine(const Program& program, const KernelCode* kernels, int threads) : ex_(program, kernels, threads) {}
 
   const Program& program() const override { return ex_.program(); }
   std::string describe() const override;

@@ -19,28 +19,30 @@ const Program* g_active = nullptr;
 struct LoopCall {
   KernelFn fn;
   char* arena;
+  const int64_t* offsets;
   int64_t base = 0;  // added to the range: a batch member's first work item
 };
 
 // A GEMM epilogue's generated function (codegen/cpu/kernels.cpp): rows
 // [begin, end) of D from their f32 sums, row `begin` first, n floats a row.
-using EpilogueFn = void (*)(char* arena, int64_t begin, int64_t end, const float* sums);
+using EpilogueFn = void (*)(char* arena, int64_t begin, int64_t end, const float* sums, const int64_t* offsets);
 struct EpilogueCall {
   EpilogueFn fn;
   char* arena;
+  const int64_t* offsets;
 };
 
 void run_chunk(void* ctx, int64_t begin, int64_t end) {
   auto* call = static_cast<LoopCall*>(ctx);
-  call->fn(call->arena, call->base + begin, call->base + end);
+  call->fn(call->arena, call->base + begin, call->base + end, call->offsets);
 }
 
 }  // namespace
 
 const Program* active_program() { return g_active; }
 
-Executor::Executor(const Program& program, const KernelFn* fns, int threads)
-    : program_(program), fns_(fns), pool_(threads) {
+Executor::Executor(const Program& program, const KernelCode* code, int threads)
+    : program_(program), code_(code), pool_(threads) {
   // An anonymous mapping: zero as the plan wants it, page-aligned, and
   // backed only where written, so memory a rank never touches (another
   // rank's optimizer state under ZeRO-1) costs nothing.
@@ -112,10 +114,10 @@ void Executor::run_kernel(int i) {
               Gemm& gemm = *std::get<std::unique_ptr<Gemm>>(runner);
               if (s.epilogue) {
                 // The kernel's generated function is its epilogue: rows [r0, r1) of D from their sums.
-                EpilogueCall call{reinterpret_cast<EpilogueFn>(fns_[i]), m};
+                EpilogueCall call{reinterpret_cast<EpilogueFn>(code_[i].fn), m, code_[i].offsets};
                 RowsEpilogue epilogue{[](void* ctx, int64_t r0, int64_t r1, const float* sums) {
                                         auto* c = static_cast<EpilogueCall*>(ctx);
-                                        c->fn(c->arena, r0, r1, sums);
+                                        c->fn(c->arena, r0, r1, sums, c->offsets);
                                       },
                                       &call};
                 gemm.run_with_epilogue(m + s.a, m + s.b, epilogue, pool_);
@@ -154,7 +156,7 @@ void Executor::run_kernel(int i) {
 }
 
 void Executor::run_loop(int i, const LoopSpec& s) {
-  LoopCall call{fns_[i], arena_};
+  LoopCall call{code_[i].fn, arena_, code_[i].offsets};
   if (!run_member.empty() && !run_member[static_cast<size_t>(i)].empty()) {
     // Some members of a batch only (ZeRO-1): each one's work items.
     const std::vector<bool>& run = run_member[static_cast<size_t>(i)];
@@ -162,16 +164,16 @@ void Executor::run_loop(int i, const LoopSpec& s) {
       const int64_t work = s.members[m].work;
       if (run[m]) {
         if (s.parallel) pool_.parallel_for(work, run_chunk, &call);
-        else call.fn(arena_, call.base, call.base + work);
+        else call.fn(arena_, call.base, call.base + work, call.offsets);
       }
       call.base += work;
     }
   } else if (s.parallel) {
     pool_.parallel_for(s.extent, run_chunk, &call);
   } else {
-    call.fn(arena_, 0, s.extent);
+    call.fn(arena_, 0, s.extent, call.offsets);
   }
-  if (s.combine) call.fn(arena_, s.extent, s.extent + 1);
+  if (s.combine) call.fn(arena_, s.extent, s.extent + 1, call.offsets);
 }
 
 void Executor::run_kernels(int first, int last) {

@@ -26,13 +26,20 @@
 
 namespace napkin::runtime {
 
-using KernelFn = void (*)(char* arena, int64_t begin, int64_t end);
+// A loop kernel's generated code: dim-0 indices [begin, end) of its loop,
+// its operands at the byte offsets `offsets` of the arena. Kernels that
+// differ only in their operands (a transformer's layers) share the code.
+using KernelFn = void (*)(char* arena, int64_t begin, int64_t end, const int64_t* offsets);
+// An entry of the generated object's kernel table (codegen/cpu/cpu_backend.h).
+struct KernelCode {
+  KernelFn fn;  // a loop's code, a GEMM's epilogue; null for the other kinds
+  const int64_t* offsets;
+};
 
 class Executor {
  public:
-  // fns: the program's kernel table (a loop's function, a GEMM's epilogue,
-  // null for the other kinds).
-  Executor(const Program& program, const KernelFn* fns, int threads);
+  // code: the program's kernel table, one entry per kernel.
+  Executor(const Program& program, const KernelCode* code, int threads);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -76,7 +83,7 @@ class Executor {
 
  private:
   const Program& program_;
-  const KernelFn* fns_;
+  const KernelCode* code_;
   ThreadPool pool_;
   char* arena_ = nullptr;
   size_t arena_mapped_ = 0;

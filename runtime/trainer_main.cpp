@@ -9,17 +9,17 @@
 #include "runtime/trainer.h"
 
 extern "C" {
-extern const napkin::runtime::KernelFn napkin_kernel_fns[];
+extern const napkin::runtime::KernelCode napkin_kernel_fns[];
 extern const char napkin_program_json[];
 extern const int64_t napkin_program_json_size;
-extern const napkin::runtime::KernelFn napkin_sampler_kernel_fns[] __attribute__((weak));
+extern const napkin::runtime::KernelCode napkin_sampler_kernel_fns[] __attribute__((weak));
 extern const char napkin_sampler_program_json[] __attribute__((weak));
 extern const int64_t napkin_sampler_program_json_size __attribute__((weak));
 }
 
 namespace {
 
-napkin::runtime::EngineFactory cpu_engine(const napkin::runtime::KernelFn* fns) {
+napkin::runtime::EngineFactory cpu_engine(const napkin::runtime::KernelCode* fns) {
   return [fns](const napkin::runtime::Program& program, int threads) {
     return std::make_unique<napkin::runtime::CpuEngine>(program, fns, threads);
   };

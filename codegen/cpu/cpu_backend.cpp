@@ -37,21 +37,24 @@ llvm::Function* move_body(llvm::Module& from, llvm::Module& into) {
   return body;
 }
 
-// The kernels of `plan` into m's module, their table exported as `table`.
-// Each loop kernel is a function of the runtime's type that calls its body
-// with a constant array of its operands' byte offsets (LoopEmitter). A body
-// is emitted into a module of its own, named after nothing of the kernel's:
-// that module's text is the body's key, and a kernel whose key an earlier
-// kernel's body has calls that body. The body is never inlined, so it is
-// optimized and compiled once however many kernels call it; with one caller,
-// LLVM propagates the constant offsets into it. Kernels sharing a body share
-// its partials buffer: the runtime runs one kernel at a time.
+// The kernels of `plan` into m's module, their table exported as `table`:
+// per kernel its code and a constant array of its operands' byte offsets
+// (LoopEmitter), which the runtime passes to the code (runtime/executor.h
+// KernelCode). The code is emitted into a module of its own, named after
+// nothing of the kernel's: that module's text is the code's key, and a
+// kernel whose key an earlier kernel's code has shares that code, so it is
+// optimized and compiled once however many kernels run it (a transformer's
+// layers). Kernels sharing code share its partials buffer: the runtime runs
+// one kernel at a time.
 std::vector<LoopInfo> add_kernels(CpuModule& m, const KernelPlan& plan, const std::string& table_name) {
   llvm::LLVMContext& ctx = *m.context;
   llvm::IRBuilder<> b(ctx);
   llvm::Type* ptr = b.getPtrTy();
   llvm::Type* i64 = b.getInt64Ty();
   std::vector<LoopInfo> loops;
+  llvm::StructType* entry = llvm::StructType::get(ctx, {ptr, ptr});
+  llvm::Constant* none = llvm::ConstantStruct::get(entry, {llvm::ConstantPointerNull::get(llvm::PointerType::get(ctx, 0)),
+                                                           llvm::ConstantPointerNull::get(llvm::PointerType::get(ctx, 0))});
   std::vector<llvm::Constant*> table;
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
@@ -60,19 +63,17 @@ std::vector<LoopInfo> add_kernels(CpuModule& m, const KernelPlan& plan, const st
                               (k.kind == KernelKind::Gemm && !k.epilogue);
     if (runtime_call) {
       loops.push_back({1, false});
-      table.push_back(llvm::ConstantPointerNull::get(llvm::PointerType::get(ctx, 0)));
+      table.push_back(none);
       continue;
     }
     // A GEMM's epilogue also takes the panel of sums it finishes (runtime/executor.cpp EpilogueFn).
     std::vector<llvm::Type*> params{ptr, i64, i64};
     if (k.epilogue) params.push_back(ptr);
-    auto* kernel_type = llvm::FunctionType::get(b.getVoidTy(), params, false);
-    params.push_back(ptr);  // the body's operand offsets
+    params.push_back(ptr);  // the operands' byte offsets
     llvm::Module own("kernel", ctx);
     llvm::Function* body =
         llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), params, false), llvm::Function::InternalLinkage, "body", own);
     body->addFnAttr(llvm::Attribute::NoUnwind);
-    body->addFnAttr(llvm::Attribute::NoInline);
     body->addParamAttr(0, llvm::Attribute::NoCapture);
     for (unsigned p = 3; p < params.size(); ++p) {  // the epilogue's panel, the offsets
       body->addParamAttr(p, llvm::Attribute::NoCapture);
@@ -86,27 +87,16 @@ std::vector<LoopInfo> add_kernels(CpuModule& m, const KernelPlan& plan, const st
     llvm::raw_string_ostream(key) << own;
     auto [shared, fresh] = m.bodies.try_emplace(std::move(key), nullptr);
     if (fresh) {
-      body->setName(k.name + "_body");
+      body->setName(k.name);
       for (llvm::GlobalVariable& g : own.globals()) g.setName(k.name + "_" + g.getName());
       shared->second = move_body(own, *m.module);
     }
-    llvm::Function* fn = llvm::Function::Create(kernel_type, llvm::Function::InternalLinkage, k.name, *m.module);
-    fn->addFnAttr(llvm::Attribute::NoUnwind);
-    // A call has nothing to optimize: optnone spares O3 and instruction
-    // selection most of their work on the thousand of them a deep model has.
-    fn->addFnAttr(llvm::Attribute::NoInline);
-    fn->addFnAttr(llvm::Attribute::OptimizeNone);
     llvm::Constant* offsets = llvm::ConstantDataArray::get(ctx, llvm::ArrayRef<int64_t>(e.slot_offsets()));
-    std::vector<llvm::Value*> args;
-    for (llvm::Argument& a : fn->args()) args.push_back(&a);
-    args.push_back(new llvm::GlobalVariable(*m.module, offsets->getType(), true, llvm::GlobalValue::InternalLinkage, offsets,
-                                            k.name + "_offsets"));
-    b.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", fn));
-    b.CreateCall(shared->second, args)->setTailCall();
-    b.CreateRetVoid();
-    table.push_back(fn);
+    table.push_back(llvm::ConstantStruct::get(
+        entry, {shared->second, new llvm::GlobalVariable(*m.module, offsets->getType(), true, llvm::GlobalValue::InternalLinkage,
+                                                         offsets, k.name + "_offsets")}));
   }
-  auto* table_type = llvm::ArrayType::get(ptr, table.size());
+  auto* table_type = llvm::ArrayType::get(entry, table.size());
   new llvm::GlobalVariable(*m.module, table_type, true, llvm::GlobalValue::ExternalLinkage,
                            llvm::ConstantArray::get(table_type, table), table_name);
   return loops;

@@ -4,11 +4,12 @@
 //
 // The module holds each distinct loop kernel's code once (codegen/cpu/kernels.h;
 // kernels that differ only in their operands' byte offsets, as a
-// transformer's layers do, share it: cpu_backend.cpp), a function per loop
-// kernel that calls it with that kernel's offsets, and three exported tables
-// the runtime reads (runtime/program.h):
-//   napkin_kernel_fns        [kernels] ptr: each loop kernel's function, null
-//                            for Gemm kernels (the runtime runs those)
+// transformer's layers do, share it: cpu_backend.cpp), and three exported
+// tables the runtime reads (runtime/program.h):
+//   napkin_kernel_fns        [kernels] {ptr, ptr}: each loop kernel's code and
+//                            its operands' byte offsets, which the runtime
+//                            passes to it (runtime/executor.h KernelCode);
+//                            nulls for the kinds the runtime runs itself
 //   napkin_program_json      the program description (codegen/program_json.h)
 //   napkin_program_json_size its length in bytes (i64)
 // A language model's trainer also carries its sampler program (the trainer's

@@ -62,7 +62,9 @@ class LoopEmitter {
   // Constant offsets let LLVM prove that operands do not overlap; slots do
   // not. After the body is emitted, this tells it so: the accesses through a
   // slot whose bytes meet no other slot's get scoped noalias metadata against
-  // every other slot's (what inlining a noalias argument gives).
+  // every other slot's (what inlining a noalias argument gives), in a
+  // kernel of at most kMaxMarkedSlots slots.
+  static constexpr size_t kMaxMarkedSlots = 64;
   void mark_disjoint_slots();
   llvm::Value* load(const Operand& o, llvm::Value* index, llvm::Value* base = nullptr);           // in o's compute type
   void store(const Operand& o, llvm::Value* index, llvm::Value* v, llvm::Value* base = nullptr);  // v in o's compute type

@@ -24,7 +24,7 @@ CompiledStep::CompiledStep(ir::Graph graph, int threads) : g(std::move(graph)) {
   codegen::cpu::add_program_json(m, json);
   jit = std::make_unique<codegen::cpu::JitModule>(
       std::move(m), std::map<std::string, void*>{{"napkin_rt_bad_index", reinterpret_cast<void*>(&napkin_rt_bad_index)}});
-  auto* fns = static_cast<const runtime::KernelFn*>(jit->lookup("napkin_kernel_fns"));
+  auto* fns = static_cast<const runtime::KernelCode*>(jit->lookup("napkin_kernel_fns"));
   program = runtime::parse_program(json.data(), json.size());
   ex = std::make_unique<runtime::Executor>(program, fns, threads);
 

@@ -96,7 +96,7 @@ struct Decoder {
   // A CPU engine of the same program with the same parameters: what
   // `napkin sample` runs (runtime::generate).
   std::unique_ptr<runtime::Engine> engine() {
-    auto* fns = static_cast<const runtime::KernelFn*>(step->jit->lookup("napkin_kernel_fns"));
+    auto* fns = static_cast<const runtime::KernelCode*>(step->jit->lookup("napkin_kernel_fns"));
     auto e = std::make_unique<runtime::CpuEngine>(step->program, fns, 2);
     for (const runtime::TensorSpec* t : step->program.with_role(runtime::TensorRole::Param))
       std::copy_n(step->ex->arena() + t->offset, t->bytes, e->host(*t));
