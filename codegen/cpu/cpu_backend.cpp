@@ -37,6 +37,30 @@ llvm::Function* move_body(llvm::Module& from, llvm::Module& into) {
   return body;
 }
 
+// Whether the CPU runtime runs kernel `k` itself (runtime/executor.cpp's
+// runners: the GEMM library, attention, the classifier) rather than code
+// generated here; a GEMM's epilogue is generated code the runtime calls.
+bool runs_in_runtime(const Kernel& k) {
+  switch (k.kind) {
+    case KernelKind::Attention:
+    case KernelKind::Classifier:
+    case KernelKind::CachedAttention: return true;
+    case KernelKind::Gemm: return !k.epilogue;
+    case KernelKind::Fill:
+    case KernelKind::Elementwise:
+    case KernelKind::FusedElementwise:
+    case KernelKind::Reduction:
+    case KernelKind::ContractionLoops:
+    case KernelKind::Concat:
+    case KernelKind::Gather:
+    case KernelKind::ScatterAdd:
+    case KernelKind::Rows:
+    case KernelKind::Mse: return false;
+  }
+  NAPKIN_INTERNAL_CHECK(false, "kernel {} has an unknown kind", k.name);
+  return false;
+}
+
 // The kernels of `plan` into m's module, their table exported as `table`:
 // per kernel its code and a constant array of its operands' byte offsets
 // (LoopEmitter), which the runtime passes to the code (runtime/executor.h
@@ -58,11 +82,8 @@ std::vector<LoopInfo> add_kernels(CpuModule& m, const KernelPlan& plan, const st
   std::vector<llvm::Constant*> table;
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
-    const bool runtime_call = k.kind == KernelKind::Attention || k.kind == KernelKind::Classifier ||
-                              k.kind == KernelKind::CachedAttention ||
-                              (k.kind == KernelKind::Gemm && !k.epilogue);
-    if (runtime_call) {
-      loops.push_back({1, false});
+    if (runs_in_runtime(k)) {
+      loops.emplace_back();  // one call, on one thread
       table.push_back(none);
       continue;
     }
