@@ -246,41 +246,44 @@ int param_of_target(const ir::Graph& g, ir::ValueId target) {
 // rank's parameters starves nothing that rank runs); shared state's update
 // (-1) makes a node shared.
 void mark_served(const ir::Graph& g, const std::vector<analysis::StepKernel>& steps, KernelPlan& plan) {
-  const size_t n_params = g.params.size();
-  std::map<ir::NodeId, std::vector<bool>> serves;  // per node: a flag per param, then one for "shared"
-  auto of = [&](ir::NodeId id) -> std::vector<bool>& {
-    auto [it, fresh] = serves.try_emplace(id, n_params + 1, false);
-    return it->second;
+  // A flag per param, then one for "shared", packed 64 to a word: a model
+  // has a node and a param per layer, so flags one at a time grew with depth squared.
+  const size_t n_params = g.params.size(), words = n_params / 64 + 1;
+  using Flags = std::vector<uint64_t>;
+  auto set = [](Flags& f, size_t i) { f[i / 64] |= uint64_t{1} << (i % 64); };
+  auto has = [](const Flags& f, size_t i) { return (f[i / 64] >> (i % 64)) & 1; };
+  auto add = [&](Flags& to, const Flags& from) {
+    for (size_t w = 0; w < words; ++w) to[w] |= from[w];
   };
+  std::map<ir::NodeId, Flags> serves;
+  auto of = [&](ir::NodeId id) -> Flags& { return serves.try_emplace(id, words, 0).first->second; };
   for (const ir::Graph::Update& u : g.updates) {
     const ir::NodeId producer = g.value(u.value).producer;
     if (producer == ir::kNoNode || g.node(producer).phase != ir::Phase::Optimizer) continue;
     const int p = param_of_target(g, u.target);
-    of(producer)[p < 0 ? n_params : static_cast<size_t>(p)] = true;
+    set(of(producer), p < 0 ? n_params : static_cast<size_t>(p));
   }
   const std::vector<ir::NodeId>& schedule = g.schedule();
   for (auto it = schedule.rbegin(); it != schedule.rend(); ++it) {
     const ir::Node& reader = g.node(*it);
     if (reader.phase != ir::Phase::Optimizer) continue;
-    const std::vector<bool> mine = of(*it);
+    const Flags mine = of(*it);
     for (ir::ValueId in : reader.inputs) {
       const ir::NodeId producer = g.value(in).producer;
       if (producer == ir::kNoNode || g.node(producer).phase != ir::Phase::Optimizer) continue;
-      std::vector<bool>& theirs = of(producer);
-      for (size_t i = 0; i <= n_params; ++i) theirs[i] = theirs[i] || mine[i];
+      add(of(producer), mine);
     }
   }
   // What a set of nodes serves together; nullopt when shared (or serving
   // nothing, a dead value: run it everywhere).
   auto served_by = [&](const std::vector<ir::NodeId>& nodes) -> std::optional<std::vector<int>> {
-    std::vector<bool> all(n_params + 1, false);
+    Flags all(words, 0);
     for (ir::NodeId id : nodes)
-      if (auto it = serves.find(id); it != serves.end())
-        for (size_t i = 0; i <= n_params; ++i) all[i] = all[i] || it->second[i];
-    if (all[n_params]) return std::nullopt;
+      if (auto it = serves.find(id); it != serves.end()) add(all, it->second);
+    if (has(all, n_params)) return std::nullopt;
     std::vector<int> params;
     for (size_t i = 0; i < n_params; ++i)
-      if (all[i]) params.push_back(static_cast<int>(i));
+      if (has(all, i)) params.push_back(static_cast<int>(i));
     if (params.empty()) return std::nullopt;
     return params;
   };

@@ -450,7 +450,9 @@ constexpr int64_t kBatchChunk = int64_t{1} << 15;
 // A batch's kernel (codegen/plan.h Kernel::batch): every member is a flat
 // loop over its numel elements with the same fused ops, on its own operands.
 // The work items are chunks of at most kBatchChunk elements of one member,
-// from tables in the module (each chunk's member and element range); one
+// numbered member by member; a work item finds its member in a table of each
+// member's first chunk (per member, not per chunk: GPT-2 XL's optimizer has
+// 47,624 chunks, whose tables were most of the module's constants); one
 // loop serves every member, its operands' byte offsets from a table (one row
 // per member, one column per operand: inputs, then outputs), so the code does
 // not grow with the members. An output at its input's offset in every member
@@ -468,7 +470,8 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
   auto operand = [&](size_t m, size_t j) -> const Operand& {
     return j < n_in ? k.batch[m].inputs[j] : k.batch[m].outputs[j - n_in];
   };
-  std::vector<int64_t> chunk_member, chunk_lo, chunk_hi, first_chunk, numel, offsets;
+  std::vector<int64_t> first_chunk, numel, ends, offsets;
+  int64_t chunks = 0;
   for (size_t m = 0; m < k.batch.size(); ++m) {
     const BatchMember& member = k.batch[m];
     NAPKIN_INTERNAL_CHECK(member.inputs.size() == n_in && member.outputs.size() == n_out, "batch {}: member {} has other operands",
@@ -478,13 +481,10 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
                             "batch {}: member {}'s operand {} differs from member 0's", k.name, m, j);
       offsets.push_back(operand(m, j).byte_offset);
     }
-    first_chunk.push_back(static_cast<int64_t>(chunk_member.size()));
+    first_chunk.push_back(chunks);
     numel.push_back(std::max<int64_t>(member.numel, 1));
-    for (int64_t lo = 0; lo < std::max<int64_t>(member.numel, 1); lo += kBatchChunk) {
-      chunk_member.push_back(static_cast<int64_t>(m));
-      chunk_lo.push_back(lo);
-      chunk_hi.push_back(std::min(member.numel, lo + kBatchChunk));
-    }
+    ends.push_back(member.numel);
+    chunks += (numel.back() + kBatchChunk - 1) / kBatchChunk;
   }
   auto same_offsets = [&](size_t i, size_t j) {
     for (size_t m = 0; m < k.batch.size(); ++m)
@@ -497,8 +497,7 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
     for (size_t i = 0; i < j && column[j] == j; ++i)
       if (same_offsets(i, j)) column[j] = i;
   }
-  first_chunk.push_back(static_cast<int64_t>(chunk_member.size()));
-  const int64_t chunks = static_cast<int64_t>(chunk_member.size());
+  first_chunk.push_back(chunks);
   auto table = [&](const std::vector<int64_t>& values, const std::string& name) {
     auto* type = llvm::ArrayType::get(b.getInt64Ty(), values.size());
     std::vector<llvm::Constant*> items;
@@ -509,9 +508,7 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
       return b.CreateLoad(b.getInt64Ty(), b.CreateInBoundsGEP(type, global, {b.getInt64(0), i}));
     };
   };
-  auto member_of = table(chunk_member, "member");
-  auto lo_of = table(chunk_lo, "lo");
-  auto hi_of = table(chunk_hi, "hi");
+  auto end_of = table(ends, "ends");
   auto first_chunk_of = table(first_chunk, "first_chunk");
   auto numel_of = table(numel, "numel");
   auto offset_of = table(offsets, "offsets");
@@ -540,10 +537,26 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
   work_then_combine(
       e, chunks,
       [&] {
+        llvm::Value* member = e.make_slot(b.getInt64Ty(), e.i64(0));
         e.loop(e.begin, e.end, [&](llvm::Value* chunk) {
-          llvm::Value* lo = lo_of(chunk);
-          llvm::Value* hi = hi_of(chunk);
-          llvm::Value* m = member_of(chunk);
+          // The chunk's member: past every member whose chunks end at or before it
+          // (first_chunk's last entry, all chunks, ends the walk).
+          llvm::Value* from = b.CreateLoad(b.getInt64Ty(), member);
+          llvm::BasicBlock* pre = b.GetInsertBlock();
+          llvm::BasicBlock* walk = llvm::BasicBlock::Create(e.ctx, "member", e.fn);
+          llvm::BasicBlock* found = llvm::BasicBlock::Create(e.ctx, "member.found", e.fn);
+          b.CreateBr(walk);
+          b.SetInsertPoint(walk);
+          llvm::PHINode* m = b.CreatePHI(b.getInt64Ty(), 2, "m");
+          m->addIncoming(from, pre);
+          llvm::Value* next = b.CreateAdd(m, e.i64(1));
+          m->addIncoming(next, walk);
+          b.CreateCondBr(b.CreateICmpSLE(first_chunk_of(next), chunk), walk, found);
+          b.SetInsertPoint(found);
+          b.CreateStore(m, member);
+          llvm::Value* lo = b.CreateMul(b.CreateSub(chunk, first_chunk_of(m)), e.i64(kBatchChunk));
+          llvm::Value* hi = b.CreateSelect(b.CreateICmpSLT(end_of(m), b.CreateAdd(lo, e.i64(kBatchChunk))), end_of(m),
+                                           b.CreateAdd(lo, e.i64(kBatchChunk)));
           std::vector<llvm::Value*> bases(width);
           for (size_t j = 0; j < width; ++j) bases[j] = column[j] == j ? base(m, j) : bases[column[j]];
           llvm::Value* acc = reduces ? e.make_slot(ct, c.identity) : nullptr;
