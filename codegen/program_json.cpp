@@ -13,16 +13,16 @@ namespace napkin::codegen {
 
 namespace {
 
-const char* init_kind(ir::InitSpec::Kind k) {
+runtime::InitKind init_kind(ir::InitSpec::Kind k) {
   switch (k) {
-    case ir::InitSpec::Kind::Zeros: return "zeros";
-    case ir::InitSpec::Kind::Ones: return "ones";
-    case ir::InitSpec::Kind::Constant: return "constant";
-    case ir::InitSpec::Kind::Normal: return "normal";
-    case ir::InitSpec::Kind::TruncNormal: return "trunc_normal";
-    case ir::InitSpec::Kind::Xavier: return "trunc_normal";  // a truncated normal with derived std and cuts
+    case ir::InitSpec::Kind::Zeros: return runtime::InitKind::Zeros;
+    case ir::InitSpec::Kind::Ones: return runtime::InitKind::Ones;
+    case ir::InitSpec::Kind::Constant: return runtime::InitKind::Constant;
+    case ir::InitSpec::Kind::Normal: return runtime::InitKind::Normal;
+    case ir::InitSpec::Kind::TruncNormal:
+    case ir::InitSpec::Kind::Xavier: return runtime::InitKind::TruncNormal;  // a truncated normal with derived std and cuts
   }
-  return "?";
+  return runtime::InitKind::Zeros;
 }
 
 runtime::DType runtime_dtype(ir::DType t) { return runtime::parse_dtype(ir::dtype_name(t)); }
@@ -46,9 +46,9 @@ runtime::MatmulSpec matmul_spec(const Kernel& k, const Launch& launch) {
     runtime::GemmEpilogueSpec& ep = s.epilogue.emplace();
     ep.d = k.output.byte_offset, ep.d_dtype = runtime_dtype(k.output.dtype);
     ep.residual = offset(e.residual), ep.bias = offset(e.bias);
-    ep.activation = e.activation == ir::GemmActivation::Gelu       ? "gelu"
-                    : e.activation == ir::GemmActivation::GeluGrad ? "gelu_grad"
-                                                                   : "none";
+    ep.activation = e.activation == ir::GemmActivation::Gelu       ? runtime::GemmActivation::Gelu
+                    : e.activation == ir::GemmActivation::GeluGrad ? runtime::GemmActivation::GeluGrad
+                                                                   : runtime::GemmActivation::None;
     // The gelu's input: stored (gelu) or read (gelu_grad), in D's dtype, n elements a row like D.
     ep.aux = e.aux_output >= 0 ? k.fused->outputs[e.aux_output].byte_offset : offset(e.aux_input);
     ep.rows = launch.extent;
@@ -277,7 +277,7 @@ runtime::Program describe_program(const ir::Graph& g, const KernelPlan& plan, co
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     const Kernel& k = plan.kernels[i];
     runtime::KernelSpec& s = p.kernels.emplace_back();
-    s.name = k.name, s.where = k.where, s.phase = ir::phase_name(k.phase);
+    s.name = k.name, s.where = k.where, s.phase = runtime::parse_phase(ir::phase_name(k.phase));
     s.payload = payload(g, k, launches.at(i));
     s.out_offset = k.output.byte_offset, s.out_numel = k.output.numel(), s.out_dtype = runtime_dtype(k.output.dtype);
     // In the optimizer phase, a kernel serves the parameters it names; none: shared, every rank runs it.

@@ -13,12 +13,12 @@ namespace {
 // Xavier is a truncated normal whose std and cuts the frontend derived.
 runtime::ParamInit runtime_init(const ir::InitSpec& s) {
   switch (s.kind) {
-    case ir::InitSpec::Kind::Zeros: return {"zeros"};
-    case ir::InitSpec::Kind::Ones: return {"ones"};
-    case ir::InitSpec::Kind::Constant: return {"constant", s.value};
-    case ir::InitSpec::Kind::Normal: return {"normal", 0, s.std};
+    case ir::InitSpec::Kind::Zeros: return {runtime::InitKind::Zeros};
+    case ir::InitSpec::Kind::Ones: return {runtime::InitKind::Ones};
+    case ir::InitSpec::Kind::Constant: return {runtime::InitKind::Constant, s.value};
+    case ir::InitSpec::Kind::Normal: return {runtime::InitKind::Normal, 0, s.std};
     case ir::InitSpec::Kind::TruncNormal:
-    case ir::InitSpec::Kind::Xavier: return {"trunc_normal", 0, s.std, s.lo, s.hi};
+    case ir::InitSpec::Kind::Xavier: return {runtime::InitKind::TruncNormal, 0, s.std, s.lo, s.hi};
   }
   return {};
 }

@@ -24,12 +24,6 @@ uint64_t draw(Rng& rng, uint64_t k) {
   return static_cast<uint64_t>((static_cast<unsigned __int128>((a << 32) | b) * k) >> 64);
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "(";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + (shape.size() == 1 ? ",)" : ")");
-}
-
 // 0.95 -> "0.95" (std::to_string would say 0.950000).
 std::string number_text(double x) {
   char buf[32];
@@ -47,31 +41,23 @@ void check_index(const char* what, int64_t index) {
   if (index < 0) throw std::invalid_argument(std::string("Dataset: negative ") + what + " " + std::to_string(index));
 }
 
-void check_order(const std::string& where, const std::string& order) {
-  if (order != "random" && order != "sequential")
-    throw Error(where + ": order '" + order + "' is neither 'random' nor 'sequential'");
-}
-
 // ---------------------------------------------------------------- tokens
 
 class TokenDataset : public Dataset {
  public:
   TokenDataset(const DataSpec& spec, std::vector<InputSlot> inputs) : spec_(spec), file_(spec.path) {
     const std::string& path = spec.path;
-    if (spec.token_dtype == "u16") token_bytes_ = 2;
-    else if (spec.token_dtype == "i32") token_bytes_ = 4;
-    else throw Error(path + ": token dtype '" + spec.token_dtype + "' is neither u16 nor i32");
-    check_order(path, spec.order);
+    token_bytes_ = static_cast<size_t>(element_bytes(spec.token_dtype));
     if (!read_llmc_header()) {  // a raw token file (llm.c's header says what its tokens are)
       if (file_.size() % token_bytes_ != 0)
         throw Error(path + ": " + std::to_string(file_.size()) + " bytes is not a whole number of " +
-                    spec.token_dtype + " tokens");
+                    std::string(dtype_name(spec.token_dtype)) + " tokens");
       n_ = static_cast<int64_t>(file_.size() / token_bytes_);
     }
 
     std::string names;
-    for (const InputSlot& s : inputs) names += (names.empty() ? "" : ", ") + s.name + " " + tensor_type_text(s.dtype, s.shape);
-    if (inputs.size() != 2 || inputs[0].dtype != "i32" || inputs[1].dtype != "i32" || inputs[0].shape.size() != 2 ||
+    for (const InputSlot& s : inputs) names += (names.empty() ? "" : ", ") + s.name + " " + tensor_type_text(dtype_name(s.dtype), s.shape);
+    if (inputs.size() != 2 || inputs[0].dtype != DType::I32 || inputs[1].dtype != DType::I32 || inputs[0].shape.size() != 2 ||
         inputs[0].shape != inputs[1].shape)
       throw Error(path + ": a token file feeds exactly two i32 inputs of the same shape [batch, seq] (the tokens, then "
                          "the next-token targets); this model's inputs are " + (names.empty() ? "none" : names));
@@ -101,10 +87,10 @@ class TokenDataset : public Dataset {
     const int64_t windows = (n_train_ - 1) / seq_;
     const int64_t first = micro_batch * batch_, rows = rows_per_step();
     // Random rows are the step's draws in order: skip the earlier micro-batches'.
-    if (spec_.order == "random")
+    if (spec_.order == DataOrder::Random)
       for (int64_t r = 0; r < first; ++r) draw(rng, static_cast<uint64_t>(n_train_ - seq_));
     for (int64_t r = 0; r < batch_; ++r) {
-      const int64_t start = spec_.order == "random"
+      const int64_t start = spec_.order == DataOrder::Random
                                 ? static_cast<int64_t>(draw(rng, static_cast<uint64_t>(n_train_ - seq_)))
                                 : ((step * rows + first + r) % windows) * seq_;
       copy_window(r, start);
@@ -126,10 +112,9 @@ class TokenDataset : public Dataset {
   std::string eval_problem() const override { return eval_problem_; }
 
   std::string describe() const override {
-    return spec_.path + ": " + with_commas(n_) + " " + (llmc_.empty() ? spec_.token_dtype : llmc_) + " tokens (" +
-           with_commas(n_train_) +
-           " train / " + with_commas(n_ - n_train_) + " eval), " + spec_.order + " windows of " +
-           std::to_string(seq_ + 1);
+    return spec_.path + ": " + with_commas(n_) + " " + (llmc_.empty() ? std::string(dtype_name(spec_.token_dtype)) : llmc_) +
+           " tokens (" + with_commas(n_train_) + " train / " + with_commas(n_ - n_train_) + " eval), " +
+           (spec_.order == DataOrder::Random ? "random" : "sequential") + " windows of " + std::to_string(seq_ + 1);
   }
 
  private:
@@ -212,10 +197,6 @@ class TokenDataset : public Dataset {
 // How a file's elements become an input's.
 enum class Conversion { Copy, Integer, F32ToBF16 };
 
-bool is_integer(const std::string& dtype) {
-  return dtype == "i32" || dtype == "i64" || dtype == "u16" || dtype == "u8";
-}
-
 struct Column {
   InputSlot slot;
   NpyArray array;
@@ -227,7 +208,6 @@ struct Column {
 class NpyDataset : public Dataset {
  public:
   NpyDataset(const DataSpec& spec, std::vector<InputSlot> inputs) : spec_(spec) {
-    check_order("npy data", spec.order);
     std::set<std::string> input_names;
     std::string names;
     for (const InputSlot& s : inputs) {
@@ -240,7 +220,7 @@ class NpyDataset : public Dataset {
 
     for (const InputSlot& s : inputs) {
       auto it = spec.files.find(s.name);
-      if (it == spec.files.end()) throw Error("no .npy file given for input '" + s.name + "' " + tensor_type_text(s.dtype, s.shape));
+      if (it == spec.files.end()) throw Error("no .npy file given for input '" + s.name + "' " + tensor_type_text(dtype_name(s.dtype), s.shape));
       columns_.push_back(open_column(s, it->second));
     }
     if (columns_.empty()) throw Error("npy data: the model has no inputs to feed");
@@ -275,7 +255,7 @@ class NpyDataset : public Dataset {
     for (int64_t r = 0; r < batch_; ++r) {
       const int64_t p = step * rows_per_step() + micro_batch * batch_ + r;
       const int64_t i = p % n_train_;
-      copy_row(r, spec_.order == "random" ? permutation(p / n_train_)[static_cast<size_t>(i)] : i);
+      copy_row(r, spec_.order == DataOrder::Random ? permutation(p / n_train_)[static_cast<size_t>(i)] : i);
     }
     check_intact();
   }
@@ -302,7 +282,7 @@ class NpyDataset : public Dataset {
     for (const Column& c : columns_) paths += (paths.empty() ? "" : ", ") + c.array.path();
     const std::string split = eval_base_ == 0 ? "all train, eval on the train rows"
                                               : with_commas(n_train_) + " train / " + with_commas(n_eval_) + " eval";
-    const std::string order = spec_.order == "random" ? "random order, reshuffled each epoch" : "sequential order";
+    const std::string order = spec_.order == DataOrder::Random ? "random order, reshuffled each epoch" : "sequential order";
     return paths + ": " + with_commas(rows_) + " rows (" + split + "), " + order;
   }
 
@@ -316,17 +296,15 @@ class NpyDataset : public Dataset {
     if (a.shape.size() != s.shape.size() || a.shape != want) {
       std::string rest = "(N";
       for (size_t i = 1; i < s.shape.size(); ++i) rest += ", " + std::to_string(s.shape[i]);
-      throw Error(path + ": shape " + shape_text(a.shape) + " does not fit input '" + s.name + "' " +
-                  tensor_type_text(s.dtype, s.shape) + ": expected " + rest + (s.shape.size() == 1 ? ",)" : ")") +
+      throw Error(path + ": shape " + npy_shape_text(a.shape) + " does not fit input '" + s.name + "' " +
+                  tensor_type_text(dtype_name(s.dtype), s.shape) + ": expected " + rest + (s.shape.size() == 1 ? ",)" : ")") +
                   ", one row per example");
     }
     if (a.dtype == s.dtype) c.conversion = Conversion::Copy;
     else if (is_integer(a.dtype) && is_integer(s.dtype)) c.conversion = Conversion::Integer;
-    else if (a.dtype == "f32" && s.dtype == "bf16") c.conversion = Conversion::F32ToBF16;
-    else throw Error(path + ": dtype " + a.descr + " but input '" + s.name + "' is " + s.dtype);
-    auto itemsize = safetensors_itemsize(s.dtype);
-    if (!itemsize) throw Error("input '" + s.name + "' has dtype " + s.dtype + ", which npy data cannot feed");
-    c.slot_itemsize = *itemsize;
+    else if (a.dtype == DType::F32 && s.dtype == DType::BF16) c.conversion = Conversion::F32ToBF16;
+    else throw Error(path + ": dtype " + a.descr + " but input '" + s.name + "' is " + std::string(dtype_name(s.dtype)));
+    c.slot_itemsize = static_cast<size_t>(element_bytes(s.dtype));
     for (size_t i = 1; i < s.shape.size(); ++i) c.row_elements *= static_cast<size_t>(s.shape[i]);
     return c;
   }
@@ -373,24 +351,24 @@ class NpyDataset : public Dataset {
     }
   }
 
-  static int64_t load_integer(const std::string& dtype, const char* p) {
-    if (dtype == "u8") return static_cast<unsigned char>(*p);
-    if (dtype == "u16") return read<uint16_t>(p);
-    if (dtype == "i32") return read<int32_t>(p);
+  static int64_t load_integer(DType dtype, const char* p) {
+    if (dtype == DType::U8) return static_cast<unsigned char>(*p);
+    if (dtype == DType::U16) return read<uint16_t>(p);
+    if (dtype == DType::I32) return read<int32_t>(p);
     return read<int64_t>(p);
   }
 
   void store_integer(const Column& c, int64_t row, char* dst, int64_t v) const {
-    const std::string& t = c.slot.dtype;
-    const bool fits = t == "i64" || (t == "i32" && v >= std::numeric_limits<int32_t>::min() &&
-                                     v <= std::numeric_limits<int32_t>::max()) ||
-                      (t == "u16" && v >= 0 && v <= 65535) || (t == "u8" && v >= 0 && v <= 255);
+    const DType t = c.slot.dtype;
+    const bool fits = t == DType::I64 || (t == DType::I32 && v >= std::numeric_limits<int32_t>::min() &&
+                                          v <= std::numeric_limits<int32_t>::max()) ||
+                      (t == DType::U16 && v >= 0 && v <= 65535) || (t == DType::U8 && v >= 0 && v <= 255);
     if (!fits)
       throw Error(c.array.path() + ": row " + std::to_string(row) + " holds " + std::to_string(v) +
-                  ", which does not fit in " + t + " input '" + c.slot.name + "'");
-    if (t == "i64") std::memcpy(dst, &v, 8);
-    else if (t == "i32") write(dst, static_cast<int32_t>(v));
-    else if (t == "u16") write(dst, static_cast<uint16_t>(v));
+                  ", which does not fit in " + std::string(dtype_name(t)) + " input '" + c.slot.name + "'");
+    if (t == DType::I64) std::memcpy(dst, &v, 8);
+    else if (t == DType::I32) write(dst, static_cast<int32_t>(v));
+    else if (t == DType::U16) write(dst, static_cast<uint16_t>(v));
     else write(dst, static_cast<uint8_t>(v));
   }
 
@@ -424,13 +402,27 @@ std::string with_commas(int64_t n) {
   return n < 0 ? "-" + s : s;
 }
 
+DataFormat parse_data_format(const std::string& text) {
+  if (text == "tokens" || text == "npy") return text == "tokens" ? DataFormat::Tokens : DataFormat::Npy;
+  throw Error("data format '" + text + "' is neither 'tokens' nor 'npy'");
+}
+
+DataOrder parse_data_order(const std::string& where, const std::string& text) {
+  if (text == "random" || text == "sequential") return text == "random" ? DataOrder::Random : DataOrder::Sequential;
+  throw Error(where + ": order '" + text + "' is neither 'random' nor 'sequential'");
+}
+
+DType parse_token_dtype(const std::string& where, const std::string& text) {
+  if (text == "u16" || text == "i32") return parse_dtype(text);
+  throw Error(where + ": token dtype '" + text + "' is neither u16 nor i32");
+}
+
 std::unique_ptr<Dataset> Dataset::open(const DataSpec& spec, std::vector<InputSlot> inputs) {
   if (spec.micro_batches_per_step < 1)
     throw std::invalid_argument("Dataset: micro_batches_per_step " + std::to_string(spec.micro_batches_per_step));
   std::unique_ptr<Dataset> data;
-  if (spec.format == "tokens") data = std::make_unique<TokenDataset>(spec, std::move(inputs));
-  else if (spec.format == "npy") data = std::make_unique<NpyDataset>(spec, std::move(inputs));
-  else throw Error("data format '" + spec.format + "' is neither 'tokens' nor 'npy'");
+  if (spec.format == DataFormat::Tokens) data = std::make_unique<TokenDataset>(spec, std::move(inputs));
+  else data = std::make_unique<NpyDataset>(spec, std::move(inputs));
   data->micro_batches_per_step_ = spec.micro_batches_per_step;
   return data;
 }

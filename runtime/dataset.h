@@ -59,22 +59,32 @@
 #include <string>
 #include <vector>
 
+#include "runtime/tensor_types.h"
+
 namespace napkin::runtime {
 
 // One model input: the trainer writes each batch to dest (row-major, dense).
 struct InputSlot {
   std::string name;
-  std::string dtype;            // napkin's name: "f32", "i32", ...
+  DType dtype;
   std::vector<int64_t> shape;   // [batch, ...]
   char* dest;
 };
 
+enum class DataFormat : uint8_t { Tokens, Npy };
+enum class DataOrder : uint8_t { Random, Sequential };
+
+// The text of train.data and the flags, parsed once (WHERE names the data in an Error).
+DataFormat parse_data_format(const std::string& text);                       // "tokens" | "npy"
+DataOrder parse_data_order(const std::string& where, const std::string& text);  // "random" | "sequential"
+DType parse_token_dtype(const std::string& where, const std::string& text);     // "u16" | "i32"
+
 struct DataSpec {
-  std::string format;                          // "tokens" or "npy"
+  DataFormat format = DataFormat::Tokens;
   std::string path;                            // tokens: the token file
-  std::string token_dtype = "u16";             // tokens: "u16" or "i32"
+  DType token_dtype = DType::U16;              // tokens: U16 or I32
   std::map<std::string, std::string> files;    // npy: input name -> .npy file
-  std::string order = "random";                // "random" or "sequential"
+  DataOrder order = DataOrder::Random;
   double split = 1.0;                          // fraction used for training, in (0, 1]
   uint64_t seed = 0;
   int64_t vocab_bound = 0;                     // tokens: ids must be below it (0: unchecked)

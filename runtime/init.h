@@ -10,10 +10,13 @@
 
 namespace napkin::runtime {
 
+// Constant (value), Normal (mean 0, std), or TruncNormal (mean 0, std,
+// resampled into [lo, hi]; xavier is one); named in the program's JSON as
+// "zeros", "ones", "constant", "normal", "trunc_normal" (runtime/program.cpp).
+enum class InitKind : uint8_t { Zeros, Ones, Constant, Normal, TruncNormal };
+
 struct ParamInit {
-  // "zeros", "ones", "constant" (value), "normal" (mean 0, std), or
-  // "trunc_normal" (mean 0, std, resampled into [lo, hi]; xavier is one).
-  std::string kind = "zeros";
+  InitKind kind = InitKind::Zeros;
   double value = 0, std = 0, lo = 0, hi = 0;
   bool operator==(const ParamInit&) const = default;
 };
@@ -23,8 +26,7 @@ class ThreadPool;
 // The exact double samples (a trainer rounds them to the parameter's dtype).
 // With a pool, "normal" draws in parallel: element i is the stream's i-th
 // normal, one Philox block each, so the bits do not depend on the split
-// (trunc_normal's rejections make it sequential). Throws runtime::Error for
-// an unknown kind.
+// (trunc_normal's rejections make it sequential).
 std::vector<double> init_values(const ParamInit& init, const std::string& name, int64_t numel, uint64_t seed,
                                 ThreadPool* pool = nullptr);
 

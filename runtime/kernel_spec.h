@@ -50,9 +50,9 @@ struct LoopSpec {
 struct GemmEpilogueSpec {
   int64_t d = 0, residual = -1, bias = -1;  // byte offsets; -1: none (the residual is [rows, n] as D, the bias [n] f32)
   DType d_dtype = DType::F32;               // f32, bf16 or f16
-  // "none"; "gelu": D = gelu(...), aux (if >= 0) = its input stored in D's
-  // dtype; "gelu_grad": D = gelu'(aux) * sums, aux read.
-  std::string activation = "none";
+  // Gelu: D = gelu(...), aux (if >= 0) = its input stored in D's dtype;
+  // GeluGrad: D = gelu'(aux) * sums, aux read.
+  GemmActivation activation = GemmActivation::None;
   int64_t aux = -1;  // byte offset of the gelu's input ([rows, n] in D's dtype), -1: none
   int64_t rows = 1;  // the CPU's epilogue function's work items (the program's "extent")
   bool operator==(const GemmEpilogueSpec&) const = default;
@@ -124,7 +124,8 @@ struct CudaLaunchSpec {
 };
 
 struct KernelSpec {
-  std::string name, where, phase;
+  std::string name, where;
+  KernelPhase phase = KernelPhase::Forward;
   KernelPayload payload;
   int64_t out_offset = 0, out_numel = 0;
   DType out_dtype = DType::F32;

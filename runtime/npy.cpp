@@ -15,13 +15,12 @@ namespace {
 
 struct Descr {
   const char* descr;
-  const char* dtype;
-  size_t itemsize;
+  DType dtype;
 };
 
 constexpr Descr kDescrs[] = {
-    {"<f4", "f32", 4}, {"<f8", "f64", 8}, {"<f2", "f16", 2}, {"<i4", "i32", 4},
-    {"<i8", "i64", 8}, {"<u2", "u16", 2}, {"|u1", "u8", 1},  {"|b1", "bool", 1},
+    {"<f4", DType::F32}, {"<f8", DType::F64}, {"<f2", DType::F16}, {"<i4", DType::I32},
+    {"<i8", DType::I64}, {"<u2", DType::U16}, {"|u1", DType::U8},  {"|b1", DType::Bool},
 };
 
 std::optional<Descr> find_descr(const std::string& descr) {
@@ -34,12 +33,6 @@ std::string supported_descrs() {
   std::string s;
   for (const Descr& d : kDescrs) s += (s.empty() ? "" : " ") + std::string(d.descr);
   return s;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "(";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + (shape.size() == 1 ? ",)" : ")");
 }
 
 // A parser for exactly the dict literals numpy writes (and hand-written
@@ -145,6 +138,12 @@ uint32_t read_le(const char* p, int bytes) {
 
 }  // namespace
 
+std::string npy_shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
 NpyArray read_npy(const std::string& path) {
   NpyArray a(MappedFile{path});
   const char* p = a.file.data();
@@ -176,22 +175,22 @@ NpyArray read_npy(const std::string& path) {
   if (fortran_order)
     throw Error(path + ": Fortran-order (column-major) arrays are not supported; save np.ascontiguousarray(arr)");
   a.dtype = d->dtype;
-  a.itemsize = d->itemsize;
+  a.itemsize = static_cast<size_t>(element_bytes(d->dtype));
 
   a.numel = 1;
   for (int64_t dim : a.shape)
     if (__builtin_mul_overflow(a.numel, dim, &a.numel))
-      throw Error(path + ": shape " + shape_text(a.shape) + " has too many elements");
+      throw Error(path + ": shape " + npy_shape_text(a.shape) + " has too many elements");
   size_t expected = 0;
   if (__builtin_mul_overflow(static_cast<size_t>(a.numel), a.itemsize, &expected))
-    throw Error(path + ": shape " + shape_text(a.shape) + " has too many bytes");
+    throw Error(path + ": shape " + npy_shape_text(a.shape) + " has too many bytes");
   const size_t found = size - data_offset;
   if (found < expected)
     throw Error(path + ": truncated: expected " + std::to_string(expected) + " bytes of data (shape " +
-                shape_text(a.shape) + " of " + a.descr + "), found " + std::to_string(found));
+                npy_shape_text(a.shape) + " of " + a.descr + "), found " + std::to_string(found));
   if (found > expected)
     throw Error(path + ": " + std::to_string(found - expected) + " bytes after the data: expected " +
-                std::to_string(expected) + " bytes of data (shape " + shape_text(a.shape) + " of " + a.descr +
+                std::to_string(expected) + " bytes of data (shape " + npy_shape_text(a.shape) + " of " + a.descr +
                 "), found " + std::to_string(found));
   a.data = p + data_offset;
   return a;
@@ -209,10 +208,10 @@ void write_npy(const std::string& path, const std::string& descr, const std::vec
   size_t numel = 1;
   for (int64_t dim : shape) numel *= static_cast<size_t>(dim);
   if (numel * itemsize != bytes)
-    throw Error(path + ": shape " + shape_text(shape) + " of " + descr + " needs " + std::to_string(numel * itemsize) +
+    throw Error(path + ": shape " + npy_shape_text(shape) + " of " + descr + " needs " + std::to_string(numel * itemsize) +
                 " bytes, given " + std::to_string(bytes));
 
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape_text(shape) + ", }";
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + npy_shape_text(shape) + ", }";
   const bool v1 = header.size() + 1 + 10 <= 65535;
   const size_t prefix = v1 ? 10 : 12;
   header.append((64 - (prefix + header.size() + 1) % 64) % 64, ' ');

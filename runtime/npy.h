@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/mapped_file.h"
+#include "runtime/tensor_types.h"
 
 namespace napkin::runtime {
 
@@ -26,7 +27,7 @@ struct NpyArray {
 
   MappedFile file;
   std::string descr;            // as in the header, e.g. "<f4"
-  std::string dtype;            // napkin's name, e.g. "f32"
+  DType dtype = DType::F32;
   size_t itemsize = 0;
   std::vector<int64_t> shape;   // () for a scalar
   int64_t numel = 0;
@@ -34,6 +35,9 @@ struct NpyArray {
 
   const std::string& path() const { return file.path(); }
 };
+
+// A shape as numpy writes it in a header: (2, 3), (5,), ().
+std::string npy_shape_text(const std::vector<int64_t>& shape);
 
 // Maps and validates PATH: magic, version, header syntax, a supported descr,
 // C order, and a data section of exactly numel * itemsize bytes.

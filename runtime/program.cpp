@@ -53,6 +53,13 @@ using nlohmann::json;
 
 void to_json(json& j, DType t) { j = std::string(dtype_name(t)); }
 void from_json(const json& j, DType& t) { t = parse_dtype(j.get<std::string>()); }
+constexpr std::string_view kInitNames[] = {"zeros", "ones", "constant", "normal", "trunc_normal"};  // InitKind's order
+void to_json(json& j, InitKind k) { j = std::string(kInitNames[static_cast<size_t>(k)]); }
+void from_json(const json& j, InitKind& k) { k = static_cast<InitKind>(name_index(kInitNames, j.get<std::string>(), "init")); }
+void to_json(json& j, KernelPhase p) { j = std::string(phase_name(p)); }
+void from_json(const json& j, KernelPhase& p) { p = parse_phase(j.get<std::string>()); }
+void to_json(json& j, GemmActivation a) { j = std::string(activation_name(a)); }
+void from_json(const json& j, GemmActivation& a) { a = parse_activation(j.get<std::string>()); }
 void to_json(json& j, TensorRole r) { j = std::string(tensor_role_name(r)); }
 void from_json(const json& j, TensorRole& r) { r = parse_tensor_role(j.get<std::string>()); }
 
@@ -133,9 +140,6 @@ void read(const json& kernel, const std::string& name, MatmulSpec& s) {
   if (const json& e = m.value("epilogue", json()); !e.is_null()) {
     s.epilogue = e.get<GemmEpilogueSpec>();
     s.epilogue->rows = kernel.at("extent");
-    const std::string& activation = s.epilogue->activation;
-    if (activation != "none" && activation != "gelu" && activation != "gelu_grad")
-      throw Error("kernel " + name + ": unknown GEMM epilogue activation '" + activation + "'");
   }
   s.bias_grad = m.value("bias_grad", int64_t{-1});
   if (s.bias_grad >= 0 && (s.c_dtype != DType::F32 || !s.desc.batch.empty() || s.epilogue))
@@ -244,7 +248,7 @@ void to_json(json& j, const KernelSpec& k) {
         write(j, spec);
       },
       k.payload);
-  if (k.phase == "optimizer") j["serves"] = serves_json(k.shared, k.serves);
+  if (k.phase == KernelPhase::Optimizer) j["serves"] = serves_json(k.shared, k.serves);
   if (!k.kernel_class.empty()) {
     j["class"] = k.kernel_class;
     j["flops"] = k.flops;

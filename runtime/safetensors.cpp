@@ -71,8 +71,8 @@ std::optional<size_t> safetensors_itemsize(std::string_view dtype) {
   return d ? std::optional(d->itemsize) : std::nullopt;
 }
 
-std::string tensor_type_text(const std::string& dtype, const std::vector<int64_t>& shape) {
-  std::string s = dtype + "[";
+std::string tensor_type_text(std::string_view dtype, const std::vector<int64_t>& shape) {
+  std::string s = std::string(dtype) + "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }

@@ -28,7 +28,7 @@ namespace napkin::runtime {
 std::optional<size_t> safetensors_itemsize(std::string_view dtype);
 
 // "f32[64, 32]", for messages.
-std::string tensor_type_text(const std::string& dtype, const std::vector<int64_t>& shape);
+std::string tensor_type_text(std::string_view dtype, const std::vector<int64_t>& shape);
 
 struct TensorData {
   std::string name;

@@ -15,6 +15,8 @@ double read_element(const char* p, DType dtype, int64_t i) {
     case DType::I32: return reinterpret_cast<const int32_t*>(p)[i];
     case DType::I64: return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
     case DType::Bool: return p[i] != 0;
+    case DType::U8: return reinterpret_cast<const uint8_t*>(p)[i];
+    case DType::U16: return reinterpret_cast<const uint16_t*>(p)[i];
   }
   return 0;
 }
@@ -30,6 +32,8 @@ void write_element(char* p, DType dtype, int64_t i, double v) {
     case DType::I32: reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
     case DType::I64: reinterpret_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
     case DType::Bool: p[i] = v != 0; return;
+    case DType::U8: reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); return;
+    case DType::U16: reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); return;
   }
 }
 

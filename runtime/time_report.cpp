@@ -181,7 +181,7 @@ std::string profile_report(const Program& p, const std::vector<double>& kernel_s
     out += fmt::format("  {:>10} {:>10} {:>6}  {:<14} {:<24} {:<9} {}\n", ms(measured),
                        k.predicted_seconds >= 0 ? ms(k.predicted_seconds) : "-",
                        k.predicted_seconds > 0 ? fmt::format("{:.2f}", measured / k.predicted_seconds) : "-",
-                       k.kernel_class.empty() ? "-" : k.kernel_class, k.name, k.phase, k.where);
+                       k.kernel_class.empty() ? "-" : k.kernel_class, k.name, phase_name(k.phase), k.where);
   }
   return out;
 }

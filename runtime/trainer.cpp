@@ -113,33 +113,35 @@ std::unique_ptr<Dataset> open_data(const Program& p, const Options& o, Engine& e
   DataSpec spec;
   spec.micro_batches_per_step = micro_batches_per_step;
   const DataDefaults& d = p.train.data;
-  spec.format = d.format;
+  const std::optional<DataFormat> model_format =
+      d.format.empty() ? std::nullopt : std::optional(parse_data_format(d.format));
+  std::optional<DataFormat> format = model_format;
   spec.path = d.path;
-  spec.token_dtype = d.dtype;
   spec.files = d.files;
-  spec.order = d.order;
   spec.seed = o.seed;
   if (!o.data.empty()) {
-    spec.format = "tokens";
+    format = DataFormat::Tokens;
     spec.path = o.data;
   }
   for (const std::string& f : o.data_files) {
     auto eq = f.find('=');
     if (eq == std::string::npos) throw Error("--data-file wants NAME=PATH.npy, got '" + printable(f) + "'");
-    if (spec.format != "npy") spec.files.clear();  // the model's files were for another format
-    spec.format = "npy";
+    if (format != DataFormat::Npy) spec.files.clear();  // the model's files were for another format
+    format = DataFormat::Npy;
     spec.files[f.substr(0, eq)] = f.substr(eq + 1);
   }
+  if (!format)
+    throw Error("the model names no training data (train.data in its YAML); pass --data FILE or --data-file NAME=FILE.npy");
+  spec.format = *format;
   // The model's train.data split is for its token file: a token file given
   // with --data keeps it, .npy files given with --data-file do not
   // (docs/runtime.md).
-  spec.split = spec.format == "tokens" && d.format == "tokens" ? d.split : 1.0;
-  if (!o.order.empty()) spec.order = o.order;
-  if (spec.format.empty())
-    throw Error("the model names no training data (train.data in its YAML); pass --data FILE or --data-file NAME=FILE.npy");
+  spec.split = format == DataFormat::Tokens && model_format == DataFormat::Tokens ? d.split : 1.0;
+  if (spec.format == DataFormat::Tokens) spec.token_dtype = parse_token_dtype(spec.path, d.dtype);
+  spec.order = parse_data_order(spec.format == DataFormat::Tokens ? spec.path : "npy data", o.order.empty() ? d.order : o.order);
   std::vector<InputSlot> slots;
   for (const TensorSpec* t : p.with_role(TensorRole::Input)) {
-    slots.push_back({t->name, std::string(dtype_name(t->dtype)), t->shape, engine.host(*t)});
+    slots.push_back({t->name, t->dtype, t->shape, engine.host(*t)});
     // A token file feeds the tokens and the targets: its ids must fit both.
     if (t->index_bound > 0 && (spec.vocab_bound == 0 || t->index_bound < spec.vocab_bound))
       spec.vocab_bound = t->index_bound;
@@ -157,7 +159,7 @@ void watch_for_nan(Engine& engine, const int64_t& step) {
     for (int64_t e = 0; e < k.out_numel; ++e) {
       double v = read_element(out, k.out_dtype, e);
       if (std::isnan(v))
-        throw Error(fmt::format("step {}: {} ({} phase{}{}) produced the first NaN, at element {}", step, k.name, k.phase,
+        throw Error(fmt::format("step {}: {} ({} phase{}{}) produced the first NaN, at element {}", step, k.name, phase_name(k.phase),
                                 k.where.empty() ? "" : ", ", k.where, e));
     }
   });

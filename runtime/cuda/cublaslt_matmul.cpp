@@ -216,10 +216,10 @@ LtEpilogue lt_epilogue(const GemmEpilogueSpec& e, int64_t n, CUdeviceptr arena) 
     r.aux = arena + static_cast<CUdeviceptr>(e.aux);
     r.aux_ld = n;  // napkin's rows of D, n apart: cuBLASLt's columns
   }
-  if (e.activation == "gelu") {
+  if (e.activation == GemmActivation::Gelu) {
     r.kind = aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                  : (bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
-  } else if (e.activation == "gelu_grad") {
+  } else if (e.activation == GemmActivation::GeluGrad) {
     if (!aux || bias || e.residual >= 0) throw Error("a gelu gradient epilogue reads its aux and adds nothing");
     r.kind = CUBLASLT_EPILOGUE_DGELU;
   } else {
@@ -326,7 +326,8 @@ LtMatmul::LtMatmul(const LtContext& ctx, const MatmulSpec& spec, bool tf32, cons
                             dtype_name(epilogue ? epilogue->d_dtype : spec.c_dtype),
                             epilogue ? fmt::format(", epilogue:{}{}{}", residual ? " + residual" : "",
                                                       bias ? " + f32 bias" : "",
-                                                      epilogue->activation == "none" ? "" : ", " + epilogue->activation)
+                                                      epilogue->activation == GemmActivation::None ? ""
+                                                          : fmt::format(", {}", activation_name(epilogue->activation)))
                                         : ""));
   algo_ = result.algo;
 }

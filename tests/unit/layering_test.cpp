@@ -193,3 +193,21 @@ TEST_CASE("layering: the check finds a unit that includes itself through another
   CHECK(include_cycles(root) == std::vector<std::string>{"runtime/amx -> runtime/attention -> runtime/amx"});
   fs::remove_all(root);
 }
+
+// Dtypes, roles, kernel phases, GEMM activations, init kinds and data orders
+// and formats are enums in the runtime (runtime/tensor_types.h, init.h,
+// dataset.h): parsed once where the text enters (a file header, the program's
+// JSON, a flag), compared as enums after.
+TEST_CASE("layering: the runtime compares no dtype, role, phase, activation, kind, order or format as a string") {
+  const std::regex compare(R"(\.(dtype|role|phase|activation|kind|order|format)\s*[!=]=\s*"|\bdtype\s*[!=]=\s*")");
+  std::vector<std::string> found;
+  for (const char* folder : {"runtime", "runtime/cuda"})
+    for (const auto& entry : fs::directory_iterator(fs::path(NAPKIN_SOURCE_DIR) / folder)) {
+      if (entry.path().extension() != ".cpp") continue;
+      std::ifstream in(entry.path());
+      std::string line;
+      for (int n = 1; std::getline(in, line); ++n)
+        if (std::regex_search(line, compare)) found.push_back(fmt::format("{}/{}:{}: {}", folder, entry.path().filename().string(), n, line));
+    }
+  CHECK_MESSAGE(found.empty(), fmt::format("{}", fmt::join(found, "\n")));
+}

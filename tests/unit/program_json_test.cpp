@@ -20,7 +20,7 @@ AttentionDesc::Strides strides(int64_t base) { return {base, base + 1, base + 2}
 
 KernelSpec kernel(const std::string& name, KernelPayload payload) {
   KernelSpec k;
-  k.name = name, k.where = name + ".yaml:3:7", k.phase = "backward";
+  k.name = name, k.where = name + ".yaml:3:7", k.phase = KernelPhase::Backward;
   k.payload = std::move(payload);
   k.out_offset = 96, k.out_numel = 12, k.out_dtype = DType::BF16;
   k.kernel_class = "matmul", k.flops = 1e9, k.bytes = 2e6, k.predicted_seconds = 3e-5;
@@ -31,14 +31,14 @@ KernelSpec kernel(const std::string& name, KernelPayload payload) {
 std::vector<KernelSpec> every_kind() {
   LoopSpec loop{.extent = 7, .parallel = true, .combine = true, .members = {{3, {"w1"}, false}, {4, {}, true}}};
   KernelSpec optimizer = kernel("adam", loop);
-  optimizer.phase = "optimizer", optimizer.serves = {"w1", "w2"}, optimizer.shared = false;
+  optimizer.phase = KernelPhase::Optimizer, optimizer.serves = {"w1", "w2"}, optimizer.shared = false;
   optimizer.predicted_seconds = -1;  // no peak for its dtype
 
   MatmulSpec gemm{.a = 8, .b = 16, .c = 24, .a_dtype = DType::BF16, .b_dtype = DType::BF16, .c_dtype = DType::F32};
   gemm.desc = {{2}, {40}, {0}, {50}, 5, 6, 7, 8, 1, 9, 1, 10};
   MatmulSpec epilogue = gemm;
   epilogue.epilogue = GemmEpilogueSpec{.d = 32, .residual = 40, .bias = 48, .d_dtype = DType::F16,
-                                       .activation = "gelu", .aux = 56, .rows = 64};
+                                       .activation = GemmActivation::Gelu, .aux = 56, .rows = 64};
   MatmulSpec bias_grad = gemm;
   bias_grad.desc.batch.clear(), bias_grad.desc.a_batch_stride.clear(), bias_grad.desc.b_batch_stride.clear(),
       bias_grad.desc.c_batch_stride.clear();
@@ -88,7 +88,7 @@ Program full_program() {
   p.tokens_per_step = 512;
   TensorSpec w{.name = "w1", .role = TensorRole::Param, .dtype = DType::BF16, .shape = {4, 8}, .offset = 64,
                .bytes = 64};
-  w.init = {"trunc_normal", 0.5, 0.02, -0.04, 0.04};
+  w.init = {InitKind::TruncNormal, 0.5, 0.02, -0.04, 0.04};
   TensorSpec m{.name = "adam.m.w1", .role = TensorRole::State, .dtype = DType::F32, .shape = {4, 8}, .offset = 128,
                .bytes = 128, .param = "w1"};
   TensorSpec tokens{.name = "tokens", .role = TensorRole::Input, .dtype = DType::I32, .shape = {2, 8}, .offset = 256,

@@ -148,7 +148,7 @@ TEST_CASE("rng: seek(n) makes the next normal the stream's n-th, also after word
 
 TEST_CASE("init: normal weights drawn on a pool are the sequential draw's bits, for any thread count") {
   napkin::runtime::ParamInit normal;
-  normal.kind = "normal";
+  normal.kind = napkin::runtime::InitKind::Normal;
   normal.std = 0.02;
   const int64_t numel = (int64_t{1} << 16) + 12345;  // over the parallel threshold, not a multiple of any split
   const std::vector<double> alone = napkin::runtime::init_values(normal, "blocks.3.w", numel, 42);

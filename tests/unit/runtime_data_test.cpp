@@ -118,7 +118,7 @@ TEST_CASE("npy: write_npy writes the bytes numpy's np.save writes") {
 
   rt::NpyArray a = rt::read_npy(dir / "a.npy");
   CHECK(a.descr == "<f4");
-  CHECK(a.dtype == "f32");
+  CHECK(a.dtype == rt::DType::F32);
   CHECK(a.itemsize == 4);
   CHECK(a.shape == std::vector<int64_t>{2, 3});
   CHECK(a.numel == 6);
@@ -130,11 +130,12 @@ TEST_CASE("npy: every supported dtype, scalars, 1-d and empty arrays read back")
   TempDir dir;
   struct Case {
     const char* descr;
-    const char* dtype;
+    rt::DType dtype;
     size_t itemsize;
   };
-  for (Case c : {Case{"<f4", "f32", 4}, Case{"<f8", "f64", 8}, Case{"<f2", "f16", 2}, Case{"<i4", "i32", 4},
-                 Case{"<i8", "i64", 8}, Case{"<u2", "u16", 2}, Case{"|u1", "u8", 1}, Case{"|b1", "bool", 1}}) {
+  using T = rt::DType;
+  for (Case c : {Case{"<f4", T::F32, 4}, Case{"<f8", T::F64, 8}, Case{"<f2", T::F16, 2}, Case{"<i4", T::I32, 4},
+                 Case{"<i8", T::I64, 8}, Case{"<u2", T::U16, 2}, Case{"|u1", T::U8, 1}, Case{"|b1", T::Bool, 1}}) {
     CAPTURE(c.descr);
     std::vector<char> data(5 * c.itemsize);
     for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i % 2);
@@ -170,7 +171,7 @@ TEST_CASE("npy: versions 2.0 and 3.0 (four-byte header length) and hand-written 
   std::string v3 = v2;
   v3[6] = 3;
   write_bytes(dir / "v3.npy", v3);
-  CHECK(rt::read_npy(dir / "v3.npy").dtype == "u16");
+  CHECK(rt::read_npy(dir / "v3.npy").dtype == rt::DType::U16);
 
   // Double quotes, no spaces, no trailing commas, keys in another order.
   write_bytes(dir / "h.npy", numpy_v1_header("{\"shape\":(2),\"fortran_order\":False,\"descr\":\"|u1\"}") + "ab");
@@ -229,16 +230,16 @@ struct TokenFixture {
     std::vector<uint16_t> tokens(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<uint16_t>(i);
     write_raw(path, tokens);
-    spec.format = "tokens";
+    spec.format = rt::DataFormat::Tokens;
     spec.path = path;
-    spec.token_dtype = "u16";
-    spec.order = std::move(order);
+    spec.token_dtype = rt::DType::U16;
+    spec.order = rt::parse_data_order(path, order);
     spec.split = split;
     spec.seed = 1234;
   }
   std::vector<rt::InputSlot> slots() {
-    return {{"tokens", "i32", {batch, seq}, reinterpret_cast<char*>(x.data())},
-            {"targets", "i32", {batch, seq}, reinterpret_cast<char*>(y.data())}};
+    return {{"tokens", rt::DType::I32, {batch, seq}, reinterpret_cast<char*>(x.data())},
+            {"targets", rt::DType::I32, {batch, seq}, reinterpret_cast<char*>(y.data())}};
   }
   std::unique_ptr<rt::Dataset> open() { return rt::Dataset::open(spec, slots()); }
   // The start of row r, checking that the row is a window and the targets are shifted by one.
@@ -328,14 +329,14 @@ TEST_CASE("data: i32 token files, and token ids checked against the vocabulary")
   write_raw<int32_t>(path, {5, 6, 7, 8, 9, -1, 100});
   std::vector<int32_t> x(2), y(2);
   rt::DataSpec spec;
-  spec.format = "tokens";
+  spec.format = rt::DataFormat::Tokens;
   spec.path = path;
-  spec.token_dtype = "i32";
-  spec.order = "sequential";
+  spec.token_dtype = rt::DType::I32;
+  spec.order = rt::DataOrder::Sequential;
   spec.vocab_bound = 10;
   auto slots = [&] {
-    return std::vector<rt::InputSlot>{{"x", "i32", {1, 2}, reinterpret_cast<char*>(x.data())},
-                                      {"y", "i32", {1, 2}, reinterpret_cast<char*>(y.data())}};
+    return std::vector<rt::InputSlot>{{"x", rt::DType::I32, {1, 2}, reinterpret_cast<char*>(x.data())},
+                                      {"y", rt::DType::I32, {1, 2}, reinterpret_cast<char*>(y.data())}};
   };
   auto data = rt::Dataset::open(spec, slots());
   data->fill_train(0);
@@ -345,7 +346,7 @@ TEST_CASE("data: i32 token files, and token ids checked against the vocabulary")
   CHECK(x == std::vector<int32_t>{7, 8});
   CHECK(error_of([&] { data->fill_train(2); }) == path + ": token -1 at position 5 is negative");
   spec.split = 6.0 / 7.0 + 1e-9;  // n_train = 6: windows at 0, 2
-  spec.token_dtype = "i32";
+  spec.token_dtype = rt::DType::I32;
   write_raw<int32_t>(path, {5, 6, 7, 8, 10, 9, 1});
   data = rt::Dataset::open(spec, slots());
   CHECK(error_of([&] { data->fill_train(1); }) == path + ": token 10 at position 4 is not below the vocabulary size 10");
@@ -435,20 +436,16 @@ TEST_CASE("data: token file mistakes name the file and what is wrong") {
   f.spec.split = 0.0;
   CHECK(error_of([&] { f.open(); }) == f.path + ": split 0 is not in (0, 1]");
   f.spec.split = 0.9;
-  f.spec.order = "shuffled";
-  CHECK(error_of([&] { f.open(); }) == f.path + ": order 'shuffled' is neither 'random' nor 'sequential'");
-  f.spec.order = "random";
-  f.spec.token_dtype = "u32";
-  CHECK(error_of([&] { f.open(); }) == f.path + ": token dtype 'u32' is neither u16 nor i32");
-  f.spec.token_dtype = "u16";
-  f.spec.format = "csv";
-  CHECK(error_of([&] { f.open(); }) == "data format 'csv' is neither 'tokens' nor 'npy'");
-  f.spec.format = "tokens";
+  // The text of train.data and --order is parsed before the data opens.
+  CHECK(error_of([&] { rt::parse_data_order(f.path, "shuffled"); }) ==
+        f.path + ": order 'shuffled' is neither 'random' nor 'sequential'");
+  CHECK(error_of([&] { rt::parse_token_dtype(f.path, "u32"); }) == f.path + ": token dtype 'u32' is neither u16 nor i32");
+  CHECK(error_of([&] { rt::parse_data_format("csv"); }) == "data format 'csv' is neither 'tokens' nor 'npy'");
 
   // The model's inputs must be two i32 [batch, seq].
   std::vector<float> fx(16);
   auto slots = f.slots();
-  slots[1].dtype = "f32";
+  slots[1].dtype = rt::DType::F32;
   slots[1].dest = reinterpret_cast<char*>(fx.data());
   CHECK(error_of([&] { rt::Dataset::open(f.spec, slots); }) ==
         f.path + ": a token file feeds exactly two i32 inputs of the same shape [batch, seq] (the tokens, then the "
@@ -481,14 +478,14 @@ struct NpyFixture {
     }
     rt::write_npy(dir / "x.npy", "<f4", {n, 3}, xs.data(), xs.size() * 4);
     rt::write_npy(dir / "y.npy", "<i8", {n}, ys.data(), ys.size() * 8);
-    spec.format = "npy";
+    spec.format = rt::DataFormat::Npy;
     spec.files = {{"x", dir / "x.npy"}, {"y", dir / "y.npy"}};
-    spec.order = std::move(order);
+    spec.order = rt::parse_data_order("npy data", order);
     spec.split = split;
     spec.seed = 99;
   }
   std::vector<rt::InputSlot> slots() {
-    return {{"x", "f32", {5, 3}, reinterpret_cast<char*>(x.data())}, {"y", "i32", {5}, reinterpret_cast<char*>(y.data())}};
+    return {{"x", rt::DType::F32, {5, 3}, reinterpret_cast<char*>(x.data())}, {"y", rt::DType::I32, {5}, reinterpret_cast<char*>(y.data())}};
   }
   std::unique_ptr<rt::Dataset> open() { return rt::Dataset::open(spec, slots()); }
   // The rows of the batch, checking that x and y agree.
@@ -584,27 +581,27 @@ TEST_CASE("data: npy integer inputs take any integer file with a range check - b
   rt::write_npy(dir / "u.npy", "<u2", {2}, u16.data(), 4);
   std::vector<int32_t> out(2);
   rt::DataSpec spec;
-  spec.format = "npy";
-  spec.order = "sequential";
+  spec.format = rt::DataFormat::Npy;
+  spec.order = rt::DataOrder::Sequential;
   spec.files = {{"ids", dir / "u.npy"}};
-  rt::Dataset::open(spec, {{"ids", "i32", {2}, reinterpret_cast<char*>(out.data())}})->fill_train(0);
+  rt::Dataset::open(spec, {{"ids", rt::DType::I32, {2}, reinterpret_cast<char*>(out.data())}})->fill_train(0);
   CHECK(out == std::vector<int32_t>{0, 65535});
 
   const std::vector<int64_t> big = {1, int64_t(1) << 40};
   rt::write_npy(dir / "big.npy", "<i8", {2}, big.data(), 16);
   spec.files = {{"ids", dir / "big.npy"}};
-  auto data = rt::Dataset::open(spec, {{"ids", "i32", {2}, reinterpret_cast<char*>(out.data())}});
+  auto data = rt::Dataset::open(spec, {{"ids", rt::DType::I32, {2}, reinterpret_cast<char*>(out.data())}});
   CHECK(error_of([&] { data->fill_train(0); }) ==
         dir / "big.npy: row 1 holds 1099511627776, which does not fit in i32 input 'ids'");
   std::vector<int64_t> wide(2);
-  rt::Dataset::open(spec, {{"ids", "i64", {2}, reinterpret_cast<char*>(wide.data())}})->fill_train(0);
+  rt::Dataset::open(spec, {{"ids", rt::DType::I64, {2}, reinterpret_cast<char*>(wide.data())}})->fill_train(0);
   CHECK(wide == big);
 
   const std::vector<float> f = {1.0f, 1.00390625f, 3.0f, -0.0f};  // 1 + 2^-8 is a bf16 tie: rounds to even, 1.0
   rt::write_npy(dir / "f.npy", "<f4", {2, 2}, f.data(), 16);
   std::vector<uint16_t> bf(4);
   spec.files = {{"h", dir / "f.npy"}};
-  rt::Dataset::open(spec, {{"h", "bf16", {2, 2}, reinterpret_cast<char*>(bf.data())}})->fill_train(0);
+  rt::Dataset::open(spec, {{"h", rt::DType::BF16, {2, 2}, reinterpret_cast<char*>(bf.data())}})->fill_train(0);
   CHECK(bf == std::vector<uint16_t>{0x3F80, 0x3F80, 0x4040, 0x8000});
 }
 
@@ -635,7 +632,7 @@ TEST_CASE("data: npy mistakes name the file and what is wrong") {
   NpyFixture g(12, 1.0, "random");
   std::vector<int32_t> bools(5);
   CHECK(error_of([&] {
-          rt::Dataset::open(g.spec, {g.slots()[0], {"y", "bool", {5}, reinterpret_cast<char*>(bools.data())}});
+          rt::Dataset::open(g.spec, {g.slots()[0], {"y", rt::DType::Bool, {5}, reinterpret_cast<char*>(bools.data())}});
         }) == g.dir / "y.npy: dtype <i8 but input 'y' is bool");
   g.spec.split = 0.05;
   CHECK(error_of([&] { g.open(); }) == g.dir / "x.npy: split 0.05 of 12 rows leaves no training rows");
