@@ -417,10 +417,7 @@ EmittedKernel emit_concat_or_pad(const Kernel& k) {
   }
   s.close();
   s.close();
-  EmittedKernel e;
-  e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0, {}});
-  return e;
+  return {s.take(), {{k.name, grid, block, 0, {}}}};
 }
 
 // out[ids..., row...] = table[id, row...]: one thread per output element, or
@@ -466,10 +463,7 @@ EmittedKernel emit_embedding(const Kernel& k, int index) {
   }
   s.close();
   s.close();
-  EmittedKernel e;
-  e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0, {}});
-  return e;
+  return {s.take(), {{k.name, grid, block, 0, {}}}};
 }
 
 // A contraction the GEMM library cannot take (integer, fp8): one thread per
@@ -507,10 +501,7 @@ EmittedKernel emit_contraction(const Kernel& k) {
   s.line("{}", store(out, dot("i", oc), "acc"));
   s.close();
   s.close();
-  EmittedKernel e;
-  e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0, {}});
-  return e;
+  return {s.take(), {{k.name, grid, block, 0, {}}}};
 }
 
 }  // namespace napkin::codegen::cuda::detail
