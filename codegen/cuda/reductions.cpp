@@ -34,7 +34,7 @@ constexpr int kIdsPerThread = 4;
 }  // namespace
 
 Combine combine_of(ir::Combiner c, DType t) {
-  bool fp = is_float_compute(t);
+  bool fp = ir::is_floating(t);
   switch (c) {
     case ir::Combiner::Sum: break;
     case ir::Combiner::Max:
