@@ -273,35 +273,36 @@ std::string Device::source_of(std::string_view figure) const {
   return it != sources.end() ? it->second : source;
 }
 
-const std::vector<std::string>& figure_names() {
-  static const std::vector<std::string> names = {"memory",      "bandwidth",       "fp64",       "fp32",
-                                                 "tf32",        "bf16",            "fp16",       "fp8",
-                                                 "cache_bytes", "cache_bandwidth", "loop_flops", "transcendental_rate", "launch_seconds",
-                                                 "gemm_efficiency"};
-  return names;
-}
-
 namespace {
+
+// Each scalar figure's name and member, in the order figure_names() lists them.
+const std::pair<std::string_view, double Device::*> kFigures[] = {
+    {"memory", &Device::memory_bytes},         {"bandwidth", &Device::bandwidth_bytes_per_s},
+    {"fp64", &Device::fp64_flops},             {"fp32", &Device::fp32_flops},
+    {"tf32", &Device::tf32_flops},             {"bf16", &Device::bf16_flops},
+    {"fp16", &Device::fp16_flops},             {"fp8", &Device::fp8_flops},
+    {"cache_bytes", &Device::cache_bytes},     {"cache_bandwidth", &Device::cache_bandwidth_bytes_per_s},
+    {"loop_flops", &Device::loop_flops},       {"transcendental_rate", &Device::transcendental_rate},
+    {"launch_seconds", &Device::launch_seconds}};
 
 // The member holding figure `name`; nullptr for gemm_efficiency (a curve) and unknown names.
 double Device::*figure_member(std::string_view name) {
-  if (name == "memory") return &Device::memory_bytes;
-  if (name == "bandwidth") return &Device::bandwidth_bytes_per_s;
-  if (name == "fp64") return &Device::fp64_flops;
-  if (name == "fp32") return &Device::fp32_flops;
-  if (name == "tf32") return &Device::tf32_flops;
-  if (name == "bf16") return &Device::bf16_flops;
-  if (name == "fp16") return &Device::fp16_flops;
-  if (name == "fp8") return &Device::fp8_flops;
-  if (name == "cache_bytes") return &Device::cache_bytes;
-  if (name == "cache_bandwidth") return &Device::cache_bandwidth_bytes_per_s;
-  if (name == "loop_flops") return &Device::loop_flops;
-  if (name == "transcendental_rate") return &Device::transcendental_rate;
-  if (name == "launch_seconds") return &Device::launch_seconds;
+  for (const auto& [figure, member] : kFigures)
+    if (figure == name) return member;
   return nullptr;
 }
 
 }  // namespace
+
+const std::vector<std::string>& figure_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& figure : kFigures) n.emplace_back(figure.first);
+    n.emplace_back("gemm_efficiency");
+    return n;
+  }();
+  return names;
+}
 
 double figure_value(const Device& device, std::string_view name) {
   double Device::*member = figure_member(name);

@@ -27,15 +27,13 @@ MemoryCategory resident_category(ir::ValueKind kind) {
 
 MemoryBuffer make_buffer(const ir::Graph& g, ir::ValueId v, MemoryCategory category) {
   const ir::Value& value = g.value(v);
-  MemoryBuffer b;
-  b.value = v;
-  b.name = value.name.empty() ? fmt::format("%{}", v) : value.name;
-  b.bytes = value.type.bytes();
-  b.dtype = value.type.dtype;
-  b.category = category;
-  b.producer = value.producer;
-  b.line = value.loc.known() ? value.loc.line : 0;
-  return b;
+  return {.value = v,
+          .name = value.name.empty() ? fmt::format("%{}", v) : value.name,
+          .bytes = value.type.bytes(),
+          .dtype = value.type.dtype,
+          .category = category,
+          .producer = value.producer,
+          .line = value.loc.known() ? value.loc.line : 0};
 }
 
 // Whether the kernel making S (the value at position `at`; its fusion group,

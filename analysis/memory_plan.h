@@ -36,7 +36,6 @@
 
 #include <cstdint>
 #include <map>
-#include <vector>
 
 #include "analysis/memory.h"
 #include "ir/graph.h"

@@ -23,7 +23,6 @@
 
 #include <array>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "analysis/cost.h"

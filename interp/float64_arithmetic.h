@@ -12,7 +12,6 @@
 #pragma once
 
 #include <cmath>
-#include <vector>
 
 #include "ir/elementwise_formulas.h"
 #include "ir/graph.h"

@@ -1,6 +1,5 @@
 #include "ir/dtype.h"
 
-#include <array>
 #include <cmath>
 #include <cstddef>
 

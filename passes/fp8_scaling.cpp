@@ -1,7 +1,6 @@
 // fp8 per-tensor scaling of contraction operands: see passes/fp8_scaling.h.
 #include "passes/fp8_scaling.h"
 
-#include <map>
 
 #include "ir/builder.h"
 #include "passes/mixed_precision.h"

@@ -35,7 +35,6 @@
 #pragma once
 
 #include <memory>
-#include <string_view>
 
 #include "ir/glob.h"
 #include "passes/pass.h"

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
-#include <set>
 
 #include "analysis/memory.h"
 #include "analysis/step_kernels.h"

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "report/svg_chart.h"

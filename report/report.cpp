@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <set>
 #include <nlohmann/json.hpp>
 
 #include "analysis/memory_plan.h"

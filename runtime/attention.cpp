@@ -42,7 +42,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -201,31 +200,21 @@ void store_rows(const double* src, int64_t lds, int64_t rows, int64_t cols, doub
 
 // An element type: how it is stored, what it is computed in, and the exact
 // widening / round-to-nearest-even narrowing between them.
-struct F32Elem {
-  using Storage = float;
-  using Acc = float;
-  static float widen(float x) { return x; }
-  static void store(const float* src, int64_t lds, int64_t rows, int64_t cols, float mul, const float* div, float* dst,
-                    int64_t ldd) {
+template <class T>
+struct SameElem {  // stored as computed: f32, f64
+  using Storage = T;
+  using Acc = T;
+  static T widen(T x) { return x; }
+  static void store(const T* src, int64_t lds, int64_t rows, int64_t cols, T mul, const T* div, T* dst, int64_t ldd) {
     store_rows(src, lds, rows, cols, mul, div, dst, ldd);
   }
 };
-struct F64Elem {
-  using Storage = double;
-  using Acc = double;
-  static double widen(double x) { return x; }
-  static void store(const double* src, int64_t lds, int64_t rows, int64_t cols, double mul, const double* div,
-                    double* dst, int64_t ldd) {
-    store_rows(src, lds, rows, cols, mul, div, dst, ldd);
-  }
-};
+using F32Elem = SameElem<float>;
+using F64Elem = SameElem<double>;
 struct BF16Elem {
   using Storage = uint16_t;
   using Acc = float;
   static float widen(uint16_t x) { return bf16_bits_to_float(x); }
-  static void widen_rows(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
-    widen_bf16(src, rows, cols, ld, dst);
-  }
   static void store(const float* src, int64_t lds, int64_t rows, int64_t cols, float mul, const float* div,
                     uint16_t* dst, int64_t ldd) {
     store_rows(src, lds, rows, cols, mul, div, dst, ldd);
@@ -279,7 +268,7 @@ const typename E::Acc* load_rows(const typename E::Storage* src, int64_t rows, i
   }
   A* dst = Scratch<A>::sized(buf, rows * cols);
   if constexpr (std::is_same_v<E, BF16Elem>) {
-    E::widen_rows(src, rows, cols, ld, dst);
+    widen_bf16(src, rows, cols, ld, dst);
   } else {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = E::widen(src[r * ld + c]);

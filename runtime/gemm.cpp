@@ -5,7 +5,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 
 #include "runtime/error.h"
 #include "runtime/float_formats.h"

@@ -130,7 +130,6 @@ std::string profile_report(const Program& p, const std::vector<double>& kernel_s
     std::string name;
     int kernels = 0;
     double measured = 0, predicted = 0, flops = 0, bytes = 0;
-    bool predicted_known = true;
   };
   std::map<std::string, Row> classes;
   double total = 0, total_predicted = 0;
@@ -143,7 +142,6 @@ std::string profile_report(const Program& p, const std::vector<double>& kernel_s
     r.flops += k.flops;
     r.bytes += k.bytes;
     if (k.predicted_seconds >= 0) r.predicted += k.predicted_seconds;
-    else r.predicted_known = false;
     total += kernel_seconds[i] * per_step;
     total_predicted += std::max(0.0, k.predicted_seconds);
   }

@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
-#include <iostream>
 #include <optional>
 
 #include "runtime/checkpoint.h"

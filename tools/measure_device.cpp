@@ -352,16 +352,6 @@ struct TriadArrays {
 // ---------------------------------------------------------------------------
 // GEMMs
 
-size_t element_bytes(GemmType t) {
-  switch (t) {
-    case GemmType::F64: return 8;
-    case GemmType::F32: return 4;
-    case GemmType::BF16:
-    case GemmType::F16: return 2;
-  }
-  return 4;
-}
-
 // Values in [-1, 1) from a fixed generator: the same operands every run.
 void fill_operand(void* data, int64_t count, GemmType type) {
   uint32_t state = 12345;
@@ -403,9 +393,9 @@ struct GemmBench {
   GemmBench(const GemmShape& shape, GemmType type, int threads)
       : shape(shape),
         gemm(shape.desc(), {type, type}),
-        a(shape.batch * shape.m * shape.k * element_bytes(type)),
-        b(shape.batch * shape.k * shape.n * element_bytes(type)),
-        c(shape.batch * shape.m * shape.n * element_bytes(type)) {
+        a(shape.batch * shape.m * shape.k * runtime::gemm_type_bytes(type)),
+        b(shape.batch * shape.k * shape.n * runtime::gemm_type_bytes(type)),
+        c(shape.batch * shape.m * shape.n * runtime::gemm_type_bytes(type)) {
     fill_operand(a.get(), shape.batch * shape.m * shape.k, type);
     fill_operand(b.get(), shape.batch * shape.k * shape.n, type);
     gemm.prepare(threads);

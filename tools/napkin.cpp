@@ -266,17 +266,13 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
   analysis::MemoryReport memory = analysis::analyze_memory(*g);
   // The text lists every op and every cast only when asked (--ops); the
   // JSON keeps its `ops` unless --no-ops.
-  report::ReportOptions options{path,
-                                a.json ? !a.no_ops : a.ops,
-                                &step->passes.recompute,
-                                step->fp32_step ? &*step->fp32_step : nullptr,
-                                &step->passes,
-                                step->policy_casts_step ? &*step->policy_casts_step : nullptr,
-                                topology.ranks,
-                                topology.link,
-                                topology.across,
-                                topology.ranks_per_node,
-                                a.accumulate};
+  report::ReportOptions options{.model_path = path, .show_ops = a.json ? !a.no_ops : a.ops,
+                                .recompute = &step->passes.recompute,
+                                .fp32_step = step->fp32_step ? &*step->fp32_step : nullptr,
+                                .pipeline = &step->passes,
+                                .policy_casts_step = step->policy_casts_step ? &*step->policy_casts_step : nullptr,
+                                .ranks = topology.ranks, .interconnect = topology.link, .inter_node = topology.across,
+                                .ranks_per_node = topology.ranks_per_node, .accumulate = a.accumulate};
   if (!html.file.empty()) {
     const analysis::Device& roofline_device = *device;
     options.show_ops = false;  // the page's tables replace the per-op list (the JSON's `ops`)
@@ -638,16 +634,9 @@ int cmd_build_cuda(const CommandContext& ctx, const BuildArgs& a) {
   std::optional<BuildGraph> built_graph = graph_to_build(ctx, a);
   if (!built_graph) return kUserError;
   const ir::Graph* g = &built_graph->graph;
-  codegen::cuda::CudaBuildOptions options;
-  options.output = a.output;
-  options.model_hash = built_graph->model_hash;
-  options.device = a.device;
-  options.arch = a.arch;
-  options.tf32 = a.tf32;
-  options.line_info = a.line_info;
-  options.no_cache = a.no_cache;
-  options.emit_cuda = a.emit_cuda;
-  options.emit_program = a.emit_program;
+  codegen::cuda::CudaBuildOptions options{.output = a.output, .model_hash = built_graph->model_hash, .device = a.device,
+                                          .arch = a.arch, .tf32 = a.tf32, .line_info = a.line_info,
+                                          .no_cache = a.no_cache, .emit_cuda = a.emit_cuda, .emit_program = a.emit_program};
   if (!a.classifier_chunk.empty()) {
     std::string error;
     std::optional<int64_t> bytes = passes::parse_memory_budget(a.classifier_chunk, error);

@@ -104,7 +104,7 @@ struct Dims {
 // The SIMT tile: 64 rows, halved until two tiles of D elements fit in 48 KiB.
 int simt_tile(const Dims& d, DType t) {
   int tile = kRows;
-  while (tile > 8 && 2 * tile * d.D * elem_size(t) > 48 * 1024) tile /= 2;
+  while (tile > 8 && 2 * tile * d.D * ir::dtype_size(t) > 48 * 1024) tile /= 2;
   return tile;
 }
 
@@ -115,12 +115,12 @@ int64_t padded(int64_t d) { return (d + 15) / 16 * 16; }
 // v; dK/dV two (q, do) pairs (the tile computed on and the next) and the
 // tile's lse and delta (f32); dQ two (k, v) pairs.
 int shared_fwd(const Dims& d, DType t) {
-  if (!tensor_cores(t)) return 2 * simt_tile(d, t) * static_cast<int>(d.D) * elem_size(t);
+  if (!tensor_cores(t)) return 2 * simt_tile(d, t) * static_cast<int>(d.D) * ir::dtype_size(t);
   return static_cast<int>(3 * kRows * (padded(d.D) + 8) * 2);
 }
 int shared_kv(const Dims& d, DType t) {
   const int tile = simt_tile(d, t);
-  if (!tensor_cores(t)) return (2 * tile * static_cast<int>(d.D) + 2 * tile) * elem_size(t);
+  if (!tensor_cores(t)) return (2 * tile * static_cast<int>(d.D) + 2 * tile) * ir::dtype_size(t);
   return static_cast<int>(4 * kRows * (padded(d.D) + 8) * 2 + 2 * kRows * 4);
 }
 int shared_q(const Dims& d, DType t) {

@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "codegen/cuda/kernel_source.h"
 #include "codegen/host/build_result.h"

@@ -99,11 +99,7 @@ EmittedKernel emit_cached_attention(const Kernel& k, int index) {
   s.close();
   s.close();
 
-  EmittedKernel e;
-  e.launches.push_back({k.name, grid_for(items, kBlock), kBlock, 0, {}});
-  e.launches.push_back({k.name + "_2", B * HQ * N, kBlock, 0, {}});
-  e.text = s.take();
-  return e;
+  return {s.take(), {{k.name, grid_for(items, kBlock), kBlock, 0, {}}, {k.name + "_2", B * HQ * N, kBlock, 0, {}}}};
 }
 
 }  // namespace napkin::codegen::cuda::detail

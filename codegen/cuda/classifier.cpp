@@ -50,7 +50,7 @@ CudaClassifierLayout classifier_layout(const Kernel& k, const CudaSourceOptions&
   const Operand& x = k.inputs[0];
   const Operand& w = k.inputs[1];
   const int64_t d = x.sizes.back(), rows = x.numel() / d, vocab = w.sizes[0];
-  const int64_t es = detail::elem_size(x.dtype), acc = detail::compute_size(x.dtype);
+  const int64_t es = ir::dtype_size(x.dtype), acc = detail::compute_size(x.dtype);
   CudaClassifierLayout l;
   l.rows = rows, l.vocab = vocab, l.d = d;
   l.chunk = std::max(kChunkQuantum, options.classifier_logits_bytes / (rows * es) / kChunkQuantum * kChunkQuantum);

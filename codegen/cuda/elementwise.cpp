@@ -65,11 +65,11 @@ class CudaArithmetic {
   Handle sin(const Handle& x) const { return call("napkin_sin", x); }
   Handle cos(const Handle& x) const { return call("napkin_cos", x); }
   Handle abs(const Handle& x) const {
-    if (is_float_compute(x.dtype)) return call("napkin_fabs", x);
+    if (ir::is_floating(x.dtype)) return call("napkin_fabs", x);
     return {fmt::format("({0} < 0 ? -{0} : {0})", x.text), x.dtype};
   }
   Handle pow(const Handle& x, const Handle& y) const {
-    NAPKIN_INTERNAL_CHECK(is_float_compute(x.dtype), "pow of integers has no lowering");
+    NAPKIN_INTERNAL_CHECK(ir::is_floating(x.dtype), "pow of integers has no lowering");
     return call("napkin_pow", x, y);
   }
   Handle maximum(const Handle& x, const Handle& y) const { return call("napkin_maximum", x, y); }
@@ -166,12 +166,12 @@ int vector_width(const ElementwiseLoop& l) {
   auto outer = [](const std::vector<int64_t>& s) { return std::vector<int64_t>(s.begin(), s.end() - 1); };
   for (size_t i = 0; i < l.outputs.size(); ++i) {
     if (l.out_strides[i].back() != 1) return 0;
-    min_size = std::min(min_size, elem_size(l.outputs[i]->dtype));
+    min_size = std::min(min_size, ir::dtype_size(l.outputs[i]->dtype));
   }
   for (size_t i = 0; i < l.inputs.size(); ++i) {
     int64_t inner = l.in_strides[i].back();
     if (inner != 0 && inner != 1) return 0;
-    if (inner == 1) min_size = std::min(min_size, elem_size(l.inputs[i]->dtype));
+    if (inner == 1) min_size = std::min(min_size, ir::dtype_size(l.inputs[i]->dtype));
   }
   int E = 16 / min_size;
   if (l.sizes.back() % E != 0) return 0;
@@ -417,10 +417,7 @@ EmittedKernel emit_concat_or_pad(const Kernel& k) {
   }
   s.close();
   s.close();
-  EmittedKernel e;
-  e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0, {}});
-  return e;
+  return {s.take(), {{k.name, grid, block, 0, {}}}};
 }
 
 // out[ids..., row...] = table[id, row...]: one thread per output element, or
@@ -431,7 +428,7 @@ EmittedKernel emit_embedding(const Kernel& k, int index) {
   const Operand& out = k.output;
   const auto [vocab, id_sizes, id_strides, out_id_strides, row_sizes, row_table, row_out] = embedding_loop(k);
   int64_t positions = product(id_sizes), row_len = product(row_sizes);
-  int E = 16 / std::min(elem_size(table.dtype), elem_size(out.dtype));
+  int E = 16 / std::min(ir::dtype_size(table.dtype), ir::dtype_size(out.dtype));
   bool vec = row_sizes.size() == 1 && row_table[0] == 1 && row_out[0] == 1 && row_len % E == 0 &&
              aligned16(table, {table.strides[0]}) && aligned16(out, out_id_strides);
   if (!vec) E = 1;
@@ -466,10 +463,7 @@ EmittedKernel emit_embedding(const Kernel& k, int index) {
   }
   s.close();
   s.close();
-  EmittedKernel e;
-  e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0, {}});
-  return e;
+  return {s.take(), {{k.name, grid, block, 0, {}}}};
 }
 
 // A contraction the GEMM library cannot take (integer, fp8): one thread per
@@ -507,10 +501,7 @@ EmittedKernel emit_contraction(const Kernel& k) {
   s.line("{}", store(out, dot("i", oc), "acc"));
   s.close();
   s.close();
-  EmittedKernel e;
-  e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0, {}});
-  return e;
+  return {s.take(), {{k.name, grid, block, 0, {}}}};
 }
 
 }  // namespace napkin::codegen::cuda::detail

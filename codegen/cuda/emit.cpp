@@ -41,8 +41,6 @@ const char* compute_type(DType t) {
   return nullptr;
 }
 
-int elem_size(DType t) { return ir::dtype_size(t); }
-
 int compute_size(DType t) {
   switch (t) {
     case DType::F64:
@@ -51,8 +49,6 @@ int compute_size(DType t) {
     default: return 4;
   }
 }
-
-bool is_float_compute(DType t) { return ir::is_floating(t); }
 
 std::string literal(DType t, double v) {
   switch (t) {
@@ -119,7 +115,7 @@ std::string convert(const std::string& v, DType from, DType to) {
   if (src == dst) return v;
   if (to == DType::Bool) return fmt::format("(({}) != 0)", v);
   if (from == DType::Bool) return fmt::format("(({})(({}) ? 1 : 0))", dst, v);
-  if (is_float_compute(from) && !is_float_compute(to))
+  if (ir::is_floating(from) && !ir::is_floating(to))
     return fmt::format("{}({})", to == DType::I32 ? "napkin_to_i32_sat" : "napkin_to_i64_sat", v);
   return fmt::format("(({})({}))", dst, v);  // float <-> float, int -> float (nearest), int <-> int
 }
@@ -181,7 +177,7 @@ std::string pack(DType t, const std::string& v) {
 }  // namespace
 
 void vector_load(Src& s, const Operand& o, const std::string& at, int E, const std::function<std::string(int)>& dst) {
-  int size = elem_size(o.dtype);
+  int size = ir::dtype_size(o.dtype);
   int words = E * size / 16;
   NAPKIN_INTERNAL_CHECK(words >= 1 && E * size % 16 == 0, "a chunk of {} elements of {} bytes is not whole uint4 words", E, size);
   s.open("{{");
@@ -192,7 +188,7 @@ void vector_load(Src& s, const Operand& o, const std::string& at, int E, const s
 }
 
 void vector_store(Src& s, const Operand& o, const std::string& at, int E, const std::function<std::string(int)>& src) {
-  int size = elem_size(o.dtype);
+  int size = ir::dtype_size(o.dtype);
   int words = E * size / 16;
   NAPKIN_INTERNAL_CHECK(words >= 1 && E * size % 16 == 0, "a chunk of {} elements of {} bytes is not whole uint4 words", E, size);
   s.open("{{");
@@ -223,7 +219,7 @@ void vector_store(Src& s, const Operand& o, const std::string& at, int E, const 
 }
 
 bool aligned16(const Operand& o, const std::vector<int64_t>& strides) {
-  int64_t size = elem_size(o.dtype);
+  int64_t size = ir::dtype_size(o.dtype);
   if (o.byte_offset % 16 != 0) return false;
   for (int64_t st : strides)
     if (st * size % 16 != 0) return false;

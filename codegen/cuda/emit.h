@@ -86,9 +86,7 @@ class Src {
 
 const char* storage_type(ir::DType t);
 const char* compute_type(ir::DType t);
-int elem_size(ir::DType t);
 int compute_size(ir::DType t);  // bytes of the compute type (bool: 1)
-bool is_float_compute(ir::DType t);  // float or double compute type
 
 // A literal of t's compute type with value v (exact for float/double:
 // hex-float literals).

@@ -34,7 +34,7 @@ constexpr int kIdsPerThread = 4;
 }  // namespace
 
 Combine combine_of(ir::Combiner c, DType t) {
-  bool fp = is_float_compute(t);
+  bool fp = ir::is_floating(t);
   switch (c) {
     case ir::Combiner::Sum: break;
     case ir::Combiner::Max:
@@ -257,12 +257,7 @@ EmittedKernel emit_mse(const Kernel& k) {
   s.line("acc = napkin_block_reduce(acc, napkin_sum_op(), 0.0, red);");
   s.line("if (threadIdx.x == 0u) {}", store(k.output, "0", fmt::format("({})(acc / {})", ct, literal(DType::F64, static_cast<double>(a.numel())))));
   s.close();
-  EmittedKernel e;
-  e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0, {}});
-  e.launches.push_back({name2, 1, block, 0, {}});
-  e.scratch_bytes = grid * 8;
-  return e;
+  return {s.take(), {{k.name, grid, block, 0, {}}, {name2, 1, block, 0, {}}}, grid * 8};
 }
 
 // out[id] += dy[position] over positions in order, deterministic and equal to
@@ -355,10 +350,7 @@ EmittedKernel emit_embedding_grad(const Kernel& k, int index) {
   s.line("__syncthreads();");
   s.close();
   s.close();
-  EmittedKernel e;
-  e.text = s.take();
-  e.launches.push_back({k.name, grid, block, 0, {}});
-  return e;
+  return {s.take(), {{k.name, grid, block, 0, {}}}};
 }
 
 }  // namespace napkin::codegen::cuda::detail

@@ -54,7 +54,7 @@ class RowEmitter {
       vec_ok[i] = (r.shape == RowShape::Full || r.shape == RowShape::Vector) && r.step == 1 && aligned16(*r.op, r.strides);
       if (r.shape != RowShape::Full) continue;
       vec = vec && vec_ok[i];
-      min_size = std::min(min_size, elem_size(r.op->dtype));
+      min_size = std::min(min_size, ir::dtype_size(r.op->dtype));
     }
     E = vec && n % (16 / min_size) == 0 ? 16 / min_size : 1;
     chunks = n / E;
