@@ -93,22 +93,27 @@ struct CachedAttentionSpec {
   bool operator==(const CachedAttentionSpec&) const = default;
 };
 
+// A classifier kernel on backend "cuda": the vocabulary in `chunks` chunks
+// of `chunk` classes, and the byte offsets in the scratch buffer of the
+// chunk's logits and of dx's f32 sums (-1: none; codegen/cuda/kernel_source.h,
+// CudaClassifierLayout). At namespace scope, not nested in ClassifierSpec:
+// clang does not see a nested struct's member initializers, so its
+// default-constructibility, until the enclosing class is complete.
+struct ClassifierCudaChunks {
+  int64_t chunk = 0, chunks = 0, logits = 0, dx_acc = -1;
+  bool operator==(const ClassifierCudaChunks&) const = default;
+};
+
 // A fused classifier kernel (runtime/classifier.h): its descriptor and where
 // each operand starts in the arena (loss forward; dloss, dx, dw backward).
 struct ClassifierSpec {
   static constexpr const char* kind = "classifier";
+  using Cuda = ClassifierCudaChunks;
   bool backward = false;
   DType dtype = DType::F32;
   ClassifierDesc desc;
   int64_t x = 0, w = 0, targets = 0, loss = 0, lse = 0, dloss = 0, dx = 0, dw = 0;  // byte offsets
-  // Backend "cuda": the vocabulary in `chunks` chunks of `chunk` classes, and
-  // the byte offsets in the scratch buffer of the chunk's logits and of dx's
-  // f32 sums (-1: none; codegen/cuda/kernel_source.h, CudaClassifierLayout).
-  struct Cuda {
-    int64_t chunk = 0, chunks = 0, logits = 0, dx_acc = -1;
-    bool operator==(const Cuda&) const = default;
-  };
-  std::optional<Cuda> cuda;
+  std::optional<Cuda> cuda;  // backend cuda only
   bool operator==(const ClassifierSpec&) const = default;
 };
 

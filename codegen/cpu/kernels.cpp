@@ -588,7 +588,9 @@ LoopInfo batched(LoopEmitter& e, const Kernel& k) {
         if (!reduces) return;
         std::map<int64_t, std::vector<int64_t>> members_by_chunks;
         for (size_t m = 0; m < k.batch.size(); ++m) members_by_chunks[first_chunk[m + 1] - first_chunk[m]].push_back(int64_t(m));
-        for (const auto& [count, members] : members_by_chunks) {
+        for (const auto& by_count : members_by_chunks) {
+          const int64_t count = by_count.first;  // not a structured binding: the lambdas capture it
+          const std::vector<int64_t>& members = by_count.second;
           auto member_at = table(members, fmt::format("members_of_{}_chunks", count));
           e.loop(e.i64(0), e.i64(static_cast<int64_t>(members.size())), [&](llvm::Value* j) {
             llvm::Value* m = member_at(j);
@@ -776,7 +778,8 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
         break;
       }
       case RowVariant::Norm: {
-        auto [mean, rstd] = row_stats(e, X, xb, n, p.eps, p.centered);
+        llvm::Value *mean, *rstd;  // not a structured binding: the lambdas capture them
+        std::tie(mean, rstd) = row_stats(e, X, xb, n, p.eps, p.centered);
         e.loop(e.i64(0), e.i64(n), [&](llvm::Value* kk) {
           llvm::Value* y = b.CreateFMul(b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd), ld(ops[1], base[1], kk));
           if (p.centered) y = b.CreateFAdd(y, ld(ops[2], base[2], kk));
@@ -816,7 +819,8 @@ LoopInfo rows(LoopEmitter& e, const Kernel& k, int index) {
           break;
         }
         // dx = rstd * (g_dy - mean(g_dy) - x_hat * mean(g_dy * x_hat)), g_dy = dy * g
-        auto [mean, rstd] = row_stats(e, X, xb, n, p.eps, true);
+        llvm::Value *mean, *rstd;
+        std::tie(mean, rstd) = row_stats(e, X, xb, n, p.eps, true);
         auto xhat = [&](llvm::Value* kk) { return b.CreateFMul(b.CreateFSub(ld(X, xb, kk), mean), rstd); };
         llvm::Value* mean_gdy = b.CreateFMul(row_sum(e, t, n, gdy), inv_n);
         llvm::Value* mean_gdy_xhat =
@@ -949,7 +953,11 @@ LoopInfo concat_or_pad(LoopEmitter& e, const Kernel& k) {
 LoopInfo embedding(LoopEmitter& e, const Kernel& k, int index) {
   const Operand& table = k.inputs[0];
   const Operand& ids = k.inputs[1];
-  const auto [vocab, id_sizes, id_strides, out_id_strides, row_sizes, row_table, row_out] = embedding_loop(k);
+  // Named references, not a structured binding: the loops' lambdas capture them.
+  const EmbeddingLoop loop = embedding_loop(k);
+  const int64_t vocab = loop.vocab;
+  const std::vector<int64_t>&id_sizes = loop.id_sizes, &id_strides = loop.id_strides, &out_id_strides = loop.dense_id_strides,
+                        &row_sizes = loop.row_sizes, &row_table = loop.row_table, &row_out = loop.row_dense;
   e.nest(id_sizes, 0, [&](const Idx& idx) {
     llvm::Value* id = e.load(ids, e.dot(idx, id_strides));
     e.check_index(id, vocab, index);
@@ -978,7 +986,10 @@ LoopInfo embedding_grad(LoopEmitter& e, const Kernel& k, int index) {
   } else {
     zero_fill(e, out);
   }
-  const auto [vocab, id_sizes, id_strides, dy_id_strides, row_sizes, row_out, row_dy] = embedding_loop(k);
+  const EmbeddingLoop loop = embedding_loop(k);
+  const int64_t vocab = loop.vocab;
+  const std::vector<int64_t>&id_sizes = loop.id_sizes, &id_strides = loop.id_strides, &dy_id_strides = loop.dense_id_strides,
+                        &row_sizes = loop.row_sizes, &row_out = loop.row_table, &row_dy = loop.row_dense;
   e.loop(e.begin, e.end, [&](llvm::Value*) {
     e.nest(id_sizes, -1, [&](const Idx& idx) {
       llvm::Value* id = e.load(ids, e.dot(idx, id_strides));
