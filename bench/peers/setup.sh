@@ -8,7 +8,8 @@
 #          torch (PyTorch 2: torch.compile with inductor on the CPU; the PyPI
 #          wheel is the CUDA build, which needs its CUDA libraries to import,
 #          about 5 GB in all), jax[cpu] (XLA's whole-step jit), tinygrad
-#          (TinyJit), numpy
+#          (TinyJit), numpy, transformers and safetensors (the Hugging Face
+#          references of bench/hf_parity.py)
 #   apt:   python3-torch and libopenblas0-pthread (without it Debian's torch
 #          runs on the reference BLAS, 30x slower)
 #
@@ -41,6 +42,9 @@ have torch || want+=(torch "setuptools>=77")
 have jax || want+=("jax[cpu]")
 have tinygrad || want+=(tinygrad)
 have numpy || want+=(numpy)
+# The references a user trusts for Hugging Face models (bench/hf_parity.py).
+have transformers || want+=(transformers)
+have safetensors || want+=(safetensors)
 if ((${#want[@]})); then
   echo "bench peers: pip install ${want[*]} (PyPI)"
   "$venv/bin/pip" install -q --upgrade "${want[@]}"

@@ -1,0 +1,64 @@
+// Rotary position embeddings (RoPE, Su et al. 2021): the one place their
+// arithmetic is written for the runtime's kernels and the interpreter (the
+// CUDA backend renders the same formulas as device code, codegen/cuda).
+//
+// A row x of `dim` elements (dim even, half = dim / 2) at position p is turned
+// by the angles a_j = p * inv_freq_j, j in [0, half), in one of two pairings:
+//   Half         (Hugging Face's rotate_half, GPT-NeoX): element j pairs with j + half
+//   Interleaved  (Meta's original Llama code, GPT-J):     element 2j pairs with 2j + 1
+// For a pair (x1, x2) and its angle a:
+//   y1 = x1 cos a - x2 sin a        y2 = x2 cos a + x1 sin a
+// and the inverse (the vector-Jacobian product: a rotation's transpose is the
+// rotation by -a) flips the sign of sin a.
+//
+// inv_freq_j = 1 / theta^(2j / dim), computed in f32 as transformers does
+// (so that imported weights give its logits), optionally rescaled as Llama
+// 3.1 does: wavelengths beyond original_context / low_freq_factor are divided
+// by `factor`, those below original_context / high_freq_factor are kept, and
+// those between are interpolated smoothly. The angle is the f32 product
+// float(p) * inv_freq_j (one rounding, as transformers' f32 matmul of
+// positions and frequencies); its cosine and sine are rounded to f32 once.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace napkin::runtime {
+
+enum class RopeStyle : uint8_t { Half, Interleaved };
+
+struct RopeDesc {
+  RopeStyle style = RopeStyle::Half;
+  int64_t dim = 2;      // elements rotated per row (even)
+  double theta = 10000;  // the frequencies' base
+  // Llama 3.1's frequency scaling; factor 0: none.
+  double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
+  int64_t original_context = 8192;
+  bool operator==(const RopeDesc&) const = default;
+};
+
+// The half = dim / 2 inverse frequencies, f32 as transformers computes them.
+std::vector<float> rope_inv_freq(const RopeDesc& d);
+
+// cos and sin of every (position, frequency) angle for positions [0, n):
+// computed once per program (a kernel's setup), never per step. Row p holds
+// half values each.
+struct RopeTable {
+  int64_t positions = 0, half = 0;
+  std::vector<float> cos, sin;  // [positions, half]
+  const float* cos_row(int64_t p) const { return cos.data() + p * half; }
+  const float* sin_row(int64_t p) const { return sin.data() + p * half; }
+};
+RopeTable make_rope_table(const RopeDesc& d, int64_t positions);
+
+// The angle of position p and frequency j (f32, one rounding) and its cosine
+// and sine: for positions the table does not hold (explicit positions).
+float rope_angle(float inv_freq, int64_t position);
+
+// Rotates one row of d.dim f32 values in place by the angles whose cosines
+// and sines are cos[0, half) and sin[0, half); inverse: by the negated angles.
+void rope_rotate_row(RopeStyle style, int64_t dim, const float* cos, const float* sin, bool inverse, float* row);
+// The same in f64 (the interpreter's reference), angles from f32 tables.
+void rope_rotate_row(RopeStyle style, int64_t dim, const float* cos, const float* sin, bool inverse, double* row);
+
+}  // namespace napkin::runtime
