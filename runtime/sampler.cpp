@@ -16,6 +16,7 @@
 #include <numeric>
 
 #include "runtime/checkpoint.h"
+#include "runtime/npy.h"
 #include "runtime/error.h"
 #include "runtime/flag_checks.h"
 #include "runtime/tensor_element.h"
@@ -55,7 +56,7 @@ namespace {
 
 // The sampler's flags.
 struct Options {
-  std::string checkpoint, prompt, prompt_ids;
+  std::string checkpoint, prompt, prompt_ids, logits;
   bool has_prompt = false;
   SampleOptions sample;
   int threads = 0;
@@ -221,6 +222,7 @@ class Generation {
     engine_.run_setup();
     auto t0 = std::chrono::steady_clock::now();
     out_.prompt_by_steps = ingest(static_cast<int64_t>(prompt.size()));
+    if (o_.keep_prompt_logits) keep_prompt_logits(static_cast<int64_t>(prompt.size()));
     out_.prefill_seconds = seconds_since(t0);
     for (int64_t n = 1; n < o_.tokens; ++n) {
       // The token just sampled sits at this position of the window the cache
@@ -259,8 +261,8 @@ class Generation {
   // 0, and the next token from their last logits: by the prefill program,
   // or by `length` decode steps; returns whether by steps.
   bool ingest(int64_t length) {
-    bool steps = o_.prompt_path == PromptPath::Steps;
-    if (o_.prompt_path == PromptPath::Auto) {
+    bool steps = o_.prompt_path == PromptPath::Steps && !o_.keep_prompt_logits;
+    if (o_.prompt_path == PromptPath::Auto && !o_.keep_prompt_logits) {
       const double prefill = predicted_prefill_seconds(engine_.program()), step = predicted_decode_seconds(engine_.program());
       steps = prefill > 0 && step > 0 && static_cast<double>(length) * step < prefill;
     }
@@ -272,6 +274,15 @@ class Generation {
     for (int64_t i = 0; i < length; ++i) decode(i, length - 1 - i);
     take_next(*t_.decode_logits, 0);
     return true;
+  }
+
+  // Batch entry 0's prefill logits at positions [0, length).
+  void keep_prompt_logits(int64_t length) {
+    const TensorSpec& t = *t_.prefill_logits;
+    const int64_t vocab = t.shape.at(2);
+    out_.prompt_logits.reserve(static_cast<size_t>(length * vocab));
+    for (int64_t row = 0; row < length; ++row)
+      for (double v : logits_row(engine_, t, 0, row)) out_.prompt_logits.push_back(static_cast<float>(v));
   }
 
   // The prefill over the last `length` tokens of each sequence.
@@ -376,6 +387,9 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
         ->check(CLI::IsMember({"auto", "prefill", "steps"}))->capture_default_str();
     app.add_option("--threads", o.threads, "worker threads (0: the CPUs this process may use)")
         ->check(whole_number_in(0, 1024))->capture_default_str();
+    app.add_option("--logits", o.logits,
+                   "write the logits at every prompt position (the first sequence's) to this .npy file, f32 "
+                   "[prompt tokens, vocab]; the prompt goes in by the prefill");
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -384,6 +398,7 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
       return app.exit(e) == 0 ? 0 : 1;
     }
     o.has_prompt = prompt->count() > 0;
+    o.sample.keep_prompt_logits = !o.logits.empty();
     o.sample.prompt_path = prompt_path == "prefill" ? PromptPath::Prefill
                            : prompt_path == "steps" ? PromptPath::Steps
                                                     : PromptPath::Auto;
@@ -404,6 +419,10 @@ int sampler_main(int argc, char** argv, const Program& program, const EngineFact
     for (int64_t id : prompt_ids) print_token(id, byte_level);
     const Generated s = generate(*engine, prompt_ids, o.sample, [&](int64_t id) { print_token(id, byte_level); });
     std::fputc('\n', stdout);
+    if (!o.logits.empty()) {
+      const int64_t rows = static_cast<int64_t>(prompt_ids.size());
+      write_npy(o.logits, "<f4", {rows, vocab}, s.prompt_logits.data(), s.prompt_logits.size() * sizeof(float));
+    }
     for (size_t b = 1; b < s.sequences.size(); ++b) {
       std::fprintf(stdout, "--- sample %zu of %zu ---\n", b + 1, s.sequences.size());
       for (int64_t id : s.sequences[b]) print_token(id, byte_level);

@@ -51,6 +51,9 @@ struct SampleOptions {
   int64_t top_k = 0;         // 0: all
   uint64_t seed = 0;
   PromptPath prompt_path = PromptPath::Auto;
+  // Keep the prompt's logits (Generated::prompt_logits); the prompt then
+  // goes in by the prefill, which computes every position's.
+  bool keep_prompt_logits = false;
 };
 
 // What a generation did: every batch entry's sequence (the prompt, then the
@@ -61,6 +64,10 @@ struct Generated {
   bool prompt_by_steps = false;                    // the prompt went in by decode steps
   int64_t decode_steps = 0;
   int windows = 0;  // times the context was full and its last half went in again
+  // With SampleOptions::keep_prompt_logits: batch entry 0's logits at every
+  // prompt position, [prompt length, V] row-major, as f32 (the sampler's
+  // --logits FILE.npy: what bench/hf_parity.py compares with transformers').
+  std::vector<float> prompt_logits;
 };
 
 // Generates o.tokens tokens after `prompt` (1 to context tokens) with an
@@ -90,7 +97,8 @@ class TrainingSamples {
 
 // Runs the sampler; returns the exit status (0, or 1 for a user error: a
 // checkpoint of another model, a prompt longer than the context, a byte
-// outside the vocabulary, a bad flag).
+// outside the vocabulary, a bad flag). --logits FILE.npy writes the prompt's
+// logits (Generated::prompt_logits).
 int sampler_main(int argc, char** argv, const Program& program, const EngineFactory& make_engine);
 
 }  // namespace napkin::runtime

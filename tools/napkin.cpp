@@ -965,7 +965,9 @@ int main(int argc, char** argv) {
            {"--seed", "seed of the sampling draws (default 0)"},
            {"--prompt-path", "how the prompt enters the KV cache: prefill, steps or auto (default: the faster as napkin "
                              "predicts it)"},
-           {"--threads", "worker threads (default 0: the CPUs this process may use)"}})
+           {"--threads", "worker threads (default 0: the CPUs this process may use)"},
+           {"--logits", "write the logits at every prompt position to this .npy file (f32 [prompt tokens, vocab]; "
+                        "the prompt goes in by the prefill)"}})
     sample->add_option(flag, sample_flags[flag], help);
   sample->callback([&] {
     for (const auto& [flag, value] : sample_flags)
