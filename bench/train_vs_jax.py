@@ -157,6 +157,8 @@ def jax_batches(batches):
 def time_jax(name, weights, batches, steps, warmup, precision="fp32"):
     """The median step in ms, every loss, and the first call's seconds (jit compilation in it).
     name: a train_vs_torch.DIMS entry (gpt-d512 is a gpt at its dims)."""
+    if tvt.kind(name) not in MODELS:
+        raise NotImplementedError(f"no JAX formulation of {name} here")
     loss_fn, (opt_init, opt_update) = MODELS[tvt.kind(name)]
     dm, mm = tvt.DIMS[name], (mm_bf16 if precision == "bf16-mixed" else mm_fp32)
 

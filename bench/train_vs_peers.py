@@ -55,7 +55,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "peers"))
 import check as peer_check  # noqa: E402
 import train_vs_torch as tvt  # noqa: E402
 
-MODELS = ["cruncher", "mlp", "gpt", "gpt-d512"]
+MODELS = ["cruncher", "mlp", "gpt", "gpt-d512", "llama"]
 PEERS = ["torch.compile", "jax", "tinygrad"]
 # Relative, on (the first loss, the loss after one update). The first is a forward pass. The second also
 # carries the first update, which Adagrad (cruncher) makes nearly a sign function of each gradient
@@ -65,7 +65,9 @@ TOLERANCE = {"fp32": (1e-4, 1e-3), "bf16-mixed": (2e-2, 2e-2)}
 
 
 def yaml_of(name):
-    return tvt.GPT_VARIANTS[name][0] if name in tvt.GPT_VARIANTS else tvt.MODELS[name][0]
+    if name in tvt.GPT_VARIANTS:
+        return tvt.GPT_VARIANTS[name][0]
+    return tvt.LLAMA[name][0] if name in tvt.LLAMA else tvt.MODELS[name][0]
 
 
 class Peer:

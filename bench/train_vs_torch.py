@@ -85,12 +85,16 @@ MODELS = {
     "mlp": ("models/mlp.yaml", 1.2),
     "gpt": ("models/gpt.yaml", 2.0),
 }
+# Models bench/train_vs_peers.py times besides MODELS (this script's default list): name -> (YAML, target).
+LLAMA = {"llama": ("models/llama.yaml", 1.2)}
 DIMS = {  # the YAMLs' own dims (no --dims: the trainers are built as the files are)
     "cruncher": {"batch": 256, "d": 1024, "layers": 4},
     "mlp": {"batch": 512, "d_in": 784, "hidden": 1024, "classes": 10},
     "gpt": {"batch": 16, "seq": 128, "vocab": 256, "d": 256, "heads": 4, "layers": 4},
     # gpt.yaml built with --dims (GPT_VARIANTS): wider and longer, head_dim 64 as in GPT-2
     "gpt-d512": {"batch": 8, "seq": 256, "vocab": 256, "d": 512, "heads": 8, "layers": 4},
+    "llama": {"batch": 8, "seq": 256, "vocab": 256, "d": 512, "heads": 16, "kv_heads": 16, "hidden": 1344,
+              "layers": 4, "rope_theta": 10000},
 }
 # Variants of a YAML at other sizes: name -> (YAML, napkin --dims). Not in MODELS (this script's default
 # list); bench/train_vs_peers.py times them.
@@ -142,7 +146,7 @@ def make_data(name, tmp, rng):
         batches = [(torch.from_numpy(images[i * b:(i + 1) * b]), torch.from_numpy(labels[i * b:(i + 1) * b]).long())
                    for i in range(DATA_BATCHES)]
         return flags, batches
-    if kind(name) == "gpt":
+    if kind(name) in ("gpt", "llama"):
         b, t = dm["batch"], dm["seq"]
         # enough tokens that the 0.9 training split holds DATA_BATCHES batches of windows
         n = int(math.ceil((b * t * DATA_BATCHES + t + 1) / 0.9)) + t
@@ -264,7 +268,63 @@ def adamw(params, lr, betas, wd, no_decay, foreach):
                              lr=lr, betas=betas, eps=1e-8, foreach=foreach)
 
 
-TORCH_MODELS = {"cruncher": Cruncher, "mlp": MLP, "gpt": GPT}
+class Llama:
+    """models/llama.yaml: RMSNorm, rotary q and k (transformers' rotate_half), grouped-query attention through
+    scaled_dot_product_attention, a SwiGLU MLP, weights stored [out, in] as the YAML (and transformers) store them,
+    an untied head."""
+
+    def __init__(self, name="llama"):
+        dm = DIMS[name]
+        self.B, self.T, self.V, self.D, self.H, self.KV, self.F, self.L = (
+            dm[k] for k in ("batch", "seq", "vocab", "d", "heads", "kv_heads", "hidden", "layers"))
+        D, V, L, F_, H, KV = self.D, self.V, self.L, self.F, self.H, self.KV
+        self.HD = D // H
+        small = 0.02 / math.sqrt(2 * L)
+        p = {"wte": normal((V, D), 0.02), "norm_g": torch.ones(D, requires_grad=True), "head": normal((V, D), 0.02)}
+        for i in range(L):
+            p.update({f"layers.{i}.attn_norm": torch.ones(D, requires_grad=True),
+                      f"layers.{i}.wq": normal((H * self.HD, D), 0.02),
+                      f"layers.{i}.wk": normal((KV * self.HD, D), 0.02),
+                      f"layers.{i}.wv": normal((KV * self.HD, D), 0.02),
+                      f"layers.{i}.wo": normal((D, H * self.HD), small),
+                      f"layers.{i}.mlp_norm": torch.ones(D, requires_grad=True),
+                      f"layers.{i}.w_gate": normal((F_, D), 0.02),
+                      f"layers.{i}.w_up": normal((F_, D), 0.02),
+                      f"layers.{i}.w_down": normal((D, F_), small)})
+        self.params = p
+        self.blocks = [[p[f"layers.{i}.{n}"] for n in ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate",
+                                                       "w_up", "w_down")] for i in range(L)]
+        inv_freq = 1.0 / (dm["rope_theta"] ** (torch.arange(0, self.HD, 2).float() / self.HD))
+        angles = torch.outer(torch.arange(self.T).float(), inv_freq)
+        emb = torch.cat([angles, angles], dim=-1)
+        self.cos, self.sin = emb.cos(), emb.sin()  # [T, HD], once: as napkin's kernels do
+
+    def rotate(self, x):  # x [B, H, T, HD]
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * self.cos + torch.cat([-x2, x1], dim=-1) * self.sin
+
+    def loss(self, tokens, targets):
+        B, T, D, H, KV, HD, V = self.B, self.T, self.D, self.H, self.KV, self.HD, self.V
+        p = self.params
+        x = F.embedding(tokens, p["wte"])  # [B, T, D]
+        for attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down in self.blocks:
+            h = F.rms_norm(x, (D,), attn_norm, 1e-5)
+            q = self.rotate((h @ wq.t()).view(B, T, H, HD).transpose(1, 2))
+            k = self.rotate((h @ wk.t()).view(B, T, KV, HD).transpose(1, 2))
+            v = (h @ wv.t()).view(B, T, KV, HD).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
+            x = x + y.transpose(1, 2).reshape(B, T, D) @ wo.t()
+            h = F.rms_norm(x, (D,), mlp_norm, 1e-5)
+            x = x + (F.silu(h @ w_gate.t()) * (h @ w_up.t())) @ w_down.t()
+        logits = F.rms_norm(x, (D,), p["norm_g"], 1e-5) @ p["head"].t()
+        return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+
+    def optimizer(self, foreach):
+        # models/llama.yaml: adamw(lr=3e-3, betas=[0.9, 0.95], weight_decay=0.1, grad_clip=1.0, no_decay=["*norm*"])
+        return adamw(self.params, lr=3e-3, betas=(0.9, 0.95), wd=0.1, no_decay=["*norm*"], foreach=foreach), 1.0
+
+
+TORCH_MODELS = {"cruncher": Cruncher, "mlp": MLP, "gpt": GPT, "llama": Llama}
 
 
 def read_safetensors(path):
