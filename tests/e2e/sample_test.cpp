@@ -10,9 +10,11 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
+#include "runtime/npy.h"
 #include "support/test_io.h"
 
 namespace {
@@ -108,6 +110,28 @@ TEST_CASE("sample: a model with computed rotary positions writes the same greedy
   CHECK(text_of(by_prefill).size() == 2 + 14 + 1);
   CHECK(text_of(by_steps) == text_of(by_prefill));
   CHECK(text_of(by_auto) == text_of(by_prefill));
+}
+
+TEST_CASE("sample: --logits writes the logits of every prompt position, whose last row's argmax is the greedy token") {
+  TempDir dir("sample-logits");
+  const std::string ckpt = trained(dir, kDims);
+  const std::string file = dir.path + "/logits.npy";
+  Run r = sample(dir, fmt::format("--checkpoint {} --prompt 'napkin' --tokens 1 --temperature 0 --prompt-path steps "
+                                  "--logits {}", ckpt, file));
+  INFO(r.out);
+  REQUIRE(r.out.find("[status 0]") != std::string::npos);
+  CHECK(r.out.find("by the prefill") != std::string::npos);  // --logits takes the prefill, whatever --prompt-path says
+  const napkin::runtime::NpyArray logits = napkin::runtime::read_npy(file);
+  REQUIRE(logits.shape == std::vector<int64_t>{6, 256});  // "napkin": 6 positions of a 256-token vocabulary
+  CHECK(logits.descr == "<f4");
+  const float* last = reinterpret_cast<const float*>(logits.data) + 5 * 256;
+  const int64_t argmax = std::max_element(last, last + 256) - last;
+  const std::string text = text_of(r);
+  REQUIRE(text.size() == 6 + 1 + 1);
+  CHECK(static_cast<unsigned char>(text[6]) == argmax);
+  // Rows differ: each position's own logits, not one row repeated.
+  const float* first = reinterpret_cast<const float*>(logits.data);
+  CHECK_FALSE(std::equal(first, first + 256, last));
 }
 
 TEST_CASE("sample: bad input is a clear error with exit status 1") {
