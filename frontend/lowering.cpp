@@ -52,8 +52,8 @@ std::vector<std::string> Lowerer::visible_names() const {
   std::vector<std::string> names;
   if (scope_)
     for (const auto& [n, v] : scope_->values) names.push_back(n);
-  if (scope_ && scope_->in_block())
-    for (const auto& [n, v] : model_params_) names.push_back(n);
+  if (scope_ && scope_->top)
+    for (const auto& [n, v] : scope_->top->values) names.push_back(n);  // the model's params among them
   for (const auto& n : dims_.order) names.push_back(n);
   return names;
 }
@@ -64,7 +64,8 @@ std::optional<ValueId> Lowerer::need_tensor(const Operand& o, const std::string&
     case Operand::Kind::Invalid: return std::nullopt;  // already reported
     case Operand::Kind::Word: {
       std::string hint = scope_ && scope_->in_block()
-                             ? "a block sees only its arguments, its own params, the model's params and dims"
+                             ? "a block sees its arguments, its own params and forward names, the model's "
+                               "inputs, params and forward names assigned before its call, and dims"
                              : "define it under inputs:, params: or earlier in forward:";
       error(o.offset, fmt::format("undefined name '{}'{}", o.text, did_you_mean(o.text, visible_names())), hint);
       return std::nullopt;
@@ -180,6 +181,23 @@ Operand Lowerer::eval_name(const Expr& e) {
       error(e.offset, fmt::format("'{}' is used before it is defined (on line {})", e.text, it->second),
             "forward: runs top to bottom; move this line below the definition");
       return Operand::invalid();
+    }
+    // Behind the block's own names: the model's inputs and forward names as
+    // they are at the block's call (every copy of a repeat reads the same value).
+    if (const Scope* top = scope_->top) {
+      if (auto it = top->values.find(e.text); it != top->values.end()) return Operand::tensor(it->second, e.offset);
+      if (top->failed.count(e.text)) return Operand::invalid();
+      if (auto it = top->defined_later.find(e.text); it != top->defined_later.end()) {
+        std::string when = it->second == scope_->call_line
+                               ? std::string("on that line itself")
+                               : fmt::format("only on line {}", it->second);
+        error(e.offset,
+              fmt::format("'{}' is not yet assigned at the block's call on line {}: the model assigns it {}", e.text,
+                          scope_->call_line, when),
+              "a block reads a top-level name as it is at the call: call the block below the line that assigns "
+              "it, or pass the value as an argument");
+        return Operand::invalid();
+      }
     }
   }
   if (auto it = dims_.sizes.find(e.text); it != dims_.sizes.end())

@@ -14,9 +14,8 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <utility>
-#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "frontend/dims.h"
@@ -68,9 +67,10 @@ struct BlockDef {
   bool failed = false;  // its definition has an error (reported); repeat() of it is silent
 };
 
-// Names visible to an expression. A block body gets a fresh scope: blocks see
-// their arguments, their own params, the model's params (Lowerer::model_params_)
-// and dims, but not the model's inputs or forward names.
+// Names visible to an expression. A block body gets a fresh scope for its
+// arguments, its own params and forward names; behind them it sees the model's
+// params (Lowerer::model_params_) and the top-level scope as it stands at the
+// block's call (inputs and forward names assigned before it), then dims.
 struct Scope {
   std::string prefix;  // "blocks.3" inside a block instance; "" at top level
   std::map<std::string, ir::ValueId> values;
@@ -78,6 +78,11 @@ struct Scope {
   // Names whose definition failed (already reported): a use evaluates to Invalid
   // silently, so one mistake gives one message, not one per use ("undefined name").
   std::set<std::string> failed;
+  // Inside a block: the model's top-level scope, and the line of the top-level
+  // call that lowers this copy (the outermost one when blocks nest). Lowering
+  // is in forward order, so `top` holds exactly the values bound at that call.
+  const Scope* top = nullptr;
+  int call_line = 0;
   std::string qualified(const std::string& name) const { return prefix.empty() ? name : prefix + "." + name; }
   bool in_block() const { return !prefix.empty(); }
 };

@@ -243,6 +243,8 @@ Operand Lowerer::lower_block_copy(const BlockDef& block, const std::vector<ir::V
                                   const std::string& prefix, int offset) {
   Scope inner;
   inner.prefix = prefix;
+  inner.top = scope_->in_block() ? scope_->top : scope_;
+  inner.call_line = scope_->in_block() ? scope_->call_line : base_.line;
   // The first name at or after "prefix." starts with it iff any does.
   if (auto taken = param_names_.lower_bound(inner.prefix + ".");
       taken != param_names_.end() && taken->rfind(inner.prefix + ".", 0) == 0) {

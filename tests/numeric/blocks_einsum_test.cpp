@@ -4,6 +4,7 @@
 // by gradient against float64 central differences (`napkin check`).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -197,4 +198,55 @@ TEST_CASE("numeric: the CPU kernels of a shared weight and an einsum chain agree
     ++checked;
   });
   CHECK(checked > 10);
+}
+
+namespace {
+// t is a top-level forward value that every copy of the repeat reads: its
+// gradient is the sum over the three copies, and p's follows from it
+// elementwise, so each entry of p checks one entry of that sum.
+const char* kTopLevelValueModel = R"yaml(
+model: t
+optimizer: sgd(lr=0.1)
+dims: {n: 2, d: 3}
+inputs: {x: {shape: [n, d]}}
+params:
+  p: {shape: [n, d], init: normal(0.5)}
+blocks:
+  layer:
+    params: {g: {shape: [d], init: normal(0.5)}}
+    forward:
+      - x: tanh(x * g + t)
+forward:
+  - t: tanh(p)
+  - y: repeat(layer, 3, x)
+loss: mean(y * y)
+)yaml";
+}  // namespace
+
+TEST_CASE("numeric: a top-level value read by every copy of a repeat - by hand, and napkin check passes") {
+  ir::Graph forward = napkin::testing::compile(kTopLevelValueModel);
+  Interpreter it(forward, Numerics::Float64);
+  const std::vector<double> x = ramp(6, 0), p = ramp(6, 1);
+  const std::vector<std::vector<double>> gains = {ramp(3, 2), ramp(3, 3), ramp(3, 4)};
+  it.set(forward.inputs[0], x);
+  it.set(param_named(forward, "p"), p);
+  for (int i = 0; i < 3; ++i) it.set(param_named(forward, "blocks." + std::to_string(i) + ".g"), gains[i]);
+  it.run();
+  std::vector<double> y = x;
+  for (int i = 0; i < 3; ++i)
+    for (int e = 0; e < 6; ++e) y[e] = std::tanh(y[e] * gains[i][e % 3] + std::tanh(p[e]));
+  check_values(it.get(value_named(forward, "blocks.2.x")), y);
+
+  // A gradient that kept one copy's use of t (or dropped t's) fails on p.
+  ir::Graph g = napkin::testing::compile_training(kTopLevelValueModel);
+  interp::GradCheckOptions options;
+  options.samples = 6;  // every element of p
+  interp::GradCheckResult r = interp::check_gradients(g, options);
+  REQUIRE(r.tensors.size() == 4);
+  for (const interp::TensorCheck& t : r.tensors) {
+    CAPTURE(t.name);
+    CAPTURE(t.error_f64);
+    CHECK(t.passed);
+  }
+  CHECK(r.passed);
 }

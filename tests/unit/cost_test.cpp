@@ -1,5 +1,6 @@
 // The cost model against hand formulas: the lecture's linear layer, Cruncher's
-// parameter count, GPT-2 small's 124,439,808 parameters, attention FLOPs, and
+// parameter count, GPT-2 small's 124,439,808 parameters, Llama 3.1 8B's
+// 8,030,261,248 and its PaLM terms, attention FLOPs, and
 // the exact decomposition of forward FLOPs against 2·tokens·params.
 #include <doctest/doctest.h>
 
@@ -80,6 +81,45 @@ TEST_CASE("GPT-2 small has 124,439,808 parameters, 7,087,872 per block") {
   CHECK(c.params_in_matmuls == 50257 * 768 + 12 * (768 * 2304 + 768 * 768 + 2 * 768 * 3072));
   // Weight matmuls are exactly 2 FLOPs per matmul weight per token.
   CHECK(c.phase(ir::Phase::Forward).param_matmul_flops == 2 * c.tokens * c.params_in_matmuls);
+}
+
+TEST_CASE("Llama 3.1 8B has 8,030,261,248 parameters, 218,112,000 per layer - the report's PaLM line reads L 32, d 4096, T 8192") {
+  // By hand: embeddings and head 2·V·d, the final norm d; per layer two norms
+  // 2·d, q and o 2·d·d, k and v 2·(kv_heads·head_dim)·d, the MLP 3·hidden·d.
+  const int64_t V = 128256, d = 4096, kv = 8 * 128, hidden = 14336, layers = 32;
+  const int64_t per_layer = 2 * d + 2 * d * d + 2 * kv * d + 3 * hidden * d;
+  CHECK(per_layer == 218112000);
+  CHECK(2 * V * d + d + layers * per_layer == 8030261248);
+  ir::Graph g = compile_model_file("llama3-8b.yaml");
+  CHECK(g.param_count() == 8030261248);
+  int64_t layer0 = 0;
+  for (const ir::Param& p : g.params)
+    if (g.value(p.value).name.rfind("layers.0.", 0) == 0) layer0 += g.value(p.value).type.numel();
+  CHECK(layer0 == per_layer);
+  // The PaLM term's L, d and T, as the text report prints them and in its JSON.
+  ir::Graph step = napkin::testing::compile_training(napkin::testing::read_source("models/llama3-8b.yaml"),
+                                                     "models/llama3-8b.yaml");
+  analysis::StepCost c = analysis::analyze_step(step, analysis::find_device("h100"));
+  CHECK(c.params == 8030261248);
+  CHECK(c.tokens == 8192);
+  const std::string text =
+      report::render_report_text(step, c, analysis::analyze_memory(step), {"models/llama3-8b.yaml", false});
+  INFO(text);
+  CHECK(text.find("  count                         8,030,261,248\n") != std::string::npos);
+  CHECK(text.find("params in matmuls, L = 32, d = 4,096, T = 8,192\n") != std::string::npos);
+  auto j = nlohmann::json::parse(report::render_report_json(step, c, analysis::analyze_memory(step), {"llama3-8b", false}));
+  CHECK(j["flops"]["palm"]["layers"].get<double>() == 32);
+  CHECK(j["flops"]["palm"]["d"].get<double>() == 4096);
+  CHECK(j["flops"]["palm"]["seq"].get<double>() == 8192);
+}
+
+TEST_CASE("the CS336-sized Llama has 12,718,592 parameters, 3,113,984 per layer") {
+  const int64_t V = 256, d = 512, hidden = 1344, layers = 4;
+  const int64_t per_layer = 2 * d + 4 * d * d + 3 * hidden * d;  // 16 key/value heads: k and v are d·d
+  CHECK(per_layer == 3113984);
+  ir::Graph g = compile_model_file("llama.yaml");
+  CHECK(g.param_count() == 2 * V * d + d + layers * per_layer);
+  CHECK(g.param_count() == 12718592);
 }
 
 TEST_CASE("forward - 2·T·P decomposes exactly into the report's terms") {

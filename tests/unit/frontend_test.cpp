@@ -688,3 +688,66 @@ loss: mean(h) + mean(g)
   CHECK(out.find("a.yaml:13:15: error: the argument 'd' of block 'b' is already a dim") != std::string::npos);
   CHECK(out.find("2 errors generated.") != std::string::npos);
 }
+
+TEST_CASE("blocks: a block reads top-level inputs and forward values bound at its call - its own names shadow them") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {n: 2, d: 4, layers: 3}
+inputs: {x: {shape: [n, d]}, s: {shape: [n, d]}}
+blocks:
+  layer:
+    params: {w: {shape: [d, d], init: normal(0.02)}}
+    forward:
+      - x: (x @ w) * scale + s
+  inner:
+    forward:
+      - y: x * scale
+  outer:
+    args: [s]
+    forward:
+      - y: inner(s) + s
+forward:
+  - scale: tanh(s)
+  - h: repeat(layer, layers, x)
+  - scale: scale * 2
+  - k: outer(h)
+loss: mean(k)
+)yaml");
+  auto muls = nodes_of(g, ir::Op::Mul);
+  auto adds = nodes_of(g, ir::Op::Add);
+  REQUIRE(muls.size() == 5);  // one per layer copy, scale * 2, inner's
+  const ir::ValueId first_scale = nodes_of(g, ir::Op::Tanh)[0]->out();
+  for (int i = 0; i < 3; ++i) {
+    CHECK(muls[i]->scope == fmt::format("blocks.{}", i));
+    CHECK(muls[i]->inputs[1] == first_scale);  // every copy reads the value bound at the call
+    CHECK(adds[i]->inputs[1] == g.inputs[1]);  // and the input s
+  }
+  // The nested block reads the model's newest scale at the outer call; the
+  // outer block's argument s shadows the model's input s.
+  CHECK(muls[4]->scope == "outer.0.inner.0");
+  CHECK(muls[4]->inputs[1] == muls[3]->out());
+  CHECK(muls[4]->inputs[0] == adds[2]->out());
+  CHECK(adds[3]->inputs[1] == adds[2]->out());
+}
+
+TEST_CASE("blocks: a top-level name assigned only after the block's call is an error naming both lines") {
+  std::string out = compile_errors(std::string(kHeader) + R"yaml(
+dims: {n: 2, d: 4}
+inputs: {x: {shape: [n, d]}}
+blocks:
+  layer:
+    forward:
+      - y: x * later + self
+forward:
+  - self: layer(x)
+  - later: x * 2
+loss: mean(self) + mean(later)
+)yaml", "s.yaml");
+  INFO(out);
+  CHECK(out.find("s.yaml:10:16: error: 'later' is not yet assigned at the block's call on line 12: the model "
+                 "assigns it only on line 13") != std::string::npos);
+  CHECK(out.find("s.yaml:10:24: error: 'self' is not yet assigned at the block's call on line 12: the model "
+                 "assigns it on that line itself") != std::string::npos);
+  CHECK(out.find("call the block below the line that assigns it, or pass the value as an argument") !=
+        std::string::npos);
+  CHECK(out.find("2 errors generated.") != std::string::npos);
+}
