@@ -171,6 +171,12 @@ std::vector<Operand> attention_gradients(const Kernel& k) {
   return r;
 }
 
+runtime::RopeDesc rope_desc(const ir::RopeParams& p, int64_t dim) {
+  const runtime::RopeStyle style = p.style == ir::RopeStyle::Half ? runtime::RopeStyle::Half
+                                                                  : runtime::RopeStyle::Interleaved;
+  return {style, dim, p.theta, p.factor, p.low_freq_factor, p.high_freq_factor, p.original_context};
+}
+
 // Every "grad.<param>" output, in the params' order, as the region of the
 // arena that holds it. A gradient that is a view covering its whole buffer
 // in another order (a permutation) is that buffer.

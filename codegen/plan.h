@@ -248,6 +248,9 @@ Operand attention_output(const Kernel& k);
 // [batch, heads, seq, head_dim] each: Kernel::output and extra_outputs, or
 // three strided windows of the one packed output (AttentionParams::packed_grad).
 std::vector<Operand> attention_gradients(const Kernel& k);
+// Rotary embeddings' parameters (ir/rope.h) as the runtime's arithmetic
+// takes them (runtime/rope.h), rotating rows of `dim` elements.
+runtime::RopeDesc rope_desc(const ir::RopeParams& p, int64_t dim);
 
 }  // namespace napkin::codegen
 

@@ -12,6 +12,8 @@
 #include <variant>
 #include <vector>
 
+#include "ir/rope.h"
+
 namespace napkin::ir {
 
 enum class LoopKind : uint8_t {
@@ -102,12 +104,21 @@ struct RowParams {
 // dv are one value [B, T, 3, Hq, D], the layout of the gradient of a fused
 // qkv split by "b s (three h hd) -> three b h s hd", where a concat put them
 // (the backends address them through codegen/plan.h attention_gradients).
+// `rope` (attrs "rope_*", ir/rope.h; passes/fuse_rope.h sets them): q and k
+// are rotary-embedded as they are loaded, query row i at position i + S - T
+// and key row j at position j, over D (runtime/rope.h's arithmetic), so s_ij
+// above reads rope(q)_i · rope(k)_j; the backward's dq and dk are the
+// gradients of the unrotated q and k (the rotated ones' gradients rotated
+// back by the negated angles). Only style, theta and the frequency scaling
+// of RopeParams apply (its axis, seq_axis, explicit_positions and inverse
+// are the rope op's own).
 struct AttentionParams {
   bool backward = false;
   bool causal = true;
   double scale = 1;
   bool seq_major_out = false;
   bool packed_grad = false;
+  std::optional<RopeParams> rope;
 };
 
 // The fused classifier: a linear layer and the cross-entropy loss over its
@@ -145,8 +156,11 @@ struct ClassifierParams {
 // (query head h reads kv head h / (Hq / Hk)). The only op that writes an
 // input: the caches are State that nothing else reads, so the write is seen
 // by this op's later calls only. Arithmetic in f32 (f64 for f64 operands).
+// `rope` (attrs "rope_*", as AttentionParams'): q_i and k_i are rotated at
+// positions[i] first, so the caches hold rotated keys.
 struct CachedAttentionParams {
   double scale = 1;
+  std::optional<RopeParams> rope;
 };
 
 // The parameters of an op's loop kind; monostate for kinds that have none.

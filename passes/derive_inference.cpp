@@ -9,6 +9,7 @@
 #include "ir/internal_check.h"
 #include "ir/loop.h"
 #include "ir/op.h"
+#include "ir/rope.h"
 
 namespace napkin::passes {
 
@@ -298,9 +299,11 @@ class Deriver {
       key_cache_[n.id] = out_.add_state("kv_cache." + where + ".k", k, n.loc);
       value_cache_[n.id] = out_.add_state("kv_cache." + where + ".v", k, n.loc);
     }
+    ir::Attrs attrs{{"scale", p.scale}};
+    if (p.rope) ir::set_rope_attrs(attrs, *p.rope, "rope_");  // q and the new k rotated at the rows' positions
     ValueId o = b.must(b.add(Op::CachedAttention,
                              {inputs[0], inputs[1], inputs[2], key_cache_[n.id], value_cache_[n.id], positions},
-                             {{"scale", p.scale}}));
+                             attrs));
     std::vector<ir::Dim> dims = q.dims;
     dims[2].size = length;
     b.rename_dims(o, dims);
