@@ -242,8 +242,7 @@ struct AttentionShape {
 template <class Position>
 Data rotated_rows(const Data& x, int64_t rows, int64_t dim, const ir::RopeParams& p, int64_t positions,
                   bool inverse, Position position) {
-  const runtime::RopeDesc d{p.style == ir::RopeStyle::Half ? runtime::RopeStyle::Half : runtime::RopeStyle::Interleaved,
-                            dim, p.theta, p.factor, p.low_freq_factor, p.high_freq_factor, p.original_context};
+  const runtime::RopeDesc d = rope_desc(p, dim);
   const runtime::RopeTable t = runtime::make_rope_table(d, positions);
   Data y = x;
   for (size_t at = 0; at < y.size(); at += static_cast<size_t>(dim)) {

@@ -69,6 +69,11 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParamInit, kind, value, std, lo, hi)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MatmulDesc, batch, a_batch_stride, b_batch_stride, c_batch_stride, m, n, k,
                                    a_m_stride, a_k_stride, b_k_stride, b_n_stride, c_m_stride)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GemmEpilogueSpec, d, d_dtype, residual, bias, activation, aux)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(AttentionDesc, causal, scale, batch, heads, kv_heads, q_len, kv_len, head_dim)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CachedAttentionDesc, scale, batch, heads, kv_heads, rows, context, head_dim,
+                                   positions_i64)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ClassifierDesc, rows, vocab, d, x_row_stride, w_v_stride, w_d_stride, targets_i64)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ClassifierSpec::Cuda, chunk, chunks, logits, dx_acc)
 constexpr std::string_view kRopeStyleNames[] = {"half", "interleaved"};  // RopeStyle's order
 void to_json(json& j, RopeStyle s) { j = std::string(kRopeStyleNames[static_cast<size_t>(s)]); }
 void from_json(const json& j, RopeStyle& s) {
@@ -76,11 +81,8 @@ void from_json(const json& j, RopeStyle& s) {
 }
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RopeDesc, style, dim, theta, factor, low_freq_factor, high_freq_factor,
                                    original_context)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(AttentionDesc, causal, scale, batch, heads, kv_heads, q_len, kv_len, head_dim)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CachedAttentionDesc, scale, batch, heads, kv_heads, rows, context, head_dim,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RopeKernelDesc, rope, inverse, sizes, x_strides, axis, seq_axis, explicit_positions,
                                    positions_i64)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ClassifierDesc, rows, vocab, d, x_row_stride, w_v_stride, w_d_stride, targets_i64)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ClassifierSpec::Cuda, chunk, chunks, logits, dx_acc)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GradientSpec, param, dtype, offset, bytes, ready_after)
 // The learning-rate schedule, fixed in the optimizer's kernels
 // (passes/optimizer.h): its length is train.steps at build time; its lr is train.lr.
@@ -199,6 +201,16 @@ void read(const json& kernel, const std::string&, CachedAttentionSpec& s) {
   read_operand(j, "k_cache", s.k_cache, d.k_cache), read_operand(j, "v_cache", s.v_cache, d.v_cache);
   read_operand(j, "o", s.o, d.o);
   read_rope(j, d.rope);
+}
+
+void write(json& kernel, const RopeSpec& s) {
+  json& j = kernel["rope"] = s.desc;
+  j.update({{"dtype", s.dtype}, {"x", s.x}, {"y", s.y}, {"positions", s.positions}});
+}
+void read(const json& kernel, const std::string&, RopeSpec& s) {
+  const json& j = kernel.at("rope");
+  s.desc = j;
+  s.dtype = j.at("dtype"), s.x = j.at("x"), s.y = j.at("y"), s.positions = j.at("positions");
 }
 
 void write(json& kernel, const ClassifierSpec& s) {
