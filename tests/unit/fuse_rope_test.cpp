@@ -2,9 +2,11 @@
 // takes the rotation into (and which it leaves to the rope kernel: other
 // parameters, explicit positions, a rotated value read elsewhere, a rope over
 // another axis, the pass off); that a Llama-like model's step has no rope
-// kernel and trains as the same model with the pass off does, step for step;
-// and that `napkin check` (gradients against float64 finite differences)
-// and the CPU kernels against the interpreter pass with the rope fused.
+// kernel and trains as the same model with the pass off does, step for step
+// (a fused qkv too, whose attention stores o seq-major and packs dq, dk, dv);
+// the attention's cost with the rotation; and that `napkin check`
+// (gradients against float64 finite differences) and the CPU kernels against
+// the interpreter pass with the rope fused.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -185,6 +187,48 @@ TEST_CASE("fuse_rope: a Llama-like step has no rope kernel and trains as the unf
     }
     CHECK(testing::worst_state_error(unfused, fused) <= (std::string(precision) == "fp32" ? 1e-4 : 5e-2));
   }
+}
+
+TEST_CASE("fuse_rope: with a fused qkv, the rope-applying attention stores o seq-major and packs dq, dk, dv, and trains as unfused") {
+  // GPT-style: q, k, v split from one projection, so attention_layout makes
+  // the attention store o as [b, s, h, hd] and its gradient write dq, dk, dv
+  // into the qkv gradient [b, s, 3, h, hd]: the kernels rotate dq and dk back
+  // into those strided windows.
+  const std::string yaml = R"yaml(
+model: rope_qkv
+dims: {batch: 2, seq: 8, vocab: 16, d: 16, heads: 2, head_dim: d / heads}
+inputs:
+  tokens:  {shape: [batch, seq], dtype: i32}
+  targets: {shape: [batch, seq], dtype: i32}
+params:
+  wte:  {shape: [vocab, d], init: normal(0.5)}
+  wqkv: {shape: [d, 3 * d], init: normal(0.3)}
+  wo:   {shape: [d, d], init: normal(0.3)}
+forward:
+  - x: embedding(wte, tokens)
+  - q, k, v: rearrange(einsum(x, wqkv, "b s d, d e -> b s e"), "b s (three h hd) -> three b h s hd", three=3, h=heads)
+  - y: rearrange(attention(rope(q, style=interleaved), rope(k, style=interleaved), v), "b h s hd -> b s (h hd)")
+  - x: x + einsum(y, wo, "b s e, e d -> b s d")
+  - logits: einsum(x, wte, "b s d, v d -> b s v")
+loss: cross_entropy(logits, targets)
+optimizer: adamw(lr=0.01)
+)yaml";
+  testing::CompiledStep fused(training(yaml, true)), unfused(training(yaml, false));
+  int packed = 0, seq_major = 0;
+  for (ir::NodeId id : fused.g.schedule()) {
+    const ir::Node& n = fused.g.node(id);
+    if (!ir::has_rope(n.attrs, "rope_")) continue;
+    seq_major += n.op == ir::Op::Attention && n.attrs.has("seq_major_out");
+    packed += n.op == ir::Op::AttentionGrad && n.attrs.has("packed_grad");
+  }
+  CHECK(seq_major == 1);
+  CHECK(packed == 1);
+  CHECK(rope_kernels(fused.g) == 0);
+  for (int step = 0; step < 3; ++step) {
+    const double a = testing::run_step(fused), b = testing::run_step(unfused);
+    CHECK(std::abs(a - b) <= 1e-5 * std::abs(b));
+  }
+  CHECK(testing::worst_state_error(unfused, fused) <= 1e-4);
 }
 
 TEST_CASE("fuse_rope: the attention's cost row counts the rotation's FLOPs: 3 an element of q and k, backward twice") {
