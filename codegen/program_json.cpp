@@ -97,6 +97,7 @@ runtime::AttentionSpec attention_spec(const Kernel& k) {
   d.causal = p.causal, d.scale = p.scale;
   d.batch = q.sizes[0], d.heads = q.sizes[1], d.kv_heads = kv.sizes[1];
   d.q_len = q.sizes[2], d.kv_len = kv.sizes[2], d.head_dim = q.sizes[3];
+  if (p.rope) d.rope = rope_desc(*p.rope, d.head_dim);
   s.q = attention_operand(q, d.q), s.k = attention_operand(kv, d.k), s.v = attention_operand(k.inputs[2], d.v);
   if (!p.backward) {
     s.o = attention_operand(attention_output(k), d.o), s.lse = k.extra_outputs.at(0).byte_offset;
@@ -120,6 +121,7 @@ runtime::CachedAttentionSpec cached_attention_spec(const Kernel& k) {
   d.batch = q.sizes[0], d.heads = q.sizes[1], d.kv_heads = kv.sizes[1];
   d.rows = q.sizes[2], d.context = cache.sizes[2], d.head_dim = q.sizes[3];
   d.positions_i64 = positions.dtype == ir::DType::I64;
+  if (const std::optional<ir::RopeParams>& rope = k.cached_attention().rope) d.rope = rope_desc(*rope, d.head_dim);
   s.q = attention_operand(q, d.q), s.k = attention_operand(kv, d.k), s.v = attention_operand(k.inputs[2], d.v);
   s.k_cache = attention_operand(cache, d.k_cache), s.v_cache = attention_operand(k.inputs[4], d.v_cache);
   s.o = attention_operand(k.output, d.o), s.positions = positions.byte_offset;

@@ -7,6 +7,7 @@
 
 #include "interp/kernels.h"
 #include "interp/rounding.h"
+#include "runtime/rope.h"
 
 namespace napkin::interp::detail {
 
@@ -234,11 +235,40 @@ struct AttentionShape {
   }
 };
 
+// x's rows of `dim` elements (x [.., rows, dim], contiguous) rotated as an
+// attention's fused rope rotates q or k (ir/loop.h AttentionParams::rope):
+// row r of every head at position position(r), r in [0, rows); inverse: by
+// the negated angles. In f64, with the runtime's f32 angles (runtime/rope.h).
+template <class Position>
+Data rotated_rows(const Data& x, int64_t rows, int64_t dim, const ir::RopeParams& p, int64_t positions,
+                  bool inverse, Position position) {
+  const runtime::RopeDesc d = rope_desc(p, dim);
+  const runtime::RopeTable t = runtime::make_rope_table(d, positions);
+  Data y = x;
+  for (size_t at = 0; at < y.size(); at += static_cast<size_t>(dim)) {
+    const int64_t pos = position(static_cast<int64_t>(at / static_cast<size_t>(dim)) % rows);
+    runtime::rope_rotate_row(d.style, dim, t.cos_row(pos), t.sin_row(pos), inverse, y.data() + at);
+  }
+  return y;
+}
+
+// q [B, Hq, T, D] and k [B, Hk, S, D] (or dq, dk) rotated by an attention's
+// fused rope: query row i at position i + S - T, key row j at j.
+Data rotated_q(const AttentionShape& a, const ir::RopeParams& p, const Data& q, bool inverse) {
+  return rotated_rows(q, a.q_len, a.head_dim, p, a.kv_len, inverse,
+                      [&](int64_t i) { return i + a.kv_len - a.q_len; });
+}
+Data rotated_k(const AttentionShape& a, const ir::RopeParams& p, const Data& k, bool inverse) {
+  return rotated_rows(k, a.kv_len, a.head_dim, p, a.kv_len, inverse, [](int64_t j) { return j; });
+}
+
 }  // namespace
 
 std::vector<Data> attention(const ir::AttentionParams& p, const std::vector<Arg>& in) {
   const AttentionShape a(in);
-  const Data &q = in[0].data, &k = in[1].data, &v = in[2].data;
+  const Data q = p.rope ? rotated_q(a, *p.rope, in[0].data, false) : in[0].data;
+  const Data k = p.rope ? rotated_k(a, *p.rope, in[1].data, false) : in[1].data;
+  const Data& v = in[2].data;
   Data o(q.size(), 0.0), lse(static_cast<size_t>(a.batch * a.heads * a.q_len));
   std::vector<double> s(static_cast<size_t>(a.kv_len));
   for (int64_t b = 0; b < a.batch; ++b)
@@ -270,10 +300,14 @@ std::vector<Data> cached_attention(const ir::Node& n, const ir::CachedAttentionP
   const int64_t batch = in[0].shape[0], heads = in[0].shape[1], rows = in[0].shape[2], head_dim = in[0].shape[3];
   const int64_t kv_heads = in[1].shape[1], context = in[3].shape[2], group = heads / kv_heads;
   Data kc = in[3].data, vc = in[4].data;
-  const Data &q = in[0].data, &k = in[1].data, &v = in[2].data, &pos = in[5].data;
+  const Data &v = in[2].data, &pos = in[5].data;
   for (int64_t i = 0; i < rows; ++i)
     if (pos[i] < 0 || pos[i] >= static_cast<double>(context))
       fail(n, fmt::format("position {} of row {} is outside the cache's {} rows", pos[i], i, context));
+  // A fused rope: q and the new k rotated at their rows' positions (the cache holds rotated keys).
+  auto row_position = [&](int64_t i) { return static_cast<int64_t>(pos[i]); };
+  const Data q = p.rope ? rotated_rows(in[0].data, rows, head_dim, *p.rope, context, false, row_position) : in[0].data;
+  const Data k = p.rope ? rotated_rows(in[1].data, rows, head_dim, *p.rope, context, false, row_position) : in[1].data;
   auto cache_row = [&](int64_t b, int64_t h, int64_t j) { return ((b * kv_heads + h) * context + j) * head_dim; };
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < kv_heads; ++h)
@@ -307,8 +341,9 @@ std::vector<Data> cached_attention(const ir::Node& n, const ir::CachedAttentionP
 
 std::vector<Data> attention_grad(const ir::AttentionParams& p, const std::vector<Arg>& in) {
   const AttentionShape a(in);
-  const Data &q = in[0].data, &k = in[1].data, &v = in[2].data, &o = in[3].data, &lse = in[4].data,
-             &dout = in[5].data;
+  const Data q = p.rope ? rotated_q(a, *p.rope, in[0].data, false) : in[0].data;
+  const Data k = p.rope ? rotated_k(a, *p.rope, in[1].data, false) : in[1].data;
+  const Data &v = in[2].data, &o = in[3].data, &lse = in[4].data, &dout = in[5].data;
   Data dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
   for (int64_t b = 0; b < a.batch; ++b)
     for (int64_t h = 0; h < a.heads; ++h)
@@ -327,6 +362,10 @@ std::vector<Data> attention_grad(const ir::AttentionParams& p, const std::vector
           }
         }
       }
+  if (p.rope) {  // the gradients of the unrotated q and k
+    dq = rotated_q(a, *p.rope, dq, true);
+    dk = rotated_k(a, *p.rope, dk, true);
+  }
   if (!p.packed_grad) return {dq, dk, dv};
   Data g(3 * dq.size());  // [B, T, 3, H, D]
   for (int64_t b = 0; b < a.batch; ++b)

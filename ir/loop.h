@@ -82,6 +82,26 @@ struct RowParams {
   bool gains = false;  // NormGrad: the gains' gradients too
 };
 
+// Rotary position embeddings (the rope op; its attributes: ir/rope.h, its
+// arithmetic: runtime/rope.h). Also what an attention that rotates its q and
+// k as it loads them applies (under the attributes' prefix "rope_").
+enum class RopeStyle : uint8_t { Half, Interleaved };  // runtime/rope.h says how each pairs elements
+
+struct RopeParams {
+  RopeStyle style = RopeStyle::Half;
+  double theta = 10000;
+  // Llama 3.1's frequency scaling; factor 0: none.
+  double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
+  int64_t original_context = 8192;
+  // The rope op's own: the rotated axis and the axis whose index is the
+  // position (both non-negative), whether a positions operand gives the
+  // positions instead, and whether it rotates by the negated angles (the VJP).
+  int64_t axis = 0, seq_axis = 0;
+  bool explicit_positions = false;
+  bool inverse = false;
+  bool operator==(const RopeParams&) const = default;
+};
+
 // Fused attention (FlashAttention-2's algorithm). Shapes: q [B, Hq, T, D],
 // k and v [B, Hk, S, D] with Hq a multiple of Hk (query head h reads kv head
 // h / (Hq / Hk)); every operand is contiguous along D.
@@ -103,12 +123,21 @@ struct RowParams {
 // dv are one value [B, T, 3, Hq, D], the layout of the gradient of a fused
 // qkv split by "b s (three h hd) -> three b h s hd", where a concat put them
 // (the backends address them through codegen/plan.h attention_gradients).
+// `rope` (attrs "rope_*", ir/rope.h; passes/fuse_rope.h sets them): q and k
+// are rotary-embedded as they are loaded, query row i at position i + S - T
+// and key row j at position j, over D (runtime/rope.h's arithmetic), so s_ij
+// above reads rope(q)_i · rope(k)_j; the backward's dq and dk are the
+// gradients of the unrotated q and k (the rotated ones' gradients rotated
+// back by the negated angles). Only style, theta and the frequency scaling
+// of RopeParams apply (its axis, seq_axis, explicit_positions and inverse
+// are the rope op's own).
 struct AttentionParams {
   bool backward = false;
   bool causal = true;
   double scale = 1;
   bool seq_major_out = false;
   bool packed_grad = false;
+  std::optional<RopeParams> rope;
 };
 
 // The fused classifier: a linear layer and the cross-entropy loss over its
@@ -146,28 +175,11 @@ struct ClassifierParams {
 // (query head h reads kv head h / (Hq / Hk)). The only op that writes an
 // input: the caches are State that nothing else reads, so the write is seen
 // by this op's later calls only. Arithmetic in f32 (f64 for f64 operands).
+// `rope` (attrs "rope_*", as AttentionParams'): q_i and k_i are rotated at
+// positions[i] first, so the caches hold rotated keys.
 struct CachedAttentionParams {
   double scale = 1;
-};
-
-// Rotary position embeddings (the rope op; its attributes: ir/rope.h, its
-// arithmetic: runtime/rope.h). Also what an attention that rotates its q and
-// k as it loads them applies (under the attributes' prefix "rope_").
-enum class RopeStyle : uint8_t { Half, Interleaved };  // runtime/rope.h says how each pairs elements
-
-struct RopeParams {
-  RopeStyle style = RopeStyle::Half;
-  double theta = 10000;
-  // Llama 3.1's frequency scaling; factor 0: none.
-  double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
-  int64_t original_context = 8192;
-  // The rope op's own: the rotated axis and the axis whose index is the
-  // position (both non-negative), whether a positions operand gives the
-  // positions instead, and whether it rotates by the negated angles (the VJP).
-  int64_t axis = 0, seq_axis = 0;
-  bool explicit_positions = false;
-  bool inverse = false;
-  bool operator==(const RopeParams&) const = default;
+  std::optional<RopeParams> rope;
 };
 
 // The parameters of an op's loop kind; monostate for kinds that have none.

@@ -26,6 +26,12 @@ RowParams row_params(Op op, const Attrs& a) {
   return {};
 }
 
+// The rotary embeddings an attention node applies to q and k, if any.
+std::optional<RopeParams> attention_rope(const Attrs& a) {
+  if (!has_rope(a, "rope_")) return std::nullopt;
+  return rope_params(a, "rope_");
+}
+
 }  // namespace
 
 LoopParams loop_params(Op op, const Attrs& a) {
@@ -52,9 +58,9 @@ LoopParams loop_params(Op op, const Attrs& a) {
     case LoopKind::Attention:
       return AttentionParams{op == Op::AttentionGrad, a.get_int("causal") != 0, a.get_double("scale"),
                              a.has("seq_major_out") && a.get_int("seq_major_out") != 0,
-                             a.has("packed_grad") && a.get_int("packed_grad") != 0};
+                             a.has("packed_grad") && a.get_int("packed_grad") != 0, attention_rope(a)};
     case LoopKind::Classifier: return ClassifierParams{op == Op::LinearCrossEntropyGrad};
-    case LoopKind::CachedAttention: return CachedAttentionParams{a.get_double("scale")};
+    case LoopKind::CachedAttention: return CachedAttentionParams{a.get_double("scale"), attention_rope(a)};
     case LoopKind::Rope: return rope_params(a);
   }
   return std::monostate{};

@@ -925,17 +925,25 @@ double out_numel(const Graph& g, const Node& n) { return g.value(n.out()).type.n
 // products (8D) and ds = p (dp - D) (2), plus, as recompute, the scores and
 // probabilities again (2D + 3: q·k, scale, subtract lse, exp). The D_i = do_i·o_i
 // row dots are 2D per query row.
+// A fused rope (rope_* attrs, passes/fuse_rope.h) rotates every element of q
+// and of k (cached: of the new rows of k) as they are loaded, 3 FLOPs each
+// (a pair: 4 multiplies, 2 adds) from a cos / sin table built once per
+// program, so no transcendentals and no bytes; the backward rotates q and k
+// again (recompute) and rotates dq and dk back (3 FLOPs an element each).
 OpCost cost_attention(const Graph& g, const Node& n) {
   AttentionDims a = attention_dims(g, n);
   double pairs = a.batch * a.heads * a.pairs;
   OpCost c{0, read_all(g, n), written(g, n)};
+  const double rotated = has_rope(n.attrs, "rope_") ? 3.0 * static_cast<double>(g.value(n.in(0)).type.numel() +
+                                                                                g.value(n.in(1)).type.numel())
+                                                    : 0.0;
   if (n.op == Op::Attention || n.op == Op::CachedAttention) {
     c.activation_matmul_flops = pairs * 4 * a.head_dim;
-    c.flops = c.activation_matmul_flops + pairs * 5;
+    c.flops = c.activation_matmul_flops + pairs * 5 + rotated;
   } else {
     c.activation_matmul_flops = pairs * 8 * a.head_dim;
-    c.flops = c.activation_matmul_flops + pairs * 2 + a.batch * a.heads * a.q_len * 2 * a.head_dim;
-    c.recompute_flops = pairs * (2 * a.head_dim + 3);
+    c.flops = c.activation_matmul_flops + pairs * 2 + a.batch * a.heads * a.q_len * 2 * a.head_dim + rotated;
+    c.recompute_flops = pairs * (2 * a.head_dim + 3) + rotated;
   }
   return c;
 }

@@ -439,7 +439,9 @@ Grads vjp_log_softmax(Builder& b, const Node& n, ValueId dy) {
 }
 
 // Fused attention: one attention_grad node recomputes the scores from q, k and
-// the saved lse (ir/loop.h) and gives all three gradients.
+// the saved lse (ir/loop.h) and gives all three gradients; it takes the
+// forward's attributes, so a fused rope (rope_*) rotates its q and k alike and
+// its dq, dk are those of the unrotated q and k.
 Grads vjp_attention(Builder& b, const Node& n, ValueId dy) {
   ValueId d_o = b.unit_inner_stride(dy);
   ValueId dq = b.must(b.add(Op::AttentionGrad, {n.in(0), n.in(1), n.in(2), n.out(0), n.out(1), d_o}, n.attrs));

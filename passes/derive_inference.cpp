@@ -9,6 +9,7 @@
 #include "ir/internal_check.h"
 #include "ir/loop.h"
 #include "ir/op.h"
+#include "ir/rope.h"
 
 namespace napkin::passes {
 
@@ -238,6 +239,23 @@ class Deriver {
         if (!derive_attention(b, n, inputs, positions, length, map)) return false;
         continue;
       }
+      if (n.op == Op::Rope) {
+        // A rope left standalone whose positions are the sequence index: at
+        // the phase's positions instead (a decode step's one row is not at 0).
+        ir::RopeParams p = ir::rope_params(n.attrs);
+        const std::vector<int> x_seq = seq_axes(in_.value(n.in(0)).type);
+        if (!p.explicit_positions && x_seq.size() == 1 && p.seq_axis == x_seq[0]) {
+          p.explicit_positions = true;
+          ir::Attrs attrs = n.attrs;
+          ir::set_rope_attrs(attrs, p);
+          const ValueId v = b.must(b.add(Op::Rope, {inputs[0], positions}, attrs));
+          std::vector<ir::Dim> dims = old_out.dims;
+          dims[static_cast<size_t>(x_seq[0])].size = length;
+          b.rename_dims(v, dims);
+          map[n.out()] = v;
+          continue;
+        }
+      }
       if (info.loop == ir::LoopKind::Attention || info.loop == ir::LoopKind::Classifier ||
           info.loop == ir::LoopKind::CachedAttention || info.loop == ir::LoopKind::Mse || info.backward_only)
         return mixes(n, "is not a position-wise op");
@@ -298,9 +316,11 @@ class Deriver {
       key_cache_[n.id] = out_.add_state("kv_cache." + where + ".k", k, n.loc);
       value_cache_[n.id] = out_.add_state("kv_cache." + where + ".v", k, n.loc);
     }
+    ir::Attrs attrs{{"scale", p.scale}};
+    if (p.rope) ir::set_rope_attrs(attrs, *p.rope, "rope_");  // q and the new k rotated at the rows' positions
     ValueId o = b.must(b.add(Op::CachedAttention,
                              {inputs[0], inputs[1], inputs[2], key_cache_[n.id], value_cache_[n.id], positions},
-                             {{"scale", p.scale}}));
+                             attrs));
     std::vector<ir::Dim> dims = q.dims;
     dims[2].size = length;
     b.rename_dims(o, dims);

@@ -25,6 +25,9 @@
 // cache per layer, State values [batch, kv_heads, T, head_dim] in k's dtype
 // that both phases share: the prefill writes rows 0..T-1, a decode step the
 // row at its position, and each query reads the rows up to its own position.
+// An attention with a fused rope (rope_* attrs, passes/fuse_rope.h) keeps it:
+// the cached_attention rotates q and the new k at the phase's positions and
+// the caches hold rotated keys.
 // So a prompt shorter than T is padded: rows past the prompt hold the pad's
 // keys until decode steps overwrite them, and no query reads a row past its
 // position. Random ops (dropout) are the identity, as in evaluation: their

@@ -44,6 +44,10 @@ struct PipelineOptions {
   // Rewrite spelled-out attention into the fused attention op
   // (passes/fuse_attention.h); --unfused-attention turns it off to compare.
   bool fuse_attention = true;
+  // Apply the rope of a fused attention's q and k as the attention loads them
+  // (passes/fuse_rope.h; needs fuse_attention); --unfused-rope turns it off
+  // to compare.
+  bool fuse_rope = true;
   // Rewrite a matmul feeding cross_entropy into the fused classifier
   // (passes/fuse_classifier.h); --unfused-classifier turns it off to compare.
   bool fuse_classifier = true;

@@ -9,6 +9,7 @@
 #include "passes/fold_concat_copy.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/fuse_gemm_epilogues.h"
+#include "passes/fuse_rope.h"
 #include "passes/loss_scaling.h"
 #include "passes/matmul_epilogues.h"
 #include "passes/mixed_precision.h"
@@ -26,7 +27,8 @@ void add_forward_passes(PassManager& pm, const PipelineOptions& options, Pipelin
   pm.add(make_dce_pass());  // drop forward values the loss does not need
   if (options.fuse_attention) {
     pm.add(make_fuse_attention_pass(result.attention_sites));  // spelled-out attention becomes one op
-    pm.add(make_dce_pass());  // drop the scores and probabilities it replaced
+    if (options.fuse_rope) pm.add(make_fuse_rope_pass());  // rope of q and k applied as attention loads them
+    pm.add(make_dce_pass());  // drop the scores and probabilities it replaced, and the fused ropes
   }
   pm.add(make_mixed_precision_pass());  // casts of the precision policy, differentiated by autodiff
   if (options.fuse_classifier)
@@ -92,6 +94,7 @@ std::optional<PipelineResult> run_inference_pipeline(ir::Graph& g, ir::Diagnosti
                                                      const PipelineOptions& options) {
   PipelineOptions forward = options;
   forward.fuse_attention = true;    // the attention that becomes cached_attention
+  forward.fuse_rope = true;         // and rotates q and k at the phase's positions
   forward.fuse_classifier = false;  // derive_inference finds the logits as the cross_entropy's operand
   PipelineResult result;
   PassManager pm(options);

@@ -32,6 +32,15 @@
 // first query block that sees the key block); only tiles crossing the
 // diagonal are masked, by setting their hidden scores to -inf.
 //
+// Rotary embeddings (desc.rope): the q and k tiles are always copied into
+// the per-thread scratch (widened) and their rows rotated there, with the
+// cos / sin table built once when the kernel is set up (positions [0,
+// kv_len)); the backward rotates its f32 dK tile and dQ rows back by the
+// negated angles before storing them (the rotation is linear, so rotating
+// the finished sums back is rotating every term back). A tile is rotated each
+// time it is loaded: 3 FLOPs an element against the 2 cols FLOPs an element
+// of the tile's products.
+//
 // Determinism: each output element is written by exactly one work item, and
 // inside it every sum runs in an order fixed by the shape alone (block
 // boundaries are multiples of the block sizes, loops run in index order,
@@ -43,6 +52,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -277,6 +287,35 @@ const typename E::Acc* load_rows(const typename E::Storage* src, int64_t rows, i
   return dst;
 }
 
+// Rows [0, rows) of x (row stride ld) rotated by the table's rows
+// first_pos, first_pos + 1, ...; inverse: by the negated angles.
+template <class A>
+void rotate_rows(const RopeDesc& r, const RopeTable& t, int64_t first_pos, bool inverse, A* x, int64_t rows,
+                 int64_t ld) {
+  for (int64_t i = 0; i < rows; ++i)
+    rope_rotate_row(r.style, r.dim, t.cos_row(first_pos + i), t.sin_row(first_pos + i), inverse, x + i * ld);
+}
+
+// load_rows of q or k rows whose first is at position first_pos, rotated
+// when there is a table (then always a copy: the operand stays as it is).
+template <class E>
+const typename E::Acc* load_operand(const AttentionDesc& d, const RopeTable* rope, int64_t first_pos,
+                                    const typename E::Storage* src, int64_t rows, int64_t cols, int64_t ld,
+                                    std::vector<typename E::Acc>& buf, int64_t* out_ld) {
+  using A = typename E::Acc;
+  if (!rope) return load_rows<E>(src, rows, cols, ld, buf, out_ld);
+  A* dst = Scratch<A>::sized(buf, rows * cols);
+  if constexpr (std::is_same_v<E, BF16Elem>) {
+    widen_bf16(src, rows, cols, ld, dst);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = E::widen(src[r * ld + c]);
+  }
+  rotate_rows(*d.rope, *rope, first_pos, false, dst, rows, cols);
+  *out_ld = cols;
+  return dst;
+}
+
 // Scores of the key columns a query row may not see, in a tile of a causal
 // attention that crosses the diagonal, set to -inf (exp gives 0).
 template <class A>
@@ -298,14 +337,14 @@ struct Kernels {
   using A = typename E::Acc;
 
   // One forward work item: query rows [i0, i0 + rows) of head h in batch b.
-  static void forward_item(const AttentionDesc& d, const S* q, const S* k, const S* v, S* o, float* lse, int64_t b,
-                           int64_t h, int64_t i0) {
+  static void forward_item(const AttentionDesc& d, const RopeTable* rope, const S* q, const S* k, const S* v, S* o,
+                           float* lse, int64_t b, int64_t h, int64_t i0) {
     Scratch<A>& sc = Scratch<A>::get();
     const int64_t D = d.head_dim, rows = std::min(kQueryBlock, d.q_len - i0);
     const int64_t g = h / (d.heads / d.kv_heads), offset = d.kv_len - d.q_len;
     const A scale = A(d.scale), ninf = -std::numeric_limits<A>::infinity();
     int64_t ldq, ldk, ldv;
-    const A* qt = load_rows<E>(at(q, d.q, b, h, i0), rows, D, d.q.row, sc.q, &ldq);
+    const A* qt = load_operand<E>(d, rope, i0 + offset, at(q, d.q, b, h, i0), rows, D, d.q.row, sc.q, &ldq);
     A* s = Scratch<A>::sized(sc.s, kQueryBlock * kKeyBlock);
     A* acc = Scratch<A>::sized(sc.acc, kQueryBlock * D);
     A* m = Scratch<A>::sized(sc.m, kQueryBlock);
@@ -318,7 +357,7 @@ struct Kernels {
     const int64_t key_end = d.causal ? std::min(d.kv_len, i0 + rows + offset) : d.kv_len;
     for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
       const int64_t cols = std::min(kKeyBlock, key_end - j0);
-      const A* kt = load_rows<E>(at(k, d.k, b, g, j0), cols, D, d.k.row, sc.k, &ldk);
+      const A* kt = load_operand<E>(d, rope, j0, at(k, d.k, b, g, j0), cols, D, d.k.row, sc.k, &ldk);
       const A* vt = load_rows<E>(at(v, d.v, b, g, j0), cols, D, d.v.row, sc.v, &ldv);
       tile_gemm(false, true, rows, cols, D, scale, qt, ldq, kt, ldk, A(0), s, kKeyBlock);
       if (d.causal && j0 + cols - 1 > i0 + offset) mask_tile(s, kKeyBlock, rows, cols, i0, j0, offset);
@@ -330,14 +369,14 @@ struct Kernels {
     for (int64_t r = 0; r < rows; ++r) lse_out[r] = float(m[r] + std::log(l[r]));
   }
 
-  static void forward(const AttentionDesc& d, const void* q, const void* k, const void* v, void* o, float* lse,
+  static void forward(const AttentionDesc& d, const RopeTable* rope, const void* q, const void* k, const void* v, void* o, float* lse,
                       ThreadPool& pool) {
     const int64_t blocks = (d.q_len + kQueryBlock - 1) / kQueryBlock;
     const int64_t items = d.batch * d.heads * blocks;
     pool.parallel_for(items, [&](int64_t begin, int64_t end) {
       for (int64_t it = begin; it < end; ++it) {
         const int64_t qb = it % blocks, bh = it / blocks;
-        forward_item(d, static_cast<const S*>(q), static_cast<const S*>(k), static_cast<const S*>(v),
+        forward_item(d, rope, static_cast<const S*>(q), static_cast<const S*>(k), static_cast<const S*>(v),
                      static_cast<S*>(o), lse, bh / d.heads, bh % d.heads, qb * kQueryBlock);
       }
     });
@@ -345,7 +384,7 @@ struct Kernels {
 
   // One backward work item: kv head g of batch b, with the query heads
   // [g * group, (g + 1) * group) that read it.
-  static void backward_item(const AttentionDesc& d, const S* q, const S* k, const S* v, const S* o, const float* lse,
+  static void backward_item(const AttentionDesc& d, const RopeTable* rope, const S* q, const S* k, const S* v, const S* o, const float* lse,
                             const S* d_o, S* dq, S* dk, S* dv, int64_t b, int64_t g) {
     Scratch<A>& sc = Scratch<A>::get();
     const int64_t D = d.head_dim, T = d.q_len, group = d.heads / d.kv_heads, h0 = g * group;
@@ -371,7 +410,7 @@ struct Kernels {
     int64_t ldk, ldv, ldq, lddo;
     for (int64_t j0 = 0; j0 < d.kv_len; j0 += kKeyBlock) {
       const int64_t cols = std::min(kKeyBlock, d.kv_len - j0);
-      const A* kt = load_rows<E>(at(k, d.k, b, g, j0), cols, D, d.k.row, sc.k, &ldk);
+      const A* kt = load_operand<E>(d, rope, j0, at(k, d.k, b, g, j0), cols, D, d.k.row, sc.k, &ldk);
       const A* vt = load_rows<E>(at(v, d.v, b, g, j0), cols, D, d.v.row, sc.v, &ldv);
       std::fill(dkv, dkv + 2 * kKeyBlock * D, A(0));
       // The first query that sees key j0 is j0 - offset; earlier query blocks
@@ -384,7 +423,7 @@ struct Kernels {
           // Causal: keys past the block's last row's horizon are hidden from
           // every row of it; the tile stops there (>= 1 key: see first_block).
           const int64_t tcols = d.causal ? std::min(cols, i0 + rows + offset - j0) : cols;
-          const A* qt = load_rows<E>(at(q, d.q, b, h0 + hl, i0), rows, D, d.q.row, sc.q, &ldq);
+          const A* qt = load_operand<E>(d, rope, i0 + offset, at(q, d.q, b, h0 + hl, i0), rows, D, d.q.row, sc.q, &ldq);
           const A* dot = load_rows<E>(at(d_o, d.d_o, b, h0 + hl, i0), rows, D, d.d_o.row, sc.d_o, &lddo);
           // P = exp(scale Q Kᵀ - lse), the forward's probabilities.
           tile_gemm(false, true, rows, tcols, D, scale, qt, ldq, kt, ldk, A(0), s, kKeyBlock);
@@ -400,19 +439,22 @@ struct Kernels {
           tile_gemm(false, false, rows, D, tcols, A(1), dp, kKeyBlock, kt, ldk, A(1), dq_acc + (hl * T + i0) * D, D);
         }
       }
+      if (rope) rotate_rows(*d.rope, *rope, j0, true, dk_acc, cols, D);
       E::store(dk_acc, D, cols, D, scale, nullptr, at(dk, d.dk, b, g, j0), d.dk.row);
       E::store(dv_acc, D, cols, D, A(1), nullptr, at(dv, d.dv, b, g, j0), d.dv.row);
     }
-    for (int64_t hl = 0; hl < group; ++hl)
+    for (int64_t hl = 0; hl < group; ++hl) {
+      if (rope) rotate_rows(*d.rope, *rope, offset, true, dq_acc + hl * T * D, T, D);
       E::store(dq_acc + hl * T * D, D, T, D, scale, nullptr, at(dq, d.dq, b, h0 + hl, 0), d.dq.row);
+    }
   }
 
-  static void backward(const AttentionDesc& d, const void* q, const void* k, const void* v, const void* o,
+  static void backward(const AttentionDesc& d, const RopeTable* rope, const void* q, const void* k, const void* v, const void* o,
                        const float* lse, const void* d_o, void* dq, void* dk, void* dv, ThreadPool& pool) {
     const int64_t items = d.batch * d.kv_heads;
     pool.parallel_for(items, [&](int64_t begin, int64_t end) {
       for (int64_t it = begin; it < end; ++it)
-        backward_item(d, static_cast<const S*>(q), static_cast<const S*>(k), static_cast<const S*>(v),
+        backward_item(d, rope, static_cast<const S*>(q), static_cast<const S*>(k), static_cast<const S*>(v),
                       static_cast<const S*>(o), lse, static_cast<const S*>(d_o), static_cast<S*>(dq),
                       static_cast<S*>(dk), static_cast<S*>(dv), it / d.kv_heads, it % d.kv_heads);
     });
@@ -432,7 +474,9 @@ void with_elem(GemmType t, F&& f) {
 
 }  // namespace
 
-struct Attention::Impl {};
+struct Attention::Impl {
+  std::optional<RopeTable> rope;  // positions [0, kv_len), when desc.rope
+};
 
 Attention::Attention(AttentionDesc desc, GemmType type) : d_(desc), type_(type), impl_(std::make_unique<Impl>()) {
   auto fail = [](const std::string& what) { throw Error("attention: " + what); };
@@ -448,6 +492,12 @@ Attention::Attention(AttentionDesc desc, GemmType type) : d_(desc), type_(type),
     fail("causal attention needs q_len <= kv_len, got q_len " + std::to_string(d_.q_len) + " and kv_len " +
          std::to_string(d_.kv_len));
   if (!std::isfinite(d_.scale)) fail("scale must be finite");
+  if (d_.rope) {
+    if (d_.rope->dim != d_.head_dim || d_.head_dim % 2 != 0)
+      fail("rope rotates " + std::to_string(d_.rope->dim) + " elements of a row, head_dim is " +
+           std::to_string(d_.head_dim) + " (they must be equal and even)");
+    impl_->rope = make_rope_table(*d_.rope, d_.kv_len);
+  }
   const std::pair<const char*, const AttentionDesc::Strides*> strides[] = {
       {"q", &d_.q}, {"k", &d_.k}, {"v", &d_.v}, {"o", &d_.o}, {"do", &d_.d_o}, {"dq", &d_.dq}, {"dk", &d_.dk},
       {"dv", &d_.dv}};
@@ -461,20 +511,22 @@ Attention::~Attention() = default;
 Attention::Attention(Attention&&) noexcept = default;
 
 void Attention::forward(const void* q, const void* k, const void* v, void* o, float* lse, ThreadPool& pool) const {
+  const RopeTable* rope = impl_->rope ? &*impl_->rope : nullptr;
   if (type_ == GemmType::BF16 && amx::available())
-    return attention_amx::forward(d_, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
+    return attention_amx::forward(d_, rope, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
                                   static_cast<const uint16_t*>(v), static_cast<uint16_t*>(o), lse, pool);
-  with_elem(type_, [&]<class E>() { Kernels<E>::forward(d_, q, k, v, o, lse, pool); });
+  with_elem(type_, [&]<class E>() { Kernels<E>::forward(d_, rope, q, k, v, o, lse, pool); });
 }
 
 void Attention::backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
                          const void* d_o, void* dq, void* dk, void* dv, ThreadPool& pool) const {
+  const RopeTable* rope = impl_->rope ? &*impl_->rope : nullptr;
   if (type_ == GemmType::BF16 && amx::available())
-    return attention_amx::backward(d_, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
+    return attention_amx::backward(d_, rope, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
                                    static_cast<const uint16_t*>(v), static_cast<const uint16_t*>(o), lse,
                                    static_cast<const uint16_t*>(d_o), static_cast<uint16_t*>(dq),
                                    static_cast<uint16_t*>(dk), static_cast<uint16_t*>(dv), pool);
-  with_elem(type_, [&]<class E>() { Kernels<E>::backward(d_, q, k, v, o, lse, d_o, dq, dk, dv, pool); });
+  with_elem(type_, [&]<class E>() { Kernels<E>::backward(d_, rope, q, k, v, o, lse, d_o, dq, dk, dv, pool); });
 }
 
 }  // namespace napkin::runtime

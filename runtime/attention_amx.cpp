@@ -17,6 +17,10 @@
 // dK and dV are stored when their key block is done, dQ (from the f32 dQᵀ
 // of every query row of the group) at the end.
 //
+// Rotary embeddings: q and k rotated (f32, rounded to bf16) into scratch
+// before they are packed, dK and dQ rotated back before they are rounded
+// (attention_amx.h).
+//
 // Every sum runs in an order fixed by the shape (blocks in index order, the
 // tile product's own fixed order), and each output element is written by one
 // work item: bit-identical for any thread count, as attention.h promises.
@@ -55,8 +59,8 @@ T* at(T* base, const AttentionDesc::Strides& st, int64_t b, int64_t h, int64_t r
 
 // Per-thread buffers, grown on first use and kept.
 struct Scratch {
-  std::vector<uint16_t> k_a, v_a, kt_a, k_b, v_b, q_b, qt_b, do_b, dot_b, p_a, ds_a, ds_b, q_a;
-  std::vector<float> s, dp, acc, dk, dv, dqt, m, l, row_dot;
+  std::vector<uint16_t> k_a, v_a, kt_a, k_b, v_b, q_b, qt_b, do_b, dot_b, p_a, ds_a, ds_b, q_a, k_rot, q_rot;
+  std::vector<float> s, dp, acc, dk, dv, dqt, m, l, row_dot, row;
   static Scratch& get() {
     thread_local Scratch s;
     return s;
@@ -168,15 +172,35 @@ NAPKIN_AVX512 void store_bf16(const float* src, int64_t lds, int64_t rows, int64
   }
 }
 
-void forward_head(const AttentionDesc& d, const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o,
-                  float* lse, int64_t b, int64_t h) {
+// The rows [0, rows) of an operand (row stride ld) to pack: src itself, or,
+// with a rope table, the rows rotated at positions first_pos, first_pos + 1,
+// ... in f32 and rounded to bf16 into buf (then *ld = head_dim).
+const uint16_t* operand_rows(const AttentionDesc& d, const RopeTable* rope, int64_t first_pos, const uint16_t* src,
+                             int64_t rows, int64_t* ld, std::vector<uint16_t>& buf) {
+  if (!rope) return src;
+  const int64_t D = d.head_dim;
+  uint16_t* dst = Scratch::sized(buf, rows * D);
+  float* row = Scratch::sized(Scratch::get().row, D);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < D; ++c) row[c] = bf16_bits_to_float(src[r * *ld + c]);
+    rope_rotate_row(d.rope->style, D, rope->cos_row(first_pos + r), rope->sin_row(first_pos + r), false, row);
+    for (int64_t c = 0; c < D; ++c) dst[r * D + c] = float_to_bf16_bits_inline(row[c]);
+  }
+  *ld = D;
+  return dst;
+}
+
+void forward_head(const AttentionDesc& d, const RopeTable* rope, const uint16_t* q, const uint16_t* k,
+                  const uint16_t* v, uint16_t* o, float* lse, int64_t b, int64_t h) {
   Scratch& sc = Scratch::get();
   const int64_t D = d.head_dim, T = d.q_len, S = d.kv_len, offset = S - T;
   const int64_t g = h / (d.heads / d.kv_heads);
   const int64_t d16 = round_up(D, 16), d32 = round_up(D, 32), s16 = round_up(S, 16), s32 = round_up(S, 32);
   uint16_t* kt_b = Scratch::sized(sc.k_b, d32 * s16);  // Kᵀ: k = head dim, n = keys
   uint16_t* v_b = Scratch::sized(sc.v_b, s32 * d16);   // V: k = keys, n = head dim
-  amx::pack_b_transposed(at(k, d.k, b, g, 0), S, D, d.k.row, kt_b, d32, s16);
+  int64_t k_ld = d.k.row;
+  const uint16_t* kh = operand_rows(d, rope, 0, at(k, d.k, b, g, 0), S, &k_ld, sc.k_rot);
+  amx::pack_b_transposed(kh, S, D, k_ld, kt_b, d32, s16);
   amx::pack_b(at(v, d.v, b, g, 0), S, D, d.v.row, v_b, s32, d16);
   uint16_t* q_a = Scratch::sized(sc.q_a, kQueryBlock * d32);
   uint16_t* p_a = Scratch::sized(sc.p_a, kQueryBlock * kKeyBlock);
@@ -187,7 +211,9 @@ void forward_head(const AttentionDesc& d, const uint16_t* q, const uint16_t* k, 
   amx::TileScope tiles;
   for (int64_t i0 = 0; i0 < T; i0 += kQueryBlock) {
     const int64_t rows = std::min(kQueryBlock, T - i0), r16 = round_up(rows, 16);
-    amx::pack_a(at(q, d.q, b, h, i0), rows, D, d.q.row, q_a, r16, d32);
+    int64_t q_ld = d.q.row;
+    const uint16_t* qb = operand_rows(d, rope, i0 + offset, at(q, d.q, b, h, i0), rows, &q_ld, sc.q_rot);
+    amx::pack_a(qb, rows, D, q_ld, q_a, r16, d32);
     std::fill(acc, acc + r16 * d16, 0.0f);
     std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
     std::fill(l, l + rows, 0.0f);
@@ -208,7 +234,7 @@ void forward_head(const AttentionDesc& d, const uint16_t* q, const uint16_t* k, 
   }
 }
 
-void backward_group(const AttentionDesc& d, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+void backward_group(const AttentionDesc& d, const RopeTable* rope, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                     const uint16_t* o, const float* lse, const uint16_t* d_o, uint16_t* dq, uint16_t* dk,
                     uint16_t* dv, int64_t b, int64_t g) {
   Scratch& sc = Scratch::get();
@@ -222,9 +248,11 @@ void backward_group(const AttentionDesc& d, const uint16_t* q, const uint16_t* k
   uint16_t* k_a = Scratch::sized(sc.k_a, s16 * d32);
   uint16_t* v_a = Scratch::sized(sc.v_a, s16 * d32);
   uint16_t* kt_a = Scratch::sized(sc.kt_a, d16 * s32);
-  amx::pack_a(at(k, d.k, b, g, 0), S, D, d.k.row, k_a, s16, d32);
+  int64_t k_ld = d.k.row;
+  const uint16_t* kh = operand_rows(d, rope, 0, at(k, d.k, b, g, 0), S, &k_ld, sc.k_rot);
+  amx::pack_a(kh, S, D, k_ld, k_a, s16, d32);
   amx::pack_a(at(v, d.v, b, g, 0), S, D, d.v.row, v_a, s16, d32);
-  amx::pack_a_transposed(at(k, d.k, b, g, 0), S, D, d.k.row, kt_a, d16, s32);
+  amx::pack_a_transposed(kh, S, D, k_ld, kt_a, d16, s32);
   // Each query head's, once: Qᵀ and dOᵀ as B (k = head dim, n = queries),
   // Q and dO as B (k = queries, n = head dim); D_i = do_i . o_i.
   const int64_t nt = d32 * t16, nr = t32 * d16;
@@ -235,9 +263,11 @@ void backward_group(const AttentionDesc& d, const uint16_t* q, const uint16_t* k
   float* row_dot = Scratch::sized(sc.row_dot, group * T);
   for (int64_t hl = 0; hl < group; ++hl) {
     const int64_t h = h0 + hl;
-    amx::pack_b_transposed(at(q, d.q, b, h, 0), T, D, d.q.row, qt_b + hl * nt, d32, t16);
+    int64_t q_ld = d.q.row;
+    const uint16_t* qh = operand_rows(d, rope, offset, at(q, d.q, b, h, 0), T, &q_ld, sc.q_rot);
+    amx::pack_b_transposed(qh, T, D, q_ld, qt_b + hl * nt, d32, t16);
     amx::pack_b_transposed(at(d_o, d.d_o, b, h, 0), T, D, d.d_o.row, dot_b + hl * nt, d32, t16);
-    amx::pack_b(at(q, d.q, b, h, 0), T, D, d.q.row, q_b + hl * nr, t32, d16);
+    amx::pack_b(qh, T, D, q_ld, q_b + hl * nr, t32, d16);
     amx::pack_b(at(d_o, d.d_o, b, h, 0), T, D, d.d_o.row, do_b + hl * nr, t32, d16);
     for (int64_t i = 0; i < T; ++i) {
       const uint16_t* dor = at(d_o, d.d_o, b, h, i);
@@ -282,32 +312,40 @@ void backward_group(const AttentionDesc& d, const uint16_t* q, const uint16_t* k
         amx::gemm(d16, r16, k32, kt_a + j0, s32, dst_b, 2 * kQueryBlock, dqt + hl * d16 * t16 + i0, t16, true);
       }
     }
+    if (rope)  // dK of the unrotated k
+      for (int64_t j = 0; j < cols; ++j)
+        rope_rotate_row(d.rope->style, D, rope->cos_row(j0 + j), rope->sin_row(j0 + j), true, dk_acc + j * d16);
     store_bf16(dk_acc, d16, cols, D, scale, nullptr, at(dk, d.dk, b, g, j0), d.dk.row);
     store_bf16(dv_acc, d16, cols, D, 1.0f, nullptr, at(dv, d.dv, b, g, j0), d.dv.row);
   }
+  float* dq_row = Scratch::sized(sc.row, D);
   for (int64_t hl = 0; hl < group; ++hl) {
     const float* t = dqt + hl * d16 * t16;
     for (int64_t i = 0; i < T; ++i) {
+      for (int64_t c = 0; c < D; ++c) dq_row[c] = t[c * t16 + i] * scale;
+      if (rope)  // dQ of the unrotated q
+        rope_rotate_row(d.rope->style, D, rope->cos_row(i + offset), rope->sin_row(i + offset), true, dq_row);
       uint16_t* row = at(dq, d.dq, b, h0 + hl, i);
-      for (int64_t c = 0; c < D; ++c) row[c] = float_to_bf16_bits_inline(t[c * t16 + i] * scale);
+      for (int64_t c = 0; c < D; ++c) row[c] = float_to_bf16_bits_inline(dq_row[c]);
     }
   }
 }
 
 }  // namespace
 
-void forward(const AttentionDesc& d, const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse,
-             ThreadPool& pool) {
+void forward(const AttentionDesc& d, const RopeTable* rope, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+             uint16_t* o, float* lse, ThreadPool& pool) {
   pool.parallel_for(d.batch * d.heads, [&](int64_t begin, int64_t end) {
-    for (int64_t it = begin; it < end; ++it) forward_head(d, q, k, v, o, lse, it / d.heads, it % d.heads);
+    for (int64_t it = begin; it < end; ++it) forward_head(d, rope, q, k, v, o, lse, it / d.heads, it % d.heads);
   });
 }
 
-void backward(const AttentionDesc& d, const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* o,
-              const float* lse, const uint16_t* d_o, uint16_t* dq, uint16_t* dk, uint16_t* dv, ThreadPool& pool) {
+void backward(const AttentionDesc& d, const RopeTable* rope, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+              const uint16_t* o, const float* lse, const uint16_t* d_o, uint16_t* dq, uint16_t* dk, uint16_t* dv,
+              ThreadPool& pool) {
   pool.parallel_for(d.batch * d.kv_heads, [&](int64_t begin, int64_t end) {
     for (int64_t it = begin; it < end; ++it)
-      backward_group(d, q, k, v, o, lse, d_o, dq, dk, dv, it / d.kv_heads, it % d.kv_heads);
+      backward_group(d, rope, q, k, v, o, lse, d_o, dq, dk, dv, it / d.kv_heads, it % d.kv_heads);
   });
 }
 
@@ -317,11 +355,12 @@ void backward(const AttentionDesc& d, const uint16_t* q, const uint16_t* k, cons
 
 namespace napkin::runtime::attention_amx {
 
-void forward(const AttentionDesc&, const uint16_t*, const uint16_t*, const uint16_t*, uint16_t*, float*, ThreadPool&) {
+void forward(const AttentionDesc&, const RopeTable*, const uint16_t*, const uint16_t*, const uint16_t*, uint16_t*, float*,
+             ThreadPool&) {
   std::abort();
 }
-void backward(const AttentionDesc&, const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const float*,
-              const uint16_t*, uint16_t*, uint16_t*, uint16_t*, ThreadPool&) {
+void backward(const AttentionDesc&, const RopeTable*, const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*,
+              const float*, const uint16_t*, uint16_t*, uint16_t*, uint16_t*, ThreadPool&) {
   std::abort();
 }
 

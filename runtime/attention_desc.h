@@ -5,6 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+
+#include "runtime/rope.h"
 
 namespace napkin::runtime {
 
@@ -17,6 +20,11 @@ struct AttentionDesc {
     bool operator==(const Strides&) const = default;
   };
   Strides q, k, v, o, d_o, dq, dk, dv;  // forward uses q, k, v, o
+  // Rotary embeddings applied to q and k as they are loaded (rope->dim ==
+  // head_dim): query row i at position i + kv_len - q_len, key row j at j.
+  // The backward's dq and dk are the gradients of the unrotated q and k
+  // (rotated back by the negated angles before they are stored).
+  std::optional<RopeDesc> rope;
   bool operator==(const AttentionDesc&) const = default;
 };
 

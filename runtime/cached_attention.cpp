@@ -18,8 +18,19 @@ int64_t at(const AttentionDesc::Strides& s, int64_t b, int64_t h, int64_t row) {
 }
 
 // o for every (batch, head, row) item in [begin, end): the definition, row by row.
+// The head_dim elements of a row of src at element si, rotated at position
+// p, into dst at element di (rope: the k rows written into the cache).
 template <typename Acc>
-void decode_rows(const CachedAttentionDesc& d, GemmType t, const char* q, const char* kc, const char* vc,
+void copy_rotated_row(const CachedAttentionDesc& d, const RopeTable& rope, GemmType t, const void* src, int64_t si,
+                      int64_t p, void* dst, int64_t di, std::vector<Acc>& row) {
+  for (int64_t c = 0; c < d.head_dim; ++c) row[c] = load_element<Acc>(t, src, si + c);
+  rope_rotate_row(d.rope->style, d.head_dim, rope.cos_row(p), rope.sin_row(p), false, row.data());
+  for (int64_t c = 0; c < d.head_dim; ++c) store_element<Acc>(t, dst, di + c, row[c]);
+}
+
+// rope: the table of d.rope or null; q rows are rotated as they are loaded.
+template <typename Acc>
+void decode_rows(const CachedAttentionDesc& d, const RopeTable* rope, GemmType t, const char* q, const char* kc, const char* vc,
                  const int64_t* pos, char* o, int64_t begin, int64_t end) {
   std::vector<Acc> scores(static_cast<size_t>(d.context)), out(static_cast<size_t>(d.head_dim)), qrow(out.size());
   const int64_t group = d.heads / d.kv_heads;
@@ -27,6 +38,7 @@ void decode_rows(const CachedAttentionDesc& d, GemmType t, const char* q, const 
     const int64_t i = item % d.rows, h = (item / d.rows) % d.heads, b = item / (d.rows * d.heads);
     const int64_t visible = pos[i] + 1, qi = at(d.q, b, h, i);
     for (int64_t c = 0; c < d.head_dim; ++c) qrow[c] = load_element<Acc>(t, q, qi + c);
+    if (rope) rope_rotate_row(d.rope->style, d.head_dim, rope->cos_row(pos[i]), rope->sin_row(pos[i]), false, qrow.data());
     Acc m = -std::numeric_limits<Acc>::infinity();
     for (int64_t j = 0; j < visible; ++j) {
       const int64_t kj = at(d.k_cache, b, h / group, j);
@@ -56,7 +68,13 @@ CachedAttention::CachedAttention(CachedAttentionDesc desc, GemmType type) : d_(d
     throw Error("cached attention: every size must be at least 1");
   if (d.heads % d.kv_heads != 0) throw Error("cached attention: query heads do not group evenly over kv heads");
   if (d.rows > d.context) throw Error("cached attention: more new rows than the cache holds");
-  if (d.rows > 1) {  // a prefill: causal attention over the caches' first `rows` rows
+  if (d.rope) {
+    if (d.rope->dim != d.head_dim || d.head_dim % 2 != 0)
+      throw Error("cached attention: rope rotates " + std::to_string(d.rope->dim) + " elements of a row, head_dim is " +
+                  std::to_string(d.head_dim) + " (they must be equal and even)");
+    rope_ = make_rope_table(*d.rope, d.context);
+  }
+  if (d.rows > 1) {  // a prefill: causal attention over the new rows (the caches' first `rows` rows then)
     AttentionDesc a;
     a.batch = d.batch;
     a.heads = d.heads;
@@ -66,9 +84,10 @@ CachedAttention::CachedAttention(CachedAttentionDesc desc, GemmType type) : d_(d
     a.causal = true;
     a.scale = d.scale;
     a.q = d.q;
-    a.k = d.k_cache;
-    a.v = d.v_cache;
+    a.k = d.k;
+    a.v = d.v;
     a.o = d.o;
+    a.rope = d.rope;
     prefill_ = std::make_unique<Attention>(a, type);
     prefill_lse_.resize(static_cast<size_t>(d.batch * d.heads * d.rows));
   }
@@ -93,23 +112,33 @@ void CachedAttention::run(const void* q, const void* k, const void* v, void* k_c
   const size_t elem = gemm_type_bytes(type_);
   auto* kc = static_cast<char*>(k_cache);
   auto* vc = static_cast<char*>(v_cache);
+  std::vector<double> row(static_cast<size_t>(d.head_dim));
+  std::vector<float> row32(row.size());
   for (int64_t b = 0; b < d.batch; ++b)
     for (int64_t h = 0; h < d.kv_heads; ++h)
       for (int64_t i = 0; i < d.rows; ++i) {
-        std::memcpy(kc + at(d.k_cache, b, h, pos[i]) * elem, static_cast<const char*>(k) + at(d.k, b, h, i) * elem, row_bytes);
-        std::memcpy(vc + at(d.v_cache, b, h, pos[i]) * elem, static_cast<const char*>(v) + at(d.v, b, h, i) * elem, row_bytes);
+        if (!rope_)
+          std::memcpy(kc + at(d.k_cache, b, h, pos[i]) * elem, static_cast<const char*>(k) + at(d.k, b, h, i) * elem,
+                      row_bytes);
+        else if (type_ == GemmType::F64)
+          copy_rotated_row(d, *rope_, type_, k, at(d.k, b, h, i), pos[i], k_cache, at(d.k_cache, b, h, pos[i]), row);
+        else
+          copy_rotated_row(d, *rope_, type_, k, at(d.k, b, h, i), pos[i], k_cache, at(d.k_cache, b, h, pos[i]), row32);
+        std::memcpy(vc + at(d.v_cache, b, h, pos[i]) * elem, static_cast<const char*>(v) + at(d.v, b, h, i) * elem,
+                    row_bytes);
       }
   if (prefill_ && prefix) {
-    prefill_->forward(q, k_cache, v_cache, o, prefill_lse_.data(), pool);
+    prefill_->forward(q, k, v, o, prefill_lse_.data(), pool);
     return;
   }
+  const RopeTable* rope = rope_ ? &*rope_ : nullptr;
   const auto* qb = static_cast<const char*>(q);
   auto* ob = static_cast<char*>(o);
   pool.parallel_for(d.batch * d.heads * d.rows, [&](int64_t begin, int64_t end) {
     if (type_ == GemmType::F64)
-      decode_rows<double>(d, type_, qb, kc, vc, pos.data(), ob, begin, end);
+      decode_rows<double>(d, rope, type_, qb, kc, vc, pos.data(), ob, begin, end);
     else
-      decode_rows<float>(d, type_, qb, kc, vc, pos.data(), ob, begin, end);
+      decode_rows<float>(d, rope, type_, qb, kc, vc, pos.data(), ob, begin, end);
   });
 }
 

@@ -10,17 +10,19 @@
 // head_dim; its batch, head and row strides (in elements) are the
 // descriptor's.
 //
-// First the new rows are copied into the caches at their positions; then
-// query row i attends to cache rows 0 .. positions[i]. Where the positions are
-// 0, 1, ..., rows - 1 with rows > 1 (a prefill), that is causal attention of
-// the queries over the caches' first rows, run by runtime/attention.h's
-// FlashAttention kernel; otherwise (a decode step) each (batch, head, row) is
+// First the new rows are copied into the caches at their positions (k
+// rotated there, with rope); then query row i attends to cache rows 0 ..
+// positions[i]. Where the positions are 0, 1, ..., rows - 1 with rows > 1 (a
+// prefill), that is causal attention of the queries over the new rows, run by
+// runtime/attention.h's FlashAttention kernel (which rotates q and k as it
+// loads them); otherwise (a decode step) each (batch, head, row) is
 // one work item: its scores in f32 (f64 for f64), their softmax, and the sum
 // of the value rows in order, so results do not depend on the thread count.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "runtime/attention.h"
@@ -34,6 +36,10 @@ struct CachedAttentionDesc {
   double scale = 1;
   bool positions_i64 = false;
   AttentionDesc::Strides q, k, v, k_cache, v_cache, o;
+  // Rotary embeddings (rope->dim == head_dim): q and the new k rotated at
+  // their rows' positions, k before it is written into the cache (which so
+  // holds rotated keys).
+  std::optional<RopeDesc> rope;
   bool operator==(const CachedAttentionDesc&) const = default;
 };
 
@@ -53,7 +59,8 @@ class CachedAttention {
  private:
   CachedAttentionDesc d_;
   GemmType type_;
-  std::unique_ptr<Attention> prefill_;     // the causal kernel over the caches' first `rows` rows (rows > 1)
+  std::optional<RopeTable> rope_;          // positions [0, context)
+  std::unique_ptr<Attention> prefill_;     // the causal kernel over the new rows (rows > 1), rotating as it loads
   mutable std::vector<float> prefill_lse_;  // its lse, which nothing reads
 };
 

@@ -105,6 +105,14 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CudaSpec, arch, scratch_bytes, tf32)
 
 namespace {
 
+// An attention kernel's rotary embeddings: the key "rope", absent when none.
+void write_rope(json& j, const std::optional<RopeDesc>& r) {
+  if (r) j["rope"] = *r;
+}
+void read_rope(const json& j, std::optional<RopeDesc>& r) {
+  if (j.contains("rope")) r = j.at("rope").get<RopeDesc>();
+}
+
 // An attention kernel's operand as [offset, batch stride, head stride, row
 // stride] (head_dim's stride is 1).
 json operand(int64_t offset, const AttentionDesc::Strides& s) { return {offset, s.batch, s.head, s.row}; }
@@ -160,6 +168,7 @@ void write(json& kernel, const AttentionSpec& s) {
   json& j = kernel["attention"] = d;
   j.update({{"backward", s.backward}, {"dtype", s.dtype}, {"lse", s.lse}, {"q", operand(s.q, d.q)},
             {"k", operand(s.k, d.k)}, {"v", operand(s.v, d.v)}, {"o", operand(s.o, d.o)}});
+  write_rope(j, d.rope);
   if (s.backward)
     j.update({{"do", operand(s.d_o, d.d_o)}, {"dq", operand(s.dq, d.dq)}, {"dk", operand(s.dk, d.dk)},
               {"dv", operand(s.dv, d.dv)}});
@@ -170,6 +179,7 @@ void read(const json& kernel, const std::string&, AttentionSpec& s) {
   s.backward = j.at("backward"), s.dtype = j.at("dtype"), s.lse = j.at("lse");
   read_operand(j, "q", s.q, d.q), read_operand(j, "k", s.k, d.k), read_operand(j, "v", s.v, d.v);
   read_operand(j, "o", s.o, d.o);
+  read_rope(j, d.rope);
   if (s.backward)
     read_operand(j, "do", s.d_o, d.d_o), read_operand(j, "dq", s.dq, d.dq), read_operand(j, "dk", s.dk, d.dk),
         read_operand(j, "dv", s.dv, d.dv);
@@ -181,6 +191,7 @@ void write(json& kernel, const CachedAttentionSpec& s) {
   j.update({{"dtype", s.dtype}, {"positions", s.positions}, {"q", operand(s.q, d.q)}, {"k", operand(s.k, d.k)},
             {"v", operand(s.v, d.v)}, {"k_cache", operand(s.k_cache, d.k_cache)},
             {"v_cache", operand(s.v_cache, d.v_cache)}, {"o", operand(s.o, d.o)}});
+  write_rope(j, d.rope);
 }
 void read(const json& kernel, const std::string&, CachedAttentionSpec& s) {
   const json& j = kernel.at("cached_attention");
@@ -189,6 +200,7 @@ void read(const json& kernel, const std::string&, CachedAttentionSpec& s) {
   read_operand(j, "q", s.q, d.q), read_operand(j, "k", s.k, d.k), read_operand(j, "v", s.v, d.v);
   read_operand(j, "k_cache", s.k_cache, d.k_cache), read_operand(j, "v_cache", s.v_cache, d.v_cache);
   read_operand(j, "o", s.o, d.o);
+  read_rope(j, d.rope);
 }
 
 void write(json& kernel, const RopeSpec& s) {

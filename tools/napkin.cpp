@@ -88,12 +88,14 @@ std::optional<std::map<std::string, int64_t>> dims_or_error(const std::string& t
 // with and without them.
 struct PipelineFlags {
   bool unfused_attention = false;   // keep the spelled-out attention a model writes
+  bool unfused_rope = false;        // keep the rope of attention's q and k a kernel of its own (passes/fuse_rope.h)
   bool unfused_classifier = false;  // keep a language-model head's matmul and cross_entropy apart
   bool unfused_epilogues = false;   // keep a contraction's widening cast a kernel of its own (passes/matmul_epilogues.h)
   bool no_rematerialize = false;    // keep every saved activation as the forward made it (passes/rematerialize.h)
 
   passes::PipelineOptions apply(passes::PipelineOptions options) const {
     options.fuse_attention = !unfused_attention;
+    options.fuse_rope = !unfused_rope;
     options.fuse_classifier = !unfused_classifier;
     options.matmul_epilogues = !unfused_epilogues;
     options.rematerialize = !no_rematerialize;
@@ -103,6 +105,9 @@ struct PipelineFlags {
 
 void add_pipeline_flags(CLI::App* command, PipelineFlags& flags) {
   command->add_flag("--unfused-attention", flags.unfused_attention, "keep spelled-out attention unfused (to compare)");
+  command->add_flag("--unfused-rope", flags.unfused_rope,
+                    "keep the rope of attention's q and k a kernel of its own, not applied as attention loads them (to "
+                    "compare)");
   command->add_flag("--unfused-classifier", flags.unfused_classifier,
                     "keep the language-model head's matmul and cross_entropy apart (to compare)");
   command->add_flag("--unfused-epilogues", flags.unfused_epilogues,

@@ -56,6 +56,13 @@
 //  - Shared memory per block (shared_fwd/_kv/_q below): forward 3*64 (DP + 8)
 //    2 bytes, dK/dV 4*64 (DP + 8) 2 + 512 bytes, dQ 4*64 (DP + 8) 2 bytes;
 //    for D = 64: 27 KiB, 36.5 KiB and 36 KiB.
+// Rotary embeddings (AttentionParams::rope): the kernels rotate the q and k
+// tiles in shared memory (SIMT: the thread's own q or k row in registers)
+// right after they are loaded, each load anew (a block of 64 rows rotates each
+// key tile it loads: 6 FLOPs and a sincos per pair), with the frequencies
+// emitted as a __device__ table NAME_rope_inv; the backward's dq and dk
+// accumulators go through shared memory as f32 to be rotated back (SIMT: in
+// registers) before they are stored.
 // SIMT (f32, f64): 64 threads, one query row (NAME, NAME_3) or key row
 // (NAME_2) each, held in registers with its accumulators; the other side's
 // rows in shared memory tiles of TILE rows (64, halved until two tiles fit in
@@ -74,6 +81,7 @@
 
 #include "codegen/cuda/emit.h"
 #include "ir/internal_check.h"
+#include "runtime/rope.h"
 
 namespace napkin::codegen::cuda::detail {
 
@@ -171,11 +179,20 @@ EmittedKernel emit_attention(const Kernel& k) {
   auto vec = [&](const Operand& o) { return o.sizes.size() == 4 && vector_rows(o, d.D); };
 
   Src s;
+  if (a.rope) {  // the rotary frequencies, f32 as the CPU runtime computes them (runtime/rope.h)
+    std::string values;
+    for (float f : runtime::rope_inv_freq(rope_desc(*a.rope, d.D)))
+      values += (values.empty() ? "" : ", ") + literal(DType::F32, f);
+    s.line("__device__ const float {}_rope_inv[{}] = {{{}}};", k.name, d.D / 2, values);
+  }
   s.open("struct {}_cfg {{", k.name);
   s.line("static constexpr int B = {}, HQ = {}, HK = {}, T = {}, S = {}, D = {}, TILE = {};", d.B, d.HQ, d.HK, d.T,
          d.S, d.D, tile);
   s.line("static constexpr bool CAUSAL = {};", a.causal ? "true" : "false");
   s.line("static constexpr double SCALE = {:a}, SCALE_LOG2 = {:a};", a.scale, a.scale * (1.0 / std::log(2.0)));
+  s.line("static constexpr bool ROPE = {}, ROPE_HALF = {};", a.rope ? "true" : "false",
+         a.rope && a.rope->style == ir::RopeStyle::Half ? "true" : "false");
+  if (a.rope) s.line("static NAPKIN_DEVICE float rope_inv(int j) {{ return {}_rope_inv[j]; }}", k.name);
   for (const auto& [name, o] : ops) {
     NAPKIN_INTERNAL_CHECK(o->strides.size() == o->sizes.size() && (o->sizes.size() == 3 || o->strides[3] == 1),
                           "attention kernel {}: operand {} strides", k.name, name);

@@ -9,7 +9,8 @@
 // deterministic are described at the top of codegen/cuda/attention.cpp.
 //
 // Config C (the emitted struct): B, HQ, HK, T, S, D, TILE (the SIMT key or
-// query tile), CAUSAL, SCALE, SCALE_LOG2 (= SCALE * log2 e), and per operand X
+// query tile), CAUSAL, SCALE, SCALE_LOG2 (= SCALE * log2 e), ROPE, ROPE_HALF
+// and rope_inv(j) (the rotary frequencies, with ROPE), and per operand X
 // of {Q, K, V, O, L (lse), DO, DQ, DK, DV}: X_B, X_H, X_T (element strides of
 // batch, head, row) and X_VEC (rows load as 16-byte vectors).
 // Traits X: napkin_attn_{bf16,f16} (tensor cores: St unsigned short, Acc
@@ -201,6 +202,57 @@ NAPKIN_DEVICE void napkin_attn_delta(const typename X::St* __restrict__ o, const
   if (in && part == 0) delta[row] = s;
 }
 
+// ---- rotary embeddings fused into the loads (C::ROPE; runtime/rope.h) ----
+// q rows are rotated at position i + S - T, k rows at j, as they reach shared
+// memory or registers; the backward rotates dq and dk back (inverse) before
+// storing them. Pair j of a row: elements j and j + D/2 (C::ROPE_HALF) or 2j
+// and 2j + 1; its angle at position p is the f32 product (float)p *
+// inv_freq_j (C::rope_inv, the host's frequencies). Its cos and sin: cosf and
+// sinf (within 2 ulp of the CPU's table) where the arithmetic A is f32; for
+// f64 models in double, rounded to f32, the CPU table's values.
+template <class C, class A>
+NAPKIN_DEVICE void napkin_rope_pair(int p, int j, bool inverse, int& i1, int& i2, float& c, float& s) {
+  i1 = C::ROPE_HALF ? j : 2 * j;
+  i2 = C::ROPE_HALF ? j + C::D / 2 : 2 * j + 1;
+  const A a = (A)((float)p * C::rope_inv(j));
+  c = (float)napkin_cos(a);
+  s = (float)napkin_sin(a);
+  if (inverse) s = -s;
+}
+
+// Rows [0, valid) of a tile of ROWS rows (leading dimension ld, elements
+// X::St), row r at position p0 + r, rotated in place by all threads of the
+// block; the caller puts barriers around it.
+template <class C, class X, int ROWS>
+NAPKIN_DEVICE void napkin_attn_rope_tile(typename X::St* tile, int ld, int p0, int valid, bool inverse) {
+  typedef typename X::Acc A;
+  constexpr int H = C::D / 2;
+  for (int c = (int)threadIdx.x; c < ROWS * H; c += (int)blockDim.x) {
+    const int r = c / H;
+    if (r >= valid) break;  // r grows with c
+    int i1, i2;
+    float cs, sn;
+    napkin_rope_pair<C, A>(p0 + r, c % H, inverse, i1, i2, cs, sn);
+    typename X::St* row = tile + r * ld;
+    const A x1 = X::load(row[i1]), x2 = X::load(row[i2]);
+    row[i1] = X::store(x1 * (A)cs - x2 * (A)sn);
+    row[i2] = X::store(x2 * (A)cs + x1 * (A)sn);
+  }
+}
+
+// A row of D values in a thread's registers (SIMT) rotated at position p.
+template <class C, class A>
+NAPKIN_DEVICE void napkin_attn_rope_row(A* x, int p, bool inverse) {
+  for (int j = 0; j < C::D / 2; ++j) {
+    int i1, i2;
+    float cs, sn;
+    napkin_rope_pair<C, A>(p, j, inverse, i1, i2, cs, sn);
+    const A x1 = x[i1], x2 = x[i2];
+    x[i1] = x1 * (A)cs - x2 * (A)sn;
+    x[i2] = x2 * (A)cs + x1 * (A)sn;
+  }
+}
+
 // ---- tensor cores (bf16, f16): 4 warps, 16 rows each ----
 
 // Forward: block = (b, h, 64-query tile), heaviest (causal) tiles first.
@@ -222,6 +274,10 @@ NAPKIN_DEVICE void napkin_attn_fwd_mma(const unsigned short* __restrict__ q, con
   napkin_attn_tile<X, C::D, DP, BM, C::Q_VEC>(Qs, LD, q + b * C::Q_B + h * C::Q_H + row0 * C::Q_T, C::Q_T,
                                               C::T - row0);
   __syncthreads();
+  if constexpr (C::ROPE) {
+    napkin_attn_rope_tile<C, X, BM>(Qs, LD, row0 + C::S - C::T, C::T - row0, false);
+    __syncthreads();
+  }
   const int r = warp * 16 + g;  // this thread's rows of the tile: r and r + 8
   unsigned qf[KC][4];
   NAPKIN_UNROLL
@@ -243,6 +299,10 @@ NAPKIN_DEVICE void napkin_attn_fwd_mma(const unsigned short* __restrict__ q, con
     kn.put(Ks, LD);
     vn.put(Vs, LD);
     __syncthreads();
+    if constexpr (C::ROPE) {
+      napkin_attn_rope_tile<C, X, BN>(Ks, LD, key0, C::S - key0, false);
+      __syncthreads();
+    }
     if (key0 + BN < kend) {  // the next tile's loads overlap this tile's products
       kn.fetch(kg + (key0 + BN) * C::K_T, C::K_T, C::S - key0 - BN);
       vn.fetch(vg + (key0 + BN) * C::V_T, C::V_T, C::S - key0 - BN);
@@ -352,6 +412,10 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
   napkin_attn_tile<X, C::D, DP, BN, C::V_VEC>(dObuf, LD, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
                                               C::V_T, C::S - key0);
   __syncthreads();
+  if constexpr (C::ROPE) {
+    napkin_attn_rope_tile<C, X, BN>(Qbuf, LD, key0, C::S - key0, false);
+    __syncthreads();
+  }
   const int r = warp * 16 + g;  // this thread's keys of the tile: r and r + 8
   unsigned kf[KC][4], vf[KC][4];
   NAPKIN_UNROLL
@@ -384,7 +448,7 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
   for (int it = 0; it < n; ++it) {
     {
       const int h = hk * G + it / tiles, q0 = qfirst + it % tiles * BM;
-      const unsigned short* Qs = Qbuf + (it & 1) * BM * LD;
+      unsigned short* Qs = Qbuf + (it & 1) * BM * LD;
       const unsigned short* dOs = dObuf + (it & 1) * BM * LD;
       // The other buffer's last readers finished at the previous iteration's
       // closing barrier.
@@ -400,6 +464,10 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
         Dl[i] = in ? delta[((long long)b * C::HQ + h) * C::T + q0 + i] : 0.f;
       }
       __syncthreads();
+      if constexpr (C::ROPE) {
+        napkin_attn_rope_tile<C, X, BM>(Qs, LD, q0 + C::S - C::T, C::T - q0, false);
+        __syncthreads();
+      }
       // P^T (keys x queries) = exp2(K Q^T scale log2e - lse log2e).
       float st[BM / 8][4];
       NAPKIN_UNROLL
@@ -469,6 +537,24 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
     __syncthreads();  // this tile's readers are done: its buffer, Ls and Dl may be refilled
   }
   const float scale = (float)C::SCALE;
+  // With rope, dK of the unrotated k: the scaled f32 tile [BN][D] through
+  // shared memory (the q and do buffers are free), rotated back there.
+  float* dKs = (float*)smem;
+  if constexpr (C::ROPE) {
+    __syncthreads();
+    NAPKIN_UNROLL
+    for (int hr = 0; hr < 2; ++hr)
+      NAPKIN_UNROLL
+      for (int nd = 0; nd < ND; ++nd)
+        NAPKIN_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int d = nd * 8 + 2 * t + e;
+          if (d < C::D) dKs[(r + 8 * hr) * C::D + d] = dka[nd][2 * hr + e] * scale;
+        }
+    __syncthreads();
+    napkin_attn_rope_tile<C, napkin_attn_f32, BN>(dKs, C::D, key0, C::S - key0, true);
+    __syncthreads();
+  }
   NAPKIN_UNROLL
   for (int hr = 0; hr < 2; ++hr) {
     const int j = key0 + r + 8 * hr;
@@ -481,7 +567,7 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
       for (int e = 0; e < 2; ++e) {
         const int d = nd * 8 + 2 * t + e;
         if (d < C::D) {
-          dkrow[d] = X::store(dka[nd][2 * hr + e] * scale);
+          dkrow[d] = X::store(C::ROPE ? dKs[(r + 8 * hr) * C::D + d] : dka[nd][2 * hr + e] * scale);
           dvrow[d] = X::store(dva[nd][2 * hr + e]);
         }
       }
@@ -511,6 +597,10 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
   napkin_attn_tile<X, C::D, DP, BM, C::DO_VEC>(Vbuf, LD, dout + b * C::DO_B + h * C::DO_H + row0 * C::DO_T,
                                                C::DO_T, C::T - row0);
   __syncthreads();
+  if constexpr (C::ROPE) {
+    napkin_attn_rope_tile<C, X, BM>(Kbuf, LD, row0 + C::S - C::T, C::T - row0, false);
+    __syncthreads();
+  }
   const int r = warp * 16 + g;
   unsigned qf[KC][4], df[KC][4];
   NAPKIN_UNROLL
@@ -543,7 +633,7 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
   __syncthreads();  // the fragment loads are done before buffer 0 is refilled
   if (kend > 0) start(0);
   for (int key0 = 0; key0 < kend; key0 += BN) {
-    const unsigned short* Ks = Kbuf + (key0 / BN & 1) * BN * LD;
+    unsigned short* Ks = Kbuf + (key0 / BN & 1) * BN * LD;
     const unsigned short* Vs = Vbuf + (key0 / BN & 1) * BN * LD;
     // The other buffer's last readers finished at the previous iteration's
     // closing barrier.
@@ -554,6 +644,10 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
       napkin_cp_async_wait<0>();
     }
     __syncthreads();
+    if constexpr (C::ROPE) {
+      napkin_attn_rope_tile<C, X, BN>(Ks, LD, key0, C::S - key0, false);
+      __syncthreads();
+    }
     float p[BN / 8][4], ds[BN / 8][4];
     NAPKIN_UNROLL
     for (int nt = 0; nt < BN / 8; ++nt)
@@ -597,6 +691,23 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
     __syncthreads();  // this tile's readers are done: its buffer may be refilled
   }
   const float scale = (float)C::SCALE;
+  // With rope, dQ of the unrotated q: as dK in napkin_attn_bwd_kv_mma.
+  float* dQs = (float*)smem;
+  if constexpr (C::ROPE) {
+    __syncthreads();
+    NAPKIN_UNROLL
+    for (int hr = 0; hr < 2; ++hr)
+      NAPKIN_UNROLL
+      for (int nd = 0; nd < ND; ++nd)
+        NAPKIN_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int d = nd * 8 + 2 * t + e;
+          if (d < C::D) dQs[(r + 8 * hr) * C::D + d] = dqa[nd][2 * hr + e] * scale;
+        }
+    __syncthreads();
+    napkin_attn_rope_tile<C, napkin_attn_f32, BM>(dQs, C::D, row0 + C::S - C::T, C::T - row0, true);
+    __syncthreads();
+  }
   NAPKIN_UNROLL
   for (int hr = 0; hr < 2; ++hr) {
     const int i = row0 + r + 8 * hr;
@@ -607,7 +718,7 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
       NAPKIN_UNROLL
       for (int e = 0; e < 2; ++e) {
         const int d = nd * 8 + 2 * t + e;
-        if (d < C::D) row[d] = X::store(dqa[nd][2 * hr + e] * scale);
+        if (d < C::D) row[d] = X::store(C::ROPE ? dQs[(r + 8 * hr) * C::D + d] : dqa[nd][2 * hr + e] * scale);
       }
   }
 }
@@ -633,6 +744,7 @@ NAPKIN_DEVICE void napkin_attn_fwd_simt(const typename X::St* __restrict__ q, co
     qr[d] = valid ? q[b * C::Q_B + h * C::Q_H + i * C::Q_T + d] : A(0);
     acc[d] = A(0);
   }
+  if constexpr (C::ROPE) napkin_attn_rope_row<C>(qr, i + C::S - C::T, false);
   A m = -(A)napkin_inf_f32(), l = A(0);
   const int visible = C::CAUSAL ? i + C::S - C::T + 1 : C::S;
   const int kend = C::CAUSAL ? min(C::S, row0 + BM + C::S - C::T) : C::S;
@@ -643,6 +755,10 @@ NAPKIN_DEVICE void napkin_attn_fwd_simt(const typename X::St* __restrict__ q, co
     napkin_attn_tile<X, C::D, C::D, BN, false>(Vs, C::D, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
                                                C::V_T, C::S - key0);
     __syncthreads();
+    if constexpr (C::ROPE) {
+      napkin_attn_rope_tile<C, X, BN>(Ks, C::D, key0, C::S - key0, false);
+      __syncthreads();
+    }
     const int jn = min(BN, visible - key0);
     if (!valid || jn <= 0) continue;
     A s[BN];
@@ -691,6 +807,7 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_simt(const typename X::St* __restrict__ q,
     vr[d] = valid ? v[b * C::V_B + hk * C::V_H + j * C::V_T + d] : A(0);
     dka[d] = dva[d] = A(0);
   }
+  if constexpr (C::ROPE) napkin_attn_rope_row<C>(kr, j, false);
   const int qfirst = C::CAUSAL ? max(0, key0 - (C::S - C::T)) / BM * BM : 0;
   for (int hh = 0; hh < G; ++hh) {
     const int h = hk * G + hh;
@@ -706,6 +823,10 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_simt(const typename X::St* __restrict__ q,
         Dl[i] = in ? delta[((long long)b * C::HQ + h) * C::T + q0 + i] : A(0);
       }
       __syncthreads();
+      if constexpr (C::ROPE) {
+        napkin_attn_rope_tile<C, X, BM>(Qs, C::D, q0 + C::S - C::T, C::T - q0, false);
+        __syncthreads();
+      }
       if (!valid) continue;
       const int ilo = C::CAUSAL ? max(0, j - (C::S - C::T) - q0) : 0, ihi = min(BM, C::T - q0);
       for (int ii = ilo; ii < ihi; ++ii) {
@@ -723,6 +844,7 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_simt(const typename X::St* __restrict__ q,
     }
   }
   if (!valid) return;
+  if constexpr (C::ROPE) napkin_attn_rope_row<C>(dka, j, true);  // dK of the unrotated k
   for (int d = 0; d < C::D; ++d) {
     dk[b * C::DK_B + hk * C::DK_H + j * C::DK_T + d] = dka[d] * (A)C::SCALE;
     dv[b * C::DV_B + hk * C::DV_H + j * C::DV_T + d] = dva[d];
@@ -750,6 +872,7 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_simt(const typename X::St* __restrict__ q, 
     dr[d] = valid ? dout[b * C::DO_B + h * C::DO_H + i * C::DO_T + d] : A(0);
     dqa[d] = A(0);
   }
+  if constexpr (C::ROPE) napkin_attn_rope_row<C>(qr, i + C::S - C::T, false);
   const A L = valid ? (A)lse[b * C::L_B + h * C::L_H + i * C::L_T] : A(0);
   const A Dd = valid ? delta[((long long)b * C::HQ + h) * C::T + i] : A(0);
   const int visible = C::CAUSAL ? i + C::S - C::T + 1 : C::S;
@@ -761,6 +884,10 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_simt(const typename X::St* __restrict__ q, 
     napkin_attn_tile<X, C::D, C::D, BN, false>(Vs, C::D, v + b * C::V_B + hk * C::V_H + key0 * C::V_T,
                                                C::V_T, C::S - key0);
     __syncthreads();
+    if constexpr (C::ROPE) {
+      napkin_attn_rope_tile<C, X, BN>(Ks, C::D, key0, C::S - key0, false);
+      __syncthreads();
+    }
     const int jn = valid ? min(BN, visible - key0) : 0;
     for (int jj = 0; jj < jn; ++jj) {
       A s = A(0), dp = A(0);
@@ -773,6 +900,7 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_simt(const typename X::St* __restrict__ q, 
     }
   }
   if (!valid) return;
+  if constexpr (C::ROPE) napkin_attn_rope_row<C>(dqa, i + C::S - C::T, true);  // dQ of the unrotated q
   for (int d = 0; d < C::D; ++d) dq[b * C::DQ_B + h * C::DQ_H + i * C::DQ_T + d] = dqa[d] * (A)C::SCALE;
 }
 // ---- end of fused attention ----

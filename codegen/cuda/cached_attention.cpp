@@ -12,10 +12,17 @@
 //          butterflies, then across warps), then o[d] by thread d (and
 //          d + 128, ...), summing p_j v_j over the rows in order.
 // Arithmetic in f32 (f64 for f64); every sum has an order fixed by the shape.
+// Rotary embeddings (CachedAttentionParams::rope): NAME rotates each new k
+// element with its pair partner at the row's position before it writes the
+// cache (which so holds rotated keys); NAME_2 rotates the query row into
+// shared memory first. Angles as codegen/cuda/attention_device.cpp's: the f32
+// product (float)p * inv_freq_j, frequencies from the host (NAME_rope_inv),
+// cos and sin in the arithmetic's type rounded to f32.
 #include <fmt/format.h>
 
 #include "codegen/cuda/emit.h"
 #include "ir/internal_check.h"
+#include "runtime/rope.h"
 
 namespace napkin::codegen::cuda::detail {
 
@@ -27,6 +34,21 @@ constexpr int kBlock = 128;
 std::string at(const Operand& o, const std::string& b, const std::string& h, const std::string& row,
                const std::string& d) {
   return fmt::format("{}LL * {} + {}LL * {} + {}LL * {} + {}", o.strides[0], b, o.strides[1], h, o.strides[2], row, d);
+}
+
+// Element d of a row of o at element index `row` + d, rotated at position p
+// with its pair partner (rope of head_dim D): a statement declaring `name`.
+std::string rotated_element(const Operand& o, const std::string& row, const std::string& kernel, bool half, int64_t D,
+                            const std::string& acc, const std::string& name) {
+  const int64_t H = D / 2;
+  const std::string pair = half ? fmt::format("(d % {}LL)", H) : "(d / 2)";
+  const std::string partner = half ? fmt::format("(d < {0}LL ? d + {0}LL : d - {0}LL)", H) : "(d ^ 1LL)";
+  const std::string first = half ? fmt::format("d < {}LL", H) : "(d & 1LL) == 0";
+  return fmt::format(
+      "const float {0}_a = (float)p * {1}_rope_inv[{2}]; const {3} {0}_c = ({3})(float)napkin_cos(({3}){0}_a), {0}_s = "
+      "({3})(float)napkin_sin(({3}){0}_a); const {3} {0}_x = ({3}){4}, {0}_y = ({3}){5}; const {3} {0} = {6} ? {0}_x * {0}_c - "
+      "{0}_y * {0}_s : {0}_x * {0}_c + {0}_y * {0}_s;",
+      name, kernel, pair, acc, load(o, row + " + d"), load(o, row + " + " + partner), first);
 }
 
 }  // namespace
@@ -41,7 +63,15 @@ EmittedKernel emit_cached_attention(const Kernel& k, int index) {
   NAPKIN_INTERNAL_CHECK(score_bytes <= 40 * 1024, "cached attention kernel {}: a cache of {} rows does not fit its "
                         "scores in shared memory", k.name, S);
   const double scale = k.cached_attention().scale;
+  const std::optional<ir::RopeParams>& rope = k.cached_attention().rope;
+  const bool half = rope && rope->style == ir::RopeStyle::Half;
   Src s;
+  if (rope) {  // the rotary frequencies, f32 as the CPU runtime computes them (runtime/rope.h)
+    std::string values;
+    for (float f : runtime::rope_inv_freq(rope_desc(*rope, D)))
+      values += (values.empty() ? "" : ", ") + literal(ir::DType::F32, f);
+    s.line("__device__ const float {}_rope_inv[{}] = {{{}}};", k.name, D / 2, values);
+  }
 
   // The new rows into the caches.
   const int64_t items = B * HK * N * D;
@@ -55,7 +85,12 @@ EmittedKernel emit_cached_attention(const Kernel& k, int index) {
   s.line("if (d == 0) NAPKIN_BAD_INDEX({}, p, {}LL);", index, S);
   s.line("continue;");
   s.close();
-  s.line("{}", fmt::format("{}[{}] = {}[{}];", pointer(kc), at(kc, "b", "h", "p", "d"), pointer(kn), at(kn, "b", "h", "i", "d")));
+  if (rope) {
+    s.line("{}", rotated_element(kn, at(kn, "b", "h", "i", "0"), k.name, half, D, acc, "kr"));
+    s.line("{}", store(kc, at(kc, "b", "h", "p", "d"), "kr"));
+  } else {
+    s.line("{}", fmt::format("{}[{}] = {}[{}];", pointer(kc), at(kc, "b", "h", "p", "d"), pointer(kn), at(kn, "b", "h", "i", "d")));
+  }
   s.line("{}", fmt::format("{}[{}] = {}[{}];", pointer(vc), at(vc, "b", "h", "p", "d"), pointer(vn), at(vn, "b", "h", "i", "d")));
   s.close();
   s.close();
@@ -69,10 +104,20 @@ EmittedKernel emit_cached_attention(const Kernel& k, int index) {
   s.line("const long long p = (long long){};", load(pos, "i"));
   s.line("if ((unsigned long long)p >= {}ull) return;  // reported by the first launch", S);
   s.line("const long long visible = p + 1;");
+  std::string q_elem = fmt::format("({}){}", acc, load(q, at(q, "b", "h", "i", "d")));
+  if (rope) {  // the query row rotated at its position, once
+    s.line("__shared__ {} qr[{}];", acc, D);
+    s.open("for (long long d = threadIdx.x; d < {}LL; d += {}) {{", D, kBlock);
+    s.line("{}", rotated_element(q, at(q, "b", "h", "i", "0"), k.name, half, D, acc, "x"));
+    s.line("qr[d] = x;");
+    s.close();
+    s.line("__syncthreads();");
+    q_elem = "qr[d]";
+  }
   s.line("{} m = {};", acc, combine_of(ir::Combiner::Max, q.dtype == ir::DType::F64 ? ir::DType::F64 : ir::DType::F32).identity);
   s.open("for (long long j = threadIdx.x; j < visible; j += {}) {{", kBlock);
   s.line("{} dot = 0;", acc);
-  s.line("for (long long d = 0; d < {}LL; ++d) dot += ({}){} * ({}){};", D, acc, load(q, at(q, "b", "h", "i", "d")), acc,
+  s.line("for (long long d = 0; d < {}LL; ++d) dot += {} * ({}){};", D, q_elem, acc,
          load(kc, at(kc, "b", "kh", "j", "d")));
   s.line("scores[j] = dot * ({}){};", acc, literal(q.dtype == ir::DType::F64 ? ir::DType::F64 : ir::DType::F32, scale));
   s.line("m = scores[j] > m ? scores[j] : m;");

@@ -442,6 +442,29 @@ TEST_CASE("fake cuda: a Llama whose q and k are turned by standalone rope kernel
   check_close(cpu, cuda, 1e-4);
 }
 
+// tests/models/llama-rope-op.yaml as written: its ropes of q and k move into
+// the attention (passes/fuse_rope), whose CUDA kernels rotate the q and k
+// tiles as they load them and dq, dk back, NVRTC-compiled and run on the fake GPU.
+TEST_CASE("fake cuda: a Llama whose rope is fused into attention trains on the fake GPU as on the CPU") {
+  TempDir dir("fakecuda-rope-fused");
+  Trainers t = build_both(std::string(NAPKIN_SOURCE_DIR) + "/tests/models/llama-rope-op.yaml", "batch=2,seq=16,d=32,layers=2",
+                          dir);
+  Run program = sh(t.cuda + " --print-program");
+  REQUIRE(program.status == 0);
+  int rope_kernels = 0, attention_kernels = 0;
+  const nlohmann::json parsed = nlohmann::json::parse(program.out);
+  for (const auto& k : parsed.at("kernels")) {
+    rope_kernels += k.at("kind") == "rope";
+    attention_kernels += k.at("kind") == "attention";
+  }
+  CHECK(rope_kernels == 0);
+  CHECK(attention_kernels == 4);  // forward and backward, in 2 layers
+  std::string flags = fmt::format("{} {} --steps 4 --quiet", kCommon, kGptData);
+  std::vector<double> cpu = train(t.cpu + " " + flags, dir, "cpu");
+  std::vector<double> cuda = train_cuda(t, flags, dir, "cuda");
+  check_close(cpu, cuda, 1e-4);
+}
+
 TEST_CASE("fake cuda: the module loads from the cubin on its architecture or else from the PTX") {
   TempDir data("fakecuda-data");
   write_npy(data / "x.npy", 256, 256, 1);

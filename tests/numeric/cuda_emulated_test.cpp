@@ -25,6 +25,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -500,42 +501,50 @@ optimizer: sgd(lr=0.1)
 #endif  // NAPKIN_HAVE_CUDA
 
 TEST_CASE("numeric: the inference program's kernels (prefill, KV-cache decode), CPU and emulated CUDA, agree with the interpreter") {
-  // gpt at odd sizes (3 heads of 7, a context of 11), fp32 and bf16-mixed.
-  for (ir::PrecisionPolicy policy : {ir::PrecisionPolicy::FP32, ir::PrecisionPolicy::BF16Mixed}) {
-    CAPTURE(static_cast<int>(policy));
-    ir::Diagnostics diag;
-    frontend::LoadOptions options;
-    options.dim_overrides = {{"batch", 2}, {"seq", 11}, {"d", 21}, {"heads", 3}, {"layers", 2}};
-    std::optional<ir::Graph> g = frontend::load_model_file(napkin::testing::source_path("models/gpt.yaml"), diag, options);
-    REQUIRE(g.has_value());
-    g->config.precision.policy = policy;
-    REQUIRE(passes::run_inference_pipeline(*g, diag));
-    for (bool emulated : {false, true}) {
-      CAPTURE(emulated);
-      napkin::testing::CompiledStep step(*g);
-      // The prefill over positions 0..10, then a decode step at position 4
-      // (its cache rows past 4 hold the prefill's, which it must not read).
-      auto put = [&](const char* name, int64_t i, double v) {
-        const runtime::TensorSpec* t = step.program.find(name);
-        REQUIRE(t != nullptr);
-        runtime::write_element(step.ex->arena() + t->offset, t->dtype, i, v);
-      };
-      for (int64_t i = 0; i < 11; ++i) put("prefill.positions", i, static_cast<double>(i));
-      put("decode.positions", 0, 4);
-      const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(step.plan, "inference");
-      EmulatedKernels gpu(source, step);
-      int cached = 0;
-      napkin::testing::check_each_kernel(
-          step,
-          [&](const napkin::testing::KernelOutputCheck& c) {
-            INFO(c.kernel->name << " at " << c.kernel->where << ", " << ir::dtype_name(c.operand->dtype));
-            CHECK(c.error <= napkin::testing::kernel_tolerance(c.precision));
-            cached += c.kernel->kind == codegen::KernelKind::CachedAttention;
-          },
-          emulated ? napkin::testing::LoopKernelRunner([&](int kernel, char* arena) { gpu.run(kernel, arena); })
-                   : napkin::testing::LoopKernelRunner());
-      CHECK(cached == 4);  // two layers, prefill and decode
-      CHECK(gpu.bad_index()[0] == -1);
+  // gpt at odd sizes (3 heads of 7, a context of 11), and a model whose
+  // rope the cached attention applies (tests/e2e/data/rope.yaml: grouped
+  // heads), fp32 and bf16-mixed.
+  const std::pair<const char*, std::map<std::string, int64_t>> models[] = {
+      {"models/gpt.yaml", {{"batch", 2}, {"seq", 11}, {"d", 21}, {"heads", 3}, {"layers", 2}}},
+      {"tests/e2e/data/rope.yaml", {{"batch", 2}, {"seq", 11}, {"vocab", 40}}}};
+  for (const auto& model : models) {
+    for (ir::PrecisionPolicy policy : {ir::PrecisionPolicy::FP32, ir::PrecisionPolicy::BF16Mixed}) {
+      CAPTURE(model.first);
+      CAPTURE(static_cast<int>(policy));
+      ir::Diagnostics diag;
+      frontend::LoadOptions options;
+      options.dim_overrides = model.second;
+      std::optional<ir::Graph> g = frontend::load_model_file(napkin::testing::source_path(model.first), diag, options);
+      REQUIRE(g.has_value());
+      g->config.precision.policy = policy;
+      REQUIRE(passes::run_inference_pipeline(*g, diag));
+      for (bool emulated : {false, true}) {
+        CAPTURE(emulated);
+        napkin::testing::CompiledStep step(*g);
+        // The prefill over positions 0..10, then a decode step at position 4
+        // (its cache rows past 4 hold the prefill's, which it must not read).
+        auto put = [&](const char* name, int64_t i, double v) {
+          const runtime::TensorSpec* t = step.program.find(name);
+          REQUIRE(t != nullptr);
+          runtime::write_element(step.ex->arena() + t->offset, t->dtype, i, v);
+        };
+        for (int64_t i = 0; i < 11; ++i) put("prefill.positions", i, static_cast<double>(i));
+        put("decode.positions", 0, 4);
+        const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(step.plan, "inference");
+        EmulatedKernels gpu(source, step);
+        int cached = 0;
+        napkin::testing::check_each_kernel(
+            step,
+            [&](const napkin::testing::KernelOutputCheck& c) {
+              INFO(c.kernel->name << " at " << c.kernel->where << ", " << ir::dtype_name(c.operand->dtype));
+              CHECK(c.error <= napkin::testing::kernel_tolerance(c.precision));
+              cached += c.kernel->kind == codegen::KernelKind::CachedAttention;
+            },
+            emulated ? napkin::testing::LoopKernelRunner([&](int kernel, char* arena) { gpu.run(kernel, arena); })
+                     : napkin::testing::LoopKernelRunner());
+        CHECK(cached == (std::string(model.first) == "models/gpt.yaml" ? 4 : 2));  // layers times prefill and decode
+        CHECK(gpu.bad_index()[0] == -1);
+      }
     }
   }
 }

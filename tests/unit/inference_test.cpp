@@ -14,6 +14,7 @@
 #include "analysis/inference.h"
 #include "frontend/frontend.h"
 #include "interp/interpreter.h"
+#include "ir/rope.h"
 #include "passes/derive_inference.h"
 #include "passes/pipeline.h"
 #include "runtime/cpu_engine.h"
@@ -49,6 +50,7 @@ struct Decoder {
     ir::Diagnostics diag;
     passes::PipelineOptions no_classifier;
     no_classifier.fuse_classifier = false;  // the oracle keeps its logits
+    no_classifier.fuse_rope = false;        // and rotates q and k by the rope op itself
     REQUIRE(passes::run_forward_pipeline(forward, diag, no_classifier));
     ir::Graph inference = g;
     REQUIRE(passes::run_inference_pipeline(inference, diag));
@@ -264,6 +266,45 @@ TEST_CASE("inference: computed rotary positions give the interpreter's greedy te
   const std::vector<int64_t> by_auto = greedy_text(d, prompt, runtime::PromptPath::Auto);
   CHECK(by_steps == by_prefill);
   CHECK(by_auto == by_prefill);
+  CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 1e-4) >= 6);
+}
+
+TEST_CASE("inference: rope fused into attention gives the interpreter's greedy text on every prompt path (prefill, steps, auto)") {
+  // tests/e2e/data/rope.yaml: rope(q), rope(k) fused into the attention, so the
+  // cached attention rotates q and the new k at the decode step's position.
+  const ir::Graph g = lowered("tests/e2e/data/rope.yaml", {{"batch", 2}, {"seq", 12}, {"vocab", 40}});
+  Decoder d(g);
+  int fused = 0;
+  for (ir::NodeId id : d.step->g.schedule()) {
+    CHECK(d.step->g.node(id).op != ir::Op::Rope);
+    fused += d.step->g.node(id).op == ir::Op::CachedAttention && ir::has_rope(d.step->g.node(id).attrs, "rope_");
+  }
+  CHECK(fused == 2);  // the prefill's and the decode step's
+  const std::vector<int64_t> prompt = {7, 3, 12};
+  const std::vector<int64_t> by_prefill = greedy_text(d, prompt, runtime::PromptPath::Prefill);
+  const std::vector<int64_t> by_steps = greedy_text(d, prompt, runtime::PromptPath::Steps);
+  const std::vector<int64_t> by_auto = greedy_text(d, prompt, runtime::PromptPath::Auto);
+  CHECK(by_steps == by_prefill);
+  CHECK(by_auto == by_prefill);
+  CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 1e-4) >= 6);
+}
+
+TEST_CASE("inference: a standalone rope gets the phase's positions: the interpreter's greedy text on every prompt path") {
+  // tests/e2e/data/rope_standalone.yaml: ropes over [b, s, h, hd], which the
+  // attention cannot apply; each phase's rope reads its positions input.
+  Decoder d(lowered("tests/e2e/data/rope_standalone.yaml", {{"batch", 2}, {"seq", 12}, {"vocab", 40}}));
+  int ropes = 0;
+  for (ir::NodeId id : d.step->g.schedule()) {
+    const ir::Node& n = d.step->g.node(id);
+    if (n.op != ir::Op::Rope) continue;
+    ++ropes;
+    CHECK(ir::rope_params(n.attrs).explicit_positions);
+    CHECK(n.inputs.size() == 2);
+  }
+  CHECK(ropes == 4);  // q and k, prefill and decode
+  const std::vector<int64_t> prompt = {7, 3, 12};
+  const std::vector<int64_t> by_prefill = greedy_text(d, prompt, runtime::PromptPath::Prefill);
+  CHECK(greedy_text(d, prompt, runtime::PromptPath::Steps) == by_prefill);
   CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 1e-4) >= 6);
 }
 

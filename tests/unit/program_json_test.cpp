@@ -51,10 +51,12 @@ std::vector<KernelSpec> every_kind() {
   attention_grad.d_o = 6, attention_grad.dq = 7, attention_grad.dk = 8, attention_grad.dv = 9;
   attention_grad.desc.d_o = strides(50), attention_grad.desc.dq = strides(60), attention_grad.desc.dk = strides(70),
   attention_grad.desc.dv = strides(80);
+  attention_grad.desc.rope = RopeDesc{RopeStyle::Interleaved, 32, 500000, 8, 1, 4, 8192};  // the forward has none
 
   CachedAttentionSpec cached{.dtype = DType::F16, .q = 1, .k = 2, .v = 3, .k_cache = 4, .v_cache = 5, .o = 6,
                              .positions = 7};
   cached.desc = {2, 4, 2, 1, 64, 16, 0.25, true, strides(1), strides(2), strides(3), strides(4), strides(5), strides(6)};
+  cached.desc.rope = RopeDesc{RopeStyle::Half, 16, 10000, 0, 1, 4, 8192};
 
   ClassifierSpec classifier{.backward = false, .dtype = DType::F32, .x = 1, .w = 2, .targets = 3, .loss = 4, .lse = 5};
   classifier.desc = {6, 50, 8, 9, 10, 11, true};
