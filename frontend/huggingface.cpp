@@ -27,6 +27,7 @@ const std::vector<std::string> kTensorKeys = {"name", "transpose"};
 // config.json keys napkin hf export writes itself.
 const std::map<std::string, std::string> kWrittenByExport = {
     {"architectures", "napkin hf export writes it from architecture:"},
+    {"dtype", "napkin hf export writes it from --dtype"},
     {"torch_dtype", "napkin hf export writes it from --dtype"}};
 
 bool is_identifier(const std::string& s) {

@@ -187,7 +187,7 @@ nlohmann::ordered_json config_json(const frontend::HfConfigValue& v) {
   return nullptr;
 }
 
-// transformers' name of a dtype (config.json's torch_dtype).
+// transformers' name of a dtype (config.json's dtype and torch_dtype).
 const char* torch_dtype(DType t) {
   switch (t) {
     case DType::F32: return "float32";
@@ -372,6 +372,9 @@ std::string export_huggingface(const frontend::HuggingFaceModel& model, const st
     tie_given = tie_given || key == "tie_word_embeddings";
   }
   if (!tie_given) config["tie_word_embeddings"] = !map.tied.empty();
+  // transformers 4.56 renamed torch_dtype to dtype and warns about the old
+  // key unless the new one is there too; older versions read torch_dtype only.
+  config["dtype"] = torch_dtype(dtype);
   config["torch_dtype"] = torch_dtype(dtype);
 
   fs::create_directories(dir, ec);

@@ -324,6 +324,7 @@ TEST_CASE("hf export: GPT-2 weights leave as transformers saves them (config.jso
   CHECK(config["layer_norm_epsilon"].get<double>() == 1e-5);
   CHECK(config["tie_word_embeddings"] == true);
   CHECK(config["torch_dtype"] == "float32");
+  CHECK(config["dtype"] == "float32");
 }
 
 TEST_CASE("hf import and export: bf16 and f16 widen to f32 exactly, transposed where the model stores [in, out], and narrow back bit for bit") {
@@ -361,6 +362,7 @@ TEST_CASE("hf import and export: bf16 and f16 widen to f32 exactly, transposed w
     }
     const nlohmann::json config = nlohmann::json::parse(napkin::testing::read_bytes(dir / "out/config.json"));
     CHECK(config["torch_dtype"] == (dtype == "bf16" ? "bfloat16" : "float16"));
+    CHECK(config["dtype"] == config["torch_dtype"]);
     CHECK(config["tie_word_embeddings"] == false);
     CHECK(config["num_key_value_heads"] == 2);
     CHECK(config["rope_theta"] == 10000);
