@@ -280,6 +280,20 @@ TEST_CASE("hf import: a GPT-2 checkpoint's tensors become gpt2-124m's parameters
   CHECK(rt::read_weights(dir / "w.safetensors", refs).empty());
   CHECK_FALSE(rt::read_model_weights(dir / "w.safetensors", refs, "any hash").has_value());
   for (size_t i = 0; i < refs.size(); ++i) CHECK(storage[i] == imported.at(refs[i].name).bytes);
+  napkin::testing::write_bytes(dir / "prompt.txt", "1 5");
+  auto sample = run_in_source_tree(fmt::format("{} sample {} --dims {} --checkpoint {} --prompt-ids {} --tokens 2 "
+                                               "--temperature 0",
+                                               napkin_binary(), kGpt2, kGpt2Dims, dir / "w.safetensors", dir / "prompt.txt"));
+  CHECK_MESSAGE(sample.status == 0, sample.out);
+  CHECK(sample.out.find("weights from " + dir / "w.safetensors") != std::string::npos);
+
+  // The output may not be an input, and the input must exist.
+  auto onto_input = hf(fmt::format("import {} {} -o {} --dims {}", kGpt2, dir / "gpt2", dir / "gpt2/model.safetensors", kGpt2Dims));
+  CHECK(onto_input.status == 1);
+  CHECK(onto_input.out.find("is also an input") != std::string::npos);
+  auto nothing = hf(fmt::format("import {} {} -o {} --dims {}", kGpt2, dir / "none", dir / "x.safetensors", kGpt2Dims));
+  CHECK(nothing.status == 1);
+  CHECK(nothing.out.find(dir / "none" + ": no such file or directory") != std::string::npos);
 }
 
 TEST_CASE("hf export: GPT-2 weights leave as transformers saves them (config.json, names, layouts, no tied head), and HF -> napkin -> HF is bit-exact") {
