@@ -26,11 +26,8 @@ using ir::DType;
 using runtime::Error;
 
 // "f32[768, 2304]".
-std::string type_text(const std::string& dtype, const std::vector<int64_t>& shape) {
-  return runtime::tensor_type_text(dtype, shape);
-}
 std::string type_text(DType dtype, const std::vector<int64_t>& shape) {
-  return type_text(std::string(ir::dtype_name(dtype)), shape);
+  return runtime::tensor_type_text(ir::dtype_name(dtype), shape);
 }
 
 // A parameter's shape as the checkpoint stores it: reversed when transposed.
@@ -150,14 +147,6 @@ std::vector<ir::TensorType> param_types(const frontend::HuggingFaceModel& model)
   return types;
 }
 
-std::optional<DType> dtype_of(const std::string& name) { return ir::parse_dtype(name); }
-
-[[noreturn]] void throw_problems(const std::string& head, const std::vector<std::string>& problems) {
-  std::string message = fmt::format("{} ({} problem{})", head, problems.size(), problems.size() == 1 ? "" : "s");
-  for (const std::string& p : problems) message += "\n  " + p;
-  throw Error(message);
-}
-
 // "a, b, c" or "a, b, ... (N in all)".
 std::string name_list(const std::vector<std::string>& names, size_t shown = 8) {
   if (names.size() <= shown) return fmt::format("{}", fmt::join(names, ", "));
@@ -222,7 +211,7 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
       ignored.push_back(t->name);
     else
       problems.push_back(fmt::format("unexpected: {} ({}) is no tensor of this model, and no ignore: pattern matches it",
-                                     runtime::printable(t->name), type_text(t->dtype, t->shape)));
+                                     runtime::printable(t->name), runtime::tensor_type_text(t->dtype, t->shape)));
   }
 
   // Each parameter's tensor: present, its shape, a dtype that widens exactly.
@@ -233,7 +222,7 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
     const std::vector<int64_t> want = checkpoint_shape(type, m.transpose);
     // "[2304, 768] in f32, bf16 or f16 for h.0.attn_w (f32[768, 2304], transposed)"
     const std::string expected =
-        fmt::format("{} in {} for {} ({}{})", type_text("", want), exact_sources(type.dtype), m.param,
+        fmt::format("{} in {} for {} ({}{})", runtime::tensor_type_text("", want), exact_sources(type.dtype), m.param,
                     type_text(type.dtype, type.sizes()), m.transpose ? ", transposed" : "");
     const HfCheckpoint::Tensor* t = checkpoint.find(m.hf_name);
     sources.push_back(t);
@@ -241,12 +230,12 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
       problems.push_back(fmt::format("missing: {}, expected {}", m.hf_name, expected));
       continue;
     }
-    const std::optional<DType> found = dtype_of(t->dtype);
+    const std::optional<DType> found = ir::parse_dtype(t->dtype);
     const bool dtype_ok = found && holds_exactly(type.dtype, *found);
     if (t->shape != want || !dtype_ok)
       problems.push_back(fmt::format("wrong {}: {} is {}, expected {}",
                                      t->shape != want ? (dtype_ok ? "shape" : "shape and dtype") : "dtype", m.hf_name,
-                                     type_text(t->dtype, t->shape), expected));
+                                     runtime::tensor_type_text(t->dtype, t->shape), expected));
   }
 
   // A tied tensor the checkpoint holds must be the one it repeats, bit for bit.
@@ -262,8 +251,8 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
         problems.push_back(fmt::format(
             "tied: {} ({}) differs from {} ({}), which this model ties it to ({}); a model whose head is not tied needs "
             "a parameter of its own for it",
-            tie.hf_name, type_text(copy->dtype, copy->shape), map.tensors[i].hf_name,
-            type_text(original->dtype, original->shape), tie.param));
+            tie.hf_name, runtime::tensor_type_text(copy->dtype, copy->shape), map.tensors[i].hf_name,
+            runtime::tensor_type_text(original->dtype, original->shape), tie.param));
       else
         tied_checked.push_back(fmt::format("{} = {}", tie.hf_name, map.tensors[i].hf_name));
     }
@@ -279,7 +268,7 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
   for (size_t i = 0; i < map.tensors.size(); ++i) {
     const frontend::HfTensor& m = map.tensors[i];
     const ir::TensorType& type = types[i];
-    const DType from = *dtype_of(sources[i]->dtype);
+    const DType from = *ir::parse_dtype(sources[i]->dtype);
     const auto [rows, cols] = matrix_of(type);
     buffers[i].resize(rows * cols * static_cast<size_t>(ir::dtype_size(type.dtype)));
     convert(sources[i]->data, from, buffers[i].data(), type.dtype, rows, cols, m.transpose);

@@ -19,14 +19,13 @@ namespace {
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 
-// "Error: PATH: WHAT (N problems)" and the problems, one a line.
-[[noreturn]] void throw_problems(const std::string& head, const std::vector<std::string>& problems) {
+}  // namespace
+
+void throw_problems(const std::string& head, const std::vector<std::string>& problems) {
   std::string message = fmt::format("{} ({} problem{})", head, problems.size(), problems.size() == 1 ? "" : "s");
   for (const std::string& p : problems) message += "\n  " + p;
   throw Error(message);
 }
-
-}  // namespace
 
 HfCheckpoint::HfCheckpoint(const std::string& path) {
   std::error_code ec;

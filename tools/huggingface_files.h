@@ -13,6 +13,10 @@
 
 namespace napkin::tools {
 
+// Throws runtime::Error "HEAD (N problems)" with the problems below it, one a
+// line: napkin hf lists every mismatch at once.
+[[noreturn]] void throw_problems(const std::string& head, const std::vector<std::string>& problems);
+
 class HfCheckpoint {
  public:
   using Tensor = runtime::SafetensorsFile::Tensor;
