@@ -305,11 +305,14 @@ std::string export_huggingface(const frontend::HuggingFaceModel& model, const st
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw Error(fmt::format("-o {}: is a file; napkin hf export writes a directory (config.json, model.safetensors)", dir));
-  // transformers reads a sharded checkpoint's index when it finds one: an old
-  // one beside the new file would be read in its place, or beside it.
+  // transformers prefers model.safetensors to an index, but other loaders
+  // read the index when there is one: an old sharded checkpoint beside the
+  // export would be loaded in its place.
   if (fs::exists(fs::path(dir) / "model.safetensors.index.json", ec))
-    throw Error(fmt::format("-o {}: holds model.safetensors.index.json, a sharded checkpoint that transformers would "
-                            "mix with this export; export into a new directory, or remove that checkpoint first", dir));
+    throw Error(fmt::format("-o {}: holds model.safetensors.index.json, the index of another (sharded) checkpoint, which "
+                            "a loader that reads the index would load instead of this export; export into a new "
+                            "directory, or remove that checkpoint first",
+                            dir));
   const std::string weights = (fs::path(dir) / "model.safetensors").string();
   const std::string config_path = (fs::path(dir) / "config.json").string();
   for (const std::string& output : {weights, config_path})

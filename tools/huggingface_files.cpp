@@ -35,10 +35,11 @@ HfCheckpoint::HfCheckpoint(const std::string& path) {
   if (ec) throw Error(fmt::format("{}: {}", path, ec.message()));
   if (fs::is_directory(status)) {
     const fs::path dir(path);
-    if (fs::exists(dir / kIndexFile, ec)) {
-      open_index((dir / kIndexFile).string());
-    } else if (fs::exists(dir / kSingleFile, ec)) {
+    // As transformers' from_pretrained: the single file first.
+    if (fs::exists(dir / kSingleFile, ec)) {
       add_file((dir / kSingleFile).string());
+    } else if (fs::exists(dir / kIndexFile, ec)) {
+      open_index((dir / kIndexFile).string());
     } else {
       const bool pickle = fs::exists(dir / "pytorch_model.bin", ec) || fs::exists(dir / "pytorch_model.bin.index.json", ec);
       throw Error(fmt::format(

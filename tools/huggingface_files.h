@@ -1,7 +1,7 @@
 // A transformers checkpoint on disk, as save_pretrained writes it: a directory
-// with model.safetensors, or with model.safetensors.index.json and the shards
-// its weight_map names; or one .safetensors file (or an index file) given by
-// path. Every tensor of every file, by name.
+// with model.safetensors, or else with model.safetensors.index.json and the
+// shards its weight_map names (from_pretrained's order); or one .safetensors
+// file (or an index file) given by path. Every tensor of every file, by name.
 #pragma once
 
 #include <map>
