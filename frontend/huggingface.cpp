@@ -219,6 +219,7 @@ class SectionReader {
       v.kind = HfConfigValue::Kind::Object;
       bool ok = true;
       for (auto it = node.begin(); it != node.end(); ++it) {
+        if (!it->first.IsScalar()) continue;  // reported by check_mapping
         const std::string key = it->first.Scalar();
         if (std::find(v.keys.begin(), v.keys.end(), key) != v.keys.end()) continue;  // duplicate: reported
         auto item = config_value(it->second, path + "." + key);
@@ -311,6 +312,7 @@ class SectionReader {
     // reported as unmapped (one mistake, one message).
     const int errors_before = ctx_.diag().error_count();
     for (auto it = t.begin(); it != t.end(); ++it) {
+      if (!it->first.IsScalar()) continue;  // reported by check_mapping
       const std::string key = it->first.Scalar();
       if (!seen_keys.insert(key).second) continue;  // duplicate: reported
       std::string error;
@@ -408,6 +410,7 @@ class SectionReader {
     std::set<std::string> hf_names, seen;
     for (const HfTensor& t : map.tensors) hf_names.insert(t.hf_name);
     for (auto it = node.begin(); it != node.end(); ++it) {
+      if (!it->first.IsScalar()) continue;  // reported by check_mapping
       const std::string hf_name = it->first.Scalar();
       if (!seen.insert(hf_name).second) continue;  // duplicate: reported
       std::string param;
