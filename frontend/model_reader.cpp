@@ -1,5 +1,6 @@
 // Reads a whole model file: the top-level sections in dependency order
-// (dims, inputs, params, blocks, forward, loss, then the training settings).
+// (dims, inputs, params, blocks, forward, loss, the huggingface mapping, then
+// the training settings).
 #include <fmt/format.h>
 
 #include <algorithm>

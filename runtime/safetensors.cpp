@@ -67,6 +67,16 @@ void write_all(int fd, const std::string& path, const void* data, size_t bytes) 
   }
 }
 
+void fsync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw Error(dir + ": cannot sync the directory: " + std::strerror(err));
+  }
+  ::close(fd);
+}
+
 }  // namespace
 
 std::optional<size_t> safetensors_itemsize(std::string_view dtype) {
@@ -120,20 +130,6 @@ void write_safetensors_file(const std::string& path, const std::vector<TensorDat
   }
   if (::close(fd) != 0) throw Error(path + ": cannot write: " + std::strerror(errno));
 }
-
-namespace {
-
-void fsync_directory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    int err = errno;
-    if (fd >= 0) ::close(fd);
-    throw Error(dir + ": cannot sync the directory: " + std::strerror(err));
-  }
-  ::close(fd);
-}
-
-}  // namespace
 
 void write_safetensors_file_atomically(const std::string& path, const std::vector<TensorData>& tensors,
                                        const std::map<std::string, std::string>& metadata) {
