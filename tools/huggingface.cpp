@@ -296,8 +296,18 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
   return done;
 }
 
-std::string export_huggingface(const frontend::HuggingFaceModel& model, const std::string& checkpoint,
+std::string export_huggingface(const frontend::HuggingFaceModel& model, const std::string& checkpoint_path,
                                const std::string& dir, DType dtype) {
+  // A directory of checkpoints: its newest.
+  std::string checkpoint = checkpoint_path;
+  if (std::error_code ec; std::filesystem::is_directory(checkpoint_path, ec)) {
+    const auto all = runtime::list_checkpoints(checkpoint_path);
+    if (all.empty())
+      throw Error(fmt::format("{}: a directory without checkpoints (step-N.safetensors); name a checkpoint or weights "
+                              "file, or train the model first",
+                              checkpoint_path));
+    checkpoint = all.front().second;
+  }
   const ir::Graph& g = model.graph;
   const frontend::HuggingFaceMap& map = model.map;
   const std::vector<ir::TensorType> types = param_types(model);

@@ -24,7 +24,8 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
                                const std::string& output);
 
 // Reads the model's parameters from `checkpoint` (a napkin checkpoint, whose
-// optimizer state is skipped, or a weights file such as import's) and writes
+// optimizer state is skipped, the newest of a directory of them, or a weights
+// file such as import's) and writes
 // DIR/model.safetensors (the checkpoint names and layouts, in `dtype`: f32,
 // bf16 or f16, rounded to nearest even; metadata {"format": "pt"}; tied
 // tensors left out, as save_pretrained does) and DIR/config.json. A value

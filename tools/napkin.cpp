@@ -1054,7 +1054,7 @@ int main(int argc, char** argv) {
   auto* hf_export = hf->add_subcommand(
       "export", "a napkin checkpoint's parameters into a directory transformers' from_pretrained loads");
   hf_export->add_option("model", hf_args.model, "model YAML file with a huggingface: section")->required();
-  hf_export->add_option("checkpoint", hf_args.input, "a napkin checkpoint (step-N.safetensors) or weights file")->required();
+  hf_export->add_option("checkpoint", hf_args.input, "a napkin checkpoint (step-N.safetensors), a directory of them (its newest), or a weights file")->required();
   hf_export->add_option("-o,--output", hf_args.output, "the directory to write config.json and model.safetensors into")
       ->required();
   hf_export->add_option("--dtype", hf_args.dtype, "the dtype of the exported weights: f32, bf16 or f16")->capture_default_str();

@@ -509,9 +509,10 @@ TEST_CASE("hf export: a napkin checkpoint's optimizer state stays behind, and ov
   int64_t step = 7;
   refs.push_back({"optimizer.step", "i64", {}, &step});
   const std::string trained = rt::write_checkpoint(dir / "ckpt", 7, refs, "some hash", "0123456789abcdef", {});
-  auto run = hf(fmt::format("export {} {} -o {}", kLlama, trained, dir / "out"));
+  auto run = hf(fmt::format("export {} {} -o {}", kLlama, dir / "ckpt", dir / "out"));  // the directory: its newest
   REQUIRE_MESSAGE(run.status == 0, run.out);
   CHECK(run.out.find("left out the optimizer state (22 tensors)") != std::string::npos);
+  CHECK(run.out.find("from " + trained) != std::string::npos);
   const auto exported = read_all(dir / "out/model.safetensors");
   CHECK(exported.size() == 21);
   for (const Tensor& t : checkpoint)
@@ -530,6 +531,11 @@ TEST_CASE("hf export: a napkin checkpoint's optimizer state stays behind, and ov
         std::string::npos);
   CHECK_FALSE(fs::exists(dir / "f16"));
   CHECK(hf(fmt::format("export {} {} -o {} --dtype bf16", kLlama, dir / "big.safetensors", dir / "bf16")).status == 0);
+
+  fs::create_directory(dir / "no-checkpoints");
+  auto empty = hf(fmt::format("export {} {} -o {}", kLlama, dir / "no-checkpoints", dir / "none"));
+  CHECK(empty.status == 1);
+  CHECK(empty.out.find("a directory without checkpoints") != std::string::npos);
 
   auto dtype = hf(fmt::format("export {} {} -o {} --dtype i32", kLlama, dir / "w.safetensors", dir / "i32"));
   CHECK(dtype.status == 1);
