@@ -1,5 +1,7 @@
 // Reads the huggingface: section. Its parts:
 //   architecture  the transformers class (config.json's architectures)
+//   base_model_prefix  the base model's attribute in it, which a checkpoint
+//                 of the base model alone leaves out of its tensor names
 //   config        config.json's values: quoted strings, true/false/null,
 //                 numbers, whole-number expressions of dims, lists, mappings
 //   tensors       parameter name -> checkpoint tensor name, or
@@ -22,7 +24,7 @@ namespace napkin::frontend {
 
 namespace {
 
-const std::vector<std::string> kSectionKeys = {"architecture", "config", "tensors", "tied", "ignore"};
+const std::vector<std::string> kSectionKeys = {"architecture", "base_model_prefix", "config", "tensors", "tied", "ignore"};
 const std::vector<std::string> kTensorKeys = {"name", "transpose"};
 // config.json keys napkin hf export writes itself.
 const std::map<std::string, std::string> kWrittenByExport = {
@@ -197,6 +199,11 @@ class SectionReader {
     if (!is_identifier(map.architecture))
       ctx_.error(a, fmt::format("architecture '{}' is not a class name", map.architecture),
                  "write the transformers class, such as LlamaForCausalLM or GPT2LMHeadModel");
+    const YAML::Node& prefix = node["base_model_prefix"];
+    if (!prefix || !ctx_.scalar_text(prefix, "base_model_prefix", map.base_model_prefix)) return;
+    if (!is_identifier(map.base_model_prefix))
+      ctx_.error(prefix, fmt::format("base_model_prefix '{}' is not an attribute name", map.base_model_prefix),
+                 "write the base model's attribute in the class: transformer (GPT-2), model (Llama)");
   }
 
   // config.json's values. A quoted scalar is a string; a plain one is true,

@@ -44,6 +44,10 @@ struct HfTied {
 
 struct HuggingFaceMap {
   std::string architecture;  // the transformers class: "LlamaForCausalLM"
+  // The base model's attribute in that class ("transformer" in
+  // GPT2LMHeadModel): a checkpoint of the base model alone names its tensors
+  // without "transformer.", and import reads them with it. "" for none.
+  std::string base_model_prefix;
   // config.json as the section writes it (an Object holding model_type), dims
   // evaluated; export adds architectures, tie_word_embeddings and torch_dtype.
   HfConfigValue config;

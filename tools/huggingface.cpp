@@ -198,20 +198,35 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
   if (std::string problem = output_problem("-o", output, checkpoint.paths()); !problem.empty()) throw Error(problem);
   std::vector<std::string> problems;
 
+  // A checkpoint of the base model alone (GPT2Model's, as the original GPT-2
+  // files are) names no tensor with the base model's prefix: its names are
+  // read with the prefix, as from_pretrained reads them.
+  const std::string prefix = map.base_model_prefix.empty() ? "" : map.base_model_prefix + ".";
+  bool headless = !prefix.empty() && !checkpoint.tensors().empty();
+  for (const HfCheckpoint::Tensor* t : checkpoint.tensors()) headless = headless && !t->name.starts_with(prefix);
+  std::map<std::string, const HfCheckpoint::Tensor*> named;  // by the section's names
+  for (const HfCheckpoint::Tensor* t : checkpoint.tensors()) named[(headless ? prefix : "") + t->name] = t;
+  auto find = [&](const std::string& name) -> const HfCheckpoint::Tensor* {
+    auto it = named.find(name);
+    return it == named.end() ? nullptr : it->second;
+  };
+
   // What each of the checkpoint's tensors is: a parameter's, a tied copy, ignored, or unexpected.
   std::set<std::string> known;
   for (const frontend::HfTensor& t : map.tensors) known.insert(t.hf_name);
   for (const frontend::HfTied& t : map.tied) known.insert(t.hf_name);
   std::vector<std::string> ignored;
-  for (const HfCheckpoint::Tensor* t : checkpoint.tensors()) {
-    if (known.count(t->name)) continue;
+  for (const auto& entry : named) {
+    const std::string& name = entry.first;
+    const HfCheckpoint::Tensor* t = entry.second;
+    if (known.count(name)) continue;
     bool skip = false;
-    for (const std::string& pattern : map.ignore) skip = skip || ir::glob_match(pattern, t->name);
+    for (const std::string& pattern : map.ignore) skip = skip || ir::glob_match(pattern, name);
     if (skip)
-      ignored.push_back(t->name);
+      ignored.push_back(name);
     else
       problems.push_back(fmt::format("unexpected: {} ({}) is no tensor of this model, and no ignore: pattern matches it",
-                                     runtime::printable(t->name), runtime::tensor_type_text(t->dtype, t->shape)));
+                                     runtime::printable(name), runtime::tensor_type_text(t->dtype, t->shape)));
   }
 
   // Each parameter's tensor: present, its shape, a dtype that widens exactly.
@@ -224,7 +239,7 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
     const std::string expected =
         fmt::format("{} in {} for {} ({}{})", runtime::tensor_type_text("", want), exact_sources(type.dtype), m.param,
                     type_text(type.dtype, type.sizes()), m.transpose ? ", transposed" : "");
-    const HfCheckpoint::Tensor* t = checkpoint.find(m.hf_name);
+    const HfCheckpoint::Tensor* t = find(m.hf_name);
     sources.push_back(t);
     if (!t) {
       problems.push_back(fmt::format("missing: {}, expected {}", m.hf_name, expected));
@@ -241,7 +256,7 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
   // A tied tensor the checkpoint holds must be the one it repeats, bit for bit.
   std::vector<std::string> tied_checked;
   for (const frontend::HfTied& tie : map.tied) {
-    const HfCheckpoint::Tensor* copy = checkpoint.find(tie.hf_name);
+    const HfCheckpoint::Tensor* copy = find(tie.hf_name);
     if (!copy) continue;  // save_pretrained leaves tied tensors out
     for (size_t i = 0; i < map.tensors.size(); ++i) {
       const HfCheckpoint::Tensor* original = sources[i];
@@ -285,6 +300,8 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
   std::string done = fmt::format("wrote {}: {} parameter tensors of {} ({} parameters) from {}{}\n", output,
                                  views.size(), g.name, ir::with_commas(static_cast<double>(elements)), hf_path,
                                  checkpoint.paths().size() > 1 ? fmt::format(" ({} shards)", checkpoint.paths().size()) : "");
+  if (headless)
+    done += fmt::format("  read the base model's tensors as {}NAME: the checkpoint's names lack that prefix\n", prefix);
   for (const auto& [dtype, count] : widened) done += fmt::format("  widened {} {} tensors exactly\n", count, dtype);
   int transposed = 0;
   for (const frontend::HfTensor& m : map.tensors) transposed += m.transpose;

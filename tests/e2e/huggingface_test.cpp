@@ -274,6 +274,22 @@ TEST_CASE("hf import: a GPT-2 checkpoint's tensors become gpt2-124m's parameters
   }
   CHECK(rt::SafetensorsFile(dir / "w.safetensors").metadata().at("source") == "huggingface");
 
+  // The original GPT-2 files hold GPT2Model's tensors: no "transformer." and no head.
+  std::vector<Tensor> base;
+  for (Tensor t : checkpoint)
+    if (t.name.starts_with("transformer.")) {
+      t.name = t.name.substr(std::string("transformer.").size());
+      base.push_back(t);
+    }
+  write_checkpoint_file(dir / "base.safetensors", base);
+  auto headless = hf(fmt::format("import {} {} -o {} --dims {}", kGpt2, dir / "base.safetensors", dir / "base-w.safetensors",
+                                 kGpt2Dims));
+  REQUIRE_MESSAGE(headless.status == 0, headless.out);
+  CHECK(headless.out.find("read the base model's tensors as transformer.NAME") != std::string::npos);
+  const std::map<std::string, Tensor> from_base = read_all(dir / "base-w.safetensors");
+  REQUIRE(from_base.size() == imported.size());
+  for (const auto& entry : imported) CHECK_MESSAGE(from_base.at(entry.first).bytes == entry.second.bytes, entry.first);
+
   // What a trainer's --init and napkin sample call with the model's parameters.
   std::vector<std::vector<char>> storage;
   std::vector<rt::TensorRef> refs = parameter_refs(kGpt2, kGpt2DimMap, storage);
