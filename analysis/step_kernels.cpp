@@ -38,6 +38,7 @@ KernelKind node_kind(const ir::Graph& g, const ir::Node& n) {
     case ir::LoopKind::Attention: return KernelKind::Attention;
     case ir::LoopKind::Classifier: return KernelKind::Classifier;
     case ir::LoopKind::CachedAttention: return KernelKind::CachedAttention;
+    case ir::LoopKind::Rope: return KernelKind::Rope;
     case ir::LoopKind::View: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a view has no kernel (node {})", n.id);
@@ -110,6 +111,7 @@ KernelClass kernel_class(const ir::Graph& g, const StepKernel& k) {
     case KernelKind::Attention:
     case KernelKind::CachedAttention: return KernelClass::Attention;
     case KernelKind::Classifier: return KernelClass::Matmul;
+    case KernelKind::Rope: return KernelClass::Elementwise;  // a pass over x, memory-bound
   }
   return KernelClass::Elementwise;
 }

@@ -40,6 +40,7 @@ enum class KernelKind : uint8_t {
   Attention,         // fused attention, forward or backward: Kernel::attention()
   Classifier,        // the fused classifier, forward or backward: Kernel::classifier()
   CachedAttention,   // attention against a KV cache (inference): Kernel::cached_attention()
+  Rope,              // rotary position embeddings of one tensor: Kernel::rope()
 };
 
 // What a kernel does, for grouping measured and predicted time (docs/report.md,

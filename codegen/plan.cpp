@@ -171,6 +171,18 @@ std::vector<Operand> attention_gradients(const Kernel& k) {
   return r;
 }
 
+runtime::RopeDesc rope_desc(const ir::RopeParams& p, int64_t dim) {
+  runtime::RopeDesc d;
+  d.style = p.style == ir::RopeStyle::Interleaved ? runtime::RopeStyle::Interleaved : runtime::RopeStyle::Half;
+  d.dim = dim;
+  d.theta = p.theta;
+  d.factor = p.factor;
+  d.low_freq_factor = p.low_freq_factor;
+  d.high_freq_factor = p.high_freq_factor;
+  d.original_context = p.original_context;
+  return d;
+}
+
 // Every "grad.<param>" output, in the params' order, as the region of the
 // arena that holds it. A gradient that is a view covering its whole buffer
 // in another order (a permutation) is that buffer.

@@ -163,6 +163,7 @@ struct Kernel {
   const ir::AttentionParams& attention() const { return std::get<ir::AttentionParams>(params); }
   const ir::CachedAttentionParams& cached_attention() const { return std::get<ir::CachedAttentionParams>(params); }
   const ir::ClassifierParams& classifier() const { return std::get<ir::ClassifierParams>(params); }
+  const ir::RopeParams& rope() const { return std::get<ir::RopeParams>(params); }
 };
 
 struct UpdateCopy {
@@ -248,6 +249,10 @@ Operand attention_output(const Kernel& k);
 // [batch, heads, seq, head_dim] each: Kernel::output and extra_outputs, or
 // three strided windows of the one packed output (AttentionParams::packed_grad).
 std::vector<Operand> attention_gradients(const Kernel& k);
+
+// The runtime's description (runtime/rope.h) of the rotation `p` makes of
+// rows of `dim` elements: what a Rope kernel's runners and emitters rotate by.
+runtime::RopeDesc rope_desc(const ir::RopeParams& p, int64_t dim);
 
 }  // namespace napkin::codegen
 

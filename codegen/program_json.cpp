@@ -126,6 +126,30 @@ runtime::CachedAttentionSpec cached_attention_spec(const Kernel& k) {
   return s;
 }
 
+// A Rope kernel as runtime/rope.h's kernel descriptor: x's sizes and
+// strides (any), y contiguous, and where the explicit positions are.
+runtime::RopeSpec rope_spec(const Kernel& k) {
+  const ir::RopeParams& p = k.rope();
+  const Operand& x = k.inputs[0];
+  runtime::RopeSpec s;
+  s.dtype = runtime_dtype(x.dtype);
+  runtime::RopeKernelDesc& d = s.desc;
+  d.rope = rope_desc(p, x.sizes[static_cast<size_t>(p.axis)]);
+  d.inverse = p.inverse;
+  d.sizes = x.sizes, d.x_strides = x.strides;
+  d.axis = p.axis, d.seq_axis = p.seq_axis;
+  s.x = x.byte_offset, s.y = k.output.byte_offset;
+  if (p.explicit_positions) {
+    const Operand& positions = k.inputs.at(1);
+    d.explicit_positions = true;
+    d.positions_i64 = positions.dtype == ir::DType::I64;
+    // The frontend gives the op contiguous positions (Builder::unit_inner_stride).
+    NAPKIN_INTERNAL_CHECK(positions.contiguous(), "rope kernel {}: positions must be contiguous", k.name);
+    s.positions = positions.byte_offset;
+  }
+  return s;
+}
+
 // The names of parameters by their index in g.params.
 std::vector<std::string> param_names(const ir::Graph& g, const std::vector<int>& params) {
   std::vector<std::string> out;
@@ -154,6 +178,7 @@ runtime::KernelPayload payload(const ir::Graph& g, const Kernel& k, const Launch
     case KernelKind::Attention: return attention_spec(k);
     case KernelKind::Classifier: return classifier_spec(k);
     case KernelKind::CachedAttention: return cached_attention_spec(k);
+    case KernelKind::Rope: return rope_spec(k);
     case KernelKind::Fill:
     case KernelKind::Elementwise:
     case KernelKind::FusedElementwise:

@@ -12,6 +12,7 @@
 #include "frontend/suggest.h"
 #include "interp/float64_arithmetic.h"
 #include "ir/rng.h"
+#include "ir/rope.h"
 
 namespace napkin::frontend {
 
@@ -151,6 +152,132 @@ std::optional<ir::DType> dtype_arg(Lowerer& L, const Operand& o) {
   auto t = ir::parse_dtype(*w);
   if (!t) L.error(o.offset, fmt::format("unknown dtype '{}'", *w), fmt::format("known dtypes: {}", ir::dtype_names_list()));
   return t;
+}
+
+// An axis of x for `what`: an integer (negative counts from the end) or the
+// name of one of x's axes as its type prints it (seq_axis=seq; a dim's name
+// evaluates to its size, and a bare name that is no dim to a word).
+std::optional<int64_t> axis_by_index_or_name(Lowerer& L, const Operand& o, const ir::TensorType& x,
+                                             const std::string& what) {
+  const bool named = o.kind == Operand::Kind::Word || o.kind == Operand::Kind::String ||
+                     (o.kind == Operand::Kind::Number && !o.text.empty());
+  if (!named) return L.need_axis(o, x.rank(), what);
+  std::vector<int64_t> found;
+  std::vector<std::string> names;
+  for (int i = 0; i < x.rank(); ++i) {
+    if (x.dims[i].name == o.text) found.push_back(i);
+    if (!x.dims[i].name.empty()) names.push_back(x.dims[i].name);
+  }
+  if (found.size() == 1) return found[0];
+  if (found.empty())
+    L.error(o.offset, fmt::format("{}: '{}' is not an axis of {}{}", what, o.text, ir::to_string(x), did_you_mean(o.text, names)),
+            fmt::format("name one of its axes or give its index (-{}..{})", x.rank(), x.rank() - 1));
+  else
+    L.error(o.offset, fmt::format("{}: {} axes of {} are named '{}'", what, found.size(), ir::to_string(x), o.text),
+            "give the axis by its index instead");
+  return std::nullopt;
+}
+
+// A word argument written bare or quoted; a bare word that is also a dim's
+// name (a model with a dim `half`) is still the word.
+std::optional<std::string> word_arg(Lowerer& L, const Operand& o, const std::string& what) {
+  if (o.kind == Operand::Kind::Number && !o.text.empty()) return o.text;
+  return L.need_word(o, what);
+}
+
+// An optional argument the model may also leave out by writing None.
+const Operand* given(const CallArgs& a, const std::string& name) {
+  const Operand* o = a.get(name);
+  return o && o->kind == Operand::Kind::Word && o->text == "None" ? nullptr : o;
+}
+
+// rope(x, theta, style, axis, seq_axis, positions, factor, low_freq_factor,
+// high_freq_factor, original_context): ir/rope.h's RopeParams, each number
+// checked where it is written.
+Operand lower_rope(Lowerer& L, const CallArgs& a, const Expr& call) {
+  auto x = tensor_arg(L, a, "x", call);
+  if (!x) return Operand::invalid();
+  const ir::TensorType& xt = L.type(*x);
+  ir::RopeParams p;
+  ir::Attrs attrs;
+  if (xt.rank() < 2) {  // the op's shape rule says what is wrong
+    ir::set_rope_attrs(attrs, p);
+    return L.build(Op::Rope, {*x}, attrs, call.offset);
+  }
+  p.axis = xt.rank() - 1;
+  p.seq_axis = xt.rank() - 2;
+  bool ok = true;
+  // A number argument `name` that must be positive (`whole`: an integer).
+  auto positive = [&](const char* name, bool whole, const char* hint) -> std::optional<double> {
+    const Operand* o = given(a, name);
+    if (!o) return std::nullopt;
+    const std::string what = fmt::format("rope: {}", name);
+    std::optional<double> v;
+    if (whole) {
+      if (auto i = L.need_int(*o, what)) v = static_cast<double>(*i);
+    } else {
+      v = L.need_number(*o, what);
+    }
+    if (v && !(*v > 0)) {
+      L.error(o->offset, fmt::format("rope: {} must be positive, got {}", name, *v), hint);
+      v.reset();
+    }
+    if (!v) ok = false;
+    return v;
+  };
+  if (auto v = positive("theta", false, "theta is the frequencies' base: 10000 for Llama 2, 500000 for Llama 3"))
+    p.theta = *v;
+  if (auto v = positive("factor", false, "factor is Llama 3.1's frequency scaling, e.g. factor=8; leave it out for none"))
+    p.factor = *v;
+  if (auto v = positive("low_freq_factor", false, "Llama 3.1 uses low_freq_factor=1")) p.low_freq_factor = *v;
+  if (auto v = positive("high_freq_factor", false, "Llama 3.1 uses high_freq_factor=4")) p.high_freq_factor = *v;
+  if (auto v = positive("original_context", true, "the context the model was trained at before scaling, e.g. 8192"))
+    p.original_context = static_cast<int64_t>(*v);
+  if (ok && !(p.high_freq_factor > p.low_freq_factor)) {
+    const Operand* at = given(a, "high_freq_factor") ? given(a, "high_freq_factor") : given(a, "low_freq_factor");
+    L.error(at ? at->offset : call.offset,
+            fmt::format("rope: high_freq_factor ({}) must exceed low_freq_factor ({})", p.high_freq_factor,
+                        p.low_freq_factor),
+            "wavelengths between original_context / high_freq_factor and original_context / low_freq_factor are "
+            "interpolated; Llama 3.1 uses 1 and 4");
+    ok = false;
+  }
+  if (const Operand* st = a.get("style")) {
+    auto w = word_arg(L, *st, "rope: style");
+    if (w && *w != "half" && *w != "interleaved") {
+      L.error(st->offset, fmt::format("rope: unknown style '{}'", *w),
+              "style=half rotates element j with j + head_dim/2 (Hugging Face, GPT-NeoX); style=interleaved rotates "
+              "2j with 2j+1 (Meta's original Llama)");
+      w.reset();
+    }
+    if (w) p.style = *w == "interleaved" ? ir::RopeStyle::Interleaved : ir::RopeStyle::Half;
+    ok = ok && w;
+  }
+  for (const char* name : {"axis", "seq_axis"}) {
+    const Operand* o = a.get(name);
+    if (!o) continue;
+    auto v = axis_by_index_or_name(L, *o, xt, fmt::format("rope: {}", name));
+    if (v) (std::string(name) == "axis" ? p.axis : p.seq_axis) = *v;
+    ok = ok && v;
+  }
+  if (ok && p.axis == p.seq_axis) {
+    const Operand* at = a.get("seq_axis") ? a.get("seq_axis") : a.get("axis");
+    L.error(at ? at->offset : call.offset,
+            fmt::format("rope: axis and seq_axis are both axis {} of {}", p.axis, ir::to_string(xt)),
+            "axis= is the rotated axis (head_dim), seq_axis= the one whose index is the position (seq)");
+    ok = false;
+  }
+  std::vector<ValueId> inputs{*x};
+  if (given(a, "positions")) {
+    auto pos = tensor_arg(L, a, "positions", call);
+    // The kernels read the positions as one contiguous vector.
+    if (pos) inputs.push_back(L.builder_at(call.offset).unit_inner_stride(*pos));
+    ok = ok && pos;
+    p.explicit_positions = true;
+  }
+  if (!ok) return Operand::invalid();
+  ir::set_rope_attrs(attrs, p);
+  return L.build(Op::Rope, inputs, attrs, call.offset);
 }
 
 // ---- the table ---------------------------------------------------------------
@@ -466,6 +593,13 @@ const std::vector<CallSpec>& call_table() {
            return L.build(Op::Attention, {b.unit_inner_stride(*q), b.unit_inner_stride(*k), b.unit_inner_stride(*v)},
                           {{"causal", causal}, {"scale", *scale}}, call.offset);
          }});
+    // rope(x, theta=10000, style=half, axis=-1, seq_axis=-2, positions=None,
+    // factor=None, low_freq_factor=1, high_freq_factor=4, original_context=8192):
+    // rotary position embeddings (ir/rope.h).
+    add({"rope",
+         {"x", "theta", "style", "axis", "seq_axis", "positions", "factor", "low_freq_factor", "high_freq_factor",
+          "original_context"},
+         1, lower_rope});
     add({"cross_entropy", {"logits", "targets"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            auto x = tensor_arg(L, a, "logits", call);
            auto y = tensor_arg(L, a, "targets", call);

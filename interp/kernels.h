@@ -13,6 +13,8 @@
 #include "interp/node_error.h"
 #include "interp/shape.h"
 #include "ir/graph.h"
+#include "ir/rope.h"
+#include "runtime/rope.h"
 
 namespace napkin::interp::detail {
 
@@ -59,6 +61,11 @@ std::vector<Data> attention_grad(const ir::AttentionParams& p, const std::vector
 // positions) -> {o, the key cache, the value cache}, the caches with the new
 // rows written (the interpreter stores them back into its inputs 3 and 4).
 std::vector<Data> cached_attention(const ir::Node& n, const ir::CachedAttentionParams& p, const std::vector<Arg>& in);
+// rope by its definition (ir/rope.h): x rotated along p.axis by the angles of
+// each index of p.seq_axis, or of positions[index] when given.
+Data rope(const ir::RopeParams& p, const Arg& x, const Arg* positions);
+// The runtime's description of the rotation p makes of rows of `dim` elements.
+runtime::RopeDesc rope_desc(const ir::RopeParams& p, int64_t dim);
 // The fused classifier by its definition (ir/loop.h), every logit of a row at
 // once: (x, w, targets) -> {loss, lse}; (x, w, targets, lse, dloss) -> {dx, dw}.
 // `native` rounds the logits and their gradient to x's dtype.

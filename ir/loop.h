@@ -28,6 +28,7 @@ enum class LoopKind : uint8_t {
   Attention,    // softmax(scale * q kᵀ, causally masked) v, tile by tile, no T×T value (AttentionParams)
   Classifier,   // cross_entropy(x wᵀ, targets) over vocabulary chunks, no rows×V value (ClassifierParams)
   CachedAttention,  // attention of new rows against a KV cache they are first written into (CachedAttentionParams)
+  Rope,         // pairs along one axis rotated by their position's angles (ir/rope.h RopeParams)
 };
 
 // What an elementwise op reads of its element's position besides its
@@ -149,8 +150,28 @@ struct CachedAttentionParams {
   double scale = 1;
 };
 
+// Rotary position embeddings (the rope op; its attributes: ir/rope.h, its
+// arithmetic: runtime/rope.h). Also what an attention that rotates its q and
+// k as it loads them applies (under the attributes' prefix "rope_").
+enum class RopeStyle : uint8_t { Half, Interleaved };  // runtime/rope.h says how each pairs elements
+
+struct RopeParams {
+  RopeStyle style = RopeStyle::Half;
+  double theta = 10000;
+  // Llama 3.1's frequency scaling; factor 0: none.
+  double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
+  int64_t original_context = 8192;
+  // The rope op's own: the rotated axis and the axis whose index is the
+  // position (both non-negative), whether a positions operand gives the
+  // positions instead, and whether it rotates by the negated angles (the VJP).
+  int64_t axis = 0, seq_axis = 0;
+  bool explicit_positions = false;
+  bool inverse = false;
+  bool operator==(const RopeParams&) const = default;
+};
+
 // The parameters of an op's loop kind; monostate for kinds that have none.
 using LoopParams = std::variant<std::monostate, FillParams, ReductionParams, ContractionParams, ConcatParams, RowParams,
-                                AttentionParams, ClassifierParams, CachedAttentionParams>;
+                                AttentionParams, ClassifierParams, CachedAttentionParams, RopeParams>;
 
 }  // namespace napkin::ir

@@ -1,4 +1,4 @@
-// The Op enum (from ops.def), op classes, attributes, and the op table row.
+// The Op enum (from ops.def), op classes, the op table row; an op node's attributes are ir/attrs.h's.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "ir/attrs.h"
 #include "ir/loop.h"
 #include "ir/type.h"
 
@@ -40,31 +41,10 @@ enum class OpClass : uint8_t {
   Loss,           // reduces to a scalar loss
   Attention,      // softmax(scale q kᵀ) v as one kernel that stores no scores (ir/loop.h)
   Classifier,     // cross_entropy(x wᵀ, targets) in vocabulary chunks: no logits stored (ir/loop.h)
+  Rotary,         // rope: pairs of elements along one axis turned by their position's angles (ir/rope.h)
 };
 std::string_view op_class_name(OpClass c);
 
-// Attributes: small typed values keyed by name; printed sorted by key.
-using AttrValue = std::variant<int64_t, double, std::string, std::vector<int64_t>, DType>;
-
-class Attrs {
- public:
-  Attrs() = default;
-  Attrs(std::initializer_list<std::pair<const std::string, AttrValue>> init) : map_(init) {}
-  void set(const std::string& key, AttrValue v) { map_[key] = std::move(v); }
-  bool has(const std::string& key) const { return map_.count(key) > 0; }
-  // Getters are internal checks: a missing or mistyped attribute is a compiler bug.
-  int64_t get_int(const std::string& key) const;
-  double get_double(const std::string& key) const;
-  const std::string& get_string(const std::string& key) const;
-  const std::vector<int64_t>& get_ints(const std::string& key) const;
-  DType get_dtype(const std::string& key) const;
-  const std::map<std::string, AttrValue>& all() const { return map_; }
-  bool operator==(const Attrs& o) const { return map_ == o.map_; }
-
- private:
-  std::map<std::string, AttrValue> map_;
-};
-std::string to_string(const AttrValue& v);
 
 class Graph;
 struct Node;

@@ -11,6 +11,7 @@
 #include "ir/internal_check.h"
 #include "ir/op.h"
 #include "ir/rng.h"
+#include "ir/rope.h"
 #include "ir/vjp.h"
 
 namespace napkin::ir {
@@ -757,6 +758,42 @@ InferResult infer_linear_cross_entropy_grad(const Inputs& in, const Attrs&) {
   return r;
 }
 
+// rope(x[, positions]) -> x's type: ir/rope.h's RopeParams. x is floating with
+// at least two axes (the rotated one and the positions' one, distinct); the
+// rotated axis turns in pairs, so its size is even; explicit positions are one
+// i32/i64 per index of the positions' axis. The frontend checks the axes and
+// the numbers (theta, the scaling factors) where the user wrote them.
+InferResult infer_rope(const Inputs& in, const Attrs& a) {
+  const TensorType& x = *in[0];
+  if (auto r = require_float("rope", x); !r.ok()) return r.blaming(0);
+  if (x.rank() < 2)
+    return InferResult::fail(fmt::format("rope needs at least 2 axes (the positions' and the rotated one), got {}",
+                                         to_string(x)),
+                             "apply it to q or k, e.g. [batch, heads, seq, head_dim]").blaming(0);
+  const RopeParams p = rope_params(a);
+  // The frontend checks the axes where the user wrote them.
+  NAPKIN_INTERNAL_CHECK(p.axis >= 0 && p.axis < x.rank() && p.seq_axis >= 0 && p.seq_axis < x.rank() &&
+                            p.axis != p.seq_axis,
+                        "rope: axes {} and {} of {}", p.axis, p.seq_axis, to_string(x));
+  if (x.dims[p.axis].size % 2 != 0)
+    return InferResult::fail(fmt::format("rope: the rotated axis {} of {} has odd size {}: its elements turn in pairs",
+                                         p.axis, to_string(x), x.dims[p.axis].size),
+                             "rotate an axis of even size, e.g. head_dim; axis= picks it").blaming(0);
+  NAPKIN_INTERNAL_CHECK(in.size() == (p.explicit_positions ? 2u : 1u), "rope: {} operands, explicit_positions {}",
+                        in.size(), p.explicit_positions);
+  if (p.explicit_positions) {
+    const TensorType& pos = *in[1];
+    const Dim& d = x.dims[p.seq_axis];
+    const std::string seq = d.name.empty() ? std::to_string(d.size) : d.name;
+    if (pos.rank() != 1 || pos.dims[0].size != x.dims[p.seq_axis].size ||
+        (pos.dtype != DType::I32 && pos.dtype != DType::I64))
+      return InferResult::fail(fmt::format("rope: positions {} are not one i32 or i64 per index of seq_axis {} ({})",
+                                           to_string(pos), p.seq_axis, describe_dim(x.dims[p.seq_axis])),
+                               fmt::format("give positions of shape [{0}], e.g. arange({0})", seq)).blaming(1);
+  }
+  return InferResult::of(x);
+}
+
 // ---- cost rules --------------------------------------------------------------
 
 // Bytes of the distinct elements a value reads from its buffer: a broadcast
@@ -1105,6 +1142,11 @@ const OpInfo kRows[] = {
     ROW(Attention, Attention, infer_attention, cost_attention, 0, 1, Contraction, None),
     // linear_cross_entropy: built after the precision policy (operands as the matmul had them); see cost_classifier.
     ROW(LinearCrossEntropy, Classifier, infer_linear_cross_entropy, cost_classifier, 0, 1, AsWritten, None),
+    // rope: per rotated pair 4 multiplies and 2 adds, 3 per element; its
+    // angles come from a table made once per program, so no transcendental
+    // per element (docs/report.md, "rope"). In its operand's dtype, as
+    // transformers' rotation of bf16 q and k under autocast.
+    ROW(Rope, Rope, infer_rope, cost_elementwise, 3, 0, FollowsInputs, None),
     // Backward rules, counted the same way (docs/report.md derives each):
     // softmax_grad: dy*y, row sum, sub, mul.
     BACKWARD_ROW(SoftmaxGrad, Rows, infer_softmax_grad, cost_per_input_element, 4, 0),
@@ -1182,6 +1224,7 @@ std::string_view op_class_name(OpClass c) {
     case OpClass::Loss: return "loss";
     case OpClass::Attention: return "attention";
     case OpClass::Classifier: return "classifier";
+    case OpClass::Rotary: return "rotary";
   }
   return "?";
 }

@@ -1,7 +1,7 @@
 // Rope's attributes (ir/rope.h).
 #include "ir/rope.h"
 
-#include "ir/op.h"
+#include "ir/attrs.h"
 
 namespace napkin::ir {
 

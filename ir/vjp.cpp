@@ -22,6 +22,7 @@
 
 #include "ir/builder.h"
 #include "ir/internal_check.h"
+#include "ir/rope.h"
 
 namespace napkin::ir {
 
@@ -454,6 +455,20 @@ Grads vjp_linear_cross_entropy(Builder& b, const Node& n, ValueId dloss) {
   return {grad.out(0), grad.out(1), kNoValue};
 }
 
+// A rotation's transpose is the rotation by the negated angles: dx is rope of
+// dy with `inverse` flipped; the positions are integers and get no gradient.
+Grads vjp_rope(Builder& b, const Node& n, ValueId dy) {
+  RopeParams p = rope_params(n.attrs);
+  p.inverse = !p.inverse;
+  Attrs attrs;
+  set_rope_attrs(attrs, p);
+  std::vector<ValueId> inputs{dy};
+  if (p.explicit_positions) inputs.push_back(n.in(1));
+  Grads grads{node(b, Op::Rope, inputs, attrs)};
+  if (p.explicit_positions) grads.push_back(kNoValue);
+  return grads;
+}
+
 Grads vjp_layernorm(Builder& b, const Node& n, ValueId dy) {
   ValueId x = n.in(0), gain = n.in(1);
   double eps = n.attrs.get_double("eps");
@@ -547,6 +562,7 @@ VjpFn vjp_rule(Op op) {
     case Op::MSE: return vjp_mse;
     case Op::Attention: return vjp_attention;
     case Op::LinearCrossEntropy: return vjp_linear_cross_entropy;
+    case Op::Rope: return vjp_rope;
     // Backward-only ops: napkin differentiates once.
     case Op::SoftmaxGrad: return nullptr;
     case Op::LayerNormGrad: return nullptr;

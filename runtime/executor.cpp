@@ -94,6 +94,8 @@ void Executor::prepare() {
                 return std::make_unique<CachedAttention>(s.desc, gemm_type(s.dtype));
               },
               [](const ClassifierSpec& s) -> Runner { return std::make_unique<Classifier>(s.desc, gemm_type(s.dtype)); },
+              // Its table of cos and sin is made here, once.
+              [](const RopeSpec& s) -> Runner { return std::make_unique<RopeKernel>(s.desc, s.dtype); },
           },
           k.payload));
     } catch (const Error& e) {
@@ -147,6 +149,10 @@ void Executor::run_kernel(int i) {
                 classifier.backward(m + c.x, m + c.w, m + c.targets, m + c.lse, m + c.dloss, m + c.dx, m + c.dw, pool_);
               else
                 classifier.forward(m + c.x, m + c.w, m + c.targets, m + c.loss, m + c.lse, pool_);
+            },
+            [&](const RopeSpec& r) {
+              std::get<std::unique_ptr<RopeKernel>>(runner)->run(m + r.x, r.positions >= 0 ? m + r.positions : nullptr,
+                                                                m + r.y, pool_);
             },
         },
         k.payload);

@@ -21,6 +21,7 @@
 #include "runtime/classifier.h"
 #include "runtime/gemm.h"
 #include "runtime/program.h"
+#include "runtime/rope.h"
 #include "runtime/tensor_element.h"
 #include "runtime/thread_pool.h"
 
@@ -90,7 +91,7 @@ class Executor {
   // One runner per kernel, built by prepare() from its payload's kind: what
   // it needs besides its spec and fns_ (a GEMM's plan, an attention's buffers).
   using Runner = std::variant<std::monostate, std::unique_ptr<Gemm>, std::unique_ptr<Attention>,
-                              std::unique_ptr<CachedAttention>, std::unique_ptr<Classifier>>;
+                              std::unique_ptr<CachedAttention>, std::unique_ptr<Classifier>, std::unique_ptr<RopeKernel>>;
   std::vector<Runner> runners_;
   void prepare();
   void run_kernel(int i);

@@ -19,6 +19,7 @@
 #include "runtime/cached_attention.h"
 #include "runtime/classifier.h"
 #include "runtime/matmul_desc.h"
+#include "runtime/rope.h"
 #include "runtime/tensor_types.h"
 
 namespace napkin::runtime {
@@ -93,6 +94,16 @@ struct CachedAttentionSpec {
   bool operator==(const CachedAttentionSpec&) const = default;
 };
 
+// A standalone rope kernel (runtime/rope.h RopeKernel): its descriptor and
+// where its operands start in the arena (positions: explicit ones only).
+struct RopeSpec {
+  static constexpr const char* kind = "rope";
+  DType dtype = DType::F32;
+  RopeKernelDesc desc;
+  int64_t x = 0, y = 0, positions = -1;  // byte offsets; positions -1: the index along seq_axis
+  bool operator==(const RopeSpec&) const = default;
+};
+
 // A classifier kernel on backend "cuda": the vocabulary in `chunks` chunks
 // of `chunk` classes, and the byte offsets in the scratch buffer of the
 // chunk's logits and of dx's f32 sums (-1: none; codegen/cuda/kernel_source.h,
@@ -117,7 +128,7 @@ struct ClassifierSpec {
   bool operator==(const ClassifierSpec&) const = default;
 };
 
-using KernelPayload = std::variant<LoopSpec, MatmulSpec, AttentionSpec, CachedAttentionSpec, ClassifierSpec>;
+using KernelPayload = std::variant<LoopSpec, MatmulSpec, AttentionSpec, CachedAttentionSpec, ClassifierSpec, RopeSpec>;
 
 // One launch of a CUDA kernel function (backend "cuda"; codegen/cuda/kernel_source.h).
 struct CudaLaunchSpec {

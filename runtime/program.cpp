@@ -74,6 +74,15 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CachedAttentionDesc, scale, batch, heads, kv_
                                    positions_i64)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ClassifierDesc, rows, vocab, d, x_row_stride, w_v_stride, w_d_stride, targets_i64)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ClassifierSpec::Cuda, chunk, chunks, logits, dx_acc)
+constexpr std::string_view kRopeStyleNames[] = {"half", "interleaved"};  // RopeStyle's order
+void to_json(json& j, RopeStyle s) { j = std::string(kRopeStyleNames[static_cast<size_t>(s)]); }
+void from_json(const json& j, RopeStyle& s) {
+  s = static_cast<RopeStyle>(name_index(kRopeStyleNames, j.get<std::string>(), "rope style"));
+}
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RopeDesc, style, dim, theta, factor, low_freq_factor, high_freq_factor,
+                                   original_context)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RopeKernelDesc, rope, inverse, sizes, x_strides, axis, seq_axis, explicit_positions,
+                                   positions_i64)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GradientSpec, param, dtype, offset, bytes, ready_after)
 // The learning-rate schedule, fixed in the optimizer's kernels
 // (passes/optimizer.h): its length is train.steps at build time; its lr is train.lr.
@@ -180,6 +189,16 @@ void read(const json& kernel, const std::string&, CachedAttentionSpec& s) {
   read_operand(j, "q", s.q, d.q), read_operand(j, "k", s.k, d.k), read_operand(j, "v", s.v, d.v);
   read_operand(j, "k_cache", s.k_cache, d.k_cache), read_operand(j, "v_cache", s.v_cache, d.v_cache);
   read_operand(j, "o", s.o, d.o);
+}
+
+void write(json& kernel, const RopeSpec& s) {
+  json& j = kernel["rope"] = s.desc;
+  j.update({{"dtype", s.dtype}, {"x", s.x}, {"y", s.y}, {"positions", s.positions}});
+}
+void read(const json& kernel, const std::string&, RopeSpec& s) {
+  const json& j = kernel.at("rope");
+  s.desc = j;
+  s.dtype = j.at("dtype"), s.x = j.at("x"), s.y = j.at("y"), s.positions = j.at("positions");
 }
 
 void write(json& kernel, const ClassifierSpec& s) {

@@ -23,6 +23,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/tensor_types.h"
+#include "runtime/thread_pool.h"
+
 namespace napkin::runtime {
 
 enum class RopeStyle : uint8_t { Half, Interleaved };
@@ -54,11 +57,46 @@ RopeTable make_rope_table(const RopeDesc& d, int64_t positions);
 // The angle of position p and frequency j (f32, one rounding) and its cosine
 // and sine: for positions the table does not hold (explicit positions).
 float rope_angle(float inv_freq, int64_t position);
+// cos and sin of position p's half = inv_freq.size() angles, each rounded to
+// f32 once, as a table's row p holds them.
+void rope_cos_sin(const std::vector<float>& inv_freq, int64_t position, float* cos, float* sin);
 
 // Rotates one row of d.dim f32 values in place by the angles whose cosines
 // and sines are cos[0, half) and sin[0, half); inverse: by the negated angles.
 void rope_rotate_row(RopeStyle style, int64_t dim, const float* cos, const float* sin, bool inverse, float* row);
 // The same in f64 (the interpreter's reference), angles from f32 tables.
 void rope_rotate_row(RopeStyle style, int64_t dim, const float* cos, const float* sin, bool inverse, double* row);
+
+// The standalone rope kernel (a Rope plan kernel, codegen/plan.h; the op is
+// ir/rope.h's): y = x with every row along `axis` rotated by the angles of its
+// position, the index along `seq_axis` or, with explicit positions, the
+// i32/i64 positions[index]. x has any element strides; y is contiguous
+// (row-major in `sizes`). f32, bf16 and f16 rows are rotated in f32, f64 rows
+// in f64, and each result rounded to the dtype once.
+struct RopeKernelDesc {
+  RopeDesc rope;             // rope.dim == sizes[axis]
+  bool inverse = false;      // by the negated angles (the VJP)
+  std::vector<int64_t> sizes, x_strides;
+  int64_t axis = 0, seq_axis = 0;
+  bool explicit_positions = false, positions_i64 = false;
+  bool operator==(const RopeKernelDesc&) const = default;
+};
+
+class RopeKernel {
+ public:
+  // Validates the descriptor (throws runtime::Error naming the problem) and
+  // builds the table of positions [0, sizes[seq_axis]), once.
+  RopeKernel(RopeKernelDesc desc, DType dtype);
+  // positions: null unless explicit; one outside the table has its cosines
+  // and sines computed for this call. Rows are split across the pool.
+  void run(const void* x, const void* positions, void* y, ThreadPool& pool) const;
+  const RopeKernelDesc& desc() const { return d_; }
+
+ private:
+  RopeKernelDesc d_;
+  DType dtype_;
+  RopeTable table_;
+  std::vector<float> inv_freq_;
+};
 
 }  // namespace napkin::runtime

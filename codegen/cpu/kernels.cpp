@@ -1087,6 +1087,8 @@ LoopInfo emit_kernel(LoopEmitter& e, const Kernel& k, int index) {
     case KernelKind::CachedAttention:
       NAPKIN_INTERNAL_CHECK(false, "a cached attention kernel ({}) is the runtime's call (runtime/cached_attention.h), not a loop",
                             k.name);
+    case KernelKind::Rope:
+      NAPKIN_INTERNAL_CHECK(false, "a rope kernel ({}) is the runtime's call (runtime/rope.h), not a loop", k.name);
   }
   e.b.CreateRetVoid();
   return info;

@@ -171,6 +171,7 @@ EmittedKernel emit_embedding_grad(const Kernel& k, int index);
 EmittedKernel emit_rows(const Kernel& k, int index);  // softmax, norms, cross-entropy and their gradients
 EmittedKernel emit_attention(const Kernel& k);        // fused attention, forward or backward (codegen/cuda/attention.cpp)
 EmittedKernel emit_cached_attention(const Kernel& k, int index);  // attention against a KV cache (codegen/cuda/cached_attention.cpp)
+EmittedKernel emit_rope(const Kernel& k);             // the standalone rope (codegen/cuda/rope.cpp)
 EmittedKernel emit_classifier(const Kernel& k, int index, const CudaClassifierLayout& layout);  // the fused classifier's row work (codegen/cuda/classifier.cpp)
 // The attention device templates the prelude ends with (attention_device.cpp).
 std::string_view attention_prelude();

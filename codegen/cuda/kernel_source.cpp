@@ -8,7 +8,7 @@
 // each KernelKind is the switch below (no default: -Werror=switch flags a
 // new kind); the launch and scratch design of each family is described at the
 // top of its file (elementwise.cpp, reductions.cpp, rows.cpp, attention.cpp,
-// classifier.cpp).
+// classifier.cpp, rope.cpp).
 //
 // Index ids out of range (embedding, embedding_grad, cross-entropy targets):
 // the CPU backend calls napkin_rt_bad_index and exits. A CUDA kernel records
@@ -51,6 +51,7 @@ EmittedKernel emit_kernel(const Kernel& k, int index, const CudaClassifierLayout
     case KernelKind::Attention: return detail::emit_attention(k);
     case KernelKind::Classifier: return detail::emit_classifier(k, index, classifier);
     case KernelKind::CachedAttention: return detail::emit_cached_attention(k, index);
+    case KernelKind::Rope: return detail::emit_rope(k);
     case KernelKind::Gemm: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a GEMM kernel ({}) is cuBLASLt's call, not CUDA C", k.name);

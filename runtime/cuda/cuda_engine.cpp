@@ -229,6 +229,7 @@ void CudaEngine::prepare_kernels() {
               [&](const LoopSpec&) -> Runner { return load_launches(k); },
               [&](const AttentionSpec&) -> Runner { return load_launches(k); },
               [&](const CachedAttentionSpec&) -> Runner { return load_launches(k); },
+              [&](const RopeSpec&) -> Runner { return load_launches(k); },
               [&](const MatmulSpec& s) -> Runner {
                 return std::make_unique<LtMatmul>(*lt_context_, s, program_.cuda.tf32, k.name, arena_);
               },

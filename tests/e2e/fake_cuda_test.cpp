@@ -414,6 +414,34 @@ TEST_CASE("fake cuda: lm-gqa (untied [d, vocab] head, grouped heads, SwiGLU, RMS
   CHECK(train_cuda(t, flags, dir, "no-graphs", "NAPKIN_CUDA_GRAPHS=0") == cuda);
 }
 
+// rope's own kernels (codegen/cuda/rope.cpp), compiled by NVRTC and run on
+// the fake GPU: tests/models/llama-rope-op.yaml with explicit positions, so
+// q's and k's rotations (and their inverses in the backward) stay kernels of
+// their own rather than moving into attention.
+TEST_CASE("fake cuda: a Llama whose q and k are turned by standalone rope kernels trains on the fake GPU as on the CPU") {
+  TempDir dir("fakecuda-rope");
+  std::string text = read_bytes(std::string(NAPKIN_SOURCE_DIR) + "/tests/models/llama-rope-op.yaml");
+  for (const char* t : {"q", "k"}) {
+    const std::string from = fmt::format("rope({}, theta=10000)", t);
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), fmt::format("rope({}, theta=10000, positions=arange(seq))", t));
+  }
+  const std::string model = dir / "llama-rope-positions.yaml";
+  write_bytes(model, text);
+  Trainers t = build_both(model, "batch=2,seq=16,d=32,layers=2", dir);
+  int rope_kernels = 0;
+  Run program = sh(t.cuda + " --print-program");
+  REQUIRE(program.status == 0);
+  const nlohmann::json parsed = nlohmann::json::parse(program.out);
+  for (const auto& k : parsed.at("kernels")) rope_kernels += k.at("kind") == "rope";
+  CHECK(rope_kernels == 8);  // q and k, forward and backward, in 2 layers
+  std::string flags = fmt::format("{} {} --steps 4 --quiet", kCommon, kGptData);
+  std::vector<double> cpu = train(t.cpu + " " + flags, dir, "cpu");
+  std::vector<double> cuda = train_cuda(t, flags, dir, "cuda");
+  check_close(cpu, cuda, 1e-4);
+}
+
 TEST_CASE("fake cuda: the module loads from the cubin on its architecture or else from the PTX") {
   TempDir data("fakecuda-data");
   write_npy(data / "x.npy", 256, 256, 1);

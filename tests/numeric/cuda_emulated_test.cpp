@@ -211,6 +211,25 @@ TEST_CASE("numeric: emulated CUDA kernels of a softplus model agree with the int
   }
 }
 
+// rope's CUDA kernel (codegen/cuda/rope.cpp): standalone rotations with
+// explicit positions and a strided operand, forward and inverse, and the
+// rotations of a Llama's q and k.
+TEST_CASE("numeric: emulated CUDA rope kernels agree with the interpreter, fp32 and bf16-mixed") {
+  const bool verbose = std::getenv("NAPKIN_NUMERIC_VERBOSE") != nullptr;
+  frontend::LoadOptions small;
+  small.dim_overrides = {{"seq", 8}, {"vocab", 32}, {"d", 16}, {"hidden", 24}};
+  for (ir::PrecisionPolicy policy : {ir::PrecisionPolicy::FP32, ir::PrecisionPolicy::BF16Mixed}) {
+    const std::string_view precision = ir::precision_name(policy);
+    CAPTURE(precision);
+    check_step_emulated(
+        napkin::testing::compile_model_file(napkin::testing::source_path("tests/numeric/standalone_rope.yaml"), {}, policy),
+        "standalone_rope", fmt::format("standalone rope {}", precision), verbose);
+    check_step_emulated(
+        napkin::testing::compile_model_file(napkin::testing::source_path("tests/models/llama-rope-op.yaml"), small, policy),
+        "llama_rope_op", fmt::format("llama-rope-op {}", precision), verbose);
+  }
+}
+
 TEST_CASE("numeric: emulated CUDA kernels under fp16-mixed (loss scaling) and fp8-mixed (E4M3/E5M2 quantization)") {
   // The f16 casts, the loss scale's found-Inf flag and skip-update selects,
   // the amax reductions and the exact fp8 casts (fp8 outputs must match bit

@@ -38,6 +38,7 @@
 #include "interp/interpreter.h"
 #include "ir/rng.h"
 #include "ir/builder.h"
+#include "ir/rope.h"
 #include "runtime/rng.h"
 #include "support/test_models.h"
 
@@ -447,6 +448,30 @@ std::map<Op, std::vector<Sample>> sample_table() {
     ValueId w = c.op(Op::Permute, {c.param({3, 7})}, {{"perm", std::vector<int64_t>{1, 0}}});
     ValueId loss = c.op(Op::LinearCrossEntropy, {c.param({4, 3}), w, targets});
     return c.op(Op::Mul, {loss, c.param({})});
+  });
+  // rope: both pairings, a strided operand, the rotated axis not last,
+  // Llama 3.1's scaling, explicit positions (one past the sequence's length).
+  auto rope_attrs = [](ir::RopeStyle style, int64_t axis, int64_t seq_axis, double factor, bool positions) {
+    ir::RopeParams p;
+    p.style = style, p.axis = axis, p.seq_axis = seq_axis, p.theta = 100, p.explicit_positions = positions;
+    if (factor > 0) p.factor = factor, p.original_context = 8;
+    ir::Attrs a;
+    ir::set_rope_attrs(a, p);
+    return a;
+  };
+  add(Op::Rope, "half, [2,5,6] axis 2, seq 1", [=](Ctx& c) {
+    return c.op(Op::Rope, {c.param({2, 5, 6})}, rope_attrs(ir::RopeStyle::Half, 2, 1, 0, false));
+  });
+  add(Op::Rope, "interleaved, [4,3,5] viewed as [3,5,4], axis 2, seq 1", [=](Ctx& c) {
+    ValueId x = c.op(Op::Permute, {c.param({4, 3, 5})}, {{"perm", ints({1, 2, 0})}});
+    return c.op(Op::Rope, {x}, rope_attrs(ir::RopeStyle::Interleaved, 2, 1, 0, false));
+  });
+  add(Op::Rope, "half, [8,3] axis 0, seq 1, factor 4", [=](Ctx& c) {
+    return c.op(Op::Rope, {c.param({8, 3})}, rope_attrs(ir::RopeStyle::Half, 0, 1, 4, false));
+  });
+  add(Op::Rope, "interleaved, [3,4], i64 positions 7, 0, 3", [=](Ctx& c) {
+    ValueId positions = c.data({3}, DType::I64, {7, 0, 3});
+    return c.op(Op::Rope, {c.param({3, 4}), positions}, rope_attrs(ir::RopeStyle::Interleaved, 1, 0, 0, true));
   });
   add(Op::MSE, "[3,4], [3,4]", [](Ctx& c) { return c.op(Op::MSE, {c.param({3, 4}), c.param({3, 4})}); });
   add(Op::MSE, "[5] vs itself squared", [](Ctx& c) {

@@ -31,6 +31,7 @@ TEST_CASE("op table: every op's row names its loop kind, which agrees with its c
       {ir::OpClass::Loss, {LoopKind::Rows, LoopKind::Mse}},
       {ir::OpClass::Attention, {LoopKind::Attention, LoopKind::CachedAttention}},
       {ir::OpClass::Classifier, {LoopKind::Classifier}},
+      {ir::OpClass::Rotary, {LoopKind::Rope}},
   };
   for (int i = 0; i < ir::kNumOps; ++i) {
     const ir::OpInfo& info = ir::op_info(static_cast<ir::Op>(i));
@@ -57,6 +58,7 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
       {LoopKind::Attention, {KernelKind::Attention}},
       {LoopKind::Classifier, {KernelKind::Classifier}},
       {LoopKind::CachedAttention, {KernelKind::CachedAttention}},
+      {LoopKind::Rope, {KernelKind::Rope}},
   };
   std::set<KernelKind> seen;
   int fused_reductions = 0, gemm_epilogues = 0;

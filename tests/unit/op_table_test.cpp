@@ -77,7 +77,8 @@ TEST_CASE("op table: FLOPs per element are set where the class's cost rule count
         if (info->op != Op::Cast) CHECK(info->flops_per_element > 0);
         break;
       case OpClass::Normalization:
-      case OpClass::Loss: CHECK(info->flops_per_element > 0); break;
+      case OpClass::Loss:
+      case OpClass::Rotary: CHECK(info->flops_per_element > 0); break;
       case OpClass::Source:
       case OpClass::View:
       case OpClass::Copy:

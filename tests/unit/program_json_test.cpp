@@ -64,6 +64,11 @@ std::vector<KernelSpec> every_kind() {
   classifier_grad.dloss = 6, classifier_grad.dx = 7, classifier_grad.dw = 8;
   classifier_grad.cuda.reset();  // a CPU program's
 
+  RopeSpec rope{.dtype = DType::BF16, .x = 1, .y = 2, .positions = 3};
+  rope.desc.rope = {RopeStyle::Interleaved, 8, 500000, 8, 1, 4, 8192};
+  rope.desc.inverse = true, rope.desc.sizes = {2, 4, 3, 8}, rope.desc.x_strides = {96, 8, 32, 1};
+  rope.desc.axis = 3, rope.desc.seq_axis = 1, rope.desc.explicit_positions = true, rope.desc.positions_i64 = true;
+
   KernelSpec launched = kernel("attention_cuda", attention);
   launched.cuda_launches = {{"napkin_attention_fwd", 12, 128, 4096, {1, 2, 3}}, {"napkin_lse", 1, 32, 0, {5}}};
   return {optimizer,
@@ -75,7 +80,8 @@ std::vector<KernelSpec> every_kind() {
           launched,
           kernel("cached_attention", cached),
           kernel("classifier", classifier),
-          kernel("classifier_grad", classifier_grad)};
+          kernel("classifier_grad", classifier_grad),
+          kernel("rope", rope)};
 }
 
 Program full_program() {
