@@ -139,12 +139,12 @@ constexpr const char* kGpt2Dims = "batch=2,seq=8,vocab=16,d=32,heads=2,layers=2"
 constexpr int64_t kV = 32, kD = 16, kKv = 8, kHidden = 24, kLayers = 2;
 constexpr const char* kLlama = "tests/models/llama-hf.yaml";
 
-// LlamaForCausalLM's state dict (every weight [out, in]) and the rotary
-// buffers older files hold.
-std::vector<Tensor> llama_checkpoint(const std::string& dtype) {
+// LlamaForCausalLM's state dict (every weight [out, in]) at llama-hf's sizes
+// and `vocab`, and the rotary buffers older files hold.
+std::vector<Tensor> llama_checkpoint(const std::string& dtype, int64_t vocab = kV) {
   std::vector<Tensor> t;
   uint32_t seed = 100;
-  t.push_back(make("model.embed_tokens.weight", dtype, {kV, kD}, seed++));
+  t.push_back(make("model.embed_tokens.weight", dtype, {vocab, kD}, seed++));
   for (int64_t i = 0; i < kLayers; ++i) {
     const std::string l = fmt::format("model.layers.{}.", i);
     t.push_back(make(l + "input_layernorm.weight", dtype, {kD}, seed++));
@@ -159,7 +159,7 @@ std::vector<Tensor> llama_checkpoint(const std::string& dtype) {
     t.push_back(make(l + "mlp.down_proj.weight", dtype, {kD, kHidden}, seed++));
   }
   t.push_back(make("model.norm.weight", dtype, {kD}, seed++));
-  t.push_back(make("lm_head.weight", dtype, {kV, kD}, seed++));
+  t.push_back(make("lm_head.weight", dtype, {vocab, kD}, seed++));
   return t;
 }
 
@@ -398,6 +398,38 @@ TEST_CASE("hf import and export: bf16 and f16 widen to f32 exactly, transposed w
     CHECK(config["rope_theta"] == 10000);
     CHECK(config["rope_scaling"].is_null());
   }
+}
+
+TEST_CASE("hf import and export: models/llama.yaml is LlamaForCausalLM tensor for tensor, without a transpose") {
+  TempDir dir("hf-llama-yaml");
+  // llama.yaml at its small dims: V 37, and tests/models/llama-hf.yaml's other sizes.
+  const std::string dims = "batch=2,seq=8,vocab=37,d=16,heads=4,kv_heads=2,hidden=24,layers=2";
+  const std::vector<Tensor> checkpoint = llama_checkpoint("bf16", 37);
+  write_checkpoint_file(dir / "model.safetensors", checkpoint);
+  auto in = hf(fmt::format("import models/llama.yaml {} -o {} --dims {}", dir / "model.safetensors", dir / "w.safetensors", dims));
+  REQUIRE_MESSAGE(in.status == 0, in.out);
+  const std::map<std::string, Tensor> imported = read_all(dir / "w.safetensors");
+  const auto parameter = llama_parameters();
+  CHECK(imported.size() == parameter.size());
+  for (const Tensor& t : checkpoint) {
+    auto p = parameter.find(t.name);
+    if (p == parameter.end()) continue;
+    REQUIRE_MESSAGE(imported.count(p->second.first), p->second.first);
+    check_widened(imported.at(p->second.first), t, false);
+  }
+  auto out = hf(fmt::format("export models/llama.yaml {} -o {} --dims {} --dtype bf16", dir / "w.safetensors", dir / "out", dims));
+  REQUIRE_MESSAGE(out.status == 0, out.out);
+  const std::map<std::string, Tensor> exported = read_all(dir / "out/model.safetensors");
+  CHECK(exported.size() == parameter.size());
+  for (const Tensor& t : checkpoint)
+    if (parameter.count(t.name)) CHECK_MESSAGE(exported.at(t.name).bytes == t.bytes, t.name);
+  const nlohmann::json config = nlohmann::json::parse(napkin::testing::read_bytes(dir / "out/config.json"));
+  CHECK(config["architectures"] == nlohmann::json::array({"LlamaForCausalLM"}));
+  CHECK(config["vocab_size"] == 37);
+  CHECK(config["num_key_value_heads"] == 2);
+  CHECK(config["head_dim"] == 4);
+  CHECK(config["max_position_embeddings"] == 8);
+  CHECK(config["tie_word_embeddings"] == false);
 }
 
 TEST_CASE("hf import: a sharded checkpoint (model.safetensors.index.json) reads as the single file does") {
