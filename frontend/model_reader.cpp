@@ -1,5 +1,6 @@
 // Reads a whole model file: the top-level sections in dependency order
-// (dims, inputs, params, blocks, forward, loss, then the training settings).
+// (dims, inputs, params, blocks, forward, loss, the huggingface mapping, then
+// the training settings).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include "frontend/config.h"
 #include "frontend/dims.h"
 #include "frontend/frontend.h"
+#include "frontend/huggingface.h"
 #include "frontend/lowering.h"
 #include "frontend/model_source.h"
 #include "frontend/suggest.h"
@@ -18,7 +20,7 @@ namespace napkin::frontend {
 namespace {
 
 const std::vector<std::string> kTopKeys = {"model",  "description", "dims",      "inputs",    "params", "blocks",
-                                           "forward", "loss",        "optimizer", "precision", "train"};
+                                           "forward", "loss",        "optimizer", "precision", "train", "huggingface"};
 
 void read_inputs(const YAML::Node& node, YamlContext& ctx, const DimTable& dims, ir::Graph& g, Scope& scope) {
   if (!node || node.IsNull()) return;
@@ -112,8 +114,9 @@ void read_loss(const YAML::Node& node, YamlContext& ctx, Lowerer& lowerer, Scope
 }
 
 
+// `huggingface`, when given, receives the huggingface: section (checked either way).
 std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, ir::Diagnostics& diag,
-                                     const LoadOptions& options) {
+                                     const LoadOptions& options, std::optional<HuggingFaceMap>* huggingface) {
   ctx.check_keys(root, kTopKeys, "the model");
   ir::Graph g;
   g.name = "model";
@@ -128,6 +131,11 @@ std::optional<ir::Graph> lower_model(const YAML::Node& root, YamlContext& ctx, i
   // forward: is optional: a model may be its loss expression alone.
   if (const YAML::Node& forward = root["forward"]) lowerer.lower_forward(forward, scope);
   read_loss(root["loss"], ctx, lowerer, scope, g);
+  // After the forward: a block's parameters exist once repeat() made them.
+  if (const YAML::Node& n = root["huggingface"]) {
+    std::optional<HuggingFaceMap> map = read_huggingface(n, ctx, dims, g, !diag.has_errors());
+    if (huggingface) *huggingface = std::move(map);
+  }
   if (const YAML::Node& n = root["optimizer"]) {
     std::vector<std::string> params;
     for (const ir::Param& p : g.params) params.push_back(g.value(p.value).name);
@@ -173,8 +181,10 @@ std::optional<ir::Graph> load_model_text(const std::string& text, const std::str
   return load_model_text(text, path, diag, LoadOptions{});
 }
 
-std::optional<ir::Graph> load_model_text(const std::string& text, const std::string& path, ir::Diagnostics& diag,
-                                         const LoadOptions& options) {
+namespace {
+
+std::optional<ir::Graph> load_text(const std::string& text, const std::string& path, ir::Diagnostics& diag,
+                                   const LoadOptions& options, std::optional<HuggingFaceMap>* huggingface) {
   diag.add_source(path, text);
   YamlContext ctx(path, text, diag);
   std::optional<YAML::Node> document = parse_model_document(text, ctx);
@@ -192,10 +202,17 @@ std::optional<ir::Graph> load_model_text(const std::string& text, const std::str
   // The readers check every node before they read it, so a yaml-cpp exception
   // from here on is a napkin bug: report it as one, with this file:line, not as a crash.
   try {
-    return lower_model(root, ctx, diag, options);
+    return lower_model(root, ctx, diag, options, huggingface);
   } catch (const YAML::Exception& e) {
     throw ir::InternalError(__FILE__, __LINE__, fmt::format("yaml-cpp threw while reading the model: {}", e.what()));
   }
+}
+
+}  // namespace
+
+std::optional<ir::Graph> load_model_text(const std::string& text, const std::string& path, ir::Diagnostics& diag,
+                                         const LoadOptions& options) {
+  return load_text(text, path, diag, options, nullptr);
 }
 
 std::optional<ir::Graph> load_model_file(const std::string& path, ir::Diagnostics& diag) {
@@ -206,6 +223,23 @@ std::optional<ir::Graph> load_model_file(const std::string& path, ir::Diagnostic
   std::optional<std::string> text = read_model_file(path, diag);
   if (!text) return std::nullopt;
   return load_model_text(*text, path, diag, options);
+}
+
+std::optional<HuggingFaceModel> load_huggingface_model(const std::string& path, ir::Diagnostics& diag,
+                                                       const LoadOptions& options) {
+  std::optional<std::string> text = read_model_file(path, diag);
+  if (!text) return std::nullopt;
+  std::optional<HuggingFaceMap> map;
+  std::optional<ir::Graph> g = load_text(*text, path, diag, options, &map);
+  if (!g) return std::nullopt;
+  if (!map) {
+    diag.error({std::make_shared<const std::string>(path), 1, 1},
+               "the model has no huggingface: section, which says how a transformers checkpoint names and lays out "
+               "its parameters",
+               "add one (docs/huggingface.md; models/gpt2-124m.yaml and models/llama.yaml have one)");
+    return std::nullopt;
+  }
+  return HuggingFaceModel{std::move(*g), std::move(*map)};
 }
 
 }  // namespace napkin::frontend

@@ -1,13 +1,9 @@
 #include "runtime/checkpoint.h"
 
 #include <fmt/format.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <charconv>
@@ -182,27 +178,12 @@ CheckpointHeader verified_header(const SafetensorsFile& file, const std::string&
   return h;
 }
 
-// Whether `file` is a napkin checkpoint (its format metadata says so).
-bool napkin_checkpoint(const SafetensorsFile& file) {
-  return file.metadata().count("format") && file.metadata().at("format").starts_with(kFormatPrefix);
-}
-
 // Another program's safetensors file: its checksum verified when it has one.
 void verify_foreign_checksum(const SafetensorsFile& file) {
   if (!file.metadata().count("checksum")) return;
   CheckpointHeader plain;
   plain.metadata = file.metadata();
   verify_checksum(file, plain);
-}
-
-void fsync_directory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    int err = errno;
-    if (fd >= 0) ::close(fd);
-    throw Error(dir + ": cannot sync the directory: " + std::strerror(err));
-  }
-  ::close(fd);
 }
 
 // Checks that `file` holds exactly the tensors of `refs` (names, dtypes,
@@ -243,6 +224,10 @@ std::vector<std::string> load_tensors(const SafetensorsFile& file, const std::ve
 }
 
 }  // namespace
+
+bool is_napkin_checkpoint(const SafetensorsFile& file) {
+  return file.metadata().count("format") && file.metadata().at("format").starts_with(kFormatPrefix);
+}
 
 uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) {
   const auto& t = kCrcTables;
@@ -329,24 +314,7 @@ std::string write_checkpoint(const std::string& dir, int64_t step, const std::ve
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error(dir + ": cannot create the checkpoint directory: " + ec.message());
   const std::string path = dir + "/" + checkpoint_filename(step);
-  std::string tmp = dir + "/.tmp-" + checkpoint_filename(step) + "-XXXXXX";
-  int fd = ::mkstemp(tmp.data());
-  if (fd < 0) throw Error(path + ": cannot create a temporary file in " + dir + ": " + std::strerror(errno));
-  try {
-    auto fail = [&](const char* what) { throw Error(path + ": cannot " + what + ": " + std::strerror(errno)); };
-    if (::fchmod(fd, 0644) != 0) fail("set permissions");  // mkstemp makes it 0600
-    write_safetensors(fd, path, views, meta);
-    if (::fsync(fd) != 0) fail("sync to disk");
-    int closed = ::close(fd);
-    fd = -1;
-    if (closed != 0) fail("write");
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("rename the temporary file into place");
-    fsync_directory(dir);
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
+  write_safetensors_file_atomically(path, views, meta);
   return path;
 }
 
@@ -399,7 +367,7 @@ std::vector<std::string> older_usable_checkpoints(const std::vector<std::pair<in
 std::vector<std::string> read_weights(const std::string& path, const std::vector<TensorRef>& params,
                                       const std::vector<std::string>& ignorable) {
   SafetensorsFile file(path);
-  if (napkin_checkpoint(file))
+  if (is_napkin_checkpoint(file))
     verify_checksum(file, parse_header(file));
   else
     verify_foreign_checksum(file);
@@ -410,7 +378,7 @@ std::optional<CheckpointHeader> read_model_weights(const std::string& path, cons
                                                    const std::string& expected_model_hash, const std::string& hint,
                                  const StepBuild* built) {
   SafetensorsFile file(path);
-  if (!napkin_checkpoint(file)) {
+  if (!is_napkin_checkpoint(file)) {
     verify_foreign_checksum(file);
     load_tensors(file, params, {});
     return std::nullopt;

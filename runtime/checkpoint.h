@@ -42,6 +42,8 @@
 
 namespace napkin::runtime {
 
+class SafetensorsFile;
+
 // A tensor in the trainer's arena: read from when saving, written when loading.
 struct TensorRef {
   std::string name;
@@ -54,6 +56,9 @@ struct TensorRef {
 // ext4), chainable: crc32c(b, n2, crc32c(a, n1)) == crc32c(a ++ b).
 // crc32c("123456789") == 0xE3069283.
 uint32_t crc32c(const void* data, size_t bytes, uint32_t crc = 0);
+
+// Whether `file` is a napkin checkpoint: its format metadata says so.
+bool is_napkin_checkpoint(const SafetensorsFile& file);
 
 // "step-000100.safetensors".
 std::string checkpoint_filename(int64_t step);

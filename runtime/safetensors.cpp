@@ -1,12 +1,15 @@
 #include "runtime/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -64,6 +67,16 @@ void write_all(int fd, const std::string& path, const void* data, size_t bytes) 
   }
 }
 
+void fsync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw Error(dir + ": cannot sync the directory: " + std::strerror(err));
+  }
+  ::close(fd);
+}
+
 }  // namespace
 
 std::optional<size_t> safetensors_itemsize(std::string_view dtype) {
@@ -116,6 +129,30 @@ void write_safetensors_file(const std::string& path, const std::vector<TensorDat
     throw;
   }
   if (::close(fd) != 0) throw Error(path + ": cannot write: " + std::strerror(errno));
+}
+
+void write_safetensors_file_atomically(const std::string& path, const std::vector<TensorData>& tensors,
+                                       const std::map<std::string, std::string>& metadata) {
+  const std::filesystem::path target(path);
+  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
+  std::string tmp = dir + "/.tmp-" + target.filename().string() + "-XXXXXX";
+  int fd = ::mkstemp(tmp.data());
+  if (fd < 0) throw Error(path + ": cannot create a temporary file in " + dir + ": " + std::strerror(errno));
+  try {
+    auto fail = [&](const char* what) { throw Error(path + ": cannot " + what + ": " + std::strerror(errno)); };
+    if (::fchmod(fd, 0644) != 0) fail("set permissions");  // mkstemp makes it 0600
+    write_safetensors(fd, path, tensors, metadata);
+    if (::fsync(fd) != 0) fail("sync to disk");
+    int closed = ::close(fd);
+    fd = -1;
+    if (closed != 0) fail("write");
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("rename the temporary file into place");
+    fsync_directory(dir);
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {

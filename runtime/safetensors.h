@@ -49,6 +49,13 @@ void write_safetensors(int fd, const std::string& path, const std::vector<Tensor
 void write_safetensors_file(const std::string& path, const std::vector<TensorData>& tensors,
                             const std::map<std::string, std::string>& metadata);
 
+// The same, atomically: into DIR/.tmp-NAME-XXXXXX beside `path`, synced to
+// disk, renamed onto `path`, the directory synced; a crash or a full disk
+// leaves the file that was there or the new one, never part of one, and no
+// temporary on an Error. Checkpoints and napkin hf's files are written so.
+void write_safetensors_file_atomically(const std::string& path, const std::vector<TensorData>& tensors,
+                                       const std::map<std::string, std::string>& metadata);
+
 // A safetensors file, mapped and fully validated on construction: the header
 // length lies within the file, the header is JSON of the shape above, every
 // dtype is known, every tensor's byte range matches numel * itemsize, the

@@ -2,14 +2,8 @@
 
 #include "analysis/distributed.h"
 
-#include <fcntl.h>
-#include <stdlib.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ir/text.h"
+#include "tools/files.h"
 #include "tools/measure_device.h"
 
 namespace napkin::tools {
@@ -146,29 +141,6 @@ bool claims_device_format(const std::string& text) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_object() && j.contains("format")) return j["format"] == "napkin-devices-1";
   return text.find("\"napkin-devices-1\"") != std::string::npos;
-}
-
-// Writes `text` to `path` through a temporary file in the same directory and
-// a rename, so that a reader sees the old file or the new one, never a part.
-std::string write_atomically(const std::string& path, const std::string& text) {
-  std::string temp = path + ".tmp.XXXXXX";
-  int fd = ::mkstemp(temp.data());
-  if (fd < 0) return fmt::format("{}: cannot create a temporary file beside it ({})", path, std::strerror(errno));
-  std::string error;
-  size_t done = 0;
-  while (done < text.size() && error.empty()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) error = fmt::format("{}: cannot write ({})", temp, std::strerror(errno));
-    else done += size_t(n);
-  }
-  if (error.empty() && ::fchmod(fd, 0644) != 0) error = fmt::format("{}: cannot chmod ({})", temp, std::strerror(errno));
-  if (error.empty() && ::fsync(fd) != 0) error = fmt::format("{}: cannot sync ({})", temp, std::strerror(errno));
-  if (::close(fd) != 0 && error.empty()) error = fmt::format("{}: cannot close ({})", temp, std::strerror(errno));
-  if (error.empty() && std::rename(temp.c_str(), path.c_str()) != 0)
-    error = fmt::format("{}: cannot rename {} over it ({})", path, temp, std::strerror(errno));
-  if (!error.empty()) ::unlink(temp.c_str());
-  return error;
 }
 
 // The rows of the device file at `path` that a measured row joins: none for

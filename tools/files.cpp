@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +63,27 @@ std::string input_problem(const std::string& path) {
   if (S_ISDIR(st.st_mode)) return fmt::format("{}: is a directory; name the text files in it, e.g. {}/*.md", path, path);
   if (!S_ISREG(st.st_mode)) return fmt::format("{}: is not a regular file; napkin reads text from files only", path);
   return "";
+}
+
+std::string write_atomically(const std::string& path, const std::string& text) {
+  std::string temp = path + ".tmp.XXXXXX";
+  int fd = ::mkstemp(temp.data());
+  if (fd < 0) return fmt::format("{}: cannot create a temporary file beside it ({})", path, std::strerror(errno));
+  std::string error;
+  size_t done = 0;
+  while (done < text.size() && error.empty()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) error = fmt::format("{}: cannot write ({})", temp, std::strerror(errno));
+    else done += size_t(n);
+  }
+  if (error.empty() && ::fchmod(fd, 0644) != 0) error = fmt::format("{}: cannot chmod ({})", temp, std::strerror(errno));
+  if (error.empty() && ::fsync(fd) != 0) error = fmt::format("{}: cannot sync ({})", temp, std::strerror(errno));
+  if (::close(fd) != 0 && error.empty()) error = fmt::format("{}: cannot close ({})", temp, std::strerror(errno));
+  if (error.empty() && std::rename(temp.c_str(), path.c_str()) != 0)
+    error = fmt::format("{}: cannot rename {} over it ({})", path, temp, std::strerror(errno));
+  if (!error.empty()) ::unlink(temp.c_str());
+  return error;
 }
 
 }  // namespace napkin::tools

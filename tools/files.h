@@ -29,4 +29,9 @@ std::string output_problem(const std::string& flag, const std::string& output, c
 // and a FIFO without a writer would never start. Returns the error line, or "".
 std::string input_problem(const std::string& path);
 
+// Writes `text` to `path` through a temporary file in the same directory
+// (synced) and a rename, so that a reader sees the old file or the new one,
+// never a part. Returns the error line, or "".
+std::string write_atomically(const std::string& path, const std::string& text);
+
 }  // namespace napkin::tools

@@ -9,6 +9,8 @@
 //   napkin build MODEL.yaml --target cuda -o TRAINER    ... for an NVIDIA GPU (NVRTC, --arch sm_90)
 //   napkin train MODEL.yaml [--target cuda] [-- TRAINER FLAGS]   build (cached) and run the trainer
 //   napkin data encode TEXT... -o FILE                  byte-level tokens (u16) from text files
+//   napkin hf import MODEL.yaml HF_PATH -o WEIGHTS      a transformers checkpoint's weights, for --init and sample
+//   napkin hf export MODEL.yaml CKPT -o DIR             a checkpoint for transformers' from_pretrained
 //   napkin estimate --params 70e9 --tokens 15e12 ...    the lecture's napkin math
 //   napkin devices [--sources]                          the device table, where each figure comes from
 //   napkin devices --measure [--out FILE] [--quick]     measure this host, write the local device file
@@ -57,9 +59,11 @@
 #include "report/html_report.h"
 #include "report/inference_report.h"
 #include "report/report.h"
+#include "runtime/error.h"
 #include "tools/byte_tokens.h"
 #include "tools/devices_command.h"
 #include "tools/files.h"
+#include "tools/huggingface.h"
 #include "tools/inference_program.h"
 #include "tools/plot_command.h"
 #include "tools/trainer_build.h"
@@ -810,6 +814,51 @@ int cmd_data_encode(const std::vector<std::string>& inputs, const std::string& o
   return 0;
 }
 
+// napkin hf import / export's arguments.
+struct HfArgs {
+  std::string model, dims, input, output, dtype = "f32";
+};
+
+// The model napkin hf converts for: its forward graph (no training step is
+// built) and its huggingface: section.
+std::optional<frontend::HuggingFaceModel> huggingface_model(const HfArgs& a) {
+  std::optional<std::map<std::string, int64_t>> overrides = dims_or_error(a.dims);
+  if (!overrides) return std::nullopt;
+  ir::Diagnostics diag;
+  std::optional<frontend::HuggingFaceModel> model = frontend::load_huggingface_model(a.model, diag, {*overrides});
+  std::cerr << diag.render();
+  return model;
+}
+
+int cmd_hf_import(const HfArgs& a) {
+  std::optional<frontend::HuggingFaceModel> model = huggingface_model(a);
+  if (!model) return kUserError;
+  try {
+    std::cout << tools::import_huggingface(*model, a.input, a.output);
+  } catch (const runtime::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kUserError;
+  }
+  return 0;
+}
+
+int cmd_hf_export(const HfArgs& a) {
+  std::optional<ir::DType> dtype = ir::parse_dtype(a.dtype);
+  if (!dtype || (*dtype != ir::DType::F32 && *dtype != ir::DType::BF16 && *dtype != ir::DType::F16)) {
+    std::cerr << fmt::format("error: --dtype {}: napkin hf export writes f32, bf16 or f16\n", a.dtype);
+    return kUserError;
+  }
+  std::optional<frontend::HuggingFaceModel> model = huggingface_model(a);
+  if (!model) return kUserError;
+  try {
+    std::cout << tools::export_huggingface(*model, a.input, a.output, *dtype);
+  } catch (const runtime::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kUserError;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -995,6 +1044,29 @@ int main(int argc, char** argv) {
   encode->add_option("inputs", encode_inputs, "text files")->required();
   encode->add_option("-o,--output", encode_output, "token file to write")->required();
   encode->callback([&] { status = cmd_data_encode(encode_inputs, encode_output); });
+
+  HfArgs hf_args;
+  auto* hf = app.add_subcommand("hf", "Hugging Face transformers checkpoints in and out, by the model's huggingface: section");
+  hf->require_subcommand(1);
+  auto* hf_import = hf->add_subcommand(
+      "import", "a transformers checkpoint's weights into a file a trainer's --init and napkin sample load");
+  hf_import->add_option("model", hf_args.model, "model YAML file with a huggingface: section")->required();
+  hf_import->add_option("checkpoint", hf_args.input,
+                        "a directory with model.safetensors or model.safetensors.index.json and its shards, or one "
+                        ".safetensors file")
+      ->required();
+  hf_import->add_option("-o,--output", hf_args.output, "the weights file to write (.safetensors)")->required();
+  hf_import->add_option("--dims", hf_args.dims, dims_help);
+  hf_import->callback([&] { status = cmd_hf_import(hf_args); });
+  auto* hf_export = hf->add_subcommand(
+      "export", "a napkin checkpoint's parameters into a directory transformers' from_pretrained loads");
+  hf_export->add_option("model", hf_args.model, "model YAML file with a huggingface: section")->required();
+  hf_export->add_option("checkpoint", hf_args.input, "a napkin checkpoint (step-N.safetensors), a directory of them (its newest), or a weights file")->required();
+  hf_export->add_option("-o,--output", hf_args.output, "the directory to write config.json and model.safetensors into")
+      ->required();
+  hf_export->add_option("--dtype", hf_args.dtype, "the dtype of the exported weights: f32, bf16 or f16")->capture_default_str();
+  hf_export->add_option("--dims", hf_args.dims, dims_help);
+  hf_export->callback([&] { status = cmd_hf_export(hf_args); });
 
   tools::DevicesArgs devices_args;
   auto* devices = app.add_subcommand("devices", "list the device table; --measure measures this host for it");

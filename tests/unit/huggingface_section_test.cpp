@@ -1,0 +1,78 @@
+// The huggingface: section as the frontend reads it (frontend/huggingface.cpp):
+// every parameter mapped once with its copies' indices filled in, config
+// values typed and evaluated at the loaded dims. Its mistakes are in
+// tests/errors/huggingface_*.yaml; the commands that use it in
+// tests/e2e/huggingface_test.cpp.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "frontend/huggingface_map.h"
+#include "support/test_models.h"
+
+namespace {
+
+using napkin::frontend::HfConfigValue;
+
+const HfConfigValue& entry(const HfConfigValue& object, const std::string& key) {
+  for (size_t i = 0; i < object.keys.size(); ++i)
+    if (object.keys[i] == key) return object.items[i];
+  FAIL("config has no " << key);
+  return object;
+}
+
+}  // namespace
+
+TEST_CASE("huggingface section: gpt2-124m maps each of its 148 parameters once, and config follows --dims") {
+  napkin::ir::Diagnostics diag;
+  auto model = napkin::frontend::load_huggingface_model(napkin::testing::source_path("models/gpt2-124m.yaml"), diag,
+                                                        {{{"layers", 3}, {"d", 64}, {"heads", 4}}});
+  REQUIRE_MESSAGE(model, diag.render());
+  const napkin::frontend::HuggingFaceMap& map = model->map;
+  CHECK(map.architecture == "GPT2LMHeadModel");
+  REQUIRE(map.tensors.size() == 4 + 3 * 12);
+  CHECK(map.tensors.size() == model->graph.params.size());
+  for (size_t i = 0; i < map.tensors.size(); ++i)  // in the model's parameter order
+    CHECK(map.tensors[i].param == model->graph.value(model->graph.params[i].value).name);
+  bool found = false;
+  for (const auto& t : map.tensors)
+    if (t.param == "h.2.fc_proj_w") {
+      found = true;
+      CHECK(t.hf_name == "transformer.h.2.mlp.c_proj.weight");
+      CHECK_FALSE(t.transpose);
+    }
+  CHECK(found);
+  REQUIRE(map.tied.size() == 1);
+  CHECK(map.tied[0].hf_name == "lm_head.weight");
+  CHECK(map.tied[0].param == "wte");
+  CHECK(map.ignore.size() == 2);
+
+  using Kind = HfConfigValue::Kind;
+  CHECK(entry(map.config, "model_type").kind == Kind::String);
+  CHECK(entry(map.config, "model_type").text == "gpt2");
+  CHECK(entry(map.config, "n_layer").kind == Kind::Int);
+  CHECK(entry(map.config, "n_layer").integer == 3);
+  CHECK(entry(map.config, "n_inner").integer == 4 * 64);
+  CHECK(entry(map.config, "eos_token_id").integer == 50256);
+  CHECK(entry(map.config, "layer_norm_epsilon").kind == Kind::Float);
+  CHECK(entry(map.config, "layer_norm_epsilon").number == 1e-5);
+  CHECK(entry(map.config, "resid_pdrop").kind == Kind::Float);
+}
+
+TEST_CASE("huggingface section: transposes, nested config values, and a model without the section") {
+  napkin::ir::Diagnostics diag;
+  auto model = napkin::frontend::load_huggingface_model(napkin::testing::source_path("tests/models/llama-hf.yaml"), diag, {});
+  REQUIRE_MESSAGE(model, diag.render());
+  int transposed = 0;
+  for (const auto& t : model->map.tensors) transposed += t.transpose;
+  CHECK(transposed == 7);
+  using Kind = HfConfigValue::Kind;
+  CHECK(entry(model->map.config, "rope_scaling").kind == Kind::Null);
+  CHECK(entry(model->map.config, "tie_word_embeddings").kind == Kind::Bool);
+  CHECK_FALSE(entry(model->map.config, "tie_word_embeddings").flag);
+  CHECK(model->map.tied.empty());
+
+  napkin::ir::Diagnostics none;
+  CHECK_FALSE(napkin::frontend::load_huggingface_model(napkin::testing::source_path("models/gpt.yaml"), none, {}));
+  CHECK(none.render().find("gpt.yaml:1:1: error: the model has no huggingface: section") != std::string::npos);
+}
