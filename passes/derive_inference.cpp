@@ -9,7 +9,6 @@
 #include "ir/internal_check.h"
 #include "ir/loop.h"
 #include "ir/op.h"
-#include "ir/rope.h"
 
 namespace napkin::passes {
 
@@ -255,24 +254,13 @@ class Deriver {
         std::vector<int> x_seq = seq_axes(x);
         if (x_seq.size() == 1 && axis == x_seq[0]) return mixes(n, "normalizes along the sequence axis");
       }
-      ir::Attrs attrs = n.attrs;
-      if (n.op == Op::Rope) {
-        // Each row turns by its position: the index along the sequence axis,
-        // which at length 1 is 0, so the phase's positions are given instead.
-        ir::RopeParams p = std::get<ir::RopeParams>(ir::loop_params(n.op, n.attrs));
-        if (p.axis == out_seq[0]) return mixes(n, "rotates along the sequence axis");
-        if (p.seq_axis == out_seq[0] && !p.explicit_positions) {
-          p.explicit_positions = true;
-          ir::set_rope_attrs(attrs, p);
-          inputs.push_back(positions);
-        }
-      }
       std::vector<ir::Dim> dims = old_out.dims;
       dims[static_cast<size_t>(out_seq[0])].size = length;
       ValueId v;
       if (n.op == Op::Reshape) {
         v = b.must(b.reshape(inputs[0], dims));
       } else {
+        ir::Attrs attrs = n.attrs;
         if (attrs.has("shape")) {  // broadcast
           std::vector<int64_t> shape;
           for (const ir::Dim& d : dims) shape.push_back(d.size);
