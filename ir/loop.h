@@ -82,26 +82,6 @@ struct RowParams {
   bool gains = false;  // NormGrad: the gains' gradients too
 };
 
-// Rotary position embeddings (the rope op; its attributes: ir/rope.h, its
-// arithmetic: runtime/rope.h). Also what an attention that rotates its q and
-// k as it loads them applies (under the attributes' prefix "rope_").
-enum class RopeStyle : uint8_t { Half, Interleaved };  // runtime/rope.h says how each pairs elements
-
-struct RopeParams {
-  RopeStyle style = RopeStyle::Half;
-  double theta = 10000;
-  // Llama 3.1's frequency scaling; factor 0: none.
-  double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
-  int64_t original_context = 8192;
-  // The rope op's own: the rotated axis and the axis whose index is the
-  // position (both non-negative), whether a positions operand gives the
-  // positions instead, and whether it rotates by the negated angles (the VJP).
-  int64_t axis = 0, seq_axis = 0;
-  bool explicit_positions = false;
-  bool inverse = false;
-  bool operator==(const RopeParams&) const = default;
-};
-
 // Fused attention (FlashAttention-2's algorithm). Shapes: q [B, Hq, T, D],
 // k and v [B, Hk, S, D] with Hq a multiple of Hk (query head h reads kv head
 // h / (Hq / Hk)); every operand is contiguous along D.
@@ -168,6 +148,26 @@ struct ClassifierParams {
 // by this op's later calls only. Arithmetic in f32 (f64 for f64 operands).
 struct CachedAttentionParams {
   double scale = 1;
+};
+
+// Rotary position embeddings (the rope op; its attributes: ir/rope.h, its
+// arithmetic: runtime/rope.h). Also what an attention that rotates its q and
+// k as it loads them applies (under the attributes' prefix "rope_").
+enum class RopeStyle : uint8_t { Half, Interleaved };  // runtime/rope.h says how each pairs elements
+
+struct RopeParams {
+  RopeStyle style = RopeStyle::Half;
+  double theta = 10000;
+  // Llama 3.1's frequency scaling; factor 0: none.
+  double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
+  int64_t original_context = 8192;
+  // The rope op's own: the rotated axis and the axis whose index is the
+  // position (both non-negative), whether a positions operand gives the
+  // positions instead, and whether it rotates by the negated angles (the VJP).
+  int64_t axis = 0, seq_axis = 0;
+  bool explicit_positions = false;
+  bool inverse = false;
+  bool operator==(const RopeParams&) const = default;
 };
 
 // The parameters of an op's loop kind; monostate for kinds that have none.
