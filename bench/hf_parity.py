@@ -38,7 +38,7 @@ import tempfile
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.numpy import load_file
+from safetensors.torch import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAPKIN = os.path.join(ROOT, "build", "tools", "napkin")
@@ -68,7 +68,7 @@ def dims_text(dims):
 
 def run(cmd, timeout=1200):
     print("$ " + " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=ROOT, timeout=timeout)
     if r.returncode != 0:
         sys.exit(f"failed (exit status {r.returncode}): {' '.join(cmd)}\n{(r.stderr or r.stdout)[-3000:]}")
     return r.stdout
@@ -153,9 +153,14 @@ def same_tensors(a_path, b_path):
     if sorted(a) != sorted(b):
         return f"names differ: {sorted(set(a) ^ set(b))}"
     for k in a:
-        if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes():
+        if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or raw(a[k]) != raw(b[k]):
             return f"{k} differs ({a[k].dtype}{list(a[k].shape)} vs {b[k].dtype}{list(b[k].shape)})"
     return None
+
+
+def raw(t):
+    """A tensor's bytes (bf16 included, which numpy cannot hold)."""
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def no_decay_of(family):
@@ -243,7 +248,7 @@ def check_family(family, tmp, results):
     shards = len([f for f in os.listdir(sharded_dir) if f.endswith(".safetensors")])
     run([NAPKIN, "hf", "import", yaml, sharded_dir, "--dims", dims_text(dims), "-o", sharded_ckpt])
     a, b = load_file(ckpt), load_file(sharded_ckpt)
-    same = sorted(a) == sorted(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
+    same = sorted(a) == sorted(b) and all(raw(a[k]) == raw(b[k]) for k in a)
     results.append((family, f"sharded import ({shards} shards) equals the single file's", "equal" if same else "differ",
                     same))
 
