@@ -152,29 +152,34 @@ RopeKernel::RopeKernel(RopeKernelDesc desc, DType dtype) : d_(std::move(desc)), 
   if (!(d_.rope.theta > 0)) fail("theta must be positive");
   inv_freq_ = rope_inv_freq(d_.rope);
   table_ = make_rope_table(d_.rope, d_.sizes[d_.seq_axis]);
+  for (int64_t p = 0; p < table_.positions; ++p) cos_rows_.push_back(table_.cos_row(p)), sin_rows_.push_back(table_.sin_row(p));
 }
 
 void RopeKernel::run(const void* x, const void* positions, void* y, ThreadPool& pool) const {
-  // Each index along seq_axis: its row of the table, or of `extra` for an
-  // explicit position the table does not hold.
-  const int64_t n = d_.sizes[d_.seq_axis], half = d_.rope.dim / 2;
-  std::vector<const float*> cos(static_cast<size_t>(n)), sin(static_cast<size_t>(n));
+  // Explicit positions: each index along seq_axis takes its position's table
+  // row, or a row of `extra` computed now for a position the table does not hold.
+  std::vector<const float*> explicit_cos, explicit_sin;
   std::vector<float> extra;
-  std::vector<int64_t> extra_at(static_cast<size_t>(n), -1);
-  for (int64_t s = 0; s < n; ++s) {
-    int64_t p = s;
-    if (d_.explicit_positions)
-      p = d_.positions_i64 ? static_cast<const int64_t*>(positions)[s] : static_cast<const int32_t*>(positions)[s];
-    if (p >= 0 && p < table_.positions) {
-      cos[s] = table_.cos_row(p), sin[s] = table_.sin_row(p);
-      continue;
+  if (d_.explicit_positions) {
+    const int64_t n = d_.sizes[d_.seq_axis], half = d_.rope.dim / 2;
+    std::vector<int64_t> extra_at(static_cast<size_t>(n), -1);
+    explicit_cos.resize(static_cast<size_t>(n)), explicit_sin.resize(static_cast<size_t>(n));
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t p =
+          d_.positions_i64 ? static_cast<const int64_t*>(positions)[s] : static_cast<const int32_t*>(positions)[s];
+      if (p >= 0 && p < table_.positions) {
+        explicit_cos[s] = table_.cos_row(p), explicit_sin[s] = table_.sin_row(p);
+        continue;
+      }
+      extra_at[s] = static_cast<int64_t>(extra.size());
+      extra.resize(extra.size() + static_cast<size_t>(2 * half));
+      rope_cos_sin(inv_freq_, p, extra.data() + extra_at[s], extra.data() + extra_at[s] + half);
     }
-    extra_at[s] = static_cast<int64_t>(extra.size());
-    extra.resize(extra.size() + static_cast<size_t>(2 * half));
-    rope_cos_sin(inv_freq_, p, extra.data() + extra_at[s], extra.data() + extra_at[s] + half);
+    for (int64_t s = 0; s < n; ++s)
+      if (extra_at[s] >= 0) explicit_cos[s] = extra.data() + extra_at[s], explicit_sin[s] = extra.data() + extra_at[s] + half;
   }
-  for (int64_t s = 0; s < n; ++s)
-    if (extra_at[s] >= 0) cos[s] = extra.data() + extra_at[s], sin[s] = extra.data() + extra_at[s] + half;
+  const std::vector<const float*>& cos = d_.explicit_positions ? explicit_cos : cos_rows_;
+  const std::vector<const float*>& sin = d_.explicit_positions ? explicit_sin : sin_rows_;
 
   const int64_t rows = [&] {
     int64_t r = 1;

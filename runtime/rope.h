@@ -87,6 +87,9 @@ class RopeKernel {
   // Validates the descriptor (throws runtime::Error naming the problem) and
   // builds the table of positions [0, sizes[seq_axis]), once.
   RopeKernel(RopeKernelDesc desc, DType dtype);
+  RopeKernel(const RopeKernel&) = delete;  // it points into its own table
+  RopeKernel& operator=(const RopeKernel&) = delete;
+  RopeKernel(RopeKernel&&) = default;  // the table's buffers move along
   // positions: null unless explicit; one outside the table has its cosines
   // and sines computed for this call. Rows are split across the pool.
   void run(const void* x, const void* positions, void* y, ThreadPool& pool) const;
@@ -96,6 +99,7 @@ class RopeKernel {
   RopeKernelDesc d_;
   DType dtype_;
   RopeTable table_;
+  std::vector<const float*> cos_rows_, sin_rows_;  // the table's row of each index along seq_axis
   std::vector<float> inv_freq_;
 };
 

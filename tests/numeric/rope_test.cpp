@@ -155,10 +155,11 @@ double check_same(const Evaluated& hand, const Evaluated& op, double tolerance) 
   CHECK(loss_error <= tolerance);
   double worst = loss_error;
   REQUIRE(op.grads.size() == hand.grads.size());
-  for (const auto& [name, want] : hand.grads) {
+  for (const auto& grad : hand.grads) {
+    const std::string& name = grad.first;
     CAPTURE(name);
     REQUIRE(op.grads.count(name) == 1);
-    const double error = napkin::testing::scaled_error(op.grads.at(name), want);
+    const double error = napkin::testing::scaled_error(op.grads.at(name), grad.second);
     CHECK(error <= tolerance);
     worst = std::max(worst, error);
   }

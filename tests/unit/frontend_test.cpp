@@ -10,6 +10,7 @@
 
 #include "analysis/cost.h"
 #include "ir/printer.h"
+#include "ir/rope.h"
 #include "support/test_models.h"
 
 using namespace napkin;
@@ -250,7 +251,7 @@ params:
   table: {shape: [v, d], init: normal(0.1)}
 forward:
   - e: embedding(table, ids) + x
-  - a: exp(e) + log(abs(e) + 1) + sqrt(abs(e)) + rsqrt(abs(e) + 1) + tanh(e) + relu(e)
+  - a: exp(e) + log(abs(e) + 1) + sqrt(abs(e)) + rsqrt(abs(e) + 1) + tanh(e) + relu(e) + rope(e, seq_axis=s)
   - c: gelu(a) + gelu(a, approximate="none") + sigmoid(a) + silu(a) + pow(a, 2) + a ** 2 - -a
   - m: max(c, 0) + min(c, 1) + maximum(c, 0.5) + minimum(c, 0.5) + where(c > 0, c, 0)
   - n: layernorm(m, g, bias) + rmsnorm(m, g, eps=1e-5)
@@ -687,4 +688,52 @@ loss: mean(h) + mean(g)
   CHECK(out.find("a.yaml:9:15: error: an argument of block 'a' must be a name") != std::string::npos);
   CHECK(out.find("a.yaml:13:15: error: the argument 'd' of block 'b' is already a dim") != std::string::npos);
   CHECK(out.find("2 errors generated.") != std::string::npos);
+}
+
+TEST_CASE("rope: arguments by position or keyword, axes by index or name, the style a word or a string, None for none") {
+  // A dim named `half` does not hide the style `half`.
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {batch: 2, heads: 2, seq: 4, half: 4, hd: 2 * half}
+inputs: {x: {shape: [batch, heads, seq, hd]}, pos: {shape: [seq], dtype: i64}}
+forward:
+  - a: rope(x)
+  - b: rope(x, 500000, interleaved, axis=hd, seq_axis=seq, factor=8, low_freq_factor=2, high_freq_factor=3, original_context=seq * 4)
+  - c: rope(x, style=half, positions=pos, factor=None, axis=-1, seq_axis=2)
+  - d: rope(x, theta=seq * 25, style="interleaved", axis=1, seq_axis=-1)
+  - y: a + b + c + rearrange(d, "b h s hd -> b h s hd")
+loss: mean(y)
+)yaml");
+  std::vector<const ir::Node*> ropes;
+  for (ir::NodeId id : g.schedule())
+    if (g.node(id).op == ir::Op::Rope) ropes.push_back(&g.node(id));
+  REQUIRE(ropes.size() == 4);
+  const ir::RopeParams a = ir::rope_params(ropes[0]->attrs), b = ir::rope_params(ropes[1]->attrs),
+                       c = ir::rope_params(ropes[2]->attrs), d = ir::rope_params(ropes[3]->attrs);
+  CHECK(a == ir::RopeParams{.axis = 3, .seq_axis = 2});  // the defaults: theta 10000, half, no scaling
+  CHECK(b == ir::RopeParams{.style = ir::RopeStyle::Interleaved, .theta = 500000, .factor = 8, .low_freq_factor = 2,
+                            .high_freq_factor = 3, .original_context = 16, .axis = 3, .seq_axis = 2});
+  CHECK(c == ir::RopeParams{.axis = 3, .seq_axis = 2, .explicit_positions = true});
+  CHECK(ropes[2]->inputs.size() == 2u);
+  CHECK(d == ir::RopeParams{.style = ir::RopeStyle::Interleaved, .theta = 100, .axis = 1, .seq_axis = 3});
+  // The type is x's.
+  CHECK(ir::to_string(g.value(ropes[1]->out()).type) == ir::to_string(g.value(ropes[1]->in(0)).type));
+}
+
+TEST_CASE("rope: a rotated axis of odd length through axis=, a float positions tensor and a rank-1 operand are errors") {
+  const std::string out = compile_errors(std::string(kHeader) + R"yaml(
+dims: {s: 4, d: 6, e: 3}
+inputs: {x: {shape: [s, d, e]}, p: {shape: [s]}, v: {shape: [d]}}
+forward:
+  - a: rope(x, axis=e, seq_axis=s)
+  - b: rope(x, axis=d, seq_axis=s, positions=p)
+  - c: rope(v)
+  - y: x
+loss: mean(y)
+)yaml", "r.yaml");
+  INFO(out);
+  CHECK(out.find("r.yaml:8:13: error: rope: the rotated axis 2 of f32[s=4, d=6, e=3] has odd size 3") != std::string::npos);
+  CHECK(out.find("r.yaml:9:46: error: rope: positions f32[s=4] are not one i32 or i64 per index of seq_axis 0") !=
+        std::string::npos);
+  CHECK(out.find("r.yaml:10:13: error: rope needs at least 2 axes") != std::string::npos);
+  CHECK(out.find("3 errors generated.") != std::string::npos);
 }

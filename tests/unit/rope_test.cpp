@@ -63,9 +63,9 @@ TEST_CASE("rope: Llama 3.1's scaling keeps high frequencies, divides low ones, i
                                              {34, 0.00017850781276799638},
                                              {35, 9.556212353964683e-05},
                                              {63, 3.068925988914511e-07}};
-  for (const auto& [j, value] : expected) {
-    CAPTURE(j);
-    CHECK(inv[static_cast<size_t>(j)] == doctest::Approx(value).epsilon(kF32));
+  for (const std::pair<int, double>& e : expected) {
+    CAPTURE(e.first);
+    CHECK(inv[static_cast<size_t>(e.first)] == doctest::Approx(e.second).epsilon(kF32));
   }
   // Without the factor the same frequencies are the plain ones.
   d.factor = 0;
