@@ -239,6 +239,23 @@ class Deriver {
         if (!derive_attention(b, n, inputs, positions, length, map)) return false;
         continue;
       }
+      if (n.op == Op::Rope) {
+        // A rope left standalone whose positions are the sequence index: at
+        // the phase's positions instead (a decode step's one row is not at 0).
+        ir::RopeParams p = ir::rope_params(n.attrs);
+        const std::vector<int> x_seq = seq_axes(in_.value(n.in(0)).type);
+        if (!p.explicit_positions && x_seq.size() == 1 && p.seq_axis == x_seq[0]) {
+          p.explicit_positions = true;
+          ir::Attrs attrs = n.attrs;
+          ir::set_rope_attrs(attrs, p);
+          const ValueId v = b.must(b.add(Op::Rope, {inputs[0], positions}, attrs));
+          std::vector<ir::Dim> dims = old_out.dims;
+          dims[static_cast<size_t>(x_seq[0])].size = length;
+          b.rename_dims(v, dims);
+          map[n.out()] = v;
+          continue;
+        }
+      }
       if (info.loop == ir::LoopKind::Attention || info.loop == ir::LoopKind::Classifier ||
           info.loop == ir::LoopKind::CachedAttention || info.loop == ir::LoopKind::Mse || info.backward_only)
         return mixes(n, "is not a position-wise op");
@@ -255,24 +272,13 @@ class Deriver {
         std::vector<int> x_seq = seq_axes(x);
         if (x_seq.size() == 1 && axis == x_seq[0]) return mixes(n, "normalizes along the sequence axis");
       }
-      ir::Attrs attrs = n.attrs;
-      if (n.op == Op::Rope) {
-        // Each row turns by its position: the index along the sequence axis,
-        // which at length 1 is 0, so the phase's positions are given instead.
-        ir::RopeParams p = std::get<ir::RopeParams>(ir::loop_params(n.op, n.attrs));
-        if (p.axis == out_seq[0]) return mixes(n, "rotates along the sequence axis");
-        if (p.seq_axis == out_seq[0] && !p.explicit_positions) {
-          p.explicit_positions = true;
-          ir::set_rope_attrs(attrs, p);
-          inputs.push_back(positions);
-        }
-      }
       std::vector<ir::Dim> dims = old_out.dims;
       dims[static_cast<size_t>(out_seq[0])].size = length;
       ValueId v;
       if (n.op == Op::Reshape) {
         v = b.must(b.reshape(inputs[0], dims));
       } else {
+        ir::Attrs attrs = n.attrs;
         if (attrs.has("shape")) {  // broadcast
           std::vector<int64_t> shape;
           for (const ir::Dim& d : dims) shape.push_back(d.size);

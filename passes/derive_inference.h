@@ -20,8 +20,7 @@
 // T is the model's context (its seq dim). Each phase is the forward graph
 // with the sequence axis at T or 1: every node is rebuilt with its seq-sized
 // axis (found by the dim's name and size) at the phase's length, arange(seq)
-// becomes the phase's positions (and so does the index a rope op turns rows
-// by, when that is the sequence axis), and each fused causal attention becomes a
+// becomes the phase's positions, and each fused causal attention becomes a
 // cached_attention (ir/loop.h CachedAttentionParams) over a key and a value
 // cache per layer, State values [batch, kv_heads, T, head_dim] in k's dtype
 // that both phases share: the prefill writes rows 0..T-1, a decode step the
