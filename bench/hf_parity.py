@@ -27,6 +27,7 @@ logits on that prompt), at the dims in FIXTURE_DIMS.
 Exit status 0 when every check passed, 1 otherwise.
 """
 import argparse
+import copy
 import json
 import os
 import re
@@ -236,8 +237,7 @@ def check_family(family, tmp, results):
     results.append((family, "from_pretrained(export) logits vs the original's", err_back, err_back == 0.0))
 
     bf16_dir, bf16_ckpt, bf16_out = (os.path.join(tmp, n) for n in ("hf-bf16", "bf16.safetensors", "export-bf16"))
-    model.to(torch.bfloat16).save_pretrained(bf16_dir, safe_serialization=True)
-    model.float()
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(bf16_dir, safe_serialization=True)
     run([NAPKIN, "hf", "import", yaml, bf16_dir, "--dims", dims_text(dims), "-o", bf16_ckpt])
     run([NAPKIN, "hf", "export", yaml, bf16_ckpt, "--dims", dims_text(dims), "--dtype", "bf16", "-o", bf16_out])
     diff = same_tensors(os.path.join(bf16_dir, "model.safetensors"), os.path.join(bf16_out, "model.safetensors"))
