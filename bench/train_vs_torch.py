@@ -419,12 +419,14 @@ def napkin_flops(napkin, yaml, dims=None):
 
 
 def precision_yaml(yaml, precision, tmp):
-    """The model file to build: the YAML itself for fp32, else a temp copy whose
-    top-level `precision:` is `precision` (appended when the file has none)."""
-    if precision == "fp32":
-        return yaml
+    """The model file to build: the YAML itself when it already declares `precision` (no `precision:` line
+    means fp32), else a temp copy whose top-level `precision:` is `precision` (appended when the file has
+    none). models/llama.yaml is bf16-mixed: its fp32 run needs the copy."""
     with open(os.path.join(ROOT, yaml)) as f:
         text = f.read()
+    declared = re.search(r"(?m)^precision:\s*(\S+)", text)
+    if (declared.group(1) if declared else "fp32") == precision:
+        return yaml
     text, n = re.subn(r"(?m)^precision:.*$", f"precision: {precision}", text)
     if n == 0:
         text += f"\nprecision: {precision}\n"
