@@ -289,6 +289,23 @@ TEST_CASE("inference: rope fused into attention gives the interpreter's greedy t
   CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 1e-4) >= 6);
 }
 
+TEST_CASE("inference: models/llama.yaml (rope fused, grouped-query, bf16-mixed) writes the interpreter's greedy text by prefill, steps and auto") {
+  Decoder d(lowered("models/llama.yaml", {{"batch", 2}, {"seq", 12}, {"d", 32}, {"heads", 4}, {"kv_heads", 2},
+                                          {"hidden", 48}, {"layers", 2}}));
+  int fused = 0;
+  for (ir::NodeId id : d.step->g.schedule()) {
+    CHECK(d.step->g.node(id).op != ir::Op::Rope);
+    fused += d.step->g.node(id).op == ir::Op::CachedAttention && ir::has_rope(d.step->g.node(id).attrs, "rope_");
+  }
+  CHECK(fused == 4);  // 2 layers, the prefill's and the decode step's
+  const std::vector<int64_t> prompt = {'L', 'l', 'a'};
+  const std::vector<int64_t> by_prefill = greedy_text(d, prompt, runtime::PromptPath::Prefill);
+  CHECK(greedy_text(d, prompt, runtime::PromptPath::Steps) == by_prefill);
+  CHECK(greedy_text(d, prompt, runtime::PromptPath::Auto) == by_prefill);
+  // bf16 logits: a rounding of 2^-7 at |1| apart, so near ties are left out.
+  CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 4.0 / 128) >= 3);
+}
+
 TEST_CASE("inference: a standalone rope gets the phase's positions: the interpreter's greedy text on every prompt path") {
   // tests/e2e/data/rope_standalone.yaml: ropes over [b, s, h, hd], which the
   // attention cannot apply; each phase's rope reads its positions input.
