@@ -64,6 +64,15 @@ PEERS = ["torch.compile", "jax", "tinygrad"]
 TOLERANCE = {"fp32": (1e-4, 1e-3), "bf16-mixed": (2e-2, 2e-2)}
 
 
+def percent_of_peak(gflops, peak):
+    """The %peak cell: never above 100%. A rate above the peak means the device file's peak is not this
+    machine's (as the trainer says with its "> peak"): rerun `napkin devices --measure` here."""
+    if peak <= 0:
+        return f"{'-':>6}"
+    pct = 100 * gflops * 1e9 / peak
+    return f"{pct:6.1f}" if pct <= 100 else f"{'>peak':>6}"
+
+
 def yaml_of(name):
     if name in tvt.GPT_VARIANTS:
         return tvt.GPT_VARIANTS[name][0]
@@ -297,7 +306,7 @@ def print_table(args, rows, peers):
             cells = [f"{row['name'] if first else '':9}", f"{row['precision'] if first else '':10}",
                      f"{row['flops'] / 1e9:7.2f}" if first else f"{'':7}", f"{side:13}",
                      f"{ms:9.2f}" if timed else f"{'-':>9}", f"{gfs:8.1f}" if timed else f"{'-':>8}",
-                     f"{100 * gfs * 1e9 / row['peak']:6.1f}" if timed and row["peak"] > 0 else f"{'-':>6}",
+                     percent_of_peak(gfs, row["peak"]) if timed else f"{'-':>6}",
                      f"{ms / n['ms']:6.2f}x" if timed and math.isfinite(n["ms"]) else f"{'-':>7}",
                      f"{compile_s:7.1f}s" if compile_s is not None else f"{'-':>8}"]
             print(" ".join(cells[:3]) + "  " + " ".join(cells[3:]) + (f"  {note}" if note else ""))
