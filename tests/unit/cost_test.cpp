@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/cost.h"
+#include "ir/rope.h"
 #include "report/report.h"
 #include "support/test_models.h"
 
@@ -111,6 +112,16 @@ TEST_CASE("Llama 3.1 8B has 8,030,261,248 parameters, 218,112,000 per layer - th
   CHECK(j["flops"]["palm"]["layers"].get<double>() == 32);
   CHECK(j["flops"]["palm"]["d"].get<double>() == 4096);
   CHECK(j["flops"]["palm"]["seq"].get<double>() == 8192);
+  // The rotary embeddings add no kernel and no bytes: every layer's attention
+  // and attention_grad rotates q and k as it loads them (passes/fuse_rope).
+  int rope_nodes = 0, rotating_attention = 0;
+  for (ir::NodeId id : step.schedule()) {
+    const ir::Node& n = step.node(id);
+    rope_nodes += n.op == ir::Op::Rope;
+    rotating_attention += (n.op == ir::Op::Attention || n.op == ir::Op::AttentionGrad) && ir::has_rope(n.attrs, "rope_");
+  }
+  CHECK(rope_nodes == 0);
+  CHECK(rotating_attention == 2 * 32);
 }
 
 TEST_CASE("the CS336-sized Llama has 12,718,592 parameters, 3,113,984 per layer") {
