@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "frontend/suggest.h"
@@ -330,7 +331,10 @@ class SectionReader {
       }
       std::string hf_text;
       bool transpose = false;
-      YAML::Node transpose_node;
+      // Where `transpose:` was written, for a later message. Not assigned from
+      // value["transpose"]: a missing key is an invalid node, which yaml-cpp
+      // refuses to assign (InvalidNode), though it may be copied and tested.
+      std::optional<YAML::Node> transpose_node;
       const YAML::Node value = it->second;
       if (value.IsMap()) {
         if (!ctx_.check_keys(value, kTensorKeys, fmt::format("the tensor of '{}'", key))) continue;
@@ -340,10 +344,11 @@ class SectionReader {
           continue;
         }
         if (!ctx_.scalar_text(value["name"], fmt::format("the tensor name of '{}'", key), hf_text)) continue;
-        if ((transpose_node = value["transpose"])) {
-          const std::string& flag = transpose_node.IsScalar() ? transpose_node.Scalar() : "";
+        if (const YAML::Node written = value["transpose"]) {
+          transpose_node.emplace(written);
+          const std::string& flag = written.IsScalar() ? written.Scalar() : "";
           if (flag != "true" && flag != "false") {
-            ctx_.error(transpose_node, "transpose must be true or false", "transpose: true stores [a, b] as [b, a]");
+            ctx_.error(written, "transpose must be true or false", "transpose: true stores [a, b] as [b, a]");
             continue;
           }
           transpose = flag == "true";
@@ -378,7 +383,7 @@ class SectionReader {
         }
         const ir::TensorType& type = *types_.at(param);
         if (transpose && type.rank() != 2) {
-          ctx_.error(transpose_node, fmt::format("transpose: '{}' is {}, not a matrix", param, ir::to_string(type)),
+          ctx_.error(*transpose_node, fmt::format("transpose: '{}' is {}, not a matrix", param, ir::to_string(type)),
                      "only a 2-D parameter can be stored transposed");
           break;
         }
