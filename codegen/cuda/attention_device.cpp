@@ -240,6 +240,30 @@ NAPKIN_DEVICE void napkin_attn_rope_tile(typename X::St* tile, int ld, int p0, i
   }
 }
 
+// With rope on tensor cores, a gradient of the unrotated q or k: each warp's
+// mma accumulator fragments acc[ND][4] (rows r and r + 8 of the tile, columns
+// 2t and 2t + 1 of every 8), times `scale`, into the f32 tile [ROWS][D] in
+// shared memory, whose rows [0, valid), row i at position p0 + i, the block
+// then rotates back by the negated angles. Barriers around, as the tile
+// shares memory with buffers the warps read before.
+template <class C, int ROWS, int ND>
+NAPKIN_DEVICE void napkin_attn_unrotate_fragments(const float (*acc)[4], int r, int t, float scale, float* tile, int p0,
+                                                  int valid) {
+  __syncthreads();
+  NAPKIN_UNROLL
+  for (int hr = 0; hr < 2; ++hr)
+    NAPKIN_UNROLL
+    for (int nd = 0; nd < ND; ++nd)
+      NAPKIN_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        const int d = nd * 8 + 2 * t + e;
+        if (d < C::D) tile[(r + 8 * hr) * C::D + d] = acc[nd][2 * hr + e] * scale;
+      }
+  __syncthreads();
+  napkin_attn_rope_tile<C, napkin_attn_f32, ROWS>(tile, C::D, p0, valid, true);
+  __syncthreads();
+}
+
 // A row of D values in a thread's registers (SIMT) rotated at position p.
 template <class C, class A>
 NAPKIN_DEVICE void napkin_attn_rope_row(A* x, int p, bool inverse) {
@@ -540,21 +564,7 @@ NAPKIN_DEVICE void napkin_attn_bwd_kv_mma(const unsigned short* __restrict__ q, 
   // With rope, dK of the unrotated k: the scaled f32 tile [BN][D] through
   // shared memory (the q and do buffers are free), rotated back there.
   float* dKs = (float*)smem;
-  if constexpr (C::ROPE) {
-    __syncthreads();
-    NAPKIN_UNROLL
-    for (int hr = 0; hr < 2; ++hr)
-      NAPKIN_UNROLL
-      for (int nd = 0; nd < ND; ++nd)
-        NAPKIN_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const int d = nd * 8 + 2 * t + e;
-          if (d < C::D) dKs[(r + 8 * hr) * C::D + d] = dka[nd][2 * hr + e] * scale;
-        }
-    __syncthreads();
-    napkin_attn_rope_tile<C, napkin_attn_f32, BN>(dKs, C::D, key0, C::S - key0, true);
-    __syncthreads();
-  }
+  if constexpr (C::ROPE) napkin_attn_unrotate_fragments<C, BN, ND>(dka, r, t, scale, dKs, key0, C::S - key0);
   NAPKIN_UNROLL
   for (int hr = 0; hr < 2; ++hr) {
     const int j = key0 + r + 8 * hr;
@@ -693,21 +703,7 @@ NAPKIN_DEVICE void napkin_attn_bwd_q_mma(const unsigned short* __restrict__ q, c
   const float scale = (float)C::SCALE;
   // With rope, dQ of the unrotated q: as dK in napkin_attn_bwd_kv_mma.
   float* dQs = (float*)smem;
-  if constexpr (C::ROPE) {
-    __syncthreads();
-    NAPKIN_UNROLL
-    for (int hr = 0; hr < 2; ++hr)
-      NAPKIN_UNROLL
-      for (int nd = 0; nd < ND; ++nd)
-        NAPKIN_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const int d = nd * 8 + 2 * t + e;
-          if (d < C::D) dQs[(r + 8 * hr) * C::D + d] = dqa[nd][2 * hr + e] * scale;
-        }
-    __syncthreads();
-    napkin_attn_rope_tile<C, napkin_attn_f32, BM>(dQs, C::D, row0 + C::S - C::T, C::T - row0, true);
-    __syncthreads();
-  }
+  if constexpr (C::ROPE) napkin_attn_unrotate_fragments<C, BM, ND>(dqa, r, t, scale, dQs, row0 + C::S - C::T, C::T - row0);
   NAPKIN_UNROLL
   for (int hr = 0; hr < 2; ++hr) {
     const int i = row0 + r + 8 * hr;
