@@ -255,6 +255,18 @@ int interpreter_agrees(Decoder& d, const std::vector<int64_t>& text, size_t prom
   return compared;
 }
 
+// The cached attentions of an inference program that rotate q and k
+// themselves (rope fused); checks that no rope node is left beside them.
+int rotating_cached_attentions(const Decoder& d) {
+  int fused = 0;
+  for (ir::NodeId id : d.step->g.schedule()) {
+    const ir::Node& n = d.step->g.node(id);
+    CHECK(n.op != ir::Op::Rope);
+    fused += n.op == ir::Op::CachedAttention && ir::has_rope(n.attrs, "rope_");
+  }
+  return fused;
+}
+
 }  // namespace
 
 TEST_CASE("inference: computed rotary positions give the interpreter's greedy text on every prompt path (prefill, steps, auto)") {
@@ -274,12 +286,7 @@ TEST_CASE("inference: rope fused into attention gives the interpreter's greedy t
   // cached attention rotates q and the new k at the decode step's position.
   const ir::Graph g = lowered("tests/e2e/data/rope.yaml", {{"batch", 2}, {"seq", 12}, {"vocab", 40}});
   Decoder d(g);
-  int fused = 0;
-  for (ir::NodeId id : d.step->g.schedule()) {
-    CHECK(d.step->g.node(id).op != ir::Op::Rope);
-    fused += d.step->g.node(id).op == ir::Op::CachedAttention && ir::has_rope(d.step->g.node(id).attrs, "rope_");
-  }
-  CHECK(fused == 2);  // the prefill's and the decode step's
+  CHECK(rotating_cached_attentions(d) == 2);  // the prefill's and the decode step's
   const std::vector<int64_t> prompt = {7, 3, 12};
   const std::vector<int64_t> by_prefill = greedy_text(d, prompt, runtime::PromptPath::Prefill);
   const std::vector<int64_t> by_steps = greedy_text(d, prompt, runtime::PromptPath::Steps);
@@ -292,12 +299,7 @@ TEST_CASE("inference: rope fused into attention gives the interpreter's greedy t
 TEST_CASE("inference: models/llama.yaml (rope fused, grouped-query, bf16-mixed) writes the interpreter's greedy text by prefill, steps and auto") {
   Decoder d(lowered("models/llama.yaml", {{"batch", 2}, {"seq", 12}, {"d", 32}, {"heads", 4}, {"kv_heads", 2},
                                           {"hidden", 48}, {"layers", 2}}));
-  int fused = 0;
-  for (ir::NodeId id : d.step->g.schedule()) {
-    CHECK(d.step->g.node(id).op != ir::Op::Rope);
-    fused += d.step->g.node(id).op == ir::Op::CachedAttention && ir::has_rope(d.step->g.node(id).attrs, "rope_");
-  }
-  CHECK(fused == 4);  // 2 layers, the prefill's and the decode step's
+  CHECK(rotating_cached_attentions(d) == 4);  // 2 layers, the prefill's and the decode step's
   const std::vector<int64_t> prompt = {'L', 'l', 'a'};
   const std::vector<int64_t> by_prefill = greedy_text(d, prompt, runtime::PromptPath::Prefill);
   CHECK(greedy_text(d, prompt, runtime::PromptPath::Steps) == by_prefill);
