@@ -81,7 +81,6 @@
 
 #include "codegen/cuda/emit.h"
 #include "ir/internal_check.h"
-#include "runtime/rope.h"
 
 namespace napkin::codegen::cuda::detail {
 
@@ -179,12 +178,7 @@ EmittedKernel emit_attention(const Kernel& k) {
   auto vec = [&](const Operand& o) { return o.sizes.size() == 4 && vector_rows(o, d.D); };
 
   Src s;
-  if (a.rope) {  // the rotary frequencies, f32 as the CPU runtime computes them (runtime/rope.h)
-    std::string values;
-    for (float f : runtime::rope_inv_freq(rope_desc(*a.rope, d.D)))
-      values += (values.empty() ? "" : ", ") + literal(DType::F32, f);
-    s.line("__device__ const float {}_rope_inv[{}] = {{{}}};", k.name, d.D / 2, values);
-  }
+  if (a.rope) emit_rope_frequencies(s, k.name + "_rope_inv", *a.rope, d.D);
   s.open("struct {}_cfg {{", k.name);
   s.line("static constexpr int B = {}, HQ = {}, HK = {}, T = {}, S = {}, D = {}, TILE = {};", d.B, d.HQ, d.HK, d.T,
          d.S, d.D, tile);

@@ -22,7 +22,6 @@
 
 #include "codegen/cuda/emit.h"
 #include "ir/internal_check.h"
-#include "runtime/rope.h"
 
 namespace napkin::codegen::cuda::detail {
 
@@ -66,12 +65,7 @@ EmittedKernel emit_cached_attention(const Kernel& k, int index) {
   const std::optional<ir::RopeParams>& rope = k.cached_attention().rope;
   const bool half = rope && rope->style == ir::RopeStyle::Half;
   Src s;
-  if (rope) {  // the rotary frequencies, f32 as the CPU runtime computes them (runtime/rope.h)
-    std::string values;
-    for (float f : runtime::rope_inv_freq(rope_desc(*rope, D)))
-      values += (values.empty() ? "" : ", ") + literal(ir::DType::F32, f);
-    s.line("__device__ const float {}_rope_inv[{}] = {{{}}};", k.name, D / 2, values);
-  }
+  if (rope) emit_rope_frequencies(s, k.name + "_rope_inv", *rope, D);
 
   // The new rows into the caches.
   const int64_t items = B * HK * N * D;

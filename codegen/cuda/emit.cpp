@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "ir/internal_check.h"
+#include "runtime/rope.h"
 
 namespace napkin::codegen::cuda::detail {
 
@@ -48,6 +49,12 @@ int compute_size(DType t) {
     case DType::Bool: return 1;
     default: return 4;
   }
+}
+
+void emit_rope_frequencies(Src& s, const std::string& name, const ir::RopeParams& p, int64_t dim) {
+  std::vector<std::string> values;
+  for (float f : runtime::rope_inv_freq(rope_desc(p, dim))) values.push_back(literal(DType::F32, f));
+  s.line("__device__ const float {}[{}] = {{{}}};", name, dim / 2, fmt::join(values, ", "));
 }
 
 std::string literal(DType t, double v) {

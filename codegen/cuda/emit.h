@@ -91,6 +91,10 @@ int compute_size(ir::DType t);  // bytes of the compute type (bool: 1)
 // A literal of t's compute type with value v (exact for float/double:
 // hex-float literals).
 std::string literal(ir::DType t, double v);
+// The rotary frequencies of a rope over `dim` elements as the __device__
+// array `name` of dim / 2 f32 values: the CPU runtime's (runtime/rope.h
+// rope_inv_freq), so both backends turn by the same angles.
+void emit_rope_frequencies(Src& s, const std::string& name, const ir::RopeParams& p, int64_t dim);
 // Compute-type expressions: the raw storage value `raw` converted; `v`
 // rounded to storage bits; `v` as storing and loading it gives it.
 std::string from_storage(ir::DType t, const std::string& raw);

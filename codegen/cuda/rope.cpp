@@ -15,7 +15,6 @@
 
 #include "codegen/cuda/emit.h"
 #include "ir/internal_check.h"
-#include "runtime/rope.h"
 
 namespace napkin::codegen::cuda::detail {
 
@@ -24,8 +23,6 @@ EmittedKernel emit_rope(const Kernel& k) {
   const Operand &x = k.inputs[0], &y = k.output;
   const int rank = static_cast<int>(x.sizes.size());
   const int64_t dim = x.sizes[static_cast<size_t>(p.axis)], half = dim / 2;
-  const runtime::RopeDesc desc = rope_desc(p, dim);
-  const std::vector<float> inv_freq = runtime::rope_inv_freq(desc);
   // The rows: every axis but the rotated one, with x's and y's strides.
   std::vector<int64_t> row_sizes, x_strides, y_strides;
   int seq = -1;
@@ -44,9 +41,7 @@ EmittedKernel emit_rope(const Kernel& k) {
   const bool interleaved = p.style == ir::RopeStyle::Interleaved;
 
   Src s;
-  std::vector<std::string> values;
-  for (float f : inv_freq) values.push_back(literal(ir::DType::F32, f));
-  s.line("__device__ const float {}_inv_freq[{}] = {{{}}};", k.name, half, fmt::join(values, ", "));
+  emit_rope_frequencies(s, k.name + "_inv_freq", p, dim);
   const int block = 256;
   const int64_t grid = grid_for(items, block);
   begin_kernel(s, k.name, block);
