@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -40,6 +39,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_vs_torch as tvt  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAPKIN = os.path.join(ROOT, "build", "tools", "napkin")
@@ -67,12 +69,12 @@ def dims_text(dims):
     return ",".join(f"{k}={v}" for k, v in dims.items())
 
 
-def run(cmd, timeout=1200):
-    print("$ " + " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=ROOT, timeout=timeout)
-    if r.returncode != 0:
-        sys.exit(f"failed (exit status {r.returncode}): {' '.join(cmd)}\n{(r.stderr or r.stdout)[-3000:]}")
-    return r.stdout
+def run(cmd):
+    """napkin, with bench/train_vs_torch.py's runner: a failure exits with its command and output's tail."""
+    try:
+        return tvt.run(cmd, cmd[1], timeout=1200)
+    except tvt.NapkinError as e:
+        sys.exit(str(e))
 
 
 def read_model_yaml(path):

@@ -402,7 +402,8 @@ class NapkinError(Exception):
 def run(cmd, what, timeout=None):
     print("$ " + shlex.join(cmd), flush=True)
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+        # errors="replace": napkin sample writes a byte-level model's bytes, not always UTF-8.
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=ROOT, timeout=timeout)
     except FileNotFoundError as e:
         raise NapkinError(f"{what}: {e}") from e
     except subprocess.TimeoutExpired as e:
