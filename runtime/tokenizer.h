@@ -13,6 +13,7 @@
 // by name.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -56,6 +57,7 @@ class Tokenizer {
   friend class Encoder;
   std::vector<std::string> tokens_;                      // id -> bytes (ids with no token: "")
   std::unordered_map<std::string, int32_t> ids_;         // bytes -> id
+  std::array<int32_t, 256> byte_ids_{};                  // byte -> the id of its one-byte token
   std::vector<std::pair<int32_t, int32_t>> merges_;      // rank -> (left, right)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merge_of_;  // (left << 32 | right) -> (rank, result)
   std::vector<SpecialToken> specials_;

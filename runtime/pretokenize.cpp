@@ -1,0 +1,116 @@
+#include "runtime/pretokenize.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/unicode_classes.h"
+
+namespace napkin::tokenizer {
+namespace {
+
+enum class CharClass { Letter, Number, Space, Other };
+
+CharClass classify(char32_t c) {
+  if (c < 0x80) {  // the common case, without the range tables
+    if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return CharClass::Letter;
+    if (c >= '0' && c <= '9') return CharClass::Number;
+    if (c == ' ' || (c >= '\t' && c <= '\r')) return CharClass::Space;
+    return CharClass::Other;
+  }
+  if (unicode::is_letter(c)) return CharClass::Letter;
+  if (unicode::is_number(c)) return CharClass::Number;
+  if (unicode::is_whitespace(c)) return CharClass::Space;
+  return CharClass::Other;
+}
+
+// The end of the run of characters of class `cls` that starts at text[i].
+size_t run_end(std::string_view text, size_t i, CharClass cls) {
+  while (i < text.size()) {
+    char32_t c;
+    size_t n = unicode::decode_utf8(text, i, c);
+    if (classify(c) != cls) break;
+    i += n;
+  }
+  return i;
+}
+
+// 's|'t|'re|'ve|'m|'ll|'d at text[i] (an apostrophe): the contraction's length, or 0.
+size_t contraction_length(std::string_view text, size_t i) {
+  if (i + 1 >= text.size()) return 0;
+  switch (text[i + 1]) {
+    case 's': case 't': case 'm': case 'd':
+      return 2;
+    case 'r':
+    case 'v':
+      return i + 2 < text.size() && text[i + 2] == 'e' ? 3 : 0;
+    case 'l':
+      return i + 2 < text.size() && text[i + 2] == 'l' ? 3 : 0;
+    default:
+      return 0;
+  }
+}
+
+bool ascii_non_space(char c) {
+  const auto b = static_cast<unsigned char>(c);
+  return b < 0x80 && b != ' ' && !(b >= '\t' && b <= '\r');
+}
+
+}  // namespace
+
+size_t gpt2_piece_end(std::string_view text, size_t begin) {
+  char32_t c;
+  unicode::decode_utf8(text, begin, c);
+  if (c == '\'') {
+    if (size_t k = contraction_length(text, begin)) return begin + k;
+  }
+  // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: the optional space belongs
+  // to the run that follows it.
+  size_t start = begin;
+  CharClass cls = classify(c);
+  if (c == ' ' && begin + 1 < text.size()) {
+    char32_t next;
+    unicode::decode_utf8(text, begin + 1, next);
+    if (classify(next) != CharClass::Space) {
+      start = begin + 1;
+      cls = classify(next);
+    }
+  }
+  if (cls != CharClass::Space) return run_end(text, start, cls);
+  // Whitespace: `\s+(?!\S)` takes the run but its last character when a
+  // non-space follows (that character then starts the next piece, as the
+  // space of " word" or on its own), `\s+` takes a run of one.
+  size_t end = begin, last = begin;
+  while (end < text.size()) {
+    char32_t w;
+    size_t k = unicode::decode_utf8(text, end, w);
+    if (classify(w) != CharClass::Space) break;
+    last = end;
+    end += k;
+  }
+  return end == text.size() || last == begin ? end : last;
+}
+
+bool is_safe_cut(std::string_view text, size_t pos) {
+  return pos >= 2 && pos < text.size() && text[pos - 1] == '\n' && ascii_non_space(text[pos - 2]) &&
+         ascii_non_space(text[pos]);
+}
+
+std::vector<size_t> safe_cuts(std::string_view text, size_t parts) {
+  std::vector<size_t> cuts;
+  size_t from = 1;
+  for (size_t k = 1; k < parts; ++k) {
+    for (size_t pos = std::max(from, text.size() / parts * k);;) {
+      const void* newline = pos < text.size() ? std::memchr(text.data() + pos, '\n', text.size() - pos) : nullptr;
+      if (!newline) return cuts;
+      pos = static_cast<size_t>(static_cast<const char*>(newline) - text.data()) + 1;
+      if (is_safe_cut(text, pos)) {
+        cuts.push_back(pos);
+        from = pos + 1;
+        break;
+      }
+    }
+  }
+  return cuts;
+}
+
+}  // namespace napkin::tokenizer

@@ -1,0 +1,388 @@
+#include "runtime/tokenizer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+#include "runtime/pretokenize.h"
+
+namespace napkin::tokenizer {
+namespace {
+
+using Json = nlohmann::json;
+
+// GPT-2's pre-tokenization pattern as tokenizer.json spells it in a Split
+// pre-tokenizer (a ByteLevel pre-tokenizer with use_regex applies it
+// implicitly).
+constexpr std::string_view kGpt2Pattern =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+std::string utf8(char32_t c) {
+  std::string s;
+  if (c < 0x80) s += static_cast<char>(c);
+  else if (c < 0x800) {
+    s += static_cast<char>(0xC0 | (c >> 6));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    s += static_cast<char>(0xE0 | (c >> 12));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  }
+  return s;
+}
+
+// bytes_to_unicode of openai/gpt-2's encoder.py: printable bytes stand for
+// themselves, the other 68 take the characters from U+0100 on, in byte order.
+struct ByteAlphabet {
+  std::array<std::string, 256> chars;
+  std::array<int16_t, 324> byte_of;  // code point (< 324) -> byte, or -1
+  ByteAlphabet() {
+    byte_of.fill(-1);
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const char32_t c = printable ? static_cast<char32_t>(b) : next++;
+      chars[b] = utf8(c);
+      byte_of[c] = static_cast<int16_t>(b);
+    }
+  }
+};
+
+const ByteAlphabet& alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+
+std::string spell(std::string_view bytes) {
+  std::string s;
+  for (char b : bytes) s += alphabet().chars[static_cast<uint8_t>(b)];
+  return s;
+}
+
+// The bytes a vocabulary entry spells, or false when a character is outside
+// GPT-2's byte alphabet (the tokenizer is not byte-level).
+bool unspell(std::string_view spelled, std::string& bytes) {
+  bytes.clear();
+  for (size_t i = 0; i < spelled.size();) {
+    const auto b0 = static_cast<uint8_t>(spelled[i]);
+    char32_t c;
+    size_t n;
+    if (b0 < 0x80) c = b0, n = 1;
+    else if ((b0 & 0xE0) == 0xC0 && i + 1 < spelled.size()) {
+      c = ((b0 & 0x1F) << 6) | (static_cast<uint8_t>(spelled[i + 1]) & 0x3F);
+      n = 2;
+    } else return false;
+    if (c >= alphabet().byte_of.size() || alphabet().byte_of[c] < 0) return false;
+    bytes += static_cast<char>(alphabet().byte_of[c]);
+    i += n;
+  }
+  return true;
+}
+
+uint64_t pair_key(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+std::string type_of(const Json& j) {
+  return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : std::string();
+}
+
+bool is_null_or(const Json& j, const char* key, const Json& value) {
+  return !j.contains(key) || j[key].is_null() || j[key] == value;
+}
+
+// Checks that a pre_tokenizer is GPT-2's: a ByteLevel one applying the
+// pattern itself, or (Llama 3's layout) a Split by GPT-2's pattern followed
+// by a ByteLevel one that does not. Returns what is unsupported, or "".
+std::string pre_tokenizer_problem(const Json& p) {
+  const std::string type = type_of(p);
+  if (type == "ByteLevel") {
+    if (!is_null_or(p, "add_prefix_space", false)) return "a ByteLevel pre-tokenizer with add_prefix_space: true";
+    if (!is_null_or(p, "use_regex", true)) return "a ByteLevel pre-tokenizer without its regex and no Split before it";
+    return "";
+  }
+  if (type == "Sequence" && p.contains("pretokenizers") && p["pretokenizers"].is_array() &&
+      p["pretokenizers"].size() == 2) {
+    const Json& split = p["pretokenizers"][0];
+    const Json& byte_level = p["pretokenizers"][1];
+    if (type_of(split) != "Split" || type_of(byte_level) != "ByteLevel")
+      return "a Sequence pre-tokenizer other than [Split, ByteLevel]";
+    const Json& pattern = split.value("pattern", Json());
+    const std::string regex = pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()
+                                  ? pattern["Regex"].get<std::string>()
+                                  : "";
+    if (regex != kGpt2Pattern)
+      return fmt::format("a Split pre-tokenizer by the pattern {} (napkin pre-tokenizes by GPT-2's pattern only)",
+                         regex.empty() ? pattern.dump() : regex);
+    if (split.value("behavior", std::string("Isolated")) != "Isolated" || !is_null_or(split, "invert", false))
+      return "a Split pre-tokenizer that does not isolate its matches";
+    if (!is_null_or(byte_level, "add_prefix_space", false) || !is_null_or(byte_level, "use_regex", false))
+      return "a ByteLevel pre-tokenizer after a Split that adds a prefix space or splits again";
+    return "";
+  }
+  if (p.is_null()) return "no pre-tokenizer (a byte-level BPE needs GPT-2's ByteLevel pre-tokenizer)";
+  return fmt::format("a {} pre-tokenizer (napkin reads byte-level BPE tokenizers, whose pre-tokenizer is ByteLevel)",
+                     type.empty() ? p.dump() : type);
+}
+
+}  // namespace
+
+const std::string& byte_char(uint8_t b) { return alphabet().chars[b]; }
+
+Tokenizer Tokenizer::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw runtime::Error(fmt::format("{}: cannot read the tokenizer", path));
+  Json j;
+  try {
+    j = Json::parse(in);
+  } catch (const Json::parse_error& e) {
+    throw runtime::Error(fmt::format("{}: not a tokenizer.json: {}", path, e.what()));
+  }
+  const auto refuse = [&](const std::string& what) {
+    throw runtime::Error(fmt::format("{}: {}: napkin reads byte-level BPE tokenizers of GPT-2's kind", path, what));
+  };
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
+    throw runtime::Error(fmt::format("{}: not a tokenizer.json (no \"model\" object)", path));
+  const Json& model = j["model"];
+  const std::string type = type_of(model);
+  if (!type.empty() && type != "BPE") refuse(fmt::format("a {} tokenizer", type));
+  if (!model.contains("vocab") || !model["vocab"].is_object() || !model.contains("merges") ||
+      !model["merges"].is_array())
+    refuse("a model without a vocab object and a merges list");
+  if (!is_null_or(model, "continuing_subword_prefix", "") || !is_null_or(model, "end_of_word_suffix", ""))
+    refuse("a BPE with subword prefixes or word suffixes (not byte-level)");
+  if (!is_null_or(model, "byte_fallback", false)) refuse("a BPE with byte fallback (SentencePiece's kind)");
+  if (!is_null_or(model, "dropout", 0.0) && !(model["dropout"].is_number() && model["dropout"].get<double>() == 0))
+    refuse("a BPE with dropout");
+  if (j.contains("normalizer") && !j["normalizer"].is_null())
+    refuse(fmt::format("a {} normalizer", type_of(j["normalizer"]).empty() ? j["normalizer"].dump()
+                                                                             : type_of(j["normalizer"])));
+  if (std::string p = pre_tokenizer_problem(j.value("pre_tokenizer", Json())); !p.empty()) refuse(p);
+
+  Tokenizer t;
+  t.ignore_merges_ = model.value("ignore_merges", false);
+  // Added tokens first: their texts are matched verbatim and need not be
+  // spelled in the byte alphabet.
+  std::unordered_map<int32_t, std::string> added;
+  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+    for (const Json& a : j["added_tokens"]) {
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
+          !a["content"].is_string())
+        throw runtime::Error(fmt::format("{}: an added token without an integer id and a content: {}", path, a.dump()));
+      for (const char* flag : {"single_word", "lstrip", "rstrip"})
+        if (a.value(flag, false))
+          refuse(fmt::format("the added token {} with {}: true", a["content"].dump(), flag));
+      const auto id = a["id"].get<int64_t>();
+      if (id < 0 || id > std::numeric_limits<int32_t>::max())
+        throw runtime::Error(fmt::format("{}: the added token {} has id {}", path, a["content"].dump(), id));
+      added[static_cast<int32_t>(id)] = a["content"].get<std::string>();
+      t.specials_.push_back({a["content"].get<std::string>(), static_cast<int32_t>(id)});
+    }
+  }
+  const auto grow = [&](int64_t id) {
+    if (id >= static_cast<int64_t>(t.tokens_.size())) t.tokens_.resize(static_cast<size_t>(id) + 1);
+  };
+  std::string bytes;
+  for (const auto& [spelled, value] : model["vocab"].items()) {
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+        value.get<int64_t>() > std::numeric_limits<int32_t>::max())
+      throw runtime::Error(fmt::format("{}: vocab entry {} has id {}, not a non-negative integer", path,
+                                       Json(spelled).dump(), value.dump()));
+    const auto id = static_cast<int32_t>(value.get<int64_t>());
+    if (added.count(id)) continue;
+    if (!unspell(spelled, bytes))
+      refuse(fmt::format("the vocab entry {} (id {}) is not spelled in GPT-2's byte alphabet (not a byte-level BPE)",
+                         Json(spelled).dump(), id));
+    grow(id);
+    t.tokens_[id] = bytes;
+    t.ids_[bytes] = id;
+  }
+  for (const auto& [id, text] : added) {
+    grow(id);
+    t.tokens_[id] = text;
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto one = t.ids_.find(std::string(1, static_cast<char>(b)));
+    if (one != t.ids_.end()) {
+      t.byte_ids_[b] = one->second;
+      continue;
+    }
+    refuse(fmt::format("the vocab has no token for byte 0x{:02x} (spelled {}): not every byte can be encoded", b,
+                         Json(byte_char(static_cast<uint8_t>(b))).dump()));
+  }
+  const Json& merges = model["merges"];
+  t.merges_.reserve(merges.size());
+  std::string left, right;
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const Json& m = merges[r];
+    std::string a, b;
+    if (m.is_string()) {  // "Ġ t" (tokenizers < 0.20)
+      const std::string s = m.get<std::string>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
+        throw runtime::Error(fmt::format("{}: merge {} is {}, not two tokens separated by a space", path, r, m.dump()));
+      a = s.substr(0, space), b = s.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["Ġ", "t"]
+      a = m[0].get<std::string>(), b = m[1].get<std::string>();
+    } else {
+      throw runtime::Error(fmt::format("{}: merge {} is {}, not a pair of tokens", path, r, m.dump()));
+    }
+    if (!unspell(a, left) || !unspell(b, right))
+      refuse(fmt::format("merge {} ({}) is not spelled in GPT-2's byte alphabet", r, m.dump()));
+    const auto l = t.ids_.find(left), rr = t.ids_.find(right), result = t.ids_.find(left + right);
+    if (l == t.ids_.end() || rr == t.ids_.end() || result == t.ids_.end())
+      throw runtime::Error(fmt::format("{}: merge {} ({}) joins or makes a token that is not in the vocab", path, r,
+                                       m.dump()));
+    t.merges_.emplace_back(l->second, rr->second);
+    // A pair listed twice keeps its first (lowest) rank, as tokenizers does.
+    t.merge_of_.try_emplace(pair_key(l->second, rr->second), static_cast<int32_t>(r), result->second);
+  }
+  return t;
+}
+
+Tokenizer Tokenizer::from_merges(const std::vector<std::pair<std::string, std::string>>& merges,
+                                 const std::vector<std::string>& specials) {
+  Tokenizer t;
+  for (int b = 0; b < 256; ++b) {
+    t.tokens_.emplace_back(1, static_cast<char>(b));
+    t.ids_[t.tokens_.back()] = b;
+    t.byte_ids_[b] = b;
+  }
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const auto& [a, b] = merges[r];
+    const auto l = t.ids_.find(a), rr = t.ids_.find(b);
+    if (l == t.ids_.end() || rr == t.ids_.end())
+      throw runtime::Error(fmt::format("merge {} joins a token that no earlier merge made", r));
+    const int32_t left = l->second, right = rr->second;
+    // Two merges can make the same bytes ("ab" + "c", "a" + "bc"): the second
+    // reuses the first's id, as a vocabulary keyed by bytes must.
+    auto [it, fresh] = t.ids_.try_emplace(a + b, static_cast<int32_t>(t.tokens_.size()));
+    if (fresh) t.tokens_.push_back(a + b);
+    t.merges_.emplace_back(left, right);
+    t.merge_of_.try_emplace(pair_key(left, right), static_cast<int32_t>(r), it->second);
+  }
+  for (const std::string& s : specials) {
+    t.specials_.push_back({s, static_cast<int32_t>(t.tokens_.size())});
+    t.tokens_.push_back(s);
+  }
+  return t;
+}
+
+std::string Tokenizer::to_json() const {
+  using Ordered = nlohmann::ordered_json;
+  const Ordered byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                              {"use_regex", true}};
+  Ordered added = Ordered::array();
+  for (const SpecialToken& s : specials_)
+    added.push_back({{"id", s.id}, {"content", s.text}, {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+  Ordered vocab = Ordered::object();
+  for (size_t id = 0; id < tokens_.size(); ++id) {
+    bool special = std::any_of(specials_.begin(), specials_.end(),
+                               [&](const SpecialToken& s) { return s.id == static_cast<int32_t>(id); });
+    if (special) vocab[tokens_[id]] = id;
+    else if (ids_.count(tokens_[id]) && ids_.at(tokens_[id]) == static_cast<int32_t>(id)) vocab[spell(tokens_[id])] = id;
+  }
+  Ordered merges = Ordered::array();
+  for (const auto& [l, r] : merges_) merges.push_back(spell(tokens_[l]) + " " + spell(tokens_[r]));
+  Ordered post = byte_level;
+  post["trim_offsets"] = false;
+  const Ordered j = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", byte_level},
+      {"post_processor", post},
+      {"decoder", byte_level},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+        {"vocab", vocab}, {"merges", merges}}},
+  };
+  return j.dump(2) + "\n";
+}
+
+int32_t Tokenizer::special_id(std::string_view text) const {
+  for (const SpecialToken& s : specials_)
+    if (s.text == text) return s.id;
+  return -1;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string text;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab_size())
+      throw runtime::Error(fmt::format("token id {} is not in the tokenizer's vocabulary [0, {})", id, vocab_size()));
+    text += tokens_[static_cast<size_t>(id)];
+  }
+  return text;
+}
+
+void Encoder::encode(std::string_view text, std::vector<int32_t>& out) {
+  if (t_.specials_.empty()) return encode_ordinary(text, out);
+  // Special tokens split the text first: the leftmost match, the longest
+  // where several start at the same place.
+  while (!text.empty()) {
+    size_t at = std::string_view::npos;
+    const SpecialToken* found = nullptr;
+    for (const SpecialToken& s : t_.specials_) {
+      if (s.text.empty()) continue;
+      const size_t p = text.find(s.text);
+      if (p < at || (p == at && p != std::string_view::npos && s.text.size() > found->text.size())) at = p, found = &s;
+    }
+    if (!found) break;
+    encode_ordinary(text.substr(0, at), out);
+    out.push_back(found->id);
+    text.remove_prefix(at + found->text.size());
+  }
+  encode_ordinary(text, out);
+}
+
+void Encoder::encode_ordinary(std::string_view text, std::vector<int32_t>& out) {
+  for_each_piece(text, [&](std::string_view piece) { encode_piece(piece, out); });
+}
+
+void Encoder::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
+  if (piece.size() == 1) {
+    out.push_back(t_.byte_ids_[static_cast<uint8_t>(piece[0])]);
+    return;
+  }
+  if (auto hit = cache_.find(std::string(piece)); hit != cache_.end()) {
+    out.insert(out.end(), hit->second.begin(), hit->second.end());
+    return;
+  }
+  std::vector<int32_t> ids;
+  if (t_.ignore_merges_) {
+    if (auto whole = t_.ids_.find(std::string(piece)); whole != t_.ids_.end()) ids.push_back(whole->second);
+  }
+  if (ids.empty()) {
+    for (char b : piece) ids.push_back(t_.byte_ids_[static_cast<uint8_t>(b)]);
+    // Merge the adjacent pair of lowest rank (the leftmost among equals)
+    // until no pair has a merge: tokenizers' and tiktoken's order.
+    while (ids.size() > 1) {
+      int32_t best_rank = std::numeric_limits<int32_t>::max(), best_result = -1;
+      size_t best_at = 0;
+      for (size_t i = 0; i + 1 < ids.size(); ++i) {
+        auto m = t_.merge_of_.find(pair_key(ids[i], ids[i + 1]));
+        if (m != t_.merge_of_.end() && m->second.first < best_rank)
+          best_rank = m->second.first, best_result = m->second.second, best_at = i;
+      }
+      if (best_result < 0) break;
+      ids[best_at] = best_result;
+      ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(best_at) + 1);
+    }
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+  // Bounded: a corpus of unique pieces must not grow the cache without end.
+  if (cache_.size() >= (1u << 20)) cache_.clear();
+  cache_.emplace(std::string(piece), std::move(ids));
+}
+
+}  // namespace napkin::tokenizer
