@@ -202,7 +202,8 @@ runtime::TrainDefaults train_defaults(const ir::Graph& g) {
   runtime::TrainDefaults d;
   d.steps = t.steps, d.seed = t.seed, d.accumulate = t.accumulate;
   if (t.has_data)
-    d.data = {t.data.format, t.data.path, t.data.token_dtype, t.data.order, t.data.files, t.data.split};
+    d.data = {t.data.format, t.data.path, t.data.token_dtype, t.data.order, t.data.files, t.data.split,
+              t.data.tokenizer};
   d.eval_every = t.eval_every, d.eval_batches = t.eval_batches;
   d.checkpoint_every = t.checkpoint_every, d.checkpoint_keep = t.checkpoint_keep, d.checkpoint_dir = t.checkpoint_dir;
   d.log_every = t.log_every, d.metrics = t.metrics_path;

@@ -341,7 +341,7 @@ bool read_int(const YAML::Node& node, YamlContext& ctx, const std::string& what,
 }
 
 void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir::DataSource& out) {
-  if (!ctx.check_keys(node, {"format", "path", "dtype", "files", "order", "split"}, "train.data")) return;
+  if (!ctx.check_keys(node, {"format", "path", "dtype", "files", "order", "split", "tokenizer"}, "train.data")) return;
   std::string format;
   if (!node["format"]) {
     ctx.error(node, "train.data needs a format", "format: tokens (a raw token file) or format: npy (one .npy per input)");
@@ -369,6 +369,7 @@ void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir:
       if (out.token_dtype != "u16" && out.token_dtype != "i32")
         ctx.error(d, "token files hold u16 or i32 tokens", "napkin data encode writes u16");
     }
+    if (const YAML::Node& t = node["tokenizer"]) ctx.path_text(t, "train.data.tokenizer", out.tokenizer);
     if (const YAML::Node& s = node["split"]) {
       try {
         out.split = s.as<double>();
@@ -390,7 +391,7 @@ void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir:
       ctx.error(node["files"], "files: belongs to format: npy", "remove files:, or write format: npy");
     return;
   }
-  for (const char* key : {"path", "dtype", "split"})
+  for (const char* key : {"path", "dtype", "split", "tokenizer"})
     if (node[key])
       ctx.error(node[key], fmt::format("{}: belongs to format: tokens", key),
                 fmt::format("remove {}:, or write format: tokens", key));

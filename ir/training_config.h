@@ -83,6 +83,7 @@ struct DataSource {
   std::map<std::string, std::string> files;  // npy: input name -> path
   std::string order = "random";  // "random" | "sequential"
   double split = 0.9;            // tokens: fraction of the file used for training
+  std::string tokenizer;         // tokens: the tokenizer.json the file was encoded with ("": none named)
 };
 
 struct TrainConfig {

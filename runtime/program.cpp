@@ -91,11 +91,12 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LrSchedule, kind, warmup, steps, min_lr)
 void to_json(json& j, const DataDefaults& d) {
   if (d.format.empty()) j = nullptr;
   else j = {{"format", d.format}, {"path", d.path}, {"dtype", d.dtype}, {"files", d.files}, {"order", d.order}, {"split", d.split}};
+  if (!d.tokenizer.empty()) j["tokenizer"] = d.tokenizer;  // absent otherwise: programs of models without one stay as they were
 }
 void from_json(const json& j, DataDefaults& d) {
   if (!j.is_null())
     d = {j.at("format"), j.at("path"), j.at("dtype"), j.at("order"),
-         j.at("files").get<std::map<std::string, std::string>>(), j.at("split")};
+         j.at("files").get<std::map<std::string, std::string>>(), j.at("split"), j.value("tokenizer", std::string())};
 }
 // A program written by hand (tests, tools) may leave out any of these.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainDefaults, steps, seed, accumulate, data, eval_every, eval_batches,

@@ -63,6 +63,7 @@ struct DataDefaults {
   std::string path, dtype = "u16", order = "random";
   std::map<std::string, std::string> files;
   double split = 0.9;
+  std::string tokenizer;  // the tokenizer.json the token file was encoded with ("": none)
   bool operator==(const DataDefaults&) const = default;
 };
 

@@ -77,22 +77,25 @@ struct Generated {
 Generated generate(Engine& engine, const std::vector<int64_t>& prompt, const SampleOptions& o,
                    const std::function<void(int64_t)>& on_token = nullptr);
 
-// Whether an inference program's tokens are bytes (its vocabulary has at most 256 entries).
-bool byte_level(const Program& inference);
-
 // The trainer's --sample-every: an inference program's engine, given the
 // training engine's current parameters (by name) before each sample.
+class TokenText;
+
 class TrainingSamples {
  public:
-  TrainingSamples(const char* json, size_t size, const EngineFactory& make_engine, int threads);
+  // `tokenizer`: the tokenizer.json the samples decode by ("": bytes or ids).
+  TrainingSamples(const char* json, size_t size, const EngineFactory& make_engine, int threads,
+                  const std::string& tokenizer);
   ~TrainingSamples();
   // `tokens` sampled (temperature 1, all tokens, `seed`) after a newline
-  // (byte-level models) or token 0: the text, or the ids joined by spaces.
+  // (byte-level models), the tokenizer's <|endoftext|> or token 0: the text,
+  // or the ids joined by spaces.
   std::string sample(Engine& training, int64_t tokens, uint64_t seed);
 
  private:
   Program program_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<TokenText> text_;
 };
 
 // Runs the sampler; returns the exit status (0, or 1 for a user error: a

@@ -48,6 +48,8 @@ class Tokenizer {
   // The id of a special token's text, or -1.
   int32_t special_id(std::string_view text) const;
   const std::vector<std::pair<int32_t, int32_t>>& merges() const { return merges_; }
+  // The id of the one-byte token of byte `b` (every byte-level BPE has all 256).
+  int32_t byte_id(uint8_t b) const { return byte_ids_[b]; }
 
   // The text of `ids` (bytes, which need not be UTF-8 when the ids cut a
   // character). Throws runtime::Error for an id outside [0, vocab_size()).

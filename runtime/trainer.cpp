@@ -55,6 +55,7 @@ struct Options {
   int64_t steps = 0;
   uint64_t seed = 0;
   std::string data;                     // token file
+  std::string tokenizer;                // --sample-every decodes by it (default: the model's train.data.tokenizer)
   std::vector<std::string> data_files;  // NAME=PATH.npy
   std::string order;
   std::string init, resume;
@@ -342,7 +343,7 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
       throw Error("--sample-every: this trainer carries no sampler program (a CUDA trainer, or a model napkin sample "
                   "cannot derive a decoder from: `napkin sample MODEL.yaml` says why)");
     samples = std::make_unique<TrainingSamples>(sampler_program.json, sampler_program.size, sampler_program.make_engine,
-                                                o.threads);
+                                                o.threads, o.tokenizer.empty() ? program.train.data.tokenizer : o.tokenizer);
   }
 }
 
@@ -790,6 +791,8 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     app.add_option("--sample-every", o.sample_every,
                    "print a sample of the model every K steps (0: never; a language model's CPU trainer)")
         ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
+    app.add_option("--tokenizer", o.tokenizer,
+                   "the tokenizer.json --sample-every's samples decode by (default: the model's train.data.tokenizer)");
     app.add_option("--sample-tokens", o.sample_tokens, "tokens in each --sample-every sample")
         ->check(whole_number_in(1, 100000))->capture_default_str();
     app.add_flag("--debug-nan", o.debug_nan, "check every op's output; name the first that produces a NaN");

@@ -1011,7 +1011,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{4096}))->capture_default_str();
   for (const auto& [flag, help] : std::vector<std::pair<std::string, std::string>>{
            {"--checkpoint", "a checkpoint file, or a directory: its newest (default: the model's train.checkpoint.dir)"},
-           {"--prompt", "text to continue (byte-level models; default: a newline)"},
+           {"--prompt", "text to continue (default: a newline, or the tokenizer's <|endoftext|>)"},
+           {"--tokenizer", "the tokenizer.json that encodes --prompt and decodes the output (default: the model's "
+                           "train.data.tokenizer)"},
            {"--prompt-ids", "a file of whitespace-separated token ids to continue"},
            {"--tokens", "tokens to generate (default 256)"},
            {"--temperature", "softmax temperature, 0: greedy (default 1)"},
