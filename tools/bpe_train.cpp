@@ -1,6 +1,8 @@
 #include "tools/bpe_train.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -46,7 +48,33 @@ uint64_t hash_bytes(std::string_view s) {
   return h ^ (h >> 32);
 }
 
-// Counts of distinct pre-tokens, keyed by views into the mapped corpus: open
+// Bytes that outlive the mapped corpus: each distinct pre-token is copied
+// here when first counted, so the corpus's pages can be let go as soon as
+// they are counted.
+class ByteArena {
+ public:
+  const char* copy(std::string_view bytes) {
+    if (bytes.size() > free_) {
+      size_t size = std::max(kBlock, bytes.size());
+      blocks_.push_back(std::make_unique<char[]>(size));
+      next_ = blocks_.back().get();
+      free_ = size;
+    }
+    char* out = next_;
+    std::memcpy(out, bytes.data(), bytes.size());
+    next_ += bytes.size();
+    free_ -= bytes.size();
+    return out;
+  }
+
+ private:
+  static constexpr size_t kBlock = size_t{1} << 20;
+  std::vector<std::unique_ptr<char[]>> blocks_;
+  char* next_ = nullptr;
+  size_t free_ = 0;
+};
+
+// Counts of distinct pre-tokens, keyed by views into arenas: open
 // addressing with linear probing, each slot keeping its key's hash so that
 // probes and growth rarely touch the bytes. A count of 0 marks a free slot.
 class PieceCounts {
@@ -60,12 +88,14 @@ class PieceCounts {
 
   PieceCounts() : slots_(64) {}
 
-  void add(std::string_view piece, uint64_t hash, int64_t n) {
+  // Adds n to the count of `piece`. A piece seen for the first time is
+  // copied into `arena` when one is given (else the slot keeps the view).
+  void add(std::string_view piece, uint64_t hash, int64_t n, ByteArena* arena) {
     size_t mask = slots_.size() - 1;
     for (size_t i = hash & mask;; i = (i + 1) & mask) {
       Slot& s = slots_[i];
       if (s.count == 0) {
-        s = {hash, piece.data(), piece.size(), n};
+        s = {hash, arena ? arena->copy(piece) : piece.data(), piece.size(), n};
         if (++used_ * 2 > slots_.size()) grow();
         return;
       }
@@ -100,11 +130,30 @@ class PieceCounts {
 // shards so that the threads' counts merge in parallel, one shard per task.
 constexpr int kShardBits = 6;
 constexpr int kShards = 1 << kShardBits;
-using ShardedCounts = std::vector<PieceCounts>;
+struct ShardedCounts {
+  std::vector<PieceCounts> shards = std::vector<PieceCounts>(kShards);
+  ByteArena arena;
 
-void count_piece(ShardedCounts& counts, std::string_view piece) {
-  uint64_t h = hash_bytes(piece);
-  counts[h >> (64 - kShardBits)].add(piece, h, 1);
+  void count(std::string_view piece) {
+    uint64_t h = hash_bytes(piece);
+    shards[h >> (64 - kShardBits)].add(piece, h, 1, &arena);
+  }
+};
+
+// Every distinct pre-token of the corpus with its count, by shard.
+struct PretokenCounts {
+  std::vector<PieceCounts> shards;
+  std::vector<ShardedCounts> threads;  // the arenas the shards' keys point into
+};
+
+// Lets the kernel take back the pages of `text` (a stretch of a read-only
+// mapping, all counted): they are read from the file again if touched, so
+// this only keeps the corpus out of the resident set.
+void release_pages(std::string_view text) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  uintptr_t begin = (reinterpret_cast<uintptr_t>(text.data()) + page - 1) & ~(page - 1);
+  uintptr_t end = (reinterpret_cast<uintptr_t>(text.data()) + text.size()) & ~(page - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 // The special tokens' occurrences in a text: leftmost first, the longest of
@@ -207,9 +256,8 @@ struct Region {
   std::string_view text;
 };
 
-// Counts the pre-tokens of the files in parallel and returns the distinct
-// ones with their counts (views into `files`).
-std::vector<PieceCounts> count_pretokens(const std::vector<runtime::MappedFile>& files,
+// Counts the pre-tokens of the files in parallel.
+PretokenCounts count_pretokens(const std::vector<runtime::MappedFile>& files,
                                          const std::vector<std::string>& specials, int threads, ProgressLine& progress) {
   int64_t total = 0;
   for (const runtime::MappedFile& f : files) total += static_cast<int64_t>(f.size());
@@ -229,7 +277,9 @@ std::vector<PieceCounts> count_pretokens(const std::vector<runtime::MappedFile>&
   }
 
   runtime::ThreadPool pool(threads);
-  std::vector<ShardedCounts> counts(static_cast<size_t>(pool.num_threads()), ShardedCounts(kShards));
+  PretokenCounts out;
+  out.threads.resize(static_cast<size_t>(pool.num_threads()));
+  std::vector<ShardedCounts>& counts = out.threads;
   std::atomic<size_t> next_region{0};
   std::atomic<int64_t> bytes_done{0};
   Clock::time_point start = Clock::now();
@@ -239,8 +289,9 @@ std::vector<PieceCounts> count_pretokens(const std::vector<runtime::MappedFile>&
     ShardedCounts& mine = counts[static_cast<size_t>(worker)];
     for (size_t r; (r = next_region.fetch_add(1)) < regions.size();) {
       for_each_ordinary_text(regions[r].text, specials, [&](std::string_view text) {
-        tokenizer::for_each_piece(text, [&](std::string_view piece) { count_piece(mine, piece); });
+        tokenizer::for_each_piece(text, [&](std::string_view piece) { mine.count(piece); });
       });
+      release_pages(regions[r].text);
       int64_t done = bytes_done += static_cast<int64_t>(regions[r].text.size());
       if (worker == 0 && progress.due())
         progress.show(fmt::format("bpe: counting pre-tokens, {:.1f} of {:.1f} MB{}", done / 1e6, total / 1e6,
@@ -249,19 +300,21 @@ std::vector<PieceCounts> count_pretokens(const std::vector<runtime::MappedFile>&
   });
   for (const runtime::MappedFile& f : files) f.check_intact();
 
-  // Shard s of every thread into shard s of the first.
-  std::vector<PieceCounts> merged(kShards);
+  // Shard s of every thread into shard s of the first (keys stay in the
+  // arenas they were copied to).
+  out.shards.resize(kShards);
   pool.parallel_for(kShards, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) {
-      merged[static_cast<size_t>(s)] = std::move(counts[0][static_cast<size_t>(s)]);
+    for (size_t s = static_cast<size_t>(begin); s < static_cast<size_t>(end); ++s) {
+      PieceCounts& merged = out.shards[s];
+      merged = std::move(counts[0].shards[s]);
       for (size_t t = 1; t < counts.size(); ++t) {
-        for (const PieceCounts::Slot& slot : counts[t][static_cast<size_t>(s)].slots())
-          if (slot.count != 0) merged[static_cast<size_t>(s)].add({slot.data, slot.size}, slot.hash, slot.count);
-        counts[t][static_cast<size_t>(s)] = PieceCounts();
+        for (const PieceCounts::Slot& slot : counts[t].shards[s].slots())
+          if (slot.count != 0) merged.add({slot.data, slot.size}, slot.hash, slot.count, nullptr);
+        counts[t].shards[s] = PieceCounts();
       }
     }
   });
-  return merged;
+  return out;
 }
 
 // The merge loop's state: the distinct pre-tokens as sequences of token ids,
@@ -523,10 +576,10 @@ BpeResult train_bpe(const std::vector<std::string>& corpus, const BpeOptions& op
   ProgressLine progress(progress_to);
   std::unique_ptr<Merger> merger;
   {
-    std::vector<PieceCounts> pieces = count_pretokens(files, options.specials, threads, progress);
-    merger = std::make_unique<Merger>(pieces);
+    PretokenCounts pieces = count_pretokens(files, options.specials, threads, progress);
+    files.clear();  // the counts hold their own copies of the bytes
+    merger = std::make_unique<Merger>(pieces.shards);
   }
-  files.clear();  // the words hold their own copies of the bytes
   result.pretokens = merger->pretokens();
   result.unique_pretokens = merger->unique_pretokens();
   if (result.pretokens == 0) {

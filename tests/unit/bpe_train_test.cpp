@@ -227,3 +227,26 @@ TEST_CASE("bpe training: an empty corpus, a corpus of special tokens only, a voc
         "\"<|endoftext|>\"");
   CHECK(error_of([&] { train({dir / "missing.txt"}, 1000, 1); }).find("missing.txt: cannot open") != std::string::npos);
 }
+
+TEST_CASE("bpe training: any bytes, not only UTF-8, and ties compare bytes as unsigned") {
+  TempDir dir("bpe");
+  // "\xff\xff" is one pre-token (two bytes that start no UTF-8 character,
+  // "other" characters) and " aa" another: three pairs of count 1, and the
+  // greatest left byte is 0xff (a signed comparison would put it below ' ').
+  write_bytes(dir / "bytes.bin", "\xff\xff aa");
+  CHECK(merges_text(train({dir / "bytes.bin"}, 1000, 1).merges) ==
+        merges_text({{"\xff", "\xff"}, {"a", "a"}, {" ", "aa"}}));
+
+  // Every byte value, in a pseudo-random order, against the reference.
+  std::string noise;
+  uint32_t x = 12345;
+  for (int i = 0; i < 60000; ++i) {
+    x = x * 1103515245u + 12345u;
+    noise += static_cast<char>(i % 7 == 0 ? ' ' : static_cast<char>(x >> 24) % 8 + ((x >> 16) & 1 ? 0x41 : 0xe0));
+  }
+  for (int b = 0; b < 256; ++b) noise += static_cast<char>(b);
+  write_bytes(dir / "noise.bin", noise);
+  std::string expected = merges_text(reference_bpe({noise}, "", 200));
+  CHECK(merges_text(train({dir / "noise.bin"}, 256 + 200, 1).merges) == expected);
+  CHECK(merges_text(train({dir / "noise.bin"}, 256 + 200, 3).merges) == expected);
+}
