@@ -250,30 +250,26 @@ class ProgressLine {
   bool shown_ = false;
 };
 
-// A stretch of one file that one counting task takes: whole pre-tokens, cut
-// only at safe cuts no special token crosses.
-struct Region {
-  std::string_view text;
-};
-
-// Counts the pre-tokens of the files in parallel.
-PretokenCounts count_pretokens(const std::vector<runtime::MappedFile>& files,
-                                         const std::vector<std::string>& specials, int threads, ProgressLine& progress) {
+// Counts the pre-tokens of the files in parallel: each counting task takes a
+// region, a stretch of one file cut only at safe cuts that no special token
+// crosses.
+PretokenCounts count_pretokens(const std::vector<runtime::MappedFile>& files, const std::vector<std::string>& specials,
+                               int threads, ProgressLine& progress) {
   int64_t total = 0;
   for (const runtime::MappedFile& f : files) total += static_cast<int64_t>(f.size());
   // About 16 regions per thread for balance, none under 256 KiB.
   size_t region_bytes = std::max<size_t>(size_t{256} << 10, static_cast<size_t>(total) / (size_t(threads) * 16) + 1);
-  std::vector<Region> regions;
+  std::vector<std::string_view> regions;
   for (const runtime::MappedFile& f : files) {
     std::string_view text(f.data(), f.size());
     if (text.empty()) continue;
     size_t begin = 0;
     for (size_t cut : tokenizer::safe_cuts(text, (text.size() + region_bytes - 1) / region_bytes)) {
       if (cut_crosses_special(text, cut, specials)) continue;
-      regions.push_back({text.substr(begin, cut - begin)});
+      regions.push_back(text.substr(begin, cut - begin));
       begin = cut;
     }
-    regions.push_back({text.substr(begin)});
+    regions.push_back(text.substr(begin));
   }
 
   runtime::ThreadPool pool(threads);
@@ -288,11 +284,11 @@ PretokenCounts count_pretokens(const std::vector<runtime::MappedFile>& files,
   pool.parallel_for(pool.num_threads(), [&](int64_t worker, int64_t) {
     ShardedCounts& mine = counts[static_cast<size_t>(worker)];
     for (size_t r; (r = next_region.fetch_add(1)) < regions.size();) {
-      for_each_ordinary_text(regions[r].text, specials, [&](std::string_view text) {
+      for_each_ordinary_text(regions[r], specials, [&](std::string_view text) {
         tokenizer::for_each_piece(text, [&](std::string_view piece) { mine.count(piece); });
       });
-      release_pages(regions[r].text);
-      int64_t done = bytes_done += static_cast<int64_t>(regions[r].text.size());
+      release_pages(regions[r]);
+      int64_t done = bytes_done += static_cast<int64_t>(regions[r].size());
       if (worker == 0 && progress.due())
         progress.show(fmt::format("bpe: counting pre-tokens, {:.1f} of {:.1f} MB{}", done / 1e6, total / 1e6,
                                   ProgressLine::eta(seconds_since(start), double(done) / double(total))));
@@ -599,7 +595,7 @@ BpeResult train_bpe(const std::vector<std::string>& corpus, const BpeOptions& op
     }
     result.merges.push_back(std::move(merged));
     if (new_token) ++made;
-    if ((result.merges.size() & 63) == 0 && progress.due())
+    if (progress.due())
       progress.show(fmt::format("bpe: merges {} of {}{}", made, goal,
                                 ProgressLine::eta(seconds_since(merging), double(made) / double(goal))));
   }
