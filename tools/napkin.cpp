@@ -1093,7 +1093,7 @@ int main(int argc, char** argv) {
   auto* bpe = data->add_subcommand(
       "bpe", "train a byte-level BPE tokenizer (GPT-2's pre-tokenization) and write its tokenizer.json; the corpus "
              "may hold any bytes, UTF-8 or not");
-  bpe->add_option("corpus", bpe_args.corpus, "text files")->required();
+  bpe->add_option("corpus", bpe_args.corpus, "text files, each a document")->required();
   bpe->add_option("--vocab", bpe_args.vocab, "the vocabulary size: 256 bytes + merges + special tokens")
       ->required()->check(CLI::PositiveNumber);
   bpe->add_option("-o,--output", bpe_args.output, "the tokenizer.json to write")->required();
