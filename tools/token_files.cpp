@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -182,6 +183,7 @@ class OutputFile {
 class Bytes {
  public:
   char* data() { return data_.get(); }
+  const char* data() const { return data_.get(); }
   // Room for n bytes, keeping the first `keep`.
   void reserve(size_t n, size_t keep) {
     if (n <= capacity_) return;
@@ -203,13 +205,99 @@ struct Part {
   bool eot_before;
 };
 
-// One run of `napkin data encode`: the batch buffer, the parts, each part's
-// ids and one Encoder per thread, all kept from batch to batch.
+// About a block of text, the parts it is cut into, and the ids of their pieces.
+struct Batch {
+  Bytes text;  // [0, filled)
+  size_t filled = 0;
+  std::vector<Part> parts, pieces;
+  std::vector<std::vector<int32_t>> ids;  // piece i's ids, their capacity kept from batch to batch
+};
+
+// Reads the inputs, one document each, into batches: whole documents, and
+// the text of a document still being read up to its last cut, whose rest
+// starts the next batch.
+class Reader {
+ public:
+  Reader(const EncodeOptions& o, const Cuts& cuts) : o_(o), cuts_(cuts) {}
+
+  // Fills `next`, starting with the rest of the document that `prev` (the
+  // batch before, if any) cut. Returns false when every input has been read.
+  bool fill(Batch& next, const Batch* prev) {
+    next.parts.clear();
+    next.filled = 0;
+    if (prev && input_) {
+      const size_t rest = prev->filled - doc_begin_;
+      next.text.reserve(std::max(rest, o_.block_bytes), 0);
+      std::memcpy(next.text.data(), prev->text.data() + doc_begin_, rest);
+      next.filled = rest;
+    }
+    doc_begin_ = 0;
+    size_t want = o_.block_bytes;
+    for (;;) {
+      read_until(next, want);
+      if (!input_) return !next.parts.empty();  // every document read is whole
+      const std::string_view doc(next.text.data() + doc_begin_, next.filled - doc_begin_);
+      const size_t cut = cuts_.last(doc, no_cut_below_);
+      const size_t unsettled = cuts_.unsettled();
+      if (cut > 0) {
+        next.parts.push_back({doc.substr(0, cut), eot_pending_});
+        eot_pending_ = false;
+        doc_begin_ += cut;
+        no_cut_below_ = doc.size() - cut > unsettled ? doc.size() - cut - unsettled : 0;
+        return true;
+      }
+      no_cut_below_ = doc.size() > unsettled ? doc.size() - unsettled : 0;
+      if (!next.parts.empty()) return true;  // the whole documents before it go now; it waits for more text
+      // No cut in a whole block: read another block onto it. A file without
+      // any cut is held whole (in memory bounded by its size, not the corpus's).
+      want = next.filled + o_.block_bytes;
+    }
+  }
+
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  // Reads inputs into b until it holds `want` bytes or the inputs end; each
+  // document that ends becomes a part.
+  void read_until(Batch& b, size_t want) {
+    b.text.reserve(want, b.filled);
+    while (b.filled < want) {
+      if (!input_) {
+        if (next_input_ == o_.inputs.size()) return;
+        input_.emplace(o_.inputs[next_input_++]);
+        doc_begin_ = b.filled;
+        eot_pending_ = o_.eot;
+        no_cut_below_ = 0;
+      }
+      const size_t got = input_->read(b.text.data() + b.filled, want - b.filled);
+      b.filled += got;
+      bytes_ += static_cast<int64_t>(got);
+      if (b.filled < want) {  // the end of the file: the document is whole
+        b.parts.push_back({std::string_view(b.text.data() + doc_begin_, b.filled - doc_begin_), eot_pending_});
+        input_.reset();
+        doc_begin_ = b.filled;
+      }
+    }
+  }
+
+  const EncodeOptions& o_;
+  const Cuts& cuts_;
+  size_t next_input_ = 0;
+  std::optional<InputFile> input_;  // the document being read, whose text from doc_begin_ waits for a cut or its end
+  size_t doc_begin_ = 0;
+  size_t no_cut_below_ = 0;         // its text from doc_begin_ has no cut at or below this offset
+  bool eot_pending_ = false;        // its end-of-text token is still to be written
+  int64_t bytes_ = 0;
+};
+
+// One run of `napkin data encode`, a pipeline of two batches: while the
+// threads encode one, a second thread writes the ids of the one before and
+// reads the next into its place, so the threads never wait for the files.
 class Encoding {
  public:
   Encoding(const EncodeOptions& o, const tokenizer::Tokenizer& t, int32_t eot_id, bool u32, int threads)
       : o_(o), cuts_(t.specials()), bytes_are_ids_(o.tokenizer.empty()), eot_id_(eot_id), u32_(u32), pool_(threads),
-        out_(o.output) {
+        out_(o.output), reader_(o, cuts_) {
     encoders_.reserve(static_cast<size_t>(pool_.num_threads()));
     for (int i = 0; i < pool_.num_threads(); ++i) encoders_.emplace_back(t);
   }
@@ -222,13 +310,19 @@ class Encoding {
       header[1] = u32_ ? kLlmcVersionU32 : kLlmcVersionU16;  // [2], the count, is written at the end
       out_.write(header, sizeof header);
     }
-    while (fill_batch()) {
-      encode_batch();
-      write_batch();
-      // The open document's text after the last cut moves to the front.
-      std::memmove(buf_.data(), buf_.data() + doc_begin_, filled_ - doc_begin_);
-      filled_ -= doc_begin_;
-      doc_begin_ = 0;
+    Batch batches[2];
+    for (bool more = reader_.fill(batches[0], nullptr), first = true; more; first = false) {
+      Batch& now = batches[0];
+      Batch& other = batches[1];
+      split(now);
+      std::future<bool> io = std::async(std::launch::async, [&, first] {
+        if (!first) write(other);
+        return reader_.fill(other, &now);
+      });
+      encode(now);
+      more = io.get();
+      if (more) std::swap(batches[0], batches[1]);
+      else write(now);
     }
     if (o_.llmc) {
       if (tokens_ > std::numeric_limits<int32_t>::max())
@@ -242,109 +336,63 @@ class Encoding {
   }
 
   int64_t tokens() const { return tokens_; }
-  int64_t bytes() const { return bytes_; }
+  int64_t bytes() const { return reader_.bytes(); }
   int threads() const { return pool_.num_threads(); }
 
  private:
-  // Reads the next batch, about a block of text, into buf_ and cuts it into
-  // parts_ (whole documents and the open document's text up to its last
-  // cut). Returns false when every input has been encoded.
-  bool fill_batch() {
-    parts_.clear();
-    size_t want = o_.block_bytes;
-    for (;;) {
-      read_until(want);
-      if (!input_) return !parts_.empty();  // every document read is whole
-      const std::string_view doc(buf_.data() + doc_begin_, filled_ - doc_begin_);
-      const size_t cut = cuts_.last(doc, no_cut_below_);
-      const size_t unsettled = cuts_.unsettled();
-      if (cut > 0) {
-        parts_.push_back({doc.substr(0, cut), eot_pending_});
-        eot_pending_ = false;
-        doc_begin_ += cut;
-        no_cut_below_ = doc.size() - cut > unsettled ? doc.size() - cut - unsettled : 0;
-        return true;
-      }
-      no_cut_below_ = doc.size() > unsettled ? doc.size() - unsettled : 0;
-      if (!parts_.empty()) return true;  // the whole documents before it go now; it waits for more text
-      // No cut in a whole block: read another block onto it. A file without
-      // any cut is held whole (in memory bounded by its size, not the corpus's).
-      want = filled_ + o_.block_bytes;
-    }
-  }
-
-  // Reads inputs into buf_ until it holds `want` bytes or the inputs end;
-  // each document that ends becomes a part.
-  void read_until(size_t want) {
-    buf_.reserve(want, filled_);
-    while (filled_ < want) {
-      if (!input_) {
-        if (next_input_ == o_.inputs.size()) return;
-        input_.emplace(o_.inputs[next_input_++]);
-        doc_begin_ = filled_;
-        eot_pending_ = o_.eot;
-        no_cut_below_ = 0;
-      }
-      const size_t got = input_->read(buf_.data() + filled_, want - filled_);
-      filled_ += got;
-      bytes_ += static_cast<int64_t>(got);
-      if (filled_ < want) {  // the end of the file: the document is whole
-        parts_.push_back({std::string_view(buf_.data() + doc_begin_, filled_ - doc_begin_), eot_pending_});
-        input_.reset();
-        doc_begin_ = filled_;
-      }
-    }
-  }
-
-  // Splits the parts at cuts into pieces of about an equal share of the
-  // threads' work and encodes them in parallel.
-  void encode_batch() {
+  // Splits b's parts at cuts into pieces of about an equal share of the threads' work.
+  void split(Batch& b) const {
     size_t total = 0;
-    for (const Part& p : parts_) total += p.text.size();
+    for (const Part& p : b.parts) total += p.text.size();
     const size_t share = std::max<size_t>(1, total / (kPiecesPerThread * static_cast<size_t>(pool_.num_threads())));
-    pieces_.clear();
-    for (const Part& p : parts_) {
+    b.pieces.clear();
+    for (const Part& p : b.parts) {
       std::string_view rest = p.text;
       bool eot = p.eot_before;
       while (rest.size() > share) {
         const size_t cut = cuts_.next(rest, share);
         if (cut == rest.size()) break;  // no cut after `share`
-        pieces_.push_back({rest.substr(0, cut), eot});
+        b.pieces.push_back({rest.substr(0, cut), eot});
         eot = false;
         rest.remove_prefix(cut);
       }
-      pieces_.push_back({rest, eot});
+      b.pieces.push_back({rest, eot});
     }
-    if (ids_.size() < pieces_.size()) ids_.resize(pieces_.size());
-    next_piece_.store(0);
-    pool_.parallel_for(pool_.num_threads(), [this](int64_t begin, int64_t end) {
+    if (b.ids.size() < b.pieces.size()) b.ids.resize(b.pieces.size());
+  }
+
+  // Encodes b's pieces on the threads, each taking the next piece as it finishes one.
+  void encode(Batch& b) {
+    std::atomic<size_t> next{0};
+    pool_.parallel_for(pool_.num_threads(), [&](int64_t begin, int64_t end) {
       for (int64_t worker = begin; worker < end; ++worker)
-        for (size_t i; (i = next_piece_.fetch_add(1)) < pieces_.size();) {
-          ids_[i].clear();
+        for (size_t i; (i = next.fetch_add(1)) < b.pieces.size();) {
+          std::vector<int32_t>& ids = b.ids[i];
+          ids.clear();
           if (bytes_are_ids_) {
-            for (char c : pieces_[i].text) ids_[i].push_back(static_cast<unsigned char>(c));
+            for (char c : b.pieces[i].text) ids.push_back(static_cast<unsigned char>(c));
           } else {
-            encoders_[static_cast<size_t>(worker)].encode(pieces_[i].text, ids_[i]);
+            encoders_[static_cast<size_t>(worker)].encode(b.pieces[i].text, ids);
           }
         }
     });
   }
 
-  void write_batch() {
-    if (u32_) write_ids<uint32_t>();
-    else write_ids<uint16_t>();
+  void write(const Batch& b) {
+    if (u32_) write_ids<uint32_t>(b);
+    else write_ids<uint16_t>(b);
   }
 
-  // The pieces' ids in order, as T (the vocabulary was checked to fit it).
+  // b's ids in order, as T (the vocabulary was checked to fit it).
   template <typename T>
-  void write_ids() {
+  void write_ids(const Batch& b) {
     size_t count = 0;
-    for (size_t i = 0; i < pieces_.size(); ++i) count += ids_[i].size() + (pieces_[i].eot_before ? 1 : 0);
+    for (size_t i = 0; i < b.pieces.size(); ++i) count += b.ids[i].size() + (b.pieces[i].eot_before ? 1 : 0);
     out_bytes_.reserve(count * sizeof(T), 0);
     T* dest = reinterpret_cast<T*>(out_bytes_.data());
-    for (size_t i = 0; i < pieces_.size(); ++i) {
-      if (pieces_[i].eot_before) *dest++ = static_cast<T>(eot_id_);
-      for (int32_t id : ids_[i]) *dest++ = static_cast<T>(id);
+    for (size_t i = 0; i < b.pieces.size(); ++i) {
+      if (b.pieces[i].eot_before) *dest++ = static_cast<T>(eot_id_);
+      for (int32_t id : b.ids[i]) *dest++ = static_cast<T>(id);
     }
     out_.write(out_bytes_.data(), count * sizeof(T));
     tokens_ += static_cast<int64_t>(count);
@@ -360,19 +408,9 @@ class Encoding {
   runtime::ThreadPool pool_;
   std::vector<tokenizer::Encoder> encoders_;  // one per thread, their caches warm across batches
   OutputFile out_;
-
-  Bytes buf_;                    // the batch's text: [0, filled_)
-  size_t filled_ = 0;
-  size_t next_input_ = 0;
-  std::optional<InputFile> input_;  // the open document, whose text from doc_begin_ waits for a cut or its end
-  size_t doc_begin_ = 0;
-  size_t no_cut_below_ = 0;      // the open document's text has no cut at or below this offset
-  bool eot_pending_ = false;     // its end-of-text token is still to be written
-  std::vector<Part> parts_, pieces_;
-  std::vector<std::vector<int32_t>> ids_;  // piece i's ids
-  std::atomic<size_t> next_piece_{0};
+  Reader reader_;
   Bytes out_bytes_;
-  int64_t tokens_ = 0, bytes_ = 0;
+  int64_t tokens_ = 0;
 };
 
 // The id --eot writes: the tokenizer's <|endoftext|>, or its only special token.
