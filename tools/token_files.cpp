@@ -179,7 +179,7 @@ class OutputFile {
 };
 
 // Bytes whose pages are touched only as they are written (a std::vector
-// would zero them all first: 32 MiB for a 1 KiB file).
+// would zero them all first: 16 MiB for a 1 KiB file).
 class Bytes {
  public:
   char* data() { return data_.get(); }

@@ -30,7 +30,7 @@ struct EncodeOptions {
   bool llmc = false;                // llm.c's 1,024-byte header before the tokens
   bool eot = false;                 // the end-of-text token before each document
   int threads = 0;                  // <= 0: every CPU this process may use
-  size_t block_bytes = size_t{32} << 20;  // bytes read at a time (tests use tiny blocks)
+  size_t block_bytes = size_t{16} << 20;  // bytes read at a time (tests use tiny blocks)
 };
 
 struct EncodeSummary {
