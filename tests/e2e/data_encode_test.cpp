@@ -104,8 +104,9 @@ TEST_CASE("data encode: the token file is Encoder::encode of each file whole, fo
   TempDir tmp("encode-equal");
   const std::string json = tmp / "tokenizer.json";
   const tk::Tokenizer t = write_tokenizer(json);
-  // Safe cuts and special tokens; special tokens on one line (cuts only at
-  // their starts); neither (a file without any cut is held whole); empty.
+  // Safe cuts and special tokens; special tokens but no line breaks between
+  // words (cuts mostly at special tokens' starts); neither (a file without
+  // any cut is held whole); empty; safe cuts only.
   const std::vector<std::string> docs = {random_text(1, 30000, true, true), random_text(2, 3000, true, false),
                                          random_text(3, 2000, false, false), "", random_text(4, 5000, false, true)};
   std::string inputs;
