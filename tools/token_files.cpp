@@ -77,9 +77,9 @@ class Cuts {
     return text.size();
   }
 
-  // How far from a text's end cuts may appear once more text follows (a
-  // special token's text that was not whole yet). Below, a text that had
-  // none has none.
+  // More text after a text can make a cut only this close to its end (a
+  // special token's text, now whole, starting there): a position further
+  // back that is not a cut stays not one.
   size_t unsettled() const { return longest_ + 2; }
 
  private:
