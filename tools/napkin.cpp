@@ -61,6 +61,7 @@
 #include "report/inference_report.h"
 #include "report/report.h"
 #include "runtime/error.h"
+#include "runtime/tokenizer.h"
 #include "tools/bpe_train.h"
 #include "tools/devices_command.h"
 #include "tools/files.h"
