@@ -328,21 +328,28 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 void Encoder::encode(std::string_view text, std::vector<int32_t>& out) {
   if (t_.specials_.empty()) return encode_ordinary(text, out);
   // Special tokens split the text first: the leftmost match, the longest
-  // where several start at the same place.
-  while (!text.empty()) {
-    size_t at = std::string_view::npos;
-    const SpecialToken* found = nullptr;
-    for (const SpecialToken& s : t_.specials_) {
-      if (s.text.empty()) continue;
-      const size_t p = text.find(s.text);
-      if (p < at || (p == at && p != std::string_view::npos && s.text.size() > found->text.size())) at = p, found = &s;
-    }
-    if (!found) break;
-    encode_ordinary(text.substr(0, at), out);
-    out.push_back(found->id);
-    text.remove_prefix(at + found->text.size());
+  // where several start at the same place. Each special's next occurrence is
+  // searched again only once the text before it is consumed (Llama-sized
+  // lists of specials would otherwise rescan the text per match).
+  const std::vector<SpecialToken>& specials = t_.specials_;
+  std::vector<size_t> next(specials.size());
+  for (size_t k = 0; k < specials.size(); ++k)
+    next[k] = specials[k].text.empty() ? std::string_view::npos : text.find(specials[k].text);
+  size_t from = 0;
+  for (;;) {
+    size_t at = std::string_view::npos, best = 0;
+    for (size_t k = 0; k < specials.size(); ++k)
+      if (next[k] < at || (next[k] == at && at != std::string_view::npos &&
+                           specials[k].text.size() > specials[best].text.size()))
+        at = next[k], best = k;
+    if (at == std::string_view::npos) break;
+    encode_ordinary(text.substr(from, at - from), out);
+    out.push_back(specials[best].id);
+    from = at + specials[best].text.size();
+    for (size_t k = 0; k < specials.size(); ++k)
+      if (next[k] != std::string_view::npos && next[k] < from) next[k] = text.find(specials[k].text, from);
   }
-  encode_ordinary(text, out);
+  encode_ordinary(text.substr(from), out);
 }
 
 void Encoder::encode_ordinary(std::string_view text, std::vector<int32_t>& out) {
@@ -354,11 +361,12 @@ void Encoder::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
     out.push_back(t_.byte_ids_[static_cast<uint8_t>(piece[0])]);
     return;
   }
-  if (auto hit = cache_.find(std::string(piece)); hit != cache_.end()) {
+  if (auto hit = cache_.find(piece); hit != cache_.end()) {
     out.insert(out.end(), hit->second.begin(), hit->second.end());
     return;
   }
-  std::vector<int32_t> ids;
+  std::vector<int32_t>& ids = ids_;
+  ids.clear();
   if (t_.ignore_merges_) {
     if (auto whole = t_.ids_.find(std::string(piece)); whole != t_.ids_.end()) ids.push_back(whole->second);
   }
@@ -382,7 +390,7 @@ void Encoder::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
   out.insert(out.end(), ids.begin(), ids.end());
   // Bounded: a corpus of unique pieces must not grow the cache without end.
   if (cache_.size() >= (1u << 20)) cache_.clear();
-  cache_.emplace(std::string(piece), std::move(ids));
+  cache_.emplace(std::string(piece), ids);
 }
 
 }  // namespace napkin::tokenizer

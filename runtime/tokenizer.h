@@ -80,8 +80,14 @@ class Encoder {
 
  private:
   void encode_piece(std::string_view piece, std::vector<int32_t>& out);
+  // Looked up by string_view, so a cached piece costs no string copy.
+  struct PieceHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
   const Tokenizer& t_;
-  std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  std::unordered_map<std::string, std::vector<int32_t>, PieceHash, std::equal_to<>> cache_;
+  std::vector<int32_t> ids_;  // encode_piece's work buffer
 };
 
 // GPT-2's map from bytes to printable characters (bytes_to_unicode in
