@@ -1,7 +1,6 @@
 #include "runtime/pretokenize.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "runtime/unicode_classes.h"
 
@@ -50,10 +49,9 @@ size_t contraction_length(std::string_view text, size_t i) {
   }
 }
 
-bool ascii_non_space(char c) {
-  const auto b = static_cast<unsigned char>(c);
-  return b < 0x80 && b != ' ' && !(b >= '\t' && b <= '\r');
-}
+bool ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+bool ascii_non_space(char c) { return static_cast<unsigned char>(c) < 0x80 && !ascii_space(c); }
 
 }  // namespace
 
@@ -91,24 +89,17 @@ size_t gpt2_piece_end(std::string_view text, size_t begin) {
 }
 
 bool is_safe_cut(std::string_view text, size_t pos) {
-  return pos >= 2 && pos < text.size() && text[pos - 1] == '\n' && ascii_non_space(text[pos - 2]) &&
-         ascii_non_space(text[pos]);
+  return pos >= 1 && pos < text.size() && ascii_non_space(text[pos - 1]) && ascii_space(text[pos]);
 }
 
 std::vector<size_t> safe_cuts(std::string_view text, size_t parts) {
   std::vector<size_t> cuts;
-  size_t from = 1;
+  size_t pos = 1;
   for (size_t k = 1; k < parts; ++k) {
-    for (size_t pos = std::max(from, text.size() / parts * k);;) {
-      const void* newline = pos < text.size() ? std::memchr(text.data() + pos, '\n', text.size() - pos) : nullptr;
-      if (!newline) return cuts;
-      pos = static_cast<size_t>(static_cast<const char*>(newline) - text.data()) + 1;
-      if (is_safe_cut(text, pos)) {
-        cuts.push_back(pos);
-        from = pos + 1;
-        break;
-      }
-    }
+    pos = std::max(pos, text.size() / parts * k);
+    while (pos < text.size() && !is_safe_cut(text, pos)) ++pos;
+    if (pos >= text.size()) break;
+    cuts.push_back(pos++);
   }
   return cuts;
 }

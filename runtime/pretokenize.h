@@ -27,10 +27,15 @@ void for_each_piece(std::string_view text, Fn&& fn) {
 
 // True when cutting `text` at `pos` (0 < pos < size) and pre-tokenizing the
 // two sides apart gives the same pieces as pre-tokenizing it whole: pos is
-// right after a newline that follows an ASCII non-whitespace byte and right
-// before an ASCII non-whitespace byte ("end.\nNext"). Parallel encoding and
-// training cut files only at such points (and at special tokens, which split
-// the text anyway).
+// right after an ASCII non-whitespace byte and right before an ASCII
+// whitespace byte ("end| of", "end.|\n"). Why: no piece holds both a
+// non-space and a space that follows it (a space only ever leads a piece),
+// so a piece ends at pos in the whole text, and the piece before it, a run
+// that ends at a non-space, ends there alone too; the pattern has no
+// lookbehind, so what follows is cut the same from pos. A cut after a space
+// is not safe: `\s+(?!\S)` looks ahead. Parallel encoding and training cut
+// files only at such points (and at special tokens, which split the text
+// anyway).
 bool is_safe_cut(std::string_view text, size_t pos);
 
 // Up to `parts` - 1 safe cuts (increasing) that split `text` into pieces of

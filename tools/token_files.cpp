@@ -47,8 +47,8 @@ constexpr const char* kEndOfText = "<|endoftext|>";
 constexpr size_t kPiecesPerThread = 16;
 
 // Where a text may be cut so that encoding the two sides apart gives the ids
-// of encoding it whole: a safe cut of the pre-tokenization (all of them
-// follow a newline) or the start of a special token's text, provided no
+// of encoding it whole: a safe cut of the pre-tokenization (an ASCII
+// non-space then an ASCII space) or the start of a special token's text, provided no
 // special token's text spans the position (the whole text's encoding would
 // match that one). A cut is checked on the text that will be encoded, so
 // cutting the rest again stays exact.
@@ -63,9 +63,12 @@ class Cuts {
     }
   }
 
-  // The last cut in (lowest, text.size()), or 0 when there is none.
+  // The last cut in (lowest, text.size() - longest special], or 0 when there
+  // is none: more text may follow, and a special token's text that it
+  // completes could span a cut nearer the end ("=\n" then "=").
   size_t last(std::string_view text, size_t lowest) const {
-    for (size_t pos = text.size(); pos-- > lowest + 1;)
+    const size_t end = text.size() - std::min(text.size(), std::max<size_t>(longest_, 1) - 1);
+    for (size_t pos = end; pos-- > lowest + 1;)
       if (is_cut(text, pos)) return pos;
     return 0;
   }
@@ -84,8 +87,9 @@ class Cuts {
 
  private:
   bool is_cut(std::string_view text, size_t pos) const {
-    if (text[pos - 1] != '\n' && !starts_special_[static_cast<unsigned char>(text[pos])]) return false;
-    if (!tokenizer::is_safe_cut(text, pos) && !special_at(text, pos)) return false;
+    if (!tokenizer::is_safe_cut(text, pos) &&
+        !(starts_special_[static_cast<unsigned char>(text[pos])] && special_at(text, pos)))
+      return false;
     for (size_t q = pos >= longest_ ? pos - longest_ + 1 : 0; q < pos; ++q)
       if (starts_special_[static_cast<unsigned char>(text[q])])
         for (const std::string& s : texts_)

@@ -95,6 +95,7 @@ inline const std::map<std::string, std::map<std::string, int64_t>>& small_dims()
       {"gpt2-124m", {{"batch", 2}, {"seq", 8}, {"vocab", 16}, {"d", 32}, {"heads", 2}, {"layers", 2}}},
       {"linear", {{"batch", 4}, {"d", 8}, {"k", 3}}},
       {"llama", {{"batch", 2}, {"seq", 8}, {"vocab", 37}, {"d", 16}, {"heads", 4}, {"kv_heads", 2}, {"hidden", 24}, {"layers", 2}}},
+      {"llama-bpe", {{"batch", 2}, {"seq", 8}, {"vocab", 300}, {"d", 16}, {"heads", 4}, {"kv_heads", 2}, {"hidden", 24}, {"layers", 2}}},
       {"llama3-8b", {{"batch", 2}, {"seq", 8}, {"vocab", 37}, {"d", 16}, {"heads", 4}, {"kv_heads", 2}, {"hidden", 24}, {"layers", 2}}},
       {"lm-gqa", {{"batch", 2}, {"seq", 8}, {"vocab", 37}, {"d", 16}, {"heads", 4}, {"kv_heads", 2}, {"hidden", 24}, {"layers", 2}}},
       {"mlp", {{"batch", 4}, {"d_in", 8}, {"hidden", 16}, {"classes", 5}}},

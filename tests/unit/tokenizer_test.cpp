@@ -75,10 +75,16 @@ TEST_CASE("pretokenize: cutting at a safe cut gives the same pieces as the whole
     from = to;
   }
   CHECK(joined == whole);
-  // The rule is needed: after two spaces and a newline, cutting changes the pieces.
-  CHECK_FALSE(tokenizer::is_safe_cut("a  \nb", 4));
-  CHECK(pieces("a  \nb") != Pieces{"a", "  \n", "b"});
-  CHECK(tokenizer::safe_cuts("no newline at all", 4).empty());
+  // The rule is needed: after a space, cutting changes the pieces.
+  CHECK_FALSE(tokenizer::is_safe_cut("a  \nb", 3));
+  CHECK(pieces("a  \nb") == Pieces{"a", "  ", "\n", "b"});
+  CHECK(pieces("a ") == Pieces{"a", " "});
+  CHECK(pieces(" \nb") == Pieces{" ", "\n", "b"});
+  CHECK_FALSE(tokenizer::is_safe_cut("a b", 2));  // " b" is one piece
+  CHECK(tokenizer::is_safe_cut("a b", 1));
+  CHECK(tokenizer::safe_cuts("no_space_at_all", 4).empty());
+  // A text whose lines all start with spaces (the KJV's verses) has cuts too.
+  CHECK(tokenizer::safe_cuts("   1:1 In the beginning\n\n   1:2 And the earth", 4).size() == 3);
 }
 
 // Plain BPE: merge ranks applied in order to the whole piece, a rank at a
