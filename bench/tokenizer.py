@@ -142,8 +142,8 @@ def corpus(directory=CORPUS_DIR):
         f.write("".join(p + "\n" for p in paths))
     with open(stamp, "w") as f:
         f.write(f"corpus version {CORPUS_VERSION}\n"
-                f"kjv/: King James Version (1611, public domain), Debian bible-kjv-text {package_version('bible-kjv-text')}"
-                f", printed by `bible -l0 Gen1:1-Rev22:21` (bible-kjv)\n"
+                f"kjv/: King James Version (1611, public domain), Debian bible-kjv-text "
+                f"{package_version('bible-kjv-text')}, printed by `bible -l0 Gen1:1-Rev22:21` (bible-kjv)\n"
                 f"web/: World English Bible with Deuterocanon (public domain), Debian sword-text-web "
                 f"{package_version('sword-text-web')}, printed by `diatheke -b {WEB_MODULE} -f plain`\n")
     return [os.path.join(directory, p) for p in paths]
@@ -517,7 +517,7 @@ def napkin_layout_tokenizer(merges):
     return tok
 
 
-def write_fixtures(docs):
+def write_fixtures(docs, corpus_dir):
     from tokenizers import Tokenizer
     os.makedirs(FIXTURE_DIR, exist_ok=True)
     kjv = next(p for p in docs if "/kjv/" in p and p.endswith("Genesis.txt"))
@@ -535,13 +535,17 @@ def write_fixtures(docs):
     merges = bpe_reference.train_bpe(texts, FIXTURE_REFERENCE_VOCAB, [SPECIAL])
     bpe_reference.write_merges(os.path.join(FIXTURE_DIR, "reference_merges.txt"), merges)
     hf_ids_with_eot(napkin_layout_tokenizer(merges), texts).tofile(os.path.join(FIXTURE_DIR, "reference_ids.u16"))
+    import tokenizers
+    with open(os.path.join(corpus_dir, "SOURCE.txt")) as f:
+        sources = f.read().split("\n", 1)[1]
     with open(os.path.join(FIXTURE_DIR, "SOURCE.txt"), "w") as f:
-        f.write(f"Written by bench/tokenizer.py --write-fixtures (tokenizers {__import__('tokenizers').__version__}).\n"
-                f"kjv.txt: the start of Genesis, King James Version (public domain), from {os.path.relpath(kjv, CORPUS_DIR)}\n"
-                f"web.txt: a slice of the Psalms, World English Bible (public domain), from {os.path.relpath(web, CORPUS_DIR)}\n"
-                f"{open(os.path.join(CORPUS_DIR, 'SOURCE.txt')).read().split(chr(10), 1)[1]}")
+        f.write(f"Written by bench/tokenizer.py --write-fixtures (tokenizers {tokenizers.__version__}).\n"
+                f"kjv.txt: the start of {os.path.relpath(kjv, corpus_dir)} (King James Version, public domain)\n"
+                f"web.txt: a slice of {os.path.relpath(web, corpus_dir)} (World English Bible, public domain)\n"
+                f"{sources}")
     for name in sorted(os.listdir(FIXTURE_DIR)):
-        print(f"  {os.path.relpath(os.path.join(FIXTURE_DIR, name), ROOT)}: {os.path.getsize(os.path.join(FIXTURE_DIR, name)):,} bytes")
+        path = os.path.join(FIXTURE_DIR, name)
+        print(f"  {os.path.relpath(path, ROOT)}: {os.path.getsize(path):,} bytes")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -558,7 +562,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=10000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--skip-reference", action="store_true", help="speed: do not time bpe_reference.py (about a minute)")
+    ap.add_argument("--skip-reference", action="store_true", 
+                    help="speed: do not time bpe_reference.py (about a minute)")
     ap.add_argument("--corpus-dir", default=CORPUS_DIR)
     ap.add_argument("--json", help="write the results there")
     ap.add_argument("--write-fixtures", action="store_true")
@@ -570,7 +575,7 @@ def main():
         print(f"corpus: {len(docs)} documents, {total_bytes(docs) / 1e6:.2f} MB in {args.corpus_dir}\n"
               + "".join("  " + line for line in f.readlines()[1:]), end="")
     if args.write_fixtures:
-        write_fixtures(docs)
+        write_fixtures(docs, args.corpus_dir)
         return 0
     if not os.access(args.napkin, os.X_OK):
         raise SystemExit(f"{args.napkin} not found: build it (ninja -C build napkin) or pass --napkin")
