@@ -9,6 +9,7 @@
 //   napkin build MODEL.yaml --target cuda -o TRAINER    ... for an NVIDIA GPU (NVRTC, --arch sm_90)
 //   napkin train MODEL.yaml [--target cuda] [-- TRAINER FLAGS]   build (cached) and run the trainer
 //   napkin data encode TEXT... -o FILE                  byte-level tokens (u16) from text files
+//   napkin data bpe TEXT... --vocab N -o tok.json       train a byte-level BPE tokenizer (tokenizer.json)
 //   napkin hf import MODEL.yaml HF_PATH -o WEIGHTS      a transformers checkpoint's weights, for --init and sample
 //   napkin hf export MODEL.yaml CKPT -o DIR             a checkpoint for transformers' from_pretrained
 //   napkin estimate --params 70e9 --tokens 15e12 ...    the lecture's napkin math
@@ -60,6 +61,8 @@
 #include "report/inference_report.h"
 #include "report/report.h"
 #include "runtime/error.h"
+#include "runtime/tokenizer.h"
+#include "tools/bpe_train.h"
 #include "tools/byte_tokens.h"
 #include "tools/devices_command.h"
 #include "tools/files.h"
@@ -814,6 +817,48 @@ int cmd_data_encode(const std::vector<std::string>& inputs, const std::string& o
   return 0;
 }
 
+// napkin data bpe's arguments.
+struct BpeArgs {
+  std::vector<std::string> corpus;
+  std::string output;
+  int64_t vocab = 0;
+  std::vector<std::string> specials;
+  int threads = 0;
+  bool quiet = false;
+};
+
+int cmd_data_bpe(const BpeArgs& a) {
+  std::string error = tools::output_problem("-o", a.output, a.corpus);
+  for (size_t i = 0; error.empty() && i < a.corpus.size(); ++i) error = tools::input_problem(a.corpus[i]);
+  if (!error.empty()) {
+    std::cerr << "error: " << error << "\n";
+    return kUserError;
+  }
+  tools::BpeResult r;
+  try {
+    tools::BpeOptions options;
+    options.vocab_size = a.vocab;
+    options.specials = a.specials;
+    options.threads = a.threads;
+    r = tools::train_bpe(a.corpus, options, {a.quiet ? nullptr : &std::cerr, ::isatty(STDERR_FILENO) == 1});
+    error = tools::write_atomically(a.output, tokenizer::Tokenizer::from_merges(r.merges, a.specials).to_json());
+  } catch (const runtime::Error& e) {
+    error = e.what();
+  }
+  if (!error.empty()) {
+    std::cerr << "error: " << error << "\n";
+    return kUserError;
+  }
+  auto count = [](size_t n, const char* what) { return fmt::format("{} {}{}", n, what, n == 1 ? "" : "s"); };
+  std::cout << fmt::format("wrote {}: vocab {} (256 bytes, {}, {}), {} distinct pre-tokens of {}, {:.2f} s\n",
+                           a.output, r.vocab_size, count(r.merges.size(), "merge"),
+                           count(a.specials.size(), "special token"), r.unique_pretokens, r.pretokens, r.seconds);
+  if (r.ran_out)
+    std::cout << fmt::format("stopped at vocab {} of the {} asked for: every pre-token of the corpus is one token\n",
+                             r.vocab_size, a.vocab);
+  return 0;
+}
+
 // napkin hf import / export's arguments.
 struct HfArgs {
   std::string model, dims, input, output, dtype = "f32";
@@ -1044,6 +1089,22 @@ int main(int argc, char** argv) {
   encode->add_option("inputs", encode_inputs, "text files")->required();
   encode->add_option("-o,--output", encode_output, "token file to write")->required();
   encode->callback([&] { status = cmd_data_encode(encode_inputs, encode_output); });
+  BpeArgs bpe_args;
+  auto* bpe = data->add_subcommand(
+      "bpe", "train a byte-level BPE tokenizer (GPT-2's pre-tokenization) and write its tokenizer.json; the corpus "
+             "may hold any bytes, UTF-8 or not");
+  bpe->add_option("corpus", bpe_args.corpus, "text files")->required();
+  bpe->add_option("--vocab", bpe_args.vocab, "the vocabulary size: 256 bytes + merges + special tokens")
+      ->required()->check(CLI::PositiveNumber);
+  bpe->add_option("-o,--output", bpe_args.output, "the tokenizer.json to write")->required();
+  bpe->add_option("--special", bpe_args.specials,
+                  "a special token, e.g. \"<|endoftext|>\" (repeat the flag for more): it cuts the text, is never "
+                  "merged, and takes the ids after the merges")
+      ->allow_extra_args(false);
+  bpe->add_option("--threads", bpe_args.threads, "counting threads (default 0: the CPUs this process may use)")
+      ->check(CLI::NonNegativeNumber);
+  bpe->add_flag("--quiet", bpe_args.quiet, "no progress on stderr");
+  bpe->callback([&] { status = cmd_data_bpe(bpe_args); });
 
   HfArgs hf_args;
   auto* hf = app.add_subcommand("hf", "Hugging Face transformers checkpoints in and out, by the model's huggingface: section");
