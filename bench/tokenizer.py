@@ -35,9 +35,9 @@ each run in its own process (peak memory: that process's maximum resident set, f
      encode_batch on RAYON_NUM_THREADS threads): the peers' times are of the encode call alone, text in memory;
   training time for a --vocab vocabulary: `napkin data bpe` vs `tokenizers`' trainer (train_from_iterator on
      the documents in memory) vs bench/bpe_reference.py (one thread, run once).
-Scaling (--only scaling): napkin's training and encoding time at 1x, 2x and 4x of the corpus (every 4th book,
-every 2nd, all: more text and more distinct words, not copies), the exponent of a least-squares line through
-log(time) against log(bytes): at most 1.1.
+Scaling (--only scaling): napkin's training and encoding time at 1x, 2x and 4x, the exponent of a least-squares
+line through log(time) against log(bytes) at most 1.1, in two series: distinct text (every 4th book, every 2nd,
+all: more distinct words as well) and copies (the corpus given once, twice, 4 times: 11 to 45 MB).
 
 --write-fixtures writes what CI checks offline (tests/e2e/bpe_fixture_test.cpp) into tests/e2e/data/bpe: two
 slices of the corpus (kjv.txt, web.txt, about 24 KB each), hf_tokenizer.json (`tokenizers`' trainer on them,
@@ -450,26 +450,35 @@ def exponent(sizes, seconds):
 
 
 def scaling(report, args, docs, tmp):
-    print(f"\nscaling: napkin at 1x, 2x, 4x of the corpus (every 4th book, every 2nd, all), {args.threads} threads, "
-          f"best of {args.repeat}")
-    print("  corpus MB   train s   peak MiB   encode s   peak MiB")
-    rows = []
-    for step in (4, 2, 1):
-        part = docs[::step]
-        json_path = os.path.join(tmp, f"scale{step}.json")
-        t = best([napkin_bpe(args.napkin, part, args.vocab, json_path, args.threads) for _ in range(args.repeat)])
-        e = best([napkin_encode(args.napkin, part, json_path, os.path.join(tmp, "scale.tokens"), args.threads,
-                                eot=False) for _ in range(args.repeat)])
-        rows.append((total_bytes(part), t, e))
-        print(f"  {total_bytes(part) / 1e6:9.2f} {t.seconds:9.2f} {mb(t.peak_rss)} {e.seconds:10.2f} {mb(e.peak_rss)}")
-    sizes = [r[0] for r in rows]
-    k_train = exponent(sizes, [r[1].seconds for r in rows])
-    k_encode = exponent(sizes, [r[2].seconds for r in rows])
-    report.check(k_train <= 1.1, f"training time grows as size^{k_train:.2f} (at most 1.1)")
-    report.check(k_encode <= 1.1, f"encoding time grows as size^{k_encode:.2f} (at most 1.1)")
-    report.results["scaling"] = {"bytes": sizes, "train_seconds": [r[1].seconds for r in rows],
-                                 "encode_seconds": [r[2].seconds for r in rows],
-                                 "train_exponent": k_train, "encode_exponent": k_encode}
+    """napkin's training and encoding time at 1x, 2x and 4x, in two series: distinct text (every 4th book, every
+    2nd, all: more distinct words too) and copies (the corpus once, twice, four times: the same distinct words,
+    each count multiplied, so only what is per byte grows)."""
+    series = [("distinct text: every 4th book, every 2nd, all", [docs[::4], docs[::2], docs]),
+              ("copies: the corpus once, twice, 4 times", [docs, docs * 2, docs * 4])]
+    print(f"\nscaling: napkin at 1x, 2x, 4x, {args.threads} threads, best of {args.repeat}")
+    report.results["scaling"] = []
+    for title, parts in series:
+        print(f"  {title}\n    corpus MB   train s   peak MiB   encode s   peak MiB")
+        rows = []
+        for i, part in enumerate(parts):
+            json_path = os.path.join(tmp, f"scale{i}.json")
+            t = best([napkin_bpe(args.napkin, part, args.vocab, json_path, args.threads) for _ in range(args.repeat)])
+            e = best([napkin_encode(args.napkin, part, json_path, os.path.join(tmp, "scale.tokens"), args.threads,
+                                    eot=False) for _ in range(args.repeat)])
+            rows.append((total_bytes(part), t, e))
+            print(f"    {total_bytes(part) / 1e6:9.2f} {t.seconds:9.2f} {mb(t.peak_rss)} {e.seconds:10.2f} "
+                  f"{mb(e.peak_rss)}")
+        sizes = [r[0] for r in rows]
+        k_train = exponent(sizes, [r[1].seconds for r in rows])
+        k_encode = exponent(sizes, [r[2].seconds for r in rows])
+        report.check(k_train <= 1.1, f"{title.split(':')[0]}: training time grows as size^{k_train:.2f} (at most 1.1)")
+        report.check(k_encode <= 1.1, f"{title.split(':')[0]}: encoding time grows as size^{k_encode:.2f} "
+                                      "(at most 1.1)")
+        report.results["scaling"].append({
+            "series": title, "bytes": sizes, "train_seconds": [r[1].seconds for r in rows],
+            "train_peak_rss_bytes": [r[1].peak_rss for r in rows], "encode_seconds": [r[2].seconds for r in rows],
+            "encode_peak_rss_bytes": [r[2].peak_rss for r in rows], "train_exponent": k_train,
+            "encode_exponent": k_encode})
 
 
 # ---------------------------------------------------------------------------------------------------------------
