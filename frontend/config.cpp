@@ -366,8 +366,9 @@ void read_data(const YAML::Node& node, YamlContext& ctx, const ir::Graph& g, ir:
     else ctx.path_text(node["path"], "train.data.path", out.path);
     if (const YAML::Node& d = node["dtype"]) {
       ctx.scalar_text(d, "train.data.dtype", out.token_dtype);
-      if (out.token_dtype != "u16" && out.token_dtype != "i32")
-        ctx.error(d, "token files hold u16 or i32 tokens", "napkin data encode writes u16");
+      if (out.token_dtype != "u16" && out.token_dtype != "u32" && out.token_dtype != "i32")
+        ctx.error(d, "token files hold u16, u32 or i32 tokens",
+                  "napkin data encode writes u16, or u32 with --dtype u32 (a vocabulary over 65,536)");
     }
     if (const YAML::Node& s = node["split"]) {
       try {

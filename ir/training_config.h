@@ -79,7 +79,7 @@ DType low_precision_dtype(PrecisionPolicy p);
 struct DataSource {
   std::string format;  // "tokens" (raw token file) | "npy" (one .npy per input)
   std::string path;    // tokens: the token file
-  std::string token_dtype = "u16";  // tokens: "u16" | "i32"
+  std::string token_dtype = "u16";  // tokens: "u16" | "u32" | "i32"
   std::map<std::string, std::string> files;  // npy: input name -> path
   std::string order = "random";  // "random" | "sequential"
   double split = 0.9;            // tokens: fraction of the file used for training

@@ -47,7 +47,8 @@ class TokenDataset : public Dataset {
  public:
   TokenDataset(const DataSpec& spec, std::vector<InputSlot> inputs) : spec_(spec), file_(spec.path) {
     const std::string& path = spec.path;
-    token_bytes_ = static_cast<size_t>(element_bytes(spec.token_dtype));
+    token_dtype_ = spec.token_dtype;
+    token_bytes_ = static_cast<size_t>(element_bytes(token_dtype_));
     if (!read_llmc_header()) {  // a raw token file (llm.c's header says what its tokens are)
       if (file_.size() % token_bytes_ != 0)
         throw Error(path + ": " + std::to_string(file_.size()) + " bytes is not a whole number of " +
@@ -142,7 +143,8 @@ class TokenDataset : public Dataset {
     if (header[1] != want_version)
       throw Error(path + ": " + kind + " header has version " + std::to_string(header[1]) + ", expected " +
                   std::to_string(want_version));
-    token_bytes_ = magic == kGpt2Magic ? 2 : 4;
+    token_dtype_ = magic == kGpt2Magic ? DType::U16 : DType::U32;
+    token_bytes_ = static_cast<size_t>(element_bytes(token_dtype_));
     const int64_t count = header[2];
     const int64_t held = (static_cast<int64_t>(file_.size()) - kHeaderBytes) / static_cast<int64_t>(token_bytes_);
     if (count < 0 || count != held || (static_cast<int64_t>(file_.size()) - kHeaderBytes) % token_bytes_ != 0)
@@ -157,9 +159,14 @@ class TokenDataset : public Dataset {
 
   int64_t token(int64_t i) const {
     const char* p = file_.data() + offset_ + i * token_bytes_;
-    if (token_bytes_ == 2) {
+    if (token_dtype_ == DType::U16) {
       uint16_t t;
       std::memcpy(&t, p, 2);
+      return t;
+    }
+    if (token_dtype_ == DType::U32) {
+      uint32_t t;
+      std::memcpy(&t, p, 4);
       return t;
     }
     int32_t t;
@@ -183,6 +190,7 @@ class TokenDataset : public Dataset {
 
   DataSpec spec_;
   MappedFile file_;
+  DType token_dtype_ = DType::U16;  // the file's: the spec's, or what llm.c's header says
   size_t token_bytes_ = 0;
   int64_t offset_ = 0;  // bytes before the first token: llm.c's header
   std::string llmc_;    // what an llm.c file is, for describe(); empty for a raw token file
@@ -413,8 +421,8 @@ DataOrder parse_data_order(const std::string& where, const std::string& text) {
 }
 
 DType parse_token_dtype(const std::string& where, const std::string& text) {
-  if (text == "u16" || text == "i32") return parse_dtype(text);
-  throw Error(where + ": token dtype '" + text + "' is neither u16 nor i32");
+  if (text == "u16" || text == "u32" || text == "i32") return parse_dtype(text);
+  throw Error(where + ": token dtype '" + text + "' is none of u16, u32, i32");
 }
 
 std::unique_ptr<Dataset> Dataset::open(const DataSpec& spec, std::vector<InputSlot> inputs) {

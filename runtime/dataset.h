@@ -8,7 +8,7 @@
 //
 // Two formats.
 //
-// "tokens": one raw little-endian token file (token_dtype "u16" or "i32"), the
+// "tokens": one raw little-endian token file (token_dtype "u16", "u32" or "i32"), the
 // usual pre-tokenized LM corpus, or llm.c's .bin (a 1,024-byte header of
 // magic, version and token count, then u16 or u32 tokens as the header says;
 // recognised by its magic, and its header checked). The model must have exactly two i32 inputs of
@@ -77,12 +77,12 @@ enum class DataOrder : uint8_t { Random, Sequential };
 // The text of train.data and the flags, parsed once (WHERE names the data in an Error).
 DataFormat parse_data_format(const std::string& text);                       // "tokens" | "npy"
 DataOrder parse_data_order(const std::string& where, const std::string& text);  // "random" | "sequential"
-DType parse_token_dtype(const std::string& where, const std::string& text);     // "u16" | "i32"
+DType parse_token_dtype(const std::string& where, const std::string& text);     // "u16" | "u32" | "i32"
 
 struct DataSpec {
   DataFormat format = DataFormat::Tokens;
   std::string path;                            // tokens: the token file
-  DType token_dtype = DType::U16;              // tokens: U16 or I32
+  DType token_dtype = DType::U16;              // tokens: U16, U32 or I32
   std::map<std::string, std::string> files;    // npy: input name -> .npy file
   DataOrder order = DataOrder::Random;
   double split = 1.0;                          // fraction used for training, in (0, 1]

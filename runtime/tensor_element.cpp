@@ -17,6 +17,7 @@ double read_element(const char* p, DType dtype, int64_t i) {
     case DType::Bool: return p[i] != 0;
     case DType::U8: return reinterpret_cast<const uint8_t*>(p)[i];
     case DType::U16: return reinterpret_cast<const uint16_t*>(p)[i];
+    case DType::U32: return reinterpret_cast<const uint32_t*>(p)[i];
   }
   return 0;
 }
@@ -34,6 +35,7 @@ void write_element(char* p, DType dtype, int64_t i, double v) {
     case DType::Bool: p[i] = v != 0; return;
     case DType::U8: reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); return;
     case DType::U16: reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); return;
+    case DType::U32: reinterpret_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(v); return;
   }
 }
 

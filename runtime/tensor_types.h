@@ -1,6 +1,6 @@
 // The runtime's enums for a tensor: its element type, named as the IR names
-// them (ir/dtype.h), and the integer types data files carry (u8 u16: .npy,
-// token files); its role in a program; a kernel's phase; a GEMM epilogue's
+// them (ir/dtype.h), and the integer types data files carry (u8 u16: .npy;
+// u16 u32: token files); its role in a program; a kernel's phase; a GEMM epilogue's
 // activation. Compared as enums; the names are for the JSON and messages.
 #pragma once
 
@@ -11,11 +11,11 @@
 
 namespace napkin::runtime {
 
-enum class DType : uint8_t { F64, F32, F16, BF16, F8E4M3, F8E5M2, I32, I64, Bool, U8, U16 };
+enum class DType : uint8_t { F64, F32, F16, BF16, F8E4M3, F8E5M2, I32, I64, Bool, U8, U16, U32 };
 std::string_view dtype_name(DType t);
 DType parse_dtype(std::string_view name);  // throws Error("unknown dtype NAME")
 int64_t element_bytes(DType t);
-bool is_integer(DType t);  // i32 i64 u8 u16
+bool is_integer(DType t);  // i32 i64 u8 u16 u32
 
 // What a named tensor of a program is to the trainer.
 enum class TensorRole : uint8_t { Param, State, Input, Rng, Loss, Output };

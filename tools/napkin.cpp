@@ -8,7 +8,7 @@
 //   napkin build MODEL.yaml -o TRAINER                  a standalone trainer executable (CPU, LLVM)
 //   napkin build MODEL.yaml --target cuda -o TRAINER    ... for an NVIDIA GPU (NVRTC, --arch sm_90)
 //   napkin train MODEL.yaml [--target cuda] [-- TRAINER FLAGS]   build (cached) and run the trainer
-//   napkin data encode TEXT... -o FILE                  byte-level tokens (u16) from text files
+//   napkin data encode TEXT... -o FILE [--tokenizer tokenizer.json]   a token file (u16/u32, llm.c's header with --llmc)
 //   napkin data bpe TEXT... --vocab N -o tok.json       train a byte-level BPE tokenizer (tokenizer.json)
 //   napkin hf import MODEL.yaml HF_PATH -o WEIGHTS      a transformers checkpoint's weights, for --init and sample
 //   napkin hf export MODEL.yaml CKPT -o DIR             a checkpoint for transformers' from_pretrained
@@ -63,12 +63,12 @@
 #include "runtime/error.h"
 #include "runtime/tokenizer.h"
 #include "tools/bpe_train.h"
-#include "tools/byte_tokens.h"
 #include "tools/devices_command.h"
 #include "tools/files.h"
 #include "tools/huggingface.h"
 #include "tools/inference_program.h"
 #include "tools/plot_command.h"
+#include "tools/token_files.h"
 #include "tools/trainer_build.h"
 #include "tools/trainer_cache.h"
 
@@ -805,15 +805,14 @@ int cmd_sample(const SampleArgs& a) {
   return exec_program(*sampler, args);
 }
 
-int cmd_data_encode(const std::vector<std::string>& inputs, const std::string& output) {
+int cmd_data_encode(const tools::EncodeOptions& options) {
   std::string error;
-  int64_t tokens = tools::write_byte_tokens(inputs, output, error);
-  if (tokens < 0) {
+  std::optional<tools::EncodeSummary> summary = tools::encode_text_files(options, error);
+  if (!summary) {
     std::cerr << "error: " << error << "\n";
     return kUserError;
   }
-  std::cout << fmt::format("wrote {}: {} u16 tokens (bytes of {} file{})\n", output, tokens, inputs.size(),
-                           inputs.size() == 1 ? "" : "s");
+  std::cout << tools::summary_line(options, *summary) << "\n";
   return 0;
 }
 
@@ -1081,14 +1080,28 @@ int main(int argc, char** argv) {
   plot->add_option("-o,--output", plot_output, "FILE.svg or FILE.html (default: the first file's name with .html)");
   plot->callback([&] { status = tools::plot_command(plot_inputs, plot_output); });
 
-  std::vector<std::string> encode_inputs;
-  std::string encode_output;
+  tools::EncodeOptions encode_options;
   auto* data = app.add_subcommand("data", "make data files");
   data->require_subcommand(1);
-  auto* encode = data->add_subcommand("encode", "byte-level tokens (u16) from text files");
-  encode->add_option("inputs", encode_inputs, "text files")->required();
-  encode->add_option("-o,--output", encode_output, "token file to write")->required();
-  encode->callback([&] { status = cmd_data_encode(encode_inputs, encode_output); });
+  auto* encode = data->add_subcommand(
+      "encode", "a token file from text files: byte-level BPE with --tokenizer, else one token per byte (vocab 256)");
+  encode->add_option("inputs", encode_options.inputs,
+                     "text files, one document each (any bytes: byte-level BPE needs no UTF-8)")
+      ->required();
+  encode->add_option("-o,--output", encode_options.output, "token file to write")->required();
+  encode->add_option("--tokenizer", encode_options.tokenizer,
+                     "a byte-level BPE tokenizer.json (napkin data bpe's, GPT-2's, ...); without it, byte-level tokens");
+  encode->add_option("--dtype", encode_options.dtype,
+                     "u16 or u32 little-endian ids (default: u16 when the vocabulary fits, else u32)")
+      ->check(CLI::IsMember({"u16", "u32"}));
+  encode->add_flag("--llmc", encode_options.llmc,
+                   "llm.c's 1,024-byte header first (magic, version, token count), as its dev/data scripts write");
+  encode->add_flag("--eot", encode_options.eot,
+                   "the tokenizer's <|endoftext|> (or its one special token) before each document (input file)");
+  encode->add_option("--threads", encode_options.threads, "worker threads (default 0: the CPUs this process may use)");
+  // Testing: tiny blocks exercise the cuts between blocks.
+  encode->add_option("--block-bytes", encode_options.block_bytes, "bytes read at a time")->group("");
+  encode->callback([&] { status = cmd_data_encode(encode_options); });
   BpeArgs bpe_args;
   auto* bpe = data->add_subcommand(
       "bpe", "train a byte-level BPE tokenizer (GPT-2's pre-tokenization) and write its tokenizer.json; the corpus "

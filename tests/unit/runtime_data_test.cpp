@@ -352,6 +352,35 @@ TEST_CASE("data: i32 token files, and token ids checked against the vocabulary")
   CHECK(error_of([&] { data->fill_train(1); }) == path + ": token 10 at position 4 is not below the vocabulary size 10");
 }
 
+TEST_CASE("data: u32 token files hold ids past 65,535 (a large vocabulary's, napkin data encode --dtype u32)") {
+  TempDir dir;
+  const std::string path = dir / "t.u32";
+  write_raw<uint32_t>(path, {70000, 70001, 5, 131071, 9});
+  std::vector<int32_t> x(2), y(2);
+  rt::DataSpec spec;
+  spec.format = rt::DataFormat::Tokens;
+  spec.path = path;
+  spec.token_dtype = rt::parse_token_dtype(path, "u32");
+  spec.order = rt::DataOrder::Sequential;
+  auto slots = [&] {
+    return std::vector<rt::InputSlot>{{"x", rt::DType::I32, {1, 2}, reinterpret_cast<char*>(x.data())},
+                                      {"y", rt::DType::I32, {1, 2}, reinterpret_cast<char*>(y.data())}};
+  };
+  auto data = rt::Dataset::open(spec, slots());
+  CHECK(data->describe() == path + ": 5 u32 tokens (5 train / 0 eval), sequential windows of 3");
+  data->fill_train(0);
+  CHECK(x == std::vector<int32_t>{70000, 70001});
+  CHECK(y == std::vector<int32_t>{70001, 5});
+  data->fill_train(1);
+  CHECK(x == std::vector<int32_t>{5, 131071});
+  CHECK(y == std::vector<int32_t>{131071, 9});
+  spec.vocab_bound = 100000;
+  data = rt::Dataset::open(spec, slots());
+  CHECK(error_of([&] { data->fill_train(1); }) == path + ": token 131071 at position 3 is not below the vocabulary size 100000");
+  write_bytes(path, std::string(6, 'a'));
+  CHECK(error_of([&] { rt::Dataset::open(spec, slots()); }) == path + ": 6 bytes is not a whole number of u32 tokens");
+}
+
 namespace {
 
 // llm.c's .bin as its dev/data/data_common.py write_datafile writes it: 256
@@ -439,7 +468,7 @@ TEST_CASE("data: token file mistakes name the file and what is wrong") {
   // The text of train.data and --order is parsed before the data opens.
   CHECK(error_of([&] { rt::parse_data_order(f.path, "shuffled"); }) ==
         f.path + ": order 'shuffled' is neither 'random' nor 'sequential'");
-  CHECK(error_of([&] { rt::parse_token_dtype(f.path, "u32"); }) == f.path + ": token dtype 'u32' is neither u16 nor i32");
+  CHECK(error_of([&] { rt::parse_token_dtype(f.path, "u8"); }) == f.path + ": token dtype 'u8' is none of u16, u32, i32");
   CHECK(error_of([&] { rt::parse_data_format("csv"); }) == "data format 'csv' is neither 'tokens' nor 'npy'");
 
   // The model's inputs must be two i32 [batch, seq].
