@@ -49,7 +49,6 @@ Exit status 0 when every check passed (and the scaling exponent and encoding spe
 """
 import argparse
 import json
-import math
 import os
 import re
 import shutil
@@ -221,31 +220,27 @@ def worker(kind, spec):
 
 
 class Measured:
-    def __init__(self, seconds, wall, peak_rss, out):
-        self.seconds, self.wall, self.peak_rss, self.out = seconds, wall, peak_rss, out
+    def __init__(self, seconds, wall, peak_rss):
+        self.seconds, self.wall, self.peak_rss = seconds, wall, peak_rss
 
 
 def measure(cmd, env=None, what=None):
-    """Runs cmd in its own process under GNU time: its wall seconds, peak resident set (bytes) and stdout; the
+    """Runs cmd in its own process under GNU time: its wall seconds and peak resident set (bytes), and the
     time the process reports on its last line ({"seconds": S}) when it prints one, else the wall time. (GNU time
     forks it from a small process: Linux keeps a process's peak across exec, so the peak that wait4 gives a child
     forked from this Python would never be below this Python's own.)"""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            tempfile.NamedTemporaryFile("r") as rss:
+    with tempfile.NamedTemporaryFile("r") as rss:
         start = time.perf_counter()
-        p = subprocess.run([TIME, "-f", "%M", "-o", rss.name, *cmd], stdout=out, stderr=err, env=env)
+        p = subprocess.run([TIME, "-f", "%M", "-o", rss.name, *cmd], capture_output=True, text=True, env=env)
         wall = time.perf_counter() - start
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
         peak_kib = rss.read().strip().splitlines()
     if p.returncode != 0:
-        raise SystemExit(f"{what or cmd[0]} failed (exit {p.returncode}): {' '.join(cmd)[:300]}\n{stderr[-3000:]}")
+        raise SystemExit(f"{what or cmd[0]} failed (exit {p.returncode}): {' '.join(cmd)[:300]}\n{p.stderr[-3000:]}")
     seconds = wall
-    lines = stdout.strip().splitlines()
+    lines = p.stdout.strip().splitlines()
     if lines and lines[-1].startswith("{"):
         seconds = json.loads(lines[-1])["seconds"]
-    return Measured(seconds, wall, int(peak_kib[-1]) * 1024, stdout)
+    return Measured(seconds, wall, int(peak_kib[-1]) * 1024)
 
 
 def run_worker(kind, spec, threads):
@@ -438,9 +433,10 @@ def speed(report, args, docs, tmp):
                      f"napkin encodes at least as fast as {name}")
     report.results["speed"] = {
         "corpus_bytes": size, "threads": args.threads, "vocab": args.vocab,
-        "training": {k: {"seconds": m.seconds, "peak_rss_bytes": m.peak_rss} for k, m in train.items()},
-        "encoding": {k: {"seconds": m.seconds, "mb_per_s": size / 1e6 / m.seconds, "peak_rss_bytes": m.peak_rss}
-                     for k, m in enc.items()},
+        "training": {k: {"seconds": m.seconds, "process_seconds": m.wall, "peak_rss_bytes": m.peak_rss}
+                     for k, m in train.items()},
+        "encoding": {k: {"seconds": m.seconds, "process_seconds": m.wall, "mb_per_s": size / 1e6 / m.seconds,
+                         "peak_rss_bytes": m.peak_rss} for k, m in enc.items()},
     }
 
 
@@ -566,16 +562,16 @@ def main():
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--napkin", default=NAPKIN)
-    ap.add_argument("--only", default="correctness,speed,scaling")
-    ap.add_argument("--vocab", type=int, default=10000)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--napkin", default=NAPKIN, help="the napkin binary (default: build/tools/napkin)")
+    ap.add_argument("--only", default="correctness,speed,scaling", help="a comma-separated subset of the parts")
+    ap.add_argument("--vocab", type=int, default=10000, help="the trained vocabulary (256 + merges + 1 special)")
+    ap.add_argument("--threads", type=int, default=2, help="threads of every tool that has threads")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs of each, the best kept")
     ap.add_argument("--skip-reference", action="store_true", 
                     help="speed: do not time bpe_reference.py (about a minute)")
-    ap.add_argument("--corpus-dir", default=CORPUS_DIR)
+    ap.add_argument("--corpus-dir", default=CORPUS_DIR, help="where the corpus is extracted (once)")
     ap.add_argument("--json", help="write the results there")
-    ap.add_argument("--write-fixtures", action="store_true")
+    ap.add_argument("--write-fixtures", action="store_true", help="write tests/e2e/data/bpe and stop")
     args = ap.parse_args()
 
     ensure_packages()
