@@ -220,27 +220,31 @@ def worker(kind, spec):
 
 
 class Measured:
-    def __init__(self, seconds, wall, peak_rss):
-        self.seconds, self.wall, self.peak_rss = seconds, wall, peak_rss
+    def __init__(self, seconds, wall, cpu, peak_rss):
+        self.seconds, self.wall, self.cpu, self.peak_rss = seconds, wall, cpu, peak_rss
+
+    def cores(self):
+        """The process's CPU time over its wall time: how many cores it kept busy on average."""
+        return self.cpu / self.wall
 
 
 def measure(cmd, env=None, what=None):
-    """Runs cmd in its own process under GNU time: its wall seconds and peak resident set (bytes), and the
+    """Runs cmd in its own process under GNU time: its wall and CPU seconds and peak resident set (bytes), and the
     time the process reports on its last line ({"seconds": S}) when it prints one, else the wall time. (GNU time
     forks it from a small process: Linux keeps a process's peak across exec, so the peak that wait4 gives a child
     forked from this Python would never be below this Python's own.)"""
     with tempfile.NamedTemporaryFile("r") as rss:
         start = time.perf_counter()
-        p = subprocess.run([TIME, "-f", "%M", "-o", rss.name, *cmd], capture_output=True, text=True, env=env)
+        p = subprocess.run([TIME, "-f", "%M %U %S", "-o", rss.name, *cmd], capture_output=True, text=True, env=env)
         wall = time.perf_counter() - start
-        peak_kib = rss.read().strip().splitlines()
+        peak_kib, user, system = rss.read().strip().splitlines()[-1].split()
     if p.returncode != 0:
         raise SystemExit(f"{what or cmd[0]} failed (exit {p.returncode}): {' '.join(cmd)[:300]}\n{p.stderr[-3000:]}")
     seconds = wall
     lines = p.stdout.strip().splitlines()
     if lines and lines[-1].startswith("{"):
         seconds = json.loads(lines[-1])["seconds"]
-    return Measured(seconds, wall, int(peak_kib[-1]) * 1024)
+    return Measured(seconds, wall, float(user) + float(system), int(peak_kib) * 1024)
 
 
 def run_worker(kind, spec, threads):
@@ -419,24 +423,25 @@ def speed(report, args, docs, tmp):
     enc["tiktoken"] = best([run_worker("tiktoken_encode", spec, args.threads) for _ in range(args.repeat)])
     enc["tokenizers encode_batch"] = best([run_worker("hf_encode", spec, args.threads) for _ in range(args.repeat)])
 
-    print(f"\n  training, vocab {args.vocab}          seconds   peak MiB   vs napkin")
+    print("  (cores: the process's CPU time over its wall time, imports and loading included)")
+    print(f"\n  training, vocab {args.vocab}          seconds   peak MiB   cores   vs napkin")
     base = train["napkin data bpe"].seconds
     for name, m in train.items():
-        print(f"  {name:32s} {m.seconds:8.2f} {mb(m.peak_rss)}   {m.seconds / base:6.2f}x")
-    print(f"\n  encoding (napkin's tokenizer)       MB/s    seconds   peak MiB   napkin's speed / its")
+        print(f"  {name:32s} {m.seconds:8.2f} {mb(m.peak_rss)} {m.cores():7.2f}   {m.seconds / base:6.2f}x")
+    print(f"\n  encoding (napkin's tokenizer)       MB/s    seconds   peak MiB   cores   napkin's speed / its")
     napkin_speed = size / 1e6 / enc["napkin data encode"].seconds
     for name, m in enc.items():
-        print(f"  {name:32s} {size / 1e6 / m.seconds:7.1f} {m.seconds:9.2f} {mb(m.peak_rss)}   "
+        print(f"  {name:32s} {size / 1e6 / m.seconds:7.1f} {m.seconds:9.2f} {mb(m.peak_rss)} {m.cores():7.2f}   "
               f"{napkin_speed / (size / 1e6 / m.seconds):6.2f}x")
     for name in ("tiktoken", "tokenizers encode_batch"):
         report.check(enc[name].seconds >= enc["napkin data encode"].seconds,
                      f"napkin encodes at least as fast as {name}")
     report.results["speed"] = {
         "corpus_bytes": size, "threads": args.threads, "vocab": args.vocab,
-        "training": {k: {"seconds": m.seconds, "process_seconds": m.wall, "peak_rss_bytes": m.peak_rss}
-                     for k, m in train.items()},
-        "encoding": {k: {"seconds": m.seconds, "process_seconds": m.wall, "mb_per_s": size / 1e6 / m.seconds,
-                         "peak_rss_bytes": m.peak_rss} for k, m in enc.items()},
+        "training": {k: {"seconds": m.seconds, "process_seconds": m.wall, "process_cpu_seconds": m.cpu,
+                         "peak_rss_bytes": m.peak_rss} for k, m in train.items()},
+        "encoding": {k: {"seconds": m.seconds, "process_seconds": m.wall, "process_cpu_seconds": m.cpu,
+                         "mb_per_s": size / 1e6 / m.seconds, "peak_rss_bytes": m.peak_rss} for k, m in enc.items()},
     }
 
 
