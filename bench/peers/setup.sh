@@ -9,7 +9,8 @@
 #          wheel is the CUDA build, which needs its CUDA libraries to import,
 #          about 5 GB in all), jax[cpu] (XLA's whole-step jit), tinygrad
 #          (TinyJit), numpy, transformers and safetensors (the Hugging Face
-#          references of bench/hf_parity.py)
+#          references of bench/hf_parity.py), tokenizers, tiktoken and regex
+#          (bench/tokenizer.py)
 #   apt:   python3-torch and libopenblas0-pthread (without it Debian's torch
 #          runs on the reference BLAS, 30x slower)
 #
@@ -45,6 +46,11 @@ have numpy || want+=(numpy)
 # The references a user trusts for Hugging Face models (bench/hf_parity.py).
 have transformers || want+=(transformers)
 have safetensors || want+=(safetensors)
+# The BPE tokenizers napkin's are compared with (bench/tokenizer.py): Hugging Face tokenizers, tiktoken, and the
+# regex module that GPT-2's pre-tokenization pattern needs (bench/bpe_reference.py).
+have tokenizers || want+=(tokenizers)
+have tiktoken || want+=(tiktoken)
+have regex || want+=(regex)
 if ((${#want[@]})); then
   echo "bench peers: pip install ${want[*]} (PyPI)"
   "$venv/bin/pip" install -q --upgrade "${want[@]}"
