@@ -23,6 +23,8 @@ Checks (--only correctness), each a failure when it does not hold:
      special token followed by `tokenizers`' encode(document).ids for each document in order; and decoding
      napkin's ids gives each document back, byte for byte, both through `tokenizers`' decode and through the
      tokenizer.json's vocabulary read here;
+  3b. the same with a third tokenizer `tokenizers` trains pre-tokenizing by Llama 3's pattern (a Split by it, then
+     ByteLevel without a regex, as Llama 3's tokenizer.json has it);
   4. napkin's tokenizer has bench/bpe_reference.py's merges, all of them, in the same order (SPEC39's rule);
   (tiktoken's ids with napkin's merges are compared too and reported, not required: tiktoken merges by the rank of
   the joined bytes, not of the pair, which can differ from BPE on rare pieces.)
@@ -89,10 +91,23 @@ def total_bytes(paths):
 # The peers, each run in a process of its own (--worker KIND JSON): they print one JSON line with their seconds
 
 
-def hf_trainer_tokenizer(vocab, special):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+# Llama 3's pre-tokenization pattern (tiktoken's cl100k_base), which its tokenizer.json applies with a Split
+# before a ByteLevel pre-tokenizer without its own regex.
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def hf_trainer_tokenizer(vocab, special, pattern="gpt2"):
+    """tokenizers' BPE and its trainer, pre-tokenizing by GPT-2's pattern (a ByteLevel pre-tokenizer) or by Llama
+    3's (a Split by it, then ByteLevel without a regex, as Llama 3's tokenizer.json does)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if pattern == "llama3":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[special], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -117,7 +132,7 @@ def worker(kind, spec):
     threads = spec.get("threads", 2)
     start = time.perf_counter()
     if kind == "hf_train":
-        tok, trainer = hf_trainer_tokenizer(spec["vocab"], SPECIAL)
+        tok, trainer = hf_trainer_tokenizer(spec["vocab"], SPECIAL, spec.get("pattern", "gpt2"))
         start = time.perf_counter()
         tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
         seconds = time.perf_counter() - start
@@ -302,6 +317,9 @@ def correctness(report, args, docs, tmp):
 
     napkin_docs = check_encoding(report, args.napkin, docs, texts, napkin_json, "napkin-trained", tmp, args.threads)
     check_encoding(report, args.napkin, docs, texts, hf_json, "tokenizers-trained", tmp, args.threads)
+    llama3_json = os.path.join(tmp, "hf-llama3.json")
+    run_worker("hf_train", {"docs": docs, "vocab": args.vocab, "out": llama3_json, "pattern": "llama3"}, args.threads)
+    check_encoding(report, args.napkin, docs, texts, llama3_json, "tokenizers-trained-llama3", tmp, args.threads)
     if napkin_docs is not None:
         enc = tiktoken_encoding(napkin_json)
         tk = enc.encode_ordinary_batch(texts, num_threads=args.threads)
@@ -467,6 +485,11 @@ def write_fixtures(docs, corpus_dir):
     hf_json = os.path.join(FIXTURE_DIR, "hf_tokenizer.json")
     tok.save(hf_json, pretty=False)
     hf_ids_with_eot(Tokenizer.from_file(hf_json), texts).tofile(os.path.join(FIXTURE_DIR, "hf_ids.u16"))
+    tok, trainer = hf_trainer_tokenizer(FIXTURE_HF_VOCAB, SPECIAL, "llama3")
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    llama3_json = os.path.join(FIXTURE_DIR, "llama3_tokenizer.json")
+    tok.save(llama3_json, pretty=False)
+    hf_ids_with_eot(Tokenizer.from_file(llama3_json), texts).tofile(os.path.join(FIXTURE_DIR, "llama3_ids.u16"))
     merges = bpe_reference.train_bpe(texts, FIXTURE_REFERENCE_VOCAB, [SPECIAL])
     bpe_reference.write_merges(os.path.join(FIXTURE_DIR, "reference_merges.txt"), merges)
     hf_ids_with_eot(napkin_layout_tokenizer(merges), texts).tofile(os.path.join(FIXTURE_DIR, "reference_ids.u16"))

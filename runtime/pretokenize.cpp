@@ -88,8 +88,61 @@ size_t gpt2_piece_end(std::string_view text, size_t begin) {
   return end == text.size() || last == begin ? end : last;
 }
 
+size_t llama3_piece_end(std::string_view text, size_t begin) {
+  char32_t c;
+  const size_t n = unicode::decode_utf8(text, begin, c);
+  const CharClass cls = classify(c);
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+  if (c == '\'') {
+    // ASCII letters only: `| 0x20` lowers 'A'-'Z' and moves no other byte into 'a'-'z'.
+    const auto lower = [&](size_t k) { return k < text.size() ? static_cast<char>(text[k] | 0x20) : '\0'; };
+    const char a = lower(begin + 1), b = lower(begin + 2);
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return begin + 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return begin + 3;
+  }
+  // [^\r\n\p{L}\p{N}]?\p{L}+
+  if (cls == CharClass::Letter) return run_end(text, begin, CharClass::Letter);
+  char32_t next = 0;
+  const bool has_next = begin + n < text.size();
+  if (has_next) unicode::decode_utf8(text, begin + n, next);
+  if (cls != CharClass::Number && c != '\r' && c != '\n' && has_next && classify(next) == CharClass::Letter)
+    return run_end(text, begin + n, CharClass::Letter);
+  // \p{N}{1,3}
+  if (cls == CharClass::Number) {
+    size_t end = begin + n;
+    for (int k = 1; k < 3 && end < text.size(); ++k) {
+      char32_t d;
+      const size_t m = unicode::decode_utf8(text, end, d);
+      if (classify(d) != CharClass::Number) break;
+      end += m;
+    }
+    return end;
+  }
+  // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+  size_t start = begin;
+  if (c == ' ' && has_next && classify(next) == CharClass::Other) start = begin + 1;
+  if (start != begin || cls == CharClass::Other) {
+    size_t end = run_end(text, start, CharClass::Other);
+    while (end < text.size() && (text[end] == '\r' || text[end] == '\n')) ++end;
+    return end;
+  }
+  // Whitespace. `\s*[\r\n]+`: through the run's last newline; else
+  // `\s+(?!\S)`, `\s+` as GPT-2's.
+  size_t end = begin, last = begin, after_newline = 0;
+  while (end < text.size()) {
+    char32_t w;
+    const size_t k = unicode::decode_utf8(text, end, w);
+    if (classify(w) != CharClass::Space) break;
+    if (w == '\r' || w == '\n') after_newline = end + 1;
+    last = end;
+    end += k;
+  }
+  if (after_newline) return after_newline;
+  return end == text.size() || last == begin ? end : last;
+}
+
 bool is_safe_cut(std::string_view text, size_t pos) {
-  return pos >= 1 && pos < text.size() && ascii_non_space(text[pos - 1]) && ascii_space(text[pos]);
+  return pos >= 1 && pos < text.size() && ascii_non_space(text[pos - 1]) && (text[pos] == ' ' || text[pos] == '\t');
 }
 
 std::vector<size_t> safe_cuts(std::string_view text, size_t parts) {

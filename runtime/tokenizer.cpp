@@ -16,11 +16,14 @@ namespace {
 
 using Json = nlohmann::json;
 
-// GPT-2's pre-tokenization pattern as tokenizer.json spells it in a Split
-// pre-tokenizer (a ByteLevel pre-tokenizer with use_regex applies it
-// implicitly).
+// The pre-tokenization patterns as tokenizer.json spells them in a Split
+// pre-tokenizer (a ByteLevel pre-tokenizer with use_regex applies GPT-2's
+// implicitly): runtime/pretokenize.h cuts by them.
 constexpr std::string_view kGpt2Pattern =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+constexpr std::string_view kLlama3Pattern =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 std::string utf8(char32_t c) {
   std::string s;
@@ -96,10 +99,12 @@ bool is_null_or(const Json& j, const char* key, const Json& value) {
   return !j.contains(key) || j[key].is_null() || j[key] == value;
 }
 
-// Checks that a pre_tokenizer is GPT-2's: a ByteLevel one applying the
-// pattern itself, or (Llama 3's layout) a Split by GPT-2's pattern followed
-// by a ByteLevel one that does not. Returns what is unsupported, or "".
-std::string pre_tokenizer_problem(const Json& p) {
+// Checks that a pre_tokenizer is of GPT-2's kind: a ByteLevel one applying
+// GPT-2's pattern itself, or (Llama 3's layout) a Split by GPT-2's or Llama
+// 3's pattern followed by a ByteLevel one that does not, and sets `pattern`.
+// Returns what is unsupported, or "".
+std::string pre_tokenizer_problem(const Json& p, Pattern& pattern) {
+  pattern = Pattern::Gpt2;
   const std::string type = type_of(p);
   if (type == "ByteLevel") {
     if (!is_null_or(p, "add_prefix_space", false)) return "a ByteLevel pre-tokenizer with add_prefix_space: true";
@@ -112,13 +117,17 @@ std::string pre_tokenizer_problem(const Json& p) {
     const Json& byte_level = p["pretokenizers"][1];
     if (type_of(split) != "Split" || type_of(byte_level) != "ByteLevel")
       return "a Sequence pre-tokenizer other than [Split, ByteLevel]";
-    const Json& pattern = split.value("pattern", Json());
-    const std::string regex = pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()
-                                  ? pattern["Regex"].get<std::string>()
+    const Json& spelled = split.value("pattern", Json());
+    const std::string regex = spelled.is_object() && spelled.contains("Regex") && spelled["Regex"].is_string()
+                                  ? spelled["Regex"].get<std::string>()
                                   : "";
-    if (regex != kGpt2Pattern)
-      return fmt::format("a Split pre-tokenizer by the pattern {} (napkin pre-tokenizes by GPT-2's pattern only)",
-                         regex.empty() ? pattern.dump() : regex);
+    if (regex == kLlama3Pattern) {
+      pattern = Pattern::Llama3;
+    } else if (regex != kGpt2Pattern) {
+      return fmt::format("a Split pre-tokenizer by the pattern {} (napkin pre-tokenizes by GPT-2's or Llama 3's "
+                         "pattern only)",
+                         regex.empty() ? split.value("pattern", Json()).dump() : regex);
+    }
     if (split.value("behavior", std::string("Isolated")) != "Isolated" || !is_null_or(split, "invert", false))
       return "a Split pre-tokenizer that does not isolate its matches";
     if (!is_null_or(byte_level, "add_prefix_space", false) || !is_null_or(byte_level, "use_regex", false))
@@ -162,9 +171,8 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     refuse(fmt::format("a {} normalizer", type_of(j["normalizer"]).empty() ? j["normalizer"].dump()
                                                                              : type_of(j["normalizer"])));
-  if (std::string p = pre_tokenizer_problem(j.value("pre_tokenizer", Json())); !p.empty()) refuse(p);
-
   Tokenizer t;
+  if (std::string p = pre_tokenizer_problem(j.value("pre_tokenizer", Json()), t.pattern_); !p.empty()) refuse(p);
   t.ignore_merges_ = model.value("ignore_merges", false);
   // Added tokens first: their texts are matched verbatim and need not be
   // spelled in the byte alphabet.
@@ -292,18 +300,28 @@ std::string Tokenizer::to_json() const {
   for (const auto& [l, r] : merges_) merges.push_back(spell(tokens_[l]) + " " + spell(tokens_[r]));
   Ordered post = byte_level;
   post["trim_offsets"] = false;
+  Ordered pre_tokenizer = byte_level;
+  if (pattern_ == Pattern::Llama3) {
+    Ordered after_split = byte_level;
+    after_split["use_regex"] = false;
+    pre_tokenizer = {{"type", "Sequence"},
+                     {"pretokenizers",
+                      {{{"type", "Split"}, {"pattern", {{"Regex", std::string(kLlama3Pattern)}}},
+                        {"behavior", "Isolated"}, {"invert", false}},
+                       after_split}}};
+  }
   const Ordered j = {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
       {"added_tokens", added},
       {"normalizer", nullptr},
-      {"pre_tokenizer", byte_level},
+      {"pre_tokenizer", pre_tokenizer},
       {"post_processor", post},
       {"decoder", byte_level},
       {"model",
        {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", ignore_merges_},
         {"vocab", vocab}, {"merges", merges}}},
   };
   return j.dump(2) + "\n";
@@ -353,7 +371,7 @@ void Encoder::encode(std::string_view text, std::vector<int32_t>& out) {
 }
 
 void Encoder::encode_ordinary(std::string_view text, std::vector<int32_t>& out) {
-  for_each_piece(text, [&](std::string_view piece) { encode_piece(piece, out); });
+  for_each_piece(text, [&](std::string_view piece) { encode_piece(piece, out); }, t_.pattern_);
 }
 
 void Encoder::encode_piece(std::string_view piece, std::vector<int32_t>& out) {

@@ -1,6 +1,6 @@
 // Byte-level BPE tokenizers of GPT-2's kind, read from and written to Hugging
 // Face's tokenizer.json: a vocabulary of byte strings, a ranked list of
-// merges, GPT-2's pre-tokenization (runtime/pretokenize.h) and special tokens
+// merges, GPT-2's or Llama 3's pre-tokenization (runtime/pretokenize.h) and special tokens
 // ("<|endoftext|>") that are matched in the text before pre-tokenization and
 // never merged. The trainer's sampler decodes with it, `napkin data encode`
 // encodes with it, `napkin data bpe` writes one.
@@ -20,6 +20,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "runtime/pretokenize.h"
 
 namespace napkin::tokenizer {
 
@@ -48,6 +50,8 @@ class Tokenizer {
   // The id of a special token's text, or -1.
   int32_t special_id(std::string_view text) const;
   const std::vector<std::pair<int32_t, int32_t>>& merges() const { return merges_; }
+  // The pre-tokenization pattern: GPT-2's, or Llama 3's (tiktoken's cl100k).
+  Pattern pattern() const { return pattern_; }
   // The id of the one-byte token of byte `b` (every byte-level BPE has all 256).
   int32_t byte_id(uint8_t b) const { return byte_ids_[b]; }
 
@@ -64,6 +68,7 @@ class Tokenizer {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merge_of_;  // (left << 32 | right) -> (rank, result)
   std::vector<SpecialToken> specials_;
   bool ignore_merges_ = false;  // a piece that is a token is that token (Llama 3's tokenizer.json)
+  Pattern pattern_ = Pattern::Gpt2;
 };
 
 // Encodes text with one tokenizer. Not thread-safe (it caches each piece's

@@ -119,6 +119,15 @@ TEST_CASE("bpe fixture: napkin data encode --tokenizer gives tokenizers' ids, wi
   CHECK(difference(read_bytes(dir / "napkin.u16"), fixture("reference_ids.u16")) == "");
 }
 
+TEST_CASE("bpe fixture: a tokenizer.json of Llama 3's layout (a Split by its pattern) encodes to tokenizers' ids") {
+  TempDir dir("bpe-fixture-llama3");
+  run_napkin(fmt::format("data encode {} --tokenizer {}/llama3_tokenizer.json --eot -o {}", kDocuments, kFixture,
+                         dir / "llama3.u16"));
+  CHECK(difference(read_bytes(dir / "llama3.u16"), fixture("llama3_ids.u16")) == "");
+  // Not GPT-2's ids: the pattern matters on this text.
+  CHECK(read_bytes(dir / "llama3.u16") != fixture("hf_ids.u16"));
+}
+
 TEST_CASE("bpe fixture: napkin decodes tokenizers' ids back to the documents, byte for byte") {
   const tok::Tokenizer hf = tok::Tokenizer::load(fixture_path("hf_tokenizer.json"));
   const int32_t eot = hf.special_id("<|endoftext|>");

@@ -44,6 +44,31 @@ TEST_CASE("pretokenize: GPT-2's pattern cuts as Python's regex module does") {
   CHECK(pieces("\n\n\nfoo") == Pieces{"\n\n", "\n", "foo"});
 }
 
+std::vector<std::string> llama3_pieces(std::string_view text) {
+  std::vector<std::string> out;
+  tokenizer::for_each_piece(text, [&](std::string_view p) { out.emplace_back(p); }, tokenizer::Pattern::Llama3);
+  return out;
+}
+
+TEST_CASE("pretokenize: Llama 3's pattern cuts as Python's regex module does") {
+  // Each expected list was printed by regex.findall(Llama 3's pattern, text) (regex 2024).
+  CHECK(llama3_pieces("Hello world's end") == Pieces{"Hello", " world", "'s", " end"});
+  CHECK(llama3_pieces("I'LL DON'T we'Ve") == Pieces{"I", "'LL", " DON", "'T", " we", "'Ve"});
+  CHECK(llama3_pieces("  two  spaces\n\n  x") == Pieces{" ", " two", " ", " spaces", "\n\n", " ", " x"});
+  CHECK(llama3_pieces("x   \n\tword") == Pieces{"x", "   \n", "\tword"});
+  CHECK(llama3_pieces("tail   ") == Pieces{"tail", "   "});
+  CHECK(llama3_pieces("(hello) [world]!!\n\nnext") == Pieces{"(hello", ")", " [", "world", "]!!\n\n", "next"});
+  CHECK(llama3_pieces("12345 678 9") == Pieces{"123", "45", " ", "678", " ", "9"});
+  CHECK(llama3_pieces("a.\n\nb") == Pieces{"a", ".\n\n", "b"});
+  CHECK(llama3_pieces("end.\r\nNext") == Pieces{"end", ".\r\n", "Next"});
+  CHECK(llama3_pieces("café ½½½½ 四五六 ok!!\u00a0nbsp") ==
+        Pieces{"café", " ", "½½½", "½", " 四五六", " ok", "!!", "\u00a0nbsp"});
+  CHECK(llama3_pieces(" \n b") == Pieces{" \n", " b"});
+  CHECK(llama3_pieces("\tword ,word") == Pieces{"\tword", " ,", "word"});
+  CHECK(llama3_pieces("?'s!  'll") == Pieces{"?'", "s", "!", " ", " '", "ll"});
+  CHECK(llama3_pieces("a  \n b") == Pieces{"a", "  \n", " b"});
+}
+
 TEST_CASE("pretokenize: bytes that are not UTF-8 are one-byte 'other' characters, and every byte is kept") {
   // 0xff and a lone continuation byte 0x80 and a truncated 3-byte sequence.
   const std::string text = "ab\xff\x80 cd \xe2\x82 x";
@@ -75,14 +100,27 @@ TEST_CASE("pretokenize: cutting at a safe cut gives the same pieces as the whole
     from = to;
   }
   CHECK(joined == whole);
-  // The rule is needed: after a space, cutting changes the pieces.
+  // The same cuts hold for Llama 3's pattern.
+  Pieces joined_llama3;
+  from = 0;
+  for (size_t k = 0; k <= cuts.size(); ++k) {
+    const size_t to = k < cuts.size() ? cuts[k] : text.size();
+    for (std::string& p : llama3_pieces(std::string_view(text).substr(from, to - from)))
+      joined_llama3.push_back(std::move(p));
+    from = to;
+  }
+  CHECK(joined_llama3 == llama3_pieces(text));
+  // Before a newline is not a cut: Llama 3's punctuation takes the newlines after it.
+  CHECK_FALSE(tokenizer::is_safe_cut("end.\nNext", 4));
+  CHECK(llama3_pieces("end.\nNext") == Pieces{"end", ".\n", "Next"});
+  // The rule is needed: after a space, cutting changes GPT-2's pieces.
   CHECK_FALSE(tokenizer::is_safe_cut("a  \nb", 3));
   CHECK(pieces("a  \nb") == Pieces{"a", "  ", "\n", "b"});
   CHECK(pieces("a ") == Pieces{"a", " "});
   CHECK(pieces(" \nb") == Pieces{" ", "\n", "b"});
   CHECK_FALSE(tokenizer::is_safe_cut("a b", 2));  // " b" is one piece
   CHECK(tokenizer::is_safe_cut("a b", 1));
-  CHECK(tokenizer::safe_cuts("no_space_at_all", 4).empty());
+  CHECK(tokenizer::safe_cuts("no_space_at_all\nlines\n", 4).empty());
   // A text whose lines all start with spaces (the KJV's verses) has cuts too.
   CHECK(tokenizer::safe_cuts("   1:1 In the beginning\n\n   1:2 And the earth", 4).size() == 3);
 }
@@ -177,6 +215,42 @@ TEST_CASE("tokenizer: tokenizer.json written and read back encodes the same") {
   CHECK(tokenizer::Tokenizer::load(dir / "pairs.json").merges() == t.merges());
 }
 
+TEST_CASE("tokenizer: a Llama 3 tokenizer.json (a Split by its pattern) is read, written and encodes by it") {
+  testing::TempDir dir("tokenizer");
+  // "(" + "t" joins only where a piece holds both: in Llama 3's "(the", not in GPT-2's "(", "the".
+  tokenizer::Tokenizer gpt2 = tokenizer::Tokenizer::from_merges({{"(", "t"}, {"h", "e"}, {"1", "2"}}, {"<|endoftext|>"});
+  std::string json = gpt2.to_json();
+  // Llama 3's pre-tokenizer layout, as its tokenizer.json has it.
+  const std::string byte_level =
+      R"({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})";
+  const size_t at = json.find("\"pre_tokenizer\"");
+  REQUIRE(at != std::string::npos);
+  const size_t end = json.find('}', at) + 1;
+  json.replace(at, end - at,
+               R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": )"
+               R"("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|)"
+               R"(\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}, "behavior": "Isolated", "invert": false}, )"
+               R"({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})");
+  testing::write_bytes(dir / "llama3.json", json);
+  const tokenizer::Tokenizer t = tokenizer::Tokenizer::load(dir / "llama3.json");
+  CHECK(t.pattern() == tokenizer::Pattern::Llama3);
+  const std::string text = "(the theater) 12345 THE'S\n\n";
+  std::vector<int32_t> ids;
+  tokenizer::Encoder(t).encode(text, ids);
+  CHECK(t.decode(ids) == text);
+  CHECK(std::count(ids.begin(), ids.end(), t.merges()[0].first) == 0);  // "(" was merged
+  std::vector<int32_t> pieces_ids;
+  for (const std::string& p : llama3_pieces(text)) tokenizer::Encoder(t).encode_ordinary(p, pieces_ids);
+  CHECK(ids == pieces_ids);
+  std::vector<int32_t> by_gpt2;
+  tokenizer::Encoder(gpt2).encode(text, by_gpt2);
+  CHECK(ids != by_gpt2);
+  CHECK(std::count(by_gpt2.begin(), by_gpt2.end(), t.merges()[0].first) == 1);
+  // Written back, it is still Llama 3's.
+  testing::write_bytes(dir / "again.json", t.to_json());
+  CHECK(tokenizer::Tokenizer::load(dir / "again.json").pattern() == tokenizer::Pattern::Llama3);
+}
+
 TEST_CASE("tokenizer: a tokenizer.json of another kind is refused by what it is") {
   testing::TempDir dir("tokenizer");
   const auto load_error = [&](const std::string& json) {
@@ -200,7 +274,7 @@ TEST_CASE("tokenizer: a tokenizer.json of another kind is refused by what it is"
   CHECK(load_error(R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": )"
                    R"({"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated"}, {"type": "ByteLevel", "use_regex": false}]}, )"
                    R"("model": )" + bpe + "}")
-            .find("GPT-2's pattern only") != std::string::npos);
+            .find("GPT-2's or Llama 3's pattern only") != std::string::npos);
 }
 
 }  // namespace
