@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <queue>
 
 #include "runtime/error.h"
 #include "runtime/pretokenize.h"
@@ -374,6 +375,39 @@ void Encoder::encode_ordinary(std::string_view text, std::vector<int32_t>& out) 
   for_each_piece(text, [&](std::string_view piece) { encode_piece(piece, out); }, t_.pattern_);
 }
 
+void Encoder::merge_long(std::vector<int32_t>& ids) const {
+  // Symbols in a linked list; candidate merges in a min-heap by (rank,
+  // position), so equal ranks go leftmost first. An entry is stale once
+  // either of its symbols has changed: it is dropped when it surfaces.
+  struct Candidate {
+    int32_t rank, at, left, right, result;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : at > o.at; }
+  };
+  const auto n = static_cast<int32_t>(ids.size());
+  std::vector<int32_t> next(static_cast<size_t>(n)), prev(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) next[i] = i + 1 < n ? i + 1 : -1, prev[i] = i - 1;
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  const auto consider = [&](int32_t at) {
+    if (at < 0 || next[at] < 0) return;
+    auto m = t_.merge_of_.find(pair_key(ids[at], ids[next[at]]));
+    if (m != t_.merge_of_.end()) heap.push({m->second.first, at, ids[at], ids[next[at]], m->second.second});
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) consider(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    const int32_t right = next[c.at];
+    if (right < 0 || ids[c.at] != c.left || ids[right] != c.right || ids[c.at] < 0) continue;
+    ids[c.at] = c.result;
+    ids[right] = -1;  // gone
+    next[c.at] = next[right];
+    if (next[right] >= 0) prev[next[right]] = c.at;
+    consider(prev[c.at]);
+    consider(c.at);
+  }
+  ids.erase(std::remove(ids.begin(), ids.end(), -1), ids.end());
+}
+
 void Encoder::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
   if (piece.size() == 1) {
     out.push_back(t_.byte_ids_[static_cast<uint8_t>(piece[0])]);
@@ -391,8 +425,11 @@ void Encoder::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
   if (ids.empty()) {
     for (char b : piece) ids.push_back(t_.byte_ids_[static_cast<uint8_t>(b)]);
     // Merge the adjacent pair of lowest rank (the leftmost among equals)
-    // until no pair has a merge: tokenizers' and tiktoken's order.
-    while (ids.size() > 1) {
+    // until no pair has a merge: tokenizers' and tiktoken's order. A scan
+    // per merge is fastest for the short pieces of text; a long one (a run
+    // of 100,000 '=') would make it quadratic, so it takes a heap.
+    if (ids.size() > kLongPiece) merge_long(ids);
+    while (ids.size() > 1 && ids.size() <= kLongPiece) {
       int32_t best_rank = std::numeric_limits<int32_t>::max(), best_result = -1;
       size_t best_at = 0;
       for (size_t i = 0; i + 1 < ids.size(); ++i) {

@@ -85,6 +85,9 @@ class Encoder {
 
  private:
   void encode_piece(std::string_view piece, std::vector<int32_t>& out);
+  // Merges a piece longer than kLongPiece bytes in O(n log n).
+  void merge_long(std::vector<int32_t>& ids) const;
+  static constexpr size_t kLongPiece = 64;
   // Looked up by string_view, so a cached piece costs no string copy.
   struct PieceHash {
     using is_transparent = void;

@@ -179,6 +179,20 @@ TEST_CASE("tokenizer: encoding equals a plain BPE, and decoding gives the text b
   CHECK(again == ids);
 }
 
+TEST_CASE("tokenizer: long pieces (merged by a heap, not a scan per merge) encode as a plain BPE") {
+  const tokenizer::Tokenizer t = tokenizer::Tokenizer::from_merges(
+      {{"=", "="}, {"==", "=="}, {"a", "b"}, {"ab", "ab"}, {"b", "a"}, {"abab", "a"}, {"====", "="}, {"c", "ab"}},
+      {});
+  std::string text = std::string(5001, '=') + " " + "c";
+  for (int i = 0; i < 700; ++i) text += i % 7 == 0 ? "cab" : i % 5 == 0 ? "ba" : "ab";
+  text += " x" + std::string(65, '=') + " " + std::string(64, '=');
+  tokenizer::Encoder e(t);
+  std::vector<int32_t> ids;
+  e.encode(text, ids);
+  CHECK(ids == reference_encode(t, text));
+  CHECK(t.decode(ids) == text);
+}
+
 TEST_CASE("tokenizer: special tokens split the text and are never merged") {
   const tokenizer::Tokenizer t = small_tokenizer();
   tokenizer::Encoder e(t);
