@@ -99,6 +99,8 @@ size_t llama3_piece_end(std::string_view text, size_t begin) {
     const char a = lower(begin + 1), b = lower(begin + 2);
     if (a == 's' || a == 't' || a == 'm' || a == 'd') return begin + 2;
     if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return begin + 3;
+    // U+017F (long s) folds to 's' under Unicode case folding, as (?i) matches it.
+    if (text.substr(begin + 1, 2) == "\xc5\xbf") return begin + 3;
   }
   // [^\r\n\p{L}\p{N}]?\p{L}+
   if (cls == CharClass::Letter) return run_end(text, begin, CharClass::Letter);

@@ -131,8 +131,10 @@ std::string pre_tokenizer_problem(const Json& p, Pattern& pattern) {
     }
     if (split.value("behavior", std::string("Isolated")) != "Isolated" || !is_null_or(split, "invert", false))
       return "a Split pre-tokenizer that does not isolate its matches";
-    if (!is_null_or(byte_level, "add_prefix_space", false) || !is_null_or(byte_level, "use_regex", false))
-      return "a ByteLevel pre-tokenizer after a Split that adds a prefix space or splits again";
+    // tokenizers' ByteLevel applies GPT-2's regex unless use_regex is false.
+    if (!is_null_or(byte_level, "add_prefix_space", false) || !byte_level.contains("use_regex") ||
+        byte_level["use_regex"] != false)
+      return "a ByteLevel pre-tokenizer after a Split that adds a prefix space or splits again (use_regex is not false)";
     return "";
   }
   if (p.is_null()) return "no pre-tokenizer (a byte-level BPE needs GPT-2's ByteLevel pre-tokenizer)";
@@ -145,6 +147,14 @@ std::string pre_tokenizer_problem(const Json& p, Pattern& pattern) {
 const std::string& byte_char(uint8_t b) { return alphabet().chars[b]; }
 
 Tokenizer Tokenizer::load(const std::string& path) {
+  try {
+    return load_json(path);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type ("ignore_merges": null)
+    throw runtime::Error(fmt::format("{}: not a tokenizer.json napkin can read: {}", path, e.what()));
+  }
+}
+
+Tokenizer Tokenizer::load_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw runtime::Error(fmt::format("{}: cannot read the tokenizer", path));
   Json j;
@@ -193,7 +203,13 @@ Tokenizer Tokenizer::load(const std::string& path) {
       t.specials_.push_back({a["content"].get<std::string>(), static_cast<int32_t>(id)});
     }
   }
+  // Ids are dense: each below the number of entries (a stray 2^31 would
+  // otherwise allocate a table of that size).
+  const int64_t entries = static_cast<int64_t>(model["vocab"].size() + added.size());
   const auto grow = [&](int64_t id) {
+    if (id >= entries)
+      throw runtime::Error(fmt::format("{}: id {} is past the {} tokens of the vocab and added_tokens", path, id,
+                                       entries));
     if (id >= static_cast<int64_t>(t.tokens_.size())) t.tokens_.resize(static_cast<size_t>(id) + 1);
   };
   std::string bytes;
@@ -248,8 +264,9 @@ Tokenizer Tokenizer::load(const std::string& path) {
       throw runtime::Error(fmt::format("{}: merge {} ({}) joins or makes a token that is not in the vocab", path, r,
                                        m.dump()));
     t.merges_.emplace_back(l->second, rr->second);
-    // A pair listed twice keeps its first (lowest) rank, as tokenizers does.
-    t.merge_of_.try_emplace(pair_key(l->second, rr->second), static_cast<int32_t>(r), result->second);
+    // A pair listed twice takes its last rank, as tokenizers does (its
+    // BpeBuilder collects the merges into a map, the later entry overwriting).
+    t.merge_of_.insert_or_assign(pair_key(l->second, rr->second), std::pair{static_cast<int32_t>(r), result->second});
   }
   return t;
 }
@@ -273,9 +290,16 @@ Tokenizer Tokenizer::from_merges(const std::vector<std::pair<std::string, std::s
     auto [it, fresh] = t.ids_.try_emplace(a + b, static_cast<int32_t>(t.tokens_.size()));
     if (fresh) t.tokens_.push_back(a + b);
     t.merges_.emplace_back(left, right);
-    t.merge_of_.try_emplace(pair_key(left, right), static_cast<int32_t>(r), it->second);
+    t.merge_of_.insert_or_assign(pair_key(left, right), std::pair{static_cast<int32_t>(r), it->second});
   }
   for (const std::string& s : specials) {
+    // tokenizer.json's vocab is keyed by text: a special token's text must
+    // be neither a token's spelling nor anything but UTF-8 (JSON text).
+    std::string bytes;
+    if (unspell(s, bytes) && t.ids_.count(bytes))
+      throw runtime::Error(fmt::format("the special token \"{}\" is the spelling of token {} in tokenizer.json: "
+                                       "choose another text, such as \"<|endoftext|>\"",
+                                       s, t.ids_.at(bytes)));
     t.specials_.push_back({s, static_cast<int32_t>(t.tokens_.size())});
     t.tokens_.push_back(s);
   }
@@ -380,23 +404,25 @@ void Encoder::merge_long(std::vector<int32_t>& ids) const {
   // position), so equal ranks go leftmost first. An entry is stale once
   // either of its symbols has changed: it is dropped when it surfaces.
   struct Candidate {
-    int32_t rank, at, left, right, result;
+    int32_t rank;
+    int64_t at;
+    int32_t left, right, result;
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : at > o.at; }
   };
-  const auto n = static_cast<int32_t>(ids.size());
-  std::vector<int32_t> next(static_cast<size_t>(n)), prev(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) next[i] = i + 1 < n ? i + 1 : -1, prev[i] = i - 1;
+  const auto n = static_cast<int64_t>(ids.size());
+  std::vector<int64_t> next(static_cast<size_t>(n)), prev(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) next[i] = i + 1 < n ? i + 1 : -1, prev[i] = i - 1;
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
-  const auto consider = [&](int32_t at) {
+  const auto consider = [&](int64_t at) {
     if (at < 0 || next[at] < 0) return;
     auto m = t_.merge_of_.find(pair_key(ids[at], ids[next[at]]));
     if (m != t_.merge_of_.end()) heap.push({m->second.first, at, ids[at], ids[next[at]], m->second.second});
   };
-  for (int32_t i = 0; i + 1 < n; ++i) consider(i);
+  for (int64_t i = 0; i + 1 < n; ++i) consider(i);
   while (!heap.empty()) {
     const Candidate c = heap.top();
     heap.pop();
-    const int32_t right = next[c.at];
+    const int64_t right = next[c.at];
     if (right < 0 || ids[c.at] != c.left || ids[right] != c.right || ids[c.at] < 0) continue;
     ids[c.at] = c.result;
     ids[right] = -1;  // gone
@@ -443,7 +469,9 @@ void Encoder::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
     }
   }
   out.insert(out.end(), ids.begin(), ids.end());
-  // Bounded: a corpus of unique pieces must not grow the cache without end.
+  // Bounded: a corpus of unique pieces must not grow the cache without end,
+  // and a long piece (a run of one character) is not worth keeping twice.
+  if (piece.size() > kLongPiece) return;
   if (cache_.size() >= (1u << 20)) cache_.clear();
   cache_.emplace(std::string(piece), ids);
 }

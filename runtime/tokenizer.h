@@ -61,6 +61,7 @@ class Tokenizer {
 
  private:
   friend class Encoder;
+  static Tokenizer load_json(const std::string& path);  // load's body; nlohmann's type errors escape it
   std::vector<std::string> tokens_;                      // id -> bytes (ids with no token: "")
   std::unordered_map<std::string, int32_t> ids_;         // bytes -> id
   std::array<int32_t, 256> byte_ids_{};                  // byte -> the id of its one-byte token
@@ -78,7 +79,8 @@ class Encoder {
   explicit Encoder(const Tokenizer& t) : t_(t) {}
   // Appends the ids of `text` to `out`: special tokens' texts become their
   // ids, the rest is pre-tokenized and merged. Equal to Hugging Face
-  // tokenizers' encode(text).ids.
+  // tokenizers' encode(text, add_special_tokens=False).ids (the
+  // post-processor's tokens, Llama 3's <|begin_of_text|>, are not added).
   void encode(std::string_view text, std::vector<int32_t>& out);
   // The same without matching special tokens (their texts are plain text).
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out);

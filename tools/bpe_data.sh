@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 napkin=build/tools/napkin
 tokenizer=data/bibles.tokenizer.json
 tokens=data/bibles.u16
-mapfile -t books < <(python3 tools/bible_corpus.py)
+list=$(python3 tools/bible_corpus.py)  # not in a process substitution: set -e sees it fail
+mapfile -t books <<< "$list"
 if [ ! -f "$tokenizer" ]; then
   "$napkin" data bpe "${books[@]}" --vocab 4096 --special "<|endoftext|>" -o "$tokenizer"
 fi

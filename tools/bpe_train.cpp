@@ -14,10 +14,12 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "runtime/checkpoint.h"  // printable
 #include "runtime/error.h"
 #include "runtime/mapped_file.h"
 #include "runtime/pretokenize.h"
 #include "runtime/thread_pool.h"
+#include "runtime/unicode_classes.h"
 
 namespace napkin::tools {
 namespace {
@@ -550,6 +552,14 @@ BpeResult train_bpe(const std::vector<std::string>& corpus, const BpeOptions& op
       throw runtime::Error(fmt::format("--special \"{}\": a special token of one byte would replace that byte's token; "
                                        "use a longer text such as \"<|endoftext|>\"",
                                        options.specials[i]));
+    // tokenizer.json is JSON text: a special token's text must be UTF-8.
+    for (size_t k = 0; k < options.specials[i].size();) {
+      char32_t c;
+      k += unicode::decode_utf8(options.specials[i], k, c);
+      if (c == unicode::kInvalidByte)
+        throw runtime::Error(fmt::format("--special: \"{}\" is not UTF-8 text, which tokenizer.json must hold",
+                                         runtime::printable(options.specials[i])));
+    }
     for (size_t j = 0; j < i; ++j)
       if (options.specials[j] == options.specials[i])
         throw runtime::Error(fmt::format("--special: \"{}\" is given twice", options.specials[i]));

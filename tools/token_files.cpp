@@ -48,7 +48,7 @@ constexpr size_t kPiecesPerThread = 16;
 
 // Where a text may be cut so that encoding the two sides apart gives the ids
 // of encoding it whole: a safe cut of the pre-tokenization (an ASCII
-// non-space then an ASCII space) or the start of a special token's text, provided no
+// non-space then an ASCII space or tab) or the start of a special token's text, provided no
 // special token's text spans the position (the whole text's encoding would
 // match that one). A cut is checked on the text that will be encoded, so
 // cutting the rest again stays exact.

@@ -222,6 +222,7 @@ TEST_CASE("bpe training: an empty corpus, a corpus of special tokens only, a voc
   CHECK(train({dir / "text.txt"}, 257, 1, {"<|endoftext|>"}).merges.empty());
   CHECK(error_of([&] { train({dir / "text.txt"}, 1000, 1, {""}); }) == "--special: a special token cannot be empty");
   CHECK(error_of([&] { train({dir / "text.txt"}, 1000, 1, {"<s>", "<s>"}); }) == "--special: \"<s>\" is given twice");
+  CHECK(error_of([&] { train({dir / "text.txt"}, 1000, 1, {"<\xff>"}); }).find("is not UTF-8 text") != std::string::npos);
   CHECK(error_of([&] { train({dir / "text.txt"}, 1000, 1, {"a"}); }) ==
         "--special \"a\": a special token of one byte would replace that byte's token; use a longer text such as "
         "\"<|endoftext|>\"");

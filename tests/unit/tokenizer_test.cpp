@@ -193,6 +193,17 @@ TEST_CASE("tokenizer: long pieces (merged by a heap, not a scan per merge) encod
   CHECK(t.decode(ids) == text);
 }
 
+TEST_CASE("tokenizer: a pair merged twice takes its last rank, as tokenizers does") {
+  // tokenizers 0.23 encodes "abc" with the merges "a b", "b c", "a b" as [a, bc] (bench-venv, 2026-11-28):
+  // its BpeBuilder collects the merges into a map, the later entry overwriting.
+  const tokenizer::Tokenizer t = tokenizer::Tokenizer::from_merges({{"a", "b"}, {"b", "c"}, {"a", "b"}}, {});
+  CHECK(t.vocab_size() == 258);
+  tokenizer::Encoder e(t);
+  std::vector<int32_t> ids;
+  e.encode("abc", ids);
+  CHECK(ids == std::vector<int32_t>{'a', 257});
+}
+
 TEST_CASE("tokenizer: special tokens split the text and are never merged") {
   const tokenizer::Tokenizer t = small_tokenizer();
   tokenizer::Encoder e(t);
@@ -285,10 +296,27 @@ TEST_CASE("tokenizer: a tokenizer.json of another kind is refused by what it is"
                    R"("merges": []}})")
             .find("not spelled in GPT-2's byte alphabet") != std::string::npos);
   CHECK(load_error("{\"model\": ").find("not a tokenizer.json") != std::string::npos);
+  // A field of the wrong type, an id past the vocabulary: errors naming the file, not crashes.
+  std::string json = small_tokenizer().to_json();
+  std::string wrong = json;
+  wrong.replace(wrong.find("\"ignore_merges\": false"), std::string("\"ignore_merges\": false").size(),
+                "\"ignore_merges\": null");
+  CHECK(load_error(wrong).find(dir / "t.json" + ": not a tokenizer.json napkin can read") != std::string::npos);
+  wrong = json;
+  wrong.replace(wrong.find("\"id\": 268"), std::string("\"id\": 268").size(), "\"id\": 2000000000");
+  CHECK(load_error(wrong).find("id 2000000000 is past the 270 tokens of the vocab and added_tokens") != std::string::npos);
   CHECK(load_error(R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": )"
                    R"({"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated"}, {"type": "ByteLevel", "use_regex": false}]}, )"
                    R"("model": )" + bpe + "}")
             .find("GPT-2's or Llama 3's pattern only") != std::string::npos);
+  // After a Split, a ByteLevel that does not say use_regex: false splits by GPT-2's regex again (tokenizers' default).
+  CHECK(load_error(R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": )"
+                   R"({"Regex": "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"}, )"
+                   R"("behavior": "Isolated"}, {"type": "ByteLevel"}]}, "model": )" + bpe + "}")
+            .find("use_regex is not false") != std::string::npos);
+  // A special token spelled like a token of the vocabulary cannot be written.
+  CHECK(testing::error_of([] { tokenizer::Tokenizer::from_merges({{" ", "x"}}, {"\u0120x"}); })
+            .find("is the spelling of token 256") != std::string::npos);
 }
 
 }  // namespace
