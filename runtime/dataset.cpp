@@ -43,18 +43,59 @@ void check_index(const char* what, int64_t index) {
 
 // ---------------------------------------------------------------- tokens
 
+}  // namespace
+
+// llm.c's .bin (dev/data/data_common.py write_datafile): 256 little-endian
+// int32s, [0] the magic, [1] the version, [2] the token count, the rest 0;
+// then the tokens, u16 (GPT-2: magic 20240520, version 1) or u32 (Llama 3:
+// 20240801, version 7). A file that starts with either magic is read as
+// one, and its header must hold: a raw token file starting so would need
+// its first two ids to spell a magic number.
+TokenFileLayout token_file_layout(const std::string& path, const char* data, size_t size, DType dtype) {
+  constexpr int64_t kHeaderInts = 256, kHeaderBytes = kHeaderInts * 4;
+  constexpr int32_t kGpt2Magic = 20240520, kLlama3Magic = 20240801;
+  int32_t magic = 0;
+  if (size >= 4) std::memcpy(&magic, data, 4);
+  if (magic != kGpt2Magic && magic != kLlama3Magic) {  // a raw token file
+    const auto bytes = static_cast<size_t>(element_bytes(dtype));
+    if (size % bytes != 0)
+      throw Error(path + ": " + std::to_string(size) + " bytes is not a whole number of " +
+                  std::string(dtype_name(dtype)) + " tokens");
+    return {dtype, 0, static_cast<int64_t>(size / bytes), ""};
+  }
+  const std::string kind = magic == kGpt2Magic ? "llm.c .bin (GPT-2, u16 tokens)" : "llm.c .bin (Llama 3, u32 tokens)";
+  if (size < static_cast<size_t>(kHeaderBytes))
+    throw Error(path + ": starts with " + kind + "'s magic " + std::to_string(magic) + " but is " +
+                with_commas(static_cast<int64_t>(size)) + " bytes, shorter than its 1,024-byte header");
+  int32_t header[3];
+  std::memcpy(header, data, sizeof header);
+  const int32_t want_version = magic == kGpt2Magic ? 1 : 7;
+  if (header[1] != want_version)
+    throw Error(path + ": " + kind + " header has version " + std::to_string(header[1]) + ", expected " +
+                std::to_string(want_version));
+  const DType file_dtype = magic == kGpt2Magic ? DType::U16 : DType::U32;
+  const auto bytes = static_cast<int64_t>(element_bytes(file_dtype));
+  const int64_t count = header[2];
+  const int64_t after = static_cast<int64_t>(size) - kHeaderBytes;
+  if (count < 0 || count != after / bytes || after % bytes != 0)
+    throw Error(path + ": " + kind + " header says " + with_commas(count) + " tokens, but the file holds " +
+                with_commas(after) + " bytes after the header (" + with_commas(after / bytes) +
+                " tokens): truncated or not written by llm.c");
+  return {file_dtype, static_cast<size_t>(kHeaderBytes), count, kind};
+}
+
+namespace {
+
 class TokenDataset : public Dataset {
  public:
   TokenDataset(const DataSpec& spec, std::vector<InputSlot> inputs) : spec_(spec), file_(spec.path) {
     const std::string& path = spec.path;
-    token_dtype_ = spec.token_dtype;
+    const TokenFileLayout layout = token_file_layout(path, file_.data(), file_.size(), spec.token_dtype);
+    token_dtype_ = layout.dtype;
     token_bytes_ = static_cast<size_t>(element_bytes(token_dtype_));
-    if (!read_llmc_header()) {  // a raw token file (llm.c's header says what its tokens are)
-      if (file_.size() % token_bytes_ != 0)
-        throw Error(path + ": " + std::to_string(file_.size()) + " bytes is not a whole number of " +
-                    std::string(dtype_name(spec.token_dtype)) + " tokens");
-      n_ = static_cast<int64_t>(file_.size() / token_bytes_);
-    }
+    offset_ = static_cast<int64_t>(layout.offset);
+    n_ = layout.count;
+    llmc_ = layout.llmc;
 
     std::string names;
     for (const InputSlot& s : inputs) names += (names.empty() ? "" : ", ") + s.name + " " + tensor_type_text(dtype_name(s.dtype), s.shape);
@@ -119,44 +160,6 @@ class TokenDataset : public Dataset {
   }
 
  private:
-  // llm.c's .bin (dev/data/data_common.py write_datafile): 256 little-endian
-  // int32s, [0] the magic, [1] the version, [2] the token count, the rest 0;
-  // then the tokens, u16 (GPT-2: magic 20240520, version 1) or u32 (Llama 3:
-  // 20240801, version 7). A file that starts with either magic is read as
-  // one, and its header must hold: a raw token file starting so would need
-  // its first two ids to spell a magic number. Returns false for other files.
-  bool read_llmc_header() {
-    constexpr int64_t kHeaderInts = 256, kHeaderBytes = kHeaderInts * 4;
-    constexpr int32_t kGpt2Magic = 20240520, kLlama3Magic = 20240801;
-    const std::string& path = spec_.path;
-    if (file_.size() < 4) return false;
-    int32_t magic;
-    std::memcpy(&magic, file_.data(), 4);
-    if (magic != kGpt2Magic && magic != kLlama3Magic) return false;
-    const std::string kind = magic == kGpt2Magic ? "llm.c .bin (GPT-2, u16 tokens)" : "llm.c .bin (Llama 3, u32 tokens)";
-    if (file_.size() < static_cast<size_t>(kHeaderBytes))
-      throw Error(path + ": starts with " + kind + "'s magic " + std::to_string(magic) + " but is " +
-                  with_commas(static_cast<int64_t>(file_.size())) + " bytes, shorter than its 1,024-byte header");
-    int32_t header[3];
-    std::memcpy(header, file_.data(), sizeof header);
-    const int32_t want_version = magic == kGpt2Magic ? 1 : 7;
-    if (header[1] != want_version)
-      throw Error(path + ": " + kind + " header has version " + std::to_string(header[1]) + ", expected " +
-                  std::to_string(want_version));
-    token_dtype_ = magic == kGpt2Magic ? DType::U16 : DType::U32;
-    token_bytes_ = static_cast<size_t>(element_bytes(token_dtype_));
-    const int64_t count = header[2];
-    const int64_t held = (static_cast<int64_t>(file_.size()) - kHeaderBytes) / static_cast<int64_t>(token_bytes_);
-    if (count < 0 || count != held || (static_cast<int64_t>(file_.size()) - kHeaderBytes) % token_bytes_ != 0)
-      throw Error(path + ": " + kind + " header says " + with_commas(count) + " tokens, but the file holds " +
-                  with_commas(static_cast<int64_t>(file_.size()) - kHeaderBytes) + " bytes after the header (" +
-                  with_commas(held) + " tokens): truncated or not written by llm.c");
-    n_ = count;
-    offset_ = kHeaderBytes;
-    llmc_ = kind;
-    return true;
-  }
-
   int64_t token(int64_t i) const {
     const char* p = file_.data() + offset_ + i * token_bytes_;
     if (token_dtype_ == DType::U16) {

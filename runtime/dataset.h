@@ -79,6 +79,18 @@ DataFormat parse_data_format(const std::string& text);                       // 
 DataOrder parse_data_order(const std::string& where, const std::string& text);  // "random" | "sequential"
 DType parse_token_dtype(const std::string& where, const std::string& text);     // "u16" | "u32" | "i32"
 
+// Where a token file's ids are and what they are: llm.c's 1,024-byte header
+// when the file starts with its magic (whose dtype then wins), else raw
+// `dtype` ids from byte 0. Throws Error, naming `path`, for a header that
+// does not hold or a size that is not a whole number of ids.
+struct TokenFileLayout {
+  DType dtype;
+  size_t offset = 0;  // bytes before the first id
+  int64_t count = 0;  // ids
+  std::string llmc;   // what llm.c file it is ("llm.c .bin (GPT-2, u16 tokens)"), "" for a raw file
+};
+TokenFileLayout token_file_layout(const std::string& path, const char* data, size_t size, DType dtype);
+
 struct DataSpec {
   DataFormat format = DataFormat::Tokens;
   std::string path;                            // tokens: the token file

@@ -10,6 +10,7 @@
 //   napkin train MODEL.yaml [--target cuda] [-- TRAINER FLAGS]   build (cached) and run the trainer
 //   napkin data encode TEXT... -o FILE [--tokenizer tokenizer.json]   a token file (u16/u32, llm.c's header with --llmc)
 //   napkin data bpe TEXT... --vocab N -o tok.json       train a byte-level BPE tokenizer (tokenizer.json)
+//   napkin data decode FILE [--tokenizer tok.json]      a token file's text
 //   napkin hf import MODEL.yaml HF_PATH -o WEIGHTS      a transformers checkpoint's weights, for --init and sample
 //   napkin hf export MODEL.yaml CKPT -o DIR             a checkpoint for transformers' from_pretrained
 //   napkin estimate --params 70e9 --tokens 15e12 ...    the lecture's napkin math
@@ -63,6 +64,7 @@
 #include "runtime/error.h"
 #include "runtime/tokenizer.h"
 #include "tools/bpe_train.h"
+#include "tools/decode_tokens.h"
 #include "tools/devices_command.h"
 #include "tools/files.h"
 #include "tools/huggingface.h"
@@ -816,6 +818,16 @@ int cmd_data_encode(const tools::EncodeOptions& options) {
   return 0;
 }
 
+int cmd_data_decode(const tools::DecodeOptions& options) {
+  std::string error;
+  if (!tools::decode_token_file(options, std::cout, error)) {
+    std::cout.flush();
+    std::cerr << "\nerror: " << error << "\n";
+    return kUserError;
+  }
+  return 0;
+}
+
 // napkin data bpe's arguments.
 struct BpeArgs {
   std::vector<std::string> corpus;
@@ -1104,6 +1116,19 @@ int main(int argc, char** argv) {
   // Testing: tiny blocks exercise the cuts between blocks.
   encode->add_option("--block-bytes", encode_options.block_bytes, "bytes read at a time")->group("");
   encode->callback([&] { status = cmd_data_encode(encode_options); });
+
+  tools::DecodeOptions decode_options;
+  auto* decode = data->add_subcommand(
+      "decode", "a token file's text on stdout (napkin data encode's, or llm.c's): by --tokenizer, else bytes");
+  decode->add_option("input", decode_options.input, "token file")->required();
+  decode->add_option("--tokenizer", decode_options.tokenizer, "the tokenizer.json the file was encoded with");
+  decode->add_option("--dtype", decode_options.dtype,
+                     "a raw file's ids: u16, u32 or i32 (default: u16 when the vocabulary fits, else u32; llm.c's "
+                     "header says for itself)")
+      ->check(CLI::IsMember({"u16", "u32", "i32"}));
+  decode->add_option("--first", decode_options.first, "the first id decoded (default 0)")->check(CLI::NonNegativeNumber);
+  decode->add_option("--count", decode_options.count, "ids decoded (default: to the end)")->check(CLI::NonNegativeNumber);
+  decode->callback([&] { status = cmd_data_decode(decode_options); });
 
   BpeArgs bpe_args;
   auto* bpe = data->add_subcommand(

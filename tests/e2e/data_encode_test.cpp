@@ -306,3 +306,43 @@ TEST_CASE("data encode: a missing or non-byte-level tokenizer, an unreadable inp
   CHECK(read_bytes(text) == "the cat");
   CHECK(no_temp_files(tmp.path) == "");
 }
+
+TEST_CASE("data decode: a token file decodes to the text encoded (u16, u32, llm.c's header), by the tokenizer or bytes") {
+  TempDir tmp("decode");
+  const std::string json = tmp / "tokenizer.json";
+  write_tokenizer(json);
+  const std::vector<std::string> docs = {random_text(5, 4000, true, true), random_text(6, 3000, true, false)};
+  write_bytes(tmp / "a.txt", docs[0]);
+  write_bytes(tmp / "b.txt", docs[1]);
+  const std::string inputs = tmp / "a.txt" + " " + tmp / "b.txt";
+  for (const char* flags : {"--dtype u16", "--dtype u32", "--llmc", "--dtype u32 --llmc"}) {
+    CAPTURE(flags);
+    Run r = sh(fmt::format("{} data encode {} --tokenizer {} --eot {} -o {}", NAPKIN_BINARY, inputs, json, flags,
+                           tmp / "t.bin"));
+    REQUIRE(r.status == 0);
+    // A raw u32 file says nothing of its width: --dtype tells it; llm.c's header tells it itself.
+    const std::string dtype = std::string(flags) == "--dtype u32" ? " --dtype u32" : "";
+    r = sh(fmt::format("{} data decode {} --tokenizer {}{} > {}", NAPKIN_BINARY, tmp / "t.bin", json, dtype,
+                       tmp / "out.txt"));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK(read_bytes(tmp / "out.txt") == "<|endoftext|>" + docs[0] + "<|endoftext|>" + docs[1]);
+  }
+  // A slice: --first and --count ids.
+  Run r = sh(fmt::format("{} data encode {} -o {}", NAPKIN_BINARY, tmp / "a.txt", tmp / "bytes.u16"));
+  REQUIRE(r.status == 0);
+  r = sh(fmt::format("{} data decode {} --first 10 --count 25", NAPKIN_BINARY, tmp / "bytes.u16"));
+  CHECK(r.status == 0);
+  CHECK(r.out == docs[0].substr(10, 25));
+  // Ids past the vocabulary: an error with the position; a file that is not whole ids: an error.
+  r = sh(fmt::format("{} data encode {} --tokenizer {} -o {}", NAPKIN_BINARY, tmp / "a.txt", json, tmp / "bpe.u16"));
+  REQUIRE(r.status == 0);
+  r = sh(fmt::format("{} data decode {}", NAPKIN_BINARY, tmp / "bpe.u16"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("is not in the byte vocabulary [0, 256): give the --tokenizer the file was encoded with") !=
+        std::string::npos);
+  write_bytes(tmp / "odd.u16", "abc");
+  r = sh(fmt::format("{} data decode {}", NAPKIN_BINARY, tmp / "odd.u16"));
+  CHECK(r.status == 1);
+  CHECK(r.out.find("3 bytes is not a whole number of u16 tokens") != std::string::npos);
+}
