@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <map>
 
 #include "ir/fusion_group.h"
@@ -58,6 +59,11 @@ std::string known_interconnect_names() {
   std::string r;
   for (const std::string& n : names) r += (r.empty() ? "" : ", ") + n;
   return r;
+}
+
+const char* zero_stage_name(int stage) {
+  static const char* names[] = {"data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
+  return names[stage];
 }
 
 // An all-reduce is a reduce-scatter then an all-gather of the same size: twice the halves' bytes, steps and time,
@@ -194,26 +200,87 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
     z.step_seconds = d.single_rank_seconds - optimizer + opt + z.exposed_seconds;
     z.mfu = peak > 0 && z.step_seconds > 0 ? step_flops / (z.step_seconds * peak) : 0;
 
-    // Per-rank memory: the single-rank buffers, the sharded ones divided by N, over the same live ranges.
-    auto sharded = [&](MemoryCategory c) {
-      return (c == MemoryCategory::OptimizerState && stage >= 1) || (c == MemoryCategory::Gradients && stage >= 2) ||
-             (c == MemoryCategory::Parameters && stage >= 3);
-    };
-    const size_t positions = std::max<size_t>(memory.live_bytes.size(), 1);
-    std::vector<double> delta(positions + 1, 0.0);
-    for (const MemoryBuffer& b : memory.buffers) {
-      const double bytes = static_cast<double>(b.bytes) * (sharded(b.category) ? shard : 1.0);
-      if (b.category == MemoryCategory::Parameters) z.params += bytes;
-      if (b.category == MemoryCategory::Gradients) z.grads += bytes;
-      if (b.category == MemoryCategory::OptimizerState) z.optimizer_state += bytes;
-      if (b.first > b.last) continue;  // as analyze_memory sweeps them
-      delta[static_cast<size_t>(b.first)] += bytes;
-      delta[std::min(static_cast<size_t>(b.last) + 1, positions)] -= bytes;
-    }
-    double live = 0;
-    for (size_t p = 0; p < positions; ++p) z.peak = std::max(z.peak, live += delta[p]);
+    const RankMemory m = rank_memory(memory, stage, ranks);
+    z.params = m.params, z.grads = m.grads, z.optimizer_state = m.optimizer_state, z.peak = m.peak;
   }
   return d;
+}
+
+RankMemory rank_memory(const MemoryReport& memory, int stage, int ranks) {
+  RankMemory m;
+  const double shard = 1.0 / ranks;
+  auto sharded = [&](MemoryCategory c) {
+    return (c == MemoryCategory::OptimizerState && stage >= 1) || (c == MemoryCategory::Gradients && stage >= 2) ||
+           (c == MemoryCategory::Parameters && stage >= 3);
+  };
+  const size_t positions = std::max<size_t>(memory.live_bytes.size(), 1);
+  std::vector<double> delta(positions + 1, 0.0);
+  for (const MemoryBuffer& b : memory.buffers) {
+    const double bytes = static_cast<double>(b.bytes) * (sharded(b.category) ? shard : 1.0);
+    if (b.category == MemoryCategory::Parameters) m.params += bytes;
+    if (b.category == MemoryCategory::Gradients) m.grads += bytes;
+    if (b.category == MemoryCategory::OptimizerState) m.optimizer_state += bytes;
+    if (b.first > b.last) continue;  // as analyze_memory sweeps them
+    delta[static_cast<size_t>(b.first)] += bytes;
+    delta[std::min(static_cast<size_t>(b.last) + 1, positions)] -= bytes;
+  }
+  double live = 0;
+  for (size_t p = 0; p < positions; ++p) m.peak = std::max(m.peak, live += delta[p]);
+  return m;
+}
+
+MemoryFit fit_memory(const MemoryReport& memory, int ranks, double limit, const CompileAt& compile) {
+  MemoryFit f;
+  f.limit = limit;
+  f.ranks = ranks;
+  const std::optional<CompiledMemory> one = compile(1, 0), two = compile(2, 0);
+  f.scales = one && two;
+  if (f.scales) {
+    f.params_at_one_layer = one->param_count;
+    f.params_per_layer = two->param_count - one->param_count;
+  }
+  const double single_peak = rank_memory(memory, 0, 1).peak;
+  for (int stage = 0; stage < 4; ++stage) {
+    StageFit& s = f.stages[stage];
+    s.stage = stage;
+    s.need = rank_memory(memory, stage, ranks).peak;
+    s.fits = s.need <= limit;
+    if (!s.fits) {
+      // The single-rank arena bound that leaves this rank's need at the limit, lowered by each try's excess.
+      double budget = limit + (single_peak - s.need);
+      for (int t = 0; t < kBudgetTries && budget >= 1; ++t) {
+        const std::optional<CompiledMemory> c = compile(0, static_cast<int64_t>(budget));
+        if (!c) break;  // below the smallest arena recompute reaches: lower budgets cannot be met either
+        const double need = rank_memory(c->memory, stage, ranks).peak;
+        if (need <= limit) {
+          s.budget = static_cast<int64_t>(budget), s.budget_need = need;
+          break;
+        }
+        budget -= need - limit;
+      }
+    }
+    if (f.scales) {
+      const double at_one = rank_memory(one->memory, stage, ranks).peak;
+      s.per_layer = rank_memory(two->memory, stage, ranks).peak - at_one;
+      if (at_one <= limit && s.per_layer > 0) {
+        s.largest_layers = 1 + static_cast<int64_t>(std::floor((limit - at_one) / s.per_layer));
+        s.largest_params = f.params_at_one_layer + static_cast<double>(s.largest_layers - 1) * f.params_per_layer;
+      }
+    }
+  }
+  return f;
+}
+
+std::array<StateShare, 4> state_shares(double params_bytes, double grads_bytes, double state_bytes, int ranks,
+                                       double limit) {
+  std::array<StateShare, 4> shares{};
+  const double n = ranks;
+  const double per_rank[4] = {params_bytes + grads_bytes + state_bytes, params_bytes + grads_bytes + state_bytes / n,
+                              params_bytes + (grads_bytes + state_bytes) / n,
+                              (params_bytes + grads_bytes + state_bytes) / n};
+  for (int stage = 0; stage < 4; ++stage)
+    shares[stage] = {per_rank[stage], per_rank[stage] > 0 ? limit / per_rank[stage] : 0};
+  return shares;
 }
 
 DataParallelEstimate estimate_data_parallel(double params, double batch_tokens, int gpus, double peak, double mfu,
