@@ -229,42 +229,75 @@ RankMemory rank_memory(const MemoryReport& memory, int stage, int ranks) {
   return m;
 }
 
-MemoryFit fit_memory(const MemoryReport& memory, int ranks, double limit, const CompileAt& compile) {
+namespace {
+
+// The --memory-budget that brings a rank's need under `limit` under `stage`, and that need; nullopt: none can.
+std::optional<std::pair<int64_t, double>> fitting_budget(int stage, int ranks, double limit, double single_peak,
+                                                         double need, const CompileAt& compile) {
+  // Descent: the single-rank arena bound that leaves this rank's need at the limit, lowered by each try's excess.
+  double budget = std::floor(limit + (single_peak - need));
+  double met = 0, unmet = 0;  // the lowest budget met so far, the highest one recompute cannot meet
+  for (int t = 0; t < kBudgetTries && budget >= 1; ++t) {
+    const std::optional<CompiledMemory> c = compile(0, static_cast<int64_t>(budget));
+    if (!c) {
+      unmet = budget;
+      break;
+    }
+    met = budget;
+    const double rank_need = rank_memory(c->memory, stage, ranks).peak;
+    if (rank_need <= limit) return std::pair{static_cast<int64_t>(budget), rank_need};
+    budget = std::floor(budget - (rank_need - limit));
+  }
+  if (unmet == 0) return std::nullopt;  // the tries ran out
+  // Below the smallest arena recompute reaches: bisect for it (a budget at or above the step's arena is met
+  // without recompute) and try the rank's need there, where the greedy has recomputed the most.
+  if (met == 0) met = std::max(2 * single_peak, unmet + 1);
+  std::optional<CompiledMemory> smallest;
+  for (int t = 0; t < kBisections && met - unmet > 1; ++t) {
+    const double mid = std::floor((met + unmet) / 2);
+    if (std::optional<CompiledMemory> c = compile(0, static_cast<int64_t>(mid))) {
+      const double rank_need = rank_memory(c->memory, stage, ranks).peak;
+      if (rank_need <= limit) return std::pair{static_cast<int64_t>(mid), rank_need};
+      met = mid;
+    } else {
+      unmet = mid;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+MemoryFit fit_memory(const MemoryReport& memory, double param_count, int ranks, double limit,
+                     const CompileAt& compile) {
   MemoryFit f;
   f.limit = limit;
   f.ranks = ranks;
+  // The model's own layers from the parameter counts at 1 and 2 layers, then the need one layer up.
   const std::optional<CompiledMemory> one = compile(1, 0), two = compile(2, 0);
-  f.scales = one && two;
-  if (f.scales) {
-    f.params_at_one_layer = one->param_count;
+  std::optional<CompiledMemory> next;
+  if (one && two && two->param_count > one->param_count) {
     f.params_per_layer = two->param_count - one->param_count;
+    f.layers = 1 + std::llround((param_count - one->param_count) / f.params_per_layer);
+    next = compile(f.layers + 1, 0);
   }
+  f.scales = next.has_value();
   const double single_peak = rank_memory(memory, 0, 1).peak;
   for (int stage = 0; stage < 4; ++stage) {
     StageFit& s = f.stages[stage];
     s.stage = stage;
     s.need = rank_memory(memory, stage, ranks).peak;
     s.fits = s.need <= limit;
-    if (!s.fits) {
-      // The single-rank arena bound that leaves this rank's need at the limit, lowered by each try's excess.
-      double budget = limit + (single_peak - s.need);
-      for (int t = 0; t < kBudgetTries && budget >= 1; ++t) {
-        const std::optional<CompiledMemory> c = compile(0, static_cast<int64_t>(budget));
-        if (!c) break;  // below the smallest arena recompute reaches: lower budgets cannot be met either
-        const double need = rank_memory(c->memory, stage, ranks).peak;
-        if (need <= limit) {
-          s.budget = static_cast<int64_t>(budget), s.budget_need = need;
-          break;
-        }
-        budget -= need - limit;
-      }
-    }
+    if (!s.fits)
+      if (std::optional<std::pair<int64_t, double>> b = fitting_budget(stage, ranks, limit, single_peak, s.need, compile))
+        s.budget = b->first, s.budget_need = b->second;
     if (f.scales) {
-      const double at_one = rank_memory(one->memory, stage, ranks).peak;
-      s.per_layer = rank_memory(two->memory, stage, ranks).peak - at_one;
-      if (at_one <= limit && s.per_layer > 0) {
-        s.largest_layers = 1 + static_cast<int64_t>(std::floor((limit - at_one) / s.per_layer));
-        s.largest_params = f.params_at_one_layer + static_cast<double>(s.largest_layers - 1) * f.params_per_layer;
+      s.per_layer = rank_memory(next->memory, stage, ranks).peak - s.need;
+      if (s.per_layer > 0) {
+        s.largest_layers = std::max<int64_t>(0, f.layers + static_cast<int64_t>(std::floor((limit - s.need) / s.per_layer)));
+        s.largest_params = s.largest_layers > 0
+                               ? param_count + static_cast<double>(s.largest_layers - f.layers) * f.params_per_layer
+                               : 0;
       }
     }
   }

@@ -152,15 +152,21 @@ RankMemory rank_memory(const MemoryReport& memory, int stage, int ranks);
 //  - the budget: --memory-budget is the recompute pass's bound on the
 //    single-rank arena, so a stage that shards S bytes at the peak fits under
 //    about LIMIT + S. The search starts there and lowers the budget by each
-//    try's excess over LIMIT (at most kBudgetTries compiles) until the rank's
-//    need fits; "none can" when the recompute pass cannot meet a budget on
-//    that path (below its smallest feasible arena) or the tries run out.
+//    try's excess over LIMIT (at most kBudgetTries compiles). Past the
+//    smallest arena recompute reaches (the pass refuses the budget), it
+//    bisects for that smallest arena (kBisections compiles at most) and tries
+//    the rank's need on the way. "None can": no budget on that path brings it
+//    under (the single-rank arena's floor may be a phase whose buffers the
+//    stage shards, so the rank's need there is what decides).
 //  - same shape: the model's dims with only `layers` changed (width, heads,
-//    vocabulary, sequence and micro-batch fixed). A rank's need and the
-//    parameter count are linear in the number of identical blocks: measured
-//    at layers = 1 and 2, the largest model is the most layers whose
-//    extrapolated need fits (no recompute), and its parameter count.
+//    vocabulary, sequence and micro-batch fixed). The model's own L comes
+//    from the parameter counts at layers 1 and 2 (each block adds the same);
+//    a rank's need one block up (L + 1) gives the bytes a block adds at this
+//    size, and the largest model is the most layers whose need, extrapolated
+//    linearly from L, fits (no recompute): L + floor((LIMIT - need) / per
+//    block), its parameters L's plus a block's for each layer more.
 inline constexpr int kBudgetTries = 6;
+inline constexpr int kBisections = 24;
 
 // The step compiled at `layers` (0: the model's own) under a recompute
 // budget (0: none): its memory and parameter count; nullopt when the budget
@@ -177,7 +183,7 @@ struct StageFit {
   bool fits = false;        // need <= limit
   int64_t budget = 0;       // when it does not fit: the --memory-budget that makes it fit (0: none can)
   double budget_need = 0;   // a rank's peak under that budget
-  double per_layer = 0;     // a rank's need per block (layers 1 -> 2)
+  double per_layer = 0;     // a rank's need per block (L -> L + 1)
   int64_t largest_layers = 0;  // 0: not one block fits (or no `layers` dim)
   double largest_params = 0;
 };
@@ -186,12 +192,13 @@ struct MemoryFit {
   double limit = 0;           // bytes per rank
   int ranks = 1;
   bool scales = false;        // the model has a `layers` dim: the largest-model figures are set
-  double params_per_layer = 0, params_at_one_layer = 0;
+  int64_t layers = 0;         // the model's
+  double params_per_layer = 0;
   std::array<StageFit, 4> stages{};
 };
 
-// `memory`: the step as compiled, `compile`: the same model at other layers and budgets.
-MemoryFit fit_memory(const MemoryReport& memory, int ranks, double limit, const CompileAt& compile);
+// `memory`, `param_count`: the step as compiled; `compile`: the same model at other layers and budgets.
+MemoryFit fit_memory(const MemoryReport& memory, double param_count, int ranks, double limit, const CompileAt& compile);
 
 // `napkin estimate --memory-per-rank`: the lecture's bytes per parameter
 // (params + grads + optimizer state), a rank's share under each stage

@@ -115,9 +115,9 @@ std::string memory_fit_text(const analysis::MemoryFit& f) {
             : std::string("not one layer");
     out += fmt::format("  {:<14} {:>10}  {:<46} {}\n", analysis::zero_stage_name(s.stage), human_bytes(s.need), fit, largest);
   }
-  out += f.scales ? fmt::format("  same shape: only `layers` changes; a rank's peak and the parameters ({:.4g} at one layer, "
-                                "{:.4g} a layer) measured at layers 1 and 2, linear in layers\n",
-                                f.params_at_one_layer, f.params_per_layer)
+  out += f.scales ? fmt::format("  same shape: only `layers` changes ({} here); a rank's peak a layer measured at {} "
+                                "layers, {:.4g} parameters a layer; linear in layers\n",
+                                f.layers, f.layers + 1, f.params_per_layer)
                   : "  same shape: the model has no `layers` dim to scale\n";
   return out;
 }
@@ -136,7 +136,7 @@ nlohmann::json memory_fit_json(const analysis::MemoryFit& f) {
                       {"largest_params", f.scales ? json(s.largest_params) : json(nullptr)}});
   return {{"limit_bytes", f.limit},
           {"scaled_dim", f.scales ? json("layers") : json(nullptr)},
-          {"params_at_one_layer", f.params_at_one_layer},
+          {"layers", f.scales ? json(f.layers) : json(nullptr)},
           {"params_per_layer", f.params_per_layer},
           {"stages", stages}};
 }

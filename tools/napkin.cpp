@@ -302,7 +302,7 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
         return std::nullopt;
       return analysis::CompiledMemory{analysis::analyze_memory(*m), static_cast<double>(m->param_count())};
     };
-    memory_fit = analysis::fit_memory(memory, topology.ranks, static_cast<double>(*limit), compile);
+    memory_fit = analysis::fit_memory(memory, static_cast<double>(g->param_count()), topology.ranks, static_cast<double>(*limit), compile);
   }
   // The text lists every op and every cast only when asked (--ops); the
   // JSON keeps its `ops` unless --no-ops.

@@ -343,50 +343,51 @@ TEST_CASE("distributed: --memory-per-rank fits each stage, finds the recompute b
   // 1 MiB a rank: no stage fits without recompute (1.42-1.66 MiB); the replicated step cannot (recompute's
   // smallest arena is above it), the sharded ones can.
   const double limit = 1024 * 1024;
-  const analysis::MemoryFit f = analysis::fit_memory(base->memory, ranks, limit, small_gpt2);
+  const analysis::MemoryFit f = analysis::fit_memory(base->memory, base->param_count, ranks, limit, small_gpt2);
   REQUIRE(f.scales);
-  // GPT-2's block: 12 d^2 + 13 d parameters; one layer adds wte V d + wpe T d + the final layernorm 2 d (V 16, T 64, d 32).
+  CHECK(f.layers == 2);  // small dims' layers, found from the parameter counts
+  // GPT-2's block: 12 d^2 + 13 d parameters, besides wte V d + wpe T d + the final layernorm 2 d (V 16, T 64, d 32).
   const double d = 32;
   CHECK(f.params_per_layer == 12 * d * d + 13 * d);
-  CHECK(f.params_at_one_layer == 16 * d + 64 * d + 2 * d + 12 * d * d + 13 * d);
+  CHECK(base->param_count == 16 * d + 64 * d + 2 * d + 2 * (12 * d * d + 13 * d));
   for (const analysis::StageFit& z : f.stages) CHECK(!z.fits);
   CHECK(f.stages[0].budget == 0);
   CHECK(!small_gpt2(0, static_cast<int64_t>(limit)));  // even a 1 MiB arena is out of recompute's reach
   for (int s = 1; s < 4; ++s) CHECK(f.stages[s].budget > 0);
-  const std::optional<analysis::CompiledMemory> one = small_gpt2(1, 0), three = small_gpt2(3, 0);
-  REQUIRE(one);
-  REQUIRE(three);
+  const std::optional<analysis::CompiledMemory> four = small_gpt2(4, 0);
+  REQUIRE(four);
+  CHECK(four->param_count == base->param_count + 2 * f.params_per_layer);
   for (int s = 0; s < 4; ++s) {
     CAPTURE(s);
     const analysis::StageFit& z = f.stages[s];
     CHECK(z.need == need[s]);
-    if (!z.fits && z.budget > 0) {
+    if (z.budget > 0) {
       // The budget it names, compiled: this stage's rank need is under the limit.
       const std::optional<analysis::CompiledMemory> with = small_gpt2(0, z.budget);
       REQUIRE(with);
       CHECK(analysis::rank_memory(with->memory, s, ranks).peak == z.budget_need);
       CHECK(z.budget_need <= limit);
     }
-    // Linear in layers: the extrapolation from 1 and 2 layers is the compiled need at 3.
-    const double at_one = analysis::rank_memory(one->memory, s, ranks).peak;
-    CHECK(analysis::rank_memory(three->memory, s, ranks).peak == doctest::Approx(at_one + 2 * z.per_layer));
-    CHECK(three->param_count == f.params_at_one_layer + 2 * f.params_per_layer);
-    // The largest model: its need fits, one more layer's does not.
-    if (z.largest_layers > 0) {
-      CHECK(at_one + static_cast<double>(z.largest_layers - 1) * z.per_layer <= limit);
-      CHECK(at_one + static_cast<double>(z.largest_layers) * z.per_layer > limit);
-      CHECK(z.largest_params == f.params_at_one_layer + static_cast<double>(z.largest_layers - 1) * f.params_per_layer);
-    }
+    // Linear in layers: the need a layer adds from 2 to 3 is what each adds from 3 to 4.
+    CHECK(z.per_layer > 0);
+    CHECK(analysis::rank_memory(four->memory, s, ranks).peak == doctest::Approx(z.need + 2 * z.per_layer));
   }
-  CHECK(f.stages[3].largest_layers == 1);
-  // With room: ZeRO-3 trains more layers than plain data parallel.
-  const analysis::MemoryFit roomy = analysis::fit_memory(base->memory, ranks, 8 * limit, small_gpt2);
-  CHECK(roomy.stages[0].fits);
+  // With room: every stage fits; its largest model's need fits, one more layer's does not, and ZeRO-3 trains
+  // more layers than plain data parallel.
+  const analysis::MemoryFit roomy = analysis::fit_memory(base->memory, base->param_count, ranks, 8 * limit, small_gpt2);
+  for (const analysis::StageFit& z : roomy.stages) {
+    CAPTURE(z.stage);
+    CHECK(z.fits);
+    CHECK(z.largest_layers >= 2);
+    const double more = static_cast<double>(z.largest_layers - roomy.layers);
+    CHECK(z.need + more * z.per_layer <= 8 * limit);
+    CHECK(z.need + (more + 1) * z.per_layer > 8 * limit);
+    CHECK(z.largest_params == base->param_count + more * roomy.params_per_layer);
+  }
   CHECK(roomy.stages[3].largest_layers > roomy.stages[0].largest_layers);
-  CHECK(roomy.stages[0].largest_layers >= 2);
 
   // A limit below any step's resident bytes: no budget can, and not one layer.
-  const analysis::MemoryFit tiny = analysis::fit_memory(base->memory, ranks, 1024, small_gpt2);
+  const analysis::MemoryFit tiny = analysis::fit_memory(base->memory, base->param_count, ranks, 1024, small_gpt2);
   for (const analysis::StageFit& z : tiny.stages) {
     CHECK(!z.fits);
     CHECK(z.budget == 0);
@@ -409,6 +410,7 @@ TEST_CASE("report: --memory-per-rank prints each stage's fit and the largest mod
   const nlohmann::json m = nlohmann::json::parse(json.out).at("distributed").at("memory_per_rank");
   CHECK(m.at("limit_bytes") == 1073741824.0);
   CHECK(m.at("params_per_layer") == 12.0 * 64 * 64 + 13 * 64);
+  CHECK(m.at("layers") == 2);
   for (const nlohmann::json& s : m.at("stages")) CHECK(s.at("fits") == true);
   CHECK(m.at("stages").at(3).at("largest_layers").get<int64_t>() > m.at("stages").at(0).at("largest_layers").get<int64_t>());
   // Without the distributed step, or with a bad size: user errors.
