@@ -253,7 +253,7 @@ std::optional<std::pair<int64_t, double>> fitting_budget(int stage, int ranks, d
   // without recompute) and try the rank's need there, where the greedy has recomputed the most.
   if (met == 0) met = std::max(2 * single_peak, unmet + 1);
   std::optional<CompiledMemory> smallest;
-  for (int t = 0; t < kBisections && met - unmet > 1; ++t) {
+  for (int t = 0; t < kBisections && met - unmet > std::max(1.0, kBisectionPrecision * met); ++t) {
     const double mid = std::floor((met + unmet) / 2);
     if (std::optional<CompiledMemory> c = compile(0, static_cast<int64_t>(mid))) {
       const double rank_need = rank_memory(c->memory, stage, ranks).peak;

@@ -154,7 +154,8 @@ RankMemory rank_memory(const MemoryReport& memory, int stage, int ranks);
 //    about LIMIT + S. The search starts there and lowers the budget by each
 //    try's excess over LIMIT (at most kBudgetTries compiles). Past the
 //    smallest arena recompute reaches (the pass refuses the budget), it
-//    bisects for that smallest arena (kBisections compiles at most) and tries
+//    bisects for that smallest arena (to kBisectionPrecision of it,
+//    kBisections compiles at most) and tries
 //    the rank's need on the way. "None can": no budget on that path brings it
 //    under (the single-rank arena's floor may be a phase whose buffers the
 //    stage shards, so the rank's need there is what decides).
@@ -167,6 +168,7 @@ RankMemory rank_memory(const MemoryReport& memory, int stage, int ranks);
 //    block), its parameters L's plus a block's for each layer more.
 inline constexpr int kBudgetTries = 6;
 inline constexpr int kBisections = 24;
+inline constexpr double kBisectionPrecision = 1e-3;
 
 // The step compiled at `layers` (0: the model's own) under a recompute
 // budget (0: none): its memory and parameter count; nullopt when the budget

@@ -283,10 +283,12 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
   if (!a.memory_per_rank.empty()) {
     std::string error;
     std::optional<int64_t> limit = passes::parse_memory_budget(a.memory_per_rank, error);
-    if (!limit || !topology.link) {
+    if (limit && !topology.link) error = "it needs the distributed step: --ranks N --interconnect NAME";
+    if (limit && !a.budget.empty()) error = "it finds the --memory-budget that fits each stage itself: leave --memory-budget out";
+    if (!limit || !error.empty()) {
       std::cerr << fmt::format("error: --memory-per-rank: {}\n    hint: e.g. --device h100 --ranks 8 --interconnect nvlink4 "
                                "--memory-per-rank 80GiB\n",
-                               limit ? "it needs the distributed step: --ranks N --interconnect NAME" : error);
+                               error);
       return kUserError;
     }
     // The same model at other layers and recompute budgets, quietly: a budget that cannot be met is an answer here.

@@ -416,6 +416,9 @@ TEST_CASE("report: --memory-per-rank prints each stage's fit and the largest mod
   // Without the distributed step, or with a bad size: user errors.
   CHECK(testing::run_in_source_tree(napkin + " report models/gpt2-124m.yaml --memory-per-rank 1GiB").status == 1);
   CHECK(testing::run_in_source_tree(napkin + " report" + model + " --memory-per-rank lots").status == 1);
+  testing::CommandResult both = testing::run_in_source_tree(napkin + " report" + model + " --memory-per-rank 1GiB --memory-budget 1GiB");
+  CHECK(both.status == 1);
+  CHECK(both.out.find("leave --memory-budget out") != std::string::npos);
   // estimate: the lecture's 8 x 80 GB question per stage.
   testing::CommandResult est = testing::run_in_source_tree(napkin + " estimate --gpus 8 --memory-per-rank 80GB");
   INFO(est.out);
