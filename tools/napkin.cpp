@@ -531,6 +531,15 @@ struct EstimateArgs {
 
 int cmd_estimate(const CommandContext& ctx, const EstimateArgs& a) {
   const analysis::Device* device = device_or_error(a.device);
+  std::optional<int64_t> memory_per_rank;
+  if (!a.memory_per_rank.empty()) {
+    std::string error;
+    memory_per_rank = passes::parse_memory_budget(a.memory_per_rank, error);
+    if (!memory_per_rank) {
+      std::cerr << fmt::format("error: --memory-per-rank: {}\n    hint: e.g. --memory-per-rank 80GiB\n", error);
+      return kUserError;
+    }
+  }
   const analysis::Interconnect* link = nullptr;
   if (!a.interconnect.empty() || a.batch_tokens > 0) {
     link = analysis::find_interconnect(a.interconnect);
@@ -621,14 +630,8 @@ int cmd_estimate(const CommandContext& ctx, const EstimateArgs& a) {
       std::cout << fmt::format("this model needs {:.4g} bytes = {}: {} on {} x {}\n", need, ir::human_bytes(need),
                                need <= a.gpus * device->memory_bytes ? "fits" : "does NOT fit", a.gpus, device->name);
     }
-    if (!a.memory_per_rank.empty()) {
-      std::string error;
-      std::optional<int64_t> limit = passes::parse_memory_budget(a.memory_per_rank, error);
-      if (!limit) {
-        std::cerr << fmt::format("error: --memory-per-rank: {}\n    hint: e.g. --memory-per-rank 80GiB\n", error);
-        return kUserError;
-      }
-      const double m = static_cast<double>(*limit);
+    if (memory_per_rank) {
+      const double m = static_cast<double>(*memory_per_rank);
       const auto shares = analysis::state_shares(bytes.params, bytes.grads, bytes.optimizer_state, a.gpus, m);
       std::cout << fmt::format("per rank of {} ({} bytes) on {} ranks, activations ignored (napkin report "
                                "--memory-per-rank counts them):\n",

@@ -424,6 +424,9 @@ TEST_CASE("report: --memory-per-rank prints each stage's fit and the largest mod
   INFO(est.out);
   REQUIRE(est.status == 0);
   CHECK(est.out.find("ZeRO-3         2 bytes a parameter on a rank: largest model 4e+10 parameters") != std::string::npos);
+  testing::CommandResult bad = testing::run_in_source_tree(napkin + " estimate --gpus 8 --memory-per-rank lots");
+  CHECK(bad.status == 1);
+  CHECK(bad.out == "error: --memory-per-rank: 'lots' is not a byte count\n    hint: e.g. --memory-per-rank 80GiB\n");
 }
 
 }  // namespace
