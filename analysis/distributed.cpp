@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <map>
 
 #include "ir/fusion_group.h"
@@ -58,6 +59,11 @@ std::string known_interconnect_names() {
   std::string r;
   for (const std::string& n : names) r += (r.empty() ? "" : ", ") + n;
   return r;
+}
+
+const char* zero_stage_name(int stage) {
+  static const char* names[] = {"data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
+  return names[stage];
 }
 
 // An all-reduce is a reduce-scatter then an all-gather of the same size: twice the halves' bytes, steps and time,
@@ -194,26 +200,120 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
     z.step_seconds = d.single_rank_seconds - optimizer + opt + z.exposed_seconds;
     z.mfu = peak > 0 && z.step_seconds > 0 ? step_flops / (z.step_seconds * peak) : 0;
 
-    // Per-rank memory: the single-rank buffers, the sharded ones divided by N, over the same live ranges.
-    auto sharded = [&](MemoryCategory c) {
-      return (c == MemoryCategory::OptimizerState && stage >= 1) || (c == MemoryCategory::Gradients && stage >= 2) ||
-             (c == MemoryCategory::Parameters && stage >= 3);
-    };
-    const size_t positions = std::max<size_t>(memory.live_bytes.size(), 1);
-    std::vector<double> delta(positions + 1, 0.0);
-    for (const MemoryBuffer& b : memory.buffers) {
-      const double bytes = static_cast<double>(b.bytes) * (sharded(b.category) ? shard : 1.0);
-      if (b.category == MemoryCategory::Parameters) z.params += bytes;
-      if (b.category == MemoryCategory::Gradients) z.grads += bytes;
-      if (b.category == MemoryCategory::OptimizerState) z.optimizer_state += bytes;
-      if (b.first > b.last) continue;  // as analyze_memory sweeps them
-      delta[static_cast<size_t>(b.first)] += bytes;
-      delta[std::min(static_cast<size_t>(b.last) + 1, positions)] -= bytes;
-    }
-    double live = 0;
-    for (size_t p = 0; p < positions; ++p) z.peak = std::max(z.peak, live += delta[p]);
+    const RankMemory m = rank_memory(memory, stage, ranks);
+    z.params = m.params, z.grads = m.grads, z.optimizer_state = m.optimizer_state, z.peak = m.peak;
   }
   return d;
+}
+
+RankMemory rank_memory(const MemoryReport& memory, int stage, int ranks) {
+  RankMemory m;
+  const double shard = 1.0 / ranks;
+  auto sharded = [&](MemoryCategory c) {
+    return (c == MemoryCategory::OptimizerState && stage >= 1) || (c == MemoryCategory::Gradients && stage >= 2) ||
+           (c == MemoryCategory::Parameters && stage >= 3);
+  };
+  const size_t positions = std::max<size_t>(memory.live_bytes.size(), 1);
+  std::vector<double> delta(positions + 1, 0.0);
+  for (const MemoryBuffer& b : memory.buffers) {
+    const double bytes = static_cast<double>(b.bytes) * (sharded(b.category) ? shard : 1.0);
+    if (b.category == MemoryCategory::Parameters) m.params += bytes;
+    if (b.category == MemoryCategory::Gradients) m.grads += bytes;
+    if (b.category == MemoryCategory::OptimizerState) m.optimizer_state += bytes;
+    if (b.first > b.last) continue;  // as analyze_memory sweeps them
+    delta[static_cast<size_t>(b.first)] += bytes;
+    delta[std::min(static_cast<size_t>(b.last) + 1, positions)] -= bytes;
+  }
+  double live = 0;
+  for (size_t p = 0; p < positions; ++p) m.peak = std::max(m.peak, live += delta[p]);
+  return m;
+}
+
+namespace {
+
+// The --memory-budget that brings a rank's need under `limit` under `stage`, and that need; nullopt: none can.
+std::optional<std::pair<int64_t, double>> fitting_budget(int stage, int ranks, double limit, double single_peak,
+                                                         double need, const CompileAt& compile) {
+  // Descent: the single-rank arena bound that leaves this rank's need at the limit, lowered by each try's excess.
+  double budget = std::floor(limit + (single_peak - need));
+  double met = 0, unmet = 0;  // the lowest budget met so far, the highest one recompute cannot meet
+  for (int t = 0; t < kBudgetTries && budget >= 1; ++t) {
+    const std::optional<CompiledMemory> c = compile(0, static_cast<int64_t>(budget));
+    if (!c) {
+      unmet = budget;
+      break;
+    }
+    met = budget;
+    const double rank_need = rank_memory(c->memory, stage, ranks).peak;
+    if (rank_need <= limit) return std::pair{static_cast<int64_t>(budget), rank_need};
+    budget = std::floor(budget - (rank_need - limit));
+  }
+  if (unmet == 0) return std::nullopt;  // the tries ran out
+  // Below the smallest arena recompute reaches: bisect for it (a budget at or above the step's arena is met
+  // without recompute) and try the rank's need there, where the greedy has recomputed the most.
+  if (met == 0) met = std::max(2 * single_peak, unmet + 1);
+  std::optional<CompiledMemory> smallest;
+  for (int t = 0; t < kBisections && met - unmet > std::max(1.0, kBisectionPrecision * met); ++t) {
+    const double mid = std::floor((met + unmet) / 2);
+    if (std::optional<CompiledMemory> c = compile(0, static_cast<int64_t>(mid))) {
+      const double rank_need = rank_memory(c->memory, stage, ranks).peak;
+      if (rank_need <= limit) return std::pair{static_cast<int64_t>(mid), rank_need};
+      met = mid;
+    } else {
+      unmet = mid;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+MemoryFit fit_memory(const MemoryReport& memory, double param_count, int ranks, double limit,
+                     const CompileAt& compile) {
+  MemoryFit f;
+  f.limit = limit;
+  f.ranks = ranks;
+  // The model's own layers from the parameter counts at 1 and 2 layers, then the need one layer up.
+  const std::optional<CompiledMemory> one = compile(1, 0), two = compile(2, 0);
+  std::optional<CompiledMemory> next;
+  if (one && two && two->param_count > one->param_count) {
+    f.params_per_layer = two->param_count - one->param_count;
+    f.layers = 1 + std::llround((param_count - one->param_count) / f.params_per_layer);
+    next = compile(f.layers + 1, 0);
+  }
+  f.scales = next.has_value();
+  const double single_peak = rank_memory(memory, 0, 1).peak;
+  for (int stage = 0; stage < 4; ++stage) {
+    StageFit& s = f.stages[stage];
+    s.stage = stage;
+    s.need = rank_memory(memory, stage, ranks).peak;
+    s.fits = s.need <= limit;
+    if (!s.fits)
+      if (std::optional<std::pair<int64_t, double>> b = fitting_budget(stage, ranks, limit, single_peak, s.need, compile))
+        s.budget = b->first, s.budget_need = b->second;
+    if (f.scales) {
+      s.per_layer = rank_memory(next->memory, stage, ranks).peak - s.need;
+      if (s.per_layer > 0) {
+        s.largest_layers = std::max<int64_t>(0, f.layers + static_cast<int64_t>(std::floor((limit - s.need) / s.per_layer)));
+        s.largest_params = s.largest_layers > 0
+                               ? param_count + static_cast<double>(s.largest_layers - f.layers) * f.params_per_layer
+                               : 0;
+      }
+    }
+  }
+  return f;
+}
+
+std::array<StateShare, 4> state_shares(double params_bytes, double grads_bytes, double state_bytes, int ranks,
+                                       double limit) {
+  std::array<StateShare, 4> shares{};
+  const double n = ranks;
+  const double per_rank[4] = {params_bytes + grads_bytes + state_bytes, params_bytes + grads_bytes + state_bytes / n,
+                              params_bytes + (grads_bytes + state_bytes) / n,
+                              (params_bytes + grads_bytes + state_bytes) / n};
+  for (int stage = 0; stage < 4; ++stage)
+    shares[stage] = {per_rank[stage], per_rank[stage] > 0 ? limit / per_rank[stage] : 0};
+  return shares;
 }
 
 DataParallelEstimate estimate_data_parallel(double params, double batch_tokens, int gpus, double peak, double mfu,

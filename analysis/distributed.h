@@ -41,6 +41,8 @@
 #pragma once
 
 #include <array>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,6 +94,9 @@ double reduce_scatter_seconds(double bytes, int ranks, const Interconnect& link)
 
 inline constexpr double kBucketBytes = 25.0 * 1024 * 1024;
 
+// "data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3".
+const char* zero_stage_name(int stage);
+
 struct ZeroStage {
   int stage = 0;                // 0 .. 3
   double bytes_sent = 0;        // per rank per step
@@ -128,6 +133,85 @@ struct DistributedStep {
 DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const MemoryReport& memory, double flops,
                                     double peak, const Topology& topology, int64_t micro_batches = 1,
                                     double optimizer_flops = 0);
+
+// One rank's memory under a ZeRO stage: the single-rank step's buffers over
+// their live ranges (analysis/memory.h), each parameter, gradient and
+// optimizer-state buffer divided by `ranks` where the stage shards it; each
+// category summed, and the peak of that sweep (ZeroStage's figures).
+struct RankMemory {
+  double params = 0, grads = 0, optimizer_state = 0, peak = 0;
+};
+RankMemory rank_memory(const MemoryReport& memory, int stage, int ranks);
+
+// `--memory-per-rank LIMIT` (docs/distributed.md, "Memory per rank"): for
+// each ZeRO stage, whether a rank's step fits, which `--memory-budget`
+// (recompute) makes it fit, and the largest model of the same shape.
+//  - a rank's need: RankMemory::peak, the liveness peak of its step with its
+//    activations at the model's micro-batch (the planned arena adds at most
+//    its alignment padding).
+//  - the budget: --memory-budget is the recompute pass's bound on the
+//    single-rank arena, so a stage that shards S bytes at the peak fits under
+//    about LIMIT + S. The search starts there and lowers the budget by each
+//    try's excess over LIMIT (at most kBudgetTries compiles). Past the
+//    smallest arena recompute reaches (the pass refuses the budget), it
+//    bisects for that smallest arena (to kBisectionPrecision of it,
+//    kBisections compiles at most) and tries
+//    the rank's need on the way. "None can": no budget on that path brings it
+//    under (the single-rank arena's floor may be a phase whose buffers the
+//    stage shards, so the rank's need there is what decides).
+//  - same shape: the model's dims with only `layers` changed (width, heads,
+//    vocabulary, sequence and micro-batch fixed). The model's own L comes
+//    from the parameter counts at layers 1 and 2 (each block adds the same);
+//    a rank's need one block up (L + 1) gives the bytes a block adds at this
+//    size, and the largest model is the most layers whose need, extrapolated
+//    linearly from L, fits (no recompute): L + floor((LIMIT - need) / per
+//    block), its parameters L's plus a block's for each layer more.
+inline constexpr int kBudgetTries = 6;
+inline constexpr int kBisections = 24;
+inline constexpr double kBisectionPrecision = 1e-3;
+
+// The step compiled at `layers` (0: the model's own) under a recompute
+// budget (0: none): its memory and parameter count; nullopt when the budget
+// cannot be met or the model has no `layers` dim.
+struct CompiledMemory {
+  MemoryReport memory;
+  double param_count = 0;
+};
+using CompileAt = std::function<std::optional<CompiledMemory>(int64_t layers, int64_t budget)>;
+
+struct StageFit {
+  int stage = 0;
+  double need = 0;          // a rank's peak, bytes, no recompute
+  bool fits = false;        // need <= limit
+  int64_t budget = 0;       // when it does not fit: the --memory-budget that makes it fit (0: none can)
+  double budget_need = 0;   // a rank's peak under that budget
+  double per_layer = 0;     // a rank's need per block (L -> L + 1)
+  int64_t largest_layers = 0;  // 0: not one block fits (or no `layers` dim)
+  double largest_params = 0;
+};
+
+struct MemoryFit {
+  double limit = 0;           // bytes per rank
+  int ranks = 1;
+  bool scales = false;        // the model has a `layers` dim: the largest-model figures are set
+  int64_t layers = 0;         // the model's
+  double params_per_layer = 0;
+  std::array<StageFit, 4> stages{};
+};
+
+// `memory`, `param_count`: the step as compiled; `compile`: the same model at other layers and budgets.
+MemoryFit fit_memory(const MemoryReport& memory, double param_count, int ranks, double limit, const CompileAt& compile);
+
+// `napkin estimate --memory-per-rank`: the lecture's bytes per parameter
+// (params + grads + optimizer state), a rank's share under each stage
+// (stage 1 divides the optimizer state by the ranks, 2 the gradients too, 3
+// everything), activations ignored; the largest parameter count that fits.
+struct StateShare {
+  double bytes_per_param = 0;  // on one rank
+  double largest_params = 0;   // limit / bytes_per_param
+};
+std::array<StateShare, 4> state_shares(double params_bytes, double grads_bytes, double state_bytes, int ranks,
+                                       double limit);
 
 // `napkin estimate`'s data-parallel figures, with the same ring all-reduce
 // and interconnect but no step to look into: `params` parameters, each

@@ -6,15 +6,6 @@
 
 namespace napkin::report {
 
-namespace {
-
-const char* stage_name(int stage) {
-  static const char* names[] = {"data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
-  return names[stage];
-}
-
-}  // namespace
-
 std::string distributed_section_text(const analysis::DistributedStep& d, double tokens) {
   using ir::human_bytes;
   using ir::human_seconds;
@@ -40,7 +31,7 @@ std::string distributed_section_text(const analysis::DistributedStep& d, double 
   out += fmt::format("  {:<14} {:>11} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}\n", "", "sent/rank", "comm",
                      "hidden", "exposed", "step", "MFU", "params", "grads", "opt state", "peak/rank");
   for (const analysis::ZeroStage& z : d.stages)
-    out += fmt::format("  {:<14} {:>11} {:>10} {:>10} {:>10} {:>10} {:>6.1f}% {:>10} {:>10} {:>10} {:>10}\n", stage_name(z.stage),
+    out += fmt::format("  {:<14} {:>11} {:>10} {:>10} {:>10} {:>10} {:>6.1f}% {:>10} {:>10} {:>10} {:>10}\n", analysis::zero_stage_name(z.stage),
                        human_bytes(z.bytes_sent), human_seconds(z.comm_seconds), human_seconds(z.hidden_seconds),
                        human_seconds(z.exposed_seconds), human_seconds(z.step_seconds), 100 * z.mfu, human_bytes(z.params),
                        human_bytes(z.grads), human_bytes(z.optimizer_state), human_bytes(z.peak));
@@ -100,6 +91,53 @@ nlohmann::json distributed_json(const analysis::DistributedStep& d, double token
           {"bucket_bytes", analysis::kBucketBytes},
           {"backward_s", d.backward_seconds},
           {"single_rank_step_s", d.single_rank_seconds},
+          {"stages", stages}};
+}
+
+std::string memory_fit_text(const analysis::MemoryFit& f) {
+  using ir::human_bytes;
+  std::string out = fmt::format(
+      "  memory per rank      {} ({} bytes): a rank's peak with its activations at this micro-batch "
+      "(docs/distributed.md, \"Memory per rank\")\n",
+      human_bytes(f.limit), ir::with_commas(f.limit));
+  out += fmt::format("  {:<14} {:>10}  {:<46} {}\n", "", "peak/rank", "to fit",
+                     f.scales ? "largest model (layers at this width, no recompute)" : "largest model");
+  for (const analysis::StageFit& s : f.stages) {
+    const std::string fit =
+        s.fits ? "fits"
+        : s.budget > 0
+            ? fmt::format("--memory-budget {} (peak/rank {})", s.budget, human_bytes(s.budget_need))
+            : std::string("none can: recompute does not bring it under");
+    const std::string largest =
+        !f.scales ? "-"
+        : s.largest_layers > 0
+            ? fmt::format("{} layer{}, {:.4g} params ({} a layer)", s.largest_layers, s.largest_layers == 1 ? "" : "s", s.largest_params, human_bytes(s.per_layer))
+            : std::string("not one layer");
+    out += fmt::format("  {:<14} {:>10}  {:<46} {}\n", analysis::zero_stage_name(s.stage), human_bytes(s.need), fit, largest);
+  }
+  out += f.scales ? fmt::format("  same shape: only `layers` changes ({} here); a rank's peak a layer measured at {} "
+                                "layers, {:.4g} parameters a layer; linear in layers\n",
+                                f.layers, f.layers + 1, f.params_per_layer)
+                  : "  same shape: the model has no `layers` dim to scale\n";
+  return out;
+}
+
+nlohmann::json memory_fit_json(const analysis::MemoryFit& f) {
+  using nlohmann::json;
+  json stages = json::array();
+  for (const analysis::StageFit& s : f.stages)
+    stages.push_back({{"stage", s.stage},
+                      {"peak_bytes", s.need},
+                      {"fits", s.fits},
+                      {"memory_budget", s.fits || s.budget == 0 ? json(nullptr) : json(s.budget)},
+                      {"peak_bytes_with_budget", s.budget > 0 ? json(s.budget_need) : json(nullptr)},
+                      {"peak_bytes_per_layer", f.scales ? json(s.per_layer) : json(nullptr)},
+                      {"largest_layers", f.scales ? json(s.largest_layers) : json(nullptr)},
+                      {"largest_params", f.scales ? json(s.largest_params) : json(nullptr)}});
+  return {{"limit_bytes", f.limit},
+          {"scaled_dim", f.scales ? json("layers") : json(nullptr)},
+          {"layers", f.scales ? json(f.layers) : json(nullptr)},
+          {"params_per_layer", f.params_per_layer},
           {"stages", stages}};
 }
 

@@ -15,4 +15,8 @@ namespace napkin::report {
 std::string distributed_section_text(const analysis::DistributedStep& d, double tokens);
 nlohmann::json distributed_json(const analysis::DistributedStep& d, double tokens);
 
+// `--memory-per-rank`: each stage's fit, the budget that makes it fit, the largest model (analysis::fit_memory).
+std::string memory_fit_text(const analysis::MemoryFit& f);
+nlohmann::json memory_fit_json(const analysis::MemoryFit& f);
+
 }  // namespace napkin::report

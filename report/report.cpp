@@ -561,7 +561,7 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
   out += forward_rule_section(c);
   if (c.has_backward()) out += accumulation_section(g, c, options, time);
   if (std::optional<analysis::DistributedStep> d = distributed_step(g, c, memory, options, time))
-    out += distributed_section_text(*d, c.tokens);
+    out += distributed_section_text(*d, c.tokens) + (options.memory_fit ? memory_fit_text(*options.memory_fit) : "");
   return out;
 }
 
@@ -753,7 +753,10 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
                          {"predicted_mfu", a.predicted ? json(a.mfu) : json(nullptr)}};
   }
   if (std::optional<analysis::DistributedStep> d = distributed_step(g, c, memory, options, time))
+  {
     j["distributed"] = distributed_json(*d, c.tokens);
+    if (options.memory_fit) j["distributed"]["memory_per_rank"] = memory_fit_json(*options.memory_fit);
+  }
   // Paths come from the command line and may not be UTF-8: replace, never throw.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }

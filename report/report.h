@@ -35,6 +35,8 @@ struct ReportOptions {
   int ranks_per_node = 0;
   // Micro-batches per rank per step (gradient accumulation); 0: the model's train.accumulate.
   int64_t accumulate = 0;
+  // `--memory-per-rank`: each stage's fit against the limit, in the distributed section (null: left out).
+  const analysis::MemoryFit* memory_fit = nullptr;
 };
 
 std::string render_report_text(const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,

@@ -258,6 +258,7 @@ struct HtmlArgs {
 // napkin report's flags.
 struct ReportArgs {
   std::string model, dims, device, budget;
+  std::string memory_per_rank;  // with --ranks: each ZeRO stage against this limit
   bool json = false, ops = false, no_ops = false;
   int64_t accumulate = 0;  // micro-batches per step instead of the model's train.accumulate
   TopologyArgs topology;
@@ -278,6 +279,33 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
   const ir::Graph* g = &step->graph;
   analysis::StepCost cost = analysis::analyze_step(*g, device);
   analysis::MemoryReport memory = analysis::analyze_memory(*g);
+  std::optional<analysis::MemoryFit> memory_fit;
+  if (!a.memory_per_rank.empty()) {
+    std::string error;
+    std::optional<int64_t> limit = passes::parse_memory_budget(a.memory_per_rank, error);
+    if (limit && !topology.link) error = "it needs the distributed step: --ranks N --interconnect NAME";
+    if (limit && !a.budget.empty()) error = "it finds the --memory-budget that fits each stage itself: leave --memory-budget out";
+    if (!limit || !error.empty()) {
+      std::cerr << fmt::format("error: --memory-per-rank: {}\n    hint: e.g. --device h100 --ranks 8 --interconnect nvlink4 "
+                               "--memory-per-rank 80GiB\n",
+                               error);
+      return kUserError;
+    }
+    // The same model at other layers and recompute budgets, quietly: a budget that cannot be met is an answer here.
+    const std::map<std::string, int64_t> user_dims = *dims_or_error(dims);
+    const analysis::CompileAt compile = [&](int64_t layers, int64_t budget) -> std::optional<analysis::CompiledMemory> {
+      frontend::LoadOptions load_options;
+      load_options.dim_overrides = user_dims;
+      if (layers > 0) load_options.dim_overrides["layers"] = layers;
+      ir::Diagnostics quiet;
+      std::optional<ir::Graph> m = frontend::load_model_file(path, quiet, load_options);
+      if (!m || quiet.has_errors() || !passes::run_training_pipeline(*m, quiet, ctx.pipeline.apply({}), {budget}) ||
+          quiet.has_errors())
+        return std::nullopt;
+      return analysis::CompiledMemory{analysis::analyze_memory(*m), static_cast<double>(m->param_count())};
+    };
+    memory_fit = analysis::fit_memory(memory, static_cast<double>(g->param_count()), topology.ranks, static_cast<double>(*limit), compile);
+  }
   // The text lists every op and every cast only when asked (--ops); the
   // JSON keeps its `ops` unless --no-ops.
   report::ReportOptions options{.model_path = path, .show_ops = a.json ? !a.no_ops : a.ops,
@@ -286,7 +314,8 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
                                 .pipeline = &step->passes,
                                 .policy_casts_step = step->policy_casts_step ? &*step->policy_casts_step : nullptr,
                                 .ranks = topology.ranks, .interconnect = topology.link, .inter_node = topology.across,
-                                .ranks_per_node = topology.ranks_per_node, .accumulate = a.accumulate};
+                                .ranks_per_node = topology.ranks_per_node, .accumulate = a.accumulate,
+                                .memory_fit = memory_fit ? &*memory_fit : nullptr};
   if (!html.file.empty()) {
     const analysis::Device& roofline_device = *device;
     options.show_ops = false;  // the page's tables replace the per-op list (the JSON's `ops`)
@@ -497,10 +526,20 @@ struct EstimateArgs {
   std::string precision;
   std::string interconnect;   // with --batch-tokens: the data-parallel step's communication
   double batch_tokens = 0;    // tokens per optimizer step, over every GPU
+  std::string memory_per_rank;  // each ZeRO stage's share of the states on --gpus ranks of this memory
 };
 
 int cmd_estimate(const CommandContext& ctx, const EstimateArgs& a) {
   const analysis::Device* device = device_or_error(a.device);
+  std::optional<int64_t> memory_per_rank;
+  if (!a.memory_per_rank.empty()) {
+    std::string error;
+    memory_per_rank = passes::parse_memory_budget(a.memory_per_rank, error);
+    if (!memory_per_rank) {
+      std::cerr << fmt::format("error: --memory-per-rank: {}\n    hint: e.g. --memory-per-rank 80GiB\n", error);
+      return kUserError;
+    }
+  }
   const analysis::Interconnect* link = nullptr;
   if (!a.interconnect.empty() || a.batch_tokens > 0) {
     link = analysis::find_interconnect(a.interconnect);
@@ -526,7 +565,7 @@ int cmd_estimate(const CommandContext& ctx, const EstimateArgs& a) {
     std::cerr << "error: give --params N or --model FILE to estimate training time\n";
     return kUserError;
   }
-  if (a.tokens <= 0 && a.optimizer.empty() && a.precision.empty()) {
+  if (a.tokens <= 0 && a.optimizer.empty() && a.precision.empty() && a.memory_per_rank.empty()) {
     std::cerr << "error: nothing to estimate\n    hint: --tokens N for compute and time; --optimizer and --precision "
                  "for the largest model that fits\n";
     return kUserError;
@@ -570,7 +609,7 @@ int cmd_estimate(const CommandContext& ctx, const EstimateArgs& a) {
           steps * e.step_seconds / 3600, steps * e.step_seconds / analysis::kSecondsPerDay, e.mfu);
     }
   }
-  if (!a.optimizer.empty() || !a.precision.empty()) {
+  if (!a.optimizer.empty() || !a.precision.empty() || !a.memory_per_rank.empty()) {
     // Either flag alone takes the other's default.
     const std::string optimizer = a.optimizer.empty() ? "adamw" : a.optimizer;
     const std::string precision = a.precision.empty() ? "fp32" : a.precision;
@@ -590,6 +629,21 @@ int cmd_estimate(const CommandContext& ctx, const EstimateArgs& a) {
       double need = params * bytes.total;
       std::cout << fmt::format("this model needs {:.4g} bytes = {}: {} on {} x {}\n", need, ir::human_bytes(need),
                                need <= a.gpus * device->memory_bytes ? "fits" : "does NOT fit", a.gpus, device->name);
+    }
+    if (memory_per_rank) {
+      const double m = static_cast<double>(*memory_per_rank);
+      const auto shares = analysis::state_shares(bytes.params, bytes.grads, bytes.optimizer_state, a.gpus, m);
+      std::cout << fmt::format("per rank of {} ({} bytes) on {} ranks, activations ignored (napkin report "
+                               "--memory-per-rank counts them):\n",
+                               ir::human_bytes(m), ir::with_commas(m), a.gpus);
+      for (int stage = 0; stage < 4; ++stage) {
+        const analysis::StateShare& s = shares[stage];
+        std::cout << fmt::format("  {:<14} {:.4g} bytes a parameter on a rank: largest model {:.4g} parameters{}\n",
+                                 analysis::zero_stage_name(stage), s.bytes_per_param, s.largest_params,
+                                 params > 0 ? fmt::format("; this one {}", params * s.bytes_per_param <= m
+                                                                               ? "fits" : "does NOT fit")
+                                            : "");
+      }
     }
   }
   return 0;
@@ -940,6 +994,9 @@ int main(int argc, char** argv) {
   report->add_option("--ranks", topology.ranks, "data-parallel ranks: the distributed step per ZeRO stage (with --interconnect)");
   report->add_option("--interconnect", topology.interconnect,
                      "the link between the ranks (of a node, with --inter-node): nvlink4, ib-ndr, pcie5, 100gbe, shm");
+  report->add_option("--memory-per-rank", report_args.memory_per_rank,
+                     "with --ranks: each ZeRO stage's fit in this much memory a rank (e.g. 80GiB), the --memory-budget "
+                     "that makes it fit, the largest model by layers");
   report->add_option("--ranks-per-node", topology.ranks_per_node, "ranks in one node (with --inter-node)");
   report->add_option("--inter-node", topology.inter_node, "the link between nodes (with --ranks-per-node)");
   report->add_option("--accumulate", report_args.accumulate,
@@ -1010,6 +1067,8 @@ int main(int argc, char** argv) {
   estimate->add_option("--precision", est.precision, analysis::known_precision_names());
   estimate->add_option("--interconnect", est.interconnect,
                        "data parallel over --gpus on this link (with --batch-tokens): nvlink4, ib-ndr, pcie5, 100gbe, shm");
+  estimate->add_option("--memory-per-rank", est.memory_per_rank,
+                       "memory of each of --gpus ranks (e.g. 80GiB): the largest model under each ZeRO stage");
   estimate->add_option("--batch-tokens", est.batch_tokens, "tokens per optimizer step over every GPU (with --interconnect)");
   estimate->callback([&] { status = cmd_estimate(ctx, est); });
 

@@ -14,6 +14,8 @@
 #include "analysis/distributed.h"
 #include "analysis/memory.h"
 #include "analysis/step_time.h"
+#include "frontend/frontend.h"
+#include "passes/pipeline.h"
 #include "support/test_io.h"
 #include "support/test_models.h"
 
@@ -298,6 +300,133 @@ TEST_CASE("report: train.accumulate and --accumulate count K micro-batches a ste
   CHECK(zero.out.find("zero.yaml:" + std::to_string(std::count(yaml.begin(), yaml.begin() + train + 1, '\n') + 2) +
                       ":15") != std::string::npos);
   CHECK(zero.out.find("train.accumulate") != std::string::npos);
+}
+
+TEST_CASE("distributed: --memory-per-rank's state shares are the lecture's 16 bytes a parameter divided per stage") {
+  // AdamW in fp32: params 4 + grads 4 + moments 8; 8 ranks of 80 GB.
+  const auto shares = analysis::state_shares(4, 4, 8, 8, 80e9);
+  CHECK(shares[0].bytes_per_param == 16);
+  CHECK(shares[1].bytes_per_param == 4 + 4 + 8.0 / 8);
+  CHECK(shares[2].bytes_per_param == 4 + (4 + 8.0) / 8);
+  CHECK(shares[3].bytes_per_param == 16.0 / 8);
+  CHECK(shares[0].largest_params == doctest::Approx(5e9));
+  CHECK(shares[3].largest_params == doctest::Approx(40e9));  // the lecture's answer: 8 x 80 GB / 16
+  CHECK(shares[2].largest_params == doctest::Approx(80e9 / 5.5));
+}
+
+// GPT-2 at small dims (tests/support/test_models.h) with activations that recompute can shrink (batch 8, seq 64),
+// with `layers` and a recompute budget, as napkin report compiles it.
+std::optional<analysis::CompiledMemory> small_gpt2(int64_t layers, int64_t budget) {
+  frontend::LoadOptions options;
+  options.dim_overrides = testing::small_dims().at("gpt2-124m");
+  options.dim_overrides["batch"] = 8;
+  options.dim_overrides["seq"] = 64;
+  if (layers > 0) options.dim_overrides["layers"] = layers;
+  ir::Diagnostics diag;
+  std::optional<ir::Graph> g = frontend::load_model_file(testing::source_path("models/gpt2-124m.yaml"), diag, options);
+  REQUIRE(g);
+  if (!passes::run_training_pipeline(*g, diag, {}, {budget}) || diag.has_errors()) return std::nullopt;
+  return analysis::CompiledMemory{analysis::analyze_memory(*g), static_cast<double>(g->param_count())};
+}
+
+TEST_CASE("distributed: --memory-per-rank fits each stage, finds the recompute budget and the largest model by layers") {
+  const int ranks = 4;
+  const std::optional<analysis::CompiledMemory> base = small_gpt2(0, 0);
+  REQUIRE(base);
+  double need[4];
+  for (int s = 0; s < 4; ++s) need[s] = analysis::rank_memory(base->memory, s, ranks).peak;
+  CHECK(need[0] == base->memory.peak.bytes);  // stage 0 is the single-rank step
+  CHECK(need[3] < need[2]);
+  CHECK(need[2] <= need[1]);
+  CHECK(need[1] < need[0]);
+
+  // 1 MiB a rank: no stage fits without recompute (1.42-1.66 MiB); the replicated step cannot (recompute's
+  // smallest arena is above it), the sharded ones can.
+  const double limit = 1024 * 1024;
+  const analysis::MemoryFit f = analysis::fit_memory(base->memory, base->param_count, ranks, limit, small_gpt2);
+  REQUIRE(f.scales);
+  CHECK(f.layers == 2);  // small dims' layers, found from the parameter counts
+  // GPT-2's block: 12 d^2 + 13 d parameters, besides wte V d + wpe T d + the final layernorm 2 d (V 16, T 64, d 32).
+  const double d = 32;
+  CHECK(f.params_per_layer == 12 * d * d + 13 * d);
+  CHECK(base->param_count == 16 * d + 64 * d + 2 * d + 2 * (12 * d * d + 13 * d));
+  for (const analysis::StageFit& z : f.stages) CHECK(!z.fits);
+  CHECK(f.stages[0].budget == 0);
+  CHECK(!small_gpt2(0, static_cast<int64_t>(limit)));  // even a 1 MiB arena is out of recompute's reach
+  for (int s = 1; s < 4; ++s) CHECK(f.stages[s].budget > 0);
+  const std::optional<analysis::CompiledMemory> four = small_gpt2(4, 0);
+  REQUIRE(four);
+  CHECK(four->param_count == base->param_count + 2 * f.params_per_layer);
+  for (int s = 0; s < 4; ++s) {
+    CAPTURE(s);
+    const analysis::StageFit& z = f.stages[s];
+    CHECK(z.need == need[s]);
+    if (z.budget > 0) {
+      // The budget it names, compiled: this stage's rank need is under the limit.
+      const std::optional<analysis::CompiledMemory> with = small_gpt2(0, z.budget);
+      REQUIRE(with);
+      CHECK(analysis::rank_memory(with->memory, s, ranks).peak == z.budget_need);
+      CHECK(z.budget_need <= limit);
+    }
+    // Linear in layers: the need a layer adds from 2 to 3 is what each adds from 3 to 4.
+    CHECK(z.per_layer > 0);
+    CHECK(analysis::rank_memory(four->memory, s, ranks).peak == doctest::Approx(z.need + 2 * z.per_layer));
+  }
+  // With room: every stage fits; its largest model's need fits, one more layer's does not, and ZeRO-3 trains
+  // more layers than plain data parallel.
+  const analysis::MemoryFit roomy = analysis::fit_memory(base->memory, base->param_count, ranks, 8 * limit, small_gpt2);
+  for (const analysis::StageFit& z : roomy.stages) {
+    CAPTURE(z.stage);
+    CHECK(z.fits);
+    CHECK(z.largest_layers >= 2);
+    const double more = static_cast<double>(z.largest_layers - roomy.layers);
+    CHECK(z.need + more * z.per_layer <= 8 * limit);
+    CHECK(z.need + (more + 1) * z.per_layer > 8 * limit);
+    CHECK(z.largest_params == base->param_count + more * roomy.params_per_layer);
+  }
+  CHECK(roomy.stages[3].largest_layers > roomy.stages[0].largest_layers);
+
+  // A limit below any step's resident bytes: no budget can, and not one layer.
+  const analysis::MemoryFit tiny = analysis::fit_memory(base->memory, base->param_count, ranks, 1024, small_gpt2);
+  for (const analysis::StageFit& z : tiny.stages) {
+    CHECK(!z.fits);
+    CHECK(z.budget == 0);
+    CHECK(z.largest_layers == 0);
+  }
+}
+
+TEST_CASE("report: --memory-per-rank prints each stage's fit and the largest model, and in --json") {
+  const std::string napkin = NAPKIN_BINARY;
+  const std::string model =
+      " models/gpt2-124m.yaml --dims vocab=256,d=64,heads=4,layers=2,batch=4,seq=32 --no-ops --device h100 --ranks 4 "
+      "--interconnect nvlink4";
+  testing::CommandResult text = testing::run_in_source_tree(napkin + " report" + model + " --memory-per-rank 1GiB");
+  INFO(text.out);
+  REQUIRE(text.status == 0);
+  CHECK(text.out.find("memory per rank      1 GiB (1,073,741,824 bytes)") != std::string::npos);
+  CHECK(text.out.find("same shape: only `layers` changes") != std::string::npos);
+  testing::CommandResult json = testing::run_in_source_tree(napkin + " report" + model + " --json --memory-per-rank 1GiB");
+  REQUIRE(json.status == 0);
+  const nlohmann::json m = nlohmann::json::parse(json.out).at("distributed").at("memory_per_rank");
+  CHECK(m.at("limit_bytes") == 1073741824.0);
+  CHECK(m.at("params_per_layer") == 12.0 * 64 * 64 + 13 * 64);
+  CHECK(m.at("layers") == 2);
+  for (const nlohmann::json& s : m.at("stages")) CHECK(s.at("fits") == true);
+  CHECK(m.at("stages").at(3).at("largest_layers").get<int64_t>() > m.at("stages").at(0).at("largest_layers").get<int64_t>());
+  // Without the distributed step, or with a bad size: user errors.
+  CHECK(testing::run_in_source_tree(napkin + " report models/gpt2-124m.yaml --memory-per-rank 1GiB").status == 1);
+  CHECK(testing::run_in_source_tree(napkin + " report" + model + " --memory-per-rank lots").status == 1);
+  testing::CommandResult both = testing::run_in_source_tree(napkin + " report" + model + " --memory-per-rank 1GiB --memory-budget 1GiB");
+  CHECK(both.status == 1);
+  CHECK(both.out.find("leave --memory-budget out") != std::string::npos);
+  // estimate: the lecture's 8 x 80 GB question per stage.
+  testing::CommandResult est = testing::run_in_source_tree(napkin + " estimate --gpus 8 --memory-per-rank 80GB");
+  INFO(est.out);
+  REQUIRE(est.status == 0);
+  CHECK(est.out.find("ZeRO-3         2 bytes a parameter on a rank: largest model 4e+10 parameters") != std::string::npos);
+  testing::CommandResult bad = testing::run_in_source_tree(napkin + " estimate --gpus 8 --memory-per-rank lots");
+  CHECK(bad.status == 1);
+  CHECK(bad.out == "error: --memory-per-rank: 'lots' is not a byte count\n    hint: e.g. --memory-per-rank 80GiB\n");
 }
 
 }  // namespace
