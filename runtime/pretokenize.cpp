@@ -49,6 +49,32 @@ size_t contraction_length(std::string_view text, size_t i) {
   }
 }
 
+// The run of whitespace that starts at text[begin]: where it ends, where its
+// last character starts, and the end of its last \r or \n (0 when none).
+struct WhitespaceRun {
+  size_t end, last, after_newline;
+};
+
+WhitespaceRun whitespace_run(std::string_view text, size_t begin) {
+  WhitespaceRun run{begin, begin, 0};
+  while (run.end < text.size()) {
+    char32_t w;
+    const size_t k = unicode::decode_utf8(text, run.end, w);
+    if (classify(w) != CharClass::Space) break;
+    if (w == '\r' || w == '\n') run.after_newline = run.end + 1;
+    run.last = run.end;
+    run.end += k;
+  }
+  return run;
+}
+
+// `\s+(?!\S)|\s+` at a run of whitespace: the run but its last character
+// when a non-space follows (that character then starts the next piece, as
+// the space of " word" or on its own); a run of one whole.
+size_t whitespace_piece_end(std::string_view text, size_t begin, const WhitespaceRun& run) {
+  return run.end == text.size() || run.last == begin ? run.end : run.last;
+}
+
 bool ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
 bool ascii_non_space(char c) { return static_cast<unsigned char>(c) < 0x80 && !ascii_space(c); }
@@ -74,18 +100,7 @@ size_t gpt2_piece_end(std::string_view text, size_t begin) {
     }
   }
   if (cls != CharClass::Space) return run_end(text, start, cls);
-  // Whitespace: `\s+(?!\S)` takes the run but its last character when a
-  // non-space follows (that character then starts the next piece, as the
-  // space of " word" or on its own), `\s+` takes a run of one.
-  size_t end = begin, last = begin;
-  while (end < text.size()) {
-    char32_t w;
-    size_t k = unicode::decode_utf8(text, end, w);
-    if (classify(w) != CharClass::Space) break;
-    last = end;
-    end += k;
-  }
-  return end == text.size() || last == begin ? end : last;
+  return whitespace_piece_end(text, begin, whitespace_run(text, begin));
 }
 
 size_t llama3_piece_end(std::string_view text, size_t begin) {
@@ -128,19 +143,9 @@ size_t llama3_piece_end(std::string_view text, size_t begin) {
     while (end < text.size() && (text[end] == '\r' || text[end] == '\n')) ++end;
     return end;
   }
-  // Whitespace. `\s*[\r\n]+`: through the run's last newline; else
-  // `\s+(?!\S)`, `\s+` as GPT-2's.
-  size_t end = begin, last = begin, after_newline = 0;
-  while (end < text.size()) {
-    char32_t w;
-    const size_t k = unicode::decode_utf8(text, end, w);
-    if (classify(w) != CharClass::Space) break;
-    if (w == '\r' || w == '\n') after_newline = end + 1;
-    last = end;
-    end += k;
-  }
-  if (after_newline) return after_newline;
-  return end == text.size() || last == begin ? end : last;
+  // Whitespace. `\s*[\r\n]+`: through the run's last newline; else as GPT-2's.
+  const WhitespaceRun run = whitespace_run(text, begin);
+  return run.after_newline ? run.after_newline : whitespace_piece_end(text, begin, run);
 }
 
 bool is_safe_cut(std::string_view text, size_t pos) {
