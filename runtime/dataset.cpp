@@ -84,6 +84,22 @@ TokenFileLayout token_file_layout(const std::string& path, const char* data, siz
   return {file_dtype, static_cast<size_t>(kHeaderBytes), count, kind};
 }
 
+int64_t read_token_id(const char* p, DType dtype) {
+  if (dtype == DType::U16) {
+    uint16_t t;
+    std::memcpy(&t, p, 2);
+    return t;
+  }
+  if (dtype == DType::U32) {
+    uint32_t t;
+    std::memcpy(&t, p, 4);
+    return t;
+  }
+  int32_t t;
+  std::memcpy(&t, p, 4);
+  return t;
+}
+
 namespace {
 
 class TokenDataset : public Dataset {
@@ -160,22 +176,7 @@ class TokenDataset : public Dataset {
   }
 
  private:
-  int64_t token(int64_t i) const {
-    const char* p = file_.data() + offset_ + i * token_bytes_;
-    if (token_dtype_ == DType::U16) {
-      uint16_t t;
-      std::memcpy(&t, p, 2);
-      return t;
-    }
-    if (token_dtype_ == DType::U32) {
-      uint32_t t;
-      std::memcpy(&t, p, 4);
-      return t;
-    }
-    int32_t t;
-    std::memcpy(&t, p, 4);
-    return t;
-  }
+  int64_t token(int64_t i) const { return read_token_id(file_.data() + offset_ + i * token_bytes_, token_dtype_); }
 
   // Row r of x gets tokens [start, start + seq), row r of y [start + 1, start + seq + 1).
   void copy_window(int64_t r, int64_t start) {

@@ -90,6 +90,8 @@ struct TokenFileLayout {
   std::string llmc;   // what llm.c file it is ("llm.c .bin (GPT-2, u16 tokens)"), "" for a raw file
 };
 TokenFileLayout token_file_layout(const std::string& path, const char* data, size_t size, DType dtype);
+// The id stored at `p` as `dtype` (u16, u32 or i32, little-endian).
+int64_t read_token_id(const char* p, DType dtype);
 
 struct DataSpec {
   DataFormat format = DataFormat::Tokens;

@@ -146,6 +146,29 @@ std::string pre_tokenizer_problem(const Json& p, Pattern& pattern) {
 
 const std::string& byte_char(uint8_t b) { return alphabet().chars[b]; }
 
+SpecialFinder::SpecialFinder(std::string_view text, const std::vector<SpecialToken>& specials)
+    : text_(text), specials_(specials) {
+  for (const SpecialToken& s : specials) next_.push_back(s.text.empty() ? std::string_view::npos : text.find(s.text));
+}
+
+SpecialFinder::Found SpecialFinder::next(size_t from) {
+  Found best;
+  for (size_t k = 0; k < specials_.size(); ++k) {
+    if (next_[k] < from) next_[k] = text_.find(specials_[k].text, from);
+    if (next_[k] < best.at ||
+        (next_[k] == best.at && best.special && specials_[k].text.size() > best.special->text.size()))
+      best = {next_[k], &specials_[k]};
+  }
+  return best;
+}
+
+bool crosses_special(std::string_view text, size_t pos, const std::vector<SpecialToken>& specials) {
+  for (const SpecialToken& s : specials)
+    for (size_t start = pos >= s.text.size() ? pos - s.text.size() + 1 : 0; start < pos; ++start)
+      if (text.compare(start, s.text.size(), s.text) == 0) return true;
+  return false;
+}
+
 Tokenizer Tokenizer::load(const std::string& path) {
   try {
     return load_json(path);
@@ -370,27 +393,13 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 
 void Encoder::encode(std::string_view text, std::vector<int32_t>& out) {
   if (t_.specials_.empty()) return encode_ordinary(text, out);
-  // Special tokens split the text first: the leftmost match, the longest
-  // where several start at the same place. Each special's next occurrence is
-  // searched again only once the text before it is consumed (Llama-sized
-  // lists of specials would otherwise rescan the text per match).
-  const std::vector<SpecialToken>& specials = t_.specials_;
-  std::vector<size_t> next(specials.size());
-  for (size_t k = 0; k < specials.size(); ++k)
-    next[k] = specials[k].text.empty() ? std::string_view::npos : text.find(specials[k].text);
+  // Special tokens split the text first (SpecialFinder's order).
+  SpecialFinder finder(text, t_.specials_);
   size_t from = 0;
-  for (;;) {
-    size_t at = std::string_view::npos, best = 0;
-    for (size_t k = 0; k < specials.size(); ++k)
-      if (next[k] < at || (next[k] == at && at != std::string_view::npos &&
-                           specials[k].text.size() > specials[best].text.size()))
-        at = next[k], best = k;
-    if (at == std::string_view::npos) break;
-    encode_ordinary(text.substr(from, at - from), out);
-    out.push_back(specials[best].id);
-    from = at + specials[best].text.size();
-    for (size_t k = 0; k < specials.size(); ++k)
-      if (next[k] != std::string_view::npos && next[k] < from) next[k] = text.find(specials[k].text, from);
+  for (SpecialFinder::Found f = finder.next(0); f.special; f = finder.next(from)) {
+    encode_ordinary(text.substr(from, f.at - from), out);
+    out.push_back(f.special->id);
+    from = f.at + f.special->text.size();
   }
   encode_ordinary(text.substr(from), out);
 }

@@ -30,6 +30,30 @@ struct SpecialToken {
   int32_t id = 0;
 };
 
+// Special tokens' occurrences in a text, as Hugging Face tokenizers finds its
+// added tokens: the leftmost first, the longest of those that start at the
+// same byte (an empty text never occurs). Each special's next occurrence is
+// kept, so a text is searched once per special, not once per match.
+class SpecialFinder {
+ public:
+  SpecialFinder(std::string_view text, const std::vector<SpecialToken>& specials);
+  struct Found {
+    size_t at = std::string_view::npos;  // npos: none left
+    const SpecialToken* special = nullptr;
+  };
+  // The next occurrence that starts at or after `from`.
+  Found next(size_t from);
+
+ private:
+  std::string_view text_;
+  const std::vector<SpecialToken>& specials_;
+  std::vector<size_t> next_;
+};
+
+// True when an occurrence of a special token covers both text[pos - 1] and
+// text[pos] (0 < pos): cutting the text there would hide it from both sides.
+bool crosses_special(std::string_view text, size_t pos, const std::vector<SpecialToken>& specials);
+
 class Tokenizer {
  public:
   // Reads a tokenizer.json; throws runtime::Error naming the file and what is

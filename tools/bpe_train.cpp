@@ -19,6 +19,7 @@
 #include "runtime/mapped_file.h"
 #include "runtime/pretokenize.h"
 #include "runtime/thread_pool.h"
+#include "runtime/tokenizer.h"
 #include "runtime/unicode_classes.h"
 
 namespace napkin::tools {
@@ -158,63 +159,16 @@ void release_pages(std::string_view text) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
-// The special tokens' occurrences in a text: leftmost first, the longest of
-// those that start at the same byte. Each special's next occurrence is
-// cached, so a text with many occurrences is searched once per special.
-class SpecialFinder {
- public:
-  SpecialFinder(std::string_view text, const std::vector<std::string>& specials) : text_(text), specials_(specials) {
-    for (const std::string& s : specials) next_.push_back(text.find(s));
-  }
-
-  // The next occurrence that starts at or after `from`: {position, length},
-  // or {npos, 0}.
-  std::pair<size_t, size_t> next(size_t from) {
-    size_t best = std::string_view::npos, length = 0;
-    for (size_t i = 0; i < specials_.size(); ++i) {
-      if (next_[i] < from) next_[i] = text_.find(specials_[i], from);
-      if (next_[i] < best || (next_[i] == best && next_[i] != std::string_view::npos && specials_[i].size() > length)) {
-        best = next_[i];
-        length = specials_[i].size();
-      }
-    }
-    return {best, length};
-  }
-
- private:
-  std::string_view text_;
-  const std::vector<std::string>& specials_;
-  std::vector<size_t> next_;
-};
-
 // Calls fn(text) for each stretch of `region` between special tokens.
 template <typename Fn>
-void for_each_ordinary_text(std::string_view region, const std::vector<std::string>& specials, Fn&& fn) {
-  if (specials.empty()) {
-    fn(region);
-    return;
+void for_each_ordinary_text(std::string_view region, const std::vector<tokenizer::SpecialToken>& specials, Fn&& fn) {
+  tokenizer::SpecialFinder finder(region, specials);
+  size_t at = 0;
+  for (tokenizer::SpecialFinder::Found f = finder.next(0); f.special; f = finder.next(at)) {
+    fn(region.substr(at, f.at - at));
+    at = f.at + f.special->text.size();
   }
-  SpecialFinder finder(region, specials);
-  for (size_t at = 0;;) {
-    auto [pos, length] = finder.next(at);
-    if (pos == std::string_view::npos) {
-      fn(region.substr(at));
-      return;
-    }
-    fn(region.substr(at, pos - at));
-    at = pos + length;
-  }
-}
-
-// True when an occurrence of a special token covers both text[pos - 1] and
-// text[pos]: cutting there would hide it from both sides. (A cut no
-// occurrence crosses finds the same occurrences on both sides as the whole
-// text does.)
-bool cut_crosses_special(std::string_view text, size_t pos, const std::vector<std::string>& specials) {
-  for (const std::string& s : specials)
-    for (size_t start = pos >= s.size() ? pos - s.size() + 1 : 0; start < pos; ++start)
-      if (text.compare(start, s.size(), s) == 0) return true;
-  return false;
+  fn(region.substr(at));
 }
 
 // Prints progress lines: in place on a terminal (twice a second), else a line
@@ -255,8 +209,9 @@ class ProgressLine {
 // Counts the pre-tokens of the files in parallel: each counting task takes a
 // region, a stretch of one file cut only at safe cuts that no special token
 // crosses.
-PretokenCounts count_pretokens(const std::vector<runtime::MappedFile>& files, const std::vector<std::string>& specials,
-                               int threads, ProgressLine& progress) {
+PretokenCounts count_pretokens(const std::vector<runtime::MappedFile>& files,
+                               const std::vector<tokenizer::SpecialToken>& specials, int threads,
+                               ProgressLine& progress) {
   int64_t total = 0;
   for (const runtime::MappedFile& f : files) total += static_cast<int64_t>(f.size());
   // About 16 regions per thread for balance, none under 256 KiB.
@@ -267,7 +222,7 @@ PretokenCounts count_pretokens(const std::vector<runtime::MappedFile>& files, co
     if (text.empty()) continue;
     size_t begin = 0;
     for (size_t cut : tokenizer::safe_cuts(text, (text.size() + region_bytes - 1) / region_bytes)) {
-      if (cut_crosses_special(text, cut, specials)) continue;
+      if (tokenizer::crosses_special(text, cut, specials)) continue;
       regions.push_back(text.substr(begin, cut - begin));
       begin = cut;
     }
@@ -582,7 +537,10 @@ BpeResult train_bpe(const std::vector<std::string>& corpus, const BpeOptions& op
   ProgressLine progress(progress_to);
   std::unique_ptr<Merger> merger;
   {
-    PretokenCounts pieces = count_pretokens(files, options.specials, threads, progress);
+    // Counting needs only their texts (ids are given after the merges).
+    std::vector<tokenizer::SpecialToken> specials;
+    for (const std::string& s : options.specials) specials.push_back({s, 0});
+    PretokenCounts pieces = count_pretokens(files, specials, threads, progress);
     files.clear();  // the counts hold their own copies of the bytes
     merger = std::make_unique<Merger>(pieces.shards);
   }

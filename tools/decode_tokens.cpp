@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
 #include <optional>
 
 #include "runtime/dataset.h"
@@ -30,22 +29,10 @@ bool decode_token_file(const DecodeOptions& o, std::ostream& out, std::string& e
     }
     const int64_t end = o.count < 0 ? layout.count : std::min(layout.count, o.first + o.count);
     const char* ids = file.data() + layout.offset;
+    const int64_t width = runtime::element_bytes(layout.dtype);
     std::string text;
     for (int64_t i = o.first; i < end; ++i) {
-      int64_t id = 0;
-      if (layout.dtype == runtime::DType::U16) {
-        uint16_t v;
-        std::memcpy(&v, ids + i * 2, 2);
-        id = v;
-      } else if (layout.dtype == runtime::DType::U32) {
-        uint32_t v;
-        std::memcpy(&v, ids + i * 4, 4);
-        id = v;
-      } else {
-        int32_t v;
-        std::memcpy(&v, ids + i * 4, 4);
-        id = v;
-      }
+      const int64_t id = runtime::read_token_id(ids + i * width, layout.dtype);
       if (id < 0 || id >= vocab) {
         out << text;
         error = fmt::format("{}: id {} at position {} is not in the {} vocabulary [0, {}){}", o.input, id,

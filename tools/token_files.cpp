@@ -54,10 +54,10 @@ constexpr size_t kPiecesPerThread = 16;
 // cutting the rest again stays exact.
 class Cuts {
  public:
-  explicit Cuts(const std::vector<tokenizer::SpecialToken>& specials) {
+  // `specials` (the tokenizer's) must outlive it.
+  explicit Cuts(const std::vector<tokenizer::SpecialToken>& specials) : specials_(specials) {
     for (const tokenizer::SpecialToken& s : specials) {
       if (s.text.empty()) continue;
-      texts_.push_back(s.text);
       starts_special_[static_cast<unsigned char>(s.text[0])] = true;
       longest_ = std::max(longest_, s.text.size());
     }
@@ -90,20 +90,16 @@ class Cuts {
     if (!tokenizer::is_safe_cut(text, pos) &&
         !(starts_special_[static_cast<unsigned char>(text[pos])] && special_at(text, pos)))
       return false;
-    for (size_t q = pos >= longest_ ? pos - longest_ + 1 : 0; q < pos; ++q)
-      if (starts_special_[static_cast<unsigned char>(text[q])])
-        for (const std::string& s : texts_)
-          if (q + s.size() > pos && text.substr(q).starts_with(s)) return false;
-    return true;
+    return !tokenizer::crosses_special(text, pos, specials_);
   }
 
   bool special_at(std::string_view text, size_t pos) const {
-    for (const std::string& s : texts_)
-      if (text.substr(pos).starts_with(s)) return true;
+    for (const tokenizer::SpecialToken& s : specials_)
+      if (!s.text.empty() && text.substr(pos).starts_with(s.text)) return true;
     return false;
   }
 
-  std::vector<std::string> texts_;
+  const std::vector<tokenizer::SpecialToken>& specials_;
   bool starts_special_[256] = {};
   size_t longest_ = 0;
 };
