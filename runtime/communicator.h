@@ -1,5 +1,6 @@
 // How the ranks of a data-parallel job talk: the collectives a trainer needs
-// (sum-all-reduce of gradients and of the step's scalars, a barrier) and who
+// (sum-all-reduce of gradients and of the step's scalars, ZeRO-2's
+// reduce-scatter of the gradients, a barrier) and who
 // this process is. One process is a communicator of one rank whose
 // collectives do nothing; a job launched by mpirun or srun with more than one
 // rank talks through MPI (runtime/mpi_communicator.cpp), loaded with dlopen
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace napkin::runtime {
 
@@ -37,6 +39,18 @@ class Communicator {
   // Sums `count` elements over the ranks, in place, deterministically.
   virtual void all_reduce_sum(float* data, int64_t count) = 0;
   virtual void all_reduce_sum(double* data, int64_t count) = 0;
+  // ZeRO-2's gradient sum: `data` holds counts[0] + ... + counts[size()-1]
+  // elements, rank r's part after the parts of the ranks before it; every
+  // rank's are summed and this rank's sum is left at the start of `data`
+  // (data[0, counts[rank()])); the rest of `data` is then undefined. In place
+  // (MPI_Reduce_scatter with MPI_IN_PLACE), deterministic. Counts up to
+  // INT_MAX each (callers go in buckets).
+  virtual void reduce_scatter_sum(float* data, const std::vector<int64_t>& counts) = 0;
+  // ZeRO-3's gradient of one parameter: the sum over the ranks of each
+  // rank's `count` elements at `mine`, into `sum` on rank `root` alone (the
+  // parameter's owner; `sum` is not touched elsewhere; it may be `mine`).
+  // MPI_Reduce.
+  virtual void reduce_sum(const float* mine, float* sum, int64_t count, int root) = 0;
   // Every rank's `bytes` bytes at `mine`, in rank order, to every rank:
   // `all` holds size() × bytes.
   virtual void all_gather(const void* mine, int64_t bytes, void* all) = 0;

@@ -24,6 +24,16 @@ void CpuEngine::upload_gradients(const char* src) {
   }
 }
 
+void CpuEngine::download_gradient(size_t index, char* dst) {
+  const GradientSpec& g = ex_.program().gradients.at(index);
+  std::memcpy(dst, ex_.arena() + g.offset, static_cast<size_t>(g.bytes));
+}
+
+void CpuEngine::upload_gradient(size_t index, const char* src) {
+  const GradientSpec& g = ex_.program().gradients.at(index);
+  std::memcpy(ex_.arena() + g.offset, src, static_cast<size_t>(g.bytes));
+}
+
 void CpuEngine::inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) {
   ex_.after_kernel = [this, inspect = std::move(inspect)](int i) {
     inspect(i, ex_.arena() + ex_.program().kernels[i].out_offset);

@@ -40,6 +40,8 @@ class CpuEngine final : public Engine {
   }
   void download_gradients(char* dst) override;
   void upload_gradients(const char* src) override;
+  void download_gradient(size_t index, char* dst) override;
+  void upload_gradient(size_t index, const char* src) override;
 
   void inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) override;
   void set_profiling(bool on) override { ex_.profile = on; }

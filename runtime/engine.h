@@ -62,6 +62,10 @@ class Engine {
   // order, read from the arena or written into it. Synchronous.
   virtual void download_gradients(char* dst) = 0;
   virtual void upload_gradients(const char* src) = 0;
+  // The same for one gradient, Program::gradients[index] (ZeRO-2 reads and
+  // writes them in its owners' order).
+  virtual void download_gradient(size_t index, char* dst) = 0;
+  virtual void upload_gradient(size_t index, const char* src) = 0;
 
   // Collectives on the device, for a job of several ranks: joins `comm`'s
   // ranks and says what it will use ("NCCL 2.28.3 on the GPU in 13

@@ -1,6 +1,8 @@
 #include "runtime/gradient_stage.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 
 #include "runtime/error.h"
@@ -8,8 +10,21 @@
 
 namespace napkin::runtime {
 
-GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_batches)
-    : engine_(engine), comm_(comm), micro_batches_(micro_batches) {
+namespace {
+
+// Runs `collective`, adding its seconds to `seconds`.
+template <typename F>
+void timed(double& seconds, F&& collective) {
+  const auto start = std::chrono::steady_clock::now();
+  collective();
+  seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_batches, const OptimizerShards* shards,
+                             bool reduced_in_step)
+    : engine_(engine), comm_(comm), micro_batches_(micro_batches), reduced_in_step_(reduced_in_step && shards) {
   if (micro_batches < 1) throw std::logic_error("GradientStage: fewer than one micro-batch");
   active_ = micro_batches > 1 || comm.size() > 1;
   const Program& p = engine.program();
@@ -20,6 +35,10 @@ GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_b
   }
   if (!active_) return;
   if (p.gradients.empty()) throw Error("the program names no gradients: it cannot accumulate or all-reduce them");
+  if (shards && comm.size() > 1) {
+    shard(*shards);
+    return;
+  }
   if (micro_batches == 1 && comm.size() > 1) {
     device_ = engine.join_device_collectives(comm, why_not_device_);
     if (!device_.empty()) return;
@@ -29,16 +48,147 @@ GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_b
   if (!all_f32_ || micro_batches > 1) raw_.resize(static_cast<size_t>(gradient_bytes_));
 }
 
+void GradientStage::shard(const OptimizerShards& shards) {
+  const Program& p = engine_.program();
+  const int ranks = comm_.size();
+  order_.resize(p.gradients.size());
+  for (size_t i = 0; i < order_.size(); ++i) order_[i] = i;
+  std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
+    return shards.owner(p.gradients[a].param) < shards.owner(p.gradients[b].param);
+  });
+  rank_counts_.assign(static_cast<size_t>(ranks), 0);
+  owned_.assign(p.gradients.size(), false);
+  own_at_.assign(p.gradients.size(), 0);
+  int64_t largest = 0, widest_raw = 0;
+  for (size_t i : order_) {
+    const GradientSpec& g = p.gradients[i];
+    const int owner = shards.owner(g.param);
+    if (owner == comm_.rank()) {
+      owned_[i] = true;
+      own_at_[i] = rank_counts_[static_cast<size_t>(owner)];
+    }
+    rank_counts_[static_cast<size_t>(owner)] += g.numel();
+    largest = std::max(largest, (g.bytes + 3) / 4);
+    if (g.dtype != DType::F32) widest_raw = std::max(widest_raw, g.bytes);
+  }
+  // Buckets of whole gradients in owner order, each closed once it holds
+  // bucket_bytes of f32 sums (a bucket holds any gradient larger alone).
+  int64_t own_begin = 0;
+  for (int r = 0; r < comm_.rank(); ++r) own_begin += rank_counts_[static_cast<size_t>(r)];
+  const int64_t own_end = own_begin + rank_counts_[static_cast<size_t>(comm_.rank())];
+  int64_t at = 0, widest_bucket = 0;
+  Bucket b;
+  b.counts.assign(static_cast<size_t>(ranks), 0);
+  for (size_t n = 0; n < order_.size(); ++n) {
+    const GradientSpec& g = p.gradients[order_[n]];
+    if (b.first == b.last) b.own_at = std::clamp(at, own_begin, own_end) - own_begin;
+    b.counts[static_cast<size_t>(shards.owner(g.param))] += g.numel();
+    b.last = n + 1;
+    at += g.numel();
+    int64_t filled = 0;
+    for (int64_t c : b.counts) filled += c;
+    if (filled * static_cast<int64_t>(sizeof(float)) < static_cast<int64_t>(p.bucket_bytes) && n + 1 < order_.size())
+      continue;
+    widest_bucket = std::max(widest_bucket, filled);
+    buckets_.push_back(b);
+    b.first = b.last = n + 1;
+    b.counts.assign(static_cast<size_t>(ranks), 0);
+  }
+  sum_.resize(static_cast<size_t>(own_end - own_begin));
+  if (reduced_in_step_) {
+    // No staging: the zeros written into the others' gradients, and each gradient read to be added.
+    buckets_.clear();
+    staging_.resize(static_cast<size_t>(largest));
+    int64_t widest = 0;
+    for (const GradientSpec& g : p.gradients) widest = std::max(widest, g.bytes);
+    raw_.resize(static_cast<size_t>(micro_batches_ > 1 ? widest : widest_raw));
+    return;
+  }
+  staging_.resize(static_cast<size_t>(std::max(widest_bucket, largest)));
+  raw_.resize(static_cast<size_t>(widest_raw));
+}
+
 int64_t GradientStage::all_reduce_bytes() const {
+  if (reduced_in_step_) return 0;
+  if (sharded()) return micro_batches_ * numel_ * static_cast<int64_t>(sizeof(float));
   return device_.empty() ? numel_ * static_cast<int64_t>(sizeof(float)) : gradient_bytes_;
 }
 
 int64_t GradientStage::buffer_bytes() const {
-  return static_cast<int64_t>(sum_.size() * sizeof(float) + raw_.size());
+  return static_cast<int64_t>((sum_.size() + staging_.size()) * sizeof(float) + raw_.size());
+}
+
+void GradientStage::add_sharded(int64_t k) {
+  const Program& p = engine_.program();
+  for (const Bucket& b : buckets_) {
+    float* packed = staging_.data();
+    for (size_t n = b.first; n < b.last; ++n) {
+      const size_t i = order_[n];
+      const GradientSpec& g = p.gradients[i];
+      if (g.dtype == DType::F32) {
+        engine_.download_gradient(i, reinterpret_cast<char*>(packed));
+      } else {
+        engine_.download_gradient(i, raw_.data());
+        for (int64_t e = 0; e < g.numel(); ++e) packed[e] = static_cast<float>(read_element(raw_.data(), g.dtype, e));
+      }
+      packed += g.numel();
+    }
+    timed(all_reduce_seconds_, [&] { comm_.reduce_scatter_sum(staging_.data(), b.counts); });
+    const int64_t mine = b.counts[static_cast<size_t>(comm_.rank())];
+    float* sum = sum_.data() + b.own_at;
+    if (k == 0) std::copy(staging_.data(), staging_.data() + mine, sum);
+    else
+      for (int64_t e = 0; e < mine; ++e) sum[e] += staging_[static_cast<size_t>(e)];
+  }
+}
+
+void GradientStage::add_reduced(int64_t k) {
+  const Program& p = engine_.program();
+  for (size_t i = 0; i < p.gradients.size(); ++i) {
+    if (!owned_[i]) continue;
+    const GradientSpec& g = p.gradients[i];
+    float* sum = sum_.data() + own_at_[i];
+    if (g.dtype == DType::F32 && k == 0) {
+      engine_.download_gradient(i, reinterpret_cast<char*>(sum));
+      continue;
+    }
+    engine_.download_gradient(i, raw_.data());
+    for (int64_t e = 0; e < g.numel(); ++e) {
+      const float v = static_cast<float>(read_element(raw_.data(), g.dtype, e));
+      sum[e] = k == 0 ? v : sum[e] + v;
+    }
+  }
+}
+
+void GradientStage::finish_sharded() {
+  const float scale = static_cast<float>(1.0 / static_cast<double>(micro_batches_ * comm_.size()));
+  for (float& v : sum_) v *= scale;
+  const Program& p = engine_.program();
+  std::fill(staging_.begin(), staging_.end(), 0.0f);
+  for (size_t i = 0; i < p.gradients.size(); ++i) {
+    const GradientSpec& g = p.gradients[i];
+    if (!owned_[i]) {
+      engine_.upload_gradient(i, reinterpret_cast<const char*>(staging_.data()));  // zeros: add nothing to the sums
+      continue;
+    }
+    const float* mean = sum_.data() + own_at_[i];
+    if (g.dtype == DType::F32) {
+      engine_.upload_gradient(i, reinterpret_cast<const char*>(mean));
+      continue;
+    }
+    for (int64_t e = 0; e < g.numel(); ++e) write_element(raw_.data(), g.dtype, e, mean[e]);
+    engine_.upload_gradient(i, raw_.data());
+  }
+  if (!reduced_in_step_) ++all_reduces_;
 }
 
 void GradientStage::add_micro_batch(int64_t k) {
   if (!active_ || !device_.empty()) return;
+  if (sharded()) {
+    if (reduced_in_step_) add_reduced(k);
+    else add_sharded(k);
+    return;
+  }
   if (all_f32_) {
     if (k == 0) {
       engine_.download_gradients(reinterpret_cast<char*>(sum_.data()));
@@ -66,17 +216,19 @@ void GradientStage::add_micro_batch(int64_t k) {
 
 void GradientStage::finish() {
   if (!active_) return;
-  auto timed = [this](auto&& all_reduce) {
-    const auto start = std::chrono::steady_clock::now();
-    all_reduce();
-    all_reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ++all_reduces_;
-  };
-  if (!device_.empty()) {
-    timed([&] { engine_.average_gradients_on_device(); });
+  if (sharded()) {
+    finish_sharded();
     return;
   }
-  if (comm_.size() > 1) timed([&] { comm_.all_reduce_sum(sum_.data(), numel_); });
+  if (!device_.empty()) {
+    timed(all_reduce_seconds_, [&] { engine_.average_gradients_on_device(); });
+    ++all_reduces_;
+    return;
+  }
+  if (comm_.size() > 1) {
+    timed(all_reduce_seconds_, [&] { comm_.all_reduce_sum(sum_.data(), numel_); });
+    ++all_reduces_;
+  }
   const float scale = static_cast<float>(1.0 / static_cast<double>(micro_batches_ * comm_.size()));
   if (all_f32_) {
     for (float& v : sum_) v *= scale;

@@ -15,7 +15,20 @@
 // buffer. The sum is in f32 whatever the gradients' dtype (a bf16 gradient
 // is widened as it is added and rounded once at the end), in a fixed order
 // (micro-batches in order, then MPI's), so a run is reproducible bit for bit
-// for a given K and N. docs/distributed.md.
+// for a given K and N.
+//
+// ZeRO-2 (`shards` given, N > 1): each rank keeps the f32 sum of its own
+// parameters' gradients only (OptimizerShards' owners). The gradients are
+// packed in owner order (rank 0's parameters first, each rank's in the
+// program's order), so each rank's part is one range; after every
+// micro-batch they are reduce-scattered in buckets of at least
+// Program::bucket_bytes (whole gradients each), and each rank adds its part
+// of each bucket into its sum. finish() writes the rank's own mean
+// gradients back and zeroes the others' in the arena, so that what the
+// optimizer sums over every gradient (the clipping norm's squares, fp16's
+// overflow probe) is this rank's part of the whole, which the program's
+// all_reduce_sum kernels add up over the ranks (Engine::set_sum_over_ranks).
+// docs/distributed.md.
 #pragma once
 
 #include <cstdint>
@@ -24,46 +37,79 @@
 
 #include "runtime/communicator.h"
 #include "runtime/engine.h"
+#include "runtime/optimizer_shards.h"
 
 namespace napkin::runtime {
 
 class GradientStage {
  public:
-  GradientStage(Engine& engine, Communicator& comm, int64_t micro_batches);
+  // shards: ZeRO-2's owners (null: every rank averages every gradient).
+  // reduced_in_step: ZeRO-3, whose step reduces each gradient to its owner
+  // itself (passes/shard_parameters.h): the stage only adds the owner's
+  // micro-batches, averages them and zeroes the others' gradients.
+  GradientStage(Engine& engine, Communicator& comm, int64_t micro_batches, const OptimizerShards* shards = nullptr,
+                bool reduced_in_step = false);
 
   bool active() const { return active_; }
+  // ZeRO-2 and 3: each rank holds the sum of its own parameters' gradients.
+  bool sharded() const { return !rank_counts_.empty(); }
+  // ZeRO-3: the step reduced them (no collective here).
+  bool reduced_in_step() const { return reduced_in_step_; }
+  // ZeRO-2: the buckets each micro-batch's gradients are reduce-scattered in.
+  size_t buckets() const { return buckets_.size(); }
   // The device's collectives the stage uses ("NCCL 2.28.3"), "" for the
   // host path; and why not, when the engine has some but could not use them.
   const std::string& device_collectives() const { return device_; }
   const std::string& why_not_device() const { return why_not_device_; }
   int64_t micro_batches() const { return micro_batches_; }
-  // Bytes the stage holds besides the arena (0 when inactive): the f32 sum,
-  // and a staging copy when some gradient is not f32.
+  // Bytes the stage holds besides the arena (0 when inactive): the f32 sum
+  // (ZeRO-2: this rank's part), and a staging copy when some gradient is not
+  // f32 (ZeRO-2: one bucket's).
   int64_t buffer_bytes() const;
 
   // After micro-batch k's backward (k = 0 first: the sum starts over).
   void add_micro_batch(int64_t k);
-  // After the last micro-batch: all-reduce, average, write back.
+  // After the last micro-batch: all-reduce, average, write back (ZeRO-2:
+  // average this rank's part, write it back, zero the others').
   void finish();
 
-  // What the all-reduces took so far: calls, seconds in MPI (the wait for
-  // the slowest rank included), and the bytes each reduced.
+  // What the step's collectives took so far: steps, seconds in MPI (the
+  // wait for the slowest rank included), and the bytes a step reduces. The
+  // collective is an all-reduce, or ZeRO-2's reduce-scatters (one per
+  // bucket of each micro-batch).
   int64_t all_reduces() const { return all_reduces_; }
   double all_reduce_seconds() const { return all_reduce_seconds_; }
-  // Bytes each all-reduce carries: the f32 sum on the host, the gradients
-  // in their own dtypes on the device. With device collectives the seconds
-  // are the wait after the backward (the rest overlapped with it).
+  // Bytes a step's collectives carry: the f32 sum on the host (ZeRO-2: once
+  // per micro-batch), the gradients in their own dtypes on the device. With
+  // device collectives the seconds are the wait after the backward (the rest
+  // overlapped with it).
   int64_t all_reduce_bytes() const;
 
  private:
   Engine& engine_;
   Communicator& comm_;
   int64_t micro_batches_ = 1;
-  bool active_ = false, all_f32_ = true;
+  bool active_ = false, all_f32_ = true, reduced_in_step_ = false;
   std::string device_, why_not_device_;
   int64_t numel_ = 0, gradient_bytes_ = 0;  // over every gradient
   std::vector<float> sum_;
   std::vector<char> raw_;  // the gradients' own bytes (only when some is not f32)
+  // ZeRO-2.
+  struct Bucket {
+    size_t first = 0, last = 0;   // its gradients: order_[first, last)
+    std::vector<int64_t> counts;  // elements per rank
+    int64_t own_at = 0;           // where this rank's part goes in sum_
+  };
+  std::vector<size_t> order_;        // gradient indices in owner order
+  std::vector<int64_t> rank_counts_;  // elements each rank sums
+  std::vector<bool> owned_;          // per gradient index
+  std::vector<int64_t> own_at_;      // per owned gradient: its elements' start in sum_
+  std::vector<Bucket> buckets_;
+  std::vector<float> staging_;  // one bucket, packed (also the zeros written into others' gradients)
+  void shard(const OptimizerShards& shards);
+  void add_sharded(int64_t k);
+  void add_reduced(int64_t k);
+  void finish_sharded();
   int64_t all_reduces_ = 0;
   double all_reduce_seconds_ = 0;
 };

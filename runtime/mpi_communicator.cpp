@@ -14,10 +14,12 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "runtime/communicator.h"
 #include "runtime/error.h"
@@ -46,6 +48,8 @@ struct MpiApi {
   int (*get_library_version)(char*, int*) = nullptr;
   int (*get_processor_name)(char*, int*) = nullptr;
   int (*allgather)(const void*, int, Handle, void*, int, Handle, Handle) = nullptr;
+  int (*reduce_scatter)(const void*, void*, const int*, Handle, Handle, Handle) = nullptr;
+  int (*reduce)(const void*, void*, int, Handle, Handle, int, Handle) = nullptr;
   Handle comm_world = nullptr, type_float = nullptr, type_double = nullptr, type_char = nullptr, op_sum = nullptr;
 };
 
@@ -89,6 +93,8 @@ MpiApi load(const LaunchedRank& launched) {
   bind(api, api.get_library_version, "MPI_Get_library_version", path);
   bind(api, api.get_processor_name, "MPI_Get_processor_name", path);
   bind(api, api.allgather, "MPI_Allgather", path);
+  bind(api, api.reduce_scatter, "MPI_Reduce_scatter", path);
+  bind(api, api.reduce, "MPI_Reduce", path);
   api.comm_world = object(api, "ompi_mpi_comm_world", path);
   api.type_float = object(api, "ompi_mpi_float", path);
   api.type_double = object(api, "ompi_mpi_double", path);
@@ -129,6 +135,31 @@ class MpiCommunicator final : public Communicator {
 
   void all_reduce_sum(float* data, int64_t count) override { reduce(data, count, api_.type_float, sizeof(float)); }
   void all_reduce_sum(double* data, int64_t count) override { reduce(data, count, api_.type_double, sizeof(double)); }
+
+  void reduce_scatter_sum(float* data, const std::vector<int64_t>& counts) override {
+    if (counts.size() != static_cast<size_t>(size_)) throw std::logic_error("reduce_scatter_sum: one count per rank");
+    std::vector<int> n(counts.size());
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (counts[r] < 0 || counts[r] > INT_MAX) throw std::logic_error("reduce_scatter_sum: a count past INT_MAX");
+      n[r] = static_cast<int>(counts[r]);
+    }
+    Waiting waiting("the reduce-scatter");
+    check(api_.reduce_scatter(kInPlace, data, n.data(), api_.type_float, api_.op_sum, api_.comm_world),
+          "MPI_Reduce_scatter");
+  }
+
+  void reduce_sum(const float* mine, float* sum, int64_t count, int root) override {
+    Waiting waiting("a reduce");
+    // In pieces cut at the same places on every rank; the root receives each piece's sum in place.
+    for (int64_t done = 0; done < count;) {
+      const int n = static_cast<int>(std::min<int64_t>(count - done, INT_MAX));
+      const void* send = rank_ == root && mine == sum ? kInPlace : static_cast<const void*>(mine + done);
+      check(api_.reduce(send, rank_ == root ? sum + done : nullptr, n, api_.type_float, api_.op_sum, root,
+                        api_.comm_world),
+            "MPI_Reduce");
+      done += n;
+    }
+  }
 
   void all_gather(const void* mine, int64_t bytes, void* all) override {
     // A small record (the ranks' agreement): one call, no pieces.

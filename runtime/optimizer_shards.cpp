@@ -70,8 +70,11 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
   for (const TensorSpec* s : program.with_role(TensorRole::State))
     if (!s->param.empty() && owner_.at(s->param) == rank_) owned_state_bytes_ += s->bytes;
 
+  // What every parameter needs runs on every rank, even one that owns none: under ZeRO-2 each rank's part of the
+  // gradient norm goes into an all_reduce_sum that every rank must reach.
   auto mine = [&](const std::vector<std::string>& serves) {
-    return std::any_of(serves.begin(), serves.end(), [&](const std::string& p) { return owner_.at(p) == rank_; });
+    return serves.size() == params.size() ||
+           std::any_of(serves.begin(), serves.end(), [&](const std::string& p) { return owner_.at(p) == rank_; });
   };
   skip_kernel_.assign(program.kernels.size(), false);
   run_member_.assign(program.kernels.size(), {});

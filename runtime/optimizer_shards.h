@@ -14,7 +14,8 @@
 //    items are known: Launch::member_work), so there every parameter is a
 //    unit; a CUDA batch (same-shaped parameters' updates in one launch)
 //    cannot. A kernel that serves every parameter (the gradient norm) binds
-//    none: each rank that owns any runs it.
+//    none: every rank runs it (under ZeRO-2 it sums this rank's part of the
+//    norm, which an all_reduce_sum kernel then adds over the ranks).
 //  - ownership: units, largest first (parameter and state bytes; ties by the
 //    first parameter's index), each to the rank with the fewest bytes so far
 //    (ties: the lowest rank). A pure function of the program and the rank

@@ -68,7 +68,7 @@ struct Options {
   int64_t accumulate = 0;  // 0: the model's train.accumulate
   double collective_timeout = 300;
   double bucket_mib = 0;  // 0: the program's bucket size
-  int zero = 0;           // ZeRO stage: 0 or 1
+  int zero = 0;           // ZeRO stage: 0, 1 or 2
   bool debug_nan = false, quiet = false, print_program = false, profile = false;
   int64_t sample_every = 0, sample_tokens = 64;  // --sample-every: a sample from the model every K steps
 };
@@ -269,7 +269,7 @@ class TrainingRun {
   const Program p = per_step_view(program, accumulate);
   std::unique_ptr<Engine> engine_owner;
   Engine& ex = *engine_owner;
-  // ZeRO-1: this rank updates its own parameters only (one rank: all of them).
+  // ZeRO-1 and 2: this rank updates its own parameters only (one rank: all of them).
   std::unique_ptr<OptimizerShards> shards;
   int64_t start_step = 0;
   uint64_t seed = o.seed;
@@ -310,7 +310,7 @@ std::optional<int> TrainingRun::setup(const SamplerProgram& sampler_program) {
       return 0;
     }
   }
-  gradients.emplace(ex, comm, accumulate);
+  gradients.emplace(ex, comm, accumulate, o.zero == 2 ? shards.get() : nullptr);
   // A fresh run (or one resumed from a version-1 checkpoint, which has no id)
   // starts a lineage of its own; rank 0's id is the job's.
   if (lineage.run.empty()) {
@@ -331,7 +331,7 @@ std::optional<int> TrainingRun::setup(const SamplerProgram& sampler_program) {
 
 void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
   ex.set_profiling(o.profile);
-  if (o.zero == 1 && ranks > 1) {
+  if (o.zero >= 1 && ranks > 1) {
     shards = std::make_unique<OptimizerShards>(program, ranks, comm.rank());
     ex.skip(shards->skip_kernel(), shards->skip_update(), shards->run_member());
     ex.release(shards->others_state());  // before anything touches it
@@ -415,7 +415,11 @@ void TrainingRun::banner() {
     fmt::print("napkin trainer: {} ({}, {})\n", p.model, p.backend, ex.describe());
     fmt::print("  arena      {} ({} bytes, planned; liveness lower bound {} bytes)\n", human_bytes(p.arena_bytes),
                p.arena_bytes, p.liveness_peak);
-    if (gradients->active() && gradients->device_collectives().empty())
+    if (gradients->sharded())
+      fmt::print("  gradients  {} besides the arena: this rank's f32 sum of its own parameters' gradients and one "
+                 "bucket's staging (ZeRO-2)\n",
+                 human_bytes(static_cast<double>(gradients->buffer_bytes())));
+    else if (gradients->active() && gradients->device_collectives().empty())
       fmt::print("  gradients  {} summed over micro-batches and ranks besides the arena{}\n",
                  human_bytes(static_cast<double>(gradients->buffer_bytes())),
                  gradients->why_not_device().empty() ? "" : " (no device collectives: " + gradients->why_not_device() + ")");
@@ -429,11 +433,15 @@ void TrainingRun::banner() {
                  micro_batches, with_commas(program.tokens_per_step), ranks, ranks == 1 ? "" : "s", accumulate,
                  with_commas(program.tokens_per_step * micro_batches));
     if (shards)
-      fmt::print("  ZeRO-1     rank 0 updates {} of {} parameters, {} of {} of optimizer state (each rank its own "
+      fmt::print("  ZeRO-{}     rank 0 updates {} of {} parameters, {} of {} of optimizer state (each rank its own "
                  "share; the others' parameters arrive by broadcast after each step)\n",
-                 shards->owned_params(), p.with_role(TensorRole::Param).size(), human_bytes(static_cast<double>(shards->owned_state_bytes())),
+                 o.zero, shards->owned_params(), p.with_role(TensorRole::Param).size(), human_bytes(static_cast<double>(shards->owned_state_bytes())),
                  human_bytes(static_cast<double>(shards->state_bytes())));
-    if (ranks > 1)
+    if (ranks > 1 && gradients->sharded())
+      fmt::print("  ranks      {}; gradients reduce-scattered by MPI on the host after each micro-batch's backward, "
+                 "in {} bucket{} (not overlapped with it)\n",
+                 comm.describe(), gradients->buckets(), gradients->buckets() == 1 ? "" : "s");
+    else if (ranks > 1)
       fmt::print("  ranks      {}; gradients all-reduced {}\n", comm.describe(),
                  gradients->device_collectives().empty() ? "by MPI on the host after the backward (not overlapped with it)"
                                                         : "by " + gradients->device_collectives());
@@ -554,6 +562,7 @@ std::pair<double, bool> TrainingRun::train_step(int64_t step) {
     ex.run_forward();
     loss_sum += ex.loss();
     ex.run_backward();
+    comm.set_activity(fmt::format("step {}, the gradient reduce-scatter", step));  // ZeRO-2's, per micro-batch
     gradients->add_micro_batch(k);
   }
   // The step's loss is the mean over every micro-batch of every rank; the
@@ -575,9 +584,10 @@ std::pair<double, bool> TrainingRun::train_step(int64_t step) {
   }
   comm.set_activity(fmt::format("step {}, the gradient all-reduce", step));
   gradients->finish();
+  comm.set_activity(fmt::format("step {}, the optimizer", step));  // ZeRO-2 all-reduces the norm's parts in it
   ex.run_optimizer();
   if (shards) {
-    comm.set_activity(fmt::format("step {}, gathering the parameters (ZeRO-1)", step));
+    comm.set_activity(fmt::format("step {}, gathering the parameters (ZeRO-{})", step, o.zero));
     shards->gather_params(ex, comm);
   }
   comm.set_activity(fmt::format("after step {}", step));
@@ -643,10 +653,16 @@ int TrainingRun::finish() {
     // Ring all-reduce bus bandwidth (nccl-tests' convention): 2(N-1)/N of
     // the bytes cross each rank's link each way; `napkin report --ranks N
     // --interconnect NAME` predicts the same time from NAME's bandwidth.
+    // A reduce-scatter moves half of that: (N-1)/N.
     const double seconds = gradients->all_reduce_seconds() / static_cast<double>(gradients->all_reduces());
     const double bytes = static_cast<double>(gradients->all_reduce_bytes());
-    const double bus = seconds > 0 ? 2.0 * (ranks - 1) / ranks * bytes / seconds : 0;
-    if (!quiet && gradients->device_collectives().empty())
+    const double bus = seconds > 0 ? (gradients->sharded() ? 1.0 : 2.0) * (ranks - 1) / ranks * bytes / seconds : 0;
+    if (!quiet && gradients->sharded())
+      fmt::print("reduce-scatter: {} a step ({} micro-batch{} × {} bucket{}) in {:.3f} ms (mean of {}, the wait for "
+                 "the slowest rank included): bus bandwidth {:.3g} GB/s\n",
+                 human_bytes(bytes), accumulate, accumulate == 1 ? "" : "es", gradients->buckets(),
+                 gradients->buckets() == 1 ? "" : "s", seconds * 1e3, gradients->all_reduces(), bus / 1e9);
+    else if (!quiet && gradients->device_collectives().empty())
       fmt::print("all-reduce: {} a step in {:.3f} ms (mean of {}, the wait for the slowest rank included): bus "
                  "bandwidth {:.3g} GB/s\n",
                  human_bytes(bytes), seconds * 1e3, gradients->all_reduces(), bus / 1e9);
@@ -656,6 +672,7 @@ int TrainingRun::finish() {
                  human_bytes(bytes), seconds * 1e3, gradients->all_reduces());
     metrics.write(MetricsRecord()
                       .boolean("all_reduce", true)
+                      .text("collective", gradients->sharded() ? "reduce_scatter" : "all_reduce")
                       .integer("ranks", ranks)
                       .integer("bytes", gradients->all_reduce_bytes())
                       .fixed("mean_ms", seconds * 1e3, 6)
@@ -669,7 +686,7 @@ int TrainingRun::finish() {
     std::string list;
     for (double b : peaks) list += (list.empty() ? "" : ", ") + human_bytes(b);
     if (!quiet) fmt::print("memory: peak resident per rank {}\n", list);
-    metrics.write(MetricsRecord().fixed_list("peak_resident_bytes", peaks, 0).integer("zero", shards ? 1 : 0));
+    metrics.write(MetricsRecord().fixed_list("peak_resident_bytes", peaks, 0).integer("zero", shards ? o.zero : 0));
   }
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success
@@ -782,8 +799,9 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
         ->check(number_in(0, 1e7))->capture_default_str();
     app.add_option("--zero", o.zero,
                    "ZeRO stage of a multi-rank job: 1 shards the optimizer's work and state across the ranks (each "
-                   "updates its own parameters); 0, the default: every rank updates everything")
-        ->check(CLI::IsMember({0, 1}));
+                   "updates its own parameters); 2 also the gradients (reduce-scattered, each rank keeping the sum "
+                   "of its own; the CPU trainer); 0, the default: every rank updates everything")
+        ->check(CLI::IsMember({0, 1, 2}));
     app.add_option("--bucket-mib", o.bucket_mib,
                    "a GPU job all-reduces its gradients in buckets of at least this many MiB, each as soon as the "
                    "backward has written it (default: the program's, 25)")

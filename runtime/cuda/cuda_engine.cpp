@@ -435,6 +435,20 @@ void CudaEngine::upload_gradients(const char* src) {
   synchronize();
 }
 
+void CudaEngine::download_gradient(size_t index, char* dst) {
+  const GradientSpec& g = program_.gradients.at(index);
+  NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(dst, arena_ + static_cast<CUdeviceptr>(g.offset), static_cast<size_t>(g.bytes),
+                                        stream_));
+  synchronize();
+}
+
+void CudaEngine::upload_gradient(size_t index, const char* src) {
+  const GradientSpec& g = program_.gradients.at(index);
+  NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(g.offset), src, static_cast<size_t>(g.bytes),
+                                        stream_));
+  synchronize();
+}
+
 void CudaEngine::inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) {
   if (!inspect_host_) {
     size_t bytes = 1;

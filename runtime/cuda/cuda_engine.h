@@ -98,6 +98,8 @@ class CudaEngine final : public Engine {
   // the device (docs/distributed.md).
   void download_gradients(char* dst) override;
   void upload_gradients(const char* src) override;
+  void download_gradient(size_t index, char* dst) override;
+  void upload_gradient(size_t index, const char* src) override;
   // NCCL (runtime/cuda/nccl_collectives.h), unless NAPKIN_NCCL=0.
   std::string join_device_collectives(Communicator& comm, std::string& why) override;
   void average_gradients_on_device() override;
