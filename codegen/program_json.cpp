@@ -152,6 +152,16 @@ runtime::RopeSpec rope_spec(const Kernel& k) {
   return s;
 }
 
+// An AllReduce kernel: its f32 input and output (contiguous, the same count;
+// the memory plan may give them the same bytes).
+runtime::AllReduceSpec all_reduce_spec(const Kernel& k) {
+  const Operand& x = k.inputs.at(0);
+  NAPKIN_INTERNAL_CHECK(x.dtype == ir::DType::F32 && k.output.dtype == ir::DType::F32 && x.contiguous() &&
+                            x.numel() == k.output.numel(),
+                        "all-reduce kernel {}: its input is not the output's f32 count of contiguous elements", k.name);
+  return {.x = x.byte_offset, .y = k.output.byte_offset, .count = x.numel()};
+}
+
 // The names of parameters by their index in g.params.
 std::vector<std::string> param_names(const ir::Graph& g, const std::vector<int>& params) {
   std::vector<std::string> out;
@@ -181,6 +191,7 @@ runtime::KernelPayload payload(const ir::Graph& g, const Kernel& k, const Launch
     case KernelKind::Classifier: return classifier_spec(k);
     case KernelKind::CachedAttention: return cached_attention_spec(k);
     case KernelKind::Rope: return rope_spec(k);
+    case KernelKind::AllReduce: return all_reduce_spec(k);
     case KernelKind::Fill:
     case KernelKind::Elementwise:
     case KernelKind::FusedElementwise:

@@ -29,6 +29,7 @@ enum class LoopKind : uint8_t {
   Classifier,   // cross_entropy(x wᵀ, targets) over vocabulary chunks, no rows×V value (ClassifierParams)
   CachedAttention,  // attention of new rows against a KV cache they are first written into (CachedAttentionParams)
   Rope,         // pairs along one axis rotated by their position's angles (ir/rope.h RopeParams)
+  AllReduce,    // the sum over the job's ranks of each rank's value: here, a copy (the runtime adds the ranks')
 };
 
 // What an elementwise op reads of its element's position besides its

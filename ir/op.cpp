@@ -40,7 +40,8 @@ LoopParams loop_params(Op op, const Attrs& a) {
     case LoopKind::Elementwise:
     case LoopKind::Gather:
     case LoopKind::ScatterAdd:
-    case LoopKind::Mse: return std::monostate{};
+    case LoopKind::Mse:
+    case LoopKind::AllReduce: return std::monostate{};
     case LoopKind::Fill:
       if (op == Op::Iota) return FillParams{FillPattern::Arange, 0};
       return FillParams{FillPattern::Constant, a.get_double("value")};

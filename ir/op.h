@@ -42,6 +42,7 @@ enum class OpClass : uint8_t {
   Attention,      // softmax(scale q kᵀ) v as one kernel that stores no scores (ir/loop.h)
   Classifier,     // cross_entropy(x wᵀ, targets) in vocabulary chunks: no logits stored (ir/loop.h)
   Rotary,         // rope: pairs of elements along one axis turned by their position's angles (ir/rope.h)
+  Collective,     // what the ranks of a job compute together (all_reduce_sum: a sum over sharded gradients)
 };
 std::string_view op_class_name(OpClass c);
 
@@ -140,8 +141,9 @@ struct OpInfo {
   double transcendentals_per_element = 0;
   PrecisionRule precision = PrecisionRule::FollowsInputs;
   UserFunction user_function = UserFunction::None;
-  // Emitted by autodiff only (softmax_grad, ...): has no VJP (napkin
-  // differentiates once) and never meets the mixed-precision pass.
+  // Emitted by a pass only (autodiff's softmax_grad, ..., the optimizer's
+  // all_reduce_sum): has no VJP (napkin differentiates once) and never
+  // meets the mixed-precision pass.
   bool backward_only = false;
   ElementIndex element_index = ElementIndex::None;  // an Elementwise op's (ir/loop.h)
 };

@@ -794,6 +794,15 @@ InferResult infer_rope(const Inputs& in, const Attrs& a) {
   return InferResult::of(x);
 }
 
+// all_reduce_sum(x) -> x's type. Only passes make it (the optimizer's global
+// norm, loss scaling's overflow probe), of an f32 sum: anything else is a
+// compiler bug.
+InferResult infer_all_reduce_sum(const Inputs& in, const Attrs&) {
+  NAPKIN_INTERNAL_CHECK(in.size() == 1 && in[0]->dtype == DType::F32, "all_reduce_sum of {} operands, the first {}",
+                        in.size(), in.empty() ? std::string("none") : to_string(*in[0]));
+  return InferResult::of(*in[0]);
+}
+
 // ---- cost rules --------------------------------------------------------------
 
 // Bytes of the distinct elements a value reads from its buffer: a broadcast
@@ -1072,9 +1081,10 @@ OpCost cost_embedding_grad(const Graph& g, const Node& n) {
     Op::E, "", 0, OpClass::Source, LoopKind::Elementwise, infer, cost, fpe, nullptr, tpe, PrecisionRule::precision,     \
         UserFunction::function, false, ElementIndex::at                                                                 \
   }
-// A backward-only op's row. Autodiff emits it after the mixed-precision pass
-// has run, so no precision rule applies: it says FollowsInputs, the rule of
-// an op that computes in its operands' dtype, which is what it does.
+// A backward-only op's row. A pass (autodiff, the optimizer's) emits it after
+// the mixed-precision pass has run, so no precision rule applies: it says
+// FollowsInputs, the rule of an op that computes in its operands' dtype,
+// which is what it does.
 #define BACKWARD_ROW(E, loop, infer, cost, fpe, tpe)                                                                   \
   OpInfo {                                                                                                              \
     Op::E, "", 0, OpClass::Source, LoopKind::loop, infer, cost, fpe, nullptr, tpe, PrecisionRule::FollowsInputs,        \
@@ -1170,6 +1180,9 @@ const OpInfo kRows[] = {
     BACKWARD_ROW(LinearCrossEntropyGrad, Classifier, infer_linear_cross_entropy_grad, cost_classifier, 0, 1),
     // Inference only (no VJP, not callable): counted as attention's forward over the whole cache.
     BACKWARD_ROW(CachedAttention, CachedAttention, infer_cached_attention, cost_attention, 0, 1),
+    // all_reduce_sum: no arithmetic of its own (the ranks' adds are the
+    // runtime's, not the step's); it reads and writes the value once.
+    BACKWARD_ROW(AllReduceSum, AllReduce, infer_all_reduce_sum, cost_copy, 0, 0),
 };
 #undef ROW
 #undef ROWI
@@ -1233,6 +1246,7 @@ std::string_view op_class_name(OpClass c) {
     case OpClass::Attention: return "attention";
     case OpClass::Classifier: return "classifier";
     case OpClass::Rotary: return "rotary";
+    case OpClass::Collective: return "collective";
   }
   return "?";
 }

@@ -575,6 +575,7 @@ VjpFn vjp_rule(Op op) {
     case Op::LinearCrossEntropyGrad: return nullptr;
     case Op::CachedAttention: return nullptr;
     case Op::EmbeddingGrad: return nullptr;
+    case Op::AllReduceSum: return nullptr;  // the optimizer's and loss scaling's, after the backward
   }
   return nullptr;
 }

@@ -115,6 +115,9 @@ class LossScaling : public Pass {
       nonfinite_sum = nonfinite_sum == ir::kNoValue ? probe : e.op(Op::Add, {nonfinite_sum, probe});
     }
     NAPKIN_INTERNAL_CHECK(nonfinite_sum != ir::kNoValue, "loss scaling: a backward without gradients");
+    // Summed over the ranks (each probes its shard of the gradients under
+    // ZeRO-2): a NaN anywhere reaches every rank, so all of them skip.
+    nonfinite_sum = e.op(Op::AllReduceSum, {nonfinite_sum});
     ValueId found_inf = e.op(Op::NotEqual, {nonfinite_sum, nonfinite_sum});
     g.outputs.emplace_back(kFoundInfOutput, found_inf);
     g.outputs.emplace_back(kScaleOutput, scale);

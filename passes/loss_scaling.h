@@ -18,6 +18,9 @@
 //  - found_inf: some g_p has an Inf or NaN element, computed as
 //    v = Σ_p Σ reduce_sum(g_p · 0), found_inf = (v != v): x · 0 is 0 for
 //    finite x and NaN for ±Inf and NaN, and NaN propagates through the sums.
+//    v goes through all_reduce_sum before the test: summed over the ranks'
+//    shards of the gradients under ZeRO-2 (the identity elsewhere), so an
+//    overflow on any rank skips the update on all of them.
 //    (Needs IEEE semantics: no fast-math nnan/ninf in a backend.)
 //    Outputs "loss_scale.found_inf" (bool) and "loss_scale.scale" (S).
 //    The unscaling is backward work; found_inf is the optimizer phase's, so

@@ -209,6 +209,10 @@ class OptimizerPass : public Pass {
       sum = u.as(sum, DType::F32);
       total = total == ir::kNoValue ? sum : u.add(total, sum);
     }
+    // Each rank's sum covers its shard of the gradients where the runtime
+    // shards them (ZeRO-2); all_reduce_sum makes it the whole (the identity
+    // where every rank already holds every gradient).
+    total = u.op(Op::AllReduceSum, {total});
     ValueId norm = u.sqrt(total);
     ValueId coef = u.div(u.constant(clip, DType::F32), u.add(norm, u.constant(1e-6, DType::F32)));
     coef = u.op(Op::Minimum, {coef, u.constant(1, DType::F32)});

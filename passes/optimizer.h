@@ -12,6 +12,9 @@
 //    where steps is train.steps (docs/training.md has the whole picture).
 //  - g: a parameter's gradient, after global-norm clipping when grad_clip > 0:
 //      g ← g · min(1, grad_clip / (‖all gradients‖₂ + 1e-6))   (torch.nn.utils.clip_grad_norm_)
+//    where ‖all gradients‖₂² (the f32 sum of every gradient's squares) goes
+//    through all_reduce_sum first: the sum over the ranks' shards when the
+//    runtime shards the gradients (ZeRO-2), else the identity.
 //  - wd: the weight decay of a parameter: 0 when its name matches a no_decay glob.
 //
 // The update rules follow torch.optim exactly (the lecture's hierarchy: momentum

@@ -35,6 +35,9 @@ class CpuEngine final : public Engine {
     ex_.skip_update = updates;
     ex_.run_member = members;
   }
+  void set_sum_over_ranks(std::function<void(float* data, int64_t count)> fn) override {
+    ex_.sum_over_ranks = std::move(fn);
+  }
   void release(const std::vector<const TensorSpec*>& tensors) override {
     for (const TensorSpec* t : tensors) ex_.release(t->offset, t->bytes);
   }

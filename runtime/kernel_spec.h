@@ -104,6 +104,16 @@ struct RopeSpec {
   bool operator==(const RopeSpec&) const = default;
 };
 
+// An all_reduce_sum kernel: `count` f32 elements at x copied to y (the same
+// bytes or others), then summed over the job's ranks where the engine was
+// given a sum (Engine::set_sum_over_ranks), else left as they are: the
+// identity wherever each rank's value is already the whole.
+struct AllReduceSpec {
+  static constexpr const char* kind = "all_reduce";
+  int64_t x = 0, y = 0, count = 0;  // byte offsets; f32 elements
+  bool operator==(const AllReduceSpec&) const = default;
+};
+
 // A classifier kernel on backend "cuda": the vocabulary in `chunks` chunks
 // of `chunk` classes, and the byte offsets in the scratch buffer of the
 // chunk's logits and of dx's f32 sums (-1: none; codegen/cuda/kernel_source.h,
@@ -128,7 +138,8 @@ struct ClassifierSpec {
   bool operator==(const ClassifierSpec&) const = default;
 };
 
-using KernelPayload = std::variant<LoopSpec, MatmulSpec, AttentionSpec, CachedAttentionSpec, ClassifierSpec, RopeSpec>;
+using KernelPayload =
+    std::variant<LoopSpec, MatmulSpec, AttentionSpec, CachedAttentionSpec, ClassifierSpec, RopeSpec, AllReduceSpec>;
 
 // One launch of a CUDA kernel function (backend "cuda"; codegen/cuda/kernel_source.h).
 struct CudaLaunchSpec {

@@ -214,6 +214,12 @@ void read(const json& kernel, const std::string&, RopeSpec& s) {
   s.dtype = j.at("dtype"), s.x = j.at("x"), s.y = j.at("y"), s.positions = j.at("positions");
 }
 
+void write(json& kernel, const AllReduceSpec& s) { kernel["all_reduce"] = {{"x", s.x}, {"y", s.y}, {"count", s.count}}; }
+void read(const json& kernel, const std::string&, AllReduceSpec& s) {
+  const json& j = kernel.at("all_reduce");
+  s.x = j.at("x"), s.y = j.at("y"), s.count = j.at("count");
+}
+
 void write(json& kernel, const ClassifierSpec& s) {
   json& j = kernel["classifier"] = s.desc;
   j.update({{"backward", s.backward}, {"dtype", s.dtype}, {"x", s.x}, {"w", s.w}, {"targets", s.targets}, {"lse", s.lse}});

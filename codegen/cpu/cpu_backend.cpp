@@ -38,14 +38,16 @@ llvm::Function* move_body(llvm::Module& from, llvm::Module& into) {
 }
 
 // Whether the CPU runtime runs kernel `k` itself (runtime/executor.cpp's
-// runners: the GEMM library, attention, the classifier, rope) rather than code
-// generated here; a GEMM's epilogue is generated code the runtime calls.
+// runners: the GEMM library, attention, the classifier, rope, the all-reduce)
+// rather than code generated here; a GEMM's epilogue is generated code the
+// runtime calls.
 bool runs_in_runtime(const Kernel& k) {
   switch (k.kind) {
     case KernelKind::Attention:
     case KernelKind::Classifier:
     case KernelKind::CachedAttention:
-    case KernelKind::Rope: return true;
+    case KernelKind::Rope:
+    case KernelKind::AllReduce: return true;
     case KernelKind::Gemm: return !k.epilogue;
     case KernelKind::Fill:
     case KernelKind::Elementwise:

@@ -373,6 +373,26 @@ EmittedKernel emit_fill(const Kernel& k) {
   return out;
 }
 
+// all_reduce_sum on one device: the sum over one rank is its value, copied
+// to the output (one thread per element; the memory plan may give the input
+// and the output the same bytes, and each thread reads its element first).
+EmittedKernel emit_all_reduce(const Kernel& k) {
+  const Operand& x = k.inputs.at(0);
+  NAPKIN_INTERNAL_CHECK(x.contiguous() && k.output.contiguous() && x.numel() == k.output.numel(),
+                        "all-reduce kernel {}: input and output are not the same contiguous count", k.name);
+  const int64_t n = x.numel();
+  const int block = block_for(n);
+  const int64_t grid = grid_for(n, block);
+  const std::string it = index_type(n + grid * block);
+  Src s;
+  begin_kernel(s, k.name, block);
+  s.open("for ({0} i = ({0})blockIdx.x * blockDim.x + threadIdx.x; i < {1}u; i += ({0})gridDim.x * blockDim.x) {{", it, n);
+  s.line("{}", store(k.output, "i", load(x, "i")));
+  s.close();
+  s.close();
+  return {s.take(), {{k.name, grid, block, 0, {}}}, 0};
+}
+
 // One thread per output element: which input (or the padding) it comes from
 // is decided by its index along the axis.
 EmittedKernel emit_concat_or_pad(const Kernel& k) {

@@ -230,6 +230,7 @@ void CudaEngine::prepare_kernels() {
               [&](const AttentionSpec&) -> Runner { return load_launches(k); },
               [&](const CachedAttentionSpec&) -> Runner { return load_launches(k); },
               [&](const RopeSpec&) -> Runner { return load_launches(k); },
+              [&](const AllReduceSpec&) -> Runner { return load_launches(k); },
               [&](const MatmulSpec& s) -> Runner {
                 return std::make_unique<LtMatmul>(*lt_context_, s, program_.cuda.tf32, k.name, arena_);
               },
@@ -512,6 +513,10 @@ void CudaEngine::capture(Phase& phase) {
   CUresult r = d.cuGraphInstantiate(&phase.graph, graph, 0);
   d.cuGraphDestroy(graph);  // the executable graph does not need it
   check_call(d, r, "cuGraphInstantiate", __FILE__, __LINE__);
+}
+
+void CudaEngine::set_sum_over_ranks(std::function<void(float* data, int64_t count)>) {
+  throw Error("--zero 2 needs the CPU trainer: the CUDA trainer's sharded gradients are not built yet (issue 40)");
 }
 
 void CudaEngine::enqueue_kernel(int i) {

@@ -83,7 +83,8 @@ std::vector<KernelSpec> every_kind() {
           kernel("cached_attention", cached),
           kernel("classifier", classifier),
           kernel("classifier_grad", classifier_grad),
-          kernel("rope", rope)};
+          kernel("rope", rope),
+          kernel("all_reduce", AllReduceSpec{.x = 256, .y = 256, .count = 1})};
 }
 
 Program full_program() {
