@@ -336,6 +336,9 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
     ex.skip(shards->skip_kernel(), shards->skip_update(), shards->run_member());
     ex.release(shards->others_state());  // before anything touches it
   }
+  // ZeRO-2: each rank's clipping norm and overflow probe cover its own gradients; the program's all_reduce_sum
+  // kernels add the ranks' parts (passes/optimizer.cpp, passes/loss_scaling.h).
+  if (o.zero == 2 && ranks > 1) ex.set_sum_over_ranks([this](float* data, int64_t count) { comm.all_reduce_sum(data, count); });
 
   // --sample-every: the model's sampler program (rank 0 prints the samples).
   if (o.sample_every > 0 && rank0) {
