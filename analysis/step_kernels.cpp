@@ -39,7 +39,7 @@ KernelKind node_kind(const ir::Graph& g, const ir::Node& n) {
     case ir::LoopKind::Classifier: return KernelKind::Classifier;
     case ir::LoopKind::CachedAttention: return KernelKind::CachedAttention;
     case ir::LoopKind::Rope: return KernelKind::Rope;
-    case ir::LoopKind::AllReduce: return KernelKind::AllReduce;
+    case ir::LoopKind::Collective: return KernelKind::Collective;
     case ir::LoopKind::View: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a view has no kernel (node {})", n.id);
@@ -113,7 +113,7 @@ KernelClass kernel_class(const ir::Graph& g, const StepKernel& k) {
     case KernelKind::CachedAttention: return KernelClass::Attention;
     case KernelKind::Classifier: return KernelClass::Matmul;
     case KernelKind::Rope: return KernelClass::Elementwise;  // a pass over x, memory-bound
-    case KernelKind::AllReduce: return KernelClass::Elementwise;  // a copy of a few bytes (the ranks' sum is the runtime's)
+    case KernelKind::Collective: return KernelClass::Elementwise;  // a copy on one device (the ranks' part is the runtime's)
   }
   return KernelClass::Elementwise;
 }

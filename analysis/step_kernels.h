@@ -41,7 +41,7 @@ enum class KernelKind : uint8_t {
   Classifier,        // the fused classifier, forward or backward: Kernel::classifier()
   CachedAttention,   // attention against a KV cache (inference): Kernel::cached_attention()
   Rope,              // rotary position embeddings of one tensor: Kernel::rope()
-  AllReduce,         // all_reduce_sum: the input copied to the output, then summed over the ranks by the runtime
+  Collective,        // all_reduce_sum, all_gather, reduce_scatter: the input copied to the output, the ranks' part the runtime's (ir/loop.h)
 };
 
 // What a kernel does, for grouping measured and predicted time (docs/report.md,

@@ -164,6 +164,7 @@ struct Kernel {
   const ir::CachedAttentionParams& cached_attention() const { return std::get<ir::CachedAttentionParams>(params); }
   const ir::ClassifierParams& classifier() const { return std::get<ir::ClassifierParams>(params); }
   const ir::RopeParams& rope() const { return std::get<ir::RopeParams>(params); }
+  const ir::CollectiveParams& collective() const { return std::get<ir::CollectiveParams>(params); }
 };
 
 struct UpdateCopy {

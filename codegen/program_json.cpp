@@ -152,14 +152,23 @@ runtime::RopeSpec rope_spec(const Kernel& k) {
   return s;
 }
 
-// An AllReduce kernel: its f32 input and output (contiguous, the same count;
-// the memory plan may give them the same bytes).
-runtime::AllReduceSpec all_reduce_spec(const Kernel& k) {
+// A Collective kernel: its input and output (contiguous, one dtype, the same
+// count; the memory plan may give them the same bytes), and for ZeRO-3's the
+// parameter whose owner the ranks meet at (the pass's `param` attribute).
+runtime::CollectiveSpec collective_spec(const Kernel& k) {
   const Operand& x = k.inputs.at(0);
-  NAPKIN_INTERNAL_CHECK(x.dtype == ir::DType::F32 && k.output.dtype == ir::DType::F32 && x.contiguous() &&
+  NAPKIN_INTERNAL_CHECK(x.dtype == k.output.dtype && x.contiguous() && k.output.contiguous() &&
                             x.numel() == k.output.numel(),
-                        "all-reduce kernel {}: its input is not the output's f32 count of contiguous elements", k.name);
-  return {.x = x.byte_offset, .y = k.output.byte_offset, .count = x.numel()};
+                        "collective kernel {}: its input is not the output's count of contiguous elements", k.name);
+  const ir::Collective which = k.collective().which;
+  NAPKIN_INTERNAL_CHECK(which != ir::Collective::AllReduceSum || x.dtype == ir::DType::F32,
+                        "all-reduce kernel {}: not f32", k.name);
+  return {.collective = std::string(ir::collective_name(which)),
+          .x = x.byte_offset,
+          .y = k.output.byte_offset,
+          .count = x.numel(),
+          .dtype = runtime_dtype(x.dtype),
+          .param = which == ir::Collective::AllReduceSum ? std::string() : k.attrs.get_string("param")};
 }
 
 // The names of parameters by their index in g.params.
@@ -191,7 +200,7 @@ runtime::KernelPayload payload(const ir::Graph& g, const Kernel& k, const Launch
     case KernelKind::Classifier: return classifier_spec(k);
     case KernelKind::CachedAttention: return cached_attention_spec(k);
     case KernelKind::Rope: return rope_spec(k);
-    case KernelKind::AllReduce: return all_reduce_spec(k);
+    case KernelKind::Collective: return collective_spec(k);
     case KernelKind::Fill:
     case KernelKind::Elementwise:
     case KernelKind::FusedElementwise:

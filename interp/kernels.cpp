@@ -236,7 +236,7 @@ std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const
       return cached_attention(n, std::get<ir::CachedAttentionParams>(params), in);
     case ir::LoopKind::Rope: return one(rope(std::get<ir::RopeParams>(params), in[0], in.size() > 1 ? &in[1] : nullptr));
     // One process is a job of one rank: the sum over its ranks is its value.
-    case ir::LoopKind::AllReduce: return one(in[0].data);
+    case ir::LoopKind::Collective: return one(in[0].data);
     case ir::LoopKind::Classifier:
       return std::get<ir::ClassifierParams>(params).backward ? linear_cross_entropy_grad(n, in, native)
                                                             : linear_cross_entropy(n, in, native);

@@ -29,7 +29,7 @@ enum class LoopKind : uint8_t {
   Classifier,   // cross_entropy(x wᵀ, targets) over vocabulary chunks, no rows×V value (ClassifierParams)
   CachedAttention,  // attention of new rows against a KV cache they are first written into (CachedAttentionParams)
   Rope,         // pairs along one axis rotated by their position's angles (ir/rope.h RopeParams)
-  AllReduce,    // the sum over the job's ranks of each rank's value: here, a copy (the runtime adds the ranks')
+  Collective,   // what the ranks of a job compute together (CollectiveParams): here, a copy; the runtime does the rest
 };
 
 // What an elementwise op reads of its element's position besides its
@@ -184,7 +184,21 @@ struct CachedAttentionParams {
 };
 
 // The parameters of an op's loop kind; monostate for kinds that have none.
+// A collective (docs/distributed.md): in one process each is a copy of its
+// operand; in a job the runtime makes it
+//  - AllReduceSum: the sum over the ranks of each rank's value (ZeRO-2's
+//    parts of the clipping norm and of fp16's overflow probe);
+//  - AllGather: a parameter's value from its owner, on every rank (ZeRO-3);
+//  - ReduceScatter: the sum over the ranks of each rank's gradient of a
+//    parameter, kept by the parameter's owner (ZeRO-3).
+enum class Collective : uint8_t { AllReduceSum, AllGather, ReduceScatter };
+std::string_view collective_name(Collective c);  // "all_reduce_sum", ...
+struct CollectiveParams {
+  Collective which = Collective::AllReduceSum;
+  bool operator==(const CollectiveParams&) const = default;
+};
+
 using LoopParams = std::variant<std::monostate, FillParams, ReductionParams, ContractionParams, ConcatParams, RowParams,
-                                AttentionParams, ClassifierParams, CachedAttentionParams, RopeParams>;
+                                AttentionParams, ClassifierParams, CachedAttentionParams, RopeParams, CollectiveParams>;
 
 }  // namespace napkin::ir

@@ -34,14 +34,26 @@ std::optional<RopeParams> attention_rope(const Attrs& a) {
 
 }  // namespace
 
+std::string_view collective_name(Collective c) {
+  switch (c) {
+    case Collective::AllReduceSum: return "all_reduce_sum";
+    case Collective::AllGather: return "all_gather";
+    case Collective::ReduceScatter: return "reduce_scatter";
+  }
+  return "?";
+}
+
 LoopParams loop_params(Op op, const Attrs& a) {
   switch (op_info(op).loop) {
     case LoopKind::View:
     case LoopKind::Elementwise:
     case LoopKind::Gather:
     case LoopKind::ScatterAdd:
-    case LoopKind::Mse:
-    case LoopKind::AllReduce: return std::monostate{};
+    case LoopKind::Mse: return std::monostate{};
+    case LoopKind::Collective:
+      return CollectiveParams{op == Op::AllGather       ? Collective::AllGather
+                              : op == Op::ReduceScatter ? Collective::ReduceScatter
+                                                        : Collective::AllReduceSum};
     case LoopKind::Fill:
       if (op == Op::Iota) return FillParams{FillPattern::Arange, 0};
       return FillParams{FillPattern::Constant, a.get_double("value")};

@@ -803,6 +803,13 @@ InferResult infer_all_reduce_sum(const Inputs& in, const Attrs&) {
   return InferResult::of(*in[0]);
 }
 
+// all_gather(p), reduce_scatter(g) -> the operand's type: only
+// passes/shard_parameters makes them, of a parameter and of its gradient.
+InferResult infer_parameter_collective(const Inputs& in, const Attrs&) {
+  NAPKIN_INTERNAL_CHECK(in.size() == 1, "a parameter collective of {} operands", in.size());
+  return InferResult::of(*in[0]);
+}
+
 // ---- cost rules --------------------------------------------------------------
 
 // Bytes of the distinct elements a value reads from its buffer: a broadcast
@@ -1182,7 +1189,11 @@ const OpInfo kRows[] = {
     BACKWARD_ROW(CachedAttention, CachedAttention, infer_cached_attention, cost_attention, 0, 1),
     // all_reduce_sum: no arithmetic of its own (the ranks' adds are the
     // runtime's, not the step's); it reads and writes the value once.
-    BACKWARD_ROW(AllReduceSum, AllReduce, infer_all_reduce_sum, cost_copy, 0, 0),
+    BACKWARD_ROW(AllReduceSum, Collective, infer_all_reduce_sum, cost_copy, 0, 0),
+    // ZeRO-3's: the same convention (the bytes a rank sends and receives are
+    // the distributed report's, analysis/distributed.h).
+    BACKWARD_ROW(AllGather, Collective, infer_parameter_collective, cost_copy, 0, 0),
+    BACKWARD_ROW(ReduceScatter, Collective, infer_parameter_collective, cost_copy, 0, 0),
 };
 #undef ROW
 #undef ROWI

@@ -576,6 +576,8 @@ VjpFn vjp_rule(Op op) {
     case Op::CachedAttention: return nullptr;
     case Op::EmbeddingGrad: return nullptr;
     case Op::AllReduceSum: return nullptr;  // the optimizer's and loss scaling's, after the backward
+    case Op::AllGather:
+    case Op::ReduceScatter: return nullptr;  // shard_parameters', after autodiff
   }
   return nullptr;
 }

@@ -44,6 +44,12 @@ struct PipelineOptions {
   // Rewrite spelled-out attention into the fused attention op
   // (passes/fuse_attention.h); --unfused-attention turns it off to compare.
   bool fuse_attention = true;
+  // ZeRO-3: gather each parameter before its uses and reduce its gradient
+  // onto its owner, as kernels of the step (passes/shard_parameters.h);
+  // `napkin build --zero 3`. keep_gathered: the backward reads the
+  // forward's gathered copies (--keep-gathered).
+  bool shard_parameters = false;
+  bool keep_gathered = false;
   // Apply the rope of a fused attention's q and k as the attention loads them
   // (passes/fuse_rope.h; needs fuse_attention); --unfused-rope turns it off
   // to compare.

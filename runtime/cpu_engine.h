@@ -35,8 +35,8 @@ class CpuEngine final : public Engine {
     ex_.skip_update = updates;
     ex_.run_member = members;
   }
-  void set_sum_over_ranks(std::function<void(float* data, int64_t count)> fn) override {
-    ex_.sum_over_ranks = std::move(fn);
+  void set_collectives(std::function<void(const CollectiveSpec& spec, char* y)> fn) override {
+    ex_.collectives = std::move(fn);
   }
   void release(const std::vector<const TensorSpec*>& tensors) override {
     for (const TensorSpec* t : tensors) ex_.release(t->offset, t->bytes);

@@ -87,11 +87,13 @@ class Engine {
   // be split get none). Set once, before the first step.
   virtual void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates,
                     const std::vector<std::vector<bool>>& members) = 0;
-  // ZeRO-2: what each all-reduce kernel (runtime/kernel_spec.h
-  // AllReduceSpec) does with its value after copying it: `fn` sums `count`
-  // f32 elements over the job's ranks in place. Unset: the identity. Set
-  // once, before the first step; an engine that cannot run it throws Error.
-  virtual void set_sum_over_ranks(std::function<void(float* data, int64_t count)> fn) = 0;
+  // ZeRO-2 and 3: what each collective kernel (runtime/kernel_spec.h
+  // CollectiveSpec) does with its value `y` after copying its operand
+  // there: `fn` sums it over the ranks, gathers it from its parameter's
+  // owner, or sums it onto the owner (runtime/parameter_collectives.h).
+  // Unset: the copy is all (the identity). Set once, before the first step;
+  // an engine that cannot run them throws Error.
+  virtual void set_collectives(std::function<void(const CollectiveSpec& spec, char* y)> fn) = 0;
   // ZeRO-1: the memory of these tensors, which this rank never reads, may
   // be given back (they then read as zero). A no-op where the engine
   // cannot (a GPU arena is one allocation).

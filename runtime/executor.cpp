@@ -96,7 +96,7 @@ void Executor::prepare() {
               [](const ClassifierSpec& s) -> Runner { return std::make_unique<Classifier>(s.desc, gemm_type(s.dtype)); },
               // Its table of cos and sin is made here, once.
               [](const RopeSpec& s) -> Runner { return std::make_unique<RopeKernel>(s.desc, s.dtype); },
-              [](const AllReduceSpec&) -> Runner { return std::monostate(); },
+              [](const CollectiveSpec&) -> Runner { return std::monostate(); },
           },
           k.payload));
     } catch (const Error& e) {
@@ -155,9 +155,9 @@ void Executor::run_kernel(int i) {
               std::get<std::unique_ptr<RopeKernel>>(runner)->run(m + r.x, r.positions >= 0 ? m + r.positions : nullptr,
                                                                 m + r.y, pool_);
             },
-            [&](const AllReduceSpec& a) {
-              std::memmove(m + a.y, m + a.x, static_cast<size_t>(a.count) * sizeof(float));
-              if (sum_over_ranks) sum_over_ranks(reinterpret_cast<float*>(m + a.y), a.count);
+            [&](const CollectiveSpec& c) {
+              std::memmove(m + c.y, m + c.x, static_cast<size_t>(c.count * element_bytes(c.dtype)));
+              if (collectives) collectives(c, m + c.y);
             },
         },
         k.payload);
@@ -190,8 +190,8 @@ void Executor::run_loop(int i, const LoopSpec& s) {
 void Executor::run_kernels(int first, int last) {
   g_active = &program_;
   for (int i = first; i < last; ++i) {
-    // Never an all-reduce: the other ranks would wait in it for this one.
-    if (!skip_kernel.empty() && skip_kernel[static_cast<size_t>(i)] && !program_.kernels[i].as<AllReduceSpec>()) continue;
+    // Never a collective: the other ranks would wait in it for this one.
+    if (!skip_kernel.empty() && skip_kernel[static_cast<size_t>(i)] && !program_.kernels[i].as<CollectiveSpec>()) continue;
     if (before_kernel) before_kernel(i);
     if (profile) {
       auto t0 = std::chrono::steady_clock::now();

@@ -68,15 +68,16 @@ class Executor {
   std::function<void(int kernel)> before_kernel, after_kernel;
 
   // Kernels and update copies not run (ZeRO-1: another rank's optimizer
-  // work), by index; empty: none. An all-reduce kernel runs whatever this
+  // work), by index; empty: none. A collective kernel runs whatever this
   // says: every rank must reach it.
   std::vector<bool> skip_kernel, skip_update;
-  // What an all-reduce kernel (AllReduceSpec) does after copying its input
-  // to its output: sums the output over the job's ranks in place (ZeRO-2's
-  // partial sums, runtime/communicator.h). Null: the identity, right
-  // wherever each rank's value is already the whole (one process, data
-  // parallel and ZeRO-1, whose gradients are averaged before the optimizer).
-  std::function<void(float* data, int64_t count)> sum_over_ranks;
+  // What a collective kernel (CollectiveSpec) does after copying its input
+  // to its output `y`: ZeRO-2's sum of the ranks' parts, ZeRO-3's gather
+  // and reduce of a parameter (Engine::set_collectives). Null: the identity,
+  // right wherever each rank's value is already the whole (one process,
+  // data parallel and ZeRO-1, whose gradients are averaged before the
+  // optimizer).
+  std::function<void(const CollectiveSpec& spec, char* y)> collectives;
   // Per kernel: the batch members to run (empty: all).
   std::vector<std::vector<bool>> run_member;
 

@@ -27,7 +27,7 @@
 // gradients back and zeroes the others' in the arena, so that what the
 // optimizer sums over every gradient (the clipping norm's squares, fp16's
 // overflow probe) is this rank's part of the whole, which the program's
-// all_reduce_sum kernels add up over the ranks (Engine::set_sum_over_ranks).
+// all_reduce_sum kernels add up over the ranks (Engine::set_collectives).
 // docs/distributed.md.
 #pragma once
 

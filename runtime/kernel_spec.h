@@ -104,14 +104,21 @@ struct RopeSpec {
   bool operator==(const RopeSpec&) const = default;
 };
 
-// An all_reduce_sum kernel: `count` f32 elements at x copied to y (the same
-// bytes or others), then summed over the job's ranks where the engine was
-// given a sum (Engine::set_sum_over_ranks), else left as they are: the
-// identity wherever each rank's value is already the whole.
-struct AllReduceSpec {
-  static constexpr const char* kind = "all_reduce";
-  int64_t x = 0, y = 0, count = 0;  // byte offsets; f32 elements
-  bool operator==(const AllReduceSpec&) const = default;
+// A collective kernel (ir/loop.h Collective): `count` elements of `dtype`
+// at x copied to y (the same bytes or others), then, where the engine was
+// given collectives (Engine::set_collectives), what the ranks do together:
+//  - "all_reduce_sum" (f32): y summed over the ranks (ZeRO-2's parts);
+//  - "all_gather": y from `param`'s owner, on every rank (ZeRO-3);
+//  - "reduce_scatter": y summed over the ranks onto `param`'s owner (ZeRO-3).
+// Without, the copy is all: the identity of one process, or of a job whose
+// ranks each hold the whole value already.
+struct CollectiveSpec {
+  static constexpr const char* kind = "collective";
+  std::string collective;  // ir::collective_name
+  int64_t x = 0, y = 0, count = 0;  // byte offsets; elements
+  DType dtype = DType::F32;
+  std::string param;  // all_gather, reduce_scatter: the parameter
+  bool operator==(const CollectiveSpec&) const = default;
 };
 
 // A classifier kernel on backend "cuda": the vocabulary in `chunks` chunks
@@ -139,7 +146,7 @@ struct ClassifierSpec {
 };
 
 using KernelPayload =
-    std::variant<LoopSpec, MatmulSpec, AttentionSpec, CachedAttentionSpec, ClassifierSpec, RopeSpec, AllReduceSpec>;
+    std::variant<LoopSpec, MatmulSpec, AttentionSpec, CachedAttentionSpec, ClassifierSpec, RopeSpec, CollectiveSpec>;
 
 // One launch of a CUDA kernel function (backend "cuda"; codegen/cuda/kernel_source.h).
 struct CudaLaunchSpec {

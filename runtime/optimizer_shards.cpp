@@ -65,7 +65,9 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
   for (size_t i = 0; i < params.size(); ++i) {
     const int o = owner_of_root[static_cast<size_t>(find(parent, static_cast<int>(i)))];
     owner_[params[i]->name] = o;
-    if (o == rank_) ++owned_params_;
+    param_bytes_ += params[i]->bytes;
+    if (o == rank_) ++owned_params_, owned_param_bytes_ += params[i]->bytes;
+    else others_params_.push_back(params[i]);
   }
   for (const TensorSpec* s : program.with_role(TensorRole::State))
     if (!s->param.empty() && owner_.at(s->param) == rank_) owned_state_bytes_ += s->bytes;
@@ -99,6 +101,17 @@ void OptimizerShards::gather_params(Engine& engine, Communicator& comm) const {
   engine.download(TensorRole::Param);
   for (const TensorSpec* t : program_.with_role(TensorRole::Param)) comm.broadcast(engine.host(*t), t->bytes, owner_.at(t->name));
   engine.upload(TensorRole::Param);
+}
+
+void OptimizerShards::gather_params_to_root(Engine& engine, Communicator& comm) const {
+  engine.download(TensorRole::Param);
+  for (const TensorSpec* t : program_.with_role(TensorRole::Param)) {
+    const int owner = owner_.at(t->name);
+    if (owner == 0) continue;
+    if (rank_ == owner) comm.send(engine.host(*t), t->bytes, 0);
+    if (rank_ == 0) comm.receive(engine.host(*t), t->bytes, owner);
+  }
+  if (rank_ == 0) engine.upload(TensorRole::Param);
 }
 
 void OptimizerShards::gather_state(Engine& engine, Communicator& comm) const {

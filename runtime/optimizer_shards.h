@@ -51,6 +51,11 @@ class OptimizerShards {
   const std::vector<std::vector<bool>>& run_member() const { return run_member_; }
   // The optimizer state of the other ranks' parameters: never read here.
   const std::vector<const TensorSpec*>& others_state() const { return others_state_; }
+  // ZeRO-3: the other ranks' parameters, which this rank's step gathers
+  // where it uses them and never reads in place.
+  const std::vector<const TensorSpec*>& others_params() const { return others_params_; }
+  int64_t owned_param_bytes() const { return owned_param_bytes_; }
+  int64_t param_bytes() const { return param_bytes_; }
   // This rank's share: parameters owned, and their optimizer state bytes of all.
   int owned_params() const { return owned_params_; }
   int64_t owned_state_bytes() const { return owned_state_bytes_; }
@@ -61,6 +66,8 @@ class OptimizerShards {
   // Before a checkpoint: every parameter's optimizer state from its owner
   // to rank 0 (which may then release it again: others_state()).
   void gather_state(Engine& engine, Communicator& comm) const;
+  // ZeRO-3, before a checkpoint: every parameter from its owner to rank 0.
+  void gather_params_to_root(Engine& engine, Communicator& comm) const;
 
  private:
   const Program& program_;
@@ -68,9 +75,9 @@ class OptimizerShards {
   std::unordered_map<std::string, int> owner_;  // param -> rank
   std::vector<bool> skip_kernel_, skip_update_;
   std::vector<std::vector<bool>> run_member_;
-  std::vector<const TensorSpec*> others_state_;
+  std::vector<const TensorSpec*> others_state_, others_params_;
   int owned_params_ = 0;
-  int64_t owned_state_bytes_ = 0, state_bytes_ = 0;
+  int64_t owned_state_bytes_ = 0, state_bytes_ = 0, owned_param_bytes_ = 0, param_bytes_ = 0;
 };
 
 }  // namespace napkin::runtime

@@ -214,10 +214,14 @@ void read(const json& kernel, const std::string&, RopeSpec& s) {
   s.dtype = j.at("dtype"), s.x = j.at("x"), s.y = j.at("y"), s.positions = j.at("positions");
 }
 
-void write(json& kernel, const AllReduceSpec& s) { kernel["all_reduce"] = {{"x", s.x}, {"y", s.y}, {"count", s.count}}; }
-void read(const json& kernel, const std::string&, AllReduceSpec& s) {
-  const json& j = kernel.at("all_reduce");
-  s.x = j.at("x"), s.y = j.at("y"), s.count = j.at("count");
+void write(json& kernel, const CollectiveSpec& s) {
+  kernel["collective"] = {{"collective", s.collective}, {"x", s.x}, {"y", s.y}, {"count", s.count}, {"dtype", s.dtype},
+                          {"param", s.param}};
+}
+void read(const json& kernel, const std::string&, CollectiveSpec& s) {
+  const json& j = kernel.at("collective");
+  s.collective = j.at("collective"), s.x = j.at("x"), s.y = j.at("y"), s.count = j.at("count"), s.dtype = j.at("dtype"),
+  s.param = j.at("param");
 }
 
 void write(json& kernel, const ClassifierSpec& s) {

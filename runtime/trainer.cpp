@@ -17,6 +17,7 @@
 #include "runtime/communicator.h"
 #include "runtime/gradient_stage.h"
 #include "runtime/optimizer_shards.h"
+#include "runtime/parameter_collectives.h"
 #include "runtime/rank_agreement.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/dataset.h"
@@ -68,7 +69,7 @@ struct Options {
   int64_t accumulate = 0;  // 0: the model's train.accumulate
   double collective_timeout = 300;
   double bucket_mib = 0;  // 0: the program's bucket size
-  int zero = 0;           // ZeRO stage: 0, 1 or 2
+  int zero = -1;          // ZeRO stage 0-3; -1: 3 for a program that gathers its parameters, else 0
   bool debug_nan = false, quiet = false, print_program = false, profile = false;
   int64_t sample_every = 0, sample_tokens = 64;  // --sample-every: a sample from the model every K steps
 };
@@ -265,12 +266,16 @@ class TrainingRun {
   const bool quiet = o.quiet || !rank0;  // the other ranks print errors only
   const int64_t accumulate = o.accumulate > 0 ? o.accumulate : std::max<int64_t>(1, program.train.accumulate);
   const int64_t micro_batches = accumulate * ranks;  // of the global batch
+  // The ZeRO stage: --zero, else 3 for a step built to gather its parameters (napkin build --zero 3).
+  const int stage = o.zero >= 0 ? o.zero : gathers_parameters(program) ? 3 : 0;
   // What one rank's step is: `accumulate` forward+backward passes, one update.
   const Program p = per_step_view(program, accumulate);
   std::unique_ptr<Engine> engine_owner;
   Engine& ex = *engine_owner;
-  // ZeRO-1 and 2: this rank updates its own parameters only (one rank: all of them).
+  // ZeRO-1 to 3: this rank updates its own parameters only (one rank: all of them).
   std::unique_ptr<OptimizerShards> shards;
+  // ZeRO-2 and 3: what the step's collective kernels do over the ranks.
+  std::unique_ptr<ParameterCollectives> collectives;
   int64_t start_step = 0;
   uint64_t seed = o.seed;
   Lineage lineage{p.hash};
@@ -310,7 +315,7 @@ std::optional<int> TrainingRun::setup(const SamplerProgram& sampler_program) {
       return 0;
     }
   }
-  gradients.emplace(ex, comm, accumulate, o.zero == 2 ? shards.get() : nullptr);
+  gradients.emplace(ex, comm, accumulate, stage >= 2 ? shards.get() : nullptr, stage == 3);
   // A fresh run (or one resumed from a version-1 checkpoint, which has no id)
   // starts a lineage of its own; rank 0's id is the job's.
   if (lineage.run.empty()) {
@@ -331,14 +336,24 @@ std::optional<int> TrainingRun::setup(const SamplerProgram& sampler_program) {
 
 void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
   ex.set_profiling(o.profile);
-  if (o.zero >= 1 && ranks > 1) {
+  if (stage == 3 && !gathers_parameters(program))
+    throw Error("--zero 3 needs a trainer whose step gathers its parameters where it uses them: build it with `napkin "
+                "build MODEL --zero 3` (or `napkin train --zero 3 MODEL`)");
+  if (stage == 3 && ranks > 1 && o.sample_every > 0)
+    throw Error("--sample-every under --zero 3: rank 0 holds only its own parameters; sample a checkpoint with `napkin "
+                "sample` instead");
+  if (stage >= 1 && ranks > 1) {
     shards = std::make_unique<OptimizerShards>(program, ranks, comm.rank());
     ex.skip(shards->skip_kernel(), shards->skip_update(), shards->run_member());
     ex.release(shards->others_state());  // before anything touches it
   }
-  // ZeRO-2: each rank's clipping norm and overflow probe cover its own gradients; the program's all_reduce_sum
-  // kernels add the ranks' parts (passes/optimizer.cpp, passes/loss_scaling.h).
-  if (o.zero == 2 && ranks > 1) ex.set_sum_over_ranks([this](float* data, int64_t count) { comm.all_reduce_sum(data, count); });
+  // ZeRO-2 and 3: each rank's clipping norm and overflow probe cover its own gradients, which the program's
+  // all_reduce_sum kernels add up (passes/optimizer.cpp, passes/loss_scaling.h); ZeRO-3's step gathers each
+  // parameter from its owner and reduces its gradient there (passes/shard_parameters.h).
+  if (stage >= 2 && ranks > 1) {
+    collectives = std::make_unique<ParameterCollectives>(*shards, comm, stage);
+    ex.set_collectives([this](const CollectiveSpec& spec, char* y) { (*collectives)(spec, y); });
+  }
 
   // --sample-every: the model's sampler program (rank 0 prints the samples).
   if (o.sample_every > 0 && rank0) {
@@ -388,6 +403,8 @@ void TrainingRun::load_weights() {
     ex.upload(TensorRole::State);
     if (shards) ex.release(shards->others_state());  // read whole; this rank keeps its share
   }
+  // ZeRO-3: this rank keeps its own parameters; the step gathers the others' where it uses them.
+  if (shards && stage == 3) ex.release(shards->others_params());
 }
 
 // Before any collective whose count depends on them (docs/distributed.md).
@@ -400,7 +417,7 @@ void TrainingRun::agree_with_other_ranks() {
              {"--seed", std::to_string(seed)},
              {"--steps", std::to_string(o.steps)},
              {"--accumulate", std::to_string(accumulate)},
-             {"--zero", std::to_string(o.zero)},
+             {"--zero", std::to_string(stage)},
              {"--resume", o.resume.empty() ? std::string("not given")
                           : resumed  ? fmt::format("step {}", resumed->step)
                                      : std::string("given")},
@@ -418,7 +435,10 @@ void TrainingRun::banner() {
     fmt::print("napkin trainer: {} ({}, {})\n", p.model, p.backend, ex.describe());
     fmt::print("  arena      {} ({} bytes, planned; liveness lower bound {} bytes)\n", human_bytes(p.arena_bytes),
                p.arena_bytes, p.liveness_peak);
-    if (gradients->sharded())
+    if (gradients->reduced_in_step())
+      fmt::print("  gradients  {} besides the arena: this rank's f32 sum of its own parameters' gradients (ZeRO-3)\n",
+                 human_bytes(static_cast<double>(gradients->buffer_bytes())));
+    else if (gradients->sharded())
       fmt::print("  gradients  {} besides the arena: this rank's f32 sum of its own parameters' gradients and one "
                  "bucket's staging (ZeRO-2)\n",
                  human_bytes(static_cast<double>(gradients->buffer_bytes())));
@@ -435,12 +455,25 @@ void TrainingRun::banner() {
       fmt::print("  batch      {} micro-batches of {} tokens per step ({} rank{} × {} accumulated): {} tokens\n",
                  micro_batches, with_commas(program.tokens_per_step), ranks, ranks == 1 ? "" : "s", accumulate,
                  with_commas(program.tokens_per_step * micro_batches));
-    if (shards)
+    if (shards && stage == 3)
+      fmt::print("  ZeRO-3     rank 0 holds {} of {} parameters ({} of {}), their gradients' sums and {} of {} of "
+                 "optimizer state; the step gathers each parameter from its owner where it uses it and reduces its "
+                 "gradient onto the owner\n",
+                 shards->owned_params(), p.with_role(TensorRole::Param).size(),
+                 human_bytes(static_cast<double>(shards->owned_param_bytes())),
+                 human_bytes(static_cast<double>(shards->param_bytes())),
+                 human_bytes(static_cast<double>(shards->owned_state_bytes())),
+                 human_bytes(static_cast<double>(shards->state_bytes())));
+    else if (shards)
       fmt::print("  ZeRO-{}     rank 0 updates {} of {} parameters, {} of {} of optimizer state (each rank its own "
                  "share; the others' parameters arrive by broadcast after each step)\n",
-                 o.zero, shards->owned_params(), p.with_role(TensorRole::Param).size(), human_bytes(static_cast<double>(shards->owned_state_bytes())),
+                 stage, shards->owned_params(), p.with_role(TensorRole::Param).size(), human_bytes(static_cast<double>(shards->owned_state_bytes())),
                  human_bytes(static_cast<double>(shards->state_bytes())));
-    if (ranks > 1 && gradients->sharded())
+    if (ranks > 1 && gradients->reduced_in_step())
+      fmt::print("  ranks      {}; parameters gathered and gradients reduced by MPI in the step, each where the step "
+                 "uses or makes it\n",
+                 comm.describe());
+    else if (ranks > 1 && gradients->sharded())
       fmt::print("  ranks      {}; gradients reduce-scattered by MPI on the host after each micro-batch's backward, "
                  "in {} bucket{} (not overlapped with it)\n",
                  comm.describe(), gradients->buckets(), gradients->buckets() == 1 ? "" : "s");
@@ -473,7 +506,10 @@ void TrainingRun::banner() {
 }
 
 std::string TrainingRun::save(int64_t step) {
-  if (shards && !o.checkpoint_dir.empty()) shards->gather_state(ex, comm);
+  if (shards && !o.checkpoint_dir.empty()) {
+    shards->gather_state(ex, comm);
+    if (stage == 3) shards->gather_params_to_root(ex, comm);
+  }
   if (!ckpt) return "";
   ex.download(TensorRole::Param);
   ex.download(TensorRole::State);
@@ -481,6 +517,7 @@ std::string TrainingRun::save(int64_t step) {
   metadata.insert({{"model", p.model}, {"seed", std::to_string(seed)}, {kMicroBatchesKey, std::to_string(micro_batches)}});
   std::string path = ckpt->save(step, tensor_refs(p, ex, {TensorRole::Param, TensorRole::State}), metadata, o.keep);
   if (shards) ex.release(shards->others_state());  // gathered for the file only
+  if (shards && stage == 3) ex.release(shards->others_params());
   if (!quiet) fmt::print("  saved {}\n", path);
   return path;
 }
@@ -589,8 +626,8 @@ std::pair<double, bool> TrainingRun::train_step(int64_t step) {
   gradients->finish();
   comm.set_activity(fmt::format("step {}, the optimizer", step));  // ZeRO-2 all-reduces the norm's parts in it
   ex.run_optimizer();
-  if (shards) {
-    comm.set_activity(fmt::format("step {}, gathering the parameters (ZeRO-{})", step, o.zero));
+  if (shards && stage < 3) {  // ZeRO-3's next step gathers each parameter where it uses it
+    comm.set_activity(fmt::format("step {}, gathering the parameters (ZeRO-{})", step, stage));
     shards->gather_params(ex, comm);
   }
   comm.set_activity(fmt::format("after step {}", step));
@@ -627,17 +664,22 @@ void TrainingRun::report_progress(int64_t step, double loss) {
 }
 
 void TrainingRun::evaluate(int64_t step) {
-  // The eval batches are shared out: rank r takes batches r, r + N, ...
+  // The eval batches are shared out: rank r takes batches r, r + N, ... A
+  // ZeRO-3 forward gathers parameters, which every rank must reach: there
+  // each rank runs as many forwards, the last ones of a short share on a
+  // batch it does not count.
   double sum = 0;
-  for (int64_t b = comm.rank(); b < o.eval_batches; b += ranks) {
+  const int64_t rounds = stage == 3 ? (o.eval_batches + ranks - 1) / ranks : 0;
+  for (int64_t b = comm.rank(), round = 0; b < o.eval_batches || round < rounds; b += ranks, ++round) {
+    const bool counted = b < o.eval_batches;
     try {
-      data->fill_eval(b);
+      data->fill_eval(counted ? b : 0);
     } catch (const Error& e) {
       stop_on_data_error(e, step);
     }
     set_rng(ex, seed, step - 1, /*training=*/false);  // dropout off
     ex.run_forward();
-    sum += ex.loss();
+    if (counted) sum += ex.loss();
   }
   comm.set_activity(fmt::format("step {}, summing the eval loss", step));
   comm.all_reduce_sum(&sum, 1);
@@ -689,7 +731,7 @@ int TrainingRun::finish() {
     std::string list;
     for (double b : peaks) list += (list.empty() ? "" : ", ") + human_bytes(b);
     if (!quiet) fmt::print("memory: peak resident per rank {}\n", list);
-    metrics.write(MetricsRecord().fixed_list("peak_resident_bytes", peaks, 0).integer("zero", shards ? o.zero : 0));
+    metrics.write(MetricsRecord().fixed_list("peak_resident_bytes", peaks, 0).integer("zero", shards ? stage : 0));
   }
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success
@@ -803,8 +845,10 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     app.add_option("--zero", o.zero,
                    "ZeRO stage of a multi-rank job: 1 shards the optimizer's work and state across the ranks (each "
                    "updates its own parameters); 2 also the gradients (reduce-scattered, each rank keeping the sum "
-                   "of its own; the CPU trainer); 0, the default: every rank updates everything")
-        ->check(CLI::IsMember({0, 1, 2}));
+                   "of its own); 3 also the parameters (a trainer built with `napkin build --zero 3`, whose step "
+                   "gathers each parameter where it uses it); 0: every rank updates everything. Default: 3 for a "
+                   "trainer built for it, else 0. 2 and 3: the CPU trainer")
+        ->check(CLI::IsMember({0, 1, 2, 3}));
     app.add_option("--bucket-mib", o.bucket_mib,
                    "a GPU job all-reduces its gradients in buckets of at least this many MiB, each as soon as the "
                    "backward has written it (default: the program's, 25)")

@@ -101,6 +101,8 @@ struct PipelineFlags {
   bool unfused_classifier = false;  // keep a language-model head's matmul and cross_entropy apart
   bool unfused_epilogues = false;   // keep a contraction's widening cast a kernel of its own (passes/matmul_epilogues.h)
   bool no_rematerialize = false;    // keep every saved activation as the forward made it (passes/rematerialize.h)
+  int zero = 0;                     // 3: the step gathers its parameters and reduces their gradients (ZeRO-3)
+  bool keep_gathered = false;       // ZeRO-3: the backward reads the forward's gathered parameters
 
   passes::PipelineOptions apply(passes::PipelineOptions options) const {
     options.fuse_attention = !unfused_attention;
@@ -108,6 +110,8 @@ struct PipelineFlags {
     options.fuse_classifier = !unfused_classifier;
     options.matmul_epilogues = !unfused_epilogues;
     options.rematerialize = !no_rematerialize;
+    options.shard_parameters = zero == 3;
+    options.keep_gathered = keep_gathered;
     return options;
   }
 };
@@ -124,6 +128,14 @@ void add_pipeline_flags(CLI::App* command, PipelineFlags& flags) {
                     "compare)");
   command->add_flag("--no-rematerialize", flags.no_rematerialize,
                     "keep every saved activation as the forward made it (to compare)");
+  command->add_option("--zero", flags.zero,
+                      "3: build the step for ZeRO-3 (fully sharded data parallel): each parameter is gathered from "
+                      "its owner rank right before its uses and freed after them, its gradient reduced onto its "
+                      "owner, as kernels of the step (the identity in one process; docs/distributed.md)")
+      ->check(CLI::IsMember({0, 3}));
+  command->add_flag("--keep-gathered", flags.keep_gathered,
+                    "with --zero 3: the backward reads the forward's gathered parameters instead of gathering them "
+                    "again (half the gathers, the parameters held from the forward to the backward)");
 }
 
 // A training step and what its passes said about it (the report prints them).

@@ -38,7 +38,7 @@ llvm::Function* move_body(llvm::Module& from, llvm::Module& into) {
 }
 
 // Whether the CPU runtime runs kernel `k` itself (runtime/executor.cpp's
-// runners: the GEMM library, attention, the classifier, rope, the all-reduce)
+// runners: the GEMM library, attention, the classifier, rope, the collectives)
 // rather than code generated here; a GEMM's epilogue is generated code the
 // runtime calls.
 bool runs_in_runtime(const Kernel& k) {
@@ -47,7 +47,7 @@ bool runs_in_runtime(const Kernel& k) {
     case KernelKind::Classifier:
     case KernelKind::CachedAttention:
     case KernelKind::Rope:
-    case KernelKind::AllReduce: return true;
+    case KernelKind::Collective: return true;
     case KernelKind::Gemm: return !k.epilogue;
     case KernelKind::Fill:
     case KernelKind::Elementwise:

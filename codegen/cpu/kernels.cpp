@@ -1089,8 +1089,8 @@ LoopInfo emit_kernel(LoopEmitter& e, const Kernel& k, int index) {
                             k.name);
     case KernelKind::Rope:
       NAPKIN_INTERNAL_CHECK(false, "a rope kernel ({}) is the runtime's call (runtime/rope.h), not a loop", k.name);
-    case KernelKind::AllReduce:
-      NAPKIN_INTERNAL_CHECK(false, "an all-reduce kernel ({}) is the runtime's copy and sum over ranks (runtime/executor.h), not a loop",
+    case KernelKind::Collective:
+      NAPKIN_INTERNAL_CHECK(false, "a collective kernel ({}) is the runtime's copy and call to the ranks (runtime/executor.h), not a loop",
                             k.name);
   }
   e.b.CreateRetVoid();

@@ -373,13 +373,14 @@ EmittedKernel emit_fill(const Kernel& k) {
   return out;
 }
 
-// all_reduce_sum on one device: the sum over one rank is its value, copied
-// to the output (one thread per element; the memory plan may give the input
-// and the output the same bytes, and each thread reads its element first).
-EmittedKernel emit_all_reduce(const Kernel& k) {
+// A collective on one device (all_reduce_sum, all_gather, reduce_scatter):
+// over one rank each is its operand, copied to the output (one thread per
+// element; the memory plan may give the input and the output the same
+// bytes, and each thread reads its element first).
+EmittedKernel emit_collective(const Kernel& k) {
   const Operand& x = k.inputs.at(0);
   NAPKIN_INTERNAL_CHECK(x.contiguous() && k.output.contiguous() && x.numel() == k.output.numel(),
-                        "all-reduce kernel {}: input and output are not the same contiguous count", k.name);
+                        "collective kernel {}: input and output are not the same contiguous count", k.name);
   const int64_t n = x.numel();
   const int block = block_for(n);
   const int64_t grid = grid_for(n, block);

@@ -162,7 +162,7 @@ EmittedKernel emit_batch(const Kernel& k);            // a batch's kernel: a tab
 void fused_ops(Src& f, const Kernel& k, size_t count);
 EmittedKernel emit_fill(const Kernel& k);             // constant, arange
 EmittedKernel emit_concat_or_pad(const Kernel& k);
-EmittedKernel emit_all_reduce(const Kernel& k);      // all_reduce_sum on one device: a copy
+EmittedKernel emit_collective(const Kernel& k);      // a collective on one device: a copy
 EmittedKernel emit_embedding(const Kernel& k, int index);
 EmittedKernel emit_contraction(const Kernel& k);      // a contraction the GEMM library cannot take
 EmittedKernel emit_reduction(const Kernel& k);        // reduce_sum/mean/max/min, and fused reductions

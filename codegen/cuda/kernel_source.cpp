@@ -52,7 +52,7 @@ EmittedKernel emit_kernel(const Kernel& k, int index, const CudaClassifierLayout
     case KernelKind::Classifier: return detail::emit_classifier(k, index, classifier);
     case KernelKind::CachedAttention: return detail::emit_cached_attention(k, index);
     case KernelKind::Rope: return detail::emit_rope(k);
-    case KernelKind::AllReduce: return detail::emit_all_reduce(k);
+    case KernelKind::Collective: return detail::emit_collective(k);
     case KernelKind::Gemm: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a GEMM kernel ({}) is cuBLASLt's call, not CUDA C", k.name);

@@ -230,7 +230,7 @@ void CudaEngine::prepare_kernels() {
               [&](const AttentionSpec&) -> Runner { return load_launches(k); },
               [&](const CachedAttentionSpec&) -> Runner { return load_launches(k); },
               [&](const RopeSpec&) -> Runner { return load_launches(k); },
-              [&](const AllReduceSpec&) -> Runner { return load_launches(k); },
+              [&](const CollectiveSpec&) -> Runner { return load_launches(k); },
               [&](const MatmulSpec& s) -> Runner {
                 return std::make_unique<LtMatmul>(*lt_context_, s, program_.cuda.tf32, k.name, arena_);
               },
@@ -515,8 +515,9 @@ void CudaEngine::capture(Phase& phase) {
   check_call(d, r, "cuGraphInstantiate", __FILE__, __LINE__);
 }
 
-void CudaEngine::set_sum_over_ranks(std::function<void(float* data, int64_t count)>) {
-  throw Error("--zero 2 needs the CPU trainer: the CUDA trainer's sharded gradients are not built yet (issue 40)");
+void CudaEngine::set_collectives(std::function<void(const CollectiveSpec&, char*)>) {
+  throw Error("--zero 2 and 3 need the CPU trainer: the CUDA trainer's sharded gradients and parameters are not built yet "
+              "(issue 40)");
 }
 
 void CudaEngine::enqueue_kernel(int i) {

@@ -112,7 +112,7 @@ class CudaEngine final : public Engine {
 
   // Its all-reduce kernels copy (the identity): no sharded gradients on the
   // GPU yet, so a sum over ranks throws Error.
-  void set_sum_over_ranks(std::function<void(float* data, int64_t count)> fn) override;
+  void set_collectives(std::function<void(const CollectiveSpec& spec, char* y)> fn) override;
 
   void inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) override;
   void set_profiling(bool on) override { profiling_ = on; }

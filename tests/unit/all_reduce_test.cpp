@@ -1,6 +1,6 @@
 // all_reduce_sum (ir/ops.def): its op table row, where the optimizer and
-// loss-scaling passes put it, and the CPU executor's AllReduce kernel with
-// and without a sum over ranks (runtime/executor.h sum_over_ranks). A hook
+// loss-scaling passes put it, and the CPU executor's collective kernel with
+// and without a sum over ranks (runtime/executor.h collectives). A hook
 // that doubles the value is what two ranks holding the same partial sum
 // would give: the clipped update must then see sqrt(2) times the norm,
 // checked against the update computed by hand from the gradient's formula.
@@ -73,7 +73,7 @@ std::vector<double> read_tensor(const testing::CompiledStep& step, const std::st
 int all_reduce_kernel(const testing::CompiledStep& step) {
   int found = -1, count = 0;
   for (size_t i = 0; i < step.program.kernels.size(); ++i)
-    if (step.program.kernels[i].as<runtime::AllReduceSpec>()) found = static_cast<int>(i), ++count;
+    if (step.program.kernels[i].as<runtime::CollectiveSpec>()) found = static_cast<int>(i), ++count;
   CHECK(count == 1);
   return found;
 }
@@ -83,7 +83,7 @@ int all_reduce_kernel(const testing::CompiledStep& step) {
 TEST_CASE("all_reduce_sum: an f32 value of any shape keeps its type, costs no FLOP and moves its bytes once each way") {
   const ir::OpInfo& info = ir::op_info(Op::AllReduceSum);
   CHECK(info.op_class == ir::OpClass::Collective);
-  CHECK(info.loop == ir::LoopKind::AllReduce);
+  CHECK(info.loop == ir::LoopKind::Collective);
   CHECK(info.backward_only);  // no VJP, never meets the mixed-precision pass
   CHECK(info.user_function == ir::UserFunction::None);
   ir::TensorType scalar{DType::F32, {}}, matrix{DType::F32, {{3, "a"}, {4, ""}}};
@@ -165,9 +165,11 @@ TEST_CASE("all_reduce_sum: a compiled CPU step clips by the norm its hook sums, 
     int calls = 0;
     double summed = 0;
     if (hooked)
-      step.ex->sum_over_ranks = [&](float* data, int64_t count) {
+      step.ex->collectives = [&](const runtime::CollectiveSpec& spec, char* y) {
         ++calls;
-        REQUIRE(count == 1);
+        REQUIRE(spec.collective == "all_reduce_sum");
+        REQUIRE(spec.count == 1);
+        float* data = reinterpret_cast<float*>(y);
         summed = data[0];
         data[0] *= 2;  // two ranks, each holding this partial sum
       };
@@ -196,7 +198,7 @@ TEST_CASE("all_reduce_sum: the executor runs an all-reduce kernel even where it 
   step.ex->run_forward();
   step.ex->run_backward();
   int calls = 0;
-  step.ex->sum_over_ranks = [&](float*, int64_t) { ++calls; };
+  step.ex->collectives = [&](const runtime::CollectiveSpec&, char*) { ++calls; };
   step.ex->skip_kernel.assign(step.program.kernels.size(), true);
   std::vector<int> ran;
   step.ex->after_kernel = [&](int kernel) { ran.push_back(kernel); };
@@ -218,7 +220,9 @@ TEST_CASE("all_reduce_sum: a NaN one rank's hook brings into the overflow probe 
     testing::CompiledStep step(testing::compile_training(model));
     const std::vector<double> w0 = read_tensor(step, "w");
     if (overflow_elsewhere)
-      step.ex->sum_over_ranks = [](float* data, int64_t) { data[0] += std::numeric_limits<float>::quiet_NaN(); };
+      step.ex->collectives = [](const runtime::CollectiveSpec&, char* y) {
+        *reinterpret_cast<float*>(y) += std::numeric_limits<float>::quiet_NaN();
+      };
     testing::run_step(step);
     const std::vector<double> w1 = read_tensor(step, "w"), scale = read_tensor(step, "loss_scale.scale");
     CHECK((w1 == w0) == overflow_elsewhere);

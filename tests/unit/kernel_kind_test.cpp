@@ -32,7 +32,7 @@ TEST_CASE("op table: every op's row names its loop kind, which agrees with its c
       {ir::OpClass::Attention, {LoopKind::Attention, LoopKind::CachedAttention}},
       {ir::OpClass::Classifier, {LoopKind::Classifier}},
       {ir::OpClass::Rotary, {LoopKind::Rope}},
-      {ir::OpClass::Collective, {LoopKind::AllReduce}},
+      {ir::OpClass::Collective, {LoopKind::Collective}},
   };
   for (int i = 0; i < ir::kNumOps; ++i) {
     const ir::OpInfo& info = ir::op_info(static_cast<ir::Op>(i));
@@ -60,7 +60,7 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
       {LoopKind::Classifier, {KernelKind::Classifier}},
       {LoopKind::CachedAttention, {KernelKind::CachedAttention}},
       {LoopKind::Rope, {KernelKind::Rope}},
-      {LoopKind::AllReduce, {KernelKind::AllReduce}},
+      {LoopKind::Collective, {KernelKind::Collective}},
   };
   std::set<KernelKind> seen;
   int fused_reductions = 0, gemm_epilogues = 0;
@@ -97,7 +97,7 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
   }
   for (KernelKind kind : {KernelKind::Elementwise, KernelKind::FusedElementwise, KernelKind::Reduction, KernelKind::Gemm,
                           KernelKind::Gather, KernelKind::ScatterAdd, KernelKind::Rows, KernelKind::Mse,
-                          KernelKind::AllReduce})
+                          KernelKind::Collective})
     CHECK_MESSAGE(seen.count(kind) == 1, "no built-in model has a kernel of kind " << static_cast<int>(kind));
   CHECK(fused_reductions > 0);  // gradient clipping's squares and their sums
   CHECK(gemm_epilogues > 0);    // bias adds and residuals after a matmul

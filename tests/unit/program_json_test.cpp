@@ -84,7 +84,7 @@ std::vector<KernelSpec> every_kind() {
           kernel("classifier", classifier),
           kernel("classifier_grad", classifier_grad),
           kernel("rope", rope),
-          kernel("all_reduce", AllReduceSpec{.x = 256, .y = 256, .count = 1})};
+          kernel("collective", CollectiveSpec{.collective = "reduce_scatter", .x = 256, .y = 512, .count = 64, .dtype = DType::BF16, .param = "w"})};
 }
 
 Program full_program() {
