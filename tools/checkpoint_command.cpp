@@ -1,0 +1,55 @@
+#include "tools/checkpoint_command.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "runtime/checkpoint.h"
+#include "runtime/error.h"
+#include "runtime/sharded_checkpoint.h"
+#include "tools/files.h"
+
+namespace napkin::tools {
+
+int checkpoint_consolidate(const std::string& input, const std::string& output) {
+  try {
+    if (!runtime::is_sharded_checkpoint(input))
+      throw runtime::Error(fmt::format("{}: not a sharded checkpoint (a directory step-N.sharded holding index.json); "
+                                       "a step-N.safetensors file is one file already",
+                                       input));
+    std::vector<std::string> inputs;
+    for (const runtime::ShardFile& f : runtime::read_sharded_index(input).files) inputs.push_back(input + "/" + f.name);
+    if (std::string problem = output_problem("-o", output, inputs); !problem.empty()) throw runtime::Error(problem);
+    const runtime::CheckpointHeader h = runtime::consolidate_sharded_checkpoint(input, output);
+    std::cout << fmt::format("wrote {}: step {} of run {} ({}), one file of the {} shards, every shard's size and "
+                             "checksum verified\n",
+                             output, h.step, h.run, h.metadata.count("model") ? h.metadata.at("model") : "model",
+                             inputs.size());
+    return 0;
+  } catch (const runtime::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+int checkpoint_verify(const std::string& path) {
+  try {
+    // The checkpoint's own model: verify checks it is whole, not which trainer it loads into.
+    const runtime::CheckpointHeader h = runtime::verify_checkpoint(path, runtime::read_checkpoint_header(path).model_hash);
+    const bool sharded = runtime::is_sharded_checkpoint(path);
+    std::cout << fmt::format("{}: a whole checkpoint: step {} of run {} ({}, model hash {}){}\n", path, h.step,
+                             h.run.empty() ? "unknown" : h.run,
+                             h.metadata.count("model") ? runtime::printable(h.metadata.at("model")) : "model",
+                             h.model_hash,
+                             sharded ? fmt::format(", {} shards, every file's size and checksum verified",
+                                                   runtime::read_sharded_index(path).ranks)
+                                     : ", its checksum verified");
+    return 0;
+  } catch (const runtime::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace napkin::tools
