@@ -44,12 +44,13 @@ CheckpointHeader verify_checkpoint(const std::string& path, const std::string& e
 
 CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
                                  const std::string& expected_model_hash, const std::string& hint,
-                                 const StepBuild* built) {
-  if (is_sharded_checkpoint(path)) return read_sharded_checkpoint(path, into, {}, &expected_model_hash, hint, built);
+                                 const StepBuild* built, const std::vector<std::string>& not_loaded) {
+  if (is_sharded_checkpoint(path))
+    return read_sharded_checkpoint(path, into, not_loaded, &expected_model_hash, hint, built);
   SafetensorsFile file(path);
   refuse_lone_shard(file);
   CheckpointHeader h = verify_checkpoint_file(file, expected_model_hash, hint, built);
-  load_checkpoint_tensors(path, {&file}, into, {});
+  load_checkpoint_tensors(path, {&file}, into, not_loaded);
   return h;
 }
 

@@ -32,10 +32,13 @@ CheckpointHeader verify_checkpoint(const std::string& path, const std::string& e
 // Loads a checkpoint into `into`: verify_checkpoint, then checks that the file
 // holds exactly the tensors of `into` with their dtypes and shapes (every
 // problem listed in one Error), and only then copies. `hint`, if any, ends
-// the message when another model wrote the file.
+// the message when another model wrote the file. `not_loaded`: tensors of
+// the run this process does not hold (a ZeRO rank's others' optimizer
+// state), skipped where the checkpoint has them; a sharded checkpoint's
+// files that hold nothing else are not read.
 CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
                                  const std::string& expected_model_hash, const std::string& hint = "",
-                                 const StepBuild* built = nullptr);
+                                 const StepBuild* built = nullptr, const std::vector<std::string>& not_loaded = {});
 
 // (step, path) of every checkpoint in `dir`, step-N.safetensors files and
 // step-N.sharded directories, newest first; empty if there is no such

@@ -179,8 +179,8 @@ void broadcast_text(Communicator& comm, std::string& text) {
 // directory) or a directory of them (its newest).
 // When the newest file of a directory cannot be used, the message lists the
 // older ones that can and how to resume from one.
-CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef>& into, const std::string& hash,
-                             const StepBuild& built) {
+CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef>& into,
+                             const std::vector<std::string>& not_loaded, const std::string& hash, const StepBuild& built) {
   // The step's hash covers what --dims and --memory-budget (the activations
   // it recomputes) make of the model, so either can differ from the run's.
   const std::string hint = "this trainer is the model at the --dims and --memory-budget `napkin train` was given: "
@@ -188,13 +188,14 @@ CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef
                            "--memory-budget resumes under the same budget)";
   std::error_code ec;
   if (!std::filesystem::exists(arg, ec)) throw Error(arg + ": --resume: no such checkpoint file or directory");
-  if (!std::filesystem::is_directory(arg, ec) || is_sharded_checkpoint(arg)) return read_checkpoint(arg, into, hash, hint, &built);
+  if (!std::filesystem::is_directory(arg, ec) || is_sharded_checkpoint(arg))
+    return read_checkpoint(arg, into, hash, hint, &built, not_loaded);
   auto all = list_checkpoints(arg);
   if (all.empty())
     throw Error(arg + ": --resume: no checkpoints in this directory (files named step-N.safetensors, directories "
                       "step-N.sharded)");
   try {
-    return read_checkpoint(all.front().second, into, hash, hint, &built);
+    return read_checkpoint(all.front().second, into, hash, hint, &built, not_loaded);
   } catch (const Error& e) {
     const std::vector<std::string> good = older_usable_checkpoints(all, hash);
     std::string message = std::string(e.what()) + "\n  the newest checkpoint in " + arg + " cannot be used; ";
@@ -387,7 +388,13 @@ void TrainingRun::load_weights() {
     broadcast_text(comm, resume);
   }
   if (!resume.empty()) {
-    resumed = resume_from(resume, tensor_refs(p, ex, {TensorRole::Param, TensorRole::State}), p.hash, {p.train.dims, p.train.memory_budget});
+    // A ZeRO rank loads its own share of the optimizer state, never touching the others' (released pages).
+    std::vector<TensorRef> into = tensor_refs(p, ex, {TensorRole::Param, TensorRole::State});
+    std::vector<std::string> not_loaded;
+    if (shards)
+      for (const TensorSpec* t : shards->others_state()) not_loaded.push_back(t->name);
+    std::erase_if(into, [&](const TensorRef& r) { return std::find(not_loaded.begin(), not_loaded.end(), r.name) != not_loaded.end(); });
+    resumed = resume_from(resume, into, not_loaded, p.hash, {p.train.dims, p.train.memory_budget});
     start_step = resumed->step;
     if (resumed->seed) seed = *resumed->seed;
     lineage.run = resumed->run;
@@ -395,7 +402,6 @@ void TrainingRun::load_weights() {
     lineage.adopts_version1 = resumed->format == 1;
     ex.upload(TensorRole::Param);
     ex.upload(TensorRole::State);
-    if (shards) ex.release(shards->others_state());  // read whole; this rank keeps its share
   }
 }
 
