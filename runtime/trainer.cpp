@@ -421,7 +421,9 @@ void TrainingRun::agree_with_other_ranks() {
                                      : std::string("given")},
              {"the data", data_identity},
              {"--order", o.order.empty() ? p.train.data.order : o.order},
-             {"--init", o.init.empty() ? std::string("none") : file_identity(o.init)},
+             // A sharded checkpoint by its index, which holds every file's size and CRC.
+             {"--init", o.init.empty() ? std::string("none")
+                                       : file_identity(is_sharded_checkpoint(o.init) ? o.init + "/index.json" : o.init)},
              {"--eval-every", std::to_string(o.eval_every)},
              {"--eval-batches", std::to_string(o.eval_batches)},
              {"--checkpoint-every", o.checkpoint_dir.empty() ? std::string("no checkpoints") : std::to_string(o.checkpoint_every)},

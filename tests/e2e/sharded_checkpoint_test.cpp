@@ -155,6 +155,12 @@ TEST_CASE("sharded checkpoint: a corrupt or missing shard is refused, naming it,
   Run restored = f.train("", f.micro, resume, "restored");
   INFO(restored.out);
   CHECK(restored.status == 0);
+  // --init takes its weights, on every rank of a job (which agree on it by its index).
+  Run init = f.train(mpirun(2), f.micro, fmt::format("--steps 1 --checkpoint-every 0 --init {}/step-000002.sharded", dir),
+                     "init");
+  INFO(init.out);
+  CHECK(init.status == 0);
+  CHECK(init.out.find("loaded the weights; ignored the optimizer state it holds") != std::string::npos);
 }
 
 TEST_CASE("sharded checkpoint: kill -9 of rank 1 while it writes its shard leaves every earlier checkpoint whole, and the next start removes the temporary") {
