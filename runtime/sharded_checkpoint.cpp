@@ -159,7 +159,10 @@ std::string shard_filename(int rank, int ranks) {
 
 bool is_sharded_checkpoint(const std::string& path) {
   std::error_code ec;
-  return std::filesystem::is_directory(path, ec) && std::filesystem::exists(path + "/" + kIndexName, ec);
+  if (!std::filesystem::is_directory(path, ec)) return false;
+  // Named so without its index (damaged by hand): read as one, so that the error names the missing index.
+  return std::filesystem::exists(path + "/" + kIndexName, ec) ||
+         sharded_checkpoint_step(std::filesystem::path(path).filename().string()).has_value();
 }
 
 std::string make_sharded_temporary(const std::string& dir, int64_t step) {

@@ -49,7 +49,8 @@ std::string sharded_checkpoint_dirname(int64_t step);
 std::optional<int64_t> sharded_checkpoint_step(const std::string& name);
 // "rank-00000-of-00002.safetensors".
 std::string shard_filename(int rank, int ranks);
-// Whether `path` is a sharded checkpoint: a directory holding index.json.
+// Whether `path` is a sharded checkpoint: a directory holding index.json, or
+// one named step-N.sharded (whose index is then missing, an Error on read).
 bool is_sharded_checkpoint(const std::string& path);
 
 struct ShardFile {

@@ -18,13 +18,27 @@ int checkpoint_consolidate(const std::string& input, const std::string& output) 
       throw runtime::Error(fmt::format("{}: not a sharded checkpoint (a directory step-N.sharded holding index.json); "
                                        "a step-N.safetensors file is one file already",
                                        input));
+    const runtime::ShardedIndex index = runtime::read_sharded_index(input);
     std::vector<std::string> inputs;
-    for (const runtime::ShardFile& f : runtime::read_sharded_index(input).files) inputs.push_back(input + "/" + f.name);
+    for (const runtime::ShardFile& f : index.files) inputs.push_back(input + "/" + f.name);
     if (std::string problem = output_problem("-o", output, inputs); !problem.empty()) throw runtime::Error(problem);
+    // Its step's file beside the directory would save the step twice, which resume refuses as ambiguous.
+    auto directory_of = [](std::string path) {
+      while (path.size() > 1 && path.back() == '/') path.pop_back();
+      const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+      return parent.empty() ? std::filesystem::path(".") : parent;
+    };
+    std::error_code ec;
+    if (runtime::checkpoint_step(std::filesystem::path(output).filename().string()) == index.step &&
+        std::filesystem::equivalent(directory_of(output), directory_of(input), ec))
+      throw runtime::Error(fmt::format("-o {}: beside {} it would save step {} twice, which --resume refuses as "
+                                       "ambiguous; write it elsewhere",
+                                       output, input, index.step));
     const runtime::CheckpointHeader h = runtime::consolidate_sharded_checkpoint(input, output);
     std::cout << fmt::format("wrote {}: step {} of run {} ({}), one file of the {} shards, every shard's size and "
                              "checksum verified\n",
-                             output, h.step, h.run, h.metadata.count("model") ? h.metadata.at("model") : "model",
+                             output, h.step, h.run,
+                             h.metadata.count("model") ? runtime::printable(h.metadata.at("model")) : "model",
                              inputs.size());
     return 0;
   } catch (const runtime::Error& e) {

@@ -318,7 +318,7 @@ std::string export_huggingface(const frontend::HuggingFaceModel& model, const st
                                const std::string& dir, DType dtype) {
   // A directory of checkpoints: its newest.
   std::string checkpoint = checkpoint_path;
-  if (std::error_code ec; std::filesystem::is_directory(checkpoint_path, ec)) {
+  if (std::error_code ec; std::filesystem::is_directory(checkpoint_path, ec) && !runtime::is_sharded_checkpoint(checkpoint_path)) {
     const auto all = runtime::list_checkpoints(checkpoint_path);
     if (all.empty())
       throw Error(fmt::format("{}: a directory without checkpoints (step-N.safetensors); name a checkpoint or weights "

@@ -109,6 +109,14 @@ TEST_CASE("sharded checkpoint: a ZeRO-1 job on 2 ranks writes one file per rank;
   CHECK(napkin::testing::checkpoint_content(consolidated) ==
         napkin::testing::checkpoint_content(f.tmp / "plain/step-000004.safetensors"));
   CHECK(napkin::runtime::read_checkpoint_header(consolidated).run == index.run);
+  // Not beside the directory as its step's file (the step would be saved twice), nor from a file.
+  Run twice = sh(fmt::format("{} checkpoint consolidate {} -o {}/step-000004.safetensors", NAPKIN_BINARY, step4, dir));
+  CHECK(twice.status == 1);
+  CHECK(twice.out.find("it would save step 4 twice, which --resume refuses as ambiguous") != std::string::npos);
+  CHECK(!fs::exists(dir + "/step-000004.safetensors"));
+  Run not_sharded = sh(fmt::format("{} checkpoint consolidate {} -o {}", NAPKIN_BINARY, consolidated, f.tmp / "x.safetensors"));
+  CHECK(not_sharded.status == 1);
+  CHECK(not_sharded.out.find("not a sharded checkpoint") != std::string::npos);
   // ... which resumes as the sharded checkpoint does: the same bits.
   Run from_file = f.train("", f.micro, fmt::format("--steps 8 --quiet --accumulate 4 --resume {} --checkpoint-dir {}",
                                                    consolidated, f.tmp / "from-file"),

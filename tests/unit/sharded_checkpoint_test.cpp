@@ -203,6 +203,11 @@ TEST_CASE("sharded checkpoint: a flipped byte, a missing file, a damaged index o
   write_bytes(path + "/index.json", index.substr(0, index.size() / 2));
   CHECK(error_of([&] { rt::read_checkpoint(path, loaded.all(), "h"); })
             .starts_with(path + "/index.json: not valid JSON: "));
+  // ... or gone: the directory is still a sharded checkpoint by its name, and the error names the index.
+  fs::remove(path + "/index.json");
+  CHECK(rt::is_sharded_checkpoint(path));
+  CHECK(error_of([&] { rt::read_checkpoint(path, loaded.all(), "h"); })
+            .starts_with(path + "/index.json: cannot open: No such file or directory"));
   write_bytes(path + "/index.json", index);
   // One rank's file read as a checkpoint is a part of one: said so.
   CHECK(error_of([&] { rt::read_checkpoint(shard, loaded.all(), "h"); })
