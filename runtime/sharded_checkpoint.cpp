@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "runtime/error.h"
 #include "runtime/mapped_file.h"
@@ -35,14 +36,34 @@ std::string crc_text(uint32_t crc) {
   return buf;
 }
 
-// The size and CRC-32C of the whole file at `path`.
+// The size and CRC-32C of the whole file at `path`, read in chunks: a
+// mapping's pages would count in the rank's resident memory (a shard's
+// size at its peak, measured), the page cache's do not.
 ShardFile measure(const std::string& path) {
-  MappedFile file(path);
   ShardFile f;
   f.name = std::filesystem::path(path).filename().string();
-  f.bytes = static_cast<int64_t>(file.size());
-  f.crc = crc32c(file.data(), file.size());
-  file.check_intact();
+  // O_NONBLOCK: a FIFO in a shard's place must not block the open (a regular file's reads ignore it).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(path + ": not a regular file (it is " + file_kind(st.st_mode) + ")");
+  }
+  std::vector<char> chunk(1 << 20);
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw Error(path + ": cannot read: " + std::strerror(err));
+    }
+    if (n == 0) break;
+    f.crc = crc32c(chunk.data(), static_cast<size_t>(n), f.crc);
+    f.bytes += n;
+  }
+  ::close(fd);
   return f;
 }
 
