@@ -120,7 +120,7 @@ class Shard {
         says(kShardRankKey) != "'" + std::to_string(rank) + "'" ||
         says(kShardRanksKey) != "'" + std::to_string(index.ranks) + "'")
       throw Error(path_ + ": is not rank " + std::to_string(rank) + " of " + std::to_string(index.ranks) +
-                  "'s shard of step " + std::to_string(index.step) + " of run " + index.run + " (it says step " +
+                  "'s shard of step " + std::to_string(index.step) + " of run " + printable(index.run) + " (it says step " +
                   std::to_string(header_.step) + ", run " + header_.run + ", shard " + says(kShardRankKey) + " of " +
                   says(kShardRanksKey) + ")");
     std::set<std::string> listed_here, held;
@@ -128,9 +128,9 @@ class Shard {
       if (file == listed.name) listed_here.insert(tensor);
     for (const SafetensorsFile::Tensor& t : file_->tensors()) held.insert(t.name);
     if (held != listed_here)
-      throw Error(path_ + ": holds " + std::to_string(held.size()) + " tensors, " + kIndexName + " lists " +
-                  std::to_string(listed_here.size()) + " others or more for it (the file or the index is not this "
-                  "checkpoint's)");
+      throw Error(path_ + ": holds other tensors than " + kIndexName + " lists for it (" + std::to_string(held.size()) +
+                  " in the file, " + std::to_string(listed_here.size()) + " listed): the file or the index is not "
+                  "this checkpoint's");
   }
 
   const SafetensorsFile& file() const { return *file_; }
@@ -285,8 +285,8 @@ CheckpointHeader read_sharded_header(const std::string& dir) {
   const ShardedIndex index = read_sharded_index(dir);
   CheckpointHeader h = read_checkpoint_file_header(dir + "/" + index.files.front().name);
   if (h.model_hash != index.model_hash || h.run != index.run || h.step != index.step)
-    throw Error(h.path + ": is not the first shard of step " + std::to_string(index.step) + " of run " + index.run +
-                " (it says step " + std::to_string(h.step) + ", run " + h.run + ")");
+    throw Error(h.path + ": is not the first shard of step " + std::to_string(index.step) + " of run " +
+                printable(index.run) + " (it says step " + std::to_string(h.step) + ", run " + h.run + ")");
   return as_checkpoint(h, dir);
 }
 
