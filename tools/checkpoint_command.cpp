@@ -52,6 +52,13 @@ int checkpoint_verify(const std::string& path) {
     // The checkpoint's own model: verify checks it is whole, not which trainer it loads into.
     const runtime::CheckpointHeader h = runtime::verify_checkpoint(path, runtime::read_checkpoint_header(path).model_hash);
     const bool sharded = runtime::is_sharded_checkpoint(path);
+    if (!sharded && h.metadata.count("shard_ranks")) {  // one rank's file: intact, but a part
+      std::cout << fmt::format("{}: intact, but one rank's file (rank {} of {}) of a sharded checkpoint of step {}: "
+                               "verify its directory for the whole\n",
+                               path, h.metadata.count("shard_rank") ? runtime::printable(h.metadata.at("shard_rank")) : "?",
+                               runtime::printable(h.metadata.at("shard_ranks")), h.step);
+      return 0;
+    }
     std::cout << fmt::format("{}: a whole checkpoint: step {} of run {} ({}, model hash {}){}\n", path, h.step,
                              h.run.empty() ? "unknown" : h.run,
                              h.metadata.count("model") ? runtime::printable(h.metadata.at("model")) : "model",

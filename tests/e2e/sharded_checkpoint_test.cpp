@@ -130,6 +130,9 @@ TEST_CASE("sharded checkpoint: a ZeRO-1 job on 2 ranks writes one file per rank;
   CHECK(v.status == 0);
   CHECK(v.out.find(step4 + ": a whole checkpoint: step 4 of run " + index.run) != std::string::npos);
   CHECK(v.out.find("2 shards, every file's size and checksum verified") != std::string::npos);
+  Run part = sh(fmt::format("{} checkpoint verify {}/rank-00001-of-00002.safetensors", NAPKIN_BINARY, step4));
+  CHECK(part.status == 0);
+  CHECK(part.out.find("intact, but one rank's file (rank 1 of 2) of a sharded checkpoint of step 4") != std::string::npos);
 }
 
 TEST_CASE("sharded checkpoint: a corrupt or missing shard is refused, naming it, and nothing trains") {
