@@ -109,6 +109,16 @@ TEST_CASE("sharded checkpoint: a ZeRO-1 job on 2 ranks writes one file per rank;
   CHECK(napkin::testing::checkpoint_content(consolidated) ==
         napkin::testing::checkpoint_content(f.tmp / "plain/step-000004.safetensors"));
   CHECK(napkin::runtime::read_checkpoint_header(consolidated).run == index.run);
+  // A plain job asked for sharded checkpoints shares the writing out the same way: the same state again.
+  Run plain_sharded = f.train(mpirun(2), f.micro, fmt::format("--steps 4 --quiet --accumulate 2 --checkpoint-format sharded "
+                                                              "--checkpoint-dir {}", f.tmp / "plain-sharded"),
+                              "plain-sharded");
+  INFO(plain_sharded.out);
+  REQUIRE(plain_sharded.status == 0);
+  CHECK(napkin::runtime::consolidate_sharded_checkpoint(f.tmp / "plain-sharded/step-000004.sharded",
+                                                        f.tmp / "plain-sharded.safetensors").step == 4);
+  CHECK(napkin::testing::checkpoint_content(f.tmp / "plain-sharded.safetensors") ==
+        napkin::testing::checkpoint_content(f.tmp / "plain/step-000004.safetensors"));
   // Not beside the directory as its step's file (the step would be saved twice), nor from a file.
   Run twice = sh(fmt::format("{} checkpoint consolidate {} -o {}/step-000004.safetensors", NAPKIN_BINARY, step4, dir));
   CHECK(twice.status == 1);
