@@ -1,119 +1,49 @@
-// Checkpoint files: everything a trainer needs to resume bit for bit, in ONE
-// safetensors file, written atomically so a crash or a full disk never leaves a
-// half-written file where a checkpoint should be. What a run may do to a
-// directory of checkpoints (lock, prune, refuse another run's files) is
-// checkpoint_dir.h's business; this file is the format.
-//
-// File: DIR/step-000100.safetensors (the step zero-padded to at least 6
-// digits). Tensors: every parameter under its model name ("wte",
-// "blocks.0.w_qkv") and every optimizer state tensor ("adam.m.wte",
-// "optimizer.step"), in the order given. __metadata__: the caller's strings
-// (model name, seed, ...) plus
-//   format      "napkin-checkpoint-2" (version 1 files are still read)
-//   model_hash  the trainer's hash of its model; a checkpoint only loads into
-//               the model that wrote it
-//   run         the run that wrote it, 16 hex digits (a resumed run keeps the
-//               id of the run it resumed): a run prunes only its own files
-//   step        the step count, decimal, 0 to 10^18 (the data loader's
-//               position: its batches are a pure function of (seed, step))
-//   checksum    "crc32c:xxxxxxxx", CRC-32C (Castagnoli) of the header's
-//               content followed by the data section, so a flipped byte
-//               anywhere, a metadata value edited by hand or two tensors'
-//               offsets swapped is detected on load. The header's content,
-//               as hashed: every metadata entry but the checksum in key
-//               order, then every tensor in data order as (name, dtype,
-//               shape), each string preceded by its length as 8 bytes
-//               little-endian. (Version 1 hashed the data section only.)
-//
-// Every metadata field the trainer uses is validated on load (step and seed
-// are whole numbers in range, the run id is hex), so a hand-edited file is a
-// clear Error, never a crash.
-//
-// Writing: DIR/.tmp-step-000100.safetensors-XXXXXX in the same directory,
-// fsync, rename onto the final name, fsync the directory.
+// Checkpoints, whichever their layout: one file (checkpoint_file.h) or a
+// sharded checkpoint's directory of one file per rank
+// (sharded_checkpoint.h). What the trainer, the sampler and the tools read
+// and look for; each reader takes either kind of path, a directory holding
+// index.json being a sharded checkpoint.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "runtime/checkpoint_file.h"
+#include "runtime/sharded_checkpoint.h"
 
 namespace napkin::runtime {
 
-class SafetensorsFile;
-
-// A tensor in the trainer's arena: read from when saving, written when loading.
-struct TensorRef {
-  std::string name;
-  std::string dtype;            // napkin's name: "f32", "bf16", "i64", ...
-  std::vector<int64_t> shape;
-  void* data;
-};
-
-// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, as in iSCSI and
-// ext4), chainable: crc32c(b, n2, crc32c(a, n1)) == crc32c(a ++ b).
-// crc32c("123456789") == 0xE3069283.
-uint32_t crc32c(const void* data, size_t bytes, uint32_t crc = 0);
-
-// Whether `file` is a napkin checkpoint: its format metadata says so.
-bool is_napkin_checkpoint(const SafetensorsFile& file);
-
-// "step-000100.safetensors".
-std::string checkpoint_filename(int64_t step);
-// The step of a file named step-<digits>.safetensors, else nullopt.
-std::optional<int64_t> checkpoint_step(const std::string& filename);
-// Temporaries of interrupted saves: ".tmp-step-000100.safetensors-XXXXXX".
+// Temporaries of interrupted saves: ".tmp-step-000100.safetensors-XXXXXX",
+// and the directories ".tmp-step-000100.sharded-XXXXXX".
 bool is_checkpoint_temporary(const std::string& filename);
 
-// The validated metadata of a checkpoint.
-// How a trainer's step was built (ir/training_config.h), which its checkpoints
-// record under these keys: when a checkpoint's model hash is not the
-// program's, a difference here is the likely reason, and the message names it.
-struct StepBuild {
-  std::string dims;           // --dims, "" for the model file's own
-  int64_t memory_budget = 0;  // --memory-budget in bytes, 0 for none
-};
-inline constexpr const char* kDimsKey = "dims";
-inline constexpr const char* kMemoryBudgetKey = "memory_budget";
-// The metadata entries that record `build`.
-std::map<std::string, std::string> build_metadata(const StepBuild& build);
-
-struct CheckpointHeader {
-  std::string path;
-  int format = 0;                 // 1 or 2
-  std::string model_hash;
-  std::string run;                // "" in version 1 files
-  int64_t step = 0;
-  std::optional<uint64_t> seed;   // the trainer's "seed", when present
-  std::map<std::string, std::string> metadata;  // everything, as stored
-};
-
-// Writes the checkpoint of `step` atomically into `dir` (created if missing)
-// and returns its path. `metadata` must not use the reserved keys above. On
-// failure the temp file is removed and every earlier file is left as it was.
-std::string write_checkpoint(const std::string& dir, int64_t step, const std::vector<TensorRef>& tensors,
-                             const std::string& model_hash, const std::string& run,
-                             const std::map<std::string, std::string>& metadata);
-
 // Reads and validates the header only (format and fields, not the checksum or
-// the tensors): cheap enough to call on every file of a directory.
+// the tensors; of a sharded checkpoint rank 0's file, at the directory's
+// path): cheap enough to call on every checkpoint of a directory.
 CheckpointHeader read_checkpoint_header(const std::string& path);
 
-// Checks format, fields, checksum and model hash without copying anything.
+// Checks format, fields, checksum and model hash without copying anything
+// (every file of a sharded checkpoint).
 CheckpointHeader verify_checkpoint(const std::string& path, const std::string& expected_model_hash);
 
 // Loads a checkpoint into `into`: verify_checkpoint, then checks that the file
 // holds exactly the tensors of `into` with their dtypes and shapes (every
 // problem listed in one Error), and only then copies. `hint`, if any, ends
-// the message when another model wrote the file.
+// the message when another model wrote the file. `not_loaded`: tensors of
+// the run this process does not hold (a ZeRO rank's others' optimizer
+// state), skipped where the checkpoint has them; a sharded checkpoint's
+// files that hold nothing else are not read.
 CheckpointHeader read_checkpoint(const std::string& path, const std::vector<TensorRef>& into,
                                  const std::string& expected_model_hash, const std::string& hint = "",
-                                 const StepBuild* built = nullptr);
+                                 const StepBuild* built = nullptr, const std::vector<std::string>& not_loaded = {});
 
-// (step, path) of every step-N.safetensors file in `dir`, newest first; empty
-// if there is no such directory. Temporaries and other files are ignored.
+// (step, path) of every checkpoint in `dir`, step-N.safetensors files and
+// step-N.sharded directories, newest first; empty if there is no such
+// directory. Temporaries and other files are ignored. A step saved both ways
+// is an Error (which of the two is the run's is anyone's guess).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
 
 // The files of `all` (list_checkpoints' order) after the newest that
@@ -139,8 +69,5 @@ std::vector<std::string> read_weights(const std::string& path, const std::vector
 std::optional<CheckpointHeader> read_model_weights(const std::string& path, const std::vector<TensorRef>& params,
                                                    const std::string& expected_model_hash, const std::string& hint = "",
                                  const StepBuild* built = nullptr);
-
-// Model text for a message: control bytes as \xNN, cut to `max_chars`.
-std::string printable(const std::string& text, size_t max_chars = 80);
 
 }  // namespace napkin::runtime

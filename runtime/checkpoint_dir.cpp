@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "runtime/error.h"
@@ -120,24 +121,30 @@ void CheckpointDir::check_and_clean() {
   ::unlink(probe.c_str());
 
   std::vector<std::string> foreign, newer, not_files;
+  std::set<int64_t> steps;
+  std::vector<int64_t> ambiguous;  // saved both as a file and as a directory
   std::string first_reason;
   fs::directory_iterator it(dir_, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
     const fs::directory_entry& entry = *it;
     const std::string name = entry.path().filename().string();
     if (is_checkpoint_temporary(name) || name.starts_with(".tmp-probe-")) {
-      if (fs::remove(entry.path(), ec)) ++temporaries_removed_;
+      std::error_code remove_ec;
+      if (fs::remove_all(entry.path(), remove_ec) > 0) ++temporaries_removed_;
       continue;
     }
     std::error_code kind_ec;
-    std::optional<int64_t> step = checkpoint_step(name);
+    const std::optional<int64_t> file_step = checkpoint_step(name), sharded_step = sharded_checkpoint_step(name);
+    const std::optional<int64_t> step = file_step ? file_step : sharded_step;
     if (!step) continue;
-    // A directory (or a FIFO, a socket) with a checkpoint's name would make
-    // that step's save fail, hours into the run.
-    if (!entry.is_regular_file(kind_ec)) {
+    // A directory (or a FIFO, a socket) with a file checkpoint's name, or a
+    // file with a sharded one's, would make that step's save fail, hours
+    // into the run.
+    if (file_step ? !entry.is_regular_file(kind_ec) : !entry.is_directory(kind_ec)) {
       not_files.push_back(entry.path().string());
       continue;
     }
+    if (!steps.insert(*step).second) ambiguous.push_back(*step);
     std::string why = foreign_reason(entry.path().string());
     if (why.empty()) {
       if (lineage_.resumed_step >= 0 && *step > lineage_.resumed_step) newer.push_back(name);
@@ -153,8 +160,15 @@ void CheckpointDir::check_and_clean() {
     for (const std::string& path : not_files) list += "\n    " + path;
     throw Error(dir_ + ": holds " + std::to_string(not_files.size()) + " entr" + (not_files.size() == 1 ? "y" : "ies") +
                 " named like a checkpoint that " + (not_files.size() == 1 ? "is" : "are") +
-                " not a regular file (a directory?); the save of that step would fail on it:" + list +
+                " not a regular file (or, named step-N.sharded, not a directory); the save of that step would fail "
+                "on it:" + list +
                 "\n  move " + (not_files.size() == 1 ? "it" : "them") + " away, or pick another --checkpoint-dir");
+  }
+  if (!ambiguous.empty()) {
+    std::sort(ambiguous.begin(), ambiguous.end());
+    throw Error(dir_ + ": step " + std::to_string(ambiguous.front()) + " is saved both as " +
+                checkpoint_filename(ambiguous.front()) + " and as " + sharded_checkpoint_dirname(ambiguous.front()) +
+                ": which is the run's is ambiguous; move one of them away");
   }
   if (!foreign.empty()) {
     std::sort(foreign.begin(), foreign.end());
@@ -195,24 +209,62 @@ std::string CheckpointDir::foreign_reason(const std::string& path) const {
   return "";
 }
 
+void CheckpointDir::check_target(int64_t step, const std::string& path) const {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string file = dir_ + "/" + checkpoint_filename(step), sharded = dir_ + "/" + sharded_checkpoint_dirname(step);
+  const std::string& other = path == file ? sharded : file;
+  if (fs::exists(other, ec))
+    throw Error(other + ": step " + std::to_string(step) + " is saved there already; saving it as " + path +
+                " too would make it ambiguous: move it away and resume with --resume " + dir_);
+  if (!fs::exists(path, ec)) return;
+  std::string why = foreign_reason(path);
+  if (why.empty() && path == sharded) why = "a sharded checkpoint of this run, which a save never replaces";
+  if (!why.empty())
+    throw Error(path + ": will not overwrite it: " + why + "; move it away and resume with --resume " + dir_);
+}
+
+void CheckpointDir::prune(int64_t step, int64_t keep) const {
+  if (keep <= 0) return;
+  int64_t kept = 0;
+  for (const auto& [s, path] : list_checkpoints(dir_)) {
+    if (s > step || !foreign_reason(path).empty()) continue;  // not ours, or not behind us: never touched
+    if (++kept <= keep) continue;
+    if (!sharded_checkpoint_step(std::filesystem::path(path).filename().string())) {
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+        throw Error(path + ": cannot delete this old checkpoint: " + std::strerror(errno));
+      continue;
+    }
+    // A directory goes in one rename to a temporary's name first: a crash while its files are deleted leaves
+    // a temporary (removed at the next start), never a step-N.sharded missing some of them.
+    std::string doomed = dir_ + "/.tmp-" + std::filesystem::path(path).filename().string() + "-XXXXXX";
+    if (!::mkdtemp(doomed.data()) || std::rename(path.c_str(), doomed.c_str()) != 0)
+      throw Error(path + ": cannot delete this old checkpoint: " + std::strerror(errno));
+    std::error_code ec;
+    std::filesystem::remove_all(doomed, ec);
+    if (ec) throw Error(doomed + ": cannot delete this old checkpoint: " + ec.message());
+  }
+}
+
 std::string CheckpointDir::save(int64_t step, const std::vector<TensorRef>& tensors,
                                 const std::map<std::string, std::string>& metadata, int64_t keep) {
-  const std::string target = dir_ + "/" + checkpoint_filename(step);
-  if (std::filesystem::exists(target)) {
-    std::string why = foreign_reason(target);
-    if (!why.empty())
-      throw Error(target + ": will not overwrite it: " + why + "; move it away and resume with --resume " + dir_);
-  }
+  check_target(step, dir_ + "/" + checkpoint_filename(step));
   const std::string path = write_checkpoint(dir_, step, tensors, lineage_.model_hash, lineage_.run, metadata);
-  if (keep > 0) {
-    int64_t kept = 0;
-    for (const auto& [s, file] : list_checkpoints(dir_)) {
-      if (s > step || !foreign_reason(file).empty()) continue;  // not ours, or not behind us: never touched
-      if (++kept <= keep) continue;
-      if (::unlink(file.c_str()) != 0 && errno != ENOENT)
-        throw Error(file + ": cannot delete this old checkpoint: " + std::strerror(errno));
-    }
-  }
+  prune(step, keep);
+  return path;
+}
+
+std::string CheckpointDir::begin_sharded_save(int64_t step) {
+  check_target(step, dir_ + "/" + sharded_checkpoint_dirname(step));
+  return make_sharded_temporary(dir_, step);
+}
+
+std::string CheckpointDir::finish_sharded_save(const std::string& temporary, const ShardedIndex& index, int64_t keep) {
+  if (index.model_hash != lineage_.model_hash || index.run != lineage_.run)
+    throw std::invalid_argument("finish_sharded_save: the index is not this lineage's");
+  const std::string path = dir_ + "/" + sharded_checkpoint_dirname(index.step);
+  publish_sharded_checkpoint(temporary, path, index);
+  prune(index.step, keep);
   return path;
 }
 

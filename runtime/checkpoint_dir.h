@@ -13,8 +13,13 @@
 // - Anything named like a checkpoint that is not a regular file (a
 //   directory step-000100.safetensors) stops the run at start-up, named:
 //   the save of that step would fail on it.
-// - Temporaries that killed saves left (.tmp-step-*.safetensors-XXXXXX) are
-//   removed at start-up, under the lock, so no other writer can own them.
+// - Temporaries that killed saves left (.tmp-step-*.safetensors-XXXXXX, and
+//   the directories .tmp-step-*.sharded-XXXXXX of sharded saves) are removed
+//   at start-up, under the lock, so no other writer can own them.
+// - Sharded checkpoints (step-N.sharded directories, sharded_checkpoint.h)
+//   follow the same rules as files: lineage, pruning, the abandoned branch.
+//   A step saved both as a file and as a directory is refused at start-up as
+//   ambiguous, and a save never makes one.
 // - A run writes only into a directory that is empty or holds checkpoints of
 //   its own lineage: the same model (model_hash) and the same run id (a
 //   resumed run carries on the id of the run it resumed). Anything else,
@@ -35,6 +40,7 @@
 #include <vector>
 
 #include "runtime/checkpoint.h"
+#include "runtime/sharded_checkpoint.h"
 
 namespace napkin::runtime {
 
@@ -72,11 +78,24 @@ class CheckpointDir {
   std::string save(int64_t step, const std::vector<TensorRef>& tensors,
                    const std::map<std::string, std::string>& metadata, int64_t keep);
 
+  // A sharded save (rank 0's part, sharded_checkpoint.h): the temporary the
+  // ranks write their files into, once the step's name is checked free ...
+  std::string begin_sharded_save(int64_t step);
+  // ... then, every file written, its index and its final name; prunes as
+  // save() does. Returns the checkpoint's path. `index` names this lineage.
+  std::string finish_sharded_save(const std::string& temporary, const ShardedIndex& index, int64_t keep);
+
  private:
   // The start-up work after the lock is taken: probe, clean, check lineage.
   void check_and_clean();
   // Empty when `path` is a checkpoint of this lineage, else why it is not.
   std::string foreign_reason(const std::string& path) const;
+  // Error unless the step's checkpoint, as `path`, may be written: nothing
+  // there, or a file of this lineage (replaced); and the step not saved the
+  // other way.
+  void check_target(int64_t step, const std::string& path) const;
+  // This lineage's checkpoints at or before `step` beyond the newest `keep`.
+  void prune(int64_t step, int64_t keep) const;
 
   std::string dir_;
   Lineage lineage_;

@@ -97,6 +97,11 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
     skip_update_[u] = !program.updates[u].param.empty() && owner_.at(program.updates[u].param) != rank_;
 }
 
+int OptimizerShards::tensor_owner(const TensorSpec& t) const {
+  if (t.role == TensorRole::Param) return owner_.at(t.name);
+  return t.param.empty() ? 0 : owner_.at(t.param);
+}
+
 void OptimizerShards::gather_params(Engine& engine, Communicator& comm) const {
   engine.download(TensorRole::Param);
   for (const TensorSpec* t : program_.with_role(TensorRole::Param)) comm.broadcast(engine.host(*t), t->bytes, owner_.at(t->name));

@@ -27,8 +27,10 @@
 //    rank gives its pages back (runtime/executor.h release), so each rank
 //    holds its own share of the state.
 //  - gather: one broadcast per parameter from its owner, after every step;
-//    before a checkpoint, each state tensor from its owner to rank 0, so
-//    that rank 0 holds the whole run while it writes it.
+//    before a single-file checkpoint, each state tensor from its owner to
+//    rank 0, so that rank 0 holds the whole run while it writes it. A
+//    sharded checkpoint gathers nothing: each rank writes what it owns
+//    (tensor_owner).
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,10 @@ class OptimizerShards {
   OptimizerShards(const Program& program, int ranks, int rank);
 
   int owner(const std::string& param) const { return owner_.at(param); }
+  // The rank whose shard of a sharded checkpoint holds `t`, a parameter or
+  // optimizer state: its parameter's owner; rank 0 for the state every
+  // update shares (the step counter, the loss scale).
+  int tensor_owner(const TensorSpec& t) const;
   const std::vector<bool>& skip_kernel() const { return skip_kernel_; }
   const std::vector<bool>& skip_update() const { return skip_update_; }
   const std::vector<std::vector<bool>>& run_member() const { return run_member_; }

@@ -56,6 +56,8 @@ std::optional<size_t> byte_count(const std::vector<int64_t>& shape, size_t items
   return n;
 }
 
+}  // namespace
+
 void write_all(int fd, const std::string& path, const void* data, size_t bytes) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
@@ -76,8 +78,6 @@ void fsync_directory(const std::string& dir) {
   }
   ::close(fd);
 }
-
-}  // namespace
 
 std::optional<size_t> safetensors_itemsize(std::string_view dtype) {
   const Dtype* d = by_napkin_name(dtype);

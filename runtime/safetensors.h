@@ -56,6 +56,13 @@ void write_safetensors_file(const std::string& path, const std::vector<TensorDat
 void write_safetensors_file_atomically(const std::string& path, const std::vector<TensorData>& tensors,
                                        const std::map<std::string, std::string>& metadata);
 
+// All `bytes` at `data` to `fd` (EINTR retried); Error naming `path` if not.
+void write_all(int fd, const std::string& path, const void* data, size_t bytes);
+
+// Syncs the directory `dir` itself to disk, so that a rename or a new name in
+// it survives a crash; Error if it cannot.
+void fsync_directory(const std::string& dir);
+
 // A safetensors file, mapped and fully validated on construction: the header
 // length lies within the file, the header is JSON of the shape above, every
 // dtype is known, every tensor's byte range matches numel * itemsize, the

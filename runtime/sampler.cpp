@@ -16,6 +16,7 @@
 #include <numeric>
 
 #include "runtime/checkpoint.h"
+#include "runtime/sharded_checkpoint.h"
 #include "runtime/npy.h"
 #include "runtime/error.h"
 #include "runtime/flag_checks.h"
@@ -110,7 +111,7 @@ std::string load_checkpoint(const Program& p, Engine& engine, const std::string&
                             "--checkpoint FILE_OR_DIR", path));
   if (ec)  // a loop of symbolic links, a directory on the way it may not search
     throw Error(fmt::format("--checkpoint {}: {}", path, ec.message()));
-  if (!std::filesystem::is_directory(status)) return load_parameters(p, engine, path);
+  if (!std::filesystem::is_directory(status) || is_sharded_checkpoint(path)) return load_parameters(p, engine, path);
   const auto all = list_checkpoints(path);
   if (all.empty()) throw Error(fmt::format("no checkpoint in {}: train the model first (napkin train MODEL.yaml)", path));
   try {

@@ -27,6 +27,7 @@
 #include "runtime/metrics_file.h"
 #include "runtime/rng_tensor.h"
 #include "runtime/sampler.h"
+#include "runtime/sharded_checkpoint.h"
 #include "runtime/stop_signals.h"
 #include "runtime/tensor_element.h"
 #include "runtime/thread_pool.h"
@@ -61,6 +62,7 @@ struct Options {
   std::string order;
   std::string init, resume;
   std::string checkpoint_dir;
+  std::string checkpoint_format;  // "sharded", "single", or "" for the job's default (docs/distributed.md)
   int64_t checkpoint_every = 0, keep = 2;
   int64_t eval_every = 0, eval_batches = 1;
   int64_t log_every = 1;
@@ -166,11 +168,20 @@ void watch_for_nan(Engine& engine, const int64_t& step) {
   });
 }
 
-// --resume ARG: ARG is a checkpoint file or a directory (its newest file).
+// Rank 0's `text` to every rank.
+void broadcast_text(Communicator& comm, std::string& text) {
+  int64_t length = static_cast<int64_t>(text.size());
+  comm.broadcast(&length, sizeof length);
+  text.resize(static_cast<size_t>(length));
+  comm.broadcast(text.data(), length);
+}
+
+// --resume ARG: ARG is a checkpoint (a file or a sharded checkpoint's
+// directory) or a directory of them (its newest).
 // When the newest file of a directory cannot be used, the message lists the
 // older ones that can and how to resume from one.
-CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef>& into, const std::string& hash,
-                             const StepBuild& built) {
+CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef>& into,
+                             const std::vector<std::string>& not_loaded, const std::string& hash, const StepBuild& built) {
   // The step's hash covers what --dims and --memory-budget (the activations
   // it recomputes) make of the model, so either can differ from the run's.
   const std::string hint = "this trainer is the model at the --dims and --memory-budget `napkin train` was given: "
@@ -178,11 +189,14 @@ CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef
                            "--memory-budget resumes under the same budget)";
   std::error_code ec;
   if (!std::filesystem::exists(arg, ec)) throw Error(arg + ": --resume: no such checkpoint file or directory");
-  if (!std::filesystem::is_directory(arg, ec)) return read_checkpoint(arg, into, hash, hint, &built);
+  if (!std::filesystem::is_directory(arg, ec) || is_sharded_checkpoint(arg))
+    return read_checkpoint(arg, into, hash, hint, &built, not_loaded);
   auto all = list_checkpoints(arg);
-  if (all.empty()) throw Error(arg + ": --resume: no checkpoints in this directory (files named step-N.safetensors)");
+  if (all.empty())
+    throw Error(arg + ": --resume: no checkpoints in this directory (files named step-N.safetensors, directories "
+                      "step-N.sharded)");
   try {
-    return read_checkpoint(all.front().second, into, hash, hint, &built);
+    return read_checkpoint(all.front().second, into, hash, hint, &built, not_loaded);
   } catch (const Error& e) {
     const std::vector<std::string> good = older_usable_checkpoints(all, hash);
     std::string message = std::string(e.what()) + "\n  the newest checkpoint in " + arg + " cannot be used; ";
@@ -264,6 +278,8 @@ class TrainingRun {
   const int ranks = comm.size();
   const bool rank0 = comm.rank() == 0;
   const bool quiet = o.quiet || !rank0;  // the other ranks print errors only
+  // Each rank writes its own tensors (sharded_checkpoint.h), or rank 0 the whole.
+  const bool sharded_checkpoints = o.checkpoint_format.empty() ? ranks > 1 && o.zero >= 1 : o.checkpoint_format == "sharded";
   const int64_t accumulate = o.accumulate > 0 ? o.accumulate : std::max<int64_t>(1, program.train.accumulate);
   const int64_t micro_batches = accumulate * ranks;  // of the global batch
   // The ZeRO stage: --zero, else 3 for a step built to gather its parameters (napkin build --zero 3).
@@ -385,15 +401,20 @@ void TrainingRun::load_weights() {
   std::string resume = o.resume;
   if (ranks > 1) {
     std::error_code ec;
-    if (rank0 && std::filesystem::is_directory(resume, ec))
+    if (rank0 && std::filesystem::is_directory(resume, ec) && !is_sharded_checkpoint(resume))
       if (auto all = list_checkpoints(resume); !all.empty()) resume = all.front().second;
-    int64_t length = static_cast<int64_t>(resume.size());
-    comm.broadcast(&length, sizeof length);
-    resume.resize(static_cast<size_t>(length));
-    comm.broadcast(resume.data(), length);
+    broadcast_text(comm, resume);
   }
   if (!resume.empty()) {
-    resumed = resume_from(resume, tensor_refs(p, ex, {TensorRole::Param, TensorRole::State}), p.hash, {p.train.dims, p.train.memory_budget});
+    // A ZeRO rank loads its own share of the optimizer state, never touching the others' (released pages).
+    std::vector<TensorRef> into = tensor_refs(p, ex, {TensorRole::Param, TensorRole::State});
+    std::vector<std::string> not_loaded;
+    if (shards)
+      for (const TensorSpec* t : shards->others_state()) not_loaded.push_back(t->name);
+    if (shards && stage == 3)  // and of the parameters
+      for (const TensorSpec* t : shards->others_params()) not_loaded.push_back(t->name);
+    std::erase_if(into, [&](const TensorRef& r) { return std::find(not_loaded.begin(), not_loaded.end(), r.name) != not_loaded.end(); });
+    resumed = resume_from(resume, into, not_loaded, p.hash, {p.train.dims, p.train.memory_budget});
     start_step = resumed->step;
     if (resumed->seed) seed = *resumed->seed;
     lineage.run = resumed->run;
@@ -401,7 +422,6 @@ void TrainingRun::load_weights() {
     lineage.adopts_version1 = resumed->format == 1;
     ex.upload(TensorRole::Param);
     ex.upload(TensorRole::State);
-    if (shards) ex.release(shards->others_state());  // read whole; this rank keeps its share
   }
   // ZeRO-3: this rank keeps its own parameters; the step gathers the others' where it uses them.
   if (shards && stage == 3) ex.release(shards->others_params());
@@ -423,10 +443,13 @@ void TrainingRun::agree_with_other_ranks() {
                                      : std::string("given")},
              {"the data", data_identity},
              {"--order", o.order.empty() ? p.train.data.order : o.order},
-             {"--init", o.init.empty() ? std::string("none") : file_identity(o.init)},
+             // A sharded checkpoint by its index, which holds every file's size and CRC.
+             {"--init", o.init.empty() ? std::string("none")
+                                       : file_identity(is_sharded_checkpoint(o.init) ? o.init + "/index.json" : o.init)},
              {"--eval-every", std::to_string(o.eval_every)},
              {"--eval-batches", std::to_string(o.eval_batches)},
              {"--checkpoint-every", o.checkpoint_dir.empty() ? std::string("no checkpoints") : std::to_string(o.checkpoint_every)},
+             {"--checkpoint-format", sharded_checkpoints ? "sharded" : "single"},
              {"--bucket-mib", fmt::format("{:g}", program.bucket_bytes / (1024.0 * 1024.0))}});
 }
 
@@ -506,15 +529,47 @@ void TrainingRun::banner() {
 }
 
 std::string TrainingRun::save(int64_t step) {
-  if (shards && !o.checkpoint_dir.empty()) {
-    shards->gather_state(ex, comm);
-    if (stage == 3) shards->gather_params_to_root(ex, comm);
+  if (o.checkpoint_dir.empty()) return "";
+  std::map<std::string, std::string> metadata = build_metadata({p.train.dims, p.train.memory_budget});
+  metadata.insert({{"model", p.model}, {"seed", std::to_string(seed)}, {kMicroBatchesKey, std::to_string(micro_batches)}});
+  if (sharded_checkpoints) {
+    // Each rank writes the tensors it owns into rank 0's temporary; once every file is on disk, rank 0
+    // publishes the whole. A run without ZeRO holds everything everywhere and shares the writing out alike.
+    ex.download(TensorRole::Param);
+    ex.download(TensorRole::State);
+    std::optional<OptimizerShards> replicated;
+    if (!shards) replicated.emplace(program, ranks, comm.rank());
+    const OptimizerShards& owners = shards ? *shards : *replicated;
+    const std::vector<TensorRef> all = tensor_refs(p, ex, {TensorRole::Param, TensorRole::State});
+    std::vector<int> owner;
+    for (TensorRole role : {TensorRole::Param, TensorRole::State})
+      for (const TensorSpec* t : p.with_role(role)) owner.push_back(owners.tensor_owner(*t));
+    std::vector<TensorRef> mine;
+    for (size_t i = 0; i < all.size(); ++i)
+      if (owner[i] == comm.rank()) mine.push_back(all[i]);
+    comm.set_activity(fmt::format("step {}, writing the sharded checkpoint", step));
+    std::string temporary = rank0 ? ckpt->begin_sharded_save(step) : std::string();
+    broadcast_text(comm, temporary);
+    const ShardFile written = write_shard(temporary, comm.rank(), ranks, step, mine, p.hash, lineage.run, metadata);
+    // Every file's size and CRC to rank 0, which then knows them all on disk.
+    const int64_t measured[2] = {written.bytes, static_cast<int64_t>(written.crc)};
+    std::vector<int64_t> files(2 * static_cast<size_t>(ranks));
+    comm.all_gather(measured, sizeof measured, files.data());
+    if (!rank0) return "";
+    ShardedIndex index{step, ranks, p.hash, lineage.run, {}, {}};
+    for (size_t i = 0; i < all.size(); ++i) index.weight_map.emplace_back(all[i].name, shard_filename(owner[i], ranks));
+    for (int r = 0; r < ranks; ++r)
+      index.files.push_back({shard_filename(r, ranks), files[2 * static_cast<size_t>(r)],
+                             static_cast<uint32_t>(files[2 * static_cast<size_t>(r) + 1])});
+    std::string path = ckpt->finish_sharded_save(temporary, index, o.keep);
+    if (!quiet) fmt::print("  saved {}\n", path);
+    return path;
   }
+  if (shards) shards->gather_state(ex, comm);
+  if (shards && stage == 3) shards->gather_params_to_root(ex, comm);
   if (!ckpt) return "";
   ex.download(TensorRole::Param);
   ex.download(TensorRole::State);
-  std::map<std::string, std::string> metadata = build_metadata({p.train.dims, p.train.memory_budget});
-  metadata.insert({{"model", p.model}, {"seed", std::to_string(seed)}, {kMicroBatchesKey, std::to_string(micro_batches)}});
   std::string path = ckpt->save(step, tensor_refs(p, ex, {TensorRole::Param, TensorRole::State}), metadata, o.keep);
   if (shards) ex.release(shards->others_state());  // gathered for the file only
   if (shards && stage == 3) ex.release(shards->others_params());
@@ -526,7 +581,7 @@ void TrainingRun::stop_on_data_error(const Error& e, int64_t finished) {
   std::string note;
   if (!rank0) note = "rank 0 holds the checkpoints";
   else if (!ckpt) note = "no --checkpoint-dir: nothing saved";
-  else if (shards)  // the other ranks' optimizer state is theirs, and they are not here to send it
+  else if (shards || (sharded_checkpoints && ranks > 1))  // the other ranks' state, or files, are theirs, and they are not here
     note = fmt::format("the last checkpoint is step {}; fix the data, then --resume {}", last_saved, ckpt->path());
   else if (finished > last_saved) {
     try {
@@ -821,6 +876,11 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
                                              "save every K steps (0: only at the end, and only with an explicit "
                                              "--checkpoint-dir or --resume)")
         ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
+    app.add_option("--checkpoint-format", o.checkpoint_format,
+                   "sharded: each rank writes the tensors it owns into DIR/step-N.sharded/ (one file per rank and "
+                   "an index); single: rank 0 writes one file (a ZeRO job gathers the optimizer state to it first); "
+                   "default: sharded for a job of several ranks with --zero 1 or more, single otherwise")
+        ->check(CLI::IsMember({"sharded", "single"}));
     app.add_option("--keep", o.keep, "checkpoints of this run to keep (0: all)")
         ->check(whole_number_in(0, kMaxSteps))->capture_default_str();
     app.add_option("--eval-every", o.eval_every, "held-out loss every K steps (0: never)")
@@ -885,9 +945,11 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
     // A resumed run saves where it came from unless told otherwise.
     if (!o.resume.empty() && dir_flag->count() == 0) {
       std::error_code ec;
-      o.checkpoint_dir = std::filesystem::is_directory(o.resume, ec)
-                             ? o.resume
-                             : std::filesystem::path(o.resume).parent_path().string();
+      std::string resumed = o.resume;
+      while (resumed.size() > 1 && resumed.back() == '/') resumed.pop_back();
+      o.checkpoint_dir = std::filesystem::is_directory(resumed, ec) && !is_sharded_checkpoint(resumed)
+                             ? resumed
+                             : std::filesystem::path(resumed).parent_path().string();
       if (o.checkpoint_dir.empty()) o.checkpoint_dir = ".";
     }
     if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) o.checkpoint_dir = d.checkpoint_dir.empty() ? "checkpoints" : d.checkpoint_dir;

@@ -15,6 +15,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/error.h"
 #include "runtime/float_formats.h"
+#include "runtime/sharded_checkpoint.h"
 #include "tools/files.h"
 #include "tools/huggingface_files.h"
 
@@ -317,7 +318,7 @@ std::string export_huggingface(const frontend::HuggingFaceModel& model, const st
                                const std::string& dir, DType dtype) {
   // A directory of checkpoints: its newest.
   std::string checkpoint = checkpoint_path;
-  if (std::error_code ec; std::filesystem::is_directory(checkpoint_path, ec)) {
+  if (std::error_code ec; std::filesystem::is_directory(checkpoint_path, ec) && !runtime::is_sharded_checkpoint(checkpoint_path)) {
     const auto all = runtime::list_checkpoints(checkpoint_path);
     if (all.empty())
       throw Error(fmt::format("{}: a directory without checkpoints (step-N.safetensors); name a checkpoint or weights "
@@ -325,6 +326,10 @@ std::string export_huggingface(const frontend::HuggingFaceModel& model, const st
                               checkpoint_path));
     checkpoint = all.front().second;
   }
+  if (runtime::is_sharded_checkpoint(checkpoint))
+    throw Error(fmt::format("{}: a sharded checkpoint (one file per rank); make it one file first: napkin checkpoint "
+                            "consolidate {} -o FILE.safetensors",
+                            checkpoint, checkpoint));
   const ir::Graph& g = model.graph;
   const frontend::HuggingFaceMap& map = model.map;
   const std::vector<ir::TensorType> types = param_types(model);

@@ -70,6 +70,7 @@
 #include "tools/huggingface.h"
 #include "tools/inference_program.h"
 #include "tools/plot_command.h"
+#include "tools/checkpoint_command.h"
 #include "tools/token_files.h"
 #include "tools/trainer_build.h"
 #include "tools/trainer_cache.h"
@@ -1164,6 +1165,21 @@ int main(int argc, char** argv) {
   plot->add_option("metrics", plot_inputs, "metrics files (.jsonl, a trainer's --metrics)")->required();
   plot->add_option("-o,--output", plot_output, "FILE.svg or FILE.html (default: the first file's name with .html)");
   plot->callback([&] { status = tools::plot_command(plot_inputs, plot_output); });
+
+  std::string checkpoint_input, checkpoint_output;
+  auto* checkpoint = app.add_subcommand("checkpoint", "training checkpoints: make a sharded one one file, verify one");
+  checkpoint->require_subcommand(1);
+  auto* consolidate = checkpoint->add_subcommand(
+      "consolidate", "write a sharded checkpoint (DIR/step-N.sharded, one file per rank) as the one file a single-"
+                     "format save writes, which --init, --resume, napkin sample and napkin hf export read");
+  consolidate->add_option("checkpoint", checkpoint_input, "the sharded checkpoint's directory")->required();
+  consolidate->add_option("-o,--output", checkpoint_output, "FILE.safetensors to write")->required();
+  consolidate->callback([&] { status = tools::checkpoint_consolidate(checkpoint_input, checkpoint_output); });
+  auto* verify = checkpoint->add_subcommand(
+      "verify", "check that a checkpoint (a step-N.safetensors file or a step-N.sharded directory) is whole: every "
+                "file's size and checksum");
+  verify->add_option("checkpoint", checkpoint_input, "the checkpoint")->required();
+  verify->callback([&] { status = tools::checkpoint_verify(checkpoint_input); });
 
   tools::EncodeOptions encode_options;
   auto* data = app.add_subcommand("data", "make data files");

@@ -24,101 +24,14 @@
 #include <vector>
 
 #include "runtime/checkpoint.h"
+#include "support/data_parallel_jobs.h"
 #include "support/test_io.h"
-#include "support/test_models.h"
 
 namespace {
 
+using namespace napkin::testing::data_parallel;
 using napkin::testing::read_bytes;
 using napkin::testing::write_bytes;
-using Run = napkin::testing::CommandResult;
-Run sh(const std::string& command) { return napkin::testing::run_in_source_tree(command); }
-
-const char* kDims = "seq=32,d=32,heads=2,layers=1";
-const char* kData = "--data tests/e2e/data/gpt/tokens.u16 --threads 1 --log-every 1";
-
-// mpirun with what a test machine needs: more ranks than cores, and root
-// (CI runs as root) allowed.
-std::string mpirun_launcher() {
-  return fmt::format("mpirun --oversubscribe{}", ::geteuid() == 0 ? " --allow-run-as-root" : "");
-}
-std::string mpirun(int ranks) { return fmt::format("{} -np {}", mpirun_launcher(), ranks); }
-
-// Two trainers of models/gpt.yaml (its checkpoint line removed: nothing
-// here saves into the source tree): the global batch of 4 and the
-// micro-batch of 2. `optimizer`: another optimizer line. AdamW, the model's,
-// divides the gradient by its own running scale, so a gradient averaged
-// with the wrong divisor would train the same; plain SGD would not.
-struct Fixture {
-  napkin::testing::TempDir tmp{"e2e-dp"};
-  std::string whole = tmp / "gpt-b4", micro = tmp / "gpt-b2";
-  explicit Fixture(const std::string& optimizer = "", const std::string& precision = "") {
-    Run which = sh("command -v mpirun");
-    INFO("mpirun (Open MPI) is needed for the data-parallel tests: apt-get install openmpi-bin (tools/setup.sh does)");
-    REQUIRE(which.status == 0);
-    std::string yaml = napkin::testing::read_source("models/gpt.yaml");
-    const size_t at = yaml.find("  checkpoint: {");
-    REQUIRE(at != std::string::npos);
-    yaml.erase(at, yaml.find('\n', at) + 1 - at);
-    auto replace_line = [&](const std::string& key, const std::string& value) {
-      const size_t line = yaml.find("\n" + key + ": ");
-      REQUIRE(line != std::string::npos);
-      yaml.replace(line + 1, yaml.find('\n', line + 1) - line - 1, key + ": " + value);
-    };
-    if (!optimizer.empty()) replace_line("optimizer", optimizer);
-    if (!precision.empty()) replace_line("precision", precision);
-    write_bytes(tmp / "gpt.yaml", yaml);
-    for (auto [out, batch] : {std::pair{whole, 4}, std::pair{micro, 2}}) {
-      Run r = sh(fmt::format("{} build {} --dims batch={},{} -o {} --quiet", NAPKIN_BINARY, tmp / "gpt.yaml", batch,
-                             kDims, out));
-      INFO(r.out);
-      REQUIRE(r.status == 0);
-    }
-  }
-  // Runs `launcher trainer flags` writing metrics to NAME.jsonl; returns
-  // the run (its output and status).
-  Run train(const std::string& launcher, const std::string& trainer, const std::string& flags,
-            const std::string& name) const {
-    return sh(fmt::format("{} {} {} --metrics {} {}", launcher, trainer, kData, tmp / (name + ".jsonl"), flags));
-  }
-  // The per-step losses a run's metrics file holds, by step.
-  std::vector<std::pair<int64_t, double>> losses(const std::string& name) const {
-    std::vector<std::pair<int64_t, double>> out;
-    std::istringstream lines(read_bytes(tmp / (name + ".jsonl")));
-    for (std::string line; std::getline(lines, line);) {
-      nlohmann::json j = nlohmann::json::parse(line);
-      if (j.contains("loss")) out.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>());
-    }
-    return out;
-  }
-};
-
-// Every step's loss of `got` within `rel` of `want`'s (the same steps).
-void check_losses_agree(const std::vector<std::pair<int64_t, double>>& got,
-                        const std::vector<std::pair<int64_t, double>>& want, double rel) {
-  REQUIRE(got.size() == want.size());
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    CHECK(got[i].first == want[i].first);
-    worst = std::max(worst, std::fabs(got[i].second - want[i].second) / std::fabs(want[i].second));
-  }
-  INFO("largest relative difference " << worst);
-  CHECK(worst <= rel);
-}
-
-// The tensors' bytes of a checkpoint: the data section after the header
-// (the header holds the run id and the checksum, which differ between runs).
-std::string checkpoint_data(const std::string& path) {
-  std::string bytes = read_bytes(path);
-  REQUIRE(bytes.size() >= 8);
-  uint64_t header = 0;
-  std::memcpy(&header, bytes.data(), 8);
-  return bytes.substr(8 + header);
-}
-
-// f32 arithmetic summed in another order: a few ulps per step, compounding
-// over 20 steps of AdamW.
-constexpr double kF32Agreement = 1e-5;
 
 }  // namespace
 
@@ -211,7 +124,9 @@ TEST_CASE("data parallel: ZeRO-1 trains bit for bit as plain data parallel, and 
     CAPTURE(ranks);
     const std::string plain_dir = f.tmp / fmt::format("plain{}", ranks), zero_dir = f.tmp / fmt::format("zero{}", ranks);
     Run plain = f.train(mpirun(ranks), f.micro, flags + " --checkpoint-dir " + plain_dir, fmt::format("plain{}", ranks));
-    Run zero = f.train(mpirun(ranks), f.micro, flags + " --zero 1 --checkpoint-dir " + zero_dir, fmt::format("zero{}", ranks));
+    // The single format (a ZeRO job's default is sharded: tests/e2e/sharded_checkpoint_test.cpp).
+    Run zero = f.train(mpirun(ranks), f.micro, flags + " --zero 1 --checkpoint-format single --checkpoint-dir " + zero_dir,
+                       fmt::format("zero{}", ranks));
     INFO(plain.out << zero.out);
     REQUIRE(plain.status == 0);
     REQUIRE(zero.status == 0);
@@ -299,7 +214,7 @@ TEST_CASE("data parallel: a ZeRO-2 checkpoint holds the whole run and resumes on
   REQUIRE(straight.status == 0);
   REQUIRE(first.status == 0);
   Run four = f.train(mpirun(4), f.micro, fmt::format("--steps 12 --quiet --zero 2 --resume {}", dir), "four");
-  Run alone = f.train("", f.micro, fmt::format("--steps 12 --quiet --accumulate 4 --resume {}/step-000006.safetensors "
+  Run alone = f.train("", f.micro, fmt::format("--steps 12 --quiet --accumulate 4 --resume {}/step-000006.sharded "
                                                "--checkpoint-dir {}", dir, f.tmp / "alone"), "alone");
   INFO(four.out << alone.out);
   REQUIRE(four.status == 0);

@@ -556,8 +556,10 @@ TEST_CASE("fake cuda: 2 ranks average gradients through NCCL (or the host) and t
   std::vector<double> one = train_cuda(whole, flags + " --quiet", dir, "one");
   REQUIRE(one.size() == 4);
 
-  Run nccl = sh(fmt::format("NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} --metrics {} --checkpoint-every 0",
-                            micro.cuda_source, kFakeCudaDir, mpirun, micro.cuda, flags, dir / "nccl.jsonl"));
+  Run nccl = sh(fmt::format("NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} --metrics {} --checkpoint-every 0 "
+                            "--checkpoint-dir {}",
+                            micro.cuda_source, kFakeCudaDir, mpirun, micro.cuda, flags, dir / "nccl.jsonl",
+                            dir / "nccl-ckpt"));
   INFO(nccl.out);
   REQUIRE(nccl.status == 0);
   CHECK(nccl.out.find("gradients all-reduced by NCCL 2.28.0 on the GPU") != std::string::npos);
@@ -588,14 +590,22 @@ TEST_CASE("fake cuda: 2 ranks average gradients through NCCL (or the host) and t
     CHECK(losses(metrics) == losses(dir / "nccl.jsonl"));
   }
 
-  // ZeRO-1: each rank's GPU runs its own share of the optimizer; the same bits.
+  // ZeRO-1: each rank's GPU runs its own share of the optimizer; the same bits. Each rank saves its share of
+  // the last step (a sharded checkpoint), which consolidates into the plain run's checkpoint.
   Run zero = sh(fmt::format("NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} --metrics {} --checkpoint-every 0 "
-                            "--zero 1",
-                            micro.cuda_source, kFakeCudaDir, mpirun, micro.cuda, flags, dir / "zero.jsonl"));
+                            "--zero 1 --checkpoint-dir {}",
+                            micro.cuda_source, kFakeCudaDir, mpirun, micro.cuda, flags, dir / "zero.jsonl",
+                            dir / "zero-ckpt"));
   INFO(zero.out);
   REQUIRE(zero.status == 0);
   CHECK(zero.out.find("ZeRO-1     rank 0 updates") != std::string::npos);
   CHECK(losses(dir / "zero.jsonl") == losses(dir / "nccl.jsonl"));
+  Run consolidated = sh(fmt::format("{} checkpoint consolidate {} -o {}", NAPKIN_BINARY, dir / "zero-ckpt/step-000004.sharded",
+                                    dir / "zero.safetensors"));
+  INFO(consolidated.out);
+  REQUIRE(consolidated.status == 0);
+  CHECK(napkin::testing::checkpoint_content(dir / "zero.safetensors") ==
+        napkin::testing::checkpoint_content(dir / "nccl-ckpt/step-000004.safetensors"));
 
   check_close(one, train_cuda(micro, flags + " --quiet --accumulate 2", dir, "accumulated"), 1e-5);
 }
