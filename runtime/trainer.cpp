@@ -278,12 +278,12 @@ class TrainingRun {
   const int ranks = comm.size();
   const bool rank0 = comm.rank() == 0;
   const bool quiet = o.quiet || !rank0;  // the other ranks print errors only
-  // Each rank writes its own tensors (sharded_checkpoint.h), or rank 0 the whole.
-  const bool sharded_checkpoints = o.checkpoint_format.empty() ? ranks > 1 && o.zero >= 1 : o.checkpoint_format == "sharded";
   const int64_t accumulate = o.accumulate > 0 ? o.accumulate : std::max<int64_t>(1, program.train.accumulate);
   const int64_t micro_batches = accumulate * ranks;  // of the global batch
   // The ZeRO stage: --zero, else 3 for a step built to gather its parameters (napkin build --zero 3).
   const int stage = o.zero >= 0 ? o.zero : gathers_parameters(program) ? 3 : 0;
+  // Each rank writes its own tensors (sharded_checkpoint.h), or rank 0 the whole.
+  const bool sharded_checkpoints = o.checkpoint_format.empty() ? ranks > 1 && stage >= 1 : o.checkpoint_format == "sharded";
   // What one rank's step is: `accumulate` forward+backward passes, one update.
   const Program p = per_step_view(program, accumulate);
   std::unique_ptr<Engine> engine_owner;

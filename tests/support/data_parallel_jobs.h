@@ -67,6 +67,16 @@ struct Fixture {
       REQUIRE(r.status == 0);
     }
   }
+  // Another trainer of the same model: `napkin build` with `flags` (e.g.
+  // "--zero 3") at `batch`, written to NAME in the fixture's directory.
+  std::string build(const std::string& name, int batch, const std::string& flags) const {
+    const std::string out = tmp / name;
+    Run r = sh(fmt::format("{} build {} --dims batch={},{} {} -o {} --quiet", NAPKIN_BINARY, tmp / "gpt.yaml", batch,
+                           kDims, flags, out));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    return out;
+  }
   // Runs `launcher trainer flags` writing metrics to NAME.jsonl; returns
   // the run (its output and status).
   Run train(const std::string& launcher, const std::string& trainer, const std::string& flags,
