@@ -689,12 +689,28 @@ struct BuildGraph {
   ir::Graph graph;
   std::string model_hash;
 };
+// The hash a training step's checkpoints carry. A step built for ZeRO-3
+// computes the unsharded step's values (bit for bit in one process), so its
+// checkpoints carry the unsharded step's hash: a plain trainer, --init and
+// napkin sample read them, and it reads theirs.
+std::optional<std::string> checkpoint_hash(const CommandContext& ctx, const ir::Graph& step, const std::string& model,
+                                           const std::string& dims, const std::string& budget) {
+  if (ctx.pipeline.zero != 3) return tools::model_hash(step);
+  CommandContext unsharded = ctx;
+  unsharded.pipeline.zero = 0;
+  unsharded.pipeline.keep_gathered = false;
+  std::optional<ir::Graph> g = unsharded.load(model, dims, memory_budget(budget));
+  if (!g) return std::nullopt;
+  return tools::model_hash(*g);
+}
+
 std::optional<BuildGraph> graph_to_build(const CommandContext& ctx, const BuildArgs& a) {
   if (!a.sampler) {
     auto g = ctx.load(a.model, a.dims, memory_budget(a.memory_budget));
     if (!g) return std::nullopt;
-    std::string hash = tools::model_hash(*g);
-    return BuildGraph{std::move(*g), hash};
+    std::optional<std::string> hash = checkpoint_hash(ctx, *g, a.model, a.dims, a.memory_budget);
+    if (!hash) return std::nullopt;
+    return BuildGraph{std::move(*g), *hash};
   }
   std::optional<std::map<std::string, int64_t>> dims = dims_or_error(a.dims);
   if (!dims) return std::nullopt;
@@ -841,8 +857,10 @@ int cmd_train(const CommandContext& ctx, const std::string& model, const std::st
   if (target == "cpu")
     if (std::optional<std::map<std::string, int64_t>> overrides = dims_or_error(dims))
       sampler = tools::trainer_sampler(model, *overrides);
+  std::optional<std::string> hash = checkpoint_hash(ctx, *g, model, dims, budget);
+  if (!hash) return kUserError;
   std::optional<std::filesystem::path> trainer =
-      tools::cached_trainer(*g, target, "", std::cout, sampler ? &*sampler : nullptr);
+      tools::cached_trainer(*g, target, *hash, std::cout, sampler ? &*sampler : nullptr);
   if (!trainer) return kUserError;
   return exec_program(*trainer, trainer_args);
 }

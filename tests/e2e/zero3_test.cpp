@@ -103,7 +103,7 @@ TEST_CASE("ZeRO-3: bf16- and fp16-mixed (the overflow skip on every rank togethe
   CHECK(evals("eval_zero") == evals("eval_plain"));
 }
 
-TEST_CASE("ZeRO-3: its checkpoints resume on another rank count and in one process, sharded or single (issue 40)") {
+TEST_CASE("ZeRO-3: its checkpoints resume on another rank count, in one process and with the plain trainer, sharded or single (issue 40)") {
   Fixture f;
   const std::string sharded = f.build("gpt-b2-zero3", 2, "--zero 3");
   const std::string dir = f.tmp / "ckpt", single = f.tmp / "single";
@@ -130,11 +130,15 @@ TEST_CASE("ZeRO-3: its checkpoints resume on another rank count and in one proce
   Run alone = f.train("", sharded, fmt::format("--steps 12 --quiet --accumulate 4 --resume {}/step-000006.sharded "
                                                "--checkpoint-dir {}", dir, f.tmp / "alone"), "alone");
   Run from_single = f.train(mpirun(4), sharded, fmt::format("--steps 12 --quiet --resume {}", single), "from_single");
-  INFO(four.out << alone.out << from_single.out);
+  // A step built for ZeRO-3 is the unsharded step's model (its hash): the plain trainer continues the run.
+  Run plain = f.train("", f.micro, fmt::format("--steps 12 --quiet --accumulate 4 --resume {}/step-000006.sharded "
+                                               "--checkpoint-dir {}", dir, f.tmp / "plain"), "plain");
+  INFO(four.out << alone.out << from_single.out << plain.out);
   REQUIRE(four.status == 0);
   REQUIRE(alone.status == 0);
   REQUIRE(from_single.status == 0);
-  for (const char* resumed : {"four", "alone", "from_single"}) {
+  REQUIRE(plain.status == 0);
+  for (const char* resumed : {"four", "alone", "from_single", "plain"}) {
     CAPTURE(resumed);
     std::vector<std::pair<int64_t, double>> losses = f.losses("first"), tail = f.losses(resumed);
     losses.insert(losses.end(), tail.begin(), tail.end());
