@@ -38,6 +38,7 @@ void ParameterCollectives::operator()(const CollectiveSpec& spec, char* y) {
   } else {
     throw std::logic_error("ParameterCollectives: unknown collective " + spec.collective);
   }
+  if (!counting_) return;
   ++totals->calls;
   totals->bytes += static_cast<double>(bytes);
   totals->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -43,6 +43,8 @@ class ParameterCollectives {
   };
   const Totals& gathers() const { return gathers_; }
   const Totals& reduces() const { return reduces_; }
+  // Off: the calls are not counted (an eval's forwards).
+  void set_counting(bool on) { counting_ = on; }
 
  private:
   const OptimizerShards& shards_;
@@ -50,6 +52,7 @@ class ParameterCollectives {
   int stage_ = 2;
   std::vector<float> staging_;  // a gradient not in f32, widened
   Totals gathers_, reduces_;
+  bool counting_ = true;
 };
 
 // Whether a program's step gathers its parameters itself (napkin build

@@ -725,6 +725,7 @@ void TrainingRun::evaluate(int64_t step) {
   // batch it does not count.
   double sum = 0;
   const int64_t rounds = stage == 3 ? (o.eval_batches + ranks - 1) / ranks : 0;
+  if (collectives) collectives->set_counting(false);  // the step's collectives only
   for (int64_t b = comm.rank(), round = 0; b < o.eval_batches || round < rounds; b += ranks, ++round) {
     const bool counted = b < o.eval_batches;
     try {
@@ -736,6 +737,7 @@ void TrainingRun::evaluate(int64_t step) {
     ex.run_forward();
     if (counted) sum += ex.loss();
   }
+  if (collectives) collectives->set_counting(true);
   comm.set_activity(fmt::format("step {}, summing the eval loss", step));
   comm.all_reduce_sum(&sum, 1);
   double eval_loss = sum / static_cast<double>(o.eval_batches);
@@ -777,6 +779,25 @@ int TrainingRun::finish() {
                       .integer("bytes", gradients->all_reduce_bytes())
                       .fixed("mean_ms", seconds * 1e3, 6)
                       .general("bus_gb_per_s", bus / 1e9, 6));
+  }
+  if (collectives && stage == 3 && step_times.count() > 0) {
+    // ZeRO-3's collectives inside the step, per step and on this rank (rank 0): on the CPU each blocks the
+    // rank, so all of it is exposed, the wait for the slowest rank included.
+    const double steps = static_cast<double>(o.steps - start_step);
+    const ParameterCollectives::Totals& g = collectives->gathers();
+    const ParameterCollectives::Totals& r = collectives->reduces();
+    if (!quiet)
+      fmt::print("zero-3: a step gathers {} in {} all-gathers ({:.3f} ms) and reduces {} in {} reduces ({:.3f} ms), "
+                 "rank 0's, all exposed (blocking MPI)\n",
+                 human_bytes(g.bytes / steps), static_cast<int64_t>(g.calls / steps), g.seconds / steps * 1e3,
+                 human_bytes(r.bytes / steps), static_cast<int64_t>(r.calls / steps), r.seconds / steps * 1e3);
+    metrics.write(MetricsRecord()
+                      .boolean("zero3_collectives", true)
+                      .integer("ranks", ranks)
+                      .general("gather_bytes_per_step", g.bytes / steps, 6)
+                      .fixed("gather_ms_per_step", g.seconds / steps * 1e3, 6)
+                      .general("reduce_bytes_per_step", r.bytes / steps, 6)
+                      .fixed("reduce_ms_per_step", r.seconds / steps * 1e3, 6));
   }
   if (ranks > 1) {
     // Each rank's peak resident memory (what ZeRO-1 saves shows here), to rank 0.

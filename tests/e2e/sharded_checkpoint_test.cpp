@@ -48,7 +48,7 @@ std::vector<std::string> entries(const std::string& dir) {
 
 }  // namespace
 
-TEST_CASE("sharded checkpoint: a ZeRO-1 job on 2 ranks writes one file per rank; it resumes on 2 and 4 ranks and in one process as the same run, and consolidates into the single format's file") {
+TEST_CASE("sharded checkpoint: a ZeRO-1 job on 2 ranks writes one file per rank, resumed on 2 and 4 ranks and in one process as the same run, and consolidates into the single format's file") {
   Fixture f;
   const std::string dir = f.tmp / "ckpt";
   // 2 ranks × 2 accumulated: 4 micro-batches a step. The run saved at steps 4 and 8 is the uninterrupted one.

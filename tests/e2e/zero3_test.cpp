@@ -41,7 +41,7 @@ void check_zero3_trains_as_plain(const Fixture& f, const std::string& sharded, i
 
 }  // namespace
 
-TEST_CASE("ZeRO-3: one process trains bit for bit as without; 2 and 4 ranks as plain data parallel, accumulating or not (issue 40)") {
+TEST_CASE("ZeRO-3: one process trains bit for bit as without, 2 and 4 ranks as plain data parallel, accumulating or not (issue 40)") {
   Fixture f;
   const std::string sharded = f.build("gpt-b2-zero3", 2, "--zero 3");
   const std::string flags = "--steps 8 --checkpoint-every 0 --quiet";
