@@ -50,6 +50,7 @@ class SingleProcess final : public Communicator {
   void send(const void*, int64_t, int) override { throw std::logic_error("send in a single process"); }
   void receive(void*, int64_t, int) override { throw std::logic_error("receive in a single process"); }
   void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleProcess>(); }
   [[noreturn]] void abort(int status) override { std::_Exit(status); }
 };
 

@@ -60,6 +60,10 @@ class Communicator {
   virtual void send(const void* data, int64_t bytes, int to) = 0;
   virtual void receive(void* data, int64_t bytes, int from) = 0;
   virtual void barrier() = 0;
+  // The ranks of this communicator with the same `color`, as a communicator
+  // of their own, ranked by `key` (MPI_Comm_split): every rank calls it.
+  // Hybrid sharding's groups and replicas (runtime/parameter_collectives.h).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // Ends every rank of the job with `status` (MPI_Abort): what a rank that
   // met an error does, so that the others do not wait for it forever.
   [[noreturn]] virtual void abort(int status) = 0;

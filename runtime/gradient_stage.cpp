@@ -23,10 +23,14 @@ void timed(double& seconds, F&& collective) {
 }  // namespace
 
 GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_batches, const OptimizerShards* shards,
-                             bool reduced_in_step)
-    : engine_(engine), comm_(comm), micro_batches_(micro_batches), reduced_in_step_(reduced_in_step && shards) {
+                             bool reduced_in_step, Communicator* replicas)
+    : engine_(engine),
+      comm_(comm),
+      replicas_(replicas && replicas->size() > 1 && shards ? replicas : nullptr),
+      micro_batches_(micro_batches),
+      reduced_in_step_(reduced_in_step && shards) {
   if (micro_batches < 1) throw std::logic_error("GradientStage: fewer than one micro-batch");
-  active_ = micro_batches > 1 || comm.size() > 1;
+  active_ = micro_batches > 1 || comm.size() > 1 || replicas_;
   const Program& p = engine.program();
   for (const GradientSpec& g : p.gradients) {
     numel_ += g.numel();
@@ -35,7 +39,7 @@ GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_b
   }
   if (!active_) return;
   if (p.gradients.empty()) throw Error("the program names no gradients: it cannot accumulate or all-reduce them");
-  if (shards && comm.size() > 1) {
+  if (shards && (comm.size() > 1 || replicas_)) {
     shard(*shards);
     return;
   }
@@ -161,7 +165,10 @@ void GradientStage::add_reduced(int64_t k) {
 }
 
 void GradientStage::finish_sharded() {
-  const float scale = static_cast<float>(1.0 / static_cast<double>(micro_batches_ * comm_.size()));
+  // Hybrid sharding: the same parameter's sum from every group.
+  if (replicas_) timed(all_reduce_seconds_, [&] { replicas_->all_reduce_sum(sum_.data(), static_cast<int64_t>(sum_.size())); });
+  const int64_t ranks = comm_.size() * (replicas_ ? replicas_->size() : 1);
+  const float scale = static_cast<float>(1.0 / static_cast<double>(micro_batches_ * ranks));
   for (float& v : sum_) v *= scale;
   const Program& p = engine_.program();
   std::fill(staging_.begin(), staging_.end(), 0.0f);

@@ -47,8 +47,10 @@ class GradientStage {
   // reduced_in_step: ZeRO-3, whose step reduces each gradient to its owner
   // itself (passes/shard_parameters.h): the stage only adds the owner's
   // micro-batches, averages them and zeroes the others' gradients.
+  // replicas (hybrid sharding): `comm` is this rank's sharding group, and
+  // each owner's sum is then summed over the groups' ranks of its index.
   GradientStage(Engine& engine, Communicator& comm, int64_t micro_batches, const OptimizerShards* shards = nullptr,
-                bool reduced_in_step = false);
+                bool reduced_in_step = false, Communicator* replicas = nullptr);
 
   bool active() const { return active_; }
   // ZeRO-2 and 3: each rank holds the sum of its own parameters' gradients.
@@ -88,6 +90,7 @@ class GradientStage {
  private:
   Engine& engine_;
   Communicator& comm_;
+  Communicator* replicas_ = nullptr;
   int64_t micro_batches_ = 1;
   bool active_ = false, all_f32_ = true, reduced_in_step_ = false;
   std::string device_, why_not_device_;

@@ -50,6 +50,8 @@ struct MpiApi {
   int (*allgather)(const void*, int, Handle, void*, int, Handle, Handle) = nullptr;
   int (*reduce_scatter)(const void*, void*, const int*, Handle, Handle, Handle) = nullptr;
   int (*reduce)(const void*, void*, int, Handle, Handle, int, Handle) = nullptr;
+  int (*comm_split)(Handle, int, int, Handle*) = nullptr;
+  int (*comm_free)(Handle*) = nullptr;
   Handle comm_world = nullptr, type_float = nullptr, type_double = nullptr, type_char = nullptr, op_sum = nullptr;
 };
 
@@ -95,6 +97,8 @@ MpiApi load(const LaunchedRank& launched) {
   bind(api, api.allgather, "MPI_Allgather", path);
   bind(api, api.reduce_scatter, "MPI_Reduce_scatter", path);
   bind(api, api.reduce, "MPI_Reduce", path);
+  bind(api, api.comm_split, "MPI_Comm_split", path);
+  bind(api, api.comm_free, "MPI_Comm_free", path);
   api.comm_world = object(api, "ompi_mpi_comm_world", path);
   api.type_float = object(api, "ompi_mpi_float", path);
   api.type_double = object(api, "ompi_mpi_double", path);
@@ -108,8 +112,9 @@ class MpiCommunicator final : public Communicator {
   explicit MpiCommunicator(const LaunchedRank& launched) : api_(load(launched)) {
     int provided = 0;
     check(api_.init_thread(nullptr, nullptr, kThreadFunneled, &provided), "MPI_Init_thread");
-    check(api_.comm_rank(api_.comm_world, &rank_), "MPI_Comm_rank");
-    check(api_.comm_size(api_.comm_world, &size_), "MPI_Comm_size");
+    comm_ = api_.comm_world;
+    check(api_.comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check(api_.comm_size(comm_, &size_), "MPI_Comm_size");
     if (rank_ != launched.rank || size_ != launched.size)
       throw Error(fmt::format("MPI says this is rank {} of {}, the {} environment rank {} of {}: is the trainer run by "
                               "the mpirun of the MPI it loads?",
@@ -124,9 +129,26 @@ class MpiCommunicator final : public Communicator {
     describe_ = fmt::format("{}, {} ranks on {} host{}", v, size_, hosts_, hosts_ == 1 ? "" : "s");
   }
 
+  // A part of `parent`'s ranks (MPI_Comm_split): MPI stays the parent's to finalize.
+  MpiCommunicator(const MpiApi& api, Handle comm, int hosts) : api_(api), comm_(comm), split_(true), hosts_(hosts) {
+    check(api_.comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check(api_.comm_size(comm_, &size_), "MPI_Comm_size");
+    describe_ = fmt::format("{} of the job's ranks", size_);
+  }
+
   ~MpiCommunicator() override {
     int on = 0;
+    if (split_) {
+      if (api_.initialized(&on) == 0 && on) api_.comm_free(&comm_);
+      return;
+    }
     if (api_.initialized(&on) == 0 && on) api_.finalize();
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    Handle part = nullptr;
+    check(api_.comm_split(comm_, color, key, &part), "MPI_Comm_split");
+    return std::make_unique<MpiCommunicator>(api_, part, hosts_);
   }
 
   int rank() const override { return rank_; }
@@ -144,7 +166,7 @@ class MpiCommunicator final : public Communicator {
       n[r] = static_cast<int>(counts[r]);
     }
     Waiting waiting("the reduce-scatter");
-    check(api_.reduce_scatter(kInPlace, data, n.data(), api_.type_float, api_.op_sum, api_.comm_world),
+    check(api_.reduce_scatter(kInPlace, data, n.data(), api_.type_float, api_.op_sum, comm_),
           "MPI_Reduce_scatter");
   }
 
@@ -155,7 +177,7 @@ class MpiCommunicator final : public Communicator {
       const int n = static_cast<int>(std::min<int64_t>(count - done, INT_MAX));
       const void* send = rank_ == root && mine == sum ? kInPlace : static_cast<const void*>(mine + done);
       check(api_.reduce(send, rank_ == root ? sum + done : nullptr, n, api_.type_float, api_.op_sum, root,
-                        api_.comm_world),
+                        comm_),
             "MPI_Reduce");
       done += n;
     }
@@ -166,20 +188,20 @@ class MpiCommunicator final : public Communicator {
     if (bytes > INT_MAX) throw std::logic_error("MpiCommunicator::all_gather: more than INT_MAX bytes");
     Waiting waiting("an all-gather");
     const int n = static_cast<int>(bytes);
-    check(api_.allgather(mine, n, api_.type_char, all, n, api_.type_char, api_.comm_world), "MPI_Allgather");
+    check(api_.allgather(mine, n, api_.type_char, all, n, api_.type_char, comm_), "MPI_Allgather");
   }
 
   void broadcast(void* data, int64_t bytes, int root) override {
     Waiting waiting("a broadcast");
     in_pieces(data, bytes, 1, [&](char* p, int n) {
-      check(api_.bcast(p, n, api_.type_char, root, api_.comm_world), "MPI_Bcast");
+      check(api_.bcast(p, n, api_.type_char, root, comm_), "MPI_Bcast");
     });
   }
 
   void send(const void* data, int64_t bytes, int to) override {
     Waiting waiting("a send");
     in_pieces(const_cast<void*>(data), bytes, 1, [&](char* p, int n) {
-      check(api_.send(p, n, api_.type_char, to, 0, api_.comm_world), "MPI_Send");
+      check(api_.send(p, n, api_.type_char, to, 0, comm_), "MPI_Send");
     });
   }
 
@@ -187,17 +209,17 @@ class MpiCommunicator final : public Communicator {
     Waiting waiting("a receive");
     in_pieces(data, bytes, 1, [&](char* p, int n) {
       // MPI_STATUS_IGNORE is a null pointer in Open MPI.
-      check(api_.recv(p, n, api_.type_char, from, 0, api_.comm_world, nullptr), "MPI_Recv");
+      check(api_.recv(p, n, api_.type_char, from, 0, comm_, nullptr), "MPI_Recv");
     });
   }
 
   void barrier() override {
     Waiting waiting("a barrier");
-    check(api_.barrier(api_.comm_world), "MPI_Barrier");
+    check(api_.barrier(comm_), "MPI_Barrier");
   }
 
   [[noreturn]] void abort(int status) override {
-    api_.abort(api_.comm_world, status);
+    api_.abort(comm_, status);
     std::_Exit(status);  // MPI_Abort does not return; if it did, end this rank anyway
   }
 
@@ -217,7 +239,7 @@ class MpiCommunicator final : public Communicator {
   void reduce(void* data, int64_t count, Handle type, size_t element) {
     Waiting waiting("the all-reduce");
     in_pieces(data, count, element, [&](char* p, int n) {
-      check(api_.allreduce(kInPlace, p, n, type, api_.op_sum, api_.comm_world), "MPI_Allreduce");
+      check(api_.allreduce(kInPlace, p, n, type, api_.op_sum, comm_), "MPI_Allreduce");
     });
   }
 
@@ -228,7 +250,7 @@ class MpiCommunicator final : public Communicator {
     int length = 0;
     api_.get_processor_name(mine, &length);
     std::string all(static_cast<size_t>(kName) * static_cast<size_t>(size_), '\0');
-    check(api_.allgather(mine, kName, api_.type_char, all.data(), kName, api_.type_char, api_.comm_world),
+    check(api_.allgather(mine, kName, api_.type_char, all.data(), kName, api_.type_char, comm_),
           "MPI_Allgather");
     int hosts = 0;
     for (int r = 0; r < size_; ++r) {
@@ -247,6 +269,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   MpiApi api_;
+  Handle comm_ = nullptr;  // the world, or a split's part of it
+  bool split_ = false;
   int rank_ = 0, size_ = 1, hosts_ = 1;
   std::string describe_;
 };

@@ -72,6 +72,7 @@ struct Options {
   double collective_timeout = 300;
   double bucket_mib = 0;  // 0: the program's bucket size
   int zero = -1;          // ZeRO stage 0-3; -1: 3 for a program that gathers its parameters, else 0
+  int shard_group = 0;    // hybrid sharding: ranks per sharding group (0: all of them)
   bool debug_nan = false, quiet = false, print_program = false, profile = false;
   int64_t sample_every = 0, sample_tokens = 64;  // --sample-every: a sample from the model every K steps
 };
@@ -292,6 +293,13 @@ class TrainingRun {
   std::unique_ptr<OptimizerShards> shards;
   // ZeRO-2 and 3: what the step's collective kernels do over the ranks.
   std::unique_ptr<ParameterCollectives> collectives;
+  // Hybrid sharding (--shard-group L): the ranks shard within groups of L
+  // consecutive ranks (`group`: this rank's) and replicate across them
+  // (`replicas`: the ranks of the other groups at this rank's place in its
+  // own). Without it the group is the job and there are no replicas.
+  const int group_size = o.shard_group > 0 ? o.shard_group : ranks;
+  std::unique_ptr<Communicator> group, replicas;
+  Communicator& shard_comm() { return group ? *group : comm; }
   int64_t start_step = 0;
   uint64_t seed = o.seed;
   Lineage lineage{p.hash};
@@ -331,7 +339,8 @@ std::optional<int> TrainingRun::setup(const SamplerProgram& sampler_program) {
       return 0;
     }
   }
-  gradients.emplace(ex, comm, accumulate, stage >= 2 ? shards.get() : nullptr, stage == 3);
+  if (stage >= 2) gradients.emplace(ex, shard_comm(), accumulate, shards.get(), stage == 3, replicas.get());
+  else gradients.emplace(ex, comm, accumulate);
   // A fresh run (or one resumed from a version-1 checkpoint, which has no id)
   // starts a lineage of its own; rank 0's id is the job's.
   if (lineage.run.empty()) {
@@ -358,8 +367,18 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
   if (stage == 3 && ranks > 1 && o.sample_every > 0)
     throw Error("--sample-every under --zero 3: rank 0 holds only its own parameters; sample a checkpoint with `napkin "
                 "sample` instead");
+  if (o.shard_group > 0 && (ranks % o.shard_group != 0 || stage == 0))
+    throw Error(ranks % o.shard_group != 0
+                    ? fmt::format("--shard-group {}: the {} ranks do not split into groups of {}", o.shard_group, ranks,
+                                  o.shard_group)
+                    : fmt::format("--shard-group {}: plain data parallel shards nothing: give --zero 1, 2 or 3",
+                                  o.shard_group));
+  if (stage >= 1 && group_size < ranks) {
+    group = comm.split(comm.rank() / group_size, comm.rank() % group_size);
+    replicas = comm.split(comm.rank() % group_size, comm.rank() / group_size);
+  }
   if (stage >= 1 && ranks > 1) {
-    shards = std::make_unique<OptimizerShards>(program, ranks, comm.rank());
+    shards = std::make_unique<OptimizerShards>(program, group_size, shard_comm().rank());
     ex.skip(shards->skip_kernel(), shards->skip_update(), shards->run_member());
     ex.release(shards->others_state());  // before anything touches it
   }
@@ -367,7 +386,7 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
   // all_reduce_sum kernels add up (passes/optimizer.cpp, passes/loss_scaling.h); ZeRO-3's step gathers each
   // parameter from its owner and reduces its gradient there (passes/shard_parameters.h).
   if (stage >= 2 && ranks > 1) {
-    collectives = std::make_unique<ParameterCollectives>(*shards, comm, stage);
+    collectives = std::make_unique<ParameterCollectives>(*shards, shard_comm(), stage);
     ex.set_collectives([this](const CollectiveSpec& spec, char* y) { (*collectives)(spec, y); });
   }
 
@@ -438,6 +457,7 @@ void TrainingRun::agree_with_other_ranks() {
              {"--steps", std::to_string(o.steps)},
              {"--accumulate", std::to_string(accumulate)},
              {"--zero", std::to_string(stage)},
+             {"--shard-group", std::to_string(group_size)},
              {"--resume", o.resume.empty() ? std::string("not given")
                           : resumed  ? fmt::format("step {}", resumed->step)
                                      : std::string("given")},
@@ -492,6 +512,10 @@ void TrainingRun::banner() {
                  "share; the others' parameters arrive by broadcast after each step)\n",
                  stage, shards->owned_params(), p.with_role(TensorRole::Param).size(), human_bytes(static_cast<double>(shards->owned_state_bytes())),
                  human_bytes(static_cast<double>(shards->state_bytes())));
+    if (group)
+      fmt::print("  sharding   hybrid: within {} groups of {} consecutive ranks, each group holding the whole model "
+                 "between them; each owner's gradient sums added over the groups\n",
+                 ranks / group_size, group_size);
     if (ranks > 1 && gradients->reduced_in_step())
       fmt::print("  ranks      {}; parameters gathered and gradients reduced by MPI in the step, each where the step "
                  "uses or makes it\n",
@@ -565,8 +589,11 @@ std::string TrainingRun::save(int64_t step) {
     if (!quiet) fmt::print("  saved {}\n", path);
     return path;
   }
-  if (shards) shards->gather_state(ex, comm);
-  if (shards && stage == 3) shards->gather_params_to_root(ex, comm);
+  // Into rank 0 from its group (hybrid sharding: every group holds the whole run; the first writes it).
+  if (shards && (!group || comm.rank() < group_size)) {
+    shards->gather_state(ex, shard_comm());
+    if (stage == 3) shards->gather_params_to_root(ex, shard_comm());
+  }
   if (!ckpt) return "";
   ex.download(TensorRole::Param);
   ex.download(TensorRole::State);
@@ -683,7 +710,7 @@ std::pair<double, bool> TrainingRun::train_step(int64_t step) {
   ex.run_optimizer();
   if (shards && stage < 3) {  // ZeRO-3's next step gathers each parameter where it uses it
     comm.set_activity(fmt::format("step {}, gathering the parameters (ZeRO-{})", step, stage));
-    shards->gather_params(ex, comm);
+    shards->gather_params(ex, shard_comm());
   }
   comm.set_activity(fmt::format("after step {}", step));
   return {loss, interrupted};
@@ -930,6 +957,11 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
                    "gathers each parameter where it uses it); 0: every rank updates everything. Default: 3 for a "
                    "trainer built for it, else 0. 2 and 3: the CPU trainer")
         ->check(CLI::IsMember({0, 1, 2, 3}));
+    app.add_option("--shard-group", o.shard_group,
+                   "hybrid sharding under --zero 1, 2 or 3: shard within groups of this many consecutive ranks and "
+                   "replicate across the groups (each group's owners sum their gradients over the groups); 0, the "
+                   "default: the job is one group")
+        ->check(whole_number_in(0, 1'000'000));
     app.add_option("--bucket-mib", o.bucket_mib,
                    "a GPU job all-reduces its gradients in buckets of at least this many MiB, each as soon as the "
                    "backward has written it (default: the program's, 25)")

@@ -145,3 +145,36 @@ TEST_CASE("ZeRO-3: its checkpoints resume on another rank count, in one process 
     check_losses_agree(losses, f.losses("straight"), kZero3Agreement);
   }
 }
+
+TEST_CASE("ZeRO hybrid sharding: 4 ranks in 2 groups of 2 train as plain data parallel under --zero 1, 2 and 3, and resume on 2 ranks (issue 40)") {
+  Fixture f;
+  const std::string sharded = f.build("gpt-b2-zero3", 2, "--zero 3");
+  const std::string flags = "--steps 12 --checkpoint-every 0 --quiet";
+  Run plain = f.train(mpirun(4), f.micro, flags, "plain");
+  REQUIRE(plain.status == 0);
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    const std::string name = fmt::format("hybrid{}", stage);
+    Run r = f.train(mpirun(4), stage == 3 ? sharded : f.micro, fmt::format("{} --zero {} --shard-group 2", flags, stage),
+                    name);
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    check_losses_agree(f.losses(name), f.losses("plain"), kZero3Agreement);
+  }
+  // Every group holds the whole run: the first writes the checkpoint, which 2 ranks without groups continue.
+  const std::string dir = f.tmp / "ckpt";
+  Run first = f.train(mpirun(4), sharded, fmt::format("--steps 6 --quiet --shard-group 2 --checkpoint-dir {}", dir), "first");
+  INFO(first.out);
+  REQUIRE(first.status == 0);
+  Run second = f.train(mpirun(2), sharded, fmt::format("--steps 12 --quiet --accumulate 2 --resume {}", dir), "second");
+  INFO(second.out);
+  REQUIRE(second.status == 0);
+  std::vector<std::pair<int64_t, double>> losses = f.losses("first"), tail = f.losses("second");
+  losses.insert(losses.end(), tail.begin(), tail.end());
+  check_losses_agree(losses, f.losses("plain"), kZero3Agreement);
+  // Groups that do not divide the ranks are refused before step 1.
+  Run refused = f.train(mpirun(4), sharded, "--steps 2 --checkpoint-every 0 --shard-group 3", "refused");
+  INFO(refused.out);
+  CHECK(refused.status == 1);
+  CHECK(refused.out.find("--shard-group 3: the 4 ranks do not split into groups of 3") != std::string::npos);
+}
