@@ -34,6 +34,11 @@ void CpuEngine::upload_gradient(size_t index, const char* src) {
   std::memcpy(ex_.arena() + g.offset, src, static_cast<size_t>(g.bytes));
 }
 
+void CpuEngine::zero_gradient(size_t index) {
+  const GradientSpec& g = ex_.program().gradients.at(index);
+  ex_.zero(g.offset, g.bytes);
+}
+
 void CpuEngine::inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) {
   ex_.after_kernel = [this, inspect = std::move(inspect)](int i) {
     inspect(i, ex_.arena() + ex_.program().kernels[i].out_offset);

@@ -35,7 +35,7 @@ class CpuEngine final : public Engine {
     ex_.skip_update = updates;
     ex_.run_member = members;
   }
-  void set_collectives(std::function<void(const CollectiveSpec& spec, char* y)> fn) override {
+  void set_collectives(std::function<void(const CollectiveSpec& spec, const char* x, char* y)> fn) override {
     ex_.collectives = std::move(fn);
   }
   void release(const std::vector<const TensorSpec*>& tensors) override {
@@ -45,6 +45,7 @@ class CpuEngine final : public Engine {
   void upload_gradients(const char* src) override;
   void download_gradient(size_t index, char* dst) override;
   void upload_gradient(size_t index, const char* src) override;
+  void zero_gradient(size_t index) override;
 
   void inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) override;
   void set_profiling(bool on) override { ex_.profile = on; }

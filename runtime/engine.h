@@ -66,6 +66,10 @@ class Engine {
   // writes them in its owners' order).
   virtual void download_gradient(size_t index, char* dst) = 0;
   virtual void upload_gradient(size_t index, const char* src) = 0;
+  // Makes Program::gradients[index] zero, holding as little memory as the
+  // engine can for it (the CPU gives its whole pages back): ZeRO-3's other
+  // ranks' gradients, which this rank never writes.
+  virtual void zero_gradient(size_t index) = 0;
 
   // Collectives on the device, for a job of several ranks: joins `comm`'s
   // ranks and says what it will use ("NCCL 2.28.3 on the GPU in 13
@@ -88,12 +92,12 @@ class Engine {
   virtual void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates,
                     const std::vector<std::vector<bool>>& members) = 0;
   // ZeRO-2 and 3: what each collective kernel (runtime/kernel_spec.h
-  // CollectiveSpec) does with its value `y` after copying its operand
-  // there: `fn` sums it over the ranks, gathers it from its parameter's
-  // owner, or sums it onto the owner (runtime/parameter_collectives.h).
-  // Unset: the copy is all (the identity). Set once, before the first step;
-  // an engine that cannot run them throws Error.
-  virtual void set_collectives(std::function<void(const CollectiveSpec& spec, char* y)> fn) = 0;
+  // CollectiveSpec) makes of its input `x` in its output `y`: `fn` sums it
+  // over the ranks, gathers it from its parameter's owner, or sums it onto
+  // the owner (runtime/parameter_collectives.h). Unset: a copy (the
+  // identity). Set once, before the first step; an engine that cannot run
+  // them throws Error.
+  virtual void set_collectives(std::function<void(const CollectiveSpec& spec, const char* x, char* y)> fn) = 0;
   // ZeRO-1: the memory of these tensors, which this rank never reads, may
   // be given back (they then read as zero). A no-op where the engine
   // cannot (a GPU arena is one allocation).

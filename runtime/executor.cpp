@@ -73,6 +73,15 @@ void Executor::release(int64_t offset, int64_t bytes) {
   ::madvise(arena_ + begin, static_cast<size_t>(end - begin), MADV_DONTNEED);
 }
 
+void Executor::zero(int64_t offset, int64_t bytes) {
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const int64_t begin = std::min(offset + bytes, (offset + page - 1) / page * page);
+  const int64_t end = std::max(begin, (offset + bytes) / page * page);
+  std::memset(arena_ + offset, 0, static_cast<size_t>(begin - offset));
+  std::memset(arena_ + end, 0, static_cast<size_t>(offset + bytes - end));
+  release(begin, end - begin);
+}
+
 void Executor::prepare() {
   for (const KernelSpec& k : program_.kernels) {
     try {
@@ -156,8 +165,8 @@ void Executor::run_kernel(int i) {
                                                                 m + r.y, pool_);
             },
             [&](const CollectiveSpec& c) {
-              std::memmove(m + c.y, m + c.x, static_cast<size_t>(c.count * element_bytes(c.dtype)));
-              if (collectives) collectives(c, m + c.y);
+              if (collectives) collectives(c, m + c.x, m + c.y);
+              else std::memmove(m + c.y, m + c.x, static_cast<size_t>(c.count * element_bytes(c.dtype)));
             },
         },
         k.payload);

@@ -71,13 +71,13 @@ class Executor {
   // work), by index; empty: none. A collective kernel runs whatever this
   // says: every rank must reach it.
   std::vector<bool> skip_kernel, skip_update;
-  // What a collective kernel (CollectiveSpec) does after copying its input
-  // to its output `y`: ZeRO-2's sum of the ranks' parts, ZeRO-3's gather
-  // and reduce of a parameter (Engine::set_collectives). Null: the identity,
-  // right wherever each rank's value is already the whole (one process,
-  // data parallel and ZeRO-1, whose gradients are averaged before the
-  // optimizer).
-  std::function<void(const CollectiveSpec& spec, char* y)> collectives;
+  // What a collective kernel (CollectiveSpec) does with its input `x` and
+  // output `y`: ZeRO-2's sum of the ranks' parts, ZeRO-3's gather and reduce
+  // of a parameter (Engine::set_collectives). Null: a copy of x into y, the
+  // identity, right wherever each rank's value is already the whole (one
+  // process, data parallel and ZeRO-1, whose gradients are averaged before
+  // the optimizer).
+  std::function<void(const CollectiveSpec& spec, const char* x, char* y)> collectives;
   // Per kernel: the batch members to run (empty: all).
   std::vector<std::vector<bool>> run_member;
 
@@ -85,6 +85,10 @@ class Executor {
   // pages inside it), which then reads as zero: another rank's optimizer
   // state under ZeRO-1.
   void release(int64_t offset, int64_t bytes);
+  // Makes arena bytes [offset, offset + bytes) read as zero, backing none
+  // of the whole pages inside them (released) and writing only the partial
+  // pages at either end.
+  void zero(int64_t offset, int64_t bytes);
 
   // Seconds spent in each kernel, accumulated while profiling is on.
   bool profile = false;

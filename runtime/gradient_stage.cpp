@@ -100,9 +100,8 @@ void GradientStage::shard(const OptimizerShards& shards) {
   }
   sum_.resize(static_cast<size_t>(own_end - own_begin));
   if (reduced_in_step_) {
-    // No staging: the zeros written into the others' gradients, and each gradient read to be added.
+    // No staging, no zeros to write (Engine::zero_gradient): each gradient read to be added.
     buckets_.clear();
-    staging_.resize(static_cast<size_t>(largest));
     int64_t widest = 0;
     for (const GradientSpec& g : p.gradients) widest = std::max(widest, g.bytes);
     raw_.resize(static_cast<size_t>(micro_batches_ > 1 ? widest : widest_raw));
@@ -175,7 +174,10 @@ void GradientStage::finish_sharded() {
   for (size_t i = 0; i < p.gradients.size(); ++i) {
     const GradientSpec& g = p.gradients[i];
     if (!owned_[i]) {
-      engine_.upload_gradient(i, reinterpret_cast<const char*>(staging_.data()));  // zeros: add nothing to the sums
+      // Zeros: they add nothing to the norm's and the overflow probe's sums. ZeRO-3's rank never wrote them
+      // (its reduce leaves them alone), so they are given back rather than written.
+      if (reduced_in_step_) engine_.zero_gradient(i);
+      else engine_.upload_gradient(i, reinterpret_cast<const char*>(staging_.data()));
       continue;
     }
     const float* mean = sum_.data() + own_at_[i];

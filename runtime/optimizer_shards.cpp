@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <unordered_set>
 
 #include "runtime/error.h"
 
@@ -27,13 +28,23 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
     if (auto it = index.find(s->param); it != index.end()) bytes[static_cast<size_t>(it->second)] += s->bytes;
   }
 
+  // What "every parameter" means to a kernel: every one some optimizer kernel serves (a parameter the loss
+  // does not reach has no gradient, no update, and no part in the clipping norm).
+  std::unordered_set<std::string> trained;
+  for (const KernelSpec& k : program.kernels) {
+    trained.insert(k.serves.begin(), k.serves.end());
+    if (const LoopSpec* batch = k.as<LoopSpec>())
+      for (const LoopSpec::Member& m : batch->members) trained.insert(m.serves.begin(), m.serves.end());
+  }
+  const size_t everything = trained.size();
+
   // Units: parameters that share a kernel whose members cannot run apart.
   std::vector<int> parent(params.size());
   std::iota(parent.begin(), parent.end(), 0);
   auto bind_together = [&](const std::vector<std::string>& serves) {
     // What every parameter needs (the gradient norm for clipping) runs on every rank that owns any: it binds
     // none of them together.
-    if (serves.empty() || serves.size() == params.size()) return;
+    if (serves.empty() || serves.size() >= everything) return;
     const int first = index.at(serves.front());
     for (const std::string& p : serves) parent[static_cast<size_t>(find(parent, index.at(p)))] = find(parent, first);
   };
@@ -75,7 +86,7 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
   // What every parameter needs runs on every rank, even one that owns none: under ZeRO-2 each rank's part of the
   // gradient norm goes into an all_reduce_sum that every rank must reach.
   auto mine = [&](const std::vector<std::string>& serves) {
-    return serves.size() == params.size() ||
+    return serves.size() >= everything ||
            std::any_of(serves.begin(), serves.end(), [&](const std::string& p) { return owner_.at(p) == rank_; });
   };
   skip_kernel_.assign(program.kernels.size(), false);

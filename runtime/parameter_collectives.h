@@ -1,19 +1,21 @@
 // What the collective kernels of a step (runtime/kernel_spec.h
 // CollectiveSpec) do in a job of several ranks, under ZeRO-2 and ZeRO-3
-// (docs/distributed.md): the executor copies each kernel's operand to its
-// output, then calls this with the output.
+// (docs/distributed.md): the executor calls this with each kernel's
+// operand `x` and output `y`.
 //
-//  - all_reduce_sum: the output summed over the ranks in place (each rank's
-//    part of the clipping norm or of fp16's overflow probe), stages 2 and 3.
+//  - all_reduce_sum: x copied to y and summed over the ranks in place (each
+//    rank's part of the clipping norm or of fp16's overflow probe), stages
+//    2 and 3.
 //  - all_gather (stage 3): the parameter's value, from its owner
-//    (OptimizerShards::owner) to every rank: one broadcast. The owner's
-//    output already holds it (the copy); the others' home copy of the
-//    parameter is never read, and its memory is given back.
+//    (OptimizerShards::owner) to every rank: the owner copies x to y, then
+//    one broadcast. The others never read x, their home copy of the
+//    parameter, whose memory is given back.
 //  - reduce_scatter (stage 3): the sum over the ranks of each rank's
-//    gradient, onto the parameter's owner (MPI_Reduce, in place there); the
-//    others' outputs keep their own gradient, which the gradient stage
-//    zeroes before the optimizer (runtime/gradient_stage.h). A gradient in
-//    another dtype than f32 is summed in f32 and rounded once.
+//    gradient x, into y on the parameter's owner (MPI_Reduce); the others'
+//    y is not written, and the gradient stage zeroes it without backing it
+//    (runtime/gradient_stage.h). A gradient in another dtype than f32 is
+//    summed in f32 and rounded once.
+// Elsewhere (stages 0 and 1, or a gather or reduce under stage 2), a copy.
 //
 // Under stage 2 a program built for stage 3 keeps its gathers and reduces
 // as copies: every rank holds every parameter, and the gradient stage
@@ -33,7 +35,7 @@ class ParameterCollectives {
  public:
   ParameterCollectives(const OptimizerShards& shards, Communicator& comm, int stage);
 
-  void operator()(const CollectiveSpec& spec, char* y);
+  void operator()(const CollectiveSpec& spec, const char* x, char* y);
 
   // What the gathers and reduces took so far: calls, seconds (the wait for
   // the slowest rank included) and bytes this rank sent or received.

@@ -387,7 +387,7 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
   // parameter from its owner and reduces its gradient there (passes/shard_parameters.h).
   if (stage >= 2 && ranks > 1) {
     collectives = std::make_unique<ParameterCollectives>(*shards, shard_comm(), stage);
-    ex.set_collectives([this](const CollectiveSpec& spec, char* y) { (*collectives)(spec, y); });
+    ex.set_collectives([this](const CollectiveSpec& spec, const char* x, char* y) { (*collectives)(spec, x, y); });
   }
 
   // --sample-every: the model's sampler program (rank 0 prints the samples).

@@ -450,6 +450,12 @@ void CudaEngine::upload_gradient(size_t index, const char* src) {
   synchronize();
 }
 
+void CudaEngine::zero_gradient(size_t index) {
+  const GradientSpec& g = program_.gradients.at(index);
+  NAPKIN_CU(*driver_, cuMemsetD8Async(arena_ + static_cast<CUdeviceptr>(g.offset), 0, static_cast<size_t>(g.bytes), stream_));
+  synchronize();
+}
+
 void CudaEngine::inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) {
   if (!inspect_host_) {
     size_t bytes = 1;
@@ -515,7 +521,7 @@ void CudaEngine::capture(Phase& phase) {
   check_call(d, r, "cuGraphInstantiate", __FILE__, __LINE__);
 }
 
-void CudaEngine::set_collectives(std::function<void(const CollectiveSpec&, char*)>) {
+void CudaEngine::set_collectives(std::function<void(const CollectiveSpec&, const char*, char*)>) {
   throw Error("--zero 2 and 3 need the CPU trainer: the CUDA trainer's sharded gradients and parameters are not built yet "
               "(issue 40)");
 }

@@ -100,6 +100,7 @@ class CudaEngine final : public Engine {
   void upload_gradients(const char* src) override;
   void download_gradient(size_t index, char* dst) override;
   void upload_gradient(size_t index, const char* src) override;
+  void zero_gradient(size_t index) override;
   // NCCL (runtime/cuda/nccl_collectives.h), unless NAPKIN_NCCL=0.
   std::string join_device_collectives(Communicator& comm, std::string& why) override;
   void average_gradients_on_device() override;
@@ -112,7 +113,7 @@ class CudaEngine final : public Engine {
 
   // Its all-reduce kernels copy (the identity): no sharded gradients on the
   // GPU yet, so a sum over ranks throws Error.
-  void set_collectives(std::function<void(const CollectiveSpec& spec, char* y)> fn) override;
+  void set_collectives(std::function<void(const CollectiveSpec& spec, const char* x, char* y)> fn) override;
 
   void inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) override;
   void set_profiling(bool on) override { profiling_ = on; }

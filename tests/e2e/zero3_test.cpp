@@ -178,3 +178,34 @@ TEST_CASE("ZeRO hybrid sharding: 4 ranks in 2 groups of 2 train as plain data pa
   CHECK(refused.status == 1);
   CHECK(refused.out.find("--shard-group 3: the 4 ranks do not split into groups of 3") != std::string::npos);
 }
+
+TEST_CASE("ZeRO-2 and 3: a parameter the loss never reads owns no part of the norm, and the others share out as usual (issue 40)") {
+  // An unused matrix has no gradient and no update: the clipping norm serves every *updated* parameter, which
+  // every rank must sum its part of, and the trained parameters are still units of their own (before, the norm's
+  // kernels bound them into one, and the rank holding only the unused matrix skipped them yet met the all-reduce).
+  Fixture f;
+  std::string yaml = napkin::testing::read_bytes(f.tmp / "gpt.yaml");
+  const size_t at = yaml.find("params:\n");
+  REQUIRE(at != std::string::npos);
+  yaml.insert(at + 8, "  unused: {shape: [d, hidden], init: normal(0.02)}\n");
+  napkin::testing::write_bytes(f.tmp / "gpt.yaml", yaml);
+  const std::string plain = f.build("gpt-unused", 2, ""), sharded = f.build("gpt-unused-zero3", 2, "--zero 3");
+  const std::string flags = "--steps 12 --checkpoint-every 0 --quiet";
+  Run base = f.train(mpirun(2), plain, flags, "base");
+  Run zero2 = f.train(mpirun(2), plain, flags + " --zero 2", "zero2");
+  Run zero3 = f.train(mpirun(2), sharded, flags, "zero3");
+  INFO(base.out << zero2.out << zero3.out);
+  REQUIRE(base.status == 0);
+  REQUIRE(zero2.status == 0);
+  REQUIRE(zero3.status == 0);
+  check_losses_agree(f.losses("zero2"), f.losses("base"), kZero3Agreement);
+  check_losses_agree(f.losses("zero3"), f.losses("base"), kZero3Agreement);
+  // Rank 0 holds some of the trained parameters, not all of them.
+  Run shown = f.train(mpirun(2), sharded, "--steps 1 --checkpoint-every 0", "shown");
+  INFO(shown.out);
+  const size_t holds = shown.out.find("ZeRO-3     rank 0 holds ");
+  REQUIRE(holds != std::string::npos);
+  CHECK(shown.out.find(" of 13 parameters", holds) != std::string::npos);
+  CHECK(shown.out.find("rank 0 holds 12 of 13", holds) == std::string::npos);
+  CHECK(shown.out.find("rank 0 holds 1 of 13", holds) == std::string::npos);
+}

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -165,8 +166,9 @@ TEST_CASE("all_reduce_sum: a compiled CPU step clips by the norm its hook sums, 
     int calls = 0;
     double summed = 0;
     if (hooked)
-      step.ex->collectives = [&](const runtime::CollectiveSpec& spec, char* y) {
+      step.ex->collectives = [&](const runtime::CollectiveSpec& spec, const char* x, char* y) {
         ++calls;
+        std::memcpy(y, x, sizeof(float));
         REQUIRE(spec.collective == "all_reduce_sum");
         REQUIRE(spec.count == 1);
         float* data = reinterpret_cast<float*>(y);
@@ -198,7 +200,7 @@ TEST_CASE("all_reduce_sum: the executor runs an all-reduce kernel even where it 
   step.ex->run_forward();
   step.ex->run_backward();
   int calls = 0;
-  step.ex->collectives = [&](const runtime::CollectiveSpec&, char*) { ++calls; };
+  step.ex->collectives = [&](const runtime::CollectiveSpec&, const char*, char*) { ++calls; };
   step.ex->skip_kernel.assign(step.program.kernels.size(), true);
   std::vector<int> ran;
   step.ex->after_kernel = [&](int kernel) { ran.push_back(kernel); };
@@ -220,7 +222,8 @@ TEST_CASE("all_reduce_sum: a NaN one rank's hook brings into the overflow probe 
     testing::CompiledStep step(testing::compile_training(model));
     const std::vector<double> w0 = read_tensor(step, "w");
     if (overflow_elsewhere)
-      step.ex->collectives = [](const runtime::CollectiveSpec&, char* y) {
+      step.ex->collectives = [](const runtime::CollectiveSpec&, const char* x, char* y) {
+        std::memcpy(y, x, sizeof(float));
         *reinterpret_cast<float*>(y) += std::numeric_limits<float>::quiet_NaN();
       };
     testing::run_step(step);
