@@ -85,6 +85,8 @@ class Executor {
   // pages inside it), which then reads as zero: another rank's optimizer
   // state under ZeRO-1.
   void release(int64_t offset, int64_t bytes);
+  // The bytes release(offset, bytes) gives back.
+  static int64_t released_bytes(int64_t offset, int64_t bytes);
 
   // Seconds spent in each kernel, accumulated while profiling is on.
   bool profile = false;
