@@ -856,11 +856,16 @@ int TrainingRun::finish() {
       expected += (expected.empty() ? "" : ", ") + human_bytes(static_cast<double>(m.total()));
     if (!quiet)
       fmt::print("memory: peak resident per rank {}{}\n", list, expected.empty() ? "" : "; predicted " + expected);
-    std::vector<double> predicted_bytes;
-    for (const RankMemory& m : predicted) predicted_bytes.push_back(static_cast<double>(m.total()));
+    // The arena's part of it too: what `napkin report --ranks N` predicts per rank.
+    std::vector<double> predicted_bytes, predicted_arena;
+    for (const RankMemory& m : predicted) {
+      predicted_bytes.push_back(static_cast<double>(m.total()));
+      predicted_arena.push_back(static_cast<double>(m.arena - m.others_params - m.others_state));
+    }
     metrics.write(MetricsRecord()
                       .fixed_list("peak_resident_bytes", peaks, 0)
                       .fixed_list("predicted_resident_bytes", predicted_bytes, 0)
+                      .fixed_list("predicted_arena_bytes", predicted_arena, 0)
                       .integer("zero", shards ? stage : 0));
   }
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
