@@ -472,8 +472,8 @@ std::string TrainingRun::memory_prediction_text(const RankMemory& m) const {
 void TrainingRun::predict_memory() {
   if (p.backend != "cpu") {
     if (o.memory_limit > 0)
-      throw Error("--memory-limit is the CPU trainer's: a CUDA rank's arena is one device allocation of the planned "
-                  "arena (`napkin report --memory-per-rank` predicts it)");
+      throw EveryRankStops("--memory-limit is the CPU trainer's: a CUDA rank's arena is one device allocation of the "
+                           "planned arena (`napkin report --memory-per-rank` predicts it)");
     return;
   }
   std::vector<int64_t> process(static_cast<size_t>(ranks), process_bytes);
@@ -505,13 +505,14 @@ void TrainingRun::predict_memory() {
       }
   std::string hint;
   for (const std::string& f : fits) hint += (hint.empty() ? "" : "; ") + f;
-  if (hint.empty()) hint = fmt::format("no stage fits on up to 1024 ranks");
+  if (hint.empty()) hint = "no stage fits on up to 1024 ranks";
   if (!can_gather) hint += "; --zero 3 (the parameters sharded too) needs a trainer built with `napkin build --zero 3`";
-  throw Error(fmt::format("this job needs {} a rank under --zero {} on {} rank{} (rank {}: {}), over --memory-limit {}; "
-                          "{} (nothing was trained)",
-                          human_bytes(static_cast<double>(most->total())), stage, ranks, ranks == 1 ? "" : "s",
-                          most->rank, memory_prediction_text(*most), human_bytes(static_cast<double>(o.memory_limit)),
-                          hint));
+  // Every rank computes the same figures from the same gathered sizes: they all stop.
+  throw EveryRankStops(fmt::format(
+      "this job needs {} a rank under --zero {} on {} rank{} (rank {}: {}), over --memory-limit {}; {} (nothing was "
+      "trained)",
+      human_bytes(static_cast<double>(most->total())), stage, ranks, ranks == 1 ? "" : "s", most->rank,
+      memory_prediction_text(*most), human_bytes(static_cast<double>(o.memory_limit)), hint));
 }
 
 void TrainingRun::banner() {
@@ -892,9 +893,10 @@ int run_rank(const Options& o, const Program& p, const EngineFactory& make_engin
   if (comm->size() == 1) return run(o, p, make_engine, sampler, *comm);
   try {
     return run(o, p, make_engine, sampler, *comm);
-  } catch (const RanksDisagree& e) {
-    // Every rank found the same differences: rank 0 says them, and they all
-    // end (MPI finalized) with status 1, none waiting for another.
+  } catch (const EveryRankStops& e) {
+    // Every rank found the same differences (or the same --memory-limit
+    // overrun): rank 0 says them, and they all end (MPI finalized) with
+    // status 1, none waiting for another.
     std::fflush(stdout);
     if (comm->rank() == 0) write_stderr_line(fmt::format("error: {}", e.what()));
     return 1;
@@ -990,10 +992,10 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
                    "trainer built for it, else 0. 2 and 3: the CPU trainer")
         ->check(CLI::IsMember({0, 1, 2, 3}));
     app.add_option("--memory-limit", o.memory_limit,
-                   "bytes one rank may hold (e.g. 2GiB or 1.5GB): a CPU job whose predicted memory per rank (the "
+                   "bytes one rank may hold (e.g. 2GiB or 1500MB): a CPU job whose predicted memory per rank (the "
                    "banner's) is over it stops before step 1, saying which --zero and rank count would fit")
         ->transform(CLI::AsSizeValue(true))
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number_in(1, INT64_MAX));
     app.add_option("--bucket-mib", o.bucket_mib,
                    "a GPU job all-reduces its gradients in buckets of at least this many MiB, each as soon as the "
                    "backward has written it (default: the program's, 25)")
