@@ -209,9 +209,10 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
 RankMemory rank_memory(const MemoryReport& memory, int stage, int ranks) {
   RankMemory m;
   const double shard = 1.0 / ranks;
+  // Gradients are never divided: napkin's step writes each whole on every rank (docs/distributed.md, "Memory
+  // per rank"), at every stage.
   auto sharded = [&](MemoryCategory c) {
-    return (c == MemoryCategory::OptimizerState && stage >= 1) || (c == MemoryCategory::Gradients && stage >= 2) ||
-           (c == MemoryCategory::Parameters && stage >= 3);
+    return (c == MemoryCategory::OptimizerState && stage >= 1) || (c == MemoryCategory::Parameters && stage >= 3);
   };
   const size_t positions = std::max<size_t>(memory.live_bytes.size(), 1);
   std::vector<double> delta(positions + 1, 0.0);

@@ -31,10 +31,13 @@
 //    after the optimizer (exposed); stage 3's gathers hide behind the phase
 //    they feed as far as its compute time allows.
 //  - per-rank memory: the single-rank step's buffers and live ranges
-//    (analysis/memory.h), each parameter, gradient and optimizer-state
-//    buffer divided by N where the stage shards it; the peak of that sweep.
-//    Not counted: the collectives' staging buffers (a bucket, a gathered
-//    parameter under stage 3).
+//    (analysis/memory.h), each parameter and optimizer-state buffer divided
+//    by N where the stage shards it (the state from stage 1, the parameters
+//    at 3); the gradients whole at every stage, as napkin's step writes them
+//    on every rank (docs/distributed.md "Memory per rank"); the peak of that
+//    sweep. Not counted: the collectives' staging buffers (a bucket; a
+//    gathered parameter under stage 3 unless the step is built with --zero
+//    3), the trainer's host gradient sums, the process.
 //  - the step at N ranks: the single-rank prediction (analysis/step_time.h)
 //    with the optimizer's kernels divided by N where it runs on a shard, plus
 //    the exposed communication. MFU: the rank's counted FLOPs over that time.
@@ -135,9 +138,10 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
                                     double optimizer_flops = 0);
 
 // One rank's memory under a ZeRO stage: the single-rank step's buffers over
-// their live ranges (analysis/memory.h), each parameter, gradient and
-// optimizer-state buffer divided by `ranks` where the stage shards it; each
-// category summed, and the peak of that sweep (ZeroStage's figures).
+// their live ranges (analysis/memory.h), each parameter and optimizer-state
+// buffer divided by `ranks` where the stage shards it (gradients never: see
+// above); each category summed, and the peak of that sweep (ZeroStage's
+// figures).
 struct RankMemory {
   double params = 0, grads = 0, optimizer_state = 0, peak = 0;
 };

@@ -12,6 +12,14 @@ what `mpirun -np N` measures (docs/distributed.md, "What it costs").
 4. The same job with --zero 1: each rank's peak resident memory with and
    without it, against the report's per-rank ZeRO-1 saving.
 
+--memory instead: memory per rank (docs/distributed.md, "Memory per rank").
+A model whose states dominate (gpt.yaml at d=1024, layers 8, batch 4: 101M
+parameters, 1.5 GiB of f32 states; --memory-dims sets another), built with
+--zero 3, runs every stage 0-3 on 2 and 4 ranks (--threads 1, 2 steps);
+each rank's measured peak resident memory (VmHWM) beside the trainer's own
+prediction (runtime/rank_memory.h) and `napkin report --zero 3 --ranks N`'s
+per-rank peak, with their ratios.
+
 Prints both and their ratio. Needs Open MPI's mpirun (and mpicxx, from
 libopenmpi-dev, for step 1; without it step 1 is skipped).
 """
@@ -45,10 +53,16 @@ def main():
     ap.add_argument("--napkin", default=os.path.join(ROOT, "build/tools/napkin"))
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--memory", action="store_true", help="only the memory per rank table")
+    ap.add_argument("--memory-dims", default="d=1024,layers=8,batch=4")
     args = ap.parse_args()
     if shutil.which("mpirun") is None:
         sys.exit("mpirun not found: apt-get install openmpi-bin")
     tmp = tempfile.mkdtemp(prefix="napkin-dp-bench-")
+    if args.memory:
+        memory_per_rank(args, tmp)
+        shutil.rmtree(tmp)
+        return
 
     if shutil.which("mpicxx"):
         exe = os.path.join(tmp, "allreduce_mpi")
@@ -96,6 +110,35 @@ def main():
     print("  saved   " + "  ".join(f"{(a - b) / 2**20:7.1f}" for a, b in zip(peaks[0], peaks[1])) +
           f"   (the report: {predicted:.1f} MiB a rank, the optimizer state's (N-1)/N)")
     shutil.rmtree(tmp)
+
+
+def memory_per_rank(args, tmp):
+    trainer = os.path.join(tmp, "gpt-zero3")
+    run([args.napkin, "build", "models/gpt.yaml", "--dims", args.memory_dims, "--zero", "3", "-o", trainer, "--quiet"])
+    print(f"gpt.yaml at {args.memory_dims}, built with --zero 3: peak resident memory per rank (MiB; the largest "
+          "rank's, and the range over ranks)")
+    print(f"{'stage':>6} {'ranks':>5} {'measured':>18} {'trainer':>8} {'ratio':>6} {'arena':>8} {'report':>8} "
+          f"{'ratio':>6}")
+    for ranks in (2, 4):
+        report = json.loads(run([args.napkin, "report", "models/gpt.yaml", "--dims", args.memory_dims, "--zero", "3",
+                                 "--device", "cpu", "--ranks", str(ranks), "--interconnect", "shm", "--json",
+                                 "--no-ops"]))
+        for zero in range(4):
+            m = os.path.join(tmp, f"memory-{ranks}-{zero}.jsonl")
+            run(mpirun(ranks) + [trainer, "--threads", "1", "--steps", "2", "--checkpoint-every", "0", "--quiet",
+                                 "--zero", str(zero), "--metrics", m])
+            r = next(json.loads(line) for line in open(m) if "predicted_resident_bytes" in line)
+            measured, predicted, arena = r["peak_resident_bytes"], r["predicted_resident_bytes"], r["predicted_arena_bytes"]
+            worst = max(range(ranks), key=lambda i: measured[i])
+            statically = report["distributed"]["stages"][zero]["peak_bytes"]
+            mib = 2**20
+            print(f"{zero:>6} {ranks:>5} {measured[worst] / mib:8.1f} ({min(measured) / mib:.0f}-{max(measured) / mib:.0f})"
+                  f" {predicted[worst] / mib:8.1f} {measured[worst] / predicted[worst]:6.3f} {arena[worst] / mib:8.1f}"
+                  f" {statically / mib:8.1f} {arena[worst] / statically:6.3f}", flush=True)
+    print("trainer: its prediction (ratio: measured / it); arena: the part of it that is the arena's pages, which "
+          "the report's per-rank peak predicts (ratio: arena / report). The report counts the step's buffers only, not "
+          "the trainer's f32 gradient sums, MPI's temporaries, the matmuls' scratch nor the process "
+          "(docs/distributed.md, \"Memory per rank\")")
 
 
 if __name__ == "__main__":

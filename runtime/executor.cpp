@@ -64,9 +64,23 @@ Executor::~Executor() {
   ::munmap(arena_, arena_mapped_);
 }
 
-void Executor::release(int64_t offset, int64_t bytes) {
+namespace {
+
+// The whole pages inside [offset, offset + bytes): [begin, end), empty when end <= begin.
+std::pair<int64_t, int64_t> whole_pages(int64_t offset, int64_t bytes) {
   const int64_t page = ::sysconf(_SC_PAGESIZE);
-  const int64_t begin = (offset + page - 1) / page * page, end = (offset + bytes) / page * page;
+  return {(offset + page - 1) / page * page, (offset + bytes) / page * page};
+}
+
+}  // namespace
+
+int64_t Executor::released_bytes(int64_t offset, int64_t bytes) {
+  const auto [begin, end] = whole_pages(offset, bytes);
+  return std::max<int64_t>(0, end - begin);
+}
+
+void Executor::release(int64_t offset, int64_t bytes) {
+  const auto [begin, end] = whole_pages(offset, bytes);
   if (end <= begin) return;
   // Small pages there first: a huge page around it would back it again.
   ::madvise(arena_ + begin, static_cast<size_t>(end - begin), MADV_NOHUGEPAGE);

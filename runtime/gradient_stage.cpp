@@ -39,76 +39,106 @@ GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_b
   }
   if (!active_) return;
   if (p.gradients.empty()) throw Error("the program names no gradients: it cannot accumulate or all-reduce them");
-  if (shards && (comm.size() > 1 || replicas_)) {
-    shard(*shards);
-    return;
-  }
-  if (micro_batches == 1 && comm.size() > 1) {
+  const bool sharded = shards && (comm.size() > 1 || replicas_);
+  if (!sharded && micro_batches == 1 && comm.size() > 1) {
     device_ = engine.join_device_collectives(comm, why_not_device_);
     if (!device_.empty()) return;
   }
-  sum_.resize(static_cast<size_t>(numel_));
-  // f32 gradients are read into `sum_` itself (micro-batch 0) or `raw_`.
-  if (!all_f32_ || micro_batches > 1) raw_.resize(static_cast<size_t>(gradient_bytes_));
+  Layout l = layout(p, micro_batches, comm.size(), comm.rank(), sharded ? shards : nullptr, reduced_in_step_);
+  order_ = std::move(l.order);
+  rank_counts_ = std::move(l.rank_counts);
+  owned_ = std::move(l.owned);
+  own_at_ = std::move(l.own_at);
+  buckets_ = std::move(l.buckets);
+  sum_.resize(static_cast<size_t>(l.sum));
+  staging_.resize(static_cast<size_t>(l.staging));
+  raw_.resize(static_cast<size_t>(l.raw));
 }
 
-void GradientStage::shard(const OptimizerShards& shards) {
-  const Program& p = engine_.program();
-  const int ranks = comm_.size();
-  order_.resize(p.gradients.size());
-  for (size_t i = 0; i < order_.size(); ++i) order_[i] = i;
-  std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
-    return shards.owner(p.gradients[a].param) < shards.owner(p.gradients[b].param);
+GradientStage::Layout GradientStage::layout(const Program& p, int64_t micro_batches, int ranks, int rank,
+                                            const OptimizerShards* shards, bool reduced_in_step) {
+  Layout l;
+  int64_t numel = 0, gradient_bytes = 0;
+  bool all_f32 = true;
+  for (const GradientSpec& g : p.gradients) {
+    numel += g.numel();
+    gradient_bytes += g.bytes;
+    all_f32 = all_f32 && g.dtype == DType::F32;
+  }
+  if (!shards) {
+    l.sum = numel;
+    // f32 gradients are read into `sum_` itself (micro-batch 0) or `raw_`.
+    if (!all_f32 || micro_batches > 1) l.raw = gradient_bytes;
+    return l;
+  }
+  l.order.resize(p.gradients.size());
+  for (size_t i = 0; i < l.order.size(); ++i) l.order[i] = i;
+  std::stable_sort(l.order.begin(), l.order.end(), [&](size_t a, size_t b) {
+    return shards->owner(p.gradients[a].param) < shards->owner(p.gradients[b].param);
   });
-  rank_counts_.assign(static_cast<size_t>(ranks), 0);
-  owned_.assign(p.gradients.size(), false);
-  own_at_.assign(p.gradients.size(), 0);
+  l.rank_counts.assign(static_cast<size_t>(ranks), 0);
+  l.owned.assign(p.gradients.size(), false);
+  l.own_at.assign(p.gradients.size(), 0);
   int64_t largest = 0, widest_raw = 0;
-  for (size_t i : order_) {
+  for (size_t i : l.order) {
     const GradientSpec& g = p.gradients[i];
-    const int owner = shards.owner(g.param);
-    if (owner == comm_.rank()) {
-      owned_[i] = true;
-      own_at_[i] = rank_counts_[static_cast<size_t>(owner)];
+    const int owner = shards->owner(g.param);
+    if (owner == rank) {
+      l.owned[i] = true;
+      l.own_at[i] = l.rank_counts[static_cast<size_t>(owner)];
     }
-    rank_counts_[static_cast<size_t>(owner)] += g.numel();
+    l.rank_counts[static_cast<size_t>(owner)] += g.numel();
     largest = std::max(largest, (g.bytes + 3) / 4);
     if (g.dtype != DType::F32) widest_raw = std::max(widest_raw, g.bytes);
   }
   // Buckets of whole gradients in owner order, each closed once it holds
   // bucket_bytes of f32 sums (a bucket holds any gradient larger alone).
   int64_t own_begin = 0;
-  for (int r = 0; r < comm_.rank(); ++r) own_begin += rank_counts_[static_cast<size_t>(r)];
-  const int64_t own_end = own_begin + rank_counts_[static_cast<size_t>(comm_.rank())];
+  for (int r = 0; r < rank; ++r) own_begin += l.rank_counts[static_cast<size_t>(r)];
+  const int64_t own_end = own_begin + l.rank_counts[static_cast<size_t>(rank)];
+  l.sum = own_end - own_begin;
+  if (reduced_in_step) {
+    // No buckets nor staging (the others' gradients are zeroed by Engine::zero_gradient): each gradient read
+    // to be added.
+    int64_t widest = 0;
+    for (const GradientSpec& g : p.gradients) widest = std::max(widest, g.bytes);
+    l.raw = micro_batches > 1 ? widest : widest_raw;
+    return l;
+  }
   int64_t at = 0, widest_bucket = 0;
   Bucket b;
   b.counts.assign(static_cast<size_t>(ranks), 0);
-  for (size_t n = 0; n < order_.size(); ++n) {
-    const GradientSpec& g = p.gradients[order_[n]];
+  for (size_t n = 0; n < l.order.size(); ++n) {
+    const GradientSpec& g = p.gradients[l.order[n]];
     if (b.first == b.last) b.own_at = std::clamp(at, own_begin, own_end) - own_begin;
-    b.counts[static_cast<size_t>(shards.owner(g.param))] += g.numel();
+    b.counts[static_cast<size_t>(shards->owner(g.param))] += g.numel();
     b.last = n + 1;
     at += g.numel();
     int64_t filled = 0;
     for (int64_t c : b.counts) filled += c;
-    if (filled * static_cast<int64_t>(sizeof(float)) < static_cast<int64_t>(p.bucket_bytes) && n + 1 < order_.size())
+    if (filled * static_cast<int64_t>(sizeof(float)) < static_cast<int64_t>(p.bucket_bytes) && n + 1 < l.order.size())
       continue;
     widest_bucket = std::max(widest_bucket, filled);
-    buckets_.push_back(b);
+    l.buckets.push_back(b);
     b.first = b.last = n + 1;
     b.counts.assign(static_cast<size_t>(ranks), 0);
   }
-  sum_.resize(static_cast<size_t>(own_end - own_begin));
-  if (reduced_in_step_) {
-    // No staging, no zeros to write (Engine::zero_gradient): each gradient read to be added.
-    buckets_.clear();
-    int64_t widest = 0;
-    for (const GradientSpec& g : p.gradients) widest = std::max(widest, g.bytes);
-    raw_.resize(static_cast<size_t>(micro_batches_ > 1 ? widest : widest_raw));
-    return;
-  }
-  staging_.resize(static_cast<size_t>(std::max(widest_bucket, largest)));
-  raw_.resize(static_cast<size_t>(widest_raw));
+  l.staging = std::max(widest_bucket, largest);
+  l.raw = widest_raw;
+  return l;
+}
+
+GradientStage::HostBuffers GradientStage::host_buffers(const Program& program, int64_t micro_batches, int ranks,
+                                                       int rank, const OptimizerShards* shards, bool reduced_in_step) {
+  if (micro_batches <= 1 && ranks <= 1) return {};  // inactive
+  const bool sharded = shards && ranks > 1;
+  const Layout l = layout(program, micro_batches, ranks, rank, sharded ? shards : nullptr, reduced_in_step && sharded);
+  const int64_t f32 = sizeof(float);
+  HostBuffers h;
+  h.bytes = (l.sum + l.staging) * f32 + l.raw;
+  if (!sharded && ranks > 1) h.all_reduced = l.sum * f32;
+  if (sharded && !reduced_in_step) h.scattered = l.staging * f32;
+  return h;
 }
 
 int64_t GradientStage::all_reduce_bytes() const {

@@ -68,6 +68,18 @@ class GradientStage {
   // (ZeRO-2: this rank's part), and a staging copy when some gradient is not
   // f32 (ZeRO-2: one bucket's).
   int64_t buffer_bytes() const;
+  // What the stage will hold for rank `rank` of `ranks` on the host path
+  // (no device collectives), before any stage exists, and the largest MPI
+  // message of its step: a rank's memory prediction (runtime/rank_memory.h),
+  // for this job and for the others it suggests. `shards`,
+  // `reduced_in_step`: as the constructor's.
+  struct HostBuffers {
+    int64_t bytes = 0;          // buffer_bytes()
+    int64_t all_reduced = 0;    // the f32 sum, all-reduced whole once a step (0: not)
+    int64_t scattered = 0;      // ZeRO-2: the widest bucket reduce-scattered (0: none)
+  };
+  static HostBuffers host_buffers(const Program& program, int64_t micro_batches, int ranks, int rank,
+                                  const OptimizerShards* shards, bool reduced_in_step);
 
   // After micro-batch k's backward (k = 0 first: the sum starts over).
   void add_micro_batch(int64_t k);
@@ -109,7 +121,18 @@ class GradientStage {
   std::vector<int64_t> own_at_;      // per owned gradient: its elements' start in sum_
   std::vector<Bucket> buckets_;
   std::vector<float> staging_;  // one bucket, packed (also the zeros written into others' gradients)
-  void shard(const OptimizerShards& shards);
+  // The host buffers' sizes and ZeRO-2/3's packing: a function of the
+  // program, the micro-batches and the rank (shards null: every gradient
+  // averaged whole).
+  struct Layout {
+    int64_t sum = 0, staging = 0, raw = 0;  // sum_'s and staging_'s elements, raw_'s bytes
+    std::vector<size_t> order;
+    std::vector<int64_t> rank_counts, own_at;
+    std::vector<bool> owned;
+    std::vector<Bucket> buckets;
+  };
+  static Layout layout(const Program& p, int64_t micro_batches, int ranks, int rank, const OptimizerShards* shards,
+                       bool reduced_in_step);
   void add_sharded(int64_t k);
   void add_reduced(int64_t k);
   void finish_sharded();

@@ -23,10 +23,17 @@ struct AgreedSetting {
   std::string value;  // "1", "32,768 bytes, CRC-32C 1a2b3c4d"
 };
 
-// What check_ranks_agree throws on every rank of a job whose ranks differ.
-class RanksDisagree : public Error {
+// An error every rank of a job finds alike from what the ranks agreed on:
+// rank 0 says it, and every rank ends with status 1, none waiting for another.
+class EveryRankStops : public Error {
  public:
   using Error::Error;
+};
+
+// What check_ranks_agree throws on every rank of a job whose ranks differ.
+class RanksDisagree : public EveryRankStops {
+ public:
+  using EveryRankStops::EveryRankStops;
 };
 
 // What identifies a file's content, cheaply at any size: its length and a

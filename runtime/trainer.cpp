@@ -19,6 +19,7 @@
 #include "runtime/optimizer_shards.h"
 #include "runtime/parameter_collectives.h"
 #include "runtime/rank_agreement.h"
+#include "runtime/rank_memory.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/dataset.h"
 #include "runtime/error.h"
@@ -73,6 +74,7 @@ struct Options {
   double bucket_mib = 0;  // 0: the program's bucket size
   int zero = -1;          // ZeRO stage 0-3; -1: 3 for a program that gathers its parameters, else 0
   int shard_group = 0;    // hybrid sharding: ranks per sharding group (0: all of them)
+  int64_t memory_limit = 0;  // bytes a rank may hold (0: no limit); runtime/rank_memory.h predicts them
   bool debug_nan = false, quiet = false, print_program = false, profile = false;
   int64_t sample_every = 0, sample_tokens = 64;  // --sample-every: a sample from the model every K steps
 };
@@ -209,15 +211,6 @@ CheckpointHeader resume_from(const std::string& arg, const std::vector<TensorRef
   }
 }
 
-// This process's peak resident set (VmHWM of /proc/self/status), 0 where
-// there is none.
-int64_t peak_resident_bytes() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;  // "VmHWM:   123456 kB"
-  return 0;
-}
-
 // The micro-batches of one step, and the checkpoint field that records them:
 // a run resumed with another split of the same global batch continues it.
 constexpr const char* kMicroBatchesKey = "micro_batches_per_step";
@@ -261,6 +254,10 @@ class TrainingRun {
   void start_engine(const SamplerProgram& sampler_program);
   void load_weights();
   void agree_with_other_ranks();
+  // Each rank's predicted memory (runtime/rank_memory.h), from every rank's
+  // process measured at start-up; --memory-limit refuses the job here.
+  void predict_memory();
+  std::string memory_prediction_text(const RankMemory& m) const;
   // Every rank calls it (ZeRO-1 gathers the optimizer state to rank 0 first);
   // rank 0 writes.
   std::string save(int64_t step);
@@ -307,6 +304,8 @@ class TrainingRun {
   std::optional<CheckpointHeader> resumed;
   std::unique_ptr<Dataset> data;
   std::optional<GradientStage> gradients;
+  int64_t process_bytes = 0;            // this rank's resident memory before its arena is touched
+  std::vector<RankMemory> predicted;    // per rank (the CPU trainer's)
   std::unique_ptr<CheckpointDir> ckpt;
   const double peak = p.peak_flops;
   MetricsFile metrics{std::string()};  // opened by loop(): a run that cannot start leaves no file
@@ -320,12 +319,14 @@ class TrainingRun {
 };
 
 std::optional<int> TrainingRun::setup(const SamplerProgram& sampler_program) {
+  process_bytes = resident_bytes();  // the arena is mapped, not yet touched
   start_engine(sampler_program);
   load_weights();
   Options opts = o;
   opts.seed = seed;
   data = open_data(p, opts, ex, micro_batches);
   agree_with_other_ranks();
+  predict_memory();
 
   if (resumed) {
     check_same_global_batch(*resumed, micro_batches, ranks, accumulate);
@@ -470,7 +471,71 @@ void TrainingRun::agree_with_other_ranks() {
              {"--eval-batches", std::to_string(o.eval_batches)},
              {"--checkpoint-every", o.checkpoint_dir.empty() ? std::string("no checkpoints") : std::to_string(o.checkpoint_every)},
              {"--checkpoint-format", sharded_checkpoints ? "sharded" : "single"},
-             {"--bucket-mib", fmt::format("{:g}", program.bucket_bytes / (1024.0 * 1024.0))}});
+             {"--bucket-mib", fmt::format("{:g}", program.bucket_bytes / (1024.0 * 1024.0))},
+             {"--memory-limit", o.memory_limit > 0 ? std::to_string(o.memory_limit) : std::string("none")}});
+}
+
+std::string TrainingRun::memory_prediction_text(const RankMemory& m) const {
+  std::string s = fmt::format("{} arena", human_bytes(static_cast<double>(m.arena)));
+  if (m.others_state > 0)
+    s += fmt::format(" − {} of the others' optimizer state", human_bytes(static_cast<double>(m.others_state)));
+  if (m.others_params > 0)
+    s += fmt::format(" − {} of their parameters", human_bytes(static_cast<double>(m.others_params)));
+  if (m.others_grads > 0)
+    s += fmt::format(" − {} of their gradients", human_bytes(static_cast<double>(m.others_grads)));
+  if (m.gradient_stage > 0)
+    s += fmt::format(" + {} of gradient sums", human_bytes(static_cast<double>(m.gradient_stage)));
+  if (m.collectives > 0)
+    s += fmt::format(" + {} in MPI's collectives", human_bytes(static_cast<double>(m.collectives)));
+  if (m.scratch > 0) s += fmt::format(" + {} of matmul scratch", human_bytes(static_cast<double>(m.scratch)));
+  return s + fmt::format(" + {} of process", human_bytes(static_cast<double>(m.process)));
+}
+
+void TrainingRun::predict_memory() {
+  if (p.backend != "cpu") {
+    if (o.memory_limit > 0)
+      throw EveryRankStops("--memory-limit is the CPU trainer's: a CUDA rank's arena is one device allocation of the "
+                           "planned arena (`napkin report --memory-per-rank` predicts it)");
+    return;
+  }
+  std::vector<int64_t> process(static_cast<size_t>(ranks), process_bytes);
+  if (ranks > 1) comm.all_gather(&process_bytes, sizeof process_bytes, process.data());
+  int64_t most_process = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t bytes = process[static_cast<size_t>(r)] + kRuntimeGrowth;
+    // Hybrid sharding: a rank shards with its group alone.
+    predicted.push_back(predict_rank_memory(program, stage, group_size, r % group_size, accumulate, bytes));
+    most_process = std::max(most_process, bytes);
+  }
+  if (o.memory_limit <= 0) return;
+  const RankMemory* most = &predicted.front();
+  for (const RankMemory& m : predicted)
+    if (m.total() > most->total()) most = &m;
+  if (most->total() <= o.memory_limit) return;
+  // What would fit, by the same prediction: the other stages on these ranks, then more ranks for the most sharded.
+  const bool can_gather = gathers_parameters(program);
+  const int top = can_gather ? 3 : 2;
+  std::vector<std::string> fits;
+  if (ranks > 1)
+    for (int s = stage + 1; s <= top; ++s)
+      if (const RankMemory m = predict_job_memory(program, s, ranks, accumulate, most_process); m.total() <= o.memory_limit)
+        fits.push_back(fmt::format("--zero {} on {} ranks needs {}", s, ranks, human_bytes(static_cast<double>(m.total()))));
+  if (fits.empty())
+    for (int n = std::max(2, 2 * ranks); n <= 1024; n *= 2)
+      if (const RankMemory m = predict_job_memory(program, top, n, accumulate, most_process); m.total() <= o.memory_limit) {
+        fits.push_back(fmt::format("--zero {} on {} ranks needs {}", top, n, human_bytes(static_cast<double>(m.total()))));
+        break;
+      }
+  std::string hint;
+  for (const std::string& f : fits) hint += (hint.empty() ? "" : "; ") + f;
+  if (hint.empty()) hint = "no stage fits on up to 1024 ranks";
+  if (!can_gather) hint += "; --zero 3 (the parameters sharded too) needs a trainer built with `napkin build --zero 3`";
+  // Every rank computes the same figures from the same gathered sizes: they all stop.
+  throw EveryRankStops(fmt::format(
+      "this job needs {} a rank under --zero {} on {} rank{} (rank {}: {}), over --memory-limit {}; {} (nothing was "
+      "trained)",
+      human_bytes(static_cast<double>(most->total())), stage, ranks, ranks == 1 ? "" : "s", most->rank,
+      memory_prediction_text(*most), human_bytes(static_cast<double>(o.memory_limit)), hint));
 }
 
 void TrainingRun::banner() {
@@ -478,6 +543,11 @@ void TrainingRun::banner() {
     fmt::print("napkin trainer: {} ({}, {})\n", p.model, p.backend, ex.describe());
     fmt::print("  arena      {} ({} bytes, planned; liveness lower bound {} bytes)\n", human_bytes(p.arena_bytes),
                p.arena_bytes, p.liveness_peak);
+    if (!predicted.empty()) {
+      const RankMemory& m = predicted.front();
+      fmt::print("  memory     per rank: predicted {}{} ({}; docs/distributed.md \"Memory per rank\")\n",
+                 human_bytes(static_cast<double>(m.total())), ranks > 1 ? " on rank 0" : "", memory_prediction_text(m));
+    }
     if (gradients->reduced_in_step())
       fmt::print("  gradients  {} besides the arena: this rank's f32 sum of its own parameters' gradients (ZeRO-3)\n",
                  human_bytes(static_cast<double>(gradients->buffer_bytes())));
@@ -833,8 +903,22 @@ int TrainingRun::finish() {
     comm.all_reduce_sum(peaks.data(), ranks);
     std::string list;
     for (double b : peaks) list += (list.empty() ? "" : ", ") + human_bytes(b);
-    if (!quiet) fmt::print("memory: peak resident per rank {}\n", list);
-    metrics.write(MetricsRecord().fixed_list("peak_resident_bytes", peaks, 0).integer("zero", shards ? stage : 0));
+    std::string expected;
+    for (const RankMemory& m : predicted)
+      expected += (expected.empty() ? "" : ", ") + human_bytes(static_cast<double>(m.total()));
+    if (!quiet)
+      fmt::print("memory: peak resident per rank {}{}\n", list, expected.empty() ? "" : "; predicted " + expected);
+    // The arena's part of it too: what `napkin report --ranks N` predicts per rank.
+    std::vector<double> predicted_bytes, predicted_arena;
+    for (const RankMemory& m : predicted) {
+      predicted_bytes.push_back(static_cast<double>(m.total()));
+      predicted_arena.push_back(static_cast<double>(m.arena - m.others_params - m.others_state - m.others_grads));
+    }
+    metrics.write(MetricsRecord()
+                      .fixed_list("peak_resident_bytes", peaks, 0)
+                      .fixed_list("predicted_resident_bytes", predicted_bytes, 0)
+                      .fixed_list("predicted_arena_bytes", predicted_arena, 0)
+                      .integer("zero", shards ? stage : 0));
   }
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success
@@ -860,9 +944,10 @@ int run_rank(const Options& o, const Program& p, const EngineFactory& make_engin
   if (comm->size() == 1) return run(o, p, make_engine, sampler, *comm);
   try {
     return run(o, p, make_engine, sampler, *comm);
-  } catch (const RanksDisagree& e) {
-    // Every rank found the same differences: rank 0 says them, and they all
-    // end (MPI finalized) with status 1, none waiting for another.
+  } catch (const EveryRankStops& e) {
+    // Every rank found the same differences (or the same --memory-limit
+    // overrun): rank 0 says them, and they all end (MPI finalized) with
+    // status 1, none waiting for another.
     std::fflush(stdout);
     if (comm->rank() == 0) write_stderr_line(fmt::format("error: {}", e.what()));
     return 1;
@@ -962,6 +1047,11 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
                    "replicate across the groups (each group's owners sum their gradients over the groups); 0, the "
                    "default: the job is one group")
         ->check(whole_number_in(0, 1'000'000));
+    app.add_option("--memory-limit", o.memory_limit,
+                   "bytes one rank may hold (e.g. 2GiB or 1500MB): a CPU job whose predicted memory per rank (the "
+                   "banner's) is over it stops before step 1, saying which --zero and rank count would fit")
+        ->transform(CLI::AsSizeValue(true))
+        ->check(whole_number_in(1, INT64_MAX));
     app.add_option("--bucket-mib", o.bucket_mib,
                    "a GPU job all-reduces its gradients in buckets of at least this many MiB, each as soon as the "
                    "backward has written it (default: the program's, 25)")

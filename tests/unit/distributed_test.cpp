@@ -81,12 +81,15 @@ TEST_CASE("distributed: GPT-2's bytes per rank and memory per ZeRO stage are the
     CHECK(d.stages[1].bytes_sent == doctest::Approx(k * G + k * P));      // reduce-scatter, all-gather the parameters
     CHECK(d.stages[2].bytes_sent == doctest::Approx(k * G + k * P));      // the same traffic
     CHECK(d.stages[3].bytes_sent == doctest::Approx(k * G + 2 * k * P));  // gathered for the forward and the backward
-    // Model states per rank: DeepSpeed's memory estimators' shards.
+    // Model states per rank: DeepSpeed's memory estimators' shards of the parameters and the optimizer state;
+    // the gradients whole at every stage, as napkin's step writes them on every rank (its arena's bytes).
     CHECK(d.stages[0].params == doctest::Approx(P));
     CHECK(d.stages[0].optimizer_state == doctest::Approx(S));
     CHECK(d.stages[1].optimizer_state == doctest::Approx(S / n));
     CHECK(d.stages[1].grads == doctest::Approx(G));
-    CHECK(d.stages[2].grads == doctest::Approx(G / n));
+    CHECK(d.stages[2].grads == doctest::Approx(G));
+    CHECK(d.stages[3].grads == doctest::Approx(G));
+    CHECK(d.stages[2].peak == d.stages[1].peak);
     CHECK(d.stages[2].params == doctest::Approx(P));
     CHECK(d.stages[3].params == doctest::Approx(P / n));
     // The unsharded sweep is the single-rank peak to the byte; sharding never raises it.
