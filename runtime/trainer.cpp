@@ -458,6 +458,15 @@ void TrainingRun::banner() {
     fmt::print("napkin trainer: {} ({}, {})\n", p.model, p.backend, ex.describe());
     fmt::print("  arena      {} ({} bytes, planned; liveness lower bound {} bytes)\n", human_bytes(p.arena_bytes),
                p.arena_bytes, p.liveness_peak);
+    if (const std::optional<DeviceArenaMemory> device = ex.device_arena_memory()) {
+      if (device->not_virtual.empty())
+        fmt::print("  device     arena {} mapped of {} reserved, in {} granules{}\n", human_bytes(static_cast<double>(device->mapped)),
+                   human_bytes(static_cast<double>(device->reserved)), human_bytes(static_cast<double>(device->granule)),
+                   shards ? fmt::format(" (ZeRO-{}: the other ranks' optimizer state unmapped)", stage) : "");
+      else
+        fmt::print("  device     arena {} in one cuMemAlloc ({}{})\n", human_bytes(static_cast<double>(device->reserved)), device->not_virtual,
+                   shards ? ": the other ranks' optimizer state stays mapped" : "");
+    }
     if (gradients->reduced_in_step())
       fmt::print("  gradients  {} besides the arena: this rank's f32 sum of its own parameters' gradients (ZeRO-3)\n",
                  human_bytes(static_cast<double>(gradients->buffer_bytes())));
@@ -787,6 +796,17 @@ int TrainingRun::finish() {
     for (double b : peaks) list += (list.empty() ? "" : ", ") + human_bytes(b);
     if (!quiet) fmt::print("memory: peak resident per rank {}\n", list);
     metrics.write(MetricsRecord().fixed_list("peak_resident_bytes", peaks, 0).integer("zero", shards ? stage : 0));
+  }
+  if (const std::optional<DeviceArenaMemory> device = ex.device_arena_memory()) {
+    // What each rank's GPU held of the arena at most (ZeRO-1: its own share of the optimizer state).
+    std::vector<double> mapped(static_cast<size_t>(ranks), 0.0);
+    mapped[static_cast<size_t>(comm.rank())] = static_cast<double>(device->peak_mapped);
+    comm.all_reduce_sum(mapped.data(), ranks);
+    std::string list;
+    for (double b : mapped) list += (list.empty() ? "" : ", ") + human_bytes(b);
+    if (!quiet)
+      fmt::print("device arena: peak mapped {}{} of {} reserved\n", ranks > 1 ? "per rank " : "", list,
+                 human_bytes(static_cast<double>(device->reserved)));
   }
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success
