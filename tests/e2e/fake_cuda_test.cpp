@@ -826,16 +826,16 @@ nlohmann::json fake_report(const std::string& prefix, int rank) {
 // ZeRO-1 on fake GPUs with virtual memory management: each rank's arena maps
 // every granule but those lying wholly inside the other rank's optimizer
 // state (counted by the fake driver itself), it trains bit for bit as plain
-// data parallel, and a single-file checkpoint (rank 0 gathers the others'
-// state through its host copies, never the unmapped granules) is the plain
-// run's. An MLP with a 1024 x 1024 hidden layer: w2's AdamW state (8 MiB)
+// data parallel, a single-file checkpoint (rank 0 gathers the others' state
+// through its host copies, never the unmapped granules) is the plain run's,
+// and a run resumed from it maps no more and goes on as the plain run. An MLP with a 1024 x 1024 hidden layer: w2's AdamW state (8 MiB)
 // is rank 0's, so rank 1 unmaps it. Without virtual memory management the
 // arena is one cuMemAlloc and nothing is given back.
 TEST_CASE("fake cuda: a ZeRO-1 rank maps only its share of the arena, trains as plain data parallel, and one GPU maps it all") {
   REQUIRE(sh("command -v mpirun").status == 0);
   TempDir dir("fakecuda-vmm");
   const Trainers t = build_both("models/mlp.yaml", "batch=8,d_in=64,hidden=1024", dir);
-  const std::string flags = fmt::format("{} --steps 3 --data-file images=tests/e2e/data/mlp/images.npy "
+  const std::string flags = fmt::format("{} --data-file images=tests/e2e/data/mlp/images.npy "
                                         "--data-file labels=tests/e2e/data/mlp/labels.npy --checkpoint-format single",
                                         kCommon);
   const std::string mpirun =
@@ -855,15 +855,22 @@ TEST_CASE("fake cuda: a ZeRO-1 rank maps only its share of the arena, trains as 
     REQUIRE(r.status == 0);
     return r;
   };
-  const Run plain = job("plain", "");
+  const Run plain = job("plain", "--steps 5 --checkpoint-every 3");
   const std::string whole_mib = fmt::format("{:.1f} MiB", static_cast<double>(reserved) / (1 << 20));
   CHECK(plain.out.find(fmt::format("device     arena {} mapped of {} reserved, in 2.0 MiB granules\n", whole_mib,
                                    whole_mib)) != std::string::npos);
-  const Run zero = job("zero", "--zero 1");
+  const Run zero = job("zero", "--steps 3 --zero 1");
   CHECK(zero.out.find("(ZeRO-1: the other ranks' optimizer state unmapped)") != std::string::npos);
-  CHECK(losses(dir / "zero.jsonl") == losses(dir / "plain.jsonl"));
+  const std::vector<double> plain_losses = losses(dir / "plain.jsonl");
+  REQUIRE(plain_losses.size() == 5);
+  CHECK(losses(dir / "zero.jsonl") == std::vector<double>(plain_losses.begin(), plain_losses.begin() + 3));
   CHECK(napkin::testing::checkpoint_content(dir / "zero-ckpt/step-000003.safetensors") ==
         napkin::testing::checkpoint_content(dir / "plain-ckpt/step-000003.safetensors"));
+  // Resumed from it, each rank loads its own state (the others' never mapped) and goes on as the plain run.
+  job("resumed", fmt::format("--steps 5 --zero 1 --resume {}", dir / "zero-ckpt/step-000003.safetensors"));
+  CHECK(losses(dir / "resumed.jsonl") == std::vector<double>(plain_losses.begin() + 3, plain_losses.end()));
+  CHECK(napkin::testing::checkpoint_content(dir / "resumed-ckpt/step-000005.safetensors") ==
+        napkin::testing::checkpoint_content(dir / "plain-ckpt/step-000005.safetensors"));
 
   int64_t saved = 0;
   for (int rank = 0; rank < 2; ++rank) {
@@ -875,6 +882,7 @@ TEST_CASE("fake cuda: a ZeRO-1 rank maps only its share of the arena, trains as 
     for (const napkin::runtime::TensorSpec* s : shards.others_state()) others.push_back({s->offset, s->offset + s->bytes});
     const int64_t expected = expected_mapped(program.arena_bytes, others);
     CHECK(share.at("peak_mapped_bytes").get<int64_t>() == expected);
+    CHECK(fake_report(dir / "resumed", rank).at("peak_mapped_bytes").get<int64_t>() == expected);
     CHECK(share.at("mapped_bytes").get<int64_t>() == 0);  // the engine's tear-down unmapped it all
     saved = std::max(saved, reserved - expected);
   }
@@ -882,17 +890,17 @@ TEST_CASE("fake cuda: a ZeRO-1 rank maps only its share of the arena, trains as 
   CHECK(saved >= 3 * granule);
 
   // One GPU maps the whole arena.
-  Run one = sh(fmt::format("NAPKIN_FAKE_CUDA_REPORT={} NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} --quiet",
+  Run one = sh(fmt::format("NAPKIN_FAKE_CUDA_REPORT={} NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} --steps 1 --quiet",
                            dir / "one", t.cuda_source, kFakeCudaDir, t.cuda, flags));
   INFO(one.out);
   REQUIRE(one.status == 0);
   CHECK(fake_report(dir / "one", 0).at("peak_mapped_bytes").get<int64_t>() == reserved);
 
   // Without virtual memory management: one cuMemAlloc, the same bits, nothing given back.
-  const Run old = job("no-vmm", "--zero 1", "NAPKIN_FAKE_CUDA_VMM=0");
+  const Run old = job("no-vmm", "--steps 3 --zero 1", "NAPKIN_FAKE_CUDA_VMM=0");
   CHECK(old.out.find("in one cuMemAlloc (this GPU has no virtual memory management: the other ranks' optimizer state "
                      "stays mapped)") != std::string::npos);
-  CHECK(losses(dir / "no-vmm.jsonl") == losses(dir / "plain.jsonl"));
+  CHECK(losses(dir / "no-vmm.jsonl") == losses(dir / "zero.jsonl"));
   for (int rank = 0; rank < 2; ++rank) {
     CHECK(fake_report(dir / "no-vmm", rank).at("peak_mapped_bytes").get<int64_t>() == 0);
     CHECK(fake_report(dir / "no-vmm", rank).at("peak_allocated_bytes").get<int64_t>() >= program.arena_bytes);
