@@ -105,11 +105,10 @@ class Engine {
   // an engine that cannot run them throws Error.
   virtual void set_collectives(std::function<void(const CollectiveSpec& spec, char* y)> fn) = 0;
   // ZeRO-1: the memory of these tensors, which this rank never reads, may
-  // be given back. On the CPU they then read as zero. On a GPU with
-  // virtual memory management the arena's granules lying wholly inside them
-  // are unmapped, and upload and download skip them (their host copies keep
-  // what they hold: what a checkpoint gathered there); a no-op on a GPU
-  // without it.
+  // be given back. On the CPU they then read as zero. On a GPU upload and
+  // download skip them from then on (their host copies keep what they hold:
+  // what a checkpoint gathered there), and the arena's granules lying wholly
+  // inside them are unmapped where the GPU has virtual memory management.
   virtual void release(const std::vector<const TensorSpec*>& tensors) { (void)tensors; }
   // A GPU arena's memory (runtime/cuda/device_arena.h), for the banner and
   // the end of the run; none where the arena is host memory, which the

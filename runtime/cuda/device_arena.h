@@ -1,7 +1,8 @@
 // The CUDA engine's arena (runtime/cuda/cuda_engine.h): the program's
 // planned bytes at one device address, backed by physical memory only where
 // this rank uses them, so that a rank of a ZeRO job holds its own share of
-// the optimizer state and not the others' (docs/cuda.md "Memory").
+// the optimizer state and not the others' (docs/cuda.md, "The arena, by
+// virtual memory management").
 //
 // Terms:
 //  - granule: cuMemGetAllocationGranularity's size for the device (2 MiB on
