@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,15 @@
 #include "runtime/program.h"
 
 namespace napkin::runtime {
+
+// What a GPU engine's arena holds (Engine::device_arena_memory).
+struct DeviceArenaMemory {
+  int64_t reserved = 0;     // its address range (a whole number of granules)
+  int64_t mapped = 0;       // backed by physical memory now
+  int64_t peak_mapped = 0;  // the most at any time
+  int64_t granule = 0;      // the unit of mapping; 0 without virtual memory management
+  std::string not_virtual;  // why the arena is one cuMemAlloc ("" when it is mapped by granules)
+};
 
 class Engine {
  public:
@@ -99,9 +109,15 @@ class Engine {
   // them throws Error.
   virtual void set_collectives(std::function<void(const CollectiveSpec& spec, const char* x, char* y)> fn) = 0;
   // ZeRO-1: the memory of these tensors, which this rank never reads, may
-  // be given back (they then read as zero). A no-op where the engine
-  // cannot (a GPU arena is one allocation).
+  // be given back. On the CPU they then read as zero. On a GPU upload and
+  // download skip them from then on (their host copies keep what they hold:
+  // what a checkpoint gathered there), and the arena's granules lying wholly
+  // inside them are unmapped where the GPU has virtual memory management.
   virtual void release(const std::vector<const TensorSpec*>& tensors) { (void)tensors; }
+  // A GPU arena's memory (runtime/cuda/device_arena.h), for the banner and
+  // the end of the run; none where the arena is host memory, which the
+  // resident set counts.
+  virtual std::optional<DeviceArenaMemory> device_arena_memory() const { return std::nullopt; }
 
   // Debugging and profiling, both slow (every kernel runs on its own):
   // after each kernel, `inspect` gets the kernel's index and its output in

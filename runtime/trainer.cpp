@@ -548,6 +548,15 @@ void TrainingRun::banner() {
       fmt::print("  memory     per rank: predicted {}{} ({}; docs/distributed.md \"Memory per rank\")\n",
                  human_bytes(static_cast<double>(m.total())), ranks > 1 ? " on rank 0" : "", memory_prediction_text(m));
     }
+    if (const std::optional<DeviceArenaMemory> device = ex.device_arena_memory()) {
+      if (device->not_virtual.empty())
+        fmt::print("  device     arena {} mapped of {} reserved, in {} granules{}\n", human_bytes(static_cast<double>(device->mapped)),
+                   human_bytes(static_cast<double>(device->reserved)), human_bytes(static_cast<double>(device->granule)),
+                   shards ? fmt::format(" (ZeRO-{}: the other ranks' optimizer state unmapped)", stage) : "");
+      else
+        fmt::print("  device     arena {} in one cuMemAlloc ({}{})\n", human_bytes(static_cast<double>(device->reserved)), device->not_virtual,
+                   shards ? ": the other ranks' optimizer state stays mapped" : "");
+    }
     if (gradients->reduced_in_step())
       fmt::print("  gradients  {} besides the arena: this rank's f32 sum of its own parameters' gradients (ZeRO-3)\n",
                  human_bytes(static_cast<double>(gradients->buffer_bytes())));
@@ -919,6 +928,17 @@ int TrainingRun::finish() {
                       .fixed_list("predicted_resident_bytes", predicted_bytes, 0)
                       .fixed_list("predicted_arena_bytes", predicted_arena, 0)
                       .integer("zero", shards ? stage : 0));
+  }
+  if (const std::optional<DeviceArenaMemory> device = ex.device_arena_memory()) {
+    // What each rank's GPU held of the arena at most (ZeRO-1: its own share of the optimizer state).
+    std::vector<double> mapped(static_cast<size_t>(ranks), 0.0);
+    mapped[static_cast<size_t>(comm.rank())] = static_cast<double>(device->peak_mapped);
+    comm.all_reduce_sum(mapped.data(), ranks);
+    std::string list;
+    for (double b : mapped) list += (list.empty() ? "" : ", ") + human_bytes(b);
+    if (!quiet)
+      fmt::print("device arena: peak mapped {}{} of {} reserved\n", ranks > 1 ? "per rank " : "", list,
+                 human_bytes(static_cast<double>(device->reserved)));
   }
   if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success

@@ -50,6 +50,12 @@ CudaDriver::CudaDriver(const char* library) {
     throw Error(fmt::format("{} is {}, which lacks {}; this trainer needs a driver for CUDA {}.{} or newer", library,
                             has, fmt::join(missing, ", "), CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10));
   }
+  std::vector<std::string> missing_vmm = resolve_all(handle_, [&](auto&& bind) {
+#define NAPKIN_BIND(name) bind(name, NAPKIN_STRINGIFY(name));
+    NAPKIN_CUDA_VMM_ENTRY_POINTS(NAPKIN_BIND)
+#undef NAPKIN_BIND
+  });
+  missing_vmm_ = fmt::format("{}", fmt::join(missing_vmm, ", "));
   // The toolkit's stub library answers no version (CUDA_ERROR_STUB_LIBRARY);
   // cuInit then says what it is.
   int version = 0;

@@ -73,6 +73,18 @@ namespace napkin::runtime::cuda {
   X(cuGraphExecDestroy)                                                                                        \
   X(cuGraphLaunch)
 
+// Virtual memory management (the arena, runtime/cuda/device_arena.h): looked
+// up too, but a driver without them still trains, from one cuMemAlloc.
+#define NAPKIN_CUDA_VMM_ENTRY_POINTS(X) \
+  X(cuMemGetAllocationGranularity)      \
+  X(cuMemAddressReserve)                \
+  X(cuMemAddressFree)                   \
+  X(cuMemCreate)                        \
+  X(cuMemRelease)                       \
+  X(cuMemMap)                           \
+  X(cuMemUnmap)                         \
+  X(cuMemSetAccess)
+
 #define NAPKIN_CUBLASLT_ENTRY_POINTS(X) \
   X(cublasLtGetVersion)                 \
   X(cublasLtGetStatusName)              \
@@ -112,9 +124,15 @@ class CudaDriver {
   std::string error_text(CUresult r) const;
 
   NAPKIN_CUDA_DRIVER_ENTRY_POINTS(NAPKIN_DECLARE_ENTRY_POINT)
+  NAPKIN_CUDA_VMM_ENTRY_POINTS(NAPKIN_DECLARE_ENTRY_POINT)
+
+  // "" when every virtual memory management entry point resolved, else
+  // which are missing ("cuMemCreate, cuMemMap").
+  const std::string& missing_vmm() const { return missing_vmm_; }
 
  private:
   void* handle_ = nullptr;
+  std::string missing_vmm_;
 };
 
 // cuBLASLt: libcublasLt.so.13 (the major version napkin was built with),

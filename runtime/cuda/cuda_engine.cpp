@@ -47,14 +47,14 @@ CudaEngine::CudaEngine(const Program& program, std::string_view cubin, std::stri
     load_module(cubin, ptx);
     allocate();
     prepare_kernels();
-    NAPKIN_CU(*driver_, cuStreamSynchronize(stream_));  // the arena's zero fill, the bad index's reset
+    NAPKIN_CU(*driver_, cuStreamSynchronize(stream_));  // the bad index's reset
   } catch (...) {
-    release();
+    tear_down();
     throw;
   }
 }
 
-CudaEngine::~CudaEngine() { release(); }
+CudaEngine::~CudaEngine() { tear_down(); }
 
 void CudaEngine::open_device() {
   try {
@@ -122,11 +122,9 @@ void CudaEngine::load_module(std::string_view cubin, std::string_view ptx) {
 
 void CudaEngine::allocate() {
   CudaDriver& d = *driver_;
-  size_t arena_bytes = static_cast<size_t>(std::max<int64_t>(program_.arena_bytes, 1));
-  if (CUresult r = d.cuMemAlloc(&arena_, arena_bytes); r != CUDA_SUCCESS)
-    throw Error(fmt::format("the arena ({} bytes) does not fit on this GPU: {}", arena_bytes,
-                            call_failed_message(__FILE__, __LINE__, "cuMemAlloc", d.error_text(r))));
-  NAPKIN_CU(d, cuMemsetD8Async(arena_, 0, arena_bytes, stream_));  // optimizer state starts at 0
+  // Reserved now, mapped by the first work on it: a ZeRO rank releases the others' state before that.
+  arena_memory_ = std::make_unique<DeviceArena>(d, device_, static_cast<size_t>(std::max<int64_t>(program_.arena_bytes, 1)));
+  arena_ = arena_memory_->base();
   if (program_.cuda.scratch_bytes > 0)
     NAPKIN_CU(d, cuMemAlloc(&scratch_, static_cast<size_t>(program_.cuda.scratch_bytes)));
 
@@ -248,7 +246,7 @@ void CudaEngine::prepare_kernels() {
   }
 }
 
-void CudaEngine::release() noexcept {
+void CudaEngine::tear_down() noexcept {
   if (!driver_) return;
   CudaDriver& d = *driver_;
   // Pending work may still use what is freed below.
@@ -269,8 +267,10 @@ void CudaEngine::release() noexcept {
   if (inspect_host_) d.cuMemFreeHost(inspect_host_), inspect_host_ = nullptr;
   if (pinned_) d.cuMemFreeHost(pinned_), pinned_ = nullptr;
   host_.clear();
-  for (CUdeviceptr* p : {&workspace_, &scratch_, &arena_})
+  for (CUdeviceptr* p : {&workspace_, &scratch_})
     if (*p) d.cuMemFree(*p), *p = 0;
+  arena_memory_.reset();
+  arena_ = 0;
   if (module_) d.cuModuleUnload(module_), module_ = nullptr;
   if (kernel_start_) d.cuEventDestroy(kernel_start_), kernel_start_ = nullptr;
   if (kernel_end_) d.cuEventDestroy(kernel_end_), kernel_end_ = nullptr;
@@ -284,48 +284,68 @@ char* CudaEngine::host(const TensorSpec& t) {
   return it->second;
 }
 
+void CudaEngine::copy_up(int64_t offset, const void* src, int64_t bytes) {
+  arena_memory_->back(stream_);
+  NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(offset), src, static_cast<size_t>(bytes),
+                                        stream_));
+}
+
+void CudaEngine::copy_down(void* dst, int64_t offset, int64_t bytes) {
+  arena_memory_->back(stream_);
+  NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(dst, arena_ + static_cast<CUdeviceptr>(offset), static_cast<size_t>(bytes),
+                                        stream_));
+}
+
 void CudaEngine::upload(TensorRole role) {
   for (const TensorSpec* t : program_.with_role(role))
-    NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
-                                          static_cast<size_t>(t->bytes), stream_));
+    if (!released(*t)) copy_up(t->offset, host(*t), t->bytes);
   synchronize();
 }
 
 void CudaEngine::download(TensorRole role) {
   for (const TensorSpec* t : program_.with_role(role))
-    NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(host(*t), arena_ + static_cast<CUdeviceptr>(t->offset),
-                                          static_cast<size_t>(t->bytes), stream_));
+    if (!released(*t)) copy_down(host(*t), t->offset, t->bytes);
   synchronize();
 }
 
 void CudaEngine::download_tensor(const TensorSpec& t) {
-  NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(host(t), arena_ + static_cast<CUdeviceptr>(t.offset), static_cast<size_t>(t.bytes),
-                                        stream_));
+  if (!released(t)) copy_down(host(t), t.offset, t.bytes);
   synchronize();
+}
+
+void CudaEngine::release(const std::vector<const TensorSpec*>& tensors) {
+  // Nothing may still be reading or writing what is unmapped (the arena's zero fill, a checkpoint's copies).
+  NAPKIN_CU(*driver_, cuStreamSynchronize(stream_));
+  if (comm_stream_) NAPKIN_CU(*driver_, cuStreamSynchronize(comm_stream_));
+  for (const TensorSpec* t : tensors) {
+    released_.insert(t->name);
+    arena_memory_->release(t->offset, t->bytes);
+  }
+}
+
+std::optional<DeviceArenaMemory> CudaEngine::device_arena_memory() const {
+  const DeviceArena& a = *arena_memory_;
+  return DeviceArenaMemory{a.reserved_bytes(), a.mapped_bytes(), a.peak_mapped_bytes(),
+                           a.virtual_memory() ? a.granularity() : 0, a.why_not_virtual()};
 }
 
 void CudaEngine::run_forward() {
   for (TensorRole role : {TensorRole::Input, TensorRole::Rng})
-    for (const TensorSpec* t : program_.with_role(role))
-      NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
-                                            static_cast<size_t>(t->bytes), stream_));
+    for (const TensorSpec* t : program_.with_role(role)) copy_up(t->offset, host(*t), t->bytes);
   run_phase(forward_);
 }
 
 void CudaEngine::run_setup() { run_phase(setup_); }
 
 void CudaEngine::run_decode() {
-  for (const TensorSpec* t : program_.with_role(TensorRole::Input))
-    NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(t->offset), host(*t),
-                                          static_cast<size_t>(t->bytes), stream_));
+  for (const TensorSpec* t : program_.with_role(TensorRole::Input)) copy_up(t->offset, host(*t), t->bytes);
   run_phase(decode_);
 }
 
 double CudaEngine::loss() {
   const TensorSpec& l = program_.loss();
   char* h = host(l);
-  NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(h, arena_ + static_cast<CUdeviceptr>(l.offset), static_cast<size_t>(l.bytes),
-                                        stream_));
+  copy_down(h, l.offset, l.bytes);
   synchronize();
   return read_element(h, l.dtype, 0);
 }
@@ -350,8 +370,7 @@ void CudaEngine::run_optimizer() { run_phase(optimizer_); }
 
 void CudaEngine::download_gradients(char* dst) {
   for (const GradientSpec& g : program_.gradients) {
-    NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(dst, arena_ + static_cast<CUdeviceptr>(g.offset), static_cast<size_t>(g.bytes),
-                                          stream_));
+    copy_down(dst, g.offset, g.bytes);
     dst += g.bytes;
   }
   synchronize();
@@ -429,8 +448,7 @@ void CudaEngine::average_gradients_on_device() {
 
 void CudaEngine::upload_gradients(const char* src) {
   for (const GradientSpec& g : program_.gradients) {
-    NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(g.offset), src, static_cast<size_t>(g.bytes),
-                                          stream_));
+    copy_up(g.offset, src, g.bytes);
     src += g.bytes;
   }
   synchronize();
@@ -438,15 +456,13 @@ void CudaEngine::upload_gradients(const char* src) {
 
 void CudaEngine::download_gradient(size_t index, char* dst) {
   const GradientSpec& g = program_.gradients.at(index);
-  NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(dst, arena_ + static_cast<CUdeviceptr>(g.offset), static_cast<size_t>(g.bytes),
-                                        stream_));
+  copy_down(dst, g.offset, g.bytes);
   synchronize();
 }
 
 void CudaEngine::upload_gradient(size_t index, const char* src) {
   const GradientSpec& g = program_.gradients.at(index);
-  NAPKIN_CU(*driver_, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(g.offset), src, static_cast<size_t>(g.bytes),
-                                        stream_));
+  copy_up(g.offset, src, g.bytes);
   synchronize();
 }
 
@@ -469,6 +485,7 @@ void CudaEngine::inspect_each_kernel(std::function<void(int kernel, const char* 
 }
 
 void CudaEngine::run_phase(Phase& phase) {
+  arena_memory_->back(stream_);
   if (inspect_ || profiling_) {
     for (int i = phase.first; i < phase.last; ++i)
       if (!skipped(i)) run_kernel_alone(i);

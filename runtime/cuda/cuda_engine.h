@@ -8,8 +8,10 @@
 //    CUDA_ERROR_INVALID_IMAGE), from the PTX, which the driver JIT-compiles
 //    for it. describe() says which: "NVIDIA H100 80GB HBM3, sm_90, cubin" or
 //    "NVIDIA A100-SXM4-80GB, sm_80, PTX JIT from sm_90".
-//  - memory: one device arena of program.arena_bytes (zeroed: optimizer
-//    state starts at 0), one scratch buffer of program.cuda.scratch_bytes
+//  - memory: one device arena of program.arena_bytes
+//    (runtime/cuda/device_arena.h: mapped by granules when the first work
+//    touches it, and zeroed then, so optimizer state starts at 0; release()
+//    unmaps what another rank owns), one scratch buffer of program.cuda.scratch_bytes
 //    that a kernel's launches share (and a classifier's GEMMs: its chunk of
 //    logits), a 32 MiB cuBLASLt workspace that every
 //    matmul shares (one stream: they never overlap), and one pinned host
@@ -50,12 +52,14 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <variant>
 #include <vector>
 
 #include "runtime/cuda/cublaslt_matmul.h"
 #include "runtime/cuda/cuda_classifier.h"
 #include "runtime/cuda/cuda_driver.h"
+#include "runtime/cuda/device_arena.h"
 #include "runtime/cuda/nccl_collectives.h"
 #include "runtime/engine.h"
 
@@ -115,6 +119,11 @@ class CudaEngine final : public Engine {
   // GPU yet, so a sum over ranks throws Error.
   void set_collectives(std::function<void(const CollectiveSpec& spec, const char* x, char* y)> fn) override;
 
+  // ZeRO-1: unmaps the arena's granules wholly inside `tensors` (after
+  // waiting for the streams); upload and download skip them from now on.
+  void release(const std::vector<const TensorSpec*>& tensors) override;
+  std::optional<DeviceArenaMemory> device_arena_memory() const override;
+
   void inspect_each_kernel(std::function<void(int kernel, const char* output)> inspect) override;
   void set_profiling(bool on) override { profiling_ = on; }
   const std::vector<double>& kernel_seconds() const override { return kernel_seconds_; }
@@ -137,7 +146,12 @@ class CudaEngine final : public Engine {
   void load_module(std::string_view cubin, std::string_view ptx);
   void prepare_kernels();
   void allocate();
-  void release() noexcept;
+  void tear_down() noexcept;
+  // Copies between pinned host memory and arena bytes, enqueued on the
+  // stream after the arena is backed (DeviceArena::back).
+  void copy_up(int64_t offset, const void* src, int64_t bytes);
+  void copy_down(void* dst, int64_t offset, int64_t bytes);
+  bool released(const TensorSpec& t) const { return released_.count(t.name) > 0; }
 
   void run_phase(Phase& phase);
   void enqueue_phase(const Phase& phase);
@@ -175,7 +189,10 @@ class CudaEngine final : public Engine {
   cublasLtHandle_t lt_handle_ = nullptr;
   std::unique_ptr<LtContext> lt_context_;
 
-  CUdeviceptr arena_ = 0, scratch_ = 0, workspace_ = 0;
+  std::unique_ptr<DeviceArena> arena_memory_;
+  std::unordered_set<std::string> released_;  // tensor names (release())
+  CUdeviceptr arena_ = 0;  // arena_memory_'s base, which kernel_params points to
+  CUdeviceptr scratch_ = 0, workspace_ = 0;
   CUdeviceptr bad_index_ = 0;  // the module's napkin_bad_index; 0 when no kernel checks ids
   char* pinned_ = nullptr;     // named tensors, the bad-index readback, the inspected output
   std::unordered_map<std::string, char*> host_;  // by tensor name

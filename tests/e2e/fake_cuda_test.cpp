@@ -14,8 +14,12 @@
 
 #include <dlfcn.h>
 #include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -28,7 +32,10 @@
 #include <vector>
 
 #include "runtime/cuda/cuda_driver.h"
+#include "runtime/cuda/device_arena.h"
 #include "runtime/npy.h"
+#include "runtime/optimizer_shards.h"
+#include "runtime/program.h"
 #include "runtime/safetensors.h"
 #include "support/checkpoint_content.h"
 #include "support/test_io.h"
@@ -643,5 +650,263 @@ TEST_CASE("fake cuda: napkin sample's decoder (prefill, KV-cache decode steps) w
   // double): the same text unless two logits tie within those roundings.
   CHECK(gpu_text.substr(0, 25) == cpu_text.substr(0, 25));
 }
+
+// The fake's virtual memory management (fake_cuda.h), called as the arena
+// (runtime/cuda/device_arena.h) calls it: granules are device memory only
+// while mapped and accessible, an unmap gives the pages back, and touching
+// an unmapped granule faults.
+TEST_CASE("fake cuda: virtual memory: granules mapped, made accessible, unmapped; an unmapped one faults") {
+  const std::string& dir = kFakeCudaDir;
+  void* cuda = dlopen((dir + "/libcuda.so.1").c_str(), RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(cuda != nullptr);
+  using MappedBytes = int64_t (*)();
+  auto mapped = reinterpret_cast<MappedBytes>(dlsym(cuda, "napkin_fake_cuda_mapped_bytes"));
+  REQUIRE(static_cast<bool>(mapped));
+  napkin::runtime::cuda::CudaDriver d((dir + "/libcuda.so.1").c_str());
+  CHECK(d.missing_vmm() == "");
+  REQUIRE(d.cuInit(0) == CUDA_SUCCESS);
+  CUdevice device = 0;
+  CUcontext context = nullptr;
+  REQUIRE(d.cuDeviceGet(&device, 0) == CUDA_SUCCESS);
+  REQUIRE(d.cuDevicePrimaryCtxRetain(&context, device) == CUDA_SUCCESS);
+  REQUIRE(d.cuCtxSetCurrent(context) == CUDA_SUCCESS);
+  int supported = 0;
+  REQUIRE(d.cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) ==
+          CUDA_SUCCESS);
+  CHECK(supported == 1);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  size_t granule = 0;
+  REQUIRE(d.cuMemGetAllocationGranularity(&granule, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS);
+  CHECK(granule == (2u << 20));
+  const int64_t before = mapped();
+
+  CUdeviceptr base = 0;
+  CHECK(d.cuMemAddressReserve(&base, granule + 1, 0, 0, 0) == CUDA_ERROR_INVALID_VALUE);  // whole granules only
+  REQUIRE(d.cuMemAddressReserve(&base, 3 * granule, granule, 0, 0) == CUDA_SUCCESS);
+  CHECK(base % granule == 0);
+  CUmemGenericAllocationHandle h[3] = {};
+  for (auto& handle : h) REQUIRE(d.cuMemCreate(&handle, granule, &prop, 0) == CUDA_SUCCESS);
+  CUmemAccessDesc access = {};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  REQUIRE(d.cuMemMap(base, granule, 0, h[0], 0) == CUDA_SUCCESS);
+  REQUIRE(d.cuMemMap(base + 2 * granule, granule, 0, h[2], 0) == CUDA_SUCCESS);
+  CHECK(d.cuMemMap(base + 2 * granule, granule, 0, h[1], 0) == CUDA_ERROR_INVALID_VALUE);  // already mapped there
+  CHECK(mapped() - before == static_cast<int64_t>(2 * granule));
+  CUstream stream = nullptr;
+  REQUIRE(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CHECK(d.cuMemsetD8Async(base, 0, 16, stream) == CUDA_ERROR_INVALID_VALUE);  // mapped, not yet accessible
+  CHECK(d.cuMemSetAccess(base, 3 * granule, &access, 1) == CUDA_ERROR_INVALID_VALUE);  // the middle is a hole
+  REQUIRE(d.cuMemSetAccess(base, granule, &access, 1) == CUDA_SUCCESS);
+  REQUIRE(d.cuMemSetAccess(base + 2 * granule, granule, &access, 1) == CUDA_SUCCESS);
+  auto* bytes = reinterpret_cast<unsigned char*>(base);
+  CHECK(bytes[granule - 1] == 0xff);  // fresh device memory is NaN bytes
+  REQUIRE(d.cuMemsetD8Async(base, 0, granule, stream) == CUDA_SUCCESS);
+  REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+  CHECK(bytes[granule - 1] == 0);
+  CHECK(d.cuMemsetD8Async(base + granule - 8, 0, 16, stream) == CUDA_ERROR_INVALID_VALUE);  // into the unmapped one
+
+  // A touch of an unmapped granule faults, in a child process; a mapped one does not.
+  auto touch = [&](CUdeviceptr at) {
+    pid_t child = fork();
+    if (child == 0) {
+      std::signal(SIGSEGV, SIG_DFL);  // not doctest's crash report
+      *reinterpret_cast<volatile unsigned char*>(at) = 1;
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    return status;
+  };
+  CHECK(touch(base + 2 * granule) == 0);
+  const int faulted = touch(base + granule);
+  CHECK(WIFSIGNALED(faulted));
+  CHECK(WTERMSIG(faulted) == SIGSEGV);
+
+  CHECK(d.cuMemUnmap(base + 2 * granule, granule / 2) == CUDA_ERROR_INVALID_VALUE);  // part of a mapping
+  CHECK(d.cuMemAddressFree(base, 3 * granule) == CUDA_ERROR_INVALID_VALUE);          // still mapped
+  REQUIRE(d.cuMemUnmap(base + 2 * granule, granule) == CUDA_SUCCESS);
+  CHECK(mapped() - before == static_cast<int64_t>(granule));
+  CHECK(WTERMSIG(touch(base + 2 * granule)) == SIGSEGV);
+  REQUIRE(d.cuMemUnmap(base, granule) == CUDA_SUCCESS);
+  for (auto& handle : h) CHECK(d.cuMemRelease(handle) == CUDA_SUCCESS);
+  CHECK(d.cuMemRelease(h[0]) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(d.cuMemAddressFree(base, 3 * granule) == CUDA_SUCCESS);
+  CHECK(mapped() == before);
+  CHECK(d.cuStreamDestroy(stream) == CUDA_SUCCESS);
+  CHECK(d.cuDevicePrimaryCtxRelease(device) == CUDA_SUCCESS);
+  dlclose(cuda);
+}
+
+// The CUDA engine's arena on the fake GPU: released bytes noted before the
+// first work are never mapped, released after it are unmapped, and only
+// granules with nothing else in them go (the reservation's bytes outside the
+// arena count as nothing). An arena of 5 MiB + 1000 bytes: 3 granules, the
+// arena starting pad = 1 MiB - 1024 bytes into the first.
+TEST_CASE("cuda device arena: maps every granule but those wholly inside released bytes, before or after the first work") {
+  const std::string& dir = kFakeCudaDir;
+  napkin::runtime::cuda::CudaDriver d((dir + "/libcuda.so.1").c_str());
+  REQUIRE(d.cuInit(0) == CUDA_SUCCESS);
+  CUdevice device = 0;
+  CUcontext context = nullptr;
+  REQUIRE(d.cuDeviceGet(&device, 0) == CUDA_SUCCESS);
+  REQUIRE(d.cuDevicePrimaryCtxRetain(&context, device) == CUDA_SUCCESS);
+  REQUIRE(d.cuCtxSetCurrent(context) == CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  REQUIRE(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  const int64_t MiB = 1 << 20, pad = MiB - 1024;
+  {
+    napkin::runtime::cuda::DeviceArena arena(d, device, static_cast<size_t>(5 * MiB + 1000));
+    REQUIRE(arena.virtual_memory());
+    CHECK(arena.granularity() == 2 * MiB);
+    CHECK(arena.reserved_bytes() == 6 * MiB);
+    CHECK((arena.base() - pad) % (2 * MiB) == 0);
+    arena.release(MiB + 1024, 2 * MiB);  // granule 1, exactly
+    arena.release(0, 100);               // inside granule 0 with other bytes
+    CHECK(arena.mapped_bytes() == 0);    // nothing mapped before the first work
+    arena.back(stream);
+    CHECK(arena.mapped_bytes() == 4 * MiB);
+    REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+    const auto* bytes = reinterpret_cast<const unsigned char*>(arena.base());
+    CHECK(bytes[0] == 0);  // zero-filled (the fake's fresh memory is 0xff)
+    CHECK(bytes[5 * MiB + 999] == 0);
+    CHECK(d.cuMemsetD8Async(arena.base() + MiB + 1024, 1, 1, stream) == CUDA_ERROR_INVALID_VALUE);  // never mapped
+
+    arena.release(3 * MiB + 1024, MiB);              // half of granule 2
+    CHECK(arena.mapped_bytes() == 4 * MiB);
+    arena.release(4 * MiB + 1024, MiB - 24);         // the rest of it, to the arena's end
+    CHECK(arena.mapped_bytes() == 2 * MiB);
+    arena.release(100, MiB);                         // granule 0 but its last 924 bytes
+    CHECK(arena.mapped_bytes() == 2 * MiB);
+    arena.release(MiB + 100, 924);
+    CHECK(arena.mapped_bytes() == 0);
+    CHECK(arena.peak_mapped_bytes() == 4 * MiB);
+  }
+  CHECK(d.cuStreamDestroy(stream) == CUDA_SUCCESS);
+  CHECK(d.cuDevicePrimaryCtxRelease(device) == CUDA_SUCCESS);
+}
+
+namespace {
+
+// The arena bytes a rank maps (runtime/cuda/device_arena.h): its reservation
+// of whole granules, less each granule lying wholly inside `released`
+// (arena byte ranges) and the reservation's bytes outside the arena. Arena
+// offset o is at reservation + pad + o.
+int64_t expected_mapped(int64_t arena_bytes, std::vector<std::pair<int64_t, int64_t>> released) {
+  const int64_t granule = 2 << 20;
+  const int64_t reserved = (arena_bytes + granule - 1) / granule * granule;
+  const int64_t pad = reserved - (arena_bytes + 255) / 256 * 256;
+  released.push_back({-pad, 0});
+  released.push_back({arena_bytes, reserved - pad});
+  std::sort(released.begin(), released.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (auto [from, to] : released) {
+    if (!merged.empty() && from <= merged.back().second) merged.back().second = std::max(merged.back().second, to);
+    else merged.push_back({from, to});
+  }
+  int64_t mapped = reserved;
+  for (int64_t g = 0; g < reserved / granule; ++g) {
+    const int64_t first = g * granule - pad, last = first + granule;
+    for (auto [from, to] : merged)
+      if (from <= first && last <= to) mapped -= granule;
+  }
+  return mapped;
+}
+
+// NAPKIN_FAKE_CUDA_REPORT's file of one rank.
+nlohmann::json fake_report(const std::string& prefix, int rank) {
+  return nlohmann::json::parse(read_bytes(fmt::format("{}.{}.json", prefix, rank)));
+}
+
+}  // namespace
+
+// ZeRO-1 on fake GPUs with virtual memory management: each rank's arena maps
+// every granule but those lying wholly inside the other rank's optimizer
+// state (counted by the fake driver itself), it trains bit for bit as plain
+// data parallel, a single-file checkpoint (rank 0 gathers the others' state
+// through its host copies, never the unmapped granules) is the plain run's,
+// and a run resumed from it maps no more and goes on as the plain run. An MLP with a 1024 x 1024 hidden layer: w2's AdamW state (8 MiB)
+// is rank 0's, so rank 1 unmaps it. Without virtual memory management the
+// arena is one cuMemAlloc and nothing is given back.
+TEST_CASE("fake cuda: a ZeRO-1 rank maps only its share of the arena, trains as plain data parallel, and one GPU maps it all") {
+  REQUIRE(sh("command -v mpirun").status == 0);
+  TempDir dir("fakecuda-vmm");
+  const Trainers t = build_both("models/mlp.yaml", "batch=8,d_in=64,hidden=1024", dir);
+  const std::string flags = fmt::format("{} --data-file images=tests/e2e/data/mlp/images.npy "
+                                        "--data-file labels=tests/e2e/data/mlp/labels.npy --checkpoint-format single",
+                                        kCommon);
+  const std::string mpirun =
+      fmt::format("mpirun --oversubscribe{} -np 2", ::geteuid() == 0 ? " --allow-run-as-root" : "");
+  Run printed = sh(t.cuda + " --print-program");
+  REQUIRE(printed.status == 0);
+  const napkin::runtime::Program program = napkin::runtime::parse_program(printed.out.data(), printed.out.size());
+  const int64_t granule = 2 << 20;
+  const int64_t reserved = (program.arena_bytes + granule - 1) / granule * granule;
+
+  auto job = [&](const std::string& name, const std::string& more, const std::string& env = "") {
+    Run r = sh(fmt::format("{} NAPKIN_FAKE_CUDA_REPORT={} NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} "
+                           "--metrics {} --checkpoint-dir {} {}",
+                           env, dir / name, t.cuda_source, kFakeCudaDir, mpirun, t.cuda, flags, dir / (name + ".jsonl"),
+                           dir / (name + "-ckpt"), more));
+    INFO(name << ": " << r.out);
+    REQUIRE(r.status == 0);
+    return r;
+  };
+  const Run plain = job("plain", "--steps 5 --checkpoint-every 3");
+  const std::string whole_mib = fmt::format("{:.1f} MiB", static_cast<double>(reserved) / (1 << 20));
+  CHECK(plain.out.find(fmt::format("device     arena {} mapped of {} reserved, in 2.0 MiB granules\n", whole_mib,
+                                   whole_mib)) != std::string::npos);
+  // Its work run as late as a GPU may run it: nothing queued may reach a granule after it is unmapped.
+  const Run zero = job("zero", "--steps 3 --zero 1", "NAPKIN_FAKE_CUDA_DEFER=1");
+  CHECK(zero.out.find("(ZeRO-1: the other ranks' optimizer state unmapped)") != std::string::npos);
+  const std::vector<double> plain_losses = losses(dir / "plain.jsonl");
+  REQUIRE(plain_losses.size() == 5);
+  CHECK(losses(dir / "zero.jsonl") == std::vector<double>(plain_losses.begin(), plain_losses.begin() + 3));
+  CHECK(napkin::testing::checkpoint_content(dir / "zero-ckpt/step-000003.safetensors") ==
+        napkin::testing::checkpoint_content(dir / "plain-ckpt/step-000003.safetensors"));
+  // Resumed from it, each rank loads its own state (the others' never mapped) and goes on as the plain run.
+  job("resumed", fmt::format("--steps 5 --zero 1 --resume {}", dir / "zero-ckpt/step-000003.safetensors"));
+  CHECK(losses(dir / "resumed.jsonl") == std::vector<double>(plain_losses.begin() + 3, plain_losses.end()));
+  CHECK(napkin::testing::checkpoint_content(dir / "resumed-ckpt/step-000005.safetensors") ==
+        napkin::testing::checkpoint_content(dir / "plain-ckpt/step-000005.safetensors"));
+
+  int64_t saved = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    const nlohmann::json whole = fake_report(dir / "plain", rank), share = fake_report(dir / "zero", rank);
+    CHECK(whole.at("peak_mapped_bytes").get<int64_t>() == reserved);
+    napkin::runtime::OptimizerShards shards(program, 2, rank);
+    std::vector<std::pair<int64_t, int64_t>> others;
+    for (const napkin::runtime::TensorSpec* s : shards.others_state()) others.push_back({s->offset, s->offset + s->bytes});
+    const int64_t expected = expected_mapped(program.arena_bytes, others);
+    CHECK(share.at("peak_mapped_bytes").get<int64_t>() == expected);
+    CHECK(fake_report(dir / "resumed", rank).at("peak_mapped_bytes").get<int64_t>() == expected);
+    CHECK(share.at("mapped_bytes").get<int64_t>() == 0);  // the engine's tear-down unmapped it all
+    saved = std::max(saved, reserved - expected);
+  }
+  MESSAGE(fmt::format("arena {} bytes reserved; the rank that saves most maps {} MiB less", reserved, saved >> 20));
+  CHECK(saved >= 3 * granule);
+
+  // One GPU maps the whole arena.
+  Run one = sh(fmt::format("NAPKIN_FAKE_CUDA_REPORT={} NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} --steps 1 --quiet",
+                           dir / "one", t.cuda_source, kFakeCudaDir, t.cuda, flags));
+  INFO(one.out);
+  REQUIRE(one.status == 0);
+  CHECK(fake_report(dir / "one", 0).at("peak_mapped_bytes").get<int64_t>() == reserved);
+
+  // Without virtual memory management: one cuMemAlloc, the same bits, nothing given back.
+  const Run old = job("no-vmm", "--steps 3 --zero 1", "NAPKIN_FAKE_CUDA_VMM=0");
+  CHECK(old.out.find("in one cuMemAlloc (this GPU has no virtual memory management: the other ranks' optimizer state "
+                     "stays mapped)") != std::string::npos);
+  CHECK(losses(dir / "no-vmm.jsonl") == losses(dir / "zero.jsonl"));
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(fake_report(dir / "no-vmm", rank).at("peak_mapped_bytes").get<int64_t>() == 0);
+    CHECK(fake_report(dir / "no-vmm", rank).at("peak_allocated_bytes").get<int64_t>() >= program.arena_bytes);
+  }
+}
+
 
 #endif  // NAPKIN_HAVE_CUDA_RUNTIME

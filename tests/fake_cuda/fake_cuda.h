@@ -13,6 +13,26 @@
 //    page, so running past it faults. Module globals (napkin_bad_index) are
 //    device memory too. Every copy, memset, launch and matmul checks that
 //    the device bytes it touches lie inside one device region.
+//  - virtual memory management: a reservation (cuMemAddressReserve) is an
+//    mmap(PROT_NONE) range of host memory, followed by a guard page, and a
+//    device region whose bytes are device memory only where mapped and
+//    accessible. A physical allocation (cuMemCreate) is a size in granules
+//    of 2 MiB (cuMemGetAllocationGranularity's answer, as on NVIDIA GPUs);
+//    cuMemMap ties it to granule-aligned bytes of a reservation, which
+//    cuMemSetAccess makes readable and writable (mprotect) and fills with
+//    0xff; cuMemUnmap makes them inaccessible again and gives the pages back
+//    (madvise MADV_DONTNEED), so a kernel touching an unmapped granule
+//    faults, and a copy, memset or launch operand there is refused as
+//    outside device memory. Unlike a GPU, a physical allocation maps once
+//    (whole, at offset 0) and its bytes do not outlive its mapping. Mapped
+//    bytes are counted (now and at peak); NAPKIN_FAKE_CUDA_VMM=0 makes a
+//    device without virtual memory management
+//    (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 0).
+//  - report: with NAPKIN_FAKE_CUDA_REPORT=PREFIX, the process writes
+//    PREFIX.RANK.json at exit (RANK from Open MPI's OMPI_COMM_WORLD_RANK,
+//    else 0): {"mapped_bytes": now, "peak_mapped_bytes", "allocated_bytes":
+//    cuMemAlloc's now, "peak_allocated_bytes"}. In the process itself,
+//    napkin_fake_cuda_mapped_bytes() answers the mapped bytes now.
 //  - pinned memory: cuMemHostAlloc's blocks. Captured copies must use it.
 //  - stream work (an Op): a kernel launch, copy, memset, matmul or event
 //    record. Submitted work runs at once, or, with NAPKIN_FAKE_CUDA_DEFER=1,
@@ -64,12 +84,21 @@ struct Stream {
   std::shared_ptr<std::vector<Op>> captured;  // while capturing
 };
 
+// A physical allocation's place in a reservation (cuMemMap).
+struct Mapping {
+  size_t bytes = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  bool accessible = false;  // cuMemSetAccess
+};
+
 struct Region {
   char* base = nullptr;
   size_t bytes = 0;
   bool device = false;         // else pinned host memory
   void* mapping = nullptr;     // what munmap releases (nullptr: not ours, e.g. a module global)
   size_t mapping_bytes = 0;
+  bool reservation = false;    // device memory only where mapped
+  std::map<size_t, Mapping> mappings;  // a reservation's, by offset
 };
 
 // The fake's whole state (one device, one primary context).
@@ -90,8 +119,22 @@ class Fake {
   CUresult free_region(const void* base, bool device);
   void add_foreign_device_region(char* base, size_t bytes);  // a module global
   void remove_regions_in(const void* begin, const void* end);
-  // The device region holding [p, p + bytes), or nullptr.
-  const Region* device_region(const void* p, size_t bytes) const;
+  // The device region holding [p, p + bytes), or nullptr; in a
+  // reservation, only if every byte is mapped and accessible (unless
+  // `mapped_only` is false).
+  const Region* device_region(const void* p, size_t bytes, bool mapped_only = true) const;
+
+  // Virtual memory management (the terms above).
+  static constexpr size_t kGranule = 2u << 20;
+  bool vmm = true;
+  CUresult reserve(size_t bytes, size_t alignment, char** out);
+  CUresult free_reservation(const void* base, size_t bytes);
+  CUresult create(size_t bytes, CUmemGenericAllocationHandle* out);
+  CUresult release_physical(CUmemGenericAllocationHandle handle);
+  CUresult map(const void* at, size_t bytes, CUmemGenericAllocationHandle handle);
+  CUresult unmap(const void* at, size_t bytes);
+  CUresult set_access(const void* at, size_t bytes);
+  int64_t mapped_bytes = 0, peak_mapped_bytes = 0, allocated_bytes = 0, peak_allocated_bytes = 0;
   bool pinned(const void* p, size_t bytes) const;
 
   // Work. `stream` nullptr is the default stream.
@@ -111,7 +154,17 @@ class Fake {
 
  private:
   Fake();
+  ~Fake();  // writes NAPKIN_FAKE_CUDA_REPORT's file
   std::map<uintptr_t, Region> regions_;  // by base address
+  // Physical allocations: their bytes and whether mapped; cuMemRelease'd ones go when unmapped.
+  struct Physical {
+    size_t bytes = 0;
+    bool mapped = false, released = false;
+  };
+  std::map<CUmemGenericAllocationHandle, Physical> physical_;
+  CUmemGenericAllocationHandle next_handle_ = 1;
+  // The reservation holding `at`, with `at`'s offset in it, or nullptr.
+  Region* reservation_at(const void* at, size_t* offset);
   Stream default_stream_;
   std::vector<Stream*> streams_;  // every created stream, for capture checks
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();

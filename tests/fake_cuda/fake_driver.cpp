@@ -186,13 +186,23 @@ bool device_bytes(CUdeviceptr p, size_t bytes) {
   return Fake::get().device_region(reinterpret_cast<const void*>(p), bytes) != nullptr;
 }
 
+// When queued work runs: its device bytes are still mapped (a reservation's
+// granule unmapped after the work was queued is a fault on a GPU).
+CUresult still_mapped(const char* call, const void* device, size_t bytes) {
+  if (Fake::get().device_region(device, bytes)) return CUDA_SUCCESS;
+  return Fake::get().fail(CUDA_ERROR_ILLEGAL_ADDRESS,
+                          std::string(call) + ": its device bytes were unmapped before the stream ran it");
+}
+
 // An async copy with host memory on one side: pinned memory is copied when
 // the stream gets there; pageable memory is staged by the driver, so the
 // call returns when the copy is done, and a capture cannot record it.
-CUresult host_copy(void* to, const void* from, size_t bytes, const void* host, CUstream stream) {
+CUresult host_copy(const char* call, void* to, const void* from, size_t bytes, const void* host, const void* device,
+                   CUstream stream) {
   Fake& fake = Fake::get();
   if (fake.pinned(host, bytes)) {
     return fake.submit(stream, [=] {
+      if (CUresult r = still_mapped(call, device, bytes); r != CUDA_SUCCESS) return r;
       std::memcpy(to, from, bytes);
       return CUDA_SUCCESS;
     });
@@ -201,6 +211,24 @@ CUresult host_copy(void* to, const void* from, size_t bytes, const void* host, C
   if (CUresult r = fake.synchronize(stream); r != CUDA_SUCCESS) return r;
   std::memcpy(to, from, bytes);
   return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+namespace {
+
+// The one kind of allocation napkin asks for: device memory of GPU 0.
+bool device_memory(const CUmemAllocationProp* prop) {
+  return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+         prop->location.id == 0;
+}
+
+// The checks every virtual memory call makes first.
+CUresult vmm_precondition() {
+  Fake& fake = Fake::get();
+  if (CUresult r = fake.precondition(); r != CUDA_SUCCESS) return r;
+  if (!fake.vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  return fake.forbid_during_capture();
 }
 
 }  // namespace
@@ -331,6 +359,7 @@ CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice
     case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *value = hopper ? 50 << 20 : 40 << 20; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *value = 1; break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *value = fake.vmm ? 1 : 0; break;
     default: return CUDA_ERROR_NOT_SUPPORTED;  // a real attribute the fake has no value for
   }
   return CUDA_SUCCESS;
@@ -516,12 +545,14 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int grid_x, unsigned int grid_y, 
   std::string name = f->name;
   return fake.submit(stream, [=]() -> CUresult {
     Fake& fake = Fake::get();
-    const Region* region = fake.device_region(reinterpret_cast<void*>(arena), 1);
+    // The arena's own address may lie in an unmapped granule of a reservation; its operands may not.
+    const Region* region = fake.device_region(reinterpret_cast<void*>(arena), 1, false);
     if (!region) return fake.fail(CUDA_ERROR_ILLEGAL_ADDRESS, name + ": the arena argument is not device memory");
     for (int64_t o : offsets)
       if (o < 0 || fake.device_region(reinterpret_cast<char*>(arena) + o, 1) != region)
         return fake.fail(CUDA_ERROR_ILLEGAL_ADDRESS,
-                         name + ": operand offset " + std::to_string(o) + " is outside the arena's allocation");
+                         name + ": operand offset " + std::to_string(o) +
+                             " is outside the arena's allocation or in an unmapped granule of it");
     if (scratch && !fake.device_region(reinterpret_cast<void*>(scratch), 1))
       return fake.fail(CUDA_ERROR_ILLEGAL_ADDRESS, name + ": the scratch argument is not device memory");
     try {
@@ -578,6 +609,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t bytes, CUs
   if (bytes == 0) return CUDA_SUCCESS;
   if (!device_bytes(dst, bytes)) return CUDA_ERROR_INVALID_VALUE;
   return fake.submit(stream, [=] {
+    if (CUresult r = still_mapped("cuMemsetD8Async", reinterpret_cast<void*>(dst), bytes); r != CUDA_SUCCESS) return r;
     std::memset(reinterpret_cast<void*>(dst), value, bytes);
     return CUDA_SUCCESS;
   });
@@ -600,7 +632,8 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t bytes, CUstr
   if (CUresult r = fake.precondition(); r != CUDA_SUCCESS) return r;
   if (bytes == 0) return CUDA_SUCCESS;
   if (!device_bytes(dst, bytes) || !src) return CUDA_ERROR_INVALID_VALUE;
-  return host_copy(reinterpret_cast<void*>(dst), src, bytes, src, stream);
+  return host_copy("cuMemcpyHtoDAsync", reinterpret_cast<void*>(dst), src, bytes, src, reinterpret_cast<void*>(dst),
+                   stream);
 }
 
 CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) {
@@ -608,7 +641,8 @@ CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t bytes, CUstream st
   if (CUresult r = fake.precondition(); r != CUDA_SUCCESS) return r;
   if (bytes == 0) return CUDA_SUCCESS;
   if (!device_bytes(src, bytes) || !dst) return CUDA_ERROR_INVALID_VALUE;
-  return host_copy(dst, reinterpret_cast<const void*>(src), bytes, dst, stream);
+  return host_copy("cuMemcpyDtoHAsync", dst, reinterpret_cast<const void*>(src), bytes, dst,
+                   reinterpret_cast<const void*>(src), stream);
 }
 
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
@@ -622,6 +656,8 @@ CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstr
     return CUDA_ERROR_INVALID_VALUE;
   }
   return fake.submit(stream, [=] {
+    for (CUdeviceptr p : {dst, src})
+      if (CUresult r = still_mapped("cuMemcpyDtoDAsync", reinterpret_cast<void*>(p), bytes); r != CUDA_SUCCESS) return r;
     std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
     return CUDA_SUCCESS;
   });
@@ -748,5 +784,70 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
     return CUDA_SUCCESS;
   });
 }
+
+
+// Virtual memory management (fake_cuda.h: the terms).
+
+CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                       CUmemAllocationGranularity_flags option) {
+  if (CUresult r = vmm_precondition(); r != CUDA_SUCCESS) return r;
+  if (!granularity || !device_memory(prop) ||
+      (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    return CUDA_ERROR_INVALID_VALUE;
+  *granularity = Fake::kGranule;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+  if (CUresult r = vmm_precondition(); r != CUDA_SUCCESS) return r;
+  if (!ptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  (void)addr;  // a hint the driver may ignore, as the fake does
+  char* p = nullptr;
+  CUresult r = Fake::get().reserve(size, alignment, &p);
+  *ptr = reinterpret_cast<CUdeviceptr>(p);
+  return r;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  if (CUresult r = vmm_precondition(); r != CUDA_SUCCESS) return r;
+  return Fake::get().free_reservation(reinterpret_cast<void*>(ptr), size);
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                     unsigned long long flags) {
+  if (CUresult r = vmm_precondition(); r != CUDA_SUCCESS) return r;
+  if (!handle || !device_memory(prop) || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  return Fake::get().create(size, handle);
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  if (CUresult r = vmm_precondition(); r != CUDA_SUCCESS) return r;
+  return Fake::get().release_physical(handle);
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+  if (CUresult r = vmm_precondition(); r != CUDA_SUCCESS) return r;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (offset != 0) return CUDA_ERROR_NOT_SUPPORTED;  // the fake maps a whole allocation
+  return Fake::get().map(reinterpret_cast<void*>(ptr), size, handle);
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  if (CUresult r = vmm_precondition(); r != CUDA_SUCCESS) return r;
+  return Fake::get().unmap(reinterpret_cast<void*>(ptr), size);
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  if (CUresult r = vmm_precondition(); r != CUDA_SUCCESS) return r;
+  if (!desc || count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc->location.id != 0 ||
+      desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+    return CUDA_ERROR_INVALID_VALUE;
+  return Fake::get().set_access(reinterpret_cast<void*>(ptr), size);
+}
+
+// For tests in the process that loaded the fake (dlsym): the bytes mapped now.
+int64_t napkin_fake_cuda_mapped_bytes() { return Fake::get().mapped_bytes; }
 
 }  // extern "C"
