@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "runtime/error.h"
+#include "runtime/pages.h"
 
 namespace napkin::runtime {
 
@@ -64,21 +65,6 @@ Executor::~Executor() {
   ::munmap(arena_, arena_mapped_);
 }
 
-namespace {
-
-// The whole pages inside [offset, offset + bytes): [begin, end), empty when end <= begin.
-std::pair<int64_t, int64_t> whole_pages(int64_t offset, int64_t bytes) {
-  const int64_t page = ::sysconf(_SC_PAGESIZE);
-  return {(offset + page - 1) / page * page, (offset + bytes) / page * page};
-}
-
-}  // namespace
-
-int64_t Executor::released_bytes(int64_t offset, int64_t bytes) {
-  const auto [begin, end] = whole_pages(offset, bytes);
-  return std::max<int64_t>(0, end - begin);
-}
-
 void Executor::release(int64_t offset, int64_t bytes) {
   const auto [begin, end] = whole_pages(offset, bytes);
   if (end <= begin) return;
@@ -88,9 +74,8 @@ void Executor::release(int64_t offset, int64_t bytes) {
 }
 
 void Executor::zero(int64_t offset, int64_t bytes) {
-  const int64_t page = ::sysconf(_SC_PAGESIZE);
-  const int64_t begin = std::min(offset + bytes, (offset + page - 1) / page * page);
-  const int64_t end = std::max(begin, (offset + bytes) / page * page);
+  const PageRange whole = whole_pages(offset, bytes);
+  const int64_t begin = std::min(offset + bytes, whole.begin), end = std::max(begin, whole.end);
   std::memset(arena_ + offset, 0, static_cast<size_t>(begin - offset));
   std::memset(arena_ + end, 0, static_cast<size_t>(offset + bytes - end));
   release(begin, end - begin);

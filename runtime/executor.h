@@ -89,8 +89,6 @@ class Executor {
   // of the whole pages inside them (released) and writing only the partial
   // pages at either end.
   void zero(int64_t offset, int64_t bytes);
-  // The bytes release(offset, bytes) gives back.
-  static int64_t released_bytes(int64_t offset, int64_t bytes);
 
   // Seconds spent in each kernel, accumulated while profiling is on.
   bool profile = false;

@@ -7,9 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include <unistd.h>
-
-#include "runtime/executor.h"
+#include "runtime/pages.h"
 #include "runtime/gradient_stage.h"
 #include "runtime/optimizer_shards.h"
 
@@ -19,7 +17,7 @@ namespace {
 
 int64_t released(const std::vector<const TensorSpec*>& tensors) {
   int64_t bytes = 0;
-  for (const TensorSpec* t : tensors) bytes += Executor::released_bytes(t->offset, t->bytes);
+  for (const TensorSpec* t : tensors) bytes += whole_pages(t->offset, t->bytes).bytes();
   return bytes;
 }
 
@@ -37,7 +35,7 @@ int64_t status_bytes(const char* field) {
 // Engine::zero_gradient gives them back; what the memory plan lets an
 // earlier buffer use of their bytes (a kernel's output there) is backed.
 int64_t unwritten_gradients(const Program& program, const OptimizerShards& shards, int rank) {
-  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const int64_t page = page_size();
   std::vector<std::pair<int64_t, int64_t>> given;  // whole pages of the others' gradients
   for (const GradientSpec& g : program.gradients) {
     if (shards.owner(g.param) == rank) continue;

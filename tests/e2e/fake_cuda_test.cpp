@@ -655,7 +655,7 @@ TEST_CASE("fake cuda: napkin sample's decoder (prefill, KV-cache decode steps) w
 // (runtime/cuda/device_arena.h) calls it: granules are device memory only
 // while mapped and accessible, an unmap gives the pages back, and touching
 // an unmapped granule faults.
-TEST_CASE("fake cuda: virtual memory: granules mapped, made accessible, unmapped; an unmapped one faults") {
+TEST_CASE("fake cuda: virtual memory: granules mapped, made accessible, unmapped, and an unmapped one faults") {
   const std::string& dir = kFakeCudaDir;
   void* cuda = dlopen((dir + "/libcuda.so.1").c_str(), RTLD_NOW | RTLD_LOCAL);
   REQUIRE(cuda != nullptr);

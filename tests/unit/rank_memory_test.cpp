@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/executor.h"
+#include "runtime/pages.h"
 #include "runtime/rank_memory.h"
 
 namespace napkin {
@@ -89,10 +89,10 @@ TEST_CASE("rank memory: the arena less the others' pages, the gradient stage, MP
 }
 
 TEST_CASE("rank memory: a released range gives back the whole pages inside it") {
-  CHECK(runtime::Executor::released_bytes(0, 2 * kPage) == 2 * kPage);
-  CHECK(runtime::Executor::released_bytes(100, 2 * kPage) == kPage);
-  CHECK(runtime::Executor::released_bytes(0, kPage - 1) == 0);
-  CHECK(runtime::Executor::released_bytes(kPage - 1, kPage + 2) == kPage);
+  CHECK(runtime::whole_pages(0, 2 * kPage).bytes() == 2 * kPage);
+  CHECK(runtime::whole_pages(100, 2 * kPage).bytes() == kPage);
+  CHECK(runtime::whole_pages(0, kPage - 1).bytes() == 0);
+  CHECK(runtime::whole_pages(kPage - 1, kPage + 2).bytes() == kPage);
 }
 
 }  // namespace
