@@ -165,9 +165,10 @@ def stage_times(args, tmp, d):
         print(f"  {label:<24} {step_ms:8.1f} {comm_ms:19.2f} {predicted:13.1f} {step_ms / predicted:9.2f} "
               f"{s['comm_s'] * 1e3:15.2f} {s['step_s'] * 1e3:15.1f}")
     print("  (its collectives: what the trainer timed in MPI, the wait for the slower rank included: the all-reduce "
-          "or ZeRO-2's reduce-scatters, ZeRO-3's gathers and reduces; ZeRO-1/2's parameter broadcast is not timed "
-          "apart. The report's comm: ring collectives at shm's bandwidth, its ZeRO-3 counting one gather per "
-          "parameter and phase, as the trainer runs --keep-gathered's forward gather plus the backward's)")
+          "or ZeRO-2's reduce-scatters, ZeRO-3's gathers and reduces; ZeRO-1/2's parameter broadcast after the update "
+          "is not timed apart. The report's comm: ring collectives at shm's bandwidth; its ZeRO-3 gathers the "
+          "parameters for the forward and again for the backward, as the trainer does unless --keep-gathered, and "
+          "reduce-scatters the gradients)")
 
 
 def memory_per_rank(args, tmp):
