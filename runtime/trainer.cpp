@@ -365,6 +365,9 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
   if (stage == 3 && !gathers_parameters(program))
     throw Error("--zero 3 needs a trainer whose step gathers its parameters where it uses them: build it with `napkin "
                 "build MODEL --zero 3` (or `napkin train --zero 3 MODEL`)");
+  if (stage == 3 && ranks > 1 && p.backend != "cpu")
+    throw Error("--zero 3 needs the CPU trainer: the CUDA trainer shards the optimizer state (--zero 1) and the "
+                "gradients (--zero 2), not yet the parameters");
   if (stage == 3 && ranks > 1 && o.sample_every > 0)
     throw Error("--sample-every under --zero 3: rank 0 holds only its own parameters; sample a checkpoint with `napkin "
                 "sample` instead");

@@ -538,12 +538,30 @@ void CudaEngine::capture(Phase& phase) {
   check_call(d, r, "cuGraphInstantiate", __FILE__, __LINE__);
 }
 
-void CudaEngine::set_collectives(std::function<void(const CollectiveSpec&, const char*, char*)>) {
-  throw Error("--zero 2 and 3 need the CPU trainer: the CUDA trainer's sharded gradients and parameters are not built yet "
-              "(issue 40)");
+void CudaEngine::set_collectives(std::function<void(const CollectiveSpec&, const char*, char*)> fn) {
+  // Each collective runs on the host between two kernels: no graph can hold that.
+  collectives_ = std::move(fn);
+  graphs_enabled_ = false;
+}
+
+void CudaEngine::run_collective_on_host(const CollectiveSpec& c) {
+  CudaDriver& d = *driver_;
+  const size_t bytes = static_cast<size_t>(c.count * element_bytes(c.dtype));
+  collective_host_.resize(bytes);
+  char* host = collective_host_.data();
+  NAPKIN_CU(d, cuMemcpyDtoHAsync(host, arena_ + static_cast<CUdeviceptr>(c.x), bytes, stream_));
+  synchronize();  // x is written, and down
+  collectives_(c, host, host);
+  NAPKIN_CU(d, cuMemcpyHtoDAsync(arena_ + static_cast<CUdeviceptr>(c.y), host, bytes, stream_));
+  synchronize();  // the host buffer is read before the next collective reuses it
 }
 
 void CudaEngine::enqueue_kernel(int i) {
+  if (collectives_)
+    if (const CollectiveSpec* c = program_.kernels[static_cast<size_t>(i)].as<CollectiveSpec>()) {
+      run_collective_on_host(*c);
+      return;
+    }
   auto launch = [&](Launch& l) {
     std::array<void*, 3> params = kernel_params(arena_, scratch_, l.offsets);
     NAPKIN_CU(*driver_, cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_,

@@ -169,7 +169,17 @@ class CudaEngine final : public Engine {
   bool graphs_enabled_ = true;
   int ordinal_ = 0;  // the GPU's index among the visible ones
   std::vector<bool> skip_kernel_, skip_update_;  // ZeRO-1: another rank's optimizer work
-  bool skipped(int kernel) const { return !skip_kernel_.empty() && skip_kernel_[static_cast<size_t>(kernel)]; }
+  // Never a collective: the other ranks would wait in it for this one.
+  bool skipped(int kernel) const {
+    return !skip_kernel_.empty() && skip_kernel_[static_cast<size_t>(kernel)] &&
+           !program_.kernels[static_cast<size_t>(kernel)].as<CollectiveSpec>();
+  }
+  // ZeRO-2 (Engine::set_collectives): each collective kernel's operand
+  // copied down, handed to the runtime's collectives (MPI), and its result
+  // copied up, between the kernels around it (no graphs then).
+  std::function<void(const CollectiveSpec&, const char*, char*)> collectives_;
+  std::vector<char> collective_host_;
+  void run_collective_on_host(const CollectiveSpec& c);
 
   // Data parallel (runtime/gradient_stage.h): NCCL, and the backward cut
   // into segments, one per bucket of gradients; after each segment the

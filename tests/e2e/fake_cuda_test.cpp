@@ -617,6 +617,40 @@ TEST_CASE("fake cuda: 2 ranks average gradients through NCCL (or the host) and t
   check_close(one, train_cuda(micro, flags + " --quiet --accumulate 2", dir, "accumulated"), 1e-5);
 }
 
+TEST_CASE("fake cuda: --zero 2 on 2 fake GPUs reduce-scatters the gradients and sums the clipping norm's parts, as plain data parallel trains (issue 40)") {
+  // gpt.yaml's AdamW clips the global norm: each rank's all_reduce_sum kernel runs on the host between the
+  // optimizer's kernels (its operand copied down, summed by MPI, copied up), the gradients go through the
+  // host gradient stage's reduce-scatter.
+  REQUIRE(sh("command -v mpirun").status == 0);
+  TempDir dir("fakecuda-zero2");
+  std::string yaml = napkin::testing::read_source("models/gpt.yaml");
+  const size_t at = yaml.find("  checkpoint: {");
+  REQUIRE(at != std::string::npos);
+  yaml.erase(at, yaml.find('\n', at) + 1 - at);
+  write_bytes(dir / "gpt.yaml", yaml);
+  const Trainers micro = build_both(dir / "gpt.yaml", "batch=2,seq=32,d=32,heads=2,layers=1", dir);
+  const std::string flags = fmt::format("{} {} --steps 8 --checkpoint-every 0", kCommon, kGptData);
+  const std::string mpirun =
+      fmt::format("mpirun --oversubscribe{} -np 2", ::geteuid() == 0 ? " --allow-run-as-root" : "");
+  auto job = [&](const std::string& name, const std::string& extra) {
+    Run r = sh(fmt::format("NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} --metrics {} {}", micro.cuda_source,
+                           kFakeCudaDir, mpirun, micro.cuda, flags, dir / (name + ".jsonl"), extra));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    return r;
+  };
+  job("plain", "");
+  const Run zero = job("zero", "--zero 2");
+  CHECK(zero.out.find("ZeRO-2     rank 0 updates") != std::string::npos);
+  CHECK(zero.out.find("gradients reduce-scattered by MPI on the host") != std::string::npos);
+  check_close(losses(dir / "plain.jsonl"), losses(dir / "zero.jsonl"), 1e-6);
+  // The CPU trainer of the same model under --zero 2: the same training.
+  Run cpu = sh(fmt::format("{} {} {} --metrics {} --zero 2", mpirun, micro.cpu, flags, dir / "cpu.jsonl"));
+  INFO(cpu.out);
+  REQUIRE(cpu.status == 0);
+  check_close(losses(dir / "cpu.jsonl"), losses(dir / "zero.jsonl"), 1e-5);
+}
+
 TEST_CASE("fake cuda: napkin sample's decoder (prefill, KV-cache decode steps) writes on the fake GPU what it writes on the CPU") {
   TempDir dir("fakecuda-sample");
   // A checkpoint of a few CPU steps, then both samplers from it, greedy.
