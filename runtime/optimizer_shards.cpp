@@ -119,27 +119,15 @@ void OptimizerShards::gather_params(Engine& engine, Communicator& comm) const {
   engine.upload(TensorRole::Param);
 }
 
-void OptimizerShards::gather_params_to_root(Engine& engine, Communicator& comm) const {
-  engine.download(TensorRole::Param);
-  for (const TensorSpec* t : program_.with_role(TensorRole::Param)) {
-    const int owner = owner_.at(t->name);
+void OptimizerShards::gather_to_root(Engine& engine, Communicator& comm, TensorRole role) const {
+  engine.download(role);
+  for (const TensorSpec* t : program_.with_role(role)) {
+    const int owner = tensor_owner(*t);  // shared state: rank 0's already
     if (owner == 0) continue;
     if (rank_ == owner) comm.send(engine.host(*t), t->bytes, 0);
     if (rank_ == 0) comm.receive(engine.host(*t), t->bytes, owner);
   }
-  if (rank_ == 0) engine.upload(TensorRole::Param);
-}
-
-void OptimizerShards::gather_state(Engine& engine, Communicator& comm) const {
-  engine.download(TensorRole::State);
-  for (const TensorSpec* t : program_.with_role(TensorRole::State)) {
-    if (t->param.empty()) continue;
-    const int owner = owner_.at(t->param);
-    if (owner == 0) continue;
-    if (rank_ == owner) comm.send(engine.host(*t), t->bytes, 0);
-    if (rank_ == 0) comm.receive(engine.host(*t), t->bytes, owner);
-  }
-  if (rank_ == 0) engine.upload(TensorRole::State);
+  if (rank_ == 0) engine.upload(role);
 }
 
 }  // namespace napkin::runtime

@@ -71,11 +71,16 @@ class OptimizerShards {
   void gather_params(Engine& engine, Communicator& comm) const;
   // Before a checkpoint: every parameter's optimizer state from its owner
   // to rank 0 (which may then release it again: others_state()).
-  void gather_state(Engine& engine, Communicator& comm) const;
+  void gather_state(Engine& engine, Communicator& comm) const { gather_to_root(engine, comm, TensorRole::State); }
   // ZeRO-3, before a checkpoint: every parameter from its owner to rank 0.
-  void gather_params_to_root(Engine& engine, Communicator& comm) const;
+  void gather_params_to_root(Engine& engine, Communicator& comm) const {
+    gather_to_root(engine, comm, TensorRole::Param);
+  }
 
  private:
+  // Every tensor of `role` from its owner (tensor_owner) to rank 0.
+  void gather_to_root(Engine& engine, Communicator& comm, TensorRole role) const;
+
   const Program& program_;
   int rank_ = 0;
   std::unordered_map<std::string, int> owner_;  // param -> rank

@@ -38,6 +38,7 @@
 #include "runtime/program.h"
 #include "runtime/safetensors.h"
 #include "support/checkpoint_content.h"
+#include "support/data_parallel_jobs.h"
 #include "support/test_io.h"
 #include "support/test_models.h"
 
@@ -558,8 +559,7 @@ TEST_CASE("fake cuda: 2 ranks average gradients through NCCL (or the host) and t
   const Trainers whole = build_both(dir / "gpt.yaml", "batch=4,seq=32,d=32,heads=2,layers=1", whole_dir);
   const Trainers micro = build_both(dir / "gpt.yaml", "batch=2,seq=32,d=32,heads=2,layers=1", dir);
   const std::string flags = fmt::format("{} {} --steps 4", kCommon, kGptData);
-  const std::string mpirun =
-      fmt::format("mpirun --oversubscribe{} -np 2", ::geteuid() == 0 ? " --allow-run-as-root" : "");
+  const std::string mpirun = napkin::testing::data_parallel::mpirun(2);
   std::vector<double> one = train_cuda(whole, flags + " --quiet", dir, "one");
   REQUIRE(one.size() == 4);
 
@@ -630,8 +630,7 @@ TEST_CASE("fake cuda: --zero 2 on 2 fake GPUs reduce-scatters the gradients and 
   write_bytes(dir / "gpt.yaml", yaml);
   const Trainers micro = build_both(dir / "gpt.yaml", "batch=2,seq=32,d=32,heads=2,layers=1", dir);
   const std::string flags = fmt::format("{} {} --steps 8 --checkpoint-every 0", kCommon, kGptData);
-  const std::string mpirun =
-      fmt::format("mpirun --oversubscribe{} -np 2", ::geteuid() == 0 ? " --allow-run-as-root" : "");
+  const std::string mpirun = napkin::testing::data_parallel::mpirun(2);
   auto job = [&](const std::string& name, const std::string& extra) {
     Run r = sh(fmt::format("NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} --metrics {} {}", micro.cuda_source,
                            kFakeCudaDir, mpirun, micro.cuda, flags, dir / (name + ".jsonl"), extra));
@@ -872,8 +871,7 @@ TEST_CASE("fake cuda: a ZeRO-1 rank maps only its share of the arena, trains as 
   const std::string flags = fmt::format("{} --data-file images=tests/e2e/data/mlp/images.npy "
                                         "--data-file labels=tests/e2e/data/mlp/labels.npy --checkpoint-format single",
                                         kCommon);
-  const std::string mpirun =
-      fmt::format("mpirun --oversubscribe{} -np 2", ::geteuid() == 0 ? " --allow-run-as-root" : "");
+  const std::string mpirun = napkin::testing::data_parallel::mpirun(2);
   Run printed = sh(t.cuda + " --print-program");
   REQUIRE(printed.status == 0);
   const napkin::runtime::Program program = napkin::runtime::parse_program(printed.out.data(), printed.out.size());
