@@ -14,6 +14,7 @@
 #include "codegen/plan.h"
 #include "runtime/optimizer_shards.h"
 #include "support/test_models.h"
+#include "support/toy_optimizer.h"
 
 namespace napkin {
 namespace {
@@ -77,15 +78,7 @@ runtime::Program toy_program() {
   runtime::TensorSpec step;
   step.name = "optimizer.step", step.role = runtime::TensorRole::State, step.dtype = runtime::DType::I64, step.bytes = 8;
   p.tensors.push_back(step);
-  runtime::KernelSpec shared, batch, pair, norm;
-  shared.name = "lr";
-  batch.name = "batch", batch.shared = false, batch.serves = {"a", "b", "c"};
-  runtime::LoopSpec members;
-  for (const char* m : {"a", "b", "c"}) members.members.push_back({10, {m}, false});
-  batch.payload = members;
-  pair.name = "pair", pair.shared = false, pair.serves = {"d", "e"};
-  norm.name = "norm", norm.shared = false, norm.serves = {"a", "b", "c", "d", "e"};
-  p.kernels = {shared, batch, pair, norm};
+  p.kernels = napkin::testing::toy_optimizer_kernels();
   p.updates = {{"a", 0, 0, 0, "a"}, {"optimizer.step", 0, 0, 0, ""}};
   return p;
 }

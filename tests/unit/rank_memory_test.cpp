@@ -8,6 +8,7 @@
 
 #include "runtime/pages.h"
 #include "runtime/rank_memory.h"
+#include "support/toy_optimizer.h"
 
 namespace napkin {
 namespace {
@@ -39,15 +40,7 @@ runtime::Program paged_program() {
     at += n * kPage;
   }
   p.arena_bytes = at + 10 * kPage;
-  runtime::KernelSpec shared, batch, pair, norm;
-  shared.name = "lr";
-  batch.name = "batch", batch.shared = false, batch.serves = {"a", "b", "c"};
-  runtime::LoopSpec members;
-  for (const char* m : {"a", "b", "c"}) members.members.push_back({10, {m}, false});
-  batch.payload = members;
-  pair.name = "pair", pair.shared = false, pair.serves = {"d", "e"};
-  norm.name = "norm", norm.shared = false, norm.serves = {"a", "b", "c", "d", "e"};
-  p.kernels = {shared, batch, pair, norm};
+  p.kernels = napkin::testing::toy_optimizer_kernels();
   return p;
 }
 
