@@ -307,6 +307,24 @@ void mark_served(const ir::Graph& g, const std::vector<analysis::StepKernel>& st
   }
 }
 
+// Each all_gather issued ahead of its first reader: the kernel that reader
+// is in (Kernel::wait_kernel). A gather right before its reader is waited
+// for at once.
+void mark_waits(const ir::Graph& g, const std::vector<analysis::StepKernel>& steps, KernelPlan& plan) {
+  std::map<ir::ValueId, size_t> gathered;  // the gathered value -> its kernel
+  for (size_t i = 0; i < plan.kernels.size(); ++i) {
+    Kernel& k = plan.kernels[i];
+    for (ir::NodeId id : steps[i].nodes)
+      for (ir::ValueId in : g.node(id).inputs)
+        if (auto it = gathered.find(g.value(in).storage); it != gathered.end()) {
+          if (it->second + 1 < i) plan.kernels[it->second].wait_kernel = static_cast<int>(i);
+          gathered.erase(it);
+        }
+    if (k.kind == KernelKind::Collective && k.collective().which == ir::Collective::AllGather)
+      gathered[g.node(steps[i].nodes.back()).out()] = i;
+  }
+}
+
 KernelPlan plan_kernels(const ir::Graph& g) {
   analysis::MemoryReport memory = analysis::analyze_memory(g);
   analysis::MemoryPlan arena = analysis::plan_memory(memory);
@@ -379,6 +397,7 @@ KernelPlan plan_kernels(const ir::Graph& g) {
     plan.kernels.push_back(std::move(k));
   }
   plan.gradients = planned_gradients(g, arena);
+  mark_waits(g, steps, plan);
   mark_ready(plan);
   mark_served(g, steps, plan);
 

@@ -154,6 +154,11 @@ struct Kernel {
   // A batch kernel in the optimizer phase: what each member serves, as
   // `serves` (nullopt: shared).
   std::vector<std::optional<std::vector<int>>> member_serves;
+  // An all_gather issued ahead of its first use (passes/shard_parameters.h
+  // prefetch): the index of the first kernel after it that reads the
+  // gathered value, which the gather must be complete before; -1 otherwise
+  // (complete before the next kernel).
+  int wait_kernel = -1;
 
   // The parameters of its kind (an internal error for another kind).
   const ir::FillParams& fill() const { return std::get<ir::FillParams>(params); }

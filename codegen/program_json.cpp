@@ -168,7 +168,8 @@ runtime::CollectiveSpec collective_spec(const Kernel& k) {
           .y = k.output.byte_offset,
           .count = x.numel(),
           .dtype = runtime_dtype(x.dtype),
-          .param = which == ir::Collective::AllReduceSum ? std::string() : k.attrs.get_string("param")};
+          .param = which == ir::Collective::AllReduceSum ? std::string() : k.attrs.get_string("param"),
+          .wait = k.wait_kernel};
 }
 
 // The names of parameters by their index in g.params.

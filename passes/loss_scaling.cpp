@@ -62,8 +62,10 @@ class LossScaling : public Pass {
   bool run(ir::Graph& g, ir::Diagnostics&) override {
     if (!uses_loss_scaling(g)) return false;
     const std::vector<ir::NodeId> schedule = g.schedule();
-    auto first_backward = std::find_if(schedule.begin(), schedule.end(),
-                                       [&](ir::NodeId id) { return g.node(id).phase == ir::Phase::Backward; });
+    // (ZeRO-3's gathers for the backward may be issued before it: passes/shard_parameters.h.)
+    auto first_backward = std::find_if(schedule.begin(), schedule.end(), [&](ir::NodeId id) {
+      return g.node(id).phase == ir::Phase::Backward && ir::op_info(g.node(id).op).op_class != ir::OpClass::Collective;
+    });
     if (first_backward == schedule.end()) return false;  // nothing to scale: no parameter affects the loss
     // Autodiff builds the seed d(loss) = 1 first (passes/autodiff.cpp, step 4).
     const ir::Node seed = g.node(*first_backward);

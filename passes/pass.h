@@ -15,6 +15,11 @@
 #include "ir/diagnostics.h"
 #include "ir/graph.h"
 
+namespace napkin::analysis {
+struct Device;        // analysis/devices.h
+struct Interconnect;  // analysis/distributed.h
+}  // namespace napkin::analysis
+
 namespace napkin::passes {
 
 class Pass {
@@ -50,6 +55,13 @@ struct PipelineOptions {
   // forward's gathered copies (--keep-gathered).
   bool shard_parameters = false;
   bool keep_gathered = false;
+  // ZeRO-3: issue each unit's gathers ahead of its first use, where the
+  // time model on shard_device over shard_link says they arrive in time
+  // (--prefetch off: right before it). Null: the cpu row and "shm".
+  bool prefetch = true;
+  const analysis::Device* shard_device = nullptr;
+  const analysis::Interconnect* shard_link = nullptr;
+  int shard_ranks = 8;
   // Apply the rope of a fused attention's q and k as the attention loads them
   // (passes/fuse_rope.h; needs fuse_attention); --unfused-rope turns it off
   // to compare.

@@ -76,7 +76,12 @@ std::optional<PipelineResult> run_training_pipeline(ir::Graph& g, ir::Diagnostic
   }
   pm.add(make_fp8_scaling_pass());  // fp8-mixed: quantize every bf16 contraction's operands
   if (options.shard_parameters)  // ZeRO-3: parameters gathered where used, gradients reduced onto their owners
-    pm.add(make_shard_parameters_pass({.keep_gathered = options.keep_gathered}));
+    pm.add(make_shard_parameters_pass({.keep_gathered = options.keep_gathered,
+                                       .prefetch = options.prefetch,
+                                       .device = options.shard_device,
+                                       .link = options.shard_link,
+                                       .ranks = options.shard_ranks},
+                                      result.shard_schedule));
   pm.add(make_loss_scaling_pass());  // fp16-mixed: scaled backward seed, unscaled gradients
   pm.add(make_optimizer_pass());  // new params and optimizer state: the optimizer phase
   pm.add(make_skip_nonfinite_updates_pass());  // fp16-mixed: skip the update on Inf/NaN

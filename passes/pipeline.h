@@ -10,6 +10,7 @@
 #include "passes/pass.h"
 #include "passes/recompute.h"
 #include "passes/rematerialize.h"
+#include "passes/shard_parameters.h"
 
 namespace napkin::passes {
 
@@ -22,6 +23,7 @@ struct PipelineResult {
   CastPlacement cast_placement;                  // sink_casts and matmul_epilogues: what they rewrote
   Rematerialized rematerialized;                 // rematerialize: what it recomputes
   RecomputeReport recompute;                     // recompute under --memory-budget (ran: a budget was given)
+  ShardSchedule shard_schedule;                  // ZeRO-3's units and the prefetch of their gathers (ran: --zero 3)
 };
 
 // The forward pipeline: clean the frontend's graph so the report counts only

@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "analysis/cost.h"
 #include "ir/internal_check.h"
 #include "passes/recompute.h"
 
@@ -18,7 +19,7 @@ using ir::ValueId;
 
 class ShardParameters : public Pass {
  public:
-  explicit ShardParameters(ShardOptions options) : options_(options) {}
+  ShardParameters(ShardOptions options, ShardSchedule& schedule) : options_(options), schedule_(schedule) {}
   std::string_view name() const override { return "shard_parameters"; }
 
   bool run(ir::Graph& g, ir::Diagnostics&) override {
@@ -73,10 +74,165 @@ class ShardParameters : public Pass {
     }
     g.mutable_schedule() = std::move(order);
     if (!options_.keep_gathered) g = with_recompute(g, computed_from_gathered(g, gathered), flops_added_);
+    plan_gathers(g);
     return true;
   }
 
  private:
+  // The time model of the prefetch (the header's): each node's roofline
+  // seconds, a collective's over the link.
+  struct Model {
+    std::map<NodeId, double> seconds;  // compute nodes only
+    const analysis::Interconnect* link = nullptr;
+    int ranks = 2;
+    double collective_seconds(const ir::Graph& g, const ir::Node& n) const {
+      const double bytes = static_cast<double>(g.value(n.in(0)).type.bytes());
+      // A ring's share of the bytes (the all-gather's and reduce-scatter's), one latency per call.
+      return analysis::reduce_scatter_bytes(bytes, ranks) / link->bytes_per_s + link->latency_s;
+    }
+  };
+
+  Model model(const ir::Graph& g) const {
+    Model m;
+    const analysis::Device* device = options_.device ? options_.device : analysis::find_device("cpu");
+    m.link = options_.link ? options_.link : analysis::find_interconnect("shm");
+    m.ranks = std::max(2, options_.ranks);
+    NAPKIN_INTERNAL_CHECK(device && m.link, "shard_parameters: no cpu device or shm link to time the gathers by");
+    const analysis::StepCost cost = analysis::analyze_step(g, device);
+    for (const analysis::OpRow& row : cost.rows)
+      if (ir::op_info(g.node(row.node).op).op_class != ir::OpClass::Collective) m.seconds[row.node] = row.seconds;
+    schedule_.device = device->name, schedule_.link = m.link->name, schedule_.ranks = m.ranks;
+    return m;
+  }
+
+  // Moves each unit's gathers ahead of its first use (the header's
+  // prefetch), then accounts for the step's communication.
+  void plan_gathers(ir::Graph& g) {
+    const Model m = model(g);
+    std::vector<NodeId> order = g.schedule();
+    // The units, in schedule order: runs of gathers whose first readers share a scope and phase.
+    struct Unit {
+      std::vector<NodeId> gathers;
+      int first_use = 0;     // position of its first gather (right before the first reader)
+      int first_reader = 0;  // position of that reader: the first node after first_use that is no gather
+    };
+    std::vector<Unit> units;
+    std::vector<std::string> unit_scopes;
+    std::string last_key;
+    for (int p = 0; p < static_cast<int>(order.size()); ++p) {
+      const ir::Node& n = g.node(order[p]);
+      if (n.op != Op::AllGather) continue;
+      const ir::Node* reader = nullptr;
+      for (int q = p + 1; q < static_cast<int>(order.size()) && !reader; ++q)
+        if (g.node(order[q]).op != Op::AllGather) reader = &g.node(order[q]);
+      const std::string scope = reader ? reader->scope : n.scope;
+      const std::string key = std::string(ir::phase_name(n.phase)) + "/" + scope;
+      if (units.empty() || key != last_key || g.node(units.back().gathers.back()).phase != n.phase) {
+        int reader_at = p + 1;
+        while (reader_at < static_cast<int>(order.size()) && g.node(order[reader_at]).op == Op::AllGather) ++reader_at;
+        units.push_back({{}, p, reader_at});
+        unit_scopes.push_back(scope);
+      }
+      units.back().gathers.push_back(order[p]);
+      last_key = key;
+    }
+    // Compute seconds before each position.
+    std::vector<double> before(order.size() + 1, 0);
+    for (size_t p = 0; p < order.size(); ++p) {
+      auto it = m.seconds.find(order[p]);
+      before[p + 1] = before[p] + (it == m.seconds.end() ? 0 : it->second);
+    }
+    std::vector<int> issue(units.size());
+    double comm_free = 0;  // when the gathers issued so far are done, the compute's clock
+    for (size_t u = 0; u < units.size(); ++u) {
+      const Unit& unit = units[u];
+      const ir::Phase phase = g.node(unit.gathers.front()).phase;
+      double seconds = 0;
+      for (NodeId id : unit.gathers) seconds += m.collective_seconds(g, g.node(id));
+      // Not before the previous unit of its phase is in use, nor into another phase.
+      int lowest = unit.first_use;
+      while (lowest > 0 && g.node(order[lowest - 1]).phase == phase) --lowest;
+      if (u > 0 && g.node(units[u - 1].gathers.front()).phase == phase)
+        lowest = std::max(lowest, units[u - 1].first_reader + 1);
+      int at = unit.first_use;
+      if (options_.prefetch)
+        while (at > lowest && std::max(before[at], comm_free) + seconds > before[unit.first_use]) --at;
+      issue[u] = at;
+      comm_free = std::max(before[at], comm_free) + seconds;
+    }
+    // The new schedule: every unit's gathers at its issue position, in order.
+    std::map<NodeId, size_t> unit_of;
+    std::map<int, std::vector<NodeId>> issued_at;
+    for (size_t u = 0; u < units.size(); ++u) {
+      for (NodeId id : units[u].gathers) unit_of[id] = u;
+      std::vector<NodeId>& list = issued_at[issue[u]];
+      list.insert(list.end(), units[u].gathers.begin(), units[u].gathers.end());
+    }
+    if (!options_.prefetch) {  // each gather stays right before its first reader
+      account(g, m, unit_of, unit_scopes);
+      return;
+    }
+    std::vector<NodeId> rescheduled;
+    for (int p = 0; p <= static_cast<int>(order.size()); ++p) {
+      if (auto it = issued_at.find(p); it != issued_at.end()) rescheduled.insert(rescheduled.end(), it->second.begin(), it->second.end());
+      if (p < static_cast<int>(order.size()) && !unit_of.count(order[p])) rescheduled.push_back(order[p]);
+    }
+    g.mutable_schedule() = std::move(rescheduled);
+    account(g, m, unit_of, unit_scopes);
+  }
+
+  // The time model's account of the schedule as it now is: one queue of
+  // collectives per rank in schedule order, a gather waited for at its
+  // first reader, a reduce or all-reduce at once (the runtime issues them
+  // so: runtime/parameter_collectives.h).
+  void account(const ir::Graph& g, const Model& m, const std::map<NodeId, size_t>& unit_of,
+               const std::vector<std::string>& scopes) {
+    schedule_.ran = true, schedule_.prefetch = options_.prefetch;
+    schedule_.units.assign(scopes.size(), {});
+    std::map<ValueId, std::pair<size_t, double>> pending;  // gathered buffer -> its unit, when it arrives
+    std::vector<double> issued(scopes.size(), -1);         // the clock at each unit's first gather
+    std::vector<bool> used(scopes.size(), false);
+    double clock = 0, comm_free = 0;
+    for (NodeId id : g.schedule()) {
+      const ir::Node& n = g.node(id);
+      if (ir::op_info(n.op).op_class == ir::OpClass::Collective) {
+        const double s = m.collective_seconds(g, n);
+        comm_free = std::max(clock, comm_free) + s;
+        if (n.op != Op::AllGather) {  // waited for at once
+          schedule_.reduce_seconds += s;
+          schedule_.reduces += n.op == Op::ReduceScatter ? 1 : 0;
+          schedule_.exposed_seconds += comm_free - clock;
+          clock = comm_free;
+          continue;
+        }
+        const size_t u = unit_of.at(id);
+        ShardUnit& unit = schedule_.units[u];
+        unit.scope = scopes[u], unit.phase = n.phase;
+        unit.gathers += 1, unit.bytes += static_cast<double>(g.value(n.in(0)).type.bytes()), unit.seconds += s;
+        schedule_.gather_seconds += s;
+        pending[n.out()] = {u, comm_free};
+        if (issued[u] < 0) issued[u] = clock;
+        continue;
+      }
+      for (ValueId in : n.inputs) {
+        auto it = pending.find(g.value(in).storage);
+        if (it == pending.end()) continue;
+        const auto [u, arrives] = it->second;
+        ShardUnit& unit = schedule_.units[u];
+        if (!used[u]) unit.ahead_seconds = clock - issued[u], used[u] = true;
+        if (arrives > clock) {
+          unit.exposed_seconds += arrives - clock;
+          schedule_.exposed_seconds += arrives - clock;
+          clock = arrives;
+        }
+        pending.erase(it);
+      }
+      auto it = m.seconds.find(id);
+      const double s = it == m.seconds.end() ? 0 : it->second;
+      clock += s, schedule_.compute_seconds += s;
+    }
+  }
+
   // The forward buffers made from gathered parameters (and constants) alone:
   // the gathered copies, and what the forward computes from them before they
   // meet an activation (a weight's cast to the policy's dtype, its views).
@@ -103,13 +259,14 @@ class ShardParameters : public Pass {
   }
 
   ShardOptions options_;
+  ShardSchedule& schedule_;
   double flops_added_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> make_shard_parameters_pass(ShardOptions options) {
-  return std::make_unique<ShardParameters>(options);
+std::unique_ptr<Pass> make_shard_parameters_pass(ShardOptions options, ShardSchedule& schedule) {
+  return std::make_unique<ShardParameters>(options, schedule);
 }
 
 }  // namespace napkin::passes

@@ -454,6 +454,36 @@ std::string classifier_section(const ir::Graph& g, const std::vector<passes::Cla
   return out;
 }
 
+// ZeRO-3's collectives in the step (napkin build --zero 3): its units, where
+// the prefetch issued their gathers, and the pass's time model of them
+// (passes/shard_parameters.h).
+std::string shard_section(const passes::ShardSchedule& s) {
+  int forward = 0, backward = 0, gathers = 0;
+  double bytes = 0;
+  for (const passes::ShardUnit& u : s.units) {
+    (u.phase == ir::Phase::Forward ? forward : backward) += 1;
+    gathers += u.gathers, bytes += u.bytes;
+  }
+  std::string out = fmt::format(
+      "\nzero-3 collectives in the step (--zero 3; time model: {} compute, {} link at {} ranks; docs/distributed.md)\n",
+      s.device, s.link, s.ranks);
+  out += fmt::format("  units                {:>22}  ({} forward, {} backward: a block of a repeat, or a run of top-level parameters)\n",
+                     s.units.size(), forward, backward);
+  out += fmt::format("  all-gathers          {:>22}  ({} gathered, {:.3f} ms)\n", gathers, human_bytes(bytes), s.gather_seconds * 1e3);
+  out += fmt::format("  reduces              {:>22}  ({:.3f} ms with the all-reduces, each waited for at once)\n", s.reduces,
+                     s.reduce_seconds * 1e3);
+  out += fmt::format("  prefetch             {:>22}  ({})\n", s.prefetch ? "on" : "off",
+                     s.prefetch ? "each unit's gathers issued where they arrive before its first use, at most one unit ahead"
+                                : "each gather right before its first use");
+  out += fmt::format("  compute              {:>19.3f} ms  (the step's nodes at the roofline, unfused)\n", s.compute_seconds * 1e3);
+  out += fmt::format("  exposed              {:>19.3f} ms  (what the collectives add to it: {:.0f}% of their time hidden)\n",
+                     s.exposed_seconds * 1e3,
+                     s.gather_seconds + s.reduce_seconds > 0
+                         ? 100 * (1 - s.exposed_seconds / (s.gather_seconds + s.reduce_seconds))
+                         : 0.0);
+  return out;
+}
+
 std::string recompute_section(const passes::RecomputeReport& r) {
   std::string out = fmt::format("\nrecompute (--memory-budget {}: {})\n", with_commas(static_cast<double>(r.budget)),
                                 human_bytes(static_cast<double>(r.budget)));
@@ -546,6 +576,7 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
                        stored, ir::human_flops(r->flops_added));
   }
   if (options.recompute && options.recompute->ran) out += recompute_section(*options.recompute);
+  if (options.pipeline && options.pipeline->shard_schedule.ran) out += shard_section(options.pipeline->shard_schedule);
   if (options.pipeline) out += attention_section(g, options.pipeline->attention_sites);
   if (options.pipeline) out += classifier_section(g, options.pipeline->classifier_sites);
   out += render_amp_audit_text(g, c, memory, options.fp32_step, options.show_ops);
@@ -668,6 +699,17 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
         logits += c.rows * c.vocab;
       }
     j["classifier"] = {{"sites", sites}, {"logits_not_stored", logits}};
+  }
+  if (options.pipeline && options.pipeline->shard_schedule.ran) {
+    const passes::ShardSchedule& s = options.pipeline->shard_schedule;
+    json units = json::array();
+    for (const passes::ShardUnit& u : s.units)
+      units.push_back({{"scope", u.scope}, {"phase", ir::phase_name(u.phase)}, {"gathers", u.gathers}, {"bytes", u.bytes},
+                       {"seconds", u.seconds}, {"ahead_seconds", u.ahead_seconds}, {"exposed_seconds", u.exposed_seconds}});
+    j["zero3"] = {{"device", s.device}, {"link", s.link}, {"ranks", s.ranks}, {"prefetch", s.prefetch},
+                  {"units", units}, {"reduces", s.reduces}, {"gather_seconds", s.gather_seconds},
+                  {"reduce_seconds", s.reduce_seconds}, {"compute_seconds", s.compute_seconds},
+                  {"exposed_seconds", s.exposed_seconds}};
   }
   if (options.recompute && options.recompute->ran) {
     const passes::RecomputeReport& r = *options.recompute;

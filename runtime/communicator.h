@@ -35,6 +35,10 @@ class Communicator {
   virtual int size() const = 0;
   // "one process" / "Open MPI v4.1.4, 2 ranks on 1 host".
   virtual std::string describe() const = 0;
+  // Whether a thread other than the main one may make the calls, one thread
+  // at a time (MPI_THREAD_SERIALIZED): ZeRO-3's prefetch thread
+  // (runtime/parameter_collectives.h).
+  virtual bool serialized_threads() const { return false; }
 
   // Sums `count` elements over the ranks, in place, deterministically.
   virtual void all_reduce_sum(float* data, int64_t count) = 0;

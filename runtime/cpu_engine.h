@@ -38,6 +38,10 @@ class CpuEngine final : public Engine {
   void set_collectives(std::function<void(const CollectiveSpec& spec, const char* x, char* y)> fn) override {
     ex_.collectives = std::move(fn);
   }
+  bool set_collective_waits(std::function<void(int kernel)> fn) override {
+    ex_.wait_collectives = std::move(fn);
+    return true;
+  }
   void release(const std::vector<const TensorSpec*>& tensors) override {
     for (const TensorSpec* t : tensors) ex_.release(t->offset, t->bytes);
   }

@@ -108,6 +108,15 @@ class Engine {
   // identity). Set once, before the first step; an engine that cannot run
   // them throws Error.
   virtual void set_collectives(std::function<void(const CollectiveSpec& spec, const char* x, char* y)> fn) = 0;
+  // ZeRO-3's prefetch: `fn` is called before each kernel with its index,
+  // and with -1 when a run of kernels ends, to wait for the collectives
+  // issued ahead that must be complete then (runtime/parameter_collectives.h).
+  // False: this engine does not call it, so each collective must be
+  // complete when its kernel returns.
+  virtual bool set_collective_waits(std::function<void(int kernel)> fn) {
+    (void)fn;
+    return false;
+  }
   // ZeRO-1: the memory of these tensors, which this rank never reads, may
   // be given back. On the CPU they then read as zero. On a GPU upload and
   // download skip them from then on (their host copies keep what they hold:

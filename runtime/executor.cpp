@@ -198,6 +198,7 @@ void Executor::run_loop(int i, const LoopSpec& s) {
 void Executor::run_kernels(int first, int last) {
   g_active = &program_;
   for (int i = first; i < last; ++i) {
+    if (wait_collectives) wait_collectives(i);
     // Never a collective: the other ranks would wait in it for this one.
     if (!skip_kernel.empty() && skip_kernel[static_cast<size_t>(i)] && !program_.kernels[i].as<CollectiveSpec>()) continue;
     if (before_kernel) before_kernel(i);
@@ -210,6 +211,7 @@ void Executor::run_kernels(int first, int last) {
     }
     if (after_kernel) after_kernel(i);
   }
+  if (wait_collectives) wait_collectives(-1);  // nothing in flight once the kernels return
 }
 
 void Executor::apply_updates() {

@@ -78,6 +78,11 @@ class Executor {
   // process, data parallel and ZeRO-1, whose gradients are averaged before
   // the optimizer).
   std::function<void(const CollectiveSpec& spec, const char* x, char* y)> collectives;
+  // ZeRO-3's prefetch: called before each kernel with its index, and with
+  // -1 when a run of kernels ends, to wait for the collectives issued ahead
+  // that must be complete by then (runtime/parameter_collectives.h). Null:
+  // every collective is complete when its kernel returns.
+  std::function<void(int kernel)> wait_collectives;
   // Per kernel: the batch members to run (empty: all).
   std::vector<std::vector<bool>> run_member;
 

@@ -112,12 +112,16 @@ struct RopeSpec {
 //  - "reduce_scatter": y summed over the ranks onto `param`'s owner (ZeRO-3).
 // Without, the copy is all: the identity of one process, or of a job whose
 // ranks each hold the whole value already.
+// `wait`: a gather issued ahead of its use (passes/shard_parameters.h
+// prefetch) may run while the kernels after it do, and must be complete
+// before kernel `wait` (the first that reads y); -1: before the next kernel.
 struct CollectiveSpec {
   static constexpr const char* kind = "collective";
   std::string collective;  // ir::collective_name
   int64_t x = 0, y = 0, count = 0;  // byte offsets; elements
   DType dtype = DType::F32;
   std::string param;  // all_gather, reduce_scatter: the parameter
+  int64_t wait = -1;  // index of the kernel it must be complete before; -1: the next
   bool operator==(const CollectiveSpec&) const = default;
 };
 

@@ -29,7 +29,10 @@ namespace napkin::runtime {
 namespace {
 
 using Handle = void*;  // MPI_Comm, MPI_Datatype, MPI_Op: pointers in Open MPI
-constexpr int kThreadFunneled = 1;  // MPI_THREAD_FUNNELED: only the main thread calls MPI
+// MPI_THREAD_SERIALIZED: one thread at a time calls MPI, not always the
+// main one (ZeRO-3's prefetch runs a step's collectives on a thread of their
+// own: runtime/parameter_collectives.h).
+constexpr int kThreadSerialized = 2;
 void* const kInPlace = reinterpret_cast<void*>(1);  // MPI_IN_PLACE
 
 struct MpiApi {
@@ -111,7 +114,8 @@ class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(const LaunchedRank& launched) : api_(load(launched)) {
     int provided = 0;
-    check(api_.init_thread(nullptr, nullptr, kThreadFunneled, &provided), "MPI_Init_thread");
+    check(api_.init_thread(nullptr, nullptr, kThreadSerialized, &provided), "MPI_Init_thread");
+    serialized_ = provided >= kThreadSerialized;
     comm_ = api_.comm_world;
     check(api_.comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check(api_.comm_size(comm_, &size_), "MPI_Comm_size");
@@ -130,7 +134,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   // A part of `parent`'s ranks (MPI_Comm_split): MPI stays the parent's to finalize.
-  MpiCommunicator(const MpiApi& api, Handle comm, int hosts) : api_(api), comm_(comm), split_(true), hosts_(hosts) {
+  MpiCommunicator(const MpiApi& api, Handle comm, int hosts, bool serialized)
+      : api_(api), comm_(comm), split_(true), serialized_(serialized), hosts_(hosts) {
     check(api_.comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check(api_.comm_size(comm_, &size_), "MPI_Comm_size");
     describe_ = fmt::format("{} of the job's ranks", size_);
@@ -148,9 +153,10 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     Handle part = nullptr;
     check(api_.comm_split(comm_, color, key, &part), "MPI_Comm_split");
-    return std::make_unique<MpiCommunicator>(api_, part, hosts_);
+    return std::make_unique<MpiCommunicator>(api_, part, hosts_, serialized_);
   }
 
+  bool serialized_threads() const override { return serialized_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string describe() const override { return describe_; }
@@ -271,6 +277,7 @@ class MpiCommunicator final : public Communicator {
   MpiApi api_;
   Handle comm_ = nullptr;  // the world, or a split's part of it
   bool split_ = false;
+  bool serialized_ = false;  // MPI provides MPI_THREAD_SERIALIZED
   int rank_ = 0, size_ = 1, hosts_ = 1;
   std::string describe_;
 };

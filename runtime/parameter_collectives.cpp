@@ -12,7 +12,87 @@ namespace napkin::runtime {
 ParameterCollectives::ParameterCollectives(const OptimizerShards& shards, Communicator& comm, int stage)
     : shards_(shards), comm_(comm), stage_(stage) {}
 
+ParameterCollectives::~ParameterCollectives() {
+  if (!worker_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  worker_.join();
+}
+
+void ParameterCollectives::start_thread() {
+  if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+}
+
+void ParameterCollectives::work() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left
+    const Job job = queue_.front();
+    lock.unlock();
+    try {
+      run(*job.spec, job.x, job.y);
+    } catch (...) {
+      lock.lock();
+      if (!error_) error_ = std::current_exception();
+      queue_.clear();
+      done_ = issued_;  // nobody waits for the rest: the waiter rethrows
+      changed_.notify_all();
+      continue;
+    }
+    lock.lock();
+    queue_.pop_front();
+    ++done_;
+    changed_.notify_all();
+  }
+}
+
+void ParameterCollectives::wait_for(int64_t job) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return done_ >= job; });
+  if (error_) std::rethrow_exception(error_);
+  if (counting_) waits_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void ParameterCollectives::wait_before(int kernel) {
+  if (!worker_.joinable()) return;
+  int64_t job = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (kernel < 0) {
+      job = issued_;
+      due_.clear();
+    } else if (auto it = due_.find(kernel); it != due_.end()) {
+      job = it->second;
+      due_.erase(it);
+    }
+  }
+  if (job > 0) wait_for(job);
+}
+
 void ParameterCollectives::operator()(const CollectiveSpec& spec, const char* x, char* y) {
+  if (!worker_.joinable()) {
+    const auto start = std::chrono::steady_clock::now();
+    run(spec, x, y);
+    if (counting_) waits_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return;
+  }
+  int64_t job = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back({&spec, x, y});
+    job = ++issued_;
+    if (spec.wait >= 0) due_[static_cast<int>(spec.wait)] = job;
+  }
+  changed_.notify_all();
+  if (spec.wait < 0) wait_for(job);
+}
+
+void ParameterCollectives::run(const CollectiveSpec& spec, const char* x, char* y) {
   const int64_t bytes = spec.count * element_bytes(spec.dtype);
   auto copy = [&] { std::memmove(y, x, static_cast<size_t>(bytes)); };
   if (spec.collective == "all_reduce_sum") {

@@ -20,9 +20,24 @@
 // Under stage 2 a program built for stage 3 keeps its gathers and reduces
 // as copies: every rank holds every parameter, and the gradient stage
 // reduce-scatters the gradients itself.
+//
+// Prefetch (stage 3, start_thread()): a gather the step issues ahead of its
+// use (CollectiveSpec::wait >= 0) returns at once and runs on this object's
+// communication thread while the rank computes; the engine waits for it
+// before kernel `wait` (wait_before). Every collective of the step then runs
+// on that thread, in the step's order, so the ranks meet in the same order
+// and only one thread calls MPI while a step runs (MPI_THREAD_SERIALIZED).
+// A collective not issued ahead is waited for at once.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "runtime/communicator.h"
@@ -34,8 +49,22 @@ namespace napkin::runtime {
 class ParameterCollectives {
  public:
   ParameterCollectives(const OptimizerShards& shards, Communicator& comm, int stage);
+  ~ParameterCollectives();
+  ParameterCollectives(const ParameterCollectives&) = delete;
+  ParameterCollectives& operator=(const ParameterCollectives&) = delete;
 
   void operator()(const CollectiveSpec& spec, const char* x, char* y);
+
+  // Runs the collectives on a thread of their own from now on, so that the
+  // gathers issued ahead overlap the kernels before their use. Only where
+  // the engine calls wait_before (Engine::set_collective_waits) and MPI lets
+  // another thread call it (Communicator::serialized_threads).
+  void start_thread();
+  bool threaded() const { return worker_.joinable(); }
+  // Before kernel `kernel`: returns once every collective that must be
+  // complete by then is (-1: every collective issued so far). Rethrows an
+  // error the thread met.
+  void wait_before(int kernel);
 
   // What the gathers and reduces took so far: calls, seconds (the wait for
   // the slowest rank included) and bytes this rank sent or received.
@@ -45,16 +74,37 @@ class ParameterCollectives {
   };
   const Totals& gathers() const { return gathers_; }
   const Totals& reduces() const { return reduces_; }
+  // The rank's waits for them: every collective's whole time without the
+  // thread; with it, only what the kernels did not hide.
+  const Totals& waits() const { return waits_; }
   // Off: the calls are not counted (an eval's forwards).
   void set_counting(bool on) { counting_ = on; }
 
  private:
+  void run(const CollectiveSpec& spec, const char* x, char* y);
+  void wait_for(int64_t job);  // until job `job` (1-based) is done
+  void work();                 // the thread
+
   const OptimizerShards& shards_;
   Communicator& comm_;
   int stage_ = 2;
   std::vector<float> staging_;  // a gradient not in f32, widened
-  Totals gathers_, reduces_;
-  bool counting_ = true;
+  Totals gathers_, reduces_, waits_;
+  std::atomic<bool> counting_{true};
+
+  struct Job {
+    const CollectiveSpec* spec;
+    const char* x;
+    char* y;
+  };
+  std::thread worker_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Job> queue_;
+  int64_t issued_ = 0, done_ = 0;      // jobs, counted from 1
+  std::map<int64_t, int64_t> due_;     // kernel -> the last job that must be done before it
+  std::exception_ptr error_;
+  bool stopping_ = false;
 };
 
 // Whether a program's step gathers its parameters itself (napkin build

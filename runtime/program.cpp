@@ -217,11 +217,13 @@ void read(const json& kernel, const std::string&, RopeSpec& s) {
 void write(json& kernel, const CollectiveSpec& s) {
   kernel["collective"] = {{"collective", s.collective}, {"x", s.x}, {"y", s.y}, {"count", s.count}, {"dtype", s.dtype},
                           {"param", s.param}};
+  if (s.wait >= 0) kernel["collective"]["wait"] = s.wait;
 }
 void read(const json& kernel, const std::string&, CollectiveSpec& s) {
   const json& j = kernel.at("collective");
   s.collective = j.at("collective"), s.x = j.at("x"), s.y = j.at("y"), s.count = j.at("count"), s.dtype = j.at("dtype"),
   s.param = j.at("param");
+  s.wait = j.value("wait", int64_t{-1});
 }
 
 void write(json& kernel, const ClassifierSpec& s) {

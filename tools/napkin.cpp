@@ -104,6 +104,10 @@ struct PipelineFlags {
   bool no_rematerialize = false;    // keep every saved activation as the forward made it (passes/rematerialize.h)
   int zero = 0;                     // 3: the step gathers its parameters and reduces their gradients (ZeRO-3)
   bool keep_gathered = false;       // ZeRO-3: the backward reads the forward's gathered parameters
+  bool no_prefetch = false;         // ZeRO-3: each gather right before its first use, not ahead of it
+  // ZeRO-3's time model for the prefetch: a device row and a link ("" the cpu row and shm); set by the command.
+  std::string shard_device, shard_link;
+  int shard_ranks = 8;
 
   passes::PipelineOptions apply(passes::PipelineOptions options) const {
     options.fuse_attention = !unfused_attention;
@@ -113,6 +117,10 @@ struct PipelineFlags {
     options.rematerialize = !no_rematerialize;
     options.shard_parameters = zero == 3;
     options.keep_gathered = keep_gathered;
+    options.prefetch = !no_prefetch;
+    options.shard_device = shard_device.empty() ? nullptr : analysis::find_device(shard_device);
+    options.shard_link = shard_link.empty() ? nullptr : analysis::find_interconnect(shard_link);
+    options.shard_ranks = shard_ranks;
     return options;
   }
 };
@@ -137,6 +145,9 @@ void add_pipeline_flags(CLI::App* command, PipelineFlags& flags) {
   command->add_flag("--keep-gathered", flags.keep_gathered,
                     "with --zero 3: the backward reads the forward's gathered parameters instead of gathering them "
                     "again (half the gathers, the parameters held from the forward to the backward)");
+  command->add_flag("--no-prefetch", flags.no_prefetch,
+                    "with --zero 3: issue each parameter's gather right before its first use, not ahead of it where "
+                    "the time model says it arrives in time (to compare)");
 }
 
 // A training step and what its passes said about it (the report prints them).
@@ -287,7 +298,10 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
   // The page's roofline needs a device: this host's cpu row unless --device says.
   const analysis::Device* device = device_or_error(a.device.empty() && !html.file.empty() ? "cpu" : a.device);
   const analysis::Topology topology = topology_or_error(a.topology, device);
-  std::optional<LoadedStep> step = ctx.load_step(path, dims, memory_budget(a.budget), {}, true);
+  CommandContext timed = ctx;  // ZeRO-3's prefetch placed by the report's device and link
+  if (device) timed.pipeline.shard_device = device->name;
+  if (topology.link) timed.pipeline.shard_link = topology.link->name, timed.pipeline.shard_ranks = topology.ranks;
+  std::optional<LoadedStep> step = timed.load_step(path, dims, memory_budget(a.budget), {}, true);
   if (!step) return kUserError;
   const ir::Graph* g = &step->graph;
   analysis::StepCost cost = analysis::analyze_step(*g, device);
@@ -704,6 +718,16 @@ std::optional<std::string> checkpoint_hash(const CommandContext& ctx, const ir::
   return tools::model_hash(*g);
 }
 
+// The context of a build for `target` on `device`: ZeRO-3's prefetch is
+// placed by that device's time model and the target's link between ranks
+// (the CPU trainers' ranks share a host; GPUs an NVLink).
+CommandContext for_target(const CommandContext& ctx, const std::string& target, const std::string& device) {
+  CommandContext c = ctx;
+  c.pipeline.shard_device = device;
+  c.pipeline.shard_link = target == "cuda" ? "nvlink4" : "shm";
+  return c;
+}
+
 std::optional<BuildGraph> graph_to_build(const CommandContext& ctx, const BuildArgs& a) {
   if (!a.sampler) {
     auto g = ctx.load(a.model, a.dims, memory_budget(a.memory_budget));
@@ -728,7 +752,7 @@ void print_build_steps(const std::vector<std::pair<std::string, double>>& second
 
 int cmd_build_cuda(const CommandContext& ctx, const BuildArgs& a) {
 #ifdef NAPKIN_HAVE_CUDA
-  std::optional<BuildGraph> built_graph = graph_to_build(ctx, a);
+  std::optional<BuildGraph> built_graph = graph_to_build(for_target(ctx, "cuda", a.device), a);
   if (!built_graph) return kUserError;
   const ir::Graph* g = &built_graph->graph;
   codegen::cuda::CudaBuildOptions options{.output = a.output, .model_hash = built_graph->model_hash, .device = a.device,
@@ -797,7 +821,7 @@ int cmd_build(const CommandContext& ctx, BuildArgs a) {  // by value: the defaul
     return kUserError;
   }
   if (cuda) return cmd_build_cuda(ctx, a);
-  std::optional<BuildGraph> built_graph = graph_to_build(ctx, a);
+  std::optional<BuildGraph> built_graph = graph_to_build(for_target(ctx, "cpu", a.device), a);
   if (!built_graph) return kUserError;
   const ir::Graph* g = &built_graph->graph;
   std::optional<ir::Graph> sampler;  // a language model's trainer: its --sample-every program
@@ -848,9 +872,10 @@ int exec_program(const std::filesystem::path& program, const std::vector<std::st
   return kUserError;
 }
 
-int cmd_train(const CommandContext& ctx, const std::string& model, const std::string& dims, const std::string& budget,
+int cmd_train(const CommandContext& any_target, const std::string& model, const std::string& dims, const std::string& budget,
               const std::string& target, const std::vector<std::string>& trainer_args) {
   if (!target_usable(target)) return kUserError;
+  const CommandContext ctx = for_target(any_target, target, target == "cuda" ? "h100" : "cpu");
   auto g = ctx.load(model, dims, memory_budget(budget));
   if (!g) return kUserError;
   std::optional<ir::Graph> sampler;  // --sample-every's program, for a language model

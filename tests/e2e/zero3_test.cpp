@@ -60,6 +60,13 @@ TEST_CASE("ZeRO-3: one process trains bit for bit as without, 2 and 4 ranks as p
   INFO(shown.out);
   CHECK(shown.out.find("ZeRO-3     rank 0 holds ") != std::string::npos);
   CHECK(shown.out.find("parameters gathered and gradients reduced by MPI in the step") != std::string::npos);
+  CHECK(shown.out.find("the gathers issued ahead run on a thread of their own") != std::string::npos);
+  // The prefetch moves when the gathers run, not what they compute: built without it, the same bits.
+  const std::string unprefetched = f.build("gpt-b2-zero3-noprefetch", 2, "--zero 3 --no-prefetch");
+  Run late = f.train(mpirun(2), unprefetched, "--steps 20 --checkpoint-every 0 --quiet --accumulate 1", "late");
+  INFO(late.out);
+  REQUIRE(late.status == 0);
+  CHECK(f.losses("late") == f.losses("zero2x1"));
   Run refused = f.train(mpirun(2), f.micro, "--steps 1 --checkpoint-every 0 --zero 3", "refused");
   INFO(refused.out);
   CHECK(refused.status == 1);

@@ -84,7 +84,8 @@ std::vector<KernelSpec> every_kind() {
           kernel("classifier", classifier),
           kernel("classifier_grad", classifier_grad),
           kernel("rope", rope),
-          kernel("collective", CollectiveSpec{.collective = "reduce_scatter", .x = 256, .y = 512, .count = 64, .dtype = DType::BF16, .param = "w"})};
+          kernel("collective", CollectiveSpec{.collective = "reduce_scatter", .x = 256, .y = 512, .count = 64, .dtype = DType::BF16, .param = "w"}),
+          kernel("prefetched", CollectiveSpec{.collective = "all_gather", .x = 0, .y = 1024, .count = 16, .dtype = DType::F32, .param = "w", .wait = 9})};
 }
 
 Program full_program() {
