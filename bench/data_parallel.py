@@ -39,7 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def mpirun(ranks):
-    cmd = ["mpirun", "--oversubscribe", "-np", str(ranks)]
+    # A thread waiting in MPI yields its core: ZeRO-3's collectives thread shares the cores with the kernels.
+    cmd = ["mpirun", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", str(ranks)]
     if os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
     return cmd
@@ -126,17 +127,24 @@ def main():
 def stage_times(args, tmp, d):
     """5. The step under each ZeRO stage on the same ranks: plain data parallel,
     --zero 1 and 2 (the plain trainer) and --zero 3 (a trainer built with
-    --zero 3, its backward gathering again or --keep-gathered), each rank on
-    one thread. The CPU trainer overlaps no collective with compute, so its
-    step is one rank's compute plus every collective: the prediction is the
-    measured single-process step (--threads 1) plus the report's comm column
-    (all of a stage's collectives back to back), beside the report's own step
+    --zero 3: its gathers issued ahead of their use, or each right before it
+    with --no-prefetch, or its backward reading the forward's copies with
+    --keep-gathered), each rank on one thread. The prediction is the
+    measured single-process step (--threads 1) plus what the collectives add
+    to it: for stages 0-2 the report's comm column (the CPU trainer overlaps
+    none of them), for ZeRO-3 the report's zero-3 section's exposed time
+    (its time model of the prefetch), printed beside the report's own step
     (which hides what it can, as a GPU trainer would)."""
-    builds = {"plain": [], "zero3": ["--zero", "3"], "keep": ["--zero", "3", "--keep-gathered"]}
-    trainers = {}
+    builds = {"plain": [], "zero3": ["--zero", "3"], "late": ["--zero", "3", "--no-prefetch"],
+              "keep": ["--zero", "3", "--keep-gathered"]}
+    trainers, exposed = {}, {}
     for name, flags in builds.items():
         trainers[name] = os.path.join(tmp, f"gpt-{name}")
         run([args.napkin, "build", "models/gpt.yaml", "-o", trainers[name], "--quiet"] + flags)
+        if name != "plain":
+            report = json.loads(run([args.napkin, "report", "models/gpt.yaml", "--device", "cpu", "--ranks",
+                                     str(args.ranks), "--interconnect", "shm", "--json", "--no-ops"] + flags))
+            exposed[name] = report["zero3"]["exposed_seconds"] * 1e3
     steps = ["--threads", "1", "--steps", str(args.steps), "--checkpoint-every", "0", "--quiet"]
 
     def measure(launcher, trainer, flags, name):
@@ -147,28 +155,30 @@ def stage_times(args, tmp, d):
         comm = next((r for r in records if r.get("zero3_collectives")), None)
         reduce = next((r for r in records if r.get("all_reduce")), None)
         comm_ms = (comm["gather_ms_per_step"] + comm["reduce_ms_per_step"]) if comm else (reduce["mean_ms"] if reduce else 0)
-        return step_ms, comm_ms
+        waited_ms = comm["wait_ms_per_step"] if comm else comm_ms
+        return step_ms, comm_ms, waited_ms
 
-    alone, _ = measure([], trainers["plain"], [], "alone")
+    alone, _, _ = measure([], trainers["plain"], [], "alone")
     print()
     print(f"The step per ZeRO stage, gpt.yaml on {args.ranks} ranks over shm, --threads 1 each "
           f"(one process alone: {alone:.1f} ms a step, median of {args.steps}):")
-    print(f"  {'stage':<24} {'step ms':>8} {'its collectives ms':>19} {'predicted ms':>13} {'meas/pred':>9} "
-          f"{'report comm ms':>15} {'report step ms':>15}")
+    print(f"  {'stage':<24} {'step ms':>8} {'collectives ms':>15} {'waited ms':>10} {'pred. waited':>12} "
+          f"{'predicted ms':>13} {'meas/pred':>9} {'report step ms':>15}")
     rows = [("data parallel", "plain", ["--zero", "0"], 0), ("ZeRO-1", "plain", ["--zero", "1"], 1),
             ("ZeRO-2", "plain", ["--zero", "2"], 2), ("ZeRO-3", "zero3", [], 3),
-            ("ZeRO-3 --keep-gathered", "keep", [], 3)]
+            ("ZeRO-3 --no-prefetch", "late", [], 3), ("ZeRO-3 --keep-gathered", "keep", [], 3)]
     for label, build, flags, stage in rows:
-        step_ms, comm_ms = measure(mpirun(args.ranks), trainers[build], flags, f"{build}{stage}")
+        step_ms, comm_ms, waited_ms = measure(mpirun(args.ranks), trainers[build], flags, f"{build}{stage}")
         s = d["stages"][stage]
-        predicted = alone + s["comm_s"] * 1e3
-        print(f"  {label:<24} {step_ms:8.1f} {comm_ms:19.2f} {predicted:13.1f} {step_ms / predicted:9.2f} "
-              f"{s['comm_s'] * 1e3:15.2f} {s['step_s'] * 1e3:15.1f}")
-    print("  (its collectives: what the trainer timed in MPI, the wait for the slower rank included: the all-reduce "
-          "or ZeRO-2's reduce-scatters, ZeRO-3's gathers and reduces; ZeRO-1/2's parameter broadcast after the update "
-          "is not timed apart. The report's comm: ring collectives at shm's bandwidth; its ZeRO-3 gathers the "
-          "parameters for the forward and again for the backward, as the trainer does unless --keep-gathered, and "
-          "reduce-scatters the gradients)")
+        added = exposed.get(build, s["comm_s"] * 1e3)
+        predicted = alone + added
+        print(f"  {label:<24} {step_ms:8.1f} {comm_ms:15.2f} {waited_ms:10.2f} {added:12.2f} {predicted:13.1f} "
+              f"{step_ms / predicted:9.2f} {s['step_s'] * 1e3:15.1f}", flush=True)
+    print("  (collectives: what the trainer timed in MPI, the wait for the slower rank included: the all-reduce or "
+          "ZeRO-2's reduce-scatters, ZeRO-3's gathers and reduces (on its collectives thread); ZeRO-1/2's parameter "
+          "broadcast after the update is not timed apart. waited: what the rank's kernels waited for them (ZeRO-3; "
+          "the others block the rank). pred. waited: the report's comm (stages 0-2, ring collectives at shm's "
+          "bandwidth, none hidden) or its zero-3 section's exposed time (its time model of the prefetch))")
 
 
 def memory_per_rank(args, tmp):
