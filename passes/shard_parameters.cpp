@@ -122,14 +122,12 @@ class ShardParameters : public Pass {
     for (int p = 0; p < static_cast<int>(order.size()); ++p) {
       const ir::Node& n = g.node(order[p]);
       if (n.op != Op::AllGather) continue;
-      const ir::Node* reader = nullptr;
-      for (int q = p + 1; q < static_cast<int>(order.size()) && !reader; ++q)
-        if (g.node(order[q]).op != Op::AllGather) reader = &g.node(order[q]);
-      const std::string scope = reader ? reader->scope : n.scope;
+      int reader_at = p + 1;  // each gather sits right before its first reader, after the other gathers there
+      while (reader_at < static_cast<int>(order.size()) && g.node(order[reader_at]).op == Op::AllGather) ++reader_at;
+      NAPKIN_INTERNAL_CHECK(reader_at < static_cast<int>(order.size()), "shard_parameters: a gather without a reader");
+      const std::string& scope = g.node(order[reader_at]).scope;
       const std::string key = std::string(ir::phase_name(n.phase)) + "/" + scope;
-      if (units.empty() || key != last_key || g.node(units.back().gathers.back()).phase != n.phase) {
-        int reader_at = p + 1;
-        while (reader_at < static_cast<int>(order.size()) && g.node(order[reader_at]).op == Op::AllGather) ++reader_at;
+      if (units.empty() || key != last_key) {
         units.push_back({{}, p, reader_at});
         unit_scopes.push_back(scope);
       }
