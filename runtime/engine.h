@@ -108,6 +108,21 @@ class Engine {
   // identity). Set once, before the first step; an engine that cannot run
   // them throws Error.
   virtual void set_collectives(std::function<void(const CollectiveSpec& spec, const char* x, char* y)> fn) = 0;
+  // ZeRO-2 and 3 on the device, instead of set_collectives: joins `comm`'s
+  // ranks with the device's collectives, and each collective kernel then
+  // runs there, in the step's order: all_reduce_sum always; under `stage` 3
+  // all_gather from and reduce_scatter onto owner(param); under stage 2 the
+  // gathers and reduces of a program built for stage 3 stay the copies they
+  // are (every rank holds every parameter). Says what it uses ("NCCL
+  // 2.28.0"), or "" when this engine has none (the CPU) or cannot (`why`
+  // says so): every rank gets the same answer, and then calls
+  // set_collectives. Once, before the first step.
+  virtual std::string run_collectives_on_device(Communicator& comm, std::function<int(const std::string& param)> owner,
+                                                int stage, std::string& why) {
+    (void)comm, (void)owner, (void)stage;
+    why.clear();
+    return "";
+  }
   // ZeRO-1: the memory of these tensors, which this rank never reads, may
   // be given back. On the CPU they then read as zero. On a GPU upload and
   // download skip them from then on (their host copies keep what they hold:

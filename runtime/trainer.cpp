@@ -290,6 +290,8 @@ class TrainingRun {
   std::unique_ptr<OptimizerShards> shards;
   // ZeRO-2 and 3: what the step's collective kernels do over the ranks.
   std::unique_ptr<ParameterCollectives> collectives;
+  // Or the engine runs them on the device: what it uses ("NCCL 2.28.0"), "" when not.
+  std::string device_collectives;
   // Hybrid sharding (--shard-group L): the ranks shard within groups of L
   // consecutive ranks (`group`: this rank's) and replicate across them
   // (`replicas`: the ranks of the other groups at this rank's place in its
@@ -365,9 +367,6 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
   if (stage == 3 && !gathers_parameters(program))
     throw Error("--zero 3 needs a trainer whose step gathers its parameters where it uses them: build it with `napkin "
                 "build MODEL --zero 3` (or `napkin train --zero 3 MODEL`)");
-  if (stage == 3 && ranks > 1 && p.backend != "cpu")
-    throw Error("--zero 3 needs the CPU trainer: the CUDA trainer shards the optimizer state (--zero 1) and the "
-                "gradients (--zero 2), not yet the parameters");
   if (stage == 3 && ranks > 1 && o.sample_every > 0)
     throw Error("--sample-every under --zero 3: rank 0 holds only its own parameters; sample a checkpoint with `napkin "
                 "sample` instead");
@@ -389,7 +388,13 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
   // ZeRO-2 and 3: each rank's clipping norm and overflow probe cover its own gradients, which the program's
   // all_reduce_sum kernels add up (passes/optimizer.cpp, passes/loss_scaling.h); ZeRO-3's step gathers each
   // parameter from its owner and reduces its gradient there (passes/shard_parameters.h).
-  if (stage >= 2 && ranks > 1) {
+  // On a GPU through NCCL where every rank can (not under hybrid sharding: NCCL's communicator is the job's),
+  // else on the host (MPI).
+  std::string why_not_device;
+  if (stage >= 2 && ranks > 1 && !group)
+    device_collectives = ex.run_collectives_on_device(
+        comm, [owners = shards.get()](const std::string& param) { return owners->owner(param); }, stage, why_not_device);
+  if (stage >= 2 && ranks > 1 && device_collectives.empty()) {
     collectives = std::make_unique<ParameterCollectives>(*shards, shard_comm(), stage);
     ex.set_collectives([this](const CollectiveSpec& spec, const char* x, char* y) { (*collectives)(spec, x, y); });
   }
@@ -599,9 +604,9 @@ void TrainingRun::banner() {
                  "between them; each owner's gradient sums added over the groups\n",
                  ranks / group_size, group_size);
     if (ranks > 1 && gradients->reduced_in_step())
-      fmt::print("  ranks      {}; parameters gathered and gradients reduced by MPI in the step, each where the step "
+      fmt::print("  ranks      {}; parameters gathered and gradients reduced by {} in the step, each where the step "
                  "uses or makes it\n",
-                 comm.describe());
+                 comm.describe(), device_collectives.empty() ? "MPI" : device_collectives + " on the GPU");
     else if (ranks > 1 && gradients->sharded())
       fmt::print("  ranks      {}; gradients reduce-scattered by MPI on the host after each micro-batch's backward, "
                  "in {} bucket{} (not overlapped with it)\n",

@@ -351,7 +351,7 @@ double CudaEngine::loss() {
 }
 
 void CudaEngine::run_backward() {
-  if (!nccl_) {
+  if (segments_.empty()) {  // no gradients averaged here
     run_phase(backward_);
     return;
   }
@@ -376,8 +376,9 @@ void CudaEngine::download_gradients(char* dst) {
   synchronize();
 }
 
-std::string CudaEngine::join_device_collectives(Communicator& comm, std::string& why) {
+bool CudaEngine::open_nccl(Communicator& comm, std::string& why) {
   why.clear();
+  if (nccl_) return true;
   // Every rank takes the same path: NCCL only if every rank can load it.
   std::unique_ptr<NcclCollectives> nccl;
   if (const char* off = std::getenv("NAPKIN_NCCL"); off && std::string_view(off) == "0") {
@@ -394,10 +395,23 @@ std::string CudaEngine::join_device_collectives(Communicator& comm, std::string&
   if (able < comm.size()) {
     if (why.empty())
       why = fmt::format("{} of {} ranks cannot use NCCL", comm.size() - static_cast<int>(able), comm.size());
-    return "";
+    return false;
   }
   nccl->join(comm);
   nccl_ = std::move(nccl);
+  return true;
+}
+
+std::string CudaEngine::run_collectives_on_device(Communicator& comm, std::function<int(const std::string& param)> owner,
+                                                  int stage, std::string& why) {
+  if (!open_nccl(comm, why)) return "";
+  owner_ = std::move(owner);
+  collective_stage_ = stage;
+  return nccl_->describe();
+}
+
+std::string CudaEngine::join_device_collectives(Communicator& comm, std::string& why) {
+  if (!open_nccl(comm, why)) return "";
   const char* overlap = std::getenv("NAPKIN_CUDA_OVERLAP");
   plan_buckets(!(overlap && std::string_view(overlap) == "0"));
   NAPKIN_CU(*driver_, cuStreamCreate(&comm_stream_, CU_STREAM_NON_BLOCKING));
@@ -557,11 +571,17 @@ void CudaEngine::run_collective_on_host(const CollectiveSpec& c) {
 }
 
 void CudaEngine::enqueue_kernel(int i) {
-  if (collectives_)
-    if (const CollectiveSpec* c = program_.kernels[static_cast<size_t>(i)].as<CollectiveSpec>()) {
+  if (const CollectiveSpec* c = program_.kernels[static_cast<size_t>(i)].as<CollectiveSpec>()) {
+    if (collectives_) {
       run_collective_on_host(*c);
       return;
     }
+    if (runs_on_nccl(*c)) {
+      nccl_->collective(*c, c->param.empty() ? 0 : owner_(c->param), arena_ + static_cast<CUdeviceptr>(c->x),
+                        arena_ + static_cast<CUdeviceptr>(c->y), stream_);
+      return;
+    }
+  }
   auto launch = [&](Launch& l) {
     std::array<void*, 3> params = kernel_params(arena_, scratch_, l.offsets);
     NAPKIN_CU(*driver_, cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_,

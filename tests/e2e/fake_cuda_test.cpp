@@ -650,6 +650,115 @@ TEST_CASE("fake cuda: --zero 2 on 2 fake GPUs reduce-scatters the gradients and 
   check_close(losses(dir / "cpu.jsonl"), losses(dir / "zero.jsonl"), 1e-5);
 }
 
+namespace {
+
+// NAPKIN_FAKE_NCCL_REPORT's file of one rank: calls per collective (tests/fake_cuda/fake_nccl.cpp).
+nlohmann::json nccl_report(const std::string& prefix, int rank) {
+  return nlohmann::json::parse(read_bytes(fmt::format("{}.{}.json", prefix, rank)));
+}
+
+// gpt.yaml (its AdamW clips the global norm) with no checkpoint line and `precision`, in `dir`.
+std::string gpt_without_checkpoints(const TempDir& dir, const std::string& precision = "fp32") {
+  std::string yaml = napkin::testing::read_source("models/gpt.yaml");
+  const size_t at = yaml.find("  checkpoint: {");
+  REQUIRE(at != std::string::npos);
+  yaml.erase(at, yaml.find('\n', at) + 1 - at);
+  const size_t line = yaml.find("\nprecision: ");
+  REQUIRE(line != std::string::npos);
+  yaml.replace(line + 1, yaml.find('\n', line + 1) - line - 1, "precision: " + precision);
+  write_bytes(dir / "gpt.yaml", yaml);
+  return dir / "gpt.yaml";
+}
+
+// fp16-mixed's loss scale (passes/loss_scaling.h) in a single-file checkpoint.
+float loss_scale(const std::string& checkpoint) {
+  napkin::runtime::SafetensorsFile f(checkpoint);
+  for (const auto& t : f.tensors())
+    if (t.name == "loss_scale.scale") {
+      REQUIRE(t.dtype == "f32");
+      float v = 0;
+      std::memcpy(&v, t.data, sizeof v);
+      return v;
+    }
+  FAIL("no loss_scale.scale in " << checkpoint);
+  return 0;
+}
+
+}  // namespace
+
+// ZeRO-3 on 2 fake GPUs (docs/distributed.md): a trainer built with `napkin
+// build --zero 3` gathers each parameter from its owner (ncclBroadcast) and
+// reduces each gradient onto it (ncclReduce) on the GPU, in the step's
+// stream and graphs, and the clipping norm's parts are summed there
+// (ncclAllReduce): no collective kernel goes through the host. It trains as
+// plain NCCL data parallel does (the gradient sums in another order), with
+// and without accumulation, under fp16-mixed with the same overflow skips,
+// and a checkpoint of its 2 ranks resumes on 1 fake GPU at the same loss.
+TEST_CASE("fake cuda: --zero 3 on 2 fake GPUs gathers and reduces through NCCL on the device, as plain data parallel trains (issue 40)") {
+  REQUIRE(sh("command -v mpirun").status == 0);
+  for (const std::string precision : {"fp32", "{policy: fp16-mixed, loss_scale: {init: 1073741824}}"}) {
+    CAPTURE(precision);
+    TempDir dir("fakecuda-zero3");
+    const std::string model = gpt_without_checkpoints(dir, precision);
+    const std::string dims = "batch=2,seq=32,d=32,heads=2,layers=1";
+    TempDir plain_dir("fakecuda-zero3-plain");
+    const Trainers plain = build_both(model, dims, plain_dir);
+    const Trainers sharded = build_both(model, dims, dir, "--zero 3");
+    const bool fp16 = precision != "fp32";
+    const std::string mpirun = napkin::testing::data_parallel::mpirun(2);
+    auto job = [&](const Trainers& t, const std::string& name, const std::string& extra) {
+      Run r = sh(fmt::format("NAPKIN_FAKE_NCCL_REPORT={} NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} {} "
+                             "--metrics {} {}",
+                             dir / name, t.cuda_source, kFakeCudaDir, mpirun, t.cuda, kCommon, kGptData,
+                             dir / (name + ".jsonl"), extra));
+      INFO(name << ": " << r.out);
+      REQUIRE(r.status == 0);
+      return r;
+    };
+    for (const std::string accumulate : {"1", "2"}) {
+      CAPTURE(accumulate);
+      if (fp16 && accumulate == "2") continue;
+      const std::string flags = fmt::format("--steps 20 --checkpoint-every 0 --accumulate {}", accumulate);
+      // fp16: the last step saved in one file, for its loss scale.
+      auto saved = [&](const std::string& name) {
+        return fp16 ? fmt::format(" --checkpoint-format single --checkpoint-dir {}", dir / name) : std::string();
+      };
+      job(plain, "plain" + accumulate, flags + saved("plain-ckpt"));
+      const Run zero = job(sharded, "zero" + accumulate, flags + saved("zero-ckpt"));
+      CHECK(zero.out.find("parameters gathered and gradients reduced by NCCL 2.28.0 on the GPU in the step") !=
+            std::string::npos);
+      const std::vector<double> want = losses(dir / ("plain" + accumulate + ".jsonl"));
+      REQUIRE(want.size() == 20);
+      check_close(want, losses(dir / ("zero" + accumulate + ".jsonl")), 1e-6);
+      for (int rank = 0; rank < 2; ++rank) {
+        CAPTURE(rank);
+        const nlohmann::json calls = nccl_report(dir / ("zero" + accumulate), rank);
+        CHECK(calls.at("broadcast").get<int64_t>() > 0);
+        CHECK(calls.at("reduce").get<int64_t>() > 0);
+        CHECK(calls.at("all_reduce").get<int64_t>() > 0);  // the clipping norm's parts (and fp16's probe)
+      }
+    }
+    if (fp16) {
+      // Loss scale 2^30 overflows at first: each skipped step halves it, on every rank together, as plain's.
+      const float scale = loss_scale(dir / "zero-ckpt/step-000020.safetensors");
+      MESSAGE(fmt::format("fp16-mixed: loss scale 2^30 after 20 steps: {}", scale));
+      CHECK(scale < 1073741824.0f);
+      CHECK(scale == loss_scale(dir / "plain-ckpt/step-000020.safetensors"));
+      continue;
+    }
+    // A checkpoint of the 2 ranks × 2 micro-batches at step 10 (one shard each) resumes on 1 fake GPU
+    // accumulating 4: the same global batch, and the 2 ranks' loss at step 11.
+    job(sharded, "first", fmt::format("--steps 10 --accumulate 2 --checkpoint-dir {}", dir / "ckpt"));
+    Run resumed = run_cuda(sharded, fmt::format("{} {} --steps 11 --accumulate 4 --metrics {} --resume {}", kCommon,
+                                                kGptData, dir / "resumed.jsonl", dir / "ckpt/step-000010.sharded"));
+    INFO(resumed.out);
+    REQUIRE(resumed.status == 0);
+    const std::vector<double> straight = losses(dir / "zero2.jsonl"), after = losses(dir / "resumed.jsonl");
+    REQUIRE(after.size() == 1);
+    check_close({straight.at(10)}, after, 1e-6);
+  }
+}
+
 TEST_CASE("fake cuda: napkin sample's decoder (prefill, KV-cache decode steps) writes on the fake GPU what it writes on the CPU") {
   TempDir dir("fakecuda-sample");
   // A checkpoint of a few CPU steps, then both samplers from it, greedy.
