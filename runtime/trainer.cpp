@@ -384,6 +384,9 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
     shards = std::make_unique<OptimizerShards>(program, group_size, shard_comm().rank());
     ex.skip(shards->skip_kernel(), shards->skip_update(), shards->run_member());
     ex.release(shards->others_state());  // before anything touches it
+    // ZeRO-3: the others' parameters too, so that a GPU never maps them (the CPU's init writes them, and they
+    // are released again once the weights are in: load_weights).
+    if (stage == 3) ex.release(shards->others_params());
   }
   // ZeRO-2 and 3: each rank's clipping norm and overflow probe cover its own gradients, which the program's
   // all_reduce_sum kernels add up (passes/optimizer.cpp, passes/loss_scaling.h); ZeRO-3's step gathers each

@@ -1050,4 +1050,78 @@ TEST_CASE("fake cuda: a ZeRO-1 rank maps only its share of the arena, trains as 
 }
 
 
+// ZeRO-3 on 2 fake GPUs: each rank maps every granule but those lying
+// wholly inside the other rank's optimizer state (ZeRO-1) and parameters,
+// which its step gathers by ncclBroadcast into the arena's activations and
+// never reads in place. An MLP with two 1024 x 1024 hidden layers and no
+// biases: one batched AdamW kernel updates every parameter, which a GPU
+// cannot split, so they are one unit (runtime/optimizer_shards.h) and rank
+// 0 owns them all: it maps more than plain data parallel (the gathered
+// copies and the local gradients besides the whole model), rank 1 far
+// less, the two together less than two plain ranks. The same losses.
+TEST_CASE("fake cuda: a ZeRO-3 rank maps its share of the parameters and optimizer state, less than plain data parallel (issue 40)") {
+  REQUIRE(sh("command -v mpirun").status == 0);
+  TempDir dir("fakecuda-zero3-vmm");
+  TempDir plain_dir("fakecuda-zero3-vmm-plain");
+  write_bytes(dir / "mlp.yaml", R"(model: mlp2
+dims: {batch: 8, d_in: 64, hidden: 1024, classes: 10}
+inputs:
+  images: {shape: [batch, d_in]}
+  labels: {shape: [batch], dtype: i32}
+params:
+  w1: {shape: [d_in, hidden], init: xavier}
+  w2: {shape: [hidden, hidden], init: xavier}
+  w3: {shape: [hidden, hidden], init: xavier}
+  w4: {shape: [hidden, classes], init: xavier}
+forward:
+  - h1: gelu(images @ w1)
+  - h2: gelu(h1 @ w2)
+  - h3: gelu(h2 @ w3)
+  - logits: h3 @ w4
+loss: cross_entropy(logits, labels)
+optimizer: adamw(lr=1e-3, weight_decay=0.01)
+precision: fp32
+)");
+  const Trainers plain = build_both(dir / "mlp.yaml", "batch=8", plain_dir);
+  const Trainers sharded = build_both(dir / "mlp.yaml", "batch=8", dir, "--zero 3");
+  const std::string flags = fmt::format("{} --data-file images=tests/e2e/data/mlp/images.npy "
+                                        "--data-file labels=tests/e2e/data/mlp/labels.npy --steps 3 --checkpoint-every 0",
+                                        kCommon);
+  const std::string mpirun = napkin::testing::data_parallel::mpirun(2);
+  auto job = [&](const Trainers& t, const std::string& name) {
+    Run r = sh(fmt::format("NAPKIN_FAKE_CUDA_REPORT={} NAPKIN_FAKE_CUDA_SOURCE={} "
+                           "LD_LIBRARY_PATH={} {} {} {} --metrics {}",
+                           dir / name, t.cuda_source, kFakeCudaDir, mpirun, t.cuda, flags, dir / (name + ".jsonl")));
+    INFO(name << ": " << r.out);
+    REQUIRE(r.status == 0);
+    return r;
+  };
+  job(plain, "plain");
+  job(sharded, "zero");
+  check_close(losses(dir / "plain.jsonl"), losses(dir / "zero.jsonl"), 1e-6);
+  Run printed = sh(sharded.cuda + " --print-program");
+  REQUIRE(printed.status == 0);
+  const napkin::runtime::Program program = napkin::runtime::parse_program(printed.out.data(), printed.out.size());
+  int64_t wholes = 0, shares = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    const int64_t whole = fake_report(dir / "plain", rank).at("peak_mapped_bytes").get<int64_t>();
+    const int64_t share = fake_report(dir / "zero", rank).at("peak_mapped_bytes").get<int64_t>();
+    napkin::runtime::OptimizerShards shards(program, 2, rank);
+    std::vector<std::pair<int64_t, int64_t>> others;
+    for (const auto* tensors : {&shards.others_state(), &shards.others_params()})
+      for (const napkin::runtime::TensorSpec* t : *tensors) others.push_back({t->offset, t->offset + t->bytes});
+    const int64_t expected = expected_mapped(program.arena_bytes, others);
+    MESSAGE(fmt::format("rank {}: plain data parallel maps {:.1f} MiB at peak, ZeRO-3 {:.1f} MiB (expected {:.1f} MiB)",
+                        rank, static_cast<double>(whole) / (1 << 20), static_cast<double>(share) / (1 << 20),
+                        static_cast<double>(expected) / (1 << 20)));
+    CHECK(share == expected);
+    CHECK((rank == 0 ? shards.owned_params() == 4 : shards.owned_params() == 0));
+    if (rank == 1) CHECK(share < whole / 2);
+    wholes += whole;
+    shares += share;
+  }
+  CHECK(shares < wholes);
+}
+
 #endif  // NAPKIN_HAVE_CUDA_RUNTIME
