@@ -87,7 +87,10 @@ class Engine {
   // NCCL: `why` says so). Then run_backward() also averages every gradient
   // over the ranks in place (in buckets as the backward writes them, where
   // the engine can), and average_gradients_on_device() waits for it. The
-  // gradient stage falls back to the host when "".
+  // gradient stage falls back to the host when "". After
+  // run_collectives_on_device under stage 2 (ZeRO-2), each gradient is
+  // averaged onto its parameter's owner instead, and the other ranks' copies
+  // of it are zeroed.
   virtual std::string join_device_collectives(Communicator& comm, std::string& why) {
     (void)comm;
     why.clear();

@@ -40,7 +40,8 @@ GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_b
   if (!active_) return;
   if (p.gradients.empty()) throw Error("the program names no gradients: it cannot accumulate or all-reduce them");
   const bool sharded = shards && (comm.size() > 1 || replicas_);
-  if (!sharded && micro_batches == 1 && comm.size() > 1) {
+  // ZeRO-2 too, unless hybrid: the engine then averages each gradient onto its owner (Engine::run_collectives_on_device).
+  if ((!sharded || (!reduced_in_step_ && !replicas_)) && micro_batches == 1 && comm.size() > 1) {
     device_ = engine.join_device_collectives(comm, why_not_device_);
     if (!device_.empty()) return;
   }

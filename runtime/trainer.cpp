@@ -615,7 +615,7 @@ void TrainingRun::banner() {
                  "in {} bucket{} (not overlapped with it)\n",
                  comm.describe(), gradients->buckets(), gradients->buckets() == 1 ? "" : "s");
     else if (ranks > 1)
-      fmt::print("  ranks      {}; gradients all-reduced {}\n", comm.describe(),
+      fmt::print("  ranks      {}; gradients {} {}\n", comm.describe(), stage == 2 ? "reduced" : "all-reduced",
                  gradients->device_collectives().empty() ? "by MPI on the host after the backward (not overlapped with it)"
                                                         : "by " + gradients->device_collectives());
     // A device with no peak for the step's matmul dtype (the cpu has no f16
@@ -886,9 +886,10 @@ int TrainingRun::finish() {
                  "bandwidth {:.3g} GB/s\n",
                  human_bytes(bytes), seconds * 1e3, gradients->all_reduces(), bus / 1e9);
     else if (!quiet)  // overlapped: what the optimizer waited for after the backward, not the all-reduce's time
-      fmt::print("all-reduce: {} a step on the GPU; the optimizer waited {:.3f} ms a step for it after the backward "
+      fmt::print("{}: {} a step on the GPU; the optimizer waited {:.3f} ms a step for it after the backward "
                  "(mean of {})\n",
-                 human_bytes(bytes), seconds * 1e3, gradients->all_reduces());
+                 stage == 2 ? "reduce onto the owners" : "all-reduce", human_bytes(bytes), seconds * 1e3,
+                 gradients->all_reduces());
     metrics.write(MetricsRecord()
                       .boolean("all_reduce", true)
                       .text("collective", gradients->sharded() ? "reduce_scatter" : "all_reduce")

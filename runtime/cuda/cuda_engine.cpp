@@ -360,7 +360,12 @@ void CudaEngine::run_backward() {
     run_phase(segments_[s]);
     NAPKIN_CU(d, cuEventRecord(segment_done_[s], stream_));
     NAPKIN_CU(d, cuStreamWaitEvent(comm_stream_, segment_done_[s], 0));
-    nccl_->average_gradients(program_, buckets_[s], arena_, comm_stream_);
+    nccl_->average_gradients(program_, buckets_[s], gradient_owner_, arena_, comm_stream_);
+    if (!gradient_owner_.empty())  // ZeRO-2: the others' gradients add nothing to this rank's part of the norm
+      for (int i : buckets_[s])
+        if (const GradientSpec& g = program_.gradients[static_cast<size_t>(i)]; gradient_owner_[static_cast<size_t>(i)] != rank_)
+          NAPKIN_CU(d, cuMemsetD8Async(arena_ + static_cast<CUdeviceptr>(g.offset), 0, static_cast<size_t>(g.bytes),
+                                       comm_stream_));
   }
   NAPKIN_CU(d, cuEventRecord(comm_done_, comm_stream_));
   NAPKIN_CU(d, cuStreamWaitEvent(stream_, comm_done_, 0));  // the optimizer reads the averages
@@ -399,6 +404,7 @@ bool CudaEngine::open_nccl(Communicator& comm, std::string& why) {
   }
   nccl->join(comm);
   nccl_ = std::move(nccl);
+  rank_ = comm.rank();
   return true;
 }
 
@@ -412,6 +418,8 @@ std::string CudaEngine::run_collectives_on_device(Communicator& comm, std::funct
 
 std::string CudaEngine::join_device_collectives(Communicator& comm, std::string& why) {
   if (!open_nccl(comm, why)) return "";
+  if (owner_ && collective_stage_ == 2)
+    for (const GradientSpec& g : program_.gradients) gradient_owner_.push_back(owner_(g.param));
   const char* overlap = std::getenv("NAPKIN_CUDA_OVERLAP");
   plan_buckets(!(overlap && std::string_view(overlap) == "0"));
   NAPKIN_CU(*driver_, cuStreamCreate(&comm_stream_, CU_STREAM_NON_BLOCKING));
@@ -421,10 +429,12 @@ std::string CudaEngine::join_device_collectives(Communicator& comm, std::string&
     segment_done_.push_back(e);
   }
   NAPKIN_CU(*driver_, cuEventCreate(&comm_done_, CU_EVENT_DISABLE_TIMING));
-  if (segments_.size() == 1) return nccl_->describe() + " on the GPU after the backward (not overlapped with it)";
-  return fmt::format("{} on the GPU in {} buckets, each as soon as the backward has written it (overlapped with the "
+  const std::string onto = gradient_owner_.empty() ? "" : " onto each gradient's owner";
+  if (segments_.size() == 1)
+    return nccl_->describe() + onto + " on the GPU after the backward (not overlapped with it)";
+  return fmt::format("{}{} on the GPU in {} buckets, each as soon as the backward has written it (overlapped with the "
                      "rest of the backward)",
-                     nccl_->describe(), segments_.size());
+                     nccl_->describe(), onto, segments_.size());
 }
 
 void CudaEngine::plan_buckets(bool overlap) {

@@ -200,6 +200,12 @@ class CudaEngine final : public Engine {
   // owner, and the stage (3: gathers and reduces over the ranks).
   std::function<int(const std::string&)> owner_;
   int collective_stage_ = 0;
+  int rank_ = 0;  // in NCCL's communicator
+  // ZeRO-2's backward (join_device_collectives after run_collectives_on_device
+  // under stage 2): each gradient's owner (index in program.gradients), onto
+  // which its bucket averages it; the others' copies are then zeroed, so
+  // that the optimizer's norm and overflow probe sum this rank's part.
+  std::vector<int> gradient_owner_;
   // Whether a collective kernel runs through NCCL (else it launches: a copy).
   bool runs_on_nccl(const CollectiveSpec& c) const {
     return owner_ && (c.collective == "all_reduce_sum" || collective_stage_ >= 3);

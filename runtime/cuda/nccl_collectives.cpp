@@ -94,20 +94,23 @@ NcclCollectives::~NcclCollectives() {
   if (api_->library) dlclose(api_->library);
 }
 
-void NcclCollectives::average_gradients(const Program& program, const std::vector<int>& which, CUdeviceptr arena,
-                                        CUstream stream) {
+void NcclCollectives::average_gradients(const Program& program, const std::vector<int>& which,
+                                        const std::vector<int>& owners, CUdeviceptr arena, CUstream stream) {
   Api& a = *api_;
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   a.check(a.group_start(), "ncclGroupStart");
   for (int i : which) {
     const GradientSpec& g = program.gradients.at(static_cast<size_t>(i));
     void* p = reinterpret_cast<void*>(arena + static_cast<CUdeviceptr>(g.offset));
     const size_t count = static_cast<size_t>(g.numel());
-    a.check(a.all_reduce(p, p, count, nccl_type(g.dtype), ncclAvg, a.comm, reinterpret_cast<cudaStream_t>(stream)),
-            "ncclAllReduce");
+    if (owners.empty())
+      a.check(a.all_reduce(p, p, count, nccl_type(g.dtype), ncclAvg, a.comm, s), "ncclAllReduce");
+    else
+      a.check(a.reduce(p, p, count, nccl_type(g.dtype), ncclAvg, owners.at(static_cast<size_t>(i)), a.comm, s),
+              "ncclReduce");
   }
   a.check(a.group_end(), "ncclGroupEnd");
 }
-
 
 void NcclCollectives::collective(const CollectiveSpec& spec, int owner, CUdeviceptr x, CUdeviceptr y, CUstream stream) {
   Api& a = *api_;

@@ -50,8 +50,11 @@ class NcclCollectives {
 
   // Enqueues the average over the ranks of the gradients `which` (indices in
   // program.gradients), in place in the arena at `arena`, on `stream`: one
-  // NCCL group.
-  void average_gradients(const Program& program, const std::vector<int>& which, CUdeviceptr arena, CUstream stream);
+  // NCCL group. `owners` (ZeRO-2), per gradient index: the rank each is
+  // averaged onto (ncclReduce; the others' buffers keep their own
+  // gradient); empty: every rank (ncclAllReduce).
+  void average_gradients(const Program& program, const std::vector<int>& which, const std::vector<int>& owners,
+                         CUdeviceptr arena, CUstream stream);
 
   // Enqueues one collective kernel on `stream`: x and y are its operand's and
   // output's device addresses, `owner` its parameter's owner (the root of a

@@ -617,38 +617,6 @@ TEST_CASE("fake cuda: 2 ranks average gradients through NCCL (or the host) and t
   check_close(one, train_cuda(micro, flags + " --quiet --accumulate 2", dir, "accumulated"), 1e-5);
 }
 
-TEST_CASE("fake cuda: --zero 2 on 2 fake GPUs reduce-scatters the gradients and sums the clipping norm's parts, as plain data parallel trains (issue 40)") {
-  // gpt.yaml's AdamW clips the global norm: each rank's all_reduce_sum kernel runs on the host between the
-  // optimizer's kernels (its operand copied down, summed by MPI, copied up), the gradients go through the
-  // host gradient stage's reduce-scatter.
-  REQUIRE(sh("command -v mpirun").status == 0);
-  TempDir dir("fakecuda-zero2");
-  std::string yaml = napkin::testing::read_source("models/gpt.yaml");
-  const size_t at = yaml.find("  checkpoint: {");
-  REQUIRE(at != std::string::npos);
-  yaml.erase(at, yaml.find('\n', at) + 1 - at);
-  write_bytes(dir / "gpt.yaml", yaml);
-  const Trainers micro = build_both(dir / "gpt.yaml", "batch=2,seq=32,d=32,heads=2,layers=1", dir);
-  const std::string flags = fmt::format("{} {} --steps 8 --checkpoint-every 0", kCommon, kGptData);
-  const std::string mpirun = napkin::testing::data_parallel::mpirun(2);
-  auto job = [&](const std::string& name, const std::string& extra) {
-    Run r = sh(fmt::format("NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} --metrics {} {}", micro.cuda_source,
-                           kFakeCudaDir, mpirun, micro.cuda, flags, dir / (name + ".jsonl"), extra));
-    INFO(r.out);
-    REQUIRE(r.status == 0);
-    return r;
-  };
-  job("plain", "");
-  const Run zero = job("zero", "--zero 2");
-  CHECK(zero.out.find("ZeRO-2     rank 0 updates") != std::string::npos);
-  CHECK(zero.out.find("gradients reduce-scattered by MPI on the host") != std::string::npos);
-  check_close(losses(dir / "plain.jsonl"), losses(dir / "zero.jsonl"), 1e-6);
-  // The CPU trainer of the same model under --zero 2: the same training.
-  Run cpu = sh(fmt::format("{} {} {} --metrics {} --zero 2", mpirun, micro.cpu, flags, dir / "cpu.jsonl"));
-  INFO(cpu.out);
-  REQUIRE(cpu.status == 0);
-  check_close(losses(dir / "cpu.jsonl"), losses(dir / "zero.jsonl"), 1e-5);
-}
 
 namespace {
 
@@ -685,6 +653,58 @@ float loss_scale(const std::string& checkpoint) {
 }
 
 }  // namespace
+
+TEST_CASE("fake cuda: --zero 2 on 2 fake GPUs reduces each gradient onto its owner through NCCL and sums the clipping norm's parts there, as plain data parallel trains (issue 40)") {
+  // gpt.yaml's AdamW clips the global norm. One micro-batch: the backward's buckets are averaged onto each
+  // gradient's owner by ncclReduce on the GPU (the others' copies zeroed) and the norm's parts summed by the
+  // optimizer's all_reduce_sum kernel (ncclAllReduce); two: the gradient stage reduce-scatters them by MPI
+  // through the host, the norm's parts still summed on the GPU.
+  REQUIRE(sh("command -v mpirun").status == 0);
+  TempDir dir("fakecuda-zero2");
+  const Trainers micro = build_both(gpt_without_checkpoints(dir), "batch=2,seq=32,d=32,heads=2,layers=1", dir);
+  const std::string flags = fmt::format("{} {} --steps 20 --checkpoint-every 0", kCommon, kGptData);
+  const std::string mpirun = napkin::testing::data_parallel::mpirun(2);
+  auto job = [&](const std::string& name, const std::string& extra, const std::string& env = "") {
+    Run r = sh(fmt::format("{} NAPKIN_FAKE_NCCL_REPORT={} NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} "
+                           "--metrics {} {}",
+                           env, dir / name, micro.cuda_source, kFakeCudaDir, mpirun, micro.cuda, flags,
+                           dir / (name + ".jsonl"), extra));
+    INFO(name << ": " << r.out);
+    REQUIRE(r.status == 0);
+    return r;
+  };
+  job("plain", "");
+  const Run zero = job("zero", "--zero 2");
+  CHECK(zero.out.find("ZeRO-2     rank 0 updates") != std::string::npos);
+  CHECK(zero.out.find("gradients reduced by NCCL 2.28.0 onto each gradient's owner on the GPU") != std::string::npos);
+  check_close(losses(dir / "plain.jsonl"), losses(dir / "zero.jsonl"), 1e-6);
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    const nlohmann::json calls = nccl_report(dir / "zero", rank);
+    CHECK(calls.at("reduce").get<int64_t>() > 0);      // the gradients, onto their owners
+    CHECK(calls.at("all_reduce").get<int64_t>() > 0);  // the clipping norm's parts
+  }
+  // Small buckets, each reduced as soon as the backward has written it, on a second stream; the same with the
+  // work run as late as a GPU may run it, and without graphs.
+  for (const std::string env : {"", "NAPKIN_FAKE_CUDA_DEFER=1", "NAPKIN_CUDA_GRAPHS=0"}) {
+    CAPTURE(env);
+    const std::string name = fmt::format("buckets{}", env.size());
+    const Run r = job(name, "--zero 2 --bucket-mib 0.01", env);
+    CHECK(r.out.find("onto each gradient's owner on the GPU in 4 buckets") != std::string::npos);
+    check_close(losses(dir / "plain.jsonl"), losses(dir / (name + ".jsonl")), 1e-6);
+  }
+  // Two micro-batches: through the host.
+  job("plain2", "--accumulate 2");
+  const Run accumulated = job("zero2", "--zero 2 --accumulate 2");
+  CHECK(accumulated.out.find("gradients reduce-scattered by MPI on the host") != std::string::npos);
+  check_close(losses(dir / "plain2.jsonl"), losses(dir / "zero2.jsonl"), 1e-6);
+  CHECK(nccl_report(dir / "zero2", 0).at("all_reduce").get<int64_t>() > 0);
+  // The CPU trainer of the same model under --zero 2: the same training.
+  Run cpu = sh(fmt::format("{} {} {} --metrics {} --zero 2", mpirun, micro.cpu, flags, dir / "cpu.jsonl"));
+  INFO(cpu.out);
+  REQUIRE(cpu.status == 0);
+  check_close(losses(dir / "cpu.jsonl"), losses(dir / "zero.jsonl"), 1e-5);
+}
 
 // ZeRO-3 on 2 fake GPUs (docs/distributed.md): a trainer built with `napkin
 // build --zero 3` gathers each parameter from its owner (ncclBroadcast) and
