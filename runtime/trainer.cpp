@@ -563,7 +563,9 @@ void TrainingRun::banner() {
       if (device->not_virtual.empty())
         fmt::print("  device     arena {} mapped of {} reserved, in {} granules{}\n", human_bytes(static_cast<double>(device->mapped)),
                    human_bytes(static_cast<double>(device->reserved)), human_bytes(static_cast<double>(device->granule)),
-                   shards ? fmt::format(" (ZeRO-{}: the other ranks' optimizer state unmapped)", stage) : "");
+                   shards ? fmt::format(" (ZeRO-{}: the other ranks' optimizer state{} unmapped)", stage,
+                                        stage == 3 ? " and parameters" : "")
+                          : "");
       else
         fmt::print("  device     arena {} in one cuMemAlloc ({}{})\n", human_bytes(static_cast<double>(device->reserved)), device->not_virtual,
                    shards ? ": the other ranks' optimizer state stays mapped" : "");
