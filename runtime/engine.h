@@ -90,7 +90,8 @@ class Engine {
   // gradient stage falls back to the host when "". After
   // run_collectives_on_device under stage 2 (ZeRO-2), each gradient is
   // averaged onto its parameter's owner instead, and the other ranks' copies
-  // of it are zeroed.
+  // of it are zeroed; under stage 3 the step's reduces average instead of
+  // summing, and run_backward adds nothing.
   virtual std::string join_device_collectives(Communicator& comm, std::string& why) {
     (void)comm;
     why.clear();

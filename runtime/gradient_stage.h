@@ -31,7 +31,8 @@
 // With K = 1 on an engine running the step's collectives on the device
 // (Engine::run_collectives_on_device, NCCL), ZeRO-2's gradients are averaged
 // there instead, each onto its owner as the backward writes its bucket, and
-// the others' zeroed: no host buffer, no MPI.
+// the others' zeroed: no host buffer, no MPI; ZeRO-3's step averages them
+// itself, and the stage only waits.
 // docs/distributed.md.
 #pragma once
 

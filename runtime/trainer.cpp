@@ -570,7 +570,7 @@ void TrainingRun::banner() {
         fmt::print("  device     arena {} in one cuMemAlloc ({}{})\n", human_bytes(static_cast<double>(device->reserved)), device->not_virtual,
                    shards ? ": the other ranks' optimizer state stays mapped" : "");
     }
-    if (gradients->reduced_in_step())
+    if (gradients->reduced_in_step() && gradients->device_collectives().empty())
       fmt::print("  gradients  {} besides the arena: this rank's f32 sum of its own parameters' gradients (ZeRO-3)\n",
                  human_bytes(static_cast<double>(gradients->buffer_bytes())));
     else if (gradients->sharded())

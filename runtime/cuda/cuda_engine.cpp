@@ -353,6 +353,12 @@ double CudaEngine::loss() {
 void CudaEngine::run_backward() {
   if (segments_.empty()) {  // no gradients averaged here
     run_phase(backward_);
+    // ZeRO-3: the others' gradients' bytes may have held the step's temporaries (the memory plan shares them)
+    for (int i : others_gradients_) {
+      const GradientSpec& g = program_.gradients[static_cast<size_t>(i)];
+      NAPKIN_CU(*driver_, cuMemsetD8Async(arena_ + static_cast<CUdeviceptr>(g.offset), 0, static_cast<size_t>(g.bytes),
+                                          stream_));
+    }
     return;
   }
   CudaDriver& d = *driver_;
@@ -418,6 +424,12 @@ std::string CudaEngine::run_collectives_on_device(Communicator& comm, std::funct
 
 std::string CudaEngine::join_device_collectives(Communicator& comm, std::string& why) {
   if (!open_nccl(comm, why)) return "";
+  if (owner_ && collective_stage_ == 3) {
+    average_reduces_ = true;
+    for (size_t i = 0; i < program_.gradients.size(); ++i)
+      if (owner_(program_.gradients[i].param) != rank_) others_gradients_.push_back(static_cast<int>(i));
+    return nccl_->describe() + " in the step, each gradient averaged onto its owner";
+  }
   if (owner_ && collective_stage_ == 2)
     for (const GradientSpec& g : program_.gradients) gradient_owner_.push_back(owner_(g.param));
   const char* overlap = std::getenv("NAPKIN_CUDA_OVERLAP");
@@ -588,7 +600,7 @@ void CudaEngine::enqueue_kernel(int i) {
     }
     if (runs_on_nccl(*c)) {
       nccl_->collective(*c, c->param.empty() ? 0 : owner_(c->param), arena_ + static_cast<CUdeviceptr>(c->x),
-                        arena_ + static_cast<CUdeviceptr>(c->y), stream_);
+                        arena_ + static_cast<CUdeviceptr>(c->y), stream_, average_reduces_);
       return;
     }
   }

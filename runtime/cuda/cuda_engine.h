@@ -206,6 +206,13 @@ class CudaEngine final : public Engine {
   // which its bucket averages it; the others' copies are then zeroed, so
   // that the optimizer's norm and overflow probe sum this rank's part.
   std::vector<int> gradient_owner_;
+  // ZeRO-3 with one micro-batch (join_device_collectives after
+  // run_collectives_on_device under stage 3): the step's reduces average
+  // onto the owners, so the gradient stage has nothing left to do; the
+  // others' gradients (indices), which their reduces do not write, are
+  // zeroed after the backward.
+  bool average_reduces_ = false;
+  std::vector<int> others_gradients_;
   // Whether a collective kernel runs through NCCL (else it launches: a copy).
   bool runs_on_nccl(const CollectiveSpec& c) const {
     return owner_ && (c.collective == "all_reduce_sum" || collective_stage_ >= 3);

@@ -112,7 +112,8 @@ void NcclCollectives::average_gradients(const Program& program, const std::vecto
   a.check(a.group_end(), "ncclGroupEnd");
 }
 
-void NcclCollectives::collective(const CollectiveSpec& spec, int owner, CUdeviceptr x, CUdeviceptr y, CUstream stream) {
+void NcclCollectives::collective(const CollectiveSpec& spec, int owner, CUdeviceptr x, CUdeviceptr y, CUstream stream,
+                                 bool average) {
   Api& a = *api_;
   void* send = reinterpret_cast<void*>(x);
   void* recv = reinterpret_cast<void*>(y);
@@ -124,7 +125,8 @@ void NcclCollectives::collective(const CollectiveSpec& spec, int owner, CUdevice
     a.check(a.broadcast(send, recv, count * static_cast<size_t>(element_bytes(spec.dtype)), ncclUint8, owner, a.comm, s),
             "ncclBroadcast");
   else if (spec.collective == "reduce_scatter")
-    a.check(a.reduce(send, recv, count, nccl_type(spec.dtype), ncclSum, owner, a.comm, s), "ncclReduce");
+    a.check(a.reduce(send, recv, count, nccl_type(spec.dtype), average ? ncclAvg : ncclSum, owner, a.comm, s),
+            "ncclReduce");
   else
     throw std::logic_error("NcclCollectives: unknown collective " + spec.collective);
 }

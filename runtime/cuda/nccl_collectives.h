@@ -58,8 +58,10 @@ class NcclCollectives {
 
   // Enqueues one collective kernel on `stream`: x and y are its operand's and
   // output's device addresses, `owner` its parameter's owner (the root of a
-  // gather or a reduce).
-  void collective(const CollectiveSpec& spec, int owner, CUdeviceptr x, CUdeviceptr y, CUstream stream);
+  // gather or a reduce). `average`: a reduce averages (ncclAvg) instead of
+  // summing.
+  void collective(const CollectiveSpec& spec, int owner, CUdeviceptr x, CUdeviceptr y, CUstream stream,
+                  bool average = false);
 
  private:
   struct Api;
