@@ -127,6 +127,15 @@ class Engine {
     why.clear();
     return "";
   }
+  // ZeRO-1 and 2, after the optimizer: every parameter from its owner to
+  // every rank, enqueued on the device's collectives (the communicator
+  // run_collectives_on_device or join_device_collectives joined, the whole
+  // job's). False when this engine has none joined: the caller gathers them
+  // through the host.
+  virtual bool broadcast_params_on_device(const std::function<int(const std::string& param)>& owner) {
+    (void)owner;
+    return false;
+  }
   // ZeRO-1: the memory of these tensors, which this rank never reads, may
   // be given back. On the CPU they then read as zero. On a GPU upload and
   // download skip them from then on (their host copies keep what they hold:

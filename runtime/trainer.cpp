@@ -802,7 +802,10 @@ std::pair<double, bool> TrainingRun::train_step(int64_t step) {
   ex.run_optimizer();
   if (shards && stage < 3) {  // ZeRO-3's next step gathers each parameter where it uses it
     comm.set_activity(fmt::format("step {}, gathering the parameters (ZeRO-{})", step, stage));
-    shards->gather_params(ex, shard_comm());
+    // On the device where the engine joined the whole job's collectives (not a hybrid group's), else the host.
+    const bool on_device =
+        !group && ex.broadcast_params_on_device([owners = shards.get()](const std::string& param) { return owners->owner(param); });
+    if (!on_device) shards->gather_params(ex, shard_comm());
   }
   comm.set_activity(fmt::format("after step {}", step));
   return {loss, interrupted};

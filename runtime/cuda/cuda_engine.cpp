@@ -422,6 +422,15 @@ std::string CudaEngine::run_collectives_on_device(Communicator& comm, std::funct
   return nccl_->describe();
 }
 
+bool CudaEngine::broadcast_params_on_device(const std::function<int(const std::string& param)>& owner) {
+  if (!nccl_) return false;
+  const std::vector<const TensorSpec*> params = program_.with_role(TensorRole::Param);
+  std::vector<int> owners;
+  for (const TensorSpec* t : params) owners.push_back(owner(t->name));
+  nccl_->broadcast(params, owners, arena_, stream_);
+  return true;
+}
+
 std::string CudaEngine::join_device_collectives(Communicator& comm, std::string& why) {
   if (!open_nccl(comm, why)) return "";
   if (owner_ && collective_stage_ == 3) {

@@ -126,6 +126,8 @@ class CudaEngine final : public Engine {
   // collective), captured into the phases' graphs like any kernel.
   std::string run_collectives_on_device(Communicator& comm, std::function<int(const std::string& param)> owner,
                                         int stage, std::string& why) override;
+  // One NCCL group of in-place ncclBroadcasts on the stream.
+  bool broadcast_params_on_device(const std::function<int(const std::string& param)>& owner) override;
 
   // ZeRO-1: unmaps the arena's granules wholly inside `tensors` (after
   // waiting for the streams); upload and download skip them from now on.

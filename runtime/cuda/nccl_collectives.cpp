@@ -131,4 +131,17 @@ void NcclCollectives::collective(const CollectiveSpec& spec, int owner, CUdevice
     throw std::logic_error("NcclCollectives: unknown collective " + spec.collective);
 }
 
+void NcclCollectives::broadcast(const std::vector<const TensorSpec*>& tensors, const std::vector<int>& owners,
+                                CUdeviceptr arena, CUstream stream) {
+  Api& a = *api_;
+  a.check(a.group_start(), "ncclGroupStart");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    void* p = reinterpret_cast<void*>(arena + static_cast<CUdeviceptr>(tensors[i]->offset));
+    a.check(a.broadcast(p, p, static_cast<size_t>(tensors[i]->bytes), ncclUint8, owners.at(i), a.comm,
+                        reinterpret_cast<cudaStream_t>(stream)),
+            "ncclBroadcast");
+  }
+  a.check(a.group_end(), "ncclGroupEnd");
+}
+
 }  // namespace napkin::runtime::cuda

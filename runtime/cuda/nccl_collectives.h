@@ -62,6 +62,10 @@ class NcclCollectives {
   // summing.
   void collective(const CollectiveSpec& spec, int owner, CUdeviceptr x, CUdeviceptr y, CUstream stream,
                   bool average = false);
+  // Enqueues every tensor (in the arena at `arena`) from its owner's copy
+  // into every rank's, in place, on `stream`: one NCCL group.
+  void broadcast(const std::vector<const TensorSpec*>& tensors, const std::vector<int>& owners, CUdeviceptr arena,
+                 CUstream stream);
 
  private:
   struct Api;

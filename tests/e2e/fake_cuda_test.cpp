@@ -683,6 +683,7 @@ TEST_CASE("fake cuda: --zero 2 on 2 fake GPUs reduces each gradient onto its own
     const nlohmann::json calls = nccl_report(dir / "zero", rank);
     CHECK(calls.at("reduce").get<int64_t>() > 0);      // the gradients, onto their owners
     CHECK(calls.at("all_reduce").get<int64_t>() > 0);  // the clipping norm's parts
+    CHECK(calls.at("broadcast").get<int64_t>() > 0);   // the parameters from their owners after each update
   }
   // Small buckets, each reduced as soon as the backward has written it, on a second stream; the same with the
   // work run as late as a GPU may run it, and without graphs.
