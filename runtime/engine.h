@@ -98,20 +98,6 @@ class Engine {
     return "";
   }
   virtual void average_gradients_on_device() {}
-
-  // ZeRO-1 (runtime/optimizer_shards.h): kernels and update copies this
-  // rank skips, per index in the program (empty: none), and per batch
-  // kernel the members it runs (empty: all; engines whose batches cannot
-  // be split get none). Set once, before the first step.
-  virtual void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates,
-                    const std::vector<std::vector<bool>>& members) = 0;
-  // ZeRO-2 and 3: what each collective kernel (runtime/kernel_spec.h
-  // CollectiveSpec) makes of its input `x` in its output `y`: `fn` sums it
-  // over the ranks, gathers it from its parameter's owner, or sums it onto
-  // the owner (runtime/parameter_collectives.h). Unset: a copy (the
-  // identity). Set once, before the first step; an engine that cannot run
-  // them throws Error.
-  virtual void set_collectives(std::function<void(const CollectiveSpec& spec, const char* x, char* y)> fn) = 0;
   // ZeRO-2 and 3 on the device, instead of set_collectives: joins `comm`'s
   // ranks with the device's collectives, and each collective kernel then
   // runs there, in the step's order: all_reduce_sum always; under `stage` 3
@@ -136,6 +122,20 @@ class Engine {
     (void)owner;
     return false;
   }
+
+  // ZeRO-1 (runtime/optimizer_shards.h): kernels and update copies this
+  // rank skips, per index in the program (empty: none), and per batch
+  // kernel the members it runs (empty: all; engines whose batches cannot
+  // be split get none). Set once, before the first step.
+  virtual void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates,
+                    const std::vector<std::vector<bool>>& members) = 0;
+  // ZeRO-2 and 3: what each collective kernel (runtime/kernel_spec.h
+  // CollectiveSpec) makes of its input `x` in its output `y`: `fn` sums it
+  // over the ranks, gathers it from its parameter's owner, or sums it onto
+  // the owner (runtime/parameter_collectives.h). Unset: a copy (the
+  // identity). Set once, before the first step; an engine that cannot run
+  // them throws Error.
+  virtual void set_collectives(std::function<void(const CollectiveSpec& spec, const char* x, char* y)> fn) = 0;
   // ZeRO-1: the memory of these tensors, which this rank never reads, may
   // be given back. On the CPU they then read as zero. On a GPU upload and
   // download skip them from then on (their host copies keep what they hold:
