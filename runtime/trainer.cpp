@@ -397,6 +397,14 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
   if (stage >= 2 && ranks > 1 && !group)
     device_collectives = ex.run_collectives_on_device(
         comm, [owners = shards.get()](const std::string& param) { return owners->owner(param); }, stage, why_not_device);
+  // A GPU's ZeRO-3 step gathers into, and reads from, device memory the host path would copy through unmapped
+  // granules (the others' parameters): NCCL or nothing.
+  if (stage == 3 && ranks > 1 && p.backend != "cpu" && device_collectives.empty())
+    throw Error(fmt::format("--zero 3 on GPUs runs the step's gathers and reduces through NCCL, and {}; --zero 2 "
+                            "shards the gradients and optimizer state without it",
+                            group ? "--shard-group splits the job into groups while NCCL's communicator is the whole "
+                                    "job's"
+                                  : "NCCL cannot be used here: " + why_not_device));
   if (stage >= 2 && ranks > 1 && device_collectives.empty()) {
     collectives = std::make_unique<ParameterCollectives>(*shards, shard_comm(), stage);
     ex.set_collectives([this](const CollectiveSpec& spec, const char* x, char* y) { (*collectives)(spec, x, y); });

@@ -771,6 +771,14 @@ TEST_CASE("fake cuda: --zero 3 on 2 fake GPUs gathers and reduces through NCCL o
       CHECK(scale == loss_scale(dir / "plain-ckpt/step-000020.safetensors"));
     }
     if (!fp32) continue;
+    // Without NCCL a GPU's ZeRO-3 is refused before step 1, saying why and what runs instead.
+    Run refused = sh(fmt::format("NAPKIN_NCCL=0 NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} {} --steps 1 "
+                                 "--checkpoint-every 0",
+                                 sharded.cuda_source, kFakeCudaDir, mpirun, sharded.cuda, kCommon, kGptData));
+    INFO(refused.out);
+    CHECK(refused.status != 0);
+    CHECK(refused.out.find("--zero 3 on GPUs runs the step's gathers and reduces through NCCL, and NCCL cannot be "
+                           "used here: NAPKIN_NCCL=0") != std::string::npos);
     // Without CUDA graphs, each NCCL call enqueued every step rather than captured once: the same bits.
     job(sharded, "eager", "--steps 20 --checkpoint-every 0", "NAPKIN_CUDA_GRAPHS=0");
     CHECK(losses(dir / "eager.jsonl") == losses(dir / "zero1.jsonl"));
