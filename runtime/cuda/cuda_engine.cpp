@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <numeric>
+#include <optional>
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -653,6 +654,10 @@ void CudaEngine::run_kernel_alone(int i) {
 }
 
 void CudaEngine::synchronize() {
+  // ZeRO-2 and 3: the step's NCCL calls are in the stream, and a dead peer leaves them spinning: the watchdog
+  // times the wait.
+  std::optional<Communicator::Waiting> waiting;
+  if (owner_) waiting.emplace("the step's NCCL collectives");
   if (bad_index_)
     NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(bad_index_host_, bad_index_, 3 * sizeof(long long), stream_));
   NAPKIN_CU(*driver_, cuStreamSynchronize(stream_));
