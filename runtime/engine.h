@@ -87,13 +87,41 @@ class Engine {
   // NCCL: `why` says so). Then run_backward() also averages every gradient
   // over the ranks in place (in buckets as the backward writes them, where
   // the engine can), and average_gradients_on_device() waits for it. The
-  // gradient stage falls back to the host when "".
+  // gradient stage falls back to the host when "". After
+  // run_collectives_on_device under stage 2 (ZeRO-2), each gradient is
+  // averaged onto its parameter's owner instead, and the other ranks' copies
+  // of it are zeroed; under stage 3 the step's reduces average instead of
+  // summing, and run_backward adds nothing.
   virtual std::string join_device_collectives(Communicator& comm, std::string& why) {
     (void)comm;
     why.clear();
     return "";
   }
   virtual void average_gradients_on_device() {}
+  // ZeRO-2 and 3 on the device, instead of set_collectives: joins `comm`'s
+  // ranks with the device's collectives, and each collective kernel then
+  // runs there, in the step's order: all_reduce_sum always; under `stage` 3
+  // all_gather from and reduce_scatter onto owner(param); under stage 2 the
+  // gathers and reduces of a program built for stage 3 stay the copies they
+  // are (every rank holds every parameter). Says what it uses ("NCCL
+  // 2.28.0"), or "" when this engine has none (the CPU) or cannot (`why`
+  // says so): every rank gets the same answer, and then calls
+  // set_collectives. Once, before the first step.
+  virtual std::string run_collectives_on_device(Communicator& comm, std::function<int(const std::string& param)> owner,
+                                                int stage, std::string& why) {
+    (void)comm, (void)owner, (void)stage;
+    why.clear();
+    return "";
+  }
+  // ZeRO-1 and 2, after the optimizer: every parameter from its owner to
+  // every rank, enqueued on the device's collectives (the communicator
+  // run_collectives_on_device or join_device_collectives joined, the whole
+  // job's). False when this engine has none joined: the caller gathers them
+  // through the host.
+  virtual bool broadcast_params_on_device(const std::function<int(const std::string& param)>& owner) {
+    (void)owner;
+    return false;
+  }
 
   // ZeRO-1 (runtime/optimizer_shards.h): kernels and update copies this
   // rank skips, per index in the program (empty: none), and per batch

@@ -40,7 +40,9 @@ GradientStage::GradientStage(Engine& engine, Communicator& comm, int64_t micro_b
   if (!active_) return;
   if (p.gradients.empty()) throw Error("the program names no gradients: it cannot accumulate or all-reduce them");
   const bool sharded = shards && (comm.size() > 1 || replicas_);
-  if (!sharded && micro_batches == 1 && comm.size() > 1) {
+  // ZeRO-2 and 3 too, unless hybrid: the engine then averages each gradient onto its owner
+  // (Engine::run_collectives_on_device).
+  if ((!sharded || !replicas_) && micro_batches == 1 && comm.size() > 1) {
     device_ = engine.join_device_collectives(comm, why_not_device_);
     if (!device_.empty()) return;
   }
@@ -261,7 +263,7 @@ void GradientStage::finish() {
   }
   if (!device_.empty()) {
     timed(all_reduce_seconds_, [&] { engine_.average_gradients_on_device(); });
-    ++all_reduces_;
+    if (!reduced_in_step_) ++all_reduces_;  // ZeRO-3's step reduced them (its own collectives' account)
     return;
   }
   if (comm_.size() > 1) {

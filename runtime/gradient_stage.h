@@ -28,6 +28,11 @@
 // optimizer sums over every gradient (the clipping norm's squares, fp16's
 // overflow probe) is this rank's part of the whole, which the program's
 // all_reduce_sum kernels add up over the ranks (Engine::set_collectives).
+// With K = 1 on an engine running the step's collectives on the device
+// (Engine::run_collectives_on_device, NCCL), ZeRO-2's gradients are averaged
+// there instead, each onto its owner as the backward writes its bucket, and
+// the others' zeroed: no host buffer, no MPI; ZeRO-3's step averages them
+// itself, and the stage only waits.
 // docs/distributed.md.
 #pragma once
 

@@ -41,20 +41,31 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
   // Units: parameters that share a kernel whose members cannot run apart.
   std::vector<int> parent(params.size());
   std::iota(parent.begin(), parent.end(), 0);
-  auto bind_together = [&](const std::vector<std::string>& serves) {
+  // Whether a kernel writes a parameter or its optimizer state (an update), rather than what the parameters
+  // share (the gradient norm, the clip factor).
+  std::vector<std::pair<int64_t, int64_t>> updated;  // arena byte ranges
+  for (const TensorSpec* t : params) updated.push_back({t->offset, t->offset + t->bytes});
+  for (const TensorSpec* s : program.with_role(TensorRole::State))
+    if (!s->param.empty()) updated.push_back({s->offset, s->offset + s->bytes});
+  auto updates = [&](const KernelSpec& k) {
+    return std::any_of(updated.begin(), updated.end(),
+                       [&](const auto& r) { return r.first <= k.out_offset && k.out_offset < r.second; });
+  };
+  auto bind_together = [&](const std::vector<std::string>& serves, bool update) {
     // What every parameter needs (the gradient norm for clipping) runs on every rank that owns any: it binds
-    // none of them together.
-    if (serves.empty() || serves.size() >= everything) return;
+    // none of them together. An update that serves every parameter (a GPU's batch of all of them, which cannot
+    // run apart) binds them all.
+    if (serves.empty() || (serves.size() >= everything && !update)) return;
     const int first = index.at(serves.front());
     for (const std::string& p : serves) parent[static_cast<size_t>(find(parent, index.at(p)))] = find(parent, first);
   };
   for (const KernelSpec& k : program.kernels) {
     if (k.shared) continue;
     const LoopSpec* batch = k.as<LoopSpec>();
-    if (!batch || batch->members.empty()) bind_together(k.serves);
+    if (!batch || batch->members.empty()) bind_together(k.serves, updates(k));
     else
       for (const LoopSpec::Member& m : batch->members)
-        if (!m.shared) bind_together(m.serves);
+        if (!m.shared) bind_together(m.serves, false);
   }
   std::vector<int> roots;
   std::vector<int64_t> unit_bytes(params.size(), 0);
@@ -84,9 +95,9 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
     if (!s->param.empty() && owner_.at(s->param) == rank_) owned_state_bytes_ += s->bytes;
 
   // What every parameter needs runs on every rank, even one that owns none: under ZeRO-2 each rank's part of the
-  // gradient norm goes into an all_reduce_sum that every rank must reach.
-  auto mine = [&](const std::vector<std::string>& serves) {
-    return serves.size() >= everything ||
+  // gradient norm goes into an all_reduce_sum that every rank must reach. An update runs where its parameters are.
+  auto mine = [&](const std::vector<std::string>& serves, bool update) {
+    return (serves.size() >= everything && !update) ||
            std::any_of(serves.begin(), serves.end(), [&](const std::string& p) { return owner_.at(p) == rank_; });
   };
   skip_kernel_.assign(program.kernels.size(), false);
@@ -94,11 +105,11 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
   for (size_t i = 0; i < program.kernels.size(); ++i) {
     const KernelSpec& k = program.kernels[i];
     if (k.shared) continue;
-    skip_kernel_[i] = !mine(k.serves);
+    skip_kernel_[i] = !mine(k.serves, updates(k));
     const LoopSpec* batch = k.as<LoopSpec>();
     if (skip_kernel_[i] || !batch || batch->members.empty()) continue;
     std::vector<bool> run;
-    for (const LoopSpec::Member& m : batch->members) run.push_back(m.shared || mine(m.serves));
+    for (const LoopSpec::Member& m : batch->members) run.push_back(m.shared || mine(m.serves, false));
     if (std::count(run.begin(), run.end(), true) < static_cast<std::ptrdiff_t>(run.size())) run_member_[i] = run;
   }
   for (const TensorSpec* s : program.with_role(TensorRole::State))

@@ -290,6 +290,8 @@ class TrainingRun {
   std::unique_ptr<OptimizerShards> shards;
   // ZeRO-2 and 3: what the step's collective kernels do over the ranks.
   std::unique_ptr<ParameterCollectives> collectives;
+  // Or the engine runs them on the device: what it uses ("NCCL 2.28.0"), "" when not.
+  std::string device_collectives;
   // Hybrid sharding (--shard-group L): the ranks shard within groups of L
   // consecutive ranks (`group`: this rank's) and replicate across them
   // (`replicas`: the ranks of the other groups at this rank's place in its
@@ -365,9 +367,6 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
   if (stage == 3 && !gathers_parameters(program))
     throw Error("--zero 3 needs a trainer whose step gathers its parameters where it uses them: build it with `napkin "
                 "build MODEL --zero 3` (or `napkin train --zero 3 MODEL`)");
-  if (stage == 3 && ranks > 1 && p.backend != "cpu")
-    throw Error("--zero 3 needs the CPU trainer: the CUDA trainer shards the optimizer state (--zero 1) and the "
-                "gradients (--zero 2), not yet the parameters");
   if (stage == 3 && ranks > 1 && o.sample_every > 0)
     throw Error("--sample-every under --zero 3: rank 0 holds only its own parameters; sample a checkpoint with `napkin "
                 "sample` instead");
@@ -385,11 +384,28 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
     shards = std::make_unique<OptimizerShards>(program, group_size, shard_comm().rank());
     ex.skip(shards->skip_kernel(), shards->skip_update(), shards->run_member());
     ex.release(shards->others_state());  // before anything touches it
+    // ZeRO-3: the others' parameters too, so that a GPU never maps them (the CPU's init writes them, and they
+    // are released again once the weights are in: load_weights).
+    if (stage == 3) ex.release(shards->others_params());
   }
   // ZeRO-2 and 3: each rank's clipping norm and overflow probe cover its own gradients, which the program's
   // all_reduce_sum kernels add up (passes/optimizer.cpp, passes/loss_scaling.h); ZeRO-3's step gathers each
   // parameter from its owner and reduces its gradient there (passes/shard_parameters.h).
-  if (stage >= 2 && ranks > 1) {
+  // On a GPU through NCCL where every rank can (not under hybrid sharding: NCCL's communicator is the job's),
+  // else on the host (MPI).
+  std::string why_not_device;
+  if (stage >= 2 && ranks > 1 && !group)
+    device_collectives = ex.run_collectives_on_device(
+        comm, [owners = shards.get()](const std::string& param) { return owners->owner(param); }, stage, why_not_device);
+  // A GPU's ZeRO-3 step gathers into, and reads from, device memory the host path would copy through unmapped
+  // granules (the others' parameters): NCCL or nothing.
+  if (stage == 3 && ranks > 1 && p.backend != "cpu" && device_collectives.empty())
+    throw Error(fmt::format("--zero 3 on GPUs runs the step's gathers and reduces through NCCL, and {}; --zero 2 "
+                            "shards the gradients and optimizer state without it",
+                            group ? "--shard-group splits the job into groups while NCCL's communicator is the whole "
+                                    "job's"
+                                  : "NCCL cannot be used here: " + why_not_device));
+  if (stage >= 2 && ranks > 1 && device_collectives.empty()) {
     collectives = std::make_unique<ParameterCollectives>(*shards, shard_comm(), stage);
     ex.set_collectives([this](const CollectiveSpec& spec, const char* x, char* y) { (*collectives)(spec, x, y); });
     // The gathers the step issues ahead of their use run while it computes, on a thread of their own.
@@ -559,12 +575,14 @@ void TrainingRun::banner() {
       if (device->not_virtual.empty())
         fmt::print("  device     arena {} mapped of {} reserved, in {} granules{}\n", human_bytes(static_cast<double>(device->mapped)),
                    human_bytes(static_cast<double>(device->reserved)), human_bytes(static_cast<double>(device->granule)),
-                   shards ? fmt::format(" (ZeRO-{}: the other ranks' optimizer state unmapped)", stage) : "");
+                   shards ? fmt::format(" (ZeRO-{}: the other ranks' optimizer state{} unmapped)", stage,
+                                        stage == 3 ? " and parameters" : "")
+                          : "");
       else
         fmt::print("  device     arena {} in one cuMemAlloc ({}{})\n", human_bytes(static_cast<double>(device->reserved)), device->not_virtual,
                    shards ? ": the other ranks' optimizer state stays mapped" : "");
     }
-    if (gradients->reduced_in_step())
+    if (gradients->reduced_in_step() && gradients->device_collectives().empty())
       fmt::print("  gradients  {} besides the arena: this rank's f32 sum of its own parameters' gradients (ZeRO-3)\n",
                  human_bytes(static_cast<double>(gradients->buffer_bytes())));
     else if (gradients->sharded())
@@ -603,15 +621,15 @@ void TrainingRun::banner() {
                  "between them; each owner's gradient sums added over the groups\n",
                  ranks / group_size, group_size);
     if (ranks > 1 && gradients->reduced_in_step())
-      fmt::print("  ranks      {}; parameters gathered and gradients reduced by MPI in the step, each where the step "
+      fmt::print("  ranks      {}; parameters gathered and gradients reduced by {} in the step, each where the step "
                  "uses or makes it\n",
-                 comm.describe());
+                 comm.describe(), device_collectives.empty() ? "MPI" : device_collectives + " on the GPU");
     else if (ranks > 1 && gradients->sharded())
       fmt::print("  ranks      {}; gradients reduce-scattered by MPI on the host after each micro-batch's backward, "
                  "in {} bucket{} (not overlapped with it)\n",
                  comm.describe(), gradients->buckets(), gradients->buckets() == 1 ? "" : "s");
     else if (ranks > 1)
-      fmt::print("  ranks      {}; gradients all-reduced {}\n", comm.describe(),
+      fmt::print("  ranks      {}; gradients {} {}\n", comm.describe(), stage == 2 ? "reduced" : "all-reduced",
                  gradients->device_collectives().empty() ? "by MPI on the host after the backward (not overlapped with it)"
                                                         : "by " + gradients->device_collectives());
     // A device with no peak for the step's matmul dtype (the cpu has no f16
@@ -796,7 +814,10 @@ std::pair<double, bool> TrainingRun::train_step(int64_t step) {
   ex.run_optimizer();
   if (shards && stage < 3) {  // ZeRO-3's next step gathers each parameter where it uses it
     comm.set_activity(fmt::format("step {}, gathering the parameters (ZeRO-{})", step, stage));
-    shards->gather_params(ex, shard_comm());
+    // On the device where the engine joined the whole job's collectives (not a hybrid group's), else the host.
+    const bool on_device =
+        !group && ex.broadcast_params_on_device([owners = shards.get()](const std::string& param) { return owners->owner(param); });
+    if (!on_device) shards->gather_params(ex, shard_comm());
   }
   comm.set_activity(fmt::format("after step {}", step));
   return {loss, interrupted};
@@ -882,9 +903,10 @@ int TrainingRun::finish() {
                  "bandwidth {:.3g} GB/s\n",
                  human_bytes(bytes), seconds * 1e3, gradients->all_reduces(), bus / 1e9);
     else if (!quiet)  // overlapped: what the optimizer waited for after the backward, not the all-reduce's time
-      fmt::print("all-reduce: {} a step on the GPU; the optimizer waited {:.3f} ms a step for it after the backward "
+      fmt::print("{}: {} a step on the GPU; the optimizer waited {:.3f} ms a step for it after the backward "
                  "(mean of {})\n",
-                 human_bytes(bytes), seconds * 1e3, gradients->all_reduces());
+                 stage == 2 ? "reduce onto the owners" : "all-reduce", human_bytes(bytes), seconds * 1e3,
+                 gradients->all_reduces());
     metrics.write(MetricsRecord()
                       .boolean("all_reduce", true)
                       .text("collective", gradients->sharded() ? "reduce_scatter" : "all_reduce")

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <numeric>
+#include <optional>
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -351,8 +352,14 @@ double CudaEngine::loss() {
 }
 
 void CudaEngine::run_backward() {
-  if (!nccl_) {
+  if (segments_.empty()) {  // no gradients averaged here
     run_phase(backward_);
+    // ZeRO-3: the others' gradients' bytes may have held the step's temporaries (the memory plan shares them)
+    for (int i : others_gradients_) {
+      const GradientSpec& g = program_.gradients[static_cast<size_t>(i)];
+      NAPKIN_CU(*driver_, cuMemsetD8Async(arena_ + static_cast<CUdeviceptr>(g.offset), 0, static_cast<size_t>(g.bytes),
+                                          stream_));
+    }
     return;
   }
   CudaDriver& d = *driver_;
@@ -360,7 +367,12 @@ void CudaEngine::run_backward() {
     run_phase(segments_[s]);
     NAPKIN_CU(d, cuEventRecord(segment_done_[s], stream_));
     NAPKIN_CU(d, cuStreamWaitEvent(comm_stream_, segment_done_[s], 0));
-    nccl_->average_gradients(program_, buckets_[s], arena_, comm_stream_);
+    nccl_->average_gradients(program_, buckets_[s], gradient_owner_, arena_, comm_stream_);
+    if (!gradient_owner_.empty())  // ZeRO-2: the others' gradients add nothing to this rank's part of the norm
+      for (int i : buckets_[s])
+        if (const GradientSpec& g = program_.gradients[static_cast<size_t>(i)]; gradient_owner_[static_cast<size_t>(i)] != rank_)
+          NAPKIN_CU(d, cuMemsetD8Async(arena_ + static_cast<CUdeviceptr>(g.offset), 0, static_cast<size_t>(g.bytes),
+                                       comm_stream_));
   }
   NAPKIN_CU(d, cuEventRecord(comm_done_, comm_stream_));
   NAPKIN_CU(d, cuStreamWaitEvent(stream_, comm_done_, 0));  // the optimizer reads the averages
@@ -376,8 +388,9 @@ void CudaEngine::download_gradients(char* dst) {
   synchronize();
 }
 
-std::string CudaEngine::join_device_collectives(Communicator& comm, std::string& why) {
+bool CudaEngine::open_nccl(Communicator& comm, std::string& why) {
   why.clear();
+  if (nccl_) return true;
   // Every rank takes the same path: NCCL only if every rank can load it.
   std::unique_ptr<NcclCollectives> nccl;
   if (const char* off = std::getenv("NAPKIN_NCCL"); off && std::string_view(off) == "0") {
@@ -394,10 +407,41 @@ std::string CudaEngine::join_device_collectives(Communicator& comm, std::string&
   if (able < comm.size()) {
     if (why.empty())
       why = fmt::format("{} of {} ranks cannot use NCCL", comm.size() - static_cast<int>(able), comm.size());
-    return "";
+    return false;
   }
   nccl->join(comm);
   nccl_ = std::move(nccl);
+  rank_ = comm.rank();
+  return true;
+}
+
+std::string CudaEngine::run_collectives_on_device(Communicator& comm, std::function<int(const std::string& param)> owner,
+                                                  int stage, std::string& why) {
+  if (!open_nccl(comm, why)) return "";
+  owner_ = std::move(owner);
+  collective_stage_ = stage;
+  return nccl_->describe();
+}
+
+bool CudaEngine::broadcast_params_on_device(const std::function<int(const std::string& param)>& owner) {
+  if (!nccl_) return false;
+  const std::vector<const TensorSpec*> params = program_.with_role(TensorRole::Param);
+  std::vector<int> owners;
+  for (const TensorSpec* t : params) owners.push_back(owner(t->name));
+  nccl_->broadcast(params, owners, arena_, stream_);
+  return true;
+}
+
+std::string CudaEngine::join_device_collectives(Communicator& comm, std::string& why) {
+  if (!open_nccl(comm, why)) return "";
+  if (owner_ && collective_stage_ == 3) {
+    average_reduces_ = true;
+    for (size_t i = 0; i < program_.gradients.size(); ++i)
+      if (owner_(program_.gradients[i].param) != rank_) others_gradients_.push_back(static_cast<int>(i));
+    return nccl_->describe() + " in the step, each gradient averaged onto its owner";
+  }
+  if (owner_ && collective_stage_ == 2)
+    for (const GradientSpec& g : program_.gradients) gradient_owner_.push_back(owner_(g.param));
   const char* overlap = std::getenv("NAPKIN_CUDA_OVERLAP");
   plan_buckets(!(overlap && std::string_view(overlap) == "0"));
   NAPKIN_CU(*driver_, cuStreamCreate(&comm_stream_, CU_STREAM_NON_BLOCKING));
@@ -407,10 +451,12 @@ std::string CudaEngine::join_device_collectives(Communicator& comm, std::string&
     segment_done_.push_back(e);
   }
   NAPKIN_CU(*driver_, cuEventCreate(&comm_done_, CU_EVENT_DISABLE_TIMING));
-  if (segments_.size() == 1) return nccl_->describe() + " on the GPU after the backward (not overlapped with it)";
-  return fmt::format("{} on the GPU in {} buckets, each as soon as the backward has written it (overlapped with the "
+  const std::string onto = gradient_owner_.empty() ? "" : " onto each gradient's owner";
+  if (segments_.size() == 1)
+    return nccl_->describe() + onto + " on the GPU after the backward (not overlapped with it)";
+  return fmt::format("{}{} on the GPU in {} buckets, each as soon as the backward has written it (overlapped with the "
                      "rest of the backward)",
-                     nccl_->describe(), segments_.size());
+                     nccl_->describe(), onto, segments_.size());
 }
 
 void CudaEngine::plan_buckets(bool overlap) {
@@ -557,11 +603,17 @@ void CudaEngine::run_collective_on_host(const CollectiveSpec& c) {
 }
 
 void CudaEngine::enqueue_kernel(int i) {
-  if (collectives_)
-    if (const CollectiveSpec* c = program_.kernels[static_cast<size_t>(i)].as<CollectiveSpec>()) {
+  if (const CollectiveSpec* c = program_.kernels[static_cast<size_t>(i)].as<CollectiveSpec>()) {
+    if (collectives_) {
       run_collective_on_host(*c);
       return;
     }
+    if (runs_on_nccl(*c)) {
+      nccl_->collective(*c, c->param.empty() ? 0 : owner_(c->param), arena_ + static_cast<CUdeviceptr>(c->x),
+                        arena_ + static_cast<CUdeviceptr>(c->y), stream_, average_reduces_);
+      return;
+    }
+  }
   auto launch = [&](Launch& l) {
     std::array<void*, 3> params = kernel_params(arena_, scratch_, l.offsets);
     NAPKIN_CU(*driver_, cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_,
@@ -602,6 +654,10 @@ void CudaEngine::run_kernel_alone(int i) {
 }
 
 void CudaEngine::synchronize() {
+  // ZeRO-2 and 3: the step's NCCL calls are in the stream, and a dead peer leaves them spinning: the watchdog
+  // times the wait.
+  std::optional<Communicator::Waiting> waiting;
+  if (owner_) waiting.emplace("the step's NCCL collectives");
   if (bad_index_)
     NAPKIN_CU(*driver_, cuMemcpyDtoHAsync(bad_index_host_, bad_index_, 3 * sizeof(long long), stream_));
   NAPKIN_CU(*driver_, cuStreamSynchronize(stream_));

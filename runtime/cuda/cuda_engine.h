@@ -33,6 +33,10 @@
 //    to enqueue and keeps the graphs device-only. No graphs while a kernel
 //    is inspected or profiled (each kernel then runs and is waited for on
 //    its own), nor when the environment sets NAPKIN_CUDA_GRAPHS=0.
+//  - ZeRO-2 and 3: with NCCL (run_collectives_on_device) the step's
+//    collective kernels are NCCL calls on the stream, captured into the
+//    phases' graphs like the kernels around them; without it
+//    (set_collectives) each runs on the host between them, with no graphs.
 //  - data parallel: with NCCL (join_device_collectives), the backward runs
 //    as segments, each its own graph; when a segment has written a bucket
 //    of gradients (Program::bucket_bytes, in the order the backward finishes
@@ -115,9 +119,15 @@ class CudaEngine final : public Engine {
     skip_update_ = updates;
   }
 
-  // Its all-reduce kernels copy (the identity): no sharded gradients on the
-  // GPU yet, so a sum over ranks throws Error.
+  // Each collective kernel on the host (no NCCL: NAPKIN_NCCL=0, or a
+  // hybrid sharding's group), between the kernels around it; no graphs then.
   void set_collectives(std::function<void(const CollectiveSpec& spec, const char* x, char* y)> fn) override;
+  // Each collective kernel through NCCL on the stream (NcclCollectives::
+  // collective), captured into the phases' graphs like any kernel.
+  std::string run_collectives_on_device(Communicator& comm, std::function<int(const std::string& param)> owner,
+                                        int stage, std::string& why) override;
+  // One NCCL group of in-place ncclBroadcasts on the stream.
+  bool broadcast_params_on_device(const std::function<int(const std::string& param)>& owner) override;
 
   // ZeRO-1: unmaps the arena's granules wholly inside `tensors` (after
   // waiting for the streams); upload and download skip them from now on.
@@ -185,6 +195,30 @@ class CudaEngine final : public Engine {
   // into segments, one per bucket of gradients; after each segment the
   // bucket's all-reduce runs on comm_stream_ while the next segment runs.
   std::unique_ptr<NcclCollectives> nccl_;
+  // Loads and joins NCCL once, every rank alike: false (why says) when some
+  // rank cannot.
+  bool open_nccl(Communicator& comm, std::string& why);
+  // ZeRO-2 and 3 through NCCL (run_collectives_on_device): each parameter's
+  // owner, and the stage (3: gathers and reduces over the ranks).
+  std::function<int(const std::string&)> owner_;
+  int collective_stage_ = 0;
+  int rank_ = 0;  // in NCCL's communicator
+  // ZeRO-2's backward (join_device_collectives after run_collectives_on_device
+  // under stage 2): each gradient's owner (index in program.gradients), onto
+  // which its bucket averages it; the others' copies are then zeroed, so
+  // that the optimizer's norm and overflow probe sum this rank's part.
+  std::vector<int> gradient_owner_;
+  // ZeRO-3 with one micro-batch (join_device_collectives after
+  // run_collectives_on_device under stage 3): the step's reduces average
+  // onto the owners, so the gradient stage has nothing left to do; the
+  // others' gradients (indices), which their reduces do not write, are
+  // zeroed after the backward.
+  bool average_reduces_ = false;
+  std::vector<int> others_gradients_;
+  // Whether a collective kernel runs through NCCL (else it launches: a copy).
+  bool runs_on_nccl(const CollectiveSpec& c) const {
+    return owner_ && (c.collective == "all_reduce_sum" || collective_stage_ >= 3);
+  }
   CUstream comm_stream_ = nullptr;
   std::vector<Phase> segments_;
   std::vector<std::vector<int>> buckets_;  // gradient indices, per segment

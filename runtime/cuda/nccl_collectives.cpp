@@ -5,6 +5,9 @@
 #include <nccl.h>
 
 #include <cstdlib>
+#include <stdexcept>
+
+#include "runtime/tensor_types.h"
 
 #include "runtime/error.h"
 
@@ -18,6 +21,8 @@ struct NcclCollectives::Api {
   decltype(&::ncclCommDestroy) comm_destroy = nullptr;
   decltype(&::ncclCommAbort) comm_abort = nullptr;
   decltype(&::ncclAllReduce) all_reduce = nullptr;
+  decltype(&::ncclBroadcast) broadcast = nullptr;
+  decltype(&::ncclReduce) reduce = nullptr;
   decltype(&::ncclGroupStart) group_start = nullptr;
   decltype(&::ncclGroupEnd) group_end = nullptr;
   decltype(&::ncclGetErrorString) error_string = nullptr;
@@ -42,7 +47,7 @@ ncclDataType_t nccl_type(DType dtype) {
   if (dtype == DType::BF16) return ncclBfloat16;
   if (dtype == DType::F16) return ncclFloat16;
   if (dtype == DType::F64) return ncclFloat64;
-  throw Error("a gradient of dtype " + std::string(dtype_name(dtype)) + " cannot be all-reduced");
+  throw Error("a tensor of dtype " + std::string(dtype_name(dtype)) + " cannot be summed by NCCL here");
 }
 
 }  // namespace
@@ -62,6 +67,8 @@ NcclCollectives::NcclCollectives() : api_(std::make_unique<Api>()) {
   bind(a.library, a.comm_destroy, "ncclCommDestroy", path);
   bind(a.library, a.comm_abort, "ncclCommAbort", path);
   bind(a.library, a.all_reduce, "ncclAllReduce", path);
+  bind(a.library, a.broadcast, "ncclBroadcast", path);
+  bind(a.library, a.reduce, "ncclReduce", path);
   bind(a.library, a.group_start, "ncclGroupStart", path);
   bind(a.library, a.group_end, "ncclGroupEnd", path);
   bind(a.library, a.error_string, "ncclGetErrorString", path);
@@ -87,16 +94,52 @@ NcclCollectives::~NcclCollectives() {
   if (api_->library) dlclose(api_->library);
 }
 
-void NcclCollectives::average_gradients(const Program& program, const std::vector<int>& which, CUdeviceptr arena,
-                                        CUstream stream) {
+void NcclCollectives::average_gradients(const Program& program, const std::vector<int>& which,
+                                        const std::vector<int>& owners, CUdeviceptr arena, CUstream stream) {
   Api& a = *api_;
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   a.check(a.group_start(), "ncclGroupStart");
   for (int i : which) {
     const GradientSpec& g = program.gradients.at(static_cast<size_t>(i));
     void* p = reinterpret_cast<void*>(arena + static_cast<CUdeviceptr>(g.offset));
     const size_t count = static_cast<size_t>(g.numel());
-    a.check(a.all_reduce(p, p, count, nccl_type(g.dtype), ncclAvg, a.comm, reinterpret_cast<cudaStream_t>(stream)),
-            "ncclAllReduce");
+    if (owners.empty())
+      a.check(a.all_reduce(p, p, count, nccl_type(g.dtype), ncclAvg, a.comm, s), "ncclAllReduce");
+    else
+      a.check(a.reduce(p, p, count, nccl_type(g.dtype), ncclAvg, owners.at(static_cast<size_t>(i)), a.comm, s),
+              "ncclReduce");
+  }
+  a.check(a.group_end(), "ncclGroupEnd");
+}
+
+void NcclCollectives::collective(const CollectiveSpec& spec, int owner, CUdeviceptr x, CUdeviceptr y, CUstream stream,
+                                 bool average) {
+  Api& a = *api_;
+  void* send = reinterpret_cast<void*>(x);
+  void* recv = reinterpret_cast<void*>(y);
+  const size_t count = static_cast<size_t>(spec.count);
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  if (spec.collective == "all_reduce_sum")
+    a.check(a.all_reduce(send, recv, count, nccl_type(spec.dtype), ncclSum, a.comm, s), "ncclAllReduce");
+  else if (spec.collective == "all_gather")  // bytes: a parameter of any dtype
+    a.check(a.broadcast(send, recv, count * static_cast<size_t>(element_bytes(spec.dtype)), ncclUint8, owner, a.comm, s),
+            "ncclBroadcast");
+  else if (spec.collective == "reduce_scatter")
+    a.check(a.reduce(send, recv, count, nccl_type(spec.dtype), average ? ncclAvg : ncclSum, owner, a.comm, s),
+            "ncclReduce");
+  else
+    throw std::logic_error("NcclCollectives: unknown collective " + spec.collective);
+}
+
+void NcclCollectives::broadcast(const std::vector<const TensorSpec*>& tensors, const std::vector<int>& owners,
+                                CUdeviceptr arena, CUstream stream) {
+  Api& a = *api_;
+  a.check(a.group_start(), "ncclGroupStart");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    void* p = reinterpret_cast<void*>(arena + static_cast<CUdeviceptr>(tensors[i]->offset));
+    a.check(a.broadcast(p, p, static_cast<size_t>(tensors[i]->bytes), ncclUint8, owners.at(i), a.comm,
+                        reinterpret_cast<cudaStream_t>(stream)),
+            "ncclBroadcast");
   }
   a.check(a.group_end(), "ncclGroupEnd");
 }

@@ -114,6 +114,17 @@ std::vector<double> losses(const std::string& metrics) {
   return out;
 }
 
+// The eval losses of a --metrics file.
+std::vector<double> eval_losses(const std::string& metrics) {
+  std::vector<double> out;
+  std::istringstream lines(read_bytes(metrics));
+  for (std::string line; std::getline(lines, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("eval_loss")) out.push_back(j["eval_loss"].get<double>());
+  }
+  return out;
+}
+
 // Trains with `flags` and metrics into dir/NAME.jsonl; its losses.
 std::vector<double> train(const std::string& trainer_run, const TempDir& dir, const std::string& name) {
   std::string metrics = dir / (name + ".jsonl");
@@ -526,16 +537,7 @@ TEST_CASE("fake cuda: an mlp with dropout trains and evaluates on the fake GPU a
   std::vector<double> cpu = train(t.cpu + " " + flags, dir, "cpu");
   std::vector<double> cuda = train_cuda(t, flags, dir, "cuda");
   check_close(cpu, cuda, 1e-4);
-  auto eval_losses = [&](const std::string& name) {
-    std::vector<double> out;
-    std::istringstream lines(read_bytes(dir / (name + ".jsonl")));
-    for (std::string line; std::getline(lines, line);) {
-      nlohmann::json j = nlohmann::json::parse(line);
-      if (j.contains("eval_loss")) out.push_back(j["eval_loss"].get<double>());
-    }
-    return out;
-  };
-  std::vector<double> cpu_eval = eval_losses("cpu"), cuda_eval = eval_losses("cuda");
+  std::vector<double> cpu_eval = eval_losses(dir / "cpu.jsonl"), cuda_eval = eval_losses(dir / "cuda.jsonl");
   CHECK(cpu_eval.size() == 2);
   check_close(cpu_eval, cuda_eval, 1e-4);
 }
@@ -617,37 +619,190 @@ TEST_CASE("fake cuda: 2 ranks average gradients through NCCL (or the host) and t
   check_close(one, train_cuda(micro, flags + " --quiet --accumulate 2", dir, "accumulated"), 1e-5);
 }
 
-TEST_CASE("fake cuda: --zero 2 on 2 fake GPUs reduce-scatters the gradients and sums the clipping norm's parts, as plain data parallel trains (issue 40)") {
-  // gpt.yaml's AdamW clips the global norm: each rank's all_reduce_sum kernel runs on the host between the
-  // optimizer's kernels (its operand copied down, summed by MPI, copied up), the gradients go through the
-  // host gradient stage's reduce-scatter.
-  REQUIRE(sh("command -v mpirun").status == 0);
-  TempDir dir("fakecuda-zero2");
+
+namespace {
+
+// NAPKIN_FAKE_NCCL_REPORT's file of one rank: calls per collective (tests/fake_cuda/fake_nccl.cpp).
+nlohmann::json nccl_report(const std::string& prefix, int rank) {
+  return nlohmann::json::parse(read_bytes(fmt::format("{}.{}.json", prefix, rank)));
+}
+
+// gpt.yaml (its AdamW clips the global norm) with no checkpoint line and `precision`, in `dir`.
+std::string gpt_without_checkpoints(const TempDir& dir, const std::string& precision = "fp32") {
   std::string yaml = napkin::testing::read_source("models/gpt.yaml");
   const size_t at = yaml.find("  checkpoint: {");
   REQUIRE(at != std::string::npos);
   yaml.erase(at, yaml.find('\n', at) + 1 - at);
+  const size_t line = yaml.find("\nprecision: ");
+  REQUIRE(line != std::string::npos);
+  yaml.replace(line + 1, yaml.find('\n', line + 1) - line - 1, "precision: " + precision);
   write_bytes(dir / "gpt.yaml", yaml);
-  const Trainers micro = build_both(dir / "gpt.yaml", "batch=2,seq=32,d=32,heads=2,layers=1", dir);
-  const std::string flags = fmt::format("{} {} --steps 8 --checkpoint-every 0", kCommon, kGptData);
+  return dir / "gpt.yaml";
+}
+
+// fp16-mixed's loss scale (passes/loss_scaling.h) in a single-file checkpoint.
+float loss_scale(const std::string& checkpoint) {
+  napkin::runtime::SafetensorsFile f(checkpoint);
+  for (const auto& t : f.tensors())
+    if (t.name == "loss_scale.scale") {
+      REQUIRE(t.dtype == "f32");
+      float v = 0;
+      std::memcpy(&v, t.data, sizeof v);
+      return v;
+    }
+  FAIL("no loss_scale.scale in " << checkpoint);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("fake cuda: --zero 2 on 2 fake GPUs reduces each gradient onto its owner through NCCL and sums the clipping norm's parts there, as plain data parallel trains (issue 40)") {
+  // gpt.yaml's AdamW clips the global norm. One micro-batch: the backward's buckets are averaged onto each
+  // gradient's owner by ncclReduce on the GPU (the others' copies zeroed) and the norm's parts summed by the
+  // optimizer's all_reduce_sum kernel (ncclAllReduce); two: the gradient stage reduce-scatters them by MPI
+  // through the host, the norm's parts still summed on the GPU.
+  REQUIRE(sh("command -v mpirun").status == 0);
+  TempDir dir("fakecuda-zero2");
+  const Trainers micro = build_both(gpt_without_checkpoints(dir), "batch=2,seq=32,d=32,heads=2,layers=1", dir);
+  const std::string flags = fmt::format("{} {} --steps 20 --checkpoint-every 0", kCommon, kGptData);
   const std::string mpirun = napkin::testing::data_parallel::mpirun(2);
-  auto job = [&](const std::string& name, const std::string& extra) {
-    Run r = sh(fmt::format("NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} --metrics {} {}", micro.cuda_source,
-                           kFakeCudaDir, mpirun, micro.cuda, flags, dir / (name + ".jsonl"), extra));
-    INFO(r.out);
+  auto job = [&](const std::string& name, const std::string& extra, const std::string& env = "") {
+    Run r = sh(fmt::format("{} NAPKIN_FAKE_NCCL_REPORT={} NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} "
+                           "--metrics {} {}",
+                           env, dir / name, micro.cuda_source, kFakeCudaDir, mpirun, micro.cuda, flags,
+                           dir / (name + ".jsonl"), extra));
+    INFO(name << ": " << r.out);
     REQUIRE(r.status == 0);
     return r;
   };
   job("plain", "");
   const Run zero = job("zero", "--zero 2");
   CHECK(zero.out.find("ZeRO-2     rank 0 updates") != std::string::npos);
-  CHECK(zero.out.find("gradients reduce-scattered by MPI on the host") != std::string::npos);
+  CHECK(zero.out.find("gradients reduced by NCCL 2.28.0 onto each gradient's owner on the GPU") != std::string::npos);
   check_close(losses(dir / "plain.jsonl"), losses(dir / "zero.jsonl"), 1e-6);
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    const nlohmann::json calls = nccl_report(dir / "zero", rank);
+    CHECK(calls.at("reduce").get<int64_t>() > 0);      // the gradients, onto their owners
+    CHECK(calls.at("all_reduce").get<int64_t>() > 0);  // the clipping norm's parts
+    CHECK(calls.at("broadcast").get<int64_t>() > 0);   // the parameters from their owners after each update
+  }
+  // Small buckets, each reduced as soon as the backward has written it, on a second stream; the same with the
+  // work run as late as a GPU may run it, and without graphs.
+  for (const std::string env : {"", "NAPKIN_FAKE_CUDA_DEFER=1", "NAPKIN_CUDA_GRAPHS=0"}) {
+    CAPTURE(env);
+    const std::string name = fmt::format("buckets{}", env.size());
+    const Run r = job(name, "--zero 2 --bucket-mib 0.01", env);
+    CHECK(r.out.find("onto each gradient's owner on the GPU in 4 buckets") != std::string::npos);
+    check_close(losses(dir / "plain.jsonl"), losses(dir / (name + ".jsonl")), 1e-6);
+  }
+  // Two micro-batches: through the host.
+  job("plain2", "--accumulate 2");
+  const Run accumulated = job("zero2", "--zero 2 --accumulate 2");
+  CHECK(accumulated.out.find("gradients reduce-scattered by MPI on the host") != std::string::npos);
+  check_close(losses(dir / "plain2.jsonl"), losses(dir / "zero2.jsonl"), 1e-6);
+  CHECK(nccl_report(dir / "zero2", 0).at("all_reduce").get<int64_t>() > 0);
   // The CPU trainer of the same model under --zero 2: the same training.
   Run cpu = sh(fmt::format("{} {} {} --metrics {} --zero 2", mpirun, micro.cpu, flags, dir / "cpu.jsonl"));
   INFO(cpu.out);
   REQUIRE(cpu.status == 0);
   check_close(losses(dir / "cpu.jsonl"), losses(dir / "zero.jsonl"), 1e-5);
+}
+
+// ZeRO-3 on 2 fake GPUs (docs/distributed.md): a trainer built with `napkin
+// build --zero 3` gathers each parameter from its owner (ncclBroadcast) and
+// reduces each gradient onto it (ncclReduce) on the GPU, in the step's
+// stream and graphs, and the clipping norm's parts are summed there
+// (ncclAllReduce): no collective kernel goes through the host. It trains as
+// plain NCCL data parallel does (the gradient sums in another order), with
+// and without accumulation, under bf16-mixed, under fp16-mixed with the same
+// overflow skips, and without graphs bit for bit as with them; a checkpoint
+// of its 2 ranks resumes on 1 fake GPU at the same loss.
+TEST_CASE("fake cuda: --zero 3 on 2 fake GPUs gathers and reduces through NCCL on the device, as plain data parallel trains (issue 40)") {
+  REQUIRE(sh("command -v mpirun").status == 0);
+  for (const std::string precision : {"fp32", "bf16-mixed", "{policy: fp16-mixed, loss_scale: {init: 1073741824}}"}) {
+    CAPTURE(precision);
+    TempDir dir("fakecuda-zero3");
+    const std::string model = gpt_without_checkpoints(dir, precision);
+    const std::string dims = "batch=2,seq=32,d=32,heads=2,layers=1";
+    TempDir plain_dir("fakecuda-zero3-plain");
+    const Trainers plain = build_both(model, dims, plain_dir);
+    const Trainers sharded = build_both(model, dims, dir, "--zero 3");
+    const bool fp32 = precision == "fp32", fp16 = precision.find("fp16") != std::string::npos;
+    const std::string mpirun = napkin::testing::data_parallel::mpirun(2);
+    // 3 eval batches every 10 steps on 2 ranks: the second rank's last forward gathers with the first's and is
+    // not counted.
+    auto job = [&](const Trainers& t, const std::string& name, const std::string& extra, const std::string& env = "") {
+      Run r = sh(fmt::format("{} NAPKIN_FAKE_NCCL_REPORT={} NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} "
+                             "--order sequential --seed 0 --log-every 1 --eval-every 10 --eval-batches 3 {} "
+                             "--metrics {} {}",
+                             env, dir / name, t.cuda_source, kFakeCudaDir, mpirun, t.cuda, kGptData,
+                             dir / (name + ".jsonl"), extra));
+      INFO(name << ": " << r.out);
+      REQUIRE(r.status == 0);
+      return r;
+    };
+    for (const std::string accumulate : {"1", "2"}) {
+      CAPTURE(accumulate);
+      if (!fp32 && accumulate == "2") continue;
+      const std::string flags = fmt::format("--steps 20 --checkpoint-every 0 --accumulate {}", accumulate);
+      // fp16: the last step saved in one file, for its loss scale.
+      auto saved = [&](const std::string& name) {
+        return fp16 ? fmt::format(" --checkpoint-format single --checkpoint-dir {}", dir / name) : std::string();
+      };
+      job(plain, "plain" + accumulate, flags + saved("plain-ckpt"));
+      const Run zero = job(sharded, "zero" + accumulate, flags + saved("zero-ckpt"));
+      CHECK(zero.out.find("parameters gathered and gradients reduced by NCCL 2.28.0 on the GPU in the step") !=
+            std::string::npos);
+      // One micro-batch: the step's reduces average on the GPU, no host sum; two: the owner's sums on the host.
+      CHECK((zero.out.find("this rank's f32 sum of its own parameters' gradients (ZeRO-3)") != std::string::npos) ==
+            (accumulate == "2"));
+      const std::vector<double> want = losses(dir / ("plain" + accumulate + ".jsonl"));
+      REQUIRE(want.size() == 20);
+      check_close(want, losses(dir / ("zero" + accumulate + ".jsonl")), 1e-6);
+      const std::vector<double> evals = eval_losses(dir / ("plain" + accumulate + ".jsonl"));
+      REQUIRE(evals.size() == 2);
+      check_close(evals, eval_losses(dir / ("zero" + accumulate + ".jsonl")), 1e-6);
+      for (int rank = 0; rank < 2; ++rank) {
+        CAPTURE(rank);
+        const nlohmann::json calls = nccl_report(dir / ("zero" + accumulate), rank);
+        CHECK(calls.at("broadcast").get<int64_t>() > 0);
+        CHECK(calls.at("reduce").get<int64_t>() > 0);
+        CHECK(calls.at("all_reduce").get<int64_t>() > 0);  // the clipping norm's parts (and fp16's probe)
+      }
+    }
+    if (fp16) {
+      // Loss scale 2^30 overflows at first: each skipped step halves it, on every rank together, as plain's.
+      const float scale = loss_scale(dir / "zero-ckpt/step-000020.safetensors");
+      MESSAGE(fmt::format("fp16-mixed: loss scale 2^30 after 20 steps: {}", scale));
+      CHECK(scale < 1073741824.0f);
+      CHECK(scale == loss_scale(dir / "plain-ckpt/step-000020.safetensors"));
+    }
+    if (!fp32) continue;
+    // Without NCCL a GPU's ZeRO-3 is refused before step 1, saying why and what runs instead.
+    Run refused = sh(fmt::format("NAPKIN_NCCL=0 NAPKIN_FAKE_CUDA_SOURCE={} LD_LIBRARY_PATH={} {} {} {} {} --steps 1 "
+                                 "--checkpoint-every 0",
+                                 sharded.cuda_source, kFakeCudaDir, mpirun, sharded.cuda, kCommon, kGptData));
+    INFO(refused.out);
+    CHECK(refused.status != 0);
+    CHECK(refused.out.find("--zero 3 on GPUs runs the step's gathers and reduces through NCCL, and NCCL cannot be "
+                           "used here: NAPKIN_NCCL=0") != std::string::npos);
+    // Without CUDA graphs, each NCCL call enqueued every step rather than captured once: the same bits.
+    job(sharded, "eager", "--steps 20 --checkpoint-every 0", "NAPKIN_CUDA_GRAPHS=0");
+    CHECK(losses(dir / "eager.jsonl") == losses(dir / "zero1.jsonl"));
+    CHECK(nccl_report(dir / "eager", 0).at("broadcast").get<int64_t>() >
+          nccl_report(dir / "zero1", 0).at("broadcast").get<int64_t>());
+    // A checkpoint of the 2 ranks × 2 micro-batches at step 10 (one shard each) resumes on 1 fake GPU
+    // accumulating 4: the same global batch, and the 2 ranks' loss at step 11.
+    job(sharded, "first", fmt::format("--steps 10 --accumulate 2 --checkpoint-dir {}", dir / "ckpt"));
+    Run resumed = run_cuda(sharded, fmt::format("{} {} --steps 11 --accumulate 4 --metrics {} --resume {}", kCommon,
+                                                kGptData, dir / "resumed.jsonl", dir / "ckpt/step-000010.sharded"));
+    INFO(resumed.out);
+    REQUIRE(resumed.status == 0);
+    const std::vector<double> straight = losses(dir / "zero2.jsonl"), after = losses(dir / "resumed.jsonl");
+    REQUIRE(after.size() == 1);
+    check_close({straight.at(10)}, after, 1e-6);
+  }
 }
 
 TEST_CASE("fake cuda: napkin sample's decoder (prefill, KV-cache decode steps) writes on the fake GPU what it writes on the CPU") {
@@ -940,5 +1095,81 @@ TEST_CASE("fake cuda: a ZeRO-1 rank maps only its share of the arena, trains as 
   }
 }
 
+
+// ZeRO-3 on 2 fake GPUs: each rank maps every granule but those lying
+// wholly inside the other rank's optimizer state (ZeRO-1) and parameters,
+// which its step gathers by ncclBroadcast into the arena's activations and
+// never reads in place. An MLP with two 1024 x 1024 hidden layers and no
+// biases: one batched AdamW kernel updates every parameter, which a GPU
+// cannot split, so they are one unit (runtime/optimizer_shards.h) and rank
+// 0 owns them all: it maps more than plain data parallel (the gathered
+// copies and the local gradients besides the whole model), rank 1 far
+// less, the two together less than two plain ranks. The same losses, with
+// the work run as late as a GPU may run it (nothing queued reaches an
+// unmapped granule).
+TEST_CASE("fake cuda: a ZeRO-3 rank maps its share of the parameters and optimizer state, less than plain data parallel (issue 40)") {
+  REQUIRE(sh("command -v mpirun").status == 0);
+  TempDir dir("fakecuda-zero3-vmm");
+  TempDir plain_dir("fakecuda-zero3-vmm-plain");
+  write_bytes(dir / "mlp.yaml", R"(model: mlp2
+dims: {batch: 8, d_in: 64, hidden: 1024, classes: 10}
+inputs:
+  images: {shape: [batch, d_in]}
+  labels: {shape: [batch], dtype: i32}
+params:
+  w1: {shape: [d_in, hidden], init: xavier}
+  w2: {shape: [hidden, hidden], init: xavier}
+  w3: {shape: [hidden, hidden], init: xavier}
+  w4: {shape: [hidden, classes], init: xavier}
+forward:
+  - h1: gelu(images @ w1)
+  - h2: gelu(h1 @ w2)
+  - h3: gelu(h2 @ w3)
+  - logits: h3 @ w4
+loss: cross_entropy(logits, labels)
+optimizer: adamw(lr=1e-3, weight_decay=0.01)
+precision: fp32
+)");
+  const Trainers plain = build_both(dir / "mlp.yaml", "batch=8", plain_dir);
+  const Trainers sharded = build_both(dir / "mlp.yaml", "batch=8", dir, "--zero 3");
+  const std::string flags = fmt::format("{} --data-file images=tests/e2e/data/mlp/images.npy "
+                                        "--data-file labels=tests/e2e/data/mlp/labels.npy --steps 3 --checkpoint-every 0",
+                                        kCommon);
+  const std::string mpirun = napkin::testing::data_parallel::mpirun(2);
+  auto job = [&](const Trainers& t, const std::string& name) {
+    Run r = sh(fmt::format("NAPKIN_FAKE_CUDA_DEFER=1 NAPKIN_FAKE_CUDA_REPORT={} NAPKIN_FAKE_CUDA_SOURCE={} "
+                           "LD_LIBRARY_PATH={} {} {} {} --metrics {} --collective-timeout 60",
+                           dir / name, t.cuda_source, kFakeCudaDir, mpirun, t.cuda, flags, dir / (name + ".jsonl")));
+    INFO(name << ": " << r.out);
+    REQUIRE(r.status == 0);
+    return r;
+  };
+  job(plain, "plain");
+  job(sharded, "zero");
+  check_close(losses(dir / "plain.jsonl"), losses(dir / "zero.jsonl"), 1e-6);
+  Run printed = sh(sharded.cuda + " --print-program");
+  REQUIRE(printed.status == 0);
+  const napkin::runtime::Program program = napkin::runtime::parse_program(printed.out.data(), printed.out.size());
+  int64_t wholes = 0, shares = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    const int64_t whole = fake_report(dir / "plain", rank).at("peak_mapped_bytes").get<int64_t>();
+    const int64_t share = fake_report(dir / "zero", rank).at("peak_mapped_bytes").get<int64_t>();
+    napkin::runtime::OptimizerShards shards(program, 2, rank);
+    std::vector<std::pair<int64_t, int64_t>> others;
+    for (const auto* tensors : {&shards.others_state(), &shards.others_params()})
+      for (const napkin::runtime::TensorSpec* t : *tensors) others.push_back({t->offset, t->offset + t->bytes});
+    const int64_t expected = expected_mapped(program.arena_bytes, others);
+    MESSAGE(fmt::format("rank {}: plain data parallel maps {:.1f} MiB at peak, ZeRO-3 {:.1f} MiB (expected {:.1f} MiB)",
+                        rank, static_cast<double>(whole) / (1 << 20), static_cast<double>(share) / (1 << 20),
+                        static_cast<double>(expected) / (1 << 20)));
+    CHECK(share == expected);
+    CHECK((rank == 0 ? shards.owned_params() == 4 : shards.owned_params() == 0));
+    if (rank == 1) CHECK(share < whole / 2);
+    wholes += whole;
+    shares += share;
+  }
+  CHECK(shares < wholes);
+}
 
 #endif  // NAPKIN_HAVE_CUDA_RUNTIME

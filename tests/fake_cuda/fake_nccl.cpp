@@ -11,15 +11,26 @@
 //    RTLD_DEFAULT): an all-reduce is MPI_Allreduce of the device bytes, in
 //    the process's stream order (an Op on the fake stream, run when the
 //    stream runs it).
+//  - collectives: ncclAllReduce (MPI_Allreduce), ncclBroadcast (MPI_Bcast of
+//    the bytes, any dtype; out of place the root's sendbuff lands in every
+//    rank's recvbuff) and ncclReduce (MPI_Reduce onto the root; a non-root's
+//    recvbuff is neither checked nor written, as NCCL ignores it).
 //  - checked as NCCL would fail: buffers outside device memory, a count or
-//    rank out of range, a dtype or op the fake does not have (f32 and f64;
-//    sum and avg), a communicator made with another unique id than rank 0's.
+//    rank out of range, a dtype or op the fake does not have (sums: f32 and
+//    f64; sum and avg), a communicator made with another unique id than
+//    rank 0's.
 //  - avg: the sum divided by the rank count, in the dtype.
+//  - report: with NAPKIN_FAKE_NCCL_REPORT=PREFIX, the process writes
+//    PREFIX.RANK.json at exit (RANK from Open MPI's OMPI_COMM_WORLD_RANK,
+//    else 0): {"all_reduce": calls, "broadcast": calls, "reduce": calls},
+//    each counted when enqueued (or captured), so that a test can tell
+//    which collectives a trainer ran on the device.
 #include <dlfcn.h>
 #include <nccl.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -37,18 +48,22 @@ namespace {
 using Handle = void*;
 using AllreduceFn = int (*)(const void*, void*, int, Handle, Handle, Handle);
 using BcastFn = int (*)(void*, int, Handle, int, Handle);
+using ReduceFn = int (*)(const void*, void*, int, Handle, Handle, int, Handle);
+constexpr uintptr_t kInPlace = 1;  // MPI_IN_PLACE
 
 struct Mpi {
   AllreduceFn allreduce = nullptr;
   BcastFn bcast = nullptr;
+  ReduceFn reduce = nullptr;
   Handle world = nullptr, f32 = nullptr, f64 = nullptr, byte = nullptr, sum = nullptr;
-  bool found() const { return allreduce && bcast && world && f32 && f64 && byte && sum; }
+  bool found() const { return allreduce && bcast && reduce && world && f32 && f64 && byte && sum; }
 };
 
 Mpi mpi() {
   Mpi m;
   m.allreduce = reinterpret_cast<AllreduceFn>(dlsym(RTLD_DEFAULT, "MPI_Allreduce"));
   m.bcast = reinterpret_cast<BcastFn>(dlsym(RTLD_DEFAULT, "MPI_Bcast"));
+  m.reduce = reinterpret_cast<ReduceFn>(dlsym(RTLD_DEFAULT, "MPI_Reduce"));
   m.world = dlsym(RTLD_DEFAULT, "ompi_mpi_comm_world");
   m.f32 = dlsym(RTLD_DEFAULT, "ompi_mpi_float");
   m.f64 = dlsym(RTLD_DEFAULT, "ompi_mpi_double");
@@ -60,6 +75,43 @@ Mpi mpi() {
 ncclResult_t refuse(const std::string& why) {
   std::fprintf(stderr, "napkin fake NCCL: %s\n", why.c_str());
   return ncclInvalidArgument;
+}
+
+// Calls per collective, written at exit (the report above).
+struct Counts {
+  long all_reduce = 0, broadcast = 0, reduce = 0;
+  ~Counts() {
+    const char* prefix = std::getenv("NAPKIN_FAKE_NCCL_REPORT");
+    if (!prefix || !*prefix) return;
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    const std::string path = std::string(prefix) + "." + (rank ? rank : "0") + ".json";
+    if (FILE* f = std::fopen(path.c_str(), "w")) {
+      std::fprintf(f, "{\"all_reduce\": %ld, \"broadcast\": %ld, \"reduce\": %ld}\n", all_reduce, broadcast, reduce);
+      std::fclose(f);
+    }
+  }
+};
+Counts counts;
+
+// Bytes of one element of `datatype`, 0 for one the fake does not know.
+size_t element_bytes(ncclDataType_t datatype) {
+  switch (datatype) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+// What a sum's arguments must be here, or why not ("" when they are fine).
+std::string check_sum(const char* call, ncclDataType_t datatype, ncclRedOp_t op, size_t count, ncclComm_t comm) {
+  const std::string name = call;
+  if (comm == nullptr) return name + ": no communicator";
+  if (datatype != ncclFloat32 && datatype != ncclFloat64) return name + ": the fake has f32 and f64 only";
+  if (op != ncclSum && op != ncclAvg) return name + ": the fake has sum and avg only";
+  if (count > (size_t{1} << 31) - 1) return name + ": count beyond the fake's MPI int";
+  return "";
 }
 
 template <typename T>
@@ -120,25 +172,74 @@ ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  if (comm == nullptr) return refuse("ncclAllReduce: no communicator");
-  if (datatype != ncclFloat32 && datatype != ncclFloat64) return refuse("ncclAllReduce: the fake has f32 and f64 only");
-  if (op != ncclSum && op != ncclAvg) return refuse("ncclAllReduce: the fake has sum and avg only");
-  const size_t element = datatype == ncclFloat64 ? 8 : 4;
+  if (std::string why = check_sum("ncclAllReduce", datatype, op, count, comm); !why.empty()) return refuse(why);
+  const size_t element = element_bytes(datatype);
   Fake& fake = Fake::get();
-  if (count > (size_t{1} << 31) - 1) return refuse("ncclAllReduce: count beyond the fake's MPI int");
   if (!fake.device_region(sendbuff, count * element) || !fake.device_region(recvbuff, count * element))
     return refuse("ncclAllReduce: a buffer outside device memory");
   const int ranks = comm->ranks;
+  ++counts.all_reduce;
   CUresult r = fake.submit(reinterpret_cast<CUstream>(stream), [=]() -> CUresult {
     if (sendbuff != recvbuff) std::memmove(recvbuff, sendbuff, count * element);
     if (ranks > 1) {
       Mpi m = mpi();
-      constexpr uintptr_t kInPlace = 1;  // MPI_IN_PLACE
       if (m.allreduce(reinterpret_cast<const void*>(kInPlace), recvbuff, static_cast<int>(count),
                       datatype == ncclFloat64 ? m.f64 : m.f32, m.sum, m.world) != 0)
         return CUDA_ERROR_UNKNOWN;
     }
     if (op == ncclAvg) datatype == ncclFloat64 ? divide<double>(recvbuff, count, ranks) : divide<float>(recvbuff, count, ranks);
+    return CUDA_SUCCESS;
+  });
+  return r == CUDA_SUCCESS ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                           ncclComm_t comm, cudaStream_t stream) {
+  if (comm == nullptr) return refuse("ncclBroadcast: no communicator");
+  if (root < 0 || root >= comm->ranks) return refuse("ncclBroadcast: root out of range");
+  const size_t element = element_bytes(datatype);
+  if (element == 0) return refuse("ncclBroadcast: a dtype the fake does not know");
+  const size_t bytes = count * element;
+  if (bytes > (size_t{1} << 31) - 1) return refuse("ncclBroadcast: count beyond the fake's MPI int");
+  Fake& fake = Fake::get();
+  const bool is_root = comm->rank == root;
+  if (!fake.device_region(recvbuff, bytes) || (is_root && !fake.device_region(sendbuff, bytes)))
+    return refuse("ncclBroadcast: a buffer outside device memory");
+  const int ranks = comm->ranks;
+  ++counts.broadcast;
+  CUresult r = fake.submit(reinterpret_cast<CUstream>(stream), [=]() -> CUresult {
+    if (is_root && sendbuff != recvbuff) std::memmove(recvbuff, sendbuff, bytes);
+    if (ranks > 1) {
+      Mpi m = mpi();
+      if (m.bcast(recvbuff, static_cast<int>(bytes), m.byte, root, m.world) != 0) return CUDA_ERROR_UNKNOWN;
+    }
+    return CUDA_SUCCESS;
+  });
+  return r == CUDA_SUCCESS ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                        int root, ncclComm_t comm, cudaStream_t stream) {
+  if (std::string why = check_sum("ncclReduce", datatype, op, count, comm); !why.empty()) return refuse(why);
+  if (root < 0 || root >= comm->ranks) return refuse("ncclReduce: root out of range");
+  const size_t element = element_bytes(datatype);
+  Fake& fake = Fake::get();
+  const bool is_root = comm->rank == root;
+  if (!fake.device_region(sendbuff, count * element) || (is_root && !fake.device_region(recvbuff, count * element)))
+    return refuse("ncclReduce: a buffer outside device memory");
+  const int ranks = comm->ranks;
+  ++counts.reduce;
+  CUresult r = fake.submit(reinterpret_cast<CUstream>(stream), [=]() -> CUresult {
+    if (is_root && sendbuff != recvbuff) std::memmove(recvbuff, sendbuff, count * element);
+    if (ranks > 1) {
+      Mpi m = mpi();
+      const void* send = is_root ? reinterpret_cast<const void*>(kInPlace) : sendbuff;
+      if (m.reduce(send, is_root ? recvbuff : nullptr, static_cast<int>(count), datatype == ncclFloat64 ? m.f64 : m.f32,
+                   m.sum, root, m.world) != 0)
+        return CUDA_ERROR_UNKNOWN;
+    }
+    if (is_root && op == ncclAvg)
+      datatype == ncclFloat64 ? divide<double>(recvbuff, count, ranks) : divide<float>(recvbuff, count, ranks);
     return CUDA_SUCCESS;
   });
   return r == CUDA_SUCCESS ? ncclSuccess : ncclUnhandledCudaError;

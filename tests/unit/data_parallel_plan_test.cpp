@@ -83,6 +83,32 @@ runtime::Program toy_program() {
   return p;
 }
 
+// A GPU's batch of every parameter's update (one launch, which cannot run
+// member by member) serves every parameter as the gradient norm does, but
+// writes their state: it binds them into one unit, and only its owner runs
+// it (a rank running it would write the others' released state).
+TEST_CASE("ZeRO-1: an update kernel serving every parameter binds them all to one rank, which alone runs it (issue 40)") {
+  runtime::Program p = toy_program();
+  int64_t at = 0;
+  for (runtime::TensorSpec& t : p.tensors) t.offset = at, at += t.bytes;
+  runtime::KernelSpec all = p.kernels[3];
+  all.name = "update_all";
+  all.out_offset = p.tensors[1].offset;  // adam.m.a
+  p.kernels = {p.kernels[0], all};
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    int running = 0;
+    for (int rank = 0; rank < ranks; ++rank) {
+      const runtime::OptimizerShards s(p, ranks, rank);
+      for (const char* name : {"b", "c", "d", "e"}) CHECK(s.owner(name) == s.owner("a"));
+      CHECK_FALSE(s.skip_kernel()[0]);
+      CHECK(s.skip_kernel()[1] == (s.owner("a") != rank));
+      running += !s.skip_kernel()[1];
+    }
+    CHECK(running == 1);
+  }
+}
+
 TEST_CASE("ZeRO-1: every parameter has one owner, units stay together, and a rank skips exactly the others' work") {
   const runtime::Program p = toy_program();
   for (int ranks : {1, 2, 3, 4}) {
