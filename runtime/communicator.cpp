@@ -113,13 +113,20 @@ void Communicator::write_stopped_by_signal(int sig) {
   (void)ignored;
 }
 
+thread_local bool t_in_background = false;
+
+void Communicator::in_background() { t_in_background = true; }
+
 Communicator::Waiting::Waiting(const char* what) {
+  if (t_in_background) return;
   g_collective_what.store(what);
   g_collective_since_ns.store(now_ns());
   g_in_collective.store(true);
 }
 
-Communicator::Waiting::~Waiting() { g_in_collective.store(false); }
+Communicator::Waiting::~Waiting() {
+  if (!t_in_background) g_in_collective.store(false);
+}
 
 LaunchedRank launched_rank() {
   LaunchedRank r;

@@ -78,6 +78,9 @@ class Communicator {
   // True while this rank waits in a collective (read by the trainer's signal
   // thread, runtime/stop_signals.h).
   static bool in_collective();
+  // Marks the calling thread as one whose waits in collectives are not the
+  // rank's (Waiting below), for the rest of its life.
+  static void in_background();
   // On a SIGINT or SIGTERM (async-signal-safe): says on stderr
   // that this rank, at its activity, was stopped by `sig` while waiting for
   // the others, i.e. the launcher is ending the job.
@@ -85,6 +88,9 @@ class Communicator {
 
   // RAII marker around each wait for the other ranks (a collective, or a
   // GPU stream running one): the watchdog times it. `what` must outlive it.
+  // On a thread marked by in_background() it marks nothing: that thread's
+  // waits are not the rank's (ZeRO-3's collectives thread, whose results the
+  // rank waits for, marked, where it needs them).
   class Waiting {
    public:
     explicit Waiting(const char* what);

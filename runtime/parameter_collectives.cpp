@@ -15,10 +15,14 @@ ParameterCollectives::ParameterCollectives(const OptimizerShards& shards, Commun
 ParameterCollectives::~ParameterCollectives() {
   if (!worker_.joinable()) return;
   {
+    // What is queued and not begun is dropped: after a step completes nothing is queued, so this is an error's
+    // unwinding, and the job ends anyway.
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
+    if (queue_.size() > 1) queue_.erase(queue_.begin() + 1, queue_.end());
   }
   changed_.notify_all();
+  Communicator::Waiting waiting("the collectives thread's last call");  // a dead peer: the watchdog ends it
   worker_.join();
 }
 
@@ -27,6 +31,7 @@ void ParameterCollectives::start_thread() {
 }
 
 void ParameterCollectives::work() {
+  Communicator::in_background();  // the rank waits, marked, in wait_for
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -52,6 +57,7 @@ void ParameterCollectives::work() {
 
 void ParameterCollectives::wait_for(int64_t job) {
   const auto start = std::chrono::steady_clock::now();
+  Communicator::Waiting waiting("ZeRO-3's collectives");
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return done_ >= job; });
   if (error_) std::rethrow_exception(error_);
@@ -84,6 +90,7 @@ void ParameterCollectives::operator()(const CollectiveSpec& spec, const char* x,
   int64_t job = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (error_) std::rethrow_exception(error_);  // the thread failed: nothing more goes to the other ranks
     queue_.push_back({&spec, x, y});
     job = ++issued_;
     if (spec.wait >= 0) due_[static_cast<int>(spec.wait)] = job;

@@ -288,8 +288,6 @@ class TrainingRun {
   Engine& ex = *engine_owner;
   // ZeRO-1 to 3: this rank updates its own parameters only (one rank: all of them).
   std::unique_ptr<OptimizerShards> shards;
-  // ZeRO-2 and 3: what the step's collective kernels do over the ranks.
-  std::unique_ptr<ParameterCollectives> collectives;
   // Or the engine runs them on the device: what it uses ("NCCL 2.28.0"), "" when not.
   std::string device_collectives;
   // Hybrid sharding (--shard-group L): the ranks shard within groups of L
@@ -299,6 +297,9 @@ class TrainingRun {
   const int group_size = o.shard_group > 0 ? o.shard_group : ranks;
   std::unique_ptr<Communicator> group, replicas;
   Communicator& shard_comm() { return group ? *group : comm; }
+  // ZeRO-2 and 3: what the step's collective kernels do over the ranks. After `group`, which its thread calls:
+  // destroyed before it.
+  std::unique_ptr<ParameterCollectives> collectives;
   int64_t start_step = 0;
   uint64_t seed = o.seed;
   Lineage lineage{p.hash};
@@ -409,7 +410,8 @@ void TrainingRun::start_engine(const SamplerProgram& sampler_program) {
     collectives = std::make_unique<ParameterCollectives>(*shards, shard_comm(), stage);
     ex.set_collectives([this](const CollectiveSpec& spec, const char* x, char* y) { (*collectives)(spec, x, y); });
     // The gathers the step issues ahead of their use run while it computes, on a thread of their own.
-    if (stage == 3 && shard_comm().serialized_threads() &&
+    // (Not under --debug-nan, whose check of each kernel's output would read a gather's while it arrives.)
+    if (stage == 3 && !o.debug_nan && shard_comm().serialized_threads() &&
         ex.set_collective_waits([this](int kernel) { collectives->wait_before(kernel); }))
       collectives->start_thread();
   }

@@ -720,9 +720,12 @@ std::optional<std::string> checkpoint_hash(const CommandContext& ctx, const ir::
 
 // The context of a build for `target` on `device`: ZeRO-3's prefetch is
 // placed by that device's time model and the target's link between ranks
-// (the CPU trainers' ranks share a host; GPUs an NVLink).
+// (the CPU trainers' ranks share a host; GPUs an NVLink). The CUDA trainer
+// runs each collective in the stream's order, so a gather issued ahead would
+// only hold its copy longer: no prefetch there yet.
 CommandContext for_target(const CommandContext& ctx, const std::string& target, const std::string& device) {
   CommandContext c = ctx;
+  if (target == "cuda") c.pipeline.no_prefetch = true;
   c.pipeline.shard_device = device;
   c.pipeline.shard_link = target == "cuda" ? "nvlink4" : "shm";
   return c;

@@ -6,8 +6,14 @@
 // an error on the thread reaches the rank at its next wait.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "runtime/communicator.h"
@@ -41,7 +47,72 @@ CollectiveSpec gather(const char* param, int64_t wait) {
   return {.collective = "all_gather", .x = 0, .y = 0, .count = 4, .dtype = runtime::DType::F32, .param = param, .wait = wait};
 }
 
+// Rank `rank` of 2 whose broadcasts block until the test opens the gate,
+// then deliver 7s: the owner's bytes arriving.
+class GatedCommunicator final : public runtime::Communicator {
+ public:
+  explicit GatedCommunicator(int rank) : rank_(rank) {}
+  void open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    gate_.notify_all();
+  }
+  std::atomic<int> entered{0};
+
+  int rank() const override { return rank_; }
+  int size() const override { return 2; }
+  std::string describe() const override { return "a gated test communicator"; }
+  void broadcast(void* data, int64_t bytes, int) override {
+    ++entered;
+    std::unique_lock<std::mutex> lock(mutex_);
+    gate_.wait(lock, [&] { return open_; });
+    for (int64_t i = 0; i < bytes / 4; ++i) static_cast<float*>(data)[i] = 7.0f;
+  }
+  void all_reduce_sum(float*, int64_t) override { unused(); }
+  void all_reduce_sum(double*, int64_t) override { unused(); }
+  void reduce_scatter_sum(float*, const std::vector<int64_t>&) override { unused(); }
+  void reduce_sum(const float*, float*, int64_t, int) override { unused(); }
+  void all_gather(const void*, int64_t, void*) override { unused(); }
+  void send(const void*, int64_t, int) override { unused(); }
+  void receive(void*, int64_t, int) override { unused(); }
+  void barrier() override { unused(); }
+  std::unique_ptr<Communicator> split(int, int) override { unused(); }
+  [[noreturn]] void abort(int) override { unused(); }
+
+ private:
+  [[noreturn]] static void unused() { throw std::logic_error("not used by this test"); }
+  int rank_;
+  std::mutex mutex_;
+  std::condition_variable gate_;
+  bool open_ = false;
+};
+
 }  // namespace
+
+TEST_CASE("parameter collectives: a gather issued ahead returns at once, and its kernel's wait returns only once its bytes have arrived") {
+  const runtime::Program program = toy_program();
+  runtime::OptimizerShards shards(program, 2, 0);
+  GatedCommunicator comm(1 - shards.owner("a"));  // not the owner: the bytes come by the broadcast
+  runtime::ParameterCollectives collectives(shards, comm, 3);
+  collectives.start_thread();
+  const std::vector<float> x(4, 1.0f);
+  std::vector<float> y(4, 0.0f);
+  const CollectiveSpec ahead = gather("a", 5);
+  collectives(ahead, reinterpret_cast<const char*>(x.data()), reinterpret_cast<char*>(y.data()));  // returns: issued
+  while (comm.entered.load() == 0) std::this_thread::yield();  // the thread is in the broadcast, held at the gate
+  std::atomic<bool> waited{false};
+  std::thread kernel5([&] {
+    collectives.wait_before(5);
+    waited = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(waited.load());  // kernel 5 may not run before the gather is done
+  collectives.wait_before(4);  // nothing is due before kernel 4
+  comm.open();
+  kernel5.join();
+  CHECK(waited.load());
+  CHECK(y == std::vector<float>(4, 7.0f));
+}
 
 TEST_CASE("parameter collectives: on the prefetch thread a gather issued ahead is done by its kernel's wait, in issue order, and an error reaches the next wait") {
   const runtime::Program program = toy_program();
