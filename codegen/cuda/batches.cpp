@@ -14,6 +14,10 @@
 //    value, and may store prologue results too): each chunk's block leaves
 //    its partial in `scratch` (a fixed tree over the block), and a second
 //    launch, a warp per member, combines its partials in chunk order.
+//  - run mask: an optimizer batch of updates (one member per parameter)
+//    skips the members whose NAME_run[m] is 0. Every member runs unless the
+//    engine writes the global: ZeRO's ranks run their own parameters'
+//    updates only (runtime/optimizer_shards.h), whose state alone they map.
 #include <fmt/format.h>
 
 #include "codegen/cuda/emit.h"
@@ -56,6 +60,10 @@ std::string element(DType t, size_t j, const std::string& index) {
 
 }  // namespace
 
+bool runs_members_apart(const Kernel& k) {
+  return !k.batch.empty() && k.phase == ir::Phase::Optimizer && k.kind != KernelKind::Reduction;
+}
+
 EmittedKernel emit_batch(const Kernel& k) {
   NAPKIN_INTERNAL_CHECK(k.fused && !k.batch.empty(), "{} is no batch", k.name);
   const FusedLoop& f = *k.fused;
@@ -75,6 +83,8 @@ EmittedKernel emit_batch(const Kernel& k) {
   for (const BatchMember& m : k.batch) numels.push_back(m.numel);
   s.line("__device__ const long long {}_numel[{}] = {{{}}};", k.name, numels.size(), fmt::join(numels, ", "));
 
+  const bool masked = runs_members_apart(k);
+  if (masked) s.line("__device__ unsigned char {}_run[{}] = {{{}}};", k.name, members, fmt::join(std::vector<int>(k.batch.size(), 1), ", "));
   const char* ct = reduces ? compute_type(k.output.dtype) : "";
   const Combine c = reduces ? combine_of(k.reduction().combiner, k.output.dtype) : Combine{};
   const size_t prologue = reduces ? f.ops.size() - 1 : f.ops.size();
@@ -83,6 +93,7 @@ EmittedKernel emit_batch(const Kernel& k) {
   s.open("for (long long c = blockIdx.x; c < {}LL; c += gridDim.x) {{", chunks);
   s.line("int lo = 0, hi = {};", members);
   s.line("while (hi - lo > 1) {{ const int mid = (lo + hi) / 2; if ({}_first[mid] <= c) lo = mid; else hi = mid; }}", k.name);
+  if (masked) s.line("if (!{}_run[lo]) continue;  // another rank's parameter", k.name);
   member_bases(s, k, "lo");
   s.line("const long long start = (c - {0}_first[lo]) * {1}LL;", k.name, kChunk);
   s.line("const long long end = start + {1}LL < {0}_numel[lo] ? start + {1}LL : {0}_numel[lo];", k.name, kChunk);

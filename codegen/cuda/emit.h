@@ -157,6 +157,9 @@ struct Combine {
 };
 Combine combine_of(ir::Combiner c, ir::DType t);
 EmittedKernel emit_batch(const Kernel& k);            // a batch's kernel: a table of tensors (codegen/cuda/batches.cpp)
+// Whether a batch's kernel runs only the members its run mask says (an
+// optimizer batch of updates: ZeRO's ranks run their own parameters').
+bool runs_members_apart(const Kernel& k);
 // The lines `const T vJ = ...;` computing a fused kernel's ops [0, count)
 // from its inputs' compute values a0, a1, ..., each rounded to its dtype.
 void fused_ops(Src& f, const Kernel& k, size_t count);

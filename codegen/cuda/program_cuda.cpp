@@ -1,5 +1,6 @@
 #include "codegen/cuda/program_cuda.h"
 
+#include "codegen/cuda/emit.h"
 #include "ir/internal_check.h"
 
 namespace napkin::codegen::cuda {
@@ -9,9 +10,13 @@ std::string cuda_program_json(const ir::Graph& g, const KernelPlan& plan, const 
   NAPKIN_INTERNAL_CHECK(facts.backend == "cuda", "a CUDA program with backend '{}'", facts.backend);
   NAPKIN_INTERNAL_CHECK(source.launches.size() == plan.kernels.size(), "{} kernels' launches for {} plan kernels",
                         source.launches.size(), plan.kernels.size());
-  // The CUDA runtime ignores extent and parallel: launches say how to run a kernel.
-  runtime::Program program =
-      describe_program(g, plan, std::vector<Launch>(plan.kernels.size(), Launch{1, false}), facts);
+  // The CUDA runtime ignores extent and parallel: launches say how to run a kernel. A batch that can run some
+  // of its members only lists them, with their element counts as their work (runtime/optimizer_shards.h).
+  std::vector<Launch> launches(plan.kernels.size(), Launch{1, false});
+  for (size_t i = 0; i < plan.kernels.size(); ++i)
+    if (detail::runs_members_apart(plan.kernels[i]))
+      for (const BatchMember& m : plan.kernels[i].batch) launches[i].member_work.push_back(m.numel);
+  runtime::Program program = describe_program(g, plan, launches, facts);
   for (size_t i = 0; i < plan.kernels.size(); ++i) {
     runtime::KernelSpec& k = program.kernels[i];
     const bool is_matmul = k.as<runtime::MatmulSpec>() != nullptr;

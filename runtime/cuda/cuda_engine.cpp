@@ -616,8 +616,13 @@ void CudaEngine::enqueue_kernel(int i) {
   }
   auto launch = [&](Launch& l) {
     std::array<void*, 3> params = kernel_params(arena_, scratch_, l.offsets);
-    NAPKIN_CU(*driver_, cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_,
-                                       params.data(), nullptr));
+    try {
+      NAPKIN_CU(*driver_, cuLaunchKernel(l.function, l.grid, 1, 1, l.block, 1, 1, l.shared_bytes, stream_,
+                                         params.data(), nullptr));
+    } catch (const Error& e) {  // name the kernel (an error of an earlier one may surface here too)
+      throw Error(fmt::format("kernel {} ({}): {}", program_.kernels[static_cast<size_t>(i)].name,
+                              program_.kernels[static_cast<size_t>(i)].where, e.what()));
+    }
   };
   std::visit(overloaded{
                  [&](Launches& launches) {
@@ -650,6 +655,26 @@ void CudaEngine::run_kernel_alone(int i) {
       NAPKIN_CU(d, cuStreamSynchronize(stream_));
     }
     inspect_(i, inspect_host_);
+  }
+}
+
+void CudaEngine::skip(const std::vector<bool>& kernels, const std::vector<bool>& updates,
+                      const std::vector<std::vector<bool>>& members) {
+  skip_kernel_ = kernels;
+  skip_update_ = updates;
+  CudaDriver& d = *driver_;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].empty()) continue;
+    const std::string global = program_.kernels[i].name + "_run";
+    CUdeviceptr mask = 0;
+    size_t bytes = 0;
+    NAPKIN_CU(d, cuModuleGetGlobal(&mask, &bytes, module_, global.c_str()));
+    if (bytes != members[i].size())
+      throw Error(fmt::format("the module's {} has {} bytes for {} members", global, bytes, members[i].size()));
+    // On the stream, before any step (or graph) runs the kernel.
+    std::vector<unsigned char> run(members[i].begin(), members[i].end());
+    NAPKIN_CU(d, cuMemcpyHtoDAsync(mask, run.data(), run.size(), stream_));
+    NAPKIN_CU(d, cuStreamSynchronize(stream_));  // `run` is freed on return
   }
 }
 

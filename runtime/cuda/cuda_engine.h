@@ -112,12 +112,9 @@ class CudaEngine final : public Engine {
   // NCCL (runtime/cuda/nccl_collectives.h), unless NAPKIN_NCCL=0.
   std::string join_device_collectives(Communicator& comm, std::string& why) override;
   void average_gradients_on_device() override;
-  // Batch members are not split here (a CUDA batch is one launch).
+  // A batch's members to run go to its kernel's run mask (codegen/cuda/batches.cpp), a global of the module.
   void skip(const std::vector<bool>& kernels, const std::vector<bool>& updates,
-            const std::vector<std::vector<bool>>&) override {
-    skip_kernel_ = kernels;
-    skip_update_ = updates;
-  }
+            const std::vector<std::vector<bool>>& members) override;
 
   // Each collective kernel on the host (no NCCL: NAPKIN_NCCL=0, or a
   // hybrid sharding's group), between the kernels around it; no graphs then.

@@ -1107,7 +1107,7 @@ TEST_CASE("fake cuda: a ZeRO-1 rank maps only its share of the arena, trains as 
 // less, the two together less than two plain ranks. The same losses, with
 // the work run as late as a GPU may run it (nothing queued reaches an
 // unmapped granule).
-TEST_CASE("fake cuda: a ZeRO-3 rank maps its share of the parameters and optimizer state, less than plain data parallel (issue 40)") {
+TEST_CASE("fake cuda: each ZeRO-3 rank maps its share of the parameters and optimizer state, less than plain data parallel (issue 40)") {
   REQUIRE(sh("command -v mpirun").status == 0);
   TempDir dir("fakecuda-zero3-vmm");
   TempDir plain_dir("fakecuda-zero3-vmm-plain");
@@ -1164,8 +1164,10 @@ precision: fp32
                         rank, static_cast<double>(whole) / (1 << 20), static_cast<double>(share) / (1 << 20),
                         static_cast<double>(expected) / (1 << 20)));
     CHECK(share == expected);
-    CHECK((rank == 0 ? shards.owned_params() == 4 : shards.owned_params() == 0));
-    if (rank == 1) CHECK(share < whole / 2);
+    // The update batch runs its members apart (its run mask), so each rank owns a share of the parameters:
+    // w2 and w3 (1M elements each) on different ranks.
+    CHECK(shards.owned_params() >= 1);
+    CHECK(share < whole);
     wholes += whole;
     shares += share;
   }

@@ -545,14 +545,15 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int grid_x, unsigned int grid_y, 
   std::string name = f->name;
   return fake.submit(stream, [=]() -> CUresult {
     Fake& fake = Fake::get();
-    // The arena's own address may lie in an unmapped granule of a reservation; its operands may not.
+    // The arena's own address, and an operand's, may lie in an unmapped granule of a reservation: a kernel may
+    // be given operands it does not touch (a batch's members its run mask skips: another ZeRO rank's
+    // parameters). A touch of an unmapped granule is a fault, as on a GPU: the PROT_NONE pages end the process.
     const Region* region = fake.device_region(reinterpret_cast<void*>(arena), 1, false);
     if (!region) return fake.fail(CUDA_ERROR_ILLEGAL_ADDRESS, name + ": the arena argument is not device memory");
     for (int64_t o : offsets)
-      if (o < 0 || fake.device_region(reinterpret_cast<char*>(arena) + o, 1) != region)
+      if (o < 0 || fake.device_region(reinterpret_cast<char*>(arena) + o, 1, false) != region)
         return fake.fail(CUDA_ERROR_ILLEGAL_ADDRESS,
-                         name + ": operand offset " + std::to_string(o) +
-                             " is outside the arena's allocation or in an unmapped granule of it");
+                         name + ": operand offset " + std::to_string(o) + " is outside the arena's allocation");
     if (scratch && !fake.device_region(reinterpret_cast<void*>(scratch), 1))
       return fake.fail(CUDA_ERROR_ILLEGAL_ADDRESS, name + ": the scratch argument is not device memory");
     try {
