@@ -53,8 +53,8 @@ OptimizerShards::OptimizerShards(const Program& program, int ranks, int rank) : 
   };
   auto bind_together = [&](const std::vector<std::string>& serves, bool update) {
     // What every parameter needs (the gradient norm for clipping) runs on every rank that owns any: it binds
-    // none of them together. An update that serves every parameter (a GPU's batch of all of them, which cannot
-    // run apart) binds them all.
+    // none of them together. An update that serves every parameter (a batch of all of them that cannot run
+    // apart: its members not listed) binds them all.
     if (serves.empty() || (serves.size() >= everything && !update)) return;
     const int first = index.at(serves.front());
     for (const std::string& p : serves) parent[static_cast<size_t>(find(parent, index.at(p)))] = find(parent, first);

@@ -10,9 +10,10 @@
 // Terms:
 //  - unit: parameters that share an optimizer kernel (codegen/plan.h
 //    Kernel::serves) whose members cannot run apart, owned together so that
-//    the kernel runs on one rank. The CPU's batches can (each member's work
-//    items are known: Launch::member_work), so there every parameter is a
-//    unit; a CUDA batch (same-shaped parameters' updates in one launch)
+//    the kernel runs on one rank. A batch whose program lists its members
+//    can (the CPU's, by each member's work items: Launch::member_work; a
+//    CUDA batch of updates, by its run mask: codegen/cuda/batches.cpp), so
+//    there every parameter is a unit; a batch without its members listed
 //    cannot. A kernel that serves every parameter (the gradient norm) binds
 //    none: every rank runs it (under ZeRO-2 it sums this rank's part of the
 //    norm, which an all_reduce_sum kernel then adds over the ranks).
