@@ -92,6 +92,14 @@ class ShardParameters : public Pass {
     }
   };
 
+  // A unit's gathers (the header's), in schedule order.
+  struct Unit {
+    std::vector<NodeId> gathers;
+    int first_use = 0;     // position of its first gather (right before the first reader)
+    int first_reader = 0;  // position of that reader: the first node after first_use that is no gather
+    std::string scope;     // the first reader's
+  };
+
   Model model(const ir::Graph& g) const {
     Model m;
     const analysis::Device* device = options_.device ? options_.device : analysis::find_device("cpu");
@@ -111,13 +119,7 @@ class ShardParameters : public Pass {
     const Model m = model(g);
     std::vector<NodeId> order = g.schedule();
     // The units, in schedule order: runs of gathers whose first readers share a scope and phase.
-    struct Unit {
-      std::vector<NodeId> gathers;
-      int first_use = 0;     // position of its first gather (right before the first reader)
-      int first_reader = 0;  // position of that reader: the first node after first_use that is no gather
-    };
     std::vector<Unit> units;
-    std::vector<std::string> unit_scopes;
     std::string last_key;
     for (int p = 0; p < static_cast<int>(order.size()); ++p) {
       const ir::Node& n = g.node(order[p]);
@@ -128,8 +130,7 @@ class ShardParameters : public Pass {
       const std::string& scope = g.node(order[reader_at]).scope;
       const std::string key = std::string(ir::phase_name(n.phase)) + "/" + scope;
       if (units.empty() || key != last_key) {
-        units.push_back({{}, p, reader_at});
-        unit_scopes.push_back(scope);
+        units.push_back({{}, p, reader_at, scope});
       }
       units.back().gathers.push_back(order[p]);
       last_key = key;
@@ -167,7 +168,7 @@ class ShardParameters : public Pass {
       list.insert(list.end(), units[u].gathers.begin(), units[u].gathers.end());
     }
     if (!options_.prefetch) {  // each gather stays right before its first reader
-      account(g, m, unit_of, unit_scopes);
+      account(g, m, unit_of, units);
       return;
     }
     std::vector<NodeId> rescheduled;
@@ -176,7 +177,7 @@ class ShardParameters : public Pass {
       if (p < static_cast<int>(order.size()) && !unit_of.count(order[p])) rescheduled.push_back(order[p]);
     }
     g.mutable_schedule() = std::move(rescheduled);
-    account(g, m, unit_of, unit_scopes);
+    account(g, m, unit_of, units);
   }
 
   // The time model's account of the schedule as it now is: one queue of
@@ -184,12 +185,12 @@ class ShardParameters : public Pass {
   // first reader, a reduce or all-reduce at once (the runtime issues them
   // so: runtime/parameter_collectives.h).
   void account(const ir::Graph& g, const Model& m, const std::map<NodeId, size_t>& unit_of,
-               const std::vector<std::string>& scopes) {
+               const std::vector<Unit>& units) {
     schedule_.ran = true, schedule_.prefetch = options_.prefetch;
-    schedule_.units.assign(scopes.size(), {});
+    schedule_.units.assign(units.size(), {});
     std::map<ValueId, std::pair<size_t, double>> pending;  // gathered buffer -> its unit, when it arrives
-    std::vector<double> issued(scopes.size(), -1);         // the clock at each unit's first gather
-    std::vector<bool> used(scopes.size(), false);
+    std::vector<double> issued(units.size(), -1);          // the clock at each unit's first gather
+    std::vector<bool> used(units.size(), false);
     double clock = 0, comm_free = 0;
     for (NodeId id : g.schedule()) {
       const ir::Node& n = g.node(id);
@@ -205,7 +206,7 @@ class ShardParameters : public Pass {
         }
         const size_t u = unit_of.at(id);
         ShardUnit& unit = schedule_.units[u];
-        unit.scope = scopes[u], unit.phase = n.phase;
+        unit.scope = units[u].scope, unit.phase = n.phase;
         unit.gathers += 1, unit.bytes += static_cast<double>(g.value(n.in(0)).type.bytes()), unit.seconds += s;
         schedule_.gather_seconds += s;
         pending[n.out()] = {u, comm_free};

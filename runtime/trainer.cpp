@@ -1098,7 +1098,7 @@ int trainer_main(int argc, char** argv, const char* program_json, size_t program
                    "updates its own parameters); 2 also the gradients (reduce-scattered, each rank keeping the sum "
                    "of its own); 3 also the parameters (a trainer built with `napkin build --zero 3`, whose step "
                    "gathers each parameter where it uses it); 0: every rank updates everything. Default: 3 for a "
-                   "trainer built for it, else 0. 2 and 3: the CPU trainer")
+                   "trainer built for it, else 0")
         ->check(CLI::IsMember({0, 1, 2, 3}));
     app.add_option("--shard-group", o.shard_group,
                    "hybrid sharding under --zero 1, 2 or 3: shard within groups of this many consecutive ranks and "

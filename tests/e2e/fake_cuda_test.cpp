@@ -103,27 +103,22 @@ Run run_cuda(const Trainers& t, const std::string& flags, const std::string& env
                         kFakeCudaDir, t.cuda, flags));
 }
 
-// The per-step training losses of a --metrics file.
-std::vector<double> losses(const std::string& metrics) {
+// Every value of `key` in a --metrics file, in its order.
+std::vector<double> metric_values(const std::string& metrics, const char* key) {
   std::vector<double> out;
   std::istringstream lines(read_bytes(metrics));
   for (std::string line; std::getline(lines, line);) {
     nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+    if (j.contains(key)) out.push_back(j[key].get<double>());
   }
   return out;
 }
 
+// The per-step training losses of a --metrics file.
+std::vector<double> losses(const std::string& metrics) { return metric_values(metrics, "loss"); }
+
 // The eval losses of a --metrics file.
-std::vector<double> eval_losses(const std::string& metrics) {
-  std::vector<double> out;
-  std::istringstream lines(read_bytes(metrics));
-  for (std::string line; std::getline(lines, line);) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("eval_loss")) out.push_back(j["eval_loss"].get<double>());
-  }
-  return out;
-}
+std::vector<double> eval_losses(const std::string& metrics) { return metric_values(metrics, "eval_loss"); }
 
 // Trains with `flags` and metrics into dir/NAME.jsonl; its losses.
 std::vector<double> train(const std::string& trainer_run, const TempDir& dir, const std::string& name) {

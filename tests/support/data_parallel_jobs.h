@@ -93,6 +93,12 @@ struct Fixture {
     }
     return out;
   }
+  // A run that stopped (`first`) and was resumed (`then`): its losses, step by step.
+  std::vector<std::pair<int64_t, double>> resumed_losses(const std::string& first, const std::string& then) const {
+    std::vector<std::pair<int64_t, double>> out = losses(first), tail = losses(then);
+    out.insert(out.end(), tail.begin(), tail.end());
+    return out;
+  }
 };
 
 // Every step's loss of `got` within `rel` of `want`'s (the same steps).
