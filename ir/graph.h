@@ -106,6 +106,23 @@ class Graph {
     ValueId value = kNoValue;
   };
   std::vector<Update> updates;
+  // The mixture-of-experts layers the frontend's moe() made, in forward
+  // order: what the report needs to say which parameters a token uses
+  // (docs/report.md "active parameters") and how many it drops. Expert
+  // parameters are stacked on their first (experts) axis; a token uses
+  // `top_k` of the `experts` slices of each.
+  struct MoeLayer {
+    std::string scope;  // the block instance ("layers.3"), "" at top level
+    int64_t experts = 0, top_k = 0;
+    int64_t tokens = 0;    // tokens routed per micro-batch (T)
+    int64_t capacity = 0;  // slots per expert: ceil(capacity_factor * T * top_k / experts)
+    double capacity_factor = 0;
+    int64_t d_model = 0;
+    ValueId router = kNoValue;                // param [experts, d_model]
+    std::vector<ValueId> expert_params;       // params [experts, ...]
+    std::string dropped_output;               // graph output: the (token, choice) pairs dropped this step
+  };
+  std::vector<MoeLayer> moe_layers;
   // The rng tensor (ir/rng.h): what random ops read besides their operands,
   // filled by the runtime before every forward; kNoValue until an op needs it.
   // rng_words caches its scalar views (ir::rng_words makes both).
