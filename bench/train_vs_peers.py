@@ -55,7 +55,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "peers"))
 import check as peer_check  # noqa: E402
 import train_vs_torch as tvt  # noqa: E402
 
-MODELS = ["cruncher", "mlp", "gpt", "gpt-d512", "llama"]
+MODELS = ["cruncher", "mlp", "gpt", "gpt-d512", "llama", "moe"]
 PEERS = ["torch.compile", "jax", "tinygrad"]
 # Relative, on (the first loss, the loss after one update). The first is a forward pass. The second also
 # carries the first update, which Adagrad (cruncher) makes nearly a sign function of each gradient
