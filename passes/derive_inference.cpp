@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "ir/builder.h"
 #include "ir/internal_check.h"
@@ -20,12 +21,28 @@ using ir::ValueId;
 
 namespace {
 
-// The loss's cross_entropy node, or null.
+// The loss's cross_entropy node, or null: the loss itself, or the one
+// cross_entropy among the terms a sum of terms adds (the language-model loss
+// plus auxiliary ones: cross_entropy(logits, targets) + 0.02 * moe_load_balance()).
 const ir::Node* loss_node(const ir::Graph& g) {
   ValueId loss = g.find_output("loss");
-  if (loss == ir::kNoValue || g.value(loss).producer == ir::kNoNode) return nullptr;
-  const ir::Node& n = g.node(g.value(loss).producer);
-  return n.op == Op::CrossEntropy ? &n : nullptr;
+  if (loss == ir::kNoValue) return nullptr;
+  const ir::Node* found = nullptr;
+  int found_count = 0;
+  std::vector<ValueId> terms{loss};
+  while (!terms.empty()) {
+    const ValueId v = terms.back();
+    terms.pop_back();
+    if (g.value(v).producer == ir::kNoNode) continue;
+    const ir::Node& n = g.node(g.value(v).producer);
+    if (n.op == Op::CrossEntropy) {
+      found = &n;
+      ++found_count;
+    } else if (n.op == Op::Add || n.op == Op::Sub) {
+      terms.insert(terms.end(), n.inputs.begin(), n.inputs.end());
+    }
+  }
+  return found_count == 1 ? found : nullptr;
 }
 
 // The data input that is not the loss's targets: the tokens.
