@@ -1023,7 +1023,11 @@ int TrainingRun::finish() {
       fmt::print("device arena: peak mapped {}{} of {} reserved\n", ranks > 1 ? "per rank " : "", list,
                  human_bytes(static_cast<double>(device->reserved)));
   }
-  if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
+  if (o.profile && rank0) {
+    const int64_t profiled = (o.steps - start_step) * accumulate;
+    fmt::print("{}", profile_report(program, ex.kernel_seconds(), profiled));
+    metrics.write(profile_metrics(ex.kernel_seconds(), profiled));
+  }
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success
   return 0;
 }
