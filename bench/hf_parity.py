@@ -9,6 +9,8 @@ their optimizer to a constant-lr AdamW for the run):
   llama     models/llama.yaml      against LlamaForCausalLM  (grouped-query attention: kv_heads < heads)
   llama3    models/llama3-8b.yaml  against LlamaForCausalLM with rope_type llama3 (Llama 3.1's scaled frequencies)
   gpt2      models/gpt2-124m.yaml  against GPT2LMHeadModel   (tied embeddings, Conv1D weights)
+  mixtral   models/moe.yaml        against MixtralForCausalLM (top-2 of 4 experts at capacity factor E/k, so
+                                   nothing is dropped; the load-balancing loss in both, coefficient 0.02)
 the script
   1. builds the transformers model from a config (its own seeded init) and saves it with save_pretrained
      (model.safetensors; also in bf16, and sharded, for the import checks);
@@ -20,9 +22,10 @@ the script
   5. round trip: napkin hf export MODEL init.safetensors -o OUT: every tensor bit-equal to HF_DIR's, and
      from_pretrained(OUT) gives transformers' logits; the same in bf16 (--dtype bf16); the sharded checkpoint
      imports to the same napkin file as the single one.
---write-fixtures writes what CI checks offline (tests/e2e/hf_fixture_test.cpp) into tests/e2e/data/hf/FAMILY:
-config.json and model.safetensors (transformers' own files), prompt.txt (ids) and logits.npy (transformers'
-logits on that prompt), at the dims in FIXTURE_DIMS.
+--write-fixtures writes what CI checks offline (tests/e2e/hf_fixture_test.cpp) into tests/e2e/data/hf/FAMILY
+for the --only families: config.json and model.safetensors (transformers' own files), prompt.txt (ids) and
+logits.npy (transformers' logits on that prompt), at the dims in FIXTURE_DIMS; for mixtral also tokens.u16 and
+train.json, transformers' losses over 20 AdamW steps on them.
 
 Exit status 0 when every check passed, 1 otherwise.
 """
@@ -336,7 +339,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             check_family(family, tmp, results)
     if args.write_fixtures:
-        for family in FIXTURE_DIMS:
+        for family in (f for f in FIXTURE_DIMS if f in args.only.split(",")):
             with tempfile.TemporaryDirectory() as tmp:
                 write_fixture(family, tmp)
     print(f"\n{'family':8} {'check':62} {'value':>14}  ok")
