@@ -40,6 +40,10 @@ KernelKind node_kind(const ir::Graph& g, const ir::Node& n) {
     case ir::LoopKind::CachedAttention: return KernelKind::CachedAttention;
     case ir::LoopKind::Rope: return KernelKind::Rope;
     case ir::LoopKind::Collective: return KernelKind::Collective;
+    case ir::LoopKind::TopK:
+    case ir::LoopKind::MoeSlots:
+      NAPKIN_INTERNAL_CHECK(false, "{} has no kernel yet (node {})", ir::op_name(n.op), n.id);
+      break;
     case ir::LoopKind::View: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a view has no kernel (node {})", n.id);
