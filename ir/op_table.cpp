@@ -855,6 +855,11 @@ InferResult infer_moe_slots(const Inputs& in, const Attrs& a) {
     return InferResult::fail(fmt::format("moe_slots: {} experts of {} slots are too many slots for i32 positions",
                                          experts, capacity),
                              "lower the capacity factor or the number of tokens per step");
+  // counts holds whole numbers of assignments, exact in f32 up to 2^24.
+  if (indices.numel() > (int64_t{1} << 24))
+    return InferResult::fail(fmt::format("moe_slots: {} routed assignments are more than f32 counts exactly (2^24)",
+                                         indices.numel()),
+                             "route fewer tokens per step: a smaller micro-batch").blaming(0);
   TensorType pos = indices;
   TensorType src;
   src.dtype = DType::I32;

@@ -24,7 +24,7 @@ ir::TensorType type(std::vector<ir::Dim> dims, DType dtype) {
 
 const ir::Node& producer(const ir::Graph& g, const ir::Built& b) { return g.node(g.value(b.value).producer); }
 
-TEST_CASE("top_k: values in x's dtype and i32 indices, k of the last axis; a k outside [1, n] is the user's error") {
+TEST_CASE("top_k: values in x's dtype and i32 indices, k of the last axis, a k outside [1, n] the user's error") {
   ir::Graph g;
   ir::Builder b(g);
   const ir::ValueId x = g.add_input("x", type({{2, "b"}, {3, "t"}, {8, "experts"}}, DType::BF16), {});
@@ -47,7 +47,7 @@ TEST_CASE("top_k: values in x's dtype and i32 indices, k of the last axis; a k o
   CHECK(b.add(Op::TopK, {scalar}, {{"k", int64_t{1}}}).error.find("needs at least one axis") != std::string::npos);
 }
 
-TEST_CASE("moe_slots: pos i32 [T, k], src i32 [E, C], counts f32 [E], in that order; it takes i32 [T, k] indices") {
+TEST_CASE("moe_slots: pos i32 [T, k], src i32 [E, C], counts f32 [E], in that order, from i32 [T, k] indices") {
   ir::Graph g;
   ir::Builder b(g);
   const ir::Attrs attrs{{"experts", int64_t{4}}, {"capacity", int64_t{3}}};
