@@ -151,7 +151,6 @@ class Deriver {
         setup_[n.out()] = setup_.at(n.in(0));
         continue;
       }
-      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "derive_inference: {} has several outputs", ir::op_name(n.op));
       b.set_loc(n.loc);
       b.set_scope(n.scope);
       std::vector<ValueId> inputs;
@@ -160,9 +159,12 @@ class Deriver {
         NAPKIN_INTERNAL_CHECK(it != setup_.end(), "derive_inference: %{} read before it is built", x);
         inputs.push_back(it->second);
       }
-      ValueId v = b.must(b.add(n.op, inputs, n.attrs));
-      b.rename_dims(v, in_.value(n.out()).type.dims);
-      setup_[n.out()] = v;
+      const ValueId v = b.must(b.add(n.op, inputs, n.attrs));
+      for (size_t i = 0; i < n.outputs.size(); ++i) {  // every output (top_k's values and indices)
+        const ValueId made = out_.node(out_.value(v).producer).outputs[i];
+        b.rename_dims(made, in_.value(n.outputs[i]).type.dims);
+        setup_[n.outputs[i]] = made;
+      }
     }
   }
 
@@ -257,7 +259,8 @@ class Deriver {
         }
       }
       if (info.loop == ir::LoopKind::Attention || info.loop == ir::LoopKind::Classifier ||
-          info.loop == ir::LoopKind::CachedAttention || info.loop == ir::LoopKind::Mse || info.backward_only)
+          info.loop == ir::LoopKind::CachedAttention || info.loop == ir::LoopKind::Mse ||
+          info.loop == ir::LoopKind::MoeSlots || info.backward_only)
         return mixes(n, "is not a position-wise op");
 
       // Position-wise: the output keeps exactly one sequence axis, and a row
@@ -288,12 +291,22 @@ class Deriver {
         if (!built.ok()) return mixes(n, "cannot be rebuilt at one position: " + built.error);
         v = built.value;
       }
-      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "derive_inference: {} has several outputs", ir::op_name(n.op));
       if (out_.value(v).type.sizes() != ir::TensorType{old_out.dtype, dims}.sizes())
         return mixes(n, fmt::format("gives {} at length {}, not {}", ir::to_string(out_.value(v).type), length,
                                     ir::to_string(ir::TensorType{old_out.dtype, dims})));
       b.rename_dims(v, dims);
       map[n.out()] = v;
+      // The outputs after the first (top_k's indices) keep the sequence axis where it does.
+      for (size_t i = 1; i < n.outputs.size(); ++i) {
+        std::vector<ir::Dim> more = in_.value(n.outputs[i]).type.dims;
+        if (seq_axes(in_.value(n.outputs[i]).type) != out_seq)
+          return mixes(n, fmt::format("makes its output {} from the sequence axis '{}'",
+                                      ir::to_string(in_.value(n.outputs[i]).type), lm_.seq_dim));
+        more[static_cast<size_t>(out_seq[0])].size = length;
+        const ValueId made = out_.node(out_.value(v).producer).outputs[i];
+        b.rename_dims(made, more);
+        map[n.outputs[i]] = made;
+      }
     }
     ValueId logits = map.at(logits_);
     out_.outputs.emplace_back(prefix + ".logits", logits);

@@ -327,6 +327,19 @@ TEST_CASE("inference: a standalone rope gets the phase's positions: the interpre
   CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 1e-4) >= 6);
 }
 
+TEST_CASE("inference: top_k works position by position: the interpreter's greedy text on every prompt path") {
+  // tests/e2e/data/top_k_lm.yaml: each phase rebuilds top_k with both its
+  // outputs (values and indices) at the phase's length.
+  Decoder d(lowered("tests/e2e/data/top_k_lm.yaml", {{"batch", 2}, {"seq", 12}}));
+  int picks = 0;
+  for (ir::NodeId id : d.step->g.schedule()) picks += d.step->g.node(id).op == ir::Op::TopK;
+  CHECK(picks == 2);  // prefill and decode
+  const std::vector<int64_t> prompt = {7, 3, 12};
+  const std::vector<int64_t> by_prefill = greedy_text(d, prompt, runtime::PromptPath::Prefill);
+  CHECK(greedy_text(d, prompt, runtime::PromptPath::Steps) == by_prefill);
+  CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 1e-4) >= 6);
+}
+
 TEST_CASE("inference: a mixed-precision model's weight casts are computed before a prompt that goes in by decode steps") {
   // lm-gqa is bf16-mixed: its decode step reads the weights cast to bf16
   // once, by the program's setup, not by each step nor only by the prefill.
