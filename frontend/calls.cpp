@@ -532,6 +532,14 @@ const std::vector<CallSpec>& call_table() {
            }
            return list;
          }});
+    // top_k(x, k): each row's k largest values along the last axis, descending
+    // (the op's indices are the frontend's moe()'s; docs/model-language.md).
+    add({"top_k", {"x", "k"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
+           auto x = tensor_arg(L, a, "x", call);
+           auto k = L.need_int(*a.get("k"), "top_k: k");
+           if (!x || !k) return Operand::invalid();
+           return L.build(Op::TopK, {*x}, {{"k", *k}}, call.offset);
+         }});
     // Composite ops.
     add({"softmax", {"x", "axis"}, 1, [](Lowerer& L, const CallArgs& a, const Expr& call) {
            return lower_softmax_like(L, Op::Softmax, a, call);

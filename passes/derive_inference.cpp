@@ -170,7 +170,6 @@ class Deriver {
         setup_[n.out()] = setup_.at(n.in(0));
         continue;
       }
-      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "derive_inference: {} has several outputs", ir::op_name(n.op));
       b.set_loc(n.loc);
       b.set_scope(n.scope);
       std::vector<ValueId> inputs;
@@ -179,9 +178,12 @@ class Deriver {
         NAPKIN_INTERNAL_CHECK(it != setup_.end(), "derive_inference: %{} read before it is built", x);
         inputs.push_back(it->second);
       }
-      ValueId v = b.must(b.add(n.op, inputs, n.attrs));
-      b.rename_dims(v, in_.value(n.out()).type.dims);
-      setup_[n.out()] = v;
+      const ValueId v = b.must(b.add(n.op, inputs, n.attrs));
+      for (size_t i = 0; i < n.outputs.size(); ++i) {  // every output (top_k's values and indices)
+        const ValueId made = out_.node(out_.value(v).producer).outputs[i];
+        b.rename_dims(made, in_.value(n.outputs[i]).type.dims);
+        setup_[n.outputs[i]] = made;
+      }
     }
   }
 

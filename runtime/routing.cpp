@@ -2,36 +2,29 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
 
 #include "runtime/error.h"
-#include "runtime/float_formats.h"
+#include "runtime/gemm_element.h"
 
 namespace napkin::runtime {
 
 namespace {
 
-template <class S, class A>
-struct Widen {
-  static A load(S x) { return static_cast<A>(x); }
-};
-struct Bf16 {
-  static float load(uint16_t x) { return bf16_bits_to_float(x); }
-};
-struct F16 {
-  static float load(uint16_t x) { return f16_bits_to_float(x); }
-};
-
 // Rows [begin, end) of x (every axis but the last, row-major), each by an
 // odometer over the leading axes: its k winners by a partial sort of the
 // row's indices under "a beats b": a NaN beats a number, else the larger,
-// and between equals (or two NaNs) the lower index.
-template <class S, class A, class L>
-void top_k_rows(const TopKDesc& d, const S* x, S* values, int32_t* indices, int64_t begin, int64_t end) {
+// and between equals (or two NaNs) the lower index. A widens x's elements
+// exactly (f32 for f32, bf16 and f16; f64 for f64); the values are copied
+// as stored.
+template <class A>
+void top_k_rows(const TopKDesc& d, GemmType type, const char* x, char* values, int32_t* indices, int64_t begin,
+                int64_t end) {
   const int lead = static_cast<int>(d.sizes.size()) - 1;
-  const int64_t n = d.sizes.back(), step = d.x_strides.back();
+  const int64_t n = d.sizes.back(), step = d.x_strides.back(), size = static_cast<int64_t>(gemm_type_bytes(type));
   std::vector<int64_t> idx(static_cast<size_t>(lead), 0);
   int64_t rest = begin;
   for (int i = lead - 1; i >= 0; --i) idx[i] = rest % d.sizes[i], rest /= d.sizes[i];
@@ -45,11 +38,11 @@ void top_k_rows(const TopKDesc& d, const S* x, S* values, int32_t* indices, int6
   for (int64_t r = begin; r < end; ++r) {
     int64_t xo = 0;
     for (int i = 0; i < lead; ++i) xo += idx[i] * d.x_strides[i];
-    for (int64_t j = 0; j < n; ++j) row[j] = L::load(x[xo + j * step]);
+    for (int64_t j = 0; j < n; ++j) row[j] = load_element<A>(type, x, xo + j * step);
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + d.k, order.end(), beats);
     for (int64_t j = 0; j < d.k; ++j) {
-      values[r * d.k + j] = x[xo + order[j] * step];
+      std::memcpy(values + (r * d.k + j) * size, x + (xo + order[j] * step) * size, static_cast<size_t>(size));
       indices[r * d.k + j] = order[j];
     }
     for (int i = lead - 1; i >= 0; --i) {
@@ -76,18 +69,13 @@ void check_top_k(const TopKDesc& d, DType dtype) {
 void top_k(const TopKDesc& d, DType dtype, const void* x, void* values, int32_t* indices, ThreadPool& pool) {
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < d.sizes.size(); ++i) rows *= d.sizes[i];
-  auto run_as = [&]<class S, class A, class L>() {
-    pool.parallel_for(rows, [&](int64_t begin, int64_t end) {
-      top_k_rows<S, A, L>(d, static_cast<const S*>(x), static_cast<S*>(values), indices, begin, end);
-    });
-  };
-  switch (dtype) {
-    case DType::F32: return run_as.operator()<float, float, Widen<float, float>>();
-    case DType::F64: return run_as.operator()<double, double, Widen<double, double>>();
-    case DType::BF16: return run_as.operator()<uint16_t, float, Bf16>();
-    case DType::F16: return run_as.operator()<uint16_t, float, F16>();
-    default: throw Error("top_k: unsupported dtype " + std::string(dtype_name(dtype)));
-  }
+  const GemmType type = gemm_type(dtype);
+  pool.parallel_for(rows, [&](int64_t begin, int64_t end) {
+    const auto* in = static_cast<const char*>(x);
+    auto* out = static_cast<char*>(values);
+    if (type == GemmType::F64) top_k_rows<double>(d, type, in, out, indices, begin, end);
+    else top_k_rows<float>(d, type, in, out, indices, begin, end);
+  });
 }
 
 void check_moe_slots(const MoeSlotsDesc& d) {

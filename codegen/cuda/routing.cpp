@@ -7,10 +7,10 @@
 //             the order, and before every other such). O(k·n) per row and
 //             no memory but registers: routing's rows are short (n = the
 //             experts) and k small. Values are copied as stored.
-//  moe_slots  one thread does the whole choice-major scan, O(T·k): each slot
-//             depends on every assignment before it in that order, and T·k
-//             (a micro-batch's tokens times k) is small next to the expert
-//             GEMMs around it. It checks every index first (NAPKIN_BAD_INDEX
+//  moe_slots  one thread (thread 0 of one warp) does the whole choice-major
+//             scan, O(T·k): each slot depends on every assignment before it
+//             in that order, and T·k (a micro-batch's tokens times k) is
+//             small next to the expert GEMMs around it. It checks every index first (NAPKIN_BAD_INDEX
 //             and nothing written for one outside [0, E)), then fills src
 //             with 0, counts each expert's assignments in `counts` itself
 //             (exact: the op's rule keeps T·k within f32's integers), and
@@ -67,7 +67,8 @@ EmittedKernel emit_moe_slots(const Kernel& k, int index) {
   const int64_t tokens = ids.sizes.at(0), picks = ids.sizes.at(1);
   const std::string id = fmt::format("t * {}LL + j * {}LL", ids.strides.at(0), ids.strides.at(1));
   Src s;
-  begin_kernel(s, k.name, 1);
+  begin_kernel(s, k.name, 32);  // one warp, launches' smallest block; its thread 0 scans
+  s.line("if (threadIdx.x != 0) return;");
   s.open("for (long long t = 0; t < {}LL; ++t) {{", tokens);
   s.open("for (long long j = 0; j < {}LL; ++j) {{", picks);
   s.line("const long long e = (long long){};", load(ids, id));
@@ -93,7 +94,7 @@ EmittedKernel emit_moe_slots(const Kernel& k, int index) {
   s.close();
   s.close();
   s.close();
-  return {s.take(), {{k.name, 1, 1, 0, {}}}, 0};
+  return {s.take(), {{k.name, 1, 32, 0, {}}}, 0};
 }
 
 }  // namespace napkin::codegen::cuda::detail

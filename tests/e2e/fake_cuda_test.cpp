@@ -485,6 +485,24 @@ TEST_CASE("fake cuda: a Llama whose q and k are turned by standalone rope kernel
   check_close(cpu, cuda, 1e-4);
 }
 
+// top_k (codegen/cuda/routing.cpp: a thread per row) in a byte LM
+// (tests/e2e/data/top_k_lm.yaml), its VJP (i32 arange, mul, add, a
+// scatter-add) in the backward: the CUDA trainer loads the kernel's launches
+// and trains as the CPU's.
+TEST_CASE("fake cuda: a model with top_k trains on the fake GPU as on the CPU") {
+  TempDir dir("fakecuda-top-k");
+  const std::string model = std::string(NAPKIN_SOURCE_DIR) + "/tests/e2e/data/top_k_lm.yaml";
+  Trainers t = build_both(model, "batch=2,seq=16", dir);
+  Run program = sh(t.cuda + " --print-program");
+  REQUIRE(program.status == 0);
+  const nlohmann::json parsed = nlohmann::json::parse(program.out);
+  int top_k = 0;
+  for (const auto& k : parsed.at("kernels")) top_k += k.at("kind") == "top_k";
+  CHECK(top_k == 1);
+  const std::string flags = fmt::format("{} {} --steps 4 --quiet", kCommon, kGptData);
+  check_close(train(t.cpu + " " + flags, dir, "cpu"), train_cuda(t, flags, dir, "cuda"), 1e-4);
+}
+
 // tests/models/llama-rope-op.yaml as written: its ropes of q and k move into
 // the attention (passes/fuse_rope), whose CUDA kernels rotate the q and k
 // tiles as they load them and dq, dk back, NVRTC-compiled and run on the fake GPU.

@@ -20,6 +20,7 @@
 
 #include "codegen/cuda/kernel_source.h"
 #include "codegen/plan.h"
+#include "support/routing_graph.h"
 #include "support/test_models.h"
 
 #include "codegen/cuda/nvrtc_compile.h"
@@ -152,6 +153,19 @@ TEST_CASE("cuda source: every model's loop kernels have launches and compile wit
       CHECK(r.cubin.size() > 0);
       CHECK(r.ptx.find(".target sm_90") != std::string::npos);
     }
+  }
+}
+
+TEST_CASE("cuda source: the routing kernels (top_k, moe_slots) have launches and compile with NVRTC for sm_90") {
+  for (DType dtype : {DType::F32, DType::F64}) {
+    const napkin::ir::Graph g = napkin::testing::routing_training_graph(dtype, napkin::ir::PrecisionPolicy::FP32);
+    KernelPlan plan = napkin::codegen::plan_kernels(g);
+    CudaSource src = emit_cuda_source(plan, "routing");
+    check_source(plan, src, "routing");
+    CHECK(src.text.find("napkin_top_k_beats(v, c, best_v, best)") != std::string::npos);
+    napkin::codegen::cuda::NvrtcOptions options;
+    options.use_cache = false;
+    CHECK(napkin::codegen::cuda::nvrtc_compile(src.text, "routing", options).cubin.size() > 0);
   }
 }
 

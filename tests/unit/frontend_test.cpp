@@ -296,6 +296,36 @@ loss: mean(y)
   CHECK(ir::to_string(g.value(ropes[1]->out()).type) == ir::to_string(g.value(ropes[1]->in(0)).type));
 }
 
+TEST_CASE("top_k(x, k): the k largest values of each row along the last axis, k by position, keyword or dim") {
+  ir::Graph g = compile(std::string(kHeader) + R"yaml(
+dims: {batch: 3, experts: 8, k: 2}
+inputs: {x: {shape: [batch, experts]}}
+forward:
+  - a: top_k(x, 2)
+  - b: top_k(x=x, k=k)
+  - c: top_k(x * 2, k + 1)
+loss: mean(a * b) + mean(c)
+)yaml");
+  std::vector<const ir::Node*> picks;
+  for (ir::NodeId id : g.schedule())
+    if (g.node(id).op == ir::Op::TopK) picks.push_back(&g.node(id));
+  REQUIRE(picks.size() == 3);
+  CHECK(picks[0]->attrs.get_int("k") == 2);
+  CHECK(picks[1]->attrs.get_int("k") == 2);
+  CHECK(picks[2]->attrs.get_int("k") == 3);
+  CHECK(ir::to_string(g.value(picks[0]->out(0)).type) == "f32[batch=3, 2]");
+  CHECK(ir::to_string(g.value(picks[0]->out(1)).type) == "i32[batch=3, 2]");
+  const std::string out = compile_errors(std::string(kHeader) + R"yaml(
+inputs: {x: {shape: [3, 4]}, ids: {shape: [3, 4], dtype: i32}}
+forward:
+  - a: top_k(x, 1.5)
+  - b: top_k(ids, 1)
+loss: mean(a) + mean(cast(b, f32))
+)yaml");
+  CHECK(out.find("top_k: k") != std::string::npos);
+  CHECK(out.find("top_k needs a floating-point input, got i32") != std::string::npos);
+}
+
 TEST_CASE("rope: a rotated axis of odd length through axis=, a float positions tensor and a rank-1 operand are errors") {
   const std::string out = compile_errors(std::string(kHeader) + R"yaml(
 dims: {s: 4, d: 6, e: 3}

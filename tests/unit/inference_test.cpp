@@ -327,6 +327,37 @@ TEST_CASE("inference: a standalone rope gets the phase's positions: the interpre
   CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 1e-4) >= 6);
 }
 
+TEST_CASE("inference: top_k works position by position: the interpreter's greedy text on every prompt path") {
+  // tests/e2e/data/top_k_lm.yaml: each phase rebuilds top_k with both its
+  // outputs (values and indices) at the phase's length.
+  Decoder d(lowered("tests/e2e/data/top_k_lm.yaml", {{"batch", 2}, {"seq", 12}}));
+  int picks = 0;
+  for (ir::NodeId id : d.step->g.schedule()) picks += d.step->g.node(id).op == ir::Op::TopK;
+  CHECK(picks == 2);  // prefill and decode
+  const std::vector<int64_t> prompt = {7, 3, 12};
+  const std::vector<int64_t> by_prefill = greedy_text(d, prompt, runtime::PromptPath::Prefill);
+  CHECK(greedy_text(d, prompt, runtime::PromptPath::Steps) == by_prefill);
+  CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 1e-4) >= 6);
+}
+
+TEST_CASE("inference: a moe() layer is rebuilt at each phase's tokens, every token routed: the interpreter's greedy text on every prompt path") {
+  // models/moe.yaml at capacity factor 1 (the training step drops pairs): a
+  // phase routes all of its batch * length tokens (C = T), so a token's
+  // result does not depend on the others and the decode steps agree with
+  // the prefill.
+  Decoder d(lowered("models/moe.yaml", {{"batch", 2}, {"seq", 12}, {"vocab", 32}, {"d", 16}, {"heads", 2},
+                                        {"kv_heads", 1}, {"experts", 4}, {"expert_hidden", 8}, {"layers", 2},
+                                        {"capacity_percent", 100}}));
+  std::vector<int64_t> capacities;
+  for (ir::NodeId id : d.step->g.schedule())
+    if (d.step->g.node(id).op == ir::Op::MoeSlots) capacities.push_back(d.step->g.node(id).attrs.get_int("capacity"));
+  CHECK(capacities == std::vector<int64_t>{24, 24, 2, 2});  // prefill: 2 x 12 tokens; decode: 2 x 1
+  const std::vector<int64_t> prompt = {7, 3, 12};
+  const std::vector<int64_t> by_prefill = greedy_text(d, prompt, runtime::PromptPath::Prefill);
+  CHECK(greedy_text(d, prompt, runtime::PromptPath::Steps) == by_prefill);
+  CHECK(interpreter_agrees(d, by_prefill, prompt.size(), 1e-4) >= 6);
+}
+
 TEST_CASE("inference: a mixed-precision model's weight casts are computed before a prompt that goes in by decode steps") {
   // lm-gqa is bf16-mixed: its decode step reads the weights cast to bf16
   // once, by the program's setup, not by each step nor only by the prefill.

@@ -1,6 +1,7 @@
 // top_k and moe_slots in the IR (ir/loop.h TopKParams, MoeSlotsParams): their
 // shape and dtype rules (results in the documented order, the user's
-// mistakes as messages that say what to do) and their cost rows.
+// mistakes as messages that say what to do), their cost rows, and that
+// autodiff sends no gradient into moe_slots' f32 counts.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -8,6 +9,7 @@
 #include "ir/builder.h"
 #include "ir/graph.h"
 #include "ir/op.h"
+#include "support/test_models.h"
 
 namespace napkin {
 namespace {
@@ -85,6 +87,31 @@ TEST_CASE("top_k and moe_slots cost no FLOPs: they read their operand and write 
   CHECK(s.flops == 0);
   CHECK(s.bytes_read == 4 * 2 * 4);
   CHECK(s.bytes_written == (4 * 2 + 3 * 2) * 4 + 3 * 4);
+}
+
+// SPEC41: counts is f32 but data. Autodiff marks the float outputs of a node
+// with an input that depends on a parameter; moe_slots' input is integer, so
+// a loss that reads counts (here as an embedding table) sends no gradient
+// into it: the only scatter-add of the backward is top_k's VJP.
+TEST_CASE("moe_slots: its f32 counts get no gradient, though a loss reads them as a table") {
+  ir::Graph g;
+  ir::Builder b(g);
+  const ir::ValueId w = g.add_param("w", type({{4, ""}, {3, ""}}, DType::F32), {}, {});
+  const ir::ValueId values = b.must(b.add(Op::TopK, {w}, {{"k", int64_t{2}}}));
+  const ir::ValueId indices = g.node(g.value(values).producer).out(1);
+  const ir::ValueId pos = b.must(b.add(Op::MoeSlots, {indices}, {{"experts", int64_t{3}}, {"capacity", int64_t{2}}}));
+  const ir::ValueId counts = g.node(g.value(pos).producer).out(2);
+  const ir::ValueId table = b.must(b.reshape(counts, {{3, ""}, {1, ""}}));
+  const ir::ValueId count = b.must(b.reshape(b.must(b.add(Op::Embedding, {table, indices})), {{4, ""}, {2, ""}}));
+  const ir::ValueId loss = b.must(b.add(Op::ReduceSum, {b.must(b.add(Op::Mul, {values, count}))},
+                                        {{"axes", std::vector<int64_t>{0, 1}}, {"keepdims", int64_t{0}}}));
+  g.outputs = {{"loss", loss}};
+  testing::differentiate(g);
+  int scatters = 0;
+  for (ir::NodeId id : g.schedule())
+    if (g.node(id).phase == ir::Phase::Backward) scatters += g.node(id).op == Op::EmbeddingGrad;
+  CHECK(scatters == 1);
+  CHECK(g.find_output("grad.w") != ir::kNoValue);
 }
 
 }  // namespace
