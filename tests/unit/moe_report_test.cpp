@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "analysis/cost.h"
@@ -16,6 +17,7 @@
 #include "analysis/memory.h"
 #include "analysis/moe.h"
 #include "analysis/step_time.h"
+#include "report/distributed_report.h"
 #include "report/moe_report.h"
 #include "report/report.h"
 #include "support/test_io.h"
@@ -279,11 +281,27 @@ TEST_CASE("distributed: expert parallelism adds 4 all-to-alls a moe() layer a mi
     CHECK(e.step.grads == doctest::Approx(plain.grads - moe.expert_grad_bytes / 2.0));
     CHECK(e.step.optimizer_state == doctest::Approx(plain.optimizer_state - moe.expert_state_bytes / 2.0));
     CHECK(e.step.peak < plain.peak);
+    // The row under the ZeRO stages, and its line; the JSON.
+    const std::string text = report::distributed_section_text(d, 12);
+    INFO(text);
+    CHECK(text.find("  expert parallel ") != std::string::npos);
+    CHECK(text.find(fmt::format("expert parallel      2 experts of each moe() layer a rank; {} all-to-alls a step (1 moe() "
+                                "layer x 4 (dispatch, combine, forward and backward) x {} micro-batch",
+                                4 * micro_batches, micro_batches)) != std::string::npos);
+    const nlohmann::json j = report::distributed_json(d, 12).at("expert_parallel");
+    CHECK(j.at("possible") == true);
+    CHECK(j.at("all_to_alls") == 4 * micro_batches);
+    CHECK(j.at("all_to_all_bytes_per_rank").get<double>() == doctest::Approx(e.all_to_all_bytes));
+    CHECK(j.at("peak_bytes").get<double>() == doctest::Approx(e.step.peak));
   }
   const analysis::DistributedStep odd = analysis::predict_distributed(g, time, memory, cost.total.flops, peak, {3, &link});
   REQUIRE(odd.expert_parallel.has_value());
   CHECK_FALSE(odd.expert_parallel->possible);
   CHECK(odd.expert_parallel->why_not == "4 experts do not divide over 3 ranks");
+  CHECK(report::distributed_section_text(odd, 12).find("expert parallel      not possible: 4 experts do not divide over 3 ranks") !=
+        std::string::npos);
+  CHECK(report::distributed_json(odd, 12).at("expert_parallel") ==
+        nlohmann::json{{"possible", false}, {"reason", "4 experts do not divide over 3 ranks"}});
   // Without moe() layers: no expert-parallel figures.
   const ir::Graph plain = testing::compile_training(expert_model(kDims, "", "embedding(x, src)"));
   const analysis::StepCost plain_cost = analysis::analyze_step(plain, &h100);
