@@ -40,6 +40,8 @@ KernelKind node_kind(const ir::Graph& g, const ir::Node& n) {
     case ir::LoopKind::CachedAttention: return KernelKind::CachedAttention;
     case ir::LoopKind::Rope: return KernelKind::Rope;
     case ir::LoopKind::Collective: return KernelKind::Collective;
+    case ir::LoopKind::TopK: return KernelKind::TopK;
+    case ir::LoopKind::MoeSlots: return KernelKind::MoeSlots;
     case ir::LoopKind::View: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a view has no kernel (node {})", n.id);
@@ -114,6 +116,8 @@ KernelClass kernel_class(const ir::Graph& g, const StepKernel& k) {
     case KernelKind::Classifier: return KernelClass::Matmul;
     case KernelKind::Rope: return KernelClass::Elementwise;  // a pass over x, memory-bound
     case KernelKind::Collective: return KernelClass::Elementwise;  // a copy on one device (the ranks' part is the runtime's)
+    case KernelKind::TopK:
+    case KernelKind::MoeSlots: return KernelClass::Elementwise;  // comparisons and counts over small rows, memory-bound
   }
   return KernelClass::Elementwise;
 }

@@ -42,6 +42,8 @@ enum class KernelKind : uint8_t {
   CachedAttention,   // attention against a KV cache (inference): Kernel::cached_attention()
   Rope,              // rotary position embeddings of one tensor: Kernel::rope()
   Collective,        // all_reduce_sum, all_gather, reduce_scatter: the input copied to the output, the ranks' part the runtime's (ir/loop.h)
+  TopK,              // top_k: each row's k largest values and their indices: Kernel::top_k()
+  MoeSlots,          // moe_slots: the experts' slots of each token's choices: Kernel::moe_slots()
 };
 
 // What a kernel does, for grouping measured and predicted time (docs/report.md,

@@ -363,6 +363,7 @@ KernelPlan plan_kernels(const ir::Graph& g) {
       k = fused_kernel(g, arena, *fg);
     } else {
       NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1 || step.kind == KernelKind::Attention || step.kind == KernelKind::Classifier ||
+                                step.kind == KernelKind::TopK || step.kind == KernelKind::MoeSlots ||
                                 n.op == ir::Op::LayerNormGrad || n.op == ir::Op::RMSNormGrad,
                             "a kernel node must have one output");
       k = node_kernel(g, arena, n);

@@ -124,7 +124,8 @@ struct Kernel {
   Operand output;
   // The outputs after `output`, for the kinds that write more than one:
   // Attention's lse (forward) or dk, dv (backward), the classifier's lse
-  // (forward) or dw (backward); empty otherwise.
+  // (forward) or dw (backward), top_k's indices, moe_slots' src and counts;
+  // empty otherwise.
   std::vector<Operand> extra_outputs;
   // A contraction (matmul, einsum): every loop axis with its strides in the
   // inputs and the output; empty for other ops.
@@ -170,6 +171,8 @@ struct Kernel {
   const ir::ClassifierParams& classifier() const { return std::get<ir::ClassifierParams>(params); }
   const ir::RopeParams& rope() const { return std::get<ir::RopeParams>(params); }
   const ir::CollectiveParams& collective() const { return std::get<ir::CollectiveParams>(params); }
+  const ir::TopKParams& top_k() const { return std::get<ir::TopKParams>(params); }
+  const ir::MoeSlotsParams& moe_slots() const { return std::get<ir::MoeSlotsParams>(params); }
 };
 
 struct UpdateCopy {

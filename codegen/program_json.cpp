@@ -172,6 +172,32 @@ runtime::CollectiveSpec collective_spec(const Kernel& k) {
           .wait = k.wait_kernel};
 }
 
+// A TopK kernel: x's sizes and strides (any), the values and indices contiguous.
+runtime::TopKSpec top_k_spec(const Kernel& k) {
+  const Operand& x = k.inputs.at(0);
+  NAPKIN_INTERNAL_CHECK(k.extra_outputs.size() == 1 && k.extra_outputs[0].contiguous(), "top_k kernel {}: its indices",
+                        k.name);
+  runtime::TopKSpec s;
+  s.dtype = runtime_dtype(x.dtype);
+  s.desc.sizes = x.sizes, s.desc.x_strides = x.strides, s.desc.k = k.top_k().k;
+  s.x = x.byte_offset, s.values = k.output.byte_offset, s.indices = k.extra_outputs[0].byte_offset;
+  return s;
+}
+
+// A MoeSlots kernel: the indices [T, k] by their strides, the results contiguous.
+runtime::MoeSlotsSpec moe_slots_spec(const Kernel& k) {
+  const Operand& indices = k.inputs.at(0);
+  NAPKIN_INTERNAL_CHECK(k.extra_outputs.size() == 2 && k.extra_outputs[0].contiguous() && k.extra_outputs[1].contiguous(),
+                        "moe_slots kernel {}: its src and counts", k.name);
+  const ir::MoeSlotsParams& p = k.moe_slots();
+  runtime::MoeSlotsSpec s;
+  s.desc = {.tokens = indices.sizes.at(0), .k = indices.sizes.at(1), .experts = p.experts, .capacity = p.capacity,
+            .index_strides = indices.strides};
+  s.indices = indices.byte_offset, s.pos = k.output.byte_offset;
+  s.src = k.extra_outputs[0].byte_offset, s.counts = k.extra_outputs[1].byte_offset;
+  return s;
+}
+
 // The names of parameters by their index in g.params.
 std::vector<std::string> param_names(const ir::Graph& g, const std::vector<int>& params) {
   std::vector<std::string> out;
@@ -202,6 +228,8 @@ runtime::KernelPayload payload(const ir::Graph& g, const Kernel& k, const Launch
     case KernelKind::CachedAttention: return cached_attention_spec(k);
     case KernelKind::Rope: return rope_spec(k);
     case KernelKind::Collective: return collective_spec(k);
+    case KernelKind::TopK: return top_k_spec(k);
+    case KernelKind::MoeSlots: return moe_slots_spec(k);
     case KernelKind::Fill:
     case KernelKind::Elementwise:
     case KernelKind::FusedElementwise:

@@ -237,6 +237,8 @@ std::vector<Data> eval_node(const ir::Node& n, const std::vector<Arg>& in, const
     case ir::LoopKind::Rope: return one(rope(std::get<ir::RopeParams>(params), in[0], in.size() > 1 ? &in[1] : nullptr));
     // One process is a job of one rank: the sum over its ranks is its value.
     case ir::LoopKind::Collective: return one(in[0].data);
+    case ir::LoopKind::TopK: return top_k(std::get<ir::TopKParams>(params), in[0]);
+    case ir::LoopKind::MoeSlots: return moe_slots(n, std::get<ir::MoeSlotsParams>(params), in[0]);
     case ir::LoopKind::Classifier:
       return std::get<ir::ClassifierParams>(params).backward ? linear_cross_entropy_grad(n, in, native)
                                                             : linear_cross_entropy(n, in, native);

@@ -66,6 +66,11 @@ std::vector<Data> cached_attention(const ir::Node& n, const ir::CachedAttentionP
 Data rope(const ir::RopeParams& p, const Arg& x, const Arg* positions);
 // The runtime's description of the rotation p makes of rows of `dim` elements.
 runtime::RopeDesc rope_desc(const ir::RopeParams& p, int64_t dim);
+// top_k by its definition (ir/loop.h TopKParams): {values, indices}.
+std::vector<Data> top_k(const ir::TopKParams& p, const Arg& x);
+// moe_slots by its definition (ir/loop.h MoeSlotsParams): {pos, src, counts};
+// throws for an index outside [0, experts).
+std::vector<Data> moe_slots(const ir::Node& n, const ir::MoeSlotsParams& p, const Arg& indices);
 // The fused classifier by its definition (ir/loop.h), every logit of a row at
 // once: (x, w, targets) -> {loss, lse}; (x, w, targets, lse, dloss) -> {dx, dw}.
 // `native` rounds the logits and their gradient to x's dtype.

@@ -40,13 +40,6 @@ RowStats row_stats(const double* p, int64_t d, double eps, bool centered) {
   return {mean, 1.0 / std::sqrt(ss / static_cast<double>(d) + eps)};
 }
 
-// A class or row id, checked against [0, bound).
-int64_t checked_id(const ir::Node& n, double id, int64_t bound, const char* what) {
-  if (!(id >= 0 && id < static_cast<double>(bound)))
-    fail(n, fmt::format("{} {} is out of range [0, {})", what, id, bound));
-  return static_cast<int64_t>(id);
-}
-
 }  // namespace
 
 Data softmax(const Arg& x, int64_t axis, bool log) {

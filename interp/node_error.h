@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -16,6 +17,13 @@ namespace napkin::interp::detail {
   std::string where = fmt::format("node {}", n.id);
   if (n.loc.known()) where += fmt::format(", {}:{}", *n.loc.file, n.loc.line);
   throw std::runtime_error(fmt::format("{} ({}): {}", ir::op_name(n.op), where, what));
+}
+
+// A class, row or expert id, checked against [0, bound).
+inline int64_t checked_id(const ir::Node& n, double id, int64_t bound, const char* what) {
+  if (!(id >= 0 && id < static_cast<double>(bound)))
+    fail(n, fmt::format("{} {} is out of range [0, {})", what, id, bound));
+  return static_cast<int64_t>(id);
 }
 
 }  // namespace napkin::interp::detail

@@ -30,6 +30,8 @@ enum class LoopKind : uint8_t {
   CachedAttention,  // attention of new rows against a KV cache they are first written into (CachedAttentionParams)
   Rope,         // pairs along one axis rotated by their position's angles (ir/rope.h RopeParams)
   Collective,   // what the ranks of a job compute together (CollectiveParams): here, a copy; the runtime does the rest
+  TopK,         // the k largest of each row along the last axis and their indices (TopKParams)
+  MoeSlots,     // each token's expert choices placed in the experts' slots, choice-major, past capacity dropped (MoeSlotsParams)
 };
 
 // What an elementwise op reads of its element's position besides its
@@ -198,7 +200,35 @@ struct CollectiveParams {
   bool operator==(const CollectiveParams&) const = default;
 };
 
+// top_k (attr k): x [..., n] floating -> (values [..., k] in x's dtype,
+// indices i32 [..., k]) along the last axis: each row's k largest values in
+// descending order, ties to the lower index (a NaN counts as larger than any
+// number, so a row with one puts it first, as torch.topk does). Its VJP
+// scatters dvalues back at the indices (ir/vjp.cpp); the indices get none.
+struct TopKParams {
+  int64_t k = 1;
+  bool operator==(const TopKParams&) const = default;
+};
+
+// moe_slots (attrs experts E, capacity C): the slots of a mixture of
+// experts' dispatch buffer [E, C, ...] that its T tokens' k expert choices
+// fill (GShard's and Switch's capacity rule). indices i32 [T, k] (token t's
+// j-th choice, in [0, E)) ->
+//   pos    i32 [T, k]: e * C + slot, or -1 where the assignment was dropped
+//   src    i32 [E, C]: the token filling slot (e, c), or 0 for an empty slot
+//                      (whose expert row is computed and never read)
+//   counts f32 [E]:    assignments to e over all (t, j), before capacity
+// Slots fill choice-major (every token's first choice before any token's
+// second), then in token order; an assignment to an expert whose C slots are
+// full is dropped. An index outside [0, E) is a runtime error (as
+// embedding's bad id). Integer results and counts of them: no gradient.
+struct MoeSlotsParams {
+  int64_t experts = 1, capacity = 1;
+  bool operator==(const MoeSlotsParams&) const = default;
+};
+
 using LoopParams = std::variant<std::monostate, FillParams, ReductionParams, ContractionParams, ConcatParams, RowParams,
-                                AttentionParams, ClassifierParams, CachedAttentionParams, RopeParams, CollectiveParams>;
+                                AttentionParams, ClassifierParams, CachedAttentionParams, RopeParams, CollectiveParams,
+                                TopKParams, MoeSlotsParams>;
 
 }  // namespace napkin::ir

@@ -75,6 +75,8 @@ LoopParams loop_params(Op op, const Attrs& a) {
     case LoopKind::Classifier: return ClassifierParams{op == Op::LinearCrossEntropyGrad};
     case LoopKind::CachedAttention: return CachedAttentionParams{a.get_double("scale"), attention_rope(a)};
     case LoopKind::Rope: return rope_params(a);
+    case LoopKind::TopK: return TopKParams{a.get_int("k")};
+    case LoopKind::MoeSlots: return MoeSlotsParams{a.get_int("experts"), a.get_int("capacity")};
   }
   return std::monostate{};
 }

@@ -42,6 +42,7 @@ enum class OpClass : uint8_t {
   Attention,      // softmax(scale q kᵀ) v as one kernel that stores no scores (ir/loop.h)
   Classifier,     // cross_entropy(x wᵀ, targets) in vocabulary chunks: no logits stored (ir/loop.h)
   Rotary,         // rope: pairs of elements along one axis turned by their position's angles (ir/rope.h)
+  Routing,        // top_k, moe_slots: which rows go where (mixture of experts), integer results (ir/loop.h)
   Collective,     // what the ranks of a job compute together (all_reduce_sum, all_gather, reduce_scatter: ir/loop.h)
 };
 std::string_view op_class_name(OpClass c);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <numeric>
 
@@ -810,6 +811,68 @@ InferResult infer_parameter_collective(const Inputs& in, const Attrs&) {
   return InferResult::of(*in[0]);
 }
 
+// top_k(x [..., n]) {k} -> (values [..., k] in x's dtype, indices i32 [..., k]):
+// ir/loop.h's TopKParams, along the last axis.
+InferResult infer_top_k(const Inputs& in, const Attrs& a) {
+  const TensorType& x = *in[0];
+  if (auto r = require_float("top_k", x); !r.ok()) return r.blaming(0);
+  if (x.rank() < 1)
+    return InferResult::fail("top_k needs at least one axis: it picks along the last one, got a scalar",
+                             "apply it to a vector or to rows, e.g. router logits [tokens, experts]").blaming(0);
+  const Dim& last = x.dims.back();
+  const int64_t k = a.get_int("k");
+  if (k < 1 || k > last.size)
+    return InferResult::fail(fmt::format("top_k: k = {} is outside [1, {}], the size of the last axis of {}", k,
+                                         last.size, to_string(x)),
+                             fmt::format("k counts the values picked from each row along {}: 1 to {}",
+                                         describe_dim(last), last.size));
+  if (last.size > std::numeric_limits<int32_t>::max())
+    return InferResult::fail(fmt::format("top_k: the last axis of {} is too long for i32 indices", to_string(x)),
+                             "pick along a shorter axis").blaming(0);
+  TensorType values = x;
+  values.dims.back() = {k, ""};
+  TensorType indices = values;
+  indices.dtype = DType::I32;
+  InferResult r = InferResult::of(values);
+  r.outputs.push_back(indices);
+  return r;
+}
+
+// moe_slots(indices i32 [T, k]) {experts E, capacity C} -> (pos i32 [T, k],
+// src i32 [E, C], counts f32 [E]): ir/loop.h's MoeSlotsParams. The frontend's
+// moe() makes it from top_k's indices and checks E and C where the user wrote them.
+InferResult infer_moe_slots(const Inputs& in, const Attrs& a) {
+  const TensorType& indices = *in[0];
+  if (indices.dtype != DType::I32 || indices.rank() != 2)
+    return InferResult::fail(fmt::format("moe_slots takes i32 expert indices [tokens, k], got {}", to_string(indices)),
+                             "give it top_k's indices of the router's rows").blaming(0);
+  const int64_t experts = a.get_int("experts"), capacity = a.get_int("capacity");
+  if (experts < 1 || capacity < 1)
+    return InferResult::fail(fmt::format("moe_slots needs at least one expert and one slot each, got {} experts of "
+                                         "capacity {}", experts, capacity),
+                             "a positive number of experts and a positive capacity factor");
+  if (experts > std::numeric_limits<int32_t>::max() / capacity)
+    return InferResult::fail(fmt::format("moe_slots: {} experts of {} slots are too many slots for i32 positions",
+                                         experts, capacity),
+                             "lower the capacity factor or the number of tokens per step");
+  // counts holds whole numbers of assignments, exact in f32 up to 2^24.
+  if (indices.numel() > (int64_t{1} << 24))
+    return InferResult::fail(fmt::format("moe_slots: {} routed assignments are more than f32 counts exactly (2^24)",
+                                         indices.numel()),
+                             "route fewer tokens per step: a smaller micro-batch").blaming(0);
+  TensorType pos = indices;
+  TensorType src;
+  src.dtype = DType::I32;
+  src.dims = {{experts, ""}, {capacity, ""}};
+  TensorType counts;
+  counts.dtype = DType::F32;
+  counts.dims = {{experts, ""}};
+  InferResult r = InferResult::of(pos);
+  r.outputs.push_back(src);
+  r.outputs.push_back(counts);
+  return r;
+}
+
 // ---- cost rules --------------------------------------------------------------
 
 // Bytes of the distinct elements a value reads from its buffer: a broadcast
@@ -1172,6 +1235,11 @@ const OpInfo kRows[] = {
     // per element (docs/report.md, "rope"). In its operand's dtype, as
     // transformers' rotation of bf16 q and k under autocast.
     ROW(Rope, Rope, infer_rope, cost_elementwise, 3, 0, FollowsInputs, None),
+    // top_k and moe_slots compare and count: no FLOPs (docs/report.md,
+    // "Routing"); they read their operand and write their results once.
+    // top_k picks in its operand's dtype; moe_slots' operand is integer.
+    ROW(TopK, TopK, infer_top_k, cost_copy, 0, 0, FollowsInputs, None),
+    ROW(MoeSlots, MoeSlots, infer_moe_slots, cost_copy, 0, 0, FollowsInputs, None),
     // Backward rules, counted the same way (docs/report.md derives each):
     // softmax_grad: dy*y, row sum, sub, mul.
     BACKWARD_ROW(SoftmaxGrad, Rows, infer_softmax_grad, cost_per_input_element, 4, 0),
@@ -1257,6 +1325,7 @@ std::string_view op_class_name(OpClass c) {
     case OpClass::Attention: return "attention";
     case OpClass::Classifier: return "classifier";
     case OpClass::Rotary: return "rotary";
+    case OpClass::Routing: return "routing";
     case OpClass::Collective: return "collective";
   }
   return "?";

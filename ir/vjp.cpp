@@ -17,6 +17,7 @@
 #include "ir/vjp.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -471,6 +472,27 @@ Grads vjp_rope(Builder& b, const Node& n, ValueId dy) {
   return grads;
 }
 
+// top_k sends each dvalue to the element it picked, zeros elsewhere: a
+// scatter-add of the R·k rows of dvalues (R: the product of x's leading axes)
+// into the R·n elements of x at the ids indices + n · row, which is the
+// embedding's gradient over a table of R·n rows of one element. A row's k
+// indices are distinct, so nothing adds. Built from existing ops: no kernel of
+// its own. The indices are integers and get no gradient; nor does x through them.
+Grads vjp_top_k(Builder& b, const Node& n, ValueId dvalues) {
+  const TensorType x = type_of(b, n.in(0)), picked = type_of(b, n.out(0));
+  const int64_t row = x.dims.back().size, k = picked.dims.back().size, rows = x.numel() / row;
+  // The ids reach R·n - 1: i32 unless that does not fit.
+  const DType id = rows * row - 1 <= std::numeric_limits<int32_t>::max() ? DType::I32 : DType::I64;
+  ValueId indices = n.out(1);
+  if (id != DType::I32) indices = node(b, Op::Cast, {indices}, {{"dtype", id}});
+  const ValueId row_base = reshape(b, mul(b, node(b, Op::Iota, {}, {{"n", rows}, {"dtype", id}}), scalar(b, double(row), id)),
+                                   {{rows, ""}, {1, ""}});
+  const ValueId ids = reshape(b, add(b, reshape(b, indices, {{rows, ""}, {k, ""}}), row_base), {{rows * k, ""}});
+  const ValueId dy = reshape(b, dvalues, {{rows * k, ""}, {1, ""}});
+  const ValueId dx = node(b, Op::EmbeddingGrad, {dy, ids}, {{"vocab", rows * row}});
+  return {reshape(b, dx, x.dims)};
+}
+
 Grads vjp_layernorm(Builder& b, const Node& n, ValueId dy) {
   ValueId x = n.in(0), gain = n.in(1);
   double eps = n.attrs.get_double("eps");
@@ -565,6 +587,9 @@ VjpFn vjp_rule(Op op) {
     case Op::Attention: return vjp_attention;
     case Op::LinearCrossEntropy: return vjp_linear_cross_entropy;
     case Op::Rope: return vjp_rope;
+    case Op::TopK: return vjp_top_k;
+    // Integer results and counts of them: nothing to send back (its operand is integer).
+    case Op::MoeSlots: return vjp_none;
     // Backward-only ops: napkin differentiates once.
     case Op::SoftmaxGrad: return nullptr;
     case Op::LayerNormGrad: return nullptr;

@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "runtime/error.h"
 #include "runtime/pages.h"
+#include "runtime/routing.h"
 
 namespace napkin::runtime {
 
@@ -105,6 +107,14 @@ void Executor::prepare() {
               // Its table of cos and sin is made here, once.
               [](const RopeSpec& s) -> Runner { return std::make_unique<RopeKernel>(s.desc, s.dtype); },
               [](const CollectiveSpec&) -> Runner { return std::monostate(); },
+              [](const TopKSpec& s) -> Runner {
+                check_top_k(s.desc, s.dtype);
+                return std::monostate();
+              },
+              [](const MoeSlotsSpec& s) -> Runner {
+                check_moe_slots(s.desc);
+                return std::monostate();
+              },
           },
           k.payload));
     } catch (const Error& e) {
@@ -162,6 +172,15 @@ void Executor::run_kernel(int i) {
             [&](const RopeSpec& r) {
               std::get<std::unique_ptr<RopeKernel>>(runner)->run(m + r.x, r.positions >= 0 ? m + r.positions : nullptr,
                                                                 m + r.y, pool_);
+            },
+            [&](const TopKSpec& t) {
+              top_k(t.desc, t.dtype, m + t.x, m + t.values, reinterpret_cast<int32_t*>(m + t.indices), pool_);
+            },
+            [&](const MoeSlotsSpec& s) {
+              const std::optional<int64_t> bad =
+                  moe_slots(s.desc, reinterpret_cast<const int32_t*>(m + s.indices), reinterpret_cast<int32_t*>(m + s.pos),
+                            reinterpret_cast<int32_t*>(m + s.src), reinterpret_cast<float*>(m + s.counts));
+              if (bad) napkin_rt_bad_index(i, *bad, s.desc.experts);  // as an embedding's generated code does
             },
             [&](const CollectiveSpec& c) {
               if (collectives) collectives(c, m + c.x, m + c.y);

@@ -20,6 +20,7 @@
 #include "runtime/classifier.h"
 #include "runtime/matmul_desc.h"
 #include "runtime/rope.h"
+#include "runtime/routing.h"
 #include "runtime/tensor_types.h"
 
 namespace napkin::runtime {
@@ -104,6 +105,25 @@ struct RopeSpec {
   bool operator==(const RopeSpec&) const = default;
 };
 
+// A top_k kernel (runtime/routing.h): its descriptor and where x, the
+// values and the indices start in the arena.
+struct TopKSpec {
+  static constexpr const char* kind = "top_k";
+  DType dtype = DType::F32;  // x's and the values'
+  TopKDesc desc;
+  int64_t x = 0, values = 0, indices = 0;  // byte offsets
+  bool operator==(const TopKSpec&) const = default;
+};
+
+// A moe_slots kernel (runtime/routing.h): its descriptor and where the
+// indices and its three results start in the arena.
+struct MoeSlotsSpec {
+  static constexpr const char* kind = "moe_slots";
+  MoeSlotsDesc desc;
+  int64_t indices = 0, pos = 0, src = 0, counts = 0;  // byte offsets
+  bool operator==(const MoeSlotsSpec&) const = default;
+};
+
 // A collective kernel (ir/loop.h Collective): `count` elements of `dtype`
 // at x copied to y (the same bytes or others), then, where the engine was
 // given collectives (Engine::set_collectives), what the ranks do together:
@@ -149,8 +169,8 @@ struct ClassifierSpec {
   bool operator==(const ClassifierSpec&) const = default;
 };
 
-using KernelPayload =
-    std::variant<LoopSpec, MatmulSpec, AttentionSpec, CachedAttentionSpec, ClassifierSpec, RopeSpec, CollectiveSpec>;
+using KernelPayload = std::variant<LoopSpec, MatmulSpec, AttentionSpec, CachedAttentionSpec, ClassifierSpec, RopeSpec,
+                                   CollectiveSpec, TopKSpec, MoeSlotsSpec>;
 
 // One launch of a CUDA kernel function (backend "cuda"; codegen/cuda/kernel_source.h).
 struct CudaLaunchSpec {

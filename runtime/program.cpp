@@ -35,12 +35,15 @@ std::vector<const TensorSpec*> Program::with_role(TensorRole role) const {
 
 std::string bad_index_message(const Program& program, int64_t kernel, int64_t id, int64_t bound) {
   std::string what = "kernel " + std::to_string(kernel);
+  bool expert = false;
   if (kernel >= 0 && kernel < static_cast<int64_t>(program.kernels.size())) {
     const KernelSpec& k = program.kernels[static_cast<size_t>(kernel)];
     what = k.name + (k.where.empty() ? "" : " at " + k.where);
+    expert = k.as<MoeSlotsSpec>() != nullptr;
   }
   return what + ": id " + std::to_string(id) + " is outside [0, " + std::to_string(bound) +
-         "); check the data's token ids against the model's vocab";
+         (expert ? "); an expert index comes from the router's top_k, so this is a bug in napkin: please report it"
+                 : "); check the data's token ids against the model's vocab");
 }
 
 
@@ -83,6 +86,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RopeDesc, style, dim, theta, factor, low_freq
                                    original_context)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RopeKernelDesc, rope, inverse, sizes, x_strides, axis, seq_axis, explicit_positions,
                                    positions_i64)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TopKDesc, sizes, x_strides, k)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MoeSlotsDesc, tokens, k, experts, capacity, index_strides)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GradientSpec, param, dtype, offset, bytes, ready_after)
 // The learning-rate schedule, fixed in the optimizer's kernels
 // (passes/optimizer.h): its length is train.steps at build time; its lr is train.lr.
@@ -212,6 +217,26 @@ void read(const json& kernel, const std::string&, RopeSpec& s) {
   const json& j = kernel.at("rope");
   s.desc = j;
   s.dtype = j.at("dtype"), s.x = j.at("x"), s.y = j.at("y"), s.positions = j.at("positions");
+}
+
+void write(json& kernel, const TopKSpec& s) {
+  json& j = kernel["top_k"] = s.desc;
+  j.update({{"dtype", s.dtype}, {"x", s.x}, {"values", s.values}, {"indices", s.indices}});
+}
+void read(const json& kernel, const std::string&, TopKSpec& s) {
+  const json& j = kernel.at("top_k");
+  s.desc = j;
+  s.dtype = j.at("dtype"), s.x = j.at("x"), s.values = j.at("values"), s.indices = j.at("indices");
+}
+
+void write(json& kernel, const MoeSlotsSpec& s) {
+  json& j = kernel["moe_slots"] = s.desc;
+  j.update({{"indices", s.indices}, {"pos", s.pos}, {"src", s.src}, {"counts", s.counts}});
+}
+void read(const json& kernel, const std::string&, MoeSlotsSpec& s) {
+  const json& j = kernel.at("moe_slots");
+  s.desc = j;
+  s.indices = j.at("indices"), s.pos = j.at("pos"), s.src = j.at("src"), s.counts = j.at("counts");
 }
 
 void write(json& kernel, const CollectiveSpec& s) {

@@ -132,9 +132,10 @@ struct Program {
   bool operator==(const Program&) const = default;
 };
 
-// What a trainer says when kernel `kernel` met an embedding or class id
-// outside [0, bound): the kernel's name and YAML line, the id, and what to
-// check. Both the CPU runtime and the CUDA one report it so.
+// What a trainer says when kernel `kernel` met an embedding or class id (or
+// a moe_slots kernel an expert index) outside [0, bound): the kernel's name
+// and YAML line, the id, and what to check. Both the CPU runtime and the
+// CUDA one report it so.
 std::string bad_index_message(const Program& program, int64_t kernel, int64_t id, int64_t bound);
 
 // The program as JSON text (what a trainer carries, `napkin build

@@ -38,7 +38,8 @@ llvm::Function* move_body(llvm::Module& from, llvm::Module& into) {
 }
 
 // Whether the CPU runtime runs kernel `k` itself (runtime/executor.cpp's
-// runners: the GEMM library, attention, the classifier, rope, the collectives)
+// runners: the GEMM library, attention, the classifier, rope, the collectives,
+// top_k and moe_slots)
 // rather than code generated here; a GEMM's epilogue is generated code the
 // runtime calls.
 bool runs_in_runtime(const Kernel& k) {
@@ -47,7 +48,9 @@ bool runs_in_runtime(const Kernel& k) {
     case KernelKind::Classifier:
     case KernelKind::CachedAttention:
     case KernelKind::Rope:
-    case KernelKind::Collective: return true;
+    case KernelKind::Collective:
+    case KernelKind::TopK:
+    case KernelKind::MoeSlots: return true;
     case KernelKind::Gemm: return !k.epilogue;
     case KernelKind::Fill:
     case KernelKind::Elementwise:

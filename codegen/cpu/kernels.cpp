@@ -1092,6 +1092,9 @@ LoopInfo emit_kernel(LoopEmitter& e, const Kernel& k, int index) {
     case KernelKind::Collective:
       NAPKIN_INTERNAL_CHECK(false, "a collective kernel ({}) is the runtime's copy and call to the ranks (runtime/executor.h), not a loop",
                             k.name);
+    case KernelKind::TopK:
+    case KernelKind::MoeSlots:
+      NAPKIN_INTERNAL_CHECK(false, "a routing kernel ({}) is the runtime's call (runtime/routing.h), not a loop", k.name);
   }
   e.b.CreateRetVoid();
   return info;

@@ -180,6 +180,8 @@ EmittedKernel emit_rows(const Kernel& k, int index);  // softmax, norms, cross-e
 EmittedKernel emit_attention(const Kernel& k);        // fused attention, forward or backward (codegen/cuda/attention.cpp)
 EmittedKernel emit_cached_attention(const Kernel& k, int index);  // attention against a KV cache (codegen/cuda/cached_attention.cpp)
 EmittedKernel emit_rope(const Kernel& k);             // the standalone rope (codegen/cuda/rope.cpp)
+EmittedKernel emit_top_k(const Kernel& k);            // top_k (codegen/cuda/routing.cpp)
+EmittedKernel emit_moe_slots(const Kernel& k, int index);  // moe_slots (codegen/cuda/routing.cpp)
 EmittedKernel emit_classifier(const Kernel& k, int index, const CudaClassifierLayout& layout);  // the fused classifier's row work (codegen/cuda/classifier.cpp)
 // The attention device templates the prelude ends with (attention_device.cpp).
 std::string_view attention_prelude();

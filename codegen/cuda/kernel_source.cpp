@@ -8,9 +8,10 @@
 // each KernelKind is the switch below (no default: -Werror=switch flags a
 // new kind); the launch and scratch design of each family is described at the
 // top of its file (elementwise.cpp, reductions.cpp, rows.cpp, attention.cpp,
-// classifier.cpp, rope.cpp).
+// classifier.cpp, rope.cpp, routing.cpp).
 //
-// Index ids out of range (embedding, embedding_grad, cross-entropy targets):
+// Index ids out of range (embedding, embedding_grad, cross-entropy targets,
+// moe_slots' expert indices):
 // the CPU backend calls napkin_rt_bad_index and exits. A CUDA kernel records
 // the first such id instead, through NAPKIN_BAD_INDEX(kernel index, id, bound),
 // into the device global `long long napkin_bad_index[3]` = {kernel, id, bound}
@@ -53,6 +54,8 @@ EmittedKernel emit_kernel(const Kernel& k, int index, const CudaClassifierLayout
     case KernelKind::CachedAttention: return detail::emit_cached_attention(k, index);
     case KernelKind::Rope: return detail::emit_rope(k);
     case KernelKind::Collective: return detail::emit_collective(k);
+    case KernelKind::TopK: return detail::emit_top_k(k);
+    case KernelKind::MoeSlots: return detail::emit_moe_slots(k, index);
     case KernelKind::Gemm: break;
   }
   NAPKIN_INTERNAL_CHECK(false, "a GEMM kernel ({}) is cuBLASLt's call, not CUDA C", k.name);

@@ -36,6 +36,7 @@
 //              napkin_block_reduce(v, op, identity, shared32) (every thread gets the same
 //              bits; call it from every thread of the block)
 //  bad index:  NAPKIN_BAD_INDEX(kernel, id, bound): see napkin_bad_index below
+//  routing:    napkin_top_k_beats (top_k's order, ir/loop.h TopKParams)
 //  offsets:    NapkinOffsets<N>, NAPKIN_OFFSETS(N) (the kernels' third parameter's type)
 //  tensor cores: napkin_mma_m16n8k16_bf16 / _f16 (mma.sync, f32 accumulators; a
 //              warp-collective the shim emulates), napkin_ldmatrix_x4 / _x4_trans
@@ -99,6 +100,15 @@ NAPKIN_DEVICE void napkin_report_bad_index(long long kernel, long long id, long 
   }
 }
 #define NAPKIN_BAD_INDEX(kernel, id, bound) napkin_report_bad_index((kernel), (long long)(id), (bound))
+
+// top_k's order (ir/loop.h TopKParams): value a at index i comes before value
+// b at index j when a is NaN and b is not, or a > b; between equals (and two
+// NaNs) the lower index first. A strict total order on (value, index).
+template <typename T> NAPKIN_DEVICE bool napkin_top_k_beats(T a, long long i, T b, long long j) {
+  const bool a_nan = a != a, b_nan = b != b;
+  if (a_nan || b_nan) return a_nan && (!b_nan || i < j);
+  return a > b || (a == b && i < j);
+}
 
 NAPKIN_DEVICE float napkin_inf_f32() { return napkin_f32_from_bits(0x7F800000u); }
 NAPKIN_DEVICE float napkin_nan_f32() { return napkin_f32_from_bits(0x7FC00000u); }

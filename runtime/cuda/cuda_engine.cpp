@@ -230,6 +230,8 @@ void CudaEngine::prepare_kernels() {
               [&](const CachedAttentionSpec&) -> Runner { return load_launches(k); },
               [&](const RopeSpec&) -> Runner { return load_launches(k); },
               [&](const CollectiveSpec&) -> Runner { return load_launches(k); },
+              [&](const TopKSpec&) -> Runner { return load_launches(k); },
+              [&](const MoeSlotsSpec&) -> Runner { return load_launches(k); },
               [&](const MatmulSpec& s) -> Runner {
                 return std::make_unique<LtMatmul>(*lt_context_, s, program_.cuda.tf32, k.name, arena_);
               },

@@ -20,6 +20,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -36,6 +37,7 @@
 #include "runtime/gemm.h"
 #include "support/compiled_step.h"
 #include "support/cuda_emulator.h"
+#include "support/routing_graph.h"
 #include "support/test_models.h"
 #ifdef NAPKIN_HAVE_CUDA_RUNTIME
 #include "runtime/cuda/cuda_classifier.h"
@@ -309,6 +311,41 @@ TEST_CASE("numeric: an out-of-range token id in a CUDA kernel is reported throug
   CHECK(flag[0] == embedding);
   CHECK(flag[1] == vocab + 5);
   CHECK(flag[2] == vocab);
+}
+
+// The routing kernels (codegen/cuda/routing.cpp) in a routed training step
+// (tests/support/routing_graph.h): top_k's thread per row and moe_slots'
+// one-thread scan, with the dispatch, expert einsum, combine and top_k's VJP.
+TEST_CASE("numeric: emulated CUDA top_k and moe_slots kernels in a routed training step agree with the interpreter") {
+  const bool verbose = std::getenv("NAPKIN_NUMERIC_VERBOSE") != nullptr;
+  check_step_emulated(napkin::testing::routing_training_graph(ir::DType::F32, ir::PrecisionPolicy::FP32), "routing",
+                      "routing fp32", verbose);
+  check_step_emulated(napkin::testing::routing_training_graph(ir::DType::F64, ir::PrecisionPolicy::FP32), "routing",
+                      "routing f64", verbose);
+  check_step_emulated(napkin::testing::routing_training_graph(ir::DType::F32, ir::PrecisionPolicy::BF16Mixed), "routing",
+                      "routing bf16-mixed", verbose);
+}
+
+TEST_CASE("numeric: an expert index out of range in the CUDA moe_slots kernel is reported through napkin_bad_index, nothing written") {
+  napkin::testing::CompiledStep step(napkin::testing::routing_training_graph(ir::DType::F32, ir::PrecisionPolicy::FP32));
+  const codegen::cuda::CudaSource source = codegen::cuda::emit_cuda_source(step.plan, "routing");
+  int slots = -1;
+  for (size_t i = 0; i < step.plan.kernels.size() && slots < 0; ++i)
+    if (step.plan.kernels[i].kind == codegen::KernelKind::MoeSlots) slots = static_cast<int>(i);
+  REQUIRE(slots >= 0);
+  const codegen::Kernel& k = step.plan.kernels[static_cast<size_t>(slots)];
+  const int64_t experts = k.moe_slots().experts;
+  char* arena = step.ex->arena();
+  reinterpret_cast<int32_t*>(arena + k.inputs[0].byte_offset)[5] = static_cast<int32_t>(experts + 2);
+  int32_t* pos = reinterpret_cast<int32_t*>(arena + k.output.byte_offset);
+  std::fill(pos, pos + k.output.numel(), 77);
+  EmulatedKernels gpu(source, step);
+  gpu.run(slots, arena);
+  const long long* flag = gpu.bad_index();
+  CHECK(flag[0] == slots);
+  CHECK(flag[1] == experts + 2);
+  CHECK(flag[2] == experts);
+  CHECK(std::count(pos, pos + k.output.numel(), 77) == k.output.numel());
 }
 
 TEST_CASE("numeric: reductions into bf16 and f16, CPU and emulated CUDA kernels, agree with the interpreter") {

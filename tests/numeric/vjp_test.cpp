@@ -473,6 +473,32 @@ std::map<Op, std::vector<Sample>> sample_table() {
     ValueId positions = c.data({3}, DType::I64, {7, 0, 3});
     return c.op(Op::Rope, {c.param({3, 4}), positions}, rope_attrs(ir::RopeStyle::Interleaved, 1, 0, 0, true));
   });
+  // top_k: the picked values' gradient lands where they were picked (the
+  // parameters' values are distinct, so a small step never changes the pick);
+  // rows over two leading axes, k of all n, a strided operand.
+  auto top_k = [](Ctx& c, ValueId x, int64_t k) { return c.op(Op::TopK, {x}, {{"k", k}}); };
+  add(Op::TopK, "[3,5] k=2", [=](Ctx& c) { return top_k(c, c.param({3, 5}), 2); });
+  add(Op::TopK, "[2,3,4] k=4 (every element, sorted)", [=](Ctx& c) { return top_k(c, c.param({2, 3, 4}), 4); });
+  add(Op::TopK, "[6] k=1", [=](Ctx& c) { return top_k(c, c.param({6}), 1); });
+  add(Op::TopK, "[5,3] viewed as [3,5], k=3", [=](Ctx& c) {
+    return top_k(c, c.op(Op::Permute, {c.param({5, 3})}, {{"perm", ints({1, 0})}}), 3);
+  });
+  // moe_slots' results are integers and counts of them: they gate and scale
+  // what flows, never carry a gradient (its f32 counts are data: autodiff
+  // must not ask for theirs). Four tokens' top-2 of 3 experts at capacity 2
+  // drop some choices; a kept value is scaled by its expert's count, a
+  // dropped one contributes nothing.
+  add(Op::MoeSlots, "top-2 values of [4,3] kept where placed (capacity 2), times their expert's count", [=](Ctx& c) {
+    const ValueId values = top_k(c, c.param({4, 3}), 2);
+    const ValueId indices = c.graph().node(c.graph().value(values).producer).out(1);
+    const ValueId pos = c.op(Op::MoeSlots, {indices}, {{"experts", int64_t{3}}, {"capacity", int64_t{2}}});
+    const ValueId counts = c.graph().node(c.graph().value(pos).producer).out(2);
+    const ValueId per_expert = c.builder().must(c.builder().reshape(counts, {{3, ""}, {1, ""}}));
+    const ValueId count = c.builder().must(c.builder().reshape(c.op(Op::Embedding, {per_expert, indices}), {{4, ""}, {2, ""}}));
+    const ValueId kept = c.op(Op::GreaterEqual, {pos, c.builder().must(c.builder().constant(0, DType::I32))});
+    const ValueId zero = c.builder().must(c.builder().constant(0, DType::F32));
+    return c.op(Op::Where, {kept, c.op(Op::Mul, {values, count}), zero});
+  });
   add(Op::MSE, "[3,4], [3,4]", [](Ctx& c) { return c.op(Op::MSE, {c.param({3, 4}), c.param({3, 4})}); });
   add(Op::MSE, "[5] vs itself squared", [](Ctx& c) {
     ValueId p = c.param({5});

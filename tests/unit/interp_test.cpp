@@ -344,6 +344,48 @@ TEST_CASE("interp: embedding gathers rows and rejects ids outside the table") {
   CHECK(message_of([&] { eval(Op::Embedding, {table, {T({1}, DType::I32), {-1}}}); }).find("id -1") != std::string::npos);
 }
 
+TEST_CASE("interp: top_k picks each row's k largest, descending, ties to the lower index, a NaN first") {
+  const ir::Attrs k3{{"k", int64_t{3}}};
+  const Operand x{T({3, 5}), {1, 3, 3, -2, 5, /**/ 0, 0, 0, 0, 0, /**/ -1, -4, -3, -2, -5}};
+  check_near(eval(Op::TopK, {x}, k3), {5, 3, 3, /**/ 0, 0, 0, /**/ -1, -2, -3});
+  check_near(eval(Op::TopK, {x}, k3, Numerics::Float64, 1), {4, 1, 2, /**/ 0, 1, 2, /**/ 0, 3, 2});
+  const Operand nan{T({3}), {1, std::nan(""), 2}};
+  check_near(eval(Op::TopK, {nan}, {{"k", int64_t{2}}}), {std::nan(""), 2});
+  check_near(eval(Op::TopK, {nan}, {{"k", int64_t{2}}}, Numerics::Float64, 1), {1, 2});
+}
+
+// Slots fill choice-major: every token's first choice before any token's
+// second, each in token order; past an expert's capacity an assignment drops.
+TEST_CASE("interp: moe_slots places choices choice-major and drops past capacity (worked by hand)") {
+  auto slots = [](Ints shape, Vec indices, int64_t experts, int64_t capacity, int output) {
+    return eval(Op::MoeSlots, {{T(shape, DType::I32), std::move(indices)}},
+                {{"experts", experts}, {"capacity", capacity}}, Numerics::Float64, output);
+  };
+  // T = 4, k = 2, E = 2, C = 2: tokens 0..2 choose (0, 1), token 3 (1, 0).
+  // First choices: t0 -> e0 slot 0, t1 -> e0 slot 1, t2 -> e0 full: dropped,
+  // t3 -> e1 slot 0. Second: t0 -> e1 slot 1, then e1 and e0 are full.
+  // Token order would have let t0 and t1 fill both experts and dropped both
+  // of t3's choices; choice-major keeps t3's first choice over t1's second.
+  const Vec two{0, 1, 0, 1, 0, 1, 1, 0};
+  check_near(slots({4, 2}, two, 2, 2, 0), {0, 3, 1, -1, -1, -1, 2, -1});  // pos: e * C + slot
+  check_near(slots({4, 2}, two, 2, 2, 1), {0, 1, 3, 0});                   // src: e0 <- t0, t1; e1 <- t3, t0
+  check_near(slots({4, 2}, two, 2, 2, 2), {4, 4});                         // counts before capacity
+  // E = 3, C = 2: t0 (2, 0), t1 (2, 1), t2 (2, 0), t3 (0, 2). First choices:
+  // t0 -> e2 s0, t1 -> e2 s1, t2 dropped, t3 -> e0 s0; second: t0 -> e0 s1,
+  // t1 -> e1 s0, t2 -> e0 full, t3 -> e2 full. e1's slot 1 stays empty (0).
+  const Vec three{2, 0, 2, 1, 2, 0, 0, 2};
+  check_near(slots({4, 2}, three, 3, 2, 0), {4, 1, 5, 2, -1, -1, 0, -1});
+  check_near(slots({4, 2}, three, 3, 2, 1), {3, 0, 1, 0, 0, 1});
+  check_near(slots({4, 2}, three, 3, 2, 2), {3, 1, 4});
+  // Capacity T (a capacity factor of E / k) drops nothing.
+  check_near(slots({4, 2}, three, 3, 4, 0), {8, 1, 9, 4, 10, 2, 0, 11});
+  // An index outside [0, E) is the data's error, named.
+  const std::string msg = message_of([&] { slots({2, 1}, {1, 3}, 3, 2, 0); });
+  CHECK(msg.find("moe_slots") != std::string::npos);
+  CHECK(msg.find("expert index 3 is out of range [0, 3)") != std::string::npos);
+  CHECK(message_of([&] { slots({1, 1}, {-1}, 3, 2, 0); }).find("expert index -1") != std::string::npos);
+}
+
 TEST_CASE("interp: softmax, log_softmax, layernorm, rmsnorm, cross_entropy, mse") {
   check_near(eval(Op::Softmax, {{T({3}), {1, 2, 3}}}, {{"axis", int64_t{0}}}),
              {0.09003057317038046, 0.24472847105479767, 0.6652409557748219});

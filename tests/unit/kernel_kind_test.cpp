@@ -33,6 +33,7 @@ TEST_CASE("op table: every op's row names its loop kind, which agrees with its c
       {ir::OpClass::Classifier, {LoopKind::Classifier}},
       {ir::OpClass::Rotary, {LoopKind::Rope}},
       {ir::OpClass::Collective, {LoopKind::Collective}},
+      {ir::OpClass::Routing, {LoopKind::TopK, LoopKind::MoeSlots}},
   };
   for (int i = 0; i < ir::kNumOps; ++i) {
     const ir::OpInfo& info = ir::op_info(static_cast<ir::Op>(i));

@@ -83,7 +83,8 @@ TEST_CASE("op table: FLOPs per element are set where the class's cost rule count
       case OpClass::View:
       case OpClass::Copy:
       case OpClass::Contraction:
-      case OpClass::Collective: CHECK(info->flops_per_element == 0); break;
+      case OpClass::Collective:
+      case OpClass::Routing: CHECK(info->flops_per_element == 0); break;
       case OpClass::Reduction:
       case OpClass::Gather: break;  // their cost rules count per input element or per row
       case OpClass::Attention:

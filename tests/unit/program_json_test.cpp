@@ -71,6 +71,11 @@ std::vector<KernelSpec> every_kind() {
   rope.desc.inverse = true, rope.desc.sizes = {2, 4, 3, 8}, rope.desc.x_strides = {96, 8, 32, 1};
   rope.desc.axis = 3, rope.desc.seq_axis = 1, rope.desc.explicit_positions = true, rope.desc.positions_i64 = true;
 
+  TopKSpec top_k{.dtype = DType::BF16, .x = 16, .values = 32, .indices = 48};
+  top_k.desc.sizes = {4, 3, 8}, top_k.desc.x_strides = {1, 32, 4}, top_k.desc.k = 2;
+  const MoeSlotsSpec moe_slots{.desc = {.tokens = 12, .k = 2, .experts = 8, .capacity = 5, .index_strides = {1, 12}},
+                               .indices = 8, .pos = 104, .src = 200, .counts = 360};
+
   KernelSpec launched = kernel("attention_cuda", attention);
   launched.cuda_launches = {{"napkin_attention_fwd", 12, 128, 4096, {1, 2, 3}}, {"napkin_lse", 1, 32, 0, {5}}};
   return {optimizer,
@@ -84,6 +89,8 @@ std::vector<KernelSpec> every_kind() {
           kernel("classifier", classifier),
           kernel("classifier_grad", classifier_grad),
           kernel("rope", rope),
+          kernel("top_k", top_k),
+          kernel("moe_slots", moe_slots),
           kernel("collective", CollectiveSpec{.collective = "reduce_scatter", .x = 256, .y = 512, .count = 64, .dtype = DType::BF16, .param = "w"}),
           kernel("prefetched", CollectiveSpec{.collective = "all_gather", .x = 0, .y = 1024, .count = 16, .dtype = DType::F32, .param = "w", .wait = 9})};
 }
