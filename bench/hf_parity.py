@@ -9,6 +9,8 @@ their optimizer to a constant-lr AdamW for the run):
   llama     models/llama.yaml      against LlamaForCausalLM  (grouped-query attention: kv_heads < heads)
   llama3    models/llama3-8b.yaml  against LlamaForCausalLM with rope_type llama3 (Llama 3.1's scaled frequencies)
   gpt2      models/gpt2-124m.yaml  against GPT2LMHeadModel   (tied embeddings, Conv1D weights)
+  mixtral   models/moe.yaml        against MixtralForCausalLM (top-2 of 4 experts at capacity factor E/k, so
+                                   nothing is dropped; the load-balancing loss in both, coefficient 0.02)
 the script
   1. builds the transformers model from a config (its own seeded init) and saves it with save_pretrained
      (model.safetensors; also in bf16, and sharded, for the import checks);
@@ -20,9 +22,10 @@ the script
   5. round trip: napkin hf export MODEL init.safetensors -o OUT: every tensor bit-equal to HF_DIR's, and
      from_pretrained(OUT) gives transformers' logits; the same in bf16 (--dtype bf16); the sharded checkpoint
      imports to the same napkin file as the single one.
---write-fixtures writes what CI checks offline (tests/e2e/hf_fixture_test.cpp) into tests/e2e/data/hf/FAMILY:
-config.json and model.safetensors (transformers' own files), prompt.txt (ids) and logits.npy (transformers'
-logits on that prompt), at the dims in FIXTURE_DIMS.
+--write-fixtures writes what CI checks offline (tests/e2e/hf_fixture_test.cpp) into tests/e2e/data/hf/FAMILY
+for the --only families: config.json and model.safetensors (transformers' own files), prompt.txt (ids) and
+logits.npy (transformers' logits on that prompt), at the dims in FIXTURE_DIMS; for mixtral also tokens.u16 and
+train.json, transformers' losses over 20 AdamW steps on them.
 
 Exit status 0 when every check passed, 1 otherwise.
 """
@@ -57,12 +60,22 @@ FAMILIES = {
     "llama3": ("models/llama3-8b.yaml",
                dict(batch=2, seq=32, vocab=256, d=64, heads=4, kv_heads=2, hidden=128, layers=2)),
     "gpt2": ("models/gpt2-124m.yaml", dict(batch=4, seq=32, vocab=256, d=64, heads=4, layers=2)),
+    # capacity_percent = 100 * experts / top_k: nothing is dropped, as transformers' dropless routing
+    "mixtral": ("models/moe.yaml", dict(batch=4, seq=32, vocab=256, d=64, heads=4, kv_heads=2, experts=4, top_k=2,
+                                        expert_hidden=96, capacity_percent=200, layers=2)),
 }
 # The CI fixtures: smaller still, so that the committed files stay near 100 KB.
 FIXTURE_DIMS = {
     "llama": dict(batch=1, seq=16, vocab=256, d=32, heads=4, kv_heads=2, hidden=64, layers=2),
     "gpt2": dict(batch=1, seq=16, vocab=256, d=32, heads=4, layers=2),
+    "mixtral": dict(batch=2, seq=16, vocab=256, d=32, heads=4, kv_heads=2, experts=4, top_k=2, expert_hidden=48,
+                    capacity_percent=200, layers=2),
 }
+# The fixtures that also hold STEPS AdamW steps of transformers (train.json, tokens.u16) for CI to train against.
+TRAIN_FIXTURES = ["mixtral"]
+# models/moe.yaml's load-balancing coefficient (its loss: ... + 0.02 * moe_load_balance()), transformers'
+# router_aux_loss_coef.
+MIXTRAL_AUX_COEF = 0.02
 
 
 def dims_text(dims):
@@ -119,6 +132,15 @@ def hf_model(family, dims, text):
                              rms_norm_eps=1e-5, rope_theta=yaml_value(text, "rope_theta"), rope_scaling=rope_scaling,
                              tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
         model = tf.LlamaForCausalLM(cfg)
+    elif family == "mixtral":
+        cfg = tf.MixtralConfig(vocab_size=dims["vocab"], hidden_size=dims["d"], intermediate_size=dims["expert_hidden"],
+                               num_hidden_layers=dims["layers"], num_attention_heads=dims["heads"],
+                               num_key_value_heads=dims["kv_heads"], max_position_embeddings=dims["seq"],
+                               num_local_experts=dims["experts"], num_experts_per_tok=dims["top_k"],
+                               rms_norm_eps=1e-5, rope_theta=yaml_value(text, "rope_theta"),
+                               tie_word_embeddings=False, sliding_window=None, router_jitter_noise=0.0,
+                               output_router_logits=True, router_aux_loss_coef=MIXTRAL_AUX_COEF)
+        model = tf.MixtralForCausalLM(cfg)
     else:
         cfg = tf.GPT2Config(vocab_size=dims["vocab"], n_positions=dims["seq"], n_embd=dims["d"],
                             n_layer=dims["layers"], n_head=dims["heads"], activation_function="gelu_new",
@@ -170,6 +192,8 @@ def no_decay_of(family):
     """(napkin globs, the same selection on transformers' names)."""
     if family.startswith("llama"):
         return ["*norm*"], lambda n: "norm" in n
+    if family == "mixtral":  # models/moe.yaml's no_decay; transformers calls the router mlp.gate
+        return ["*norm*", "*router*"], lambda n: "norm" in n or n.endswith("mlp.gate.weight")
     return ["*_b", "*_g", "wpe"], lambda n: n.endswith(".bias") or ".ln_" in n or "wpe" in n
 
 
@@ -189,6 +213,17 @@ def train_both(family, yaml, dims, ckpt, model, tmp):
     napkin = [json.loads(line)["loss"] for line in open(metrics) if '"loss"' in line and '"step"' in line]
     napkin = napkin[:STEPS]
 
+    torch_losses = train_torch(family, model, tokens, dims)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(napkin, torch_losses))
+    if worst > LOSS_TOLERANCE:
+        print(f"{family}: napkin {napkin}\n{family}: torch  {torch_losses}")
+    return napkin, torch_losses, worst
+
+
+def train_torch(family, model, tokens, dims):
+    """STEPS AdamW steps of torch on the transformers model over `tokens`, the windows napkin's trainer reads with
+    --order sequential; the losses. The model is back in eval mode after, its weights trained."""
+    B, T, V = dims["batch"], dims["seq"], dims["vocab"]
     _, decays = no_decay_of(family)
     params = dict(model.named_parameters())
     groups = [{"params": [p for n, p in params.items() if not decays(n)], "weight_decay": 0.1},
@@ -202,17 +237,16 @@ def train_both(family, yaml, dims, ckpt, model, tmp):
         x = torch.tensor(np.stack([tokens[a:a + T] for a in starts]).astype(np.int64))
         y = torch.tensor(np.stack([tokens[a + 1:a + T + 1] for a in starts]).astype(np.int64))
         opt.zero_grad(set_to_none=True)
-        logits = model(x).logits
-        loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+        out = model(x)
+        loss = F.cross_entropy(out.logits.reshape(-1, V), y.reshape(-1))
+        if family == "mixtral":  # transformers' own pooled load-balancing loss, as MixtralForCausalLM adds it
+            loss = loss + MIXTRAL_AUX_COEF * out.aux_loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         opt.step()
         torch_losses.append(loss.item())
     model.eval()
-    worst = max(abs(a - b) / abs(b) for a, b in zip(napkin, torch_losses))
-    if worst > LOSS_TOLERANCE:
-        print(f"{family}: napkin {napkin}\n{family}: torch  {torch_losses}")
-    return napkin, torch_losses, worst
+    return torch_losses
 
 
 def check_family(family, tmp, results):
@@ -282,6 +316,15 @@ def write_fixture(family, tmp):
     np.save(os.path.join(out, "logits.npy"), hf_logits(model, ids).astype(np.float32))
     with open(os.path.join(out, "dims.txt"), "w") as f:
         f.write(dims_text(dims) + "\n")
+    if family in TRAIN_FIXTURES:
+        # STEPS AdamW steps from these weights (the parity run's optimizer: constant lr LR), for the trainer.
+        B, T, V = dims["batch"], dims["seq"], dims["vocab"]
+        tokens = np.random.default_rng(1).integers(0, V, size=2 * B * T * STEPS + 1, dtype=np.uint16)
+        tokens.tofile(os.path.join(out, "tokens.u16"))
+        losses = train_torch(family, copy.deepcopy(model), tokens, dims)
+        globs, _ = no_decay_of(family)
+        with open(os.path.join(out, "train.json"), "w") as f:
+            json.dump({"lr": LR, "no_decay": globs, "steps": STEPS, "losses": losses}, f, indent=1)
     print(f"wrote {out}: {sorted(os.listdir(out))}")
 
 
@@ -296,7 +339,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             check_family(family, tmp, results)
     if args.write_fixtures:
-        for family in FIXTURE_DIMS:
+        for family in (f for f in FIXTURE_DIMS if f in args.only.split(",")):
             with tempfile.TemporaryDirectory() as tmp:
                 write_fixture(family, tmp)
     print(f"\n{'family':8} {'check':62} {'value':>14}  ok")

@@ -86,7 +86,7 @@ MODELS = {
     "gpt": ("models/gpt.yaml", 2.0),
 }
 # Models bench/train_vs_peers.py times besides MODELS (this script's default list): name -> (YAML, target).
-LLAMA = {"llama": ("models/llama.yaml", 1.2)}
+LLAMA = {"llama": ("models/llama.yaml", 1.2), "moe": ("models/moe.yaml", 1.2)}
 DIMS = {  # the YAMLs' own dims (no --dims: the trainers are built as the files are)
     "cruncher": {"batch": 256, "d": 1024, "layers": 4},
     "mlp": {"batch": 512, "d_in": 784, "hidden": 1024, "classes": 10},
@@ -95,6 +95,8 @@ DIMS = {  # the YAMLs' own dims (no --dims: the trainers are built as the files 
     "gpt-d512": {"batch": 8, "seq": 256, "vocab": 256, "d": 512, "heads": 8, "layers": 4},
     "llama": {"batch": 8, "seq": 256, "vocab": 256, "d": 512, "heads": 16, "kv_heads": 16, "hidden": 1344,
               "layers": 4, "rope_theta": 10000},
+    "moe": {"batch": 4, "seq": 256, "vocab": 256, "d": 256, "heads": 8, "kv_heads": 4, "experts": 8, "top_k": 2,
+            "expert_hidden": 512, "capacity_percent": 125, "layers": 4, "rope_theta": 10000},
 }
 # Variants of a YAML at other sizes: name -> (YAML, napkin --dims). Not in MODELS (this script's default
 # list); bench/train_vs_peers.py times them.
@@ -146,7 +148,7 @@ def make_data(name, tmp, rng):
         batches = [(torch.from_numpy(images[i * b:(i + 1) * b]), torch.from_numpy(labels[i * b:(i + 1) * b]).long())
                    for i in range(DATA_BATCHES)]
         return flags, batches
-    if kind(name) in ("gpt", "llama"):
+    if kind(name) in ("gpt", "llama", "moe"):
         b, t = dm["batch"], dm["seq"]
         # enough tokens that the 0.9 training split holds DATA_BATCHES batches of windows
         n = int(math.ceil((b * t * DATA_BATCHES + t + 1) / 0.9)) + t
@@ -324,7 +326,92 @@ class Llama:
         return adamw(self.params, lr=3e-3, betas=(0.9, 0.95), wd=0.1, no_decay=["*norm*"], foreach=foreach), 1.0
 
 
-TORCH_MODELS = {"cruncher": Cruncher, "mlp": MLP, "gpt": GPT, "llama": Llama}
+def moe_layer(x, router, w_gate, w_up, w_down, k, capacity):
+    """napkin's moe() (frontend/moe.cpp) in torch, at static shapes: softmax over the experts, the top k
+    renormalised, slots filled choice-major (every token's first choice before any second) up to `capacity`
+    per expert, the rest dropped; the experts as batched matmuls over [E, C, d]; a weighted gather back."""
+    T, D = x.shape
+    E = router.shape[0]
+    probs = torch.softmax(x @ router.t(), dim=-1)
+    top_v, top_i = probs.topk(k, dim=-1)
+    weights = top_v / top_v.sum(-1, keepdim=True)
+    choice = top_i.t().reshape(-1)  # [k*T], choice-major
+    onehot = F.one_hot(choice, E)
+    slot = ((onehot.cumsum(0) - 1) * onehot).sum(-1)
+    kept = slot < capacity
+    dest = torch.where(kept, choice * capacity + slot, torch.full_like(choice, E * capacity))
+    token = torch.arange(T, device=x.device).repeat(k)
+    xe = x.new_zeros(E * capacity + 1, D).index_copy(0, dest, x[token])[:-1].view(E, capacity, D)
+    h = F.silu(torch.bmm(xe, w_gate.transpose(1, 2))) * torch.bmm(xe, w_up.transpose(1, 2))
+    ye = torch.bmm(h, w_down.transpose(1, 2)).reshape(E * capacity, D)
+    scale = (weights.t().reshape(-1) * kept).unsqueeze(-1)
+    y = (ye[torch.where(kept, dest, torch.zeros_like(dest))] * scale).view(k, T, D).sum(0)
+    return y, probs, onehot.sum(0)
+
+
+class Moe(Llama):
+    """models/moe.yaml: models/llama.yaml's attention with a mixture of SwiGLU experts for the MLP (moe_layer)
+    and Switch's load-balancing loss pooled over the layers (transformers' load_balancing_loss_func)."""
+
+    def __init__(self, name="moe"):
+        dm = DIMS[name]
+        self.B, self.T, self.V, self.D, self.H, self.KV, self.L = (
+            dm[k] for k in ("batch", "seq", "vocab", "d", "heads", "kv_heads", "layers"))
+        self.E, self.K, self.F = dm["experts"], dm["top_k"], dm["expert_hidden"]
+        tokens = self.B * self.T
+        self.C = min(tokens, math.ceil(dm["capacity_percent"] / 100 * tokens * self.K / self.E - 1e-9))
+        D, V, L, H, KV, E, F_ = self.D, self.V, self.L, self.H, self.KV, self.E, self.F
+        self.HD = D // H
+        small = 0.02 / math.sqrt(2 * L)
+        p = {"wte": normal((V, D), 0.02), "norm_g": torch.ones(D, requires_grad=True), "head": normal((V, D), 0.02)}
+        for i in range(L):
+            p.update({f"layers.{i}.attn_norm": torch.ones(D, requires_grad=True),
+                      f"layers.{i}.wq": normal((H * self.HD, D), 0.02),
+                      f"layers.{i}.wk": normal((KV * self.HD, D), 0.02),
+                      f"layers.{i}.wv": normal((KV * self.HD, D), 0.02),
+                      f"layers.{i}.wo": normal((D, H * self.HD), small),
+                      f"layers.{i}.moe_norm": torch.ones(D, requires_grad=True),
+                      f"layers.{i}.router": normal((E, D), 0.02),
+                      f"layers.{i}.w_gate": normal((E, F_, D), 0.02),
+                      f"layers.{i}.w_up": normal((E, F_, D), 0.02),
+                      f"layers.{i}.w_down": normal((E, D, F_), small)})
+        self.params = p
+        self.blocks = [[p[f"layers.{i}.{n}"] for n in ("attn_norm", "wq", "wk", "wv", "wo", "moe_norm", "router",
+                                                       "w_gate", "w_up", "w_down")] for i in range(L)]
+        inv_freq = 1.0 / (dm["rope_theta"] ** (torch.arange(0, self.HD, 2).float() / self.HD))
+        angles = torch.outer(torch.arange(self.T).float(), inv_freq)
+        emb = torch.cat([angles, angles], dim=-1)
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def loss(self, tokens, targets):
+        B, T, D, H, KV, HD, V = self.B, self.T, self.D, self.H, self.KV, self.HD, self.V
+        p = self.params
+        x = F.embedding(tokens, p["wte"])
+        counts, probs_sum = 0, 0
+        for attn_norm, wq, wk, wv, wo, moe_norm, router, w_gate, w_up, w_down in self.blocks:
+            h = F.rms_norm(x, (D,), attn_norm, 1e-5)
+            q = self.rotate((h @ wq.t()).view(B, T, H, HD).transpose(1, 2))
+            k = self.rotate((h @ wk.t()).view(B, T, KV, HD).transpose(1, 2))
+            v = (h @ wv.t()).view(B, T, KV, HD).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
+            x = x + y.transpose(1, 2).reshape(B, T, D) @ wo.t()
+            h = F.rms_norm(x, (D,), moe_norm, 1e-5).reshape(B * T, D)
+            m, probs, assigned = moe_layer(h, router, w_gate, w_up, w_down, self.K, self.C)
+            x = x + m.view(B, T, D)
+            counts, probs_sum = counts + assigned, probs_sum + probs.sum(0)
+        logits = F.rms_norm(x, (D,), p["norm_g"], 1e-5) @ p["head"].t()
+        rows = self.L * B * T
+        balance = self.E * (counts.to(probs_sum.dtype) * probs_sum).sum() / (rows * rows)
+        return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)) + 0.02 * balance
+
+    def optimizer(self, foreach):
+        # models/moe.yaml: adamw(lr=1e-3, betas=[0.9, 0.95], weight_decay=0.1, grad_clip=1.0,
+        #                        no_decay=["*norm*", "*router*"])
+        return adamw(self.params, lr=1e-3, betas=(0.9, 0.95), wd=0.1, no_decay=["*norm*", "*router*"],
+                     foreach=foreach), 1.0
+
+
+TORCH_MODELS = {"cruncher": Cruncher, "mlp": MLP, "gpt": GPT, "llama": Llama, "moe": Moe}
 
 
 def read_safetensors(path):

@@ -445,6 +445,13 @@ KernelPlan plan_kernels(const ir::Graph& g) {
   }
   add_tensor(loss, TensorRole::Loss);
   plan.tensors.back().name = "loss";
+  // A training step's metrics ("metric.<name>" outputs: the tokens a moe()
+  // layer dropped) are outputs the trainer reads after each forward.
+  for (const auto& [name, v] : g.outputs)
+    if (name.rfind(ir::kMetricOutputPrefix, 0) == 0) {
+      add_tensor(v, TensorRole::Metric);
+      plan.tensors.back().name = name;
+    }
   return plan;
 }
 

@@ -600,6 +600,14 @@ const std::vector<CallSpec>& call_table() {
          {"x", "theta", "style", "axis", "seq_axis", "positions", "factor", "low_freq_factor", "high_freq_factor",
           "original_context"},
          1, lower_rope});
+    // moe(x, router, w_gate, w_up, w_down, k=2, capacity_factor=experts/k,
+    // routing=softmax_topk, normalize=true): a mixture of SwiGLU experts
+    // (frontend/moe.cpp), and the loss terms over the routers of the moe()
+    // layers before them.
+    add({"moe", {"x", "router", "w_gate", "w_up", "w_down", "k", "capacity_factor", "routing", "normalize"}, 5,
+         lower_moe});
+    add({"moe_load_balance", {}, 0, lower_moe_load_balance});
+    add({"moe_z_loss", {}, 0, lower_moe_z_loss});
     add({"cross_entropy", {"logits", "targets"}, 2, [](Lowerer& L, const CallArgs& a, const Expr& call) -> Operand {
            auto x = tensor_arg(L, a, "logits", call);
            auto y = tensor_arg(L, a, "targets", call);

@@ -6,7 +6,10 @@
 //                 numbers, whole-number expressions of dims, lists, mappings
 //   tensors       parameter name -> checkpoint tensor name, or
 //                 {name: ..., transpose: true}; `{i}` in both stands for a
-//                 block copy's index (layers.{i}.wq: model.layers.{i}.self_attn.q_proj.weight)
+//                 block copy's index (layers.{i}.wq: model.layers.{i}.self_attn.q_proj.weight);
+//                 one in the tensor name alone stacks the parameter's first
+//                 axis from one tensor per index (layers.{i}.w_gate:
+//                 model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight)
 //   tied          checkpoint tensor -> the parameter it repeats (lm_head.weight: wte)
 //   ignore        glob patterns of checkpoint tensors that are no parameters
 #include "frontend/huggingface.h"
@@ -15,6 +18,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -113,9 +117,18 @@ bool match_from(const NamePattern& p, size_t k, std::string_view name, std::map<
   return false;
 }
 
+// The name with each bound placeholder filled in; one not bound stays as
+// written ({e} of a stacked parameter's name before its index is chosen).
 std::string substitute(const NamePattern& p, const std::map<std::string, std::string>& bound) {
   std::string out;
-  for (size_t i = 0; i < p.pieces.size(); ++i) out += i % 2 == 0 ? p.pieces[i] : bound.at(p.pieces[i]);
+  for (size_t i = 0; i < p.pieces.size(); ++i) {
+    if (i % 2 == 0) {
+      out += p.pieces[i];
+      continue;
+    }
+    auto value = bound.find(p.pieces[i]);
+    out += value != bound.end() ? value->second : "{" + p.pieces[i] + "}";
+  }
   return out;
 }
 
@@ -362,13 +375,27 @@ class SectionReader {
                    "write a checkpoint tensor name such as model.layers.{i}.self_attn.q_proj.weight");
         continue;
       }
-      if (param_pattern->placeholders() != hf_pattern->placeholders()) {
-        std::set<std::string> a = param_pattern->placeholders(), b = hf_pattern->placeholders();
+      // The tensor name holds the parameter name's placeholders and at most
+      // one more, which stacks the parameter's first axis.
+      const std::set<std::string> a = param_pattern->placeholders(), b = hf_pattern->placeholders();
+      if (!std::includes(b.begin(), b.end(), a.begin(), a.end())) {
         ctx_.error(value,
                    fmt::format("'{}' and '{}' have different placeholders ({} and {})", key, hf_text,
                                a.empty() ? "none" : fmt::format("{{{}}}", fmt::join(a, "}, {")),
                                b.empty() ? "none" : fmt::format("{{{}}}", fmt::join(b, "}, {"))),
-                   "each block copy's parameter needs a tensor of its own: use the same {i} on both sides");
+                   "each block copy's parameter needs a tensor of its own: use the parameter's {i} in the tensor "
+                   "name too");
+        continue;
+      }
+      std::vector<std::string> stacking;  // the tensor name's placeholders alone
+      std::set_difference(b.begin(), b.end(), a.begin(), a.end(), std::back_inserter(stacking));
+      if (stacking.size() > 1) {
+        ctx_.error(value,
+                   fmt::format("'{}' has {} placeholders that '{}' lacks ({{{}}}): one stacks the parameter's first "
+                               "axis, two stack nothing",
+                               hf_text, stacking.size(), key, fmt::join(stacking, "}, {")),
+                   "keep one placeholder of the tensor name out of the parameter name (experts.{e}), and write the "
+                   "others on both sides");
         continue;
       }
       size_t matches = 0;
@@ -382,18 +409,41 @@ class SectionReader {
           continue;
         }
         const ir::TensorType& type = *types_.at(param);
-        if (transpose && type.rank() != 2) {
-          ctx_.error(*transpose_node, fmt::format("transpose: '{}' is {}, not a matrix", param, ir::to_string(type)),
-                     "only a 2-D parameter can be stored transposed");
+        const bool stacked = !stacking.empty();
+        if (stacked && type.rank() == 0) {
+          ctx_.error(value,
+                     fmt::format("tensors: '{}' is {}, a scalar: {{{}}} stacks a parameter's first axis, and it has none",
+                                 param, ir::to_string(type), stacking[0]),
+                     "map a scalar to one tensor: use the same placeholders on both sides");
           break;
         }
-        HfTensor tensor{param, substitute(*hf_pattern, bound), transpose};
-        if (auto owner = hf_owner.find(tensor.hf_name); owner != hf_owner.end()) {
-          ctx_.error(value, fmt::format("tensors: '{}' and '{}' both map to '{}'", owner->second, param, tensor.hf_name),
+        if (transpose && type.rank() != (stacked ? 3 : 2)) {
+          ctx_.error(*transpose_node,
+                     stacked ? fmt::format("transpose: '{}' is {}, stacked from tensors that are not matrices", param,
+                                           ir::to_string(type))
+                             : fmt::format("transpose: '{}' is {}, not a matrix", param, ir::to_string(type)),
+                     stacked ? "transpose swaps the two axes of each stacked tensor: the parameter needs three axes"
+                             : "only a 2-D parameter can be stored transposed");
+          break;
+        }
+        HfTensor tensor{param, substitute(*hf_pattern, bound), transpose, {}};
+        if (stacked)
+          for (int64_t index = 0; index < type.sizes()[0]; ++index) {
+            bound[stacking[0]] = std::to_string(index);
+            tensor.slices.push_back(substitute(*hf_pattern, bound));
+          }
+        const std::vector<std::string> names = stacked ? tensor.slices : std::vector<std::string>{tensor.hf_name};
+        bool taken = false;
+        for (const std::string& name : names) {
+          auto owner = hf_owner.find(name);
+          if (owner == hf_owner.end()) continue;
+          ctx_.error(value, fmt::format("tensors: '{}' and '{}' both map to '{}'", owner->second, param, name),
                      "a checkpoint tensor holds one parameter; for a tensor that repeats another, use tied:");
+          taken = true;
           break;
         }
-        hf_owner[tensor.hf_name] = param;
+        if (taken) break;
+        for (const std::string& name : names) hf_owner[name] = param;
         mapped_by[param] = key;
         mapped[param] = std::move(tensor);
       }
@@ -419,8 +469,12 @@ class SectionReader {
   void read_tied(const YAML::Node& node, HuggingFaceMap& map) {
     if (!node) return;
     if (!ctx_.check_mapping(node, "tied")) return;
-    std::set<std::string> hf_names, seen;
-    for (const HfTensor& t : map.tensors) hf_names.insert(t.hf_name);
+    std::set<std::string> hf_names, seen, stacked;
+    for (const HfTensor& t : map.tensors) {
+      hf_names.insert(t.hf_name);
+      hf_names.insert(t.slices.begin(), t.slices.end());
+      if (!t.slices.empty()) stacked.insert(t.param);
+    }
     for (auto it = node.begin(); it != node.end(); ++it) {
       if (!it->first.IsScalar()) continue;  // reported by check_mapping
       const std::string hf_name = it->first.Scalar();
@@ -435,6 +489,13 @@ class SectionReader {
       if (!types_.count(param)) {
         ctx_.error(it->second, fmt::format("tied: '{}' is not a parameter{}", param, did_you_mean(param, params_)),
                    "name the parameter whose tensor this one repeats, such as wte");
+        continue;
+      }
+      if (stacked.count(param)) {
+        ctx_.error(it->second,
+                   fmt::format("tied: '{}' is stacked from one checkpoint tensor per index, not one tensor to repeat",
+                               param),
+                   "tie a tensor to a parameter the checkpoint holds whole");
         continue;
       }
       map.tied.push_back({hf_name, param});

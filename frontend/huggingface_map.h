@@ -27,12 +27,19 @@ struct HfConfigValue {
   std::vector<HfConfigValue> items;  // List, Object
 };
 
-// One parameter and the transformers tensor that holds it.
+// One parameter and the transformers tensor (or tensors) that hold it.
 struct HfTensor {
-  std::string param;    // the model's name: "layers.0.wq"
-  std::string hf_name;  // "model.layers.0.self_attn.q_proj.weight"
-  // A 2-D parameter [a, b] that transformers stores [b, a].
+  std::string param;  // the model's name: "layers.0.wq"
+  // "model.layers.0.self_attn.q_proj.weight"; a stacked parameter's keeps
+  // the stacking placeholder: "model.layers.0.block_sparse_moe.experts.{e}.w1.weight".
+  std::string hf_name;
+  // A matrix [a, b] (each slice's, when stacked) that transformers stores [b, a].
   bool transpose = false;
+  // A parameter stacked on its first axis that the checkpoint holds as one
+  // tensor per index along it (Mixtral's experts, w_gate [E, f, d] from E
+  // tensors [f, d]): their names, index 0 first. Empty for a parameter the
+  // checkpoint holds whole.
+  std::vector<std::string> slices;
 };
 
 // A transformers tensor that holds a copy of another parameter's tensor

@@ -181,6 +181,16 @@ class Lowerer {
   Operand instantiate_call(const BlockDef& block, std::vector<ir::ValueId> args, int offset);
   const std::map<std::string, BlockDef>& blocks() const { return blocks_; }
 
+  // The routers of the moe() layers lowered so far, in forward order: what
+  // the loss terms moe_load_balance() and moe_z_loss() pool (frontend/moe.cpp).
+  struct MoeRouting {
+    int64_t experts = 0, tokens = 0;
+    ir::ValueId counts = ir::kNoValue;           // f32 [E]: top-k assignments per expert
+    ir::ValueId probs_sum = ir::kNoValue;        // f32 [E]: router probabilities summed over the tokens
+    ir::ValueId lse_squared_sum = ir::kNoValue;  // f32 scalar: Σ_t logsumexp(logits_t)²
+  };
+  std::vector<MoeRouting>& moe_routing() { return moe_routing_; }
+
   // Declares the parameters of a `params:` mapping into `scope` (names get the
   // scope's prefix). Init arguments are compile-time numbers: normal(1 / sqrt(d)).
   bool declare_params(const YAML::Node& params, Scope& scope);
@@ -220,6 +230,7 @@ class Lowerer {
   std::map<std::string, bool> block_args_ok_;
   // Blocks whose body had an error (reported): later uses fail silently.
   std::set<std::string> failed_blocks_;
+  std::vector<MoeRouting> moe_routing_;
 
   // Checks that a block may be instantiated here (no recursion, nesting depth)
   // and that its args: are names that clash with nothing; false: reported.
@@ -240,6 +251,12 @@ class Lowerer {
   std::optional<ir::InitSpec> read_init(const YAML::Node& node, const std::string& param,
                                         const std::vector<ir::Dim>& shape);
 };
+
+// moe(x, router, w_gate, w_up, w_down, k, capacity_factor, routing, normalize)
+// and the loss terms over its routers (frontend/moe.cpp).
+Operand lower_moe(Lowerer& L, const CallArgs& a, const Expr& call);
+Operand lower_moe_load_balance(Lowerer& L, const CallArgs& a, const Expr& call);
+Operand lower_moe_z_loss(Lowerer& L, const CallArgs& a, const Expr& call);
 
 // The call table (frontend/calls.cpp): every function a model may call.
 Operand lower_call(Lowerer& L, const Expr& call);

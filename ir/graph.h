@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ir/diagnostics.h"
@@ -83,6 +84,18 @@ struct Node {
   ValueId in(int i) const { return inputs.at(i); }
   ValueId out(int i = 0) const { return outputs.at(i); }
 };
+
+// The names of a moe() layer's routing axes: its T tokens (the input's
+// leading axes flattened), an expert's C slots, and all E·C slots flattened.
+// `napkin sample` rebuilds a layer at a phase's token count by them
+// (passes/derive_inference.h).
+inline constexpr std::string_view kMoeTokensDim = "moe_tokens";
+inline constexpr std::string_view kMoeCapacityDim = "moe_capacity";
+inline constexpr std::string_view kMoeSlotsDim = "moe_slots";
+
+// A training graph's outputs named "metric.<name>" are numbers the trainer
+// logs each step beside the loss (a moe() layer's dropped tokens).
+inline constexpr std::string_view kMetricOutputPrefix = "metric.";
 
 class Graph {
  public:

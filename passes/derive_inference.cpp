@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
+#include <vector>
 
 #include "ir/builder.h"
 #include "ir/internal_check.h"
@@ -18,12 +21,28 @@ using ir::ValueId;
 
 namespace {
 
-// The loss's cross_entropy node, or null.
+// The loss's cross_entropy node, or null: the loss itself, or the one
+// cross_entropy among the terms a sum of terms adds (the language-model loss
+// plus auxiliary ones: cross_entropy(logits, targets) + 0.02 * moe_load_balance()).
 const ir::Node* loss_node(const ir::Graph& g) {
   ValueId loss = g.find_output("loss");
-  if (loss == ir::kNoValue || g.value(loss).producer == ir::kNoNode) return nullptr;
-  const ir::Node& n = g.node(g.value(loss).producer);
-  return n.op == Op::CrossEntropy ? &n : nullptr;
+  if (loss == ir::kNoValue) return nullptr;
+  const ir::Node* found = nullptr;
+  int found_count = 0;
+  std::vector<ValueId> terms{loss};
+  while (!terms.empty()) {
+    const ValueId v = terms.back();
+    terms.pop_back();
+    if (g.value(v).producer == ir::kNoNode) continue;
+    const ir::Node& n = g.node(g.value(v).producer);
+    if (n.op == Op::CrossEntropy) {
+      found = &n;
+      ++found_count;
+    } else if (n.op == Op::Add || n.op == Op::Sub) {
+      terms.insert(terms.end(), n.inputs.begin(), n.inputs.end());
+    }
+  }
+  return found_count == 1 ? found : nullptr;
 }
 
 // The data input that is not the loss's targets: the tokens.
@@ -174,6 +193,37 @@ class Deriver {
     return axes;
   }
 
+  // `dims` at a phase of `length` positions: the sequence axis at `length`;
+  // a moe() layer's token axis (batch · context tokens) and slot axes
+  // (ir::kMoeTokensDim, ...) at batch · length tokens, every one of them
+  // routed (C = T). `phase_axes` (if given) counts the axes that change;
+  // nullopt for a moe() axis of an unexpected size.
+  std::optional<std::vector<ir::Dim>> at_length(std::vector<ir::Dim> dims, int64_t length, int* phase_axes) const {
+    const int64_t tokens = lm_.batch * lm_.context, phase_tokens = lm_.batch * length;
+    int changed = 0;
+    for (ir::Dim& d : dims) {
+      if (d.name == lm_.seq_dim && d.size == lm_.context) {
+        d.size = length;
+      } else if (d.name == ir::kMoeTokensDim) {
+        if (d.size != tokens) return std::nullopt;
+        d.size = phase_tokens;
+      } else if (d.name == ir::kMoeCapacityDim) {
+        d.size = phase_tokens;
+      } else if (d.name == ir::kMoeSlotsDim) {
+        const auto layer = std::find_if(in_.moe_layers.begin(), in_.moe_layers.end(), [&](const ir::Graph::MoeLayer& l) {
+          return l.experts * l.capacity == d.size;
+        });
+        if (layer == in_.moe_layers.end()) return std::nullopt;
+        d.size = layer->experts * phase_tokens;
+      } else {
+        continue;
+      }
+      ++changed;
+    }
+    if (phase_axes) *phase_axes = changed;
+    return dims;
+  }
+
   bool mixes(const ir::Node& n, const std::string& what) {
     diag_.error(n.loc,
                 fmt::format("napkin sample: {} ({}) {}; a decoder with a KV cache can only be derived from a model "
@@ -260,11 +310,12 @@ class Deriver {
           info.loop == ir::LoopKind::CachedAttention || info.loop == ir::LoopKind::Mse || info.backward_only)
         return mixes(n, "is not a position-wise op");
 
-      // Position-wise: the output keeps exactly one sequence axis, and a row
-      // op's row is not it.
-      std::vector<int> out_seq = seq_axes(old_out);
-      if (out_seq.size() != 1) return mixes(n, fmt::format("makes {} from the sequence axis '{}'",
-                                                           ir::to_string(old_out), lm_.seq_dim));
+      // Position-wise: the output keeps exactly one sequence axis (or a
+      // moe() layer's token or slot axis), and a row op's row is not it.
+      int phase_axes = 0;
+      std::optional<std::vector<ir::Dim>> phase_dims = at_length(old_out.dims, length, &phase_axes);
+      if (!phase_dims || phase_axes != 1)
+        return mixes(n, fmt::format("makes {} from the sequence axis '{}'", ir::to_string(old_out), lm_.seq_dim));
       if (info.loop == ir::LoopKind::Rows) {
         const ir::RowParams p = std::get<ir::RowParams>(ir::loop_params(n.op, n.attrs));
         const ir::TensorType& x = in_.value(n.in(0)).type;
@@ -272,8 +323,7 @@ class Deriver {
         std::vector<int> x_seq = seq_axes(x);
         if (x_seq.size() == 1 && axis == x_seq[0]) return mixes(n, "normalizes along the sequence axis");
       }
-      std::vector<ir::Dim> dims = old_out.dims;
-      dims[static_cast<size_t>(out_seq[0])].size = length;
+      const std::vector<ir::Dim>& dims = *phase_dims;
       ValueId v;
       if (n.op == Op::Reshape) {
         v = b.must(b.reshape(inputs[0], dims));
@@ -284,16 +334,29 @@ class Deriver {
           for (const ir::Dim& d : dims) shape.push_back(d.size);
           attrs.set("shape", shape);
         }
+        // A moe() layer routes every token of a phase: capacity is a training device (docs/model-language.md).
+        if (n.op == Op::MoeSlots) attrs.set("capacity", dims[0].size);
         ir::Built built = b.add(n.op, inputs, attrs);
         if (!built.ok()) return mixes(n, "cannot be rebuilt at one position: " + built.error);
         v = built.value;
       }
-      NAPKIN_INTERNAL_CHECK(n.outputs.size() == 1, "derive_inference: {} has several outputs", ir::op_name(n.op));
       if (out_.value(v).type.sizes() != ir::TensorType{old_out.dtype, dims}.sizes())
         return mixes(n, fmt::format("gives {} at length {}, not {}", ir::to_string(out_.value(v).type), length,
                                     ir::to_string(ir::TensorType{old_out.dtype, dims})));
-      b.rename_dims(v, dims);
-      map[n.out()] = v;
+      // Every output (top_k's indices, moe_slots' slots and counts) at the phase's length.
+      const ir::Node& rebuilt = out_.node(out_.value(v).producer);
+      NAPKIN_INTERNAL_CHECK(rebuilt.outputs.size() == n.outputs.size(), "derive_inference: {} rebuilt with {} outputs",
+                            ir::op_name(n.op), rebuilt.outputs.size());
+      for (size_t i = 0; i < n.outputs.size(); ++i) {
+        std::optional<std::vector<ir::Dim>> out_dims = at_length(in_.value(n.outputs[i]).type.dims, length, nullptr);
+        std::vector<int64_t> want;
+        if (out_dims)
+          for (const ir::Dim& d : *out_dims) want.push_back(d.size);
+        NAPKIN_INTERNAL_CHECK(out_dims && out_.value(rebuilt.outputs[i]).type.sizes() == want,
+                              "derive_inference: output {} of {} at length {}", i, ir::op_name(n.op), length);
+        b.rename_dims(rebuilt.outputs[i], *out_dims);
+        map[n.outputs[i]] = rebuilt.outputs[i];
+      }
     }
     ValueId logits = map.at(logits_);
     out_.outputs.emplace_back(prefix + ".logits", logits);

@@ -28,6 +28,10 @@
 // An attention with a fused rope (rope_* attrs, passes/fuse_rope.h) keeps it:
 // the cached_attention rotates q and the new k at the phase's positions and
 // the caches hold rotated keys.
+// A moe() layer (frontend/moe.cpp) is rebuilt at the phase's batch · length
+// tokens by its named routing axes (ir::kMoeTokensDim, ...), every token
+// routed: its capacity is the phase's token count, since capacity is a
+// training device and a sampled token must not depend on the others.
 // So a prompt shorter than T is padded: rows past the prompt hold the pad's
 // keys until decode steps overwrite them, and no query reads a row past its
 // position. Random ops (dropout) are the identity, as in evaluation: their

@@ -62,6 +62,12 @@ MetricsRecord& MetricsRecord::fixed_list(std::string_view name, const std::vecto
   return *this;
 }
 
+MetricsRecord& MetricsRecord::object(std::string_view name, const MetricsRecord& inner) {
+  key(name);
+  fields_ += inner.str();
+  return *this;
+}
+
 MetricsFile::MetricsFile(const std::string& path) {
   if (path.empty()) return;
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();

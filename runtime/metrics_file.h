@@ -38,6 +38,9 @@ class MetricsRecord {
   // A list of numbers with `decimals` digits after the point.
   MetricsRecord& fixed_list(std::string_view key, const std::vector<double>& values, int decimals);
 
+  // A nested object: `inner`'s fields under `key`.
+  MetricsRecord& object(std::string_view key, const MetricsRecord& inner);
+
   // The record as one line of JSON, without the newline.
   std::string str() const { return "{" + fields_ + "}"; }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/init.h"
@@ -131,6 +132,13 @@ struct Program {
   std::vector<const TensorSpec*> with_role(TensorRole role) const;
   bool operator==(const Program&) const = default;
 };
+
+// A training program's step metrics: scalar Metric tensors named
+// "metric.<group>.<key>" (a moe() layer's dropped tokens:
+// metric.moe_dropped.layers.0) that the trainer sums over a step's
+// micro-batches and ranks and logs beside the loss (docs/runtime.md).
+inline constexpr std::string_view kMetricTensorPrefix = "metric.";
+std::vector<const TensorSpec*> step_metrics(const Program& program);
 
 // What a trainer says when kernel `kernel` met an embedding or class id (or
 // a moe_slots kernel an expert index) outside [0, bound): the kernel's name

@@ -12,12 +12,12 @@ namespace {
 // In the enums' order.
 constexpr std::string_view kDTypeNames[] = {"f64", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i64", "bool", "u8", "u16", "u32"};
 constexpr int64_t kDTypeBytes[] = {8, 4, 2, 2, 1, 1, 4, 8, 1, 1, 2, 4};
-constexpr std::string_view kRoleNames[] = {"param", "state", "input", "rng", "loss", "output"};
+constexpr std::string_view kRoleNames[] = {"param", "state", "input", "rng", "loss", "output", "metric"};
 constexpr std::string_view kPhaseNames[] = {"forward", "backward", "optimizer", "decode", "setup"};
 constexpr std::string_view kActivationNames[] = {"none", "gelu", "gelu_grad"};
 static_assert(std::size(kDTypeNames) == static_cast<size_t>(DType::U32) + 1 &&
               std::size(kDTypeBytes) == std::size(kDTypeNames));
-static_assert(std::size(kRoleNames) == static_cast<size_t>(TensorRole::Output) + 1);
+static_assert(std::size(kRoleNames) == static_cast<size_t>(TensorRole::Metric) + 1);
 static_assert(std::size(kPhaseNames) == static_cast<size_t>(KernelPhase::Setup) + 1);
 static_assert(std::size(kActivationNames) == static_cast<size_t>(GemmActivation::GeluGrad) + 1);
 

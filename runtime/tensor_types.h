@@ -17,9 +17,11 @@ DType parse_dtype(std::string_view name);  // throws Error("unknown dtype NAME")
 int64_t element_bytes(DType t);
 bool is_integer(DType t);  // i32 i64 u8 u16 u32
 
-// What a named tensor of a program is to the trainer.
-enum class TensorRole : uint8_t { Param, State, Input, Rng, Loss, Output };
-std::string_view tensor_role_name(TensorRole r);  // "param", "state", "input", "rng", "loss", "output"
+// What a named tensor of a program is to the trainer. Output: an inference
+// program's result (logits); Metric: a number a training step reports beside
+// its loss (runtime/program.h step_metrics).
+enum class TensorRole : uint8_t { Param, State, Input, Rng, Loss, Output, Metric };
+std::string_view tensor_role_name(TensorRole r);  // "param", "state", "input", "rng", "loss", "output", "metric"
 TensorRole parse_tensor_role(std::string_view name);  // throws Error
 
 // The phase of the step a kernel belongs to, named as ir::phase_name names it.

@@ -124,6 +124,13 @@ MetricsRecord end_of_run_metrics(const Program& p, const StepTimes& steps) {
       .boolean("peak_exceeded", m.exceeded);
 }
 
+MetricsRecord profile_metrics(const std::vector<double>& kernel_seconds, int64_t steps) {
+  const double per_step_ms = 1e3 / static_cast<double>(std::max<int64_t>(1, steps));
+  std::vector<double> ms;
+  for (double s : kernel_seconds) ms.push_back(s * per_step_ms);
+  return MetricsRecord().boolean("profile", true).integer("steps", steps).fixed_list("kernel_ms", ms, 6);
+}
+
 std::string profile_report(const Program& p, const std::vector<double>& kernel_seconds, int64_t steps) {
   double per_step = 1.0 / static_cast<double>(std::max<int64_t>(1, steps));
   struct Row {

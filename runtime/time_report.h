@@ -65,5 +65,10 @@ MetricsRecord end_of_run_metrics(const Program& p, const StepTimes& steps);
 // prediction, by kernel class (sorted by the gap, the largest first), then
 // the kernels with the largest gaps with their YAML lines.
 std::string profile_report(const Program& p, const std::vector<double>& kernel_seconds, int64_t steps);
+// The same as one metrics record: {"profile": true, "steps", "kernel_ms"},
+// kernel_ms the measured milliseconds per step of each kernel in the
+// program's order (--print-program names them), for scripts that add up a
+// share of the step (bench/train_vs_peers.py: the expert GEMMs').
+MetricsRecord profile_metrics(const std::vector<double>& kernel_seconds, int64_t steps);
 
 }  // namespace napkin::runtime

@@ -268,6 +268,10 @@ class TrainingRun {
   // it, and whether any rank was interrupted during it.
   std::pair<double, bool> train_step(int64_t step);
   void report_progress(int64_t step, double loss);
+  // The last step's metrics as the progress line ends ("  moe dropped 12"),
+  // and added to a metrics record: metric.<group>.<key> as "<group>": {"<key>": value}.
+  std::string metrics_text() const;
+  MetricsRecord with_step_metrics(MetricsRecord record) const;
   void evaluate(int64_t step);
 
   const Options& o;
@@ -319,6 +323,10 @@ class TrainingRun {
   bool warned_peak = false;
   double window_seconds = 0;
   int64_t window_steps = 0;
+  // The step's metrics (runtime/program.h step_metrics): the last step's
+  // values, summed over its micro-batches and the ranks.
+  const std::vector<const TensorSpec*> metric_tensors = step_metrics(program);
+  std::vector<double> metric_values = std::vector<double>(metric_tensors.size(), 0.0);
 };
 
 std::optional<int> TrainingRun::setup(const SamplerProgram& sampler_program) {
@@ -789,15 +797,22 @@ std::pair<double, bool> TrainingRun::train_step(int64_t step) {
     set_rng(ex, seed, (step - 1) * micro_batches + m, /*training=*/true);
     ex.run_forward();
     loss_sum += ex.loss();
+    for (size_t i = 0; i < metric_tensors.size(); ++i) {
+      if (k == 0) metric_values[i] = 0;
+      ex.download_tensor(*metric_tensors[i]);
+      metric_values[i] += read_element(ex.host(*metric_tensors[i]), metric_tensors[i]->dtype, 0);
+    }
     ex.run_backward();
     comm.set_activity(fmt::format("step {}, the gradient reduce-scatter", step));  // ZeRO-2's, per micro-batch
     gradients->add_micro_batch(k);
   }
   // The step's loss is the mean over every micro-batch of every rank; the
   // ranks agree on it, and on stopping after this step, before any update.
-  double agreed[2] = {loss_sum, g_interrupted ? 1.0 : 0.0};
+  std::vector<double> agreed{loss_sum, g_interrupted ? 1.0 : 0.0};
+  agreed.insert(agreed.end(), metric_values.begin(), metric_values.end());
   comm.set_activity(fmt::format("step {}, summing the loss", step));
-  comm.all_reduce_sum(agreed, 2);
+  comm.all_reduce_sum(agreed.data(), static_cast<int64_t>(agreed.size()));
+  std::copy(agreed.begin() + 2, agreed.end(), metric_values.begin());
   const double loss = agreed[0] / static_cast<double>(micro_batches);
   const bool interrupted = agreed[1] > 0;
   if (!std::isfinite(loss)) {
@@ -838,10 +853,11 @@ void TrainingRun::report_progress(int64_t step, double loss) {
     warned_peak = true;
   }
   if (!quiet)
-    fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {}  ETA {}\n",
-               step, o.steps, loss, mean * 1e3, tokens_per_s, flops / 1e9, mfu_text(mfu), human_duration(eta));
+    fmt::print("step {:>6}/{}  loss {:.4f}  {:7.2f} ms/step  {:>9.0f} tok/s  {:6.1f} GFLOP/s  MFU {}  ETA {}{}\n",
+               step, o.steps, loss, mean * 1e3, tokens_per_s, flops / 1e9, mfu_text(mfu), human_duration(eta),
+               metrics_text());
   std::fflush(stdout);
-  metrics.write(MetricsRecord()
+  metrics.write(with_step_metrics(MetricsRecord()
                     .integer("step", step)
                     .general("loss", loss, 9)
                     .fixed("step_ms", mean * 1e3, 4)
@@ -849,9 +865,38 @@ void TrainingRun::report_progress(int64_t step, double loss) {
                     .fixed("gflops", flops / 1e9, 3)
                     .fixed("mfu", mfu.known ? mfu.fraction : kUnknown, 4)
                     .fixed("predicted_step_ms", p.predicted.known ? p.predicted.step_seconds * 1e3 : kUnknown, 4)
-                    .fixed("predicted_mfu", p.predicted.known && peak > 0 ? p.predicted.mfu : kUnknown, 4));
+                    .fixed("predicted_mfu", p.predicted.known && peak > 0 ? p.predicted.mfu : kUnknown, 4)));
   window_seconds = 0;
   window_steps = 0;
+}
+
+std::string TrainingRun::metrics_text() const {
+  double dropped = 0;
+  bool moe = false;
+  for (size_t i = 0; i < metric_tensors.size(); ++i)
+    if (metric_tensors[i]->name.rfind("metric.moe_dropped.", 0) == 0) {
+      moe = true;
+      dropped += metric_values[i];
+    }
+  return moe ? fmt::format("  moe dropped {:.0f}", dropped) : std::string();
+}
+
+MetricsRecord TrainingRun::with_step_metrics(MetricsRecord record) const {
+  std::vector<std::pair<std::string, MetricsRecord>> groups;  // in the program's order
+  for (size_t i = 0; i < metric_tensors.size(); ++i) {
+    const std::string name = metric_tensors[i]->name.substr(kMetricTensorPrefix.size());
+    const size_t dot = name.find('.');
+    if (dot == std::string::npos) {
+      record.general(name, metric_values[i], 9);
+      continue;
+    }
+    const std::string group = name.substr(0, dot);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == group; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {group, MetricsRecord()});
+    it->second.general(name.substr(dot + 1), metric_values[i], 9);
+  }
+  for (const auto& [group, inner] : groups) record.object(group, inner);
+  return record;
 }
 
 void TrainingRun::evaluate(int64_t step) {
@@ -978,7 +1023,11 @@ int TrainingRun::finish() {
       fmt::print("device arena: peak mapped {}{} of {} reserved\n", ranks > 1 ? "per rank " : "", list,
                  human_bytes(static_cast<double>(device->reserved)));
   }
-  if (o.profile && rank0) fmt::print("{}", profile_report(program, ex.kernel_seconds(), (o.steps - start_step) * accumulate));
+  if (o.profile && rank0) {
+    const int64_t profiled = (o.steps - start_step) * accumulate;
+    fmt::print("{}", profile_report(program, ex.kernel_seconds(), profiled));
+    metrics.write(profile_metrics(ex.kernel_seconds(), profiled));
+  }
   comm.barrier();  // rank 0's last checkpoint is on disk before any rank reports success
   return 0;
 }

@@ -31,9 +31,8 @@ std::string type_text(DType dtype, const std::vector<int64_t>& shape) {
   return runtime::tensor_type_text(ir::dtype_name(dtype), shape);
 }
 
-// A parameter's shape as the checkpoint stores it: reversed when transposed.
-std::vector<int64_t> checkpoint_shape(const ir::TensorType& type, bool transpose) {
-  std::vector<int64_t> shape = type.sizes();
+// A piece's shape (napkin's layout) as the checkpoint stores it: reversed when transposed.
+std::vector<int64_t> checkpoint_shape(std::vector<int64_t> shape, bool transpose) {
   if (transpose) std::swap(shape[0], shape[1]);
   return shape;
 }
@@ -42,6 +41,63 @@ size_t element_count(const std::vector<int64_t>& shape) {
   size_t n = 1;
   for (int64_t d : shape) n *= static_cast<size_t>(d);
   return n;
+}
+
+// One checkpoint tensor and where it lies in its parameter: all of it, or
+// one index along the first axis of a parameter the checkpoint holds as one
+// tensor per index (frontend::HfTensor::slices).
+struct Piece {
+  size_t tensor;               // its parameter: an index into the map's tensors
+  std::string hf_name;
+  std::vector<int64_t> shape;  // in napkin's layout: the parameter's, or a slice's (no first axis)
+  size_t offset;               // elements into the parameter
+  int64_t index;               // along the stacked axis; -1 for a whole parameter
+};
+
+// Every checkpoint tensor of the map: parameter by parameter, slices by index.
+std::vector<Piece> pieces_of(const frontend::HuggingFaceMap& map, const std::vector<ir::TensorType>& types) {
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < map.tensors.size(); ++i) {
+    const frontend::HfTensor& m = map.tensors[i];
+    const std::vector<int64_t> shape = types[i].sizes();
+    if (m.slices.empty()) {
+      pieces.push_back({i, m.hf_name, shape, 0, -1});
+      continue;
+    }
+    const std::vector<int64_t> slice(shape.begin() + 1, shape.end());
+    for (size_t e = 0; e < m.slices.size(); ++e)
+      pieces.push_back({i, m.slices[e], slice, e * element_count(slice), static_cast<int64_t>(e)});
+  }
+  return pieces;
+}
+
+// "h.0.attn_w (f32[768, 2304], transposed)", "index 3 of layers.0.w_gate
+// (f32[4, 24, 16], stacked on its first axis)"; ", transposed" when
+// `say_transposed` and the map transposes it.
+std::string piece_text(const Piece& p, const frontend::HfTensor& m, const ir::TensorType& type, bool say_transposed) {
+  return fmt::format("{}{} ({}{}{})", p.index < 0 ? "" : fmt::format("index {} of ", p.index), m.param,
+                     type_text(type.dtype, type.sizes()), p.index < 0 ? "" : ", stacked on its first axis",
+                     say_transposed && m.transpose ? ", transposed" : "");
+}
+
+// For a tensor no piece names: the stacked parameter whose name pattern it
+// fits at an index beyond the parameter's first axis (the dims are likely
+// wrong), as a clause for the message; "" for none.
+std::string beyond_stack(const std::string& name, const frontend::HuggingFaceMap& map) {
+  for (const frontend::HfTensor& m : map.tensors) {
+    if (m.slices.empty()) continue;
+    // The frontend left one placeholder in a stacked tensor's hf_name, and a
+    // name's braces are placeholders only.
+    const size_t open = m.hf_name.find('{'), close = m.hf_name.find('}');
+    const std::string prefix = m.hf_name.substr(0, open), suffix = m.hf_name.substr(close + 1);
+    if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix)) continue;
+    const std::string index = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    if (index.find_first_not_of("0123456789") != std::string::npos) continue;
+    return fmt::format("; {} stacks {} tensors (indices 0 to {}) at these dims: are the dims (--dims) those of the "
+                       "checkpoint?",
+                       m.param, m.slices.size(), m.slices.size() - 1);
+  }
+  return "";
 }
 
 // Whether every value of `from` is a value of `to`: the widenings import makes.
@@ -126,10 +182,9 @@ int64_t convert(const char* src, DType from, char* dst, DType to, size_t rows, s
   return overflowed;
 }
 
-// rows x cols of a parameter's type as convert() reads it: a matrix's two
+// rows x cols of a piece's shape as convert() reads it: a matrix's two
 // axes, else everything in one row.
-std::pair<size_t, size_t> matrix_of(const ir::TensorType& type) {
-  const std::vector<int64_t> s = type.sizes();
+std::pair<size_t, size_t> matrix_of(const std::vector<int64_t>& s) {
   if (s.size() == 2) return {static_cast<size_t>(s[0]), static_cast<size_t>(s[1])};
   return {1, element_count(s)};
 }
@@ -195,6 +250,7 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
   const ir::Graph& g = model.graph;
   const frontend::HuggingFaceMap& map = model.map;
   const std::vector<ir::TensorType> types = param_types(model);
+  const std::vector<Piece> pieces = pieces_of(map, types);
   const HfCheckpoint checkpoint(hf_path);
   if (std::string problem = output_problem("-o", output, checkpoint.paths()); !problem.empty()) throw Error(problem);
   std::vector<std::string> problems;
@@ -214,7 +270,7 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
 
   // What each of the checkpoint's tensors is: a parameter's, a tied copy, ignored, or unexpected.
   std::set<std::string> known;
-  for (const frontend::HfTensor& t : map.tensors) known.insert(t.hf_name);
+  for (const Piece& p : pieces) known.insert(p.hf_name);
   for (const frontend::HfTied& t : map.tied) known.insert(t.hf_name);
   std::vector<std::string> ignored;
   for (const auto& entry : named) {
@@ -226,31 +282,31 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
     if (skip)
       ignored.push_back(name);
     else
-      problems.push_back(fmt::format("unexpected: {} ({}) is no tensor of this model, and no ignore: pattern matches it",
-                                     runtime::printable(name), runtime::tensor_type_text(t->dtype, t->shape)));
+      problems.push_back(fmt::format("unexpected: {} ({}) is no tensor of this model, and no ignore: pattern matches it{}",
+                                     runtime::printable(name), runtime::tensor_type_text(t->dtype, t->shape),
+                                     beyond_stack(name, map)));
   }
 
-  // Each parameter's tensor: present, its shape, a dtype that widens exactly.
-  std::vector<const HfCheckpoint::Tensor*> sources;
-  for (size_t i = 0; i < map.tensors.size(); ++i) {
-    const frontend::HfTensor& m = map.tensors[i];
-    const ir::TensorType& type = types[i];
-    const std::vector<int64_t> want = checkpoint_shape(type, m.transpose);
+  // Each piece's tensor: present, its shape, a dtype that widens exactly.
+  std::vector<const HfCheckpoint::Tensor*> sources;  // by piece
+  for (const Piece& p : pieces) {
+    const frontend::HfTensor& m = map.tensors[p.tensor];
+    const ir::TensorType& type = types[p.tensor];
+    const std::vector<int64_t> want = checkpoint_shape(p.shape, m.transpose);
     // "[2304, 768] in f32, bf16 or f16 for h.0.attn_w (f32[768, 2304], transposed)"
-    const std::string expected =
-        fmt::format("{} in {} for {} ({}{})", runtime::tensor_type_text("", want), exact_sources(type.dtype), m.param,
-                    type_text(type.dtype, type.sizes()), m.transpose ? ", transposed" : "");
-    const HfCheckpoint::Tensor* t = find(m.hf_name);
+    const std::string expected = fmt::format("{} in {} for {}", runtime::tensor_type_text("", want),
+                                             exact_sources(type.dtype), piece_text(p, m, type, true));
+    const HfCheckpoint::Tensor* t = find(p.hf_name);
     sources.push_back(t);
     if (!t) {
-      problems.push_back(fmt::format("missing: {}, expected {}", m.hf_name, expected));
+      problems.push_back(fmt::format("missing: {}, expected {}", p.hf_name, expected));
       continue;
     }
     const std::optional<DType> found = ir::parse_dtype(t->dtype);
     const bool dtype_ok = found && holds_exactly(type.dtype, *found);
     if (t->shape != want || !dtype_ok)
       problems.push_back(fmt::format("wrong {}: {} is {}, expected {}",
-                                     t->shape != want ? (dtype_ok ? "shape" : "shape and dtype") : "dtype", m.hf_name,
+                                     t->shape != want ? (dtype_ok ? "shape" : "shape and dtype") : "dtype", p.hf_name,
                                      runtime::tensor_type_text(t->dtype, t->shape), expected));
   }
 
@@ -259,18 +315,18 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
   for (const frontend::HfTied& tie : map.tied) {
     const HfCheckpoint::Tensor* copy = find(tie.hf_name);
     if (!copy) continue;  // save_pretrained leaves tied tensors out
-    for (size_t i = 0; i < map.tensors.size(); ++i) {
+    for (size_t i = 0; i < pieces.size(); ++i) {  // the frontend ties whole parameters only
       const HfCheckpoint::Tensor* original = sources[i];
-      if (map.tensors[i].param != tie.param || !original) continue;
+      if (map.tensors[pieces[i].tensor].param != tie.param || !original) continue;
       if (copy->dtype != original->dtype || copy->shape != original->shape ||
           std::memcmp(copy->data, original->data, copy->bytes) != 0)
         problems.push_back(fmt::format(
             "tied: {} ({}) differs from {} ({}), which this model ties it to ({}); a model whose head is not tied needs "
             "a parameter of its own for it",
-            tie.hf_name, runtime::tensor_type_text(copy->dtype, copy->shape), map.tensors[i].hf_name,
+            tie.hf_name, runtime::tensor_type_text(copy->dtype, copy->shape), pieces[i].hf_name,
             runtime::tensor_type_text(original->dtype, original->shape), tie.param));
       else
-        tied_checked.push_back(fmt::format("{} = {}", tie.hf_name, map.tensors[i].hf_name));
+        tied_checked.push_back(fmt::format("{} = {}", tie.hf_name, pieces[i].hf_name));
     }
   }
   if (!problems.empty())
@@ -279,18 +335,26 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
   // Every tensor copied out of the mapped files before anything is written.
   std::vector<std::vector<char>> buffers(map.tensors.size());
   std::vector<runtime::TensorData> views;
+  for (size_t i = 0; i < map.tensors.size(); ++i) {
+    const ir::TensorType& type = types[i];
+    buffers[i].resize(element_count(type.sizes()) * static_cast<size_t>(ir::dtype_size(type.dtype)));
+    views.push_back({map.tensors[i].param, std::string(ir::dtype_name(type.dtype)), type.sizes(), buffers[i].data()});
+  }
   std::map<std::string, int> widened;  // "bf16" -> tensors widened from it
   int64_t elements = 0;
-  for (size_t i = 0; i < map.tensors.size(); ++i) {
-    const frontend::HfTensor& m = map.tensors[i];
-    const ir::TensorType& type = types[i];
+  int transposed = 0, stacked = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    const frontend::HfTensor& m = map.tensors[p.tensor];
+    const DType to = types[p.tensor].dtype;
     const DType from = *ir::parse_dtype(sources[i]->dtype);
-    const auto [rows, cols] = matrix_of(type);
-    buffers[i].resize(rows * cols * static_cast<size_t>(ir::dtype_size(type.dtype)));
-    convert(sources[i]->data, from, buffers[i].data(), type.dtype, rows, cols, m.transpose);
-    if (from != type.dtype) ++widened[sources[i]->dtype];
+    const auto [rows, cols] = matrix_of(p.shape);
+    convert(sources[i]->data, from, buffers[p.tensor].data() + p.offset * static_cast<size_t>(ir::dtype_size(to)), to,
+            rows, cols, m.transpose);
+    if (from != to) ++widened[sources[i]->dtype];
     elements += static_cast<int64_t>(rows * cols);
-    views.push_back({m.param, std::string(ir::dtype_name(type.dtype)), type.sizes(), buffers[i].data()});
+    transposed += m.transpose;
+    stacked += p.index >= 0;
   }
   checkpoint.check_intact();
   std::map<std::string, std::string> metadata = {
@@ -304,8 +368,11 @@ std::string import_huggingface(const frontend::HuggingFaceModel& model, const st
   if (headless)
     done += fmt::format("  read the base model's tensors as {}NAME: the checkpoint's names lack that prefix\n", prefix);
   for (const auto& [dtype, count] : widened) done += fmt::format("  widened {} {} tensors exactly\n", count, dtype);
-  int transposed = 0;
-  for (const frontend::HfTensor& m : map.tensors) transposed += m.transpose;
+  if (stacked > 0) {
+    int stacks = 0;
+    for (const frontend::HfTensor& m : map.tensors) stacks += !m.slices.empty();
+    done += fmt::format("  stacked {} tensors into {} parameters on their first axis\n", stacked, stacks);
+  }
   if (transposed > 0) done += fmt::format("  transposed {} tensors to napkin's layout\n", transposed);
   for (const std::string& t : tied_checked) done += fmt::format("  tied {}: equal, read once\n", t);
   if (!ignored.empty())
@@ -369,20 +436,23 @@ std::string export_huggingface(const frontend::HuggingFaceModel& model, const st
   }
   runtime::read_weights(checkpoint, refs, optimizer_state);
 
-  std::vector<std::vector<char>> tensors(map.tensors.size());
+  const std::vector<Piece> pieces = pieces_of(map, types);
+  std::vector<std::vector<char>> tensors(pieces.size());
   std::vector<runtime::TensorData> views;
   std::vector<std::string> problems;
-  for (size_t i = 0; i < map.tensors.size(); ++i) {
-    const frontend::HfTensor& m = map.tensors[i];
-    const ir::TensorType& type = types[i];
-    const auto [napkin_rows, napkin_cols] = matrix_of(type);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    const frontend::HfTensor& m = map.tensors[p.tensor];
+    const ir::TensorType& type = types[p.tensor];
+    const auto [napkin_rows, napkin_cols] = matrix_of(p.shape);
     // convert() writes [rows, cols] from [cols, rows] when transposing.
     const size_t rows = m.transpose ? napkin_cols : napkin_rows, cols = m.transpose ? napkin_rows : napkin_cols;
     tensors[i].resize(rows * cols * static_cast<size_t>(ir::dtype_size(dtype)));
-    if (int64_t overflowed = convert(params[i].data(), type.dtype, tensors[i].data(), dtype, rows, cols, m.transpose))
-      problems.push_back(fmt::format("{} ({}): {} finite values are too large for {}", m.param,
-                                     type_text(type.dtype, type.sizes()), overflowed, ir::dtype_name(dtype)));
-    views.push_back({m.hf_name, std::string(ir::dtype_name(dtype)), checkpoint_shape(type, m.transpose),
+    const char* from = params[p.tensor].data() + p.offset * static_cast<size_t>(ir::dtype_size(type.dtype));
+    if (int64_t overflowed = convert(from, type.dtype, tensors[i].data(), dtype, rows, cols, m.transpose))
+      problems.push_back(fmt::format("{}: {} finite values are too large for {}", piece_text(p, m, type, false),
+                                     overflowed, ir::dtype_name(dtype)));
+    views.push_back({p.hf_name, std::string(ir::dtype_name(dtype)), checkpoint_shape(p.shape, m.transpose),
                      tensors[i].data()});
   }
   if (!problems.empty())

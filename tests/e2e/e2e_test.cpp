@@ -266,3 +266,46 @@ TEST_CASE("e2e: models/llama.yaml builds and trains on the CPU at small dims - i
                                     << ", last five " << last << ")");
   CHECK(last < first - 1.0);
 }
+
+TEST_CASE("e2e: models/moe.yaml trains on the CPU at small dims - its loss falls and the metrics count each layer's dropped pairs") {
+  // Capacity factor 1 (capacity_percent=100): C = T·k/E, so an unbalanced
+  // router drops some (token, choice) pairs, which the trainer logs per layer.
+  napkin::testing::TempDir tmp("e2e-moe");
+  const fs::path dir = tmp.path;
+  const std::string trainer = build(
+      "models/moe.yaml",
+      "batch=4,seq=32,d=64,heads=4,kv_heads=2,experts=4,top_k=2,expert_hidden=64,capacity_percent=100,layers=2", dir);
+  Run r = sh(fmt::format("{} {} --steps 30 --seed 1 --threads 2 --log-every 1 --eval-every 0 --checkpoint-every 0 "
+                         "--metrics {} --checkpoint-dir {}",
+                         trainer, kGptData, (dir / "m.jsonl").string(), (dir / "ckpt").string()));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("moe dropped") != std::string::npos);
+  const std::vector<double> losses = logged_losses(dir / "m.jsonl");
+  REQUIRE(losses.size() == 30);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) first += losses[i] / 5, last += losses[25 + i] / 5;
+  MESSAGE("moe small dims: loss " << losses.front() << " -> " << losses.back());
+  CHECK(last < first - 1.0);
+  // Every step record has each layer's dropped pairs: whole numbers in [0, T·k] = [0, 256].
+  int records = 0;
+  double dropped = 0;
+  std::ifstream in(dir / "m.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    json j = json::parse(line);
+    if (!j.contains("loss")) continue;
+    ++records;
+    REQUIRE(j.contains("moe_dropped"));
+    for (const char* layer : {"layers.0", "layers.1"}) {
+      CAPTURE(layer);
+      REQUIRE(j["moe_dropped"].contains(layer));
+      const double n = j["moe_dropped"][layer];
+      CHECK(n == std::floor(n));
+      CHECK(n >= 0);
+      CHECK(n <= 256);
+      dropped += n;
+    }
+  }
+  CHECK(records == 30);
+  CHECK(dropped > 0);  // 30 steps of a fresh router at capacity factor 1 drop some pairs
+}

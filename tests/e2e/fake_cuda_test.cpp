@@ -428,6 +428,35 @@ TEST_CASE("fake cuda: lm-gqa (untied [d, vocab] head, grouped heads, SwiGLU, RMS
   CHECK(train_cuda(t, flags, dir, "no-graphs", "NAPKIN_CUDA_GRAPHS=0") == cuda);
 }
 
+// models/moe.yaml on the fake GPU: top_k and moe_slots kernels
+// (codegen/cuda/routing.cpp), the experts as cuBLASLt batched GEMMs over the
+// experts axis, dispatch and combine as embedding gathers and scatter-adds,
+// and the step's dropped-pair metric read back from the device. Capacity
+// factor 1 drops pairs, so the slots' order matters: the losses follow the
+// CPU's and so do the dropped counts.
+TEST_CASE("fake cuda: models/moe.yaml (top-2 of 4 experts, capacity factor 1) trains on the fake GPU as on the CPU, dropping the same pairs") {
+  TempDir dir("fakecuda-moe");
+  Trainers t = build_both("models/moe.yaml",
+                          "batch=2,seq=16,vocab=256,d=32,heads=4,kv_heads=2,experts=4,top_k=2,expert_hidden=48,"
+                          "capacity_percent=100,layers=2",
+                          dir);
+  std::string flags = fmt::format("{} {} --steps 4 --quiet", kCommon, kGptData);
+  std::vector<double> cpu = train(t.cpu + " " + flags, dir, "cpu");
+  std::vector<double> cuda = train_cuda(t, flags, dir, "cuda");
+  check_close(cpu, cuda, 1e-4);
+  std::vector<double> dropped[2];
+  for (int side = 0; side < 2; ++side) {
+    std::ifstream in(dir / (side == 0 ? "cpu.jsonl" : "cuda.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("moe_dropped")) dropped[side].push_back(j["moe_dropped"]["layers.0"].get<double>() +
+                                                              j["moe_dropped"]["layers.1"].get<double>());
+    }
+  }
+  CHECK(dropped[0].size() == 4);
+  CHECK(dropped[0] == dropped[1]);
+}
+
 // rope's own kernels (codegen/cuda/rope.cpp), compiled by NVRTC and run on
 // the fake GPU: tests/models/llama-rope-op.yaml with explicit positions, so
 // q's and k's rotations (and their inverses in the backward) stay kernels of

@@ -1,17 +1,24 @@
 // napkin against transformers, offline: tests/e2e/data/hf/FAMILY holds what
 // bench/hf_parity.py --write-fixtures saved from transformers itself (its
 // save_pretrained files config.json and model.safetensors of a small
-// LlamaForCausalLM / GPT2LMHeadModel, a prompt, and transformers' logits on
-// that prompt, at the dims in dims.txt). napkin imports the weights, computes
-// the prompt's logits with the compiled prefill (napkin sample --logits), in
-// fp32, and exports them back: the logits agree with transformers' to 1e-5
-// relative, and the exported file holds transformers' tensors bit for bit.
+// LlamaForCausalLM / GPT2LMHeadModel / MixtralForCausalLM, a prompt, and
+// transformers' logits on that prompt, at the dims in dims.txt). napkin
+// imports the weights, computes the prompt's logits with the compiled prefill
+// (napkin sample --logits), in fp32, and exports them back: the logits agree
+// with transformers' to 1e-5 relative, and the exported file holds
+// transformers' tensors bit for bit. Mixtral's fixture also holds 20 AdamW
+// steps of transformers (its load-balancing loss included), which napkin's
+// trainer repeats from the imported weights to 1e-4 relative.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
+#include <vector>
 #include <string>
 
 #include "runtime/npy.h"
@@ -37,6 +44,46 @@ std::string fp32_copy(const TempDir& dir, const std::string& model) {
   const std::string out = dir / "model.yaml";
   write_bytes(out, std::regex_replace(text, std::regex("\nprecision:[^\n]*"), "\nprecision: fp32"));
   return out;
+}
+
+// train.json: transformers' losses over `steps` AdamW steps (constant lr,
+// betas 0.9/0.95, eps 1e-8, weight decay 0.1 but on `no_decay`, clipping at
+// 1) from the fixture's weights on tokens.u16 read in order; napkin's trainer
+// from the imported weights on the same tokens agrees at every step to 1e-4.
+template <typename Run>
+void check_training(const std::string& fixture, const std::string& dims, const std::string& yaml,
+                    const std::string& weights, const TempDir& dir, const Run& run) {
+  const nlohmann::json train = nlohmann::json::parse(read_bytes(std::string(NAPKIN_SOURCE_DIR) + "/" + fixture +
+                                                                "/train.json"));
+  std::string globs;
+  for (const auto& g : train["no_decay"]) globs += (globs.empty() ? "\"" : ", \"") + g.get<std::string>() + "\"";
+  const std::string text = std::regex_replace(
+      read_bytes(yaml), std::regex("\noptimizer:[^\n]*"),
+      fmt::format("\noptimizer: adamw(lr={}, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.1, grad_clip=1.0, "
+                  "no_decay=[{}])",
+                  train["lr"].get<double>(), globs));
+  const std::string trained = dir / "train.yaml";
+  write_bytes(trained, text);
+  const int steps = train["steps"];
+  run(fmt::format("{} train {} --dims {} -- --init {} --data {}/tokens.u16 --order sequential --steps {} "
+                  "--log-every 1 --metrics {} --checkpoint-every 0 --eval-every 0 --quiet --seed 0",
+                  NAPKIN_BINARY, trained, dims, weights, fixture, steps, dir / "metrics.jsonl"));
+  std::vector<double> losses;
+  std::istringstream lines(read_bytes(dir / "metrics.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss") && j.contains("step")) losses.push_back(j["loss"]);
+  }
+  const std::vector<double> expected = train["losses"];
+  REQUIRE(losses.size() == expected.size());
+  double worst = 0;
+  for (size_t i = 0; i < losses.size(); ++i) {
+    INFO("step " << i + 1 << ": napkin " << losses[i] << ", transformers " << expected[i]);
+    const double error = std::fabs(losses[i] - expected[i]) / std::fabs(expected[i]);
+    CHECK(error <= 1e-4);
+    worst = std::max(worst, error);
+  }
+  MESSAGE(fixture << ": " << steps << " AdamW steps, worst relative loss difference to transformers " << worst);
 }
 
 void check_family(const std::string& family, const std::string& model) {
@@ -84,6 +131,7 @@ void check_family(const std::string& family, const std::string& model) {
     REQUIRE(back->bytes == t.bytes);
     CHECK(std::equal(t.data, t.data + t.bytes, back->data));
   }
+  if (std::filesystem::exists(source + "/train.json")) check_training(fixture, dims, yaml, weights, dir, run);
 }
 
 }  // namespace
@@ -94,4 +142,8 @@ TEST_CASE("hf fixture: a transformers Llama's weights give its logits in napkin,
 
 TEST_CASE("hf fixture: a transformers GPT-2's weights give its logits in napkin, and export back bit for bit") {
   check_family("gpt2", "models/gpt2-124m.yaml");
+}
+
+TEST_CASE("hf fixture: a transformers Mixtral's weights give its logits in napkin, export back bit for bit, and train as transformers trains it for 20 steps") {
+  check_family("mixtral", "models/moe.yaml");
 }

@@ -1,7 +1,9 @@
 // napkin hf import and export (docs/huggingface.md) on small checkpoints the
 // tests write in transformers' layout: GPT-2 (models/gpt2-124m.yaml at small
 // dims: tied head, the old files' attention-mask buffers) and a tiny Llama
-// (tests/models/llama-hf.yaml: transposed and plain weights, bf16 and f16).
+// (tests/models/llama-hf.yaml: transposed and plain weights, bf16 and f16),
+// and experts stacked on a parameter's first axis from one tensor each
+// (tests/models/experts-hf.yaml, Mixtral's names).
 // The checkpoint names and layouts are written out here from transformers'
 // state dicts, not read from the models' huggingface: sections, so a wrong
 // section fails. Round trips are compared bit for bit.
@@ -219,6 +221,67 @@ void check_widened(const Tensor& napkin, const Tensor& hf, bool transposed) {
       wrong += element(napkin, r * cols + c) != want;
     }
   CHECK_MESSAGE(wrong == 0, napkin.name << ": " << wrong << " elements differ from " << hf.name);
+}
+
+// tests/models/experts-hf.yaml's dims: V 16, d 8, hidden 12, 3 experts, 2 layers.
+constexpr int64_t kExpertsV = 16, kExpertsD = 8, kExpertsHidden = 12, kExperts = 3;
+constexpr const char* kExpertsModel = "tests/models/experts-hf.yaml";
+
+// MixtralForCausalLM's state dict as save_pretrained writes it (one tensor
+// per expert, every weight [out, in]) at experts-hf's sizes and `experts`,
+// without attention (experts-hf has none).
+std::vector<Tensor> experts_checkpoint(const std::string& dtype, int64_t experts = kExperts) {
+  std::vector<Tensor> t;
+  uint32_t seed = 200;
+  t.push_back(make("model.embed_tokens.weight", dtype, {kExpertsV, kExpertsD}, seed++));
+  for (int64_t i = 0; i < kLayers; ++i) {
+    const std::string l = fmt::format("model.layers.{}.", i);
+    t.push_back(make(l + "post_attention_layernorm.weight", dtype, {kExpertsD}, seed++));
+    t.push_back(make(l + "block_sparse_moe.gate.weight", dtype, {experts, kExpertsD}, seed++));
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::string x = fmt::format("{}block_sparse_moe.experts.{}.", l, e);
+      t.push_back(make(x + "w1.weight", dtype, {kExpertsHidden, kExpertsD}, seed++));
+      t.push_back(make(x + "w2.weight", dtype, {kExpertsD, kExpertsHidden}, seed++));
+      t.push_back(make(x + "w3.weight", dtype, {kExpertsHidden, kExpertsD}, seed++));
+    }
+  }
+  t.push_back(make("model.norm.weight", dtype, {kExpertsD}, seed++));
+  t.push_back(make("lm_head.weight", dtype, {kExpertsV, kExpertsD}, seed++));
+  return t;
+}
+
+// Where experts-hf holds each of the checkpoint's tensors: the parameter, the
+// index along its first axis (-1: the whole parameter), and whether that
+// slice is stored [in, out] (transposed from transformers' [out, in]).
+struct Place {
+  std::string param;
+  int64_t index;
+  bool transposed;
+};
+std::map<std::string, Place> experts_places() {
+  std::map<std::string, Place> p = {{"model.embed_tokens.weight", {"wte", -1, false}},
+                                    {"model.norm.weight", {"norm_g", -1, false}},
+                                    {"lm_head.weight", {"head", -1, false}}};
+  for (int64_t i = 0; i < kLayers; ++i) {
+    const std::string l = fmt::format("model.layers.{}.", i);
+    p[l + "post_attention_layernorm.weight"] = {fmt::format("layers.{}.norm", i), -1, false};
+    p[l + "block_sparse_moe.gate.weight"] = {fmt::format("layers.{}.router", i), -1, false};
+    for (int64_t e = 0; e < kExperts; ++e) {
+      const std::string x = fmt::format("{}block_sparse_moe.experts.{}.", l, e);
+      p[x + "w1.weight"] = {fmt::format("layers.{}.w_gate", i), e, false};
+      p[x + "w2.weight"] = {fmt::format("layers.{}.w_down", i), e, false};
+      p[x + "w3.weight"] = {fmt::format("layers.{}.w_up", i), e, true};
+    }
+  }
+  return p;
+}
+
+// Index `index` of `t`'s first axis, a tensor of its own.
+Tensor slice_of(const Tensor& t, int64_t index) {
+  const std::vector<int64_t> shape(t.shape.begin() + 1, t.shape.end());
+  const size_t bytes = numel(shape) * rt::safetensors_itemsize(t.dtype).value();
+  const auto begin = t.bytes.begin() + static_cast<std::ptrdiff_t>(bytes * static_cast<size_t>(index));
+  return {fmt::format("{}[{}]", t.name, index), t.dtype, shape, std::vector<char>(begin, begin + static_cast<std::ptrdiff_t>(bytes))};
 }
 
 std::string napkin_binary() { return NAPKIN_BINARY; }
@@ -610,4 +673,119 @@ TEST_CASE("hf export: a napkin checkpoint's optimizer state stays behind, and ov
   CHECK(other.out.find("wrong shape: wte is f32[32, 16] in the file, f32[16, 32] in this model") != std::string::npos);
   CHECK(other.out.find("missing: wpe (f32[8, 32])") != std::string::npos);
   CHECK(other.out.find("unexpected: layers.0.wq") != std::string::npos);
+}
+
+TEST_CASE("hf import and export: one checkpoint tensor per expert stacks on the parameter's first axis (transposed per expert where asked) and unstacks bit for bit") {
+  for (const std::string dtype : {"f32", "bf16"}) {
+    CAPTURE(dtype);
+    TempDir dir("hf-experts");
+    const std::vector<Tensor> checkpoint = experts_checkpoint(dtype);
+    write_checkpoint_file(dir / "model.safetensors", checkpoint);
+    auto in = hf(fmt::format("import {} {} -o {}", kExpertsModel, dir / "model.safetensors", dir / "w.safetensors"));
+    REQUIRE_MESSAGE(in.status == 0, in.out);
+    CHECK(in.out.find("wrote " + dir / "w.safetensors" + ": 13 parameter tensors") != std::string::npos);
+    // 3 stacked parameters in each of 2 layers, of 3 experts each.
+    CHECK(in.out.find("stacked 18 tensors into 6 parameters on their first axis") != std::string::npos);
+    CHECK(in.out.find("transposed 6 tensors") != std::string::npos);
+
+    const std::map<std::string, Tensor> imported = read_all(dir / "w.safetensors");
+    CHECK(imported.size() == 13);
+    REQUIRE(imported.count("layers.1.w_up"));
+    CHECK(imported.at("layers.1.w_up").shape == std::vector<int64_t>{kExperts, kExpertsD, kExpertsHidden});
+    CHECK(imported.at("layers.0.w_gate").shape == std::vector<int64_t>{kExperts, kExpertsHidden, kExpertsD});
+    CHECK(imported.at("layers.0.w_down").shape == std::vector<int64_t>{kExperts, kExpertsD, kExpertsHidden});
+    const std::map<std::string, Place> places = experts_places();
+    CHECK(places.size() == checkpoint.size());
+    for (const Tensor& t : checkpoint) {
+      const Place& place = places.at(t.name);
+      REQUIRE_MESSAGE(imported.count(place.param), place.param);
+      const Tensor& param = imported.at(place.param);
+      check_widened(place.index < 0 ? param : slice_of(param, place.index), t, place.transposed);
+    }
+
+    auto out = hf(fmt::format("export {} {} -o {} --dtype {}", kExpertsModel, dir / "w.safetensors", dir / "out", dtype));
+    REQUIRE_MESSAGE(out.status == 0, out.out);
+    CHECK(out.out.find(fmt::format(": {} tensors of experts-hf", checkpoint.size())) != std::string::npos);
+    const std::map<std::string, Tensor> exported = read_all(dir / "out/model.safetensors");
+    CHECK(exported.size() == checkpoint.size());
+    for (const Tensor& t : checkpoint) {
+      REQUIRE_MESSAGE(exported.count(t.name), t.name);
+      CHECK(exported.at(t.name).dtype == dtype);
+      CHECK(exported.at(t.name).shape == t.shape);
+      CHECK_MESSAGE(exported.at(t.name).bytes == t.bytes, t.name);
+    }
+    const nlohmann::json config = nlohmann::json::parse(napkin::testing::read_bytes(dir / "out/config.json"));
+    CHECK(config["architectures"] == nlohmann::json::array({"MixtralForCausalLM"}));
+    CHECK(config["num_local_experts"] == kExperts);
+  }
+}
+
+TEST_CASE("hf import: a stacked parameter's experts may lie in different shards") {
+  TempDir dir("hf-experts-shards");
+  const std::vector<Tensor> checkpoint = experts_checkpoint("bf16");
+  write_checkpoint_file(dir / "model.safetensors", checkpoint);
+  auto single = hf(fmt::format("import {} {} -o {}", kExpertsModel, dir / "model.safetensors", dir / "single.safetensors"));
+  REQUIRE_MESSAGE(single.status == 0, single.out);
+
+  // Even experts (and what is no expert) in the first shard, odd ones in the second.
+  fs::create_directory(dir / "sharded");
+  std::vector<Tensor> shards[2];
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+  const std::map<std::string, Place> places = experts_places();
+  for (const Tensor& t : checkpoint) {
+    const int shard = places.at(t.name).index >= 0 ? static_cast<int>(places.at(t.name).index % 2) : 0;
+    shards[shard].push_back(t);
+    index["weight_map"][t.name] = fmt::format("model-0000{}-of-00002.safetensors", shard + 1);
+  }
+  for (int shard = 0; shard < 2; ++shard)
+    write_checkpoint_file(dir / fmt::format("sharded/model-0000{}-of-00002.safetensors", shard + 1), shards[shard]);
+  napkin::testing::write_bytes(dir / "sharded/model.safetensors.index.json", index.dump(2));
+  auto sharded = hf(fmt::format("import {} {} -o {}", kExpertsModel, dir / "sharded", dir / "sharded.safetensors"));
+  REQUIRE_MESSAGE(sharded.status == 0, sharded.out);
+  CHECK(sharded.out.find("(2 shards)") != std::string::npos);
+  const auto a = read_all(dir / "single.safetensors"), b = read_all(dir / "sharded.safetensors");
+  REQUIRE(a.size() == b.size());
+  for (const auto& entry : a) CHECK_MESSAGE(b.at(entry.first).bytes == entry.second.bytes, entry.first);
+}
+
+TEST_CASE("hf import: a missing expert, an expert of the wrong shape and experts beyond the dims are listed by name, and nothing is written") {
+  TempDir dir("hf-experts-bad");
+  std::vector<Tensor> bad;
+  for (Tensor t : experts_checkpoint("f32")) {
+    if (t.name == "model.layers.1.block_sparse_moe.experts.2.w1.weight") continue;  // missing
+    if (t.name == "model.layers.0.block_sparse_moe.experts.1.w2.weight")
+      t = make(t.name, "f32", {kExpertsHidden, kExpertsD}, 1);  // [in, out]: not transformers' layout
+    if (t.name == "model.layers.0.block_sparse_moe.experts.0.w3.weight")
+      t = make(t.name, "f32", {kExpertsD, kExpertsHidden}, 2);  // napkin's layout of the slice, not transformers'
+    bad.push_back(t);
+  }
+  write_checkpoint_file(dir / "model.safetensors", bad);
+  auto run = hf(fmt::format("import {} {} -o {}", kExpertsModel, dir / "model.safetensors", dir / "w.safetensors"));
+  CHECK(run.status == 1);
+  CHECK(run.out.find("does not match experts-hf's huggingface: section (3 problems)") != std::string::npos);
+  CHECK(run.out.find("missing: model.layers.1.block_sparse_moe.experts.2.w1.weight, expected [12, 8] in f32, bf16 or "
+                     "f16 for index 2 of layers.1.w_gate (f32[3, 12, 8], stacked on its first axis)") != std::string::npos);
+  CHECK(run.out.find("wrong shape: model.layers.0.block_sparse_moe.experts.1.w2.weight is f32[12, 8], expected [8, 12] "
+                     "in f32, bf16 or f16 for index 1 of layers.0.w_down (f32[3, 8, 12], stacked on its first axis)") !=
+        std::string::npos);
+  CHECK(run.out.find("wrong shape: model.layers.0.block_sparse_moe.experts.0.w3.weight is f32[8, 12], expected [12, 8] "
+                     "in f32, bf16 or f16 for index 0 of layers.0.w_up (f32[3, 8, 12], stacked on its first axis, "
+                     "transposed)") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir / "w.safetensors"));
+
+  // A checkpoint of 4 experts at dims that say 3: each extra expert's tensors
+  // are named, with the dims as the likely mistake (the router's shape too).
+  write_checkpoint_file(dir / "model.safetensors", experts_checkpoint("f32", 4));
+  auto more = hf(fmt::format("import {} {} -o {}", kExpertsModel, dir / "model.safetensors", dir / "w.safetensors"));
+  CHECK(more.status == 1);
+  CHECK(more.out.find("(8 problems)") != std::string::npos);
+  CHECK(more.out.find("unexpected: model.layers.1.block_sparse_moe.experts.3.w3.weight (f32[12, 8]) is no tensor of "
+                      "this model, and no ignore: pattern matches it; layers.1.w_up stacks 3 tensors (indices 0 to 2) at "
+                      "these dims: are the dims (--dims) those of the checkpoint?") != std::string::npos);
+  CHECK(more.out.find("wrong shape: model.layers.0.block_sparse_moe.gate.weight is f32[4, 8], expected [3, 8]") !=
+        std::string::npos);
+  auto right_dims = hf(fmt::format("import {} {} -o {} --dims experts=4", kExpertsModel, dir / "model.safetensors",
+                                   dir / "w.safetensors"));
+  CHECK_MESSAGE(right_dims.status == 0, right_dims.out);
+  CHECK(read_all(dir / "w.safetensors").at("layers.0.w_down").shape == std::vector<int64_t>{4, kExpertsD, kExpertsHidden});
 }

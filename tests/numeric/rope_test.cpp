@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "interp/gradient_check.h"
-#include "interp/interpreter.h"
 #include "support/compiled_step.h"
 #include "support/test_models.h"
 
@@ -113,59 +112,6 @@ precision: fp32
                      by_op ? "rope" : "hand", by_op ? "x" : "x, rcos, rsin", rotate, tables);
 }
 
-// The loss and every parameter's gradient ("grad.NAME"), from the float64 interpreter.
-struct Evaluated {
-  double loss = 0;
-  std::map<std::string, std::vector<double>> grads;
-};
-Evaluated evaluate_f64(const ir::Graph& g) {
-  std::map<ir::ValueId, std::vector<double>> values = interp::initial_values(g, 7);
-  for (auto& [v, data] : interp::random_inputs(g, 11)) values[v] = data;
-  interp::Interpreter it(g, interp::Numerics::Float64);
-  it.set(values);
-  it.run();
-  Evaluated e;
-  e.loss = it.get(g.find_output("loss"))[0];
-  for (const ir::Param& p : g.params) {
-    const std::string name = g.value(p.value).name;
-    e.grads[name] = it.get(g.find_output("grad." + name));
-  }
-  return e;
-}
-
-// The same from the compiled CPU trainer (f32), before the update.
-Evaluated evaluate_compiled(ir::Graph g) {
-  napkin::testing::CompiledStep step(std::move(g));
-  step.ex->run_forward();
-  Evaluated e;
-  e.loss = step.ex->loss();
-  step.ex->run_backward();
-  for (const codegen::PlannedGradient& grad : step.plan.gradients) {
-    const int64_t n = grad.bytes / static_cast<int64_t>(ir::dtype_size(grad.dtype));
-    codegen::Operand o{ir::kNoValue, grad.dtype, grad.byte_offset, {n}, {1}};
-    e.grads[grad.param] = napkin::testing::read_operand(step.ex->arena(), o);
-  }
-  return e;
-}
-
-// CHECKs the loss (relative) and each gradient (scaled_error) within
-// `tolerance`; returns the largest of those errors.
-double check_same(const Evaluated& hand, const Evaluated& op, double tolerance) {
-  const double loss_error = std::fabs(op.loss - hand.loss) / std::fabs(hand.loss);
-  CHECK(loss_error <= tolerance);
-  double worst = loss_error;
-  REQUIRE(op.grads.size() == hand.grads.size());
-  for (const auto& grad : hand.grads) {
-    const std::string& name = grad.first;
-    CAPTURE(name);
-    REQUIRE(op.grads.count(name) == 1);
-    const double error = napkin::testing::scaled_error(op.grads.at(name), grad.second);
-    CHECK(error <= tolerance);
-    worst = std::max(worst, error);
-  }
-  return worst;
-}
-
 }  // namespace
 
 TEST_CASE("numeric: a model written with rope equals the hand-written rotation: loss and gradients, both styles, scaled and unscaled, f64 interpreter and compiled CPU") {
@@ -178,11 +124,13 @@ TEST_CASE("numeric: a model written with rope equals the hand-written rotation: 
     const ir::Graph op = napkin::testing::compile_training(llama(v, true), "rope.yaml");
     // The interpreter: exact arithmetic; the op's f32 frequencies and its
     // cos and sin rounded to f32 are the only difference (~1e-7 relative).
-    const Evaluated hand64 = evaluate_f64(hand), op64 = evaluate_f64(op);
-    const double f64 = check_same(hand64, op64, 2e-6);
+    const napkin::testing::LossAndGradients hand64 = napkin::testing::evaluate_f64(hand),
+                                            op64 = napkin::testing::evaluate_f64(op);
+    const double f64 = napkin::testing::check_same_loss_and_gradients(hand64, op64, 2e-6);
     losses[label] = op64.loss;
     // The compiled trainer in f32: two graphs, two orders of rounding.
-    const double f32 = check_same(evaluate_compiled(hand), evaluate_compiled(op), 2e-5);
+    const double f32 = napkin::testing::check_same_loss_and_gradients(napkin::testing::evaluate_compiled(hand),
+                                                                       napkin::testing::evaluate_compiled(op), 2e-5);
     if (std::getenv("NAPKIN_NUMERIC_VERBOSE"))
       std::cout << fmt::format("rope vs hand-written, {:<18} loss {:.6f}  worst error: f64 {:.1e}, compiled f32 {:.1e}\n",
                                label, op64.loss, f64, f32);

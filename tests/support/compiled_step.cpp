@@ -233,4 +233,50 @@ double worst_state_error(CompiledStep& a, CompiledStep& b) {
   return worst;
 }
 
+LossAndGradients evaluate_f64(const ir::Graph& g, const std::map<ir::ValueId, std::vector<double>>& inputs) {
+  std::map<ir::ValueId, std::vector<double>> values = interp::initial_values(g, 7);
+  for (auto& [v, data] : interp::random_inputs(g, 11)) values[v] = data;
+  for (const auto& [v, data] : inputs) values[v] = data;
+  interp::Interpreter it(g, interp::Numerics::Float64);
+  it.set(values);
+  it.run();
+  LossAndGradients e;
+  e.loss = it.get(g.find_output("loss"))[0];
+  for (const ir::Param& p : g.params) {
+    const std::string name = g.value(p.value).name;
+    e.grads[name] = it.get(g.find_output("grad." + name));
+  }
+  return e;
+}
+
+LossAndGradients evaluate_compiled(ir::Graph g) {
+  CompiledStep step(std::move(g));
+  step.ex->run_forward();
+  LossAndGradients e;
+  e.loss = step.ex->loss();
+  step.ex->run_backward();
+  for (const codegen::PlannedGradient& grad : step.plan.gradients) {
+    const int64_t n = grad.bytes / static_cast<int64_t>(ir::dtype_size(grad.dtype));
+    codegen::Operand o{ir::kNoValue, grad.dtype, grad.byte_offset, {n}, {1}};
+    e.grads[grad.param] = read_operand(step.ex->arena(), o);
+  }
+  return e;
+}
+
+double check_same_loss_and_gradients(const LossAndGradients& want, const LossAndGradients& got, double tolerance) {
+  const double loss_error = std::fabs(got.loss - want.loss) / std::fabs(want.loss);
+  CHECK(loss_error <= tolerance);
+  double worst = loss_error;
+  REQUIRE(got.grads.size() == want.grads.size());
+  for (const auto& grad : want.grads) {
+    const std::string& name = grad.first;
+    CAPTURE(name);
+    REQUIRE(got.grads.count(name) == 1);
+    const double error = scaled_error(got.grads.at(name), grad.second);
+    CHECK(error <= tolerance);
+    worst = std::max(worst, error);
+  }
+  return worst;
+}
+
 }  // namespace napkin::testing

@@ -93,4 +93,19 @@ double worst_state_error(CompiledStep& a, CompiledStep& b);
 void check_each_kernel(CompiledStep& step, const std::function<void(const KernelOutputCheck&)>& check,
                        const LoopKernelRunner& run_loop_kernel = nullptr);
 
+// A training graph's loss and every parameter's gradient ("grad.NAME"),
+// before the update: what two ways of writing one model must agree on.
+struct LossAndGradients {
+  double loss = 0;
+  std::map<std::string, std::vector<double>> grads;
+};
+// From the float64 interpreter: parameters from their init (seed 7), random
+// inputs (seed 11), or `inputs` where given (by value).
+LossAndGradients evaluate_f64(const ir::Graph& g, const std::map<ir::ValueId, std::vector<double>>& inputs = {});
+// From the compiled CPU trainer (f32).
+LossAndGradients evaluate_compiled(ir::Graph g);
+// CHECKs the loss (relative) and each gradient (scaled_error) within
+// `tolerance`; returns the largest of those errors.
+double check_same_loss_and_gradients(const LossAndGradients& want, const LossAndGradients& got, double tolerance);
+
 }  // namespace napkin::testing

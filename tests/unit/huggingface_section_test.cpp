@@ -76,3 +76,24 @@ TEST_CASE("huggingface section: transposes, nested config values, and a model wi
   CHECK_FALSE(napkin::frontend::load_huggingface_model(napkin::testing::source_path("models/gpt.yaml"), none, {}));
   CHECK(none.render().find("gpt.yaml:1:1: error: the model has no huggingface: section") != std::string::npos);
 }
+
+TEST_CASE("huggingface section: a placeholder of the tensor name alone stacks the parameter's first axis, one tensor per index at the loaded dims") {
+  napkin::ir::Diagnostics diag;
+  auto model = napkin::frontend::load_huggingface_model(napkin::testing::source_path("tests/models/experts-hf.yaml"), diag,
+                                                        {{{"experts", 4}}});
+  REQUIRE_MESSAGE(model, diag.render());
+  int stacked = 0;
+  for (const auto& t : model->map.tensors) {
+    if (t.slices.empty()) continue;
+    ++stacked;
+    CHECK(t.slices.size() == 4);
+    if (t.param != "layers.1.w_up") continue;
+    CHECK(t.hf_name == "model.layers.1.block_sparse_moe.experts.{e}.w3.weight");
+    CHECK(t.transpose);
+    CHECK(t.slices[0] == "model.layers.1.block_sparse_moe.experts.0.w3.weight");
+    CHECK(t.slices[3] == "model.layers.1.block_sparse_moe.experts.3.w3.weight");
+  }
+  CHECK(stacked == 6);  // w_gate, w_up and w_down of 2 layers; the router [experts, d] is one tensor
+  for (const auto& t : model->map.tensors)
+    if (t.param == "layers.0.router") CHECK(t.hf_name == "model.layers.0.block_sparse_moe.gate.weight");
+}
