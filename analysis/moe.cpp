@@ -6,34 +6,42 @@ namespace napkin::analysis {
 
 namespace {
 
-// The names of a layer's feature axes (analysis/moe.h): every named axis
-// after the first of its router and expert parameters.
-std::set<std::string> feature_axis_names(const ir::Graph& g, const ir::Graph::MoeLayer& layer) {
-  std::set<std::string> names;
+// The names a layer gives its axes: the experts axis (the first of its
+// router and expert parameters) and the feature axes (every other named axis
+// of them), analysis/moe.h.
+struct AxisNames {
+  std::set<std::string> experts, features;
+};
+AxisNames axis_names(const ir::Graph& g, const ir::Graph::MoeLayer& layer) {
+  AxisNames names;
   std::vector<ir::ValueId> params = layer.expert_params;
   if (layer.router != ir::kNoValue) params.push_back(layer.router);
   for (ir::ValueId p : params) {
     const std::vector<ir::Dim>& dims = g.value(p).type.dims;
-    for (size_t i = 1; i < dims.size(); ++i)
-      if (!dims[i].name.empty()) names.insert(dims[i].name);
+    for (size_t i = 0; i < dims.size(); ++i)
+      if (!dims[i].name.empty()) (i == 0 ? names.experts : names.features).insert(dims[i].name);
   }
   return names;
 }
 
 // The routing elements of `t` for a layer (its product over non-feature
-// axes), or 0 when `t` is not a routing value of it: no axis of size E and
-// another of size C among its non-feature axes.
-int64_t routing_elements(const ir::TensorType& t, const MoeLayerFigures& layer, const std::set<std::string>& features) {
-  std::vector<int64_t> sizes;
+// axes), or 0 when `t` is not a routing value of it: no experts axis (size
+// E, unnamed or named as the layer's experts axis) and another axis of size
+// C among its non-feature axes.
+int64_t routing_elements(const ir::TensorType& t, const MoeLayerFigures& layer, const AxisNames& names) {
+  std::vector<const ir::Dim*> axes;
   for (const ir::Dim& d : t.dims)
-    if (!features.count(d.name)) sizes.push_back(d.size);
+    if (!names.features.count(d.name)) axes.push_back(&d);
+  auto experts_axis = [&](const ir::Dim& d) {
+    return d.size == layer.experts && (d.name.empty() || names.experts.count(d.name));
+  };
   bool routing = false;
-  for (size_t i = 0; i < sizes.size() && !routing; ++i)
-    for (size_t j = 0; j < sizes.size() && !routing; ++j)
-      routing = i != j && sizes[i] == layer.experts && sizes[j] == layer.capacity;
+  for (size_t i = 0; i < axes.size() && !routing; ++i)
+    for (size_t j = 0; j < axes.size() && !routing; ++j)
+      routing = i != j && experts_axis(*axes[i]) && axes[j]->size == layer.capacity;
   if (!routing) return 0;
   int64_t elements = 1;
-  for (int64_t s : sizes) elements *= s;
+  for (const ir::Dim* d : axes) elements *= d->size;
   return elements;
 }
 
@@ -71,7 +79,7 @@ MoeFigures analyze_moe(const ir::Graph& g) {
   m.active_params = m.total_params;
   if (g.moe_layers.empty()) return m;
   std::set<ir::ValueId> counted;
-  std::vector<std::set<std::string>> features;
+  std::vector<AxisNames> names;
   for (const ir::Graph::MoeLayer& layer : g.moe_layers) {
     MoeLayerFigures f;
     f.scope = layer.scope;
@@ -90,7 +98,7 @@ MoeFigures analyze_moe(const ir::Graph& g) {
     }
     m.active_params -= f.inactive_params;
     find_dispatch(g, f);
-    features.push_back(feature_axis_names(g, layer));
+    names.push_back(axis_names(g, layer));
     m.layers.push_back(f);
   }
 
@@ -106,7 +114,7 @@ MoeFigures analyze_moe(const ir::Graph& g) {
   double largest = 0;
   for (ir::ValueId v : step_values(g))
     for (size_t l = 0; l < m.layers.size(); ++l) {
-      const int64_t elements = routing_elements(g.value(v).type, m.layers[l], features[l]);
+      const int64_t elements = routing_elements(g.value(v).type, m.layers[l], names[l]);
       const double share = static_cast<double>(elements) / static_cast<double>(m.layers[l].routing_bound());
       if (share > largest) {
         largest = share;

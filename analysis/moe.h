@@ -21,13 +21,17 @@
 //    tokens' worth of expert work, not T·k's.
 //  - dispatch buffer: the step's forward value of shape [E, C, d] in the
 //    layer's scope (the gathered tokens); its dtype is the activations'.
-//  - feature axes: the axes after the first of the layer's router and expert
-//    parameters ([E, d], [E, ffn, d], [E, d, ffn]) that have a name (d,
-//    ffn); an axis of a value with one of those names is a feature axis,
-//    whatever its size (so [E, C, d] is not [E, C, T] when d == T).
+//  - axis names: a layer's router and expert parameters name their first
+//    axis (the experts axis: `experts`) and their others (the feature axes:
+//    d, ffn); unnamed axes name nothing.
+//  - feature axes of a value: its axes named as one of the layer's feature
+//    axes, whatever their size (so [E, C, d] is not [E, C, T] when d == T).
+//  - an experts axis of a value: an axis of size E, unnamed or named as the
+//    layer's experts axis (so [batch, seq, kv_heads, hd] is no routing
+//    value when kv_heads == E and seq == C).
 //  - routing elements of a value: the product of its sizes over its axes
 //    that are not feature axes. A value is a routing value of a layer when
-//    it has an axis of size E and another axis of size C, neither a feature
+//    it has an experts axis and another axis of size C, neither a feature
 //    axis.
 //  - the tokens × experts × capacity check: no routing value of any layer
 //    has T·E·C or more routing elements, among every value of the step
@@ -58,7 +62,7 @@ struct MoeLayerFigures {
   bool dispatch_found = false;
   ir::DType dispatch_dtype = ir::DType::F32;
   int64_t dispatch_bytes = 0;
-  std::string dropped_output;  // the graph output of its dropped count ("moe.dropped.layers.0")
+  std::string dropped_output;  // the graph output of its dropped count ("metric.moe_dropped.layers.0")
 };
 
 struct MoeFigures {

@@ -28,16 +28,16 @@ std::string distributed_section_text(const analysis::DistributedStep& d, double 
   out += fmt::format("  gradients            {} in {} buckets of at least {} as the backward writes them (backward {})\n",
                      human_bytes(d.grad_bytes), d.buckets, human_bytes(analysis::kBucketBytes),
                      human_seconds(d.backward_seconds));
-  out += fmt::format("  {:<14} {:>11} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}\n", "", "sent/rank", "comm",
+  out += fmt::format("  {:<15} {:>11} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}\n", "", "sent/rank", "comm",
                      "hidden", "exposed", "step", "MFU", "params", "grads", "opt state", "peak/rank");
   for (const analysis::ZeroStage& z : d.stages)
-    out += fmt::format("  {:<14} {:>11} {:>10} {:>10} {:>10} {:>10} {:>6.1f}% {:>10} {:>10} {:>10} {:>10}\n", analysis::zero_stage_name(z.stage),
+    out += fmt::format("  {:<15} {:>11} {:>10} {:>10} {:>10} {:>10} {:>6.1f}% {:>10} {:>10} {:>10} {:>10}\n", analysis::zero_stage_name(z.stage),
                        human_bytes(z.bytes_sent), human_seconds(z.comm_seconds), human_seconds(z.hidden_seconds),
                        human_seconds(z.exposed_seconds), human_seconds(z.step_seconds), 100 * z.mfu, human_bytes(z.params),
                        human_bytes(z.grads), human_bytes(z.optimizer_state), human_bytes(z.peak));
   if (const std::optional<analysis::ExpertParallel>& e = d.expert_parallel; e && e->possible) {
     const analysis::ZeroStage& z = e->step;
-    out += fmt::format("  {:<14} {:>11} {:>10} {:>10} {:>10} {:>10} {:>6.1f}% {:>10} {:>10} {:>10} {:>10}\n", "expert parallel",
+    out += fmt::format("  {:<15} {:>11} {:>10} {:>10} {:>10} {:>10} {:>6.1f}% {:>10} {:>10} {:>10} {:>10}\n", "expert parallel",
                        human_bytes(z.bytes_sent), human_seconds(z.comm_seconds), human_seconds(z.hidden_seconds),
                        human_seconds(z.exposed_seconds), human_seconds(z.step_seconds), 100 * z.mfu, human_bytes(z.params),
                        human_bytes(z.grads), human_bytes(z.optimizer_state), human_bytes(z.peak));

@@ -46,7 +46,7 @@ namespace {
 // The layer whose dropped-count output is moe.dropped.<key>, or null.
 const analysis::MoeLayerFigures* layer_of(const analysis::MoeFigures& m, const std::string& key) {
   for (const analysis::MoeLayerFigures& l : m.layers)
-    if (l.dropped_output == "moe.dropped." + key) return &l;
+    if (l.dropped_output == std::string(ir::kMetricOutputPrefix) + "moe_dropped." + key) return &l;
   return nullptr;
 }
 
@@ -65,7 +65,8 @@ std::string dispatch_text(const analysis::MoeLayerFigures& l) {
 
 }  // namespace
 
-std::string moe_section_text(const ir::Graph& g, const analysis::MoeFigures& m, const DroppedTokens* dropped) {
+std::string moe_section_text(const ir::Graph& g, const analysis::MoeFigures& m, const DroppedTokens* dropped,
+                             int64_t micro_batches) {
   if (!m.has_moe()) return "";
   std::string out = fmt::format("\nmixture of experts ({} moe() layer{}; docs/report.md, \"Mixture of experts\")\n",
                                 m.layers.size(), m.layers.size() == 1 ? "" : "s");
@@ -115,21 +116,24 @@ std::string moe_section_text(const ir::Graph& g, const analysis::MoeFigures& m, 
                        dropped->path);
     return out;
   }
-  out += fmt::format("  tokens dropped       (from {}{}: the (token, choice) assignments past capacity in the step's last "
-                     "micro-batch on rank 0)\n",
-                     dropped->path, dropped->step >= 0 ? fmt::format(", step {}", with_commas(dropped->step)) : "");
+  out += fmt::format("  tokens dropped       (from {}{}: the (token, choice) assignments past capacity in a step, summed over "
+                     "its {} micro-batch{} of T tokens: ranks x micro-batches a rank)\n",
+                     dropped->path, dropped->step >= 0 ? fmt::format(", step {}", with_commas(dropped->step)) : "",
+                     micro_batches, micro_batches == 1 ? "" : "es");
   for (const auto& [key, count] : dropped->layers) {
     const analysis::MoeLayerFigures* l = layer_of(m, key);
+    const double routed = l ? static_cast<double>(l->assignments() * micro_batches) : 0;
     std::string share = !l                 ? "not a moe() layer of this model"
                         : std::isnan(count) ? "not recorded"
-                                            : fmt::format("{:.2f}% of T·k = {}", 100 * count / static_cast<double>(l->assignments()),
-                                                          with_commas(static_cast<double>(l->assignments())));
+                                            : fmt::format("{:.2f}% of T·k x {} = {}", 100 * count / routed, micro_batches,
+                                                          with_commas(routed));
     out += fmt::format("    {:<18} {:>22}  ({})\n", key, std::isnan(count) ? "null" : with_commas(count), share);
   }
   return out;
 }
 
-nlohmann::json moe_json(const ir::Graph& g, const analysis::MoeFigures& m, const DroppedTokens* dropped) {
+nlohmann::json moe_json(const ir::Graph& g, const analysis::MoeFigures& m, const DroppedTokens* dropped,
+                        int64_t micro_batches) {
   using nlohmann::json;
   json layers = json::array();
   for (const analysis::MoeLayerFigures& l : m.layers)
@@ -172,13 +176,15 @@ nlohmann::json moe_json(const ir::Graph& g, const analysis::MoeFigures& m, const
     for (const auto& [key, count] : dropped->layers) {
       const analysis::MoeLayerFigures* l = layer_of(m, key);
       const bool known = l && !std::isnan(count);
+      const int64_t routed = l ? l->assignments() * micro_batches : 0;
       per_layer.push_back({{"layer", key},
                            {"dropped", std::isnan(count) ? json(nullptr) : json(count)},
-                           {"fraction", known ? json(count / static_cast<double>(l->assignments())) : json(nullptr)},
-                           {"assignments", l ? json(l->assignments()) : json(nullptr)}});
+                           {"fraction", known ? json(count / static_cast<double>(routed)) : json(nullptr)},
+                           {"assignments", l ? json(routed) : json(nullptr)}});
     }
     j["dropped"] = {{"file", dropped->path},
                     {"found", dropped->found},
+                    {"micro_batches", micro_batches},
                     {"step", dropped->found && dropped->step >= 0 ? json(dropped->step) : json(nullptr)},
                     {"layers", per_layer}};
   }

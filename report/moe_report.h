@@ -3,6 +3,7 @@
 // (`napkin report --metrics FILE`; docs/report.md, "Mixture of experts").
 #pragma once
 
+#include <cstdint>
 #include <istream>
 #include <optional>
 #include <string>
@@ -17,9 +18,9 @@
 namespace napkin::report {
 
 // The (token, choice) assignments dropped per layer, from the last record of
-// a metrics file with a "moe_dropped" object (runtime/metrics_file.h: the
-// step's last micro-batch on rank 0, keyed by the layer's name in its
-// moe.dropped.<name> output).
+// a metrics file with a "moe_dropped" object (docs/runtime.md: a logged
+// step's, summed over its micro-batches and ranks, keyed by the layer's name
+// in its metric.moe_dropped.<name> output).
 struct DroppedTokens {
   std::string path;
   bool found = false;  // false: no record has the field
@@ -30,8 +31,12 @@ struct DroppedTokens {
 // nullopt with `error` ("FILE:LINE: what") when a line is not a JSON object.
 std::optional<DroppedTokens> read_dropped_tokens(std::istream& in, const std::string& path, std::string& error);
 
-// `dropped`: null when no --metrics was given.
-std::string moe_section_text(const ir::Graph& g, const analysis::MoeFigures& m, const DroppedTokens* dropped);
-nlohmann::json moe_json(const ir::Graph& g, const analysis::MoeFigures& m, const DroppedTokens* dropped);
+// `dropped`: null when no --metrics was given; `micro_batches`: a step's
+// micro-batches over all ranks (ranks x micro-batches a rank), what the
+// dropped counts are summed over.
+std::string moe_section_text(const ir::Graph& g, const analysis::MoeFigures& m, const DroppedTokens* dropped,
+                             int64_t micro_batches);
+nlohmann::json moe_json(const ir::Graph& g, const analysis::MoeFigures& m, const DroppedTokens* dropped,
+                        int64_t micro_batches);
 
 }  // namespace napkin::report

@@ -591,7 +591,7 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
   if (options.pipeline && options.pipeline->shard_schedule.ran) out += shard_section(options.pipeline->shard_schedule);
   if (options.pipeline) out += attention_section(g, options.pipeline->attention_sites);
   if (options.pipeline) out += classifier_section(g, options.pipeline->classifier_sites);
-  out += moe_section_text(g, moe, options.dropped);
+  out += moe_section_text(g, moe, options.dropped, micro_batches(g, options) * options.ranks);
   out += render_amp_audit_text(g, c, memory, options.fp32_step, options.show_ops);
   if (c.has_backward()) {
     const FusionSummary fusion = summarize_fusion(g);
@@ -625,7 +625,7 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
   const analysis::MoeFigures moe = analysis::analyze_moe(g);
   if (moe.has_moe()) {
     j["params_active"] = moe.active_params;
-    j["moe"] = moe_json(g, moe, options.dropped);
+    j["moe"] = moe_json(g, moe, options.dropped, micro_batches(g, options) * options.ranks);
   }
   j["tokens"] = c.tokens;
   j["tokens_source"] = c.tokens_source;

@@ -64,7 +64,7 @@ ir::ValueId param_named(const ir::Graph& g, const std::string& name) {
 }
 
 // The moe_layers entry moe() would make for the model's layer: top-k of E, T tokens, C slots.
-void add_layer(ir::Graph& g, int64_t top_k, const std::string& dropped = "moe.dropped.0") {
+void add_layer(ir::Graph& g, int64_t top_k, const std::string& dropped = "metric.moe_dropped.0") {
   ir::Graph::MoeLayer l;
   const ir::TensorType& xe = g.value(param_named(g, "w_gate")).type;
   l.experts = xe.dims[0].size;
@@ -105,7 +105,7 @@ TEST_CASE("moe report: active parameters are the total less (E-k)/E of each expe
 
   // Two layers reading the same experts: each parameter is counted once.
   ir::Graph shared = gathered_step(2);
-  add_layer(shared, 2, "moe.dropped.1");
+  add_layer(shared, 2, "metric.moe_dropped.1");
   CHECK(analysis::analyze_moe(shared).active_params == total - experts / 2);
 
   // An expert parameter whose numel·(E-k) is no multiple of E: rounded down, and said.
@@ -149,7 +149,11 @@ TEST_CASE("moe report: the routing check passes the [E, C, d] dispatch and fails
   CHECK(one_hot.value(m.largest_routing_value).name == "dispatch");
 
   // d == T == C (dropless, a context as wide as the model): [E, C, d] is still no [E, C, T], by d's name.
-  ir::Graph square = testing::compile_training(expert_model("T: 6, d: 6, E: 4, f: 5, C: 6", "", "embedding(x, src)"));
+  // And a [T, heads, C] value with as many heads as experts is none either: its axis is named heads, not E.
+  std::string square_model = expert_model("T: 6, d: 6, E: 4, f: 5, C: 6, heads: 4", "  kv: {shape: [T, heads, C]}\n",
+                                          "embedding(x, src)");
+  square_model.replace(square_model.find("loss: mean(y)"), 13, "loss: mean(kv) + mean(y)");
+  ir::Graph square = testing::compile_training(square_model);
   add_layer(square, 2);
   const analysis::MoeFigures s = analysis::analyze_moe(square);
   CHECK(s.layers[0].capacity == s.layers[0].tokens);
@@ -197,7 +201,7 @@ TEST_CASE("moe report: the text and JSON give the layer, the active count, 6·to
   CHECK_FALSE(pj.contains("params_active"));
 }
 
-TEST_CASE("moe report: the tokens dropped are the last metrics record's, per layer and as a share of T·k") {
+TEST_CASE("moe report: the tokens dropped are the last metrics record's, per layer and as a share of T·k per micro-batch") {
   std::string error;
   std::istringstream in(R"({"run": "r1", "start_step": 0}
 {"step": 1, "loss": 2.5, "moe_dropped": {"0": 3}}
@@ -214,22 +218,25 @@ TEST_CASE("moe report: the tokens dropped are the last metrics record's, per lay
 
   const ir::Graph g = gathered_step();
   const analysis::MoeFigures m = analysis::analyze_moe(g);
-  const std::string text = report::moe_section_text(g, m, &*d);
+  const std::string text = report::moe_section_text(g, m, &*d, 1);
   INFO(text);
   CHECK(text.find("tokens dropped       (from m.jsonl, step 2:") != std::string::npos);
   // 5 of T·k = 12·2 = 24 assignments.
-  CHECK(text.find("    0                                       5  (20.83% of T·k = 24)") != std::string::npos);
+  CHECK(text.find("    0                                       5  (20.83% of T·k x 1 = 24)") != std::string::npos);
   CHECK(text.find("layers.9                                1  (not a moe() layer of this model)") != std::string::npos);
-  const nlohmann::json j = report::moe_json(g, m, &*d);
+  const nlohmann::json j = report::moe_json(g, m, &*d, 1);
   CHECK(j.at("dropped").at("layers")[0].at("fraction").get<double>() == doctest::Approx(5.0 / 24));
+  // Summed over 2 ranks x 2 micro-batches a rank: of 4 x 24 assignments.
+  CHECK(report::moe_section_text(g, m, &*d, 4).find("5  (5.21% of T·k x 4 = 96)") != std::string::npos);
+  CHECK(report::moe_json(g, m, &*d, 4).at("dropped").at("layers")[0].at("assignments") == 96);
   CHECK(j.at("dropped").at("layers")[1].at("fraction").is_null());
 
   std::istringstream without(R"({"step": 1, "loss": 2.5})" "\n");
   const std::optional<report::DroppedTokens> none = report::read_dropped_tokens(without, "old.jsonl", error);
   REQUIRE(none.has_value());
   CHECK_FALSE(none->found);
-  CHECK(report::moe_section_text(g, m, &*none).find("old.jsonl has no record with \"moe_dropped\"") != std::string::npos);
-  CHECK(report::moe_json(g, m, &*none).at("dropped").at("found") == false);
+  CHECK(report::moe_section_text(g, m, &*none, 1).find("old.jsonl has no record with \"moe_dropped\"") != std::string::npos);
+  CHECK(report::moe_json(g, m, &*none, 1).at("dropped").at("found") == false);
 
   std::istringstream bad("{\"step\": 1}\nnot json\n");
   CHECK_FALSE(report::read_dropped_tokens(bad, "bad.jsonl", error).has_value());
@@ -311,13 +318,89 @@ TEST_CASE("distributed: expert parallelism adds 4 all-to-alls a moe() layer a mi
                   .expert_parallel.has_value());
 }
 
-TEST_CASE("moe report: napkin report --metrics refuses a model without moe() layers and an unreadable file") {
+TEST_CASE("moe report: Mixtral-8x7B has 46,702,792,704 parameters and 12,879,925,248 active per token, in the text and the JSON") {
+  // Mixtral's config: V 32000, d 4096, 32 layers of 32 query / 8 kv heads of 128, 8 experts of 14336, top-2, untied head.
+  const int64_t V = 32000, d = 4096, L = 32, kv = 8 * 128, E = 8, k = 2, f = 14336;
+  const int64_t experts = 3 * E * f * d;
+  const int64_t layer = 2 * d * d + 2 * kv * d + 2 * d + E * d + experts;  // wq, wo, wk, wv, two norms, router, experts
+  const int64_t total = 2 * V * d + d + L * layer;
+  const int64_t active = total - L * experts * (E - k) / E;
+  REQUIRE(total == 46702792704);
+  REQUIRE(active == 12879925248);
+
+  const ir::Graph g =
+      testing::compile_training(testing::read_source("models/mixtral-8x7b.yaml"), "models/mixtral-8x7b.yaml");
+  const analysis::StepCost cost = analysis::analyze_step(g, nullptr);
+  const analysis::MemoryReport memory = analysis::analyze_memory(g);
+  const std::string text = report::render_report_text(g, cost, memory, {"models/mixtral-8x7b.yaml", false});
+  CHECK(text.find("  count                        46,702,792,704\n") != std::string::npos);
+  CHECK(text.find("  active per token             12,879,925,248  (") != std::string::npos);
+  CHECK(text.find("  layers.0 .. layers.31 (32)       8   2      4,096      4,096       4       32,768        8,192  "
+                  "[8, 4096, 4096] f32, 512 MiB") != std::string::npos);
+  // Dropless at d = T = C = 4096 with as many kv heads as experts: still no [tokens, experts, capacity] tensor.
+  CHECK(text.find("routing tensors      no [tokens, experts, capacity] tensor") != std::string::npos);
+
+  const nlohmann::json j = nlohmann::json::parse(report::render_report_json(g, cost, memory, {"models/mixtral-8x7b.yaml", false}));
+  CHECK(j.at("params").get<int64_t>() == 46702792704);
+  CHECK(j.at("params_active").get<int64_t>() == 12879925248);
+  CHECK(j.at("flops").at("six_tokens_active_params").get<double>() == 6.0 * 4096 * 12879925248.0);
+  const nlohmann::json& moe = j.at("moe");
+  CHECK(moe.at("params_active_exact") == true);
+  CHECK(moe.at("no_tokens_experts_capacity_tensor") == true);
+  REQUIRE(moe.at("layers").size() == 32u);
+  for (const nlohmann::json& l : moe.at("layers")) {
+    CHECK(l.at("capacity") == 4096);
+    CHECK(l.at("inactive_params").get<int64_t>() == experts * (E - k) / E);
+  }
+}
+
+TEST_CASE("moe report: napkin report on models/moe.yaml reads the trainer's dropped tokens and prints expert parallelism") {
   const std::string napkin = NAPKIN_BINARY;
   testing::TempDir dir("moe-metrics");
-  testing::write_bytes(dir / "m.jsonl", "{\"step\": 1, \"loss\": 2.0}\n");
-  testing::CommandResult r = testing::run_in_source_tree(napkin + " report models/linear.yaml --metrics " + (dir / "m.jsonl"));
-  CHECK(r.status == 1);
-  CHECK(r.out.find("models/linear.yaml has no moe() layer") != std::string::npos);
+  // A trainer's records (docs/runtime.md): the last with moe_dropped is read.
+  testing::write_bytes(dir / "m.jsonl",
+                       "{\"run\": \"a1\", \"start_step\": 0}\n"
+                       "{\"step\": 10, \"loss\": 3.1, \"moe_dropped\": {\"layers.0\": 1, \"layers.1\": 1, \"layers.2\": 1, \"layers.3\": 1}}\n"
+                       "{\"step\": 20, \"loss\": 3.0, \"moe_dropped\": {\"layers.0\": 100, \"layers.1\": 0, \"layers.2\": 7, \"layers.3\": 2048}}\n"
+                       "{\"step\": 20, \"eval_loss\": 3.2}\n");
+  const std::string metrics = " --metrics " + (dir / "m.jsonl");
+  testing::CommandResult text = testing::run_in_source_tree(napkin + " report models/moe.yaml" + metrics);
+  INFO(text.out);
+  REQUIRE(text.status == 0);
+  CHECK(text.out.find(", step 20: the (token, choice) assignments past capacity in a step, summed over its 1 micro-batch") !=
+        std::string::npos);
+  // T·k = 4·256 tokens x 2 = 2,048 assignments a micro-batch.
+  CHECK(text.out.find("    layers.0                              100  (4.88% of T·k x 1 = 2,048)") != std::string::npos);
+  CHECK(text.out.find("    layers.3                            2,048  (100.00% of T·k x 1 = 2,048)") != std::string::npos);
+  testing::CommandResult accumulated = testing::run_in_source_tree(napkin + " report models/moe.yaml --accumulate 4" + metrics);
+  CHECK(accumulated.out.find("    layers.0                              100  (1.22% of T·k x 4 = 8,192)") != std::string::npos);
+
+  testing::CommandResult json = testing::run_in_source_tree(
+      napkin + " report models/moe.yaml --json --no-ops --device h100 --ranks 8 --interconnect nvlink4" + metrics);
+  REQUIRE(json.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  CHECK(j.at("moe").at("no_tokens_experts_capacity_tensor") == true);
+  CHECK(j.at("moe").at("dropped").at("step") == 20);
+  // --ranks 8: the counts are read as a run's on 8 ranks, summed over their 8 micro-batches.
+  CHECK(j.at("moe").at("dropped").at("micro_batches") == 8);
+  CHECK(j.at("moe").at("dropped").at("layers")[2].at("fraction").get<double>() == doctest::Approx(7.0 / (8 * 2048)));
+  // 8 experts over 8 ranks: 4 layers x 4 all-to-alls, each 7/8 of the [8, 320, 256] f32 dispatch buffer.
+  const nlohmann::json& ep = j.at("distributed").at("expert_parallel");
+  CHECK(ep.at("experts_per_rank") == 1);
+  CHECK(ep.at("all_to_alls") == 16);
+  CHECK(ep.at("all_to_all_bytes_per_rank").get<double>() == doctest::Approx(16 * 7.0 / 8 * 8 * 320 * 256 * 4));
+
+  // A file without the field, an unreadable one, a model without moe() layers.
+  testing::write_bytes(dir / "old.jsonl", "{\"step\": 1, \"loss\": 2.0}\n");
+  testing::CommandResult old = testing::run_in_source_tree(napkin + " report models/moe.yaml --metrics " + (dir / "old.jsonl"));
+  CHECK(old.status == 0);
+  CHECK(old.out.find("old.jsonl has no record with \"moe_dropped\"") != std::string::npos);
+  testing::CommandResult missing = testing::run_in_source_tree(napkin + " report models/moe.yaml --metrics " + (dir / "none.jsonl"));
+  CHECK(missing.status == 1);
+  CHECK(missing.out.find("none.jsonl: cannot read it") != std::string::npos);
+  testing::CommandResult dense = testing::run_in_source_tree(napkin + " report models/linear.yaml" + metrics);
+  CHECK(dense.status == 1);
+  CHECK(dense.out.find("models/linear.yaml has no moe() layer") != std::string::npos);
 }
 
 }  // namespace
