@@ -223,54 +223,71 @@ void check_widened(const Tensor& napkin, const Tensor& hf, bool transposed) {
   CHECK_MESSAGE(wrong == 0, napkin.name << ": " << wrong << " elements differ from " << hf.name);
 }
 
-// tests/models/experts-hf.yaml's dims: V 16, d 8, hidden 12, 3 experts, 2 layers.
-constexpr int64_t kExpertsV = 16, kExpertsD = 8, kExpertsHidden = 12, kExperts = 3;
+// A Mixtral's sizes: tests/models/experts-hf.yaml's by default.
+struct MixtralSizes {
+  int64_t vocab = 16, d = 8, hidden = 12, experts = 3;
+  int64_t kv = 0;  // the k and v projections' rows; 0 for no attention (experts-hf has none)
+};
 constexpr const char* kExpertsModel = "tests/models/experts-hf.yaml";
 
 // MixtralForCausalLM's state dict as save_pretrained writes it (one tensor
-// per expert, every weight [out, in]) at experts-hf's sizes and `experts`,
-// without attention (experts-hf has none).
-std::vector<Tensor> experts_checkpoint(const std::string& dtype, int64_t experts = kExperts) {
+// per expert, every weight [out, in]) at `s` and llama-hf's 2 layers.
+std::vector<Tensor> mixtral_checkpoint(const std::string& dtype, const MixtralSizes& s = {}) {
   std::vector<Tensor> t;
   uint32_t seed = 200;
-  t.push_back(make("model.embed_tokens.weight", dtype, {kExpertsV, kExpertsD}, seed++));
+  t.push_back(make("model.embed_tokens.weight", dtype, {s.vocab, s.d}, seed++));
   for (int64_t i = 0; i < kLayers; ++i) {
     const std::string l = fmt::format("model.layers.{}.", i);
-    t.push_back(make(l + "post_attention_layernorm.weight", dtype, {kExpertsD}, seed++));
-    t.push_back(make(l + "block_sparse_moe.gate.weight", dtype, {experts, kExpertsD}, seed++));
-    for (int64_t e = 0; e < experts; ++e) {
+    if (s.kv > 0) {
+      t.push_back(make(l + "input_layernorm.weight", dtype, {s.d}, seed++));
+      t.push_back(make(l + "self_attn.q_proj.weight", dtype, {s.d, s.d}, seed++));
+      t.push_back(make(l + "self_attn.k_proj.weight", dtype, {s.kv, s.d}, seed++));
+      t.push_back(make(l + "self_attn.v_proj.weight", dtype, {s.kv, s.d}, seed++));
+      t.push_back(make(l + "self_attn.o_proj.weight", dtype, {s.d, s.d}, seed++));
+    }
+    t.push_back(make(l + "post_attention_layernorm.weight", dtype, {s.d}, seed++));
+    t.push_back(make(l + "block_sparse_moe.gate.weight", dtype, {s.experts, s.d}, seed++));
+    for (int64_t e = 0; e < s.experts; ++e) {
       const std::string x = fmt::format("{}block_sparse_moe.experts.{}.", l, e);
-      t.push_back(make(x + "w1.weight", dtype, {kExpertsHidden, kExpertsD}, seed++));
-      t.push_back(make(x + "w2.weight", dtype, {kExpertsD, kExpertsHidden}, seed++));
-      t.push_back(make(x + "w3.weight", dtype, {kExpertsHidden, kExpertsD}, seed++));
+      t.push_back(make(x + "w1.weight", dtype, {s.hidden, s.d}, seed++));
+      t.push_back(make(x + "w2.weight", dtype, {s.d, s.hidden}, seed++));
+      t.push_back(make(x + "w3.weight", dtype, {s.hidden, s.d}, seed++));
     }
   }
-  t.push_back(make("model.norm.weight", dtype, {kExpertsD}, seed++));
-  t.push_back(make("lm_head.weight", dtype, {kExpertsV, kExpertsD}, seed++));
+  t.push_back(make("model.norm.weight", dtype, {s.d}, seed++));
+  t.push_back(make("lm_head.weight", dtype, {s.vocab, s.d}, seed++));
   return t;
 }
 
-// Where experts-hf holds each of the checkpoint's tensors: the parameter, the
-// index along its first axis (-1: the whole parameter), and whether that
+// Where a model holds each of a Mixtral checkpoint's tensors: the parameter,
+// the index along its first axis (-1: the whole parameter), and whether that
 // slice is stored [in, out] (transposed from transformers' [out, in]).
 struct Place {
   std::string param;
   int64_t index;
   bool transposed;
 };
-std::map<std::string, Place> experts_places() {
+
+// experts-hf's places (its MoE norm is `norm`, its w_up [experts, d, hidden])
+// or, `moe_yaml`, models/moe.yaml's (attention, `moe_norm`, nothing transposed).
+std::map<std::string, Place> mixtral_places(int64_t experts, bool moe_yaml) {
   std::map<std::string, Place> p = {{"model.embed_tokens.weight", {"wte", -1, false}},
                                     {"model.norm.weight", {"norm_g", -1, false}},
                                     {"lm_head.weight", {"head", -1, false}}};
   for (int64_t i = 0; i < kLayers; ++i) {
-    const std::string l = fmt::format("model.layers.{}.", i);
-    p[l + "post_attention_layernorm.weight"] = {fmt::format("layers.{}.norm", i), -1, false};
-    p[l + "block_sparse_moe.gate.weight"] = {fmt::format("layers.{}.router", i), -1, false};
-    for (int64_t e = 0; e < kExperts; ++e) {
+    const std::string l = fmt::format("model.layers.{}.", i), layer = fmt::format("layers.{}.", i);
+    if (moe_yaml) {
+      p[l + "input_layernorm.weight"] = {layer + "attn_norm", -1, false};
+      for (const char* x : {"q", "k", "v", "o"})
+        p[fmt::format("{}self_attn.{}_proj.weight", l, x)] = {fmt::format("{}w{}", layer, x), -1, false};
+    }
+    p[l + "post_attention_layernorm.weight"] = {layer + (moe_yaml ? "moe_norm" : "norm"), -1, false};
+    p[l + "block_sparse_moe.gate.weight"] = {layer + "router", -1, false};
+    for (int64_t e = 0; e < experts; ++e) {
       const std::string x = fmt::format("{}block_sparse_moe.experts.{}.", l, e);
-      p[x + "w1.weight"] = {fmt::format("layers.{}.w_gate", i), e, false};
-      p[x + "w2.weight"] = {fmt::format("layers.{}.w_down", i), e, false};
-      p[x + "w3.weight"] = {fmt::format("layers.{}.w_up", i), e, true};
+      p[x + "w1.weight"] = {layer + "w_gate", e, false};
+      p[x + "w2.weight"] = {layer + "w_down", e, false};
+      p[x + "w3.weight"] = {layer + "w_up", e, !moe_yaml};
     }
   }
   return p;
@@ -679,7 +696,7 @@ TEST_CASE("hf import and export: one checkpoint tensor per expert stacks on the 
   for (const std::string dtype : {"f32", "bf16"}) {
     CAPTURE(dtype);
     TempDir dir("hf-experts");
-    const std::vector<Tensor> checkpoint = experts_checkpoint(dtype);
+    const std::vector<Tensor> checkpoint = mixtral_checkpoint(dtype);
     write_checkpoint_file(dir / "model.safetensors", checkpoint);
     auto in = hf(fmt::format("import {} {} -o {}", kExpertsModel, dir / "model.safetensors", dir / "w.safetensors"));
     REQUIRE_MESSAGE(in.status == 0, in.out);
@@ -691,10 +708,10 @@ TEST_CASE("hf import and export: one checkpoint tensor per expert stacks on the 
     const std::map<std::string, Tensor> imported = read_all(dir / "w.safetensors");
     CHECK(imported.size() == 13);
     REQUIRE(imported.count("layers.1.w_up"));
-    CHECK(imported.at("layers.1.w_up").shape == std::vector<int64_t>{kExperts, kExpertsD, kExpertsHidden});
-    CHECK(imported.at("layers.0.w_gate").shape == std::vector<int64_t>{kExperts, kExpertsHidden, kExpertsD});
-    CHECK(imported.at("layers.0.w_down").shape == std::vector<int64_t>{kExperts, kExpertsD, kExpertsHidden});
-    const std::map<std::string, Place> places = experts_places();
+    CHECK(imported.at("layers.1.w_up").shape == std::vector<int64_t>{3, 8, 12});
+    CHECK(imported.at("layers.0.w_gate").shape == std::vector<int64_t>{3, 12, 8});
+    CHECK(imported.at("layers.0.w_down").shape == std::vector<int64_t>{3, 8, 12});
+    const std::map<std::string, Place> places = mixtral_places(3, false);
     CHECK(places.size() == checkpoint.size());
     for (const Tensor& t : checkpoint) {
       const Place& place = places.at(t.name);
@@ -716,13 +733,13 @@ TEST_CASE("hf import and export: one checkpoint tensor per expert stacks on the 
     }
     const nlohmann::json config = nlohmann::json::parse(napkin::testing::read_bytes(dir / "out/config.json"));
     CHECK(config["architectures"] == nlohmann::json::array({"MixtralForCausalLM"}));
-    CHECK(config["num_local_experts"] == kExperts);
+    CHECK(config["num_local_experts"] == 3);
   }
 }
 
 TEST_CASE("hf import: a stacked parameter's experts may lie in different shards") {
   TempDir dir("hf-experts-shards");
-  const std::vector<Tensor> checkpoint = experts_checkpoint("bf16");
+  const std::vector<Tensor> checkpoint = mixtral_checkpoint("bf16");
   write_checkpoint_file(dir / "model.safetensors", checkpoint);
   auto single = hf(fmt::format("import {} {} -o {}", kExpertsModel, dir / "model.safetensors", dir / "single.safetensors"));
   REQUIRE_MESSAGE(single.status == 0, single.out);
@@ -731,7 +748,7 @@ TEST_CASE("hf import: a stacked parameter's experts may lie in different shards"
   fs::create_directory(dir / "sharded");
   std::vector<Tensor> shards[2];
   nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
-  const std::map<std::string, Place> places = experts_places();
+  const std::map<std::string, Place> places = mixtral_places(3, false);
   for (const Tensor& t : checkpoint) {
     const int shard = places.at(t.name).index >= 0 ? static_cast<int>(places.at(t.name).index % 2) : 0;
     shards[shard].push_back(t);
@@ -751,12 +768,12 @@ TEST_CASE("hf import: a stacked parameter's experts may lie in different shards"
 TEST_CASE("hf import: a missing expert, an expert of the wrong shape and experts beyond the dims are listed by name, and nothing is written") {
   TempDir dir("hf-experts-bad");
   std::vector<Tensor> bad;
-  for (Tensor t : experts_checkpoint("f32")) {
+  for (Tensor t : mixtral_checkpoint("f32")) {
     if (t.name == "model.layers.1.block_sparse_moe.experts.2.w1.weight") continue;  // missing
     if (t.name == "model.layers.0.block_sparse_moe.experts.1.w2.weight")
-      t = make(t.name, "f32", {kExpertsHidden, kExpertsD}, 1);  // [in, out]: not transformers' layout
+      t = make(t.name, "f32", {12, 8}, 1);  // [in, out]: not transformers' layout
     if (t.name == "model.layers.0.block_sparse_moe.experts.0.w3.weight")
-      t = make(t.name, "f32", {kExpertsD, kExpertsHidden}, 2);  // napkin's layout of the slice, not transformers'
+      t = make(t.name, "f32", {8, 12}, 2);  // napkin's layout of the slice, not transformers'
     bad.push_back(t);
   }
   write_checkpoint_file(dir / "model.safetensors", bad);
@@ -775,7 +792,7 @@ TEST_CASE("hf import: a missing expert, an expert of the wrong shape and experts
 
   // A checkpoint of 4 experts at dims that say 3: each extra expert's tensors
   // are named, with the dims as the likely mistake (the router's shape too).
-  write_checkpoint_file(dir / "model.safetensors", experts_checkpoint("f32", 4));
+  write_checkpoint_file(dir / "model.safetensors", mixtral_checkpoint("f32", {.experts = 4}));
   auto more = hf(fmt::format("import {} {} -o {}", kExpertsModel, dir / "model.safetensors", dir / "w.safetensors"));
   CHECK(more.status == 1);
   CHECK(more.out.find("(8 problems)") != std::string::npos);
@@ -787,5 +804,46 @@ TEST_CASE("hf import: a missing expert, an expert of the wrong shape and experts
   auto right_dims = hf(fmt::format("import {} {} -o {} --dims experts=4", kExpertsModel, dir / "model.safetensors",
                                    dir / "w.safetensors"));
   CHECK_MESSAGE(right_dims.status == 0, right_dims.out);
-  CHECK(read_all(dir / "w.safetensors").at("layers.0.w_down").shape == std::vector<int64_t>{4, kExpertsD, kExpertsHidden});
+  CHECK(read_all(dir / "w.safetensors").at("layers.0.w_down").shape == std::vector<int64_t>{4, 8, 12});
+}
+
+TEST_CASE("hf import and export: models/moe.yaml is MixtralForCausalLM tensor for tensor, its experts stacked") {
+  TempDir dir("hf-moe-yaml");
+  // moe.yaml at small dims: llama-hf's attention, 3 experts of 24.
+  const std::string dims =
+      "batch=2,seq=8,vocab=32,d=16,heads=4,kv_heads=2,experts=3,top_k=2,expert_hidden=24,capacity_percent=150,layers=2";
+  const MixtralSizes sizes{.vocab = 32, .d = 16, .hidden = 24, .experts = 3, .kv = 8};
+  const std::vector<Tensor> checkpoint = mixtral_checkpoint("bf16", sizes);
+  write_checkpoint_file(dir / "model.safetensors", checkpoint);
+  auto in = hf(fmt::format("import models/moe.yaml {} -o {} --dims {}", dir / "model.safetensors", dir / "w.safetensors", dims));
+  REQUIRE_MESSAGE(in.status == 0, in.out);
+  CHECK(in.out.find("stacked 18 tensors into 6 parameters") != std::string::npos);
+  const std::map<std::string, Tensor> imported = read_all(dir / "w.safetensors");
+  CHECK(imported.size() == 3 + 2 * 10);
+  const std::map<std::string, Place> places = mixtral_places(3, true);
+  CHECK(places.size() == checkpoint.size());
+  for (const Tensor& t : checkpoint) {
+    const Place& place = places.at(t.name);
+    REQUIRE_MESSAGE(imported.count(place.param), place.param);
+    const Tensor& param = imported.at(place.param);
+    check_widened(place.index < 0 ? param : slice_of(param, place.index), t, place.transposed);
+  }
+  auto out = hf(fmt::format("export models/moe.yaml {} -o {} --dims {} --dtype bf16", dir / "w.safetensors", dir / "out", dims));
+  REQUIRE_MESSAGE(out.status == 0, out.out);
+  const std::map<std::string, Tensor> exported = read_all(dir / "out/model.safetensors");
+  CHECK(exported.size() == checkpoint.size());
+  for (const Tensor& t : checkpoint) {
+    REQUIRE_MESSAGE(exported.count(t.name), t.name);
+    CHECK_MESSAGE(exported.at(t.name).bytes == t.bytes, t.name);
+  }
+  const nlohmann::json config = nlohmann::json::parse(napkin::testing::read_bytes(dir / "out/config.json"));
+  CHECK(config["architectures"] == nlohmann::json::array({"MixtralForCausalLM"}));
+  CHECK(config["model_type"] == "mixtral");
+  CHECK(config["num_local_experts"] == 3);
+  CHECK(config["num_experts_per_tok"] == 2);
+  CHECK(config["intermediate_size"] == 24);
+  CHECK(config["output_router_logits"] == true);
+  CHECK(config["router_aux_loss_coef"].get<double>() == 0.02);
+  CHECK(config["sliding_window"].is_null());
+  CHECK(config["tie_word_embeddings"] == false);
 }
