@@ -4,7 +4,11 @@
 #include <cctype>
 #include <cmath>
 #include <map>
+#include <set>
 
+#include <fmt/format.h>
+
+#include "analysis/moe.h"
 #include "ir/fusion_group.h"
 
 namespace napkin::analysis {
@@ -20,6 +24,26 @@ std::string lower(std::string_view s) {
 // The latency figure: not measured here; the order of NCCL's small-message
 // latency per ring step on such links, for the model's fixed cost per step.
 constexpr const char* kLatencyNote = "; latency per ring step: a modelling figure of NCCL's order, not a measurement";
+
+// One rank's memory with the buffers `sharded` says divided by `ranks`.
+RankMemory sharded_memory(const MemoryReport& memory, int ranks, const std::function<bool(const MemoryBuffer&)>& sharded) {
+  RankMemory m;
+  const double shard = 1.0 / ranks;
+  const size_t positions = std::max<size_t>(memory.live_bytes.size(), 1);
+  std::vector<double> delta(positions + 1, 0.0);
+  for (const MemoryBuffer& b : memory.buffers) {
+    const double bytes = static_cast<double>(b.bytes) * (sharded(b) ? shard : 1.0);
+    if (b.category == MemoryCategory::Parameters) m.params += bytes;
+    if (b.category == MemoryCategory::Gradients) m.grads += bytes;
+    if (b.category == MemoryCategory::OptimizerState) m.optimizer_state += bytes;
+    if (b.first > b.last) continue;  // as analyze_memory sweeps them
+    delta[static_cast<size_t>(b.first)] += bytes;
+    delta[std::min(static_cast<size_t>(b.last) + 1, positions)] -= bytes;
+  }
+  double live = 0;
+  for (size_t p = 0; p < positions; ++p) m.peak = std::max(m.peak, live += delta[p]);
+  return m;
+}
 
 }  // namespace
 
@@ -98,6 +122,24 @@ Collective all_reduce(double bytes, const Topology& t) {
   return c;
 }
 
+// A share of `bytes` to each other rank, one pairwise exchange a step; on two levels the node-mates' shares
+// first, then the other nodes' (each node's at once).
+Collective all_to_all(double bytes, const Topology& t) {
+  Collective c;
+  const int n = t.ranks;
+  if (n <= 1) return c;
+  const int l = t.two_level() ? t.ranks_per_node : n;
+  const double inside = bytes * (l - 1) / n;
+  c.seconds = l > 1 ? inside / t.link->bytes_per_s + (l - 1) * t.link->latency_s : 0;
+  c.bytes = inside;
+  if (t.two_level()) {
+    c.across_bytes = bytes * (n - l) / n;
+    c.bytes += c.across_bytes;
+    c.seconds += c.across_bytes / t.across->bytes_per_s + (t.nodes() - 1) * t.across->latency_s;
+  }
+  return c;
+}
+
 DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const MemoryReport& memory, double flops,
                                     double peak, const Topology& topology, int64_t micro_batches,
                                     double optimizer_flops) {
@@ -136,27 +178,31 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
   d.single_rank_seconds = t.seconds + earlier * (forward + backward);
   const double step_flops = flops + earlier * (flops - optimizer_flops);
 
-  // The gradients in the order the backward writes them, and their buckets.
-  std::vector<std::pair<double, double>> ready;  // (time, bytes)
-  for (const MemoryBuffer& b : memory.buffers) {
-    if (b.category != MemoryCategory::Gradients) continue;
-    auto k = b.producer == ir::kNoNode ? kernel_of.end() : kernel_of.find(b.producer);
-    ready.emplace_back(k == kernel_of.end() ? backward_end : end[k->second], static_cast<double>(b.bytes));
-  }
-  std::stable_sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<std::pair<double, double>> buckets;
-  double filling = 0;
-  for (const auto& [at, bytes] : ready) {
-    filling += bytes;
-    if (filling >= kBucketBytes) buckets.emplace_back(at, filling), filling = 0;
-  }
-  if (filling > 0) buckets.emplace_back(ready.back().first, filling);
+  // The gradients `keep` takes, in the order the backward writes them, as buckets (time ready, bytes).
+  auto buckets_of = [&](const std::function<bool(const MemoryBuffer&)>& keep) {
+    std::vector<std::pair<double, double>> ready;  // (time, bytes)
+    for (const MemoryBuffer& b : memory.buffers) {
+      if (b.category != MemoryCategory::Gradients || !keep(b)) continue;
+      auto k = b.producer == ir::kNoNode ? kernel_of.end() : kernel_of.find(b.producer);
+      ready.emplace_back(k == kernel_of.end() ? backward_end : end[k->second], static_cast<double>(b.bytes));
+    }
+    std::stable_sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::pair<double, double>> buckets;
+    double filling = 0;
+    for (const auto& [at, bytes] : ready) {
+      filling += bytes;
+      if (filling >= kBucketBytes) buckets.emplace_back(at, filling), filling = 0;
+    }
+    if (filling > 0) buckets.emplace_back(ready.back().first, filling);
+    return buckets;
+  };
+  const std::vector<std::pair<double, double>> buckets = buckets_of([](const MemoryBuffer&) { return true; });
   d.buckets = static_cast<int>(buckets.size());
 
   // The link from `start`: each bucket's collective once its gradients are written, one at a time.
-  auto stream = [&](double start, bool whole, double* busy) {
+  auto stream = [&](const std::vector<std::pair<double, double>>& of, double start, bool whole, double* busy) {
     double f = start;
-    for (const auto& [at, bytes] : buckets) {
+    for (const auto& [at, bytes] : of) {
       const double s = (whole ? all_reduce(bytes, topology) : reduce_scatter(bytes, topology)).seconds;
       f = std::max(f, at) + s;
       *busy += s;
@@ -174,13 +220,13 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
     if (stage == 0) {
       const Collective grads = all_reduce(d.grad_bytes, topology);
       z.bytes_sent = grads.bytes, z.across_bytes = grads.across_bytes;
-      exposed = std::max(0.0, stream(backward_start, true, &busy) - backward_end);
+      exposed = std::max(0.0, stream(buckets, backward_start, true, &busy) - backward_end);
     } else {
       const Collective grads = reduce_scatter(d.grad_bytes, topology), params = reduce_scatter(d.param_bytes, topology);
       z.bytes_sent = grads.bytes + params.bytes, z.across_bytes = grads.across_bytes + params.across_bytes;
       const double gather = params.seconds;
       if (stage < 3) {
-        exposed = std::max(0.0, stream(backward_start, false, &busy) - backward_end) + gather;  // gather: after the update
+        exposed = std::max(0.0, stream(buckets, backward_start, false, &busy) - backward_end) + gather;  // gather: after the update
         busy += gather;
       } else {
         // Gathered before the forward and again before the backward of every micro-batch, hidden behind each
@@ -188,7 +234,7 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
         z.bytes_sent += (2 * earlier + 1) * params.bytes, z.across_bytes += (2 * earlier + 1) * params.across_bytes;
         exposed = std::max(0.0, gather - forward);
         busy += 2 * gather;
-        exposed += std::max(0.0, stream(backward_start + gather, false, &busy) - backward_end);
+        exposed += std::max(0.0, stream(buckets, backward_start + gather, false, &busy) - backward_end);
         exposed += earlier * (std::max(0.0, gather - forward) + std::max(0.0, gather - backward));
         busy += 2 * earlier * gather;
       }
@@ -203,31 +249,74 @@ DistributedStep predict_distributed(const ir::Graph& g, const StepTime& t, const
     const RankMemory m = rank_memory(memory, stage, ranks);
     z.params = m.params, z.grads = m.grads, z.optimizer_state = m.optimizer_state, z.peak = m.peak;
   }
+
+  if (!g.moe_layers.empty()) {
+    const MoeFigures moe = analyze_moe(g);
+    ExpertParallel& e = d.expert_parallel.emplace();
+    e.layers = static_cast<int>(moe.layers.size());
+    for (const MoeLayerFigures& l : moe.layers) {
+      if (l.experts % ranks != 0)
+        e.why_not = fmt::format("{} experts do not divide over {} ranks", l.experts, ranks);
+      else if (!l.dispatch_found)
+        e.why_not = fmt::format("moe() layer {} has no [E, C, d] dispatch buffer in the step", l.scope);
+      if (!e.why_not.empty()) break;
+    }
+    e.possible = e.why_not.empty();
+    if (e.possible) {
+      e.experts_per_rank = moe.layers[0].experts / ranks;
+      // The expert parameters' buffers: theirs, their gradients' and their optimizer state's (and the updates of these).
+      std::set<ir::ValueId> expert_buffers;
+      double expert_elements = 0;
+      for (ir::ValueId p : moe.expert_params) {
+        expert_buffers.insert(p);
+        expert_elements += static_cast<double>(g.value(p).type.numel());
+        if (ir::ValueId grad = g.find_output("grad." + g.value(p).name); grad != ir::kNoValue)
+          expert_buffers.insert(g.value(grad).storage);
+      }
+      for (const auto& [state, param] : g.state_param)
+        if (std::find(moe.expert_params.begin(), moe.expert_params.end(), param) != moe.expert_params.end())
+          expert_buffers.insert(state);
+      auto expert = [&](const MemoryBuffer& b) { return expert_buffers.count(b.value) || expert_buffers.count(b.update_of); };
+
+      ZeroStage& z = e.step;
+      for (const MoeLayerFigures& l : moe.layers) {
+        const Collective one = all_to_all(static_cast<double>(l.dispatch_bytes), topology);
+        const double count = 4.0 * static_cast<double>(micro_batches);
+        e.all_to_all_bytes += count * one.bytes;
+        e.all_to_all_seconds += count * one.seconds;
+        z.across_bytes += count * one.across_bytes;
+        e.all_to_alls += 4 * micro_batches;
+      }
+      const std::vector<std::pair<double, double>> dense = buckets_of([&](const MemoryBuffer& b) { return !expert(b); });
+      for (const auto& bucket : dense) e.dense_grad_bytes += bucket.second;
+      const Collective grads = all_reduce(e.dense_grad_bytes, topology);
+      double busy = 0;
+      const double exposed = std::max(0.0, stream(dense, backward_start, true, &busy) - backward_end);
+      z.bytes_sent = e.all_to_all_bytes + grads.bytes;
+      z.across_bytes += grads.across_bytes;
+      z.comm_seconds = e.all_to_all_seconds + busy;
+      z.exposed_seconds = e.all_to_all_seconds + std::min(exposed, busy);
+      z.hidden_seconds = z.comm_seconds - z.exposed_seconds;
+      if (z.hidden_seconds < 1e-9 * z.comm_seconds) z.hidden_seconds = 0;
+      const double params = static_cast<double>(g.param_count());
+      const double updated = params > 0 ? (params - expert_elements + expert_elements / ranks) / params : 1;
+      z.step_seconds = d.single_rank_seconds - optimizer + optimizer * updated + z.exposed_seconds;
+      z.mfu = peak > 0 && z.step_seconds > 0 ? step_flops / (z.step_seconds * peak) : 0;
+      const RankMemory m = sharded_memory(memory, ranks, expert);
+      z.params = m.params, z.grads = m.grads, z.optimizer_state = m.optimizer_state, z.peak = m.peak;
+    }
+  }
   return d;
 }
 
+
 RankMemory rank_memory(const MemoryReport& memory, int stage, int ranks) {
-  RankMemory m;
-  const double shard = 1.0 / ranks;
   // Gradients are never divided: napkin's step writes each whole on every rank (docs/distributed.md, "Memory
   // per rank"), at every stage.
-  auto sharded = [&](MemoryCategory c) {
-    return (c == MemoryCategory::OptimizerState && stage >= 1) || (c == MemoryCategory::Parameters && stage >= 3);
-  };
-  const size_t positions = std::max<size_t>(memory.live_bytes.size(), 1);
-  std::vector<double> delta(positions + 1, 0.0);
-  for (const MemoryBuffer& b : memory.buffers) {
-    const double bytes = static_cast<double>(b.bytes) * (sharded(b.category) ? shard : 1.0);
-    if (b.category == MemoryCategory::Parameters) m.params += bytes;
-    if (b.category == MemoryCategory::Gradients) m.grads += bytes;
-    if (b.category == MemoryCategory::OptimizerState) m.optimizer_state += bytes;
-    if (b.first > b.last) continue;  // as analyze_memory sweeps them
-    delta[static_cast<size_t>(b.first)] += bytes;
-    delta[std::min(static_cast<size_t>(b.last) + 1, positions)] -= bytes;
-  }
-  double live = 0;
-  for (size_t p = 0; p < positions; ++p) m.peak = std::max(m.peak, live += delta[p]);
-  return m;
+  return sharded_memory(memory, ranks, [stage](const MemoryBuffer& b) {
+    return (b.category == MemoryCategory::OptimizerState && stage >= 1) ||
+           (b.category == MemoryCategory::Parameters && stage >= 3);
+  });
 }
 
 namespace {

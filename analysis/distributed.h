@@ -41,6 +41,25 @@
 //  - the step at N ranks: the single-rank prediction (analysis/step_time.h)
 //    with the optimizer's kernels divided by N where it runs on a shard, plus
 //    the exposed communication. MFU: the rank's counted FLOPs over that time.
+//  - expert parallelism (a model with moe() layers, analysis/moe.h): each
+//    rank holds E/N of every layer's experts (E % N == 0) and runs the
+//    model's step on its own micro-batch; the rest of the model is plain
+//    data parallel. Per moe() layer and micro-batch, four all-to-alls: the
+//    forward's dispatch (the rank's [E, C, d] buffer to the experts' ranks)
+//    and combine (the experts' outputs back), and in the backward the same
+//    two of their gradients. Each sends (N-1)/N of the rank's E·C·d buffer,
+//    at the dispatch buffer's dtype, in N-1 pairwise exchanges: bytes /
+//    bytes_per_s + (N-1) x latency_s (on two levels: (L-1)/N of the buffer
+//    inside the node in L-1 exchanges, then (N-L)/N across in M-1, each
+//    rank's node-mates' shares together). The all-to-alls are exposed: the
+//    experts wait for their tokens, the combine's readers for their rows.
+//    The gradients of the other parameters are all-reduced as plain data
+//    parallel does (in buckets behind the backward); an expert's gradient is
+//    whole on its rank (its experts saw every rank's tokens): no collective.
+//    Per-rank memory: the expert parameters, their gradients and optimizer
+//    state divided by N, the rest whole, swept again for the peak; the
+//    optimizer's kernels scaled by the share of parameter elements a rank
+//    updates (the others' and 1/N of the experts').
 #pragma once
 
 #include <array>
@@ -114,6 +133,23 @@ struct ZeroStage {
   double peak = 0;
 };
 
+// Expert parallelism over the ranks (above); its figures in ZeroStage's
+// terms (`stage` unused).
+struct ExpertParallel {
+  bool possible = false;
+  std::string why_not;            // when not possible: "8 experts do not divide over 6 ranks"
+  int64_t experts_per_rank = 0;   // of every layer (they divide alike)
+  int layers = 0;                 // moe() layers
+  int64_t all_to_alls = 0;        // per rank per step: 4 x layers x micro-batches
+  double all_to_all_bytes = 0;    // per rank per step, all of them
+  double all_to_all_seconds = 0;  // every one back to back (exposed)
+  double dense_grad_bytes = 0;    // the non-expert gradients, all-reduced
+  ZeroStage step;                 // bytes_sent: the all-to-alls and the all-reduce together
+};
+
+// One all-to-all of a rank's `bytes` buffer (above).
+Collective all_to_all(double bytes, const Topology& t);
+
 struct DistributedStep {
   Topology topology;
   int ranks = 1;
@@ -124,6 +160,7 @@ struct DistributedStep {
   double single_rank_seconds = 0;     // its whole step (all its micro-batches)
   int64_t micro_batches = 1;          // per rank per step (gradient accumulation)
   std::array<ZeroStage, 4> stages{};  // by stage
+  std::optional<ExpertParallel> expert_parallel;  // with moe() layers
 };
 
 // `t`: the single-rank prediction of g's step on the device (its kernels in

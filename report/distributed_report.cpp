@@ -28,13 +28,29 @@ std::string distributed_section_text(const analysis::DistributedStep& d, double 
   out += fmt::format("  gradients            {} in {} buckets of at least {} as the backward writes them (backward {})\n",
                      human_bytes(d.grad_bytes), d.buckets, human_bytes(analysis::kBucketBytes),
                      human_seconds(d.backward_seconds));
-  out += fmt::format("  {:<14} {:>11} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}\n", "", "sent/rank", "comm",
+  out += fmt::format("  {:<15} {:>11} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}\n", "", "sent/rank", "comm",
                      "hidden", "exposed", "step", "MFU", "params", "grads", "opt state", "peak/rank");
   for (const analysis::ZeroStage& z : d.stages)
-    out += fmt::format("  {:<14} {:>11} {:>10} {:>10} {:>10} {:>10} {:>6.1f}% {:>10} {:>10} {:>10} {:>10}\n", analysis::zero_stage_name(z.stage),
+    out += fmt::format("  {:<15} {:>11} {:>10} {:>10} {:>10} {:>10} {:>6.1f}% {:>10} {:>10} {:>10} {:>10}\n", analysis::zero_stage_name(z.stage),
                        human_bytes(z.bytes_sent), human_seconds(z.comm_seconds), human_seconds(z.hidden_seconds),
                        human_seconds(z.exposed_seconds), human_seconds(z.step_seconds), 100 * z.mfu, human_bytes(z.params),
                        human_bytes(z.grads), human_bytes(z.optimizer_state), human_bytes(z.peak));
+  if (const std::optional<analysis::ExpertParallel>& e = d.expert_parallel; e && e->possible) {
+    const analysis::ZeroStage& z = e->step;
+    out += fmt::format("  {:<15} {:>11} {:>10} {:>10} {:>10} {:>10} {:>6.1f}% {:>10} {:>10} {:>10} {:>10}\n", "expert parallel",
+                       human_bytes(z.bytes_sent), human_seconds(z.comm_seconds), human_seconds(z.hidden_seconds),
+                       human_seconds(z.exposed_seconds), human_seconds(z.step_seconds), 100 * z.mfu, human_bytes(z.params),
+                       human_bytes(z.grads), human_bytes(z.optimizer_state), human_bytes(z.peak));
+    out += fmt::format("  expert parallel      {} expert{} of each moe() layer a rank; {} all-to-alls a step ({} moe() layer{} x 4 "
+                       "(dispatch, combine, forward and backward) x {} micro-batch{}), each (N-1)/N of the rank's [E, C, d] "
+                       "buffer: {}, {}, not hidden; the other parameters' {} of gradients all-reduced as data parallel\n",
+                       e->experts_per_rank, e->experts_per_rank == 1 ? "" : "s", e->all_to_alls, e->layers,
+                       e->layers == 1 ? "" : "s", d.micro_batches, d.micro_batches == 1 ? "" : "es",
+                       human_bytes(e->all_to_all_bytes), human_seconds(e->all_to_all_seconds),
+                       human_bytes(e->dense_grad_bytes));
+  } else if (e) {
+    out += fmt::format("  expert parallel      not possible: {} (the experts are sharded evenly over the ranks)\n", e->why_not);
+  }
   out += fmt::format("  one rank             {} a step; ring collectives: all-reduce sends 2(N-1)/N of the bytes per rank, "
                      "reduce-scatter and all-gather (N-1)/N\n",
                      human_seconds(d.single_rank_seconds));
@@ -48,6 +64,35 @@ std::string distributed_section_text(const analysis::DistributedStep& d, double 
                        d.link->name, t.across->name, t.ranks_per_node, human_bytes(d.stages[0].across_bytes));
   return out;
 }
+
+namespace {
+
+// {possible: false, reason} when the experts do not divide over the ranks.
+nlohmann::json expert_parallel_json(const analysis::ExpertParallel& e) {
+  using nlohmann::json;
+  if (!e.possible) return {{"possible", false}, {"reason", e.why_not}};
+  const analysis::ZeroStage& z = e.step;
+  return {{"possible", true},
+          {"experts_per_rank", e.experts_per_rank},
+          {"moe_layers", e.layers},
+          {"all_to_alls", e.all_to_alls},
+          {"all_to_all_bytes_per_rank", e.all_to_all_bytes},
+          {"all_to_all_s", e.all_to_all_seconds},
+          {"dense_grad_bytes", e.dense_grad_bytes},
+          {"bytes_sent_per_rank", z.bytes_sent},
+          {"bytes_across_nodes_per_rank", z.across_bytes},
+          {"comm_s", z.comm_seconds},
+          {"hidden_s", z.hidden_seconds},
+          {"exposed_s", z.exposed_seconds},
+          {"step_s", z.step_seconds},
+          {"mfu", z.mfu},
+          {"params_bytes", z.params},
+          {"grads_bytes", z.grads},
+          {"optimizer_state_bytes", z.optimizer_state},
+          {"peak_bytes", z.peak}};
+}
+
+}  // namespace
 
 nlohmann::json distributed_json(const analysis::DistributedStep& d, double tokens) {
   using nlohmann::json;
@@ -71,7 +116,7 @@ nlohmann::json distributed_json(const analysis::DistributedStep& d, double token
               {"bytes_per_s", d.topology.across->bytes_per_s},
               {"latency_s", d.topology.across->latency_s},
               {"source", d.topology.across->source}};
-  return {{"ranks", d.ranks},
+  json j = {{"ranks", d.ranks},
           {"nodes", d.topology.nodes()},
           {"ranks_per_node", d.topology.two_level() ? d.topology.ranks_per_node : d.ranks},
           {"inter_node", across},
@@ -92,6 +137,8 @@ nlohmann::json distributed_json(const analysis::DistributedStep& d, double token
           {"backward_s", d.backward_seconds},
           {"single_rank_step_s", d.single_rank_seconds},
           {"stages", stages}};
+  if (d.expert_parallel) j["expert_parallel"] = expert_parallel_json(*d.expert_parallel);
+  return j;
 }
 
 std::string memory_fit_text(const analysis::MemoryFit& f) {

@@ -317,11 +317,17 @@ std::string accumulation_section(const ir::Graph& g, const analysis::StepCost& c
   return out;
 }
 
-std::string step_rule_section(const ir::Graph& g, const analysis::StepCost& c) {
+std::string step_rule_section(const ir::Graph& g, const analysis::StepCost& c, const analysis::MoeFigures& moe) {
   StepGap gap = step_gap_terms(c);
   std::string out = "\nstep FLOPs vs 6·tokens·params\n";
   out += fmt::format("  tokens per step      {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
   out += fmt::format("  6·tokens·params      {:>22}  ({})\n", with_commas(gap.six_tp), human_flops(gap.six_tp));
+  if (moe.has_moe()) {
+    const double six_active = 6 * c.tokens * static_cast<double>(moe.active_params);
+    out += fmt::format("  6·tokens·active      {:>22}  ({}; counted step is {:.4f}x: the experts compute E·C slots, "
+                       "padding included)\n",
+                       with_commas(six_active), human_flops(six_active), six_active > 0 ? c.total.flops / six_active : 0.0);
+  }
   out += fmt::format("  counted step         {:>22}  ({}; {:.4f}x the rule)\n", with_commas(c.total.flops),
                      human_flops(c.total.flops), gap.six_tp > 0 ? c.total.flops / gap.six_tp : 0.0);
   out += "  the difference, term by term:\n";
@@ -557,6 +563,12 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
   out += time_section(g, c, time);
   out += "\nparameters\n";
   out += fmt::format("  count                {:>22}\n", with_commas(c.params));
+  const analysis::MoeFigures moe = analysis::analyze_moe(g);
+  if (moe.has_moe())
+    out += fmt::format("  active per token     {:>22}  (less (E-k)/E of each expert parameter: the router and k experts' "
+                       "slices count{}; mixture of experts below)\n",
+                       with_commas(static_cast<double>(moe.active_params)),
+                       moe.active_exact ? "" : "; rounded down: an expert parameter's numel·(E-k) is not a multiple of E");
   for (const auto& [dtype, bytes] : c.param_bytes)
     out += fmt::format("  memory, {:<13}{:>22}  ({})\n", ir::dtype_name(dtype), with_commas(bytes),
                        human_bytes(static_cast<double>(bytes)));
@@ -579,6 +591,7 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
   if (options.pipeline && options.pipeline->shard_schedule.ran) out += shard_section(options.pipeline->shard_schedule);
   if (options.pipeline) out += attention_section(g, options.pipeline->attention_sites);
   if (options.pipeline) out += classifier_section(g, options.pipeline->classifier_sites);
+  out += moe_section_text(g, moe, options.dropped, micro_batches(g, options) * options.ranks);
   out += render_amp_audit_text(g, c, memory, options.fp32_step, options.show_ops);
   if (c.has_backward()) {
     const FusionSummary fusion = summarize_fusion(g);
@@ -587,7 +600,7 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
       casts = summarize_casts(fusion, options.pipeline->cast_placement, *options.policy_casts_step);
     out += fusion_section_text(g, fusion, casts ? &*casts : nullptr);
   }
-  if (c.has_backward()) out += step_rule_section(g, c);
+  if (c.has_backward()) out += step_rule_section(g, c, moe);
   else out += fmt::format("\ntokens per step        {:>22}  ({})\n", with_commas(c.tokens), c.tokens_source);
   out += forward_rule_section(c);
   if (c.has_backward()) out += accumulation_section(g, c, options, time);
@@ -609,6 +622,11 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
   j["params"] = c.params;
   j["params_in_matmuls"] = c.params_in_matmuls;
   j["params_without_matmul"] = c.params_without_matmul;
+  const analysis::MoeFigures moe = analysis::analyze_moe(g);
+  if (moe.has_moe()) {
+    j["params_active"] = moe.active_params;
+    j["moe"] = moe_json(g, moe, options.dropped, micro_batches(g, options) * options.ranks);
+  }
   j["tokens"] = c.tokens;
   j["tokens_source"] = c.tokens_source;
   Gap gap = gap_terms(c);
@@ -624,6 +642,7 @@ std::string render_report_json(const ir::Graph& g, const analysis::StepCost& c, 
                 {"recompute", c.total.recompute_flops},
                 {"two_tokens_params", gap.two_tp},
                 {"six_tokens_params", step.six_tp}};
+  if (moe.has_moe()) j["flops"]["six_tokens_active_params"] = 6 * c.tokens * static_cast<double>(moe.active_params);
   PalmTerms palm = palm_terms(g, c);
   if (palm.found)
     j["flops"]["palm"] = {{"layers", palm.layers}, {"d", palm.d}, {"seq", palm.seq},

@@ -9,6 +9,7 @@
 #include "analysis/memory.h"
 #include "ir/graph.h"
 #include "passes/pipeline.h"
+#include "report/moe_report.h"
 
 namespace napkin::report {
 
@@ -37,6 +38,8 @@ struct ReportOptions {
   int64_t accumulate = 0;
   // `--memory-per-rank`: each stage's fit against the limit, in the distributed section (null: left out).
   const analysis::MemoryFit* memory_fit = nullptr;
+  // `--metrics FILE`: the tokens the trainer dropped per moe() layer (null: left out).
+  const DroppedTokens* dropped = nullptr;
 };
 
 std::string render_report_text(const ir::Graph& g, const analysis::StepCost& cost, const analysis::MemoryReport& memory,

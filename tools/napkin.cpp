@@ -283,6 +283,7 @@ struct HtmlArgs {
 struct ReportArgs {
   std::string model, dims, device, budget;
   std::string memory_per_rank;  // with --ranks: each ZeRO stage against this limit
+  std::string metrics;          // a trainer's metrics file: the tokens its moe() layers dropped
   bool json = false, ops = false, no_ops = false;
   int64_t accumulate = 0;  // micro-batches per step instead of the model's train.accumulate
   TopologyArgs topology;
@@ -333,6 +334,25 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
     };
     memory_fit = analysis::fit_memory(memory, static_cast<double>(g->param_count()), topology.ranks, static_cast<double>(*limit), compile);
   }
+  std::optional<report::DroppedTokens> dropped;
+  if (!a.metrics.empty()) {
+    if (g->moe_layers.empty()) {
+      std::cerr << fmt::format("error: --metrics {}: {} has no moe() layer: the report reads only the tokens moe() layers "
+                               "dropped from a metrics file\n    hint: napkin plot {} draws its loss, tokens/s and MFU\n",
+                               a.metrics, path, a.metrics);
+      return kUserError;
+    }
+    std::ifstream in(a.metrics, std::ios::binary);
+    std::string error;
+    if (!in) error = fmt::format("{}: cannot read it", a.metrics);
+    else dropped = report::read_dropped_tokens(in, a.metrics, error);
+    if (!dropped) {
+      std::cerr << fmt::format("error: --metrics {}\n    hint: the JSON lines file a trainer wrote with --metrics "
+                               "(docs/runtime.md)\n",
+                               error);
+      return kUserError;
+    }
+  }
   // The text lists every op and every cast only when asked (--ops); the
   // JSON keeps its `ops` unless --no-ops.
   report::ReportOptions options{.model_path = path, .show_ops = a.json ? !a.no_ops : a.ops,
@@ -342,7 +362,8 @@ int cmd_report(const CommandContext& ctx, const ReportArgs& a) {
                                 .policy_casts_step = step->policy_casts_step ? &*step->policy_casts_step : nullptr,
                                 .ranks = topology.ranks, .interconnect = topology.link, .inter_node = topology.across,
                                 .ranks_per_node = topology.ranks_per_node, .accumulate = a.accumulate,
-                                .memory_fit = memory_fit ? &*memory_fit : nullptr};
+                                .memory_fit = memory_fit ? &*memory_fit : nullptr,
+                                .dropped = dropped ? &*dropped : nullptr};
   if (!html.file.empty()) {
     const analysis::Device& roofline_device = *device;
     options.show_ops = false;  // the page's tables replace the per-op list (the JSON's `ops`)
@@ -1048,6 +1069,9 @@ int main(int argc, char** argv) {
   report->add_flag("--ops", report_args.ops, "list every op and every cast in the text report");
   report->add_flag("--no-ops", report_args.no_ops, "omit the per-op list from the JSON (the text omits it unless --ops)");
   report->add_option("--memory-budget", report_args.budget, budget_help);
+  report->add_option("--metrics", report_args.metrics,
+                     "a trainer's metrics file (JSON lines): the tokens each moe() layer dropped, in the mixture-of-experts "
+                     "section");
   add_pipeline_flags(report, ctx.pipeline);
   TopologyArgs& topology = report_args.topology;
   report->add_option("--ranks", topology.ranks, "data-parallel ranks: the distributed step per ZeRO stage (with --interconnect)");

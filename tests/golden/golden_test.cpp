@@ -67,13 +67,13 @@ TEST_CASE("golden: IR and report of every model in models/") {
       ir::Graph step = napkin::testing::compile_training(text, relative);
       // The whole step's IR pins autodiff and the optimizer; GPT-2's (3,500
       // nodes) would only repeat what gpt.yaml's shows, Llama 3.1 8B's and
-      // llama-bpe's what llama.yaml's shows.
-      if (stem != "gpt2-124m" && stem != "llama3-8b" && stem != "llama-bpe")
+      // llama-bpe's what llama.yaml's shows, Mixtral-8x7B's what moe.yaml's shows.
+      if (stem != "gpt2-124m" && stem != "llama3-8b" && stem != "llama-bpe" && stem != "mixtral-8x7b")
         check_golden(root / "tests/golden" / (stem + ".train.ir.txt"), ir::print_graph(step));
       analysis::StepCost cost = analysis::analyze_step(step, analysis::find_device("h100"));
       // Llama 3.1 8B's per-op table would repeat llama.yaml's 8 times over
-      // (1.5 MB): its report is pinned without it.
-      const bool show_ops = stem != "llama3-8b";
+      // (1.5 MB), Mixtral-8x7B's moe.yaml's: their reports are pinned without it.
+      const bool show_ops = stem != "llama3-8b" && stem != "mixtral-8x7b";
       check_golden(root / "tests/golden" / (stem + ".report.txt"),
                    report::render_report_text(step, cost, analysis::analyze_memory(step), {relative, show_ops}));
     }

@@ -97,3 +97,28 @@ TEST_CASE("huggingface section: a placeholder of the tensor name alone stacks th
   for (const auto& t : model->map.tensors)
     if (t.param == "layers.0.router") CHECK(t.hf_name == "model.layers.0.block_sparse_moe.gate.weight");
 }
+
+TEST_CASE("huggingface section: mixtral-8x7b maps its 323 parameters once, each expert parameter to 8 stacked tensors") {
+  napkin::ir::Diagnostics diag;
+  auto model = napkin::frontend::load_huggingface_model(napkin::testing::source_path("models/mixtral-8x7b.yaml"), diag, {});
+  REQUIRE_MESSAGE(model, diag.render());
+  const napkin::frontend::HuggingFaceMap& map = model->map;
+  CHECK(map.architecture == "MixtralForCausalLM");
+  REQUIRE(map.tensors.size() == 3 + 32 * 10);
+  CHECK(map.tensors.size() == model->graph.params.size());
+  int stacked = 0;
+  for (const auto& t : map.tensors) {
+    if (t.slices.empty()) continue;
+    ++stacked;
+    REQUIRE(t.slices.size() == 8);
+    if (t.param == "layers.5.w_down") CHECK(t.slices[7] == "model.layers.5.block_sparse_moe.experts.7.w2.weight");
+    if (t.param == "layers.0.w_up") CHECK(t.slices[0] == "model.layers.0.block_sparse_moe.experts.0.w3.weight");
+  }
+  CHECK(stacked == 3 * 32);
+  CHECK(entry(map.config, "num_local_experts").integer == 8);
+  CHECK(entry(map.config, "num_experts_per_tok").integer == 2);
+  CHECK(entry(map.config, "intermediate_size").integer == 14336);
+  CHECK(entry(map.config, "num_key_value_heads").integer == 8);
+  CHECK(entry(map.config, "max_position_embeddings").integer == 32768);
+  CHECK(entry(map.config, "vocab_size").integer == 32000);
+}
