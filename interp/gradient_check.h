@@ -15,6 +15,11 @@
 //    sampled element) or a random ±1 direction over the whole tensor. Its
 //    error is O(h⁴); what is left is rounding in L, ~1e-15·|L| / 12h ≈ 1e-11
 //    absolute, which relative to a small gradient entry reaches ~1e-6.
+//  - a mixture of experts' routing (the integer outputs of top_k and
+//    moe_slots) is piecewise constant: where a stencil's step changes it at
+//    any of its four points (a token's k-th and (k+1)-th experts near a tie),
+//    the step is taken again ten times smaller, up to four times, and judged
+//    at the step it took (the tolerance grows with its rounding).
 //  - relative error: |analytic − numeric| / max(|analytic|, |numeric|, floor),
 //    floor = 1e-3 · the tensor's largest analytic |gradient| (for a direction:
 //    1e-3 · Σ|gradient|), so entries that are nearly zero relative to the rest

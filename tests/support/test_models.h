@@ -101,6 +101,8 @@ inline const std::map<std::string, std::map<std::string, int64_t>>& small_dims()
       {"mixtral-8x7b", {{"batch", 2}, {"seq", 8}, {"vocab", 37}, {"d", 16}, {"heads", 4}, {"kv_heads", 2}, {"experts", 4},
                         {"expert_hidden", 24}, {"layers", 2}}},
       {"mlp", {{"batch", 4}, {"d_in", 8}, {"hidden", 16}, {"classes", 5}}},
+      {"moe", {{"batch", 2}, {"seq", 8}, {"vocab", 37}, {"d", 16}, {"heads", 4}, {"kv_heads", 2}, {"experts", 4},
+               {"expert_hidden", 24}, {"layers", 2}}},
   };
   return dims;
 }
