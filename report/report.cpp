@@ -214,7 +214,8 @@ std::optional<analysis::StepTime> predicted_time(const ir::Graph& g, const analy
   return analysis::predict_step_time(g, c, *c.device);
 }
 
-std::string time_section(const ir::Graph& g, const analysis::StepCost& c, const std::optional<analysis::StepTime>& time) {
+std::string time_section(const ir::Graph& g, const analysis::StepCost& c, const std::optional<analysis::StepTime>& time,
+                         const analysis::MoeFigures& moe) {
   if (!c.device || !time) return "";
   const analysis::Device& d = *c.device;
   const analysis::StepTime& t = *time;
@@ -232,8 +233,14 @@ std::string time_section(const ir::Graph& g, const analysis::StepCost& c, const 
     out += fmt::format("  MFU                  {:>21.1f}%  (counted FLOPs / (predicted step x {} {} matmul peak {}/s))\n",
                        100 * t.mfu, d.name, ir::dtype_name(c.matmul_dtype), human_flops(peak));
     double model = 6 * c.tokens * c.params;
-    out += fmt::format("  MFU (6·N·D)          {:>21.1f}%  (6·tokens·params / (predicted step x peak))\n",
-                       100 * model / (t.seconds * peak));
+    out += fmt::format("  MFU (6·N·D)          {:>21.1f}%  (6·tokens·params / (predicted step x peak){})\n",
+                       100 * model / (t.seconds * peak),
+                       moe.has_moe() ? ": every expert counted, though a token uses k of E" : "");
+    // A mixture of experts' model FLOPs: what a token uses (the active parameters), the convention MoE papers
+    // report, below the counted FLOPs' MFU, which counts the capacity's padding slots as work.
+    if (moe.has_moe())
+      out += fmt::format("  MFU (6·N_active·D)   {:>21.1f}%  (6·tokens·active params / (predicted step x peak))\n",
+                         100 * 6 * c.tokens * static_cast<double>(moe.active_params) / (t.seconds * peak));
   }
   out += fmt::format("  per-op roofline sum  {:>22}  (each op of the table alone at peak rate, before fusion)\n",
                      human_seconds(c.total.seconds));
@@ -560,10 +567,10 @@ std::string render_report_text(const ir::Graph& g, const analysis::StepCost& c, 
   if (options.show_ops) out += ops_table(g, c);
   out += flops_section(c);
   const std::optional<analysis::StepTime> time = predicted_time(g, c);
-  out += time_section(g, c, time);
+  const analysis::MoeFigures moe = analysis::analyze_moe(g);
+  out += time_section(g, c, time, moe);
   out += "\nparameters\n";
   out += fmt::format("  count                {:>22}\n", with_commas(c.params));
-  const analysis::MoeFigures moe = analysis::analyze_moe(g);
   if (moe.has_moe())
     out += fmt::format("  active per token     {:>22}  (less (E-k)/E of each expert parameter: the router and k experts' "
                        "slices count{}; mixture of experts below)\n",

@@ -84,10 +84,17 @@ TEST_CASE("trainer time: the banner, every progress line and the end of a run co
 
   std::istringstream lines(napkin::testing::read_bytes(metrics));
   std::string line;
-  int steps = 0, summaries = 0;
+  int steps = 0, summaries = 0, profiles = 0;
   while (std::getline(lines, line)) {
     nlohmann::json j = nlohmann::json::parse(line);
     if (j.contains("run")) continue;  // the run's first record: its id and start step
+    if (j.contains("profile")) {      // --profile's kernel times: one a kernel, in ms per step
+      ++profiles;
+      CHECK(j["steps"] == 6);
+      CHECK(j["kernel_ms"].size() > 10);
+      for (const auto& ms : j["kernel_ms"]) CHECK(ms.get<double>() >= 0);
+      continue;
+    }
     if (j.contains("summary")) {
       ++summaries;
       CHECK(j["steps"] == 6);
@@ -103,6 +110,7 @@ TEST_CASE("trainer time: the banner, every progress line and the end of a run co
     if (!j["mfu"].is_null()) CHECK(j["mfu"].get<double>() <= 1);
   }
   CHECK(steps == 3);
+  CHECK(profiles == 1);
   CHECK(summaries == 1);
 }
 

@@ -61,6 +61,8 @@ TEST_CASE("kernel plan: each kernel's kind and parameters are stamped from its o
       {LoopKind::Classifier, {KernelKind::Classifier}},
       {LoopKind::CachedAttention, {KernelKind::CachedAttention}},
       {LoopKind::Rope, {KernelKind::Rope}},
+      {LoopKind::TopK, {KernelKind::TopK}},
+      {LoopKind::MoeSlots, {KernelKind::MoeSlots}},
       {LoopKind::Collective, {KernelKind::Collective}},
   };
   std::set<KernelKind> seen;

@@ -243,7 +243,7 @@ TEST_CASE("moe report: the tokens dropped are the last metrics record's, per lay
   CHECK(error.rfind("bad.jsonl:2: not a JSON line", 0) == 0);
 }
 
-TEST_CASE("distributed: an all-to-all sends (N-1)/N of the buffer in N-1 exchanges; on two levels (L-1)/N inside, (N-L)/N across") {
+TEST_CASE("distributed: an all-to-all sends (N-1)/N of the buffer in N-1 exchanges, and on two levels (L-1)/N inside and (N-L)/N across") {
   const analysis::Interconnect fast{"fast", "a test link", 100e9, 1e-6, "none"}, slow{"slow", "another", 10e9, 1e-5, "none"};
   const double b = 1e9;
   const analysis::Collective one = analysis::all_to_all(b, {8, &fast});
