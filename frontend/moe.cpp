@@ -12,6 +12,7 @@
 // backward of dispatch and combine is embedding's scatter-add. SPEC: docs/moe.md.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "frontend/lowering.h"
@@ -102,6 +103,15 @@ Operand lower_moe(Lowerer& L, const CallArgs& a, const Expr& call) {
             "moe routes each row of x's last axis");
     return Operand::invalid();
   }
+  for (const char* name : {"router", "w_gate", "w_up", "w_down"}) {
+    const ir::TensorType& t = L.type(*L.need_tensor(*a.get(name), name));
+    if (t.dtype == xt.dtype) continue;
+    L.error(a.get(name)->offset,
+            fmt::format("moe: {} is {} but x is {}: the router and the experts compute in x's dtype", name,
+                        ir::dtype_name(t.dtype), ir::dtype_name(xt.dtype)),
+            "declare them in one dtype, or cast x (a precision: policy casts both for the matmuls itself)");
+    return Operand::invalid();
+  }
   const int64_t d = xt.dims.back().size;
   const int64_t tokens = xt.numel() / d;
   const ir::TensorType rt = L.type(*router), gt = L.type(*w_gate), ut = L.type(*w_up), dt = L.type(*w_down);
@@ -146,7 +156,7 @@ Operand lower_moe(Lowerer& L, const CallArgs& a, const Expr& call) {
   // reaches an expert at most once, so T slots already drop nothing).
   const double wanted = std::ceil(capacity_factor * static_cast<double>(tokens) * static_cast<double>(k) /
                                   static_cast<double>(experts) - 1e-9);
-  const int64_t capacity = std::max<int64_t>(1, std::min<int64_t>(tokens, static_cast<int64_t>(wanted)));
+  const int64_t capacity = static_cast<int64_t>(std::max(1.0, std::min(static_cast<double>(tokens), wanted)));
 
   std::string routing = "softmax_topk";
   if (const Operand* r = a.get("routing")) {
@@ -241,7 +251,13 @@ Operand lower_moe(Lowerer& L, const CallArgs& a, const Expr& call) {
   ValueId over = node(L, at, Op::Maximum, {node(L, at, Op::Sub, {counts, constant(L, at, double(capacity), DType::F32)}),
                                            constant(L, at, 0, DType::F32)});
   ValueId dropped = reduce_sum(L, at, over, {0}, false);
-  std::string output = std::string(ir::kMetricOutputPrefix) + "moe_dropped." + (scope.empty() ? fmt::format("{}", L.moe_routing().size() - 1) : scope);
+  // Named by the layer's scope ("layers.3"), and by its index among the moe() layers where the scope has
+  // another already (two in one block, or top-level ones).
+  std::string key = scope;
+  for (const ir::Graph::MoeLayer& earlier : g.moe_layers)
+    if (earlier.scope == scope) key = fmt::format("{}{}{}", scope, scope.empty() ? "" : ".", g.moe_layers.size());
+  if (key.empty()) key = fmt::format("{}", g.moe_layers.size());
+  std::string output = std::string(ir::kMetricOutputPrefix) + "moe_dropped." + key;
   g.outputs.emplace_back(output, dropped);
   ir::Graph::MoeLayer layer;
   layer.scope = scope;
@@ -251,9 +267,13 @@ Operand lower_moe(Lowerer& L, const CallArgs& a, const Expr& call) {
   layer.capacity = capacity;
   layer.capacity_factor = capacity_factor;
   layer.d_model = d;
-  layer.router = g.find_param(*router) ? *router : ir::kNoValue;
-  for (ValueId p : {*w_gate, *w_up, *w_down})
-    if (g.find_param(p)) layer.expert_params.push_back(p);
+  // The parameters themselves, or the ones a view of them reads (a fused [E·f, d] weight rearranged).
+  auto param_of = [&](ValueId v) { return g.find_param(g.value(v).storage) ? g.value(v).storage : ir::kNoValue; };
+  layer.router = param_of(*router);
+  for (ValueId v : {*w_gate, *w_up, *w_down})
+    if (const ValueId p = param_of(v);
+        p != ir::kNoValue && std::find(layer.expert_params.begin(), layer.expert_params.end(), p) == layer.expert_params.end())
+      layer.expert_params.push_back(p);
   layer.dropped_output = output;
   g.moe_layers.push_back(std::move(layer));
   return Operand::tensor(y, at);

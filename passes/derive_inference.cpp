@@ -212,11 +212,15 @@ class Deriver {
       } else if (d.name == ir::kMoeCapacityDim) {
         d.size = phase_tokens;
       } else if (d.name == ir::kMoeSlotsDim) {
-        const auto layer = std::find_if(in_.moe_layers.begin(), in_.moe_layers.end(), [&](const ir::Graph::MoeLayer& l) {
-          return l.experts * l.capacity == d.size;
-        });
-        if (layer == in_.moe_layers.end()) return std::nullopt;
-        d.size = layer->experts * phase_tokens;
+        // E·C slots: the layers of that many give E (layers of E·C slots alike but of other E: refused).
+        int64_t experts = 0;
+        for (const ir::Graph::MoeLayer& l : in_.moe_layers)
+          if (l.experts * l.capacity == d.size) {
+            if (experts != 0 && experts != l.experts) return std::nullopt;
+            experts = l.experts;
+          }
+        if (experts == 0) return std::nullopt;
+        d.size = experts * phase_tokens;
       } else {
         continue;
       }

@@ -18,9 +18,9 @@ std::optional<DroppedTokens> read_dropped_tokens(std::istream& in, const std::st
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (line.empty()) continue;
-    nlohmann::json j;
+    nlohmann::ordered_json j;  // the layers in the order the trainer wrote them
     try {
-      j = nlohmann::json::parse(line);
+      j = nlohmann::ordered_json::parse(line);
     } catch (const nlohmann::json::exception& e) {
       error = fmt::format("{}:{}: not a JSON line ({})", path, number, e.what());
       return std::nullopt;

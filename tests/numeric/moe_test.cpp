@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -220,4 +221,47 @@ TEST_CASE("numeric: napkin check passes models/moe.yaml (router, experts, load-b
     }
     CHECK(r.passed);
   }
+}
+
+TEST_CASE("numeric: moe() layers get distinct metric names, a huge capacity factor is dropless, and a view of a fused weight counts as its parameter") {
+  const std::string yaml = R"yaml(
+model: moe-two
+dims: {batch: 2, seq: 4, d: 8, experts: 4, ffn: 6, layers: 2}
+inputs:
+  x: {shape: [batch, seq, d], dtype: f32}
+params:
+  router: {shape: [experts, d], init: normal(0.5)}
+  w_gate_up: {shape: [experts, 2 * ffn, d], init: normal(0.3)}
+  w_down: {shape: [experts, d, ffn], init: normal(0.3)}
+blocks:
+  layer:
+    params:
+      r: {shape: [experts, d], init: normal(0.5)}
+      g: {shape: [experts, ffn, d], init: normal(0.3)}
+      u: {shape: [experts, ffn, d], init: normal(0.3)}
+      w: {shape: [experts, d, ffn], init: normal(0.3)}
+    forward:
+      - x: x + moe(x, r, g, u, w, k=2)
+      - x: x + moe(x, r, g, u, w, k=2, capacity_factor=1e30)
+forward:
+  - x: repeat(layer, layers, x, prefix="layers")
+  - gu: rearrange(w_gate_up, "e (two f) d -> two e f d", two=2)
+  - y: x + moe(x, router, gu[0], gu[1], w_down, k=2)
+loss: mean(y * y) + 0.01 * moe_load_balance()
+optimizer: sgd(lr=0.1)
+precision: fp32
+)yaml";
+  const ir::Graph g = napkin::testing::compile_training(yaml, "two.yaml");
+  REQUIRE(g.moe_layers.size() == 5);
+  std::set<std::string> names;
+  for (const ir::Graph::MoeLayer& l : g.moe_layers) names.insert(l.dropped_output);
+  CHECK(names.size() == 5);
+  CHECK(names.count("metric.moe_dropped.layers.0") == 1);
+  CHECK(names.count("metric.moe_dropped.layers.0.1") == 1);
+  CHECK(names.count("metric.moe_dropped.4") == 1);  // the top-level one: its index
+  CHECK(g.moe_layers[1].capacity == 8);  // capacity_factor 1e30: C = T, not an overflow
+  // The top-level layer's gate and up are views of w_gate_up: it counts once, as an expert parameter.
+  REQUIRE(g.moe_layers[4].expert_params.size() == 2);
+  CHECK(g.value(g.moe_layers[4].expert_params[0]).name == "w_gate_up");
+  CHECK(g.value(g.moe_layers[4].expert_params[1]).name == "w_down");
 }
