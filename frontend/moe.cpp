@@ -259,6 +259,8 @@ Operand lower_moe(Lowerer& L, const CallArgs& a, const Expr& call) {
   if (key.empty()) key = fmt::format("{}", g.moe_layers.size());
   std::string output = std::string(ir::kMetricOutputPrefix) + "moe_dropped." + key;
   g.outputs.emplace_back(output, dropped);
+  // The assignments each expert got (before capacity): the layer's load balance, in the trainer's metrics.
+  g.outputs.emplace_back(std::string(ir::kMetricOutputPrefix) + "moe_load." + key, counts);
   ir::Graph::MoeLayer layer;
   layer.scope = scope;
   layer.experts = experts;

@@ -1,7 +1,9 @@
 #include "report/moe_report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
@@ -37,11 +39,34 @@ std::optional<DroppedTokens> read_dropped_tokens(std::istream& in, const std::st
     d.layers.clear();
     for (auto it = dropped->begin(); it != dropped->end(); ++it)
       d.layers.emplace_back(it.key(), it->is_number() ? it->get<double>() : std::nan(""));
+    d.load.clear();
+    auto load = j.find("moe_load");
+    if (load != j.end() && load->is_object())
+      for (auto it = load->begin(); it != load->end(); ++it) {
+        std::vector<double> counts;
+        if (it->is_array())
+          for (const auto& c : *it) counts.push_back(c.is_number() ? c.get<double>() : std::nan(""));
+        d.load.emplace_back(it.key(), std::move(counts));
+      }
   }
   return d;
 }
 
 namespace {
+
+// A layer's expert load: its busiest and idlest experts' assignments over the mean.
+struct LoadBalance {
+  double max_over_mean = 0, min_over_mean = 0;
+};
+LoadBalance load_balance(const std::vector<double>& counts) {
+  if (counts.empty()) return {};
+  double total = 0;
+  for (double c : counts) total += c;
+  const double mean = total / static_cast<double>(counts.size());
+  const auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
+  if (!(mean > 0)) return {};
+  return {*hi / mean, *lo / mean};
+}
 
 // The layer whose dropped-count output is moe.dropped.<key>, or null.
 const analysis::MoeLayerFigures* layer_of(const analysis::MoeFigures& m, const std::string& key) {
@@ -129,6 +154,15 @@ std::string moe_section_text(const ir::Graph& g, const analysis::MoeFigures& m, 
                                                           with_commas(routed));
     out += fmt::format("    {:<18} {:>22}  ({})\n", key, std::isnan(count) ? "null" : with_commas(count), share);
   }
+  if (!dropped->load.empty()) {
+    out += "  expert load          (the same step: each expert's assignments before capacity, against the mean "
+           "T·k·micro-batches / E; 1.00 is balanced)\n";
+    for (const auto& [key, counts] : dropped->load) {
+      const LoadBalance b = load_balance(counts);
+      out += fmt::format("    {:<18} busiest {:.2f}x the mean, idlest {:.2f}x, over {} experts: {}\n", key, b.max_over_mean,
+                         b.min_over_mean, counts.size(), fmt::join(counts, " "));
+    }
+  }
   return out;
 }
 
@@ -182,6 +216,13 @@ nlohmann::json moe_json(const ir::Graph& g, const analysis::MoeFigures& m, const
                            {"fraction", known ? json(count / static_cast<double>(routed)) : json(nullptr)},
                            {"assignments", l ? json(routed) : json(nullptr)}});
     }
+    json load = json::array();
+    for (const auto& [key, counts] : dropped->load) {
+      const LoadBalance b = load_balance(counts);
+      load.push_back({{"layer", key}, {"assignments", counts}, {"max_over_mean", b.max_over_mean},
+                      {"min_over_mean", b.min_over_mean}});
+    }
+    j["load"] = load;
     j["dropped"] = {{"file", dropped->path},
                     {"found", dropped->found},
                     {"micro_batches", micro_batches},

@@ -26,6 +26,9 @@ struct DroppedTokens {
   bool found = false;  // false: no record has the field
   double step = -1;    // the record's step; -1 when it has none
   std::vector<std::pair<std::string, double>> layers;  // in the record's order; NaN for null
+  // The same record's "moe_load": each layer's assignments per expert (before capacity), in the record's
+  // order; empty when the record has none.
+  std::vector<std::pair<std::string, std::vector<double>>> load;
 };
 
 // nullopt with `error` ("FILE:LINE: what") when a line is not a JSON object.

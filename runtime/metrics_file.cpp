@@ -62,6 +62,14 @@ MetricsRecord& MetricsRecord::fixed_list(std::string_view name, const std::vecto
   return *this;
 }
 
+MetricsRecord& MetricsRecord::general_list(std::string_view name, const std::vector<double>& values, int digits) {
+  key(name);
+  fields_ += "[";
+  for (size_t i = 0; i < values.size(); ++i) fields_ += (i ? ", " : "") + json_number(values[i], "{:.{}g}", digits);
+  fields_ += "]";
+  return *this;
+}
+
 MetricsRecord& MetricsRecord::object(std::string_view name, const MetricsRecord& inner) {
   key(name);
   fields_ += inner.str();

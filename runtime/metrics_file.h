@@ -38,6 +38,8 @@ class MetricsRecord {
   // A list of numbers with `decimals` digits after the point.
   MetricsRecord& fixed_list(std::string_view key, const std::vector<double>& values, int decimals);
 
+  // A list of numbers with `digits` significant digits each, as general().
+  MetricsRecord& general_list(std::string_view key, const std::vector<double>& values, int digits);
   // A nested object: `inner`'s fields under `key`.
   MetricsRecord& object(std::string_view key, const MetricsRecord& inner);
 

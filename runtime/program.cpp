@@ -35,9 +35,7 @@ std::vector<const TensorSpec*> Program::with_role(TensorRole role) const {
 
 std::vector<const TensorSpec*> step_metrics(const Program& program) {
   std::vector<const TensorSpec*> out;
-  for (const TensorSpec* t : program.with_role(TensorRole::Metric))
-    if (t->numel() == 1) out.push_back(t);
-  return out;
+  return program.with_role(TensorRole::Metric);
 }
 
 std::string bad_index_message(const Program& program, int64_t kernel, int64_t id, int64_t bound) {

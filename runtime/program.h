@@ -133,10 +133,12 @@ struct Program {
   bool operator==(const Program&) const = default;
 };
 
-// A training program's step metrics: scalar Metric tensors named
-// "metric.<group>.<key>" (a moe() layer's dropped tokens:
-// metric.moe_dropped.layers.0) that the trainer sums over a step's
-// micro-batches and ranks and logs beside the loss (docs/runtime.md).
+// A training program's step metrics: Metric tensors named
+// "metric.<group>.<key>" (a moe() layer's dropped pairs,
+// metric.moe_dropped.layers.0, a scalar; its experts' assignments,
+// metric.moe_load.layers.0, one number an expert) that the trainer sums
+// over a step's micro-batches and ranks and logs beside the loss
+// (docs/runtime.md).
 inline constexpr std::string_view kMetricTensorPrefix = "metric.";
 std::vector<const TensorSpec*> step_metrics(const Program& program);
 

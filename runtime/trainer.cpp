@@ -326,7 +326,11 @@ class TrainingRun {
   // The step's metrics (runtime/program.h step_metrics): the last step's
   // values, summed over its micro-batches and the ranks.
   const std::vector<const TensorSpec*> metric_tensors = step_metrics(program);
-  std::vector<double> metric_values = std::vector<double>(metric_tensors.size(), 0.0);
+  std::vector<std::vector<double>> metric_values = [this] {
+    std::vector<std::vector<double>> v;
+    for (const TensorSpec* t : metric_tensors) v.emplace_back(static_cast<size_t>(t->numel()), 0.0);
+    return v;
+  }();
 };
 
 std::optional<int> TrainingRun::setup(const SamplerProgram& sampler_program) {
@@ -798,9 +802,10 @@ std::pair<double, bool> TrainingRun::train_step(int64_t step) {
     ex.run_forward();
     loss_sum += ex.loss();
     for (size_t i = 0; i < metric_tensors.size(); ++i) {
-      if (k == 0) metric_values[i] = 0;
+      if (k == 0) std::fill(metric_values[i].begin(), metric_values[i].end(), 0.0);
       ex.download_tensor(*metric_tensors[i]);
-      metric_values[i] += read_element(ex.host(*metric_tensors[i]), metric_tensors[i]->dtype, 0);
+      for (size_t e = 0; e < metric_values[i].size(); ++e)
+        metric_values[i][e] += read_element(ex.host(*metric_tensors[i]), metric_tensors[i]->dtype, static_cast<int64_t>(e));
     }
     ex.run_backward();
     comm.set_activity(fmt::format("step {}, the gradient reduce-scatter", step));  // ZeRO-2's, per micro-batch
@@ -809,10 +814,11 @@ std::pair<double, bool> TrainingRun::train_step(int64_t step) {
   // The step's loss is the mean over every micro-batch of every rank; the
   // ranks agree on it, and on stopping after this step, before any update.
   std::vector<double> agreed{loss_sum, g_interrupted ? 1.0 : 0.0};
-  agreed.insert(agreed.end(), metric_values.begin(), metric_values.end());
+  for (const std::vector<double>& m : metric_values) agreed.insert(agreed.end(), m.begin(), m.end());
   comm.set_activity(fmt::format("step {}, summing the loss", step));
   comm.all_reduce_sum(agreed.data(), static_cast<int64_t>(agreed.size()));
-  std::copy(agreed.begin() + 2, agreed.end(), metric_values.begin());
+  for (size_t i = 0, at = 2; i < metric_values.size(); at += metric_values[i].size(), ++i)
+    std::copy_n(agreed.begin() + static_cast<std::ptrdiff_t>(at), metric_values[i].size(), metric_values[i].begin());
   const double loss = agreed[0] / static_cast<double>(micro_batches);
   const bool interrupted = agreed[1] > 0;
   if (!std::isfinite(loss)) {
@@ -870,13 +876,25 @@ void TrainingRun::report_progress(int64_t step, double loss) {
   window_steps = 0;
 }
 
+namespace {
+
+// A metric as a record field: a number, or a list of numbers (one an expert).
+void add_metric(MetricsRecord& record, const std::string& key, const std::vector<double>& values) {
+  if (values.size() == 1)
+    record.general(key, values[0], 9);
+  else
+    record.general_list(key, values, 9);
+}
+
+}  // namespace
+
 std::string TrainingRun::metrics_text() const {
   double dropped = 0;
   bool moe = false;
   for (size_t i = 0; i < metric_tensors.size(); ++i)
     if (metric_tensors[i]->name.rfind("metric.moe_dropped.", 0) == 0) {
       moe = true;
-      dropped += metric_values[i];
+      dropped += metric_values[i][0];
     }
   return moe ? fmt::format("  moe dropped {:.0f}", dropped) : std::string();
 }
@@ -887,13 +905,13 @@ MetricsRecord TrainingRun::with_step_metrics(MetricsRecord record) const {
     const std::string name = metric_tensors[i]->name.substr(kMetricTensorPrefix.size());
     const size_t dot = name.find('.');
     if (dot == std::string::npos) {
-      record.general(name, metric_values[i], 9);
+      add_metric(record, name, metric_values[i]);
       continue;
     }
     const std::string group = name.substr(0, dot);
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == group; });
     if (it == groups.end()) it = groups.insert(groups.end(), {group, MetricsRecord()});
-    it->second.general(name.substr(dot + 1), metric_values[i], 9);
+    add_metric(it->second, name.substr(dot + 1), metric_values[i]);
   }
   for (const auto& [group, inner] : groups) record.object(group, inner);
   return record;

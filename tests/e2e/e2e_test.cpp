@@ -287,7 +287,8 @@ TEST_CASE("e2e: models/moe.yaml trains on the CPU at small dims - its loss falls
   for (int i = 0; i < 5; ++i) first += losses[i] / 5, last += losses[25 + i] / 5;
   MESSAGE("moe small dims: loss " << losses.front() << " -> " << losses.back());
   CHECK(last < first - 1.0);
-  // Every step record has each layer's dropped pairs: whole numbers in [0, T·k] = [0, 256].
+  // Every step record has each layer's dropped pairs and its experts' assignments (T·k = 128 · 2 = 256 in
+  // all, before capacity), and the drops are what the assignments say: Σ_e max(count_e − C, 0), C = 64.
   int records = 0;
   double dropped = 0;
   std::ifstream in(dir / "m.jsonl");
@@ -304,6 +305,14 @@ TEST_CASE("e2e: models/moe.yaml trains on the CPU at small dims - its loss falls
       CHECK(n >= 0);
       CHECK(n <= 256);
       dropped += n;
+      REQUIRE(j["moe_load"][layer].size() == 4);
+      double assigned = 0, over = 0;
+      for (double c : j["moe_load"][layer]) {
+        assigned += c;
+        over += std::max(c - 64, 0.0);
+      }
+      CHECK(assigned == 256);
+      CHECK(over == n);
     }
   }
   CHECK(records == 30);

@@ -205,7 +205,7 @@ TEST_CASE("moe report: the tokens dropped are the last metrics record's, per lay
   std::string error;
   std::istringstream in(R"({"run": "r1", "start_step": 0}
 {"step": 1, "loss": 2.5, "moe_dropped": {"0": 3}}
-{"step": 2, "loss": 2.4, "moe_dropped": {"0": 5, "layers.9": 1}}
+{"step": 2, "loss": 2.4, "moe_dropped": {"0": 5, "layers.9": 1}, "moe_load": {"0": [12, 6, 4, 2]}}
 {"step": 3, "loss": 2.3}
 {"summary": true, "steps": 3}
 )");
@@ -230,6 +230,12 @@ TEST_CASE("moe report: the tokens dropped are the last metrics record's, per lay
   CHECK(report::moe_section_text(g, m, &*d, 4).find("5  (5.21% of T·k x 4 = 96)") != std::string::npos);
   CHECK(report::moe_json(g, m, &*d, 4).at("dropped").at("layers")[0].at("assignments") == 96);
   CHECK(j.at("dropped").at("layers")[1].at("fraction").is_null());
+  // The load: 24 assignments over 4 experts, a mean of 6: the busiest 12 (2x), the idlest 2 (1/3).
+  REQUIRE(d->load.size() == 1u);
+  CHECK(text.find("    0                  busiest 2.00x the mean, idlest 0.33x, over 4 experts: 12 6 4 2") !=
+        std::string::npos);
+  CHECK(j.at("load")[0].at("max_over_mean").get<double>() == doctest::Approx(2.0));
+  CHECK(j.at("load")[0].at("min_over_mean").get<double>() == doctest::Approx(1.0 / 3));
 
   std::istringstream without(R"({"step": 1, "loss": 2.5})" "\n");
   const std::optional<report::DroppedTokens> none = report::read_dropped_tokens(without, "old.jsonl", error);
