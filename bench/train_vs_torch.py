@@ -276,46 +276,67 @@ class Llama:
     an untied head."""
 
     def __init__(self, name="llama"):
-        dm = DIMS[name]
-        self.B, self.T, self.V, self.D, self.H, self.KV, self.F, self.L = (
-            dm[k] for k in ("batch", "seq", "vocab", "d", "heads", "kv_heads", "hidden", "layers"))
-        D, V, L, F_, H, KV = self.D, self.V, self.L, self.F, self.H, self.KV
-        self.HD = D // H
-        small = 0.02 / math.sqrt(2 * L)
-        p = {"wte": normal((V, D), 0.02), "norm_g": torch.ones(D, requires_grad=True), "head": normal((V, D), 0.02)}
-        for i in range(L):
-            p.update({f"layers.{i}.attn_norm": torch.ones(D, requires_grad=True),
-                      f"layers.{i}.wq": normal((H * self.HD, D), 0.02),
-                      f"layers.{i}.wk": normal((KV * self.HD, D), 0.02),
-                      f"layers.{i}.wv": normal((KV * self.HD, D), 0.02),
-                      f"layers.{i}.wo": normal((D, H * self.HD), small),
-                      f"layers.{i}.mlp_norm": torch.ones(D, requires_grad=True),
+        dm = self.shared_dims(name)
+        self.F = dm["hidden"]
+        D, F_ = self.D, self.F
+        p = self.embedding_params()
+        for i in range(self.L):
+            p.update(self.attention_params(i))
+            p.update({f"layers.{i}.mlp_norm": torch.ones(D, requires_grad=True),
                       f"layers.{i}.w_gate": normal((F_, D), 0.02),
                       f"layers.{i}.w_up": normal((F_, D), 0.02),
-                      f"layers.{i}.w_down": normal((D, F_), small)})
+                      f"layers.{i}.w_down": normal((D, F_), self.small)})
         self.params = p
         self.blocks = [[p[f"layers.{i}.{n}"] for n in ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate",
-                                                       "w_up", "w_down")] for i in range(L)]
+                                                       "w_up", "w_down")] for i in range(self.L)]
+
+    # What models/llama.yaml and models/moe.yaml (Moe) share: the dims, the embeddings and head, each layer's
+    # attention, the rotary tables, the attention sublayer.
+    def shared_dims(self, name):
+        """Reads the attention's dims and makes the rotary tables; returns the model's DIMS."""
+        dm = DIMS[name]
+        self.B, self.T, self.V, self.D, self.H, self.KV, self.L = (
+            dm[k] for k in ("batch", "seq", "vocab", "d", "heads", "kv_heads", "layers"))
+        self.HD = self.D // self.H
+        self.small = 0.02 / math.sqrt(2 * self.L)  # the residual projections' init
         inv_freq = 1.0 / (dm["rope_theta"] ** (torch.arange(0, self.HD, 2).float() / self.HD))
         angles = torch.outer(torch.arange(self.T).float(), inv_freq)
         emb = torch.cat([angles, angles], dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()  # [T, HD], once: as napkin's kernels do
+        return dm
+
+    def embedding_params(self):
+        D, V = self.D, self.V
+        return {"wte": normal((V, D), 0.02), "norm_g": torch.ones(D, requires_grad=True), "head": normal((V, D), 0.02)}
+
+    def attention_params(self, i):
+        D, H, KV, HD = self.D, self.H, self.KV, self.HD
+        return {f"layers.{i}.attn_norm": torch.ones(D, requires_grad=True),
+                f"layers.{i}.wq": normal((H * HD, D), 0.02),
+                f"layers.{i}.wk": normal((KV * HD, D), 0.02),
+                f"layers.{i}.wv": normal((KV * HD, D), 0.02),
+                f"layers.{i}.wo": normal((D, H * HD), self.small)}
+
+    def attend(self, x, attn_norm, wq, wk, wv, wo):
+        """x plus the causal attention sublayer: RMSNorm, rotary q and k, grouped heads."""
+        B, T, D, H, KV, HD = self.B, self.T, self.D, self.H, self.KV, self.HD
+        h = F.rms_norm(x, (D,), attn_norm, 1e-5)
+        q = self.rotate((h @ wq.t()).view(B, T, H, HD).transpose(1, 2))
+        k = self.rotate((h @ wk.t()).view(B, T, KV, HD).transpose(1, 2))
+        v = (h @ wv.t()).view(B, T, KV, HD).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
+        return x + y.transpose(1, 2).reshape(B, T, D) @ wo.t()
 
     def rotate(self, x):  # x [B, H, T, HD]
         x1, x2 = x.chunk(2, dim=-1)
         return x * self.cos + torch.cat([-x2, x1], dim=-1) * self.sin
 
     def loss(self, tokens, targets):
-        B, T, D, H, KV, HD, V = self.B, self.T, self.D, self.H, self.KV, self.HD, self.V
+        B, T, D, V = self.B, self.T, self.D, self.V
         p = self.params
         x = F.embedding(tokens, p["wte"])  # [B, T, D]
         for attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down in self.blocks:
-            h = F.rms_norm(x, (D,), attn_norm, 1e-5)
-            q = self.rotate((h @ wq.t()).view(B, T, H, HD).transpose(1, 2))
-            k = self.rotate((h @ wk.t()).view(B, T, KV, HD).transpose(1, 2))
-            v = (h @ wv.t()).view(B, T, KV, HD).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
-            x = x + y.transpose(1, 2).reshape(B, T, D) @ wo.t()
+            x = self.attend(x, attn_norm, wq, wk, wv, wo)
             h = F.rms_norm(x, (D,), mlp_norm, 1e-5)
             x = x + (F.silu(h @ w_gate.t()) * (h @ w_up.t())) @ w_down.t()
         logits = F.rms_norm(x, (D,), p["norm_g"], 1e-5) @ p["head"].t()
@@ -354,47 +375,30 @@ class Moe(Llama):
     and Switch's load-balancing loss pooled over the layers (transformers' load_balancing_loss_func)."""
 
     def __init__(self, name="moe"):
-        dm = DIMS[name]
-        self.B, self.T, self.V, self.D, self.H, self.KV, self.L = (
-            dm[k] for k in ("batch", "seq", "vocab", "d", "heads", "kv_heads", "layers"))
+        dm = self.shared_dims(name)
         self.E, self.K, self.F = dm["experts"], dm["top_k"], dm["expert_hidden"]
         tokens = self.B * self.T
         self.C = min(tokens, math.ceil(dm["capacity_percent"] / 100 * tokens * self.K / self.E - 1e-9))
-        D, V, L, H, KV, E, F_ = self.D, self.V, self.L, self.H, self.KV, self.E, self.F
-        self.HD = D // H
-        small = 0.02 / math.sqrt(2 * L)
-        p = {"wte": normal((V, D), 0.02), "norm_g": torch.ones(D, requires_grad=True), "head": normal((V, D), 0.02)}
-        for i in range(L):
-            p.update({f"layers.{i}.attn_norm": torch.ones(D, requires_grad=True),
-                      f"layers.{i}.wq": normal((H * self.HD, D), 0.02),
-                      f"layers.{i}.wk": normal((KV * self.HD, D), 0.02),
-                      f"layers.{i}.wv": normal((KV * self.HD, D), 0.02),
-                      f"layers.{i}.wo": normal((D, H * self.HD), small),
-                      f"layers.{i}.moe_norm": torch.ones(D, requires_grad=True),
+        D, E, F_ = self.D, self.E, self.F
+        p = self.embedding_params()
+        for i in range(self.L):
+            p.update(self.attention_params(i))
+            p.update({f"layers.{i}.moe_norm": torch.ones(D, requires_grad=True),
                       f"layers.{i}.router": normal((E, D), 0.02),
                       f"layers.{i}.w_gate": normal((E, F_, D), 0.02),
                       f"layers.{i}.w_up": normal((E, F_, D), 0.02),
-                      f"layers.{i}.w_down": normal((E, D, F_), small)})
+                      f"layers.{i}.w_down": normal((E, D, F_), self.small)})
         self.params = p
         self.blocks = [[p[f"layers.{i}.{n}"] for n in ("attn_norm", "wq", "wk", "wv", "wo", "moe_norm", "router",
-                                                       "w_gate", "w_up", "w_down")] for i in range(L)]
-        inv_freq = 1.0 / (dm["rope_theta"] ** (torch.arange(0, self.HD, 2).float() / self.HD))
-        angles = torch.outer(torch.arange(self.T).float(), inv_freq)
-        emb = torch.cat([angles, angles], dim=-1)
-        self.cos, self.sin = emb.cos(), emb.sin()
+                                                       "w_gate", "w_up", "w_down")] for i in range(self.L)]
 
     def loss(self, tokens, targets):
-        B, T, D, H, KV, HD, V = self.B, self.T, self.D, self.H, self.KV, self.HD, self.V
+        B, T, D, V = self.B, self.T, self.D, self.V
         p = self.params
         x = F.embedding(tokens, p["wte"])
         counts, probs_sum = 0, 0
         for attn_norm, wq, wk, wv, wo, moe_norm, router, w_gate, w_up, w_down in self.blocks:
-            h = F.rms_norm(x, (D,), attn_norm, 1e-5)
-            q = self.rotate((h @ wq.t()).view(B, T, H, HD).transpose(1, 2))
-            k = self.rotate((h @ wk.t()).view(B, T, KV, HD).transpose(1, 2))
-            v = (h @ wv.t()).view(B, T, KV, HD).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
-            x = x + y.transpose(1, 2).reshape(B, T, D) @ wo.t()
+            x = self.attend(x, attn_norm, wq, wk, wv, wo)
             h = F.rms_norm(x, (D,), moe_norm, 1e-5).reshape(B * T, D)
             m, probs, assigned = moe_layer(h, router, w_gate, w_up, w_down, self.K, self.C)
             x = x + m.view(B, T, D)

@@ -56,22 +56,32 @@ ValueId reduce_sum(Lowerer& L, int offset, ValueId x, std::vector<int64_t> axes,
   return node(L, offset, Op::ReduceSum, {x}, {{"axes", std::move(axes)}, {"keepdims", int64_t{keepdims}}});
 }
 
-std::string shape_text(const ir::TensorType& t) { return ir::to_string(t); }
+// The hint of a misshapen operand.
+constexpr const char* kSignature =
+    "moe(x [..., d], router [experts, d], w_gate [experts, ffn, d], w_up [experts, ffn, d], w_down [experts, d, ffn])";
 
-// The operand `name` as a tensor of `rank` axes; nullopt after reporting.
-std::optional<ValueId> operand(Lowerer& L, const CallArgs& a, const std::string& name, int rank, const Expr& call) {
+// The operand `name` as a floating-point tensor of `rank` axes, in x's dtype
+// `dtype` when x is known (the router and the experts compute in it);
+// nullopt after reporting.
+std::optional<ValueId> operand(Lowerer& L, const CallArgs& a, const std::string& name, int rank,
+                               std::optional<DType> dtype) {
   const Operand* o = a.get(name);
   auto v = L.need_tensor(*o, fmt::format("moe: argument '{}'", name));
   if (!v) return std::nullopt;
   const ir::TensorType& t = L.type(*v);
   if (t.rank() != rank || !ir::is_floating(t.dtype)) {
     L.error(o->offset, fmt::format("moe: {} must be a floating-point tensor of {} axes, but it is {}", name, rank,
-                                   shape_text(t)),
-            "moe(x [..., d], router [experts, d], w_gate [experts, ffn, d], w_up [experts, ffn, d], "
-            "w_down [experts, d, ffn])");
+                                   ir::to_string(t)),
+            kSignature);
     return std::nullopt;
   }
-  (void)call;
+  if (dtype && t.dtype != *dtype) {
+    L.error(o->offset,
+            fmt::format("moe: {} is {} but x is {}: the router and the experts compute in x's dtype", name,
+                        ir::dtype_name(t.dtype), ir::dtype_name(*dtype)),
+            "declare them in one dtype, or cast x (a precision: policy casts both for the matmuls itself)");
+    return std::nullopt;
+  }
   return v;
 }
 
@@ -80,9 +90,8 @@ bool expect_size(Lowerer& L, const Operand& o, const std::string& name, const ir
                  int64_t size, const std::string& meaning) {
   if (t.dims[static_cast<size_t>(axis)].size == size) return true;
   L.error(o.offset,
-          fmt::format("moe: {} is {}, but its axis {} must be {} ({})", name, shape_text(t), axis, size, meaning),
-          "moe(x [..., d], router [experts, d], w_gate [experts, ffn, d], w_up [experts, ffn, d], "
-          "w_down [experts, d, ffn])");
+          fmt::format("moe: {} is {}, but its axis {} must be {} ({})", name, ir::to_string(t), axis, size, meaning),
+          kSignature);
   return false;
 }
 
@@ -91,27 +100,19 @@ bool expect_size(Lowerer& L, const Operand& o, const std::string& name, const ir
 Operand lower_moe(Lowerer& L, const CallArgs& a, const Expr& call) {
   const int at = call.offset;
   auto x = L.need_tensor(*a.get("x"), "moe: argument 'x'");
-  auto router = operand(L, a, "router", 2, call);
-  auto w_gate = operand(L, a, "w_gate", 3, call);
-  auto w_up = operand(L, a, "w_up", 3, call);
-  auto w_down = operand(L, a, "w_down", 3, call);
+  if (x && (L.type(*x).rank() < 1 || !ir::is_floating(L.type(*x).dtype))) {
+    L.error(a.get("x")->offset, fmt::format("moe: x must be a floating-point tensor [..., d], but it is {}",
+                                            ir::to_string(L.type(*x))),
+            "moe routes each row of x's last axis");
+    x.reset();
+  }
+  const std::optional<DType> dtype = x ? std::optional<DType>(L.type(*x).dtype) : std::nullopt;
+  auto router = operand(L, a, "router", 2, dtype);
+  auto w_gate = operand(L, a, "w_gate", 3, dtype);
+  auto w_up = operand(L, a, "w_up", 3, dtype);
+  auto w_down = operand(L, a, "w_down", 3, dtype);
   if (!x || !router || !w_gate || !w_up || !w_down) return Operand::invalid();
   const ir::TensorType xt = L.type(*x);
-  if (xt.rank() < 1 || !ir::is_floating(xt.dtype)) {
-    L.error(a.get("x")->offset, fmt::format("moe: x must be a floating-point tensor [..., d], but it is {}",
-                                            shape_text(xt)),
-            "moe routes each row of x's last axis");
-    return Operand::invalid();
-  }
-  for (const char* name : {"router", "w_gate", "w_up", "w_down"}) {
-    const ir::TensorType& t = L.type(*L.need_tensor(*a.get(name), name));
-    if (t.dtype == xt.dtype) continue;
-    L.error(a.get(name)->offset,
-            fmt::format("moe: {} is {} but x is {}: the router and the experts compute in x's dtype", name,
-                        ir::dtype_name(t.dtype), ir::dtype_name(xt.dtype)),
-            "declare them in one dtype, or cast x (a precision: policy casts both for the matmuls itself)");
-    return Operand::invalid();
-  }
   const int64_t d = xt.dims.back().size;
   const int64_t tokens = xt.numel() / d;
   const ir::TensorType rt = L.type(*router), gt = L.type(*w_gate), ut = L.type(*w_up), dt = L.type(*w_down);
@@ -281,54 +282,62 @@ Operand lower_moe(Lowerer& L, const CallArgs& a, const Expr& call) {
   return Operand::tensor(y, at);
 }
 
+namespace {
+
+// The routers of the moe() layers lowered so far, or null after reporting
+// that `function` has none to pool.
+const std::vector<Lowerer::MoeRouting>* routers_before(Lowerer& L, const Expr& call, const char* function) {
+  if (!L.moe_routing().empty()) return &L.moe_routing();
+  L.error(call.offset, fmt::format("{}: there is no moe() layer before it", function),
+          "it averages the routers of the moe() calls the forward made; use it in loss:");
+  return nullptr;
+}
+
+// N = Σ T: the routed rows of all the layers.
+double pooled_rows(const std::vector<Lowerer::MoeRouting>& layers) {
+  double rows = 0;
+  for (const Lowerer::MoeRouting& l : layers) rows += static_cast<double>(l.tokens);
+  return rows;
+}
+
+}  // namespace
+
 // Switch's load-balancing loss pooled over every moe layer so far, as
 // transformers' load_balancing_loss_func computes it over the layers' router
 // logits: E · Σ_e f_e · P_e, f_e the share of the top-k assignments routed to
 // e (summing to k) and P_e the mean router probability of e, over N = Σ T
 // rows. Its gradient flows through P only (f counts).
 Operand lower_moe_load_balance(Lowerer& L, const CallArgs&, const Expr& call) {
-  const auto& layers = L.moe_routing();
-  if (layers.empty()) {
-    L.error(call.offset, "moe_load_balance: there is no moe() layer before it",
-            "it averages the routers of the moe() calls the forward made; use it in loss:");
-    return Operand::invalid();
-  }
+  const std::vector<Lowerer::MoeRouting>* layers = routers_before(L, call, "moe_load_balance");
+  if (!layers) return Operand::invalid();
   const int at = call.offset;
-  ValueId counts = layers[0].counts, probs = layers[0].probs_sum;
-  double rows = static_cast<double>(layers[0].tokens);
-  for (size_t i = 1; i < layers.size(); ++i) {
-    if (layers[i].experts != layers[0].experts) {
-      L.error(at, fmt::format("moe_load_balance: the moe layers have {} and {} experts", layers[0].experts,
-                              layers[i].experts),
+  const int64_t experts = layers->front().experts;
+  ValueId counts = layers->front().counts, probs = layers->front().probs_sum;
+  for (size_t i = 1; i < layers->size(); ++i) {
+    const Lowerer::MoeRouting& l = (*layers)[i];
+    if (l.experts != experts) {
+      L.error(at, fmt::format("moe_load_balance: the moe layers have {} and {} experts", experts, l.experts),
               "the pooled load-balancing loss needs one number of experts");
       return Operand::invalid();
     }
-    counts = node(L, at, Op::Add, {counts, layers[i].counts});
-    probs = node(L, at, Op::Add, {probs, layers[i].probs_sum});
-    rows += static_cast<double>(layers[i].tokens);
+    counts = node(L, at, Op::Add, {counts, l.counts});
+    probs = node(L, at, Op::Add, {probs, l.probs_sum});
   }
   ValueId dot = reduce_sum(L, at, node(L, at, Op::Mul, {counts, probs}), {0}, false);
-  double scale = static_cast<double>(layers[0].experts) / (rows * rows);
+  const double rows = pooled_rows(*layers);
+  double scale = static_cast<double>(experts) / (rows * rows);
   return Operand::tensor(node(L, at, Op::Mul, {dot, constant(L, at, scale, DType::F32)}), at);
 }
 
 // ST-MoE's router z-loss over every moe layer so far: the mean over the
 // routed rows of logsumexp(router logits)².
 Operand lower_moe_z_loss(Lowerer& L, const CallArgs&, const Expr& call) {
-  const auto& layers = L.moe_routing();
-  if (layers.empty()) {
-    L.error(call.offset, "moe_z_loss: there is no moe() layer before it",
-            "it averages the routers of the moe() calls the forward made; use it in loss:");
-    return Operand::invalid();
-  }
+  const std::vector<Lowerer::MoeRouting>* layers = routers_before(L, call, "moe_z_loss");
+  if (!layers) return Operand::invalid();
   const int at = call.offset;
-  ValueId total = layers[0].lse_squared_sum;
-  double rows = static_cast<double>(layers[0].tokens);
-  for (size_t i = 1; i < layers.size(); ++i) {
-    total = node(L, at, Op::Add, {total, layers[i].lse_squared_sum});
-    rows += static_cast<double>(layers[i].tokens);
-  }
-  return Operand::tensor(node(L, at, Op::Mul, {total, constant(L, at, 1.0 / rows, DType::F32)}), at);
+  ValueId total = layers->front().lse_squared_sum;
+  for (size_t i = 1; i < layers->size(); ++i) total = node(L, at, Op::Add, {total, (*layers)[i].lse_squared_sum});
+  return Operand::tensor(node(L, at, Op::Mul, {total, constant(L, at, 1.0 / pooled_rows(*layers), DType::F32)}), at);
 }
 
 }  // namespace napkin::frontend

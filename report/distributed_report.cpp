@@ -67,19 +67,10 @@ std::string distributed_section_text(const analysis::DistributedStep& d, double 
 
 namespace {
 
-// {possible: false, reason} when the experts do not divide over the ranks.
-nlohmann::json expert_parallel_json(const analysis::ExpertParallel& e) {
-  using nlohmann::json;
-  if (!e.possible) return {{"possible", false}, {"reason", e.why_not}};
-  const analysis::ZeroStage& z = e.step;
-  return {{"possible", true},
-          {"experts_per_rank", e.experts_per_rank},
-          {"moe_layers", e.layers},
-          {"all_to_alls", e.all_to_alls},
-          {"all_to_all_bytes_per_rank", e.all_to_all_bytes},
-          {"all_to_all_s", e.all_to_all_seconds},
-          {"dense_grad_bytes", e.dense_grad_bytes},
-          {"bytes_sent_per_rank", z.bytes_sent},
+// One way of running the step over the ranks (a ZeRO stage, expert parallelism): what it sends, hides and
+// exposes, its step and MFU, and each rank's memory.
+nlohmann::json step_figures_json(const analysis::ZeroStage& z) {
+  return {{"bytes_sent_per_rank", z.bytes_sent},
           {"bytes_across_nodes_per_rank", z.across_bytes},
           {"comm_s", z.comm_seconds},
           {"hidden_s", z.hidden_seconds},
@@ -92,24 +83,31 @@ nlohmann::json expert_parallel_json(const analysis::ExpertParallel& e) {
           {"peak_bytes", z.peak}};
 }
 
+// {possible: false, reason} when the experts do not divide over the ranks.
+nlohmann::json expert_parallel_json(const analysis::ExpertParallel& e) {
+  using nlohmann::json;
+  if (!e.possible) return {{"possible", false}, {"reason", e.why_not}};
+  json j = step_figures_json(e.step);
+  j.update({{"possible", true},
+            {"experts_per_rank", e.experts_per_rank},
+            {"moe_layers", e.layers},
+            {"all_to_alls", e.all_to_alls},
+            {"all_to_all_bytes_per_rank", e.all_to_all_bytes},
+            {"all_to_all_s", e.all_to_all_seconds},
+            {"dense_grad_bytes", e.dense_grad_bytes}});
+  return j;
+}
+
 }  // namespace
 
 nlohmann::json distributed_json(const analysis::DistributedStep& d, double tokens) {
   using nlohmann::json;
   json stages = json::array();
-  for (const analysis::ZeroStage& z : d.stages)
-    stages.push_back({{"stage", z.stage},
-                      {"bytes_sent_per_rank", z.bytes_sent},
-                      {"bytes_across_nodes_per_rank", z.across_bytes},
-                      {"comm_s", z.comm_seconds},
-                      {"hidden_s", z.hidden_seconds},
-                      {"exposed_s", z.exposed_seconds},
-                      {"step_s", z.step_seconds},
-                      {"mfu", z.mfu},
-                      {"params_bytes", z.params},
-                      {"grads_bytes", z.grads},
-                      {"optimizer_state_bytes", z.optimizer_state},
-                      {"peak_bytes", z.peak}});
+  for (const analysis::ZeroStage& z : d.stages) {
+    json stage = step_figures_json(z);
+    stage["stage"] = z.stage;
+    stages.push_back(std::move(stage));
+  }
   json across = nullptr;
   if (d.topology.two_level())
     across = {{"name", d.topology.across->name},
